@@ -1,0 +1,63 @@
+"""anyformer: run any Hugging Face model on the machine in front of you.
+
+Every installed backend is asked whether it can run a model, the best one is chosen by a fixed
+policy, and the answer streams through one contract. See ``docs/`` for the guides.
+"""
+
+from anyformer._api import check, load
+from anyformer._backend import BackendModel
+from anyformer._caps import Caps, probe
+from anyformer._chunk import Chunk, FinishReason, GenerateOptions
+from anyformer._default_model import default_model_path
+from anyformer._describe import describe
+from anyformer._errors import AnyformerError, ErrorCode
+from anyformer._loaded import Loaded
+from anyformer._messages import Message, validate_messages
+from anyformer._model import Model, ModelFile
+from anyformer._plugins import PluginInfo, PluginManager, get_plugin_manager
+from anyformer._progress import ProgressCallback, ProgressEvent
+from anyformer._request import Request
+from anyformer._selection import Selection, select
+from anyformer._sizes import format_size, parse_size
+from anyformer._store_entry import StoreEntry
+from anyformer._verdict import Estimate, Rank, Refusal, Verdict
+from anyformer.hookspecs import hookimpl
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AnyformerError",
+    "BackendModel",
+    "Caps",
+    "Chunk",
+    "ErrorCode",
+    "Estimate",
+    "FinishReason",
+    "GenerateOptions",
+    "Loaded",
+    "Message",
+    "Model",
+    "ModelFile",
+    "PluginInfo",
+    "PluginManager",
+    "ProgressCallback",
+    "ProgressEvent",
+    "Rank",
+    "Refusal",
+    "Request",
+    "Selection",
+    "StoreEntry",
+    "Verdict",
+    "__version__",
+    "check",
+    "default_model_path",
+    "describe",
+    "format_size",
+    "get_plugin_manager",
+    "hookimpl",
+    "load",
+    "parse_size",
+    "probe",
+    "select",
+    "validate_messages",
+]

@@ -1,0 +1,93 @@
+"""The public entry points that tie description, probe, plugins and policy together."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from anyformer._caps import Caps, probe
+from anyformer._errors import AnyformerError
+from anyformer._loaded import Loaded
+from anyformer._model import Model
+from anyformer._plugins import PluginManager, get_plugin_manager
+from anyformer._progress import ProgressCallback, no_progress
+from anyformer._request import Request
+from anyformer._selection import Selection, raise_if_none, select
+from anyformer._verdict import Refusal
+
+ModelRef = str | os.PathLike[str] | Mapping[str, Any] | Model
+
+
+def _request_with_budget(request: Request, caps: Caps) -> Request:
+    if request.budget is not None:
+        return request
+    return Request(
+        task=request.task, budget=caps.gpu_bytes or 0, prefer=request.prefer, context=request.context,
+        options=request.options,
+    )
+
+
+def check(
+    model: ModelRef,
+    *,
+    task: str | None = None,
+    budget: int | str | None = None,
+    caps: Caps | None = None,
+    prefer: Sequence[str] | str | None = None,
+    backend: str | None = None,
+    context: int | None = None,
+    plugins: PluginManager | None = None,
+) -> tuple[Model, Selection]:
+    """Ask every installed backend (or only ``backend``) whether it can run ``model``; nothing is loaded.
+
+    Returns the description and the :class:`Selection`: every verdict in policy order and the
+    chosen one, or None when nothing can run it.
+    """
+    from anyformer._describe import describe
+
+    manager = plugins or get_plugin_manager()
+    if backend is not None:
+        manager.require_backend(backend)
+    description = describe(model)
+    request = _request_with_budget(
+        Request.build(task=task, budget=budget, prefer=prefer, context=context), caps or probe()
+    )
+    verdicts = manager.can_run(description, caps or probe(), request, only=backend)
+    return description, select(verdicts, request.prefer)
+
+
+def load(
+    model: ModelRef,
+    task: str | None = None,
+    budget: int | str | None = None,
+    backend: str | None = None,
+    progress: ProgressCallback = no_progress,
+    *,
+    caps: Caps | None = None,
+    prefer: Sequence[str] | str | None = None,
+    context: int | None = None,
+    options: dict[str, Any] | None = None,
+    plugins: PluginManager | None = None,
+) -> Loaded:
+    """Describe ``model``, choose a backend by the policy (or use ``backend``), and load it.
+
+    Raises ``NO_BACKEND`` or ``BUDGET_TOO_SMALL`` with every verdict when nothing can run it;
+    with ``backend=`` named, that backend's refusal is raised.
+    """
+    from anyformer._describe import describe
+
+    manager = plugins or get_plugin_manager()
+    if backend is not None:
+        manager.require_backend(backend)
+    description = describe(model)
+    machine = caps or probe()
+    request = _request_with_budget(
+        Request.build(task=task, budget=budget, prefer=prefer, context=context, options=options), machine
+    )
+    verdicts = manager.can_run(description, machine, request, only=backend)
+    chosen = raise_if_none(select(verdicts, request.prefer), description.ref)
+    if chosen.code is Refusal.RUNTIME:  # pragma: no cover - select never chooses a refusal
+        raise AnyformerError("PLUGIN_ERROR", chosen.reason)
+    handle = manager.load(chosen.backend, description, request, progress)
+    return Loaded(handle, description, chosen, manager)

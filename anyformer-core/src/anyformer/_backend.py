@@ -1,0 +1,27 @@
+"""What a backend's ``load`` hook returns: the handle the core wraps in ``Loaded``."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+
+@runtime_checkable
+class BackendModel(Protocol):
+    """A loaded model as a backend holds it.
+
+    ``backend`` is the id of the backend that owns it (its ``generate`` hook answers only for its
+    own handles); ``task`` what it runs. ``dispose`` frees its memory and must be safe to call
+    twice. Handles for non-generation tasks also have ``run(input, **options)``.
+    """
+
+    backend: str
+    task: str
+
+    def dispose(self) -> None:
+        """Free the model's memory; a second call does nothing."""
+
+
+def run_of(handle: Any) -> Any:
+    """The handle's ``run`` method, or None when the backend has none."""
+    run = getattr(handle, "run", None)
+    return run if callable(run) else None

@@ -1,0 +1,161 @@
+"""``describe(ref)``: a model description from a Hub id, a local folder or file, or JSON (CONTRACT §1)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from anyformer._errors import AnyformerError, ErrorCode
+from anyformer._model import Model, ModelFile, format_of
+
+# Folders in a model directory that hold no model files (VCS, caches, editor state).
+_SKIP_DIRS = {".git", ".cache", ".huggingface", "__pycache__", ".ipynb_checkpoints"}
+_REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?(@[A-Za-z0-9._/-]+)?$")
+# The most files a local folder may list: a model folder with more is a mistake (a home directory).
+_MAX_LOCAL_FILES = 10_000
+
+
+def describe(ref: str | os.PathLike[str] | Mapping[str, Any] | Model) -> Model:
+    """Describe a model without downloading its weights.
+
+    ``ref`` is a Hub repo id (``org/name[@revision]``), a local folder, a local ``.gguf`` or
+    ``.onnx`` file, a ``.json`` description file, a dict in CONTRACT §1's shape, or a ``Model``.
+    Model headers are read with anyformer's bounded readers, so a hostile file is ``BAD_MODEL``
+    here already.
+    """
+    if isinstance(ref, Model):
+        return ref
+    if isinstance(ref, Mapping):
+        return Model.from_dict(ref)
+    if not isinstance(ref, (str, os.PathLike)):
+        raise AnyformerError(ErrorCode.BAD_REQUEST, f"a model reference is a string, path or dict, not {type(ref).__name__}")
+    text = os.fspath(ref)
+    if not text.strip():
+        raise AnyformerError(ErrorCode.BAD_REQUEST, "empty model reference")
+    path = Path(text).expanduser()
+    if path.exists():
+        if path.is_dir():
+            return describe_folder(path)
+        if path.suffix.lower() == ".json":
+            return Model.from_json_file(path)
+        return describe_file(path)
+    if _looks_like_path(text):
+        raise AnyformerError(ErrorCode.MODEL_NOT_FOUND, f"no such file or folder: {text}")
+    if not _REPO_ID.match(text):
+        raise AnyformerError(
+            ErrorCode.BAD_REQUEST, f"{text!r} is neither an existing path nor a Hub repo id (org/name[@revision])"
+        )
+    repo, _, revision = text.partition("@")
+    from anyformer._hub import describe_hub  # huggingface_hub is imported only when the Hub is asked
+
+    return describe_hub(repo, revision or None)
+
+
+def _looks_like_path(text: str) -> bool:
+    """A reference that names a file rather than a repo: it is missing, not a Hub id."""
+    return text.startswith((".", "/", "~")) or text.lower().endswith((".gguf", ".onnx", ".json", ".safetensors", ".bin"))
+
+
+def describe_file(path: Path) -> Model:
+    """Describe one local model file: a GGUF, an ONNX graph (with its external data), or weights."""
+    path = path.resolve()
+    fmt = format_of(path.name)
+    if fmt is None:
+        raise AnyformerError(
+            ErrorCode.BAD_REQUEST, f"{path.name} is not a model file anyformer reads (.gguf, .onnx, .safetensors)"
+        )
+    files = [_local_file(path, path.name)]
+    metadata: dict[str, Any] = {}
+    architecture = None
+    if fmt == "gguf":
+        header = _gguf_summary(path)
+        metadata = {"gguf": header, "gguf_file": path.name}
+        architecture = header.get("architecture")
+    elif fmt == "onnx":
+        from anyformer._onnx_external import check_onnx_external_data, read_onnx_summary
+
+        summary = read_onnx_summary(path)
+        metadata = {"onnx": {"producer": summary.producer, "ir_version": summary.ir_version, "opsets": summary.opsets}}
+        for data_path in check_onnx_external_data(path):
+            files.append(_local_file(data_path, data_path.name))
+    elif fmt == "safetensors":
+        from anyformer._safetensors_header import read_safetensors_header
+
+        read_safetensors_header(path)
+    return Model(
+        repo=str(path), architecture=architecture, files=tuple(files), source="local", metadata=metadata,
+        tags=(fmt,) if fmt != "pickle" else (),
+    )
+
+
+def describe_folder(folder: Path) -> Model:
+    """Describe a local model folder: every file, config.json's ``model_type``, the first LM GGUF's header."""
+    folder = folder.resolve()
+    files: list[ModelFile] = []
+    for root, dirs, names in os.walk(folder):
+        dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS)
+        for name in sorted(names):
+            full = Path(root) / name
+            files.append(_local_file(full, full.relative_to(folder).as_posix()))
+            if len(files) > _MAX_LOCAL_FILES:
+                raise AnyformerError(
+                    ErrorCode.BAD_REQUEST, f"{folder} holds over {_MAX_LOCAL_FILES} files; point at the model's own folder"
+                )
+    config = _read_config(folder / "config.json")
+    metadata: dict[str, Any] = {}
+    architecture = config.get("model_type") if isinstance(config.get("model_type"), str) else None
+    ggufs = [f for f in files if f.format == "gguf"]
+    for model_file in ggufs:
+        summary = _gguf_summary(Path(model_file.path or ""))
+        if "mmproj" not in model_file.name.lower() and "gguf" not in metadata:
+            metadata = {"gguf": summary, "gguf_file": model_file.name}
+            architecture = architecture or summary.get("architecture")
+    for model_file in files:
+        if model_file.format == "safetensors":
+            from anyformer._safetensors_header import read_safetensors_header
+
+            read_safetensors_header(Path(model_file.path or ""))
+        elif model_file.format == "onnx":
+            from anyformer._onnx_external import check_onnx_external_data
+
+            check_onnx_external_data(Path(model_file.path or ""))
+    task = config.get("pipeline_tag") if isinstance(config.get("pipeline_tag"), str) else None
+    return Model(
+        repo=str(folder), architecture=architecture, task=task, files=tuple(files), source="local",
+        metadata=metadata, config=config,
+    )
+
+
+def _local_file(path: Path, name: str) -> ModelFile:
+    try:
+        size = path.stat().st_size
+    except OSError as exc:
+        raise AnyformerError(ErrorCode.BAD_MODEL, f"cannot read {path}: {exc.strerror}", cause=exc) from None
+    return ModelFile(name=name, size=size, path=str(path))
+
+
+def _gguf_summary(path: Path) -> dict[str, Any]:
+    from anyformer._gguf_header import read_gguf_header
+
+    try:
+        return read_gguf_header(path, name=path.name).summary()
+    except PermissionError as exc:
+        raise AnyformerError(ErrorCode.BAD_MODEL, f"cannot read {path.name}: permission denied", cause=exc) from None
+
+
+def _read_config(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    try:
+        if path.stat().st_size > 16 * 2**20:
+            raise AnyformerError(ErrorCode.BAD_MODEL, f"{path} is over 16 MiB; not a config file")
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise AnyformerError(ErrorCode.BAD_MODEL, f"{path} is not readable JSON: {exc}", cause=exc) from None
+    if not isinstance(data, dict):
+        raise AnyformerError(ErrorCode.BAD_MODEL, f"{path} is not a JSON object")
+    return data

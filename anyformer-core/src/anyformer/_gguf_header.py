@@ -1,0 +1,752 @@
+"""A bounded, pure-Python reader and validator for GGUF headers from strangers (SAFETY.md G1-G15, S1).
+
+Every length, count, offset and size is checked with exact Python integers against hard caps and
+against the bytes the file really has, before anything is allocated or iterated. The gguf package and
+ggml's C loader are not validators (SAFETY.md), so the core runs this reader first on every GGUF.
+Only the standard library is imported here: this module runs on every ``describe``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import re
+import stat
+import struct
+from collections.abc import Iterable, Sequence
+from typing import Any, NamedTuple, Protocol, final, runtime_checkable
+
+from anyformer._errors import AnyformerError, ErrorCode
+
+__all__ = [
+    "GGML_TYPES",
+    "SPLIT_RE",
+    "ByteSource",
+    "BytesByteSource",
+    "FileByteSource",
+    "GGMLType",
+    "GGUFHeader",
+    "GGUFTensor",
+    "check_split_set",
+    "read_gguf_header",
+    "split_set_members",
+]
+
+#: Longest key or string value accepted. llama.cpp has no cap; 16 MiB holds any real chat template.
+MAX_STRING_BYTES = 16 * 1024 * 1024
+#: Most elements accepted in one array; the largest real vocabularies hold a few hundred thousand.
+MAX_ARRAY_ELEMENTS = 64 * 1024 * 1024
+#: Most bytes one tensor may claim: far above any real model, far below where int64 math wraps.
+MAX_TENSOR_BYTES = 1 << 50
+#: Largest ``general.alignment`` accepted.
+MAX_ALIGNMENT = 1 << 16
+#: ggml's GGML_MAX_DIMS.
+MAX_DIMS = 4
+#: ggml's GGML_MAX_NAME counts the NUL, so a tensor name has at most 63 bytes.
+MAX_TENSOR_NAME_BYTES = 63
+#: GGUF's default alignment when ``general.alignment`` is absent.
+DEFAULT_ALIGNMENT = 32
+
+# A remote source pays per request, so the header is read in blocks this large.
+_BLOCK = 1024 * 1024
+
+_MAGIC = b"GGUF"
+
+# Smallest encodings, used to bound counts by the bytes left before iterating anything.
+# A key/value pair: key length (8) + a one-byte key + value type (4) + a one-byte value.
+_MIN_KV_BYTES = 8 + 1 + 4 + 1
+# A tensor info: name length (8) + a one-byte name + n_dims (4) + ggml type (4) + offset (8).
+_MIN_TENSOR_INFO_BYTES = 8 + 1 + 4 + 4 + 8
+
+_U32 = struct.Struct("<I")
+_I32 = struct.Struct("<i")
+_U64 = struct.Struct("<Q")
+
+# GGUF value types: id -> (name, struct format of one element, bytes of one element).
+# The string entry gives the size of its length prefix, the least a string element can take.
+_T_STRING = 8
+_T_ARRAY = 9
+_T_UINT32 = 4
+_VALUE_TYPES: dict[int, tuple[str, str, int]] = {
+    0: ("uint8", "B", 1),
+    1: ("int8", "b", 1),
+    2: ("uint16", "H", 2),
+    3: ("int16", "h", 2),
+    4: ("uint32", "I", 4),
+    5: ("int32", "i", 4),
+    6: ("float32", "f", 4),
+    7: ("bool", "?", 1),
+    8: ("string", "", 8),
+    10: ("uint64", "Q", 8),
+    11: ("int64", "q", 8),
+    12: ("float64", "d", 8),
+}
+_SCALAR_STRUCTS = {tid: struct.Struct("<" + fmt) for tid, (_, fmt, _) in _VALUE_TYPES.items() if fmt}
+
+
+class GGMLType(NamedTuple):
+    """A ggml tensor type: its name, the elements in one block and the bytes one block takes."""
+
+    name: str
+    block_size: int
+    type_size: int
+
+
+#: Every ggml tensor type that exists, by id. Facts from gguf-py's ``GGML_QUANT_SIZES`` (gguf 0.19),
+#: hardcoded so that describing a model never imports gguf.
+GGML_TYPES: dict[int, GGMLType] = {
+    0: GGMLType("F32", 1, 4),
+    1: GGMLType("F16", 1, 2),
+    2: GGMLType("Q4_0", 32, 18),
+    3: GGMLType("Q4_1", 32, 20),
+    6: GGMLType("Q5_0", 32, 22),
+    7: GGMLType("Q5_1", 32, 24),
+    8: GGMLType("Q8_0", 32, 34),
+    9: GGMLType("Q8_1", 32, 40),
+    10: GGMLType("Q2_K", 256, 84),
+    11: GGMLType("Q3_K", 256, 110),
+    12: GGMLType("Q4_K", 256, 144),
+    13: GGMLType("Q5_K", 256, 176),
+    14: GGMLType("Q6_K", 256, 210),
+    15: GGMLType("Q8_K", 256, 292),
+    16: GGMLType("IQ2_XXS", 256, 66),
+    17: GGMLType("IQ2_XS", 256, 74),
+    18: GGMLType("IQ3_XXS", 256, 98),
+    19: GGMLType("IQ1_S", 256, 50),
+    20: GGMLType("IQ4_NL", 32, 18),
+    21: GGMLType("IQ3_S", 256, 110),
+    22: GGMLType("IQ2_S", 256, 82),
+    23: GGMLType("IQ4_XS", 256, 136),
+    24: GGMLType("I8", 1, 1),
+    25: GGMLType("I16", 1, 2),
+    26: GGMLType("I32", 1, 4),
+    27: GGMLType("I64", 1, 8),
+    28: GGMLType("F64", 1, 8),
+    29: GGMLType("IQ1_M", 256, 56),
+    30: GGMLType("BF16", 1, 2),
+    34: GGMLType("TQ1_0", 256, 54),
+    35: GGMLType("TQ2_0", 256, 66),
+    39: GGMLType("MXFP4", 32, 17),
+    40: GGMLType("NVFP4", 64, 36),
+    41: GGMLType("Q1_0", 128, 18),
+}
+
+# Ids ggml once had and removed; named in the message so that a user knows the file is just old.
+_REMOVED_GGML_TYPES = {
+    4: "Q4_2",
+    5: "Q4_3",
+    31: "Q4_0_4_4",
+    32: "Q4_0_4_8",
+    33: "Q4_0_8_8",
+    36: "IQ4_NL_4_4",
+    37: "IQ4_NL_4_8",
+    38: "IQ4_NL_8_8",
+}
+
+#: A shard of a split set: ``<base>-00001-of-00003.gguf`` (groups: index, count).
+SPLIT_RE = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
+
+_SPLIT_NO = "split.no"
+_SPLIT_COUNT = "split.count"
+_SPLIT_TENSORS = "split.tensors.count"
+
+# Summary values longer than this are left out: vocabularies do not belong in a model description.
+_SUMMARY_MAX_LIST = 256
+
+
+@runtime_checkable
+class ByteSource(Protocol):
+    """Random access to the bytes of one file: a local file, a buffer or a Hub range request."""
+
+    @property
+    def size(self) -> int:
+        """The total size of the file in bytes."""
+        ...
+
+    def read_at(self, offset: int, length: int) -> bytes:
+        """Up to ``length`` bytes from ``offset``; fewer only at the end of the file."""
+        ...
+
+
+class BytesByteSource:
+    """A :class:`ByteSource` over bytes already in memory."""
+
+    def __init__(self, data: bytes | bytearray | memoryview) -> None:
+        self._data = bytes(data)
+
+    @property
+    def size(self) -> int:
+        """The number of bytes held."""
+        return len(self._data)
+
+    def read_at(self, offset: int, length: int) -> bytes:
+        """Up to ``length`` bytes from ``offset``."""
+        if offset < 0 or length < 0:
+            raise ValueError("negative offset or length")
+        return self._data[offset : offset + length]
+
+
+@final
+class FileByteSource:
+    """A :class:`ByteSource` over a local file, opened once; use it as a context manager.
+
+    Only regular files are accepted: a FIFO or a device named like a model would block or never end.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = os.fspath(path)
+        # O_NONBLOCK keeps open() of a FIFO from blocking; it changes nothing for regular files.
+        flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
+        fd = os.open(self.path, flags)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise AnyformerError(ErrorCode.BAD_MODEL, f"{os.path.basename(self.path)}: not a regular file")
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd: int | None = fd
+        self._size = st.st_size
+
+    @property
+    def size(self) -> int:
+        """The file's size when it was opened."""
+        return self._size
+
+    def read_at(self, offset: int, length: int) -> bytes:
+        """Up to ``length`` bytes from ``offset``, fewer only at the end of the file."""
+        if self._fd is None:
+            raise ValueError("read from a closed FileByteSource")
+        if offset < 0 or length < 0:
+            raise ValueError("negative offset or length")
+        chunks: list[bytes] = []
+        got = 0
+        while got < length:
+            chunk = _pread(self._fd, length - got, offset + got)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            got += len(chunk)
+        return b"".join(chunks)
+
+    def close(self) -> None:
+        """Close the file; closing twice is harmless."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> FileByteSource:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def _pread(fd: int, length: int, offset: int) -> bytes:
+    # Windows has no os.pread; a seek and a read do there, as each source is used by one reader.
+    if hasattr(os, "pread"):
+        return os.pread(fd, length, offset)
+    os.lseek(fd, offset, os.SEEK_SET)
+    return os.read(fd, length)
+
+
+@dataclasses.dataclass(frozen=True)
+class GGUFTensor:
+    """One tensor info: name, dims as stored (innermost first), ggml type, offset into the data, size."""
+
+    name: str
+    dims: tuple[int, ...]
+    ggml_type: int
+    #: Bytes from the aligned start of the tensor data (:attr:`GGUFHeader.data_offset`).
+    offset: int
+    nbytes: int
+
+    @property
+    def n_elements(self) -> int:
+        """The number of elements (1 for a tensor with no dims)."""
+        count = 1
+        for dim in self.dims:
+            count *= dim
+        return count
+
+    @property
+    def type_name(self) -> str:
+        """The ggml type's name, e.g. ``Q4_K``."""
+        return GGML_TYPES[self.ggml_type].name
+
+
+@dataclasses.dataclass(frozen=True)
+class GGUFHeader:
+    """A validated GGUF header: metadata, tensor infos and where the tensor data lies."""
+
+    version: int
+    alignment: int
+    #: Metadata by key; arrays are lists.
+    kv: dict[str, Any]
+    tensors: list[GGUFTensor]
+    #: Absolute file offset of the aligned start of the tensor data.
+    data_offset: int
+    #: Bytes the tensors span from ``data_offset`` (the end of the last tensor).
+    data_bytes: int
+    file_size: int
+
+    @property
+    def architecture(self) -> str | None:
+        """``general.architecture``, or None when absent or not a string."""
+        arch = self.kv.get("general.architecture")
+        return arch if isinstance(arch, str) else None
+
+    @property
+    def file_type(self) -> int | None:
+        """``general.file_type`` (llama.cpp's ``llama_ftype``), or None."""
+        value = self.kv.get("general.file_type")
+        return value if _is_int(value) else None
+
+    @property
+    def parameter_count(self) -> int:
+        """The number of elements in all tensors together."""
+        return sum(t.n_elements for t in self.tensors)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """The metadata value under ``key``, or ``default``."""
+        return self.kv.get(key, default)
+
+    def arch_value(self, suffix: str, default: Any = None) -> Any:
+        """The value of ``<architecture>.<suffix>``, e.g. ``arch_value("block_count")``, or ``default``."""
+        arch = self.architecture
+        if arch is None:
+            return default
+        return self.kv.get(f"{arch}.{suffix}", default)
+
+    def summary(self) -> dict[str, Any]:
+        """The facts a model description needs, JSON-ready; long arrays are left out."""
+        tokens = self.kv.get("tokenizer.ggml.tokens")
+        split = None
+        if _SPLIT_COUNT in self.kv:
+            split = {
+                "no": _small(self.kv.get(_SPLIT_NO)),
+                "count": _small(self.kv.get(_SPLIT_COUNT)),
+                "tensors_count": _small(self.kv.get(_SPLIT_TENSORS)),
+            }
+        return {
+            "architecture": self.architecture,
+            "name": _small(self.kv.get("general.name")),
+            "block_count": _small(self.arch_value("block_count")),
+            "context_length": _small(self.arch_value("context_length")),
+            "embedding_length": _small(self.arch_value("embedding_length")),
+            "head_count": _small(self.arch_value("attention.head_count")),
+            "head_count_kv": _small(self.arch_value("attention.head_count_kv")),
+            "key_length": _small(self.arch_value("attention.key_length")),
+            "value_length": _small(self.arch_value("attention.value_length")),
+            "expert_count": _small(self.arch_value("expert_count")),
+            "expert_used_count": _small(self.arch_value("expert_used_count")),
+            "file_type": self.file_type,
+            "vocab_size": len(tokens) if isinstance(tokens, list) else None,
+            "tensor_count": len(self.tensors),
+            "parameter_count": self.parameter_count,
+            "data_bytes": self.data_bytes,
+            "has_chat_template": isinstance(self.kv.get("tokenizer.chat_template"), str),
+            "split": split,
+        }
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _small(value: Any) -> Any:
+    if isinstance(value, list):
+        return value if len(value) <= _SUMMARY_MAX_LIST else None
+    if isinstance(value, float) and not math.isfinite(value):
+        return None  # NaN and infinities are not JSON
+    return value
+
+
+class _Fault(Exception):
+    """Internal: a fault found while parsing; turned into BAD_MODEL with the file's label."""
+
+
+class _Cursor:
+    """Sequential reads over a ByteSource through one buffer of at least ``_BLOCK`` bytes."""
+
+    def __init__(self, source: ByteSource) -> None:
+        self.source = source
+        self.size = int(source.size)
+        self.pos = 0
+        self.buf = b""
+        self.buf_start = 0
+
+    def left(self) -> int:
+        return self.size - self.pos
+
+    def fill(self, need: int, what: str) -> int:
+        """Make the buffer hold ``need`` bytes from ``pos``; return ``pos``'s index in it."""
+        off = self.pos - self.buf_start
+        if 0 <= off and off + need <= len(self.buf):
+            return off
+        if need > self.size - self.pos:
+            raise _Fault(f"truncated: {what} needs {need} bytes at offset {self.pos}, {self.left()} left")
+        want = min(max(need, _BLOCK), self.size - self.pos)
+        data = self.source.read_at(self.pos, want)
+        if len(data) < need:
+            raise _Fault(f"truncated: {what} needs {need} bytes at offset {self.pos}, the file ended")
+        self.buf = bytes(data)
+        self.buf_start = self.pos
+        return 0
+
+    def take(self, n: int, what: str) -> bytes:
+        off = self.fill(n, what)
+        self.pos += n
+        return self.buf[off : off + n]
+
+    def unpack(self, st: struct.Struct, what: str) -> Any:
+        off = self.fill(st.size, what)
+        self.pos += st.size
+        return st.unpack_from(self.buf, off)[0]
+
+    def string(self, what: str) -> str:
+        """A length-prefixed UTF-8 string, capped and checked against the bytes left first."""
+        n = self.unpack(_U64, what)
+        self._check_string_length(n, what)
+        return _decode(self.take(n, what), what)
+
+    def _check_string_length(self, n: int, what: str) -> None:
+        if n > MAX_STRING_BYTES:
+            raise _Fault(f"{what} length {n} is over the {MAX_STRING_BYTES} byte limit")
+        if n > self.left():
+            raise _Fault(f"truncated: {what} length {n} at offset {self.pos} but only {self.left()} bytes left")
+
+    def string_array(self, count: int, what: str) -> list[str]:
+        """``count`` strings; the hot loop of a vocabulary, so it works on the buffer directly."""
+        out: list[str] = []
+        append = out.append
+        unpack_len = _U64.unpack_from
+        for index in range(count):
+            off = self.fill(8, what)
+            n = unpack_len(self.buf, off)[0]
+            self.pos += 8
+            if n > MAX_STRING_BYTES or n > self.size - self.pos:
+                self._check_string_length(n, f"{what} element {index}")
+            off += 8
+            if off + n > len(self.buf):
+                off = self.fill(n, what)
+            raw = self.buf[off : off + n]
+            self.pos += n
+            try:
+                append(raw.decode("utf-8"))
+            except UnicodeDecodeError as exc:
+                raise _Fault(f"{what} element {index} is not valid UTF-8 (byte {exc.start})") from exc
+        return out
+
+
+def _decode(raw: bytes, what: str) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise _Fault(f"{what} is not valid UTF-8 (byte {exc.start} of {len(raw)})") from exc
+
+
+def _read_value(cur: _Cursor, vtype: int, key: str) -> Any:
+    if vtype == _T_ARRAY:
+        return _read_array(cur, key)
+    if vtype == _T_STRING:
+        return cur.string(f"string value of key {key!r}")
+    st = _SCALAR_STRUCTS.get(vtype)
+    if st is None:
+        raise _Fault(f"key {key!r} has unknown value type {vtype}")
+    return cur.unpack(st, f"value of key {key!r}")
+
+
+def _read_array(cur: _Cursor, key: str) -> list[Any]:
+    etype = cur.unpack(_U32, f"array type of key {key!r}")
+    if etype == _T_ARRAY:
+        # Refused outright: no real model nests arrays, and gguf-py recurses on them without bound.
+        raise _Fault(f"key {key!r} is an array of arrays, which is not supported")
+    if etype not in _VALUE_TYPES:
+        raise _Fault(f"key {key!r} is an array of unknown value type {etype}")
+    count = cur.unpack(_U64, f"array length of key {key!r}")
+    if count > MAX_ARRAY_ELEMENTS:
+        raise _Fault(f"array {key!r} has {count} elements, over the limit of {MAX_ARRAY_ELEMENTS}")
+    _, fmt, elem_size = _VALUE_TYPES[etype]
+    # Checked before one element is read: a claimed 2^62 elements fails here, in O(1).
+    if count * elem_size > cur.left():
+        raise _Fault(
+            f"truncated: array {key!r} of {count} elements needs at least {count * elem_size} bytes, "
+            f"{cur.left()} left"
+        )
+    if etype == _T_STRING:
+        return cur.string_array(count, f"array {key!r}")
+    raw = cur.take(count * elem_size, f"array {key!r}")
+    return list(struct.unpack_from(f"<{count}{fmt}", raw))
+
+
+def _check_alignment(value: Any, vtype: int) -> int:
+    if vtype != _T_UINT32:
+        type_name = "array" if vtype == _T_ARRAY else _VALUE_TYPES.get(vtype, (str(vtype),))[0]
+        raise _Fault(f"general.alignment must be a uint32, not {type_name}")
+    if value < 1 or value > MAX_ALIGNMENT or value & (value - 1):
+        raise _Fault(f"general.alignment {value} is not a power of two between 1 and {MAX_ALIGNMENT}")
+    return int(value)
+
+
+def _read_tensor_info(cur: _Cursor, index: int) -> tuple[str, tuple[int, ...], int, int, int]:
+    where = f"tensor {index}"
+    name_len = cur.unpack(_U64, f"{where} name length")
+    cur._check_string_length(name_len, f"{where} name")
+    name = _decode(cur.take(name_len, f"{where} name"), f"{where} name")
+    if not name:
+        raise _Fault(f"{where} has an empty name")
+    if name_len > MAX_TENSOR_NAME_BYTES:
+        raise _Fault(f"tensor {name!r} name is {name_len} bytes, over ggml's limit of {MAX_TENSOR_NAME_BYTES}")
+    label = f"tensor {name!r}"
+    n_dims = cur.unpack(_U32, f"{label} n_dims")
+    if n_dims > MAX_DIMS:
+        raise _Fault(f"{label} has {n_dims} dims, at most {MAX_DIMS} are allowed")
+    dims = tuple(cur.unpack(_U64, f"{label} dims") for _ in range(n_dims))
+    ggml_type = cur.unpack(_I32, f"{label} type")
+    offset = cur.unpack(_U64, f"{label} offset")
+    info = GGML_TYPES.get(ggml_type)
+    if info is None:
+        removed = _REMOVED_GGML_TYPES.get(ggml_type)
+        detail = f" ({removed}, removed from ggml)" if removed else ""
+        raise _Fault(f"{label} has unknown ggml type {ggml_type}{detail}")
+    if dims and dims[0] % info.block_size:
+        raise _Fault(
+            f"{label} first dim {dims[0]} is not a multiple of {info.name}'s block size {info.block_size}"
+        )
+    # The bound uses every dim as at least 1: ggml computes strides from all of them, so
+    # (0, 2^40, 2^40) would overflow there although it holds no element.
+    bound = 1
+    count = 1
+    for dim in dims:
+        bound *= max(dim, 1)
+        count *= dim
+    if bound // info.block_size * info.type_size > MAX_TENSOR_BYTES:
+        raise _Fault(f"{label} of shape {list(dims)} is larger than the {MAX_TENSOR_BYTES} byte limit")
+    nbytes = count // info.block_size * info.type_size
+    return name, dims, ggml_type, offset, nbytes
+
+
+def _check_layout(tensors: list[GGUFTensor], alignment: int, data_offset: int, file_size: int) -> int:
+    """Check that tensor data is contiguous, aligned and inside the file; return the bytes it spans."""
+    for t in tensors:
+        if t.offset % alignment:
+            raise _Fault(f"tensor {t.name!r} offset {t.offset} is not aligned to {alignment}")
+        if data_offset + t.offset > file_size:
+            raise _Fault(
+                f"tensor {t.name!r} offset {t.offset} is past the end of the file "
+                f"({file_size} bytes, data from {data_offset}): the file is truncated or corrupt"
+            )
+    # llama.cpp requires the data to be packed in order with only alignment padding in between;
+    # empty tensors sort first at a shared offset, where they take no room.
+    ordered = sorted(tensors, key=lambda t: (t.offset, t.nbytes))
+    expected = 0
+    prev: GGUFTensor | None = None
+    for t in ordered:
+        if t.offset != expected:
+            if prev is not None and t.offset == prev.offset:
+                raise _Fault(f"tensors {prev.name!r} and {t.name!r} both start at offset {t.offset}")
+            if t.offset < expected and prev is not None:
+                raise _Fault(
+                    f"tensor {t.name!r} at offset {t.offset} overlaps tensor {prev.name!r}, "
+                    f"which ends at {prev.offset + prev.nbytes}"
+                )
+            raise _Fault(f"gap before tensor {t.name!r}: it starts at offset {t.offset}, expected {expected}")
+        end = t.offset + t.nbytes
+        expected = end + (-end % alignment)
+        prev = t
+    if prev is None:
+        return 0
+    end = prev.offset + prev.nbytes
+    if data_offset + end > file_size:
+        raise _Fault(
+            f"truncated: tensor {prev.name!r} ends at byte {data_offset + end}, the file has {file_size} bytes"
+        )
+    return end
+
+
+def _parse(cur: _Cursor) -> GGUFHeader:
+    if cur.size == 0:
+        raise _Fault("empty file")
+    magic = cur.source.read_at(0, 4)
+    if magic != _MAGIC:
+        if len(magic) < 4 and _MAGIC.startswith(magic):
+            raise _Fault(f"truncated: {cur.size} bytes, not even a GGUF magic")
+        raise _Fault(f"not a GGUF file: magic {magic!r} is not {_MAGIC!r}")
+    cur.pos = 4
+    version = cur.unpack(_U32, "version")
+    if version not in (2, 3):
+        swapped = int.from_bytes(version.to_bytes(4, "little"), "big")
+        if swapped in (1, 2, 3):
+            raise _Fault(f"big-endian GGUF (version {swapped}) is not supported")
+        raise _Fault(f"GGUF version {version} is not supported (only 2 and 3)")
+    n_tensors = cur.unpack(_U64, "tensor count")
+    n_kv = cur.unpack(_U64, "metadata count")
+    # Counts are bounded by the bytes left before anything is read: 2^63 fails here at once.
+    if n_kv * _MIN_KV_BYTES + n_tensors * _MIN_TENSOR_INFO_BYTES > cur.left():
+        raise _Fault(
+            f"truncated or corrupt: {n_kv} metadata entries and {n_tensors} tensors cannot fit "
+            f"in the {cur.left()} bytes left"
+        )
+
+    kv: dict[str, Any] = {}
+    alignment = DEFAULT_ALIGNMENT
+    for index in range(n_kv):
+        key = cur.string(f"metadata key {index}")
+        if not key:
+            raise _Fault(f"metadata key {index} is empty")
+        if key in kv:
+            raise _Fault(f"duplicate metadata key {key!r}")
+        vtype = cur.unpack(_U32, f"value type of key {key!r}")
+        value = _read_value(cur, vtype, key)
+        if key == "general.alignment":
+            alignment = _check_alignment(value, vtype)
+        kv[key] = value
+
+    if n_tensors * _MIN_TENSOR_INFO_BYTES > cur.left():
+        raise _Fault(f"truncated: {n_tensors} tensor infos cannot fit in the {cur.left()} bytes left")
+    tensors: list[GGUFTensor] = []
+    seen: set[str] = set()
+    for index in range(n_tensors):
+        name, dims, ggml_type, offset, nbytes = _read_tensor_info(cur, index)
+        if name in seen:
+            raise _Fault(f"duplicate tensor name {name!r}")
+        seen.add(name)
+        tensors.append(GGUFTensor(name, dims, ggml_type, offset, nbytes))
+
+    data_offset = cur.pos + (-cur.pos % alignment)
+    data_bytes = _check_layout(tensors, alignment, data_offset, cur.size)
+    return GGUFHeader(
+        version=version,
+        alignment=alignment,
+        kv=kv,
+        tensors=tensors,
+        data_offset=data_offset,
+        data_bytes=data_bytes,
+        file_size=cur.size,
+    )
+
+
+def read_gguf_header(source: ByteSource | str | os.PathLike[str], *, name: str | None = None) -> GGUFHeader:
+    """Read and validate the header of a GGUF file, v2 or v3, little-endian.
+
+    ``source`` is a path or any :class:`ByteSource`; ``name`` labels the messages (default: the file
+    name). Raises ``AnyformerError(BAD_MODEL)`` with a one-line message naming the fault for any
+    malformed, truncated or hostile input; no other exception escapes (errors a ByteSource raises as
+    ``AnyformerError`` pass through unchanged).
+    """
+    if isinstance(source, (str, os.PathLike)):
+        label = name or os.path.basename(os.fspath(source))
+        try:
+            with FileByteSource(source) as file_source:
+                return _read_labelled(file_source, label)
+        except OSError as exc:
+            raise AnyformerError(ErrorCode.BAD_MODEL, f"{label}: cannot read the file: {exc}", cause=exc) from exc
+    return _read_labelled(source, name or getattr(source, "name", None) or "GGUF file")
+
+
+def _read_labelled(source: ByteSource, label: str) -> GGUFHeader:
+    try:
+        return _parse(_Cursor(source))
+    except AnyformerError:
+        raise
+    except _Fault as exc:
+        raise AnyformerError(ErrorCode.BAD_MODEL, f"{label}: {exc}") from exc
+    except (struct.error, ValueError, OverflowError, IndexError, MemoryError, RecursionError, OSError) as exc:
+        # Nothing but BAD_MODEL may leave: a bug here must not turn a hostile file into a crash.
+        raise AnyformerError(
+            ErrorCode.BAD_MODEL, f"{label}: unreadable GGUF header ({type(exc).__name__}: {exc})", cause=exc
+        ) from exc
+
+
+def split_set_members(names: Iterable[str]) -> dict[str, list[str]]:
+    """Group shard names by their base (the part before ``-00001-of-00003.gguf``), each list sorted.
+
+    Names that are not shards are left out.
+    """
+    groups: dict[str, list[str]] = {}
+    for file_name in names:
+        match = SPLIT_RE.search(file_name)
+        if match:
+            groups.setdefault(file_name[: match.start()], []).append(file_name)
+    return {base: sorted(members) for base, members in groups.items()}
+
+
+def _split_int(header: GGUFHeader, key: str, shard: str) -> int:
+    value = header.kv.get(key)
+    if value is None:
+        raise _Fault(f"shard {shard!r} has no {key}")
+    if not _is_int(value):
+        raise _Fault(f"shard {shard!r} {key} is {value!r}, not an integer")
+    return int(value)
+
+
+def check_split_set(headers: Sequence[tuple[str, GGUFHeader]]) -> None:
+    """Check that the shards of one split set (``x-00001-of-00003.gguf`` ...) form the whole set.
+
+    ``headers`` pairs each shard's file name with its header. Every shard 1..count must be present
+    once; ``split.no`` (0-based, as llama.cpp's gguf-split writes it) must match the file name's
+    index; ``split.count`` must agree everywhere and with the names; the tensor counts must add up
+    to ``split.tensors.count``; no tensor may be in two shards. Raises BAD_MODEL naming the shard.
+    """
+    try:
+        _check_split_set(headers)
+    except _Fault as exc:
+        raise AnyformerError(ErrorCode.BAD_MODEL, f"split set: {exc}") from exc
+
+
+def _check_split_set(headers: Sequence[tuple[str, GGUFHeader]]) -> None:
+    if not headers:
+        raise _Fault("no shards")
+    by_index: dict[int, str] = {}
+    index_of: dict[str, int] = {}
+    base: str | None = None
+    count: int | None = None
+    for shard, _ in headers:
+        match = SPLIT_RE.search(shard)
+        if not match:
+            raise _Fault(f"{shard!r} is not named like a shard (name-00001-of-00003.gguf)")
+        index, name_count = int(match.group(1)), int(match.group(2))
+        if base is None:
+            base, count = shard[: match.start()], name_count
+        elif shard[: match.start()] != base:
+            raise _Fault(f"shard {shard!r} belongs to another set than {base!r}")
+        elif name_count != count:
+            raise _Fault(f"shard {shard!r} says {name_count} shards, others say {count}")
+        if not 1 <= index <= name_count:
+            raise _Fault(f"shard {shard!r} has index {index}, outside 1..{name_count}")
+        if index in by_index:
+            raise _Fault(f"shard {shard!r} and {by_index[index]!r} have the same index {index}")
+        by_index[index] = shard
+        index_of[shard] = index
+    assert count is not None  # set by the first shard, and there is one
+    missing = [i for i in range(1, count + 1) if i not in by_index]
+    if missing:
+        raise _Fault(f"shard {missing[0]:05d} of {count:05d} of {base!r} is missing")
+
+    tensors_total = 0
+    expected_tensors: int | None = None
+    owner: dict[str, str] = {}
+    for shard, header in headers:
+        index = index_of[shard]
+        split_no = _split_int(header, _SPLIT_NO, shard)
+        split_count = _split_int(header, _SPLIT_COUNT, shard)
+        split_tensors = _split_int(header, _SPLIT_TENSORS, shard)
+        if split_no != index - 1:
+            raise _Fault(f"shard {shard!r} has split.no {split_no}, its name says {index - 1} (0-based)")
+        if split_count != count:
+            raise _Fault(f"shard {shard!r} has split.count {split_count}, the names say {count}")
+        if expected_tensors is None:
+            expected_tensors = split_tensors
+        elif split_tensors != expected_tensors:
+            raise _Fault(
+                f"shard {shard!r} has split.tensors.count {split_tensors}, another shard says {expected_tensors}"
+            )
+        for tensor in header.tensors:
+            if tensor.name in owner:
+                raise _Fault(f"tensor {tensor.name!r} is in both {owner[tensor.name]!r} and {shard!r}")
+            owner[tensor.name] = shard
+        tensors_total += len(header.tensors)
+    if tensors_total != expected_tensors:
+        raise _Fault(f"the shards hold {tensors_total} tensors, split.tensors.count says {expected_tensors}")

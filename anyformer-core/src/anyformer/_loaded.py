@@ -1,0 +1,163 @@
+"""``Loaded``: a model loaded by its backend, with the one streaming contract every backend shares."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import AsyncIterator, Iterator
+from typing import TYPE_CHECKING, Any
+
+from anyformer._backend import BackendModel, run_of
+from anyformer._chunk import Chunk, GenerateOptions
+from anyformer._errors import AnyformerError, ErrorCode
+from anyformer._messages import Message, validate_messages
+from anyformer._model import Model
+from anyformer._stream import CoreStream
+from anyformer._verdict import Verdict
+
+if TYPE_CHECKING:
+    from anyformer._plugins import PluginManager
+
+_DONE = object()
+
+
+class Loaded:
+    """A loaded model. Use it as a context manager, or call :meth:`dispose` when done.
+
+    One generation runs at a time: a second ``generate`` while one is streaming raises
+    ``AnyformerError(BUSY)`` at once (servers queue in front of it).
+    """
+
+    def __init__(self, handle: BackendModel, model: Model, verdict: Verdict | None, manager: PluginManager) -> None:
+        self._handle = handle
+        self._manager = manager
+        self._busy = threading.Lock()
+        self._disposed = False
+        #: The description the model was loaded from.
+        self.model = model
+        #: The chosen backend's verdict, with its estimate (None when the backend was named and not asked).
+        self.verdict = verdict
+
+    @property
+    def backend(self) -> str:
+        """The id of the backend running the model."""
+        return self._handle.backend
+
+    @property
+    def task(self) -> str:
+        """The task the model was loaded for."""
+        return self._handle.task
+
+    @property
+    def handle(self) -> BackendModel:
+        """The backend's own handle, for backend-specific features."""
+        return self._handle
+
+    def __enter__(self) -> Loaded:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.dispose()
+
+    def __repr__(self) -> str:
+        state = "disposed" if self._disposed else "loaded"
+        return f"<Loaded {self.model.ref} on {self.backend} ({self.task}, {state})>"
+
+    def _check_open(self) -> None:
+        if self._disposed:
+            raise AnyformerError(ErrorCode.BAD_REQUEST, f"{self.model.ref} was disposed; load it again")
+
+    def generate(
+        self,
+        messages: list[Message] | str,
+        max_new_tokens: int = 256,
+        temperature: float = 0.0,
+        seed: int | None = None,
+        thinking: bool = False,
+        stop: str | list[str] | None = None,
+        cancel: threading.Event | None = None,
+        **extra: Any,
+    ) -> Iterator[Chunk]:
+        """Stream a reply to ``messages`` as :class:`Chunk` objects.
+
+        Malformed messages or options raise ``BAD_REQUEST`` here, before any work; a call while
+        another stream is open raises ``BUSY``. Closing the iterator or setting ``cancel`` stops
+        the work and leaves the model ready for the next call.
+        """
+        self._check_open()
+        checked = validate_messages(messages)
+        options = GenerateOptions.build(
+            max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, thinking=thinking,
+            stop=stop, cancel=cancel, **extra,
+        )
+        if not self._busy.acquire(blocking=False):
+            raise AnyformerError(ErrorCode.BUSY, f"{self.model.ref} is already generating; wait for it or cancel it")
+        try:
+            source = self._manager.generate(self._handle, checked, options)
+        except BaseException:
+            self._busy.release()
+            raise
+        return CoreStream(self.backend, source, options, self._busy.release)
+
+    def complete(self, messages: list[Message] | str, **options: Any) -> Chunk:
+        """Run ``generate`` to the end and return its last chunk (the whole text and finish reason)."""
+        last = Chunk()
+        for last in self.generate(messages, **options):
+            pass
+        return last
+
+    async def agenerate(self, messages: list[Message] | str, **options: Any) -> AsyncIterator[Chunk]:
+        """The async twin of :meth:`generate`: the backend runs in a thread, chunks arrive on the loop.
+
+        Cancelling the consuming task, or closing this iterator, cancels the generation.
+        """
+        import asyncio  # only servers use the async twin; keep `import anyformer` light
+
+        cancel = options.pop("cancel", None) or threading.Event()
+        stream = self.generate(messages, cancel=cancel, **options)
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+
+        def pump() -> None:
+            try:
+                for chunk in stream:
+                    loop.call_soon_threadsafe(queue.put_nowait, chunk)
+            except BaseException as exc:  # handed to the consumer, which re-raises it
+                loop.call_soon_threadsafe(queue.put_nowait, exc)
+            finally:
+                loop.call_soon_threadsafe(queue.put_nowait, _DONE)
+
+        worker = threading.Thread(target=pump, name=f"anyformer-{self.backend}-generate", daemon=True)
+        worker.start()
+        try:
+            while True:
+                item = await queue.get()
+                if item is _DONE:
+                    break
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            cancel.set()
+            await asyncio.to_thread(worker.join)
+
+    def run(self, input: Any, **options: Any) -> Any:
+        """Run a non-generation task (embeddings, classification…) on ``input``."""
+        self._check_open()
+        run = run_of(self._handle)
+        if run is None:
+            raise AnyformerError(
+                ErrorCode.BAD_REQUEST, f"{self.backend} loaded {self.model.ref} for {self.task}; it has no run(), use generate()"
+            )
+        if not self._busy.acquire(blocking=False):
+            raise AnyformerError(ErrorCode.BUSY, f"{self.model.ref} is busy")
+        try:
+            return run(input, **options)
+        finally:
+            self._busy.release()
+
+    def dispose(self) -> None:
+        """Free the model's memory. Safe to call twice; called on ``__exit__``."""
+        if self._disposed:
+            return
+        self._disposed = True
+        self._handle.dispose()

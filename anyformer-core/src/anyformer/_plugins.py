@@ -1,0 +1,268 @@
+"""The plugin host: finds backends through entry points and calls each one on its own.
+
+Load order is explicit (as tox's manager does it): names blocked by the environment first, then
+each entry point loaded inside its own guard, then ``check_pending`` for that plugin alone, so
+one broken plugin is reported by name and never stops the others (SAFETY.md L1–L4).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+import os
+import traceback
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+import pluggy
+
+from anyformer import hookspecs
+from anyformer._backend import BackendModel
+from anyformer._caps import Caps
+from anyformer._chunk import Chunk, GenerateOptions
+from anyformer._errors import AnyformerError, ErrorCode
+from anyformer._messages import Message
+from anyformer._model import Model
+from anyformer._progress import ProgressCallback
+from anyformer._request import Request
+from anyformer._store_entry import StoreEntry
+from anyformer._verdict import Refusal, Verdict
+
+#: The entry-point group backends register under; the entry point's name is the backend id.
+ENTRY_POINT_GROUP = hookspecs.PROJECT
+
+
+@dataclasses.dataclass
+class PluginInfo:
+    """One plugin as ``anyformer plugins`` shows it: its id, distribution, version, and state."""
+
+    name: str
+    distribution: str | None = None
+    version: str | None = None
+    value: str | None = None
+    ok: bool = True
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The plugin as JSON-ready data; ``backends`` lists the ids it answers for."""
+        return {
+            "name": self.name,
+            "distribution": self.distribution,
+            "version": self.version,
+            "entry_point": self.value,
+            "backends": [self.name] if self.ok else [],
+            "ok": self.ok,
+            "error": self.error,
+        }
+
+
+def _names_from_env(variable: str) -> set[str] | None:
+    raw = os.environ.get(variable)
+    if raw is None:
+        return None
+    return {name.strip() for name in raw.split(",") if name.strip()}
+
+
+def _describe_exception(exc: BaseException) -> str:
+    if isinstance(exc, SystemExit):
+        return f"called sys.exit({exc.code!r}) while loading"
+    text = str(exc).strip().splitlines()
+    where = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
+    at = f" at {os.path.basename(where.filename)}:{where.lineno}" if where else ""
+    return f"{type(exc).__name__}: {text[0] if text else ''}{at}".strip()
+
+
+class PluginManager:
+    """The anyformer plugin host: typed wrappers over the four hooks, one plugin at a time."""
+
+    def __init__(self) -> None:
+        self._pm = pluggy.PluginManager(hookspecs.PROJECT)
+        self._pm.add_hookspecs(hookspecs)
+        self._infos: dict[str, PluginInfo] = {}
+
+    # ---- loading --------------------------------------------------------------------------------
+
+    def load_entry_points(self, entry_points: Iterable[importlib.metadata.EntryPoint] | None = None) -> None:
+        """Load every backend entry point (or the given ones), honouring the environment's filters.
+
+        ``ANYFORMER_PLUGINS=a,b`` loads only those; ``ANYFORMER_DISABLE_PLUGINS=a`` skips them.
+        """
+        only = _names_from_env("ANYFORMER_PLUGINS")
+        disabled = _names_from_env("ANYFORMER_DISABLE_PLUGINS") or set()
+        if entry_points is None:
+            entry_points = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
+        for entry_point in sorted(entry_points, key=lambda ep: ep.name):
+            if entry_point.name in disabled or (only is not None and entry_point.name not in only):
+                continue
+            self._load_one(entry_point)
+
+    def _load_one(self, entry_point: importlib.metadata.EntryPoint) -> None:
+        dist = getattr(entry_point, "dist", None)
+        info = PluginInfo(
+            name=entry_point.name,
+            distribution=dist.name if dist is not None else None,
+            version=dist.version if dist is not None else None,
+            value=entry_point.value,
+        )
+        if entry_point.name in self._infos:
+            info.ok, info.error = False, f"a second plugin named {entry_point.name!r}; the first one is kept"
+            self._infos[f"{entry_point.name} ({info.distribution})"] = info
+            return
+        self._infos[entry_point.name] = info
+        try:
+            plugin = entry_point.load()
+        except (Exception, SystemExit) as exc:  # a plugin's import may do anything, sys.exit included
+            info.ok, info.error = False, _describe_exception(exc)
+            return
+        self._register_checked(plugin, info)
+
+    def register(self, plugin: Any, name: str, *, distribution: str | None = None, version: str | None = None) -> None:
+        """Register an in-process plugin object under a backend id (tests, notebooks, embedding apps)."""
+        info = PluginInfo(name=name, distribution=distribution, version=version, value=repr(plugin))
+        self._infos[name] = info
+        self._register_checked(plugin, info)
+
+    def _register_checked(self, plugin: Any, info: PluginInfo) -> None:
+        try:
+            self._pm.register(plugin, name=info.name)
+        except (Exception, SystemExit) as exc:
+            info.ok, info.error = False, f"invalid plugin: {_describe_exception(exc)}"
+            return
+        try:
+            self._pm.check_pending()
+        except pluggy.PluginValidationError as exc:
+            self._pm.unregister(name=info.name)
+            info.ok, info.error = False, f"invalid plugin: {exc}"
+
+    # ---- what is installed ----------------------------------------------------------------------
+
+    def plugins(self) -> list[PluginInfo]:
+        """Every plugin seen, loaded or not, sorted by name."""
+        return sorted(self._infos.values(), key=lambda info: info.name)
+
+    def backends(self) -> list[str]:
+        """The ids of the backends that loaded."""
+        return [info.name for info in self.plugins() if info.ok]
+
+    def _impls(self, hook_name: str) -> Iterator[tuple[str, Any]]:
+        caller = getattr(self._pm.hook, hook_name)
+        by_name = {self._pm.get_name(impl.plugin): impl for impl in caller.get_hookimpls()}
+        for name in sorted(by_name):
+            yield name, by_name[name]
+
+    def _impl_for(self, hook_name: str, backend: str) -> Any | None:
+        return dict(self._impls(hook_name)).get(backend)
+
+    @staticmethod
+    def _call(impl: Any, arguments: Mapping[str, Any]) -> Any:
+        return impl.function(*(arguments[name] for name in impl.argnames))
+
+    def require_backend(self, backend: str) -> None:
+        """Raise ``BAD_REQUEST`` naming what is installed when ``backend`` is not a loaded backend."""
+        if backend in self.backends():
+            return
+        broken = self._infos.get(backend)
+        if broken is not None and not broken.ok:
+            raise AnyformerError(ErrorCode.PLUGIN_ERROR, f"backend {backend!r} failed to load: {broken.error}")
+        installed = ", ".join(self.backends()) or "none"
+        raise AnyformerError(ErrorCode.BAD_REQUEST, f"unknown backend {backend!r}; installed: {installed}")
+
+    # ---- the hooks ------------------------------------------------------------------------------
+
+    def can_run(self, model: Model, caps: Caps, request: Request, *, only: str | None = None) -> list[Verdict]:
+        """Ask every backend (or ``only`` one) whether it can run ``model``; one verdict each."""
+        arguments = {"model": model, "caps": caps, "request": request}
+        verdicts = []
+        for name, impl in self._impls("can_run"):
+            if only is not None and name != only:
+                continue
+            try:
+                result = self._call(impl, arguments)
+            except AnyformerError as exc:
+                verdicts.append(Verdict.refuse(name, Refusal.RUNTIME, f"can_run raised {exc}"))
+                continue
+            except Exception as exc:  # a broken plugin must not break the others (SAFETY L2)
+                verdicts.append(Verdict.refuse(name, Refusal.RUNTIME, f"can_run raised {_describe_exception(exc)}"))
+                continue
+            verdicts.append(self._checked_verdict(name, result))
+        return verdicts
+
+    @staticmethod
+    def _checked_verdict(name: str, result: Any) -> Verdict:
+        if isinstance(result, Verdict) and result.backend == name:
+            return result
+        if isinstance(result, Verdict):
+            why = f"can_run returned a verdict for {result.backend!r}, not for its own id {name!r}"
+        else:
+            why = f"can_run returned {type(result).__name__}, not an anyformer.Verdict"
+        return Verdict.refuse(name, Refusal.RUNTIME, f"plugin error: {why}")
+
+    def load(self, backend: str, model: Model, request: Request, progress: ProgressCallback) -> BackendModel:
+        """Call ``backend``'s load hook; a plugin that answers None or the wrong thing is a ``PLUGIN_ERROR``."""
+        self.require_backend(backend)
+        impl = self._impl_for("load", backend)
+        if impl is None:
+            raise AnyformerError(ErrorCode.PLUGIN_ERROR, f"backend {backend!r} implements no load hook")
+        arguments = {"backend": backend, "model": model, "request": request, "progress": progress}
+        try:
+            handle = self._call(impl, arguments)
+        except AnyformerError:
+            raise
+        except MemoryError as exc:
+            raise AnyformerError(ErrorCode.OUT_OF_MEMORY, f"{backend}: out of memory while loading", cause=exc) from exc
+        except Exception as exc:
+            raise AnyformerError(
+                ErrorCode.PLUGIN_ERROR, f"{backend}: load raised {_describe_exception(exc)}", cause=exc
+            ) from exc
+        if handle is None or getattr(handle, "backend", None) != backend or not callable(getattr(handle, "dispose", None)):
+            raise AnyformerError(
+                ErrorCode.PLUGIN_ERROR,
+                f"{backend}: load returned {type(handle).__name__}, not a handle with backend={backend!r} and dispose()",
+            )
+        return handle
+
+    def generate(self, handle: BackendModel, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk]:
+        """Call the owning backend's generate hook for ``handle``."""
+        impl = self._impl_for("generate", handle.backend)
+        if impl is None:
+            raise AnyformerError(ErrorCode.PLUGIN_ERROR, f"backend {handle.backend!r} implements no generate hook")
+        stream = self._call(impl, {"loaded": handle, "messages": messages, "options": options})
+        if stream is None:
+            raise AnyformerError(ErrorCode.PLUGIN_ERROR, f"{handle.backend}: generate returned None for its own model")
+        return iter(stream)
+
+    def store_list(self) -> tuple[list[StoreEntry], list[str]]:
+        """Every plugin's stored models, and one line per plugin whose ``store_list`` failed."""
+        entries: list[StoreEntry] = []
+        problems: list[str] = []
+        for name, impl in self._impls("store_list"):
+            try:
+                result: Sequence[StoreEntry] | None = self._call(impl, {})
+            except Exception as exc:
+                problems.append(f"{name}: store_list raised {_describe_exception(exc)}")
+                continue
+            for entry in result or ():
+                if isinstance(entry, StoreEntry):
+                    entries.append(entry)
+                else:
+                    problems.append(f"{name}: store_list returned {type(entry).__name__}, not a StoreEntry")
+        return entries, problems
+
+
+_default: PluginManager | None = None
+
+
+def get_plugin_manager() -> PluginManager:
+    """The process-wide plugin manager, loading the installed entry points on first use."""
+    global _default
+    if _default is None:
+        manager = PluginManager()
+        manager.load_entry_points()
+        _default = manager
+    return _default
+
+
+def reset_plugin_manager(manager: PluginManager | None = None) -> None:
+    """Forget the process-wide manager (or install ``manager``): the next call reloads the entry points."""
+    global _default
+    _default = manager

@@ -1,0 +1,115 @@
+"""The core's side of every stream: what it enforces whatever the backend does (CONTRACT §6).
+
+Text is rebuilt from deltas so it is always cumulative; token counts never decrease and never pass
+``max_new_tokens``; stop strings are cut here once for every backend (holding back text that may
+be the start of one); ``cancel`` is checked between chunks; and the backend's iterator is always
+closed, so its ``finally`` puts the model back in order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from anyformer._chunk import Chunk, FinishReason, GenerateOptions
+from anyformer._errors import AnyformerError, ErrorCode
+
+
+def _held_back(text: str, stops: tuple[str, ...]) -> int:
+    """How many trailing characters of ``text`` could still grow into a stop string."""
+    longest = 0
+    for stop in stops:
+        for size in range(min(len(stop) - 1, len(text)), longest, -1):
+            if text.endswith(stop[:size]):
+                longest = size
+                break
+    return longest
+
+
+class CoreStream:
+    """Wraps a backend's chunk iterator and yields contract-checked chunks.
+
+    ``release`` runs exactly once when the stream ends, is closed, or is collected: the loaded
+    model's lock is released there.
+    """
+
+    def __init__(self, backend: str, source: Iterator[Chunk], options: GenerateOptions, release: Callable[[], None]):
+        self._backend = backend
+        self._source = source
+        self._options = options
+        self._release: Callable[[], None] | None = release
+        self._text = ""  # everything the backend produced
+        self._emitted = 0  # how much of it the caller has seen
+        self._tokens = 0
+        self._finished = False
+        self._iterator = self._run()
+
+    def __iter__(self) -> CoreStream:
+        return self
+
+    def __next__(self) -> Chunk:
+        return next(self._iterator)
+
+    def close(self) -> None:
+        """Stop the stream: the backend's iterator is closed and the model is free again."""
+        self._iterator.close()
+        self._finish()
+
+    def __del__(self) -> None:
+        self._finish()
+
+    def _finish(self) -> None:
+        release, self._release = self._release, None
+        if release is not None:
+            try:
+                close = getattr(self._source, "close", None)
+                if close is not None:
+                    close()
+            finally:
+                release()
+
+    def _chunk(self, upto: int, finish: FinishReason | None) -> Chunk:
+        delta = self._text[self._emitted : upto]
+        self._emitted = upto
+        return Chunk(
+            text=self._text[:upto], delta=delta, tokens=self._tokens, finish_reason=finish.value if finish else None
+        )
+
+    def _run(self) -> Iterator[Chunk]:
+        options = self._options
+        finish: FinishReason | None = None
+        try:
+            while True:
+                if options.cancel.is_set():
+                    finish = FinishReason.CANCELLED
+                    break
+                try:
+                    raw = next(self._source)
+                except StopIteration:
+                    break
+                if not isinstance(raw, Chunk):
+                    raise AnyformerError(
+                        ErrorCode.PLUGIN_ERROR, f"{self._backend}: generate yielded {type(raw).__name__}, not a Chunk"
+                    )
+                self._text += raw.delta
+                self._tokens = min(max(self._tokens, raw.tokens), options.max_new_tokens)
+                if options.stop:
+                    cut = min((i for i in (self._text.find(s) for s in options.stop) if i >= 0), default=-1)
+                    if cut >= 0:
+                        self._text = self._text[:cut]
+                        finish = FinishReason.STOP
+                        break
+                if raw.finish_reason is not None:
+                    finish = FinishReason(raw.finish_reason)
+                    break
+                if self._tokens >= options.max_new_tokens:
+                    finish = FinishReason.LENGTH
+                    break
+                visible = len(self._text) - _held_back(self._text, options.stop)
+                if visible > self._emitted or raw.tokens:
+                    yield self._chunk(max(visible, self._emitted), None)
+            if options.cancel.is_set() and finish is None:
+                finish = FinishReason.CANCELLED
+            self._finished = True
+            yield self._chunk(len(self._text), finish or FinishReason.STOP)
+        finally:
+            self._finish()

@@ -1,0 +1,1 @@
+"""The ``anyformer`` command line (CONTRACT §9)."""

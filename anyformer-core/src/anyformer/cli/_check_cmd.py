@@ -1,0 +1,72 @@
+"""``anyformer check``: every backend's verdict on a model, and the one the policy chooses."""
+
+from __future__ import annotations
+
+import argparse
+
+from anyformer._api import check
+from anyformer._errors import AnyformerError, ErrorCode
+from anyformer._format import describe_estimate
+from anyformer._model import Model
+from anyformer._sizes import format_size
+from anyformer.cli._common import add_machine_arguments, caps_from_args, print_json
+
+#: Exit status when no backend can run the model.
+EXIT_NONE_CAN_RUN = 3
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Register the subcommand."""
+    parser = sub.add_parser("check", help="ask every backend whether it can run a model; load nothing")
+    parser.add_argument("model", nargs="?", help="Hub repo id, local folder or file")
+    parser.add_argument("--describe", metavar="FILE.json", help="a model description instead of MODEL")
+    parser.add_argument("--task", help="the task to run (default: the model's)")
+    parser.add_argument("--backend", help="ask only this backend")
+    parser.add_argument("--prefer", help="backend ids to choose first, comma separated")
+    add_machine_arguments(parser)
+    parser.add_argument("--json", action="store_true", help='print {"model", "chosen", "verdicts"} as JSON')
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the verdicts; exit 0 when one backend can run the model, 3 when none can."""
+    if bool(args.model) == bool(args.describe):
+        raise AnyformerError(ErrorCode.BAD_REQUEST, "give a MODEL or --describe FILE.json (one of them)")
+    ref = Model.from_json_file(args.describe) if args.describe else args.model
+    model, selection = check(
+        ref, task=args.task, budget=args.budget, caps=caps_from_args(args), prefer=args.prefer, backend=args.backend
+    )
+    if args.json:
+        print_json(
+            {"model": model.to_dict(), "chosen": selection.chosen_backend, "verdicts": [v.to_dict() for v in selection.verdicts]}
+        )
+    else:
+        _print_table(model, selection)
+    return 0 if selection.chosen is not None else EXIT_NONE_CAN_RUN
+
+
+def _print_table(model: Model, selection) -> None:  # type: ignore[no-untyped-def]
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    sizes = sum(f.size or 0 for f in model.files)
+    console.print(
+        f"[bold]{model.ref}[/]  architecture={model.architecture or '?'} task={model.task or '?'} "
+        f"formats={','.join(model.formats) or '-'} files={len(model.files)} ({format_size(sizes)})"
+    )
+    table = Table()
+    for column in ("", "backend", "verdict", "why / estimate"):
+        table.add_column(column)
+    for verdict in selection.verdicts:
+        mark = "→" if verdict is selection.chosen else ""
+        if verdict.ok:
+            table.add_row(mark, verdict.backend, "[green]ok[/]", describe_estimate(verdict))
+        else:
+            need = f" (need {format_size(verdict.need)})" if verdict.need is not None else ""
+            table.add_row(mark, verdict.backend, f"[red]{verdict.code}[/]", verdict.reason + need)
+    if not selection.verdicts:
+        console.print("no backend plugins installed: pip install anyformer-llamacpp")
+        return
+    console.print(table)
+    console.print(f"chosen: [bold]{selection.chosen_backend}[/]" if selection.chosen else "[red]no backend can run it[/]")

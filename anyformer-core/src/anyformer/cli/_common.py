@@ -1,0 +1,38 @@
+"""Arguments several subcommands share, and turning them into caps and requests."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from anyformer._caps import Caps, probe
+from anyformer._sizes import parse_size
+
+
+def add_machine_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--caps``, ``--ram`` and ``--budget``: the what-if overrides of the probe."""
+    parser.add_argument("--budget", help="accelerator memory allowed, e.g. 4GB (default: what the probe found)")
+    parser.add_argument(
+        "--caps", help="capabilities to assume instead of probing the GPU: a list of gpu,f16,subgroups,store ('' for none)"
+    )
+    parser.add_argument("--ram", help="host memory to assume, e.g. 16GB (default: available now)")
+
+
+def caps_from_args(args: argparse.Namespace) -> Caps:
+    """The probe's answer with ``--caps`` and ``--ram`` applied; ``--caps`` skips the GPU probe."""
+    overrides: dict[str, Any] = {}
+    if getattr(args, "ram", None) is not None:
+        overrides["ram_bytes"] = parse_size(args.ram)
+    flags = getattr(args, "caps", None)
+    caps = probe(gpu=flags is None)
+    if flags is not None:
+        caps = caps.with_flags(flags.split(","))
+    return caps.replace(**overrides) if overrides else caps
+
+
+def print_json(data: Any) -> None:
+    """Stable JSON for programs: sorted keys, one document."""
+    json.dump(data, sys.stdout, indent=2, sort_keys=True, default=str)
+    sys.stdout.write("\n")

@@ -1,0 +1,55 @@
+"""Entry point of the ``anyformer`` command: parses arguments and maps errors to exit codes.
+
+No command prints a traceback for an ``AnyformerError``: the code and message go to stderr and the
+exit status is non-zero (1, or 2 for a malformed request, 3 when no backend can run the model).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from anyformer._errors import AnyformerError, ErrorCode
+from anyformer.cli import _caps_cmd, _check_cmd, _plugins_cmd, _run_cmd
+
+#: Exit status when no backend can run the model (``check``, ``run``).
+EXIT_NO_BACKEND = 3
+_EXIT_BY_CODE = {ErrorCode.BAD_REQUEST: 2, ErrorCode.NO_BACKEND: EXIT_NO_BACKEND, ErrorCode.BUDGET_TOO_SMALL: EXIT_NO_BACKEND}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser with every subcommand."""
+    parser = argparse.ArgumentParser(
+        prog="anyformer",
+        description="Run any Hugging Face model on this machine: every installed backend is asked, the best one runs.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for module in (_caps_cmd, _plugins_cmd, _check_cmd, _run_cmd):
+        module.add_parser(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the exit status (also used by ``python -m anyformer``)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.handler(args) or 0)
+    except AnyformerError as exc:
+        print(f"anyformer: {exc.code.value}: {exc.message}", file=sys.stderr)
+        if exc.need is not None:
+            from anyformer._sizes import format_size
+
+            print(f"anyformer: it would need {format_size(exc.need)}", file=sys.stderr)
+        return _EXIT_BY_CODE.get(exc.code, 1)
+    except KeyboardInterrupt:
+        print("\nanyformer: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,38 @@
+"""``anyformer plugins``: every installed plugin, its version, and its load error if any."""
+
+from __future__ import annotations
+
+import argparse
+
+from anyformer._plugins import get_plugin_manager
+from anyformer.cli._common import print_json
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Register the subcommand."""
+    parser = sub.add_parser("plugins", help="list installed backend plugins and their state")
+    parser.add_argument("--json", action="store_true", help="print JSON")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the plugins; exit 0 even when some failed (they are listed with their error)."""
+    infos = get_plugin_manager().plugins()
+    if args.json:
+        print_json([info.to_dict() for info in infos])
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="anyformer plugins")
+    for column in ("backend", "distribution", "version", "state"):
+        table.add_column(column)
+    for info in infos:
+        state = "[green]ok[/]" if info.ok else f"[red]failed:[/] {info.error}"
+        table.add_row(info.name, info.distribution or "-", info.version or "-", state)
+    console = Console()
+    if not infos:
+        console.print("no backend plugins installed: pip install anyformer-llamacpp")
+        return 0
+    console.print(table)
+    return 0

@@ -1,0 +1,113 @@
+"""``anyformer run``: load a model and stream its answer; without a prompt, a chat."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+
+from anyformer._api import load
+from anyformer._default_model import default_model_path
+from anyformer._errors import AnyformerError, ErrorCode
+from anyformer._loaded import Loaded
+from anyformer.cli._common import add_machine_arguments, caps_from_args
+from anyformer.cli._progress_display import ProgressPrinter
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Register the subcommand."""
+    parser = sub.add_parser(
+        "run",
+        help="run a model: stream the answer to PROMPT, or chat when no prompt is given",
+        description=(
+            "With two arguments: MODEL PROMPT. With one: a MODEL when it is an existing path or an org/name "
+            "repo id, otherwise a PROMPT for the embedded default model (SmolLM2-135M-Instruct). With none: "
+            "a chat with the default model."
+        ),
+    )
+    parser.add_argument("model", nargs="?", help="Hub repo id, local folder or file (default: the embedded model)")
+    parser.add_argument("prompt", nargs="?", help="the prompt; omit it to chat")
+    parser.add_argument("--backend", help="run on this backend instead of the policy's choice")
+    parser.add_argument("--max-new-tokens", type=int, default=256, help="most tokens to generate (default 256)")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy and repeatable (default)")
+    parser.add_argument("--seed", type=int, help="sampling seed")
+    parser.add_argument("--system", help="a system prompt")
+    parser.add_argument("--context", type=int, help="context length in tokens")
+    parser.add_argument("--think", action="store_true", help="let a reasoning model think first")
+    add_machine_arguments(parser)
+    parser.add_argument("--json", action="store_true", help="print one JSON object per chunk")
+    parser.set_defaults(handler=run)
+
+
+def _split_model_and_prompt(model: str | None, prompt: str | None) -> tuple[str, str | None]:
+    if model is not None and prompt is None and not _is_model_ref(model):
+        model, prompt = None, model
+    if model is None:
+        return str(default_model_path()), prompt
+    return model, prompt
+
+
+def _is_model_ref(text: str) -> bool:
+    if os.path.exists(os.path.expanduser(text)):
+        return True
+    return "/" in text and not any(c.isspace() for c in text)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Load the model and stream; Ctrl-C cancels the answer in progress."""
+    model, prompt = _split_model_and_prompt(args.model, args.prompt)
+    with ProgressPrinter() as progress:
+        loaded = load(
+            model, backend=args.backend, budget=args.budget, caps=caps_from_args(args), context=args.context,
+            progress=progress,
+        )
+    with loaded:
+        if not args.json:
+            print(f"anyformer: {loaded.model.ref} on {loaded.backend}", file=sys.stderr)
+        history: list[dict[str, object]] = [{"role": "system", "content": args.system}] if args.system else []
+        if prompt is not None:
+            history.append({"role": "user", "content": prompt})
+            _stream(loaded, history, args)
+            return 0
+        return _chat(loaded, history, args)
+
+
+def _chat(loaded: Loaded, history: list[dict[str, object]], args: argparse.Namespace) -> int:
+    interactive = sys.stdin.isatty()
+    if interactive:
+        print("chat: type a message, an empty line or Ctrl-D to quit", file=sys.stderr)
+    while True:
+        try:
+            line = input("> " if interactive else "")
+        except EOFError:
+            return 0
+        if not line.strip():
+            return 0
+        history.append({"role": "user", "content": line})
+        reply = _stream(loaded, history, args)
+        history.append({"role": "assistant", "content": reply})
+
+
+def _stream(loaded: Loaded, messages: list[dict[str, object]], args: argparse.Namespace) -> str:
+    cancel = threading.Event()
+    text = ""
+    try:
+        for chunk in loaded.generate(
+            messages, max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
+            thinking=args.think, cancel=cancel,
+        ):
+            text = chunk.text
+            if args.json:
+                print(json.dumps({"delta": chunk.delta, "text": chunk.text, "tokens": chunk.tokens,
+                                  "finish_reason": chunk.finish_reason}), flush=True)
+            else:
+                sys.stdout.write(chunk.delta)
+                sys.stdout.flush()
+    except KeyboardInterrupt:
+        cancel.set()
+        raise AnyformerError(ErrorCode.CANCELLED, "interrupted") from None
+    if not args.json:
+        sys.stdout.write("\n")
+    return text

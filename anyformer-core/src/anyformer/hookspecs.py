@@ -1,0 +1,108 @@
+"""The four hooks a backend plugin implements (CONTRACT §5).
+
+A backend is a distribution with an entry point in the group ``anyformer``; the entry point's
+name is the backend's id, and it points at a module (or object) holding ``@anyformer.hookimpl``
+functions. Every hook is optional to implement except ``can_run``, ``load`` and ``generate`` for a
+backend that runs models. Hook implementations may accept any subset of a hook's arguments.
+
+The core calls each plugin's implementation on its own (never one pluggy call across all
+plugins), so a plugin that raises is reported by name and the others keep working.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
+
+import pluggy
+
+if TYPE_CHECKING:
+    from anyformer._backend import BackendModel
+    from anyformer._caps import Caps
+    from anyformer._chunk import Chunk, GenerateOptions
+    from anyformer._messages import Message
+    from anyformer._model import Model
+    from anyformer._progress import ProgressCallback
+    from anyformer._request import Request
+    from anyformer._store_entry import StoreEntry
+    from anyformer._verdict import Verdict
+
+#: The pluggy project name and the entry-point group.
+PROJECT = "anyformer"
+
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+
+# ---- choosing a backend -------------------------------------------------------------------------
+
+
+@hookspec
+def can_run(model: Model, caps: Caps, request: Request) -> Verdict | None:
+    """Say whether this backend can run ``model`` on a machine with ``caps`` for ``request``.
+
+    :param model: the description: repo, architecture, task, tags and files with sizes. Its files
+        may not exist locally: read no weights and open no network connection here.
+    :param caps: the machine's capabilities (possibly overridden for a what-if question).
+    :param request: the task asked for (None: the model's own) and the accelerator budget.
+    :returns: this backend's :class:`anyformer.Verdict`: ``Verdict.accept(id, Estimate(...))`` or
+        ``Verdict.refuse(id, Refusal.X, "one line with the numbers", need=...)``. ``need`` is
+        required on ``budget`` and ``memory`` refusals, and must be larger than what was offered.
+        Return None only when the plugin runs no models (a plugin that only lists a store).
+
+    Called on every plugin, each on its own; one that raises becomes a ``runtime`` refusal naming
+    the exception. Keep it fast: it runs on every ``anyformer check``.
+    """
+
+
+# ---- loading and running ------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def load(backend: str, model: Model, request: Request, progress: ProgressCallback) -> BackendModel | None:
+    """Load ``model`` if ``backend`` is this plugin's id; return None otherwise.
+
+    :param backend: the id of the backend the selection policy chose; only that plugin answers.
+    :param model: the description; local files have ``path``, Hub files are fetched through
+        ``anyformer.store`` (which reports download progress itself).
+    :param request: the task, budget and context length the model is loaded for.
+    :param progress: call it with :class:`anyformer.ProgressEvent` during long steps.
+    :returns: a handle with ``backend``, ``task``, ``dispose()`` (and ``run()`` for non-generation
+        tasks). Raise ``AnyformerError`` (``BAD_MODEL``, ``OUT_OF_MEMORY``, ``BUDGET_TOO_SMALL``…)
+        for failures a person can act on.
+
+    A first-result hook: calling stops at the first non-None result.
+    """
+
+
+@hookspec(firstresult=True)
+def generate(loaded: BackendModel, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk] | None:
+    """Start generating a reply if ``loaded`` is this plugin's handle; return None otherwise.
+
+    :param loaded: a handle this plugin's ``load`` returned (check ``loaded.backend``).
+    :param messages: validated chat messages (the core rejects malformed ones before this call).
+    :param options: validated options: ``max_new_tokens``, ``temperature`` (0 is greedy and
+        repeatable), ``seed``, ``thinking``, ``stop`` and ``cancel`` (a ``threading.Event``).
+    :returns: an iterator of :class:`anyformer.Chunk` whose ``delta`` is the new text and
+        ``tokens`` the count generated so far (never decreasing, at most ``max_new_tokens``); the
+        last may carry ``finish_reason``. Check ``options.cancel`` between tokens and put the
+        model back in a usable state in a ``finally`` block: the core closes the iterator on
+        cancel. The core holds a lock per loaded model, so calls never overlap.
+
+    A first-result hook: calling stops at the first non-None result.
+    """
+
+
+# ---- the store ----------------------------------------------------------------------------------
+
+
+@hookspec
+def store_list() -> Sequence[StoreEntry] | None:
+    """List the models this plugin holds on disk outside the Hugging Face cache.
+
+    :returns: :class:`anyformer.StoreEntry` items (``backend``, ``repo``, ``revision``, ``path``,
+        ``bytes``) for backend-derived files under ``ANYFORMER_HOME``, or None when it keeps none.
+        Hub cache entries are listed by the core itself.
+
+    Called on every plugin, each on its own.
+    """
