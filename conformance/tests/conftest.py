@@ -7,4 +7,4 @@ _SRC = pathlib.Path(__file__).resolve().parents[1] / "src"
 if str(_SRC) not in sys.path:
     sys.path.insert(0, str(_SRC))
 
-from anyformer_conformance.hub_fixtures import fake_hub  # noqa: E402, F401 - the fixture, for these tests
+from anyformer_conformance.hub_fixtures import fake_hub  # noqa: F401 - the fixture, for these tests

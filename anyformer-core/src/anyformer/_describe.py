@@ -134,7 +134,7 @@ def _local_file(path: Path, name: str) -> ModelFile:
     try:
         size = path.stat().st_size
     except OSError as exc:
-        raise AnyformerError(ErrorCode.BAD_MODEL, f"cannot read {path}: {exc.strerror}", cause=exc) from None
+        raise AnyformerError(ErrorCode.BAD_MODEL, f"cannot read {path}: {exc.strerror}", cause=exc) from exc
     return ModelFile(name=name, size=size, path=str(path))
 
 
@@ -144,7 +144,7 @@ def _gguf_summary(path: Path) -> dict[str, Any]:
     try:
         return read_gguf_header(path, name=path.name).summary()
     except PermissionError as exc:
-        raise AnyformerError(ErrorCode.BAD_MODEL, f"cannot read {path.name}: permission denied", cause=exc) from None
+        raise AnyformerError(ErrorCode.BAD_MODEL, f"cannot read {path.name}: permission denied", cause=exc) from exc
 
 
 def _read_config(path: Path) -> dict[str, Any]:
@@ -155,7 +155,7 @@ def _read_config(path: Path) -> dict[str, Any]:
             raise AnyformerError(ErrorCode.BAD_MODEL, f"{path} is over 16 MiB; not a config file")
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise AnyformerError(ErrorCode.BAD_MODEL, f"{path} is not readable JSON: {exc}", cause=exc) from None
+        raise AnyformerError(ErrorCode.BAD_MODEL, f"{path} is not readable JSON: {exc}", cause=exc) from exc
     if not isinstance(data, dict):
         raise AnyformerError(ErrorCode.BAD_MODEL, f"{path} is not a JSON object")
     return data

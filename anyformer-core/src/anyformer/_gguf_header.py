@@ -37,6 +37,9 @@ __all__ = [
 MAX_STRING_BYTES = 16 * 1024 * 1024
 #: Most elements accepted in one array; the largest real vocabularies hold a few hundred thousand.
 MAX_ARRAY_ELEMENTS = 64 * 1024 * 1024
+#: Most array elements in one header, all arrays together: keeps the Python objects a hostile
+#: header can make us build to a few hundred MB at worst (real vocabularies: under 1 Mi per array).
+MAX_TOTAL_ARRAY_ELEMENTS = 8 * 1024 * 1024
 #: Most bytes one tensor may claim: far above any real model, far below where int64 math wraps.
 MAX_TENSOR_BYTES = 1 << 50
 #: Largest ``general.alignment`` accepted.
@@ -376,6 +379,7 @@ class _Cursor:
         self.pos = 0
         self.buf = b""
         self.buf_start = 0
+        self.array_elements = 0
 
     def left(self) -> int:
         return self.size - self.pos
@@ -408,35 +412,45 @@ class _Cursor:
     def string(self, what: str) -> str:
         """A length-prefixed UTF-8 string, capped and checked against the bytes left first."""
         n = self.unpack(_U64, what)
-        self._check_string_length(n, what)
+        self.check_string_length(n, what)
         return _decode(self.take(n, what), what)
 
-    def _check_string_length(self, n: int, what: str) -> None:
+    def check_string_length(self, n: int, what: str) -> None:
         if n > MAX_STRING_BYTES:
             raise _Fault(f"{what} length {n} is over the {MAX_STRING_BYTES} byte limit")
         if n > self.left():
             raise _Fault(f"truncated: {what} length {n} at offset {self.pos} but only {self.left()} bytes left")
 
     def string_array(self, count: int, what: str) -> list[str]:
-        """``count`` strings; the hot loop of a vocabulary, so it works on the buffer directly."""
+        """``count`` strings; the hot loop of a vocabulary, so it keeps the buffer in locals."""
         out: list[str] = []
         append = out.append
         unpack_len = _U64.unpack_from
+        size = self.size
+        buf, base = self.buf, self.buf_start
+        pos = self.pos
         for index in range(count):
-            off = self.fill(8, what)
-            n = unpack_len(self.buf, off)[0]
-            self.pos += 8
-            if n > MAX_STRING_BYTES or n > self.size - self.pos:
-                self._check_string_length(n, f"{what} element {index}")
+            off = pos - base
+            if off < 0 or off + 8 > len(buf):
+                self.pos = pos
+                self.fill(8, what)
+                buf, base, off = self.buf, self.buf_start, pos - self.buf_start
+            n = unpack_len(buf, off)[0]
+            pos += 8
             off += 8
-            if off + n > len(self.buf):
-                off = self.fill(n, what)
-            raw = self.buf[off : off + n]
-            self.pos += n
+            if n > MAX_STRING_BYTES or n > size - pos:
+                self.pos = pos
+                self.check_string_length(n, f"{what} element {index}")
+            if off + n > len(buf):
+                self.pos = pos
+                self.fill(n, what)
+                buf, base, off = self.buf, self.buf_start, 0
             try:
-                append(raw.decode("utf-8"))
+                append(buf[off : off + n].decode("utf-8"))
             except UnicodeDecodeError as exc:
                 raise _Fault(f"{what} element {index} is not valid UTF-8 (byte {exc.start})") from exc
+            pos += n
+        self.pos = pos
         return out
 
 
@@ -468,12 +482,17 @@ def _read_array(cur: _Cursor, key: str) -> list[Any]:
     count = cur.unpack(_U64, f"array length of key {key!r}")
     if count > MAX_ARRAY_ELEMENTS:
         raise _Fault(f"array {key!r} has {count} elements, over the limit of {MAX_ARRAY_ELEMENTS}")
+    cur.array_elements += count
+    if cur.array_elements > MAX_TOTAL_ARRAY_ELEMENTS:
+        raise _Fault(
+            f"array {key!r} brings the header's arrays to {cur.array_elements} elements, "
+            f"over the limit of {MAX_TOTAL_ARRAY_ELEMENTS}"
+        )
     _, fmt, elem_size = _VALUE_TYPES[etype]
     # Checked before one element is read: a claimed 2^62 elements fails here, in O(1).
     if count * elem_size > cur.left():
         raise _Fault(
-            f"truncated: array {key!r} of {count} elements needs at least {count * elem_size} bytes, "
-            f"{cur.left()} left"
+            f"truncated: array {key!r} of {count} elements needs at least {count * elem_size} bytes, {cur.left()} left"
         )
     if etype == _T_STRING:
         return cur.string_array(count, f"array {key!r}")
@@ -493,7 +512,7 @@ def _check_alignment(value: Any, vtype: int) -> int:
 def _read_tensor_info(cur: _Cursor, index: int) -> tuple[str, tuple[int, ...], int, int, int]:
     where = f"tensor {index}"
     name_len = cur.unpack(_U64, f"{where} name length")
-    cur._check_string_length(name_len, f"{where} name")
+    cur.check_string_length(name_len, f"{where} name")
     name = _decode(cur.take(name_len, f"{where} name"), f"{where} name")
     if not name:
         raise _Fault(f"{where} has an empty name")
@@ -512,9 +531,7 @@ def _read_tensor_info(cur: _Cursor, index: int) -> tuple[str, tuple[int, ...], i
         detail = f" ({removed}, removed from ggml)" if removed else ""
         raise _Fault(f"{label} has unknown ggml type {ggml_type}{detail}")
     if dims and dims[0] % info.block_size:
-        raise _Fault(
-            f"{label} first dim {dims[0]} is not a multiple of {info.name}'s block size {info.block_size}"
-        )
+        raise _Fault(f"{label} first dim {dims[0]} is not a multiple of {info.name}'s block size {info.block_size}")
     # The bound uses every dim as at least 1: ggml computes strides from all of them, so
     # (0, 2^40, 2^40) would overflow there although it holds no element.
     bound = 1

@@ -171,13 +171,13 @@ class Model:
         try:
             text = Path(path).read_text(encoding="utf-8")
         except FileNotFoundError as exc:
-            raise AnyformerError(ErrorCode.MODEL_NOT_FOUND, f"no description file at {path}", cause=exc) from None
+            raise AnyformerError(ErrorCode.MODEL_NOT_FOUND, f"no description file at {path}", cause=exc) from exc
         except (OSError, UnicodeDecodeError) as exc:
-            raise AnyformerError(ErrorCode.BAD_REQUEST, f"cannot read {path}: {exc}", cause=exc) from None
+            raise AnyformerError(ErrorCode.BAD_REQUEST, f"cannot read {path}: {exc}", cause=exc) from exc
         try:
             data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise AnyformerError(ErrorCode.BAD_REQUEST, f"{path} is not valid JSON: {exc}", cause=exc) from None
+        except (json.JSONDecodeError, RecursionError) as exc:  # RecursionError: arrays nested thousands deep
+            raise AnyformerError(ErrorCode.BAD_REQUEST, f"{path} is not valid JSON: {exc}", cause=exc) from exc
         return cls.from_dict(data)
 
 

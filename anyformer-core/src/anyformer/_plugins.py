@@ -125,6 +125,9 @@ class PluginManager:
     def _register_checked(self, plugin: Any, info: PluginInfo) -> None:
         try:
             self._pm.register(plugin, name=info.name)
+        except pluggy.PluginValidationError as exc:  # its whole text says which argument is wrong
+            info.ok, info.error = False, f"invalid plugin: {' '.join(str(exc).split())}"
+            return
         except (Exception, SystemExit) as exc:
             info.ok, info.error = False, f"invalid plugin: {_describe_exception(exc)}"
             return
@@ -132,7 +135,7 @@ class PluginManager:
             self._pm.check_pending()
         except pluggy.PluginValidationError as exc:
             self._pm.unregister(name=info.name)
-            info.ok, info.error = False, f"invalid plugin: {exc}"
+            info.ok, info.error = False, f"invalid plugin: {' '.join(str(exc).split())}"
 
     # ---- what is installed ----------------------------------------------------------------------
 
@@ -181,10 +184,11 @@ class PluginManager:
             except AnyformerError as exc:
                 verdicts.append(Verdict.refuse(name, Refusal.RUNTIME, f"can_run raised {exc}"))
                 continue
-            except Exception as exc:  # a broken plugin must not break the others (SAFETY L2)
+            except (Exception, SystemExit) as exc:  # a broken plugin must not break the others (SAFETY L2)
                 verdicts.append(Verdict.refuse(name, Refusal.RUNTIME, f"can_run raised {_describe_exception(exc)}"))
                 continue
-            verdicts.append(self._checked_verdict(name, result))
+            if result is not None:  # None: a plugin that runs no models (hookspecs.can_run)
+                verdicts.append(self._checked_verdict(name, result))
         return verdicts
 
     @staticmethod
@@ -210,7 +214,7 @@ class PluginManager:
             raise
         except MemoryError as exc:
             raise AnyformerError(ErrorCode.OUT_OF_MEMORY, f"{backend}: out of memory while loading", cause=exc) from exc
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:
             raise AnyformerError(
                 ErrorCode.PLUGIN_ERROR, f"{backend}: load raised {_describe_exception(exc)}", cause=exc
             ) from exc
@@ -238,7 +242,7 @@ class PluginManager:
         for name, impl in self._impls("store_list"):
             try:
                 result: Sequence[StoreEntry] | None = self._call(impl, {})
-            except Exception as exc:
+            except (Exception, SystemExit) as exc:
                 problems.append(f"{name}: store_list raised {_describe_exception(exc)}")
                 continue
             for entry in result or ():

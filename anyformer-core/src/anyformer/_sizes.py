@@ -12,6 +12,8 @@ _UNITS = {
     "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
     "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
 }
+# More digits than any real size has; longer input is refused before int() sees it.
+_MAX_DIGITS = 40
 _SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
 
 
@@ -35,7 +37,11 @@ def parse_size(text: str | int) -> int:
     factor = _UNITS.get(unit.lower())
     if factor is None:
         raise AnyformerError(ErrorCode.BAD_REQUEST, f"unknown unit {unit!r} in {text!r} (use B, KB, MB, GB, TB or KiB…TiB)")
-    return int(float(number) * factor) if "." in number else int(number) * factor
+    if len(number) > _MAX_DIGITS:
+        raise AnyformerError(ErrorCode.BAD_REQUEST, f"not a size: a number {len(number)} digits long")
+    # Exact integer arithmetic: a float would turn a long number into inf and 4.1GB into 4099999999.
+    whole, _, fraction = number.partition(".")
+    return int(whole) * factor + (int(fraction) * factor // 10 ** len(fraction) if fraction else 0)
 
 
 def format_size(n: int | None) -> str:

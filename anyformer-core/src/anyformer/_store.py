@@ -40,7 +40,7 @@ def fetch_files(
 
 
 def _download(model: Model, name: str, size: int | None, progress: ProgressCallback, backend: str | None) -> Path:
-    from anyformer._hub_errors import hub_errors
+    from anyformer._hub import hub_errors
 
     import huggingface_hub
 

@@ -28,20 +28,14 @@ def _held_back(text: str, stops: tuple[str, ...]) -> int:
 class CoreStream:
     """Wraps a backend's chunk iterator and yields contract-checked chunks.
 
-    ``release`` runs exactly once when the stream ends, is closed, or is collected: the loaded
-    model's lock is released there.
+    ``release`` runs exactly once when the stream ends, is closed, or is dropped: the loaded
+    model's lock is released there. The state lives apart from this wrapper so that no reference
+    cycle keeps a dropped stream (``break`` out of a ``for`` loop) alive until the next GC pass.
     """
 
     def __init__(self, backend: str, source: Iterator[Chunk], options: GenerateOptions, release: Callable[[], None]):
-        self._backend = backend
-        self._source = source
-        self._options = options
-        self._release: Callable[[], None] | None = release
-        self._text = ""  # everything the backend produced
-        self._emitted = 0  # how much of it the caller has seen
-        self._tokens = 0
-        self._finished = False
-        self._iterator = self._run()
+        self._state = _StreamState(backend, source, options, release)
+        self._iterator = self._state.run()
 
     def __iter__(self) -> CoreStream:
         return self
@@ -52,12 +46,28 @@ class CoreStream:
     def close(self) -> None:
         """Stop the stream: the backend's iterator is closed and the model is free again."""
         self._iterator.close()
-        self._finish()
+        self._state.finish()
 
     def __del__(self) -> None:
-        self._finish()
+        state = getattr(self, "_state", None)
+        if state is not None:
+            state.finish()
 
-    def _finish(self) -> None:
+
+class _StreamState:
+    """What one stream has seen so far; ``run`` is the generator behind :class:`CoreStream`."""
+
+    def __init__(self, backend: str, source: Iterator[Chunk], options: GenerateOptions, release: Callable[[], None]):
+        self._backend = backend
+        self._source = source
+        self._options = options
+        self._release: Callable[[], None] | None = release
+        self._text = ""  # everything the backend produced
+        self._emitted = 0  # how much of it the caller has seen
+        self._tokens = 0
+
+    def finish(self) -> None:
+        """Close the backend's iterator and release the model, once."""
         release, self._release = self._release, None
         if release is not None:
             try:
@@ -74,7 +84,7 @@ class CoreStream:
             text=self._text[:upto], delta=delta, tokens=self._tokens, finish_reason=finish.value if finish else None
         )
 
-    def _run(self) -> Iterator[Chunk]:
+    def run(self) -> Iterator[Chunk]:
         options = self._options
         finish: FinishReason | None = None
         try:
@@ -109,7 +119,6 @@ class CoreStream:
                     yield self._chunk(max(visible, self._emitted), None)
             if options.cancel.is_set() and finish is None:
                 finish = FinishReason.CANCELLED
-            self._finished = True
             yield self._chunk(len(self._text), finish or FinishReason.STOP)
         finally:
-            self._finish()
+            self.finish()

@@ -120,7 +120,7 @@ class Verdict:
     @classmethod
     def refuse(cls, backend: str, code: Refusal | str, reason: str, need: int | None = None) -> Verdict:
         """A refusal with its code, a one-line reason and, for budget or memory, the need."""
-        return cls(backend=backend, ok=False, code=Refusal(code), reason=reason, need=need)
+        return cls(backend=backend, ok=False, code=code, reason=reason, need=need)  # type: ignore[arg-type]
 
     def to_dict(self) -> dict[str, Any]:
         """The verdict as CONTRACT §3's JSON."""

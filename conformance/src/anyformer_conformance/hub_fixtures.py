@@ -16,14 +16,22 @@ from collections.abc import Iterator
 from urllib.parse import urlsplit
 
 import pytest
-
 from anyformer_conformance.hub_server import FakeHub
 
 __all__ = ["fake_hub", "point_huggingface_hub_at", "set_hf_offline"]
 
 #: Environment variables that would leak a real token or a real offline switch into a test.
-_UNSET = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_OIDC_RESOURCE",
-          "HUGGINGFACE_HUB_CACHE", "HUGGINGFACE_ASSETS_CACHE", "HUGGINGFACE_CO_STAGING", "HF_XET_CACHE")
+_UNSET = (
+    "HF_HUB_OFFLINE",
+    "TRANSFORMERS_OFFLINE",
+    "HF_TOKEN",
+    "HUGGING_FACE_HUB_TOKEN",
+    "HF_OIDC_RESOURCE",
+    "HUGGINGFACE_HUB_CACHE",
+    "HUGGINGFACE_ASSETS_CACHE",
+    "HUGGINGFACE_CO_STAGING",
+    "HF_XET_CACHE",
+)
 
 
 def point_huggingface_hub_at(monkeypatch: pytest.MonkeyPatch, url: str, home: pathlib.Path) -> None:
@@ -32,8 +40,7 @@ def point_huggingface_hub_at(monkeypatch: pytest.MonkeyPatch, url: str, home: pa
     Patches the environment (for subprocesses and code that re-reads it) and the values
     huggingface_hub computed from it at import time.
     """
-    import huggingface_hub.hf_api as hf_api
-    from huggingface_hub import constants
+    from huggingface_hub import constants, hf_api
     from huggingface_hub.utils import _cache_assets, _cache_manager, _detect_agent, _http
 
     url = url.rstrip("/")

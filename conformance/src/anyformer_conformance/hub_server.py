@@ -19,17 +19,22 @@ No Xet header is ever sent, so the client always falls back to plain HTTP downlo
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import http.server
 import json
 import pathlib
 import re
+import socket
 import threading
 import time
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, unquote, urlsplit
+
+if TYPE_CHECKING:
+    from typing import Self  # 3.11+, only for the type checker: the kit runs on 3.10
 
 __all__ = ["FakeHub", "git_blob_sha1"]
 
@@ -166,6 +171,7 @@ class FakeHub:
         self._repos: dict[str, _Repo] = {}
         self._lock = threading.Lock()
         self._server: http.server.ThreadingHTTPServer | None = None
+        self._connections: set[socket.socket] = set()
         self._thread: threading.Thread | None = None
         self.url = ""
         self.requests: list[tuple[str, str, dict[str, str]]] = []
@@ -249,7 +255,7 @@ class FakeHub:
         server.daemon_threads = True
         self._server = server
         self.url = f"http://127.0.0.1:{server.server_address[1]}"
-        self._thread = threading.Thread(target=server.serve_forever, name="FakeHub", daemon=True)
+        self._thread = threading.Thread(target=server.serve_forever, args=(0.05,), name="FakeHub", daemon=True)
         self._thread.start()
         return self.url
 
@@ -259,12 +265,19 @@ class FakeHub:
             return
         self._server.shutdown()
         self._server.server_close()
+        # Handler threads keep serving the client's pooled keep-alive connections after shutdown():
+        # hang those up too, so that a stopped hub is unreachable as a real outage would be.
+        with self._lock:
+            live, self._connections = list(self._connections), set()
+        for conn in live:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
         if self._thread is not None:
             self._thread.join(timeout=5)
         self._server = None
         self._thread = None
 
-    def __enter__(self) -> FakeHub:
+    def __enter__(self) -> Self:
         self.start()
         return self
 
@@ -322,14 +335,27 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive, like the Hub; every answer carries Content-Length
     server_version = "FakeHub/1"
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+    def setup(self) -> None:
+        """Register the connection so that :meth:`FakeHub.stop` can hang it up."""
+        super().setup()
+        with self.hub._lock:
+            self.hub._connections.add(self.connection)
+
+    def finish(self) -> None:
+        """Forget the connection."""
+        with self.hub._lock:
+            self.hub._connections.discard(self.connection)
+        with contextlib.suppress(OSError):
+            super().finish()
+
+    def log_message(self, format: str, *args: Any) -> None:
         """Stay quiet: tests read :attr:`FakeHub.requests` instead."""
 
-    def do_GET(self) -> None:  # noqa: N802 - stdlib name
+    def do_GET(self) -> None:
         """Answer a GET."""
         self._dispatch("GET")
 
-    def do_HEAD(self) -> None:  # noqa: N802 - stdlib name
+    def do_HEAD(self) -> None:
         """Answer a HEAD."""
         self._dispatch("HEAD")
 
@@ -535,7 +561,9 @@ def _tree(commit: _Commit, folder: str, recursive: bool) -> list[dict[str, Any]]
             if depth > 1 and not recursive:
                 break
             path = prefix + "/".join(parts[:depth])
-            entries.setdefault(path, {"type": "directory", "oid": hashlib.sha1(path.encode()).hexdigest(), "path": path})
+            entries.setdefault(
+                path, {"type": "directory", "oid": hashlib.sha1(path.encode()).hexdigest(), "path": path}
+            )
         if len(parts) > 1 and not recursive:
             continue
         item: dict[str, Any] = {"type": "file", "oid": entry.blob_id, "size": entry.blob.size, "path": entry.name}

@@ -1,0 +1,434 @@
+"""``describe_hub``: a model description from the Hugging Face Hub, through huggingface_hub (CONTRACT §1).
+
+Only metadata crosses the network: the model info with file sizes, config.json, and when nothing
+else names the architecture, the header of one GGUF read by HTTP range requests. Offline, the
+description comes from the files already in huggingface_hub's cache.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import re
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import huggingface_hub
+from huggingface_hub import constants
+from huggingface_hub.errors import (
+    GatedRepoError,
+    HfHubHTTPError,
+    LocalEntryNotFoundError,
+    OfflineModeIsEnabled,
+    RemoteEntryNotFoundError,
+    RepositoryNotFoundError,
+    RevisionNotFoundError,
+)
+from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
+
+from anyformer._errors import AnyformerError, ErrorCode
+from anyformer._model import Model, ModelFile, check_file_name
+
+__all__ = [
+    "HubByteSource",
+    "cached_snapshot",
+    "check_repo_id",
+    "describe_hub",
+    "first_language_model_gguf",
+    "hub_errors",
+]
+
+# A Hub name part: letters, digits, ``-``, ``_``, ``.``; not starting or ending with ``-`` or ``.``.
+_PART = r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9])?"
+_REPO_ID = re.compile(rf"^(?:{_PART}/)?{_PART}$")
+_REVISION = re.compile(r"^[A-Za-z0-9._/-]{1,256}$")
+_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+#: config.json is metadata; one larger than this is not a config.
+MAX_CONFIG_BYTES = 16 * 1024 * 1024
+
+
+def check_repo_id(repo_id: str) -> str:
+    """Return ``repo_id`` if it is a Hub model id (``org/name`` or ``name``), else raise ``BAD_REQUEST``."""
+    if not isinstance(repo_id, str) or not _REPO_ID.match(repo_id) or "--" in repo_id or ".." in repo_id:
+        raise AnyformerError(ErrorCode.BAD_REQUEST, f"{repo_id!r} is not a Hub repo id (org/name or name)")
+    return repo_id
+
+
+def _check_revision(revision: str | None) -> None:
+    if revision is None:
+        return
+    if not isinstance(revision, str) or not _REVISION.match(revision) or ".." in revision or revision.startswith("/"):
+        raise AnyformerError(ErrorCode.BAD_REQUEST, f"{revision!r} is not a revision (a branch, tag or commit)")
+
+
+def _ref(repo_id: str, revision: str | None) -> str:
+    return f"{repo_id}@{revision}" if revision else repo_id
+
+
+def _is_offline() -> bool:
+    # constants.HF_HUB_OFFLINE is read once at import; the variable may have been set since.
+    return constants.is_offline_mode() or os.environ.get("HF_HUB_OFFLINE", "").upper() in constants.ENV_VARS_TRUE_VALUES
+
+
+def _offline_error(repo_id: str, revision: str | None, cause: BaseException | None = None) -> AnyformerError:
+    reason = "HF_HUB_OFFLINE is set" if _is_offline() else "the Hub cannot be reached"
+    return AnyformerError(
+        ErrorCode.OFFLINE,
+        f"{_ref(repo_id, revision)} is not in the local cache and {reason}; "
+        f"run `anyformer pull {_ref(repo_id, revision)}` while online",
+        cause=cause,
+    )
+
+
+@contextlib.contextmanager
+def hub_errors(repo_id: str, revision: str | None, filename: str | None = None) -> Iterator[None]:
+    """Turn huggingface_hub and HTTP errors raised inside into ``AnyformerError`` (cause kept).
+
+    Missing repo, revision or file is ``MODEL_NOT_FOUND``; offline mode or no connection is
+    ``OFFLINE``; anything the Hub answers that is not what a Hub answers (5xx, junk, short
+    bodies) is ``DOWNLOAD_FAILED``; a full disk is ``DISK_FULL``.
+    """
+    ref = _ref(repo_id, revision)
+    what = f"{filename} of {ref}" if filename else ref
+    try:
+        yield
+    except AnyformerError:
+        raise
+    except GatedRepoError as exc:
+        raise AnyformerError(
+            ErrorCode.MODEL_NOT_FOUND,
+            f"{ref} is gated: accept its terms on the Hub and log in (hf auth login)",
+            cause=exc,
+        ) from exc
+    except RepositoryNotFoundError as exc:
+        raise AnyformerError(
+            ErrorCode.MODEL_NOT_FOUND, f"no model {repo_id} on the Hub (or it is private; log in to see it)", cause=exc
+        ) from exc
+    except RevisionNotFoundError as exc:
+        raise AnyformerError(
+            ErrorCode.MODEL_NOT_FOUND, f"{repo_id} has no revision {revision or 'main'} on the Hub", cause=exc
+        ) from exc
+    except RemoteEntryNotFoundError as exc:
+        raise AnyformerError(ErrorCode.MODEL_NOT_FOUND, f"{ref} has no file {filename} on the Hub", cause=exc) from exc
+    except HfHubHTTPError as exc:
+        status = exc.response.status_code if exc.response is not None else None
+        if status in (401, 404):
+            raise AnyformerError(
+                ErrorCode.MODEL_NOT_FOUND, f"the Hub has no {what} (HTTP {status})", cause=exc
+            ) from exc
+        raise AnyformerError(
+            ErrorCode.DOWNLOAD_FAILED, f"the Hub answered HTTP {status} for {what}", cause=exc
+        ) from exc
+    except OfflineModeIsEnabled as exc:
+        raise _offline_error(repo_id, revision, exc) from exc
+    except LocalEntryNotFoundError as exc:
+        # hf_hub_download raises this when its HEAD failed and the cache has nothing; the cause says why.
+        cause = exc.__cause__
+        if cause is None or isinstance(cause, (OfflineModeIsEnabled, httpx2.ConnectError, httpx2.ConnectTimeout)):
+            raise _offline_error(repo_id, revision, exc) from exc
+        raise AnyformerError(
+            ErrorCode.DOWNLOAD_FAILED, f"the Hub did not answer like the Hub for {what}: {cause}", cause=exc
+        ) from exc
+    except (httpx2.ConnectError, httpx2.ConnectTimeout) as exc:
+        raise _offline_error(repo_id, revision, exc) from exc
+    except httpx2.HTTPError as exc:
+        raise AnyformerError(
+            ErrorCode.DOWNLOAD_FAILED, f"fetching {what} failed: {type(exc).__name__}: {exc}", cause=exc
+        ) from exc
+    except OSError as exc:
+        if exc.errno == errno.ENOSPC:
+            raise AnyformerError(ErrorCode.DISK_FULL, f"no room on disk for {what}", cause=exc) from exc
+        raise AnyformerError(ErrorCode.DOWNLOAD_FAILED, f"fetching {what} failed: {exc}", cause=exc) from exc
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        # r.json() on junk, or JSON that is not a model info (huggingface_hub indexes into it).
+        raise AnyformerError(
+            ErrorCode.DOWNLOAD_FAILED, f"the Hub's answer for {what} is not what the Hub sends: {exc!r}", cause=exc
+        ) from exc
+
+
+class HubByteSource:
+    """Random access to one file on the Hub by HTTP range requests (a ``ByteSource`` for header readers).
+
+    Reads are served from 1 MiB-aligned blocks, each fetched once with a ``Range`` GET on the file's
+    resolve URL through huggingface_hub's shared HTTP client and headers (token, user agent, offline
+    mode). At most ``max_bytes`` are fetched: a header that needs more is ``BAD_MODEL``.
+    """
+
+    #: Bytes per range request; reads are aligned to it so neighbouring reads share a request.
+    block_size = 1024 * 1024
+
+    def __init__(
+        self,
+        repo_id: str,
+        filename: str,
+        revision: str | None = None,
+        *,
+        size: int | None = None,
+        max_bytes: int = 64 * 1024 * 1024,
+    ) -> None:
+        self.repo_id = repo_id
+        self.name = check_file_name(filename)
+        self.revision = revision
+        self.url = huggingface_hub.hf_hub_url(repo_id, filename, revision=revision)
+        self.max_bytes = max_bytes
+        #: Bytes received so far, and the number of GETs that received them.
+        self.bytes_fetched = 0
+        self.requests = 0
+        self._headers = build_hf_headers()
+        self._headers["Accept-Encoding"] = "identity"  # a compressed body would break byte offsets
+        self._blocks: dict[int, bytes] = {}
+        self._size = size if size is not None else self._head_size()
+
+    @property
+    def size(self) -> int:
+        """The file's size in bytes, from the listing or a HEAD request."""
+        return self._size
+
+    def read_at(self, offset: int, length: int) -> bytes:
+        """Up to ``length`` bytes from ``offset``; fewer only at the end of the file."""
+        if offset < 0 or length < 0:
+            raise ValueError("negative offset or length")
+        end = min(self._size, offset + length)
+        if offset >= end:
+            return b""
+        step = self.block_size
+        parts = []
+        for index in range(offset // step, (end - 1) // step + 1):
+            block = self._block(index)
+            base = index * step
+            parts.append(block[max(offset, base) - base : min(end, base + step) - base])
+        return b"".join(parts)
+
+    def _head_size(self) -> int:
+        with hub_errors(self.repo_id, self.revision, self.name):
+            size = huggingface_hub.get_hf_file_metadata(self.url).size
+        if size is None or size < 0:
+            raise AnyformerError(ErrorCode.DOWNLOAD_FAILED, f"the Hub gave no size for {self.name} of {self.repo_id}")
+        return size
+
+    def _block(self, index: int) -> bytes:
+        block = self._blocks.get(index)
+        if block is not None:
+            return block
+        start = index * self.block_size
+        stop = min(self._size, start + self.block_size)
+        if self.bytes_fetched + (stop - start) > self.max_bytes:
+            raise AnyformerError(
+                ErrorCode.BAD_MODEL,
+                f"{self.name}: the header runs past {self.max_bytes // 2**20} MiB; refusing to read more of it",
+            )
+        self._fetch(start, stop)
+        return self._blocks[index]
+
+    def _fetch(self, start: int, stop: int) -> None:
+        headers = {**self._headers, "Range": f"bytes={start}-{stop - 1}"}
+        with hub_errors(self.repo_id, self.revision, self.name):
+            self.requests += 1
+            with get_session().stream("GET", self.url, headers=headers, timeout=constants.HF_HUB_DOWNLOAD_TIMEOUT) as r:
+                hf_raise_for_status(r)
+                if r.status_code == 206:
+                    first = _content_range_start(r.headers.get("Content-Range"))
+                    if first != start:
+                        raise AnyformerError(
+                            ErrorCode.DOWNLOAD_FAILED,
+                            f"{self.name}: asked the Hub for bytes from {start}, got a range starting at {first}",
+                        )
+                    body_start = start
+                elif r.status_code == 200:
+                    # The server ignored Range: read the body from 0 only as far as needed, then hang up.
+                    body_start = 0
+                else:
+                    raise AnyformerError(
+                        ErrorCode.DOWNLOAD_FAILED, f"{self.name}: unexpected HTTP {r.status_code} to a range request"
+                    )
+                data = _read_up_to(r, stop - body_start)
+        self.bytes_fetched += len(data)
+        if len(data) < stop - body_start:
+            raise AnyformerError(
+                ErrorCode.DOWNLOAD_FAILED,
+                f"{self.name}: the Hub sent {len(data)} bytes for a range of {stop - body_start}",
+            )
+        step = self.block_size
+        for base in range(body_start, stop, step):
+            self._blocks[base // step] = data[base - body_start : min(stop, base + step) - body_start]
+
+
+def _content_range_start(value: str | None) -> int | None:
+    match = re.match(r"^\s*bytes\s+(\d+)-(\d+)/(\d+|\*)\s*$", value or "")
+    return int(match.group(1)) if match else None
+
+
+def _read_up_to(response: httpx2.Response, limit: int) -> bytes:
+    buf = bytearray()
+    for chunk in response.iter_bytes():
+        buf += chunk
+        if len(buf) >= limit:
+            break
+    return bytes(buf[:limit])
+
+
+def describe_hub(repo_id: str, revision: str | None = None) -> Model:
+    """Describe a Hub model repo without downloading its weights.
+
+    Files, sizes and LFS sha256 come from the model info; ``architecture`` from config.json's
+    ``model_type``, else the Hub's GGUF facts, else the first language-model GGUF's header (read by
+    range requests). Offline (``HF_HUB_OFFLINE=1`` or no connection) a repo already in the
+    huggingface_hub cache is described from the cached snapshot; one that is not is ``OFFLINE``.
+    """
+    check_repo_id(repo_id)
+    _check_revision(revision)
+    if _is_offline():
+        return _describe_cached(repo_id, revision, None)
+    try:
+        with hub_errors(repo_id, revision):
+            info = huggingface_hub.HfApi().model_info(repo_id, revision=revision, files_metadata=True)
+    except AnyformerError as exc:
+        if exc.code is ErrorCode.OFFLINE:
+            return _describe_cached(repo_id, revision, exc)
+        raise
+    with hub_errors(repo_id, revision):
+        return _describe_info(repo_id, revision, info)
+
+
+def _describe_info(repo_id: str, revision: str | None, info: Any) -> Model:
+    sha = info.sha if isinstance(info.sha, str) and _COMMIT.match(info.sha) else None
+    resolved = sha or revision
+    files = tuple(_sibling_file(s) for s in (info.siblings or ()))
+    config: dict[str, Any] = {}
+    metadata: dict[str, Any] = {}
+    config_entry = next((f for f in files if f.name == "config.json"), None)
+    if config_entry is not None:
+        config = _hub_config(repo_id, resolved, config_entry)
+    architecture = _model_type(config)
+    hub_gguf = info.gguf if isinstance(info.gguf, dict) else None
+    if hub_gguf:
+        metadata["hub_gguf"] = {k: hub_gguf[k] for k in ("architecture", "total", "context_length") if k in hub_gguf}
+        if architecture is None and isinstance(hub_gguf.get("architecture"), str):
+            architecture = hub_gguf["architecture"]
+    # The header's layer and head counts size the KV cache in backends' estimates, so a GGUF repo's
+    # first language-model header is always read (a few range requests, never the weights).
+    gguf_file = first_language_model_gguf(files)
+    if gguf_file is not None:
+        from anyformer._gguf_header import read_gguf_header
+
+        source = HubByteSource(repo_id, gguf_file.name, resolved, size=gguf_file.size)
+        header = read_gguf_header(source, name=gguf_file.name)
+        metadata["gguf"] = header.summary()
+        metadata["gguf_file"] = gguf_file.name
+        architecture = architecture or header.architecture
+    tags = tuple(t for t in info.tags if isinstance(t, str)) if isinstance(info.tags, list) else ()
+    return Model(
+        repo=repo_id,
+        revision=resolved,
+        architecture=architecture,
+        task=info.pipeline_tag if isinstance(info.pipeline_tag, str) else None,
+        tags=tags,
+        files=files,
+        source="hub",
+        metadata=metadata,
+        config=config,
+    )
+
+
+def _sibling_file(sibling: Any) -> ModelFile:
+    name = check_file_name(sibling.rfilename)
+    size = sibling.size if isinstance(sibling.size, int) and not isinstance(sibling.size, bool) else None
+    if size is not None and size < 0:
+        size = None
+    lfs = sibling.lfs
+    sha = lfs.sha256.lower() if lfs is not None and isinstance(lfs.sha256, str) else None
+    return ModelFile(name=name, size=size, sha256=sha if sha and _SHA256.match(sha) else None)
+
+
+def first_language_model_gguf(files: Sequence[ModelFile]) -> ModelFile | None:
+    """The first GGUF in listing order that is not a vision projector (``mmproj``), or None."""
+    return next((f for f in files if f.format == "gguf" and "mmproj" not in f.name.rsplit("/", 1)[-1].lower()), None)
+
+
+def _hub_config(repo_id: str, revision: str | None, entry: ModelFile) -> dict[str, Any]:
+    if entry.size is not None and entry.size > MAX_CONFIG_BYTES:
+        raise AnyformerError(ErrorCode.BAD_MODEL, f"config.json of {repo_id} is {entry.size} bytes; not a config file")
+    with hub_errors(repo_id, revision, "config.json"):
+        path = huggingface_hub.hf_hub_download(repo_id, "config.json", revision=revision)
+    return _parse_config(Path(path), f"config.json of {_ref(repo_id, revision)}")
+
+
+def _parse_config(path: Path, label: str) -> dict[str, Any]:
+    try:
+        if path.stat().st_size > MAX_CONFIG_BYTES:
+            raise AnyformerError(ErrorCode.BAD_MODEL, f"{label} is over {MAX_CONFIG_BYTES // 2**20} MiB; not a config")
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise AnyformerError(ErrorCode.BAD_MODEL, f"{label} is not readable JSON: {exc}", cause=exc) from exc
+    if not isinstance(data, dict):
+        raise AnyformerError(ErrorCode.BAD_MODEL, f"{label} is not a JSON object")
+    return data
+
+
+def _model_type(config: dict[str, Any]) -> str | None:
+    value = config.get("model_type")
+    return value if isinstance(value, str) and value else None
+
+
+def cached_snapshot(repo_id: str, revision: str | None) -> tuple[str, Path] | None:
+    """``(commit, folder)`` of the repo's snapshot in huggingface_hub's cache, or None when not cached."""
+    folder = Path(constants.HF_HUB_CACHE) / ("models--" + repo_id.replace("/", constants.REPO_ID_SEPARATOR))
+    wanted = revision or constants.DEFAULT_REVISION
+    if _COMMIT.match(wanted):
+        commit = wanted
+    else:
+        try:
+            commit = (folder / "refs" / wanted).read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError):
+            return None
+        if not _COMMIT.match(commit):
+            return None
+    snapshot = folder / "snapshots" / commit
+    return (commit, snapshot) if snapshot.is_dir() else None
+
+
+def _describe_cached(repo_id: str, revision: str | None, cause: AnyformerError | None) -> Model:
+    found = cached_snapshot(repo_id, revision)
+    if found is None:
+        if cause is not None:
+            raise cause
+        raise _offline_error(repo_id, revision)
+    commit, snapshot = found
+    files = []
+    for root, dirs, names in os.walk(snapshot):
+        dirs.sort()
+        for file_name in sorted(names):
+            full = Path(root) / file_name
+            try:
+                size = full.stat().st_size  # follows the snapshot symlink to its blob
+            except OSError:
+                continue  # a dangling link: the blob was deleted from the cache
+            target = os.path.basename(os.path.realpath(full))
+            name = check_file_name(full.relative_to(snapshot).as_posix())
+            files.append(ModelFile(name=name, size=size, sha256=target if _SHA256.match(target) else None))
+    config: dict[str, Any] = {}
+    if (snapshot / "config.json").is_file():
+        config = _parse_config(snapshot / "config.json", f"cached config.json of {repo_id}")
+    architecture = _model_type(config)
+    metadata: dict[str, Any] = {}
+    gguf_file = first_language_model_gguf(files)
+    if gguf_file is not None:
+        from anyformer._gguf_header import read_gguf_header
+
+        header = read_gguf_header(snapshot / gguf_file.name, name=gguf_file.name)
+        metadata = {"gguf": header.summary(), "gguf_file": gguf_file.name}
+        architecture = architecture or header.architecture
+    return Model(
+        repo=repo_id,
+        revision=commit,
+        architecture=architecture,
+        files=tuple(files),
+        source="hub",
+        metadata=metadata,
+        config=config,
+    )

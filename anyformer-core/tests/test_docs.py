@@ -1,0 +1,72 @@
+"""Documentation guards (as datasette's ``test_docs.py``): what the code defines, docs/ must describe."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from anyformer import ErrorCode, Refusal, hookspecs
+
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+HOOKS_DOC = DOCS / "hooks.md"
+ERRORS_DOC = DOCS / "refusals-and-errors.md"
+
+
+def hookspec_names() -> list[str]:
+    """Every function ``anyformer.hookspecs`` marks as a hookspec."""
+    marker = f"{hookspecs.PROJECT}_spec"
+    return sorted(name for name, value in vars(hookspecs).items() if callable(value) and hasattr(value, marker))
+
+
+def _headings(path: Path) -> set[str]:
+    return set(re.findall(r"^##\s+`?([A-Za-z_][A-Za-z0-9_]*)`?\s*$", path.read_text(encoding="utf-8"), re.MULTILINE))
+
+
+def _table_codes(path: Path) -> set[str]:
+    """The codes in the first cell of every markdown table row: ``| `budget` | … |``."""
+    return set(re.findall(r"^\|\s*`([^`]+)`\s*\|", path.read_text(encoding="utf-8"), re.MULTILINE))
+
+
+def test_there_are_hookspecs_to_document() -> None:
+    assert hookspec_names() == ["can_run", "generate", "load", "store_list"]
+
+
+@pytest.mark.parametrize("hook", hookspec_names())
+def test_hookspec_has_a_section_in_hooks_md(hook: str) -> None:
+    assert hook in _headings(HOOKS_DOC), f"docs/hooks.md has no '## {hook}' section"
+
+
+@pytest.mark.parametrize("hook", hookspec_names())
+def test_hooks_md_section_shows_the_signature_and_an_example(hook: str) -> None:
+    text = HOOKS_DOC.read_text(encoding="utf-8")
+    section = text.split(f"\n## {hook}\n", 1)[1].split("\n## ", 1)[0]
+    assert f"def {hook}(" in section, f"the {hook} section shows no signature"
+    assert "@hookimpl" in section, f"the {hook} section has no example hookimpl"
+    assert "first-result" in section.lower() or "first result" in section.lower()
+
+
+def test_hooks_md_documents_no_hook_that_does_not_exist() -> None:
+    documented = _headings(HOOKS_DOC) - {"Hooks"}
+    assert documented <= set(hookspec_names()), f"docs/hooks.md documents {documented - set(hookspec_names())}"
+
+
+@pytest.mark.parametrize("refusal", list(Refusal), ids=lambda r: r.value)
+def test_refusal_is_documented(refusal: Refusal) -> None:
+    assert refusal.value in _table_codes(ERRORS_DOC), f"docs/refusals-and-errors.md lacks a row for `{refusal.value}`"
+
+
+@pytest.mark.parametrize("code", list(ErrorCode), ids=lambda c: c.value)
+def test_error_code_is_documented(code: ErrorCode) -> None:
+    assert code.value in _table_codes(ERRORS_DOC), f"docs/refusals-and-errors.md lacks a row for `{code.value}`"
+
+
+def test_errors_doc_names_no_code_that_does_not_exist() -> None:
+    known = {r.value for r in Refusal} | {c.value for c in ErrorCode} | {"0", "1", "2", "3", "130"}
+    assert _table_codes(ERRORS_DOC) <= known, f"unknown codes documented: {_table_codes(ERRORS_DOC) - known}"
+
+
+@pytest.mark.parametrize("status", ["0", "1", "2", "3", "130"])
+def test_cli_exit_code_is_documented(status: str) -> None:
+    assert status in _table_codes(ERRORS_DOC), f"docs/refusals-and-errors.md lacks exit code {status}"

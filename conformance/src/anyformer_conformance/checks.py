@@ -1,0 +1,238 @@
+"""Assertion helpers for the conformance kit: each failure reads as observed vs expected.
+
+Every helper takes ``where``, the call that produced what it checks (``generate(max_new_tokens=8)``),
+and ends its message with it in brackets, as array-api-tests does::
+
+    tokens went 5 -> 4, but must never decrease [generate(max_new_tokens=8)]
+
+The helpers set ``__tracebackhide__`` so a failure points at the kit's test, not at this module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+from anyformer import AnyformerError, Chunk, ErrorCode, Estimate, Rank, Refusal, StoreEntry, Verdict
+
+__all__ = [
+    "FINISH_REASONS",
+    "check_backend_chunks",
+    "check_error_code",
+    "check_need",
+    "check_refusal_code",
+    "check_same_text",
+    "check_store_entry",
+    "check_stream",
+    "check_verdict",
+    "check_verdict_not_crashed",
+    "fail",
+]
+
+#: The finish reasons a stream may end with (CONTRACT §6).
+FINISH_REASONS = frozenset({"stop", "length", "cancelled"})
+#: The refusals that carry ``need`` (CONTRACT §3).
+NEED_CODES = frozenset({Refusal.BUDGET, Refusal.MEMORY})
+# How the core words a verdict it made from a can_run that raised or returned the wrong thing.
+_CRASH_PREFIXES = ("can_run raised", "plugin error:")
+
+
+def fail(message: str, where: str) -> NoReturn:
+    """Fail the test with ``message [where]``."""
+    __tracebackhide__ = True
+    raise AssertionError(f"{message} [{where}]")
+
+
+# ---- verdicts -------------------------------------------------------------------------------------
+
+
+def check_verdict_not_crashed(verdict: Verdict, where: str) -> None:
+    """The backend's ``can_run`` answered; it did not raise (the core turns a raise into ``runtime``)."""
+    __tracebackhide__ = True
+    if verdict.code is Refusal.RUNTIME and verdict.reason.startswith(_CRASH_PREFIXES):
+        fail(f"can_run did not answer: {verdict.reason!r}; it must return a Verdict, not raise", where)
+
+
+def check_verdict(verdict: Any, backend_id: str, where: str) -> None:
+    """A well-formed verdict of ``backend_id``: ok with an estimate, or a closed refusal code with one line."""
+    __tracebackhide__ = True
+    if not isinstance(verdict, Verdict):
+        fail(f"got {type(verdict).__name__}, expected an anyformer.Verdict", where)
+    check_verdict_not_crashed(verdict, where)
+    if verdict.backend != backend_id:
+        fail(f"verdict.backend is {verdict.backend!r}, expected the entry point name {backend_id!r}", where)
+    if verdict.ok is not True and verdict.ok is not False:
+        fail(f"verdict.ok is {verdict.ok!r}, expected True or False", where)
+    if verdict.ok:
+        if verdict.code is not None or verdict.need is not None:
+            fail(f"an ok verdict has code={verdict.code!r} need={verdict.need!r}, expected both None", where)
+        _check_estimate(verdict.estimate, where)
+        return
+    if not isinstance(verdict.code, Refusal):
+        fail(f"refusal code is {verdict.code!r}, expected one of {sorted(r.value for r in Refusal)}", where)
+    if not verdict.reason.strip() or verdict.reason.strip() == verdict.code.value:
+        fail(f"refusal {verdict.code.value!r} has reason {verdict.reason!r}, expected one line a person understands", where)
+    if "\n" in verdict.reason:
+        fail(f"reason has {verdict.reason.count(chr(10)) + 1} lines, expected one: {verdict.reason!r}", where)
+
+
+def _check_estimate(estimate: Any, where: str) -> None:
+    __tracebackhide__ = True
+    if not isinstance(estimate, Estimate):
+        fail(f"an ok verdict's estimate is {type(estimate).__name__}, expected an anyformer.Estimate", where)
+    for field in ("gpu_bytes", "ram_bytes", "disk_bytes"):
+        value = getattr(estimate, field)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            fail(f"estimate.{field} is {value!r}, expected an integer number of bytes >= 0", where)
+    speed = estimate.tok_per_sec
+    if speed is not None and (isinstance(speed, bool) or not isinstance(speed, (int, float)) or speed < 0):
+        fail(f"estimate.tok_per_sec is {speed!r}, expected None or a number >= 0", where)
+    if not isinstance(estimate.rank, Rank):
+        fail(f"estimate.rank is {estimate.rank!r}, expected an anyformer.Rank", where)
+
+
+def _code(verdict: Verdict) -> str:
+    return "ok" if verdict.ok or verdict.code is None else Refusal(verdict.code).value
+
+
+def check_refusal_code(verdict: Verdict, expected: Refusal | str | None, where: str) -> None:
+    """The verdict is a refusal with ``expected`` code (or ok, when ``expected`` is None)."""
+    __tracebackhide__ = True
+    if expected is None:
+        if not verdict.ok:
+            fail(f"refused with {_code(verdict)!r} ({verdict.reason}), expected ok", where)
+        return
+    want = Refusal(expected)
+    if verdict.ok:
+        fail(f"accepted, expected a {want.value!r} refusal", where)
+    if verdict.code is not want:
+        fail(f"refused with {_code(verdict)!r} ({verdict.reason}), expected {want.value!r}", where)
+
+
+def check_need(verdict: Verdict, *, budget: int, ram: int, where: str) -> None:
+    """``need`` exactly on budget and memory refusals, and more than what was offered."""
+    __tracebackhide__ = True
+    if verdict.ok or verdict.code not in NEED_CODES:
+        if verdict.need is not None:
+            fail(f"a {_code(verdict)!r} verdict carries need={verdict.need!r}, expected None (only budget and memory do)", where)
+        return
+    offered, what = (budget, "budget") if verdict.code is Refusal.BUDGET else (ram, "ram_bytes")
+    need = verdict.need
+    if isinstance(need, bool) or not isinstance(need, int):
+        fail(f"a {_code(verdict)!r} refusal carries need={need!r}, expected the bytes that would fit", where)
+    if need <= offered:
+        fail(
+            f"a {_code(verdict)!r} refusal carries need={need} with {what}={offered} offered, "
+            f"but need must be larger than what was offered",
+            where,
+        )
+
+
+# ---- streams --------------------------------------------------------------------------------------
+
+
+def check_backend_chunks(chunks: Sequence[Any], max_new_tokens: int, where: str) -> None:
+    """What a backend's own ``generate`` hook yields: Chunks, tokens rising to at most N, finish only last."""
+    __tracebackhide__ = True
+    previous = 0
+    for index, chunk in enumerate(chunks):
+        if not isinstance(chunk, Chunk):
+            fail(f"chunk {index} is {type(chunk).__name__}, expected an anyformer.Chunk", where)
+        if not isinstance(chunk.delta, str):
+            fail(f"chunk {index} has delta {chunk.delta!r}, expected a string", where)
+        if isinstance(chunk.tokens, bool) or not isinstance(chunk.tokens, int):
+            fail(f"chunk {index} has tokens={chunk.tokens!r}, expected an integer", where)
+        if chunk.tokens < previous:
+            fail(f"tokens went {previous} -> {chunk.tokens}, but must never decrease", where)
+        previous = chunk.tokens
+    _check_token_limit(chunks, max_new_tokens, where)
+    _check_finish_reasons(chunks, where, require_last=False)
+
+
+def check_stream(chunks: Sequence[Chunk], max_new_tokens: int, where: str) -> None:
+    """A whole stream as a caller sees it (CONTRACT §6)."""
+    __tracebackhide__ = True
+    if not chunks:
+        fail("the stream yielded no chunk, expected at least the last one with a finish_reason", where)
+    text = ""
+    previous = 0
+    for index, chunk in enumerate(chunks):
+        if chunk.text != text + chunk.delta:
+            fail(
+                f"chunk {index} has text {chunk.text!r}, but the previous text {text!r} plus delta {chunk.delta!r} "
+                f"is {text + chunk.delta!r}: text must be cumulative",
+                where,
+            )
+        text = chunk.text
+        if chunk.tokens < previous:
+            fail(f"tokens went {previous} -> {chunk.tokens}, but must never decrease", where)
+        previous = chunk.tokens
+    _check_token_limit(chunks, max_new_tokens, where)
+    _check_finish_reasons(chunks, where, require_last=True)
+    last = chunks[-1]
+    if last.finish_reason == "length" and last.tokens != max_new_tokens:
+        fail(f"finish_reason is 'length' after {last.tokens} tokens, but max_new_tokens is {max_new_tokens}", where)
+
+
+def _check_token_limit(chunks: Sequence[Chunk], max_new_tokens: int, where: str) -> None:
+    __tracebackhide__ = True
+    for index, chunk in enumerate(chunks):
+        if chunk.tokens > max_new_tokens:
+            fail(f"chunk {index} reports {chunk.tokens} tokens, but max_new_tokens is {max_new_tokens}", where)
+
+
+def _check_finish_reasons(chunks: Sequence[Chunk], where: str, *, require_last: bool) -> None:
+    __tracebackhide__ = True
+    for index, chunk in enumerate(chunks[:-1]):
+        if chunk.finish_reason is not None:
+            fail(
+                f"chunk {index} of {len(chunks)} has finish_reason {chunk.finish_reason!r}, "
+                f"but only the last chunk may have one",
+                where,
+            )
+    if not chunks:
+        return
+    last = chunks[-1].finish_reason
+    if last is None and not require_last:
+        return
+    if last not in FINISH_REASONS:
+        fail(f"the last chunk has finish_reason {last!r}, expected one of {sorted(FINISH_REASONS)}", where)
+
+
+def check_same_text(observed: str, expected: str, what: str, where: str) -> None:
+    """Two texts that must be equal; the message shows both."""
+    __tracebackhide__ = True
+    if observed != expected:
+        fail(f"{what}: got {observed!r}, expected {expected!r}", where)
+
+
+def check_error_code(error: BaseException | None, expected: ErrorCode | str, where: str) -> None:
+    """``error`` is an ``AnyformerError`` with the ``expected`` code."""
+    __tracebackhide__ = True
+    want = ErrorCode(expected)
+    if error is None:
+        fail(f"no error was raised, expected AnyformerError({want.value})", where)
+    if not isinstance(error, AnyformerError):
+        fail(f"raised {type(error).__name__}: {error}, expected AnyformerError({want.value})", where)
+    if error.code is not want:
+        fail(f"raised AnyformerError({error.code.value}): {error.message}, expected {want.value}", where)
+
+
+# ---- the store ------------------------------------------------------------------------------------
+
+
+def check_store_entry(entry: Any, backend_id: str, where: str) -> None:
+    """One ``store_list`` entry: a StoreEntry of this backend with repo, path and a byte count."""
+    __tracebackhide__ = True
+    if not isinstance(entry, StoreEntry):
+        fail(f"got {type(entry).__name__}, expected an anyformer.StoreEntry", where)
+    if entry.backend != backend_id:
+        fail(f"entry.backend is {entry.backend!r}, expected {backend_id!r}", where)
+    if not isinstance(entry.repo, str) or not entry.repo:
+        fail(f"entry.repo is {entry.repo!r}, expected a non-empty string", where)
+    if not isinstance(entry.path, str) or not entry.path:
+        fail(f"entry.path is {entry.path!r}, expected a non-empty string", where)
+    if entry.revision is not None and not isinstance(entry.revision, str):
+        fail(f"entry.revision is {entry.revision!r}, expected None or a string", where)
+    if isinstance(entry.bytes, bool) or not isinstance(entry.bytes, int) or entry.bytes < 0:
+        fail(f"entry.bytes is {entry.bytes!r}, expected an integer >= 0", where)

