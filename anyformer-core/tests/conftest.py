@@ -322,12 +322,6 @@ def load_scripted(model_description: dict[str, Any]) -> Callable[..., tuple[anyf
 
 
 @pytest.fixture
-def scripted_backend() -> type[ScriptedBackend]:
-    """The :class:`ScriptedBackend` class, to build several backends in one manager."""
-    return ScriptedBackend
-
-
-@pytest.fixture
 def endless_script() -> Callable[[Any], Iterator[Chunk]]:
     """:func:`endless`: a script that streams until the core stops it."""
     return endless

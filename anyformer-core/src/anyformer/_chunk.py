@@ -65,9 +65,13 @@ class GenerateOptions:
     ) -> GenerateOptions:
         """Validate user options; anything malformed raises ``BAD_REQUEST`` before any work."""
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-            raise AnyformerError(ErrorCode.BAD_REQUEST, f"max_new_tokens must be an integer ≥ 1, got {max_new_tokens!r}")
+            raise AnyformerError(
+                ErrorCode.BAD_REQUEST, f"max_new_tokens must be an integer ≥ 1, got {max_new_tokens!r}"
+            )
         if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not 0 <= temperature <= 100:
-            raise AnyformerError(ErrorCode.BAD_REQUEST, f"temperature must be a number in [0, 100], got {temperature!r}")
+            raise AnyformerError(
+                ErrorCode.BAD_REQUEST, f"temperature must be a number in [0, 100], got {temperature!r}"
+            )
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32):
             raise AnyformerError(ErrorCode.BAD_REQUEST, f"seed must be an integer in [0, 2^32), got {seed!r}")
         if not isinstance(thinking, bool):

@@ -101,8 +101,8 @@ class Loaded:
     def complete(self, messages: list[Message] | str, **options: Any) -> Chunk:
         """Run ``generate`` to the end and return its last chunk (the whole text and finish reason)."""
         last = Chunk()
-        for last in self.generate(messages, **options):
-            pass
+        for chunk in self.generate(messages, **options):
+            last = chunk
         return last
 
     async def agenerate(self, messages: list[Message] | str, **options: Any) -> AsyncIterator[Chunk]:
@@ -146,7 +146,8 @@ class Loaded:
         run = run_of(self._handle)
         if run is None:
             raise AnyformerError(
-                ErrorCode.BAD_REQUEST, f"{self.backend} loaded {self.model.ref} for {self.task}; it has no run(), use generate()"
+                ErrorCode.BAD_REQUEST,
+                f"{self.backend} loaded {self.model.ref} for {self.task}; it has no run(), use generate()",
             )
         if not self._busy.acquire(blocking=False):
             raise AnyformerError(ErrorCode.BUSY, f"{self.model.ref} is busy")

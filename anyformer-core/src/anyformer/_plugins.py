@@ -218,10 +218,11 @@ class PluginManager:
             raise AnyformerError(
                 ErrorCode.PLUGIN_ERROR, f"{backend}: load raised {_describe_exception(exc)}", cause=exc
             ) from exc
-        if handle is None or getattr(handle, "backend", None) != backend or not callable(getattr(handle, "dispose", None)):
+        if getattr(handle, "backend", None) != backend or not callable(getattr(handle, "dispose", None)):
             raise AnyformerError(
                 ErrorCode.PLUGIN_ERROR,
-                f"{backend}: load returned {type(handle).__name__}, not a handle with backend={backend!r} and dispose()",
+                f"{backend}: load returned {type(handle).__name__}, "
+                f"not a handle with backend={backend!r} and dispose()",
             )
         return handle
 

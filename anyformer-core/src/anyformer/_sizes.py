@@ -36,7 +36,9 @@ def parse_size(text: str | int) -> int:
     number, unit = match.groups()
     factor = _UNITS.get(unit.lower())
     if factor is None:
-        raise AnyformerError(ErrorCode.BAD_REQUEST, f"unknown unit {unit!r} in {text!r} (use B, KB, MB, GB, TB or KiB…TiB)")
+        raise AnyformerError(
+            ErrorCode.BAD_REQUEST, f"unknown unit {unit!r} in {text!r} (use B, KB, MB, GB, TB or KiB…TiB)"
+        )
     if len(number) > _MAX_DIGITS:
         raise AnyformerError(ErrorCode.BAD_REQUEST, f"not a size: a number {len(number)} digits long")
     # Exact integer arithmetic: a float would turn a long number into inf and 4.1GB into 4099999999.

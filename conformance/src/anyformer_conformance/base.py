@@ -65,7 +65,9 @@ def _tiny_png() -> bytes:
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
 
     header = struct.pack(">IIBBBBB", 1, 1, 8, 0, 0, 0, 0)
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\x00\x80")) + chunk(b"IEND", b"")
+    return (
+        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\x00\x80")) + chunk(b"IEND", b"")
+    )
 
 
 #: Malformed ``messages`` a backend never sees: the core (or the backend) raises ``BAD_REQUEST``.
@@ -132,7 +134,9 @@ class BackendConformance:
         raise NotImplementedError
 
     @property
-    def refusal_cases(self) -> Sequence[RefusalCase | tuple[Mapping[str, Any], Mapping[str, Any], Mapping[str, Any], Any]]:
+    def refusal_cases(
+        self,
+    ) -> Sequence[RefusalCase | tuple[Mapping[str, Any], Mapping[str, Any], Mapping[str, Any], Any]]:
         """Models this backend must refuse: ``(description, caps overrides, request kwargs, Refusal)``. Default none."""
         return ()
 
@@ -158,7 +162,10 @@ class BackendConformance:
 
     @property
     def load_kwargs(self) -> dict[str, Any]:
-        """Extra ``anyformer.load`` keywords for the sample (``task``, ``budget``, ``context``, ``options``). Default none."""
+        """Extra ``anyformer.load`` keywords for the sample (``task``, ``budget``, ``context``, ``options``).
+
+        Default none. ``task``, ``budget`` and ``context`` are also passed to ``anyformer.check``.
+        """
         return {}
 
     @property
@@ -186,13 +193,17 @@ class BackendConformance:
     def _conformance_setup(cls, request: pytest.FixtureRequest) -> None:
         """Fail at once, with the fix, when the kit's plugin is not active or backend_id is missing."""
         if not request.config.pluginmanager.has_plugin(PLUGIN_MODULE):
-            pytest.fail(f'the conformance kit\'s plugin is not active: add pytest_plugins = ["{PLUGIN_MODULE}"] to your conftest.py')
+            pytest.fail(
+                f'the conformance kit\'s plugin is not active: add pytest_plugins = ["{PLUGIN_MODULE}"] to your '
+                "conftest.py or test module",
+                pytrace=False,
+            )
         try:
             backend_id = cls().backend_id
         except NotImplementedError:
-            pytest.fail(f"{cls.__name__} must set backend_id = '<your entry point name>'")
+            pytest.fail(f"{cls.__name__} must set backend_id = '<your entry point name>'", pytrace=False)
         if not isinstance(backend_id, str) or not backend_id:
-            pytest.fail(f"{cls.__name__}.backend_id is {backend_id!r}, expected the entry point's name")
+            pytest.fail(f"{cls.__name__}.backend_id is {backend_id!r}, expected the entry point's name", pytrace=False)
 
     @pytest.fixture(scope="class")
     @classmethod
@@ -204,17 +215,22 @@ class BackendConformance:
         if not found:
             installed = sorted({ep.name for ep in importlib.metadata.entry_points(group=group)})
             pytest.fail(
-                f"no entry point named {self.backend_id!r} in the {group!r} group (installed: {', '.join(installed) or 'none'}); "
-                f"declare [project.entry-points.{group}] {self.backend_id} = \"your_package.plugin\" in pyproject.toml "
-                "and pip install the plugin (pip install -e . for a checkout), or override the plugin_manager fixture"
+                f"no entry point named {self.backend_id!r} in the {group!r} group "
+                f"(installed: {', '.join(installed) or 'none'}); "
+                f'declare [project.entry-points.{group}] {self.backend_id} = "your_package.plugin" in pyproject.toml '
+                "and pip install the plugin (pip install -e . for a checkout), or override the plugin_manager fixture",
+                pytrace=False,
             )
         manager = anyformer.PluginManager()
         manager.load_entry_points(found)
         info = next((p for p in manager.plugins() if p.name == self.backend_id), None)
         if info is None:
-            pytest.fail(f"{self.backend_id!r} was not loaded: check ANYFORMER_PLUGINS and ANYFORMER_DISABLE_PLUGINS")
+            pytest.fail(
+                f"{self.backend_id!r} was not loaded: check ANYFORMER_PLUGINS and ANYFORMER_DISABLE_PLUGINS",
+                pytrace=False,
+            )
         if not info.ok:
-            pytest.fail(f"the {self.backend_id!r} plugin failed to load: {info.error}")
+            pytest.fail(f"the {self.backend_id!r} plugin failed to load: {info.error}", pytrace=False)
         return manager
 
     @pytest.fixture(scope="class")
@@ -297,13 +313,17 @@ class BackendConformance:
         try:
             chunk = next(stream)
         except StopIteration:
-            checks.fail("the stream ended without a chunk and without an error, expected AnyformerError(BAD_REQUEST)", where)
+            checks.fail(
+                "the stream ended without a chunk and without an error, expected AnyformerError(BAD_REQUEST)", where
+            )
         except Exception as exc:
             return exc
         close = getattr(stream, "close", None)
         if close is not None:
             close()
-        checks.fail(f"got a chunk {chunk!r} before any error, expected AnyformerError(BAD_REQUEST) before any work", where)
+        checks.fail(
+            f"got a chunk {chunk!r} before any error, expected AnyformerError(BAD_REQUEST) before any work", where
+        )
 
     # ---- can_run: verdicts ------------------------------------------------------------------------
 
@@ -343,7 +363,9 @@ class BackendConformance:
             pytest.skip("no refusal_cases")
         problems = []
         for case in cases:
-            verdict, _, where = self._ask(plugin_manager, dict(case.description), caps.replace(**case.caps), case.request)
+            verdict, _, where = self._ask(
+                plugin_manager, dict(case.description), caps.replace(**case.caps), case.request
+            )
             try:
                 checks.check_verdict(verdict, self.backend_id, where)
                 checks.check_refusal_code(verdict, case.code, where)
@@ -408,7 +430,9 @@ class BackendConformance:
             base = described_sample or Model(repo=_MISSING_REPO, architecture="llama", task="text-generation")
             models.append(
                 dataclasses.replace(
-                    base, repo=str(absent), source="local",
+                    base,
+                    repo=str(absent),
+                    source="local",
                     files=tuple(dataclasses.replace(f, path=str(absent / f.name)) for f in files),
                 )
             )
@@ -522,7 +546,9 @@ class BackendConformance:
         """
         first = self._greedy_text(loaded_model, 0)
         second = self._greedy_text(loaded_model, 0)
-        checks.check_same_text(second, first, "the second greedy answer", f"generate(temperature=0) twice on {self.prompts[0]!r}")
+        checks.check_same_text(
+            second, first, "the second greedy answer", f"generate(temperature=0) twice on {self.prompts[0]!r}"
+        )
 
     def test_streamed_text_equals_the_final_text(self, loaded_model: anyformer.Loaded) -> None:
         """The deltas joined are the last chunk's text: no text is lost or added at the end.
@@ -575,14 +601,17 @@ class BackendConformance:
             if after_cancel > 2:
                 checks.fail(f"{after_cancel} chunks came after cancel was set, expected at most 2", where)
             if chunks[-1].finish_reason != "cancelled":
-                checks.fail(f"the stream ended with {chunks[-1].finish_reason!r} after cancel, expected 'cancelled'", where)
+                checks.fail(
+                    f"the stream ended with {chunks[-1].finish_reason!r} after cancel, expected 'cancelled'", where
+                )
         early = threading.Event()
         early.set()
         chunks = self._stream(loaded_model, self._messages(0), max_new_tokens=limit, cancel=early)
         checks.check_stream(chunks, limit, "generate(cancel=an event already set)")
         if len(chunks) > 2 or chunks[-1].finish_reason != "cancelled":
             checks.fail(
-                f"{len(chunks)} chunks ending with {chunks[-1].finish_reason!r}, expected at most 2 ending with 'cancelled'",
+                f"{len(chunks)} chunks ending with {chunks[-1].finish_reason!r}, "
+                "expected at most 2 ending with 'cancelled'",
                 "generate(cancel=an event already set)",
             )
         checks.check_same_text(
@@ -650,7 +679,9 @@ class BackendConformance:
         checks.check_same_text(first_chunks[-1].text, alone[0], "the open stream's text", where)
 
     @pytest.mark.parametrize("kind", sorted(MALFORMED_MESSAGES))
-    def test_malformed_messages_are_bad_request_before_any_chunk(self, loaded_model: anyformer.Loaded, kind: str) -> None:
+    def test_malformed_messages_are_bad_request_before_any_chunk(
+        self, loaded_model: anyformer.Loaded, kind: str
+    ) -> None:
         """Malformed ``messages`` raise ``AnyformerError(BAD_REQUEST)`` before any chunk, and the model stays free.
 
         Troubleshooting: the core validates messages before calling your hook; if this fails, your
@@ -673,7 +704,13 @@ class BackendConformance:
         your backend reads images, set ``supports_images = True``.
         """
         messages = [
-            {"role": "user", "content": [{"type": "text", "text": "What is in this picture?"}, {"type": "image", "image": _tiny_png()}]}
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "What is in this picture?"},
+                    {"type": "image", "image": _tiny_png()},
+                ],
+            }
         ]
         where = "generate(a text block and a 1x1 PNG image block)"
         if self.supports_images:
@@ -717,11 +754,15 @@ class BackendConformance:
             except AnyformerError:
                 pass
             else:
-                checks.fail("generate on a disposed model streamed, expected an AnyformerError", "generate after dispose")
+                checks.fail(
+                    "generate on a disposed model streamed, expected an AnyformerError", "generate after dispose"
+                )
 
     # ---- the store --------------------------------------------------------------------------------
 
-    def test_store_list_entries_are_well_formed(self, plugin_manager: anyformer.PluginManager, stored_model: Any) -> None:
+    def test_store_list_entries_are_well_formed(
+        self, plugin_manager: anyformer.PluginManager, stored_model: Any
+    ) -> None:
         """``store_list`` returns StoreEntry items of this backend with repo, path and bytes; it never raises.
 
         Troubleshooting: return ``[StoreEntry(backend=backend_id, repo=..., revision=None or a

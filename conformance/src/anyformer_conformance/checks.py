@@ -71,7 +71,10 @@ def check_verdict(verdict: Any, backend_id: str, where: str) -> None:
     if not isinstance(verdict.code, Refusal):
         fail(f"refusal code is {verdict.code!r}, expected one of {sorted(r.value for r in Refusal)}", where)
     if not verdict.reason.strip() or verdict.reason.strip() == verdict.code.value:
-        fail(f"refusal {verdict.code.value!r} has reason {verdict.reason!r}, expected one line a person understands", where)
+        fail(
+            f"refusal {verdict.code.value!r} has reason {verdict.reason!r}, expected one line a person understands",
+            where,
+        )
     if "\n" in verdict.reason:
         fail(f"reason has {verdict.reason.count(chr(10)) + 1} lines, expected one: {verdict.reason!r}", where)
 
@@ -114,7 +117,11 @@ def check_need(verdict: Verdict, *, budget: int, ram: int, where: str) -> None:
     __tracebackhide__ = True
     if verdict.ok or verdict.code not in NEED_CODES:
         if verdict.need is not None:
-            fail(f"a {_code(verdict)!r} verdict carries need={verdict.need!r}, expected None (only budget and memory do)", where)
+            fail(
+                f"a {_code(verdict)!r} verdict carries need={verdict.need!r}, "
+                "expected None (only budget and memory refusals carry need)",
+                where,
+            )
         return
     offered, what = (budget, "budget") if verdict.code is Refusal.BUDGET else (ram, "ram_bytes")
     need = verdict.need

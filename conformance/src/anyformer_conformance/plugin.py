@@ -44,7 +44,7 @@ def _has_xfail_with_reason(function: Any) -> bool:
 
 
 def override_violations(cls: type) -> list[str]:
-    """``Class.test_name`` for every kit test that ``cls`` (or a base between it and the kit) overrides without xfail."""
+    """``Class.test_name`` for each kit test ``cls`` (or a base between it and the kit) overrides without xfail."""
     tests = kit_test_names()
     found = []
     for klass in cls.__mro__:

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import anyformer
 import pytest
+
+import anyformer
 from anyformer import Model, Refusal
 from anyformer_conformance import BackendConformance, RefusalCase
-
 from anyformer_template.sample import write_sample
 
 pytest_plugins = ["anyformer_conformance.plugin"]
@@ -27,15 +27,15 @@ class TestTemplateConformance(BackendConformance):
     supports_store = True
     max_new_tokens_for_tests = 8
 
-    refusal_cases = [
-        RefusalCase({"repo": "org/gguf-model", "files": [{"name": "model.gguf", "size": 4096}]}, {}, {}, Refusal.FORMAT),
-        RefusalCase({"repo": "org/ngram", "files": [_NGRAM]}, {}, {"task": "image-classification"}, Refusal.TASK),
+    refusal_cases = (
         RefusalCase(
-            {"repo": "org/ngram", "task": "feature-extraction", "files": [_NGRAM]}, {}, {}, Refusal.TASK
+            {"repo": "org/gguf-model", "files": [{"name": "model.gguf", "size": 4096}]}, {}, {}, Refusal.FORMAT
         ),
+        RefusalCase({"repo": "org/ngram", "files": [_NGRAM]}, {}, {"task": "image-classification"}, Refusal.TASK),
+        RefusalCase({"repo": "org/ngram", "task": "feature-extraction", "files": [_NGRAM]}, {}, {}, Refusal.TASK),
         RefusalCase({"repo": "org/ngram", "source": "hub", "files": [_NGRAM]}, {"store": False}, {}, Refusal.STORE),
         RefusalCase({"repo": "org/ngram", "files": [_NGRAM]}, {"ram_bytes": 1_000_000}, {}, Refusal.MEMORY),
-    ]
+    )
 
     @pytest.fixture(scope="class")
     @classmethod

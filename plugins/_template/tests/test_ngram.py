@@ -6,10 +6,10 @@ import json
 import threading
 from pathlib import Path
 
-import anyformer
 import pytest
-from anyformer import AnyformerError, Caps, ErrorCode, GenerateOptions, Refusal, Request
 
+import anyformer
+from anyformer import AnyformerError, Caps, ErrorCode, GenerateOptions, Refusal, Request
 from anyformer_template import ngram, plugin
 from anyformer_template.sample import SAMPLE_TEXT, write_sample
 
@@ -224,7 +224,9 @@ def test_the_hook_checks_cancel_before_each_token(tmp_path: Path) -> None:
     write_sample(tmp_path)
     handle = plugin.load("template", anyformer.describe(tmp_path), Request(), lambda event: None)
     cancel = threading.Event()
-    stream = plugin.generate(handle, [{"role": "user", "content": "the"}], GenerateOptions(max_new_tokens=100, cancel=cancel))
+    stream = plugin.generate(
+        handle, [{"role": "user", "content": "the"}], GenerateOptions(max_new_tokens=100, cancel=cancel)
+    )
     first = next(stream)
     cancel.set()
     last = next(stream)
@@ -251,5 +253,9 @@ def test_store_list_lists_models_under_anyformer_home(tmp_path: Path, monkeypatc
     (tmp_path / "template" / "ngram.json").write_text("{}", encoding="utf-8")  # not in a model folder: ignored
     [entry] = plugin.store_list()
     assert (entry.backend, entry.repo, entry.revision, entry.path, entry.bytes) == (
-        "template", "org/tiny", None, str(path), path.stat().st_size
+        "template",
+        "org/tiny",
+        None,
+        str(path),
+        path.stat().st_size,
     )

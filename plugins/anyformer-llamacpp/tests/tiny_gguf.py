@@ -46,17 +46,16 @@ def write_tiny_llama(
     n_vocab = len(tokens)
     writer = gguf.GGUFWriter(str(path), "llama")
     writer.add_name("tiny-llama")
-    writer.add_context_length(context)
-    writer.add_embedding_length(embedding)
-    writer.add_block_count(layers)
-    writer.add_feed_forward_length(embedding * 2)
-    writer.add_head_count(heads)
-    writer.add_head_count_kv(kv_heads)
-    writer.add_rope_dimension_count(embedding // heads)
+    numbers = {
+        "context_length": context, "embedding_length": embedding, "block_count": layers,
+        "feed_forward_length": embedding * 2, "attention.head_count": heads, "attention.head_count_kv": kv_heads,
+        "rope.dimension_count": embedding // heads,
+    }
+    numbers.update(overrides or {})  # a header that claims other numbers than its tensors have
+    for key, value in numbers.items():
+        writer.add_uint32(f"llama.{key}", value)
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_file_type(gguf.LlamaFileType.ALL_F32 if quant == "F32" else gguf.LlamaFileType.MOSTLY_Q8_0)
-    for key, value in (overrides or {}).items():
-        writer.add_uint32(f"llama.{key}", value)
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("default")
     writer.add_token_list(tokens)

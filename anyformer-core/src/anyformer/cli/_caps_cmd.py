@@ -27,7 +27,8 @@ def run(args: argparse.Namespace) -> int:
 
     table = Table(title="anyformer caps", show_header=False)
     yes = lambda flag: "[green]yes[/]" if flag else "[red]no[/]"  # noqa: E731
-    table.add_row("GPU", f"{yes(caps.gpu)} {caps.gpu_name or ''} {('(' + caps.gpu_note + ')') if caps.gpu_note else ''}")
+    note = f"({caps.gpu_note})" if caps.gpu_note else ""
+    table.add_row("GPU", f"{yes(caps.gpu)} {caps.gpu_name or ''} {note}")
     table.add_row("shader-f16", yes(caps.f16))
     table.add_row("subgroups", yes(caps.subgroups))
     table.add_row("GPU memory", format_size(caps.gpu_bytes))

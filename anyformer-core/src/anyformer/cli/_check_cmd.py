@@ -37,9 +37,8 @@ def run(args: argparse.Namespace) -> int:
         ref, task=args.task, budget=args.budget, caps=caps_from_args(args), prefer=args.prefer, backend=args.backend
     )
     if args.json:
-        print_json(
-            {"model": model.to_dict(), "chosen": selection.chosen_backend, "verdicts": [v.to_dict() for v in selection.verdicts]}
-        )
+        verdicts = [v.to_dict() for v in selection.verdicts]
+        print_json({"model": model.to_dict(), "chosen": selection.chosen_backend, "verdicts": verdicts})
     else:
         _print_table(model, selection)
     return 0 if selection.chosen is not None else EXIT_NONE_CAN_RUN
@@ -69,4 +68,7 @@ def _print_table(model: Model, selection) -> None:  # type: ignore[no-untyped-de
         console.print("no backend plugins installed: pip install anyformer-llamacpp")
         return
     console.print(table)
-    console.print(f"chosen: [bold]{selection.chosen_backend}[/]" if selection.chosen else "[red]no backend can run it[/]")
+    if selection.chosen:
+        console.print(f"chosen: [bold]{selection.chosen_backend}[/]")
+    else:
+        console.print("[red]no backend can run it[/]")

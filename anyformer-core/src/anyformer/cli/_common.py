@@ -15,7 +15,8 @@ def add_machine_arguments(parser: argparse.ArgumentParser) -> None:
     """``--caps``, ``--ram`` and ``--budget``: the what-if overrides of the probe."""
     parser.add_argument("--budget", help="accelerator memory allowed, e.g. 4GB (default: what the probe found)")
     parser.add_argument(
-        "--caps", help="capabilities to assume instead of probing the GPU: a list of gpu,f16,subgroups,store ('' for none)"
+        "--caps",
+        help="capabilities to assume instead of probing the GPU: a list of gpu,f16,subgroups,store ('' for none)",
     )
     parser.add_argument("--ram", help="host memory to assume, e.g. 16GB (default: available now)")
 

@@ -34,7 +34,6 @@ from anyformer import (
 )
 from anyformer._paths import anyformer_home  # private today; see docs/plugin-author-guide.md
 from anyformer._store import fetch_files  # private today: it may become the public anyformer.store
-
 from anyformer_template.ngram import NgramFormatError, NgramModel, read_model
 
 #: This backend's id: the name of its entry point.
@@ -132,7 +131,8 @@ def _prompt(messages: list[Message]) -> str:
         for block in content:
             if block["type"] != "text":
                 raise AnyformerError(
-                    ErrorCode.BAD_REQUEST, f"messages[{index}] has a {block['type']} block; the {BACKEND} backend reads text only"
+                    ErrorCode.BAD_REQUEST,
+                    f"messages[{index}] has a {block['type']} block; the {BACKEND} backend reads text only",
                 )
             parts.append(block["text"])
     return " ".join(parts)

@@ -1,0 +1,230 @@
+"""Self-tests of the conformance kit: a correct in-process backend passes, each broken one fails its test.
+
+Each case writes a test module holding an in-process ``echo`` backend (it streams the alphabet)
+with one defect switched on, runs it with ``pytester``, and checks that the kit test meant to catch
+that defect fails with its observed-vs-expected message. A kit test that cannot fail is a defect.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from anyformer_conformance.base import MALFORMED_MESSAGES, BackendConformance
+
+ECHO_BACKEND = """
+import socket
+
+import anyformer
+import pytest
+from anyformer import AnyformerError, Chunk, Estimate, Refusal, StoreEntry, Verdict, hookimpl
+from anyformer_conformance import BackendConformance, RefusalCase
+
+pytest_plugins = {plugins!r}
+
+BROKEN = {broken!r}
+LETTERS = "abcdefghijklmnopqrstuvwxyz"
+
+
+class EchoHandle:
+    def __init__(self):
+        self.backend = "echo"
+        self.task = "text-generation"
+        self.calls = 0
+        self.disposed = False
+
+    def dispose(self):
+        if self.disposed and "dispose-twice-raises" in BROKEN:
+            raise RuntimeError("already disposed")
+        self.disposed = True
+
+
+class EchoBackend:
+    @hookimpl
+    def can_run(self, model, caps, request):
+        entry = model.file("echo.txt")
+        if "raises-in-can-run" in BROKEN:
+            raise RuntimeError("boom")
+        if "opens-files" in BROKEN and entry is not None and entry.path:
+            try:
+                open(entry.path, "rb").close()
+            except OSError:
+                pass
+        if "connects" in BROKEN:
+            try:
+                socket.create_connection(("huggingface.co", 443), timeout=1)
+            except OSError:
+                pass
+        if entry is None:
+            return Verdict.refuse("echo", Refusal.FORMAT, "no echo.txt in the repo")
+        need = 1000
+        if caps.ram_bytes < need:
+            given = 1 if "low-need" in BROKEN else need
+            reason = f"needs {{need}} bytes, {{caps.ram_bytes}} available"
+            return Verdict.refuse("echo", Refusal.MEMORY, reason, need=given)
+        return Verdict.accept("echo", Estimate(ram_bytes=need))
+
+    @hookimpl
+    def load(self, backend, model, request, progress):
+        return EchoHandle() if backend == "echo" else None
+
+    @hookimpl
+    def generate(self, loaded, messages, options):
+        if not isinstance(loaded, EchoHandle):
+            return None
+        for message in messages:
+            blocks = message["content"] if isinstance(message["content"], list) else []
+            if "ignores-images" not in BROKEN and any(b["type"] == "image" for b in blocks):
+                raise AnyformerError("BAD_REQUEST", "echo reads text only")
+        return self._stream(loaded, messages, options)
+
+    def _stream(self, loaded, messages, options):
+        offset = len(str(messages[-1]["content"]))
+        if "leaks" in BROKEN:
+            offset += loaded.calls
+            loaded.calls += 1
+        for index in range(options.max_new_tokens):
+            if options.cancel.is_set():
+                yield Chunk(tokens=index, finish_reason="cancelled")
+                return
+            tokens = 1 if "decreasing-tokens" in BROKEN and index == 4 else index + 1
+            yield Chunk(delta=LETTERS[(offset + index) % 26], tokens=tokens)
+        yield Chunk(tokens=options.max_new_tokens, finish_reason="length")
+
+    @hookimpl
+    def store_list(self):
+        backend = "other" if "wrong-store-backend" in BROKEN else "echo"
+        return [StoreEntry(backend=backend, repo="org/echo", revision=None, path="/nowhere/echo.txt", bytes=5)]
+
+
+class TestEcho(BackendConformance):
+    backend_id = {backend_id!r}
+    refusal_cases = [
+        RefusalCase(
+            {{"repo": "x/y", "files": [{{"name": "echo.txt", "size": 5}}]}},
+            {{"ram_bytes": 500}},
+            {{}},
+            "memory",
+        ),
+        RefusalCase({{"repo": "x/y", "files": [{{"name": "model.gguf", "size": 5}}]}}, {{}}, {{}}, Refusal.FORMAT),
+    ]
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def sample_model(cls, tmp_path_factory):
+        folder = tmp_path_factory.mktemp("echo")
+        (folder / "echo.txt").write_text("hello", encoding="utf-8")
+        return anyformer.describe(folder)
+{plugin_manager}{extra}
+"""
+
+IN_PROCESS_MANAGER = """
+    @pytest.fixture(scope="class")
+    @classmethod
+    def plugin_manager(cls):
+        manager = anyformer.PluginManager()
+        manager.register(EchoBackend(), "echo")
+        return manager
+"""
+
+KIT_PLUGINS = ["anyformer_conformance.plugin"]
+#: Every item the kit collects for a backend: its tests, the malformed-messages one once per kind.
+KIT_ITEMS = sum(name.startswith("test") for name in vars(BackendConformance)) - 1 + len(MALFORMED_MESSAGES)
+
+
+def write_echo_tests(
+    pytester: pytest.Pytester,
+    *broken: str,
+    extra: str = "",
+    backend_id: str = "echo",
+    in_process: bool = True,
+    plugins: list[str] = KIT_PLUGINS,
+) -> None:
+    source = ECHO_BACKEND.format(
+        plugins=plugins,
+        broken=broken,
+        backend_id=backend_id,
+        plugin_manager=IN_PROCESS_MANAGER if in_process else "",
+        extra=extra,
+    )
+    pytester.makepyfile(test_echo=source)
+
+
+def test_a_correct_backend_passes_every_kit_test(pytester: pytest.Pytester) -> None:
+    write_echo_tests(pytester)
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=KIT_ITEMS)
+
+
+@pytest.mark.parametrize(
+    ("defect", "kit_test", "message"),
+    [
+        ("decreasing-tokens", "test_backend_stream_is_well_formed", "tokens went 4 -> 1, but must never decrease"),
+        ("low-need", "test_need_only_on_budget_and_memory_refusals", "need must be larger than what was offered"),
+        ("opens-files", "test_can_run_reads_no_weights_and_opens_no_connection", "can_run opened"),
+        ("connects", "test_can_run_reads_no_weights_and_opens_no_connection", "can_run tried to connect"),
+        ("raises-in-can-run", "test_sample_verdict_is_ok_and_well_formed", "can_run did not answer"),
+        ("leaks", "test_no_text_leaks_into_the_next_call", "prompt A after prompt B"),
+        ("leaks", "test_greedy_is_repeatable", "the second greedy answer"),
+        ("ignores-images", "test_image_blocks_follow_supports_images", "before any error"),
+        ("wrong-store-backend", "test_store_list_entries_are_well_formed", "entry.backend is 'other'"),
+        ("dispose-twice-raises", "test_dispose_twice_and_the_with_block", "second dispose() raised"),
+    ],
+)
+def test_a_broken_backend_fails_the_kit_test_for_its_defect(
+    pytester: pytest.Pytester, defect: str, kit_test: str, message: str
+) -> None:
+    write_echo_tests(pytester, defect)
+    result = pytester.runpytest("-p", "no:cacheprovider", "-k", kit_test)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([f"*{message}*"])
+
+
+def test_an_override_without_xfail_is_a_collection_error_naming_the_test(pytester: pytest.Pytester) -> None:
+    override = """
+    def test_greedy_is_repeatable(self, loaded_model):
+        pass
+"""
+    write_echo_tests(pytester, extra=override)
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(
+        ["*TestEcho.test_greedy_is_repeatable overrides a standard conformance test without*xfail*"]
+    )
+
+
+def test_an_xfail_without_a_reason_does_not_count(pytester: pytest.Pytester) -> None:
+    override = """
+    @pytest.mark.xfail
+    def test_greedy_is_repeatable(self, loaded_model):
+        pass
+"""
+    write_echo_tests(pytester, extra=override)
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*TestEcho.test_greedy_is_repeatable overrides*"])
+
+
+def test_an_override_marked_xfail_with_a_reason_is_allowed(pytester: pytest.Pytester) -> None:
+    override = """
+    @pytest.mark.xfail(reason="the echo engine repeats by design", strict=True)
+    def test_greedy_is_repeatable(self, loaded_model):
+        raise AssertionError("a known failure")
+"""
+    write_echo_tests(pytester, extra=override)
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=KIT_ITEMS - 1, xfailed=1)
+
+
+def test_a_backend_that_is_not_installed_fails_with_the_fix(pytester: pytest.Pytester) -> None:
+    write_echo_tests(pytester, backend_id="no-such-backend-7c1e", in_process=False)
+    result = pytester.runpytest("-p", "no:cacheprovider", "-k", "test_can_run_refuses_a_foreign_format")
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*no entry point named 'no-such-backend-7c1e' in the 'anyformer' group*"])
+
+
+def test_forgetting_the_plugin_line_fails_with_the_fix(pytester: pytest.Pytester) -> None:
+    write_echo_tests(pytester, plugins=[])
+    result = pytester.runpytest("-p", "no:cacheprovider", "-k", "test_can_run_refuses_a_foreign_format")
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*plugin is not active: add pytest_plugins = *anyformer_conformance.plugin*"])
