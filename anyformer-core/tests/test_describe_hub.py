@@ -86,14 +86,18 @@ def test_mmproj_files_are_skipped(fake_hub: FakeHub, tmp_path: pathlib.Path, ggu
     assert not fake_hub.requests_for("mmproj-model-f16.gguf")
 
 
-def test_the_hubs_gguf_facts_name_the_architecture_without_reading_a_header(
+def test_the_hubs_gguf_facts_are_kept_and_the_header_still_read_by_range(
     fake_hub: FakeHub, gguf_bytes: bytes
 ) -> None:
+    # The header's layer and head counts size backends' KV-cache estimates, so it is read even when
+    # the Hub names the architecture; only by range requests, never the whole file.
     fake_hub.add_repo("org/known", {"m.gguf": gguf_bytes}, gguf={"architecture": "gemma3", "total": 1000})
     model = describe_hub("org/known", None)
     assert model.architecture == "gemma3"
     assert model.metadata["hub_gguf"] == {"architecture": "gemma3", "total": 1000}
-    assert not fake_hub.requests_for("m.gguf")
+    assert model.metadata["gguf_file"] == "m.gguf" and "block_count" in model.metadata["gguf"]
+    gets = fake_hub.requests_for("m.gguf", method="GET")
+    assert gets and all(headers.get("range") for _, _, headers in gets)
 
 
 def test_a_hostile_gguf_header_is_bad_model(fake_hub: FakeHub) -> None:

@@ -454,3 +454,52 @@ def test_closing_the_agenerate_iterator_stops_the_backend(load_scripted: Any) ->
     asyncio.run(main())
     assert backend.closed == 1
     assert loaded.complete("again", max_new_tokens=1).text == "x"
+
+
+def test_dispose_while_streaming_stops_the_stream_first(load_scripted: Any, endless_script: Any) -> None:
+    loaded, backend = load_scripted(endless_script)
+    stream = loaded.generate("hi", max_new_tokens=1000)
+    next(stream)
+    loaded.dispose()
+    assert backend.closed == 1, "the backend's iterator must be closed before its model is freed"
+    assert backend.handles[0].disposed == 1
+    with pytest.raises(StopIteration):
+        next(stream)
+
+
+def test_dispose_from_another_thread_waits_for_the_running_generation(load_scripted: Any) -> None:
+    loaded, backend = load_scripted(_slow_endless)
+    seen: list[Chunk] = []
+
+    def consume() -> None:
+        seen.extend(loaded.generate("hi", max_new_tokens=1000))
+
+    worker = threading.Thread(target=consume)
+    worker.start()
+    while backend.yielded < 2:
+        time.sleep(0.001)
+    loaded.dispose()
+    worker.join(timeout=10)
+    assert not worker.is_alive()
+    assert seen[-1].finish_reason == "cancelled"
+    assert backend.closed == 1 and backend.handles[0].disposed == 1
+
+
+def test_a_backend_exception_while_streaming_is_plugin_error_naming_it(load_scripted: Any) -> None:
+    def broken(options: Any) -> Iterator[Chunk]:
+        yield Chunk(delta="a", tokens=1)
+        raise KeyError("kv slot")
+
+    loaded, backend = load_scripted(broken)
+    with pytest.raises(AnyformerError) as caught:
+        list(loaded.generate("hi"))
+    assert caught.value.code is ErrorCode.PLUGIN_ERROR and "fake" in caught.value.message
+    assert isinstance(caught.value.__cause__, KeyError)
+    assert list(loaded.generate("hi", max_new_tokens=1)) is not None, "the lock must be released after the error"
+
+
+def test_an_unknown_finish_reason_is_plugin_error(load_scripted: Any) -> None:
+    loaded, _ = load_scripted([Chunk(delta="a", tokens=1, finish_reason="eos")])
+    with pytest.raises(AnyformerError) as caught:
+        list(loaded.generate("hi"))
+    assert caught.value.code is ErrorCode.PLUGIN_ERROR and "'eos'" in caught.value.message

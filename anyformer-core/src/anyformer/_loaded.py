@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import AsyncIterator, Iterator
+import weakref
+from collections.abc import Callable, AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Any
 
 from anyformer._backend import BackendModel, run_of
@@ -18,6 +19,8 @@ if TYPE_CHECKING:
     from anyformer._plugins import PluginManager
 
 _DONE = object()
+# How long dispose waits for a generation running in another thread to stop.
+_DISPOSE_WAIT_SECONDS = 30.0
 
 
 class Loaded:
@@ -32,6 +35,8 @@ class Loaded:
         self._manager = manager
         self._busy = threading.Lock()
         self._disposed = False
+        # The stream now open, if any: dispose stops it before freeing the model under it.
+        self._open_stream: Callable[[], CoreStream | None] = lambda: None
         #: The description the model was loaded from.
         self.model = model
         #: The chosen backend's verdict, with its estimate (None when the backend was named and not asked).
@@ -96,7 +101,9 @@ class Loaded:
         except BaseException:
             self._busy.release()
             raise
-        return CoreStream(self.backend, source, options, self._busy.release)
+        stream = CoreStream(self.backend, source, options, self._busy.release)
+        self._open_stream = weakref.ref(stream)
+        return stream
 
     def complete(self, messages: list[Message] | str, **options: Any) -> Chunk:
         """Run ``generate`` to the end and return its last chunk (the whole text and finish reason)."""
@@ -161,4 +168,17 @@ class Loaded:
         if self._disposed:
             return
         self._disposed = True
-        self._handle.dispose()
+        stream = self._open_stream()
+        if stream is not None:
+            stream.cancel()
+            try:
+                stream.close()
+            except ValueError:
+                pass  # it is running in another thread right now; it stops at its next token
+        # Wait for a generation in another thread to let go of the model before freeing it.
+        acquired = self._busy.acquire(timeout=_DISPOSE_WAIT_SECONDS)
+        try:
+            self._handle.dispose()
+        finally:
+            if acquired:
+                self._busy.release()

@@ -48,6 +48,10 @@ class CoreStream:
         self._iterator.close()
         self._state.finish()
 
+    def cancel(self) -> None:
+        """Ask the stream to stop at the next token, from any thread."""
+        self._state.cancel()
+
     def __del__(self) -> None:
         state = getattr(self, "_state", None)
         if state is not None:
@@ -65,6 +69,10 @@ class _StreamState:
         self._text = ""  # everything the backend produced
         self._emitted = 0  # how much of it the caller has seen
         self._tokens = 0
+
+    def cancel(self) -> None:
+        """Set the stream's cancel event: the backend stops at its next check."""
+        self._options.cancel.set()
 
     def finish(self) -> None:
         """Close the backend's iterator and release the model, once."""
@@ -96,6 +104,16 @@ class _StreamState:
                     raw = next(self._source)
                 except StopIteration:
                     break
+                except AnyformerError:
+                    raise
+                except MemoryError as exc:
+                    raise AnyformerError(
+                        ErrorCode.OUT_OF_MEMORY, f"{self._backend}: out of memory while generating", cause=exc
+                    ) from exc
+                except Exception as exc:  # a backend's bug reaches the caller with a code and its name
+                    raise AnyformerError(
+                        ErrorCode.PLUGIN_ERROR, f"{self._backend}: generate raised {type(exc).__name__}: {exc}", cause=exc
+                    ) from exc
                 if not isinstance(raw, Chunk):
                     raise AnyformerError(
                         ErrorCode.PLUGIN_ERROR, f"{self._backend}: generate yielded {type(raw).__name__}, not a Chunk"
@@ -109,7 +127,13 @@ class _StreamState:
                         finish = FinishReason.STOP
                         break
                 if raw.finish_reason is not None:
-                    finish = FinishReason(raw.finish_reason)
+                    try:
+                        finish = FinishReason(raw.finish_reason)
+                    except ValueError:
+                        raise AnyformerError(
+                            ErrorCode.PLUGIN_ERROR,
+                            f"{self._backend}: finish_reason {raw.finish_reason!r} is not stop, length or cancelled",
+                        ) from None
                     break
                 if self._tokens >= options.max_new_tokens:
                     finish = FinishReason.LENGTH

@@ -85,7 +85,6 @@ class IOSpy:
     so a missing file still raises ``FileNotFoundError`` as it would.
     """
 
-    monkeypatch: pytest.MonkeyPatch
     opened: list[str] = dataclasses.field(default_factory=list)
     connections: list[str] = dataclasses.field(default_factory=list)
 
@@ -118,7 +117,7 @@ class IOSpy:
         def spy_getaddrinfo(host: Any, port: Any, *args: Any, **kwargs: Any) -> list[Any]:
             raise refuse(f"{host}:{port}")
 
-        with self.monkeypatch.context() as patch:
+        with pytest.MonkeyPatch.context() as patch:
             patch.setattr(builtins, "open", spy_open)
             patch.setattr(io, "open", spy_open)
             patch.setattr(os, "open", spy_os_open)
@@ -139,6 +138,6 @@ class IOSpy:
 
 
 @pytest.fixture
-def anyformer_io_spy(monkeypatch: pytest.MonkeyPatch) -> IOSpy:
+def anyformer_io_spy() -> IOSpy:
     """An :class:`IOSpy`: ``with anyformer_io_spy.watching(): ...`` then read ``opened`` and ``connections``."""
-    return IOSpy(monkeypatch)
+    return IOSpy()
