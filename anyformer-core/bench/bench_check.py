@@ -43,8 +43,19 @@ def main() -> None:
         description.write_text(json.dumps(DESCRIPTION))
         bare = [sys.executable, "-c", "pass"]
         check = [
-            sys.executable, "-m", "anyformer", "check", "--describe", str(description), "--caps", "gpu,f16",
-            "--budget", "4GB", "--ram", "16GB", "--json",
+            sys.executable,
+            "-m",
+            "anyformer",
+            "check",
+            "--describe",
+            str(description),
+            "--caps",
+            "gpu,f16",
+            "--budget",
+            "4GB",
+            "--ram",
+            "16GB",
+            "--json",
         ]
         done = subprocess.run(check, capture_output=True, text=True, check=False)
         verdicts = json.loads(done.stdout)["verdicts"]

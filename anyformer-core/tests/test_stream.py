@@ -490,7 +490,7 @@ def test_a_backend_exception_while_streaming_is_plugin_error_naming_it(load_scri
         yield Chunk(delta="a", tokens=1)
         raise KeyError("kv slot")
 
-    loaded, backend = load_scripted(broken)
+    loaded, _backend = load_scripted(broken)
     with pytest.raises(AnyformerError) as caught:
         list(loaded.generate("hi"))
     assert caught.value.code is ErrorCode.PLUGIN_ERROR and "fake" in caught.value.message

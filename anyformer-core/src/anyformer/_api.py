@@ -23,7 +23,10 @@ def _request_with_budget(request: Request, caps: Caps) -> Request:
     if request.budget is not None:
         return request
     return Request(
-        task=request.task, budget=caps.gpu_bytes or 0, prefer=request.prefer, context=request.context,
+        task=request.task,
+        budget=caps.gpu_bytes or 0,
+        prefer=request.prefer,
+        context=request.context,
         options=request.options,
     )
 

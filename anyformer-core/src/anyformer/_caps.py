@@ -154,8 +154,10 @@ def _gpu_fields(raw: dict[str, Any]) -> dict[str, Any]:
     is_gpu = not software or allow_software
     note = ""
     if software:
-        note = "software adapter, counted as a GPU (ANYFORMER_SOFTWARE_GPU=1)" if allow_software else (
-            "software adapter, not a GPU (set ANYFORMER_SOFTWARE_GPU=1 to use it)"
+        note = (
+            "software adapter, counted as a GPU (ANYFORMER_SOFTWARE_GPU=1)"
+            if allow_software
+            else ("software adapter, not a GPU (set ANYFORMER_SOFTWARE_GPU=1 to use it)")
         )
     return {
         "gpu": is_gpu,

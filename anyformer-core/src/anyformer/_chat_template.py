@@ -50,7 +50,9 @@ def _compile(source: str) -> Any:
     try:
         return env.from_string(source)
     except TemplateError as exc:
-        raise AnyformerError(ErrorCode.BAD_MODEL, f"the model's chat template does not compile: {exc}", cause=exc) from exc
+        raise AnyformerError(
+            ErrorCode.BAD_MODEL, f"the model's chat template does not compile: {exc}", cause=exc
+        ) from exc
 
 
 def render_chat(
@@ -77,12 +79,17 @@ def render_chat(
     plain = [{"role": m["role"], "content": text_of(m["content"])} for m in messages]
     try:
         return compiled.render(
-            messages=plain, add_generation_prompt=add_generation_prompt, bos_token=bos_token, eos_token=eos_token,
+            messages=plain,
+            add_generation_prompt=add_generation_prompt,
+            bos_token=bos_token,
+            eos_token=eos_token,
             **variables,
         )
     except SecurityError as exc:
         raise AnyformerError(
-            ErrorCode.BAD_MODEL, f"the model's chat template tried an unsafe operation and was stopped: {exc}", cause=exc
+            ErrorCode.BAD_MODEL,
+            f"the model's chat template tried an unsafe operation and was stopped: {exc}",
+            cause=exc,
         ) from exc
     except _TemplateRaised as exc:
         raise AnyformerError(ErrorCode.BAD_REQUEST, f"the model's chat template rejected the messages: {exc}") from None

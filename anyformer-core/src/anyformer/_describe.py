@@ -32,7 +32,9 @@ def describe(ref: str | os.PathLike[str] | Mapping[str, Any] | Model) -> Model:
     if isinstance(ref, Mapping):
         return Model.from_dict(ref)
     if not isinstance(ref, (str, os.PathLike)):
-        raise AnyformerError(ErrorCode.BAD_REQUEST, f"a model reference is a string, path or dict, not {type(ref).__name__}")
+        raise AnyformerError(
+            ErrorCode.BAD_REQUEST, f"a model reference is a string, path or dict, not {type(ref).__name__}"
+        )
     text = os.fspath(ref)
     if not text.strip():
         raise AnyformerError(ErrorCode.BAD_REQUEST, "empty model reference")
@@ -57,7 +59,9 @@ def describe(ref: str | os.PathLike[str] | Mapping[str, Any] | Model) -> Model:
 
 def _looks_like_path(text: str) -> bool:
     """A reference that names a file rather than a repo: it is missing, not a Hub id."""
-    return text.startswith((".", "/", "~")) or text.lower().endswith((".gguf", ".onnx", ".json", ".safetensors", ".bin"))
+    return text.startswith((".", "/", "~")) or text.lower().endswith(
+        (".gguf", ".onnx", ".json", ".safetensors", ".bin")
+    )
 
 
 def describe_file(path: Path) -> Model:
@@ -87,7 +91,11 @@ def describe_file(path: Path) -> Model:
 
         read_safetensors_header(path)
     return Model(
-        repo=str(path), architecture=architecture, files=tuple(files), source="local", metadata=metadata,
+        repo=str(path),
+        architecture=architecture,
+        files=tuple(files),
+        source="local",
+        metadata=metadata,
         tags=(fmt,) if fmt != "pickle" else (),
     )
 
@@ -103,7 +111,8 @@ def describe_folder(folder: Path) -> Model:
             files.append(_local_file(full, full.relative_to(folder).as_posix()))
             if len(files) > _MAX_LOCAL_FILES:
                 raise AnyformerError(
-                    ErrorCode.BAD_REQUEST, f"{folder} holds over {_MAX_LOCAL_FILES} files; point at the model's own folder"
+                    ErrorCode.BAD_REQUEST,
+                    f"{folder} holds over {_MAX_LOCAL_FILES} files; point at the model's own folder",
                 )
     config = _read_config(folder / "config.json")
     metadata: dict[str, Any] = {}
@@ -125,8 +134,13 @@ def describe_folder(folder: Path) -> Model:
             check_onnx_external_data(Path(model_file.path or ""))
     task = config.get("pipeline_tag") if isinstance(config.get("pipeline_tag"), str) else None
     return Model(
-        repo=str(folder), architecture=architecture, task=task, files=tuple(files), source="local",
-        metadata=metadata, config=config,
+        repo=str(folder),
+        architecture=architecture,
+        task=task,
+        files=tuple(files),
+        source="local",
+        metadata=metadata,
+        config=config,
     )
 
 

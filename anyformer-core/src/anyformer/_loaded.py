@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Callable, AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from anyformer._backend import BackendModel, run_of
@@ -91,8 +91,13 @@ class Loaded:
         self._check_open()
         checked = validate_messages(messages)
         options = GenerateOptions.build(
-            max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, thinking=thinking,
-            stop=stop, cancel=cancel, **extra,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            seed=seed,
+            thinking=thinking,
+            stop=stop,
+            cancel=cancel,
+            **extra,
         )
         if not self._busy.acquire(blocking=False):
             raise AnyformerError(ErrorCode.BUSY, f"{self.model.ref} is already generating; wait for it or cancel it")

@@ -72,9 +72,7 @@ def validate_messages(messages: Any) -> list[Message]:
 
 def has_images(messages: Sequence[Message]) -> bool:
     """True when any message carries an image block."""
-    return any(
-        isinstance(m["content"], list) and any(b["type"] == "image" for b in m["content"]) for m in messages
-    )
+    return any(isinstance(m["content"], list) and any(b["type"] == "image" for b in m["content"]) for m in messages)
 
 
 def text_of(content: str | list[dict[str, Any]]) -> str:

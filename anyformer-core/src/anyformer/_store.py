@@ -34,15 +34,16 @@ def fetch_files(
         else:
             raise AnyformerError(
                 ErrorCode.MODEL_NOT_FOUND,
-                f"{name} of {model.repo} is only described, not on disk: describe a Hub repo or a local path to load it",
+                f"{name} of {model.repo} is only described, not on disk: "
+                "describe a Hub repo or a local path to load it",
             )
     return paths
 
 
 def _download(model: Model, name: str, size: int | None, progress: ProgressCallback, backend: str | None) -> Path:
-    from anyformer._hub import hub_errors
-
     import huggingface_hub
+
+    from anyformer._hub import hub_errors
 
     progress(ProgressEvent(stage="download", backend=backend, file=name, done=0, total=size))
     with hub_errors(model.repo, model.revision):

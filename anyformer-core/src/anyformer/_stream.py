@@ -112,7 +112,9 @@ class _StreamState:
                     ) from exc
                 except Exception as exc:  # a backend's bug reaches the caller with a code and its name
                     raise AnyformerError(
-                        ErrorCode.PLUGIN_ERROR, f"{self._backend}: generate raised {type(exc).__name__}: {exc}", cause=exc
+                        ErrorCode.PLUGIN_ERROR,
+                        f"{self._backend}: generate raised {type(exc).__name__}: {exc}",
+                        cause=exc,
                     ) from exc
                 if not isinstance(raw, Chunk):
                     raise AnyformerError(

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from urllib.parse import urlsplit
 
 import pytest
+
 from anyformer_conformance.hub_server import FakeHub
 
 __all__ = ["fake_hub", "point_huggingface_hub_at", "set_hf_offline"]

@@ -107,7 +107,8 @@ class _File:
 
     def pointer(self) -> bytes:
         """The git-lfs pointer file the real Hub keeps in git for an LFS blob."""
-        return f"version https://git-lfs.github.com/spec/v1\noid sha256:{self.blob.sha256}\nsize {self.blob.size}\n".encode()
+        spec = "version https://git-lfs.github.com/spec/v1\n"
+        return f"{spec}oid sha256:{self.blob.sha256}\nsize {self.blob.size}\n".encode()
 
     @property
     def blob_id(self) -> str:

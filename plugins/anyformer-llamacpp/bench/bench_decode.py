@@ -20,8 +20,9 @@ import sys
 import time
 from pathlib import Path
 
-import anyformer
 import numpy as np
+
+import anyformer
 
 PROMPT = "Write a long story about a lighthouse keeper who finds a message in a bottle."
 
@@ -44,10 +45,10 @@ def _anyformer_round(loaded: anyformer.Loaded, n: int) -> tuple[float, int]:
     stream = loaded.generate([{"role": "user", "content": PROMPT}], max_new_tokens=n + 1)
     first = next(stream)
     start = time.perf_counter()
-    last = first
-    for last in stream:
-        pass
-    return time.perf_counter() - start, last.tokens - first.tokens
+    tokens = first.tokens
+    for chunk in stream:
+        tokens = chunk.tokens
+    return time.perf_counter() - start, tokens - first.tokens
 
 
 def main() -> None:
@@ -58,14 +59,21 @@ def main() -> None:
     parser.add_argument("--model", default=str(anyformer.default_model_path()))
     args = parser.parse_args()
 
-    from anyformer_llamacpp.engine import pick_threads
     from llama_cpp import Llama
+
+    from anyformer_llamacpp.engine import pick_threads
 
     loaded = anyformer.load(args.model, backend="llamacpp")
     engine = loaded.handle
     threads = pick_threads()
-    reference = Llama(model_path=args.model, n_ctx=engine.context, n_threads=threads, n_threads_batch=threads,
-                      n_batch=512, verbose=False)
+    reference = Llama(
+        model_path=args.model,
+        n_ctx=engine.context,
+        n_threads=threads,
+        n_threads_batch=threads,
+        n_batch=512,
+        verbose=False,
+    )
     prompt_tokens = engine.prompt_tokens([{"role": "user", "content": PROMPT}], thinking=False)
     print(f"model {args.model}, {threads} threads, context {engine.context}, prompt {len(prompt_tokens)} tokens")
     ratios, overheads = [], []
@@ -76,10 +84,14 @@ def main() -> None:
         ref = _reference_round(reference, prompt_tokens, n)
         ratios.append((n / ours) / (n / ref))
         overheads.append((ours - ref) / n * 1e6)
-        print(f"round {round_index + 1}: {n} tokens  anyformer {n / ours:6.1f} tok/s  raw llama-cpp-python "
-              f"{n / ref:6.1f} tok/s  ratio {ratios[-1]:.3f}  overhead {overheads[-1]:+.1f} µs/token")
-    print(f"median ratio anyformer / raw: {statistics.median(ratios):.3f} (target ≥ 0.97); "
-          f"median overhead {statistics.median(overheads):+.1f} µs/token (target ≤ 50)")
+        print(
+            f"round {round_index + 1}: {n} tokens  anyformer {n / ours:6.1f} tok/s  raw llama-cpp-python "
+            f"{n / ref:6.1f} tok/s  ratio {ratios[-1]:.3f}  overhead {overheads[-1]:+.1f} µs/token"
+        )
+    print(
+        f"median ratio anyformer / raw: {statistics.median(ratios):.3f} (target ≥ 0.97); "
+        f"median overhead {statistics.median(overheads):+.1f} µs/token (target ≤ 50)"
+    )
     loaded.dispose()
     reference.close()
     _compare_cli(args)
@@ -104,8 +116,10 @@ def _compare_cli(args: argparse.Namespace) -> None:
                 return
             timings[label].append(elapsed / max(len(done.stdout.split()), 1))
     a, b = (statistics.median(timings[k]) for k in timings)
-    print(f"whole command, seconds per output word (lower is better): anyformer run {a * 1000:.1f} ms, "
-          f"llm -m SmolLM2 {b * 1000:.1f} ms, speed ratio anyformer / llm {b / a:.2f}")
+    print(
+        f"whole command, seconds per output word (lower is better): anyformer run {a * 1000:.1f} ms, "
+        f"llm -m SmolLM2 {b * 1000:.1f} ms, speed ratio anyformer / llm {b / a:.2f}"
+    )
 
 
 if __name__ == "__main__":

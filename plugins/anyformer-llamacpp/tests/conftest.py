@@ -6,12 +6,13 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-import anyformer
 import pytest
+
+import anyformer
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from tiny_gguf import write_tiny_llama  # noqa: E402
+from tiny_gguf import write_tiny_llama
 
 
 @pytest.fixture(scope="session")

@@ -4,14 +4,19 @@ from __future__ import annotations
 
 from typing import Any
 
-import anyformer
 import pytest
+
+import anyformer
 from anyformer import Caps, Model, Rank, Refusal, Request
 from anyformer_llamacpp import estimate, plugin, runtime
 
 GGUF_FACTS = {
-    "architecture": "llama", "block_count": 30, "context_length": 8192, "embedding_length": 576,
-    "head_count": 9, "head_count_kv": 3,
+    "architecture": "llama",
+    "block_count": 30,
+    "context_length": 8192,
+    "embedding_length": 576,
+    "head_count": 9,
+    "head_count_kv": 3,
 }
 SMOL_BYTES = 98362432
 
@@ -59,8 +64,9 @@ def test_memory_with_need_when_host_ram_is_too_small() -> None:
 
 def test_ok_estimate_on_a_cpu_build_counts_weights_and_kv_cache(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(plugin, "gpu_offload_library", lambda: None)
-    model = _model([("SmolLM2-135M-Instruct.Q4_1.gguf", SMOL_BYTES)], architecture="llama",
-                   metadata={"gguf": GGUF_FACTS})
+    model = _model(
+        [("SmolLM2-135M-Instruct.Q4_1.gguf", SMOL_BYTES)], architecture="llama", metadata={"gguf": GGUF_FACTS}
+    )
     verdict = plugin.can_run(model, _caps(gpu_bytes=80 * 10**9), Request(context=2048))
     assert verdict.ok and verdict.estimate is not None
     kv = 2 * 30 * 2048 * 3 * (64 + 64)
@@ -91,7 +97,9 @@ def test_gpu_build_offloads_part_of_the_layers_when_the_budget_is_short(monkeypa
 
 def test_budget_zero_on_a_gpu_build_runs_on_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(plugin, "gpu_offload_library", lambda: "cuda")
-    verdict = plugin.can_run(_model([("x-Q4_0.gguf", 10**9)], metadata={"gguf": GGUF_FACTS}), _caps(), Request(budget=0))
+    verdict = plugin.can_run(
+        _model([("x-Q4_0.gguf", 10**9)], metadata={"gguf": GGUF_FACTS}), _caps(), Request(budget=0)
+    )
     assert verdict.ok and verdict.estimate.gpu_bytes == 0
 
 

@@ -49,7 +49,9 @@ def test_complete_split_set_is_one_model_in_order() -> None:
     choice = choose_gguf(model)
     assert choice is not None
     assert [f.name for f in choice.files] == [
-        "q/x-Q4_K_M-00001-of-00003.gguf", "q/x-Q4_K_M-00002-of-00003.gguf", "q/x-Q4_K_M-00003-of-00003.gguf"
+        "q/x-Q4_K_M-00001-of-00003.gguf",
+        "q/x-Q4_K_M-00002-of-00003.gguf",
+        "q/x-Q4_K_M-00003-of-00003.gguf",
     ]
     assert choice.size == 3000
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-import anyformer
 import numpy as np
 import pytest
+
+import anyformer
 from anyformer import AnyformerError, ErrorCode
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
@@ -98,7 +99,9 @@ def test_continuing_a_chat_reuses_the_cache_and_matches_a_fresh_model(smollm2_pa
 
 
 def test_image_block_without_a_projector_is_bad_request(tiny) -> None:  # type: ignore[no-untyped-def]
-    messages = [{"role": "user", "content": [{"type": "text", "text": "what is this"}, {"type": "image", "image": b"\x89PNG"}]}]
+    messages = [
+        {"role": "user", "content": [{"type": "text", "text": "what is this"}, {"type": "image", "image": b"\x89PNG"}]}
+    ]
     with pytest.raises(AnyformerError) as info:
         tiny.generate(messages)
     assert info.value.code is ErrorCode.BAD_REQUEST and "projector" in info.value.message

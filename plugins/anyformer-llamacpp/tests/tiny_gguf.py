@@ -42,13 +42,17 @@ def write_tiny_llama(
     import gguf
 
     rng = np.random.default_rng(seed)
-    tokens = _byte_tokens() + ["Ġt"] + SPECIALS
+    tokens = [*_byte_tokens(), "Ġt", *SPECIALS]
     n_vocab = len(tokens)
     writer = gguf.GGUFWriter(str(path), "llama")
     writer.add_name("tiny-llama")
     numbers = {
-        "context_length": context, "embedding_length": embedding, "block_count": layers,
-        "feed_forward_length": embedding * 2, "attention.head_count": heads, "attention.head_count_kv": kv_heads,
+        "context_length": context,
+        "embedding_length": embedding,
+        "block_count": layers,
+        "feed_forward_length": embedding * 2,
+        "attention.head_count": heads,
+        "attention.head_count_kv": kv_heads,
         "rope.dimension_count": embedding // heads,
     }
     numbers.update(overrides or {})  # a header that claims other numbers than its tensors have

@@ -25,8 +25,12 @@ class ProgressPrinter:
             from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
             self._progress = Progress(
-                TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-                console=Console(stderr=True), transient=True,
+                TextColumn("{task.description}"),
+                BarColumn(),
+                DownloadColumn(),
+                TransferSpeedColumn(),
+                console=Console(stderr=True),
+                transient=True,
             )
             self._progress.start()
         return self

@@ -60,7 +60,11 @@ def run(args: argparse.Namespace) -> int:
     model, prompt = _split_model_and_prompt(args.model, args.prompt)
     with ProgressPrinter() as progress:
         loaded = load(
-            model, backend=args.backend, budget=args.budget, caps=caps_from_args(args), context=args.context,
+            model,
+            backend=args.backend,
+            budget=args.budget,
+            caps=caps_from_args(args),
+            context=args.context,
             progress=progress,
         )
     with loaded:
@@ -95,13 +99,26 @@ def _stream(loaded: Loaded, messages: list[dict[str, object]], args: argparse.Na
     text = ""
     try:
         for chunk in loaded.generate(
-            messages, max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
-            thinking=args.think, cancel=cancel,
+            messages,
+            max_new_tokens=args.max_new_tokens,
+            temperature=args.temperature,
+            seed=args.seed,
+            thinking=args.think,
+            cancel=cancel,
         ):
             text = chunk.text
             if args.json:
-                print(json.dumps({"delta": chunk.delta, "text": chunk.text, "tokens": chunk.tokens,
-                                  "finish_reason": chunk.finish_reason}), flush=True)
+                print(
+                    json.dumps(
+                        {
+                            "delta": chunk.delta,
+                            "text": chunk.text,
+                            "tokens": chunk.tokens,
+                            "finish_reason": chunk.finish_reason,
+                        }
+                    ),
+                    flush=True,
+                )
             else:
                 sys.stdout.write(chunk.delta)
                 sys.stdout.flush()

@@ -18,13 +18,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from anyformer import AnyformerError, Chunk, ErrorCode, GenerateOptions, Message, Model, ProgressCallback, ProgressEvent
 from anyformer._caps import usable_cpu_count
 from anyformer._chat_template import render_chat
 from anyformer._gguf_header import check_split_set, read_gguf_header
 from anyformer._messages import has_images
 from anyformer._store import fetch_files
-
 from anyformer_llamacpp import BACKEND_ID
 from anyformer_llamacpp.estimate import context_for, footprint
 from anyformer_llamacpp.file_choice import choose_gguf
@@ -83,8 +83,12 @@ class LlamaCppModel:
         self.gpu_layers = gpu_layers
         self._vocab = llama._model.vocab
         self._n_vocab = llama.n_vocab()
-        self._bos_text = self._piece(llama.token_bos(), special=True).decode("utf-8", "replace") if llama.token_bos() >= 0 else ""
-        self._eos_text = self._piece(llama.token_eos(), special=True).decode("utf-8", "replace") if llama.token_eos() >= 0 else ""
+        self._bos_text = (
+            self._piece(llama.token_bos(), special=True).decode("utf-8", "replace") if llama.token_bos() >= 0 else ""
+        )
+        self._eos_text = (
+            self._piece(llama.token_eos(), special=True).decode("utf-8", "replace") if llama.token_eos() >= 0 else ""
+        )
         self._pieces: dict[int, bytes] = {}
         # Positions where an evaluation began; the cache is only ever cut back to one of them.
         self._eval_starts: list[int] = []
@@ -108,11 +112,15 @@ class LlamaCppModel:
         check_architecture_numbers(choice.first.name, facts)
         context = context_for(facts, request.context)
         budget = request.budget or 0
-        plan = footprint(facts, choice.size, context=context, budget=budget, gpu_offload=gpu_offload_library() is not None)
+        plan = footprint(
+            facts, choice.size, context=context, budget=budget, gpu_offload=gpu_offload_library() is not None
+        )
         template = first.get("tokenizer.chat_template")
         progress(ProgressEvent(stage="load", backend=BACKEND_ID, file=choice.first.name, total=choice.size))
         llama = cls._open_llama(ordered[0], context, plan.gpu_layers, request)
-        progress(ProgressEvent(stage="load", backend=BACKEND_ID, file=choice.first.name, done=choice.size, total=choice.size))
+        progress(
+            ProgressEvent(stage="load", backend=BACKEND_ID, file=choice.first.name, done=choice.size, total=choice.size)
+        )
         return cls(llama, template if isinstance(template, str) else None, choice.first.name, context, plan.gpu_layers)
 
     @staticmethod
@@ -123,11 +131,18 @@ class LlamaCppModel:
         try:
             with _quiet_native_stderr():
                 return Llama(
-                    model_path=str(path), n_ctx=context, n_threads=threads, n_threads_batch=threads,
-                    n_gpu_layers=gpu_layers, n_batch=min(512, context), verbose=False,
+                    model_path=str(path),
+                    n_ctx=context,
+                    n_threads=threads,
+                    n_threads_batch=threads,
+                    n_gpu_layers=gpu_layers,
+                    n_batch=min(512, context),
+                    verbose=False,
                 )
         except MemoryError as exc:
-            raise AnyformerError(ErrorCode.OUT_OF_MEMORY, f"{path.name}: out of memory while loading", cause=exc) from exc
+            raise AnyformerError(
+                ErrorCode.OUT_OF_MEMORY, f"{path.name}: out of memory while loading", cause=exc
+            ) from exc
         except ValueError as exc:
             message = str(exc)
             if "context" in message.lower():
@@ -137,7 +152,9 @@ class LlamaCppModel:
                     "ask for a shorter context or a smaller model",
                     cause=exc,
                 ) from exc
-            raise AnyformerError(ErrorCode.BAD_MODEL, f"{path.name}: llama.cpp could not load it ({message})", cause=exc) from exc
+            raise AnyformerError(
+                ErrorCode.BAD_MODEL, f"{path.name}: llama.cpp could not load it ({message})", cause=exc
+            ) from exc
 
     def dispose(self) -> None:
         """Free the model and its context; a second call does nothing."""
@@ -164,7 +181,11 @@ class LlamaCppModel:
     def prompt_tokens(self, messages: list[Message], thinking: bool) -> list[int]:
         """The chat template rendered in the sandbox and tokenized (special tokens parsed)."""
         prompt = render_chat(
-            self._template, messages, add_generation_prompt=True, bos_token=self._bos_text, eos_token=self._eos_text,
+            self._template,
+            messages,
+            add_generation_prompt=True,
+            bos_token=self._bos_text,
+            eos_token=self._eos_text,
             enable_thinking=thinking,
         )
         # The template writes BOS itself when it wants one; otherwise the vocabulary's rule applies.
@@ -238,7 +259,9 @@ class LlamaCppModel:
 
         prefix = self._reuse_prefix(tokens)
         llama.n_tokens = prefix
-        del self._eval_starts[next((i for i, s in enumerate(self._eval_starts) if s >= prefix), len(self._eval_starts)):]
+        del self._eval_starts[
+            next((i for i, s in enumerate(self._eval_starts) if s >= prefix), len(self._eval_starts)) :
+        ]
         self._eval(tokens[prefix:])
         count = 0
         while not cancel.is_set():

@@ -89,8 +89,13 @@ def footprint(
             gpu_bytes = int(gpu_layers * per_layer) + (_COMPUTE_OVERHEAD if gpu_layers else 0)
     ram = total - (gpu_bytes - _COMPUTE_OVERHEAD if gpu_layers else 0) + _COMPUTE_OVERHEAD
     return Footprint(
-        context=context, weights_bytes=weights_bytes, kv_bytes=kv, layers=layers, gpu_layers=gpu_layers,
-        gpu_bytes=gpu_bytes, ram_bytes=max(ram, _COMPUTE_OVERHEAD),
+        context=context,
+        weights_bytes=weights_bytes,
+        kv_bytes=kv,
+        layers=layers,
+        gpu_layers=gpu_layers,
+        gpu_bytes=gpu_bytes,
+        ram_bytes=max(ram, _COMPUTE_OVERHEAD),
     )
 
 

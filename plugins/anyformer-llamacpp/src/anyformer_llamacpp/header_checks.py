@@ -30,6 +30,8 @@ def check_architecture_numbers(name: str, facts: Mapping[str, Any]) -> None:
     for key, limit in _LIMITS.items():
         value = facts.get(key)
         if isinstance(value, int) and not isinstance(value, bool) and not 0 <= value <= limit:
-            raise AnyformerError(ErrorCode.BAD_MODEL, f"{name}: {key} = {value} is beyond any real model (limit {limit})")
+            raise AnyformerError(
+                ErrorCode.BAD_MODEL, f"{name}: {key} = {value} is beyond any real model (limit {limit})"
+            )
     if not facts.get("architecture"):
         raise AnyformerError(ErrorCode.BAD_MODEL, f"{name}: the header names no general.architecture")

@@ -20,7 +20,6 @@ from anyformer import (
     format_size,
     hookimpl,
 )
-
 from anyformer_llamacpp import BACKEND_ID
 from anyformer_llamacpp.estimate import context_for, footprint, measured_speed
 from anyformer_llamacpp.file_choice import choose_gguf
@@ -41,7 +40,8 @@ def can_run(model: Model, caps: Caps, request: Request) -> Verdict:
     choice = choose_gguf(model)
     if choice is None:
         return Verdict.refuse(
-            BACKEND_ID, Refusal.MODEL,
+            BACKEND_ID,
+            Refusal.MODEL,
             "no language-model GGUF at a quant llama.cpp reads (projector files and incomplete split sets don't count)",
         )
     if llama_cpp_folder() is None:
@@ -50,12 +50,17 @@ def can_run(model: Model, caps: Caps, request: Request) -> Verdict:
     gpu_library = gpu_offload_library()
     budget = request.budget_or(caps.gpu_bytes)
     plan = footprint(
-        facts, choice.size, context=context_for(facts, request.context), budget=budget, gpu_offload=gpu_library is not None
+        facts,
+        choice.size,
+        context=context_for(facts, request.context),
+        budget=budget,
+        gpu_offload=gpu_library is not None,
     )
     if plan.ram_bytes > caps.ram_bytes:
         where = f"{plan.gpu_layers} layers on the GPU and the rest" if plan.gpu_layers else "the model"
         return Verdict.refuse(
-            BACKEND_ID, Refusal.MEMORY,
+            BACKEND_ID,
+            Refusal.MEMORY,
             f"{choice.first.name}: {where} needs {format_size(plan.ram_bytes)} of host memory at {plan.context} tokens "
             f"of context (weights {format_size(plan.weights_bytes)}, KV cache {format_size(plan.kv_bytes)}); "
             f"{format_size(caps.ram_bytes)} available",
@@ -66,11 +71,19 @@ def can_run(model: Model, caps: Caps, request: Request) -> Verdict:
     return Verdict.accept(
         BACKEND_ID,
         Estimate(
-            gpu_bytes=plan.gpu_bytes, ram_bytes=plan.ram_bytes, disk_bytes=choice.size, tok_per_sec=speed,
+            gpu_bytes=plan.gpu_bytes,
+            ram_bytes=plan.ram_bytes,
+            disk_bytes=choice.size,
+            tok_per_sec=speed,
             rank=Rank.FALLBACK,
             details={
-                "file": choice.first.name, "quant": choice.quant, "shards": len(choice.files), "context": plan.context,
-                "gpu_layers": plan.gpu_layers, "layers": plan.layers, "offload": gpu_library or "none (CPU build)",
+                "file": choice.first.name,
+                "quant": choice.quant,
+                "shards": len(choice.files),
+                "context": plan.context,
+                "gpu_layers": plan.gpu_layers,
+                "layers": plan.layers,
+                "offload": gpu_library or "none (CPU build)",
             },
         ),
     )
