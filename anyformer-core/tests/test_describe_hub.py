@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import pathlib
-import sys
 
 import gguf
 import huggingface_hub
 import numpy as np
 import pytest
-
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "conformance" / "src"))
 
 import anyformer
 from anyformer._errors import AnyformerError, ErrorCode

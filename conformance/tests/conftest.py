@@ -1,11 +1,4 @@
-"""Test setup for the conformance kit until it is installed as a package: import it from src/."""
-
-import pathlib
-import sys
-
-_SRC = pathlib.Path(__file__).resolve().parents[1] / "src"
-if str(_SRC) not in sys.path:
-    sys.path.insert(0, str(_SRC))
+"""Test setup for the conformance kit's own tests (the kit is installed as a package)."""
 
 from anyformer_conformance.hub_fixtures import fake_hub  # noqa: F401 - the fixture, for these tests
 

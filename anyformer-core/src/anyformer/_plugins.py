@@ -188,14 +188,19 @@ class PluginManager:
                 verdicts.append(Verdict.refuse(name, Refusal.RUNTIME, f"can_run raised {_describe_exception(exc)}"))
                 continue
             if result is not None:  # None: a plugin that runs no models (hookspecs.can_run)
-                verdicts.append(self._checked_verdict(name, result))
+                verdicts.append(self._checked_verdict(name, result, caps, request))
         return verdicts
 
     @staticmethod
-    def _checked_verdict(name: str, result: Any) -> Verdict:
+    def _checked_verdict(name: str, result: Any, caps: Caps, request: Request) -> Verdict:
         if isinstance(result, Verdict) and result.backend == name:
-            return result
-        if isinstance(result, Verdict):
+            offered = {Refusal.BUDGET: request.budget_or(caps.gpu_bytes), Refusal.MEMORY: caps.ram_bytes}.get(
+                result.code  # type: ignore[arg-type]
+            )
+            if offered is None or result.need is None or result.need > offered:
+                return result
+            why = f"a '{result.code}' refusal must need more than the {offered} bytes offered, not {result.need}"
+        elif isinstance(result, Verdict):
             why = f"can_run returned a verdict for {result.backend!r}, not for its own id {name!r}"
         else:
             why = f"can_run returned {type(result).__name__}, not an anyformer.Verdict"
@@ -231,7 +236,14 @@ class PluginManager:
         impl = self._impl_for("generate", handle.backend)
         if impl is None:
             raise AnyformerError(ErrorCode.PLUGIN_ERROR, f"backend {handle.backend!r} implements no generate hook")
-        stream = self._call(impl, {"loaded": handle, "messages": messages, "options": options})
+        try:
+            stream = self._call(impl, {"loaded": handle, "messages": messages, "options": options})
+        except AnyformerError:
+            raise
+        except Exception as exc:
+            raise AnyformerError(
+                ErrorCode.PLUGIN_ERROR, f"{handle.backend}: generate raised {_describe_exception(exc)}", cause=exc
+            ) from exc
         if stream is None:
             raise AnyformerError(ErrorCode.PLUGIN_ERROR, f"{handle.backend}: generate returned None for its own model")
         return iter(stream)
@@ -247,7 +259,9 @@ class PluginManager:
                 problems.append(f"{name}: store_list raised {_describe_exception(exc)}")
                 continue
             for entry in result or ():
-                if isinstance(entry, StoreEntry):
+                if isinstance(entry, StoreEntry) and entry.backend != name:
+                    problems.append(f"{name}: store_list returned an entry for {entry.backend!r}, not for {name!r}")
+                elif isinstance(entry, StoreEntry):
                     entries.append(entry)
                 else:
                     problems.append(f"{name}: store_list returned {type(entry).__name__}, not a StoreEntry")

@@ -94,6 +94,8 @@ class Verdict:
         if not isinstance(self.backend, str) or not self.backend:
             raise AnyformerError(ErrorCode.PLUGIN_ERROR, f"a verdict needs a backend id, got {self.backend!r}")
         if self.ok:
+            if self.need is not None:
+                raise AnyformerError(ErrorCode.PLUGIN_ERROR, f"{self.backend}: an ok verdict carries no need")
             if self.code is not None:
                 raise AnyformerError(ErrorCode.PLUGIN_ERROR, f"{self.backend}: an ok verdict has no refusal code")
             if self.estimate is None:

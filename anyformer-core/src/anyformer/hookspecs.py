@@ -63,8 +63,9 @@ def load(backend: str, model: Model, request: Request, progress: ProgressCallbac
     """Load ``model`` if ``backend`` is this plugin's id; return None otherwise.
 
     :param backend: the id of the backend the selection policy chose; only that plugin answers.
-    :param model: the description; local files have ``path``, Hub files are fetched through
-        ``anyformer.store`` (which reports download progress itself).
+    :param model: the description; local files have ``path``; ``anyformer.fetch_files(model, names,
+        progress)`` returns local paths for the files you need, downloading Hub files into the
+        shared cache with progress.
     :param request: the task, budget and context length the model is loaded for.
     :param progress: call it with :class:`anyformer.ProgressEvent` during long steps.
     :returns: a handle with ``backend``, ``task``, ``dispose()`` (and ``run()`` for non-generation
