@@ -1,0 +1,257 @@
+"""OpenAI request bodies checked and turned into anyformer calls, and the response objects built back.
+
+Only what anyformer can honour is read (``max_tokens``, ``temperature``, ``seed``, ``stop``,
+``top_p``, ``stream``); other fields OpenAI clients send are ignored, as OpenAI-compatible servers do.
+Anything malformed raises ``BAD_REQUEST`` naming the field in ``param``.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import dataclasses
+import time
+import uuid
+from typing import Any
+
+from anyformer._chunk import GenerateOptions
+from anyformer._errors import AnyformerError
+from anyformer._messages import Message, validate_messages
+from anyformer.server._errors import bad_request
+
+#: Tokens generated when a request names no ``max_tokens``.
+DEFAULT_MAX_TOKENS = 1024
+#: The task of models ``/v1/embeddings`` loads.
+EMBEDDING_TASK = "feature-extraction"
+#: OpenAI's role for system instructions in newer models; anyformer calls it ``system``.
+_ROLE_ALIASES = {"developer": "system"}
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerationRequest:
+    """A chat or completion request, checked: the model, the messages and the ``generate`` options."""
+
+    model: str
+    messages: list[Message]
+    options: dict[str, Any]
+    stream: bool = False
+    include_usage: bool = False
+
+
+def _model_of(body: dict[str, Any]) -> str:
+    model = body.get("model")
+    if not isinstance(model, str) or not model.strip():
+        raise bad_request("'model' must be a non-empty string: a Hub repo id, a local path or a listed id", "model")
+    return model.strip()
+
+
+def _image_bytes(url: Any, where: str) -> bytes:
+    if not isinstance(url, str) or not url.startswith("data:"):
+        raise bad_request(f"{where}: only data: URLs are read (the server fetches nothing); got {str(url)[:40]!r}", where)
+    header, _, payload = url.partition(",")
+    if ";base64" not in header:
+        raise bad_request(f"{where}: a data URL must be base64 encoded", where)
+    try:
+        data = base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError):
+        raise bad_request(f"{where}: the data URL is not valid base64", where) from None
+    if not data:
+        raise bad_request(f"{where}: the image is empty", where)
+    return data
+
+
+def _content_of(content: Any, index: int) -> Any:
+    """OpenAI content parts as anyformer blocks: text stays text, data-URL images become image bytes."""
+    if content is None:
+        return ""
+    if not isinstance(content, list):
+        return content  # a string, or something validate_messages refuses with the reason
+    blocks: list[Any] = []
+    for position, part in enumerate(content):
+        where = f"messages[{index}].content[{position}]"
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "image_url":
+            image = part.get("image_url")
+            url = image.get("url") if isinstance(image, dict) else image
+            blocks.append({"type": "image", "image": _image_bytes(url, where)})
+        elif kind in ("text", "input_text"):
+            blocks.append({"type": "text", "text": part.get("text")})
+        else:
+            raise bad_request(f"{where}: unknown part type {kind!r} (text or image_url)", "messages")
+    return blocks
+
+
+def _messages_of(raw: Any) -> list[Message]:
+    if not isinstance(raw, list):
+        raise bad_request("'messages' must be a list of {role, content} objects", "messages")
+    converted = []
+    for index, message in enumerate(raw):
+        if not isinstance(message, dict):
+            raise bad_request(f"messages[{index}] must be an object with 'role' and 'content'", "messages")
+        role = _ROLE_ALIASES.get(message.get("role"), message.get("role"))
+        converted.append({"role": role, "content": _content_of(message.get("content"), index)})
+    try:
+        return validate_messages(converted)
+    except AnyformerError as exc:
+        raise bad_request(exc.message, "messages") from None
+
+
+def _options_of(body: dict[str, Any]) -> dict[str, Any]:
+    if body.get("n", 1) != 1:
+        raise bad_request("only n=1 is supported: one reply per request", "n")
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    options: dict[str, Any] = {"max_new_tokens": DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens}
+    if body.get("temperature") is not None:
+        options["temperature"] = body["temperature"]
+    for name in ("seed", "stop"):
+        if body.get(name) is not None:
+            options[name] = body[name]
+    if body.get("top_p") is not None:
+        options["top_p"] = body["top_p"]
+    try:
+        GenerateOptions.build(**options)  # the core's own checks, before any model is loaded
+    except AnyformerError as exc:
+        field = next((name for name in ("max_tokens", "temperature", "seed", "stop") if name in exc.message), None)
+        message = exc.message.replace("max_new_tokens", "max_tokens")
+        raise bad_request(message, field) from None
+    return options
+
+
+def _stream_of(body: dict[str, Any]) -> tuple[bool, bool]:
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise bad_request("'stream' must be true or false", "stream")
+    stream_options = body.get("stream_options") or {}
+    if not isinstance(stream_options, dict):
+        raise bad_request("'stream_options' must be an object", "stream_options")
+    return stream, bool(stream_options.get("include_usage", False))
+
+
+def parse_chat(body: Any) -> GenerationRequest:
+    """A ``/v1/chat/completions`` body as a :class:`GenerationRequest`."""
+    if not isinstance(body, dict):
+        raise bad_request("the request body must be a JSON object")
+    model = _model_of(body)
+    messages = _messages_of(body.get("messages"))
+    stream, include_usage = _stream_of(body)
+    return GenerationRequest(model, messages, _options_of(body), stream, include_usage)
+
+
+def parse_completion(body: Any) -> GenerationRequest:
+    """A ``/v1/completions`` body: the prompt becomes one user message (the chat template applies)."""
+    if not isinstance(body, dict):
+        raise bad_request("the request body must be a JSON object")
+    model = _model_of(body)
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if not isinstance(prompt, str):
+        raise bad_request("'prompt' must be one string (token arrays and batches are not supported)", "prompt")
+    stream, include_usage = _stream_of(body)
+    messages = [{"role": "user", "content": prompt}]
+    return GenerationRequest(model, messages, _options_of(body), stream, include_usage)
+
+
+def parse_embeddings(body: Any) -> tuple[str, list[str]]:
+    """A ``/v1/embeddings`` body as the model and its list of input strings."""
+    if not isinstance(body, dict):
+        raise bad_request("the request body must be a JSON object")
+    model = _model_of(body)
+    raw = body.get("input")
+    inputs = [raw] if isinstance(raw, str) else raw
+    if not isinstance(inputs, list) or not inputs or not all(isinstance(text, str) for text in inputs):
+        raise bad_request("'input' must be a string or a non-empty list of strings", "input")
+    if body.get("encoding_format", "float") not in ("float", "base64"):
+        raise bad_request("'encoding_format' must be float or base64", "encoding_format")
+    return model, inputs
+
+
+# ---- responses -----------------------------------------------------------------------------------
+
+
+def new_id(prefix: str) -> str:
+    """A response id in OpenAI's style (``chatcmpl-…``, ``cmpl-…``)."""
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+def usage(prompt_tokens: int | None, completion_tokens: int) -> dict[str, Any]:
+    """OpenAI's usage object; without a prompt count from the backend, only completion tokens are given."""
+    if prompt_tokens is None:
+        return {"completion_tokens": completion_tokens}
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def finish_reason_of(reason: str | None) -> str | None:
+    """anyformer's finish reason in OpenAI's words (a cancelled reply stopped)."""
+    return "stop" if reason == "cancelled" else reason
+
+
+def chat_completion(rid: str, model: str, text: str, finish: str | None, use: dict[str, Any]) -> dict[str, Any]:
+    """A whole ``chat.completion`` object."""
+    return {
+        "id": rid,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": None,
+                "finish_reason": finish_reason_of(finish),
+            }
+        ],
+        "usage": use,
+    }
+
+
+def chat_chunk(
+    rid: str, model: str, delta: dict[str, Any], finish: str | None = None, use: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """One ``chat.completion.chunk``; with ``use`` set it is the usage-only chunk at the end."""
+    choices = [] if use is not None else [
+        {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason_of(finish)}
+    ]
+    chunk: dict[str, Any] = {
+        "id": rid, "object": "chat.completion.chunk", "created": int(time.time()), "model": model, "choices": choices
+    }
+    if use is not None:
+        chunk["usage"] = use
+    return chunk
+
+
+def text_completion(
+    rid: str, model: str, text: str, finish: str | None, use: dict[str, Any] | None
+) -> dict[str, Any]:
+    """A ``text_completion`` object (whole, or one streamed piece when ``use`` is None)."""
+    body: dict[str, Any] = {
+        "id": rid,
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason_of(finish)}],
+    }
+    if use is not None:
+        body["usage"] = use
+    return body
+
+
+def embeddings_list(model: str, vectors: list[list[float]], encoding: str, prompt_tokens: int) -> dict[str, Any]:
+    """An embeddings ``list`` object; ``base64`` packs each vector as little-endian float32."""
+    import struct
+
+    def encode(vector: list[float]) -> Any:
+        if encoding == "base64":
+            return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode("ascii")
+        return vector
+
+    return {
+        "object": "list",
+        "model": model,
+        "data": [{"object": "embedding", "index": i, "embedding": encode(v)} for i, v in enumerate(vectors)],
+        "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
+    }
