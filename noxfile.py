@@ -17,7 +17,7 @@ CORE = "anyformer-core"
 CONFORMANCE = "conformance"
 PLUGINS = {"llamacpp": "plugins/anyformer-llamacpp", "template": "plugins/_template"}
 PACKAGES = {"core": CORE, "conformance": CONFORMANCE, **PLUGINS}
-TEST_TOOLS = ["pytest>=8", "gguf>=0.19", "numpy>=1.24", "hypothesis>=6", "safetensors>=0.4"]
+TEST_TOOLS = ["pytest>=8", "gguf>=0.19", "numpy>=1.24", "hypothesis>=6", "safetensors>=0.4", "wgpu>=0.19"]
 
 LLAMA_CPP_VERSION = "0.3.36"
 # A portable build (AVX2 and below): a -march=native build on CPUs with AMX segfaults on batched

@@ -159,14 +159,22 @@ def test_a_correct_backend_passes_every_kit_test(pytester: pytest.Pytester) -> N
     ("defect", "kit_test", "message"),
     [
         ("decreasing-tokens", "test_backend_stream_is_well_formed", "tokens went 4 -> 1, but must never decrease"),
-        ("low-need", "test_need_only_on_budget_and_memory_refusals", "refusal must need more than the 500 bytes offered"),
+        (
+            "low-need",
+            "test_need_only_on_budget_and_memory_refusals",
+            "refusal must need more than the 500 bytes offered",
+        ),
         ("opens-files", "test_can_run_reads_no_weights_and_opens_no_connection", "can_run opened"),
         ("connects", "test_can_run_reads_no_weights_and_opens_no_connection", "can_run tried to connect"),
         ("raises-in-can-run", "test_sample_verdict_is_ok_and_well_formed", "can_run did not answer"),
         ("leaks", "test_no_text_leaks_into_the_next_call", "prompt A after prompt B"),
         ("leaks", "test_greedy_is_repeatable", "the second greedy answer"),
         ("ignores-images", "test_image_blocks_follow_supports_images", "before any error"),
-        ("wrong-store-backend", "test_store_list_entries_are_well_formed", "returned an entry for 'other', not for 'echo'"),
+        (
+            "wrong-store-backend",
+            "test_store_list_entries_are_well_formed",
+            "returned an entry for 'other', not for 'echo'",
+        ),
         ("dispose-twice-raises", "test_dispose_twice_and_the_with_block", "second dispose() raised"),
     ],
 )

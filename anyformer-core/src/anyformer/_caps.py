@@ -142,6 +142,28 @@ def _probe_wgpu(timeout: float = 20.0) -> dict[str, Any]:
         return {"error": "the GPU probe printed no result"}
 
 
+def _nvidia_free_bytes(timeout: float = 10.0) -> int | None:
+    """Free memory of the first NVIDIA GPU from ``nvidia-smi``, or None where there is none.
+
+    Asked apart from wgpu: llama.cpp's CUDA build offloads layers whether or not wgpu is installed.
+    """
+    import shutil as _shutil
+    import subprocess
+
+    smi = _shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    try:
+        done = subprocess.run(
+            [smi, "--query-gpu=memory.free", "--format=csv,noheader,nounits"],
+            capture_output=True, text=True, timeout=timeout, check=False,
+        )
+        first = done.stdout.strip().splitlines()[0]
+        return int(float(first)) * 2**20 if done.returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired, IndexError, ValueError):
+        return None
+
+
 def _gpu_fields(raw: dict[str, Any]) -> dict[str, Any]:
     if "name" not in raw:
         return {"gpu_note": raw.get("error", "no GPU adapter")}
@@ -182,6 +204,10 @@ def _probe_cached(with_gpu: bool) -> Caps:
     }
     if with_gpu:
         fields.update(_gpu_fields(_probe_wgpu()))
+        fields["gpu_bytes"] = _nvidia_free_bytes()
+        if fields["gpu_bytes"] is None and fields.get("gpu") and fields.get("gpu_type") == "CPU":
+            # A software adapter counted as a GPU (ANYFORMER_SOFTWARE_GPU=1) allocates host memory.
+            fields["gpu_bytes"] = fields["ram_bytes"]
     else:
         fields["gpu_note"] = "GPU not probed"
     return Caps(**fields)

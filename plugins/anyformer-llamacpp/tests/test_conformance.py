@@ -9,14 +9,15 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import anyformer
 import pytest
+
+import anyformer
 from anyformer import Model, Refusal
 from anyformer_conformance import BackendConformance, RefusalCase
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from tiny_gguf import write_tiny_llama  # noqa: E402
+from tiny_gguf import write_tiny_llama
 
 pytest_plugins = ["anyformer_conformance.plugin"]
 
@@ -31,19 +32,23 @@ class _LlamaCppKit(BackendConformance):
     refusal_cases = (
         RefusalCase({"repo": "org/onnx", "files": [{"name": "model.onnx", "size": 10**6}]}, {}, {}, Refusal.FORMAT),
         RefusalCase(
-            {"repo": "org/g", "files": [{"name": "m-Q4_0.gguf", "size": 10**6}]}, {}, {"task": "image-classification"},
+            {"repo": "org/g", "files": [{"name": "m-Q4_0.gguf", "size": 10**6}]},
+            {},
+            {"task": "image-classification"},
             Refusal.TASK,
         ),
+        RefusalCase({"repo": "org/g", "files": [{"name": "mmproj-f16.gguf", "size": 10**6}]}, {}, {}, Refusal.MODEL),
         RefusalCase(
-            {"repo": "org/g", "files": [{"name": "mmproj-f16.gguf", "size": 10**6}]}, {}, {}, Refusal.MODEL
-        ),
-        RefusalCase(
-            {"repo": "org/g", "files": [{"name": "m-Q4_K_M-00001-of-00002.gguf", "size": 10**6}]}, {}, {},
+            {"repo": "org/g", "files": [{"name": "m-Q4_K_M-00001-of-00002.gguf", "size": 10**6}]},
+            {},
+            {},
             Refusal.MODEL,
         ),
         RefusalCase(
             {"repo": "org/g", "files": [{"name": "m-Q4_0.gguf", "size": 4 * 10**9}], "metadata": {"gguf": _FACTS}},
-            {"ram_bytes": 10**9}, {}, Refusal.MEMORY,
+            {"ram_bytes": 10**9},
+            {},
+            Refusal.MEMORY,
         ),
     )
 

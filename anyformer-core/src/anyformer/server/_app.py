@@ -1,0 +1,291 @@
+"""The Starlette application: OpenAI's endpoints, the verdicts endpoint, the chat page, and the API key.
+
+No route knows a backend: models go through the pool, which goes through ``anyformer.check`` and
+``anyformer.load`` and the selection policy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from importlib import resources
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.routing import Route
+
+from anyformer._errors import AnyformerError, ErrorCode
+from anyformer.server._errors import ApiError, anyformer_error_body, bad_request, error_response
+from anyformer.server._pool import Generation, ModelPool
+from anyformer.server._schemas import (
+    EMBEDDING_TASK,
+    GenerationRequest,
+    chat_chunk,
+    chat_completion,
+    embeddings_list,
+    new_id,
+    parse_chat,
+    parse_completion,
+    parse_embeddings,
+    text_completion,
+    usage,
+)
+from anyformer.server._sse import DONE, EventStream, event
+
+#: Paths that need the API key when the server has one.
+_PROTECTED_PREFIXES = ("/v1/", "/api/")
+
+
+async def _json_body(request: Request) -> Any:
+    raw = await request.body()
+    try:
+        return json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise bad_request(f"the request body is not valid JSON: {exc}") from None
+
+
+class _Api:
+    """The route handlers, sharing one pool."""
+
+    def __init__(self, pool: ModelPool) -> None:
+        self.pool = pool
+
+    async def models(self, request: Request) -> JSONResponse:
+        """``GET /v1/models``: loaded and preloaded models, then whatever the backends hold on disk."""
+        seen: dict[str, dict[str, Any]] = {}
+        for item in self.pool.loaded():
+            seen.setdefault(item["id"], {"loaded": True, "backend": item["backend"], "task": item["task"]})
+        for ref in self.pool.preloaded:
+            seen.setdefault(ref, {"loaded": False})
+        for entry in await asyncio.to_thread(_stored_models):
+            seen.setdefault(entry["repo"], {"loaded": False, "backend": entry["backend"], "stored": True})
+        data = [
+            {"id": ref, "object": "model", "created": 0, "owned_by": "anyformer", **facts}
+            for ref, facts in seen.items()
+        ]
+        return JSONResponse({"object": "list", "data": data})
+
+    async def check(self, request: Request) -> JSONResponse:
+        """``GET /api/check?model=…[&task=…]``: every backend's verdict and the one chosen, as ``anyformer check``."""
+        ref = request.query_params.get("model", "").strip()
+        if not ref:
+            raise bad_request("give ?model=… (a Hub repo id, a local path or a listed id)", "model")
+        model, selection = await asyncio.to_thread(self.pool.check, ref, request.query_params.get("task") or None)
+        return JSONResponse(
+            {
+                "model": model.to_dict(),
+                "chosen": selection.chosen_backend,
+                "verdicts": [v.to_dict() for v in selection.verdicts],
+                "budget": self.pool.gpu_limit,
+            }
+        )
+
+    async def chat_completions(self, request: Request) -> Response:
+        """``POST /v1/chat/completions``, streamed over SSE or whole."""
+        parsed = parse_chat(await _json_body(request))
+        return await self._generate(request, parsed, chat=True)
+
+    async def completions(self, request: Request) -> Response:
+        """``POST /v1/completions``: the prompt is sent as one user message."""
+        parsed = parse_completion(await _json_body(request))
+        return await self._generate(request, parsed, chat=False)
+
+    async def embeddings(self, request: Request) -> JSONResponse:
+        """``POST /v1/embeddings`` through ``loaded.run`` on the model loaded for feature extraction."""
+        body = await _json_body(request)
+        model, inputs = parse_embeddings(body)
+        result = await _until_disconnect(request, self.pool.run(model, EMBEDDING_TASK, inputs))
+        vectors, tokens = _embeddings_of(result, len(inputs))
+        return JSONResponse(embeddings_list(model, vectors, body.get("encoding_format", "float"), tokens))
+
+    async def _generate(self, request: Request, parsed: GenerationRequest, *, chat: bool) -> Response:
+        generation = await _until_disconnect(
+            request, self.pool.generate(parsed.model, parsed.messages, parsed.options)
+        )
+        rid = new_id("chatcmpl" if chat else "cmpl")
+        if parsed.stream:
+            return EventStream(_events(generation, parsed, rid, chat=chat))
+        text, finish, tokens = "", None, 0
+        try:
+            async for chunk in _watching(request, generation):
+                text, finish, tokens = chunk.text, chunk.finish_reason, chunk.tokens
+        finally:
+            generation.cancel()
+        use = usage(generation.prompt_tokens, tokens)
+        body = chat_completion(rid, parsed.model, text, finish, use) if chat else text_completion(
+            rid, parsed.model, text, finish, use
+        )
+        return JSONResponse(body)
+
+
+async def _events(generation: Generation, parsed: GenerationRequest, rid: str, *, chat: bool) -> AsyncIterator[bytes]:
+    """The SSE events of one streamed reply; an error after the first chunk becomes an ``error`` event."""
+    model = parsed.model
+    tokens = 0
+    try:
+        if chat:
+            yield event(chat_chunk(rid, model, {"role": "assistant", "content": ""}))
+        async for chunk in generation:
+            tokens = chunk.tokens
+            if chunk.delta or chunk.finish_reason:
+                delta = {"content": chunk.delta} if chunk.delta else {}
+                piece = chat_chunk(rid, model, delta, chunk.finish_reason) if chat else text_completion(
+                    rid, model, chunk.delta, chunk.finish_reason, None
+                )
+                yield event(piece)
+        if parsed.include_usage:
+            use = usage(generation.prompt_tokens, tokens)
+            yield event(chat_chunk(rid, model, {}, use=use) if chat else {**text_completion(rid, model, "", None, use),
+                                                                          "choices": []})
+    except AnyformerError as exc:
+        yield event(anyformer_error_body(exc))
+    finally:
+        generation.cancel()
+    yield DONE
+
+
+async def _watching(request: Request, generation: Generation) -> AsyncIterator[Any]:
+    """Read a generation, cancelling it if the client disconnects before it ends."""
+    watcher = asyncio.ensure_future(_wait_disconnect(request))
+    watcher.add_done_callback(lambda task: task.cancelled() or generation.cancel())
+    try:
+        async for chunk in generation:
+            yield chunk
+    finally:
+        watcher.cancel()
+
+
+async def _wait_disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _until_disconnect(request: Request, work: Awaitable[Any]) -> Any:
+    """Await ``work`` (waiting in a queue, loading), giving up when the client disconnects first."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_wait_disconnect(request))
+    try:
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if task not in done:
+        task.add_done_callback(_cancel_result)
+        raise AnyformerError(ErrorCode.CANCELLED, "the client disconnected before the model was ready")
+    return task.result()
+
+
+def _cancel_result(task: asyncio.Future[Any]) -> None:
+    """A generation that started after its client left is cancelled at once."""
+    if not task.cancelled() and task.exception() is None and isinstance(task.result(), Generation):
+        task.result().cancel()
+
+
+def _embeddings_of(result: Any, count: int) -> tuple[list[list[float]], int]:
+    """A backend's ``run`` result as vectors and a token count: a list of vectors, or ``{"embeddings", "tokens"}``."""
+    tokens = 0
+    if isinstance(result, dict):
+        tokens = int(result.get("tokens") or 0)
+        result = result.get("embeddings")
+    vectors = [[float(x) for x in vector] for vector in (result if result is not None else [])]
+    if len(vectors) != count:
+        raise AnyformerError(
+            ErrorCode.PLUGIN_ERROR, f"the backend returned {len(vectors)} embeddings for {count} inputs"
+        )
+    return vectors, tokens
+
+
+def _stored_models() -> list[dict[str, Any]]:
+    """What the backends hold on disk (``store_list``), when the store can say; never fails the listing."""
+    from anyformer._plugins import get_plugin_manager
+
+    try:
+        entries, _problems = get_plugin_manager().store_list()
+    except Exception:
+        return []
+    return [entry.to_dict() for entry in entries]
+
+
+def _chat_page() -> str:
+    return resources.files("anyformer.server").joinpath("static/chat.html").read_text(encoding="utf-8")
+
+
+def create_app(pool: ModelPool | None = None, *, api_key: str | None = None, preload: list[str] | None = None) -> Starlette:
+    """The server as an ASGI application.
+
+    ``pool`` holds the models (default: a :class:`ModelPool` with the probe's budget); ``api_key``
+    makes ``/v1/*`` and ``/api/*`` require ``Authorization: Bearer KEY``; ``preload`` lists models
+    to load at start-up.
+    """
+    pool = pool or ModelPool()
+    api = _Api(pool)
+    page = _chat_page()
+
+    async def index(request: Request) -> HTMLResponse:
+        return HTMLResponse(page)
+
+    async def health(request: Request) -> JSONResponse:
+        return JSONResponse({"status": "ok", "loaded": [m["id"] for m in pool.loaded()], "time": time.time()})
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        for ref in preload or ():
+            await pool.preload(ref)
+        try:
+            yield
+        finally:
+            await pool.close()
+
+    routes = [
+        Route("/", index),
+        Route("/health", health),
+        Route("/v1/models", api.models),
+        Route("/v1/chat/completions", api.chat_completions, methods=["POST"]),
+        Route("/v1/completions", api.completions, methods=["POST"]),
+        Route("/v1/embeddings", api.embeddings, methods=["POST"]),
+        Route("/api/check", api.check),
+    ]
+
+    async def on_anyformer_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, (AnyformerError, ApiError))
+        return error_response(exc)
+
+    async def on_http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        code = "NOT_FOUND" if exc.status_code == 404 else "METHOD_NOT_ALLOWED" if exc.status_code == 405 else "HTTP"
+        return error_response(ApiError(exc.status_code, code, f"{request.method} {request.url.path}: {exc.detail}"))
+
+    app = Starlette(
+        routes=routes,
+        lifespan=lifespan,
+        exception_handlers={AnyformerError: on_anyformer_error, ApiError: on_anyformer_error, HTTPException: on_http_error},
+    )
+    if api_key:
+        app.add_middleware(_ApiKeyMiddleware, api_key=api_key)
+    app.state.pool = pool
+    return app
+
+
+class _ApiKeyMiddleware:
+    """Refuses ``/v1/*`` and ``/api/*`` requests without ``Authorization: Bearer KEY`` (401)."""
+
+    def __init__(self, app: Callable[..., Awaitable[None]], api_key: str) -> None:
+        self.app = app
+        self._expected = f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"].startswith(_PROTECTED_PREFIXES):
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self._expected):
+                response = error_response(
+                    ApiError(401, "UNAUTHORIZED", "a valid API key is needed: send Authorization: Bearer KEY")
+                )
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)

@@ -1,0 +1,347 @@
+"""The model pool: models load on first use, stay loaded while they fit, and leave least recently used first.
+
+Each model runs one request at a time; others wait in a bounded queue (past it, ``BUSY`` → 503).
+Before a model loads, the policy's chosen verdict says what it takes (``gpu_bytes`` against the
+accelerator budget, ``ram_bytes`` against host memory); idle models are unloaded, least recently
+used first, until it fits, as Ollama does. Engines run in isolated worker processes when
+``anyformer.load`` offers ``isolate``: a crash fails that one request and the next one reloads.
+Generations run in worker threads; the slot is freed when the backend lets go of the model, not
+when the client leaves, so the next request never finds the model half-stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import inspect
+import os
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import anyformer
+from anyformer._caps import Caps, probe
+from anyformer._chunk import Chunk
+from anyformer._errors import AnyformerError, ErrorCode
+from anyformer._loaded import Loaded
+from anyformer._messages import Message
+from anyformer._plugins import PluginManager
+from anyformer._sizes import format_size, parse_size
+
+#: Requests that may wait for one model while it serves another.
+DEFAULT_QUEUE_SIZE = 8
+_END = object()
+
+
+def load_supports_isolation() -> bool:
+    """True when this core's ``anyformer.load`` can run the engine in a worker process (``isolate=``)."""
+    return "isolate" in inspect.signature(anyformer.load).parameters
+
+
+def _normalised(ref: str) -> str:
+    """One key for one model: a local path is made absolute, a repo id stays as written."""
+    expanded = os.path.expanduser(ref)
+    return os.path.abspath(expanded) if os.path.exists(expanded) else ref
+
+
+@dataclasses.dataclass(eq=False)
+class _Entry:
+    """One model in the pool: its loaded handle (or None), what it takes, and who uses or awaits it."""
+
+    ref: str
+    task: str | None
+    slot: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
+    loaded: Loaded | None = None
+    gpu_bytes: int = 0
+    ram_bytes: int = 0
+    #: Requests holding or awaiting the slot.
+    users: int = 0
+    last_used: float = 0.0
+
+
+class Generation:
+    """A generation running in a worker thread, read as an async iterator of chunks.
+
+    ``prompt_tokens`` is the backend's count of the prompt, when it exposes one. ``cancel`` (from
+    any task) stops the backend at its next token; the model's slot is freed once it has stopped.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, cancel: threading.Event) -> None:
+        self._loop = loop
+        self._queue: asyncio.Queue[Any] = asyncio.Queue()
+        self._head: list[Any] = []
+        self._cancel = cancel
+        self.prompt_tokens: int | None = None
+
+    def put(self, item: Any) -> None:
+        """Hand an item from the worker thread to the event loop."""
+        try:
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+        except RuntimeError:  # the loop is closed: the server is gone, nobody reads this any more
+            self._cancel.set()
+
+    def cancel(self) -> None:
+        """Stop the generation (the client left, or the caller is done)."""
+        self._cancel.set()
+
+    def __aiter__(self) -> AsyncIterator[Chunk]:
+        return self._chunks()
+
+    async def _next(self) -> Any:
+        return self._head.pop() if self._head else await self._queue.get()
+
+    async def _chunks(self) -> AsyncIterator[Chunk]:
+        try:
+            while True:
+                item = await self._next()
+                if item is _END:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            self.cancel()
+
+    async def first(self) -> None:
+        """Wait for the first chunk, raising the error that came instead; the chunk stays for the reader."""
+        item = await self._next()
+        if isinstance(item, BaseException):
+            raise item
+        self._head.append(item)
+
+
+class ModelPool:
+    """Models shared by every request of a server, loaded on demand within a budget.
+
+    ``budget`` is the accelerator memory all loaded models may use together (default: what the
+    probe found), host memory is what the probe found available when the pool was made;
+    ``isolate`` runs each engine in its own process (None: whenever ``anyformer.load`` can);
+    ``queue_size`` is how many requests may wait for one busy model; ``plugins`` and ``caps``
+    replace the installed backends and the probe (tests, embedding apps).
+    """
+
+    def __init__(
+        self,
+        *,
+        budget: int | str | None = None,
+        isolate: bool | None = None,
+        queue_size: int = DEFAULT_QUEUE_SIZE,
+        context: int | None = None,
+        caps: Caps | None = None,
+        plugins: PluginManager | None = None,
+    ) -> None:
+        self._caps = caps or probe()
+        self.gpu_limit = parse_size(budget) if budget is not None else (self._caps.gpu_bytes or 0)
+        self.ram_limit = self._caps.ram_bytes
+        supported = load_supports_isolation()
+        if isolate and not supported:
+            raise AnyformerError(ErrorCode.BAD_REQUEST, "this anyformer has no isolated workers (load(isolate=...))")
+        self.isolate = supported if isolate is None else isolate
+        self.queue_size = queue_size
+        self._context = context
+        self._plugins = plugins
+        self._entries: dict[tuple[str, str | None], _Entry] = {}
+        self._load_lock = asyncio.Lock()
+        self.preloaded: list[str] = []
+
+    # ---- what is loaded -------------------------------------------------------------------------
+
+    def loaded(self) -> list[dict[str, Any]]:
+        """The models loaded now: id, task, backend and what each takes."""
+        return [
+            {
+                "id": entry.ref,
+                "task": entry.loaded.task,
+                "backend": entry.loaded.backend,
+                "gpu_bytes": entry.gpu_bytes,
+                "ram_bytes": entry.ram_bytes,
+            }
+            for entry in self._entries.values()
+            if entry.loaded is not None
+        ]
+
+    def check(self, ref: str, task: str | None = None) -> tuple[anyformer.Model, anyformer.Selection]:
+        """Every backend's verdict on ``ref`` against the pool's budget (blocking; run it in a thread)."""
+        return anyformer.check(
+            _normalised(ref), task=task, budget=self.gpu_limit, caps=self._caps, plugins=self._plugins
+        )
+
+    # ---- using a model --------------------------------------------------------------------------
+
+    async def preload(self, ref: str, task: str | None = None) -> None:
+        """Load ``ref`` now rather than on its first request."""
+        entry = await self._checkout(ref, task)
+        self._release(entry)
+        self.preloaded.append(ref)
+
+    async def generate(self, ref: str, messages: list[Message], options: dict[str, Any]) -> Generation:
+        """Start a generation on ``ref`` (loading it first if needed) once the model is free.
+
+        Errors before the first chunk (loading, the backend refusing the messages) are raised
+        here, so a server can answer them with a status code rather than inside a stream.
+        """
+        entry = await self._checkout(ref, None)
+        loop = asyncio.get_running_loop()
+        cancel = threading.Event()
+        generation = Generation(loop, cancel)
+        loaded = entry.loaded
+        assert loaded is not None
+
+        def pump() -> None:
+            failure: BaseException | None = None
+            try:
+                generation.prompt_tokens = _count_prompt(loaded, messages)
+                stream = loaded.generate(messages, cancel=cancel, **options)
+                try:
+                    for chunk in stream:
+                        generation.put(chunk)
+                finally:
+                    stream.close()
+            except BaseException as exc:  # handed to the reader, which raises it
+                failure = exc
+                generation.put(exc)
+            finally:
+                try:
+                    loop.call_soon_threadsafe(self._release, entry, failure)
+                except RuntimeError:
+                    pass  # the loop is closed: the server is shutting down
+                generation.put(_END)
+
+        threading.Thread(target=pump, name=f"anyformer-serve-{loaded.backend}", daemon=True).start()
+        await generation.first()
+        return generation
+
+    async def run(self, ref: str, task: str, input: Any, **options: Any) -> Any:
+        """Run a non-generation task (``loaded.run``) on ``ref`` loaded for ``task``."""
+        entry = await self._checkout(ref, task)
+        loaded = entry.loaded
+        assert loaded is not None
+        failure: BaseException | None = None
+        try:
+            return await asyncio.to_thread(loaded.run, input, **options)
+        except BaseException as exc:
+            failure = exc
+            raise
+        finally:
+            self._release(entry, failure)
+
+    async def close(self) -> None:
+        """Unload every model."""
+        for entry in list(self._entries.values()):
+            await self._unload(entry)
+        self._entries.clear()
+
+    # ---- the slot, loading and eviction ---------------------------------------------------------
+
+    async def _checkout(self, ref: str, task: str | None) -> _Entry:
+        key = (_normalised(ref), task)
+        entry = self._entries.get(key)
+        if entry is None:
+            entry = self._entries[key] = _Entry(ref=ref, task=task)
+        if entry.users > self.queue_size:
+            raise AnyformerError(
+                ErrorCode.BUSY,
+                f"{ref} is busy and {self.queue_size} requests already wait for it; retry shortly",
+            )
+        entry.users += 1
+        try:
+            await entry.slot.acquire()
+        except BaseException:
+            entry.users -= 1
+            raise
+        try:
+            if entry.loaded is None:
+                await self._load(entry, key)
+        except BaseException:
+            self._release(entry)
+            raise
+        entry.last_used = time.monotonic()
+        return entry
+
+    def _release(self, entry: _Entry, failure: BaseException | None = None) -> None:
+        entry.users -= 1
+        entry.last_used = time.monotonic()
+        crashed = isinstance(failure, AnyformerError) and failure.code is ErrorCode.BACKEND_CRASHED
+        if crashed and entry.loaded is not None:
+            # The engine died: forget it, so the next request loads a fresh one.
+            loaded, entry.loaded = entry.loaded, None
+            threading.Thread(target=_dispose_quietly, args=(loaded,), daemon=True).start()
+        if entry.loaded is None and entry.users == 0:
+            key = (_normalised(entry.ref), entry.task)
+            if self._entries.get(key) is entry:
+                del self._entries[key]
+        entry.slot.release()
+
+    async def _load(self, entry: _Entry, key: tuple[str, str | None]) -> None:
+        async with self._load_lock:
+            model, selection = await asyncio.to_thread(self._describe_and_check, key[0], entry.task)
+            if selection.chosen is not None and selection.chosen.estimate is not None:
+                entry.gpu_bytes = selection.chosen.estimate.gpu_bytes
+                entry.ram_bytes = selection.chosen.estimate.ram_bytes
+                await self._make_room(entry)
+            entry.loaded = await asyncio.to_thread(self._load_blocking, model, entry.task)
+
+    def _describe_and_check(self, ref: str, task: str | None) -> tuple[anyformer.Model, anyformer.Selection]:
+        model = anyformer.describe(ref)
+        _, selection = anyformer.check(model, task=task, budget=self.gpu_limit, caps=self._caps, plugins=self._plugins)
+        return model, selection
+
+    def _load_blocking(self, model: anyformer.Model, task: str | None) -> Loaded:
+        extra: dict[str, Any] = {"isolate": self.isolate} if load_supports_isolation() else {}
+        return anyformer.load(
+            model,
+            task=task,
+            budget=self.gpu_limit,
+            caps=self._caps,
+            context=self._context,
+            plugins=self._plugins,
+            **extra,
+        )
+
+    async def _make_room(self, newcomer: _Entry) -> None:
+        """Unload idle models, least recently used first, until ``newcomer`` fits beside the rest."""
+        while True:
+            resident = [e for e in self._entries.values() if e.loaded is not None and e is not newcomer]
+            gpu = sum(e.gpu_bytes for e in resident) + newcomer.gpu_bytes
+            ram = sum(e.ram_bytes for e in resident) + newcomer.ram_bytes
+            if (gpu <= self.gpu_limit or not newcomer.gpu_bytes) and ram <= self.ram_limit:
+                return
+            idle = sorted((e for e in resident if e.users == 0), key=lambda e: e.last_used)
+            if not idle:
+                if not resident:
+                    return  # nothing to unload; the load itself says whether it fits
+                raise AnyformerError(
+                    ErrorCode.BUSY,
+                    f"{newcomer.ref} needs {format_size(newcomer.gpu_bytes)} GPU and {format_size(newcomer.ram_bytes)} "
+                    f"RAM, and every loaded model is busy; retry shortly",
+                )
+            await self._unload(idle[0])
+
+    async def _unload(self, entry: _Entry) -> None:
+        loaded, entry.loaded = entry.loaded, None
+        if loaded is not None:
+            await asyncio.to_thread(_dispose_quietly, loaded)
+        if entry.users == 0:
+            self._entries.pop((_normalised(entry.ref), entry.task), None)
+
+
+def _dispose_quietly(loaded: Loaded) -> None:
+    try:
+        loaded.dispose()
+    except Exception:  # a crashed engine may fail to dispose; its memory is gone with its process
+        pass
+
+
+def _count_prompt(loaded: Loaded, messages: list[Message]) -> int | None:
+    """The backend's count of the prompt's tokens, when its handle offers ``prompt_tokens(messages, thinking)``."""
+    counter: Callable[..., Any] | None = getattr(loaded.handle, "prompt_tokens", None)
+    if not callable(counter):
+        return None
+    try:
+        counted = counter(messages, False)
+    except Exception:
+        return None
+    if isinstance(counted, int):
+        return counted
+    return len(counted) if hasattr(counted, "__len__") else None
