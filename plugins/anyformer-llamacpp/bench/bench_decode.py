@@ -20,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 
+import llama_cpp  # imported before numpy (see anyformer_llamacpp/engine.py)
 import numpy as np
 
 import anyformer
@@ -28,8 +29,6 @@ PROMPT = "Write a long story about a lighthouse keeper who finds a message in a 
 
 
 def _reference_round(llama, prompt_tokens: list[int], n: int) -> float:  # type: ignore[no-untyped-def]
-    import llama_cpp
-
     llama.reset()
     llama.eval(prompt_tokens)
     n_vocab = llama.n_vocab()
@@ -56,14 +55,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--tokens", type=int, default=128)
-    parser.add_argument("--model", default=str(anyformer.default_model_path()))
+    parser.add_argument("--model", help="a GGUF (default: the embedded SmolLM2-135M-Instruct)")
+    parser.add_argument("--budget", help="accelerator budget (default: what the probe found); 0 keeps it on the CPU")
+    parser.add_argument("--no-cli", action="store_true", help="skip the whole-command comparison with llm")
     args = parser.parse_args()
+    args.model = args.model or str(anyformer.default_model_path())
 
     from llama_cpp import Llama
 
     from anyformer_llamacpp.engine import pick_threads
 
-    loaded = anyformer.load(args.model, backend="llamacpp")
+    loaded = anyformer.load(args.model, backend="llamacpp", budget=args.budget)
     engine = loaded.handle
     threads = pick_threads()
     reference = Llama(
@@ -72,10 +74,14 @@ def main() -> None:
         n_threads=threads,
         n_threads_batch=threads,
         n_batch=512,
+        n_gpu_layers=engine.gpu_layers,
         verbose=False,
     )
     prompt_tokens = engine.prompt_tokens([{"role": "user", "content": PROMPT}], thinking=False)
-    print(f"model {args.model}, {threads} threads, context {engine.context}, prompt {len(prompt_tokens)} tokens")
+    print(
+        f"model {args.model}, {threads} threads, {engine.gpu_layers} layers on the GPU, context {engine.context}, "
+        f"prompt {len(prompt_tokens)} tokens"
+    )
     ratios, overheads = [], []
     for round_index in range(args.rounds):
         ours, n = _anyformer_round(loaded, args.tokens)
@@ -94,7 +100,8 @@ def main() -> None:
     )
     loaded.dispose()
     reference.close()
-    _compare_cli(args)
+    if not args.no_cli:
+        _compare_cli(args)
 
 
 def _compare_cli(args: argparse.Namespace) -> None:
