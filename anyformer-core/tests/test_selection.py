@@ -171,6 +171,7 @@ def test_no_backend_installed_is_no_backend(model_description: dict[str, Any]) -
     assert caught.value.code is ErrorCode.NO_BACKEND and caught.value.verdicts == []
 
 
+@pytest.mark.safety("R4")
 def test_all_budget_refusals_raise_budget_too_small_with_the_smallest_need(model_description: dict[str, Any]) -> None:
     manager, _ = _manager(
         refused("a", Refusal.BUDGET, need=8 * 10**9),
@@ -207,6 +208,7 @@ def test_backend_named_raises_its_own_refusal(model_description: dict[str, Any])
     assert plugins["localmind"].asked == 0
 
 
+@pytest.mark.safety("R4")
 def test_backend_named_with_a_budget_refusal_raises_budget_too_small(model_description: dict[str, Any]) -> None:
     manager, _ = _manager(ok("localmind"), refused("onnx", Refusal.BUDGET, need=7 * 10**9))
     with pytest.raises(AnyformerError) as caught:

@@ -154,6 +154,7 @@ def test_nothing_leaks_into_the_next_call(load_scripted: Any) -> None:
 # ---- cancel and close ----------------------------------------------------------------------------
 
 
+@pytest.mark.safety("R1")
 def test_cancel_ends_the_stream_within_two_chunks_and_closes_the_backend(
     load_scripted: Any, endless_script: Any
 ) -> None:
@@ -183,6 +184,7 @@ def test_cancel_set_before_the_call_does_no_work(load_scripted: Any, endless_scr
     assert backend.yielded == 0
 
 
+@pytest.mark.safety("R1")
 def test_cancel_from_another_thread_stops_the_stream(load_scripted: Any) -> None:
     def slow(options: Any) -> Iterator[Chunk]:
         for n in range(1, 10**6):
@@ -196,6 +198,7 @@ def test_cancel_from_another_thread_stops_the_stream(load_scripted: Any) -> None
     assert last.finish_reason == "cancelled" and backend.closed == 1
 
 
+@pytest.mark.safety("R1", "R3")
 def test_closing_the_iterator_early_closes_the_backend_and_releases_busy(
     load_scripted: Any, endless_script: Any
 ) -> None:
@@ -209,6 +212,7 @@ def test_closing_the_iterator_early_closes_the_backend_and_releases_busy(
     stream.close()  # a second close does nothing
 
 
+@pytest.mark.safety("R3")
 def test_breaking_out_of_a_for_loop_releases_the_model_without_waiting_for_gc(
     load_scripted: Any, endless_script: Any
 ) -> None:
@@ -235,6 +239,7 @@ def test_a_stream_dropped_before_its_first_chunk_releases_the_model(load_scripte
         gc.enable()
 
 
+@pytest.mark.safety("R2")
 def test_a_second_generate_while_one_is_open_is_busy(load_scripted: Any, endless_script: Any) -> None:
     loaded, backend = load_scripted(endless_script)
     first = loaded.generate("hi")
@@ -250,6 +255,7 @@ def test_a_second_generate_while_one_is_open_is_busy(load_scripted: Any, endless
     first.close()
 
 
+@pytest.mark.safety("R2")
 def test_busy_from_another_thread_never_interleaves(load_scripted: Any) -> None:
     def slow(options: Any) -> Iterator[Chunk]:
         for n in range(1, 6):
@@ -347,6 +353,7 @@ def test_content_blocks_pass_through_validated(load_scripted: Any) -> None:
 # ---- lifetime ------------------------------------------------------------------------------------
 
 
+@pytest.mark.safety("R3")
 def test_dispose_twice_disposes_the_handle_once(load_scripted: Any) -> None:
     loaded, backend = load_scripted(chunks("ok"))
     loaded.dispose()
@@ -416,6 +423,7 @@ def _slow_endless(options: Any) -> Iterator[Chunk]:
         yield Chunk(delta="x", tokens=n)
 
 
+@pytest.mark.safety("R1")
 def test_cancelling_the_agenerate_task_stops_the_backend(load_scripted: Any) -> None:
     loaded, backend = load_scripted(_slow_endless)
     seen: list[Chunk] = []
@@ -456,6 +464,7 @@ def test_closing_the_agenerate_iterator_stops_the_backend(load_scripted: Any) ->
     assert loaded.complete("again", max_new_tokens=1).text == "x"
 
 
+@pytest.mark.safety("R3")
 def test_dispose_while_streaming_stops_the_stream_first(load_scripted: Any, endless_script: Any) -> None:
     loaded, backend = load_scripted(endless_script)
     stream = loaded.generate("hi", max_new_tokens=1000)
@@ -467,6 +476,7 @@ def test_dispose_while_streaming_stops_the_stream_first(load_scripted: Any, endl
         next(stream)
 
 
+@pytest.mark.safety("R3")
 def test_dispose_from_another_thread_waits_for_the_running_generation(load_scripted: Any) -> None:
     loaded, backend = load_scripted(_slow_endless)
     seen: list[Chunk] = []

@@ -18,6 +18,7 @@ from anyformer._model import Model, ModelFile
 from anyformer._paths import anyformer_home
 from anyformer._plugins import PluginInfo, PluginManager, get_plugin_manager
 from anyformer._progress import ProgressCallback, ProgressEvent
+from anyformer._pull import PullResult, pull
 from anyformer._request import Request
 from anyformer._selection import Selection, select
 from anyformer._sizes import format_size, parse_size
@@ -45,6 +46,7 @@ __all__ = [
     "PluginManager",
     "ProgressCallback",
     "ProgressEvent",
+    "PullResult",
     "Rank",
     "Refusal",
     "Request",
@@ -64,6 +66,7 @@ __all__ = [
     "load",
     "parse_size",
     "probe",
+    "pull",
     "render_chat",
     "select",
     "text_of",

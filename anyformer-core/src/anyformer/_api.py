@@ -7,13 +7,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from anyformer._caps import Caps, probe
-from anyformer._errors import AnyformerError
+from anyformer._errors import AnyformerError, ErrorCode
 from anyformer._loaded import Loaded
 from anyformer._model import Model
 from anyformer._plugins import PluginManager, get_plugin_manager
 from anyformer._progress import ProgressCallback, no_progress
 from anyformer._request import Request
 from anyformer._selection import Selection, raise_if_none, select
+from anyformer._session import InProcessSession, Session
 from anyformer._verdict import Refusal
 
 ModelRef = str | os.PathLike[str] | Mapping[str, Any] | Model
@@ -72,11 +73,18 @@ def load(
     context: int | None = None,
     options: dict[str, Any] | None = None,
     plugins: PluginManager | None = None,
+    isolate: bool = False,
 ) -> Loaded:
     """Describe ``model``, choose a backend by the policy (or use ``backend``), and load it.
 
     Raises ``NO_BACKEND`` or ``BUDGET_TOO_SMALL`` with every verdict when nothing can run it;
-    with ``backend=`` named, that backend's refusal is raised.
+    with ``backend=`` named, that backend's refusal is raised. A model whose only weights are
+    pickle raises ``UNSAFE_FORMAT``: they are never loaded.
+
+    ``isolate=True`` loads and runs the backend in a worker process: the same ``Loaded`` API,
+    and an engine that aborts, segfaults or runs out of memory ends only the worker
+    (``BACKEND_CRASHED``; ``OUT_OF_MEMORY`` when it dies of it while loading). Description and
+    selection stay in this process; the worker imports only the chosen backend's entry point.
     """
     from anyformer._describe import describe
 
@@ -84,6 +92,7 @@ def load(
     if backend is not None:
         manager.require_backend(backend)
     description = describe(model)
+    refuse_pickle_only(description)
     machine = caps or probe()
     request = _request_with_budget(
         Request.build(task=task, budget=budget, prefer=prefer, context=context, options=options), machine
@@ -92,5 +101,34 @@ def load(
     chosen = raise_if_none(select(verdicts, request.prefer), description.ref)
     if chosen.code is Refusal.RUNTIME:  # pragma: no cover - select never chooses a refusal
         raise AnyformerError("PLUGIN_ERROR", chosen.reason)
+    if isolate:
+        return Loaded(_spawn_worker(manager, chosen.backend, description, request, progress), description, chosen)
     handle = manager.load(chosen.backend, description, request, progress)
-    return Loaded(handle, description, chosen, manager)
+    return Loaded(InProcessSession(handle, manager), description, chosen)
+
+
+def refuse_pickle_only(model: Model) -> None:
+    """Raise ``UNSAFE_FORMAT`` when pickle files are ``model``'s only weights (SAFETY P1)."""
+    if model.formats != ("pickle",):
+        return
+    names = ", ".join(f.name for f in model.files_of("pickle")[:3])
+    raise AnyformerError(
+        ErrorCode.UNSAFE_FORMAT,
+        f"{model.ref} holds only pickle weights ({names}): unpickling runs code from the file, so anyformer "
+        "never loads them; use a safetensors, GGUF or ONNX version of the model",
+    )
+
+
+def _spawn_worker(
+    manager: PluginManager, backend: str, model: Model, request: Request, progress: ProgressCallback
+) -> Session:
+    from anyformer._worker_session import WorkerSession  # subprocess and threads only when isolating
+
+    entry_point = manager.entry_point(backend)
+    if entry_point is None:
+        raise AnyformerError(
+            ErrorCode.BAD_REQUEST,
+            f"backend {backend!r} was registered in this process, not installed through an entry point; "
+            "an isolated worker loads backends from entry points only (load with isolate=False)",
+        )
+    return WorkerSession.spawn(backend, entry_point, model, request, progress)

@@ -66,7 +66,8 @@ def _looks_like_path(text: str) -> bool:
 
 def describe_file(path: Path) -> Model:
     """Describe one local model file: a GGUF, an ONNX graph (with its external data), or weights."""
-    path = path.resolve()
+    # Absolute, but links kept: a Hub-cache snapshot file links to a blob whose name says nothing.
+    path = Path(os.path.abspath(path))
     fmt = format_of(path.name)
     if fmt is None:
         raise AnyformerError(

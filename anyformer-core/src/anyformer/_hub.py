@@ -37,9 +37,11 @@ __all__ = [
     "HubByteSource",
     "cached_snapshot",
     "check_repo_id",
+    "describe_cached",
     "describe_hub",
     "first_language_model_gguf",
     "hub_errors",
+    "is_offline",
 ]
 
 # A Hub name part: letters, digits, ``-``, ``_``, ``.``; not starting or ending with ``-`` or ``.``.
@@ -70,13 +72,14 @@ def _ref(repo_id: str, revision: str | None) -> str:
     return f"{repo_id}@{revision}" if revision else repo_id
 
 
-def _is_offline() -> bool:
+def is_offline() -> bool:
+    """True when huggingface_hub must not open a connection (``HF_HUB_OFFLINE``, read now, not at import)."""
     # constants.HF_HUB_OFFLINE is read once at import; the variable may have been set since.
     return constants.is_offline_mode() or os.environ.get("HF_HUB_OFFLINE", "").upper() in constants.ENV_VARS_TRUE_VALUES
 
 
 def _offline_error(repo_id: str, revision: str | None, cause: BaseException | None = None) -> AnyformerError:
-    reason = "HF_HUB_OFFLINE is set" if _is_offline() else "the Hub cannot be reached"
+    reason = "HF_HUB_OFFLINE is set" if is_offline() else "the Hub cannot be reached"
     return AnyformerError(
         ErrorCode.OFFLINE,
         f"{_ref(repo_id, revision)} is not in the local cache and {reason}; "
@@ -282,14 +285,14 @@ def describe_hub(repo_id: str, revision: str | None = None) -> Model:
     """
     check_repo_id(repo_id)
     _check_revision(revision)
-    if _is_offline():
-        return _describe_cached(repo_id, revision, None)
+    if is_offline():
+        return describe_cached(repo_id, revision, None)
     try:
         with hub_errors(repo_id, revision):
             info = huggingface_hub.HfApi().model_info(repo_id, revision=revision, files_metadata=True)
     except AnyformerError as exc:
         if exc.code is ErrorCode.OFFLINE:
-            return _describe_cached(repo_id, revision, exc)
+            return describe_cached(repo_id, revision, exc)
         raise
     with hub_errors(repo_id, revision):
         return _describe_info(repo_id, revision, info)
@@ -300,7 +303,8 @@ def _describe_info(repo_id: str, revision: str | None, info: Any) -> Model:
     resolved = sha or revision
     files = tuple(_sibling_file(s) for s in (info.siblings or ()))
     config: dict[str, Any] = {}
-    metadata: dict[str, Any] = {}
+    # The branch or tag asked for: the store points it at the commit once the files are stored.
+    metadata: dict[str, Any] = {"hub_ref": revision or constants.DEFAULT_REVISION}
     config_entry = next((f for f in files if f.name == "config.json"), None)
     if config_entry is not None:
         config = _hub_config(repo_id, resolved, config_entry)
@@ -353,9 +357,10 @@ def first_language_model_gguf(files: Sequence[ModelFile]) -> ModelFile | None:
 def _hub_config(repo_id: str, revision: str | None, entry: ModelFile) -> dict[str, Any]:
     if entry.size is not None and entry.size > MAX_CONFIG_BYTES:
         raise AnyformerError(ErrorCode.BAD_MODEL, f"config.json of {repo_id} is {entry.size} bytes; not a config file")
-    with hub_errors(repo_id, revision, "config.json"):
-        path = huggingface_hub.hf_hub_download(repo_id, "config.json", revision=revision)
-    return _parse_config(Path(path), f"config.json of {_ref(repo_id, revision)}")
+    from anyformer._download import HubFile, download
+
+    path = download(HubFile(repo_id, revision or constants.DEFAULT_REVISION, "config.json", entry.size, entry.sha256))
+    return _parse_config(path, f"config.json of {_ref(repo_id, revision)}")
 
 
 def _parse_config(path: Path, label: str) -> dict[str, Any]:
@@ -392,7 +397,12 @@ def cached_snapshot(repo_id: str, revision: str | None) -> tuple[str, Path] | No
     return (commit, snapshot) if snapshot.is_dir() else None
 
 
-def _describe_cached(repo_id: str, revision: str | None, cause: AnyformerError | None) -> Model:
+def describe_cached(repo_id: str, revision: str | None, cause: AnyformerError | None = None) -> Model:
+    """Describe a repo from its snapshot in huggingface_hub's cache, opening no connection.
+
+    Only the files present are listed (a dangling link is skipped). Not cached: ``cause`` is raised
+    when given, else ``OFFLINE`` naming the ``anyformer pull`` that would fetch it.
+    """
     found = cached_snapshot(repo_id, revision)
     if found is None:
         if cause is not None:
@@ -415,13 +425,13 @@ def _describe_cached(repo_id: str, revision: str | None, cause: AnyformerError |
     if (snapshot / "config.json").is_file():
         config = _parse_config(snapshot / "config.json", f"cached config.json of {repo_id}")
     architecture = _model_type(config)
-    metadata: dict[str, Any] = {}
+    metadata: dict[str, Any] = {"hub_ref": revision or constants.DEFAULT_REVISION}
     gguf_file = first_language_model_gguf(files)
     if gguf_file is not None:
         from anyformer._gguf_header import read_gguf_header
 
         header = read_gguf_header(snapshot / gguf_file.name, name=gguf_file.name)
-        metadata = {"gguf": header.summary(), "gguf_file": gguf_file.name}
+        metadata.update({"gguf": header.summary(), "gguf_file": gguf_file.name})
         architecture = architecture or header.architecture
     return Model(
         repo=repo_id,

@@ -7,7 +7,7 @@ import weakref
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from anyformer._backend import BackendModel, run_of
+from anyformer._backend import BackendModel
 from anyformer._chunk import Chunk, GenerateOptions
 from anyformer._errors import AnyformerError, ErrorCode
 from anyformer._messages import Message, validate_messages
@@ -16,7 +16,7 @@ from anyformer._stream import CoreStream
 from anyformer._verdict import Verdict
 
 if TYPE_CHECKING:
-    from anyformer._plugins import PluginManager
+    from anyformer._session import Session
 
 _DONE = object()
 # How long dispose waits for a generation running in another thread to stop.
@@ -27,12 +27,13 @@ class Loaded:
     """A loaded model. Use it as a context manager, or call :meth:`dispose` when done.
 
     One generation runs at a time: a second ``generate`` while one is streaming raises
-    ``AnyformerError(BUSY)`` at once (servers queue in front of it).
+    ``AnyformerError(BUSY)`` at once (servers queue in front of it). The model runs in this
+    process or, loaded with ``isolate=True``, in a worker process (``worker_pid``); the contract
+    is kept here either way.
     """
 
-    def __init__(self, handle: BackendModel, model: Model, verdict: Verdict | None, manager: PluginManager) -> None:
-        self._handle = handle
-        self._manager = manager
+    def __init__(self, session: Session, model: Model, verdict: Verdict | None) -> None:
+        self._session = session
         self._busy = threading.Lock()
         self._disposed = False
         # The stream now open, if any: dispose stops it before freeing the model under it.
@@ -45,17 +46,27 @@ class Loaded:
     @property
     def backend(self) -> str:
         """The id of the backend running the model."""
-        return self._handle.backend
+        return self._session.backend
 
     @property
     def task(self) -> str:
         """The task the model was loaded for."""
-        return self._handle.task
+        return self._session.task
 
     @property
     def handle(self) -> BackendModel:
-        """The backend's own handle, for backend-specific features."""
-        return self._handle
+        """The backend's own handle, for backend-specific features (``BAD_REQUEST`` when isolated)."""
+        return self._session.handle
+
+    @property
+    def isolated(self) -> bool:
+        """True when the model runs in a worker process (``load(..., isolate=True)``)."""
+        return self._session.pid is not None
+
+    @property
+    def worker_pid(self) -> int | None:
+        """The worker process's id when isolated, else None."""
+        return self._session.pid
 
     def __enter__(self) -> Loaded:
         return self
@@ -65,7 +76,8 @@ class Loaded:
 
     def __repr__(self) -> str:
         state = "disposed" if self._disposed else "loaded"
-        return f"<Loaded {self.model.ref} on {self.backend} ({self.task}, {state})>"
+        where = f", worker pid {self.worker_pid}" if self.isolated else ""
+        return f"<Loaded {self.model.ref} on {self.backend} ({self.task}, {state}{where})>"
 
     def _check_open(self) -> None:
         if self._disposed:
@@ -102,7 +114,7 @@ class Loaded:
         if not self._busy.acquire(blocking=False):
             raise AnyformerError(ErrorCode.BUSY, f"{self.model.ref} is already generating; wait for it or cancel it")
         try:
-            source = self._manager.generate(self._handle, checked, options)
+            source = self._session.start(checked, options)
         except BaseException:
             self._busy.release()
             raise
@@ -155,8 +167,7 @@ class Loaded:
     def run(self, input: Any, **options: Any) -> Any:
         """Run a non-generation task (embeddings, classification…) on ``input``."""
         self._check_open()
-        run = run_of(self._handle)
-        if run is None:
+        if not self._session.has_run:
             raise AnyformerError(
                 ErrorCode.BAD_REQUEST,
                 f"{self.backend} loaded {self.model.ref} for {self.task}; it has no run(), use generate()",
@@ -164,7 +175,7 @@ class Loaded:
         if not self._busy.acquire(blocking=False):
             raise AnyformerError(ErrorCode.BUSY, f"{self.model.ref} is busy")
         try:
-            return run(input, **options)
+            return self._session.run(input, options)
         finally:
             self._busy.release()
 
@@ -183,7 +194,7 @@ class Loaded:
         # Wait for a generation in another thread to let go of the model before freeing it.
         acquired = self._busy.acquire(timeout=_DISPOSE_WAIT_SECONDS)
         try:
-            self._handle.dispose()
+            self._session.dispose()
         finally:
             if acquired:
                 self._busy.release()

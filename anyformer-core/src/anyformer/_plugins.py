@@ -79,6 +79,8 @@ class PluginManager:
         self._pm = pluggy.PluginManager(hookspecs.PROJECT)
         self._pm.add_hookspecs(hookspecs)
         self._infos: dict[str, PluginInfo] = {}
+        # Where each backend loaded from an entry point came from: an isolated worker loads it again.
+        self._entry_points: dict[str, str] = {}
 
     # ---- loading --------------------------------------------------------------------------------
 
@@ -95,6 +97,21 @@ class PluginManager:
             if entry_point.name in disabled or (only is not None and entry_point.name not in only):
                 continue
             self._load_one(entry_point)
+
+    def load_entry_point(self, entry_point: importlib.metadata.EntryPoint) -> None:
+        """Load one entry point whatever the environment's filters say; ``PLUGIN_ERROR`` when it fails.
+
+        An isolated worker loads exactly the backend its parent chose this way.
+        """
+        self._load_one(entry_point)
+        info = self._infos.get(entry_point.name)
+        if info is None or not info.ok:
+            why = info.error if info is not None else "not loaded"
+            raise AnyformerError(ErrorCode.PLUGIN_ERROR, f"backend {entry_point.name!r} failed to load: {why}")
+
+    def entry_point(self, backend: str) -> str | None:
+        """The entry point (``module:attr``) ``backend`` was loaded from; None for in-process registrations."""
+        return self._entry_points.get(backend) if backend in self.backends() else None
 
     def _load_one(self, entry_point: importlib.metadata.EntryPoint) -> None:
         dist = getattr(entry_point, "dist", None)
@@ -115,6 +132,8 @@ class PluginManager:
             info.ok, info.error = False, _describe_exception(exc)
             return
         self._register_checked(plugin, info)
+        if info.ok:
+            self._entry_points[entry_point.name] = entry_point.value
 
     def register(self, plugin: Any, name: str, *, distribution: str | None = None, version: str | None = None) -> None:
         """Register an in-process plugin object under a backend id (tests, notebooks, embedding apps)."""

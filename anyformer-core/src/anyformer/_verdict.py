@@ -64,9 +64,11 @@ class Estimate:
     rank: Rank = Rank.GENERAL
     #: Backend-specific facts worth showing (e.g. the file chosen, layers offloaded).
     details: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: The repo files a load would read (``anyformer pull`` fetches these); empty: not said.
+    files: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        """The estimate as JSON-ready data."""
+        """The estimate as JSON-ready data (``files`` only when the backend named them)."""
         data: dict[str, Any] = {
             "gpu_bytes": self.gpu_bytes,
             "ram_bytes": self.ram_bytes,
@@ -76,6 +78,8 @@ class Estimate:
         }
         if self.details:
             data["details"] = dict(self.details)
+        if self.files:
+            data["files"] = list(self.files)
         return data
 
 

@@ -233,8 +233,21 @@ def _oom_counters() -> list[tuple[str, str]]:
                     candidates.append((f"/sys/fs/cgroup/memory{path.rstrip('/')}/memory.oom_control", "oom_kill"))
     except (OSError, ValueError):
         pass
-    candidates += [("/sys/fs/cgroup/memory.events", "oom_kill"), ("/sys/fs/cgroup/memory/memory.oom_control", "oom_kill")]
+    candidates += [
+        ("/sys/fs/cgroup/memory.events", "oom_kill"),
+        ("/sys/fs/cgroup/memory/memory.oom_control", "oom_kill"),
+    ]
     return candidates
+
+
+def _quoted_lines(stderr_tail: Sequence[str]) -> list[str]:
+    """The engine's last words: faulthandler's Python stack dump is cut to its headline and innermost frame."""
+    lines = [line.strip() for line in stderr_tail if line.strip()]
+    fatal = next((i for i in range(len(lines) - 1, -1, -1) if lines[i].startswith("Fatal Python error:")), None)
+    if fatal is None:
+        return lines[-QUOTED_STDERR_LINES:]
+    innermost = next((line for line in lines[fatal + 1 :] if line.startswith("File ")), None)
+    return [*lines[:fatal][-(QUOTED_STDERR_LINES - 2) :], lines[fatal], *([f"at {innermost}"] if innermost else [])]
 
 
 def crash_error(
@@ -268,7 +281,7 @@ def crash_error(
     text = f"the {backend} engine's worker process (pid {pid}) {how} while {stage}"
     if out_of_memory:
         text += ": out of memory"
-    quoted = [line.strip() for line in stderr_tail if line.strip()][-QUOTED_STDERR_LINES:]
+    quoted = _quoted_lines(stderr_tail)
     if quoted:
         tail = " | ".join(quoted)
         if len(tail) > _QUOTED_STDERR_CHARS:

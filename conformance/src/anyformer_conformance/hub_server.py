@@ -27,6 +27,7 @@ import json
 import pathlib
 import re
 import socket
+import sys
 import threading
 import time
 from collections.abc import Iterable, Mapping
@@ -84,6 +85,17 @@ class _Blob:
                 sha256.update(chunk)
                 sha1.update(chunk)
         return cls(size, sha256.hexdigest(), sha1.hexdigest(), path=path)
+
+    def send(self, connection: socket.socket, start: int, end: int) -> None:
+        """Write bytes ``start`` to ``end`` (exclusive) to ``connection`` as fast as the kernel can."""
+        if end <= start:
+            return
+        if self.data is not None:
+            connection.sendall(memoryview(self.data)[start:end])
+            return
+        assert self.path is not None
+        with self.path.open("rb") as f:
+            connection.sendfile(f, offset=start, count=end - start)
 
     def read(self, start: int, end: int) -> bytes:
         """Bytes ``start`` to ``end`` (exclusive)."""
@@ -158,6 +170,8 @@ class FakeHub:
     - ``corrupt[name] = offset``: flip that byte in every GET of the file; sizes and headers stay right.
     - ``short_body[name] = n`` / ``long_body[name] = n``: GET bodies of that file are ``n`` bytes shorter /
       longer than the file (Content-Length matches the body; HEAD and the API still give the true size).
+    - ``slow[name] = seconds``: GET bodies of that file pause this long after every 64 KiB (a slow link,
+      so that tests can overlap two downloads).
 
     ``requests`` logs every request as ``(method, path_with_query, headers)`` where headers holds the
     :data:`LOGGED_HEADERS` that were sent.
@@ -171,7 +185,7 @@ class FakeHub:
             self._blob_dir.mkdir(parents=True, exist_ok=True)
         self._repos: dict[str, _Repo] = {}
         self._lock = threading.Lock()
-        self._server: http.server.ThreadingHTTPServer | None = None
+        self._server: _Server | None = None
         self._connections: set[socket.socket] = set()
         self._thread: threading.Thread | None = None
         self.url = ""
@@ -232,6 +246,7 @@ class FakeHub:
         self.corrupt: dict[str, int] = {}
         self.short_body: dict[str, int] = {}
         self.long_body: dict[str, int] = {}
+        self.slow: dict[str, float] = {}
 
     def reset(self) -> None:
         """Switch every fault off and clear the request log."""
@@ -252,7 +267,7 @@ class FakeHub:
         if self._server is not None:
             return self.url
         handler = type("_BoundHandler", (_Handler,), {"hub": self})
-        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        server = _Server(("127.0.0.1", 0), handler)
         server.daemon_threads = True
         self._server = server
         self.url = f"http://127.0.0.1:{server.server_address[1]}"
@@ -319,6 +334,16 @@ def _config_summary(files: Mapping[str, bytes | pathlib.Path]) -> dict[str, Any]
     if not isinstance(data, dict):
         return None
     return {k: data[k] for k in ("model_type", "architectures") if k in data}
+
+
+class _Server(http.server.ThreadingHTTPServer):
+    """The threaded server, quiet about clients that hang up (tests cut and drop connections on purpose)."""
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """Ignore a connection the client reset or closed; report anything else as the base class does."""
+        if isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
+            return
+        super().handle_error(request, client_address)
 
 
 class _Response(Exception):
@@ -455,6 +480,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(body_len))
         self.end_headers()
         flip = hub.corrupt.get(name)
+        pause = hub.slow.get(name)
+        if cut is None and flip is None and pause is None:
+            entry.blob.send(self.connection, start, end_served)
+            if extra:
+                self.wfile.write(b"\x00" * extra)
+            return
         pos = start
         while pos < end_served:
             stop = min(end_served, pos + _CHUNK)
@@ -466,6 +497,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                     chunk[flip - pos] ^= 0xFF
                 self.wfile.write(chunk)
                 pos = stop
+                if pause:
+                    time.sleep(pause)
             if cut is not None and pos >= cut:
                 # Drop the connection mid-body: the client sees fewer bytes than Content-Length.
                 hub._cut_fired(name)

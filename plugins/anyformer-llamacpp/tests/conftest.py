@@ -13,6 +13,7 @@ import anyformer
 sys.path.insert(0, str(Path(__file__).parent))
 
 from tiny_gguf import write_tiny_llama
+from tiny_mmproj import write_tiny_mmproj
 
 
 @pytest.fixture(scope="session")
@@ -38,4 +39,20 @@ def smollm2(smollm2_path: Path) -> Iterator[anyformer.Loaded]:
 def tiny(tiny_gguf: Path) -> Iterator[anyformer.Loaded]:
     """The tiny random llama loaded once for the session."""
     with anyformer.load(tiny_gguf, backend="llamacpp") as loaded:
+        yield loaded
+
+
+@pytest.fixture(scope="session")
+def vision_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny llama (width 64) beside a tiny LLaVA-style projector that makes 64-wide embeddings."""
+    folder = tmp_path_factory.mktemp("vision")
+    write_tiny_llama(folder / "tiny-llama-F32.gguf")
+    write_tiny_mmproj(folder / "mmproj-tiny-f32.gguf")
+    return folder
+
+
+@pytest.fixture(scope="session")
+def vision(vision_folder: Path) -> Iterator[anyformer.Loaded]:
+    """The tiny llama with its projector, loaded once for the session."""
+    with anyformer.load(vision_folder, backend="llamacpp") as loaded:
         yield loaded

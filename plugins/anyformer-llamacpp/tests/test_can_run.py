@@ -38,9 +38,15 @@ def test_format_when_the_repo_has_no_gguf() -> None:
 def test_task_when_the_task_is_not_chat() -> None:
     verdict = plugin.can_run(_model([("x-Q4_0.gguf", 100)]), _caps(), Request(task="automatic-speech-recognition"))
     assert verdict.code is Refusal.TASK and "automatic-speech-recognition" in verdict.reason
-    model_task = _model([("x-Q4_0.gguf", 100)], task="feature-extraction")
+    model_task = _model([("x-Q4_0.gguf", 100)], task="text-to-speech")
     assert plugin.can_run(model_task, _caps(), Request()).code is Refusal.TASK
     assert plugin.can_run(model_task, _caps(), Request(task="image-text-to-text")).ok
+
+
+def test_feature_extraction_is_accepted_for_embeddings() -> None:
+    model = _model([("x-Q4_0.gguf", 100)], task="feature-extraction")
+    assert plugin.can_run(model, _caps(), Request()).ok
+    assert plugin.can_run(_model([("x-Q4_0.gguf", 100)]), _caps(), Request(task="feature-extraction")).ok
 
 
 def test_model_when_only_projectors_or_unreadable_quants() -> None:

@@ -1,7 +1,8 @@
 """The anyformer conformance kit against the llama.cpp backend, exactly as a third party runs it.
 
-Two sample models: the real SmolLM2-135M-Instruct GGUF (the embedded default) and a tiny random
-2-layer llama written with gguf's writer. The backend comes from its installed entry point.
+Three sample models: the real SmolLM2-135M-Instruct GGUF (the embedded default), a tiny random
+2-layer llama written with gguf's writer, and that llama with a tiny LLaVA-style projector (image
+blocks stream). The backend comes from its installed entry point.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from anyformer_conformance import BackendConformance, RefusalCase
 sys.path.insert(0, str(Path(__file__).parent))
 
 from tiny_gguf import write_tiny_llama
+from tiny_mmproj import write_tiny_mmproj
 
 pytest_plugins = ["anyformer_conformance.plugin"]
 
@@ -69,3 +71,17 @@ class TestTinyLlamaConformance(_LlamaCppKit):
     @classmethod
     def sample_model(cls, tmp_path_factory: pytest.TempPathFactory) -> Model:
         return anyformer.describe(write_tiny_llama(tmp_path_factory.mktemp("tiny") / "tiny-llama-F32.gguf"))
+
+
+class TestTinyLlamaWithProjectorConformance(_LlamaCppKit):
+    """The tiny llama with a tiny LLaVA-style projector beside it: image blocks stream."""
+
+    supports_images = True
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def sample_model(cls, tmp_path_factory: pytest.TempPathFactory) -> Model:
+        folder = tmp_path_factory.mktemp("tiny-vision")
+        write_tiny_llama(folder / "tiny-llama-F32.gguf")
+        write_tiny_mmproj(folder / "mmproj-tiny-f32.gguf")
+        return anyformer.describe(folder)

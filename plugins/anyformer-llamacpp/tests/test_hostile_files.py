@@ -91,6 +91,7 @@ def clean_bytes(tmp_path_factory: pytest.TempPathFactory) -> bytes:
     return write_tiny_llama(tmp_path_factory.mktemp("clean") / "clean.gguf").read_bytes()
 
 
+@pytest.mark.safety("G1", "G2", "G3", "G4", "G12")
 @pytest.mark.parametrize("case", list(CASES))
 def test_hostile_gguf_is_bad_model_in_a_child_process(case: str, clean_bytes: bytes, tmp_path: Path) -> None:
     path = tmp_path / "hostile-Q4_0.gguf"
@@ -99,6 +100,7 @@ def test_hostile_gguf_is_bad_model_in_a_child_process(case: str, clean_bytes: by
     assert result["code"] == "BAD_MODEL", f"{case}: {result}"
 
 
+@pytest.mark.safety("G17")
 def test_absurd_architecture_numbers_are_bad_model_before_llamacpp_allocates(tmp_path: Path) -> None:
     path = write_tiny_llama(tmp_path / "absurd.gguf", overrides={"block_count": 10000})
     result = _load_in_child(path)

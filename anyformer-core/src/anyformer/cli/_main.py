@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from anyformer._errors import AnyformerError, ErrorCode
-from anyformer.cli import _caps_cmd, _check_cmd, _plugins_cmd, _run_cmd, _serve_cmd
+from anyformer.cli import _caps_cmd, _check_cmd, _ls_cmd, _plugins_cmd, _pull_cmd, _rm_cmd, _run_cmd, _serve_cmd
 
 #: Exit status when no backend can run the model (``check``, ``run``).
 EXIT_NO_BACKEND = 3
@@ -43,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    for module in (_caps_cmd, _plugins_cmd, _check_cmd, _run_cmd, _serve_cmd):
+    for module in (_caps_cmd, _plugins_cmd, _check_cmd, _pull_cmd, _ls_cmd, _rm_cmd, _run_cmd, _serve_cmd):
         module.add_parser(sub)
     return parser
 

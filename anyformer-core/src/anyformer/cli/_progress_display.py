@@ -1,4 +1,4 @@
-"""Progress on stderr for people: a bar per file while downloading or loading."""
+"""Progress on stderr for people: a bar per file while downloading or loading, and one for the total."""
 
 from __future__ import annotations
 
@@ -49,6 +49,7 @@ class ProgressPrinter:
             return
         task = self._tasks.get(key)
         if task is None:
-            label = f"{event.stage} {event.file or ''}".strip()
+            # An event without a file is the stage as a whole (a download's ``total`` over every file).
+            label = f"{event.stage} {event.file or event.message}".strip()
             task = self._tasks[key] = self._progress.add_task(label, total=event.total)
         self._progress.update(task, completed=event.done, total=event.total)

@@ -36,6 +36,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     parser.add_argument("--system", help="a system prompt")
     parser.add_argument("--context", type=int, help="context length in tokens")
     parser.add_argument("--think", action="store_true", help="let a reasoning model think first")
+    parser.add_argument(
+        "--in-process",
+        action="store_true",
+        help="run the engine in this process (default: in a worker process, so an engine crash is reported, not fatal)",
+    )
     add_machine_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON object per chunk")
     parser.set_defaults(handler=run)
@@ -66,6 +71,7 @@ def run(args: argparse.Namespace) -> int:
             caps=caps_from_args(args),
             context=args.context,
             progress=progress,
+            isolate=not args.in_process,
         )
     with loaded:
         if not args.json:

@@ -21,7 +21,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     )
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     parser.add_argument("--port", type=int, default=8000, help="port (default 8000)")
-    parser.add_argument("--budget", help="accelerator memory all loaded models may use, e.g. 8GB (default: the probe's)")
+    parser.add_argument(
+        "--budget", help="accelerator memory all loaded models may use, e.g. 8GB (default: the probe's)"
+    )
     parser.add_argument("--preload", nargs="+", default=[], metavar="MODEL", help="models to load at start-up")
     parser.add_argument(
         "--api-key",
@@ -30,6 +32,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     )
     parser.add_argument("--queue", type=int, default=8, help="requests that may wait for one busy model (default 8)")
     parser.add_argument("--context", type=int, help="context length in tokens for text models")
+    parser.add_argument(
+        "--in-process",
+        action="store_true",
+        help="run engines in the server's process rather than one worker process each (less overhead; "
+        "an engine crash then takes the server down)",
+    )
     parser.set_defaults(handler=run)
 
 
@@ -51,5 +59,6 @@ def run(args: argparse.Namespace) -> int:
         api_key=args.api_key,
         queue_size=args.queue,
         context=args.context,
+        isolate=False if args.in_process else None,
     )
     return 0

@@ -22,6 +22,7 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from anyformer._errors import AnyformerError, ErrorCode
+from anyformer._plugins import PluginManager, get_plugin_manager
 from anyformer.server._errors import ApiError, anyformer_error_body, bad_request, error_response
 from anyformer.server._pool import Generation, ModelPool
 from anyformer.server._schemas import (
@@ -64,7 +65,7 @@ class _Api:
             seen.setdefault(item["id"], {"loaded": True, "backend": item["backend"], "task": item["task"]})
         for ref in self.pool.preloaded:
             seen.setdefault(ref, {"loaded": False})
-        for entry in await asyncio.to_thread(_stored_models):
+        for entry in await asyncio.to_thread(_stored_models, self.pool.plugins):
             seen.setdefault(entry["repo"], {"loaded": False, "backend": entry["backend"], "stored": True})
         data = [
             {"id": ref, "object": "model", "created": 0, "owned_by": "anyformer", **facts}
@@ -106,9 +107,7 @@ class _Api:
         return JSONResponse(embeddings_list(model, vectors, body.get("encoding_format", "float"), tokens))
 
     async def _generate(self, request: Request, parsed: GenerationRequest, *, chat: bool) -> Response:
-        generation = await _until_disconnect(
-            request, self.pool.generate(parsed.model, parsed.messages, parsed.options)
-        )
+        generation = await _until_disconnect(request, self.pool.generate(parsed.model, parsed.messages, parsed.options))
         rid = new_id("chatcmpl" if chat else "cmpl")
         if parsed.stream:
             return EventStream(_events(generation, parsed, rid, chat=chat))
@@ -119,8 +118,10 @@ class _Api:
         finally:
             generation.cancel()
         use = usage(generation.prompt_tokens, tokens)
-        body = chat_completion(rid, parsed.model, text, finish, use) if chat else text_completion(
-            rid, parsed.model, text, finish, use
+        body = (
+            chat_completion(rid, parsed.model, text, finish, use)
+            if chat
+            else text_completion(rid, parsed.model, text, finish, use)
         )
         return JSONResponse(body)
 
@@ -136,14 +137,19 @@ async def _events(generation: Generation, parsed: GenerationRequest, rid: str, *
             tokens = chunk.tokens
             if chunk.delta or chunk.finish_reason:
                 delta = {"content": chunk.delta} if chunk.delta else {}
-                piece = chat_chunk(rid, model, delta, chunk.finish_reason) if chat else text_completion(
-                    rid, model, chunk.delta, chunk.finish_reason, None
+                piece = (
+                    chat_chunk(rid, model, delta, chunk.finish_reason)
+                    if chat
+                    else text_completion(rid, model, chunk.delta, chunk.finish_reason, None)
                 )
                 yield event(piece)
         if parsed.include_usage:
             use = usage(generation.prompt_tokens, tokens)
-            yield event(chat_chunk(rid, model, {}, use=use) if chat else {**text_completion(rid, model, "", None, use),
-                                                                          "choices": []})
+            yield event(
+                chat_chunk(rid, model, {}, use=use)
+                if chat
+                else {**text_completion(rid, model, "", None, use), "choices": []}
+            )
     except AnyformerError as exc:
         yield event(anyformer_error_body(exc))
     finally:
@@ -201,22 +207,31 @@ def _embeddings_of(result: Any, count: int) -> tuple[list[list[float]], int]:
     return vectors, tokens
 
 
-def _stored_models() -> list[dict[str, Any]]:
-    """What the backends hold on disk (``store_list``), when the store can say; never fails the listing."""
-    from anyformer._plugins import get_plugin_manager
+def _stored_models(plugins: PluginManager | None) -> list[dict[str, Any]]:
+    """What the store holds (``anyformer ls``'s listing when this core has it, else the backends' ``store_list``).
 
+    A listing that fails leaves the stored models out; it never fails ``/v1/models``.
+    """
+    manager = plugins or get_plugin_manager()
     try:
-        entries, _problems = get_plugin_manager().store_list()
+        try:
+            from anyformer._cache_listing import list_store
+        except ImportError:
+            entries, _problems = manager.store_list()
+        else:
+            entries, _problems = list_store(manager)
     except Exception:
         return []
-    return [entry.to_dict() for entry in entries]
+    return [entry.to_dict() for entry in entries if getattr(entry, "state", "ok") == "ok"]
 
 
 def _chat_page() -> str:
     return resources.files("anyformer.server").joinpath("static/chat.html").read_text(encoding="utf-8")
 
 
-def create_app(pool: ModelPool | None = None, *, api_key: str | None = None, preload: list[str] | None = None) -> Starlette:
+def create_app(
+    pool: ModelPool | None = None, *, api_key: str | None = None, preload: list[str] | None = None
+) -> Starlette:
     """The server as an ASGI application.
 
     ``pool`` holds the models (default: a :class:`ModelPool` with the probe's budget); ``api_key``
@@ -264,7 +279,11 @@ def create_app(pool: ModelPool | None = None, *, api_key: str | None = None, pre
     app = Starlette(
         routes=routes,
         lifespan=lifespan,
-        exception_handlers={AnyformerError: on_anyformer_error, ApiError: on_anyformer_error, HTTPException: on_http_error},
+        exception_handlers={
+            AnyformerError: on_anyformer_error,
+            ApiError: on_anyformer_error,
+            HTTPException: on_http_error,
+        },
     )
     if api_key:
         app.add_middleware(_ApiKeyMiddleware, api_key=api_key)

@@ -140,7 +140,8 @@ class ModelPool:
         self.isolate = supported if isolate is None else isolate
         self.queue_size = queue_size
         self._context = context
-        self._plugins = plugins
+        #: The plugin manager models load through (None: the installed backends).
+        self.plugins = plugins
         self._entries: dict[tuple[str, str | None], _Entry] = {}
         self._load_lock = asyncio.Lock()
         self.preloaded: list[str] = []
@@ -148,7 +149,7 @@ class ModelPool:
     # ---- what is loaded -------------------------------------------------------------------------
 
     def loaded(self) -> list[dict[str, Any]]:
-        """The models loaded now: id, task, backend and what each takes."""
+        """The models loaded now: id, task, backend, what each takes, and its worker's pid when isolated."""
         return [
             {
                 "id": entry.ref,
@@ -156,6 +157,7 @@ class ModelPool:
                 "backend": entry.loaded.backend,
                 "gpu_bytes": entry.gpu_bytes,
                 "ram_bytes": entry.ram_bytes,
+                "worker_pid": getattr(entry.loaded, "worker_pid", None),
             }
             for entry in self._entries.values()
             if entry.loaded is not None
@@ -164,7 +166,7 @@ class ModelPool:
     def check(self, ref: str, task: str | None = None) -> tuple[anyformer.Model, anyformer.Selection]:
         """Every backend's verdict on ``ref`` against the pool's budget (blocking; run it in a thread)."""
         return anyformer.check(
-            _normalised(ref), task=task, budget=self.gpu_limit, caps=self._caps, plugins=self._plugins
+            _normalised(ref), task=task, budget=self.gpu_limit, caps=self._caps, plugins=self.plugins
         )
 
     # ---- using a model --------------------------------------------------------------------------
@@ -284,7 +286,7 @@ class ModelPool:
 
     def _describe_and_check(self, ref: str, task: str | None) -> tuple[anyformer.Model, anyformer.Selection]:
         model = anyformer.describe(ref)
-        _, selection = anyformer.check(model, task=task, budget=self.gpu_limit, caps=self._caps, plugins=self._plugins)
+        _, selection = anyformer.check(model, task=task, budget=self.gpu_limit, caps=self._caps, plugins=self.plugins)
         return model, selection
 
     def _load_blocking(self, model: anyformer.Model, task: str | None) -> Loaded:
@@ -295,7 +297,7 @@ class ModelPool:
             budget=self.gpu_limit,
             caps=self._caps,
             context=self._context,
-            plugins=self._plugins,
+            plugins=self.plugins,
             **extra,
         )
 
@@ -334,7 +336,12 @@ def _dispose_quietly(loaded: Loaded) -> None:
 
 
 def _count_prompt(loaded: Loaded, messages: list[Message]) -> int | None:
-    """The backend's count of the prompt's tokens, when its handle offers ``prompt_tokens(messages, thinking)``."""
+    """The backend's count of the prompt's tokens, when its handle offers ``prompt_tokens(messages, thinking)``.
+
+    An isolated model's handle lives in its worker, so it has no count here (usage then omits it).
+    """
+    if getattr(loaded, "isolated", False):
+        return None
     counter: Callable[..., Any] | None = getattr(loaded.handle, "prompt_tokens", None)
     if not callable(counter):
         return None

@@ -17,11 +17,15 @@ def serve(
     api_key: str | None = None,
     queue_size: int = DEFAULT_QUEUE_SIZE,
     context: int | None = None,
+    isolate: bool | None = None,
     log_level: str = "info",
 ) -> None:
-    """Serve until interrupted: the pool within ``budget``, ``preload`` loaded at start-up."""
+    """Serve until interrupted: the pool within ``budget``, ``preload`` loaded at start-up.
+
+    ``isolate`` runs each engine in its own worker process (None: whenever ``anyformer.load`` can).
+    """
     import uvicorn
 
-    pool = ModelPool(budget=budget, queue_size=queue_size, context=context)
+    pool = ModelPool(budget=budget, queue_size=queue_size, context=context, isolate=isolate)
     app = create_app(pool, api_key=api_key, preload=list(preload))
     uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)

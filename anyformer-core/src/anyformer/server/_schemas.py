@@ -25,6 +25,8 @@ DEFAULT_MAX_TOKENS = 1024
 EMBEDDING_TASK = "feature-extraction"
 #: OpenAI's role for system instructions in newer models; anyformer calls it ``system``.
 _ROLE_ALIASES = {"developer": "system"}
+#: The core's option names and the request fields they come from, for ``param`` in errors.
+_PARAMS = {"max_new_tokens": "max_tokens", "temperature": "temperature", "seed": "seed", "stop": "stop"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,7 +49,9 @@ def _model_of(body: dict[str, Any]) -> str:
 
 def _image_bytes(url: Any, where: str) -> bytes:
     if not isinstance(url, str) or not url.startswith("data:"):
-        raise bad_request(f"{where}: only data: URLs are read (the server fetches nothing); got {str(url)[:40]!r}", where)
+        raise bad_request(
+            f"{where}: only data: URLs are read (the server fetches nothing); got {str(url)[:40]!r}", where
+        )
     header, _, payload = url.partition(",")
     if ";base64" not in header:
         raise bad_request(f"{where}: a data URL must be base64 encoded", where)
@@ -111,9 +115,9 @@ def _options_of(body: dict[str, Any]) -> dict[str, Any]:
     try:
         GenerateOptions.build(**options)  # the core's own checks, before any model is loaded
     except AnyformerError as exc:
-        field = next((name for name in ("max_tokens", "temperature", "seed", "stop") if name in exc.message), None)
+        core_name = next((name for name in _PARAMS if exc.message.startswith(name)), None)
         message = exc.message.replace("max_new_tokens", "max_tokens")
-        raise bad_request(message, field) from None
+        raise bad_request(message, _PARAMS.get(core_name or "")) from None
     return options
 
 
@@ -213,20 +217,24 @@ def chat_chunk(
     rid: str, model: str, delta: dict[str, Any], finish: str | None = None, use: dict[str, Any] | None = None
 ) -> dict[str, Any]:
     """One ``chat.completion.chunk``; with ``use`` set it is the usage-only chunk at the end."""
-    choices = [] if use is not None else [
-        {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason_of(finish)}
-    ]
+    choices = (
+        []
+        if use is not None
+        else [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason_of(finish)}]
+    )
     chunk: dict[str, Any] = {
-        "id": rid, "object": "chat.completion.chunk", "created": int(time.time()), "model": model, "choices": choices
+        "id": rid,
+        "object": "chat.completion.chunk",
+        "created": int(time.time()),
+        "model": model,
+        "choices": choices,
     }
     if use is not None:
         chunk["usage"] = use
     return chunk
 
 
-def text_completion(
-    rid: str, model: str, text: str, finish: str | None, use: dict[str, Any] | None
-) -> dict[str, Any]:
+def text_completion(rid: str, model: str, text: str, finish: str | None, use: dict[str, Any] | None) -> dict[str, Any]:
     """A ``text_completion`` object (whole, or one streamed piece when ``use`` is None)."""
     body: dict[str, Any] = {
         "id": rid,

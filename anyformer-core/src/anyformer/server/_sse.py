@@ -30,7 +30,10 @@ class EventStream(Response):
     media_type = "text/event-stream"
 
     def __init__(self, events: AsyncIterator[bytes]) -> None:
-        super().__init__(status_code=200, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        # No body and so no Content-Length: the length is unknown until the stream ends.
+        self.status_code = 200
+        self.background = None
+        self.init_headers({"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         self._events = events
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

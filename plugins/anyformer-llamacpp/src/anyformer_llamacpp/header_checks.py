@@ -1,7 +1,9 @@
 """The llama.cpp boundary: a GGUF that passed the core's validator still gets sane architecture numbers.
 
 ggml allocates from these numbers before it reads a weight; absurd ones (10,000 layers) make it
-abort the whole process (SAFETY.md G17), so they are refused here as ``BAD_MODEL``.
+abort the whole process (SAFETY.md G17), so they are refused here as ``BAD_MODEL``. So is a
+vocabulary with a token twice: llama.cpp 0.3.36 aborts on it (``GGML_ASSERT(id_to_token.size() ==
+token_to_id.size())`` in llama-vocab.cpp) instead of refusing the file.
 """
 
 from __future__ import annotations
@@ -35,3 +37,16 @@ def check_architecture_numbers(name: str, facts: Mapping[str, Any]) -> None:
             )
     if not facts.get("architecture"):
         raise AnyformerError(ErrorCode.BAD_MODEL, f"{name}: the header names no general.architecture")
+
+
+def check_vocabulary(name: str, tokens: Any) -> None:
+    """Raise ``BAD_MODEL`` when ``tokenizer.ggml.tokens`` holds a token twice (llama.cpp aborts on it)."""
+    if not isinstance(tokens, list):
+        return
+    first_index: dict[str, int] = {}
+    for index, token in enumerate(tokens):
+        earlier = first_index.setdefault(token, index)
+        if earlier != index:
+            raise AnyformerError(
+                ErrorCode.BAD_MODEL, f"{name}: token {index} ({token!r:.40}) repeats token {earlier} of the vocabulary"
+            )

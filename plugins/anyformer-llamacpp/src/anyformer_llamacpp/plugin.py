@@ -22,11 +22,12 @@ from anyformer import (
 )
 from anyformer_llamacpp import BACKEND_ID
 from anyformer_llamacpp.estimate import context_for, footprint, measured_speed
-from anyformer_llamacpp.file_choice import choose_gguf
+from anyformer_llamacpp.file_choice import choose_gguf, projector_for
 from anyformer_llamacpp.runtime import INSTALL_HINT, gpu_offload_library, llama_cpp_folder
 
-#: The tasks llama.cpp runs: chat, with images when the repo has a projector.
-TASKS = ("text-generation", "image-text-to-text")
+#: The tasks llama.cpp runs: chat, with images when the repo has a projector, and embeddings (its
+#: embedding mode, pooled vectors from ``run``).
+TASKS = ("text-generation", "image-text-to-text", "feature-extraction")
 
 
 @hookimpl
@@ -36,7 +37,7 @@ def can_run(model: Model, caps: Caps, request: Request) -> Verdict:
         return Verdict.refuse(BACKEND_ID, Refusal.FORMAT, "no GGUF in the repo")
     task = request.task or model.task
     if task and task not in TASKS:
-        return Verdict.refuse(BACKEND_ID, Refusal.TASK, f"task {task}; llama.cpp runs {' and '.join(TASKS)}")
+        return Verdict.refuse(BACKEND_ID, Refusal.TASK, f"task {task}; llama.cpp runs {', '.join(TASKS)}")
     choice = choose_gguf(model)
     if choice is None:
         return Verdict.refuse(
@@ -66,14 +67,18 @@ def can_run(model: Model, caps: Caps, request: Request) -> Verdict:
             f"{format_size(caps.ram_bytes)} available",
             need=plan.ram_bytes,
         )
+    # The projector (mmproj) that reads image blocks is fetched and loaded with the model, except to embed.
+    mmproj = projector_for(model) if task != "feature-extraction" else None
+    mmproj_files = (mmproj.name,) if mmproj is not None else ()
+    mmproj_bytes = (mmproj.size or 0) if mmproj is not None else 0
     device = gpu_library if plan.full_offload else "cpu"
     speed = measured_speed(model.architecture or facts.get("architecture"), choice.size, device or "cpu")
     return Verdict.accept(
         BACKEND_ID,
         Estimate(
             gpu_bytes=plan.gpu_bytes,
-            ram_bytes=plan.ram_bytes,
-            disk_bytes=choice.size,
+            ram_bytes=plan.ram_bytes + mmproj_bytes,
+            disk_bytes=choice.size + mmproj_bytes,
             tok_per_sec=speed,
             rank=Rank.FALLBACK,
             details={
@@ -84,7 +89,9 @@ def can_run(model: Model, caps: Caps, request: Request) -> Verdict:
                 "gpu_layers": plan.gpu_layers,
                 "layers": plan.layers,
                 "offload": gpu_library or "none (CPU build)",
+                "projector": mmproj.name if mmproj is not None else None,
             },
+            files=tuple(f.name for f in choice.files) + mmproj_files,
         ),
     )
 

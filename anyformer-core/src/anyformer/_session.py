@@ -1,0 +1,78 @@
+"""Where a loaded model runs: in this process, or in an isolated worker (``anyformer._worker_session``).
+
+``Loaded`` holds one session and keeps the contract itself (validation, the BUSY lock, CoreStream),
+so both kinds of session only start work, run it and free it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, Protocol
+
+from anyformer._backend import BackendModel, run_of
+from anyformer._chunk import Chunk, GenerateOptions
+from anyformer._messages import Message
+
+if TYPE_CHECKING:
+    from anyformer._plugins import PluginManager
+
+
+class Session(Protocol):
+    """A loaded model as ``Loaded`` drives it. Calls come one at a time (``Loaded`` holds the lock)."""
+
+    #: The id of the backend running the model, and the task it was loaded for.
+    backend: str
+    task: str
+    #: The worker's process id, or None when the model runs in this process.
+    pid: int | None
+
+    @property
+    def handle(self) -> BackendModel:
+        """The backend's own handle; only an in-process session has one."""
+
+    @property
+    def has_run(self) -> bool:
+        """True when the model runs a non-generation task through ``run``."""
+
+    def start(self, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk]:
+        """Begin a generation; errors the backend finds before streaming are raised here."""
+
+    def run(self, input: Any, options: dict[str, Any]) -> Any:
+        """Run a non-generation task on ``input``."""
+
+    def dispose(self) -> None:
+        """Free the model; a second call does nothing."""
+
+
+class InProcessSession:
+    """The backend's handle in this process, driven through the plugin manager's hooks."""
+
+    pid = None
+
+    def __init__(self, handle: BackendModel, manager: PluginManager) -> None:
+        self._handle = handle
+        self._manager = manager
+        self.backend = handle.backend
+        self.task = handle.task
+
+    @property
+    def handle(self) -> BackendModel:
+        """The backend's own handle."""
+        return self._handle
+
+    @property
+    def has_run(self) -> bool:
+        """True when the handle has ``run``."""
+        return run_of(self._handle) is not None
+
+    def start(self, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk]:
+        """Call the owning backend's generate hook."""
+        return self._manager.generate(self._handle, messages, options)
+
+    def run(self, input: Any, options: dict[str, Any]) -> Any:
+        """Call the handle's ``run``."""
+        return run_of(self._handle)(input, **options)
+
+    def dispose(self) -> None:
+        """Call the handle's ``dispose`` (``Loaded`` calls this once)."""
+        self._handle.dispose()

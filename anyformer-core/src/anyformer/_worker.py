@@ -1,0 +1,262 @@
+"""The isolated worker process: it loads one backend's model and runs its hooks for the parent.
+
+Started by :mod:`anyformer._worker_session` as ``python -c BOOTSTRAP``; the bootstrap reads the
+first frame, takes the parent's ``sys.path`` (so the worker imports what the caller would, plugins
+on a test's path included) and calls :func:`main`. The backend is loaded from the one entry point
+the parent chose, so only that plugin is imported here.
+
+fd 1 is the protocol's and nobody else's: it is moved to a private descriptor and fd 1 then points
+at stderr, so an engine that prints to stdout cannot corrupt a frame. stdin carries commands; a
+reader thread hands ``cancel`` and ``more`` to the generation in progress at once and queues the
+rest for the main thread, which runs one command at a time. When stdin ends (the parent died or
+let go) the model is disposed and the worker exits. Ctrl-C is the parent's to handle: the worker
+ignores SIGINT, and faulthandler writes a Python traceback to stderr if the engine crashes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import faulthandler
+import importlib.metadata
+import os
+import queue
+import signal
+import sys
+import threading
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from anyformer._backend import BackendModel, run_of
+from anyformer._chunk import Chunk, GenerateOptions
+from anyformer._errors import AnyformerError, ErrorCode
+from anyformer._model import Model
+from anyformer._plugins import ENTRY_POINT_GROUP, PluginManager
+from anyformer._progress import ProgressEvent
+from anyformer._request import Request
+from anyformer._worker_protocol import (
+    decode_value,
+    encode_value,
+    error_frame,
+    exception_to_error,
+    read_frame,
+    write_frame,
+)
+
+_STDIN_CLOSED = {"op": "dispose", "reason": "stdin closed"}
+
+
+class _Generation:
+    """The flow control of the generation in progress: its id, cancel event and window of chunks."""
+
+    def __init__(self, ident: int, window: int) -> None:
+        self.ident = ident
+        self.cancel = threading.Event()
+        self._window = window
+        self._changed = threading.Condition()
+
+    def grant(self, count: int) -> None:
+        with self._changed:
+            self._window += count
+            self._changed.notify()
+
+    def stop(self) -> None:
+        with self._changed:
+            self.cancel.set()
+            self._changed.notify()
+
+    def take(self) -> bool:
+        """Wait for room to send one more chunk; False when cancelled."""
+        with self._changed:
+            while self._window <= 0 and not self.cancel.is_set():
+                self._changed.wait()
+            if self.cancel.is_set():
+                return False
+            self._window -= 1
+            return True
+
+
+class Worker:
+    """The worker's state: the protocol descriptors, the plugin host, the loaded handle."""
+
+    def __init__(self, commands_fd: int, replies_fd: int) -> None:
+        self._in = commands_fd
+        self._out = replies_fd
+        self._write_lock = threading.Lock()
+        self._commands: queue.Queue[dict[str, Any]] = queue.Queue()
+        self._generation: _Generation | None = None
+        self._manager = PluginManager()
+        self._handle: BackendModel | None = None
+        self._backend = "?"
+
+    def send(self, message: Mapping[str, Any]) -> None:
+        with self._write_lock:
+            write_frame(self._out, message)
+
+    # ---- commands -------------------------------------------------------------------------------
+
+    def read_commands(self) -> None:
+        """The stdin thread: cancel and more act at once, the rest wait for the main thread."""
+        try:
+            while True:
+                frame = read_frame(self._in)
+                if frame is None:
+                    break
+                op = frame["op"]
+                generation = self._generation
+                if op in ("cancel", "more"):
+                    if generation is not None and frame.get("id") == generation.ident:
+                        if op == "cancel":
+                            generation.stop()
+                        else:
+                            generation.grant(int(frame.get("count", 0)))
+                    continue
+                self._commands.put(frame)
+        except Exception as exc:  # a broken pipe or frame: end as if the parent let go
+            print(f"anyformer worker: reading commands failed: {exc}", file=sys.stderr)
+        if self._generation is not None:
+            self._generation.stop()
+        self._commands.put(_STDIN_CLOSED)
+
+    def serve(self, load: Mapping[str, Any]) -> int:
+        """Load the model, then run commands until ``dispose`` or the end of stdin."""
+        threading.Thread(target=self.read_commands, name="anyformer-worker-commands", daemon=True).start()
+        if not self._load(load):
+            return 0
+        while True:
+            command = self._commands.get()
+            op = command["op"]
+            if op == "dispose":
+                self._dispose()
+                if command is not _STDIN_CLOSED:
+                    self.send({"op": "disposed"})
+                return 0
+            if op == "generate":
+                self._generate(command)
+            elif op == "run":
+                self._run(command)
+            else:
+                self.send(error_frame(AnyformerError(ErrorCode.BAD_REQUEST, f"unknown worker command {op!r}")))
+
+    def _load(self, command: Mapping[str, Any]) -> bool:
+        try:
+            backend = command["backend"]
+            self._backend = backend
+            entry = command["entry_point"]
+            self._manager.load_entry_point(
+                importlib.metadata.EntryPoint(name=backend, value=entry, group=ENTRY_POINT_GROUP)
+            )
+            model_data = dict(command["model"])
+            model = dataclasses.replace(Model.from_dict(model_data), config=dict(model_data.get("config") or {}))
+            fields = dict(command["request"])
+            request = Request(**{**fields, "prefer": tuple(fields.get("prefer") or ())})
+            self._handle = self._manager.load(backend, model, request, self._progress)
+        except AnyformerError as exc:
+            self.send(error_frame(exc))
+            return False
+        except Exception as exc:
+            self.send(error_frame(exception_to_error(self._backend, "loading", exc)))
+            return False
+        self.send(
+            {
+                "op": "loaded",
+                "backend": self._handle.backend,
+                "task": self._handle.task,
+                "has_run": run_of(self._handle) is not None,
+            }
+        )
+        return True
+
+    def _progress(self, event: ProgressEvent) -> None:
+        self.send({"op": "progress", **dataclasses.asdict(event)})
+
+    def _dispose(self) -> None:
+        handle, self._handle = self._handle, None
+        if handle is not None:
+            try:
+                handle.dispose()
+            except Exception as exc:
+                print(f"anyformer worker: dispose raised {type(exc).__name__}: {exc}", file=sys.stderr)
+
+    # ---- work -----------------------------------------------------------------------------------
+
+    def _generate(self, command: Mapping[str, Any]) -> None:
+        ident = command.get("id")
+        generation = _Generation(ident, int(command.get("window", 1)))
+        self._generation = generation
+        try:
+            self._stream(command, generation)
+        finally:
+            self._generation = None
+
+    def _stream(self, command: Mapping[str, Any], generation: _Generation) -> None:
+        ident = generation.ident
+        assert self._handle is not None
+        try:
+            options = GenerateOptions.build(**decode_value(command["options"]), cancel=generation.cancel)
+            source = self._manager.generate(self._handle, decode_value(command["messages"]), options)
+        except Exception as exc:
+            self.send({**error_frame(exception_to_error(self._backend, "generate", exc)), "id": ident})
+            return
+        self.send({"op": "started", "id": ident})
+        failure: AnyformerError | None = None
+        try:
+            for raw in _until_done(source, options, generation):
+                if not isinstance(raw, Chunk) or not isinstance(raw.delta, str) or not isinstance(raw.tokens, int):
+                    failure = AnyformerError(
+                        ErrorCode.PLUGIN_ERROR, f"{self._backend}: generate yielded {type(raw).__name__}, not a Chunk"
+                    )
+                    break
+                self.send({"op": "chunks", "id": ident, "items": [[raw.delta, raw.tokens, raw.finish_reason]]})
+        except Exception as exc:
+            failure = exception_to_error(self._backend, "generate", exc)
+        finally:
+            close = getattr(source, "close", None)
+            if close is not None:
+                try:
+                    close()
+                except Exception as exc:
+                    failure = failure or exception_to_error(self._backend, "generate", exc)
+        self.send({**error_frame(failure), "id": ident} if failure else {"op": "end", "id": ident})
+
+    def _run(self, command: Mapping[str, Any]) -> None:
+        run = run_of(self._handle)
+        try:
+            if run is None:
+                raise AnyformerError(ErrorCode.BAD_REQUEST, f"{self._backend}: the loaded model has no run()")
+            value = run(decode_value(command["input"]), **decode_value(command["options"]))
+            self.send({"op": "result", "value": encode_value(value)})
+        except Exception as exc:
+            self.send(error_frame(exception_to_error(self._backend, "run", exc)))
+
+
+def _until_done(source: Iterator[Chunk], options: GenerateOptions, generation: _Generation) -> Iterator[Any]:
+    """The backend's chunks while the window allows, up to the last one the parent's CoreStream would take."""
+    while generation.take():
+        try:
+            raw = next(source)
+        except StopIteration:
+            return
+        yield raw
+        if not isinstance(raw, Chunk) or raw.finish_reason is not None or raw.tokens >= options.max_new_tokens:
+            return
+
+
+def main(load: Mapping[str, Any]) -> int:
+    """Run the worker with the ``load`` frame the bootstrap read; fd 0 and 1 carry the protocol."""
+    commands_fd = os.dup(0)
+    replies_fd = os.dup(1)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    os.dup2(2, 1)  # an engine's printf lands in stderr, never in a frame
+    sys.stdout = sys.stderr
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # On a descriptor of its own: engines point fd 2 at /dev/null while loading (llama-cpp-python
+    # does), and a crash there must still leave its Python stack in the parent's crash message.
+    crash_log = os.fdopen(os.dup(2), "w")
+    faulthandler.enable(file=crash_log, all_threads=False)
+    worker = Worker(commands_fd, replies_fd)
+    try:
+        return worker.serve(load)
+    except BrokenPipeError:
+        return 0

@@ -1,0 +1,503 @@
+"""The parent's side of an isolated worker: a session whose backend runs in another process.
+
+Why a plain subprocess with a pipe protocol, and not ``multiprocessing`` with the spawn context:
+
+- **No pickle from the worker.** The worker runs a native engine on files from strangers. A
+  ``multiprocessing`` connection unpickles what the other side sends, so a worker taken over by a
+  hostile file could run code in the parent. Here the parent reads bounded JSON frames and checks
+  every field (``_worker_protocol``).
+- **The caller's ``__main__`` is left alone.** Spawn re-imports the parent's main module in the
+  child, which breaks scripts without a ``__main__`` guard, notebooks and servers. The worker is
+  ``python -c BOOTSTRAP`` and imports only anyformer and the chosen backend's entry point.
+- **The death is ours to read.** The exit status (the signal) and stderr are captured directly, so
+  an abort, a segfault or an OOM kill becomes ``BACKEND_CRASHED`` (or ``OUT_OF_MEMORY`` while
+  loading) with the signal and the last stderr lines, and out of memory is recognised from them.
+
+A reader thread turns the worker's stdout into a queue of frames (EOF: the worker died), another
+keeps the last lines of its stderr. Chunks stream under a credit window: the worker runs at most
+:data:`WINDOW` chunks ahead of the caller, so a cancel or a closed iterator stops the engine
+within a few tokens; ``cancel`` is a message, and a closed iterator sends one too. A cancelled
+generation is settled (its remaining frames drained) lazily, before the next command.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from anyformer._backend import BackendModel
+from anyformer._chunk import Chunk, GenerateOptions
+from anyformer._errors import AnyformerError, ErrorCode
+from anyformer._messages import Message
+from anyformer._model import Model
+from anyformer._progress import ProgressCallback, ProgressEvent
+from anyformer._request import Request
+from anyformer._worker_protocol import (
+    STDERR_TAIL_LINES,
+    ProtocolError,
+    crash_error,
+    decode_value,
+    encode_frame,
+    encode_value,
+    error_from_frame,
+    oom_kill_count,
+    read_frame,
+)
+
+#: The worker's first lines: read the ``load`` frame, take the parent's sys.path, run the worker.
+BOOTSTRAP = """\
+import json, os, struct, sys
+def _read(n):
+    data = b""
+    while len(data) < n:
+        part = os.read(0, n - len(data))
+        if not part:
+            sys.exit(0)
+        data += part
+    return data
+_load = json.loads(_read(struct.unpack(">I", _read(4))[0]))
+sys.path[:] = _load["sys_path"]
+from anyformer._worker import main
+sys.exit(main(_load))
+"""
+
+#: Chunks the worker may send ahead of the caller; more are granted as the caller takes them.
+WINDOW = 16
+#: How often a waiting stream looks at its cancel event.
+_POLL_SECONDS = 0.02
+#: How long a cancelled generation may take to stop before the worker is ended.
+SETTLE_SECONDS = 30.0
+#: How long ``dispose`` waits for the worker to free the model and exit before ending it.
+DISPOSE_SECONDS = 10.0
+#: The most bytes of one stderr line kept.
+_STDERR_LINE_BYTES = 4096
+
+_EOF = object()
+
+
+def _read_replies(fd: int, frames: queue.Queue[Any]) -> None:
+    """The stdout thread: every frame into the queue, then a protocol error if any, then ``_EOF``."""
+    try:
+        while True:
+            frame = read_frame(fd)
+            if frame is None:
+                break
+            frames.put(frame)
+    except (ProtocolError, OSError, ValueError) as exc:
+        frames.put(ProtocolError(str(exc)))
+    finally:
+        frames.put(_EOF)
+
+
+def _read_stderr(stream: Any, tail: collections.deque[str]) -> None:
+    """The stderr thread: keep the last lines (each cut at a bounded length)."""
+    try:
+        for line in iter(lambda: stream.readline(_STDERR_LINE_BYTES), b""):
+            tail.append(line.decode("utf-8", "replace").rstrip("\n"))
+    except (OSError, ValueError):
+        pass
+
+
+def _end_process(process: subprocess.Popen[bytes]) -> None:
+    """The finalizer of a session dropped without ``dispose``: the worker must not outlive it."""
+    if process.poll() is None:
+        process.kill()
+        process.wait()
+
+
+def _copy(error: AnyformerError) -> AnyformerError:
+    return AnyformerError(error.code, error.message, need=error.need)
+
+
+class WorkerSession:
+    """A model loaded by a backend in a worker process (see the module docstring)."""
+
+    def __init__(self, process: subprocess.Popen[bytes], backend: str) -> None:
+        self._process = process
+        self.backend = backend
+        self.task = ""
+        self._has_run = False
+        self._oom_before = oom_kill_count()
+        self._frames: queue.Queue[Any] = queue.Queue()
+        self._stderr: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL_LINES)
+        self._write_lock = threading.Lock()
+        self._dead: AnyformerError | None = None
+        self._disposed = False
+        self._generations = 0
+        self._pending: int | None = None  # a generation whose end has not been read yet
+        assert process.stdin is not None and process.stdout is not None and process.stderr is not None
+        self._threads = [
+            threading.Thread(
+                target=_read_replies,
+                args=(process.stdout.fileno(), self._frames),
+                name=f"anyformer-{backend}-worker-replies",
+                daemon=True,
+            ),
+            threading.Thread(
+                target=_read_stderr,
+                args=(process.stderr, self._stderr),
+                name=f"anyformer-{backend}-worker-stderr",
+                daemon=True,
+            ),
+        ]
+        for thread in self._threads:
+            thread.start()
+        self._finalizer = weakref.finalize(self, _end_process, process)
+
+    # ---- starting -------------------------------------------------------------------------------
+
+    @classmethod
+    def spawn(
+        cls, backend: str, entry_point: str, model: Model, request: Request, progress: ProgressCallback
+    ) -> WorkerSession:
+        """Start a worker, have it load ``model`` on ``backend`` (progress forwarded), and return the session."""
+        load = encode_frame(_load_message(backend, entry_point, model, request))
+        # ggml attaches gdb to print a backtrace before it aborts: seconds of work whose output
+        # would bury the assertion line the crash message quotes. The worker's faulthandler says
+        # where Python was; gdb's view is one in-process run away.
+        env = {"GGML_NO_BACKTRACE": "1", **os.environ}
+        process = subprocess.Popen(
+            [sys.executable, "-c", BOOTSTRAP],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            bufsize=0,
+            close_fds=True,
+            env=env,
+        )
+        session = cls(process, backend)
+        try:
+            session._write(load, "loading")
+            while True:
+                frame = session._next("loading")
+                op = frame["op"]
+                if op == "progress":
+                    progress(_progress_event(frame))
+                elif op == "loaded":
+                    session._loaded(frame)
+                    return session
+                elif op == "error":
+                    raise error_from_frame(frame)
+                else:
+                    raise session._broken(f"unexpected {op!r} while loading", "loading")
+        except ProtocolError as exc:
+            session._reap()
+            raise session._broken(str(exc), "loading") from None
+        except BaseException:
+            session._reap()
+            raise
+
+    def _loaded(self, frame: Mapping[str, Any]) -> None:
+        backend, task, has_run = frame.get("backend"), frame.get("task"), frame.get("has_run")
+        if backend != self.backend or not isinstance(task, str) or not isinstance(has_run, bool):
+            raise self._broken(f"a malformed loaded frame {dict(frame)!r:.200}", "loading")
+        self.task, self._has_run = task, has_run
+
+    # ---- what Loaded reads ----------------------------------------------------------------------
+
+    @property
+    def pid(self) -> int:
+        """The worker's process id."""
+        return self._process.pid
+
+    @property
+    def handle(self) -> BackendModel:
+        """There is none here: the backend's handle lives in the worker."""
+        raise AnyformerError(
+            ErrorCode.BAD_REQUEST,
+            f"{self.backend} runs in an isolated worker process (pid {self.pid}): its handle is not in this "
+            "process; load with isolate=False for backend-specific features",
+        )
+
+    @property
+    def has_run(self) -> bool:
+        """True when the worker's handle has ``run``."""
+        return self._has_run
+
+    # ---- talking to the worker ------------------------------------------------------------------
+
+    def _write(self, frame: bytes, stage: str) -> None:
+        if self._dead is not None:
+            raise _copy(self._dead)
+        assert self._process.stdin is not None
+        view = memoryview(frame)
+        try:
+            with self._write_lock:
+                while view:
+                    view = view[os.write(self._process.stdin.fileno(), view) :]
+        except (BrokenPipeError, OSError, ValueError):
+            raise self._crashed(stage) from None
+
+    def _send(self, message: Mapping[str, Any], stage: str) -> None:
+        self._write(encode_frame(message), stage)
+
+    def _next(
+        self, stage: str, *, cancel: Any = None, timeout: float | None = None
+    ) -> dict[str, Any] | None:  # None only when ``cancel`` is set while waiting
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            wait = _POLL_SECONDS if cancel is not None else None
+            if deadline is not None:
+                left = max(deadline - time.monotonic(), 0.0)
+                wait = left if wait is None else min(wait, left)
+            try:
+                item = self._frames.get(timeout=wait)
+            except queue.Empty:
+                if cancel is not None and cancel.is_set():
+                    return None
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise TimeoutError(stage) from None
+                continue
+            if item is _EOF:
+                self._frames.put(_EOF)  # every later reader sees the end too
+                raise self._crashed(stage)
+            if isinstance(item, ProtocolError):
+                raise self._broken(str(item), stage)
+            return item
+
+    def _crashed(self, stage: str) -> AnyformerError:
+        """The worker is gone: wait for its status and stderr, and say how it died (once)."""
+        if self._dead is None:
+            try:
+                returncode = self._process.wait(timeout=5)
+            except subprocess.TimeoutExpired:  # stdout closed but the process lingers: end it
+                self._process.kill()
+                returncode = self._process.wait()
+            self._threads[1].join(timeout=2)
+            self._dead = crash_error(
+                self.backend,
+                self.pid,
+                stage,
+                returncode,
+                list(self._stderr),
+                oom_kills_before=self._oom_before,
+                oom_kills_after=oom_kill_count(),
+            )
+        return _copy(self._dead)
+
+    def _broken(self, why: str, stage: str) -> AnyformerError:
+        """The worker sent something malformed: it is not trusted any more, so it is ended."""
+        if self._dead is None:
+            _end_process(self._process)
+            self._dead = AnyformerError(
+                ErrorCode.BACKEND_CRASHED,
+                f"the {self.backend} engine's worker process (pid {self.pid}) broke the protocol while {stage} "
+                f"({why}) and was ended; this process is unharmed, load the model again to retry",
+            )
+        return _copy(self._dead)
+
+    def _settle(self) -> None:
+        """Drain a cancelled generation's remaining frames before the next command."""
+        if self._dead is not None:
+            raise _copy(self._dead)
+        ident = self._pending
+        if ident is None:
+            return
+        deadline = time.monotonic() + SETTLE_SECONDS
+        while True:
+            try:
+                frame = self._next("stopping a cancelled generation", timeout=max(deadline - time.monotonic(), 0.0))
+            except TimeoutError:
+                _end_process(self._process)
+                self._dead = AnyformerError(
+                    ErrorCode.BACKEND_CRASHED,
+                    f"the {self.backend} engine's worker process (pid {self.pid}) did not stop within "
+                    f"{SETTLE_SECONDS:g} s of a cancel and was ended; load the model again",
+                )
+                raise _copy(self._dead) from None
+            assert frame is not None
+            if frame["op"] in ("end", "error") and frame.get("id") == ident:
+                self._pending = None
+                return
+
+    # ---- the session ----------------------------------------------------------------------------
+
+    def start(self, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk]:
+        """Send the generation to the worker; errors it finds before streaming are raised here."""
+        self._settle()
+        self._generations += 1
+        ident = self._generations
+        settings = {
+            **options.extra,
+            "max_new_tokens": options.max_new_tokens,
+            "temperature": options.temperature,
+            "seed": options.seed,
+            "thinking": options.thinking,
+            "stop": list(options.stop),
+        }
+        try:
+            frame = encode_frame(
+                {
+                    "op": "generate",
+                    "id": ident,
+                    "window": WINDOW,
+                    "messages": encode_value(messages),
+                    "options": encode_value(settings),
+                }
+            )
+        except TypeError as exc:
+            raise AnyformerError(ErrorCode.BAD_REQUEST, f"{exc}; load with isolate=False to pass it") from None
+        self._write(frame, "generating")
+        try:
+            reply = self._next("generating")
+        except ProtocolError as exc:  # pragma: no cover - _next turns these into errors
+            raise self._broken(str(exc), "generating") from None
+        assert reply is not None
+        if reply["op"] == "error" and reply.get("id") == ident:
+            raise self._checked_error(reply, "generating")
+        if reply["op"] != "started" or reply.get("id") != ident:
+            raise self._broken(f"expected started, got {reply['op']!r}", "generating")
+        self._pending = ident
+        return self._chunks(ident, options)
+
+    def _checked_error(self, frame: Mapping[str, Any], stage: str) -> AnyformerError:
+        try:
+            return error_from_frame(frame)
+        except ProtocolError as exc:
+            return self._broken(str(exc), stage)
+
+    def _chunks(self, ident: int, options: GenerateOptions) -> Iterator[Chunk]:
+        taken = 0
+        try:
+            while True:
+                frame = self._next("generating", cancel=options.cancel)
+                if frame is None:
+                    return  # cancelled while the engine works: the finally tells the worker
+                op = frame["op"]
+                if frame.get("id") != ident:
+                    raise self._broken(f"a {op!r} frame of another generation", "generating")
+                if op == "chunks":
+                    for chunk in self._checked_chunks(frame):
+                        yield chunk
+                        taken += 1
+                        if taken >= WINDOW // 2:
+                            self._send({"op": "more", "id": ident, "count": taken}, "generating")
+                            taken = 0
+                elif op == "end":
+                    self._pending = None
+                    return
+                elif op == "error":
+                    self._pending = None
+                    raise self._checked_error(frame, "generating")
+                else:
+                    raise self._broken(f"unexpected {op!r} while generating", "generating")
+        finally:
+            if self._pending == ident and self._dead is None:
+                try:
+                    self._send({"op": "cancel", "id": ident}, "generating")
+                except AnyformerError:
+                    pass  # it died; the next call says so
+
+    def _checked_chunks(self, frame: Mapping[str, Any]) -> list[Chunk]:
+        items = frame.get("items")
+        chunks = []
+        if isinstance(items, list):
+            for item in items:
+                if not (isinstance(item, list) and len(item) == 3):
+                    break
+                delta, tokens, finish = item
+                if not isinstance(delta, str) or isinstance(tokens, bool) or not isinstance(tokens, int):
+                    break
+                if finish is not None and not isinstance(finish, str):
+                    break
+                chunks.append(Chunk(delta=delta, tokens=tokens, finish_reason=finish))
+            else:
+                return chunks
+        raise self._broken("a malformed chunks frame", "generating")
+
+    def run(self, input: Any, options: dict[str, Any]) -> Any:
+        """Send ``input`` to the handle's ``run`` in the worker and return its result."""
+        self._settle()
+        try:
+            frame = encode_frame({"op": "run", "input": encode_value(input), "options": encode_value(options)})
+        except TypeError as exc:
+            raise AnyformerError(ErrorCode.BAD_REQUEST, f"{exc}; load with isolate=False to pass it") from None
+        self._write(frame, "running")
+        reply = self._next("running")
+        assert reply is not None
+        if reply["op"] == "error":
+            raise self._checked_error(reply, "running")
+        if reply["op"] != "result":
+            raise self._broken(f"expected a result, got {reply['op']!r}", "running")
+        try:
+            return decode_value(reply.get("value"))
+        except ProtocolError as exc:
+            raise self._broken(str(exc), "running") from None
+
+    def dispose(self) -> None:
+        """Have the worker free the model and exit; end it if it does not within :data:`DISPOSE_SECONDS`."""
+        if self._disposed:
+            return
+        self._disposed = True
+        try:
+            if self._dead is None:
+                self._settle()
+                self._send({"op": "dispose"}, "disposing")
+                deadline = time.monotonic() + DISPOSE_SECONDS
+                while True:
+                    frame = self._next("disposing", timeout=max(deadline - time.monotonic(), 0.0))
+                    if frame is not None and frame["op"] == "disposed":
+                        break
+        except (AnyformerError, TimeoutError):
+            pass  # it died or hung: ending the process frees everything it held
+        finally:
+            self._reap()
+
+    def _reap(self) -> None:
+        """Close the pipes and make sure the process is gone."""
+        process = self._process
+        if process.stdin is not None:
+            try:
+                process.stdin.close()
+            except OSError:
+                pass
+        try:
+            process.wait(timeout=DISPOSE_SECONDS)
+        except subprocess.TimeoutExpired:
+            pass
+        self._finalizer()
+        for thread in self._threads:
+            thread.join(timeout=2)
+        for stream in (process.stdout, process.stderr):
+            if stream is not None:
+                stream.close()
+
+
+def _load_message(backend: str, entry_point: str, model: Model, request: Request) -> dict[str, Any]:
+    description = json.loads(json.dumps({**model.to_dict(), "config": dict(model.config)}, default=str))
+    fields = dataclasses.asdict(request)
+    try:
+        json.dumps(fields["options"])
+    except (TypeError, ValueError) as exc:
+        raise AnyformerError(
+            ErrorCode.BAD_REQUEST, f"load options must be JSON data to reach an isolated worker: {exc}"
+        ) from None
+    return {
+        "op": "load",
+        "sys_path": list(sys.path),
+        "backend": backend,
+        "entry_point": entry_point,
+        "model": description,
+        "request": fields,
+    }
+
+
+def _progress_event(frame: Mapping[str, Any]) -> ProgressEvent:
+    names = {field.name for field in dataclasses.fields(ProgressEvent)}
+    values = {k: v for k, v in frame.items() if k in names}
+    if not isinstance(values.get("stage"), str):
+        raise ProtocolError("a progress frame without a stage")
+    for key in ("done", "total"):
+        if values.get(key) is not None and (isinstance(values[key], bool) or not isinstance(values[key], int)):
+            raise ProtocolError(f"a progress frame with a non-integer {key}")
+    return ProgressEvent(**values)

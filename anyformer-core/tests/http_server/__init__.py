@@ -1,0 +1,1 @@
+"""The server's tests (a package, so its conftest does not shadow the top-level one)."""

@@ -1,0 +1,154 @@
+"""What the server's tests share: uvicorn on a free loopback port, plain HTTP requests, an in-process backend.
+
+The in-process backend (``paced``) streams one word every few milliseconds until it is cancelled
+or reaches ``max_new_tokens``, embeds by hashing, and fails on cue; it lets fault tests be exact.
+In-process plugins cannot cross into worker processes, so its pools run with ``isolate=False``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import http.client
+import json
+import socket
+import threading
+import time
+import urllib.parse
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+
+from anyformer import AnyformerError, Chunk, Estimate, Rank, Refusal, StoreEntry, Verdict, hookimpl
+
+#: Seconds between the paced backend's tokens.
+PACE = 0.01
+#: A prompt that makes the paced backend's engine "crash" after two tokens.
+CRASH_PROMPT = "please crash"
+
+
+@dataclasses.dataclass
+class Reply:
+    """A plain HTTP reply: status, headers (lower-case names) and body."""
+
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+def plain_request(method: str, url: str, body: Any = None, headers: dict[str, str] | None = None) -> Reply:
+    """One HTTP request with the standard library; ``body`` is bytes as they are, or JSON."""
+    parts = urllib.parse.urlsplit(url)
+    connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)
+    raw = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
+    path = parts.path + (f"?{parts.query}" if parts.query else "")
+    try:
+        connection.request(method, path, body=raw, headers={"Content-Type": "application/json", **(headers or {})})
+        response = connection.getresponse()
+        return Reply(response.status, {k.lower(): v for k, v in response.getheaders()}, response.read())
+    finally:
+        connection.close()
+
+
+@contextlib.contextmanager
+def serve_in_thread(app: Any) -> Iterator[str]:
+    """Run ``app`` with uvicorn on a free loopback port in a thread; yields the base URL."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, name="uvicorn-test", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 120
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("the test server did not start")
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(30)
+
+
+class PacedHandle:
+    """A model of :class:`PacedBackend`."""
+
+    def __init__(self, backend: str, task: str, ref: str) -> None:
+        self.backend = backend
+        self.task = task
+        self.ref = ref
+        self.disposed = False
+
+    def dispose(self) -> None:
+        self.disposed = True
+
+    def run(self, input: Any, **options: Any) -> dict[str, Any]:
+        vectors = [[b / 255 for b in hashlib.sha256(text.encode()).digest()[:8]] for text in input]
+        return {"embeddings": vectors, "tokens": sum(len(text.split()) for text in input)}
+
+
+class PacedBackend:
+    """An in-process backend that streams words at a steady pace and records what happened to them."""
+
+    name = "paced"
+
+    def __init__(self, ram_bytes: int = 10**6, refuse: dict[str, str] | None = None) -> None:
+        self.ram_bytes = ram_bytes
+        #: Model folder name -> the refusal code this backend answers for it (``budget`` carries a need).
+        self.refuse = refuse or {}
+        self.handles: list[PacedHandle] = []
+        self.finished: list[str] = []  # the finish reason of every generation, once its stream closed
+        self.lock = threading.Lock()
+
+    @hookimpl
+    def can_run(self, model: Any, caps: Any, request: Any) -> Verdict:
+        code = self.refuse.get(Path(model.ref).name)
+        if code == "budget":
+            return Verdict.refuse(self.name, Refusal.BUDGET, "needs 5 GB of GPU memory", need=5 * 10**9)
+        if code is not None:
+            return Verdict.refuse(self.name, code, f"refused on cue ({code})")
+        return Verdict.accept(self.name, Estimate(ram_bytes=self.ram_bytes, tok_per_sec=100.0, rank=Rank.GENERAL))
+
+    @hookimpl
+    def store_list(self) -> list[StoreEntry]:
+        return [StoreEntry(self.name, "paced-org/stored-model", "main", "/nowhere", 1234)]
+
+    @hookimpl
+    def load(self, backend: str, model: Any, request: Any) -> PacedHandle | None:
+        if backend != self.name:
+            return None
+        handle = PacedHandle(self.name, request.task or "text-generation", model.ref)
+        self.handles.append(handle)
+        return handle
+
+    @hookimpl
+    def generate(self, loaded: Any, messages: Any, options: Any) -> Iterator[Chunk] | None:
+        if loaded.backend != self.name:
+            return None
+        if loaded.task != "text-generation":
+            raise AnyformerError("BAD_REQUEST", "this model embeds; it does not generate")
+        return self._words(messages[-1]["content"], options)
+
+    def _words(self, prompt: str, options: Any) -> Iterator[Chunk]:
+        reason = "cancelled"
+        try:
+            for count in range(1, options.max_new_tokens + 1):
+                if options.cancel.is_set():
+                    break
+                time.sleep(PACE)
+                if prompt == CRASH_PROMPT and count == 3:
+                    raise AnyformerError("BACKEND_CRASHED", "the paced engine died (exit code -9)")
+                last = count == options.max_new_tokens
+                if last:
+                    reason = "length"
+                yield Chunk(delta=f"w{count} ", tokens=count, finish_reason="length" if last else None)
+        finally:
+            with self.lock:
+                self.finished.append(reason)

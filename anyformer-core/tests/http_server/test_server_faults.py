@@ -1,0 +1,203 @@
+"""Faults and limits: disconnects, the bounded queue, crashes, eviction, budget and auth, on the paced backend."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from anyformer import Caps
+
+from .server_support import CRASH_PROMPT, PacedBackend, plain_request
+
+
+def chat(model: str, text: str = "hello", **extra: Any) -> dict[str, Any]:
+    return {"model": model, "messages": [{"role": "user", "content": text}], **extra}
+
+
+def wait_for(condition: Callable[[], bool], seconds: float = 5.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.01)
+
+
+def open_stream(url: str, body: dict[str, Any]) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+    """Start a streamed chat and read its first event; the caller closes the connection."""
+    parts = urllib.parse.urlsplit(url)
+    connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
+    connection.request("POST", "/v1/chat/completions", json.dumps({**body, "stream": True}).encode())
+    response = connection.getresponse()
+    assert response.status == 200
+    assert response.readline().startswith(b"data: ")
+    return connection, response
+
+
+def test_a_client_that_disconnects_mid_stream_frees_the_model(paced_server: Any, model_folders: Any) -> None:
+    url, backend, _pool = paced_server()
+    model = model_folders("a")
+    connection, response = open_stream(url, chat(model, max_tokens=100_000))
+    for _ in range(3):
+        response.readline()
+    connection.sock.shutdown(2)  # type: ignore[union-attr]
+    connection.close()
+    wait_for(lambda: backend.finished == ["cancelled"])
+    started = time.monotonic()
+    reply = plain_request("POST", f"{url}/v1/chat/completions", chat(model, max_tokens=5))
+    assert reply.status == 200, reply.body
+    assert reply.json()["choices"][0]["message"]["content"] == "w1 w2 w3 w4 w5 "
+    assert time.monotonic() - started < 2.0
+
+
+@pytest.mark.safety("R2")
+def test_a_full_queue_answers_503_with_retry_after(paced_server: Any, model_folders: Any) -> None:
+    url, _backend, _pool = paced_server(queue_size=1)
+    model = model_folders("a")
+    connection, _response = open_stream(url, chat(model, max_tokens=100_000))
+    waiting: list[Any] = []
+    waiter = threading.Thread(
+        target=lambda: waiting.append(plain_request("POST", f"{url}/v1/chat/completions", chat(model, max_tokens=3)))
+    )
+    waiter.start()
+    try:
+        time.sleep(0.3)  # the second request is now queued behind the stream
+        overflow = plain_request("POST", f"{url}/v1/chat/completions", chat(model, max_tokens=3))
+        assert overflow.status == 503
+        assert overflow.json()["error"]["code"] == "BUSY"
+        assert overflow.headers["retry-after"].isdigit()
+    finally:
+        connection.close()
+    waiter.join(10)
+    assert waiting and waiting[0].status == 200  # the queued one ran once the stream was gone
+
+
+def test_a_crashed_engine_is_a_500_and_the_next_request_reloads(paced_server: Any, model_folders: Any) -> None:
+    url, backend, _pool = paced_server()
+    model = model_folders("a")
+    crashed = plain_request("POST", f"{url}/v1/chat/completions", chat(model, CRASH_PROMPT, max_tokens=10))
+    assert crashed.status == 500 and crashed.json()["error"]["code"] == "BACKEND_CRASHED"
+    wait_for(lambda: backend.handles[0].disposed)
+    after = plain_request("POST", f"{url}/v1/chat/completions", chat(model, max_tokens=2))
+    assert after.status == 200
+    assert len(backend.handles) == 2
+
+
+def test_a_crash_mid_stream_ends_the_stream_with_an_error_event(paced_server: Any, model_folders: Any) -> None:
+    url, _backend, _pool = paced_server()
+    model = model_folders("a")
+    reply = plain_request("POST", f"{url}/v1/chat/completions", chat(model, CRASH_PROMPT, max_tokens=10, stream=True))
+    events = [line[6:] for line in reply.body.decode().split("\n\n") if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    assert json.loads(events[-2])["error"]["code"] == "BACKEND_CRASHED"
+
+
+def test_the_least_recently_used_model_leaves_when_a_new_one_does_not_fit(
+    paced_server: Any, model_folders: Any
+) -> None:
+    backend = PacedBackend(ram_bytes=6 * 10**8)  # two of them do not fit in 1 GB
+    url, _backend, pool = paced_server(backend=backend, caps=Caps(ram_bytes=10**9))
+    first, second = model_folders("first"), model_folders("second")
+    for model in (first, second, first):
+        assert plain_request("POST", f"{url}/v1/chat/completions", chat(model, max_tokens=1)).status == 200
+    assert [h.disposed for h in backend.handles] == [True, True, False]
+    loaded = {item["id"]: item["loaded"] for item in plain_request("GET", f"{url}/v1/models").json()["data"]}
+    assert loaded.get(first) is True and loaded.get(second) is not True
+    assert [m["id"] for m in pool.loaded()] == [first]
+
+
+def test_models_lists_loaded_then_stored_models(paced_server: Any, model_folders: Any) -> None:
+    url, _backend, _pool = paced_server()
+    model = model_folders("a")
+    assert plain_request("POST", f"{url}/v1/chat/completions", chat(model, max_tokens=1)).status == 200
+    listed = plain_request("GET", f"{url}/v1/models").json()["data"]
+    assert listed[0]["id"] == model and listed[0]["loaded"] is True and listed[0]["object"] == "model"
+    stored = [m for m in listed if m["id"] == "paced-org/stored-model"]
+    assert stored and stored[0]["stored"] is True and stored[0]["loaded"] is False
+
+
+def test_models_that_fit_together_stay_loaded(paced_server: Any, model_folders: Any) -> None:
+    url, backend, pool = paced_server()
+    for name in ("a", "b", "c"):
+        assert (
+            plain_request("POST", f"{url}/v1/chat/completions", chat(model_folders(name), max_tokens=1)).status == 200
+        )
+    assert len(pool.loaded()) == 3 and not any(h.disposed for h in backend.handles)
+
+
+def test_budget_too_small_is_507_with_the_need(paced_server: Any, model_folders: Any) -> None:
+    url, _backend, _pool = paced_server(backend=PacedBackend(refuse={"huge": "budget"}))
+    reply = plain_request("POST", f"{url}/v1/chat/completions", chat(model_folders("huge")))
+    assert reply.status == 507
+    error = reply.json()["error"]
+    assert error["code"] == "BUDGET_TOO_SMALL" and error["need"] == 5 * 10**9
+    assert error["verdicts"][0]["code"] == "budget"
+
+
+def test_no_backend_is_400_with_every_verdict(paced_server: Any, model_folders: Any) -> None:
+    url, _backend, _pool = paced_server(backend=PacedBackend(refuse={"odd": "format"}))
+    reply = plain_request("POST", f"{url}/v1/chat/completions", chat(model_folders("odd")))
+    assert reply.status == 400
+    error = reply.json()["error"]
+    assert error["code"] == "NO_BACKEND" and error["verdicts"][0]["reason"] == "refused on cue (format)"
+
+
+def test_embeddings_go_through_run_on_a_model_loaded_for_feature_extraction(
+    paced_server: Any, model_folders: Any
+) -> None:
+    url, backend, _pool = paced_server()
+    model = model_folders("embedder")
+    reply = plain_request("POST", f"{url}/v1/embeddings", {"model": model, "input": ["a b", "c"]})
+    assert reply.status == 200, reply.body
+    body = reply.json()
+    assert [item["index"] for item in body["data"]] == [0, 1] and body["usage"]["prompt_tokens"] == 3
+    assert backend.handles[-1].task == "feature-extraction"
+    encoded = plain_request(
+        "POST", f"{url}/v1/embeddings", {"model": model, "input": "a b", "encoding_format": "base64"}
+    ).json()
+    assert isinstance(encoded["data"][0]["embedding"], str)
+
+
+def test_a_wrong_api_key_is_401_and_the_right_one_passes(paced_server: Any, model_folders: Any) -> None:
+    url, _backend, _pool = paced_server(api_key="s3cret")
+    model = model_folders("a")
+    for headers in ({}, {"Authorization": "Bearer wrong"}):
+        reply = plain_request("POST", f"{url}/v1/chat/completions", chat(model, max_tokens=1), headers)
+        assert reply.status == 401 and reply.json()["error"]["code"] == "UNAUTHORIZED"
+    assert plain_request("GET", f"{url}/api/check?model=x", headers={"Authorization": "Bearer no"}).status == 401
+    ok = plain_request(
+        "POST", f"{url}/v1/chat/completions", chat(model, max_tokens=1), {"Authorization": "Bearer s3cret"}
+    )
+    assert ok.status == 200
+    assert plain_request("GET", url + "/").status == 200  # the page itself is public; its calls carry the key
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"messages": [{"role": "user", "content": "x"}]}, "model"),
+        ({"model": "m", "messages": "hello"}, "messages"),
+        ({"model": "m", "messages": [{"role": "wizard", "content": "x"}]}, "messages"),
+        ({"model": "m", "messages": [{"role": "user", "content": "x"}], "temperature": -1}, "temperature"),
+        ({"model": "m", "messages": [{"role": "user", "content": "x"}], "stop": [""]}, "stop"),
+        ({"model": "m", "messages": [{"role": "user", "content": "x"}], "n": 2}, "n"),
+        (
+            {
+                "model": "m",
+                "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x"}}]}],
+            },
+            "messages[0].content[0]",
+        ),
+    ],
+)
+def test_malformed_requests_are_400_naming_the_field(paced_server: Any, body: dict[str, Any], param: str) -> None:
+    url, backend, _pool = paced_server()
+    reply = plain_request("POST", f"{url}/v1/chat/completions", body)
+    assert reply.status == 400
+    assert reply.json()["error"]["param"] == param
+    assert not backend.handles  # refused before any model was loaded

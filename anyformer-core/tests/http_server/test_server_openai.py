@@ -1,0 +1,206 @@
+"""The server against the real ``openai`` client, on the embedded SmolLM2 and a tiny GGUF side by side."""
+
+from __future__ import annotations
+
+import base64
+import math
+import os
+import signal
+import urllib.parse
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .server_support import plain_request
+
+openai = pytest.importorskip("openai")
+
+pytestmark = pytest.mark.slow
+
+
+def client_for(real_server: tuple[str, Any]) -> Any:
+    url, _pool = real_server
+    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def hello(text: str = "Say hello in one short sentence.") -> list[dict[str, str]]:
+    return [{"role": "user", "content": text}]
+
+
+def test_chat_completion_answers_with_usage_counted(real_server: tuple[str, Any], smollm2_path: Path) -> None:
+    reply = client_for(real_server).chat.completions.create(model=str(smollm2_path), messages=hello(), max_tokens=12)
+    choice = reply.choices[0]
+    assert choice.message.role == "assistant" and choice.message.content.strip()
+    assert choice.finish_reason in ("stop", "length")
+    assert 1 <= reply.usage.completion_tokens <= 12
+    if reply.usage.prompt_tokens is not None:  # present when the backend counts the prompt
+        assert reply.usage.total_tokens == reply.usage.prompt_tokens + reply.usage.completion_tokens
+
+
+def test_streamed_chat_matches_the_whole_reply_at_temperature_zero(
+    real_server: tuple[str, Any], smollm2_path: Path
+) -> None:
+    client = client_for(real_server)
+    whole = client.chat.completions.create(model=str(smollm2_path), messages=hello(), max_tokens=16, temperature=0)
+    stream = client.chat.completions.create(
+        model=str(smollm2_path),
+        messages=hello(),
+        max_tokens=16,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    text, finish, usage = "", None, None
+    for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for choice in chunk.choices:
+            text += choice.delta.content or ""
+            finish = choice.finish_reason or finish
+    assert text == whole.choices[0].message.content
+    assert finish == whole.choices[0].finish_reason
+    assert usage is not None and usage.completion_tokens == whole.usage.completion_tokens
+
+
+def test_two_models_serve_side_by_side(real_server: tuple[str, Any], smollm2_path: Path, tiny_gguf_path: Path) -> None:
+    client = client_for(real_server)
+    tiny = client.chat.completions.create(model=str(tiny_gguf_path), messages=hello("hi"), max_tokens=5)
+    small = client.chat.completions.create(model=str(smollm2_path), messages=hello("hi"), max_tokens=5)
+    assert tiny.usage.completion_tokens >= 1 and small.usage.completion_tokens >= 1
+    listed = {model.id for model in client.models.list().data}
+    assert {str(tiny_gguf_path), str(smollm2_path)} <= listed
+
+
+def test_sampling_with_a_seed_repeats_and_stop_cuts_the_text(real_server: tuple[str, Any], smollm2_path: Path) -> None:
+    client = client_for(real_server)
+    runs = [
+        client.chat.completions.create(
+            model=str(smollm2_path), messages=hello("Tell me a story."), max_tokens=10, temperature=0.9, seed=7
+        )
+        .choices[0]
+        .message.content
+        for _ in range(2)
+    ]
+    assert runs[0] == runs[1]
+    greedy = client.chat.completions.create(model=str(smollm2_path), messages=hello(), max_tokens=12).choices[0]
+    cut_at = greedy.message.content.split()[1]
+    stopped = client.chat.completions.create(model=str(smollm2_path), messages=hello(), max_tokens=12, stop=[cut_at])
+    assert cut_at not in stopped.choices[0].message.content
+    assert stopped.choices[0].finish_reason == "stop"
+
+
+def test_completions_send_the_prompt_as_one_user_message(real_server: tuple[str, Any], smollm2_path: Path) -> None:
+    client = client_for(real_server)
+    completion = client.completions.create(model=str(smollm2_path), prompt="Name a colour.", max_tokens=8)
+    chat = client.chat.completions.create(model=str(smollm2_path), messages=hello("Name a colour."), max_tokens=8)
+    assert completion.object == "text_completion"
+    assert completion.choices[0].text == chat.choices[0].message.content
+    streamed = "".join(
+        chunk.choices[0].text
+        for chunk in client.completions.create(
+            model=str(smollm2_path), prompt="Name a colour.", max_tokens=8, stream=True
+        )
+        if chunk.choices
+    )
+    assert streamed == completion.choices[0].text
+
+
+def test_embeddings_are_unit_vectors_one_per_input(real_server: tuple[str, Any], smollm2_path: Path) -> None:
+    client = client_for(real_server)
+    result = client.embeddings.create(model=str(smollm2_path), input=["the cat sat", "the cat sat", "stock prices"])
+    vectors = [item.embedding for item in result.data]
+    assert len(vectors) == 3 and len({len(v) for v in vectors}) == 1 and len(vectors[0]) > 16
+    assert all(math.isclose(sum(x * x for x in v), 1.0, rel_tol=1e-3) for v in vectors)
+    assert vectors[0] == pytest.approx(vectors[1])
+    assert result.usage.prompt_tokens > 0
+    # The chat model stays loaded beside its embedding twin.
+    assert client.chat.completions.create(model=str(smollm2_path), messages=hello("hi"), max_tokens=3).choices
+
+
+def test_an_image_to_a_text_only_backend_is_a_bad_request(real_server: tuple[str, Any], smollm2_path: Path) -> None:
+    png = base64.b64encode(b"\x89PNG\r\n\x1a\n" + b"\0" * 32).decode()
+    content = [
+        {"type": "text", "text": "What is in this picture?"},
+        {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{png}"}},
+    ]
+    with pytest.raises(openai.BadRequestError) as caught:
+        client_for(real_server).chat.completions.create(
+            model=str(smollm2_path), messages=[{"role": "user", "content": content}], max_tokens=4
+        )
+    assert caught.value.body["code"] == "BAD_REQUEST"
+
+
+def test_unknown_model_is_404_and_bad_options_are_400(real_server: tuple[str, Any], smollm2_path: Path) -> None:
+    client = client_for(real_server)
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.chat.completions.create(model="/no/such/model.gguf", messages=hello(), max_tokens=4)
+    assert missing.value.body["code"] == "MODEL_NOT_FOUND"
+    with pytest.raises(openai.BadRequestError) as bad:
+        client.chat.completions.create(model=str(smollm2_path), messages=hello(), max_tokens=0)
+    assert bad.value.body["param"] == "max_tokens"
+
+
+def test_malformed_json_is_400_in_openais_error_shape(real_server: tuple[str, Any]) -> None:
+    url, _pool = real_server
+    response = plain_request("POST", f"{url}/v1/chat/completions", b'{"model": "x", "messages": [')
+    assert response.status == 400
+    error = response.json()["error"]
+    assert set(error) >= {"message", "type", "code", "param"}
+    assert error["code"] == "BAD_REQUEST" and error["type"] == "invalid_request_error"
+
+
+def test_check_endpoint_shows_every_verdict_and_the_choice(real_server: tuple[str, Any], smollm2_path: Path) -> None:
+    url, _pool = real_server
+    result = plain_request("GET", f"{url}/api/check?model={urllib.parse.quote(str(smollm2_path))}").json()
+    assert result["chosen"] == result["verdicts"][0]["backend"]
+    assert result["verdicts"][0]["ok"] is True
+    assert result["model"]["architecture"] == "llama"
+
+
+def test_the_chat_page_is_served_at_the_root(real_server: tuple[str, Any]) -> None:
+    url, _pool = real_server
+    response = plain_request("GET", url + "/")
+    assert response.status == 200 and "text/html" in response.headers["content-type"]
+    assert b"/v1/chat/completions" in response.body and b"/api/check" in response.body
+
+
+def _worker_pid(pool: Any, model: Path, task: str = "text-generation") -> int:
+    pids = [m["worker_pid"] for m in pool.loaded() if m["id"] == str(model) and m["task"] == task]
+    if not pids or pids[0] is None:
+        pytest.xfail("anyformer.load(isolate=True) is not available: engines run in the server's process")
+    return pids[0]
+
+
+def test_a_killed_worker_is_one_500_and_the_next_request_reloads(
+    real_server: tuple[str, Any], tiny_gguf_path: Path
+) -> None:
+    client = client_for(real_server)
+    _url, pool = real_server
+    client.chat.completions.create(model=str(tiny_gguf_path), messages=hello("hi"), max_tokens=2)
+    os.kill(_worker_pid(pool, tiny_gguf_path), signal.SIGKILL)
+    with pytest.raises(openai.InternalServerError) as crashed:
+        client.chat.completions.create(model=str(tiny_gguf_path), messages=hello("hi"), max_tokens=2)
+    assert crashed.value.body["code"] == "BACKEND_CRASHED"
+    again = client.chat.completions.create(model=str(tiny_gguf_path), messages=hello("hi"), max_tokens=2)
+    assert again.usage.completion_tokens >= 1
+
+
+def test_a_worker_killed_mid_stream_ends_it_with_an_error(real_server: tuple[str, Any], smollm2_path: Path) -> None:
+    client = client_for(real_server)
+    _url, pool = real_server
+    client.chat.completions.create(model=str(smollm2_path), messages=hello("hi"), max_tokens=2)
+    pid = _worker_pid(pool, smollm2_path)
+    stream = client.chat.completions.create(
+        model=str(smollm2_path),
+        messages=hello("Count from 1 to 500, separated by commas."),
+        max_tokens=400,
+        stream=True,
+    )
+    with pytest.raises(openai.APIError) as crashed:
+        for index, _chunk in enumerate(stream):
+            if index == 3:
+                os.kill(pid, signal.SIGKILL)
+    assert crashed.value.body["code"] == "BACKEND_CRASHED"
+    again = client.chat.completions.create(model=str(smollm2_path), messages=hello("hi"), max_tokens=2)
+    assert again.usage.completion_tokens >= 1

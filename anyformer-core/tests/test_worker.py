@@ -1,0 +1,464 @@
+"""Isolated workers (``load(..., isolate=True)``): the same contract, and an engine crash ends only the worker.
+
+The backends are :mod:`worker_engines`, installed as entry points of a distribution on
+``sys.path``; the worker takes the parent's ``sys.path`` and loads them from there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import worker_engines
+
+import anyformer
+from anyformer import AnyformerError, Caps, Chunk, ErrorCode
+from anyformer._worker_protocol import (
+    MAX_FRAME_BYTES,
+    ProtocolError,
+    crash_error,
+    decode_value,
+    encode_value,
+    read_frame,
+    write_frame,
+)
+from anyformer._worker_session import WINDOW
+
+
+@pytest.fixture
+def engines(distributions: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """:mod:`worker_engines` installed as the distribution ``aftest-engines``, and only those backends."""
+    distributions.add("aftest-engines", "1.0", worker_engines.ENTRY_POINTS)
+    monkeypatch.setenv("ANYFORMER_PLUGINS", ",".join(worker_engines.ENTRY_POINTS))
+    return distributions
+
+
+@pytest.fixture
+def load_isolated(engines: Any, model_description: dict[str, Any]) -> Iterator[Callable[..., Any]]:
+    """Load the test model on one of the engines in a worker; every worker is disposed afterwards."""
+    opened: list[anyformer.Loaded] = []
+
+    def load(backend: str, **options: Any) -> anyformer.Loaded:
+        loaded = anyformer.load(model_description, backend=backend, caps=Caps(), isolate=True, **options)
+        opened.append(loaded)
+        return loaded
+
+    yield load
+    for loaded in opened:
+        loaded.dispose()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _stats(loaded: anyformer.Loaded) -> dict[str, int]:
+    return loaded.run("stats")
+
+
+# ---- the same contract -----------------------------------------------------------------------------
+
+
+def test_the_engine_runs_in_another_process(load_isolated: Any) -> None:
+    loaded = load_isolated("steady")
+    assert loaded.isolated and loaded.worker_pid not in (None, os.getpid())
+    assert _stats(loaded)["pid"] == loaded.worker_pid
+    assert f"worker pid {loaded.worker_pid}" in repr(loaded)
+    with pytest.raises(AnyformerError) as caught:
+        _ = loaded.handle
+    assert caught.value.code is ErrorCode.BAD_REQUEST and "isolate=False" in caught.value.message
+
+
+def test_isolated_and_in_process_streams_are_identical(load_isolated: Any, model_description: dict[str, Any]) -> None:
+    isolated = load_isolated("steady")
+    with anyformer.load(model_description, backend="steady", caps=Caps()) as local:
+        assert not local.isolated and local.worker_pid is None
+        for options in ({"max_new_tokens": 5}, {"max_new_tokens": 50, "stop": "w4"}, {"max_new_tokens": 40}):
+            assert list(isolated.generate("hi", **options)) == list(local.generate("hi", **options))
+
+
+def test_messages_with_bytes_reach_the_worker_intact(load_isolated: Any) -> None:
+    loaded = load_isolated("echo")
+    blocks = [{"type": "text", "text": "what is it?"}, {"type": "image", "image": b"\x89PNG\x00\xff"}]
+    text = loaded.complete([{"role": "user", "content": blocks}]).text
+    assert "b'\\x89PNG\\x00\\xff'" in text and "what is it?" in text
+
+
+def test_progress_of_the_load_reaches_the_caller(engines: Any, model_description: dict[str, Any]) -> None:
+    events: list[anyformer.ProgressEvent] = []
+    with anyformer.load(model_description, backend="steady", caps=Caps(), isolate=True, progress=events.append):
+        pass
+    assert [(e.stage, e.done, e.total) for e in events] == [("load", 0, 2), ("load", 2, 2)]
+
+
+def test_run_crosses_with_its_options(load_isolated: Any) -> None:
+    loaded = load_isolated("steady")
+    assert loaded.run("text", normalize=True) == {"input": "text", "options": {"normalize": True}}
+    with pytest.raises(AnyformerError) as caught:
+        loaded.run(object())
+    assert caught.value.code is ErrorCode.BAD_REQUEST and "isolated worker" in caught.value.message
+
+
+def test_an_option_that_is_not_data_is_bad_request(load_isolated: Any) -> None:
+    loaded = load_isolated("steady")
+    with pytest.raises(AnyformerError) as caught:
+        loaded.generate("hi", logits_processor=lambda x: x)
+    assert caught.value.code is ErrorCode.BAD_REQUEST
+    assert loaded.complete("hi", max_new_tokens=2).text == "w1 w2 "
+
+
+@pytest.mark.safety("R1")
+def test_cancel_stops_the_worker_within_two_chunks(load_isolated: Any) -> None:
+    loaded = load_isolated("slow")
+    cancel = threading.Event()
+    seen: list[Chunk] = []
+    after_cancel = 0
+    for chunk in loaded.generate("hi", max_new_tokens=10**6, cancel=cancel):
+        seen.append(chunk)
+        after_cancel += cancel.is_set()
+        if len(seen) == 3:
+            cancel.set()
+    assert after_cancel <= 2 and seen[-1].finish_reason == "cancelled"
+    stats = _stats(loaded)
+    assert stats["closed"] == 1, "the engine's iterator was not closed in the worker"
+    assert stats["made"] <= 3 + WINDOW
+    time.sleep(0.1)
+    assert _stats(loaded)["made"] == stats["made"], "the engine kept working after the cancel"
+    assert loaded.complete("again", max_new_tokens=2).text == "w1 w2 "
+
+
+@pytest.mark.safety("R1", "R3")
+def test_closing_the_iterator_stops_the_worker(load_isolated: Any) -> None:
+    loaded = load_isolated("slow")
+    stream = loaded.generate("hi", max_new_tokens=10**6)
+    next(stream)
+    next(stream)
+    stream.close()
+    assert loaded.complete("again", max_new_tokens=3).text == "w1 w2 w3 "
+    stats = _stats(loaded)
+    assert stats["closed"] == 2 and stats["made"] <= 2 + WINDOW + 3
+
+
+@pytest.mark.safety("R1")
+def test_cancel_while_the_engine_is_between_tokens_returns_at_once(load_isolated: Any) -> None:
+    loaded = load_isolated("slow")
+    cancel = threading.Event()
+    threading.Timer(0.05, cancel.set).start()
+    started = time.monotonic()
+    last = loaded.complete("hi", max_new_tokens=10**6, cancel=cancel)
+    assert last.finish_reason == "cancelled" and time.monotonic() - started < 2
+
+
+@pytest.mark.safety("R2")
+def test_a_second_generate_while_one_is_open_is_busy(load_isolated: Any) -> None:
+    loaded = load_isolated("steady")
+    first = loaded.generate("hi")
+    next(first)
+    with pytest.raises(AnyformerError) as caught:
+        loaded.generate("again")
+    assert caught.value.code is ErrorCode.BUSY
+    assert next(first).text == "w1 w2 "
+    first.close()
+
+
+def test_agenerate_through_a_worker(load_isolated: Any) -> None:
+    loaded = load_isolated("steady")
+
+    async def collect() -> list[Chunk]:
+        return [chunk async for chunk in loaded.agenerate("hi", max_new_tokens=4)]
+
+    assert [c.text for c in asyncio.run(collect())][-1] == "w1 w2 w3 w4 "
+
+
+@pytest.mark.safety("R3")
+def test_dispose_ends_the_worker_and_twice_is_harmless(load_isolated: Any) -> None:
+    loaded = load_isolated("slow")
+    pid = loaded.worker_pid
+    stream = loaded.generate("hi", max_new_tokens=1000)
+    next(stream)
+    loaded.dispose()
+    loaded.dispose()
+    assert not _alive(pid)
+    with pytest.raises(StopIteration):
+        next(stream)
+    with pytest.raises(AnyformerError) as caught:
+        loaded.generate("hi")
+    assert caught.value.code is ErrorCode.BAD_REQUEST
+
+
+@pytest.mark.safety("R3")
+def test_a_dropped_loaded_model_ends_its_worker(engines: Any, model_description: dict[str, Any]) -> None:
+    loaded = anyformer.load(model_description, backend="steady", caps=Caps(), isolate=True)
+    pid = loaded.worker_pid
+    del loaded
+    import gc
+
+    gc.collect()
+    deadline = time.monotonic() + 5
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not _alive(pid)
+
+
+def test_stdout_writes_in_the_engine_do_not_corrupt_the_stream(load_isolated: Any) -> None:
+    assert load_isolated("prints").complete("hi", max_new_tokens=4).text == "w1 w2 w3 w4 "
+
+
+# ---- errors raised in the worker come back with their code ------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("backend", "code", "words"),
+    [
+        ("bad-model-at-load", ErrorCode.BAD_MODEL, "wrong shape"),
+        ("raises-at-load", ErrorCode.PLUGIN_ERROR, "KeyError"),
+    ],
+)
+def test_errors_at_load_come_back_with_their_code(
+    engines: Any, load_isolated: Any, backend: str, code: ErrorCode, words: str
+) -> None:
+    with pytest.raises(AnyformerError) as caught:
+        load_isolated(backend)
+    assert caught.value.code is code and words in caught.value.message
+
+
+def test_errors_while_generating_come_back_with_their_code(load_isolated: Any) -> None:
+    loaded = load_isolated("bad-request")
+    with pytest.raises(AnyformerError) as caught:
+        loaded.generate("hi")
+    assert caught.value.code is ErrorCode.BAD_REQUEST and "9000 tokens" in caught.value.message
+    loaded = load_isolated("raises")
+    with pytest.raises(AnyformerError) as caught:
+        list(loaded.generate("hi"))
+    assert caught.value.code is ErrorCode.PLUGIN_ERROR and "KeyError" in caught.value.message
+    assert loaded.complete("hi", max_new_tokens=2).text == "w1 w2 ", "the worker survives an exception"
+
+
+def test_a_backend_registered_in_process_cannot_be_isolated(model_description: dict[str, Any]) -> None:
+    manager = anyformer.PluginManager()
+    manager.register(worker_engines.steady, "steady")
+    with pytest.raises(AnyformerError) as caught:
+        anyformer.load(model_description, caps=Caps(), plugins=manager, isolate=True)
+    assert caught.value.code is ErrorCode.BAD_REQUEST and "entry point" in caught.value.message
+
+
+# ---- a crashing engine ends only the worker (SAFETY R5, R6) -------------------------------------
+
+
+@pytest.mark.safety("R6")
+@pytest.mark.parametrize(
+    ("backend", "how"),
+    [("aborts", "killed by SIGABRT"), ("segfaults", "killed by SIGSEGV"), ("exits", "exited with status 7")],
+)
+def test_an_engine_crash_mid_generation_is_backend_crashed_and_the_caller_lives(
+    load_isolated: Any, backend: str, how: str
+) -> None:
+    loaded = load_isolated(backend)
+    pid = loaded.worker_pid
+    seen: list[Chunk] = []
+    with pytest.raises(AnyformerError) as caught:
+        for chunk in loaded.generate("hi", max_new_tokens=100):
+            seen.append(chunk)
+    error = caught.value
+    assert error.code is ErrorCode.BACKEND_CRASHED, error
+    assert how in error.message and f"pid {pid}" in error.message
+    fault = {"aborts": "abort", "segfaults": "segfault", "exits": "exit"}[backend]
+    assert f"engine: about to {fault}" in error.message, "the engine's last stderr line is quoted"
+    assert "out of memory" not in error.message
+    assert [c.text for c in seen] == ["w1 ", "w1 w2 "]
+    assert not _alive(pid)
+    with pytest.raises(AnyformerError) as again:
+        loaded.generate("hi")
+    assert again.value.code is ErrorCode.BACKEND_CRASHED
+    loaded.dispose()
+    assert load_isolated("steady").complete("hi", max_new_tokens=2).text == "w1 w2 ", "a fresh load works"
+
+
+@pytest.mark.safety("R6")
+def test_a_worker_killed_mid_generation_is_backend_crashed_then_a_fresh_load_works(load_isolated: Any) -> None:
+    loaded = load_isolated("slow")
+    with pytest.raises(AnyformerError) as caught:
+        for chunk in loaded.generate("hi", max_new_tokens=10**6):
+            if chunk.tokens == 5:
+                os.kill(loaded.worker_pid, signal.SIGKILL)
+    assert caught.value.code is ErrorCode.BACKEND_CRASHED
+    assert "killed by SIGKILL" in caught.value.message
+    assert load_isolated("slow").complete("hi", max_new_tokens=3).text == "w1 w2 w3 "
+
+
+@pytest.mark.safety("R6")
+@pytest.mark.parametrize(("backend", "line"), [("bad-alloc", "std::bad_alloc"), ("cuda-oom", "CUDA error: out of")])
+def test_out_of_memory_during_compute_is_recognised_from_stderr(load_isolated: Any, backend: str, line: str) -> None:
+    loaded = load_isolated(backend)
+    with pytest.raises(AnyformerError) as caught:
+        list(loaded.generate("hi"))
+    assert caught.value.code is ErrorCode.BACKEND_CRASHED
+    assert "SIGABRT while generating: out of memory" in caught.value.message and line in caught.value.message
+
+
+@pytest.mark.safety("R5")
+def test_out_of_memory_while_loading_is_out_of_memory(engines: Any, load_isolated: Any) -> None:
+    with pytest.raises(AnyformerError) as caught:
+        load_isolated("bad-alloc-at-load")
+    assert caught.value.code is ErrorCode.OUT_OF_MEMORY and "while loading: out of memory" in caught.value.message
+    assert load_isolated("steady").complete("hi", max_new_tokens=1).text == "w1 "
+
+
+@pytest.mark.safety("R6")
+def test_an_abort_while_loading_is_backend_crashed(engines: Any, load_isolated: Any) -> None:
+    with pytest.raises(AnyformerError) as caught:
+        load_isolated("aborts-at-load")
+    assert caught.value.code is ErrorCode.BACKEND_CRASHED and "SIGABRT while loading" in caught.value.message
+
+
+@pytest.mark.safety("R6")
+def test_a_sigkill_while_the_oom_kill_count_rose_is_out_of_memory() -> None:
+    error = crash_error("llamacpp", 42, "generating", -signal.SIGKILL, [], oom_kills_before=3, oom_kills_after=4)
+    assert error.code is ErrorCode.BACKEND_CRASHED and "OOM killer" in error.message
+    assert "out of memory" in error.message
+    plain = crash_error("llamacpp", 42, "generating", -signal.SIGKILL, [], oom_kills_before=3, oom_kills_after=3)
+    assert "out of memory" not in plain.message and "kill -9" in plain.message
+    loading = crash_error("llamacpp", 42, "loading", -signal.SIGKILL, [], oom_kills_before=0, oom_kills_after=1)
+    assert loading.code is ErrorCode.OUT_OF_MEMORY
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "ggml_vulkan: vk::Device::allocateMemory: ErrorOutOfDeviceMemory",
+        "ggml_backend_cuda_buffer_type_alloc_buffer: allocating 5000.00 MiB on device 0: cudaMalloc failed",
+        "mmap failed: Cannot allocate memory",
+        "MemoryError",
+    ],
+)
+def test_out_of_memory_lines_of_the_engines_are_recognised(line: str) -> None:
+    error = crash_error("x", 1, "generating", -signal.SIGABRT, ["noise", line, "Fatal Python error: Aborted"])
+    assert "out of memory" in error.message
+
+
+def test_an_ordinary_abort_is_not_out_of_memory() -> None:
+    tail = ["GGML_ASSERT(ggml_nelements(a) == ne0*ne1) failed", "Fatal Python error: Aborted"]
+    error = crash_error("x", 1, "generating", -signal.SIGABRT, tail)
+    assert "out of memory" not in error.message and "GGML_ASSERT" in error.message
+
+
+def test_the_worker_ends_when_its_parent_dies(engines: Any, tmp_path: Path) -> None:
+    script = textwrap.dedent(
+        """
+        import os, sys, anyformer
+        from anyformer import Caps
+        loaded = anyformer.load(sys.argv[1], backend="slow", caps=Caps(), isolate=True)
+        print(loaded.worker_pid, flush=True)
+        os._exit(0)
+        """
+    )
+    description = tmp_path / "model.json"
+    description.write_text('{"repo": "t/m", "files": [{"name": "m.gguf", "size": 1}]}')
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(engines.root), str(Path(worker_engines.__file__).parent)])}
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(description)], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert done.returncode == 0, done.stderr
+    pid = int(done.stdout.split()[0])
+    deadline = time.monotonic() + 10
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(pid), "the worker outlived its parent"
+
+
+# ---- the protocol ----------------------------------------------------------------------------------
+
+
+def _pipe_with(data: bytes) -> int:
+    read_end, write_end = os.pipe()
+    os.write(write_end, data)
+    os.close(write_end)
+    return read_end
+
+
+@pytest.mark.parametrize(
+    ("data", "fault"),
+    [
+        ((MAX_FRAME_BYTES + 1).to_bytes(4, "big"), "over the"),
+        (b"\x00\x00\x00\x05{bad}", "not JSON"),
+        (b"\x00\x00\x00\x02[]", "not an object"),
+        (b'\x00\x00\x00\x09{"op": 1}', "not an object"),
+        (b'\x00\x00\x00\x10{"op"', "ended"),
+        (b"\x00\x00", "ended"),
+    ],
+)
+def test_malformed_frames_are_protocol_errors(data: bytes, fault: str) -> None:
+    fd = _pipe_with(data)
+    try:
+        with pytest.raises(ProtocolError, match=fault):
+            read_frame(fd)
+    finally:
+        os.close(fd)
+
+
+def test_frames_round_trip_and_end_cleanly() -> None:
+    read_end, write_end = os.pipe()
+    write_frame(write_end, {"op": "chunks", "items": [["ü", 1, None]]})
+    os.close(write_end)
+    assert read_frame(read_end) == {"op": "chunks", "items": [["ü", 1, None]]}
+    assert read_frame(read_end) is None
+    os.close(read_end)
+
+
+def test_values_that_are_not_json_cross_encoded() -> None:
+    import numpy as np
+
+    array = np.arange(6, dtype=np.float32).reshape(2, 3)
+    value = decode_value(encode_value({"b": b"\x00\x01", "a": array, "n": [1, "x", None]}))
+    assert value["b"] == b"\x00\x01" and value["n"] == [1, "x", None]
+    assert value["a"].dtype == np.float32 and value["a"].tolist() == array.tolist()
+    with pytest.raises(ProtocolError):
+        decode_value({"$array": {"dtype": "O", "shape": [1], "data": ""}})
+    with pytest.raises(TypeError):
+        encode_value({1, 2})
+
+
+# ---- the CLI runs engines in a worker by default ---------------------------------------------------
+
+
+def _cli_env(engines: Any) -> dict[str, str]:
+    tests = str(Path(worker_engines.__file__).parent)
+    return {"PYTHONPATH": os.pathsep.join([str(engines.root), tests]), "ANYFORMER_PLUGINS": "aborts,steady"}
+
+
+@pytest.mark.safety("R6")
+def test_cli_run_reports_an_engine_crash_without_dying_of_it(engines: Any, run_cli: Any, tmp_path: Path) -> None:
+    description = tmp_path / "model.json"
+    description.write_text('{"repo": "t/m", "files": [{"name": "m.gguf", "size": 1}]}')
+    done = run_cli("run", str(description), "hi", "--backend", "aborts", "--caps", "", env=_cli_env(engines))
+    assert done.returncode == 1, done.stderr
+    assert "BACKEND_CRASHED" in done.stderr and "killed by SIGABRT" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_cli_run_in_process_is_an_opt_out(engines: Any, run_cli: Any, tmp_path: Path) -> None:
+    description = tmp_path / "model.json"
+    description.write_text('{"repo": "t/m", "files": [{"name": "m.gguf", "size": 1}]}')
+    args = ("run", str(description), "hi", "--backend", "steady", "--caps", "", "--max-new-tokens", "3")
+    isolated = run_cli(*args, env=_cli_env(engines))
+    in_process = run_cli(*args, "--in-process", env=_cli_env(engines))
+    assert isolated.returncode == in_process.returncode == 0, isolated.stderr + in_process.stderr
+    assert isolated.stdout == in_process.stdout == "w1 w2 w3 \n"
+    crashed = run_cli(
+        "run", str(description), "hi", "--backend", "aborts", "--caps", "", "--in-process", env=_cli_env(engines)
+    )
+    assert crashed.returncode == -6, "in-process, the abort takes the CLI down with it"

@@ -1,0 +1,142 @@
+"""Test backends that misbehave the way native engines do: abort, segfault, exit, run out of memory.
+
+Each module-level object is one backend; the tests register them as entry points of a distribution
+on ``sys.path`` (an isolated worker loads backends from entry points only, and takes the parent's
+``sys.path``, so it imports this very module). Faults strike at the third token, or at load.
+``run("stats")`` reports what the engine did, from inside the worker.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from anyformer import AnyformerError, Chunk, Estimate, ProgressEvent, Rank, Verdict, hookimpl
+
+#: What glibc's C++ runtime prints when ``new`` fails and nothing catches it.
+BAD_ALLOC = "terminate called after throwing an instance of 'std::bad_alloc'\n  what():  std::bad_alloc\n"
+
+
+class Handle:
+    """A loaded model of :class:`Engine`: counts what the engine did."""
+
+    def __init__(self, backend: str) -> None:
+        self.backend = backend
+        self.task = "text-generation"
+        self.made = 0
+        self.closed = 0
+        self.disposed = 0
+
+    def run(self, input: Any, **options: Any) -> Any:
+        if input == "stats":
+            return {"made": self.made, "closed": self.closed, "pid": os.getpid()}
+        return {"input": input, "options": options}
+
+    def dispose(self) -> None:
+        self.disposed += 1
+
+
+def _die_of(fault: str) -> None:
+    sys.stderr.write(f"engine: about to {fault}\n")
+    sys.stderr.flush()
+    if fault == "abort":
+        os.abort()
+    elif fault == "segfault":
+        ctypes.string_at(0)
+    elif fault == "exit":
+        os._exit(7)
+    elif fault == "bad_alloc":
+        sys.stderr.write(BAD_ALLOC)
+        sys.stderr.flush()
+        os.abort()
+    elif fault == "cuda_oom":
+        sys.stderr.write("CUDA error: out of memory\n  current device: 0, in function ggml_cuda_op\n")
+        sys.stderr.flush()
+        os.abort()
+
+
+class Engine:
+    """One backend: ``fault`` names what goes wrong and ``at`` when (``load`` or ``generate``)."""
+
+    def __init__(self, name: str, fault: str | None = None, at: str = "generate", delay: float = 0.0) -> None:
+        self.name = name
+        self.fault = fault
+        self.at = at
+        self.delay = delay
+
+    @hookimpl
+    def can_run(self, model: Any) -> Verdict:
+        return Verdict.accept(self.name, Estimate(ram_bytes=10**6, tok_per_sec=10.0, rank=Rank.GENERAL))
+
+    @hookimpl
+    def load(self, backend: str, model: Any, progress: Any) -> Handle | None:
+        if backend != self.name:
+            return None
+        progress(ProgressEvent(stage="load", backend=self.name, file="weights", done=0, total=2))
+        if self.at == "load":
+            if self.fault == "bad_model":
+                raise AnyformerError("BAD_MODEL", "weights: tensor blk.0.attn_q has the wrong shape")
+            if self.fault == "raises":
+                raise KeyError("blk.0.attn_q")
+            _die_of(self.fault or "")
+        progress(ProgressEvent(stage="load", backend=self.name, file="weights", done=2, total=2))
+        return Handle(self.name)
+
+    @hookimpl
+    def generate(self, loaded: Handle, messages: list[Any], options: Any) -> Iterator[Chunk] | None:
+        if loaded.backend != self.name:
+            return None
+        if self.fault == "bad_request":
+            raise AnyformerError("BAD_REQUEST", "the prompt is 9000 tokens and the context is 512")
+        if self.fault == "echo":
+            return iter([Chunk(delta=repr(messages), tokens=1, finish_reason="stop")])
+        return self._stream(loaded, options)
+
+    def _stream(self, handle: Handle, options: Any) -> Iterator[Chunk]:
+        try:
+            token = 0
+            while not options.cancel.is_set():
+                token += 1
+                if token == 3 and self.at == "generate" and self.fault:
+                    if self.fault == "raises":
+                        raise KeyError("kv slot")
+                    if self.fault == "prints":
+                        print("engine chatter on stdout")
+                        os.write(1, b"\x00\x00\x00\x05{bad}")  # would corrupt a frame if fd 1 were the pipe
+                    else:
+                        _die_of(self.fault)
+                if self.delay:
+                    time.sleep(self.delay)
+                handle.made += 1
+                yield Chunk(delta=f"w{token} ", tokens=token)
+            yield Chunk(tokens=token, finish_reason="cancelled")
+        finally:
+            handle.closed += 1
+
+
+steady = Engine("steady")
+slow = Engine("slow", delay=0.01)
+echo = Engine("echo", "echo")
+aborts = Engine("aborts", "abort")
+segfaults = Engine("segfaults", "segfault")
+exits = Engine("exits", "exit")
+bad_alloc = Engine("bad-alloc", "bad_alloc")
+cuda_oom = Engine("cuda-oom", "cuda_oom")
+raises = Engine("raises", "raises")
+prints = Engine("prints", "prints")
+bad_request = Engine("bad-request", "bad_request")
+aborts_at_load = Engine("aborts-at-load", "abort", at="load")
+bad_alloc_at_load = Engine("bad-alloc-at-load", "bad_alloc", at="load")
+bad_model_at_load = Engine("bad-model-at-load", "bad_model", at="load")
+raises_at_load = Engine("raises-at-load", "raises", at="load")
+
+#: Every backend above: id -> ``module:attribute``.
+ENTRY_POINTS = {
+    engine.name: f"worker_engines:{attribute}"
+    for attribute, engine in dict(globals()).items()
+    if isinstance(engine, Engine)
+}
