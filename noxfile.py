@@ -91,10 +91,13 @@ def conformance(session: nox.Session, plugin: str) -> None:
 @nox.session
 def bench(session: nox.Session) -> None:
     """Benchmarks, reported as ratios against the reference in the same run (not part of CI)."""
-    install(session, CORE, PLUGINS["llamacpp"], extra=["llm>=0.13"])
+    # llama_cpp.server's own dependencies by name (its [server] extra), so llama-cpp-python is not rebuilt.
+    server = ["fastapi", "sse-starlette", "starlette-context", "pydantic-settings", "uvicorn"]
+    install(session, CORE, PLUGINS["llamacpp"], extra=["llm>=0.13", f"{ROOT / CORE}[serve]", *server])
     session.run("python", "anyformer-core/bench/bench_check.py")
     session.run("python", "anyformer-core/bench/bench_pull.py")
     session.run("python", "anyformer-core/bench/bench_isolation.py")
+    session.run("python", "anyformer-core/bench/bench_serve.py")
     session.run("python", "plugins/anyformer-llamacpp/bench/bench_decode.py", *session.posargs)
 
 

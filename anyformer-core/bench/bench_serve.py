@@ -12,7 +12,7 @@ llama_cpp.server runs with ``--interrupt_requests False`` so that it queues conc
 as anyformer does, rather than cancelling the running one. It needs fastapi, sse-starlette,
 starlette-context, pydantic-settings and uvicorn (``llama-cpp-python[server]``'s extras).
 
-    python anyformer-core/bench/bench_serve.py [--clients 4] [--requests 2] [--max-tokens 64] [--rounds 2]
+    python anyformer-core/bench/bench_serve.py [--clients 4] [--requests 2] [--max-tokens 64] [--rounds 2] [--threads N]
 """
 
 from __future__ import annotations
@@ -139,13 +139,19 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--context", type=int, default=2048)
+    parser.add_argument(
+        "--threads",
+        type=int,
+        help="decode threads for both servers (default: every usable core; on a busy 2-core machine 1 is steadier, "
+        "as llama.cpp's spinning threads stall when another process takes a core)",
+    )
     args = parser.parse_args()
 
     import anyformer
     from anyformer._caps import usable_cpu_count
 
     model = str(anyformer.default_model_path())
-    threads = str(usable_cpu_count())
+    threads = str(args.threads or usable_cpu_count())
     env = {**os.environ, "ANYFORMER_LLAMACPP_THREADS": threads}
     port = _free_port()
     anyformer_serve = [sys.executable, "-m", "anyformer", "serve", "--port", str(port), "--preload", model]
