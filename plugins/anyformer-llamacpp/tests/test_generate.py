@@ -128,3 +128,30 @@ def test_thread_count_uses_every_usable_core(monkeypatch: pytest.MonkeyPatch) ->
     assert pick_threads() == anyformer.probe(gpu=False).cpu_count
     monkeypatch.setenv("ANYFORMER_LLAMACPP_THREADS", "3")
     assert pick_threads() == 3
+
+
+def test_a_split_set_loads_as_one_model_and_answers_like_the_whole_file(tmp_path: Path, tiny_gguf: Path) -> None:
+    from tiny_gguf import write_tiny_llama
+
+    folder = tmp_path / "split"
+    folder.mkdir()
+    write_tiny_llama(folder / "tiny-llama-F32.gguf", split_max_tensors=8)
+    shards = sorted(p.name for p in folder.iterdir())
+    assert shards == [f"tiny-llama-F32-0000{i}-of-00003.gguf" for i in (1, 2, 3)]
+    messages = [{"role": "user", "content": "hello there"}]
+    with anyformer.load(folder, backend="llamacpp") as split, anyformer.load(tiny_gguf, backend="llamacpp") as whole:
+        assert split.verdict.estimate.details["shards"] == 3
+        assert split.complete(messages, max_new_tokens=10).text == whole.complete(messages, max_new_tokens=10).text
+
+
+def test_a_split_set_with_a_swapped_shard_is_bad_model(tmp_path: Path) -> None:
+    from tiny_gguf import write_tiny_llama
+
+    one, two = tmp_path / "one", tmp_path / "two"
+    one.mkdir(), two.mkdir()
+    write_tiny_llama(one / "m-F32.gguf", split_max_tensors=8, seed=1)
+    write_tiny_llama(two / "m-F32.gguf", split_max_tensors=6, seed=2)
+    (one / "m-F32-00002-of-00003.gguf").write_bytes((two / "m-F32-00002-of-00004.gguf").read_bytes())
+    with pytest.raises(AnyformerError) as info:
+        anyformer.load(one, backend="llamacpp")
+    assert info.value.code is ErrorCode.BAD_MODEL and "00002" in info.value.message

@@ -37,14 +37,18 @@ def write_tiny_llama(
     chat_template: str | None = CHATML_WITH_THINKING,
     overrides: dict[str, int] | None = None,
     quant: str = "F32",
+    split_max_tensors: int = 0,
 ) -> Path:
-    """Write a random 2-layer llama GGUF that llama.cpp loads and chats with; returns ``path``."""
+    """Write a random 2-layer llama GGUF that llama.cpp loads and chats with; returns ``path``.
+
+    With ``split_max_tensors``, gguf's writer makes a split set (``path`` gains ``-0000N-of-0000M``).
+    """
     import gguf
 
     rng = np.random.default_rng(seed)
     tokens = [*_byte_tokens(), "Ġt", *SPECIALS]
     n_vocab = len(tokens)
-    writer = gguf.GGUFWriter(str(path), "llama")
+    writer = gguf.GGUFWriter(str(path), "llama", split_max_tensors=split_max_tensors)
     writer.add_name("tiny-llama")
     numbers = {
         "context_length": context,
@@ -98,7 +102,9 @@ def write_tiny_llama(
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    _set_norms_to_one(path)
+    shards = sorted(path.parent.glob(f"{path.stem}-*-of-*.gguf")) if split_max_tensors else [path]
+    for shard in shards:
+        _set_norms_to_one(shard)
     return path
 
 
