@@ -24,9 +24,10 @@ LLAMA_CPP_VERSION = "0.3.36"
 # A portable build (AVX2 and below): a -march=native build on CPUs with AMX segfaults on batched
 # decoding of Q4 models in llama.cpp 0.3.36's CPU backend (seen on the CI machines).
 LLAMA_CPP_CMAKE_ARGS = "-DGGML_NATIVE=OFF"
-WHEELHOUSE = Path(
-    os.environ.get("ANYFORMER_WHEELHOUSE", Path.home() / ".cache" / "anyformer-wheelhouse")
-) / f"llama-cpp-python-{LLAMA_CPP_VERSION}-portable"
+WHEELHOUSE = (
+    Path(os.environ.get("ANYFORMER_WHEELHOUSE", Path.home() / ".cache" / "anyformer-wheelhouse"))
+    / f"llama-cpp-python-{LLAMA_CPP_VERSION}-portable"
+)
 
 nox.options.sessions = ["lint", "tests", "conformance"]
 nox.options.reuse_existing_virtualenvs = True
@@ -39,7 +40,14 @@ def ensure_llama_wheel(session: nox.Session) -> None:
     WHEELHOUSE.mkdir(parents=True, exist_ok=True)
     session.log(f"building llama-cpp-python {LLAMA_CPP_VERSION} into {WHEELHOUSE} (once)")
     session.run(
-        "python", "-m", "pip", "wheel", "--no-deps", "--no-cache-dir", "-w", str(WHEELHOUSE),
+        "python",
+        "-m",
+        "pip",
+        "wheel",
+        "--no-deps",
+        "--no-cache-dir",
+        "-w",
+        str(WHEELHOUSE),
         f"llama-cpp-python=={LLAMA_CPP_VERSION}",
         env={"CMAKE_ARGS": LLAMA_CPP_CMAKE_ARGS, "CMAKE_BUILD_PARALLEL_LEVEL": str(os.cpu_count() or 2)},
     )
@@ -49,9 +57,7 @@ def install(session: nox.Session, *folders: str, extra: list[str] | None = None)
     """Install packages from their folders (with the prebuilt llama-cpp-python) plus the test tools."""
     if any("llamacpp" in folder for folder in folders):
         ensure_llama_wheel(session)
-    session.install(
-        "--find-links", str(WHEELHOUSE), *(str(ROOT / f) for f in folders), *TEST_TOOLS, *(extra or [])
-    )
+    session.install("--find-links", str(WHEELHOUSE), *(str(ROOT / f) for f in folders), *TEST_TOOLS, *(extra or []))
 
 
 @nox.session

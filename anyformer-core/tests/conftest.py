@@ -99,7 +99,7 @@ def distributions(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[D
     importlib.invalidate_caches()
 
 
-_HEALTHY = '''
+_HEALTHY = """
 from anyformer import Estimate, Rank, Refusal, Verdict, hookimpl
 
 @hookimpl
@@ -112,9 +112,9 @@ def can_run(model, caps, request):
     if size > (request.budget or 0):
         return Verdict.refuse("healthy", Refusal.BUDGET, f"needs {size} bytes of GPU memory", need=size)
     return Verdict.accept("healthy", Estimate(gpu_bytes=size, ram_bytes=10**6, tok_per_sec=50.0, rank=Rank.SPECIALIST))
-'''
+"""
 
-_RAISES_IN_CAN_RUN = '''
+_RAISES_IN_CAN_RUN = """
 from anyformer import hookimpl
 
 class Plugin:
@@ -123,15 +123,15 @@ class Plugin:
         raise RuntimeError("engine exploded while looking at " + model.repo)
 
 plugin = Plugin()
-'''
+"""
 
-_MISSPELT = '''
+_MISSPELT = """
 from anyformer import Verdict, hookimpl
 
 @hookimpl
 def can_runn(model, caps, request):
     return Verdict.accept("misspelt")
-'''
+"""
 
 #: The standard broken-plugin set (SAFETY.md L1–L4): backend id -> (distribution, version).
 BROKEN_SET = {
@@ -151,12 +151,12 @@ def write_broken_set(folder: DistributionFolder) -> None:
         "aftest-raiser", "2.1.0", {"raises-in-can-run": "aftest_raiser:plugin"}, {"aftest_raiser": _RAISES_IN_CAN_RUN}
     )
     folder.add(
-        "aftest-import-error", "0.3.1", {"raises-at-import": "aftest_import_error"},
+        "aftest-import-error",
+        "0.3.1",
+        {"raises-at-import": "aftest_import_error"},
         {"aftest_import_error": 'raise RuntimeError("libengine.so: cannot open shared object file")\n'},
     )
-    folder.add(
-        "aftest-exit", "0.0.7", {"exits-at-import": "aftest_exit"}, {"aftest_exit": "import sys\nsys.exit(7)\n"}
-    )
+    folder.add("aftest-exit", "0.0.7", {"exits-at-import": "aftest_exit"}, {"aftest_exit": "import sys\nsys.exit(7)\n"})
     folder.add("aftest-missing", "4.0", {"missing-module": "aftest_no_such_module"})
     folder.add("aftest-misspelt", "1.1", {"misspelt-hook": "aftest_misspelt"}, {"aftest_misspelt": _MISSPELT})
 
@@ -211,7 +211,12 @@ def run_cli(tmp_path: Path) -> Callable[..., CliResult]:
         environment.update(env or {})
         done = subprocess.run(
             [sys.executable, "-m", "anyformer", *args],
-            capture_output=True, text=True, timeout=120, env=environment, cwd=cwd or tmp_path, check=False,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=environment,
+            cwd=cwd or tmp_path,
+            check=False,
         )
         return CliResult(done.returncode, done.stdout, done.stderr)
 

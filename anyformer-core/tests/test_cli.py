@@ -15,7 +15,15 @@ CHECK_ARGS = ("--caps", "gpu,f16", "--budget", "4GB", "--ram", "16GB", "--json")
 
 #: Every field CONTRACT §2 names.
 CONTRACT_CAPS = (
-    "gpu", "gpu_name", "f16", "subgroups", "gpu_bytes", "ram_bytes", "store", "disk_free_bytes", "cpu_count",
+    "gpu",
+    "gpu_name",
+    "f16",
+    "subgroups",
+    "gpu_bytes",
+    "ram_bytes",
+    "store",
+    "disk_free_bytes",
+    "cpu_count",
 )
 
 
@@ -178,9 +186,13 @@ def test_exit_status_follows_the_error_code(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     expected = {code: 1 for code in ErrorCode} | {
-        ErrorCode.BAD_REQUEST: 2, ErrorCode.NO_BACKEND: 3, ErrorCode.BUDGET_TOO_SMALL: 3, ErrorCode.CANCELLED: 130,
+        ErrorCode.BAD_REQUEST: 2,
+        ErrorCode.NO_BACKEND: 3,
+        ErrorCode.BUDGET_TOO_SMALL: 3,
+        ErrorCode.CANCELLED: 130,
     }
     for code, status in expected.items():
+
         def fails(args: Any, code: ErrorCode = code) -> int:
             raise AnyformerError(code, "it failed", need=5 * 10**9 if code is ErrorCode.BUDGET_TOO_SMALL else None)
 

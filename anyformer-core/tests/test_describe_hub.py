@@ -83,9 +83,7 @@ def test_mmproj_files_are_skipped(fake_hub: FakeHub, tmp_path: pathlib.Path, ggu
     assert not fake_hub.requests_for("mmproj-model-f16.gguf")
 
 
-def test_the_hubs_gguf_facts_are_kept_and_the_header_still_read_by_range(
-    fake_hub: FakeHub, gguf_bytes: bytes
-) -> None:
+def test_the_hubs_gguf_facts_are_kept_and_the_header_still_read_by_range(fake_hub: FakeHub, gguf_bytes: bytes) -> None:
     # The header's layer and head counts size backends' KV-cache estimates, so it is read even when
     # the Hub names the architecture; only by range requests, never the whole file.
     fake_hub.add_repo("org/known", {"m.gguf": gguf_bytes}, gguf={"architecture": "gemma3", "total": 1000})

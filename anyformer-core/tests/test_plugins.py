@@ -100,7 +100,9 @@ def test_plugin_raising_in_can_run_gets_a_runtime_verdict_and_the_rest_answer(br
 def test_check_chooses_the_healthy_plugin_among_broken_ones(broken_set: Any) -> None:
     _, selection = anyformer.check(
         anyformer.Model.from_dict({"repo": "org/m", "files": [{"name": "m.gguf", "size": 10**8}]}),
-        budget="4GB", caps=Caps(gpu=True, f16=True, ram_bytes=16 * 10**9), plugins=_loaded(),
+        budget="4GB",
+        caps=Caps(gpu=True, f16=True, ram_bytes=16 * 10**9),
+        plugins=_loaded(),
     )
     assert selection.chosen_backend == "healthy"
 
@@ -312,7 +314,16 @@ def test_cli_check_gets_an_answer_from_the_healthy_plugin_among_broken_ones(
 ) -> None:
     (tmp_path / "m.json").write_text('{"repo": "org/m", "files": [{"name": "m-Q4_0.gguf", "size": 100000000}]}')
     result = run_cli(
-        "check", "--describe", "m.json", "--caps", "gpu,f16", "--budget", "4GB", "--ram", "16GB", "--json",
+        "check",
+        "--describe",
+        "m.json",
+        "--caps",
+        "gpu,f16",
+        "--budget",
+        "4GB",
+        "--ram",
+        "16GB",
+        "--json",
         plugins=broken_set,
     )
     assert "Traceback" not in result.stderr + result.stdout

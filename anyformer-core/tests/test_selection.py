@@ -56,14 +56,19 @@ def test_rank_orders_specialist_then_general_then_fallback_whatever_the_speed() 
 
 def test_among_equal_ranks_the_higher_tok_per_sec_wins_and_unknown_speed_is_last() -> None:
     verdicts = [
-        ok("unmeasured"), ok("slow", tok_per_sec=0.5), ok("fast", tok_per_sec=75.0), ok("zero", tok_per_sec=0.0),
+        ok("unmeasured"),
+        ok("slow", tok_per_sec=0.5),
+        ok("fast", tok_per_sec=75.0),
+        ok("zero", tok_per_sec=0.0),
     ]
     assert order(verdicts) == ["fast", "slow", "zero", "unmeasured"]
 
 
 def test_full_ties_are_broken_by_backend_id() -> None:
     assert order([ok("zeta", tok_per_sec=5.0), ok("alpha", tok_per_sec=5.0), ok("mid", tok_per_sec=5.0)]) == [
-        "alpha", "mid", "zeta",
+        "alpha",
+        "mid",
+        "zeta",
     ]
 
 
@@ -241,11 +246,15 @@ def test_other_refusals_must_not_carry_need(code: Refusal) -> None:
     assert Verdict.refuse("b", code, "no").need is None
 
 
-@pytest.mark.parametrize("build", [
-    lambda: Verdict.refuse("b", "too-slow", "no"),
-    lambda: Verdict(backend="b", ok=False, code="FORMAT", reason="no"),  # type: ignore[arg-type]
-    lambda: Verdict(backend="b", ok=False, reason="no code at all"),
-], ids=["refuse", "constructor-wrong-case", "missing"])
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda: Verdict.refuse("b", "too-slow", "no"),
+        lambda: Verdict(backend="b", ok=False, code="FORMAT", reason="no"),  # type: ignore[arg-type]
+        lambda: Verdict(backend="b", ok=False, reason="no code at all"),
+    ],
+    ids=["refuse", "constructor-wrong-case", "missing"],
+)
 def test_an_unknown_refusal_code_is_rejected(build: Any) -> None:
     with pytest.raises(AnyformerError, match="unknown refusal code") as caught:
         build()
@@ -256,7 +265,11 @@ def test_refusal_codes_are_accepted_as_their_string_values() -> None:
     verdict = Verdict.refuse("b", "budget", "needs 5 GB", need=5 * 10**9)
     assert verdict.code is Refusal.BUDGET
     assert verdict.to_dict() == {
-        "backend": "b", "ok": False, "code": "budget", "reason": "needs 5 GB", "need": 5 * 10**9,
+        "backend": "b",
+        "ok": False,
+        "code": "budget",
+        "reason": "needs 5 GB",
+        "need": 5 * 10**9,
     }
 
 
@@ -280,7 +293,13 @@ def test_reason_is_one_line() -> None:
 def test_verdict_json_matches_the_contract() -> None:
     accepted = Verdict.accept("llamacpp", Estimate(ram_bytes=105_000_000, disk_bytes=98_362_432, tok_per_sec=75.0))
     assert accepted.to_dict() == {
-        "backend": "llamacpp", "ok": True,
-        "estimate": {"gpu_bytes": 0, "ram_bytes": 105_000_000, "disk_bytes": 98_362_432, "tok_per_sec": 75.0,
-                     "rank": "general"},
+        "backend": "llamacpp",
+        "ok": True,
+        "estimate": {
+            "gpu_bytes": 0,
+            "ram_bytes": 105_000_000,
+            "disk_bytes": 98_362_432,
+            "tok_per_sec": 75.0,
+            "rank": "general",
+        },
     }

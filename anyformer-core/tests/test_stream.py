@@ -66,8 +66,13 @@ def test_a_backend_that_just_ends_finishes_with_stop(load_scripted: Any) -> None
 
 
 def test_tokens_never_decrease_and_never_pass_max_new_tokens(load_scripted: Any) -> None:
-    script = [Chunk(delta="a", tokens=1), Chunk(delta="b", tokens=3), Chunk(delta="c", tokens=2),
-              Chunk(delta="d", tokens=50), Chunk(delta="e", tokens=51)]
+    script = [
+        Chunk(delta="a", tokens=1),
+        Chunk(delta="b", tokens=3),
+        Chunk(delta="c", tokens=2),
+        Chunk(delta="d", tokens=50),
+        Chunk(delta="e", tokens=51),
+    ]
     loaded, backend = load_scripted(script)
     stream = list(loaded.generate("hi", max_new_tokens=10))
     assert_well_formed(stream, max_new_tokens=10)

@@ -156,7 +156,10 @@ def _nvidia_free_bytes(timeout: float = 10.0) -> int | None:
     try:
         done = subprocess.run(
             [smi, "--query-gpu=memory.free", "--format=csv,noheader,nounits"],
-            capture_output=True, text=True, timeout=timeout, check=False,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
         )
         first = done.stdout.strip().splitlines()[0]
         return int(float(first)) * 2**20 if done.returncode == 0 else None

@@ -12,11 +12,17 @@ import dataclasses
 import math
 import os
 import re
-import stat
 import struct
 from collections.abc import Iterable, Sequence
-from typing import Any, NamedTuple, Protocol, final, runtime_checkable
+from typing import Any, NamedTuple
 
+from anyformer._byte_source import (
+    BytesByteSource,
+    ByteSource,
+    FileByteSource,
+    HeaderFault,
+    read_header,
+)
 from anyformer._errors import AnyformerError, ErrorCode
 
 __all__ = [
@@ -158,102 +164,6 @@ _SPLIT_TENSORS = "split.tensors.count"
 _SUMMARY_MAX_LIST = 256
 
 
-@runtime_checkable
-class ByteSource(Protocol):
-    """Random access to the bytes of one file: a local file, a buffer or a Hub range request."""
-
-    @property
-    def size(self) -> int:
-        """The total size of the file in bytes."""
-        ...
-
-    def read_at(self, offset: int, length: int) -> bytes:
-        """Up to ``length`` bytes from ``offset``; fewer only at the end of the file."""
-        ...
-
-
-class BytesByteSource:
-    """A :class:`ByteSource` over bytes already in memory."""
-
-    def __init__(self, data: bytes | bytearray | memoryview) -> None:
-        self._data = bytes(data)
-
-    @property
-    def size(self) -> int:
-        """The number of bytes held."""
-        return len(self._data)
-
-    def read_at(self, offset: int, length: int) -> bytes:
-        """Up to ``length`` bytes from ``offset``."""
-        if offset < 0 or length < 0:
-            raise ValueError("negative offset or length")
-        return self._data[offset : offset + length]
-
-
-@final
-class FileByteSource:
-    """A :class:`ByteSource` over a local file, opened once; use it as a context manager.
-
-    Only regular files are accepted: a FIFO or a device named like a model would block or never end.
-    """
-
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = os.fspath(path)
-        # O_NONBLOCK keeps open() of a FIFO from blocking; it changes nothing for regular files.
-        flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
-        fd = os.open(self.path, flags)
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise AnyformerError(ErrorCode.BAD_MODEL, f"{os.path.basename(self.path)}: not a regular file")
-        except BaseException:
-            os.close(fd)
-            raise
-        self._fd: int | None = fd
-        self._size = st.st_size
-
-    @property
-    def size(self) -> int:
-        """The file's size when it was opened."""
-        return self._size
-
-    def read_at(self, offset: int, length: int) -> bytes:
-        """Up to ``length`` bytes from ``offset``, fewer only at the end of the file."""
-        if self._fd is None:
-            raise ValueError("read from a closed FileByteSource")
-        if offset < 0 or length < 0:
-            raise ValueError("negative offset or length")
-        chunks: list[bytes] = []
-        got = 0
-        while got < length:
-            chunk = _pread(self._fd, length - got, offset + got)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            got += len(chunk)
-        return b"".join(chunks)
-
-    def close(self) -> None:
-        """Close the file; closing twice is harmless."""
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-
-    def __enter__(self) -> FileByteSource:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-
-def _pread(fd: int, length: int, offset: int) -> bytes:
-    # Windows has no os.pread; a seek and a read do there, as each source is used by one reader.
-    if hasattr(os, "pread"):
-        return os.pread(fd, length, offset)
-    os.lseek(fd, offset, os.SEEK_SET)
-    return os.read(fd, length)
-
-
 @dataclasses.dataclass(frozen=True)
 class GGUFTensor:
     """One tensor info: name, dims as stored (innermost first), ggml type, offset into the data, size."""
@@ -366,10 +276,6 @@ def _small(value: Any) -> Any:
     return value
 
 
-class _Fault(Exception):
-    """Internal: a fault found while parsing; turned into BAD_MODEL with the file's label."""
-
-
 class _Cursor:
     """Sequential reads over a ByteSource through one buffer of at least ``_BLOCK`` bytes."""
 
@@ -390,11 +296,11 @@ class _Cursor:
         if 0 <= off and off + need <= len(self.buf):
             return off
         if need > self.size - self.pos:
-            raise _Fault(f"truncated: {what} needs {need} bytes at offset {self.pos}, {self.left()} left")
+            raise HeaderFault(f"truncated: {what} needs {need} bytes at offset {self.pos}, {self.left()} left")
         want = min(max(need, _BLOCK), self.size - self.pos)
         data = self.source.read_at(self.pos, want)
         if len(data) < need:
-            raise _Fault(f"truncated: {what} needs {need} bytes at offset {self.pos}, the file ended")
+            raise HeaderFault(f"truncated: {what} needs {need} bytes at offset {self.pos}, the file ended")
         self.buf = bytes(data)
         self.buf_start = self.pos
         return 0
@@ -417,9 +323,9 @@ class _Cursor:
 
     def check_string_length(self, n: int, what: str) -> None:
         if n > MAX_STRING_BYTES:
-            raise _Fault(f"{what} length {n} is over the {MAX_STRING_BYTES} byte limit")
+            raise HeaderFault(f"{what} length {n} is over the {MAX_STRING_BYTES} byte limit")
         if n > self.left():
-            raise _Fault(f"truncated: {what} length {n} at offset {self.pos} but only {self.left()} bytes left")
+            raise HeaderFault(f"truncated: {what} length {n} at offset {self.pos} but only {self.left()} bytes left")
 
     def string_array(self, count: int, what: str) -> list[str]:
         """``count`` strings; the hot loop of a vocabulary, so it keeps the buffer in locals."""
@@ -448,7 +354,7 @@ class _Cursor:
             try:
                 append(buf[off : off + n].decode("utf-8"))
             except UnicodeDecodeError as exc:
-                raise _Fault(f"{what} element {index} is not valid UTF-8 (byte {exc.start})") from exc
+                raise HeaderFault(f"{what} element {index} is not valid UTF-8 (byte {exc.start})") from exc
             pos += n
         self.pos = pos
         return out
@@ -458,7 +364,7 @@ def _decode(raw: bytes, what: str) -> str:
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise _Fault(f"{what} is not valid UTF-8 (byte {exc.start} of {len(raw)})") from exc
+        raise HeaderFault(f"{what} is not valid UTF-8 (byte {exc.start} of {len(raw)})") from exc
 
 
 def _read_value(cur: _Cursor, vtype: int, key: str) -> Any:
@@ -468,7 +374,7 @@ def _read_value(cur: _Cursor, vtype: int, key: str) -> Any:
         return cur.string(f"string value of key {key!r}")
     st = _SCALAR_STRUCTS.get(vtype)
     if st is None:
-        raise _Fault(f"key {key!r} has unknown value type {vtype}")
+        raise HeaderFault(f"key {key!r} has unknown value type {vtype}")
     return cur.unpack(st, f"value of key {key!r}")
 
 
@@ -476,22 +382,22 @@ def _read_array(cur: _Cursor, key: str) -> list[Any]:
     etype = cur.unpack(_U32, f"array type of key {key!r}")
     if etype == _T_ARRAY:
         # Refused outright: no real model nests arrays, and gguf-py recurses on them without bound.
-        raise _Fault(f"key {key!r} is an array of arrays, which is not supported")
+        raise HeaderFault(f"key {key!r} is an array of arrays, which is not supported")
     if etype not in _VALUE_TYPES:
-        raise _Fault(f"key {key!r} is an array of unknown value type {etype}")
+        raise HeaderFault(f"key {key!r} is an array of unknown value type {etype}")
     count = cur.unpack(_U64, f"array length of key {key!r}")
     if count > MAX_ARRAY_ELEMENTS:
-        raise _Fault(f"array {key!r} has {count} elements, over the limit of {MAX_ARRAY_ELEMENTS}")
+        raise HeaderFault(f"array {key!r} has {count} elements, over the limit of {MAX_ARRAY_ELEMENTS}")
     cur.array_elements += count
     if cur.array_elements > MAX_TOTAL_ARRAY_ELEMENTS:
-        raise _Fault(
+        raise HeaderFault(
             f"array {key!r} brings the header's arrays to {cur.array_elements} elements, "
             f"over the limit of {MAX_TOTAL_ARRAY_ELEMENTS}"
         )
     _, fmt, elem_size = _VALUE_TYPES[etype]
     # Checked before one element is read: a claimed 2^62 elements fails here, in O(1).
     if count * elem_size > cur.left():
-        raise _Fault(
+        raise HeaderFault(
             f"truncated: array {key!r} of {count} elements needs at least {count * elem_size} bytes, {cur.left()} left"
         )
     if etype == _T_STRING:
@@ -503,9 +409,9 @@ def _read_array(cur: _Cursor, key: str) -> list[Any]:
 def _check_alignment(value: Any, vtype: int) -> int:
     if vtype != _T_UINT32:
         type_name = "array" if vtype == _T_ARRAY else _VALUE_TYPES.get(vtype, (str(vtype),))[0]
-        raise _Fault(f"general.alignment must be a uint32, not {type_name}")
+        raise HeaderFault(f"general.alignment must be a uint32, not {type_name}")
     if value < 1 or value > MAX_ALIGNMENT or value & (value - 1):
-        raise _Fault(f"general.alignment {value} is not a power of two between 1 and {MAX_ALIGNMENT}")
+        raise HeaderFault(f"general.alignment {value} is not a power of two between 1 and {MAX_ALIGNMENT}")
     return int(value)
 
 
@@ -515,13 +421,13 @@ def _read_tensor_info(cur: _Cursor, index: int) -> tuple[str, tuple[int, ...], i
     cur.check_string_length(name_len, f"{where} name")
     name = _decode(cur.take(name_len, f"{where} name"), f"{where} name")
     if not name:
-        raise _Fault(f"{where} has an empty name")
+        raise HeaderFault(f"{where} has an empty name")
     if name_len > MAX_TENSOR_NAME_BYTES:
-        raise _Fault(f"tensor {name!r} name is {name_len} bytes, over ggml's limit of {MAX_TENSOR_NAME_BYTES}")
+        raise HeaderFault(f"tensor {name!r} name is {name_len} bytes, over ggml's limit of {MAX_TENSOR_NAME_BYTES}")
     label = f"tensor {name!r}"
     n_dims = cur.unpack(_U32, f"{label} n_dims")
     if n_dims > MAX_DIMS:
-        raise _Fault(f"{label} has {n_dims} dims, at most {MAX_DIMS} are allowed")
+        raise HeaderFault(f"{label} has {n_dims} dims, at most {MAX_DIMS} are allowed")
     dims = tuple(cur.unpack(_U64, f"{label} dims") for _ in range(n_dims))
     ggml_type = cur.unpack(_I32, f"{label} type")
     offset = cur.unpack(_U64, f"{label} offset")
@@ -529,9 +435,11 @@ def _read_tensor_info(cur: _Cursor, index: int) -> tuple[str, tuple[int, ...], i
     if info is None:
         removed = _REMOVED_GGML_TYPES.get(ggml_type)
         detail = f" ({removed}, removed from ggml)" if removed else ""
-        raise _Fault(f"{label} has unknown ggml type {ggml_type}{detail}")
+        raise HeaderFault(f"{label} has unknown ggml type {ggml_type}{detail}")
     if dims and dims[0] % info.block_size:
-        raise _Fault(f"{label} first dim {dims[0]} is not a multiple of {info.name}'s block size {info.block_size}")
+        raise HeaderFault(
+            f"{label} first dim {dims[0]} is not a multiple of {info.name}'s block size {info.block_size}"
+        )
     # The bound uses every dim as at least 1: ggml computes strides from all of them, so
     # (0, 2^40, 2^40) would overflow there although it holds no element.
     bound = 1
@@ -540,7 +448,7 @@ def _read_tensor_info(cur: _Cursor, index: int) -> tuple[str, tuple[int, ...], i
         bound *= max(dim, 1)
         count *= dim
     if bound // info.block_size * info.type_size > MAX_TENSOR_BYTES:
-        raise _Fault(f"{label} of shape {list(dims)} is larger than the {MAX_TENSOR_BYTES} byte limit")
+        raise HeaderFault(f"{label} of shape {list(dims)} is larger than the {MAX_TENSOR_BYTES} byte limit")
     nbytes = count // info.block_size * info.type_size
     return name, dims, ggml_type, offset, nbytes
 
@@ -549,9 +457,9 @@ def _check_layout(tensors: list[GGUFTensor], alignment: int, data_offset: int, f
     """Check that tensor data is contiguous, aligned and inside the file; return the bytes it spans."""
     for t in tensors:
         if t.offset % alignment:
-            raise _Fault(f"tensor {t.name!r} offset {t.offset} is not aligned to {alignment}")
+            raise HeaderFault(f"tensor {t.name!r} offset {t.offset} is not aligned to {alignment}")
         if data_offset + t.offset > file_size:
-            raise _Fault(
+            raise HeaderFault(
                 f"tensor {t.name!r} offset {t.offset} is past the end of the file "
                 f"({file_size} bytes, data from {data_offset}): the file is truncated or corrupt"
             )
@@ -563,13 +471,13 @@ def _check_layout(tensors: list[GGUFTensor], alignment: int, data_offset: int, f
     for t in ordered:
         if t.offset != expected:
             if prev is not None and t.offset == prev.offset:
-                raise _Fault(f"tensors {prev.name!r} and {t.name!r} both start at offset {t.offset}")
+                raise HeaderFault(f"tensors {prev.name!r} and {t.name!r} both start at offset {t.offset}")
             if t.offset < expected and prev is not None:
-                raise _Fault(
+                raise HeaderFault(
                     f"tensor {t.name!r} at offset {t.offset} overlaps tensor {prev.name!r}, "
                     f"which ends at {prev.offset + prev.nbytes}"
                 )
-            raise _Fault(f"gap before tensor {t.name!r}: it starts at offset {t.offset}, expected {expected}")
+            raise HeaderFault(f"gap before tensor {t.name!r}: it starts at offset {t.offset}, expected {expected}")
         end = t.offset + t.nbytes
         expected = end + (-end % alignment)
         prev = t
@@ -577,7 +485,7 @@ def _check_layout(tensors: list[GGUFTensor], alignment: int, data_offset: int, f
         return 0
     end = prev.offset + prev.nbytes
     if data_offset + end > file_size:
-        raise _Fault(
+        raise HeaderFault(
             f"truncated: tensor {prev.name!r} ends at byte {data_offset + end}, the file has {file_size} bytes"
         )
     return end
@@ -585,24 +493,24 @@ def _check_layout(tensors: list[GGUFTensor], alignment: int, data_offset: int, f
 
 def _parse(cur: _Cursor) -> GGUFHeader:
     if cur.size == 0:
-        raise _Fault("empty file")
+        raise HeaderFault("empty file")
     magic = cur.source.read_at(0, 4)
     if magic != _MAGIC:
         if len(magic) < 4 and _MAGIC.startswith(magic):
-            raise _Fault(f"truncated: {cur.size} bytes, not even a GGUF magic")
-        raise _Fault(f"not a GGUF file: magic {magic!r} is not {_MAGIC!r}")
+            raise HeaderFault(f"truncated: {cur.size} bytes, not even a GGUF magic")
+        raise HeaderFault(f"not a GGUF file: magic {magic!r} is not {_MAGIC!r}")
     cur.pos = 4
     version = cur.unpack(_U32, "version")
     if version not in (2, 3):
         swapped = int.from_bytes(version.to_bytes(4, "little"), "big")
         if swapped in (1, 2, 3):
-            raise _Fault(f"big-endian GGUF (version {swapped}) is not supported")
-        raise _Fault(f"GGUF version {version} is not supported (only 2 and 3)")
+            raise HeaderFault(f"big-endian GGUF (version {swapped}) is not supported")
+        raise HeaderFault(f"GGUF version {version} is not supported (only 2 and 3)")
     n_tensors = cur.unpack(_U64, "tensor count")
     n_kv = cur.unpack(_U64, "metadata count")
     # Counts are bounded by the bytes left before anything is read: 2^63 fails here at once.
     if n_kv * _MIN_KV_BYTES + n_tensors * _MIN_TENSOR_INFO_BYTES > cur.left():
-        raise _Fault(
+        raise HeaderFault(
             f"truncated or corrupt: {n_kv} metadata entries and {n_tensors} tensors cannot fit "
             f"in the {cur.left()} bytes left"
         )
@@ -612,9 +520,9 @@ def _parse(cur: _Cursor) -> GGUFHeader:
     for index in range(n_kv):
         key = cur.string(f"metadata key {index}")
         if not key:
-            raise _Fault(f"metadata key {index} is empty")
+            raise HeaderFault(f"metadata key {index} is empty")
         if key in kv:
-            raise _Fault(f"duplicate metadata key {key!r}")
+            raise HeaderFault(f"duplicate metadata key {key!r}")
         vtype = cur.unpack(_U32, f"value type of key {key!r}")
         value = _read_value(cur, vtype, key)
         if key == "general.alignment":
@@ -622,13 +530,13 @@ def _parse(cur: _Cursor) -> GGUFHeader:
         kv[key] = value
 
     if n_tensors * _MIN_TENSOR_INFO_BYTES > cur.left():
-        raise _Fault(f"truncated: {n_tensors} tensor infos cannot fit in the {cur.left()} bytes left")
+        raise HeaderFault(f"truncated: {n_tensors} tensor infos cannot fit in the {cur.left()} bytes left")
     tensors: list[GGUFTensor] = []
     seen: set[str] = set()
     for index in range(n_tensors):
         name, dims, ggml_type, offset, nbytes = _read_tensor_info(cur, index)
         if name in seen:
-            raise _Fault(f"duplicate tensor name {name!r}")
+            raise HeaderFault(f"duplicate tensor name {name!r}")
         seen.add(name)
         tensors.append(GGUFTensor(name, dims, ggml_type, offset, nbytes))
 
@@ -653,28 +561,7 @@ def read_gguf_header(source: ByteSource | str | os.PathLike[str], *, name: str |
     malformed, truncated or hostile input; no other exception escapes (errors a ByteSource raises as
     ``AnyformerError`` pass through unchanged).
     """
-    if isinstance(source, (str, os.PathLike)):
-        label = name or os.path.basename(os.fspath(source))
-        try:
-            with FileByteSource(source) as file_source:
-                return _read_labelled(file_source, label)
-        except OSError as exc:
-            raise AnyformerError(ErrorCode.BAD_MODEL, f"{label}: cannot read the file: {exc}", cause=exc) from exc
-    return _read_labelled(source, name or getattr(source, "name", None) or "GGUF file")
-
-
-def _read_labelled(source: ByteSource, label: str) -> GGUFHeader:
-    try:
-        return _parse(_Cursor(source))
-    except AnyformerError:
-        raise
-    except _Fault as exc:
-        raise AnyformerError(ErrorCode.BAD_MODEL, f"{label}: {exc}") from exc
-    except (struct.error, ValueError, OverflowError, IndexError, MemoryError, RecursionError, OSError) as exc:
-        # Nothing but BAD_MODEL may leave: a bug here must not turn a hostile file into a crash.
-        raise AnyformerError(
-            ErrorCode.BAD_MODEL, f"{label}: unreadable GGUF header ({type(exc).__name__}: {exc})", cause=exc
-        ) from exc
+    return read_header(source, name, "GGUF", lambda byte_source: _parse(_Cursor(byte_source)))
 
 
 def split_set_members(names: Iterable[str]) -> dict[str, list[str]]:
@@ -693,9 +580,9 @@ def split_set_members(names: Iterable[str]) -> dict[str, list[str]]:
 def _split_int(header: GGUFHeader, key: str, shard: str) -> int:
     value = header.kv.get(key)
     if value is None:
-        raise _Fault(f"shard {shard!r} has no {key}")
+        raise HeaderFault(f"shard {shard!r} has no {key}")
     if not _is_int(value):
-        raise _Fault(f"shard {shard!r} {key} is {value!r}, not an integer")
+        raise HeaderFault(f"shard {shard!r} {key} is {value!r}, not an integer")
     return int(value)
 
 
@@ -709,13 +596,13 @@ def check_split_set(headers: Sequence[tuple[str, GGUFHeader]]) -> None:
     """
     try:
         _check_split_set(headers)
-    except _Fault as exc:
+    except HeaderFault as exc:
         raise AnyformerError(ErrorCode.BAD_MODEL, f"split set: {exc}") from exc
 
 
 def _check_split_set(headers: Sequence[tuple[str, GGUFHeader]]) -> None:
     if not headers:
-        raise _Fault("no shards")
+        raise HeaderFault("no shards")
     by_index: dict[int, str] = {}
     index_of: dict[str, int] = {}
     base: str | None = None
@@ -723,24 +610,24 @@ def _check_split_set(headers: Sequence[tuple[str, GGUFHeader]]) -> None:
     for shard, _ in headers:
         match = SPLIT_RE.search(shard)
         if not match:
-            raise _Fault(f"{shard!r} is not named like a shard (name-00001-of-00003.gguf)")
+            raise HeaderFault(f"{shard!r} is not named like a shard (name-00001-of-00003.gguf)")
         index, name_count = int(match.group(1)), int(match.group(2))
         if base is None:
             base, count = shard[: match.start()], name_count
         elif shard[: match.start()] != base:
-            raise _Fault(f"shard {shard!r} belongs to another set than {base!r}")
+            raise HeaderFault(f"shard {shard!r} belongs to another set than {base!r}")
         elif name_count != count:
-            raise _Fault(f"shard {shard!r} says {name_count} shards, others say {count}")
+            raise HeaderFault(f"shard {shard!r} says {name_count} shards, others say {count}")
         if not 1 <= index <= name_count:
-            raise _Fault(f"shard {shard!r} has index {index}, outside 1..{name_count}")
+            raise HeaderFault(f"shard {shard!r} has index {index}, outside 1..{name_count}")
         if index in by_index:
-            raise _Fault(f"shard {shard!r} and {by_index[index]!r} have the same index {index}")
+            raise HeaderFault(f"shard {shard!r} and {by_index[index]!r} have the same index {index}")
         by_index[index] = shard
         index_of[shard] = index
     assert count is not None  # set by the first shard, and there is one
     missing = [i for i in range(1, count + 1) if i not in by_index]
     if missing:
-        raise _Fault(f"shard {missing[0]:05d} of {count:05d} of {base!r} is missing")
+        raise HeaderFault(f"shard {missing[0]:05d} of {count:05d} of {base!r} is missing")
 
     tensors_total = 0
     expected_tensors: int | None = None
@@ -751,19 +638,19 @@ def _check_split_set(headers: Sequence[tuple[str, GGUFHeader]]) -> None:
         split_count = _split_int(header, _SPLIT_COUNT, shard)
         split_tensors = _split_int(header, _SPLIT_TENSORS, shard)
         if split_no != index - 1:
-            raise _Fault(f"shard {shard!r} has split.no {split_no}, its name says {index - 1} (0-based)")
+            raise HeaderFault(f"shard {shard!r} has split.no {split_no}, its name says {index - 1} (0-based)")
         if split_count != count:
-            raise _Fault(f"shard {shard!r} has split.count {split_count}, the names say {count}")
+            raise HeaderFault(f"shard {shard!r} has split.count {split_count}, the names say {count}")
         if expected_tensors is None:
             expected_tensors = split_tensors
         elif split_tensors != expected_tensors:
-            raise _Fault(
+            raise HeaderFault(
                 f"shard {shard!r} has split.tensors.count {split_tensors}, another shard says {expected_tensors}"
             )
         for tensor in header.tensors:
             if tensor.name in owner:
-                raise _Fault(f"tensor {tensor.name!r} is in both {owner[tensor.name]!r} and {shard!r}")
+                raise HeaderFault(f"tensor {tensor.name!r} is in both {owner[tensor.name]!r} and {shard!r}")
             owner[tensor.name] = shard
         tensors_total += len(header.tensors)
     if tensors_total != expected_tensors:
-        raise _Fault(f"the shards hold {tensors_total} tensors, split.tensors.count says {expected_tensors}")
+        raise HeaderFault(f"the shards hold {tensors_total} tensors, split.tensors.count says {expected_tensors}")

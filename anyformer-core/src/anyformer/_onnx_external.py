@@ -14,11 +14,11 @@ import mmap
 import os
 import posixpath
 import stat
-import struct
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from anyformer._byte_source import HeaderFault, faults_as_bad_model
 from anyformer._errors import AnyformerError, ErrorCode
 
 __all__ = ["OnnxSummary", "check_onnx_external_data", "read_onnx_summary"]
@@ -88,16 +88,12 @@ class _ExternalRef:
     length: str | None
 
 
-class _Fault(Exception):
-    """Internal: a fault found while walking; turned into BAD_MODEL with the file's label."""
-
-
 def _varint(buf: Any, pos: int, end: int) -> tuple[int, int]:
     result = 0
     shift = 0
     while True:
         if pos >= end:
-            raise _Fault(f"truncated varint at byte {pos}")
+            raise HeaderFault(f"truncated varint at byte {pos}")
         byte = buf[pos]
         pos += 1
         result |= (byte & 0x7F) << shift
@@ -105,7 +101,7 @@ def _varint(buf: Any, pos: int, end: int) -> tuple[int, int]:
             return result, pos
         shift += 7
         if shift >= 70:
-            raise _Fault(f"varint longer than 10 bytes at byte {pos}")
+            raise HeaderFault(f"varint longer than 10 bytes at byte {pos}")
 
 
 def _fields(buf: Any, start: int, end: int, kind: str) -> Iterator[tuple[int, int, Any]]:
@@ -115,30 +111,30 @@ def _fields(buf: Any, start: int, end: int, kind: str) -> Iterator[tuple[int, in
         key, pos = _varint(buf, pos, end)
         field, wire = key >> 3, key & 7
         if field == 0:
-            raise _Fault(f"field number 0 in {kind} at byte {pos}")
+            raise HeaderFault(f"field number 0 in {kind} at byte {pos}")
         if wire == _VARINT:
             value, pos = _varint(buf, pos, end)
             yield field, wire, value
         elif wire == _LEN:
             length, pos = _varint(buf, pos, end)
             if length > end - pos:
-                raise _Fault(f"field {field} of {kind} claims {length} bytes, {end - pos} left")
+                raise HeaderFault(f"field {field} of {kind} claims {length} bytes, {end - pos} left")
             yield field, wire, (pos, pos + length)
             pos += length
         elif wire in (_FIXED64, _FIXED32):
             width = 8 if wire == _FIXED64 else 4
             if width > end - pos:
-                raise _Fault(f"truncated fixed-width field {field} of {kind}")
+                raise HeaderFault(f"truncated fixed-width field {field} of {kind}")
             yield field, wire, int.from_bytes(buf[pos : pos + width], "little")
             pos += width
         else:
             # Groups (3, 4) are not used by ONNX; 6 and 7 are not wire types at all.
-            raise _Fault(f"wire type {wire} of field {field} in {kind} is not valid in an ONNX model")
+            raise HeaderFault(f"wire type {wire} of field {field} in {kind} is not valid in an ONNX model")
 
 
 def _expect(wire: int, want: int, field: int, kind: str) -> None:
     if wire != want:
-        raise _Fault(f"field {field} of {kind} has wire type {wire}, expected {want}")
+        raise HeaderFault(f"field {field} of {kind} has wire type {wire}, expected {want}")
 
 
 def _text(buf: Any, span: tuple[int, int], what: str, *, strict: bool) -> str:
@@ -147,7 +143,7 @@ def _text(buf: Any, span: tuple[int, int], what: str, *, strict: bool) -> str:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         if strict:
-            raise _Fault(f"{what} is not valid UTF-8") from exc
+            raise HeaderFault(f"{what} is not valid UTF-8") from exc
         return raw.decode("utf-8", errors="replace")
 
 
@@ -181,10 +177,10 @@ def _tensor(buf: Any, span: tuple[int, int], refs: list[_ExternalRef]) -> None:
         return
     data = dict(entries)
     if len(data) != len(entries):
-        raise _Fault(f"tensor {name!r} repeats a key in its external_data")
+        raise HeaderFault(f"tensor {name!r} repeats a key in its external_data")
     location = data.get("location")
     if not location:
-        raise _Fault(f"tensor {name!r} has external data without a location")
+        raise HeaderFault(f"tensor {name!r} has external data without a location")
     refs.append(_ExternalRef(name, location, data.get("offset"), data.get("length")))
 
 
@@ -235,14 +231,14 @@ def _walk(buf: Any, size: int) -> tuple[OnnxSummary, list[_ExternalRef]]:
                 _tensor(buf, val, facts.refs)
                 continue
             if len(stack) >= MAX_DEPTH:
-                raise _Fault(f"messages nested deeper than {MAX_DEPTH}")
+                raise HeaderFault(f"messages nested deeper than {MAX_DEPTH}")
             child_kind = int(child)
             stack.append((child_kind, _fields(buf, val[0], val[1], _KIND_NAMES[child_kind])))
             break
         else:
             stack.pop()
     if facts.ir_version is None:
-        raise _Fault("no ir_version")
+        raise HeaderFault("no ir_version")
     locations = list(dict.fromkeys(ref.location for ref in facts.refs))
     summary = OnnxSummary(facts.ir_version, facts.producer, facts.opsets, facts.metadata, locations)
     return summary, facts.refs
@@ -268,24 +264,17 @@ def _read(path: str | os.PathLike[str]) -> tuple[OnnxSummary, list[_ExternalRef]
     except OSError as exc:
         raise AnyformerError(ErrorCode.BAD_MODEL, f"{label}: cannot read the file: {exc}", cause=exc) from exc
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise _Fault("not a regular file")
-        if st.st_size == 0:
-            raise _Fault("empty file")
-        if st.st_size > MAX_MODEL_BYTES:
-            raise _Fault(f"{st.st_size} bytes, more than a protobuf message can hold")
-        # mmap: a model with inline weights is walked without reading the weights into memory.
-        with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as buf:
-            return _walk(buf, st.st_size)
-    except AnyformerError:
-        raise
-    except _Fault as exc:
-        raise AnyformerError(ErrorCode.BAD_MODEL, f"{label}: not a valid ONNX model: {exc}") from exc
-    except (struct.error, ValueError, OverflowError, IndexError, MemoryError, RecursionError, OSError) as exc:
-        raise AnyformerError(
-            ErrorCode.BAD_MODEL, f"{label}: unreadable ONNX model ({type(exc).__name__}: {exc})", cause=exc
-        ) from exc
+        with faults_as_bad_model(label, "ONNX model", fault_prefix="not a valid ONNX model: "):
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise HeaderFault("not a regular file")
+            if st.st_size == 0:
+                raise HeaderFault("empty file")
+            if st.st_size > MAX_MODEL_BYTES:
+                raise HeaderFault(f"{st.st_size} bytes, more than a protobuf message can hold")
+            # mmap: a model with inline weights is walked without reading the weights into memory.
+            with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as buf:
+                return _walk(buf, st.st_size)
     finally:
         os.close(fd)
 
@@ -318,7 +307,7 @@ def _decimal(value: str | None, what: str, ref: _ExternalRef) -> int | None:
     if value is None:
         return None
     if not value.isascii() or not value.isdigit():
-        raise _Fault(f"tensor {ref.tensor!r} external data {what} {value!r} is not a non-negative integer")
+        raise HeaderFault(f"tensor {ref.tensor!r} external data {what} {value!r} is not a non-negative integer")
     return int(value)
 
 
@@ -326,35 +315,35 @@ def _check_ref(ref: _ExternalRef, folder: str, real_folder: str, blobs: str | No
     location = ref.location
     label = f"tensor {ref.tensor!r} external data {location!r}"
     if "\x00" in location:
-        raise _Fault(f"{label} holds a NUL byte")
+        raise HeaderFault(f"{label} holds a NUL byte")
     # onnxruntime on Windows splits on backslashes too, so they count as separators here.
     posix = location.replace("\\", "/")
     if posix.startswith("/") or (len(posix) > 1 and posix[1] == ":"):
-        raise _Fault(f"{label} is an absolute path")
+        raise HeaderFault(f"{label} is an absolute path")
     normal = posixpath.normpath(posix)
     if normal == ".." or normal.startswith("../"):
-        raise _Fault(f"{label} climbs out of the model folder with '..'")
+        raise HeaderFault(f"{label} climbs out of the model folder with '..'")
     if normal == ".":
-        raise _Fault(f"{label} names the model folder itself")
+        raise HeaderFault(f"{label} names the model folder itself")
     target = os.path.join(folder, *normal.split("/"))
     if not os.path.lexists(target):
-        raise _Fault(f"{label} is missing")
+        raise HeaderFault(f"{label} is missing")
     real = os.path.realpath(target)
     if not _allowed(real, real_folder, blobs):
-        raise _Fault(f"{label} leads outside the model folder (to {real})")
+        raise HeaderFault(f"{label} leads outside the model folder (to {real})")
     try:
         st = os.stat(target)
     except OSError as exc:
-        raise _Fault(f"{label} is missing (a dangling link)") from exc
+        raise HeaderFault(f"{label} is missing (a dangling link)") from exc
     if not stat.S_ISREG(st.st_mode):
-        raise _Fault(f"{label} is not a regular file")
+        raise HeaderFault(f"{label} is not a regular file")
     if st.st_nlink > 1:
         # onnxruntime follows hardlinks, and a hardlink's other name may be anywhere on the disk.
-        raise _Fault(f"{label} is a hardlink ({st.st_nlink} links); copy it instead")
+        raise HeaderFault(f"{label} is a hardlink ({st.st_nlink} links); copy it instead")
     offset = _decimal(ref.offset, "offset", ref) or 0
     length = _decimal(ref.length, "length", ref)
     if offset + (length or 0) > st.st_size:
-        raise _Fault(f"{label} range {offset}+{length or 0} runs past its {st.st_size} bytes")
+        raise HeaderFault(f"{label} range {offset}+{length or 0} runs past its {st.st_size} bytes")
     return Path(target)
 
 
@@ -375,13 +364,13 @@ def check_onnx_external_data(model_path: str | os.PathLike[str]) -> list[Path]:
     try:
         real_model = os.path.realpath(model_path)
         if not _allowed(real_model, real_folder, blobs):
-            raise _Fault(f"the model file is a link to {real_model}, outside its folder")
+            raise HeaderFault(f"the model file is a link to {real_model}, outside its folder")
         paths: dict[str, Path] = {}
         for ref in refs:
             path = _check_ref(ref, folder, real_folder, blobs)
             paths.setdefault(str(path), path)
         return list(paths.values())
-    except _Fault as exc:
+    except HeaderFault as exc:
         raise AnyformerError(ErrorCode.BAD_MODEL, f"{label}: {exc}") from exc
     except (OSError, ValueError) as exc:
         raise AnyformerError(

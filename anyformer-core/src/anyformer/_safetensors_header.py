@@ -13,8 +13,7 @@ import os
 import struct
 from typing import Any, NamedTuple
 
-from anyformer._errors import AnyformerError, ErrorCode
-from anyformer._gguf_header import ByteSource, FileByteSource
+from anyformer._byte_source import ByteSource, HeaderFault, read_header
 
 __all__ = ["SAFETENSORS_DTYPE_BITS", "SafetensorsHeader", "SafetensorsTensor", "read_safetensors_header"]
 
@@ -80,21 +79,17 @@ class SafetensorsHeader:
         return total
 
 
-class _Fault(Exception):
-    """Internal: a fault found while parsing; turned into BAD_MODEL with the file's label."""
-
-
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     result: dict[str, Any] = {}
     for key, value in pairs:
         if key in result:
-            raise _Fault(f"duplicate JSON key {key!r} in the header")
+            raise HeaderFault(f"duplicate JSON key {key!r} in the header")
         result[key] = value
     return result
 
 
 def _no_constant(name: str) -> Any:
-    raise _Fault(f"the header holds {name}, which is not JSON")
+    raise HeaderFault(f"the header holds {name}, which is not JSON")
 
 
 def _is_int(value: object) -> bool:
@@ -104,22 +99,22 @@ def _is_int(value: object) -> bool:
 def _tensor(name: str, entry: Any, data_len: int) -> SafetensorsTensor:
     label = f"tensor {name!r}"
     if not isinstance(entry, dict):
-        raise _Fault(f"{label} is not a JSON object")
+        raise HeaderFault(f"{label} is not a JSON object")
     for field in ("dtype", "shape", "data_offsets"):
         if field not in entry:
-            raise _Fault(f"{label} has no {field}")
+            raise HeaderFault(f"{label} has no {field}")
     dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
     if not isinstance(dtype, str) or dtype not in SAFETENSORS_DTYPE_BITS:
-        raise _Fault(f"{label} has unknown dtype {dtype!r}")
+        raise HeaderFault(f"{label} has unknown dtype {dtype!r}")
     if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
-        raise _Fault(f"{label} shape {shape!r} is not a list of non-negative integers")
+        raise HeaderFault(f"{label} shape {shape!r} is not a list of non-negative integers")
     if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_int(o) for o in offsets)):
-        raise _Fault(f"{label} data_offsets {offsets!r} is not [start, end]")
+        raise HeaderFault(f"{label} data_offsets {offsets!r} is not [start, end]")
     start, end = offsets
     if not 0 <= start <= end:
-        raise _Fault(f"{label} data_offsets [{start}, {end}] are not 0 <= start <= end")
+        raise HeaderFault(f"{label} data_offsets [{start}, {end}] are not 0 <= start <= end")
     if end > data_len:
-        raise _Fault(f"truncated: {label} ends at data byte {end}, the data region has {data_len} bytes")
+        raise HeaderFault(f"truncated: {label} ends at data byte {end}, the data region has {data_len} bytes")
     # The product is clamped just past what the data region can hold, so a long hostile shape never
     # builds a huge integer; a zero dim anywhere still makes the tensor empty.
     bits_per = SAFETENSORS_DTYPE_BITS[dtype]
@@ -128,12 +123,12 @@ def _tensor(name: str, entry: Any, data_len: int) -> SafetensorsTensor:
     for dim in shape:
         count = min(count * dim, limit)
     if count == limit:
-        raise _Fault(f"{label} of {dtype} {shape} needs more bytes than the {data_len}-byte data region holds")
+        raise HeaderFault(f"{label} of {dtype} {shape} needs more bytes than the {data_len}-byte data region holds")
     bits = count * bits_per
     if bits % 8:
-        raise _Fault(f"{label} of {dtype} {shape} does not fill whole bytes")
+        raise HeaderFault(f"{label} of {dtype} {shape} does not fill whole bytes")
     if end - start != bits // 8:
-        raise _Fault(
+        raise HeaderFault(
             f"{label} of {dtype} {shape} needs {bits // 8} bytes but data_offsets [{start}, {end}] hold {end - start}"
         )
     return SafetensorsTensor(dtype, tuple(shape), start, end)
@@ -146,46 +141,48 @@ def _check_layout(tensors: dict[str, SafetensorsTensor], data_len: int) -> None:
     prev_name: str | None = None
     for name, tensor in sorted(tensors.items(), key=lambda item: (item[1].start, item[1].end)):
         if tensor.start < expected:
-            raise _Fault(f"tensor {name!r} at data byte {tensor.start} overlaps tensor {prev_name!r}")
+            raise HeaderFault(f"tensor {name!r} at data byte {tensor.start} overlaps tensor {prev_name!r}")
         if tensor.start > expected:
-            raise _Fault(f"hole of {tensor.start - expected} bytes before tensor {name!r} at data byte {tensor.start}")
+            raise HeaderFault(
+                f"hole of {tensor.start - expected} bytes before tensor {name!r} at data byte {tensor.start}"
+            )
         expected = tensor.end
         prev_name = name
     if expected != data_len:
-        raise _Fault(f"{data_len - expected} bytes of trailing data after the last tensor")
+        raise HeaderFault(f"{data_len - expected} bytes of trailing data after the last tensor")
 
 
 def _parse(source: ByteSource) -> SafetensorsHeader:
     size = int(source.size)
     if size < 8:
-        raise _Fault(f"truncated: {size} bytes, not even the 8-byte header length")
+        raise HeaderFault(f"truncated: {size} bytes, not even the 8-byte header length")
     (header_len,) = struct.unpack("<Q", source.read_at(0, 8))
     if header_len > MAX_HEADER_BYTES:
-        raise _Fault(f"header length {header_len} is over the {MAX_HEADER_BYTES} byte limit")
+        raise HeaderFault(f"header length {header_len} is over the {MAX_HEADER_BYTES} byte limit")
     if header_len > size - 8:
-        raise _Fault(f"truncated: header length {header_len}, but only {size - 8} bytes follow")
+        raise HeaderFault(f"truncated: header length {header_len}, but only {size - 8} bytes follow")
     raw = source.read_at(8, header_len)
     if len(raw) != header_len:
-        raise _Fault(f"truncated: header length {header_len}, the file ended after {len(raw)}")
+        raise HeaderFault(f"truncated: header length {header_len}, the file ended after {len(raw)}")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise _Fault(f"header is not valid UTF-8 (byte {exc.start})") from exc
+        raise HeaderFault(f"header is not valid UTF-8 (byte {exc.start})") from exc
     try:
         doc = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
     except json.JSONDecodeError as exc:
-        raise _Fault(f"header is not valid JSON ({exc.msg} at char {exc.pos})") from exc
+        raise HeaderFault(f"header is not valid JSON ({exc.msg} at char {exc.pos})") from exc
     except RecursionError as exc:
-        raise _Fault("header JSON is nested too deeply") from exc
+        raise HeaderFault("header JSON is nested too deeply") from exc
     if not isinstance(doc, dict):
-        raise _Fault(f"header is a JSON {type(doc).__name__}, not an object")
+        raise HeaderFault(f"header is a JSON {type(doc).__name__}, not an object")
 
     data_len = size - 8 - header_len
     metadata = doc.pop(_METADATA_KEY, None)
     if metadata is None:
         metadata = {}
     if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
-        raise _Fault("__metadata__ is not an object of strings")
+        raise HeaderFault("__metadata__ is not an object of strings")
     tensors = {name: _tensor(name, entry, data_len) for name, entry in doc.items()}
     _check_layout(tensors, data_len)
     return SafetensorsHeader(tensors=tensors, metadata=metadata, data_offset=8 + header_len, file_size=size)
@@ -200,25 +197,4 @@ def read_safetensors_header(
     messages (default: the file name). Raises ``AnyformerError(BAD_MODEL)`` naming the file, the
     fault and the tensor; no other exception escapes.
     """
-    if isinstance(source, (str, os.PathLike)):
-        label = name or os.path.basename(os.fspath(source))
-        try:
-            with FileByteSource(source) as file_source:
-                return _read_labelled(file_source, label)
-        except OSError as exc:
-            raise AnyformerError(ErrorCode.BAD_MODEL, f"{label}: cannot read the file: {exc}", cause=exc) from exc
-    return _read_labelled(source, name or getattr(source, "name", None) or "safetensors file")
-
-
-def _read_labelled(source: ByteSource, label: str) -> SafetensorsHeader:
-    try:
-        return _parse(source)
-    except AnyformerError:
-        raise
-    except _Fault as exc:
-        raise AnyformerError(ErrorCode.BAD_MODEL, f"{label}: {exc}") from exc
-    except (struct.error, ValueError, OverflowError, MemoryError, RecursionError, OSError) as exc:
-        # json raises ValueError for integers too long to convert; nothing but BAD_MODEL may leave.
-        raise AnyformerError(
-            ErrorCode.BAD_MODEL, f"{label}: unreadable safetensors header ({type(exc).__name__}: {exc})", cause=exc
-        ) from exc
+    return read_header(source, name, "safetensors", _parse)

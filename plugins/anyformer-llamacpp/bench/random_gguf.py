@@ -16,13 +16,25 @@ import numpy as np
 
 # SmolLM2-135M-Instruct's architecture, as its GGUF header states it.
 SMOLLM2_135M = {
-    "block_count": 30, "embedding_length": 576, "feed_forward_length": 1536, "attention.head_count": 9,
-    "attention.head_count_kv": 3, "context_length": 8192, "rope.dimension_count": 64,
+    "block_count": 30,
+    "embedding_length": 576,
+    "feed_forward_length": 1536,
+    "attention.head_count": 9,
+    "attention.head_count_kv": 3,
+    "context_length": 8192,
+    "rope.dimension_count": 64,
 }
 _TOKENIZER_KEYS = (
-    "tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.tokens", "tokenizer.ggml.token_type",
-    "tokenizer.ggml.merges", "tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id",
-    "tokenizer.ggml.unknown_token_id", "tokenizer.ggml.padding_token_id", "tokenizer.chat_template",
+    "tokenizer.ggml.model",
+    "tokenizer.ggml.pre",
+    "tokenizer.ggml.tokens",
+    "tokenizer.ggml.token_type",
+    "tokenizer.ggml.merges",
+    "tokenizer.ggml.bos_token_id",
+    "tokenizer.ggml.eos_token_id",
+    "tokenizer.ggml.unknown_token_id",
+    "tokenizer.ggml.padding_token_id",
+    "tokenizer.chat_template",
 )
 
 
