@@ -44,6 +44,10 @@ __all__ = ["BackendConformance", "RefusalCase"]
 PLUGIN_MODULE = "anyformer_conformance.plugin"
 
 
+class _MissingBackendId(LookupError):
+    """Raised by the default ``backend_id``: a subclass must name the backend it tests."""
+
+
 class RefusalCase(NamedTuple):
     """A model a backend must refuse, and the code it must refuse with.
 
@@ -131,7 +135,7 @@ class BackendConformance:
     @property
     def backend_id(self) -> str:
         """The backend under test: its entry point's name in the ``anyformer`` group. Required."""
-        raise NotImplementedError
+        raise _MissingBackendId(f"{type(self).__name__} must set backend_id = '<your entry point name>'")
 
     @property
     def refusal_cases(
@@ -200,7 +204,7 @@ class BackendConformance:
             )
         try:
             backend_id = cls().backend_id
-        except NotImplementedError:
+        except _MissingBackendId:
             pytest.fail(f"{cls.__name__} must set backend_id = '<your entry point name>'", pytrace=False)
         if not isinstance(backend_id, str) or not backend_id:
             pytest.fail(f"{cls.__name__}.backend_id is {backend_id!r}, expected the entry point's name", pytrace=False)
