@@ -139,3 +139,17 @@ class RepoCache:
             temporary.unlink(missing_ok=True)
             raise
         return pointer
+
+
+def bytes_on_disk(path: Path) -> int:
+    """Bytes a file, a link or a folder takes, links counted as links (blobs are not counted twice)."""
+    if path.is_symlink() or path.is_file():
+        return os.lstat(path).st_size
+    total = 0
+    for root, _dirs, names in os.walk(path):
+        for name in names:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_size
+            except OSError:
+                pass  # removed while we walked: it takes no room
+    return total

@@ -14,6 +14,7 @@ import dataclasses
 import os
 from pathlib import Path
 
+from anyformer._cache_layout import bytes_on_disk
 from anyformer._caps import Caps
 from anyformer._errors import AnyformerError
 from anyformer._plugins import PluginManager, get_plugin_manager
@@ -101,7 +102,7 @@ def _diagnose(folder: Path) -> list[_Revision]:
     refs = _read_refs(folder / "refs")
     snapshots = folder / "snapshots"
     if not snapshots.is_dir():
-        return [_Revision(None, tuple(refs), _folder_bytes(folder), folder, "corrupted: no snapshots folder")]
+        return [_Revision(None, tuple(refs), bytes_on_disk(folder), folder, "corrupted: no snapshots folder")]
     revisions: list[_Revision] = []
     commits: set[str] = set()
     for snapshot in sorted(snapshots.iterdir()):
@@ -148,17 +149,6 @@ def _snapshot_state(snapshot: Path) -> tuple[list[str], int]:
                 continue
             blobs[os.path.realpath(path)] = stat.st_size
     return missing, sum(blobs.values())
-
-
-def _folder_bytes(folder: Path) -> int:
-    total = 0
-    for root, _dirs, names in os.walk(folder):
-        for name in names:
-            try:
-                total += os.lstat(os.path.join(root, name)).st_size
-            except OSError:
-                pass
-    return total
 
 
 def _entry(manager: PluginManager, repo_id: str, revision: _Revision) -> StoreEntry | None:

@@ -15,6 +15,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from anyformer._cache_layout import bytes_on_disk
 from anyformer._errors import AnyformerError, ErrorCode
 from anyformer._paths import anyformer_home
 from anyformer._plugins import PluginManager, get_plugin_manager
@@ -71,7 +72,7 @@ def plan_removal(ref: str, plugins: PluginManager | None = None) -> Removal:
         elif revision_or_none is None:
             folders += [cache.root, cache.root.parent / ".locks" / cache.root.name]
             paths.append(cache.root)
-            freed += _bytes_of(cache.root)
+            freed += bytes_on_disk(cache.root)
         else:
             raise AnyformerError(
                 ErrorCode.BAD_REQUEST,
@@ -81,7 +82,7 @@ def plan_removal(ref: str, plugins: PluginManager | None = None) -> Removal:
         if derived not in folders:
             folders.append(derived)
             paths.append(derived)
-            freed += _bytes_of(derived)
+            freed += bytes_on_disk(derived)
     if not paths:
         raise AnyformerError(ErrorCode.MODEL_NOT_FOUND, f"{ref} is not in the store (`anyformer ls` lists what is)")
     return Removal(repo_id, revision_or_none, commits, tuple(paths), freed, strategy, tuple(folders))
@@ -129,19 +130,6 @@ def _derived_paths(repo_id: str, revision: str | None, manager: PluginManager) -
         if home in absolute.parents and os.path.lexists(absolute) and absolute not in inside:
             inside.append(absolute)
     return inside
-
-
-def _bytes_of(path: Path) -> int:
-    if path.is_symlink() or path.is_file():
-        return os.lstat(path).st_size
-    total = 0
-    for root, _dirs, names in os.walk(path):
-        for name in names:
-            try:
-                total += os.lstat(os.path.join(root, name)).st_size
-            except OSError:
-                pass
-    return total
 
 
 def _delete(path: Path) -> None:

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from anyformer._config_file import read_config_json
 from anyformer._errors import AnyformerError, ErrorCode
 from anyformer._model import Model, ModelFile, format_of
 
@@ -163,14 +163,4 @@ def _gguf_summary(path: Path) -> dict[str, Any]:
 
 
 def _read_config(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        return {}
-    try:
-        if path.stat().st_size > 16 * 2**20:
-            raise AnyformerError(ErrorCode.BAD_MODEL, f"{path} is over 16 MiB; not a config file")
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise AnyformerError(ErrorCode.BAD_MODEL, f"{path} is not readable JSON: {exc}", cause=exc) from exc
-    if not isinstance(data, dict):
-        raise AnyformerError(ErrorCode.BAD_MODEL, f"{path} is not a JSON object")
-    return data
+    return read_config_json(path, str(path)) if path.is_file() else {}

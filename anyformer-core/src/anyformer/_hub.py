@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import json
 import os
 import re
 from collections.abc import Iterator, Sequence
@@ -30,6 +29,7 @@ from huggingface_hub.errors import (
 )
 from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
 
+from anyformer._config_file import MAX_CONFIG_BYTES, read_config_json
 from anyformer._errors import AnyformerError, ErrorCode
 from anyformer._model import Model, ModelFile, check_file_name
 
@@ -50,8 +50,6 @@ _REPO_ID = re.compile(rf"^(?:{_PART}/)?{_PART}$")
 _REVISION = re.compile(r"^[A-Za-z0-9._/-]{1,256}$")
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
-#: config.json is metadata; one larger than this is not a config.
-MAX_CONFIG_BYTES = 16 * 1024 * 1024
 
 
 def check_repo_id(repo_id: str) -> str:
@@ -360,19 +358,7 @@ def _hub_config(repo_id: str, revision: str | None, entry: ModelFile) -> dict[st
     from anyformer._download import HubFile, download
 
     path = download(HubFile(repo_id, revision or constants.DEFAULT_REVISION, "config.json", entry.size, entry.sha256))
-    return _parse_config(path, f"config.json of {_ref(repo_id, revision)}")
-
-
-def _parse_config(path: Path, label: str) -> dict[str, Any]:
-    try:
-        if path.stat().st_size > MAX_CONFIG_BYTES:
-            raise AnyformerError(ErrorCode.BAD_MODEL, f"{label} is over {MAX_CONFIG_BYTES // 2**20} MiB; not a config")
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise AnyformerError(ErrorCode.BAD_MODEL, f"{label} is not readable JSON: {exc}", cause=exc) from exc
-    if not isinstance(data, dict):
-        raise AnyformerError(ErrorCode.BAD_MODEL, f"{label} is not a JSON object")
-    return data
+    return read_config_json(path, f"config.json of {_ref(repo_id, revision)}")
 
 
 def _model_type(config: dict[str, Any]) -> str | None:
@@ -423,7 +409,7 @@ def describe_cached(repo_id: str, revision: str | None, cause: AnyformerError | 
             files.append(ModelFile(name=name, size=size, sha256=target if _SHA256.match(target) else None))
     config: dict[str, Any] = {}
     if (snapshot / "config.json").is_file():
-        config = _parse_config(snapshot / "config.json", f"cached config.json of {repo_id}")
+        config = read_config_json(snapshot / "config.json", f"cached config.json of {repo_id}")
     architecture = _model_type(config)
     metadata: dict[str, Any] = {"hub_ref": revision or constants.DEFAULT_REVISION}
     gguf_file = first_language_model_gguf(files)
