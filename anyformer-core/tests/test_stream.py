@@ -518,3 +518,15 @@ def test_an_unknown_finish_reason_is_plugin_error(load_scripted: Any) -> None:
     with pytest.raises(AnyformerError) as caught:
         list(loaded.generate("hi"))
     assert caught.value.code is ErrorCode.PLUGIN_ERROR and "'eos'" in caught.value.message
+
+
+def test_the_prompt_count_a_backend_reports_rides_on_every_later_chunk(load_scripted: Any) -> None:
+    script = [Chunk(delta="a", tokens=1, prompt_tokens=7), Chunk(delta="b", tokens=2), Chunk(delta="c", tokens=3)]
+    loaded, _ = load_scripted(script)
+    chunks = list(loaded.generate("hi"))
+    assert [c.prompt_tokens for c in chunks] == [7] * len(chunks)
+
+
+def test_no_prompt_count_means_none(load_scripted: Any) -> None:
+    loaded, _ = load_scripted(chunks("a", "b"))
+    assert {c.prompt_tokens for c in loaded.generate("hi")} == {None}

@@ -30,12 +30,15 @@ class Chunk:
 
     Backends yield chunks with ``delta`` and ``tokens``; the core rebuilds ``text`` from the deltas,
     so a backend may leave ``text`` empty. Only the last chunk carries ``finish_reason``.
+    ``prompt_tokens`` is the prompt's length in tokens when the backend reports it (on any chunk;
+    the core carries it on every chunk after), for usage counts; None when it does not.
     """
 
     text: str = ""
     delta: str = ""
     tokens: int = 0
     finish_reason: str | None = None
+    prompt_tokens: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)

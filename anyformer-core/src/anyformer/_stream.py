@@ -69,6 +69,7 @@ class _StreamState:
         self._text = ""  # everything the backend produced
         self._emitted = 0  # how much of it the caller has seen
         self._tokens = 0
+        self._prompt_tokens: int | None = None  # the backend's count, once it reports one
 
     def cancel(self) -> None:
         """Set the stream's cancel event: the backend stops at its next check."""
@@ -89,7 +90,11 @@ class _StreamState:
         delta = self._text[self._emitted : upto]
         self._emitted = upto
         return Chunk(
-            text=self._text[:upto], delta=delta, tokens=self._tokens, finish_reason=finish.value if finish else None
+            text=self._text[:upto],
+            delta=delta,
+            tokens=self._tokens,
+            finish_reason=finish.value if finish else None,
+            prompt_tokens=self._prompt_tokens,
         )
 
     def run(self) -> Iterator[Chunk]:
@@ -121,6 +126,8 @@ class _StreamState:
                         ErrorCode.PLUGIN_ERROR, f"{self._backend}: generate yielded {type(raw).__name__}, not a Chunk"
                     )
                 self._text += raw.delta
+                if self._prompt_tokens is None and isinstance(raw.prompt_tokens, int) and raw.prompt_tokens >= 0:
+                    self._prompt_tokens = raw.prompt_tokens
                 self._tokens = min(max(self._tokens, raw.tokens), options.max_new_tokens)
                 if options.stop:
                     cut = min((i for i in (self._text.find(s) for s in options.stop) if i >= 0), default=-1)

@@ -403,14 +403,16 @@ class WorkerSession:
         chunks = []
         if isinstance(items, list):
             for item in items:
-                if not (isinstance(item, list) and len(item) == 3):
+                if not (isinstance(item, list) and len(item) == 4):
                     break
-                delta, tokens, finish = item
+                delta, tokens, finish, prompt = item
                 if not isinstance(delta, str) or isinstance(tokens, bool) or not isinstance(tokens, int):
                     break
                 if finish is not None and not isinstance(finish, str):
                     break
-                chunks.append(Chunk(delta=delta, tokens=tokens, finish_reason=finish))
+                if prompt is not None and (isinstance(prompt, bool) or not isinstance(prompt, int)):
+                    break
+                chunks.append(Chunk(delta=delta, tokens=tokens, finish_reason=finish, prompt_tokens=prompt))
             else:
                 return chunks
         raise self._broken("a malformed chunks frame", "generating")

@@ -17,7 +17,7 @@ import inspect
 import os
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import anyformer
@@ -63,7 +63,7 @@ class _Entry:
 class Generation:
     """A generation running in a worker thread, read as an async iterator of chunks.
 
-    ``prompt_tokens`` is the backend's count of the prompt, when it exposes one. ``cancel`` (from
+    ``prompt_tokens`` is the backend's count of the prompt, from its chunks, when it reports one. ``cancel`` (from
     any task) stops the backend at its next token; the model's slot is freed once it has stopped.
     """
 
@@ -193,10 +193,11 @@ class ModelPool:
         def pump() -> None:
             failure: BaseException | None = None
             try:
-                generation.prompt_tokens = _count_prompt(loaded, messages)
                 stream = loaded.generate(messages, cancel=cancel, **options)
                 try:
                     for chunk in stream:
+                        if chunk.prompt_tokens is not None:
+                            generation.prompt_tokens = chunk.prompt_tokens
                         generation.put(chunk)
                 finally:
                     stream.close()
@@ -333,22 +334,3 @@ def _dispose_quietly(loaded: Loaded) -> None:
         loaded.dispose()
     except Exception:  # a crashed engine may fail to dispose; its memory is gone with its process
         pass
-
-
-def _count_prompt(loaded: Loaded, messages: list[Message]) -> int | None:
-    """The backend's count of the prompt's tokens, when its handle offers ``prompt_tokens(messages, thinking)``.
-
-    An isolated model's handle lives in its worker, so it has no count here (usage then omits it).
-    """
-    if getattr(loaded, "isolated", False):
-        return None
-    counter: Callable[..., Any] | None = getattr(loaded.handle, "prompt_tokens", None)
-    if not callable(counter):
-        return None
-    try:
-        counted = counter(messages, False)
-    except Exception:
-        return None
-    if isinstance(counted, int):
-        return counted
-    return len(counted) if hasattr(counted, "__len__") else None

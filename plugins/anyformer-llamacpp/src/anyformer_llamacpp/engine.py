@@ -422,7 +422,8 @@ class LlamaCppModel:
         is_eog = self._lib.llama_vocab_is_eog
         vocab = self._vocab
         cancel = options.cancel
-        room = self.context - _prompt_length(segments)
+        prompt = _prompt_length(segments)  # reported on every chunk, for usage counts
+        room = self.context - prompt
         budget = min(options.max_new_tokens, room)
 
         # The prompt as the cache will hold it: token ids, and IMAGE for each position an image takes.
@@ -446,18 +447,20 @@ class LlamaCppModel:
         while not cancel.is_set():
             token = self._choose(self._last_logits(), options, rng)
             if is_eog(vocab, token):
-                yield Chunk(delta=decoder.decode(b"", final=True), tokens=count, finish_reason="stop")
+                yield Chunk(
+                    delta=decoder.decode(b"", final=True), tokens=count, finish_reason="stop", prompt_tokens=prompt
+                )
                 return
             count += 1
-            yield Chunk(delta=decoder.decode(self._text_piece(token)), tokens=count)
+            yield Chunk(delta=decoder.decode(self._text_piece(token)), tokens=count, prompt_tokens=prompt)
             if count >= budget:
                 tail = decoder.decode(b"", final=True)
-                yield Chunk(delta=tail, tokens=count, finish_reason="length")
+                yield Chunk(delta=tail, tokens=count, finish_reason="length", prompt_tokens=prompt)
                 return
             if cancel.is_set():
                 break
             self._eval([token])
-        yield Chunk(delta="", tokens=count, finish_reason="cancelled")
+        yield Chunk(delta="", tokens=count, finish_reason="cancelled", prompt_tokens=prompt)
 
 
 def _prompt_length(segments: Segments) -> int:
