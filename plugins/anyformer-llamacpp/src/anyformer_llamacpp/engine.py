@@ -118,6 +118,8 @@ class LlamaCppModel:
         self.gpu_layers = gpu_layers
         self._vocab = llama._model.vocab
         self._n_vocab = llama.n_vocab()
+        self._logits_address: int | None = None
+        self._logits_view: np.ndarray = np.empty(0, dtype=np.float32)
         self._bos_text = (
             self._piece(llama.token_bos(), special=True).decode("utf-8", "replace") if llama.token_bos() >= 0 else ""
         )
@@ -362,8 +364,14 @@ class LlamaCppModel:
             position = end
 
     def _last_logits(self) -> np.ndarray:
+        # llama.cpp keeps the last token's logits at one address while the output buffer is not
+        # reallocated; wrapping it in numpy costs ~50 µs, so the view is made again only when it moves.
         pointer = self._lib.llama_get_logits_ith(self._llama._ctx.ctx, -1)
-        return np.ctypeslib.as_array(pointer, shape=(self._n_vocab,))
+        address = ctypes.cast(pointer, ctypes.c_void_p).value
+        if address != self._logits_address:
+            self._logits_view = np.ctypeslib.as_array(pointer, shape=(self._n_vocab,))
+            self._logits_address = address
+        return self._logits_view
 
     # ---- generation -----------------------------------------------------------------------------
 
