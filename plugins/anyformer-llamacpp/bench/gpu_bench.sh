@@ -23,7 +23,9 @@ export PYTHONPATH=/tmp/llama:$PYTHONPATH
 python3 plugins/anyformer-llamacpp/bench/random_gguf.py write "$carry/smollm2-tokenizer.json" /tmp/smol-rand-Q4_1.gguf
 nvidia-smi --query-gpu=name,memory.free --format=csv | tee "$OUT/gpu.txt"
 python3 -m anyformer check /tmp/smol-rand-Q4_1.gguf --json >"$OUT/check.json"
-for budget in "" 0; do
+python3 -m anyformer check /tmp/smol-rand-Q4_1.gguf --budget "${PARTIAL_BUDGET:-150MB}" --json >"$OUT/check-partial.json"
+# The probe's budget (every layer on the GPU), 0 (the CPU), and a budget that holds part of the layers.
+for budget in "" 0 ${PARTIAL_BUDGET:-150MB}; do
   label=${budget:-gpu}
   PYTHONUNBUFFERED=1 python3 plugins/anyformer-llamacpp/bench/bench_decode.py --model /tmp/smol-rand-Q4_1.gguf \
     --rounds 5 --tokens 256 --no-cli ${budget:+--budget $budget} 2>&1 | grep -v '^llama_\|^load' | tee "$OUT/decode-$label.txt"
