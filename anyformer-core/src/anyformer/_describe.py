@@ -10,7 +10,7 @@ from typing import Any
 
 from anyformer._config_file import read_config_json
 from anyformer._errors import AnyformerError, ErrorCode
-from anyformer._model import Model, ModelFile, format_of
+from anyformer._model import Model, ModelFile, first_language_model_gguf, format_of
 
 # Folders in a model directory that hold no model files (VCS, caches, editor state).
 _SKIP_DIRS = {".git", ".cache", ".huggingface", "__pycache__", ".ipynb_checkpoints"}
@@ -118,12 +118,12 @@ def describe_folder(folder: Path) -> Model:
     config = _read_config(folder / "config.json")
     metadata: dict[str, Any] = {}
     architecture = config.get("model_type") if isinstance(config.get("model_type"), str) else None
-    ggufs = [f for f in files if f.format == "gguf"]
-    for model_file in ggufs:
-        summary = _gguf_summary(Path(model_file.path or ""))
-        if "mmproj" not in model_file.name.lower() and "gguf" not in metadata:
-            metadata = {"gguf": summary, "gguf_file": model_file.name}
-            architecture = architecture or summary.get("architecture")
+    # Every GGUF header is checked (a hostile projector is BAD_MODEL here too); the language model's describes.
+    summaries = {f.name: _gguf_summary(Path(f.path or "")) for f in files if f.format == "gguf"}
+    language_model = first_language_model_gguf(files)
+    if language_model is not None:
+        metadata = {"gguf": summaries[language_model.name], "gguf_file": language_model.name}
+        architecture = architecture or summaries[language_model.name].get("architecture")
     for model_file in files:
         if model_file.format == "safetensors":
             from anyformer._safetensors_header import read_safetensors_header

@@ -11,7 +11,7 @@ import contextlib
 import errno
 import os
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,7 @@ from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_st
 
 from anyformer._config_file import MAX_CONFIG_BYTES, read_config_json
 from anyformer._errors import AnyformerError, ErrorCode
-from anyformer._model import Model, ModelFile, check_file_name
+from anyformer._model import Model, ModelFile, check_file_name, first_language_model_gguf
 
 __all__ = [
     "HubByteSource",
@@ -345,11 +345,6 @@ def _sibling_file(sibling: Any) -> ModelFile:
     lfs = sibling.lfs
     sha = lfs.sha256.lower() if lfs is not None and isinstance(lfs.sha256, str) else None
     return ModelFile(name=name, size=size, sha256=sha if sha and _SHA256.match(sha) else None)
-
-
-def first_language_model_gguf(files: Sequence[ModelFile]) -> ModelFile | None:
-    """The first GGUF in listing order that is not a vision projector (``mmproj``), or None."""
-    return next((f for f in files if f.format == "gguf" and "mmproj" not in f.name.rsplit("/", 1)[-1].lower()), None)
 
 
 def _hub_config(repo_id: str, revision: str | None, entry: ModelFile) -> dict[str, Any]:

@@ -34,6 +34,11 @@ def format_of(name: str) -> str | None:
     return None
 
 
+def first_language_model_gguf(files: Iterable[ModelFile]) -> ModelFile | None:
+    """The first GGUF in listing order that is not a vision projector (``mmproj``), or None."""
+    return next((f for f in files if f.format == "gguf" and "mmproj" not in f.name.rsplit("/", 1)[-1].lower()), None)
+
+
 def check_file_name(name: str) -> str:
     """Return ``name`` if it is a safe relative POSIX path inside a repo, else raise BAD_MODEL.
 
