@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import os
 import pathlib
 import subprocess
 import sys
 from collections.abc import Callable
-from typing import Any
 
 import pytest
+from conftest import CliResult
 from store_helpers import FakeHub, fake_hub, hf_env, make_gguf, repo_root
 
 __all__ = ["fake_hub"]
@@ -19,26 +17,14 @@ __all__ = ["fake_hub"]
 pytest.importorskip("anyformer_llamacpp")
 
 
-@dataclasses.dataclass
-class Done:
-    """What one CLI run did."""
-
-    returncode: int
-    stdout: str
-    stderr: str
-
-    def json(self) -> Any:
-        return json.loads(self.stdout)
-
-
 @pytest.fixture
-def cli(fake_hub: FakeHub, tmp_path: pathlib.Path) -> Callable[..., Done]:
+def cli(fake_hub: FakeHub, tmp_path: pathlib.Path) -> Callable[..., CliResult]:
     """Run ``python -m anyformer ARGS`` against the FakeHub, with only the llama.cpp backend, stdin as given."""
     env = hf_env(fake_hub, tmp_path / "hf")
     env = {k: v for k, v in env.items() if not k.startswith("ANYFORMER_")}
     env.update({"ANYFORMER_HOME": str(tmp_path / "anyformer-home"), "ANYFORMER_PLUGINS": "llamacpp"})
 
-    def run(*args: str, stdin: str | None = None, offline: bool = False) -> Done:
+    def run(*args: str, stdin: str | None = None, offline: bool = False) -> CliResult:
         done = subprocess.run(
             [sys.executable, "-m", "anyformer", *args],
             input=stdin,
@@ -51,7 +37,7 @@ def cli(fake_hub: FakeHub, tmp_path: pathlib.Path) -> Callable[..., Done]:
             check=False,
         )
         assert "Traceback" not in done.stderr, done.stderr
-        return Done(done.returncode, done.stdout, done.stderr)
+        return CliResult(done.returncode, done.stdout, done.stderr)
 
     return run
 
@@ -66,7 +52,7 @@ def gguf_repo(fake_hub: FakeHub, tmp_path: pathlib.Path) -> str:
 
 
 def test_pull_fetches_the_quant_llamacpp_chose_then_ls_lists_it_and_rm_asks_then_frees_it(
-    cli: Callable[..., Done], fake_hub: FakeHub, gguf_repo: str
+    cli: Callable[..., CliResult], fake_hub: FakeHub, gguf_repo: str
 ) -> None:
     pulled = cli("pull", "org/tiny-GGUF", "--caps", "store", "--json")
     assert pulled.returncode == 0, pulled.stderr
@@ -94,7 +80,7 @@ def test_pull_fetches_the_quant_llamacpp_chose_then_ls_lists_it_and_rm_asks_then
 
 
 @pytest.mark.safety("D9")
-def test_ls_shows_a_corrupted_entry_and_exits_zero(cli: Callable[..., Done], gguf_repo: str) -> None:
+def test_ls_shows_a_corrupted_entry_and_exits_zero(cli: Callable[..., CliResult], gguf_repo: str) -> None:
     assert cli("pull", "org/tiny-GGUF", "--caps", "store").returncode == 0
     link = repo_root("org/tiny-GGUF") / "snapshots" / gguf_repo / "tiny-Q4_0.gguf"
     os.unlink(os.path.realpath(link))
@@ -107,7 +93,9 @@ def test_ls_shows_a_corrupted_entry_and_exits_zero(cli: Callable[..., Done], ggu
 
 
 @pytest.mark.safety("D5", "D8")
-def test_pull_errors_are_one_line_with_their_code(cli: Callable[..., Done], fake_hub: FakeHub, gguf_repo: str) -> None:
+def test_pull_errors_are_one_line_with_their_code(
+    cli: Callable[..., CliResult], fake_hub: FakeHub, gguf_repo: str
+) -> None:
     missing = cli("pull", "org/no-such-model", "--caps", "store")
     assert missing.returncode == 1 and "MODEL_NOT_FOUND" in missing.stderr
     offline = cli("pull", "org/tiny-GGUF", "--caps", "store", offline=True)
