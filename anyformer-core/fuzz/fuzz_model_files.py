@@ -124,9 +124,9 @@ class Target:
 
     def _check(self, data: bytes) -> None:
         from anyformer import describe
-        from anyformer._gguf_header import BytesByteSource, read_gguf_header
-        from anyformer._onnx_external import check_onnx_external_data, read_onnx_summary
-        from anyformer._safetensors_header import read_safetensors_header
+        from anyformer.files._gguf_header import BytesByteSource, read_gguf_header
+        from anyformer.files._onnx_external import check_onnx_external_data, read_onnx_summary
+        from anyformer.files._safetensors_header import read_safetensors_header
 
         fmt = FORMATS[data[0] % len(FORMATS)] if data else "gguf"
         body = data[1:]
@@ -213,9 +213,9 @@ def instrument() -> None:
 
     with atheris.instrument_imports(include=["anyformer"]):
         import anyformer._describe
-        import anyformer._gguf_header
-        import anyformer._onnx_external
-        import anyformer._safetensors_header  # noqa: F401
+        import anyformer.files._gguf_header
+        import anyformer.files._onnx_external
+        import anyformer.files._safetensors_header  # noqa: F401
 
 
 def run_atheris(target: Target, pool: list[bytes], argv: list[str]) -> None:

@@ -12,7 +12,7 @@ import struct
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from anyformer._gguf_header import GGML_TYPES
+from anyformer.files._gguf_header import GGML_TYPES
 
 # GGUF value type ids.
 U8, I8, U16, I16, U32, I32, F32, BOOL, STRING, ARRAY, U64, I64, F64 = range(13)

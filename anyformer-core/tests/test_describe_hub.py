@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 import anyformer
-from anyformer._errors import AnyformerError, ErrorCode
-from anyformer._hub import HubByteSource, describe_hub
+from anyformer.contract._errors import AnyformerError, ErrorCode
+from anyformer.store._hub import HubByteSource, describe_hub
 from anyformer_conformance import hub_fixtures
 from anyformer_conformance.hub_server import FakeHub
 

@@ -31,7 +31,7 @@ from fault_corpus import (
 import anyformer
 from anyformer import AnyformerError, Caps, ErrorCode
 from anyformer._chat_template import render_chat
-from anyformer._gguf_header import check_split_set, read_gguf_header
+from anyformer.files._gguf_header import check_split_set, read_gguf_header
 
 FAULTS = corpus(seeds=3)
 #: Rows whose faults must fail fast and small (G3: < 10 ms with O(1) memory; G4, G5: bounded).

@@ -38,8 +38,8 @@ from hostile_files import (
     valid_gguf,
 )
 
-from anyformer._errors import AnyformerError, ErrorCode
-from anyformer._gguf_header import (
+from anyformer.contract._errors import AnyformerError, ErrorCode
+from anyformer.files._gguf_header import (
     GGML_TYPES,
     BytesByteSource,
     FileByteSource,

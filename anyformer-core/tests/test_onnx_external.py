@@ -22,8 +22,8 @@ from hostile_files import (
     varint,
 )
 
-from anyformer._errors import AnyformerError, ErrorCode
-from anyformer._onnx_external import MAX_DEPTH, check_onnx_external_data, read_onnx_summary
+from anyformer.contract._errors import AnyformerError, ErrorCode
+from anyformer.files._onnx_external import MAX_DEPTH, check_onnx_external_data, read_onnx_summary
 
 needs_symlinks = pytest.mark.skipif(os.name == "nt", reason="symlinks need privileges on Windows")
 

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 from hostile_files import make_safetensors, u64
 
-from anyformer._errors import AnyformerError, ErrorCode
-from anyformer._gguf_header import BytesByteSource
-from anyformer._safetensors_header import SafetensorsTensor, read_safetensors_header
+from anyformer.contract._errors import AnyformerError, ErrorCode
+from anyformer.files._gguf_header import BytesByteSource
+from anyformer.files._safetensors_header import SafetensorsTensor, read_safetensors_header
 
 
 def write(tmp_path: Path, data: bytes, name: str = "model.safetensors") -> Path:

@@ -26,8 +26,8 @@ from store_helpers import (
 )
 
 import anyformer
-from anyformer._errors import AnyformerError, ErrorCode
-from anyformer._model import Model, ModelFile
+from anyformer.contract._errors import AnyformerError, ErrorCode
+from anyformer.contract._model import Model, ModelFile
 
 __all__ = ["fake_hub"]
 

@@ -22,7 +22,7 @@ from store_helpers import (
 
 import anyformer
 from anyformer import _download
-from anyformer._errors import AnyformerError, ErrorCode
+from anyformer.contract._errors import AnyformerError, ErrorCode
 from anyformer_conformance.hub_server import git_blob_sha1
 
 __all__ = ["fake_hub", "no_backoff"]

@@ -16,7 +16,7 @@ from store_helpers import (
 
 import anyformer
 from anyformer import Caps
-from anyformer._errors import AnyformerError, ErrorCode
+from anyformer.contract._errors import AnyformerError, ErrorCode
 
 __all__ = ["fake_hub"]
 

@@ -10,7 +10,7 @@ from store_helpers import FakeHub, StoreBackend, fake_hub, manager_with, random_
 
 import anyformer
 from anyformer import Caps, Estimate
-from anyformer._errors import AnyformerError, ErrorCode
+from anyformer.contract._errors import AnyformerError, ErrorCode
 
 __all__ = ["fake_hub"]
 

@@ -23,7 +23,7 @@ import worker_engines
 
 import anyformer
 from anyformer import AnyformerError, Caps, Chunk, ErrorCode
-from anyformer._worker_protocol import (
+from anyformer.isolation._worker_protocol import (
     MAX_FRAME_BYTES,
     ProtocolError,
     crash_error,
@@ -32,7 +32,7 @@ from anyformer._worker_protocol import (
     read_frame,
     write_frame,
 )
-from anyformer._worker_session import WINDOW
+from anyformer.isolation._worker_session import WINDOW
 
 
 @pytest.fixture

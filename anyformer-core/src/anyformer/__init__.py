@@ -6,26 +6,26 @@ policy, and the answer streams through one contract. See ``docs/`` for the guide
 
 from anyformer._api import check, load
 from anyformer._backend import BackendModel
-from anyformer._caps import Caps, probe
 from anyformer._chat_template import render_chat
-from anyformer._chunk import Chunk, FinishReason, GenerateOptions
 from anyformer._default_model import default_model_path
 from anyformer._describe import describe
-from anyformer._errors import AnyformerError, ErrorCode
 from anyformer._loaded import Loaded
-from anyformer._messages import Message, has_images, text_of, validate_messages
-from anyformer._model import Model, ModelFile
-from anyformer._paths import anyformer_home
 from anyformer._plugins import PluginInfo, PluginManager, get_plugin_manager
-from anyformer._progress import ProgressCallback, ProgressEvent
-from anyformer._pull import PullResult, pull
-from anyformer._request import Request
 from anyformer._selection import Selection, select
-from anyformer._sizes import format_size, parse_size
-from anyformer._store import fetch_files
-from anyformer._store_entry import StoreEntry
-from anyformer._verdict import Estimate, Rank, Refusal, Verdict
+from anyformer.contract._caps import Caps, probe
+from anyformer.contract._chunk import Chunk, FinishReason, GenerateOptions
+from anyformer.contract._errors import AnyformerError, ErrorCode
+from anyformer.contract._messages import Message, has_images, text_of, validate_messages
+from anyformer.contract._model import Model, ModelFile
+from anyformer.contract._progress import ProgressCallback, ProgressEvent
+from anyformer.contract._request import Request
+from anyformer.contract._sizes import format_size, parse_size
+from anyformer.contract._store_entry import StoreEntry
+from anyformer.contract._verdict import Estimate, Rank, Refusal, Verdict
 from anyformer.hookspecs import hookimpl
+from anyformer.store._paths import anyformer_home
+from anyformer.store._pull import PullResult, pull
+from anyformer.store._store import fetch_files
 
 __version__ = "0.1.0"
 

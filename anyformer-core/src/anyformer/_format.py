@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from anyformer._sizes import format_size
-from anyformer._verdict import Verdict
+from anyformer.contract._sizes import format_size
+from anyformer.contract._verdict import Verdict
 
 
 def describe_verdict_line(verdict: Verdict) -> str:

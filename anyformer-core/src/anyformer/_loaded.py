@@ -8,12 +8,12 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from anyformer._backend import BackendModel
-from anyformer._chunk import Chunk, GenerateOptions
-from anyformer._errors import AnyformerError, ErrorCode
-from anyformer._messages import Message, validate_messages
-from anyformer._model import Model
 from anyformer._stream import CoreStream
-from anyformer._verdict import Verdict
+from anyformer.contract._chunk import Chunk, GenerateOptions
+from anyformer.contract._errors import AnyformerError, ErrorCode
+from anyformer.contract._messages import Message, validate_messages
+from anyformer.contract._model import Model
+from anyformer.contract._verdict import Verdict
 
 if TYPE_CHECKING:
     from anyformer._session import Session

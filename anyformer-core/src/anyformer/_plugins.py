@@ -18,15 +18,15 @@ import pluggy
 
 from anyformer import hookspecs
 from anyformer._backend import BackendModel
-from anyformer._caps import Caps
-from anyformer._chunk import Chunk, GenerateOptions
-from anyformer._errors import AnyformerError, ErrorCode
-from anyformer._messages import Message
-from anyformer._model import Model
-from anyformer._progress import ProgressCallback
-from anyformer._request import Request
-from anyformer._store_entry import StoreEntry
-from anyformer._verdict import Refusal, Verdict
+from anyformer.contract._caps import Caps
+from anyformer.contract._chunk import Chunk, GenerateOptions
+from anyformer.contract._errors import AnyformerError, ErrorCode
+from anyformer.contract._messages import Message
+from anyformer.contract._model import Model
+from anyformer.contract._progress import ProgressCallback
+from anyformer.contract._request import Request
+from anyformer.contract._store_entry import StoreEntry
+from anyformer.contract._verdict import Refusal, Verdict
 
 #: The entry-point group backends register under; the entry point's name is the backend id.
 ENTRY_POINT_GROUP = hookspecs.PROJECT

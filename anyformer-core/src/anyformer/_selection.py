@@ -5,9 +5,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from anyformer._errors import AnyformerError, ErrorCode
 from anyformer._format import describe_verdict_line
-from anyformer._verdict import Refusal, Verdict
+from anyformer.contract._errors import AnyformerError, ErrorCode
+from anyformer.contract._verdict import Refusal, Verdict
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Where a loaded model runs: in this process, or in an isolated worker (``anyformer._worker_session``).
+"""Where a loaded model runs: in this process, or in an isolated worker (``anyformer.isolation._worker_session``).
 
 ``Loaded`` holds one session and keeps the contract itself (validation, the BUSY lock, CoreStream),
 so both kinds of session only start work, run it and free it.
@@ -10,8 +10,8 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
 from anyformer._backend import BackendModel, run_of
-from anyformer._chunk import Chunk, GenerateOptions
-from anyformer._messages import Message
+from anyformer.contract._chunk import Chunk, GenerateOptions
+from anyformer.contract._messages import Message
 
 if TYPE_CHECKING:
     from anyformer._plugins import PluginManager

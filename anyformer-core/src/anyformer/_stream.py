@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from anyformer._chunk import Chunk, FinishReason, GenerateOptions
-from anyformer._errors import AnyformerError, ErrorCode
+from anyformer.contract._chunk import Chunk, FinishReason, GenerateOptions
+from anyformer.contract._errors import AnyformerError, ErrorCode
 
 
 def _held_back(text: str, stops: tuple[str, ...]) -> int:

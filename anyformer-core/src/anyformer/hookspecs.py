@@ -18,14 +18,14 @@ import pluggy
 
 if TYPE_CHECKING:
     from anyformer._backend import BackendModel
-    from anyformer._caps import Caps
-    from anyformer._chunk import Chunk, GenerateOptions
-    from anyformer._messages import Message
-    from anyformer._model import Model
-    from anyformer._progress import ProgressCallback
-    from anyformer._request import Request
-    from anyformer._store_entry import StoreEntry
-    from anyformer._verdict import Verdict
+    from anyformer.contract._caps import Caps
+    from anyformer.contract._chunk import Chunk, GenerateOptions
+    from anyformer.contract._messages import Message
+    from anyformer.contract._model import Model
+    from anyformer.contract._progress import ProgressCallback
+    from anyformer.contract._request import Request
+    from anyformer.contract._store_entry import StoreEntry
+    from anyformer.contract._verdict import Verdict
 
 #: The pluggy project name and the entry-point group.
 PROJECT = "anyformer"

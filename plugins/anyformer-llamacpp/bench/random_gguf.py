@@ -40,7 +40,7 @@ _TOKENIZER_KEYS = (
 
 def export_tokenizer(real: Path, out: Path) -> None:
     """Write the tokenizer keys of a real GGUF as JSON (read with anyformer's bounded reader)."""
-    from anyformer._gguf_header import read_gguf_header
+    from anyformer.files._gguf_header import read_gguf_header
 
     header = read_gguf_header(real)
     out.write_text(json.dumps({k: header.get(k) for k in _TOKENIZER_KEYS if header.get(k) is not None}))

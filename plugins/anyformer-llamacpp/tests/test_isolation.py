@@ -20,7 +20,7 @@ from tiny_gguf import write_tiny_llama
 
 import anyformer
 from anyformer import AnyformerError, ErrorCode
-from anyformer._gguf_header import read_gguf_header
+from anyformer.files._gguf_header import read_gguf_header
 
 _RAW_BACKEND = """
 from anyformer import Estimate, Rank, Verdict, hookimpl

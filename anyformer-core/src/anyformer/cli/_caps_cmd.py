@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from anyformer._sizes import format_size
 from anyformer.cli._common import add_machine_arguments, caps_from_args, print_json
+from anyformer.contract._sizes import format_size
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

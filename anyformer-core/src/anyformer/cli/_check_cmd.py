@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 
 from anyformer._api import check
-from anyformer._errors import AnyformerError, ErrorCode
 from anyformer._format import describe_estimate
-from anyformer._model import Model
-from anyformer._sizes import format_size
 from anyformer.cli._common import add_machine_arguments, caps_from_args, print_json
+from anyformer.contract._errors import AnyformerError, ErrorCode
+from anyformer.contract._model import Model
+from anyformer.contract._sizes import format_size
 
 #: Exit status when no backend can run the model.
 EXIT_NONE_CAN_RUN = 3

@@ -7,8 +7,8 @@ import json
 import sys
 from typing import Any
 
-from anyformer._caps import Caps, probe
-from anyformer._sizes import parse_size
+from anyformer.contract._caps import Caps, probe
+from anyformer.contract._sizes import parse_size
 
 
 def add_machine_arguments(parser: argparse.ArgumentParser) -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from anyformer._sizes import format_size
 from anyformer.cli._common import print_json
+from anyformer.contract._sizes import format_size
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -25,7 +25,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 
 def run(args: argparse.Namespace) -> int:
     """Print the stored models; exit 0 even when some entries are corrupted (they are listed as such)."""
-    from anyformer._cache_listing import list_store
+    from anyformer.store._cache_listing import list_store
 
     entries, problems = list_store()
     if args.json:

@@ -12,8 +12,8 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from anyformer._errors import AnyformerError, ErrorCode
 from anyformer.cli import _caps_cmd, _check_cmd, _ls_cmd, _plugins_cmd, _pull_cmd, _rm_cmd, _run_cmd, _serve_cmd
+from anyformer.contract._errors import AnyformerError, ErrorCode
 
 #: Exit status when no backend can run the model (``check``, ``run``).
 EXIT_NO_BACKEND = 3
@@ -57,7 +57,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except AnyformerError as exc:
         print(f"anyformer: {exc.code.value}: {exc.message}", file=sys.stderr)
         if exc.need is not None:
-            from anyformer._sizes import format_size
+            from anyformer.contract._sizes import format_size
 
             print(f"anyformer: it would need {format_size(exc.need)}", file=sys.stderr)
         return _EXIT_BY_CODE.get(exc.code, 1)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from anyformer._progress import ProgressEvent
+from anyformer.contract._progress import ProgressEvent
 
 
 class ProgressPrinter:

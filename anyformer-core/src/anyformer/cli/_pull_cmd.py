@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from anyformer._sizes import format_size
 from anyformer.cli._common import add_machine_arguments, caps_from_args, print_json
 from anyformer.cli._progress_display import ProgressPrinter
+from anyformer.contract._sizes import format_size
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -31,7 +31,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 
 def run(args: argparse.Namespace) -> int:
     """Pull the files; print where they are and how much was downloaded."""
-    from anyformer._pull import pull
+    from anyformer.store._pull import pull
 
     with ProgressPrinter() as progress:
         result = pull(

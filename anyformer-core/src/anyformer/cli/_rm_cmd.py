@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from anyformer._errors import AnyformerError, ErrorCode
-from anyformer._sizes import format_size
+from anyformer.contract._errors import AnyformerError, ErrorCode
+from anyformer.contract._sizes import format_size
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -26,7 +26,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 
 def run(args: argparse.Namespace) -> int:
     """Show what goes, ask (unless -y), remove, print the bytes freed."""
-    from anyformer._cache_removal import plan_removal
+    from anyformer.store._cache_removal import plan_removal
 
     plan = plan_removal(args.model)
     for path in plan.paths:

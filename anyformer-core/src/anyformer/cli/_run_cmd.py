@@ -10,10 +10,10 @@ import threading
 
 from anyformer._api import load
 from anyformer._default_model import default_model_path
-from anyformer._errors import AnyformerError, ErrorCode
 from anyformer._loaded import Loaded
 from anyformer.cli._common import add_machine_arguments, caps_from_args
 from anyformer.cli._progress_display import ProgressPrinter
+from anyformer.contract._errors import AnyformerError, ErrorCode
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

@@ -21,8 +21,8 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
-from anyformer._errors import AnyformerError, ErrorCode
 from anyformer._plugins import PluginManager, get_plugin_manager
+from anyformer.contract._errors import AnyformerError, ErrorCode
 from anyformer.server._errors import ApiError, anyformer_error_body, bad_request, error_response
 from anyformer.server._pool import Generation, ModelPool
 from anyformer.server._schemas import (
@@ -215,7 +215,7 @@ def _stored_models(plugins: PluginManager | None) -> list[dict[str, Any]]:
     manager = plugins or get_plugin_manager()
     try:
         try:
-            from anyformer._cache_listing import list_store
+            from anyformer.store._cache_listing import list_store
         except ImportError:
             entries, _problems = manager.store_list()
         else:

@@ -6,7 +6,7 @@ from typing import Any
 
 from starlette.responses import JSONResponse
 
-from anyformer._errors import AnyformerError, ErrorCode
+from anyformer.contract._errors import AnyformerError, ErrorCode
 
 #: The HTTP status of each anyformer error code.
 STATUS_BY_CODE: dict[ErrorCode, int] = {

@@ -21,13 +21,13 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import anyformer
-from anyformer._caps import Caps, probe
-from anyformer._chunk import Chunk
-from anyformer._errors import AnyformerError, ErrorCode
 from anyformer._loaded import Loaded
-from anyformer._messages import Message
 from anyformer._plugins import PluginManager
-from anyformer._sizes import format_size, parse_size
+from anyformer.contract._caps import Caps, probe
+from anyformer.contract._chunk import Chunk
+from anyformer.contract._errors import AnyformerError, ErrorCode
+from anyformer.contract._messages import Message
+from anyformer.contract._sizes import format_size, parse_size
 
 #: Requests that may wait for one model while it serves another.
 DEFAULT_QUEUE_SIZE = 8

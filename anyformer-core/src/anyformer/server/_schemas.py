@@ -14,9 +14,9 @@ import time
 import uuid
 from typing import Any
 
-from anyformer._chunk import GenerateOptions
-from anyformer._errors import AnyformerError
-from anyformer._messages import Message, validate_messages
+from anyformer.contract._chunk import GenerateOptions
+from anyformer.contract._errors import AnyformerError
+from anyformer.contract._messages import Message, validate_messages
 from anyformer.server._errors import bad_request
 
 #: Tokens generated when a request names no ``max_tokens``.

@@ -32,8 +32,7 @@ from anyformer import (
     format_size,
     hookimpl,
 )
-from anyformer._paths import anyformer_home  # private today; see docs/plugin-author-guide.md
-from anyformer._store import fetch_files  # private today: it may become the public anyformer.store
+from anyformer.plugin import anyformer_home, fetch_files
 from anyformer_template.ngram import NgramFormatError, NgramModel, read_model
 
 #: This backend's id: the name of its entry point.

@@ -31,11 +31,7 @@ import llama_cpp
 import numpy as np
 
 from anyformer import AnyformerError, Chunk, ErrorCode, GenerateOptions, Message, Model, ProgressCallback, ProgressEvent
-from anyformer._caps import usable_cpu_count
-from anyformer._chat_template import render_chat
-from anyformer._gguf_header import check_split_set, read_gguf_header
-from anyformer._messages import has_images
-from anyformer._store import fetch_files
+from anyformer.plugin import check_split_set, fetch_files, has_images, read_gguf_header, render_chat, usable_cpu_count
 from anyformer_llamacpp import BACKEND_ID
 from anyformer_llamacpp.estimate import context_for, footprint
 from anyformer_llamacpp.file_choice import choose_gguf

@@ -14,7 +14,7 @@ import dataclasses
 from typing import Any
 
 from anyformer import AnyformerError, ErrorCode
-from anyformer._gguf_header import GGUFHeader
+from anyformer.plugin import GGUFHeader
 
 #: Projector types whose tensors are checked one by one (LLaVA 1.5 and its kin).
 LLAVA_TYPES = ("mlp", "mlp_norm")

@@ -21,8 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from anyformer import AnyformerError, ErrorCode, Model, ProgressCallback, ProgressEvent
-from anyformer._gguf_header import read_gguf_header
-from anyformer._store import fetch_files
+from anyformer.plugin import fetch_files, read_gguf_header
 from anyformer_llamacpp import BACKEND_ID, images
 from anyformer_llamacpp.file_choice import projector_for
 from anyformer_llamacpp.projector_checks import check_projector

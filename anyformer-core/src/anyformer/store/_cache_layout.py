@@ -16,8 +16,8 @@ import re
 import uuid
 from pathlib import Path
 
-from anyformer._errors import AnyformerError, ErrorCode
-from anyformer._model import check_file_name
+from anyformer.contract._errors import AnyformerError, ErrorCode
+from anyformer.contract._model import check_file_name
 
 #: A commit id, and the two ETag shapes a blob may be named by (git sha1, LFS sha256).
 COMMIT = re.compile(r"^[0-9a-f]{40}$")

@@ -14,7 +14,7 @@ import struct
 from collections.abc import Callable, Iterator
 from typing import Protocol, TypeVar, final, runtime_checkable
 
-from anyformer._errors import AnyformerError, ErrorCode
+from anyformer.contract._errors import AnyformerError, ErrorCode
 
 T = TypeVar("T")
 

@@ -14,9 +14,9 @@ import shutil
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from anyformer._errors import AnyformerError, ErrorCode
-from anyformer._model import Model, ModelFile, check_file_name
-from anyformer._progress import ProgressCallback, ProgressEvent, no_progress
+from anyformer.contract._errors import AnyformerError, ErrorCode
+from anyformer.contract._model import Model, ModelFile, check_file_name
+from anyformer.contract._progress import ProgressCallback, ProgressEvent, no_progress
 
 
 def fetch_files(
@@ -56,9 +56,9 @@ def fetch_files(
 def _fetch_from_hub(
     model: Model, entries: Sequence[ModelFile], progress: ProgressCallback, backend: str | None
 ) -> dict[str, Path]:
-    from anyformer._cache_layout import RepoCache
-    from anyformer._download import HubFile, download
-    from anyformer._hub import is_offline
+    from anyformer.store._cache_layout import RepoCache
+    from anyformer.store._download import HubFile, download
+    from anyformer.store._hub import is_offline
 
     cache = RepoCache.of(model.repo)
     commit = cache.commit_for(model.revision)
@@ -115,7 +115,7 @@ def _check_room(repo_root: Path, files: Sequence[ModelFile]) -> None:
         partial = sum(p.stat().st_size for p in blobs.glob("*.incomplete") if p.is_file())
     free = shutil.disk_usage(folder).free
     if need - partial > free:
-        from anyformer._sizes import format_size
+        from anyformer.contract._sizes import format_size
 
         raise AnyformerError(
             ErrorCode.DISK_FULL,

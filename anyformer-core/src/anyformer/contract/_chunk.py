@@ -7,7 +7,7 @@ import enum
 import threading
 from typing import Any
 
-from anyformer._errors import AnyformerError, ErrorCode
+from anyformer.contract._errors import AnyformerError, ErrorCode
 
 
 class FinishReason(str, enum.Enum):

@@ -30,10 +30,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from anyformer._blob_digest import BlobDigest
-from anyformer._cache_layout import COMMIT, RepoCache
-from anyformer._errors import AnyformerError, ErrorCode
-from anyformer._model import check_file_name
+from anyformer.contract._errors import AnyformerError, ErrorCode
+from anyformer.contract._model import check_file_name
+from anyformer.store._blob_digest import BlobDigest
+from anyformer.store._cache_layout import COMMIT, RepoCache
 
 #: Seconds to wait before each retry of a transfer that made no progress; its length bounds the retries.
 BACKOFF_SECONDS: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0)
@@ -78,7 +78,7 @@ class _Failed(Exception):
 
 def download(file: HubFile, progress: ByteProgress | None = None) -> Path:
     """Fetch one Hub file into the cache, verified; return its snapshot path (a link to the blob)."""
-    from anyformer._hub import hub_errors
+    from anyformer.store._hub import hub_errors
 
     check_file_name(file.name)
     cache = RepoCache.of(file.repo_id)

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from anyformer._verdict import Verdict
+    from anyformer.contract._verdict import Verdict
 
 
 class ErrorCode(str, enum.Enum):

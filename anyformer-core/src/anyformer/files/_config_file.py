@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from anyformer._errors import AnyformerError, ErrorCode
+from anyformer.contract._errors import AnyformerError, ErrorCode
 
 #: The largest config.json read: real ones are a few KiB.
 MAX_CONFIG_BYTES = 16 * 2**20

@@ -13,7 +13,7 @@ import os
 import struct
 from typing import Any, NamedTuple
 
-from anyformer._byte_source import ByteSource, HeaderFault, read_header
+from anyformer.files._byte_source import ByteSource, HeaderFault, read_header
 
 __all__ = ["SAFETENSORS_DTYPE_BITS", "SafetensorsHeader", "SafetensorsTensor", "read_safetensors_header"]
 
@@ -193,7 +193,7 @@ def read_safetensors_header(
 ) -> SafetensorsHeader:
     """Read and validate the header of a safetensors file.
 
-    ``source`` is a path or any ByteSource (see :mod:`anyformer._gguf_header`); ``name`` labels the
+    ``source`` is a path or any ByteSource (see :mod:`anyformer.files._gguf_header`); ``name`` labels the
     messages (default: the file name). Raises ``AnyformerError(BAD_MODEL)`` naming the file, the
     fault and the tensor; no other exception escapes.
     """

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from anyformer._errors import AnyformerError, ErrorCode
+from anyformer.contract._errors import AnyformerError, ErrorCode
 
 _UNITS = {
     "": 1,

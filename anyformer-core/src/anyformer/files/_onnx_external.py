@@ -18,8 +18,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from anyformer._byte_source import HeaderFault, faults_as_bad_model
-from anyformer._errors import AnyformerError, ErrorCode
+from anyformer.contract._errors import AnyformerError, ErrorCode
+from anyformer.files._byte_source import HeaderFault, faults_as_bad_model
 
 __all__ = ["OnnxSummary", "check_onnx_external_data", "read_onnx_summary"]
 

@@ -15,13 +15,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from anyformer._caps import Caps
-from anyformer._errors import AnyformerError, ErrorCode
-from anyformer._model import Model
 from anyformer._plugins import PluginManager
-from anyformer._progress import ProgressCallback, no_progress
 from anyformer._selection import raise_if_none
-from anyformer._verdict import Verdict
+from anyformer.contract._caps import Caps
+from anyformer.contract._errors import AnyformerError, ErrorCode
+from anyformer.contract._model import Model
+from anyformer.contract._progress import ProgressCallback, no_progress
+from anyformer.contract._verdict import Verdict
 
 #: Top-level files pulled whenever the repo has them: what tokenizers and chat templates read.
 METADATA_PATTERNS = ("config.json", "generation_config.json", "tokenizer*.json", "*.jinja")
@@ -101,7 +101,7 @@ def pull(
     ``BAD_REQUEST`` for a local model, and the store's ``DOWNLOAD_FAILED``, ``DISK_FULL``, ``OFFLINE``.
     """
     from anyformer._api import check
-    from anyformer._store import fetch_files
+    from anyformer.store._store import fetch_files
 
     description, selection = check(
         model, task=task, budget=budget, caps=caps, prefer=prefer, backend=backend, plugins=plugins
@@ -119,7 +119,7 @@ def pull(
 
 
 def _cached(model: Model, names: Sequence[str]) -> set[str]:
-    from anyformer._cache_layout import RepoCache
+    from anyformer.store._cache_layout import RepoCache
 
     cache = RepoCache.of(model.repo)
     commit = cache.commit_for(model.revision)

@@ -23,7 +23,7 @@ import struct
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from anyformer._errors import AnyformerError, ErrorCode
+from anyformer.contract._errors import AnyformerError, ErrorCode
 
 #: The largest frame either side accepts: a result of ``run`` (embeddings of a batch) fits.
 MAX_FRAME_BYTES = 64 * 1024 * 1024

@@ -29,9 +29,9 @@ from huggingface_hub.errors import (
 )
 from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
 
-from anyformer._config_file import MAX_CONFIG_BYTES, read_config_json
-from anyformer._errors import AnyformerError, ErrorCode
-from anyformer._model import Model, ModelFile, check_file_name, first_language_model_gguf
+from anyformer.contract._errors import AnyformerError, ErrorCode
+from anyformer.contract._model import Model, ModelFile, check_file_name, first_language_model_gguf
+from anyformer.files._config_file import MAX_CONFIG_BYTES, read_config_json
 
 __all__ = [
     "HubByteSource",
@@ -316,7 +316,7 @@ def _describe_info(repo_id: str, revision: str | None, info: Any) -> Model:
     # first language-model header is always read (a few range requests, never the weights).
     gguf_file = first_language_model_gguf(files)
     if gguf_file is not None:
-        from anyformer._gguf_header import read_gguf_header
+        from anyformer.files._gguf_header import read_gguf_header
 
         source = HubByteSource(repo_id, gguf_file.name, resolved, size=gguf_file.size)
         header = read_gguf_header(source, name=gguf_file.name)
@@ -350,7 +350,7 @@ def _sibling_file(sibling: Any) -> ModelFile:
 def _hub_config(repo_id: str, revision: str | None, entry: ModelFile) -> dict[str, Any]:
     if entry.size is not None and entry.size > MAX_CONFIG_BYTES:
         raise AnyformerError(ErrorCode.BAD_MODEL, f"config.json of {repo_id} is {entry.size} bytes; not a config file")
-    from anyformer._download import HubFile, download
+    from anyformer.store._download import HubFile, download
 
     path = download(HubFile(repo_id, revision or constants.DEFAULT_REVISION, "config.json", entry.size, entry.sha256))
     return read_config_json(path, f"config.json of {_ref(repo_id, revision)}")
@@ -409,7 +409,7 @@ def describe_cached(repo_id: str, revision: str | None, cause: AnyformerError | 
     metadata: dict[str, Any] = {"hub_ref": revision or constants.DEFAULT_REVISION}
     gguf_file = first_language_model_gguf(files)
     if gguf_file is not None:
-        from anyformer._gguf_header import read_gguf_header
+        from anyformer.files._gguf_header import read_gguf_header
 
         header = read_gguf_header(snapshot / gguf_file.name, name=gguf_file.name)
         metadata.update({"gguf": header.summary(), "gguf_file": gguf_file.name})

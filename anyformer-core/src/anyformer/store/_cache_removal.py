@@ -15,10 +15,10 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from anyformer._cache_layout import bytes_on_disk
-from anyformer._errors import AnyformerError, ErrorCode
-from anyformer._paths import anyformer_home
 from anyformer._plugins import PluginManager, get_plugin_manager
+from anyformer.contract._errors import AnyformerError, ErrorCode
+from anyformer.store._cache_layout import bytes_on_disk
+from anyformer.store._paths import anyformer_home
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,8 +50,8 @@ class Removal:
 
 def plan_removal(ref: str, plugins: PluginManager | None = None) -> Removal:
     """What ``anyformer rm REF`` would delete: ``org/name`` (every revision) or ``org/name@revision``."""
-    from anyformer._cache_layout import RepoCache
-    from anyformer._hub import check_repo_id
+    from anyformer.store._cache_layout import RepoCache
+    from anyformer.store._hub import check_repo_id
 
     repo_id, _, revision = ref.partition("@")
     check_repo_id(repo_id)

@@ -6,7 +6,7 @@ import dataclasses
 import enum
 from typing import Any
 
-from anyformer._errors import AnyformerError, ErrorCode
+from anyformer.contract._errors import AnyformerError, ErrorCode
 
 
 class Refusal(str, enum.Enum):

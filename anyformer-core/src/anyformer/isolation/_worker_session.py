@@ -36,13 +36,13 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from anyformer._backend import BackendModel
-from anyformer._chunk import Chunk, GenerateOptions
-from anyformer._errors import AnyformerError, ErrorCode
-from anyformer._messages import Message
-from anyformer._model import Model
-from anyformer._progress import ProgressCallback, ProgressEvent
-from anyformer._request import Request
-from anyformer._worker_protocol import (
+from anyformer.contract._chunk import Chunk, GenerateOptions
+from anyformer.contract._errors import AnyformerError, ErrorCode
+from anyformer.contract._messages import Message
+from anyformer.contract._model import Model
+from anyformer.contract._progress import ProgressCallback, ProgressEvent
+from anyformer.contract._request import Request
+from anyformer.isolation._worker_protocol import (
     STDERR_TAIL_LINES,
     ProtocolError,
     crash_error,
@@ -67,7 +67,7 @@ def _read(n):
     return data
 _load = json.loads(_read(struct.unpack(">I", _read(4))[0]))
 sys.path[:] = _load["sys_path"]
-from anyformer._worker import main
+from anyformer.isolation._worker import main
 sys.exit(main(_load))
 """
 

@@ -1,6 +1,6 @@
 """The isolated worker process: it loads one backend's model and runs its hooks for the parent.
 
-Started by :mod:`anyformer._worker_session` as ``python -c BOOTSTRAP``; the bootstrap reads the
+Started by :mod:`anyformer.isolation._worker_session` as ``python -c BOOTSTRAP``; the bootstrap reads the
 first frame, takes the parent's ``sys.path`` (so the worker imports what the caller would, plugins
 on a test's path included) and calls :func:`main`. The backend is loaded from the one entry point
 the parent chose, so only that plugin is imported here.
@@ -27,13 +27,13 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from anyformer._backend import BackendModel, run_of
-from anyformer._chunk import Chunk, GenerateOptions
-from anyformer._errors import AnyformerError, ErrorCode
-from anyformer._model import Model
 from anyformer._plugins import ENTRY_POINT_GROUP, PluginManager
-from anyformer._progress import ProgressEvent
-from anyformer._request import Request
-from anyformer._worker_protocol import (
+from anyformer.contract._chunk import Chunk, GenerateOptions
+from anyformer.contract._errors import AnyformerError, ErrorCode
+from anyformer.contract._model import Model
+from anyformer.contract._progress import ProgressEvent
+from anyformer.contract._request import Request
+from anyformer.isolation._worker_protocol import (
     decode_value,
     encode_value,
     error_frame,

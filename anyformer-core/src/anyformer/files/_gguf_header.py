@@ -16,14 +16,14 @@ import struct
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
-from anyformer._byte_source import (
+from anyformer.contract._errors import AnyformerError, ErrorCode
+from anyformer.files._byte_source import (
     BytesByteSource,
     ByteSource,
     FileByteSource,
     HeaderFault,
     read_header,
 )
-from anyformer._errors import AnyformerError, ErrorCode
 
 __all__ = [
     "GGML_TYPES",

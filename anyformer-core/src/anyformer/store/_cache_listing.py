@@ -14,14 +14,14 @@ import dataclasses
 import os
 from pathlib import Path
 
-from anyformer._cache_layout import bytes_on_disk
-from anyformer._caps import Caps
-from anyformer._errors import AnyformerError
 from anyformer._plugins import PluginManager, get_plugin_manager
-from anyformer._request import Request
 from anyformer._selection import select
-from anyformer._store_entry import StoreEntry
-from anyformer._verdict import Refusal
+from anyformer.contract._caps import Caps
+from anyformer.contract._errors import AnyformerError
+from anyformer.contract._request import Request
+from anyformer.contract._store_entry import StoreEntry
+from anyformer.contract._verdict import Refusal
+from anyformer.store._cache_layout import bytes_on_disk
 
 #: Refusals about this machine, not about the model: the backend reads the model, somewhere.
 _MACHINE_REFUSALS = frozenset(
@@ -57,7 +57,7 @@ def list_store(plugins: PluginManager | None = None) -> tuple[list[StoreEntry], 
 
 def hub_cache_entries(manager: PluginManager, problems: list[str]) -> list[StoreEntry]:
     """The Hub cache's model revisions some backend can run, and every corrupted one."""
-    from anyformer._cache_layout import hub_cache_dir, repo_id_of_folder
+    from anyformer.store._cache_layout import hub_cache_dir, repo_id_of_folder
 
     cache_dir = hub_cache_dir()
     try:
@@ -172,7 +172,7 @@ def _entry(manager: PluginManager, repo_id: str, revision: _Revision) -> StoreEn
 
 def _backend_for(manager: PluginManager, repo_id: str, revision: _Revision) -> tuple[str | None, str | None]:
     """(the backend that would run this cached revision or None, why it could not be described or None)."""
-    from anyformer._hub import describe_cached
+    from anyformer.store._hub import describe_cached
 
     if revision.commit is None or not revision.path.is_dir():
         return None, None

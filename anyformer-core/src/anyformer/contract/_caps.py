@@ -12,8 +12,8 @@ import sys
 from collections.abc import Iterable
 from typing import Any
 
-from anyformer._errors import AnyformerError, ErrorCode
-from anyformer._paths import anyformer_home
+from anyformer.contract._errors import AnyformerError, ErrorCode
+from anyformer.store._paths import anyformer_home
 
 #: The capability flags ``--caps`` may name.
 CAP_FLAGS = ("gpu", "f16", "subgroups", "store")

@@ -6,8 +6,8 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from anyformer._errors import AnyformerError, ErrorCode
-from anyformer._sizes import parse_size
+from anyformer.contract._errors import AnyformerError, ErrorCode
+from anyformer.contract._sizes import parse_size
 
 
 @dataclasses.dataclass(frozen=True)

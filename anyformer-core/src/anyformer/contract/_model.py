@@ -9,7 +9,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from anyformer._errors import AnyformerError, ErrorCode
+from anyformer.contract._errors import AnyformerError, ErrorCode
 
 #: File suffixes and the format each means. Pickle formats are listed so that describe can name them;
 #: no backend ever unpickles them (``UNSAFE_FORMAT``).

@@ -1,0 +1,1 @@
+"""Isolated workers: an engine in a child process behind length-prefixed JSON frames."""

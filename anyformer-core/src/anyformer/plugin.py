@@ -1,0 +1,98 @@
+"""Everything a backend plugin needs, in one public module.
+
+A backend imports from here (or from the top-level ``anyformer`` package) and from nothing whose
+name starts with an underscore: private core modules move between releases, this module does
+not. ``docs/plugin-author-guide.md`` walks through each name; ``docs/contract.md`` is the contract
+they implement.
+
+Groups, in the order a backend meets them:
+
+- hooks: :data:`hookimpl`, and the hook specifications in :mod:`anyformer.hookspecs`;
+- the contract's types: :class:`Model`, :class:`ModelFile`, :class:`Caps`, :class:`Request`,
+  :class:`Verdict`, :class:`Estimate`, :class:`Rank`, :class:`Refusal`, :class:`Chunk`,
+  :class:`GenerateOptions`, :class:`FinishReason`, :class:`StoreEntry`, :class:`ProgressEvent`,
+  :data:`ProgressCallback`, :class:`BackendModel`, :class:`AnyformerError`, :class:`ErrorCode`;
+- messages and chat: :func:`validate_messages`, :func:`has_images`, :func:`text_of`,
+  :func:`render_chat` (jinja2's sandbox), :data:`CHATML_TEMPLATE`;
+- files, read with hard limits before any engine sees them: :func:`read_gguf_header`,
+  :func:`check_split_set`, :func:`split_set_members`, :class:`GGUFHeader`, :class:`GGUFTensor`,
+  :data:`GGML_TYPES`, :func:`read_safetensors_header`, :class:`SafetensorsHeader`,
+  :func:`read_onnx_summary`, :func:`check_onnx_external_data`, :class:`OnnxSummary`,
+  :func:`read_config_json`;
+- the store: :func:`fetch_files` (verified downloads into the Hub cache), :func:`anyformer_home`
+  (where derived files go);
+- the machine: :func:`usable_cpu_count`, :func:`host_ram_available`;
+- sizes: :func:`format_size`, :func:`parse_size`.
+"""
+
+from anyformer._backend import BackendModel
+from anyformer._chat_template import CHATML_TEMPLATE, render_chat
+from anyformer.contract._caps import Caps, host_ram_available, usable_cpu_count
+from anyformer.contract._chunk import Chunk, FinishReason, GenerateOptions
+from anyformer.contract._errors import AnyformerError, ErrorCode
+from anyformer.contract._messages import Message, has_images, text_of, validate_messages
+from anyformer.contract._model import Model, ModelFile
+from anyformer.contract._progress import ProgressCallback, ProgressEvent
+from anyformer.contract._request import Request
+from anyformer.contract._sizes import format_size, parse_size
+from anyformer.contract._store_entry import StoreEntry
+from anyformer.contract._verdict import Estimate, Rank, Refusal, Verdict
+from anyformer.files._config_file import read_config_json
+from anyformer.files._gguf_header import (
+    GGML_TYPES,
+    GGUFHeader,
+    GGUFTensor,
+    check_split_set,
+    read_gguf_header,
+    split_set_members,
+)
+from anyformer.files._onnx_external import OnnxSummary, check_onnx_external_data, read_onnx_summary
+from anyformer.files._safetensors_header import SafetensorsHeader, read_safetensors_header
+from anyformer.hookspecs import hookimpl
+from anyformer.store._paths import anyformer_home
+from anyformer.store._store import fetch_files
+
+__all__ = [
+    "CHATML_TEMPLATE",
+    "GGML_TYPES",
+    "AnyformerError",
+    "BackendModel",
+    "Caps",
+    "Chunk",
+    "ErrorCode",
+    "Estimate",
+    "FinishReason",
+    "GGUFHeader",
+    "GGUFTensor",
+    "GenerateOptions",
+    "Message",
+    "Model",
+    "ModelFile",
+    "OnnxSummary",
+    "ProgressCallback",
+    "ProgressEvent",
+    "Rank",
+    "Refusal",
+    "Request",
+    "SafetensorsHeader",
+    "StoreEntry",
+    "Verdict",
+    "anyformer_home",
+    "check_onnx_external_data",
+    "check_split_set",
+    "fetch_files",
+    "format_size",
+    "has_images",
+    "hookimpl",
+    "host_ram_available",
+    "parse_size",
+    "read_config_json",
+    "read_gguf_header",
+    "read_onnx_summary",
+    "read_safetensors_header",
+    "render_chat",
+    "split_set_members",
+    "text_of",
+    "usable_cpu_count",
+    "validate_messages",
+]
