@@ -1,0 +1,296 @@
+"""The WGSL kernels as ready-to-encode dispatches: pipelines compiled once, bind groups built at load.
+
+A :class:`Dispatch` is everything one ``dispatch_workgroups`` needs, made when the engine is built,
+so encoding a token is three calls per dispatch (set pipeline, set bind group, dispatch) and no
+allocation. Shapes travel in a small uniform buffer per dispatch; the one value that changes per
+token (the position) lives in a 16-byte state buffer the host writes before each submission.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import struct
+from collections.abc import Callable, Iterable, Sequence
+from importlib import resources
+from typing import Any
+
+import numpy as np
+
+from anyformer_gguf_gpu.gpu import GPU, gpu_errors
+from anyformer_gguf_gpu.quants import FORMATS, QuantFormat
+
+#: Threads per workgroup. 64 is a multiple of every vendor's SIMD width (32 NVIDIA, 64 AMD, 8-16 CPU).
+WORKGROUP = 64
+#: Threads of the argmax kernel (one workgroup over the whole vocabulary).
+ARGMAX_WORKGROUP = 256
+#: Largest workgroup count in one dimension (WebGPU's default limit).
+MAX_GROUPS = 65535
+#: Longest head the rope kernel's workgroup buffer holds.
+MAX_HEAD_DIM = 512
+
+_QUANT_FILES = {
+    "F32": "quant_f32.wgsl",
+    "F16": "quant_f16.wgsl",
+    "BF16": "quant_bf16.wgsl",
+    "Q4_0": "quant_q4_0.wgsl",
+    "Q4_1": "quant_q4_1.wgsl",
+    "Q8_0": "quant_q8_0.wgsl",
+    "Q4_K": "quant_q4_k.wgsl",
+    "Q5_K": "quant_q5_k.wgsl",
+    "Q6_K": "quant_q6_k.wgsl",
+}
+
+#: The kernels that decode weights, compiled once per quant type an engine uses.
+QUANT_KERNELS = ("matvec", "embed")
+#: The kernels that do not depend on a weight format.
+PLAIN_KERNELS = ("rmsnorm", "rope_store", "attention", "swiglu", "argmax")
+
+
+def _wgsl(name: str) -> str:
+    return resources.files("anyformer_gguf_gpu").joinpath("wgsl", name).read_text(encoding="utf-8")
+
+
+def kernel_source(kernel: str, quant: str | None = None) -> str:
+    """The full WGSL of ``kernel`` (with the byte readers and ``quant``'s decoder for weight kernels)."""
+    workgroup = ARGMAX_WORKGROUP if kernel == "argmax" else WORKGROUP
+    parts = [f"const WG: u32 = {workgroup}u;\n"]
+    if kernel in QUANT_KERNELS:
+        if quant not in _QUANT_FILES:
+            raise ValueError(f"no WGSL decoder for {quant}")
+        parts.append(_wgsl("bytes.wgsl"))
+        if quant in ("Q4_K", "Q5_K"):
+            parts.append(_wgsl("quant_kscales.wgsl"))
+        parts.append(_wgsl(_QUANT_FILES[quant]))
+    parts.append(_wgsl(f"{kernel}.wgsl"))
+    return "\n".join(parts)
+
+
+@dataclasses.dataclass(frozen=True)
+class Dispatch:
+    """One compute dispatch, ready to encode."""
+
+    name: str
+    pipeline: Any
+    bind_group: Any
+    groups: tuple[int, int, int]
+
+
+def _groups_for_rows(rows: int, z: int = 1) -> tuple[int, int, int]:
+    x = min(rows, MAX_GROUPS)
+    return (x, math.ceil(rows / x), z)
+
+
+def _u32s(*values: int | float) -> bytes:
+    """A uniform block: ints as u32, floats as f32, padded to a multiple of 16 bytes."""
+    out = b"".join(struct.pack("<f", v) if isinstance(v, float) else struct.pack("<I", v) for v in values)
+    return out + b"\0" * ((-len(out)) % 16)
+
+
+class Kernels:
+    """Compiles the kernels on one GPU and builds dispatches over an engine's buffers."""
+
+    def __init__(self, gpu: GPU) -> None:
+        self.gpu = gpu
+        self._pipelines: dict[tuple[str, str | None], Any] = {}
+
+    def compile(
+        self, wanted: Iterable[tuple[str, str | None]], progress: Callable[[int, int], None] | None = None
+    ) -> None:
+        """Compile every (kernel, quant) pipeline in ``wanted`` now, reporting (done, total)."""
+        todo = [key for key in dict.fromkeys(wanted) if key not in self._pipelines]
+        for done, key in enumerate(todo, 1):
+            self.pipeline(*key)
+            if progress is not None:
+                progress(done, len(todo))
+
+    def pipeline(self, kernel: str, quant: str | None = None) -> Any:
+        """The compute pipeline of ``kernel`` (for ``quant`` where it decodes weights), compiled once."""
+        key = (kernel, quant if kernel in QUANT_KERNELS else None)
+        found = self._pipelines.get(key)
+        if found is None:
+            device = self.gpu.device
+            with gpu_errors(f"compiling the {kernel} kernel"):
+                module = device.create_shader_module(code=kernel_source(*key), label=f"{kernel}-{quant}")
+                found = device.create_compute_pipeline(
+                    layout="auto", compute={"module": module, "entry_point": "main"}, label=f"{kernel}-{quant}"
+                )
+            self._pipelines[key] = found
+        return found
+
+    def _dispatch(
+        self, name: str, pipeline: Any, buffers: Sequence[Any], params: bytes, groups: tuple[int, int, int]
+    ) -> Dispatch:
+        uniform = self.gpu.upload(np.frombuffer(params, dtype=np.uint8), label=f"{name}-params", uniform=True)
+        entries: list[Any] = []
+        # The uniform sits at the binding after the kernel's first storage buffers (see each .wgsl).
+        slots = list(buffers)
+        slots.insert(_UNIFORM_SLOT[name], uniform)
+        for index, buf in enumerate(slots):
+            entries.append({"binding": index, "resource": {"buffer": buf, "offset": 0, "size": buf.size}})
+        with gpu_errors(f"binding the {name} kernel"):
+            group = self.gpu.device.create_bind_group(layout=pipeline.get_bind_group_layout(0), entries=entries)
+        return Dispatch(name, pipeline, group, groups)
+
+    def matvec(
+        self,
+        weight: Any,
+        fmt: QuantFormat,
+        rows: int,
+        cols: int,
+        x: Any,
+        y: Any,
+        *,
+        tokens: int = 1,
+        x_off: int = 0,
+        x_stride: int | None = None,
+        y_off: int = 0,
+        y_stride: int | None = None,
+        accumulate: bool = False,
+    ) -> Dispatch:
+        """y[t, :rows] (+)= W @ x[t, :cols] for ``tokens`` tokens; offsets and strides count floats."""
+        params = _u32s(
+            rows,
+            cols,
+            fmt.row_bytes(cols) if fmt.block_size > 1 else cols * fmt.type_size,
+            math.ceil(cols / 8),
+            x_off,
+            cols if x_stride is None else x_stride,
+            y_off,
+            rows if y_stride is None else y_stride,
+            int(accumulate),
+            0,
+        )
+        return self._dispatch(
+            "matvec", self.pipeline("matvec", fmt.name), [weight, x, y], params, _groups_for_rows(rows, tokens)
+        )
+
+    def embed(
+        self, weight: Any, fmt: QuantFormat, rows: int, cols: int, ids: Any, y: Any, state: Any, tokens: int
+    ) -> Dispatch:
+        """y[t, :] = the dequantised row ids[pos + t] of the embedding table, for ``tokens`` tokens."""
+        row_bytes = fmt.row_bytes(cols) if fmt.block_size > 1 else cols * fmt.type_size
+        params = _u32s(cols, row_bytes, math.ceil(cols / 8), rows)
+        return self._dispatch(
+            "embed", self.pipeline("embed", fmt.name), [weight, ids, y, state], params, (tokens, 1, 1)
+        )
+
+    def rmsnorm(
+        self,
+        x: Any,
+        weight: Any,
+        y: Any,
+        n: int,
+        eps: float,
+        *,
+        tokens: int = 1,
+        x_off: int = 0,
+        x_stride: int | None = None,
+    ) -> Dispatch:
+        """y[t, :n] = RMSNorm(x[t, :n]) * weight for ``tokens`` rows (y is packed, stride n)."""
+        params = _u32s(n, n if x_stride is None else x_stride, n, float(eps), x_off)
+        return self._dispatch("rmsnorm", self.pipeline("rmsnorm"), [x, weight, y], params, (tokens, 1, 1))
+
+    def rope_store(
+        self,
+        qkv: Any,
+        k_cache: Any,
+        v_cache: Any,
+        cos_sin: Any,
+        norm: Any,
+        state: Any,
+        *,
+        n_head: int,
+        n_kv: int,
+        head_dim: int,
+        n_rot: int,
+        neox: bool,
+        tokens: int = 1,
+        qk_norm: bool = False,
+        eps: float = 1e-6,
+    ) -> Dispatch:
+        """Rotate q and k in the packed [q | k | v] rows (optionally RMS-norming each head first) and store k, v."""
+        if head_dim > MAX_HEAD_DIM:
+            raise ValueError(f"head_dim {head_dim} is over {MAX_HEAD_DIM}")
+        q_dim, kv_dim = n_head * head_dim, n_kv * head_dim
+        params = _u32s(
+            n_head,
+            n_kv,
+            head_dim,
+            n_rot,
+            q_dim + 2 * kv_dim,
+            q_dim,
+            q_dim + kv_dim,
+            kv_dim,
+            int(neox),
+            int(qk_norm),
+            float(eps),
+            head_dim,
+        )
+        return self._dispatch(
+            "rope_store",
+            self.pipeline("rope_store"),
+            [qkv, k_cache, v_cache, cos_sin, norm, state],
+            params,
+            (n_head + 2 * n_kv, tokens, 1),
+        )
+
+    def attention(
+        self,
+        qkv: Any,
+        k_cache: Any,
+        v_cache: Any,
+        out: Any,
+        scores: Any,
+        state: Any,
+        *,
+        n_head: int,
+        n_kv: int,
+        head_dim: int,
+        ctx: int,
+        scale: float,
+        tokens: int = 1,
+    ) -> Dispatch:
+        """out[t, h*hd:(h+1)*hd] = causal softmax(q k^T * scale) v over the cache, for every head and token."""
+        q_dim, kv_dim = n_head * head_dim, n_kv * head_dim
+        params = _u32s(n_head, n_kv, head_dim, q_dim + 2 * kv_dim, kv_dim, ctx, q_dim, float(scale))
+        return self._dispatch(
+            "attention",
+            self.pipeline("attention"),
+            [qkv, k_cache, v_cache, out, scores, state],
+            params,
+            (n_head, tokens, 1),
+        )
+
+    def swiglu(self, gate_up: Any, y: Any, n: int, *, tokens: int = 1) -> Dispatch:
+        """y[t, i] = silu(gate_up[t, i]) * gate_up[t, n + i]."""
+        params = _u32s(n, tokens)
+        return self._dispatch(
+            "swiglu", self.pipeline("swiglu"), [gate_up, y], params, (math.ceil(n / WORKGROUP), tokens, 1)
+        )
+
+    def argmax(self, logits: Any, ids: Any, state: Any, n: int) -> Dispatch:
+        """ids[pos + n_batch] = argmax(logits[:n]), the lowest index on a tie."""
+        return self._dispatch("argmax", self.pipeline("argmax"), [logits, ids, state], _u32s(n), (1, 1, 1))
+
+    def run(self, dispatches: Sequence[Dispatch], copies: Sequence[tuple[Any, int, Any, int, int]] = ()) -> None:
+        """Encode ``dispatches`` in one compute pass, then ``copies`` (src, src_off, dst, dst_off, n); submit once."""
+        device = self.gpu.device
+        with gpu_errors("running the kernels"):
+            encoder = device.create_command_encoder()
+            compute = encoder.begin_compute_pass()
+            for d in dispatches:
+                compute.set_pipeline(d.pipeline)
+                compute.set_bind_group(0, d.bind_group)
+                compute.dispatch_workgroups(*d.groups)
+            compute.end()
+            for src, src_off, dst, dst_off, n in copies:
+                encoder.copy_buffer_to_buffer(src, src_off, dst, dst_off, n)
+            device.queue.submit([encoder.finish()])
+
+
+# Where each kernel's uniform binding sits among its bindings (after the buffers it reads and writes).
+_UNIFORM_SLOT = {"matvec": 3, "embed": 3, "rmsnorm": 3, "rope_store": 5, "attention": 5, "swiglu": 2, "argmax": 2}
+
+assert set(_UNIFORM_SLOT) == set(QUANT_KERNELS) | set(PLAIN_KERNELS)
+assert {f.name for f in FORMATS.values()} == set(_QUANT_FILES)

@@ -1,0 +1,91 @@
+// Causal attention of one query head of one token over the KV cache: token b at position
+// pos = S[0] + b sees keys 0..pos. Scores go to a scratch row, then softmax, then the weighted sum
+// of V. Query head h reads KV head h / (n_head / n_kv) (grouped-query attention).
+
+struct Params {
+    n_head: u32,
+    n_kv: u32,
+    head_dim: u32,
+    qkv_stride: u32,
+    kv_dim: u32,
+    ctx: u32,
+    out_stride: u32,
+    scale: f32,
+}
+
+@group(0) @binding(0) var<storage, read> QKV: array<f32>;
+@group(0) @binding(1) var<storage, read> Kc: array<f32>;
+@group(0) @binding(2) var<storage, read> Vc: array<f32>;
+@group(0) @binding(3) var<storage, read_write> Out: array<f32>;
+@group(0) @binding(4) var<storage, read_write> Sc: array<f32>;
+@group(0) @binding(5) var<uniform> P: Params;
+@group(0) @binding(6) var<storage, read> S: array<u32>;
+
+var<workgroup> red: array<f32, WG>;
+
+fn reduce_max(v: f32, lid: u32) -> f32 {
+    red[lid] = v;
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s >>= 1u) {
+        if (lid < s) {
+            red[lid] = max(red[lid], red[lid + s]);
+        }
+        workgroupBarrier();
+    }
+    let out = red[0];
+    workgroupBarrier();
+    return out;
+}
+
+fn reduce_sum(v: f32, lid: u32) -> f32 {
+    red[lid] = v;
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s >>= 1u) {
+        if (lid < s) {
+            red[lid] = red[lid] + red[lid + s];
+        }
+        workgroupBarrier();
+    }
+    let out = red[0];
+    workgroupBarrier();
+    return out;
+}
+
+@compute @workgroup_size(WG)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let h = wid.x;
+    let b = wid.y;
+    let n = S[0] + b + 1u;
+    let hd = P.head_dim;
+    let kvh = h / (P.n_head / P.n_kv);
+    let qo = b * P.qkv_stride + h * hd;
+    let ko = kvh * hd;
+    let so = (b * P.n_head + h) * P.ctx;
+    var m = -3.4e38;
+    for (var j = lid; j < n; j += WG) {
+        var s = 0.0;
+        for (var d = 0u; d < hd; d++) {
+            s += QKV[qo + d] * Kc[j * P.kv_dim + ko + d];
+        }
+        s *= P.scale;
+        Sc[so + j] = s;
+        m = max(m, s);
+    }
+    let mx = reduce_max(m, lid);
+    var total = 0.0;
+    for (var j = lid; j < n; j += WG) {
+        let p = exp(Sc[so + j] - mx);
+        Sc[so + j] = p;
+        total += p;
+    }
+    let sum = reduce_sum(total, lid);
+    storageBarrier();
+    workgroupBarrier();
+    for (var d = lid; d < hd; d += WG) {
+        var acc = 0.0;
+        for (var j = 0u; j < n; j++) {
+            acc += Sc[so + j] * Vc[j * P.kv_dim + ko + d];
+        }
+        Out[b * P.out_stride + h * hd + d] = acc / sum;
+    }
+}

@@ -1,0 +1,21 @@
+// Q6_K: 256 elements in 210 bytes: 128 bytes ql, 64 bytes qh, 16 signed scales, f16 d.
+// Element e: half n = e/128, quarter k = (e%128)/32, l = e%32; low 4 bits from nibble k/2 of
+// ql[64n + l + 32(k&1)], high 2 bits from bits 2k of qh[32n + l]; value = d * scale[8n + l/16 + 2k] * (q - 32).
+fn unit_vals(rb: u32, e0: u32, cols: u32) -> array<f32, 8> {
+    let base = rb + (e0 >> 8u) * 210u;
+    let e = e0 & 255u;
+    let n = e >> 7u;
+    let k = (e & 127u) >> 5u;
+    let l0 = e & 31u;
+    let scale = half_at(base + 208u) * i8_at(base + 192u + 8u * n + (l0 >> 4u) + 2u * k);
+    let ql = base + 64u * n + l0 + 32u * (k & 1u);
+    let lshift = (k >> 1u) * 4u;
+    let qh = base + 128u + 32u * n + l0;
+    let hshift = 2u * k;
+    var v: array<f32, 8>;
+    for (var i = 0u; i < 8u; i++) {
+        let q = ((byte_at(ql + i) >> lshift) & 15u) | (((byte_at(qh + i) >> hshift) & 3u) << 4u);
+        v[i] = scale * (f32(q) - 32.0);
+    }
+    return v;
+}

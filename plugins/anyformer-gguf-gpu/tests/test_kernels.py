@@ -1,0 +1,201 @@
+"""Every WGSL kernel against numpy on random data, on the adapter wgpu finds (lavapipe in CI).
+
+Shapes are small (lavapipe runs shaders on the CPU) and deliberately odd: row counts that are not
+multiples of the workgroup, rows of few blocks, float rows whose length is not a multiple of 8.
+Tolerances: the kernels sum in f32 in a different order than numpy's f64-accumulated products,
+so errors are a few f32 ulps of the largest partial sums, far below what a layout bug gives (O(1)).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from anyformer_gguf_gpu.quants import F32, FORMATS, Q4_0, dequantize
+from anyformer_gguf_gpu.testing import random_blocks
+
+
+def _cols_for(fmt, blocks: int) -> int:
+    return fmt.block_size * blocks if fmt.block_size > 1 else 8 * blocks + 5
+
+
+def _state(gpu, pos: int, n_batch: int = 1):
+    return gpu.upload(np.array([pos, n_batch, 0, 0], dtype=np.uint32))
+
+
+def _close(got, want, rel=2e-5):
+    scale = max(1.0, float(np.abs(want).max()))
+    np.testing.assert_allclose(got, want, rtol=0, atol=rel * scale * 8)
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS.values()), ids=lambda f: f.name)
+@pytest.mark.parametrize(("rows", "blocks", "tokens"), [(37, 3, 1), (5, 1, 3)])
+def test_matvec_reads_raw_blocks(gpu, kernels, rng, fmt, rows, blocks, tokens):
+    cols = _cols_for(fmt, blocks)
+    raw = random_blocks(fmt, rows * cols, rng)
+    weights = dequantize(raw, fmt.ggml_type).reshape(rows, cols)
+    x = rng.standard_normal((tokens, cols)).astype(np.float32)
+    y = gpu.buffer(tokens * rows * 4)
+    kernels.run([kernels.matvec(gpu.upload(raw), fmt, rows, cols, gpu.upload(x), y, tokens=tokens)])
+    got = gpu.read(y, np.float32, tokens * rows).reshape(tokens, rows)
+    _close(got, x.astype(np.float64) @ weights.T.astype(np.float64))
+
+
+def test_matvec_accumulates_and_honours_offsets(gpu, kernels, rng):
+    rows, cols = 70, 64
+    raw = random_blocks(Q4_0, rows * cols, rng)
+    weights = dequantize(raw, Q4_0.ggml_type).reshape(rows, cols)
+    x = rng.standard_normal(3 * cols).astype(np.float32)
+    start = rng.standard_normal(rows + 10).astype(np.float32)
+    y = gpu.upload(start)
+    kernels.run(
+        [kernels.matvec(gpu.upload(raw), Q4_0, rows, cols, gpu.upload(x), y, x_off=cols, y_off=10, accumulate=True)]
+    )
+    got = gpu.read(y, np.float32, rows + 10)
+    np.testing.assert_array_equal(got[:10], start[:10])
+    _close(got[10:], start[10:] + weights @ x[cols : 2 * cols])
+
+
+def test_matvec_more_rows_than_one_dispatch_dimension(gpu, kernels, rng):
+    """Rows past 65535 spill into the second dispatch dimension (vocabularies are this large)."""
+    rows, cols = 65536 + 7, 8
+    w = rng.standard_normal((rows, cols)).astype(np.float32)
+    x = rng.standard_normal(cols).astype(np.float32)
+    y = gpu.buffer(rows * 4)
+    kernels.run([kernels.matvec(gpu.upload(w), F32, rows, cols, gpu.upload(x), y)])
+    _close(gpu.read(y, np.float32, rows), w @ x)
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS.values()), ids=lambda f: f.name)
+def test_embed_looks_up_rows_by_id_on_the_gpu(gpu, kernels, rng, fmt):
+    rows, cols, pos = 11, _cols_for(fmt, 2), 2
+    raw = random_blocks(fmt, rows * cols, rng)
+    table = dequantize(raw, fmt.ggml_type).reshape(rows, cols)
+    ids = np.array([0, 0, 7, 3, 10, 0], dtype=np.uint32)
+    y = gpu.buffer(3 * cols * 4)
+    kernels.run([kernels.embed(gpu.upload(raw), fmt, rows, cols, gpu.upload(ids), y, _state(gpu, pos), 3)])
+    np.testing.assert_array_equal(gpu.read(y, np.float32, 3 * cols).reshape(3, cols), table[[7, 3, 10]])
+
+
+def test_rmsnorm(gpu, kernels, rng):
+    n, tokens, eps = 77, 3, 1e-5
+    x = rng.standard_normal((tokens, n)).astype(np.float32) * 3
+    w = rng.standard_normal(n).astype(np.float32)
+    y = gpu.buffer(tokens * n * 4)
+    kernels.run([kernels.rmsnorm(gpu.upload(x), gpu.upload(w), y, n, eps, tokens=tokens)])
+    want = x / np.sqrt((x.astype(np.float64) ** 2).mean(axis=1, keepdims=True) + eps) * w
+    _close(gpu.read(y, np.float32, tokens * n).reshape(tokens, n), want)
+
+
+def cos_sin_table(ctx: int, n_rot: int, base: float) -> np.ndarray:
+    """The rope table the kernels read: [pos][i] = (cos, sin) of pos * base^(-2i/n_rot)."""
+    inv = base ** (-np.arange(0, n_rot, 2, dtype=np.float64) / n_rot)
+    angles = np.arange(ctx, dtype=np.float64)[:, None] * inv[None, :]
+    return np.stack([np.cos(angles), np.sin(angles)], axis=-1).astype(np.float32)
+
+
+def rope_reference(x: np.ndarray, pos: np.ndarray, n_rot: int, base: float, neox: bool) -> np.ndarray:
+    """Rotate each head's first n_rot dims (x: tokens × heads × head_dim)."""
+    out = x.astype(np.float64).copy()
+    inv = base ** (-np.arange(0, n_rot, 2, dtype=np.float64) / n_rot)
+    angles = pos[:, None, None] * inv[None, None, :]
+    if neox:
+        a, b = x[..., : n_rot // 2], x[..., n_rot // 2 : n_rot]
+        out[..., : n_rot // 2] = a * np.cos(angles) - b * np.sin(angles)
+        out[..., n_rot // 2 : n_rot] = a * np.sin(angles) + b * np.cos(angles)
+    else:
+        a, b = x[..., 0:n_rot:2], x[..., 1:n_rot:2]
+        out[..., 0:n_rot:2] = a * np.cos(angles) - b * np.sin(angles)
+        out[..., 1:n_rot:2] = a * np.sin(angles) + b * np.cos(angles)
+    return out
+
+
+def _rms(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    return x / np.sqrt((x.astype(np.float64) ** 2).mean(axis=-1, keepdims=True) + eps) * w
+
+
+@pytest.mark.parametrize("neox", [False, True], ids=["normal", "neox"])
+@pytest.mark.parametrize("qk_norm", [False, True], ids=["plain", "qk-norm"])
+def test_rope_store_rotates_q_and_fills_the_cache(gpu, kernels, rng, neox, qk_norm):
+    n_head, n_kv, hd, n_rot, tokens, pos0, ctx, base, eps = 6, 2, 24, 16, 3, 5, 12, 10000.0, 1e-6
+    q_dim, kv_dim = n_head * hd, n_kv * hd
+    qkv = rng.standard_normal((tokens, q_dim + 2 * kv_dim)).astype(np.float32)
+    norm = rng.standard_normal(2 * hd).astype(np.float32)
+    qkv_buf = gpu.upload(qkv)
+    k_cache, v_cache = gpu.buffer(ctx * kv_dim * 4), gpu.buffer(ctx * kv_dim * 4)
+    dispatch = kernels.rope_store(
+        qkv_buf, k_cache, v_cache, gpu.upload(cos_sin_table(ctx, n_rot, base)), gpu.upload(norm),
+        _state(gpu, pos0, tokens), n_head=n_head, n_kv=n_kv, head_dim=hd, n_rot=n_rot, neox=neox,
+        tokens=tokens, qk_norm=qk_norm, eps=eps,
+    )  # fmt: skip
+    kernels.run([dispatch])
+    q = qkv[:, :q_dim].reshape(tokens, n_head, hd)
+    k = qkv[:, q_dim : q_dim + kv_dim].reshape(tokens, n_kv, hd)
+    v = qkv[:, q_dim + kv_dim :]
+    if qk_norm:
+        q, k = _rms(q, norm[:hd], eps), _rms(k, norm[hd:], eps)
+    pos = np.arange(pos0, pos0 + tokens, dtype=np.float64)
+    got = gpu.read(qkv_buf, np.float32, qkv.size).reshape(qkv.shape)
+    _close(got[:, :q_dim].reshape(tokens, n_head, hd), rope_reference(q, pos, n_rot, base, neox))
+    _close(got[:, q_dim:], qkv[:, q_dim:])  # k and v are left in place, copied to the caches
+    kc = gpu.read(k_cache, np.float32, ctx * kv_dim).reshape(ctx, kv_dim)
+    vc = gpu.read(v_cache, np.float32, ctx * kv_dim).reshape(ctx, kv_dim)
+    _close(kc[pos0 : pos0 + tokens].reshape(tokens, n_kv, hd), rope_reference(k, pos, n_rot, base, neox))
+    np.testing.assert_array_equal(vc[pos0 : pos0 + tokens], v)
+    assert not kc[:pos0].any() and not vc[pos0 + tokens :].any()
+
+
+@pytest.mark.parametrize(("n_head", "n_kv", "hd"), [(4, 2, 16), (3, 3, 72)])
+def test_attention_is_causal_softmax_over_the_cache(gpu, kernels, rng, n_head, n_kv, hd):
+    tokens, pos0, ctx = 3, 70, 80  # 70+ keys: more than one pass of the 64 threads over the sequence
+    q_dim, kv_dim = n_head * hd, n_kv * hd
+    qkv = rng.standard_normal((tokens, q_dim + 2 * kv_dim)).astype(np.float32)
+    kc = rng.standard_normal((ctx, kv_dim)).astype(np.float32)
+    vc = rng.standard_normal((ctx, kv_dim)).astype(np.float32)
+    out = gpu.buffer(tokens * q_dim * 4)
+    scale = 1 / np.sqrt(hd)
+    dispatch = kernels.attention(
+        gpu.upload(qkv), gpu.upload(kc), gpu.upload(vc), out, gpu.buffer(tokens * n_head * ctx * 4),
+        _state(gpu, pos0, tokens), n_head=n_head, n_kv=n_kv, head_dim=hd, ctx=ctx, scale=float(scale), tokens=tokens,
+    )  # fmt: skip
+    kernels.run([dispatch])
+    got = gpu.read(out, np.float32, tokens * q_dim).reshape(tokens, n_head, hd)
+    group = n_head // n_kv
+    for t in range(tokens):
+        n = pos0 + t + 1
+        for h in range(n_head):
+            kvh = h // group
+            q = qkv[t, h * hd : (h + 1) * hd].astype(np.float64)
+            keys = kc[:n, kvh * hd : (kvh + 1) * hd]
+            scores = keys @ q * scale
+            p = np.exp(scores - scores.max())
+            want = (p / p.sum()) @ vc[:n, kvh * hd : (kvh + 1) * hd]
+            _close(got[t, h], want)
+
+
+def test_swiglu(gpu, kernels, rng):
+    n, tokens = 77, 2
+    gu = rng.standard_normal((tokens, 2 * n)).astype(np.float32) * 4
+    y = gpu.buffer(tokens * n * 4)
+    kernels.run([kernels.swiglu(gpu.upload(gu), y, n, tokens=tokens)])
+    g, u = gu[:, :n].astype(np.float64), gu[:, n:]
+    _close(gpu.read(y, np.float32, tokens * n).reshape(tokens, n), g / (1 + np.exp(-g)) * u)
+
+
+@pytest.mark.parametrize("n", [1, 255, 1000, 4099])
+def test_argmax_writes_the_next_id_on_the_gpu(gpu, kernels, rng, n):
+    logits = rng.standard_normal(n).astype(np.float32)
+    best = int(rng.integers(0, n))
+    logits[best] = 10.0
+    ids = gpu.upload(np.zeros(16, dtype=np.uint32))
+    kernels.run([kernels.argmax(gpu.upload(logits), ids, _state(gpu, 5, 3), n)])
+    got = gpu.read(ids, np.uint32, 16)
+    assert got[8] == best and not np.delete(got, 8).any()
+
+
+def test_argmax_breaks_ties_to_the_lowest_index(gpu, kernels):
+    logits = np.zeros(1000, dtype=np.float32)
+    logits[[901, 333, 640]] = 2.0
+    ids = gpu.upload(np.zeros(4, dtype=np.uint32))
+    kernels.run([kernels.argmax(gpu.upload(logits), ids, _state(gpu, 0, 1), 1000)])
+    assert gpu.read(ids, np.uint32, 4)[1] == 333
