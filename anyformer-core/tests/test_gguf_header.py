@@ -606,6 +606,8 @@ def test_real_smollm2_header() -> None:
     assert summary["head_count_kv"] == 3
     assert summary["vocab_size"] == 49152
     assert summary["tensor_count"] == 272
+    assert summary["tensor_types"] == {"F32": 61, "Q4_1": 210, "Q8_0": 1}
+    assert (summary["tokenizer_model"], summary["tokenizer_pre"], summary["rope_scaling"]) == ("gpt2", "smollm", None)
     assert summary["has_chat_template"] is True
     assert summary["split"] is None
     assert header.data_offset + header.data_bytes <= header.file_size == path.stat().st_size

@@ -13,6 +13,7 @@ import math
 import os
 import re
 import struct
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
@@ -257,6 +258,12 @@ class GGUFHeader:
             "file_type": self.file_type,
             "vocab_size": len(tokens) if isinstance(tokens, list) else None,
             "tensor_count": len(self.tensors),
+            # Which ggml types the weights use (e.g. {"Q4_1": 210, "F32": 61}): a backend whose kernels
+            # read only some types decides from this without opening the file.
+            "tensor_types": dict(sorted(Counter(t.type_name for t in self.tensors).items())),
+            "tokenizer_model": _small_str(self.kv.get("tokenizer.ggml.model")),
+            "tokenizer_pre": _small_str(self.kv.get("tokenizer.ggml.pre")),
+            "rope_scaling": _small_str(self.arch_value("rope.scaling.type")),
             "parameter_count": self.parameter_count,
             "data_bytes": self.data_bytes,
             "has_chat_template": isinstance(self.kv.get("tokenizer.chat_template"), str),
@@ -266,6 +273,10 @@ class GGUFHeader:
 
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _small_str(value: Any) -> str | None:
+    return value if isinstance(value, str) and len(value) <= 64 else None
 
 
 def _small(value: Any) -> Any:
