@@ -21,6 +21,12 @@ def kernels(gpu: GPU) -> Kernels:
     return Kernels(gpu)
 
 
+@pytest.fixture(scope="session", params=[1, 32], ids=["1-thread-rows", "32-thread-rows"])
+def matrix_kernels(gpu: GPU, request: pytest.FixtureRequest) -> Kernels:
+    """Kernels with each matrix-kernel shape: one thread per row (CPU adapters) and 32 (GPUs)."""
+    return Kernels(gpu, threads_per_row=request.param)
+
+
 @pytest.fixture
 def rng() -> np.random.Generator:
     """A seeded generator, so a failure reproduces."""

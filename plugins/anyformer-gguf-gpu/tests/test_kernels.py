@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from anyformer_gguf_gpu.kernels import Kernels
 from anyformer_gguf_gpu.quants import F32, FORMATS, Q4_0, dequantize
 from anyformer_gguf_gpu.testing import random_blocks
 
@@ -29,8 +30,9 @@ def _close(got, want, rel=2e-5):
 
 
 @pytest.mark.parametrize("fmt", list(FORMATS.values()), ids=lambda f: f.name)
-@pytest.mark.parametrize(("rows", "blocks", "tokens"), [(37, 3, 1), (5, 1, 3)])
-def test_matvec_reads_raw_blocks(gpu, kernels, rng, fmt, rows, blocks, tokens):
+@pytest.mark.parametrize(("rows", "blocks", "tokens"), [(37, 3, 1), (5, 1, 3), (70, 2, 11)])
+def test_matvec_reads_raw_blocks(gpu, matrix_kernels, rng, fmt, rows, blocks, tokens):
+    kernels = matrix_kernels
     cols = _cols_for(fmt, blocks)
     raw = random_blocks(fmt, rows * cols, rng)
     weights = dequantize(raw, fmt.ggml_type).reshape(rows, cols)
@@ -41,7 +43,8 @@ def test_matvec_reads_raw_blocks(gpu, kernels, rng, fmt, rows, blocks, tokens):
     _close(got, x.astype(np.float64) @ weights.T.astype(np.float64))
 
 
-def test_matvec_accumulates_and_honours_offsets(gpu, kernels, rng):
+def test_matvec_accumulates_and_honours_offsets(gpu, matrix_kernels, rng):
+    kernels = matrix_kernels
     rows, cols = 70, 64
     raw = random_blocks(Q4_0, rows * cols, rng)
     weights = dequantize(raw, Q4_0.ggml_type).reshape(rows, cols)
@@ -56,8 +59,9 @@ def test_matvec_accumulates_and_honours_offsets(gpu, kernels, rng):
     _close(got[10:], start[10:] + weights @ x[cols : 2 * cols])
 
 
-def test_matvec_more_rows_than_one_dispatch_dimension(gpu, kernels, rng):
-    """Rows past 65535 spill into the second dispatch dimension (vocabularies are this large)."""
+def test_matvec_more_rows_than_one_dispatch_dimension(gpu, rng):
+    """Workgroups past 65535 spill into the second dispatch dimension (vocabularies are this large)."""
+    kernels = Kernels(gpu, threads_per_row=64)  # one row per workgroup: 65543 workgroups
     rows, cols = 65536 + 7, 8
     w = rng.standard_normal((rows, cols)).astype(np.float32)
     x = rng.standard_normal(cols).astype(np.float32)

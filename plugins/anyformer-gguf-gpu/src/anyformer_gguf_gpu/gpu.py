@@ -86,10 +86,14 @@ class GPU:
         return str(self.info.get("device") or self.info.get("description") or "GPU")
 
     def buffer(self, nbytes: int, *, label: str = "", uniform: bool = False) -> Any:
-        """A zeroed buffer of at least ``nbytes`` (rounded up to 16) usable as storage (or uniform) and copied."""
+        """A zeroed buffer of at least ``nbytes`` usable as storage (or uniform) and copied.
+
+        Storage buffers get at least 4 bytes past ``nbytes`` (rounded up to 16): the kernels' unaligned
+        4-byte reads of raw blocks may touch the word after the last byte.
+        """
         usage = self._wgpu.BufferUsage
         kind = usage.UNIFORM if uniform else usage.STORAGE
-        size = max(16, (int(nbytes) + 15) // 16 * 16)
+        size = max(16, (int(nbytes) + (0 if uniform else 4) + 15) // 16 * 16)
         if size > int(self.limits.get("max-buffer-size", size)):
             raise AnyformerError(
                 ErrorCode.OUT_OF_MEMORY, f"{label or 'a buffer'} needs {size} bytes, over the GPU's largest buffer"

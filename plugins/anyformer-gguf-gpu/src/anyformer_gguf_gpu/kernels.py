@@ -51,10 +51,17 @@ def _wgsl(name: str) -> str:
     return resources.files("anyformer_gguf_gpu").joinpath("wgsl", name).read_text(encoding="utf-8")
 
 
-def kernel_source(kernel: str, quant: str | None = None) -> str:
-    """The full WGSL of ``kernel`` (with the byte readers and ``quant``'s decoder for weight kernels)."""
+def kernel_source(
+    kernel: str, quant: str | None = None, *, threads_per_row: int = 1, tokens_per_thread: int = 1
+) -> str:
+    """The full WGSL of ``kernel`` (with the byte readers and ``quant``'s decoder for weight kernels).
+
+    ``threads_per_row`` and ``tokens_per_thread`` shape the matrix kernel (see matvec.wgsl).
+    """
     workgroup = ARGMAX_WORKGROUP if kernel == "argmax" else WORKGROUP
     parts = [f"const WG: u32 = {workgroup}u;\n"]
+    if kernel == "matvec":
+        parts.append(f"const TPR: u32 = {threads_per_row}u;\nconst TB: u32 = {tokens_per_thread}u;\n")
     if kernel in QUANT_KERNELS:
         if quant not in _QUANT_FILES:
             raise ValueError(f"no WGSL decoder for {quant}")
@@ -87,31 +94,52 @@ def _u32s(*values: int | float) -> bytes:
     return out + b"\0" * ((-len(out)) % 16)
 
 
+#: Tokens each thread of the matrix kernel applies a decoded weight to, when a step covers several tokens.
+PREFILL_TOKENS_PER_THREAD = 8
+
+
+def default_threads_per_row(gpu: GPU) -> int:
+    """1 on a CPU adapter (no barriers: lavapipe runs each workgroup on one core), 32 on a GPU."""
+    from anyformer_gguf_gpu.gpu import is_software
+
+    return 1 if is_software(gpu.info) else 32
+
+
 class Kernels:
     """Compiles the kernels on one GPU and builds dispatches over an engine's buffers."""
 
-    def __init__(self, gpu: GPU) -> None:
+    def __init__(self, gpu: GPU, *, threads_per_row: int | None = None) -> None:
         self.gpu = gpu
-        self._pipelines: dict[tuple[str, str | None], Any] = {}
+        tpr = default_threads_per_row(gpu) if threads_per_row is None else threads_per_row
+        if tpr < 1 or tpr > WORKGROUP or tpr & (tpr - 1):
+            raise ValueError(f"threads_per_row must be a power of two up to {WORKGROUP}, not {tpr}")
+        self.threads_per_row = tpr
+        self._pipelines: dict[tuple[str, str | None, int], Any] = {}
+
+    @staticmethod
+    def tokens_per_thread(tokens: int) -> int:
+        """The matrix kernel's variant for a step over ``tokens`` tokens."""
+        return 1 if tokens == 1 else PREFILL_TOKENS_PER_THREAD
 
     def compile(
-        self, wanted: Iterable[tuple[str, str | None]], progress: Callable[[int, int], None] | None = None
+        self, wanted: Iterable[tuple[str, str | None, int]], progress: Callable[[int, int], None] | None = None
     ) -> None:
-        """Compile every (kernel, quant) pipeline in ``wanted`` now, reporting (done, total)."""
+        """Compile every (kernel, quant, tokens_per_thread) pipeline in ``wanted`` now, reporting (done, total)."""
         todo = [key for key in dict.fromkeys(wanted) if key not in self._pipelines]
         for done, key in enumerate(todo, 1):
             self.pipeline(*key)
             if progress is not None:
                 progress(done, len(todo))
 
-    def pipeline(self, kernel: str, quant: str | None = None) -> Any:
+    def pipeline(self, kernel: str, quant: str | None = None, tokens_per_thread: int = 1) -> Any:
         """The compute pipeline of ``kernel`` (for ``quant`` where it decodes weights), compiled once."""
-        key = (kernel, quant if kernel in QUANT_KERNELS else None)
+        key = (kernel, quant if kernel in QUANT_KERNELS else None, tokens_per_thread if kernel == "matvec" else 1)
         found = self._pipelines.get(key)
         if found is None:
             device = self.gpu.device
+            source = kernel_source(key[0], key[1], threads_per_row=self.threads_per_row, tokens_per_thread=key[2])
             with gpu_errors(f"compiling the {kernel} kernel"):
-                module = device.create_shader_module(code=kernel_source(*key), label=f"{kernel}-{quant}")
+                module = device.create_shader_module(code=source, label=f"{kernel}-{quant}")
                 found = device.create_compute_pipeline(
                     layout="auto", compute={"module": module, "entry_point": "main"}, label=f"{kernel}-{quant}"
                 )
@@ -159,10 +187,16 @@ class Kernels:
             y_off,
             rows if y_stride is None else y_stride,
             int(accumulate),
-            0,
+            tokens,
         )
+        tb = self.tokens_per_thread(tokens)
+        rows_per_group = WORKGROUP // self.threads_per_row
         return self._dispatch(
-            "matvec", self.pipeline("matvec", fmt.name), [weight, x, y], params, _groups_for_rows(rows, tokens)
+            "matvec",
+            self.pipeline("matvec", fmt.name, tb),
+            [weight, x, y],
+            params,
+            _groups_for_rows(math.ceil(rows / rows_per_group), math.ceil(tokens / tb)),
         )
 
     def embed(
@@ -269,9 +303,9 @@ class Kernels:
             "swiglu", self.pipeline("swiglu"), [gate_up, y], params, (math.ceil(n / WORKGROUP), tokens, 1)
         )
 
-    def argmax(self, logits: Any, ids: Any, state: Any, n: int) -> Dispatch:
-        """ids[pos + n_batch] = argmax(logits[:n]), the lowest index on a tie."""
-        return self._dispatch("argmax", self.pipeline("argmax"), [logits, ids, state], _u32s(n), (1, 1, 1))
+    def argmax(self, logits: Any, ids: Any, state: Any, n: int, *, offset: int = 0) -> Dispatch:
+        """ids[pos + n_batch] = argmax(logits[offset : offset + n]), the lowest index on a tie."""
+        return self._dispatch("argmax", self.pipeline("argmax"), [logits, ids, state], _u32s(n, offset), (1, 1, 1))
 
     def run(self, dispatches: Sequence[Dispatch], copies: Sequence[tuple[Any, int, Any, int, int]] = ()) -> None:
         """Encode ``dispatches`` in one compute pass, then ``copies`` (src, src_off, dst, dst_off, n); submit once."""

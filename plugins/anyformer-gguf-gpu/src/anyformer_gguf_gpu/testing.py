@@ -1,10 +1,17 @@
-"""Random test data in the ggml formats: raw blocks with finite scales (for kernel and engine tests, benches)."""
+"""Random test data: ggml blocks with finite scales, and random GGUF models that llama.cpp also reads.
+
+For tests and benches (gguf-py is needed for the GGUF writer; it is a test dependency, imported here
+only inside the functions that write files).
+"""
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 import numpy as np
 
-from anyformer_gguf_gpu.quants import BF16, F16, F32, QuantFormat
+from anyformer_gguf_gpu.quants import BF16, F16, F32, FORMATS, QuantFormat
 
 # Byte offsets of each block format's f16 scale fields (ggml-common.h).
 _F16_FIELDS = {"Q4_0": (0,), "Q4_1": (0, 2), "Q8_0": (0,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
@@ -26,3 +33,122 @@ def random_blocks(fmt: QuantFormat, n_elements: int, rng: np.random.Generator, s
         scales = np.asarray(rng.uniform(-scale, scale, size=blocks.shape[0])).astype("<f2")
         blocks[:, offset : offset + 2] = scales.view(np.uint8).reshape(-1, 2)
     return blocks.reshape(-1)
+
+
+def byte_level_alphabet() -> list[str]:
+    """GPT-2's printable stand-ins for the 256 bytes, in byte order (how byte-level BPE vocabularies spell bytes)."""
+    keep = (
+        list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    )
+    chars = {}
+    extra = 0
+    for b in range(256):
+        if b in keep:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    return [chars[b] for b in range(256)]
+
+
+@dataclasses.dataclass(frozen=True)
+class RandomModel:
+    """The shape of a random test model (a GGUF llama.cpp and the engines both read)."""
+
+    architecture: str = "llama"
+    n_layer: int = 2
+    n_embd: int = 64
+    n_head: int = 4
+    n_kv: int = 2
+    head_dim: int = 16
+    n_ff: int = 96
+    n_ctx: int = 256
+    tied: bool = True
+    quant: str = "Q8_0"
+    rope_base: float = 10000.0
+    scale: float = 0.02
+
+
+def _quant_tensor(values: np.ndarray, quant: str, rng: np.random.Generator) -> tuple[np.ndarray, Any]:
+    """(data, raw_dtype) for GGUFWriter.add_tensor: gguf-py quantises what it can; K types get random blocks."""
+    import gguf
+
+    qtype = gguf.GGMLQuantizationType[quant]
+    if quant in ("F32",):
+        return values.astype(np.float32), None
+    if quant in ("F16", "BF16", "Q4_0", "Q4_1", "Q8_0"):
+        return gguf.quants.quantize(values.astype(np.float32), qtype), qtype
+    fmt = next(f for f in FORMATS.values() if f.name == quant)
+    rows, cols = values.shape
+    # K-quant blocks are random: their 6-bit sub-scales multiply d, so keep d small.
+    raw = random_blocks(fmt, rows * cols, rng, scale=0.0005)
+    return raw.reshape(rows, cols // fmt.block_size * fmt.type_size), qtype
+
+
+def write_random_gguf(path: str, spec: RandomModel, seed: int = 0) -> None:
+    """Write a random model of ``spec``'s shape, with a small byte-level BPE vocabulary, as a GGUF."""
+    import gguf
+
+    rng = np.random.default_rng(seed)
+    alphabet = byte_level_alphabet()
+    merges = ["Ġ t", "h e", "Ġ a", "i n", "Ġt he", "e r", "o n", "Ġ s", "e s", "r e"]
+    tokens = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", *alphabet, *(m.replace(" ", "") for m in merges)]
+    types = [3, 3, 3] + [1] * (len(tokens) - 3)
+    n_vocab = len(tokens)
+    arch = spec.architecture
+    w = gguf.GGUFWriter(path, arch)
+    w.add_block_count(spec.n_layer)
+    w.add_context_length(spec.n_ctx)
+    w.add_embedding_length(spec.n_embd)
+    w.add_feed_forward_length(spec.n_ff)
+    w.add_head_count(spec.n_head)
+    w.add_head_count_kv(spec.n_kv)
+    w.add_key_length(spec.head_dim)
+    w.add_value_length(spec.head_dim)
+    w.add_rope_dimension_count(spec.head_dim)
+    w.add_rope_freq_base(spec.rope_base)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("gpt-2")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(0)
+    w.add_eos_token_id(2)
+    w.add_add_bos_token(False)
+    w.add_chat_template(
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+
+    def matrix(name: str, rows: int, cols: int, quant: str | None = None) -> None:
+        values = rng.standard_normal((rows, cols)).astype(np.float32) * spec.scale * 8
+        data, raw_dtype = _quant_tensor(values, quant or spec.quant, rng)
+        w.add_tensor(name, data, raw_dtype=raw_dtype)
+
+    def vector(name: str, n: int) -> None:
+        w.add_tensor(name, (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32))
+
+    q_dim, kv_dim = spec.n_head * spec.head_dim, spec.n_kv * spec.head_dim
+    matrix("token_embd.weight", n_vocab, spec.n_embd)
+    for i in range(spec.n_layer):
+        p = f"blk.{i}."
+        vector(p + "attn_norm.weight", spec.n_embd)
+        matrix(p + "attn_q.weight", q_dim, spec.n_embd)
+        matrix(p + "attn_k.weight", kv_dim, spec.n_embd)
+        matrix(p + "attn_v.weight", kv_dim, spec.n_embd)
+        if arch == "qwen3":
+            vector(p + "attn_q_norm.weight", spec.head_dim)
+            vector(p + "attn_k_norm.weight", spec.head_dim)
+        matrix(p + "attn_output.weight", spec.n_embd, q_dim)
+        vector(p + "ffn_norm.weight", spec.n_embd)
+        matrix(p + "ffn_gate.weight", spec.n_ff, spec.n_embd)
+        matrix(p + "ffn_up.weight", spec.n_ff, spec.n_embd)
+        matrix(p + "ffn_down.weight", spec.n_embd, spec.n_ff)
+    vector("output_norm.weight", spec.n_embd)
+    if not spec.tied:
+        matrix("output.weight", n_vocab, spec.n_embd)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()

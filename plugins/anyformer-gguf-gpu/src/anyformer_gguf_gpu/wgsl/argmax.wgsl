@@ -3,7 +3,7 @@
 
 struct Params {
     n: u32,
-    pad0: u32,
+    offset: u32,
     pad1: u32,
     pad2: u32,
 }
@@ -21,7 +21,7 @@ fn main(@builtin(local_invocation_index) lid: u32) {
     var bv = -3.4e38;
     var bi = 0xffffffffu;
     for (var i = lid; i < P.n; i += WG) {
-        let v = L[i];
+        let v = L[P.offset + i];
         // Strictly greater keeps the lowest index of each thread's equal values.
         if (v > bv || bi == 0xffffffffu) {
             bv = v;

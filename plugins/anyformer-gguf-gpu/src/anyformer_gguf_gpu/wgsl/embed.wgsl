@@ -22,10 +22,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let rb = id * P.row_bytes;
     for (var u = lid; u < P.units; u += WG) {
         let e0 = u * 8u;
-        let v = unit_vals(rb, e0, P.cols);
+        let w = unit_w(rb, e0, P.cols);
         for (var i = 0u; i < 8u; i++) {
             if (e0 + i < P.cols) {
-                Y[b * P.cols + e0 + i] = v[i];
+                Y[b * P.cols + e0 + i] = w[i / 4u][i % 4u];
             }
         }
     }

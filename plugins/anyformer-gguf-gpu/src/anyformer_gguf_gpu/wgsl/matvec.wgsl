@@ -1,6 +1,12 @@
-// y[b, row] (+)= sum_e W[row, e] * x[b, e]: one workgroup per (row, token b), the row's raw blocks
-// decoded by unit_vals (from the quant_*.wgsl prepended) 8 elements at a time, threads striding
-// over the row, then a tree reduction in workgroup memory. Rows past 65535 spill into wid.y.
+// y[t, row] (+)= sum_e W[row, e] * x[t, e], reading W's raw blocks (unit_w, from the quant_*.wgsl
+// prepended, decodes 8 weights at a time).
+// TPR threads share one row (striding over its 8-element units, then a reduction in workgroup
+// memory; TPR = 1 needs no barrier, which suits CPU adapters), so a workgroup covers WG / TPR rows.
+// Each thread applies every decoded unit to TB tokens: the weights are read once per TB tokens
+// (TB = 1 for decoding, more for prefill, where this is the tiled matrix-matrix product).
+// Workgroups past 65535 spill into wid.y; wid.z picks the group of TB tokens.
+
+const RPW: u32 = WG / TPR;
 
 struct Params {
     rows: u32,
@@ -12,7 +18,7 @@ struct Params {
     y_off: u32,
     y_stride: u32,
     accumulate: u32,
-    w_base: u32,
+    tokens: u32,
     pad0: u32,
     pad1: u32,
 }
@@ -22,7 +28,17 @@ struct Params {
 @group(0) @binding(2) var<storage, read_write> Y: array<f32>;
 @group(0) @binding(3) var<uniform> P: Params;
 
-var<workgroup> partial: array<f32, WG>;
+var<workgroup> partial: array<f32, WG * TB>;
+
+fn x_vec(i: u32, n: u32) -> vec4<f32> {
+    // Four inputs from index i, zero past n (float rows need not be a multiple of 8 long).
+    return vec4<f32>(
+        select(0.0, X[min(i, n - 1u)], i < n),
+        select(0.0, X[min(i + 1u, n - 1u)], i + 1u < n),
+        select(0.0, X[min(i + 2u, n - 1u)], i + 2u < n),
+        select(0.0, X[min(i + 3u, n - 1u)], i + 3u < n),
+    );
+}
 
 @compute @workgroup_size(WG)
 fn main(
@@ -30,35 +46,51 @@ fn main(
     @builtin(num_workgroups) nwg: vec3<u32>,
     @builtin(local_invocation_index) lid: u32,
 ) {
-    let row = wid.x + wid.y * nwg.x;
-    let xo = P.x_off + wid.z * P.x_stride;
-    var acc = 0.0;
+    let row = (wid.x + wid.y * nwg.x) * RPW + lid / TPR;
+    let lane = lid % TPR;
+    let t0 = wid.z * TB;
+    var acc: array<f32, TB>;
     if (row < P.rows) {
-        let rb = P.w_base + row * P.row_bytes;
-        for (var u = lid; u < P.units; u += WG) {
+        let rb = row * P.row_bytes;
+        for (var u = lane; u < P.units; u += TPR) {
             let e0 = u * 8u;
-            let v = unit_vals(rb, e0, P.cols);
-            for (var i = 0u; i < 8u; i++) {
-                if (e0 + i < P.cols) {
-                    acc += v[i] * X[xo + e0 + i];
+            let w = unit_w(rb, e0, P.cols);
+            for (var t = 0u; t < TB; t++) {
+                if (t0 + t < P.tokens) {
+                    let xo = P.x_off + (t0 + t) * P.x_stride;
+                    let end = xo + P.cols;
+                    acc[t] += dot(w[0], x_vec(xo + e0, end)) + dot(w[1], x_vec(xo + e0 + 4u, end));
                 }
             }
         }
     }
-    partial[lid] = acc;
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if (lid < s) {
-            partial[lid] += partial[lid + s];
+    if (TPR > 1u) {
+        for (var t = 0u; t < TB; t++) {
+            partial[lid * TB + t] = acc[t];
         }
         workgroupBarrier();
-    }
-    if (lid == 0u && row < P.rows) {
-        let yi = P.y_off + wid.z * P.y_stride + row;
-        var out = partial[0];
-        if (P.accumulate != 0u) {
-            out += Y[yi];
+        for (var s = TPR / 2u; s > 0u; s >>= 1u) {
+            if (lane < s) {
+                for (var t = 0u; t < TB; t++) {
+                    partial[lid * TB + t] += partial[(lid + s) * TB + t];
+                }
+            }
+            workgroupBarrier();
         }
-        Y[yi] = out;
+        for (var t = 0u; t < TB; t++) {
+            acc[t] = partial[lid * TB + t];
+        }
+    }
+    if (lane == 0u && row < P.rows) {
+        for (var t = 0u; t < TB; t++) {
+            if (t0 + t < P.tokens) {
+                let yi = P.y_off + (t0 + t) * P.y_stride + row;
+                var out = acc[t];
+                if (P.accumulate != 0u) {
+                    out += Y[yi];
+                }
+                Y[yi] = out;
+            }
+        }
     }
 }

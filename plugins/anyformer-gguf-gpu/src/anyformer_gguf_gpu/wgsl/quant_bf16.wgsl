@@ -1,11 +1,22 @@
 // BF16: the high 16 bits of an f32.
-fn unit_vals(rb: u32, e0: u32, cols: u32) -> array<f32, 8> {
+fn bf16_at(b: u32) -> f32 {
+    return bitcast<f32>(((W[b >> 2u] >> ((b & 2u) << 3u)) & 0xffffu) << 16u);
+}
+
+fn unit_w(rb: u32, e0: u32, cols: u32) -> array<vec4<f32>, 2> {
     var v: array<f32, 8>;
-    for (var i = 0u; i < 8u; i++) {
-        let e = e0 + i;
-        let b = rb + 2u * e;
-        let bits = ((W[b >> 2u] >> ((b & 2u) << 3u)) & 0xffffu) << 16u;
-        v[i] = select(0.0, bitcast<f32>(bits), e < cols);
+    if (e0 + 8u <= cols) {
+        let b = rb + 2u * e0;
+        for (var i = 0u; i < 4u; i++) {
+            let w = u32_at(b + 4u * i);
+            v[2u * i] = bitcast<f32>(w << 16u);
+            v[2u * i + 1u] = bitcast<f32>(w & 0xffff0000u);
+        }
+    } else {
+        for (var i = 0u; i < 8u; i++) {
+            let e = min(e0 + i, cols - 1u);
+            v[i] = select(0.0, bf16_at(rb + 2u * e), e0 + i < cols);
+        }
     }
-    return v;
+    return array<vec4<f32>, 2>(vec4<f32>(v[0], v[1], v[2], v[3]), vec4<f32>(v[4], v[5], v[6], v[7]));
 }

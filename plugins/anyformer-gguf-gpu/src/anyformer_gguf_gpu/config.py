@@ -1,0 +1,173 @@
+"""A decoder-only transformer's hyperparameters, read from the GGUF header (the shapes are the file's, not ours).
+
+Any checkpoint of an architecture the engine reads runs: the dimensions come from the header's
+``<arch>.*`` keys and are cross-checked against the tensors' shapes, so a header that lies about
+them is a ``BAD_MODEL`` before a byte is uploaded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from anyformer.plugin import AnyformerError, ErrorCode, GGUFHeader, GGUFTensor
+
+#: Architectures the transformer engine reads, with the rotary layout llama.cpp uses for each
+#: (False: pairs (2i, 2i+1), llama.cpp's LLAMA_ROPE_TYPE_NORM; True: NEOX, pairs (i, i + n_rot/2)).
+ENGINE_ARCHITECTURES: dict[str, bool] = {"llama": False, "qwen3": True}
+
+#: The ggml types the kernels read, by name (see quants.FORMATS).
+READABLE_TYPES = frozenset({"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"})
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """What the engine needs to know about one model."""
+
+    architecture: str
+    n_layer: int
+    n_embd: int
+    n_ff: int
+    n_head: int
+    n_kv: int
+    head_dim: int
+    n_rot: int
+    rope_base: float
+    rope_neox: bool
+    eps: float
+    n_vocab: int
+    n_ctx_train: int
+    qk_norm: bool
+    tied_output: bool
+
+    @property
+    def q_dim(self) -> int:
+        """Width of all query heads together."""
+        return self.n_head * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        """Width of all key (or value) heads together."""
+        return self.n_kv * self.head_dim
+
+    def kv_bytes(self, ctx: int) -> int:
+        """Bytes of the f32 K and V caches for ``ctx`` positions, all layers."""
+        return 2 * self.n_layer * ctx * self.kv_dim * 4
+
+
+def _int(kv: dict[str, Any], key: str, default: int | None = None) -> int:
+    value = kv.get(key, default)
+    if isinstance(value, list):
+        # Per-layer arrays (head counts of hybrid models): this engine needs one value for all layers.
+        if value and all(v == value[0] for v in value):
+            value = value[0]
+        else:
+            raise AnyformerError(ErrorCode.BAD_MODEL, f"{key} varies per layer, which this engine does not read")
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise AnyformerError(ErrorCode.BAD_MODEL, f"{key} is missing or not a positive integer ({value!r})")
+    return value
+
+
+def architecture_problem(summary: dict[str, Any]) -> str | None:
+    """Why the engine cannot run a GGUF described by the core's header summary, or None.
+
+    Used by ``can_run``: it reads only the summary (architecture, weight types, tokenizer, rope scaling).
+    """
+    arch = summary.get("architecture")
+    if arch not in ENGINE_ARCHITECTURES:
+        return f"architecture {arch!r}; the engines read {', '.join(ENGINE_ARCHITECTURES)}"
+    types = summary.get("tensor_types")
+    if isinstance(types, dict):
+        other = sorted(set(types) - READABLE_TYPES)
+        if other:
+            return f"weights in {', '.join(other)}, which the WGSL kernels do not read"
+    scaling = summary.get("rope_scaling")
+    if scaling not in (None, "none"):
+        return f"rope scaling {scaling!r} is not implemented"
+    if summary.get("expert_count"):
+        return "mixture-of-experts layers are not implemented"
+    return None
+
+
+def read_config(header: GGUFHeader) -> ModelConfig:
+    """The model's hyperparameters, checked against its tensors; ``BAD_MODEL`` where they disagree."""
+    problem = architecture_problem(header.summary())
+    if problem is not None:
+        raise AnyformerError(ErrorCode.BAD_MODEL, problem)
+    kv = header.kv
+    arch = str(header.architecture)
+    tensors = {t.name: t for t in header.tensors}
+    n_embd = _int(kv, f"{arch}.embedding_length")
+    n_head = _int(kv, f"{arch}.attention.head_count")
+    n_kv = _int(kv, f"{arch}.attention.head_count_kv", n_head)
+    if n_head % n_kv:
+        raise AnyformerError(ErrorCode.BAD_MODEL, f"{n_head} query heads do not group over {n_kv} KV heads")
+    head_dim = _int(kv, f"{arch}.attention.key_length", n_embd // n_head)
+    if kv.get(f"{arch}.attention.value_length", head_dim) != head_dim:
+        raise AnyformerError(ErrorCode.BAD_MODEL, "key and value heads of different widths are not read")
+    n_rot = _int(kv, f"{arch}.rope.dimension_count", head_dim)
+    if n_rot > head_dim or n_rot % 2:
+        raise AnyformerError(ErrorCode.BAD_MODEL, f"rope dimension {n_rot} does not fit heads of {head_dim}")
+    embd = _need(tensors, "token_embd.weight")
+    config = ModelConfig(
+        architecture=arch,
+        n_layer=_int(kv, f"{arch}.block_count"),
+        n_embd=n_embd,
+        n_ff=_int(kv, f"{arch}.feed_forward_length"),
+        n_head=n_head,
+        n_kv=n_kv,
+        head_dim=head_dim,
+        n_rot=n_rot,
+        rope_base=float(kv.get(f"{arch}.rope.freq_base", 10000.0)),  # type: ignore[arg-type]
+        rope_neox=ENGINE_ARCHITECTURES[arch],
+        eps=float(kv.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),  # type: ignore[arg-type]
+        n_vocab=embd.dims[1] if len(embd.dims) == 2 else 0,
+        n_ctx_train=_int(kv, f"{arch}.context_length", 4096),
+        qk_norm="blk.0.attn_q_norm.weight" in tensors,
+        tied_output="output.weight" not in tensors,
+    )
+    _check_shapes(config, tensors)
+    return config
+
+
+def _need(tensors: dict[str, GGUFTensor], name: str) -> GGUFTensor:
+    found = tensors.get(name)
+    if found is None:
+        raise AnyformerError(ErrorCode.BAD_MODEL, f"no tensor {name}")
+    return found
+
+
+def _check_shapes(c: ModelConfig, tensors: dict[str, GGUFTensor]) -> None:
+    """Every tensor the engine reads exists with the shape the hyperparameters imply (ggml order: cols first)."""
+    want: dict[str, tuple[int, ...]] = {
+        "token_embd.weight": (c.n_embd, c.n_vocab),
+        "output_norm.weight": (c.n_embd,),
+    }
+    if not c.tied_output:
+        want["output.weight"] = (c.n_embd, c.n_vocab)
+    for i in range(c.n_layer):
+        p = f"blk.{i}."
+        want.update(
+            {
+                p + "attn_norm.weight": (c.n_embd,),
+                p + "attn_q.weight": (c.n_embd, c.q_dim),
+                p + "attn_k.weight": (c.n_embd, c.kv_dim),
+                p + "attn_v.weight": (c.n_embd, c.kv_dim),
+                p + "attn_output.weight": (c.q_dim, c.n_embd),
+                p + "ffn_norm.weight": (c.n_embd,),
+                p + "ffn_gate.weight": (c.n_embd, c.n_ff),
+                p + "ffn_up.weight": (c.n_embd, c.n_ff),
+                p + "ffn_down.weight": (c.n_ff, c.n_embd),
+            }
+        )
+        if c.qk_norm:
+            want[p + "attn_q_norm.weight"] = (c.head_dim,)
+            want[p + "attn_k_norm.weight"] = (c.head_dim,)
+    for name, dims in want.items():
+        found = _need(tensors, name)
+        if found.dims != dims:
+            raise AnyformerError(ErrorCode.BAD_MODEL, f"{name} has shape {found.dims}, the header implies {dims}")
+        if found.type_name not in READABLE_TYPES:
+            raise AnyformerError(
+                ErrorCode.BAD_MODEL, f"{name} is {found.type_name}, which the WGSL kernels do not read"
+            )

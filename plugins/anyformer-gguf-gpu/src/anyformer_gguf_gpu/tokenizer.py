@@ -1,0 +1,186 @@
+"""The GGUF's own tokenizer, built on the ``tokenizers`` library, splitting text as llama.cpp does.
+
+A ``gpt2``-model GGUF carries a byte-level BPE: ``tokenizer.ggml.tokens`` (the vocabulary, in
+byte-level spelling), ``tokenizer.ggml.merges`` and ``tokenizer.ggml.token_type``. llama.cpp splits
+text into words with regular expressions chosen by ``tokenizer.ggml.pre``, each applied to the
+pieces the previous one left (matches and the text between them both kept), then merges inside
+each word. The same is a ``tokenizers`` pipeline: one isolating ``Split`` per expression, then the
+byte-level alphabet, then BPE. The expressions are facts from llama.cpp's ``llama-vocab.cpp``.
+
+Control tokens (type 3) are special added tokens, split out of the text only when special tokens
+are parsed; user-defined tokens (type 4) are always split out, as llama.cpp does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+from anyformer.plugin import AnyformerError, ErrorCode
+
+# The regular expressions of each pre-tokenizer family (llama-vocab.cpp, llm_tokenizer_bpe).
+_GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
+_LLAMA3 = (
+    r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN2 = (
+    r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class PreTokenizer:
+    """One ``tokenizer.ggml.pre`` family: its expressions in order, and whether whole words skip the merges."""
+
+    expressions: tuple[str, ...]
+    ignore_merges: bool = False
+    #: llama.cpp's default for adding BOS when ``tokenizer.ggml.add_bos_token`` is absent.
+    add_bos: bool = False
+
+
+_SMOLLM = PreTokenizer((r"\p{N}", _GPT2))
+_LLAMA3_PRE = PreTokenizer((_LLAMA3,), ignore_merges=True, add_bos=True)
+_QWEN2_PRE = PreTokenizer((_QWEN2,))
+_GPT2_PRE = PreTokenizer((_GPT2,))
+
+#: ``tokenizer.ggml.pre`` values this module reads (llama.cpp's names for them).
+PRE_TOKENIZERS: dict[str, PreTokenizer] = {
+    "gpt-2": _GPT2_PRE,
+    "phi-2": _GPT2_PRE,
+    "mpt": _GPT2_PRE,
+    "olmo": _GPT2_PRE,
+    "jais": _GPT2_PRE,
+    "smollm": _SMOLLM,
+    "starcoder": _SMOLLM,
+    "refact": _SMOLLM,
+    "command-r": _SMOLLM,
+    "codeshell": _SMOLLM,
+    "exaone": _SMOLLM,
+    "minerva-7b": _SMOLLM,
+    "llama3": _LLAMA3_PRE,
+    "llama-v3": _LLAMA3_PRE,
+    "llama-bpe": _LLAMA3_PRE,
+    "dbrx": _LLAMA3_PRE,
+    "smaug-bpe": _LLAMA3_PRE,
+    "qwen2": _QWEN2_PRE,
+    "stablelm2": _QWEN2_PRE,
+}
+
+# llama.cpp's token types (llama_token_type).
+_CONTROL = 3
+_USER_DEFINED = 4
+
+
+def tokenizer_problem(kv: dict[str, Any]) -> str | None:
+    """Why this GGUF's tokenizer cannot be built here (a one-line reason), or None when it can."""
+    model = kv.get("tokenizer.ggml.model")
+    if model != "gpt2":
+        return f"tokenizer model {model!r} (only byte-level BPE, 'gpt2', is read)"
+    pre = kv.get("tokenizer.ggml.pre", "default")
+    if pre not in PRE_TOKENIZERS:
+        return f"pre-tokenizer {pre!r} is not one this engine splits like llama.cpp"
+    tokens, merges = kv.get("tokenizer.ggml.tokens"), kv.get("tokenizer.ggml.merges")
+    if not isinstance(tokens, list) or not tokens or not isinstance(merges, list):
+        return "no tokenizer.ggml.tokens / tokenizer.ggml.merges"
+    return None
+
+
+class GGUFTokenizer:
+    """Text to token ids and back, as llama.cpp's ``llama_tokenize`` / ``llama_detokenize`` for this GGUF."""
+
+    def __init__(self, kv: dict[str, Any]) -> None:
+        problem = tokenizer_problem(kv)
+        if problem is not None:
+            raise AnyformerError(ErrorCode.BAD_MODEL, f"the GGUF's tokenizer: {problem}")
+        from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+
+        tokens: list[str] = kv["tokenizer.ggml.tokens"]
+        types: list[int] = kv.get("tokenizer.ggml.token_type") or [1] * len(tokens)
+        merges: list[tuple[str, str]] = []
+        for merge in kv["tokenizer.ggml.merges"]:
+            if isinstance(merge, str) and " " in merge:
+                left, right = merge.split(" ", 1)
+                merges.append((left, right))
+        pre = PRE_TOKENIZERS[kv.get("tokenizer.ggml.pre", "default")]
+        vocab = {text: index for index, text in enumerate(tokens)}
+        bpe = models.BPE(vocab=vocab, merges=merges, ignore_merges=pre.ignore_merges, fuse_unk=False)
+        tok = Tokenizer(bpe)
+        splits = [pre_tokenizers.Split(Regex(expr), behavior="isolated") for expr in pre.expressions]
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [*splits, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+        )
+        tok.decoder = decoders.ByteLevel()
+        added = [
+            AddedToken(tokens[i], special=types[i] == _CONTROL, normalized=False, lstrip=False, rstrip=False)
+            for i in range(min(len(tokens), len(types)))
+            if types[i] in (_CONTROL, _USER_DEFINED)
+        ]
+        tok.add_tokens(added)
+        self._tok = tok
+        self.vocab_size = len(tokens)
+        self.control_ids = frozenset(i for i in range(min(len(tokens), len(types))) if types[i] == _CONTROL)
+        self.bos_id = _int_or_none(kv.get("tokenizer.ggml.bos_token_id"))
+        self.eos_id = _int_or_none(kv.get("tokenizer.ggml.eos_token_id"))
+        self.eot_id = _int_or_none(kv.get("tokenizer.ggml.eot_token_id"))
+        self.add_bos = bool(kv.get("tokenizer.ggml.add_bos_token", pre.add_bos)) and self.bos_id is not None
+        self.add_eos = bool(kv.get("tokenizer.ggml.add_eos_token", False)) and self.eos_id is not None
+        self.chat_template = kv.get("tokenizer.chat_template")
+        self.tokens = tokens
+
+    @property
+    def stop_ids(self) -> frozenset[int]:
+        """The ids that end a reply: end of sequence and end of turn."""
+        return frozenset(i for i in (self.eos_id, self.eot_id) if i is not None)
+
+    def encode(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        """Token ids of ``text``: as llama.cpp's ``tokenize(text, add_special, parse_special)``."""
+        self._tok.encode_special_tokens = not parse_special
+        ids: list[int] = self._tok.encode(text, add_special_tokens=False).ids
+        if add_special and self.add_bos:
+            ids = [int(self.bos_id), *ids]  # type: ignore[arg-type]
+        if add_special and self.add_eos:
+            ids = [*ids, int(self.eos_id)]  # type: ignore[arg-type]
+        return ids
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """The text of ``ids``; control tokens render as nothing, as in a chat reply."""
+        return str(self._tok.decode([i for i in ids if i not in self.control_ids], skip_special_tokens=False))
+
+
+def _int_or_none(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+class StreamDecoder:
+    """Turns a growing list of ids into text deltas, holding back an incomplete UTF-8 character."""
+
+    def __init__(self, tokenizer: GGUFTokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self.sent = ""
+
+    def push(self, token: int) -> str:
+        """Add one id; return the new text that is safe to show (may be empty)."""
+        self.ids.append(token)
+        text = self.tokenizer.decode(self.ids)
+        if text.endswith("\ufffd"):
+            return ""  # the rest of a multi-byte character is still to come
+        return self._delta(text)
+
+    def flush(self) -> str:
+        """Whatever text is still held back (at the end of a reply)."""
+        return self._delta(self.tokenizer.decode(self.ids))
+
+    def _delta(self, text: str) -> str:
+        if not text.startswith(self.sent):
+            # A later token changed how earlier bytes decode: send only what is new past the common part.
+            common = 0
+            while common < min(len(text), len(self.sent)) and text[common] == self.sent[common]:
+                common += 1
+            self.sent = text[:common]
+        delta = text[len(self.sent) :]
+        self.sent = text
+        return delta

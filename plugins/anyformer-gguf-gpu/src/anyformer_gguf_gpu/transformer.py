@@ -1,0 +1,291 @@
+"""The llama-family engine (llama, qwen3): the whole model resident on the GPU, one submission per step.
+
+At load every weight is uploaded as its raw GGUF blocks (no dequantised copy), every pipeline is
+compiled and every bind group is built. A step over ``n`` tokens at positions ``pos..pos+n-1`` is
+one list of dispatches encoded into one compute pass and one queue submission: embedding lookup
+(the ids live on the GPU), then per layer RMSNorm, the q/k/v projections, RoPE with the K/V cache
+store, attention, the output projection added to the residual, RMSNorm, gate and up, SwiGLU, and
+the down projection added to the residual; then the final norm, the output head and greedy
+sampling, whose id is written where the next step's embedding lookup reads it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from anyformer.plugin import AnyformerError, ErrorCode
+from anyformer_gguf_gpu.config import ModelConfig, read_config
+from anyformer_gguf_gpu.gguf_file import GGUFFile
+from anyformer_gguf_gpu.gpu import GPU
+from anyformer_gguf_gpu.kernels import PLAIN_KERNELS, Dispatch, Kernels
+from anyformer_gguf_gpu.quants import QuantFormat, dequantize, format_of
+
+#: Most tokens one prefill step processes (the activation buffers are sized for this many).
+DEFAULT_MAX_BATCH = 32
+
+#: Load progress callback: (what, done, total).
+LoadProgress = Callable[[str, int, int], None]
+
+
+def cos_sin_table(ctx: int, n_rot: int, base: float, factors: np.ndarray | None = None) -> np.ndarray:
+    """[pos][i] = (cos, sin) of pos * base^(-2i/n_rot) / factor_i, computed in float64, stored as f32."""
+    inv = base ** (-np.arange(0, n_rot, 2, dtype=np.float64) / n_rot)
+    if factors is not None:
+        inv = inv / factors.astype(np.float64)
+    angles = np.arange(ctx, dtype=np.float64)[:, None] * inv[None, :]
+    return np.stack([np.cos(angles), np.sin(angles)], axis=-1).astype(np.float32)
+
+
+class Weight:
+    """One tensor on the GPU as its raw blocks, with its format and shape (rows, cols)."""
+
+    def __init__(self, gpu: GPU, gguf: GGUFFile, name: str) -> None:
+        info = gguf.tensor(name)
+        self.fmt: QuantFormat = format_of(info.ggml_type, name)
+        self.cols = info.dims[0]
+        self.rows = info.n_elements // self.cols
+        if info.nbytes > gpu.max_binding:
+            raise AnyformerError(
+                ErrorCode.OUT_OF_MEMORY,
+                f"{name} is {info.nbytes} bytes, over the {gpu.max_binding} bytes one GPU binding may hold",
+            )
+        self.buffer = gpu.upload(gguf.raw(name), label=name)
+        self.nbytes = info.nbytes
+
+
+def _vector(gpu: GPU, gguf: GGUFFile, name: str) -> Any:
+    """A 1-D tensor (a norm's weights) as f32 on the GPU; these few-KB vectors are the only converted copies."""
+    info = gguf.tensor(name)
+    return gpu.upload(dequantize(gguf.raw(name), info.ggml_type).astype(np.float32), label=name)
+
+
+class TransformerEngine:
+    """A llama-family model on one GPU: KV cache for ``ctx`` positions, steps of up to ``max_batch`` tokens."""
+
+    def __init__(
+        self,
+        gpu: GPU,
+        gguf: GGUFFile,
+        *,
+        ctx: int,
+        max_batch: int = DEFAULT_MAX_BATCH,
+        progress: LoadProgress | None = None,
+    ) -> None:
+        self.gpu = gpu
+        self.config: ModelConfig = read_config(gguf.header)
+        c = self.config
+        self.ctx = max(1, min(ctx, c.n_ctx_train))
+        self.max_batch = max(1, max_batch)
+        self.kernels = Kernels(gpu)
+        report = progress or (lambda what, done, total: None)
+        names = [t.name for t in gguf.header.tensors]
+
+        # Weights: raw blocks, one buffer per tensor.
+        self.weights: dict[str, Weight] = {}
+        matrices = [n for n in names if gguf.tensor(n).dims[1:2] and len(gguf.tensor(n).dims) == 2]
+        for done, name in enumerate(matrices, 1):
+            self.weights[name] = Weight(gpu, gguf, name)
+            report("upload", done, len(matrices))
+        self.norms = {n: _vector(gpu, gguf, n) for n in names if n.endswith("norm.weight")}
+        self.head = self.weights["token_embd.weight" if c.tied_output else "output.weight"]
+
+        # Pipelines, compiled now rather than on the first token.
+        wanted: list[tuple[str, str | None, int]] = [(k, None, 1) for k in PLAIN_KERNELS]
+        for weight in self.weights.values():
+            wanted.append(("matvec", weight.fmt.name, 1))
+            if self.max_batch > 1:
+                wanted.append(("matvec", weight.fmt.name, self.kernels.tokens_per_thread(self.max_batch)))
+        wanted.append(("embed", self.weights["token_embd.weight"].fmt.name, 1))
+        self.kernels.compile(wanted, lambda done, total: report("compile", done, total))
+
+        # Activations, sized for max_batch tokens.
+        b = self.max_batch
+        buf = gpu.buffer
+        self.h = buf(b * c.n_embd * 4, label="residual")
+        self.xn = buf(b * c.n_embd * 4, label="normed")
+        self.qkv = buf(b * (c.q_dim + 2 * c.kv_dim) * 4, label="qkv")
+        self.attn = buf(b * c.q_dim * 4, label="attention")
+        self.gate_up = buf(b * 2 * c.n_ff * 4, label="gate-up")
+        self.act = buf(b * c.n_ff * 4, label="swiglu")
+        self.logits = buf(b * c.n_vocab * 4, label="logits")
+        self.scores = buf(b * c.n_head * self.ctx * 4, label="scores")
+        self.ids = buf((self.ctx + 1) * 4, label="ids")
+        self.state = buf(16, label="state")
+        self.k_cache = [buf(self.ctx * c.kv_dim * 4, label=f"k{i}") for i in range(c.n_layer)]
+        self.v_cache = [buf(self.ctx * c.kv_dim * 4, label=f"v{i}") for i in range(c.n_layer)]
+        factors = None
+        if gguf.has("rope_freqs.weight"):
+            info = gguf.tensor("rope_freqs.weight")
+            factors = dequantize(gguf.raw("rope_freqs.weight"), info.ggml_type)[: c.n_rot // 2]
+        self.cos_sin = gpu.upload(cos_sin_table(self.ctx, c.n_rot, c.rope_base, factors), label="rope")
+        self._dummy_norm = gpu.buffer(16, label="no-qk-norm")
+        self._qk_norm = [self._qk_norm_buffer(gguf, i) for i in range(c.n_layer)] if c.qk_norm else []
+        self._programs: dict[tuple[int, bool, bool, bool], list[Dispatch]] = {}
+        self.gpu_bytes = self._held_bytes()
+
+    def _qk_norm_buffer(self, gguf: GGUFFile, layer: int) -> Any:
+        q = dequantize(
+            gguf.raw(f"blk.{layer}.attn_q_norm.weight"), gguf.tensor(f"blk.{layer}.attn_q_norm.weight").ggml_type
+        )
+        k = dequantize(
+            gguf.raw(f"blk.{layer}.attn_k_norm.weight"), gguf.tensor(f"blk.{layer}.attn_k_norm.weight").ggml_type
+        )
+        return self.gpu.upload(np.concatenate([q, k]).astype(np.float32), label=f"qk-norm{layer}")
+
+    def _held_bytes(self) -> int:
+        c, b = self.config, self.max_batch
+        weights = sum(w.nbytes for w in self.weights.values())
+        acts = 4 * b * (2 * c.n_embd + c.q_dim + 2 * c.kv_dim + c.q_dim + 3 * c.n_ff + c.n_head * self.ctx)
+        return weights + c.kv_bytes(self.ctx) + acts + 4 * (c.n_vocab + self.ctx * (c.n_rot + 1))
+
+    @property
+    def dispatches_per_token(self) -> int:
+        """How many kernel dispatches one decode step encodes."""
+        return len(self.program(1, head=True))
+
+    def program(self, tokens: int, *, head: bool, sample: bool = True, all_logits: bool = False) -> list[Dispatch]:
+        """The dispatches of one step over ``tokens`` tokens.
+
+        ``head`` adds the final norm and output head (the last token's logits, or every token's with
+        ``all_logits``); ``sample`` then adds greedy sampling, which writes the next id after the step's tokens.
+        """
+        key = (tokens, head, head and sample, head and all_logits)
+        found = self._programs.get(key)
+        if found is None:
+            found = self._build(tokens, head, head and sample, head and all_logits)
+            self._programs[key] = found
+        return found
+
+    def _build(self, n: int, head: bool, sample: bool, all_logits: bool) -> list[Dispatch]:
+        c, k, w = self.config, self.kernels, self.weights
+        qkv_stride = c.q_dim + 2 * c.kv_dim
+        embd = w["token_embd.weight"]
+        out: list[Dispatch] = [k.embed(embd.buffer, embd.fmt, embd.rows, embd.cols, self.ids, self.h, self.state, n)]
+
+        def mv(name: str, x: Any, y: Any, **kw: Any) -> Dispatch:
+            m = w[name]
+            return k.matvec(m.buffer, m.fmt, m.rows, m.cols, x, y, tokens=n, **kw)
+
+        for i in range(c.n_layer):
+            p = f"blk.{i}."
+            out.append(k.rmsnorm(self.h, self.norms[p + "attn_norm.weight"], self.xn, c.n_embd, c.eps, tokens=n))
+            out.append(mv(p + "attn_q.weight", self.xn, self.qkv, y_off=0, y_stride=qkv_stride))
+            out.append(mv(p + "attn_k.weight", self.xn, self.qkv, y_off=c.q_dim, y_stride=qkv_stride))
+            out.append(mv(p + "attn_v.weight", self.xn, self.qkv, y_off=c.q_dim + c.kv_dim, y_stride=qkv_stride))
+            out.append(
+                k.rope_store(
+                    self.qkv,
+                    self.k_cache[i],
+                    self.v_cache[i],
+                    self.cos_sin,
+                    self._qk_norm[i] if c.qk_norm else self._dummy_norm,
+                    self.state,
+                    n_head=c.n_head,
+                    n_kv=c.n_kv,
+                    head_dim=c.head_dim,
+                    n_rot=c.n_rot,
+                    neox=c.rope_neox,
+                    tokens=n,
+                    qk_norm=c.qk_norm,
+                    eps=c.eps,
+                )
+            )
+            out.append(
+                k.attention(
+                    self.qkv,
+                    self.k_cache[i],
+                    self.v_cache[i],
+                    self.attn,
+                    self.scores,
+                    self.state,
+                    n_head=c.n_head,
+                    n_kv=c.n_kv,
+                    head_dim=c.head_dim,
+                    ctx=self.ctx,
+                    scale=1.0 / math.sqrt(c.head_dim),
+                    tokens=n,
+                )
+            )
+            out.append(mv(p + "attn_output.weight", self.attn, self.h, accumulate=True))
+            out.append(k.rmsnorm(self.h, self.norms[p + "ffn_norm.weight"], self.xn, c.n_embd, c.eps, tokens=n))
+            out.append(mv(p + "ffn_gate.weight", self.xn, self.gate_up, y_off=0, y_stride=2 * c.n_ff))
+            out.append(mv(p + "ffn_up.weight", self.xn, self.gate_up, y_off=c.n_ff, y_stride=2 * c.n_ff))
+            out.append(k.swiglu(self.gate_up, self.act, c.n_ff, tokens=n))
+            out.append(mv(p + "ffn_down.weight", self.act, self.h, accumulate=True))
+        if head:
+            # Decoding needs only the last token's logits; all_logits (for checks) keeps every token's.
+            first = 0 if all_logits else n - 1
+            norm = self.norms["output_norm.weight"]
+            out.append(k.rmsnorm(self.h, norm, self.xn, c.n_embd, c.eps, tokens=n - first, x_off=first * c.n_embd))
+            hw = self.head
+            out.append(k.matvec(hw.buffer, hw.fmt, hw.rows, hw.cols, self.xn, self.logits, tokens=n - first))
+        if sample:
+            # The last token's logits are the last row of what the head wrote.
+            out.append(
+                k.argmax(self.logits, self.ids, self.state, c.n_vocab, offset=(n - 1) * c.n_vocab if all_logits else 0)
+            )
+        return out
+
+    # The host side of one step: where it starts and how many tokens it covers.
+
+    def set_ids(self, ids: list[int] | np.ndarray, start: int = 0) -> None:
+        """Write prompt ids into the GPU's id list at positions ``start..``."""
+        arr = np.asarray(ids, dtype=np.uint32)
+        if start + arr.size > self.ctx:
+            raise AnyformerError(ErrorCode.BAD_REQUEST, f"{start + arr.size} tokens exceed the context of {self.ctx}")
+        if arr.size and int(arr.max()) >= self.config.n_vocab:
+            raise AnyformerError(ErrorCode.BAD_REQUEST, f"token id {int(arr.max())} is outside the vocabulary")
+        self.gpu.write(self.ids, arr, offset=4 * start)
+
+    def submit_step(
+        self,
+        pos: int,
+        tokens: int,
+        *,
+        head: bool,
+        sample: bool = True,
+        all_logits: bool = False,
+        copies: list[tuple[Any, int, Any, int, int]] | None = None,
+    ) -> None:
+        """Queue one step over ids[pos:pos+tokens] as one submission (see :meth:`program`).
+
+        With ``sample`` the next id lands at ids[pos+tokens]; ``copies`` are appended to the same submission.
+        """
+        if tokens < 1 or tokens > self.max_batch:
+            raise ValueError(f"a step covers 1..{self.max_batch} tokens, not {tokens}")
+        if pos + tokens > self.ctx:
+            raise AnyformerError(ErrorCode.BAD_REQUEST, f"position {pos + tokens} is past the context of {self.ctx}")
+        self.gpu.write(self.state, np.array([pos, tokens, 0, 0], dtype=np.uint32))
+        self.kernels.run(self.program(tokens, head=head, sample=sample, all_logits=all_logits), copies or [])
+
+    def prefill(self, ids: list[int], start: int = 0) -> None:
+        """Run ids (already at ``start``) through the model in steps of ``max_batch``; the last step samples."""
+        self.set_ids(ids, start)
+        done = 0
+        while done < len(ids):
+            n = min(self.max_batch, len(ids) - done)
+            self.submit_step(start + done, n, head=done + n == len(ids))
+            done += n
+
+    def read_logits(self, tokens: int = 1) -> np.ndarray:
+        """The logits the last step's head wrote: ``tokens`` rows (1 unless it ran with ``all_logits``)."""
+        vocab = self.config.n_vocab
+        return self.gpu.read(self.logits, np.float32, tokens * vocab).reshape(tokens, vocab)
+
+    def all_logits(self, ids: list[int]) -> np.ndarray:
+        """Logits of every position of ``ids`` (a check against llama.cpp's ``logits_all``), in steps of max_batch."""
+        self.set_ids(ids)
+        rows = []
+        for start in range(0, len(ids), self.max_batch):
+            n = min(self.max_batch, len(ids) - start)
+            self.submit_step(start, n, head=True, sample=False, all_logits=True)
+            rows.append(self.read_logits(n))
+        return np.concatenate(rows)
+
+    def read_id(self, pos: int) -> int:
+        """The id at position ``pos`` of the GPU's id list (waits for the GPU)."""
+        return int(self.gpu.read(self.ids, np.uint32, 1, offset=4 * pos)[0])
