@@ -45,7 +45,7 @@ def engine(smollm2, gpu):
 
 
 def test_prompt_logits_match_llama_cpp(smollm2, engine):
-    path, llm = smollm2
+    _path, llm = smollm2
     eng, tokenizer = engine
     ids = tokenizer.encode(PROMPT)
     llm.reset()
@@ -60,7 +60,7 @@ def test_prompt_logits_match_llama_cpp(smollm2, engine):
 
 @pytest.mark.slow
 def test_greedy_32_tokens_match_llama_cpp(smollm2, engine):
-    path, llm = smollm2
+    _path, llm = smollm2
     eng, tokenizer = engine
     ids = tokenizer.encode(PROMPT)
     ours = list(greedy(eng, ids, 32))
@@ -68,7 +68,7 @@ def test_greedy_32_tokens_match_llama_cpp(smollm2, engine):
     llm.eval(ids + ours)
     theirs = np.array(llm.scores[len(ids) - 1 : len(ids) + 31])
     near_ties = []
-    for step, (token, row) in enumerate(zip(ours, theirs)):
+    for step, (token, row) in enumerate(zip(ours, theirs, strict=True)):
         pick = int(row.argmax())
         if pick != token:
             gap = float(row[pick] - row[token])

@@ -94,14 +94,14 @@ def test_greedy_matches_llama_cpp(engine, model_path):
     ours = list(greedy(engine, PROMPT, 32))
     assert len(ours) == 32
     exact = forward(model_path, PROMPT + ours)[len(PROMPT) - 1 : -1]
-    for step, (token, row) in enumerate(zip(ours, exact)):
+    for step, (token, row) in enumerate(zip(ours, exact, strict=True)):
         assert row[token] >= row.max() - 2 * _bound(exact), f"step {step}: {token} is not the argmax"
     llm = llama_cpp.Llama(model_path=model_path, n_ctx=64, logits_all=True, verbose=False, n_threads=2)
     llm.eval(PROMPT + ours)
     theirs = np.array(llm.scores[len(PROMPT) - 1 : len(PROMPT) + 31])
     their_error = float(np.abs(theirs - exact).max())
     near_ties = []
-    for step, (token, row) in enumerate(zip(ours, theirs)):
+    for step, (token, row) in enumerate(zip(ours, theirs, strict=True)):
         pick = int(row.argmax())
         if pick != token:
             gap = float(exact[step][token] - exact[step][pick])
