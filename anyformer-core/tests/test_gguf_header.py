@@ -602,6 +602,7 @@ def test_real_smollm2_header() -> None:
     assert summary["architecture"] == "llama"
     assert summary["block_count"] == 30
     assert summary["embedding_length"] == 576
+    assert summary["feed_forward_length"] == 1536
     assert summary["head_count"] == 9
     assert summary["head_count_kv"] == 3
     assert summary["vocab_size"] == 49152

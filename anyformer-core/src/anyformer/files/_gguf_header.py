@@ -249,6 +249,7 @@ class GGUFHeader:
             "block_count": _small(self.arch_value("block_count")),
             "context_length": _small(self.arch_value("context_length")),
             "embedding_length": _small(self.arch_value("embedding_length")),
+            "feed_forward_length": _small(self.arch_value("feed_forward_length")),
             "head_count": _small(self.arch_value("attention.head_count")),
             "head_count_kv": _small(self.arch_value("attention.head_count_kv")),
             "key_length": _small(self.arch_value("attention.key_length")),
