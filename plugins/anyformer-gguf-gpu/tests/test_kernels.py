@@ -203,3 +203,21 @@ def test_argmax_breaks_ties_to_the_lowest_index(gpu, kernels):
     ids = gpu.upload(np.zeros(4, dtype=np.uint32))
     kernels.run([kernels.argmax(gpu.upload(logits), ids, _state(gpu, 0, 1), 1000)])
     assert gpu.read(ids, np.uint32, 4)[1] == 333
+
+
+def test_a_buffer_over_the_gpus_limit_is_out_of_memory(gpu):
+    from anyformer.plugin import AnyformerError, ErrorCode
+
+    with pytest.raises(AnyformerError) as info:
+        gpu.buffer(gpu.limits["max-buffer-size"] + 1, label="too big")
+    assert info.value.code is ErrorCode.OUT_OF_MEMORY and "too big" in str(info.value)
+
+
+def test_wgpu_failures_become_anyformer_errors(gpu):
+    """A validation error from wgpu (here: a shader that does not compile) is BACKEND_CRASHED, not a traceback."""
+    from anyformer.plugin import AnyformerError, ErrorCode
+    from anyformer_gguf_gpu.gpu import gpu_errors
+
+    with pytest.raises(AnyformerError) as info, gpu_errors("compiling a broken kernel"):
+        gpu.device.create_shader_module(code="fn main( {")
+    assert info.value.code is ErrorCode.BACKEND_CRASHED and "compiling a broken kernel" in str(info.value)

@@ -171,3 +171,48 @@ def _check_shapes(c: ModelConfig, tensors: dict[str, GGUFTensor]) -> None:
             raise AnyformerError(
                 ErrorCode.BAD_MODEL, f"{name} is {found.type_name}, which the WGSL kernels do not read"
             )
+
+
+@dataclasses.dataclass(frozen=True)
+class Footprint:
+    """What the engine will hold on the GPU: weights, the KV cache at the context, and its buffers."""
+
+    context: int
+    weights_bytes: int
+    kv_bytes: int
+    buffer_bytes: int
+
+    @property
+    def gpu_bytes(self) -> int:
+        """Everything together: the ``need`` of a budget refusal, and the estimate's ``gpu_bytes``."""
+        return self.weights_bytes + self.kv_bytes + self.buffer_bytes
+
+
+def _fact(summary: dict[str, Any], key: str) -> int | None:
+    value = summary.get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def footprint(summary: dict[str, Any], context: int, max_batch: int) -> Footprint:
+    """The engine's GPU bytes for a GGUF described by the header summary (``data_bytes``, dims, vocab).
+
+    The same arithmetic as :class:`TransformerEngine` allocates: weights as stored (raw blocks), an f32
+    K and V cache per layer, activations for ``max_batch`` tokens, logits, the attention scratch, the
+    rope table and the id list. Unknown dims (a bare description) count as zero.
+    """
+    layers = _fact(summary, "block_count") or 0
+    embd = _fact(summary, "embedding_length") or 0
+    heads = _fact(summary, "head_count") or 0
+    kv_heads = _fact(summary, "head_count_kv") or heads
+    head_dim = _fact(summary, "key_length") or (embd // heads if heads else 0)
+    vocab = _fact(summary, "vocab_size") or 0
+    ff = _fact(summary, "feed_forward_length") or 4 * embd
+    q_dim, kv_dim = heads * head_dim, kv_heads * head_dim
+    activations = 4 * max_batch * (2 * embd + q_dim + 2 * kv_dim + q_dim + 3 * ff + heads * context + vocab)
+    tables = 4 * (context * (head_dim + 1) + 1)
+    return Footprint(
+        context=context,
+        weights_bytes=_fact(summary, "data_bytes") or 0,
+        kv_bytes=2 * layers * context * kv_dim * 4,
+        buffer_bytes=activations + tables,
+    )

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import collections
 import threading
-from collections.abc import Iterator
+from collections.abc import Generator
 from typing import Any
 
 import numpy as np
@@ -56,7 +56,7 @@ class _Staging:
 
 def greedy(
     engine: TransformerEngine, prompt: list[int], max_new: int, *, cancel: threading.Event | None = None
-) -> Iterator[int]:
+) -> Generator[int, None, None]:
     """Yield up to ``max_new`` greedy ids after ``prompt``; the caller stops early by closing the iterator."""
     n = len(prompt)
     max_new = min(max_new, engine.ctx - n)
@@ -110,7 +110,7 @@ def sampled(
     seed: int | None,
     top_k: int = 0,
     top_p: float = 1.0,
-) -> Iterator[int]:
+) -> Generator[int, None, None]:
     """Yield up to ``max_new`` ids drawn at ``temperature`` (host-side sampling from read-back logits)."""
     n = len(prompt)
     max_new = min(max_new, engine.ctx - n)

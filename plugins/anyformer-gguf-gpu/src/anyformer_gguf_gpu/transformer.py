@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from anyformer.plugin import AnyformerError, ErrorCode
-from anyformer_gguf_gpu.config import ModelConfig, read_config
+from anyformer.plugin import AnyformerError, ErrorCode, GGUFHeader
+from anyformer_gguf_gpu.config import ModelConfig, footprint, read_config
 from anyformer_gguf_gpu.gguf_file import GGUFFile
 from anyformer_gguf_gpu.gpu import GPU
 from anyformer_gguf_gpu.kernels import PLAIN_KERNELS, Dispatch, Kernels
@@ -125,7 +125,7 @@ class TransformerEngine:
         self._dummy_norm = gpu.buffer(16, label="no-qk-norm")
         self._qk_norm = [self._qk_norm_buffer(gguf, i) for i in range(c.n_layer)] if c.qk_norm else []
         self._programs: dict[tuple[int, bool, bool, bool], list[Dispatch]] = {}
-        self.gpu_bytes = self._held_bytes()
+        self.gpu_bytes = self._held_bytes(gguf.header)
 
     def _qk_norm_buffer(self, gguf: GGUFFile, layer: int) -> Any:
         q = dequantize(
@@ -136,11 +136,21 @@ class TransformerEngine:
         )
         return self.gpu.upload(np.concatenate([q, k]).astype(np.float32), label=f"qk-norm{layer}")
 
-    def _held_bytes(self) -> int:
-        c, b = self.config, self.max_batch
-        weights = sum(w.nbytes for w in self.weights.values())
-        acts = 4 * b * (2 * c.n_embd + c.q_dim + 2 * c.kv_dim + c.q_dim + 3 * c.n_ff + c.n_head * self.ctx)
-        return weights + c.kv_bytes(self.ctx) + acts + 4 * (c.n_vocab + self.ctx * (c.n_rot + 1))
+    def release(self) -> None:
+        """Free the engine's GPU memory now (not when Python collects it); the engine is unusable after."""
+        owned = [w.buffer for w in self.weights.values()] + list(self.norms.values()) + self.k_cache + self.v_cache
+        owned += [self.h, self.xn, self.qkv, self.attn, self.gate_up, self.act, self.logits, self.scores]
+        owned += [self.ids, self.state, self.cos_sin, self._dummy_norm, *self._qk_norm]
+        self._programs.clear()
+        self.weights.clear()
+        self.norms.clear()
+        self.k_cache, self.v_cache = [], []
+        for buf in owned:
+            buf.destroy()
+
+    def _held_bytes(self, header: GGUFHeader) -> int:
+        """What this engine holds on the GPU, by the same arithmetic ``can_run`` estimates with."""
+        return footprint(header.summary(), self.ctx, self.max_batch).gpu_bytes
 
     @property
     def dispatches_per_token(self) -> int:

@@ -1,0 +1,139 @@
+"""A GGUF loaded on the GPU: the engine, its tokenizer and chat template, and the reply stream."""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Iterator
+
+from anyformer import AnyformerError, Chunk, ErrorCode, FinishReason, GenerateOptions, Message, Model, Request
+from anyformer.plugin import ProgressCallback, ProgressEvent, fetch_files, has_images, render_chat
+from anyformer_gguf_gpu.decode import greedy, sampled
+from anyformer_gguf_gpu.gguf_file import GGUFFile
+from anyformer_gguf_gpu.gpu import GPU, gpu_errors
+from anyformer_gguf_gpu.tokenizer import GGUFTokenizer, StreamDecoder
+from anyformer_gguf_gpu.transformer import TransformerEngine
+from anyformer_localmind import BACKEND_ID
+from anyformer_localmind.estimate import MAX_BATCH, GgufChoice, choose_gguf, context_for
+
+#: Sampling defaults at a temperature above 0 (llama.cpp's own), overridable through ``extra``.
+TOP_K = 40
+TOP_P = 0.95
+
+
+class LocalMindModel:
+    """The handle ``load`` returns: the engine on the GPU, the tokenizer, the chat template."""
+
+    backend = BACKEND_ID
+    task = "text-generation"
+
+    def __init__(self, engine: TransformerEngine, tokenizer: GGUFTokenizer, name: str) -> None:
+        self.engine: TransformerEngine | None = engine
+        self.tokenizer = tokenizer
+        self.name = name
+        self.context = engine.ctx
+        self.gpu_bytes = engine.gpu_bytes
+        self._bos_text = tokenizer.tokens[tokenizer.bos_id] if tokenizer.bos_id is not None else ""
+        self._eos_text = tokenizer.tokens[tokenizer.eos_id] if tokenizer.eos_id is not None else ""
+
+    @classmethod
+    def open(cls, model: Model, request: Request, progress: ProgressCallback) -> LocalMindModel:
+        """Fetch the GGUF, check it, upload its weights and compile the kernels (progress reported)."""
+        choice = choose_gguf(model)
+        if not isinstance(choice, GgufChoice):
+            raise AnyformerError(ErrorCode.NO_BACKEND, f"{model.ref}: {choice}")
+        name = choice.file.name
+        path = fetch_files(model, [name], progress, backend=BACKEND_ID)[name]
+        progress(ProgressEvent(stage="verify", backend=BACKEND_ID, file=name))
+        gguf = GGUFFile(path)
+        try:
+            tokenizer = GGUFTokenizer(gguf.kv)
+            gpu = GPU()
+
+            def report(what: str, done: int, total: int) -> None:
+                progress(
+                    ProgressEvent(stage="load", backend=BACKEND_ID, file=name, done=done, total=total, message=what)
+                )
+
+            context = context_for(gguf.header.summary(), request.context)
+            engine = TransformerEngine(gpu, gguf, ctx=context, max_batch=MAX_BATCH, progress=report)
+        finally:
+            gguf.close()  # the weights are on the GPU now; the mapping is no longer needed
+        return cls(engine, tokenizer, name)
+
+    def dispose(self) -> None:
+        """Drop the engine and its GPU buffers; a second call does nothing."""
+        engine, self.engine = self.engine, None
+        if engine is not None:
+            engine.release()
+
+    def prompt_ids(self, messages: list[Message], thinking: bool) -> list[int]:
+        """The chat template rendered in the core's sandbox, then tokenised with special tokens parsed."""
+        prompt = render_chat(
+            self.tokenizer.chat_template if isinstance(self.tokenizer.chat_template, str) else None,
+            messages,
+            bos_token=self._bos_text,
+            eos_token=self._eos_text,
+            enable_thinking=thinking,
+        )
+        # The template writes BOS itself when it wants one; otherwise the vocabulary's rule applies.
+        add_special = not (self._bos_text and prompt.startswith(self._bos_text))
+        return self.tokenizer.encode(prompt, add_special=add_special, parse_special=True)
+
+    def stream(self, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk]:
+        """Check the request now (``BAD_REQUEST`` before any chunk), then return the reply's stream."""
+        engine = self.engine
+        if engine is None:
+            raise AnyformerError(ErrorCode.BAD_REQUEST, "the model was disposed; load it again")
+        if has_images(messages):
+            raise AnyformerError(ErrorCode.BAD_REQUEST, f"the {BACKEND_ID} backend reads text only, not image blocks")
+        ids = self.prompt_ids(messages, options.thinking)
+        if not ids:
+            raise AnyformerError(ErrorCode.BAD_REQUEST, "the prompt is empty")
+        if len(ids) >= engine.ctx:
+            raise AnyformerError(
+                ErrorCode.BAD_REQUEST, f"the prompt is {len(ids)} tokens; the context holds {engine.ctx}"
+            )
+        return self._reply(engine, ids, options)
+
+    def _reply(self, engine: TransformerEngine, ids: list[int], options: GenerateOptions) -> Iterator[Chunk]:
+        limit = min(options.max_new_tokens, engine.ctx - len(ids))
+        tokens: Generator[int, None, None]
+        if options.temperature > 0:
+            top_k = int(options.extra.get("top_k", TOP_K))
+            top_p = float(options.extra.get("top_p", TOP_P))
+            tokens = sampled(
+                engine, ids, limit, temperature=options.temperature, seed=options.seed, top_k=top_k, top_p=top_p
+            )
+        else:
+            tokens = greedy(engine, ids, limit, cancel=options.cancel)
+        text = StreamDecoder(self.tokenizer)
+        stops = self.tokenizer.stop_ids
+        count = 0
+        first = True
+        try:
+            while True:
+                if options.cancel.is_set():
+                    yield Chunk(delta=text.flush(), tokens=count, finish_reason=FinishReason.CANCELLED.value)
+                    return
+                with gpu_errors("generating"):
+                    token = next(tokens, None)
+                if token is None or token in stops:
+                    # No token left means the context is full: that is a length limit, not a stop.
+                    finish = FinishReason.STOP if token is not None else FinishReason.LENGTH
+                    yield Chunk(delta=text.flush(), tokens=count, finish_reason=finish.value)
+                    return
+                count += 1
+                delta = text.push(token)
+                last = count >= options.max_new_tokens
+                if last:
+                    delta += text.flush()
+                yield Chunk(
+                    delta=delta,
+                    tokens=count,
+                    finish_reason=FinishReason.LENGTH.value if last else None,
+                    prompt_tokens=len(ids) if first else None,
+                )
+                first = False
+                if last:
+                    return
+        finally:
+            tokens.close()

@@ -1,0 +1,141 @@
+"""The anyformer hooks of the LocalMind backend. Nothing heavy is imported here: wgpu loads in ``load``.
+
+``can_run`` decides from the description alone (the core read the GGUF's header): the format, the
+task, whether an engine reads the architecture, every weight type and the tokenizer, whether there
+is a GPU adapter, and whether weights plus the KV cache plus the engine's buffers fit the budget.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Iterator
+
+from anyformer import (
+    BackendModel,
+    Caps,
+    Chunk,
+    Estimate,
+    GenerateOptions,
+    Message,
+    Model,
+    ProgressCallback,
+    Rank,
+    Refusal,
+    Request,
+    StoreEntry,
+    Verdict,
+    format_size,
+    hookimpl,
+)
+from anyformer_localmind import BACKEND_ID
+from anyformer_localmind.estimate import MAX_BATCH, RAM_OVERHEAD, GgufChoice, choose_gguf, context_for
+
+TASK = "text-generation"
+INSTALL_HINT = "pip install wgpu"
+
+
+def _header_problem(summary: dict[str, object]) -> str | None:
+    """Why no engine reads this GGUF (architecture, weight types, tokenizer), or None."""
+    from anyformer_gguf_gpu.config import architecture_problem
+    from anyformer_gguf_gpu.tokenizer import PRE_TOKENIZERS
+
+    problem = architecture_problem(summary)
+    if problem is not None:
+        return problem
+    model, pre = summary.get("tokenizer_model"), summary.get("tokenizer_pre")
+    if model != "gpt2":
+        return f"tokenizer model {model!r} (only byte-level BPE, 'gpt2', is read)"
+    if pre not in PRE_TOKENIZERS:
+        return f"pre-tokenizer {pre!r} is not one this engine splits like llama.cpp"
+    return None
+
+
+@hookimpl
+def can_run(model: Model, caps: Caps, request: Request) -> Verdict:
+    """Refuse with ``format``/``task``/``model``/``gpu``/``store``/``budget``/``memory``/``runtime``, or estimate."""
+    if "gguf" not in model.formats:
+        return Verdict.refuse(BACKEND_ID, Refusal.FORMAT, "no GGUF in the repo")
+    task = request.task or model.task or TASK
+    if task != TASK:
+        return Verdict.refuse(BACKEND_ID, Refusal.TASK, f"runs {TASK} only, not {task}")
+    choice = choose_gguf(model)
+    if not isinstance(choice, GgufChoice):
+        return Verdict.refuse(BACKEND_ID, Refusal.MODEL, choice)
+    problem = _header_problem(choice.summary)
+    if problem is not None:
+        return Verdict.refuse(BACKEND_ID, Refusal.MODEL, f"{choice.file.name}: {problem}")
+    if not caps.gpu:
+        note = f" ({caps.gpu_note})" if caps.gpu_note else ""
+        return Verdict.refuse(BACKEND_ID, Refusal.GPU, f"needs a GPU adapter through wgpu{note}")
+    if model.source == "hub" and choice.file.path is None and not caps.store:
+        return Verdict.refuse(
+            BACKEND_ID, Refusal.STORE, f"{choice.file.name} must be downloaded and the model store is not writable"
+        )
+    from anyformer_gguf_gpu.config import footprint
+
+    context = context_for(choice.summary, request.context)
+    plan = footprint(choice.summary, context, MAX_BATCH)
+    budget = request.budget if request.budget is not None else caps.gpu_bytes
+    if budget is not None and plan.gpu_bytes > budget:
+        return Verdict.refuse(
+            BACKEND_ID,
+            Refusal.BUDGET,
+            f"{choice.file.name}: needs {format_size(plan.gpu_bytes)} of GPU memory at {context} tokens of context "
+            f"(weights {format_size(plan.weights_bytes)}, KV cache {format_size(plan.kv_bytes)}, "
+            f"buffers {format_size(plan.buffer_bytes)}); the budget is {format_size(budget)}",
+            need=plan.gpu_bytes,
+        )
+    if caps.ram_bytes < RAM_OVERHEAD:
+        return Verdict.refuse(
+            BACKEND_ID,
+            Refusal.MEMORY,
+            f"needs {format_size(RAM_OVERHEAD)} of host memory besides the GPU's; "
+            f"{format_size(caps.ram_bytes)} available",
+            need=RAM_OVERHEAD,
+        )
+    if importlib.util.find_spec("wgpu") is None:
+        return Verdict.refuse(BACKEND_ID, Refusal.RUNTIME, f"wgpu is not installed: {INSTALL_HINT}")
+    return Verdict.accept(
+        BACKEND_ID,
+        Estimate(
+            gpu_bytes=plan.gpu_bytes,
+            ram_bytes=RAM_OVERHEAD,
+            disk_bytes=choice.file.size or 0,
+            rank=Rank.SPECIALIST,
+            details={
+                "file": choice.file.name,
+                "architecture": choice.summary.get("architecture"),
+                "context": context,
+                "kv_cache": plan.kv_bytes,
+                "adapter": caps.gpu_name,
+            },
+            files=(choice.file.name,),
+        ),
+    )
+
+
+@hookimpl
+def load(backend: str, model: Model, request: Request, progress: ProgressCallback) -> BackendModel | None:
+    """Fetch the GGUF, upload every weight as its raw blocks and compile every kernel."""
+    if backend != BACKEND_ID:
+        return None
+    from anyformer_localmind.engine import LocalMindModel  # imports wgpu
+
+    return LocalMindModel.open(model, request, progress)
+
+
+@hookimpl
+def generate(loaded: BackendModel, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk] | None:
+    """Stream a chat reply from a model this backend loaded."""
+    if loaded.backend != BACKEND_ID:
+        return None
+    from anyformer_localmind.engine import LocalMindModel
+
+    assert isinstance(loaded, LocalMindModel)
+    return loaded.stream(messages, options)
+
+
+@hookimpl
+def store_list() -> list[StoreEntry]:
+    """Nothing: the GGUFs live in the Hugging Face cache (listed by the core); nothing is derived."""
+    return []

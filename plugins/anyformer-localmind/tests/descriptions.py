@@ -1,0 +1,33 @@
+"""Model descriptions (CONTRACT §1 JSON) with GGUF header facts, for can_run tests: no file behind them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: SmolLM2-135M-Instruct Q4_1's header facts, as the core's describe reports them.
+SMOLLM2: dict[str, Any] = {
+    "architecture": "llama",
+    "block_count": 30,
+    "context_length": 8192,
+    "embedding_length": 576,
+    "feed_forward_length": 1536,
+    "head_count": 9,
+    "head_count_kv": 3,
+    "key_length": None,
+    "vocab_size": 49152,
+    "tensor_types": {"F32": 61, "Q4_1": 210, "Q8_0": 1},
+    "tokenizer_model": "gpt2",
+    "tokenizer_pre": "smollm",
+    "rope_scaling": None,
+    "data_bytes": 96576768,
+    "split": None,
+}
+
+
+def gguf_model(repo: str = "org/model", name: str = "model.gguf", **facts: Any) -> dict[str, Any]:
+    """A one-GGUF repo description whose header facts are SmolLM2's with ``facts`` changed."""
+    return {
+        "repo": repo,
+        "files": [{"name": name, "size": 98_362_432}],
+        "metadata": {"gguf": {**SMOLLM2, **facts}, "gguf_file": name},
+    }

@@ -1,0 +1,86 @@
+"""can_run decides from the description alone, in the documented order, with the numbers in the reason."""
+
+from __future__ import annotations
+
+import pytest
+from descriptions import SMOLLM2, gguf_model
+
+import anyformer
+from anyformer import Caps, Model, Rank, Refusal, Request
+from anyformer_gguf_gpu.config import footprint
+from anyformer_gguf_gpu.gguf_file import GGUFFile
+from anyformer_gguf_gpu.gpu import GPU
+from anyformer_gguf_gpu.testing import RandomModel, write_random_gguf
+from anyformer_gguf_gpu.transformer import TransformerEngine
+from anyformer_localmind import plugin
+from anyformer_localmind.estimate import DEFAULT_CONTEXT, MAX_BATCH
+
+GPU_CAPS = Caps(gpu=True, gpu_name="test GPU", gpu_bytes=8 * 2**30, ram_bytes=8 * 2**30, store=True)
+
+
+def verdict(description: dict, caps: Caps = GPU_CAPS, **request):
+    return plugin.can_run(Model.from_dict(description), caps, Request(**request))
+
+
+def test_smollm2_is_accepted_as_a_specialist_with_its_footprint():
+    v = verdict(gguf_model())
+    assert v.ok, v.reason
+    assert v.estimate.rank is Rank.SPECIALIST
+    plan = footprint(SMOLLM2, DEFAULT_CONTEXT, MAX_BATCH)
+    assert v.estimate.gpu_bytes == plan.gpu_bytes > SMOLLM2["data_bytes"]
+    assert v.estimate.details["context"] == DEFAULT_CONTEXT
+    assert v.estimate.files == ("model.gguf",)
+
+
+@pytest.mark.parametrize(
+    ("description", "caps", "request_", "code", "words"),
+    [
+        ({"repo": "o/r", "files": [{"name": "model.safetensors", "size": 10}]}, {}, {}, Refusal.FORMAT, "no GGUF"),
+        (gguf_model(), {}, {"task": "feature-extraction"}, Refusal.TASK, "feature-extraction"),
+        (gguf_model(architecture="lfm2"), {}, {}, Refusal.MODEL, "'lfm2'"),
+        (gguf_model(tensor_types={"F32": 1, "IQ4_XS": 9}), {}, {}, Refusal.MODEL, "IQ4_XS"),
+        (gguf_model(tokenizer_model="llama"), {}, {}, Refusal.MODEL, "tokenizer model 'llama'"),
+        (gguf_model(tokenizer_pre="deepseek-llm"), {}, {}, Refusal.MODEL, "deepseek-llm"),
+        (gguf_model(rope_scaling="yarn"), {}, {}, Refusal.MODEL, "yarn"),
+        (gguf_model(expert_count=8), {}, {}, Refusal.MODEL, "mixture-of-experts"),
+        (gguf_model(split={"no": 0, "count": 2}), {}, {}, Refusal.MODEL, "split"),
+        (gguf_model(), {"gpu": False, "gpu_note": "software adapter"}, {}, Refusal.GPU, "software adapter"),
+        ({**gguf_model(), "source": "hub"}, {"store": False}, {}, Refusal.STORE, "not writable"),
+        (gguf_model(), {}, {"budget": 10**8}, Refusal.BUDGET, "KV cache"),
+        (gguf_model(), {"gpu_bytes": 10**8}, {}, Refusal.BUDGET, "budget is"),
+        (gguf_model(), {"ram_bytes": 10**6}, {}, Refusal.MEMORY, "host memory"),
+    ],
+)
+def test_refusals(description, caps, request_, code, words):
+    v = verdict(description, GPU_CAPS.replace(**caps), **request_)
+    assert not v.ok and v.code is code, v
+    assert words in v.reason
+    assert (v.need is not None) == (code in (Refusal.BUDGET, Refusal.MEMORY))
+
+
+def test_budget_need_is_the_footprint_and_a_larger_budget_is_accepted():
+    refused = verdict(gguf_model(), budget=10**8)
+    assert refused.need == footprint(SMOLLM2, DEFAULT_CONTEXT, MAX_BATCH).gpu_bytes
+    assert verdict(gguf_model(), budget=refused.need).ok
+
+
+def test_a_smaller_context_needs_less():
+    small = verdict(gguf_model(), context=512)
+    assert small.ok and small.estimate.gpu_bytes < verdict(gguf_model()).estimate.gpu_bytes
+    assert small.estimate.details["context"] == 512
+
+
+def test_unknown_gpu_memory_is_not_a_budget_refusal():
+    assert verdict(gguf_model(), GPU_CAPS.replace(gpu_bytes=None)).ok
+
+
+def test_the_estimate_is_what_the_engine_holds(tmp_path):
+    path = tmp_path / "m.gguf"
+    write_random_gguf(str(path), RandomModel(tied=False))
+    model = anyformer.describe(path)
+    v = plugin.can_run(model, GPU_CAPS, Request(context=128))
+    assert v.ok
+    with GGUFFile(path) as gguf:
+        engine = TransformerEngine(GPU(allow_software=True), gguf, ctx=128, max_batch=MAX_BATCH)
+    assert engine.gpu_bytes == v.estimate.gpu_bytes
+    engine.release()
