@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import struct
+import time
 from collections.abc import Callable, Iterable, Sequence
 from importlib import resources
 from typing import Any
@@ -114,6 +115,11 @@ class Kernels:
         if tpr < 1 or tpr > WORKGROUP or tpr & (tpr - 1):
             raise ValueError(f"threads_per_row must be a power of two up to {WORKGROUP}, not {tpr}")
         self.threads_per_row = tpr
+        #: Host time spent encoding (until the command buffer is finished) and submitting, and submissions
+        #: made: what a bench reports as the CPU cost per token.
+        self.encode_seconds = 0.0
+        self.submit_seconds = 0.0
+        self.submissions = 0
         self._pipelines: dict[tuple[str, str | None, int], Any] = {}
 
     @staticmethod
@@ -310,6 +316,7 @@ class Kernels:
     def run(self, dispatches: Sequence[Dispatch], copies: Sequence[tuple[Any, int, Any, int, int]] = ()) -> None:
         """Encode ``dispatches`` in one compute pass, then ``copies`` (src, src_off, dst, dst_off, n); submit once."""
         device = self.gpu.device
+        start = time.perf_counter()
         with gpu_errors("running the kernels"):
             encoder = device.create_command_encoder()
             compute = encoder.begin_compute_pass()
@@ -320,7 +327,12 @@ class Kernels:
             compute.end()
             for src, src_off, dst, dst_off, n in copies:
                 encoder.copy_buffer_to_buffer(src, src_off, dst, dst_off, n)
-            device.queue.submit([encoder.finish()])
+            commands = encoder.finish()
+            encoded = time.perf_counter()
+            device.queue.submit([commands])
+        self.encode_seconds += encoded - start
+        self.submit_seconds += time.perf_counter() - encoded
+        self.submissions += 1
 
 
 # Where each kernel's uniform binding sits among its bindings (after the buffers it reads and writes).

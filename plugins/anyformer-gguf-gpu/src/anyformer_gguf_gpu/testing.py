@@ -67,6 +67,8 @@ class RandomModel:
     quant: str = "Q8_0"
     rope_base: float = 10000.0
     scale: float = 0.02
+    #: Vocabulary size; the byte-level tokens and a few merges come first, then filler tokens.
+    n_vocab: int | None = None
 
 
 def _quant_tensor(values: np.ndarray, quant: str, rng: np.random.Generator) -> tuple[np.ndarray, Any]:
@@ -93,6 +95,8 @@ def write_random_gguf(path: str, spec: RandomModel, seed: int = 0) -> None:
     alphabet = byte_level_alphabet()
     merges = ["Ġ t", "h e", "Ġ a", "i n", "Ġt he", "e r", "o n", "Ġ s", "e s", "r e"]
     tokens = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", *alphabet, *(m.replace(" ", "") for m in merges)]
+    if spec.n_vocab is not None and spec.n_vocab > len(tokens):
+        tokens += [f"<filler{i}>" for i in range(spec.n_vocab - len(tokens))]
     types = [3, 3, 3] + [1] * (len(tokens) - 3)
     n_vocab = len(tokens)
     arch = spec.architecture
