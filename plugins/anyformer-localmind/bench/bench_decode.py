@@ -23,7 +23,6 @@ import os
 import tempfile
 import time
 
-import llama_cpp  # before numpy (see anyformer_llamacpp/engine.py)
 import numpy as np
 
 import anyformer
@@ -80,6 +79,8 @@ def bench_localmind(path: str, tokens: int, prompt_len: int, peak_gbps: float | 
 
 
 def bench_llama_cpp(path: str, tokens: int, prompt_len: int, on_gpu: bool) -> dict[str, float]:
+    import llama_cpp  # only when asked for: the GPU machine may have no llama-cpp-python
+
     threads = os.cpu_count() or 2
     llm = llama_cpp.Llama(
         model_path=path,
