@@ -59,6 +59,19 @@ def test_matvec_accumulates_and_honours_offsets(gpu, matrix_kernels, rng):
     _close(got[10:], start[10:] + weights @ x[cols : 2 * cols])
 
 
+def test_matvec_can_read_swiglu_of_gate_up_rows(gpu, matrix_kernels, rng):
+    """The down projection's input: silu(gate) * up computed from [gate | up] rows as the matrix reads them."""
+    kernels = matrix_kernels
+    rows, cols, tokens = 9, 64, 3
+    raw = random_blocks(Q4_0, rows * cols, rng)
+    weights = dequantize(raw, Q4_0.ggml_type).reshape(rows, cols)
+    gate_up = rng.standard_normal((tokens, 2 * cols)).astype(np.float32) * 3
+    y = gpu.buffer(tokens * rows * 4)
+    kernels.run([kernels.matvec(gpu.upload(raw), Q4_0, rows, cols, gpu.upload(gate_up), y, tokens=tokens, swiglu=True)])
+    g, u = gate_up[:, :cols].astype(np.float64), gate_up[:, cols:]
+    _close(gpu.read(y, np.float32, tokens * rows).reshape(tokens, rows), (g / (1 + np.exp(-g)) * u) @ weights.T)
+
+
 def test_matvec_more_rows_than_one_dispatch_dimension(gpu, rng):
     """Workgroups past 65535 spill into the second dispatch dimension (vocabularies are this large)."""
     kernels = Kernels(gpu, threads_per_row=64)  # one row per workgroup: 65543 workgroups

@@ -53,16 +53,24 @@ def _wgsl(name: str) -> str:
 
 
 def kernel_source(
-    kernel: str, quant: str | None = None, *, threads_per_row: int = 1, tokens_per_thread: int = 1
+    kernel: str,
+    quant: str | None = None,
+    *,
+    threads_per_row: int = 1,
+    tokens_per_thread: int = 1,
+    swiglu: bool = False,
 ) -> str:
     """The full WGSL of ``kernel`` (with the byte readers and ``quant``'s decoder for weight kernels).
 
-    ``threads_per_row`` and ``tokens_per_thread`` shape the matrix kernel (see matvec.wgsl).
+    ``threads_per_row``, ``tokens_per_thread`` and ``swiglu`` shape the matrix kernel (see matvec.wgsl).
     """
     workgroup = ARGMAX_WORKGROUP if kernel == "argmax" else WORKGROUP
     parts = [f"const WG: u32 = {workgroup}u;\n"]
     if kernel == "matvec":
-        parts.append(f"const TPR: u32 = {threads_per_row}u;\nconst TB: u32 = {tokens_per_thread}u;\n")
+        parts.append(
+            f"const TPR: u32 = {threads_per_row}u;\nconst TB: u32 = {tokens_per_thread}u;\n"
+            f"const SWIGLU: bool = {'true' if swiglu else 'false'};\n"
+        )
     if kernel in QUANT_KERNELS:
         if quant not in _QUANT_FILES:
             raise ValueError(f"no WGSL decoder for {quant}")
@@ -120,7 +128,7 @@ class Kernels:
         self.encode_seconds = 0.0
         self.submit_seconds = 0.0
         self.submissions = 0
-        self._pipelines: dict[tuple[str, str | None, int], Any] = {}
+        self._pipelines: dict[tuple[str, str | None, int, bool], Any] = {}
 
     @staticmethod
     def tokens_per_thread(tokens: int) -> int:
@@ -128,22 +136,30 @@ class Kernels:
         return 1 if tokens == 1 else PREFILL_TOKENS_PER_THREAD
 
     def compile(
-        self, wanted: Iterable[tuple[str, str | None, int]], progress: Callable[[int, int], None] | None = None
+        self, wanted: Iterable[tuple[str, str | None, int, bool]], progress: Callable[[int, int], None] | None = None
     ) -> None:
-        """Compile every (kernel, quant, tokens_per_thread) pipeline in ``wanted`` now, reporting (done, total)."""
+        """Compile every (kernel, quant, tokens_per_thread, swiglu) pipeline in ``wanted`` now, with progress."""
         todo = [key for key in dict.fromkeys(wanted) if key not in self._pipelines]
         for done, key in enumerate(todo, 1):
             self.pipeline(*key)
             if progress is not None:
                 progress(done, len(todo))
 
-    def pipeline(self, kernel: str, quant: str | None = None, tokens_per_thread: int = 1) -> Any:
+    def pipeline(self, kernel: str, quant: str | None = None, tokens_per_thread: int = 1, swiglu: bool = False) -> Any:
         """The compute pipeline of ``kernel`` (for ``quant`` where it decodes weights), compiled once."""
-        key = (kernel, quant if kernel in QUANT_KERNELS else None, tokens_per_thread if kernel == "matvec" else 1)
+        matrix = kernel == "matvec"
+        key = (
+            kernel,
+            quant if kernel in QUANT_KERNELS else None,
+            tokens_per_thread if matrix else 1,
+            swiglu and matrix,
+        )
         found = self._pipelines.get(key)
         if found is None:
             device = self.gpu.device
-            source = kernel_source(key[0], key[1], threads_per_row=self.threads_per_row, tokens_per_thread=key[2])
+            source = kernel_source(
+                key[0], key[1], threads_per_row=self.threads_per_row, tokens_per_thread=key[2], swiglu=key[3]
+            )
             with gpu_errors(f"compiling the {kernel} kernel"):
                 module = device.create_shader_module(code=source, label=f"{kernel}-{quant}")
                 found = device.create_compute_pipeline(
@@ -181,15 +197,20 @@ class Kernels:
         y_off: int = 0,
         y_stride: int | None = None,
         accumulate: bool = False,
+        swiglu: bool = False,
     ) -> Dispatch:
-        """y[t, :rows] (+)= W @ x[t, :cols] for ``tokens`` tokens; offsets and strides count floats."""
+        """y[t, :rows] (+)= W @ x[t, :cols] for ``tokens`` tokens; offsets and strides count floats.
+
+        With ``swiglu`` each input row is [gate | up] (2 × cols floats, the default stride) and the
+        vector multiplied is silu(gate) * up.
+        """
         params = _u32s(
             rows,
             cols,
             fmt.row_bytes(cols) if fmt.block_size > 1 else cols * fmt.type_size,
             math.ceil(cols / 8),
             x_off,
-            cols if x_stride is None else x_stride,
+            (2 * cols if swiglu else cols) if x_stride is None else x_stride,
             y_off,
             rows if y_stride is None else y_stride,
             int(accumulate),
@@ -199,7 +220,7 @@ class Kernels:
         rows_per_group = WORKGROUP // self.threads_per_row
         return self._dispatch(
             "matvec",
-            self.pipeline("matvec", fmt.name, tb),
+            self.pipeline("matvec", fmt.name, tb, swiglu),
             [weight, x, y],
             params,
             _groups_for_rows(math.ceil(rows / rows_per_group), math.ceil(tokens / tb)),

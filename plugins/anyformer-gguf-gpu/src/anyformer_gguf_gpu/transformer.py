@@ -41,20 +41,38 @@ def cos_sin_table(ctx: int, n_rot: int, base: float, factors: np.ndarray | None 
 
 
 class Weight:
-    """One tensor on the GPU as its raw blocks, with its format and shape (rows, cols)."""
+    """Tensors on the GPU as their raw blocks, rows stacked in one buffer: a format and a shape (rows, cols).
 
-    def __init__(self, gpu: GPU, gguf: GGUFFile, name: str) -> None:
-        info = gguf.tensor(name)
-        self.fmt: QuantFormat = format_of(info.ggml_type, name)
-        self.cols = info.dims[0]
-        self.rows = info.n_elements // self.cols
-        if info.nbytes > gpu.max_binding:
+    Several tensors of one type and width (q, k and v; gate and up) stacked are one matrix whose
+    product is their outputs side by side: one dispatch instead of three (or two). The stacking copies
+    raw blocks, never dequantises.
+    """
+
+    def __init__(self, gpu: GPU, gguf: GGUFFile, names: list[str]) -> None:
+        infos = [gguf.tensor(n) for n in names]
+        self.fmt: QuantFormat = format_of(infos[0].ggml_type, names[0])
+        self.cols = infos[0].dims[0]
+        self.rows = sum(info.n_elements // self.cols for info in infos)
+        self.nbytes = sum(info.nbytes for info in infos)
+        label = "+".join(names)
+        if self.nbytes > gpu.max_binding:
             raise AnyformerError(
                 ErrorCode.OUT_OF_MEMORY,
-                f"{name} is {info.nbytes} bytes, over the {gpu.max_binding} bytes one GPU binding may hold",
+                f"{label} is {self.nbytes} bytes, over the {gpu.max_binding} bytes one GPU binding may hold",
             )
-        self.buffer = gpu.upload(gguf.raw(name), label=name)
-        self.nbytes = info.nbytes
+        raw = gguf.raw(names[0]) if len(names) == 1 else np.concatenate([gguf.raw(n) for n in names])
+        self.buffer = gpu.upload(raw, label=label)
+
+    @staticmethod
+    def can_stack(gpu: GPU, gguf: GGUFFile, names: list[str]) -> bool:
+        """Whether these tensors share a type and a width and fit one binding together."""
+        infos = [gguf.tensor(n) for n in names]
+        same = all(i.ggml_type == infos[0].ggml_type and i.dims[0] == infos[0].dims[0] for i in infos)
+        return same and sum(i.nbytes for i in infos) <= gpu.max_binding
+
+
+#: Tensors stacked into one matrix per layer where they can be: (name of the stack, its members).
+STACKS = (("attn_qkv", ("attn_q", "attn_k", "attn_v")), ("ffn_gate_up", ("ffn_gate", "ffn_up")))
 
 
 def _vector(gpu: GPU, gguf: GGUFFile, name: str) -> Any:
@@ -84,22 +102,32 @@ class TransformerEngine:
         report = progress or (lambda what, done, total: None)
         names = [t.name for t in gguf.header.tensors]
 
-        # Weights: raw blocks, one buffer per tensor.
+        # Weights: raw blocks, one buffer per tensor or per stack of tensors.
+        groups: dict[str, list[str]] = {}
+        stacked: set[str] = set()
+        for i in range(c.n_layer):
+            for stack, members in STACKS:
+                parts = [f"blk.{i}.{m}.weight" for m in members]
+                if Weight.can_stack(gpu, gguf, parts):
+                    groups[f"blk.{i}.{stack}.weight"] = parts
+                    stacked.update(parts)
+        for name in names:
+            if len(gguf.tensor(name).dims) == 2 and name not in stacked:
+                groups[name] = [name]
         self.weights: dict[str, Weight] = {}
-        matrices = [n for n in names if gguf.tensor(n).dims[1:2] and len(gguf.tensor(n).dims) == 2]
-        for done, name in enumerate(matrices, 1):
-            self.weights[name] = Weight(gpu, gguf, name)
-            report("upload", done, len(matrices))
+        for done, (name, parts) in enumerate(groups.items(), 1):
+            self.weights[name] = Weight(gpu, gguf, parts)
+            report("upload", done, len(groups))
         self.norms = {n: _vector(gpu, gguf, n) for n in names if n.endswith("norm.weight")}
         self.head = self.weights["token_embd.weight" if c.tied_output else "output.weight"]
 
         # Pipelines, compiled now rather than on the first token.
-        wanted: list[tuple[str, str | None, int]] = [(k, None, 1) for k in PLAIN_KERNELS]
-        for weight in self.weights.values():
-            wanted.append(("matvec", weight.fmt.name, 1))
-            if self.max_batch > 1:
-                wanted.append(("matvec", weight.fmt.name, self.kernels.tokens_per_thread(self.max_batch)))
-        wanted.append(("embed", self.weights["token_embd.weight"].fmt.name, 1))
+        wanted: list[tuple[str, str | None, int, bool]] = [(k, None, 1, False) for k in PLAIN_KERNELS if k != "swiglu"]
+        variants = {1, self.kernels.tokens_per_thread(self.max_batch)}
+        for name, weight in self.weights.items():
+            for tb in variants:
+                wanted.append(("matvec", weight.fmt.name, tb, name.endswith("ffn_down.weight")))
+        wanted.append(("embed", self.weights["token_embd.weight"].fmt.name, 1, False))
         self.kernels.compile(wanted, lambda done, total: report("compile", done, total))
 
         # Activations, sized for max_batch tokens.
@@ -110,7 +138,6 @@ class TransformerEngine:
         self.qkv = buf(b * (c.q_dim + 2 * c.kv_dim) * 4, label="qkv")
         self.attn = buf(b * c.q_dim * 4, label="attention")
         self.gate_up = buf(b * 2 * c.n_ff * 4, label="gate-up")
-        self.act = buf(b * c.n_ff * 4, label="swiglu")
         self.logits = buf(b * c.n_vocab * 4, label="logits")
         self.scores = buf(b * c.n_head * self.ctx * 4, label="scores")
         self.ids = buf((self.ctx + 1) * 4, label="ids")
@@ -139,7 +166,7 @@ class TransformerEngine:
     def release(self) -> None:
         """Free the engine's GPU memory now (not when Python collects it); the engine is unusable after."""
         owned = [w.buffer for w in self.weights.values()] + list(self.norms.values()) + self.k_cache + self.v_cache
-        owned += [self.h, self.xn, self.qkv, self.attn, self.gate_up, self.act, self.logits, self.scores]
+        owned += [self.h, self.xn, self.qkv, self.attn, self.gate_up, self.logits, self.scores]
         owned += [self.ids, self.state, self.cos_sin, self._dummy_norm, *self._qk_norm]
         self._programs.clear()
         self.weights.clear()
@@ -183,9 +210,12 @@ class TransformerEngine:
         for i in range(c.n_layer):
             p = f"blk.{i}."
             out.append(k.rmsnorm(self.h, self.norms[p + "attn_norm.weight"], self.xn, c.n_embd, c.eps, tokens=n))
-            out.append(mv(p + "attn_q.weight", self.xn, self.qkv, y_off=0, y_stride=qkv_stride))
-            out.append(mv(p + "attn_k.weight", self.xn, self.qkv, y_off=c.q_dim, y_stride=qkv_stride))
-            out.append(mv(p + "attn_v.weight", self.xn, self.qkv, y_off=c.q_dim + c.kv_dim, y_stride=qkv_stride))
+            if p + "attn_qkv.weight" in w:
+                out.append(mv(p + "attn_qkv.weight", self.xn, self.qkv))  # rows q, k, v: the packed layout
+            else:
+                out.append(mv(p + "attn_q.weight", self.xn, self.qkv, y_off=0, y_stride=qkv_stride))
+                out.append(mv(p + "attn_k.weight", self.xn, self.qkv, y_off=c.q_dim, y_stride=qkv_stride))
+                out.append(mv(p + "attn_v.weight", self.xn, self.qkv, y_off=c.q_dim + c.kv_dim, y_stride=qkv_stride))
             out.append(
                 k.rope_store(
                     self.qkv,
@@ -222,10 +252,13 @@ class TransformerEngine:
             )
             out.append(mv(p + "attn_output.weight", self.attn, self.h, accumulate=True))
             out.append(k.rmsnorm(self.h, self.norms[p + "ffn_norm.weight"], self.xn, c.n_embd, c.eps, tokens=n))
-            out.append(mv(p + "ffn_gate.weight", self.xn, self.gate_up, y_off=0, y_stride=2 * c.n_ff))
-            out.append(mv(p + "ffn_up.weight", self.xn, self.gate_up, y_off=c.n_ff, y_stride=2 * c.n_ff))
-            out.append(k.swiglu(self.gate_up, self.act, c.n_ff, tokens=n))
-            out.append(mv(p + "ffn_down.weight", self.act, self.h, accumulate=True))
+            if p + "ffn_gate_up.weight" in w:
+                out.append(mv(p + "ffn_gate_up.weight", self.xn, self.gate_up))  # rows gate, up
+            else:
+                out.append(mv(p + "ffn_gate.weight", self.xn, self.gate_up, y_off=0, y_stride=2 * c.n_ff))
+                out.append(mv(p + "ffn_up.weight", self.xn, self.gate_up, y_off=c.n_ff, y_stride=2 * c.n_ff))
+            # The down projection reads silu(gate) * up straight from the [gate | up] rows.
+            out.append(mv(p + "ffn_down.weight", self.gate_up, self.h, accumulate=True, swiglu=True))
         if head:
             # Decoding needs only the last token's logits; all_logits (for checks) keeps every token's.
             first = 0 if all_logits else n - 1

@@ -4,7 +4,8 @@
 // memory; TPR = 1 needs no barrier, which suits CPU adapters), so a workgroup covers WG / TPR rows.
 // Each thread applies every decoded unit to TB tokens: the weights are read once per TB tokens
 // (TB = 1 for decoding, more for prefill, where this is the tiled matrix-matrix product).
-// Workgroups past 65535 spill into wid.y; wid.z picks the group of TB tokens.
+// Workgroups past 65535 spill into wid.y; wid.z picks the group of TB tokens. SWIGLU (a constant)
+// makes the input silu(gate) * up of a [gate | up] row (see x_at).
 
 const RPW: u32 = WG / TPR;
 
@@ -30,14 +31,20 @@ struct Params {
 
 var<workgroup> partial: array<f32, WG * TB>;
 
+fn x_at(i: u32, n: u32) -> f32 {
+    // One input, zero at or past n (float rows need not be a multiple of 8 long). With SWIGLU the
+    // input row is [gate | up] and the value is silu(gate) * up: the down projection reads the
+    // feed-forward's activation without a separate SwiGLU dispatch.
+    let j = min(i, n - 1u);
+    var v = X[j];
+    if (SWIGLU) {
+        v = v / (1.0 + exp(-v)) * X[j + P.cols];
+    }
+    return select(0.0, v, i < n);
+}
+
 fn x_vec(i: u32, n: u32) -> vec4<f32> {
-    // Four inputs from index i, zero past n (float rows need not be a multiple of 8 long).
-    return vec4<f32>(
-        select(0.0, X[min(i, n - 1u)], i < n),
-        select(0.0, X[min(i + 1u, n - 1u)], i + 1u < n),
-        select(0.0, X[min(i + 2u, n - 1u)], i + 2u < n),
-        select(0.0, X[min(i + 3u, n - 1u)], i + 3u < n),
-    );
+    return vec4<f32>(x_at(i, n), x_at(i + 1u, n), x_at(i + 2u, n), x_at(i + 3u, n));
 }
 
 @compute @workgroup_size(WG)
