@@ -72,6 +72,26 @@ def test_matvec_can_read_swiglu_of_gate_up_rows(gpu, matrix_kernels, rng):
     _close(gpu.read(y, np.float32, tokens * rows).reshape(tokens, rows), (g / (1 + np.exp(-g)) * u) @ weights.T)
 
 
+@pytest.mark.parametrize("fmt", [Q4_0, F32], ids=lambda f: f.name)
+def test_matvec_can_normalise_its_input(gpu, matrix_kernels, rng, fmt):
+    """RMSNorm fused into the projection: W @ (x / rms(x) * norm), per token, offsets honoured."""
+    kernels = matrix_kernels
+    rows, tokens, eps = 13, 10, 1e-5
+    cols = 64 if fmt is Q4_0 else 77
+    raw = random_blocks(fmt, rows * cols, rng)
+    weights = dequantize(raw, fmt.ggml_type).reshape(rows, cols)
+    x = rng.standard_normal((tokens + 1, cols)).astype(np.float32) * 5
+    norm = rng.standard_normal(cols).astype(np.float32)
+    y = gpu.buffer(tokens * rows * 4)
+    dispatch = kernels.matvec(
+        gpu.upload(raw), fmt, rows, cols, gpu.upload(x), y, tokens=tokens, x_off=cols, norm=gpu.upload(norm), eps=eps
+    )
+    kernels.run([dispatch])
+    xs = x[1:].astype(np.float64)
+    normed = xs / np.sqrt((xs**2).mean(axis=1, keepdims=True) + eps) * norm
+    _close(gpu.read(y, np.float32, tokens * rows).reshape(tokens, rows), normed @ weights.T)
+
+
 def test_matvec_more_rows_than_one_dispatch_dimension(gpu, rng):
     """Workgroups past 65535 spill into the second dispatch dimension (vocabularies are this large)."""
     kernels = Kernels(gpu, threads_per_row=64)  # one row per workgroup: 65543 workgroups

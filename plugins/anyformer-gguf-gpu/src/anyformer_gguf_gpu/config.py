@@ -208,7 +208,7 @@ def footprint(summary: dict[str, Any], context: int, max_batch: int) -> Footprin
     vocab = _fact(summary, "vocab_size") or 0
     ff = _fact(summary, "feed_forward_length") or 4 * embd
     q_dim, kv_dim = heads * head_dim, kv_heads * head_dim
-    activations = 4 * max_batch * (2 * embd + q_dim + 2 * kv_dim + q_dim + 2 * ff + heads * context + vocab)
+    activations = 4 * max_batch * (embd + q_dim + 2 * kv_dim + q_dim + 2 * ff + heads * context + vocab)
     tables = 4 * (context * (head_dim + 1) + 1)
     return Footprint(
         context=context,

@@ -59,10 +59,11 @@ def kernel_source(
     threads_per_row: int = 1,
     tokens_per_thread: int = 1,
     swiglu: bool = False,
+    norm: bool = False,
 ) -> str:
     """The full WGSL of ``kernel`` (with the byte readers and ``quant``'s decoder for weight kernels).
 
-    ``threads_per_row``, ``tokens_per_thread`` and ``swiglu`` shape the matrix kernel (see matvec.wgsl).
+    ``threads_per_row``, ``tokens_per_thread``, ``swiglu`` and ``norm`` shape the matrix kernel (matvec.wgsl).
     """
     workgroup = ARGMAX_WORKGROUP if kernel == "argmax" else WORKGROUP
     parts = [f"const WG: u32 = {workgroup}u;\n"]
@@ -70,7 +71,9 @@ def kernel_source(
         parts.append(
             f"const TPR: u32 = {threads_per_row}u;\nconst TB: u32 = {tokens_per_thread}u;\n"
             f"const SWIGLU: bool = {'true' if swiglu else 'false'};\n"
+            f"const NORM: bool = {'true' if norm else 'false'};\n"
         )
+        parts.append(_NORM_SCALE if norm else "fn norm_scale(e: u32, t: u32) -> f32 {\n    return 1.0;\n}\n")
     if kernel in QUANT_KERNELS:
         if quant not in _QUANT_FILES:
             raise ValueError(f"no WGSL decoder for {quant}")
@@ -128,7 +131,7 @@ class Kernels:
         self.encode_seconds = 0.0
         self.submit_seconds = 0.0
         self.submissions = 0
-        self._pipelines: dict[tuple[str, str | None, int, bool], Any] = {}
+        self._pipelines: dict[tuple[str, str | None, int, bool, bool], Any] = {}
 
     @staticmethod
     def tokens_per_thread(tokens: int) -> int:
@@ -136,16 +139,25 @@ class Kernels:
         return 1 if tokens == 1 else PREFILL_TOKENS_PER_THREAD
 
     def compile(
-        self, wanted: Iterable[tuple[str, str | None, int, bool]], progress: Callable[[int, int], None] | None = None
+        self,
+        wanted: Iterable[tuple[str, str | None, int, bool, bool]],
+        progress: Callable[[int, int], None] | None = None,
     ) -> None:
-        """Compile every (kernel, quant, tokens_per_thread, swiglu) pipeline in ``wanted`` now, with progress."""
+        """Compile every (kernel, quant, tokens_per_thread, swiglu, norm) pipeline in ``wanted`` now."""
         todo = [key for key in dict.fromkeys(wanted) if key not in self._pipelines]
         for done, key in enumerate(todo, 1):
             self.pipeline(*key)
             if progress is not None:
                 progress(done, len(todo))
 
-    def pipeline(self, kernel: str, quant: str | None = None, tokens_per_thread: int = 1, swiglu: bool = False) -> Any:
+    def pipeline(
+        self,
+        kernel: str,
+        quant: str | None = None,
+        tokens_per_thread: int = 1,
+        swiglu: bool = False,
+        norm: bool = False,
+    ) -> Any:
         """The compute pipeline of ``kernel`` (for ``quant`` where it decodes weights), compiled once."""
         matrix = kernel == "matvec"
         key = (
@@ -153,12 +165,18 @@ class Kernels:
             quant if kernel in QUANT_KERNELS else None,
             tokens_per_thread if matrix else 1,
             swiglu and matrix,
+            norm and matrix,
         )
         found = self._pipelines.get(key)
         if found is None:
             device = self.gpu.device
             source = kernel_source(
-                key[0], key[1], threads_per_row=self.threads_per_row, tokens_per_thread=key[2], swiglu=key[3]
+                key[0],
+                key[1],
+                threads_per_row=self.threads_per_row,
+                tokens_per_thread=key[2],
+                swiglu=key[3],
+                norm=key[4],
             )
             with gpu_errors(f"compiling the {kernel} kernel"):
                 module = device.create_shader_module(code=source, label=f"{kernel}-{quant}")
@@ -198,11 +216,14 @@ class Kernels:
         y_stride: int | None = None,
         accumulate: bool = False,
         swiglu: bool = False,
+        norm: Any = None,
+        eps: float = 1e-5,
     ) -> Dispatch:
         """y[t, :rows] (+)= W @ x[t, :cols] for ``tokens`` tokens; offsets and strides count floats.
 
         With ``swiglu`` each input row is [gate | up] (2 × cols floats, the default stride) and the
-        vector multiplied is silu(gate) * up.
+        vector multiplied is silu(gate) * up. With ``norm`` (a buffer of cols f32 weights) it is
+        RMSNorm(x) * norm, computed in the same dispatch.
         """
         params = _u32s(
             rows,
@@ -215,13 +236,14 @@ class Kernels:
             rows if y_stride is None else y_stride,
             int(accumulate),
             tokens,
+            float(eps),
         )
         tb = self.tokens_per_thread(tokens)
         rows_per_group = WORKGROUP // self.threads_per_row
         return self._dispatch(
             "matvec",
-            self.pipeline("matvec", fmt.name, tb, swiglu),
-            [weight, x, y],
+            self.pipeline("matvec", fmt.name, tb, swiglu, norm is not None),
+            [weight, x, y] if norm is None else [weight, x, y, norm],
             params,
             _groups_for_rows(math.ceil(rows / rows_per_group), math.ceil(tokens / tb)),
         )
@@ -355,6 +377,14 @@ class Kernels:
         self.submit_seconds += time.perf_counter() - encoded
         self.submissions += 1
 
+
+# The matrix kernel's NORM variant: the norm weights' binding (after the uniform) and the scale.
+_NORM_SCALE = """@group(0) @binding(4) var<storage, read> NormW: array<f32>;
+
+fn norm_scale(e: u32, t: u32) -> f32 {
+    return inv_rms[t] * NormW[min(e, P.cols - 1u)];
+}
+"""
 
 # Where each kernel's uniform binding sits among its bindings (after the buffers it reads and writes).
 _UNIFORM_SLOT = {"matvec": 3, "embed": 3, "rmsnorm": 3, "rope_store": 5, "attention": 5, "swiglu": 2, "argmax": 2}

@@ -121,20 +121,10 @@ class TransformerEngine:
         self.norms = {n: _vector(gpu, gguf, n) for n in names if n.endswith("norm.weight")}
         self.head = self.weights["token_embd.weight" if c.tied_output else "output.weight"]
 
-        # Pipelines, compiled now rather than on the first token.
-        wanted: list[tuple[str, str | None, int, bool]] = [(k, None, 1, False) for k in PLAIN_KERNELS if k != "swiglu"]
-        variants = {1, self.kernels.tokens_per_thread(self.max_batch)}
-        for name, weight in self.weights.items():
-            for tb in variants:
-                wanted.append(("matvec", weight.fmt.name, tb, name.endswith("ffn_down.weight")))
-        wanted.append(("embed", self.weights["token_embd.weight"].fmt.name, 1, False))
-        self.kernels.compile(wanted, lambda done, total: report("compile", done, total))
-
         # Activations, sized for max_batch tokens.
         b = self.max_batch
         buf = gpu.buffer
         self.h = buf(b * c.n_embd * 4, label="residual")
-        self.xn = buf(b * c.n_embd * 4, label="normed")
         self.qkv = buf(b * (c.q_dim + 2 * c.kv_dim) * 4, label="qkv")
         self.attn = buf(b * c.q_dim * 4, label="attention")
         self.gate_up = buf(b * 2 * c.n_ff * 4, label="gate-up")
@@ -153,6 +143,11 @@ class TransformerEngine:
         self._qk_norm = [self._qk_norm_buffer(gguf, i) for i in range(c.n_layer)] if c.qk_norm else []
         self._programs: dict[tuple[int, bool, bool, bool], list[Dispatch]] = {}
         self.gpu_bytes = self._held_bytes(gguf.header)
+        # Pipelines compiled (and bind groups built) now rather than on the first token: the steps of
+        # one token and of max_batch tokens use every pipeline variant any step needs.
+        self.kernels.compile(self._pipelines_needed(), lambda done, total: report("compile", done, total))
+        self.program(1, head=True)
+        self.program(self.max_batch, head=True)
 
     def _qk_norm_buffer(self, gguf: GGUFFile, layer: int) -> Any:
         q = dequantize(
@@ -163,10 +158,23 @@ class TransformerEngine:
         )
         return self.gpu.upload(np.concatenate([q, k]).astype(np.float32), label=f"qk-norm{layer}")
 
+    def _pipelines_needed(self) -> list[tuple[str, str | None, int, bool, bool]]:
+        """Every (kernel, quant, tokens_per_thread, swiglu, norm) pipeline the steps encode."""
+        wanted: list[tuple[str, str | None, int, bool, bool]] = [
+            (k, None, 1, False, False) for k in PLAIN_KERNELS if k not in ("swiglu", "rmsnorm")
+        ]
+        for tb in {1, self.kernels.tokens_per_thread(self.max_batch)}:
+            for name, weight in self.weights.items():
+                down = name.endswith("ffn_down.weight")
+                normed = not down and not name.endswith("attn_output.weight")  # projections of the residual
+                wanted.append(("matvec", weight.fmt.name, tb, down, normed))
+        wanted.append(("embed", self.weights["token_embd.weight"].fmt.name, 1, False, False))
+        return wanted
+
     def release(self) -> None:
         """Free the engine's GPU memory now (not when Python collects it); the engine is unusable after."""
         owned = [w.buffer for w in self.weights.values()] + list(self.norms.values()) + self.k_cache + self.v_cache
-        owned += [self.h, self.xn, self.qkv, self.attn, self.gate_up, self.logits, self.scores]
+        owned += [self.h, self.qkv, self.attn, self.gate_up, self.logits, self.scores]
         owned += [self.ids, self.state, self.cos_sin, self._dummy_norm, *self._qk_norm]
         self._programs.clear()
         self.weights.clear()
@@ -209,13 +217,13 @@ class TransformerEngine:
 
         for i in range(c.n_layer):
             p = f"blk.{i}."
-            out.append(k.rmsnorm(self.h, self.norms[p + "attn_norm.weight"], self.xn, c.n_embd, c.eps, tokens=n))
+            # The projections normalise the residual themselves (RMSNorm fused into the matrix kernel).
+            attn_norm = {"norm": self.norms[p + "attn_norm.weight"], "eps": c.eps}
             if p + "attn_qkv.weight" in w:
-                out.append(mv(p + "attn_qkv.weight", self.xn, self.qkv))  # rows q, k, v: the packed layout
+                out.append(mv(p + "attn_qkv.weight", self.h, self.qkv, **attn_norm))  # rows q, k, v: the packed layout
             else:
-                out.append(mv(p + "attn_q.weight", self.xn, self.qkv, y_off=0, y_stride=qkv_stride))
-                out.append(mv(p + "attn_k.weight", self.xn, self.qkv, y_off=c.q_dim, y_stride=qkv_stride))
-                out.append(mv(p + "attn_v.weight", self.xn, self.qkv, y_off=c.q_dim + c.kv_dim, y_stride=qkv_stride))
+                for name, off in (("attn_q", 0), ("attn_k", c.q_dim), ("attn_v", c.q_dim + c.kv_dim)):
+                    out.append(mv(p + name + ".weight", self.h, self.qkv, y_off=off, y_stride=qkv_stride, **attn_norm))
             out.append(
                 k.rope_store(
                     self.qkv,
@@ -251,21 +259,35 @@ class TransformerEngine:
                 )
             )
             out.append(mv(p + "attn_output.weight", self.attn, self.h, accumulate=True))
-            out.append(k.rmsnorm(self.h, self.norms[p + "ffn_norm.weight"], self.xn, c.n_embd, c.eps, tokens=n))
+            ffn_norm = {"norm": self.norms[p + "ffn_norm.weight"], "eps": c.eps}
             if p + "ffn_gate_up.weight" in w:
-                out.append(mv(p + "ffn_gate_up.weight", self.xn, self.gate_up))  # rows gate, up
+                out.append(mv(p + "ffn_gate_up.weight", self.h, self.gate_up, **ffn_norm))  # rows gate, up
             else:
-                out.append(mv(p + "ffn_gate.weight", self.xn, self.gate_up, y_off=0, y_stride=2 * c.n_ff))
-                out.append(mv(p + "ffn_up.weight", self.xn, self.gate_up, y_off=c.n_ff, y_stride=2 * c.n_ff))
+                for name, off in (("ffn_gate", 0), ("ffn_up", c.n_ff)):
+                    out.append(
+                        mv(p + name + ".weight", self.h, self.gate_up, y_off=off, y_stride=2 * c.n_ff, **ffn_norm)
+                    )
             # The down projection reads silu(gate) * up straight from the [gate | up] rows.
             out.append(mv(p + "ffn_down.weight", self.gate_up, self.h, accumulate=True, swiglu=True))
         if head:
             # Decoding needs only the last token's logits; all_logits (for checks) keeps every token's.
             first = 0 if all_logits else n - 1
             norm = self.norms["output_norm.weight"]
-            out.append(k.rmsnorm(self.h, norm, self.xn, c.n_embd, c.eps, tokens=n - first, x_off=first * c.n_embd))
             hw = self.head
-            out.append(k.matvec(hw.buffer, hw.fmt, hw.rows, hw.cols, self.xn, self.logits, tokens=n - first))
+            out.append(
+                k.matvec(
+                    hw.buffer,
+                    hw.fmt,
+                    hw.rows,
+                    hw.cols,
+                    self.h,
+                    self.logits,
+                    tokens=n - first,
+                    x_off=first * c.n_embd,
+                    norm=norm,
+                    eps=c.eps,
+                )
+            )
         if sample:
             # The last token's logits are the last row of what the head wrote.
             out.append(

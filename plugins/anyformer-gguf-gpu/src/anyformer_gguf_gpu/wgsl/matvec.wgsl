@@ -5,7 +5,9 @@
 // Each thread applies every decoded unit to TB tokens: the weights are read once per TB tokens
 // (TB = 1 for decoding, more for prefill, where this is the tiled matrix-matrix product).
 // Workgroups past 65535 spill into wid.y; wid.z picks the group of TB tokens. SWIGLU (a constant)
-// makes the input silu(gate) * up of a [gate | up] row (see x_at).
+// makes the input silu(gate) * up of a [gate | up] row (see x_at); NORM makes it RMSNorm(x) * NormW,
+// each workgroup computing the norm of its tokens first (norm_scale, defined by the host: the
+// NormW binding exists only in that variant), so no separate normalisation dispatch is needed.
 
 const RPW: u32 = WG / TPR;
 
@@ -20,7 +22,7 @@ struct Params {
     y_stride: u32,
     accumulate: u32,
     tokens: u32,
-    pad0: u32,
+    eps: f32,
     pad1: u32,
 }
 
@@ -30,21 +32,22 @@ struct Params {
 @group(0) @binding(3) var<uniform> P: Params;
 
 var<workgroup> partial: array<f32, WG * TB>;
+var<workgroup> inv_rms: array<f32, TB>;
 
-fn x_at(i: u32, n: u32) -> f32 {
-    // One input, zero at or past n (float rows need not be a multiple of 8 long). With SWIGLU the
-    // input row is [gate | up] and the value is silu(gate) * up: the down projection reads the
-    // feed-forward's activation without a separate SwiGLU dispatch.
-    let j = min(i, n - 1u);
-    var v = X[j];
+fn x_at(xo: u32, e: u32, t: u32) -> f32 {
+    // Input e of the token whose row starts at xo; zero at or past cols (float rows need not be a
+    // multiple of 8 long). With SWIGLU the row is [gate | up] and the value silu(gate) * up: the
+    // down projection reads the feed-forward's activation without a separate SwiGLU dispatch.
+    let i = xo + min(e, P.cols - 1u);
+    var v = X[i];
     if (SWIGLU) {
-        v = v / (1.0 + exp(-v)) * X[j + P.cols];
+        v = v / (1.0 + exp(-v)) * X[i + P.cols];
     }
-    return select(0.0, v, i < n);
+    return select(0.0, v * norm_scale(e, t), e < P.cols);
 }
 
-fn x_vec(i: u32, n: u32) -> vec4<f32> {
-    return vec4<f32>(x_at(i, n), x_at(i + 1u, n), x_at(i + 2u, n), x_at(i + 3u, n));
+fn x_vec(xo: u32, e: u32, t: u32) -> vec4<f32> {
+    return vec4<f32>(x_at(xo, e, t), x_at(xo, e + 1u, t), x_at(xo, e + 2u, t), x_at(xo, e + 3u, t));
 }
 
 @compute @workgroup_size(WG)
@@ -56,6 +59,34 @@ fn main(
     let row = (wid.x + wid.y * nwg.x) * RPW + lid / TPR;
     let lane = lid % TPR;
     let t0 = wid.z * TB;
+    if (NORM) {
+        // 1 / RMS of each of this workgroup's tokens, every thread of the workgroup summing a stripe.
+        for (var t = 0u; t < TB; t++) {
+            var sq = 0.0;
+            if (t0 + t < P.tokens) {
+                let xo = P.x_off + (t0 + t) * P.x_stride;
+                for (var e = lid; e < P.cols; e += WG) {
+                    sq += X[xo + e] * X[xo + e];
+                }
+            }
+            partial[lid * TB + t] = sq;
+        }
+        workgroupBarrier();
+        for (var s = WG / 2u; s > 0u; s >>= 1u) {
+            if (lid < s) {
+                for (var t = 0u; t < TB; t++) {
+                    partial[lid * TB + t] += partial[(lid + s) * TB + t];
+                }
+            }
+            workgroupBarrier();
+        }
+        if (lid == 0u) {
+            for (var t = 0u; t < TB; t++) {
+                inv_rms[t] = inverseSqrt(partial[t] / f32(P.cols) + P.eps);
+            }
+        }
+        workgroupBarrier();
+    }
     var acc: array<f32, TB>;
     if (row < P.rows) {
         let rb = row * P.row_bytes;
@@ -65,8 +96,7 @@ fn main(
             for (var t = 0u; t < TB; t++) {
                 if (t0 + t < P.tokens) {
                     let xo = P.x_off + (t0 + t) * P.x_stride;
-                    let end = xo + P.cols;
-                    acc[t] += dot(w[0], x_vec(xo + e0, end)) + dot(w[1], x_vec(xo + e0 + 4u, end));
+                    acc[t] += dot(w[0], x_vec(xo, e0, t)) + dot(w[1], x_vec(xo, e0 + 4u, t));
                 }
             }
         }
