@@ -254,3 +254,39 @@ def test_wgpu_failures_become_anyformer_errors(gpu):
     with pytest.raises(AnyformerError) as info, gpu_errors("compiling a broken kernel"):
         gpu.device.create_shader_module(code="fn main( {")
     assert info.value.code is ErrorCode.BACKEND_CRASHED and "compiling a broken kernel" in str(info.value)
+
+
+def _host_sample(logits, temperature, top_k, top_p, seed, step):
+    """The sample kernel's rule on the host: top-k by (value, lower index), softmax, top-p cut, the seeded draw."""
+    from anyformer_gguf_gpu.kernels import uniform01
+
+    order = np.lexsort((np.arange(len(logits)), -logits))[:top_k]
+    mass = np.exp((logits[order] - logits[order[0]]) / np.float32(temperature)).astype(np.float32)
+    kept = min(int(np.searchsorted(np.cumsum(mass / mass.sum()), top_p)) + 1, len(order))
+    run = np.cumsum(mass[:kept])
+    goal = uniform01(seed, step) * run[-1]
+    return int(order[min(int(np.searchsorted(run, goal, side="right")), kept - 1)])
+
+
+@pytest.mark.parametrize("trial", range(6))
+def test_sample_draws_the_seeded_top_k_top_p_pick(gpu, kernels, rng, trial):
+    from anyformer_gguf_gpu.kernels import sampling_block
+
+    n = int(rng.integers(50, 3000)) + trial
+    logits = (rng.standard_normal(n) * 2).astype(np.float32)
+    temperature, top_k, top_p = float(rng.uniform(0.5, 1.5)), int(rng.integers(1, 64)), float(rng.uniform(0.5, 1))
+    seed = int(rng.integers(0, 2**32))
+    ids = gpu.upload(np.zeros(16, dtype=np.uint32))
+    block = gpu.upload(sampling_block(temperature, top_k, top_p, seed))
+    kernels.run([kernels.sample(gpu.upload(logits), ids, _state(gpu, 5, 3), block, n)])
+    assert gpu.read(ids, np.uint32, 16)[8] == _host_sample(logits, temperature, top_k, top_p, seed, 8)
+
+
+def test_sample_with_top_k_one_is_the_argmax(gpu, kernels, rng):
+    from anyformer_gguf_gpu.kernels import sampling_block
+
+    logits = rng.standard_normal(777).astype(np.float32)
+    ids = gpu.upload(np.zeros(4, dtype=np.uint32))
+    block = gpu.upload(sampling_block(2.0, 1, 1.0, 99))
+    kernels.run([kernels.sample(gpu.upload(logits), ids, _state(gpu, 0, 1), block, 777)])
+    assert gpu.read(ids, np.uint32, 4)[1] == int(np.argmax(logits))

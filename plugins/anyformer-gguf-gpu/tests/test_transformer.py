@@ -112,6 +112,17 @@ def test_greedy_matches_llama_cpp(engine, model_path):
         print(f"near-tie (step, ours, llama.cpp's, exact gap): {near_ties}")
 
 
+def test_sampling_on_the_gpu_is_seeded_and_top_k_one_is_greedy(engine):
+    from anyformer_gguf_gpu.decode import sampled
+
+    greedy_ids = list(greedy(engine, PROMPT, 12))
+    assert list(sampled(engine, PROMPT, 12, temperature=0.8, seed=3, top_k=1)) == greedy_ids
+    first = list(sampled(engine, PROMPT, 12, temperature=1.5, seed=3, top_k=64, top_p=1.0))
+    assert list(sampled(engine, PROMPT, 12, temperature=1.5, seed=3, top_k=64, top_p=1.0)) == first
+    assert list(sampled(engine, PROMPT, 12, temperature=1.5, seed=4, top_k=64, top_p=1.0)) != first
+    assert list(greedy(engine, PROMPT, 12)) == greedy_ids  # greedy again after sampling
+
+
 def test_different_shapes_give_a_shape_error_not_garbage(tmp_path, gpu):
     """A header whose dims disagree with its tensors is BAD_MODEL at load."""
     from anyformer.plugin import AnyformerError, ErrorCode

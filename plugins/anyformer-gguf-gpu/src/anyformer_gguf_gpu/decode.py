@@ -7,13 +7,14 @@ step ``p``, so the GPU always has the next token queued while Python reads one t
 encodes the one after). A stop token is therefore seen one step after it was made; the extra step
 only writes past the reply in the KV cache, which the next call overwrites.
 
-Sampling at a temperature above 0 reads the logits back each step and draws on the host from a
-generator seeded with the caller's seed (top-k / top-p from ``extra``); it waits for the GPU per token.
+Sampling at a temperature above 0 runs the same loop with the GPU sampler (top-k / top-p, a
+uniform draw hashed from the seed and the position) in place of the argmax.
 """
 
 from __future__ import annotations
 
 import collections
+import secrets
 import threading
 from collections.abc import Generator
 from typing import Any
@@ -58,6 +59,30 @@ def greedy(
     engine: TransformerEngine, prompt: list[int], max_new: int, *, cancel: threading.Event | None = None
 ) -> Generator[int, None, None]:
     """Yield up to ``max_new`` greedy ids after ``prompt``; the caller stops early by closing the iterator."""
+    engine.set_sampling(0.0)
+    return _decode(engine, prompt, max_new, cancel)
+
+
+def sampled(
+    engine: TransformerEngine,
+    prompt: list[int],
+    max_new: int,
+    *,
+    temperature: float,
+    seed: int | None,
+    top_k: int = 40,
+    top_p: float = 0.95,
+    cancel: threading.Event | None = None,
+) -> Generator[int, None, None]:
+    """Yield up to ``max_new`` ids drawn on the GPU at ``temperature`` (top-k capped at 64, top-p), seeded."""
+    engine.set_sampling(temperature, top_k=top_k, top_p=top_p, seed=secrets.randbits(32) if seed is None else seed)
+    return _decode(engine, prompt, max_new, cancel)
+
+
+def _decode(
+    engine: TransformerEngine, prompt: list[int], max_new: int, cancel: threading.Event | None
+) -> Generator[int, None, None]:
+    """The loop both samplers share: prefill, then one submission per token, ids read back LAG steps late."""
     n = len(prompt)
     max_new = min(max_new, engine.ctx - n)
     if max_new <= 0:
@@ -83,57 +108,3 @@ def greedy(
         yield token
         if cancel is not None and cancel.is_set():
             return
-
-
-def sample_from_logits(
-    logits: np.ndarray, rng: np.random.Generator, temperature: float, top_k: int = 0, top_p: float = 1.0
-) -> int:
-    """One id drawn from softmax(logits / temperature), restricted to the top-k and the top-p mass."""
-    order = np.argsort(-logits, kind="stable")
-    if top_k > 0:
-        order = order[:top_k]
-    scaled = logits[order].astype(np.float64) / temperature
-    probs = np.exp(scaled - scaled.max())
-    probs /= probs.sum()
-    if top_p < 1.0:
-        keep = int(np.searchsorted(np.cumsum(probs), top_p) + 1)
-        order, probs = order[:keep], probs[:keep] / probs[:keep].sum()
-    return int(order[rng.choice(len(order), p=probs)])
-
-
-def sampled(
-    engine: TransformerEngine,
-    prompt: list[int],
-    max_new: int,
-    *,
-    temperature: float,
-    seed: int | None,
-    top_k: int = 0,
-    top_p: float = 1.0,
-) -> Generator[int, None, None]:
-    """Yield up to ``max_new`` ids drawn at ``temperature`` (host-side sampling from read-back logits)."""
-    n = len(prompt)
-    max_new = min(max_new, engine.ctx - n)
-    if max_new <= 0:
-        return
-    rng = np.random.default_rng(seed)
-    vocab = engine.config.n_vocab
-    staging = _Staging(engine, 1, 4 * vocab)
-    buf = staging.take()
-    engine.set_ids(prompt)
-    done = 0
-    while done < n:  # the prompt, without sampling on the GPU
-        size = min(engine.max_batch, n - done)
-        last = done + size == n
-        copies = [(engine.logits, 0, buf, 0, 4 * vocab)] if last else None
-        engine.submit_step(done, size, head=last, sample=False, copies=copies)
-        done += size
-    pos = n
-    for produced in range(max_new):
-        token = sample_from_logits(staging.read(buf, np.float32), rng, temperature, top_k, top_p)
-        yield token
-        if produced + 1 == max_new or pos + 1 > engine.ctx - 1:
-            return
-        engine.set_ids([token], pos)
-        engine.submit_step(pos, 1, head=True, sample=False, copies=[(engine.logits, 0, buf, 0, 4 * vocab)])
-        pos += 1

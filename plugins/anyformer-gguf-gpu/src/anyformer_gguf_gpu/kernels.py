@@ -45,7 +45,7 @@ _QUANT_FILES = {
 #: The kernels that decode weights, compiled once per quant type an engine uses.
 QUANT_KERNELS = ("matvec", "embed")
 #: The kernels that do not depend on a weight format.
-PLAIN_KERNELS = ("rmsnorm", "rope_store", "attention", "swiglu", "argmax")
+PLAIN_KERNELS = ("rmsnorm", "rope_store", "attention", "swiglu", "argmax", "sample")
 
 
 def _wgsl(name: str) -> str:
@@ -65,7 +65,7 @@ def kernel_source(
 
     ``threads_per_row``, ``tokens_per_thread``, ``swiglu`` and ``norm`` shape the matrix kernel (matvec.wgsl).
     """
-    workgroup = ARGMAX_WORKGROUP if kernel == "argmax" else WORKGROUP
+    workgroup = ARGMAX_WORKGROUP if kernel in ("argmax", "sample") else WORKGROUP
     parts = [f"const WG: u32 = {workgroup}u;\n"]
     if kernel == "matvec":
         parts.append(
@@ -98,6 +98,28 @@ class Dispatch:
 def _groups_for_rows(rows: int, z: int = 1) -> tuple[int, int, int]:
     x = min(rows, MAX_GROUPS)
     return (x, math.ceil(rows / x), z)
+
+
+#: Most logits the GPU sampler keeps (top-k is capped here).
+MAX_TOP_K = 64
+
+
+def sampling_block(temperature: float, top_k: int, top_p: float, seed: int) -> np.ndarray:
+    """The 16 bytes the sample kernel reads: top_k (capped at MAX_TOP_K), seed, temperature, top_p."""
+    k = MAX_TOP_K if top_k <= 0 else min(top_k, MAX_TOP_K)
+    return np.frombuffer(struct.pack("<IIff", k, seed & 0xFFFFFFFF, temperature, top_p), dtype=np.uint8).copy()
+
+
+def uniform01(seed: int, step: int) -> float:
+    """The sample kernel's uniform draw for (seed, step), computed the same way on the host (for checks)."""
+    m = 0xFFFFFFFF
+    x = (seed * 747796405 + step * 2891336453 + 277803737) & m
+    for _ in range(2):
+        x = (((x >> ((x >> 28) + 4)) ^ x) * 277803737) & m
+        x = (x >> 22) ^ x
+        if _ == 0:
+            x = (x * 747796405 + 2891336453) & m
+    return (x >> 8) / 16777216.0
 
 
 def _u32s(*values: int | float) -> bytes:
@@ -356,6 +378,15 @@ class Kernels:
         """ids[pos + n_batch] = argmax(logits[offset : offset + n]), the lowest index on a tie."""
         return self._dispatch("argmax", self.pipeline("argmax"), [logits, ids, state], _u32s(n, offset), (1, 1, 1))
 
+    def sample(self, logits: Any, ids: Any, state: Any, sampling: Any, n: int, *, offset: int = 0) -> Dispatch:
+        """ids[pos + n_batch] = a top-k / top-p draw at a temperature from logits[offset : offset + n].
+
+        ``sampling`` holds (top_k, seed, temperature, top_p) as written by :func:`sampling_block`.
+        """
+        return self._dispatch(
+            "sample", self.pipeline("sample"), [logits, ids, state, sampling], _u32s(n, offset), (1, 1, 1)
+        )
+
     def run(self, dispatches: Sequence[Dispatch], copies: Sequence[tuple[Any, int, Any, int, int]] = ()) -> None:
         """Encode ``dispatches`` in one compute pass, then ``copies`` (src, src_off, dst, dst_off, n); submit once."""
         device = self.gpu.device
@@ -387,7 +418,16 @@ fn norm_scale(e: u32, t: u32) -> f32 {
 """
 
 # Where each kernel's uniform binding sits among its bindings (after the buffers it reads and writes).
-_UNIFORM_SLOT = {"matvec": 3, "embed": 3, "rmsnorm": 3, "rope_store": 5, "attention": 5, "swiglu": 2, "argmax": 2}
+_UNIFORM_SLOT = {
+    "sample": 2,
+    "matvec": 3,
+    "embed": 3,
+    "rmsnorm": 3,
+    "rope_store": 5,
+    "attention": 5,
+    "swiglu": 2,
+    "argmax": 2,
+}
 
 assert set(_UNIFORM_SLOT) == set(QUANT_KERNELS) | set(PLAIN_KERNELS)
 assert {f.name for f in FORMATS.values()} == set(_QUANT_FILES)

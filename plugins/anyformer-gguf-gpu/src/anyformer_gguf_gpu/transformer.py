@@ -21,7 +21,7 @@ from anyformer.plugin import AnyformerError, ErrorCode, GGUFHeader
 from anyformer_gguf_gpu.config import ModelConfig, footprint, read_config
 from anyformer_gguf_gpu.gguf_file import GGUFFile
 from anyformer_gguf_gpu.gpu import GPU
-from anyformer_gguf_gpu.kernels import PLAIN_KERNELS, Dispatch, Kernels
+from anyformer_gguf_gpu.kernels import PLAIN_KERNELS, Dispatch, Kernels, sampling_block
 from anyformer_gguf_gpu.quants import QuantFormat, dequantize, format_of
 
 #: Most tokens one prefill step processes (the activation buffers are sized for this many).
@@ -132,6 +132,9 @@ class TransformerEngine:
         self.scores = buf(b * c.n_head * self.ctx * 4, label="scores")
         self.ids = buf((self.ctx + 1) * 4, label="ids")
         self.state = buf(16, label="state")
+        self.sampling = buf(16, label="sampling")
+        #: Whether steps that sample draw at a temperature (set_sampling) rather than take the argmax.
+        self.stochastic = False
         self.k_cache = [buf(self.ctx * c.kv_dim * 4, label=f"k{i}") for i in range(c.n_layer)]
         self.v_cache = [buf(self.ctx * c.kv_dim * 4, label=f"v{i}") for i in range(c.n_layer)]
         factors = None
@@ -141,13 +144,16 @@ class TransformerEngine:
         self.cos_sin = gpu.upload(cos_sin_table(self.ctx, c.n_rot, c.rope_base, factors), label="rope")
         self._dummy_norm = gpu.buffer(16, label="no-qk-norm")
         self._qk_norm = [self._qk_norm_buffer(gguf, i) for i in range(c.n_layer)] if c.qk_norm else []
-        self._programs: dict[tuple[int, bool, bool, bool], list[Dispatch]] = {}
+        self._programs: dict[tuple[int, bool, bool, bool, bool], list[Dispatch]] = {}
         self.gpu_bytes = self._held_bytes(gguf.header)
         # Pipelines compiled (and bind groups built) now rather than on the first token: the steps of
         # one token and of max_batch tokens use every pipeline variant any step needs.
         self.kernels.compile(self._pipelines_needed(), lambda done, total: report("compile", done, total))
-        self.program(1, head=True)
-        self.program(self.max_batch, head=True)
+        for stochastic in (False, True):
+            self.stochastic = stochastic
+            self.program(1, head=True)
+            self.program(self.max_batch, head=True)
+        self.stochastic = False
 
     def _qk_norm_buffer(self, gguf: GGUFFile, layer: int) -> Any:
         q = dequantize(
@@ -175,7 +181,7 @@ class TransformerEngine:
         """Free the engine's GPU memory now (not when Python collects it); the engine is unusable after."""
         owned = [w.buffer for w in self.weights.values()] + list(self.norms.values()) + self.k_cache + self.v_cache
         owned += [self.h, self.qkv, self.attn, self.gate_up, self.logits, self.scores]
-        owned += [self.ids, self.state, self.cos_sin, self._dummy_norm, *self._qk_norm]
+        owned += [self.ids, self.state, self.sampling, self.cos_sin, self._dummy_norm, *self._qk_norm]
         self._programs.clear()
         self.weights.clear()
         self.norms.clear()
@@ -196,9 +202,10 @@ class TransformerEngine:
         """The dispatches of one step over ``tokens`` tokens.
 
         ``head`` adds the final norm and output head (the last token's logits, or every token's with
-        ``all_logits``); ``sample`` then adds greedy sampling, which writes the next id after the step's tokens.
+        ``all_logits``); ``sample`` then adds sampling (the argmax, or a seeded draw after
+        :meth:`set_sampling`), which writes the next id after the step's tokens.
         """
-        key = (tokens, head, head and sample, head and all_logits)
+        key = (tokens, head, head and sample, head and all_logits, self.stochastic)
         found = self._programs.get(key)
         if found is None:
             found = self._build(tokens, head, head and sample, head and all_logits)
@@ -290,12 +297,20 @@ class TransformerEngine:
             )
         if sample:
             # The last token's logits are the last row of what the head wrote.
-            out.append(
-                k.argmax(self.logits, self.ids, self.state, c.n_vocab, offset=(n - 1) * c.n_vocab if all_logits else 0)
-            )
+            last = (n - 1) * c.n_vocab if all_logits else 0
+            if self.stochastic:
+                out.append(k.sample(self.logits, self.ids, self.state, self.sampling, c.n_vocab, offset=last))
+            else:
+                out.append(k.argmax(self.logits, self.ids, self.state, c.n_vocab, offset=last))
         return out
 
     # The host side of one step: where it starts and how many tokens it covers.
+
+    def set_sampling(self, temperature: float = 0.0, *, top_k: int = 40, top_p: float = 0.95, seed: int = 0) -> None:
+        """Greedy steps (temperature 0), or top-k / top-p draws at ``temperature`` seeded by ``seed``, on the GPU."""
+        self.stochastic = temperature > 0
+        if self.stochastic:
+            self.gpu.write(self.sampling, sampling_block(temperature, top_k, top_p, seed))
 
     def set_ids(self, ids: list[int] | np.ndarray, start: int = 0) -> None:
         """Write prompt ids into the GPU's id list at positions ``start..``."""

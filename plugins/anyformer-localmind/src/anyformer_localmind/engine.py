@@ -101,7 +101,14 @@ class LocalMindModel:
             top_k = int(options.extra.get("top_k", TOP_K))
             top_p = float(options.extra.get("top_p", TOP_P))
             tokens = sampled(
-                engine, ids, limit, temperature=options.temperature, seed=options.seed, top_k=top_k, top_p=top_p
+                engine,
+                ids,
+                limit,
+                temperature=options.temperature,
+                seed=options.seed,
+                top_k=top_k,
+                top_p=top_p,
+                cancel=options.cancel,
             )
         else:
             tokens = greedy(engine, ids, limit, cancel=options.cancel)
