@@ -155,32 +155,27 @@ def _int_or_none(value: Any) -> int | None:
 
 
 class StreamDecoder:
-    """Turns a growing list of ids into text deltas, holding back an incomplete UTF-8 character."""
+    """Turns ids arriving one by one into text deltas, holding back an incomplete UTF-8 character.
+
+    Byte-level BPE text is the concatenation of its tokens' bytes, so only the ids since the last
+    complete character are decoded each time: the work per token stays constant in a long reply.
+    """
 
     def __init__(self, tokenizer: GGUFTokenizer) -> None:
         self.tokenizer = tokenizer
-        self.ids: list[int] = []
-        self.sent = ""
+        self.pending: list[int] = []
 
     def push(self, token: int) -> str:
         """Add one id; return the new text that is safe to show (may be empty)."""
-        self.ids.append(token)
-        text = self.tokenizer.decode(self.ids)
+        self.pending.append(token)
+        text = self.tokenizer.decode(self.pending)
         if text.endswith("\ufffd"):
             return ""  # the rest of a multi-byte character is still to come
-        return self._delta(text)
+        self.pending = []
+        return text
 
     def flush(self) -> str:
         """Whatever text is still held back (at the end of a reply)."""
-        return self._delta(self.tokenizer.decode(self.ids))
-
-    def _delta(self, text: str) -> str:
-        if not text.startswith(self.sent):
-            # A later token changed how earlier bytes decode: send only what is new past the common part.
-            common = 0
-            while common < min(len(text), len(self.sent)) and text[common] == self.sent[common]:
-                common += 1
-            self.sent = text[:common]
-        delta = text[len(self.sent) :]
-        self.sent = text
-        return delta
+        text = self.tokenizer.decode(self.pending) if self.pending else ""
+        self.pending = []
+        return text
