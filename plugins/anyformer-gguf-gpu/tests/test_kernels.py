@@ -151,9 +151,26 @@ def _rms(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     return x / np.sqrt((x.astype(np.float64) ** 2).mean(axis=-1, keepdims=True) + eps) * w
 
 
+@pytest.fixture(scope="session", params=[False, True], ids=["f32-cache", "f16-cache"])
+def kv_kernels(gpu, request) -> Kernels:
+    """Kernels with an f32 and (where the adapter has shader-f16) an f16 KV cache."""
+    if request.param and not gpu.has_f16:
+        pytest.skip("the adapter has no shader-f16")
+    return Kernels(gpu, kv_f16=request.param)
+
+
+def _cache(gpu, kernels, values: np.ndarray):
+    return gpu.upload(values.astype(np.float16 if kernels.kv_f16 else np.float32))
+
+
+def _read_cache(gpu, kernels, buf, n: int) -> np.ndarray:
+    return gpu.read(buf, np.float16 if kernels.kv_f16 else np.float32, n).astype(np.float32)
+
+
 @pytest.mark.parametrize("neox", [False, True], ids=["normal", "neox"])
 @pytest.mark.parametrize("qk_norm", [False, True], ids=["plain", "qk-norm"])
-def test_rope_store_rotates_q_and_fills_the_cache(gpu, kernels, rng, neox, qk_norm):
+def test_rope_store_rotates_q_and_fills_the_cache(gpu, kv_kernels, rng, neox, qk_norm):
+    kernels = kv_kernels
     n_head, n_kv, hd, n_rot, tokens, pos0, ctx, base, eps = 6, 2, 24, 16, 3, 5, 12, 10000.0, 1e-6
     q_dim, kv_dim = n_head * hd, n_kv * hd
     qkv = rng.standard_normal((tokens, q_dim + 2 * kv_dim)).astype(np.float32)
@@ -175,24 +192,31 @@ def test_rope_store_rotates_q_and_fills_the_cache(gpu, kernels, rng, neox, qk_no
     got = gpu.read(qkv_buf, np.float32, qkv.size).reshape(qkv.shape)
     _close(got[:, :q_dim].reshape(tokens, n_head, hd), rope_reference(q, pos, n_rot, base, neox))
     _close(got[:, q_dim:], qkv[:, q_dim:])  # k and v are left in place, copied to the caches
-    kc = gpu.read(k_cache, np.float32, ctx * kv_dim).reshape(ctx, kv_dim)
-    vc = gpu.read(v_cache, np.float32, ctx * kv_dim).reshape(ctx, kv_dim)
-    _close(kc[pos0 : pos0 + tokens].reshape(tokens, n_kv, hd), rope_reference(k, pos, n_rot, base, neox))
-    np.testing.assert_array_equal(vc[pos0 : pos0 + tokens], v)
+    kc = _read_cache(gpu, kernels, k_cache, ctx * kv_dim).reshape(ctx, kv_dim)
+    vc = _read_cache(gpu, kernels, v_cache, ctx * kv_dim).reshape(ctx, kv_dim)
+    want_k = rope_reference(k, pos, n_rot, base, neox)
+    if kernels.kv_f16:  # f16 holds 11 significant bits
+        np.testing.assert_allclose(kc[pos0 : pos0 + tokens].reshape(tokens, n_kv, hd), want_k, rtol=1e-3, atol=1e-3)
+        np.testing.assert_array_equal(vc[pos0 : pos0 + tokens], v.astype(np.float16).astype(np.float32))
+    else:
+        _close(kc[pos0 : pos0 + tokens].reshape(tokens, n_kv, hd), want_k)
+        np.testing.assert_array_equal(vc[pos0 : pos0 + tokens], v)
     assert not kc[:pos0].any() and not vc[pos0 + tokens :].any()
 
 
 @pytest.mark.parametrize(("n_head", "n_kv", "hd"), [(4, 2, 16), (3, 3, 72)])
-def test_attention_is_causal_softmax_over_the_cache(gpu, kernels, rng, n_head, n_kv, hd):
+def test_attention_is_causal_softmax_over_the_cache(gpu, kv_kernels, rng, n_head, n_kv, hd):
+    kernels = kv_kernels
     tokens, pos0, ctx = 3, 70, 80  # 70+ keys: more than one pass of the 64 threads over the sequence
     q_dim, kv_dim = n_head * hd, n_kv * hd
     qkv = rng.standard_normal((tokens, q_dim + 2 * kv_dim)).astype(np.float32)
-    kc = rng.standard_normal((ctx, kv_dim)).astype(np.float32)
-    vc = rng.standard_normal((ctx, kv_dim)).astype(np.float32)
+    # Cache values exactly representable in both f16 and f32, so one reference serves both caches.
+    kc = rng.standard_normal((ctx, kv_dim)).astype(np.float16).astype(np.float32)
+    vc = rng.standard_normal((ctx, kv_dim)).astype(np.float16).astype(np.float32)
     out = gpu.buffer(tokens * q_dim * 4)
     scale = 1 / np.sqrt(hd)
     dispatch = kernels.attention(
-        gpu.upload(qkv), gpu.upload(kc), gpu.upload(vc), out, gpu.buffer(tokens * n_head * ctx * 4),
+        gpu.upload(qkv), _cache(gpu, kernels, kc), _cache(gpu, kernels, vc), out, gpu.buffer(tokens * n_head * ctx * 4),
         _state(gpu, pos0, tokens), n_head=n_head, n_kv=n_kv, head_dim=hd, ctx=ctx, scale=float(scale), tokens=tokens,
     )  # fmt: skip
     kernels.run([dispatch])

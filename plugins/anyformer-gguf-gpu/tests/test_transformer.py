@@ -55,7 +55,8 @@ def model_path(request, tmp_path_factory) -> str:
 def engine(model_path, gpu):
     with GGUFFile(model_path) as gguf:
         # max_batch 4: the 11-token prompt runs as steps of 4, 4 and 3 tokens.
-        yield TransformerEngine(gpu, gguf, ctx=64, max_batch=4)
+        # An f32 KV cache: the exact comparisons below hold the engine to f32 arithmetic.
+        yield TransformerEngine(gpu, gguf, ctx=64, max_batch=4, kv_f16=False)
 
 
 def _bound(exact: np.ndarray) -> float:
@@ -66,6 +67,18 @@ def test_logits_match_float64_numpy(engine, model_path):
     exact = forward(model_path, PROMPT)
     ours = engine.all_logits(PROMPT)
     assert np.abs(ours - exact).max() <= _bound(exact)
+
+
+def test_an_f16_kv_cache_stays_close_to_float64(model_path, gpu):
+    """Where the adapter has shader-f16 the cache holds f16 (as llama.cpp's default): 11 bits of mantissa."""
+    if not gpu.has_f16:
+        pytest.skip("the adapter has no shader-f16")
+    with GGUFFile(model_path) as gguf:
+        engine = TransformerEngine(gpu, gguf, ctx=64, max_batch=4)
+    assert engine.kernels.kv_f16
+    exact = forward(model_path, PROMPT)
+    assert np.abs(engine.all_logits(PROMPT) - exact).max() <= 3e-3 * float(np.abs(exact).max())
+    engine.release()
 
 
 def test_one_token_steps_match_batched_steps(engine):

@@ -70,6 +70,13 @@ def test_a_smaller_context_needs_less():
     assert small.estimate.details["context"] == 512
 
 
+def test_an_f16_adapter_halves_the_kv_cache():
+    f32 = verdict(gguf_model()).estimate
+    f16 = verdict(gguf_model(), GPU_CAPS.replace(f16=True)).estimate
+    assert f16.details["kv_cache"] * 2 == f32.details["kv_cache"]
+    assert f32.gpu_bytes - f16.gpu_bytes == f16.details["kv_cache"]
+
+
 def test_unknown_gpu_memory_is_not_a_budget_refusal():
     assert verdict(gguf_model(), GPU_CAPS.replace(gpu_bytes=None)).ok
 
@@ -78,9 +85,10 @@ def test_the_estimate_is_what_the_engine_holds(tmp_path):
     path = tmp_path / "m.gguf"
     write_random_gguf(str(path), RandomModel(tied=False))
     model = anyformer.describe(path)
-    v = plugin.can_run(model, GPU_CAPS, Request(context=128))
+    gpu = GPU(allow_software=True)
+    v = plugin.can_run(model, GPU_CAPS.replace(f16=gpu.has_f16), Request(context=128))
     assert v.ok
     with GGUFFile(path) as gguf:
-        engine = TransformerEngine(GPU(allow_software=True), gguf, ctx=128, max_batch=MAX_BATCH)
+        engine = TransformerEngine(gpu, gguf, ctx=128, max_batch=MAX_BATCH)
     assert engine.gpu_bytes == v.estimate.gpu_bytes
     engine.release()

@@ -50,10 +50,6 @@ class ModelConfig:
         """Width of all key (or value) heads together."""
         return self.n_kv * self.head_dim
 
-    def kv_bytes(self, ctx: int) -> int:
-        """Bytes of the f32 K and V caches for ``ctx`` positions, all layers."""
-        return 2 * self.n_layer * ctx * self.kv_dim * 4
-
 
 def _int(kv: dict[str, Any], key: str, default: int | None = None) -> int:
     value = kv.get(key, default)
@@ -193,12 +189,13 @@ def _fact(summary: dict[str, Any], key: str) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
-def footprint(summary: dict[str, Any], context: int, max_batch: int) -> Footprint:
+def footprint(summary: dict[str, Any], context: int, max_batch: int, *, kv_f16: bool = False) -> Footprint:
     """The engine's GPU bytes for a GGUF described by the header summary (``data_bytes``, dims, vocab).
 
-    The same arithmetic as :class:`TransformerEngine` allocates: weights as stored (raw blocks), an f32
-    K and V cache per layer, activations for ``max_batch`` tokens, logits, the attention scratch, the
-    rope table and the id list. Unknown dims (a bare description) count as zero.
+    The same arithmetic as :class:`TransformerEngine` allocates: weights as stored (raw blocks), a K
+    and V cache per layer (f16 with ``kv_f16``, else f32), activations for ``max_batch`` tokens,
+    logits, the attention scratch, the rope table and the id list. Unknown dims (a bare
+    description) count as zero.
     """
     layers = _fact(summary, "block_count") or 0
     embd = _fact(summary, "embedding_length") or 0
@@ -213,6 +210,6 @@ def footprint(summary: dict[str, Any], context: int, max_batch: int) -> Footprin
     return Footprint(
         context=context,
         weights_bytes=_fact(summary, "data_bytes") or 0,
-        kv_bytes=2 * layers * context * kv_dim * 4,
+        kv_bytes=2 * layers * context * kv_dim * (2 if kv_f16 else 4),
         buffer_bytes=activations + tables,
     )

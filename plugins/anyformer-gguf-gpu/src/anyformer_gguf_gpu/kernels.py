@@ -44,6 +44,8 @@ _QUANT_FILES = {
 
 #: The kernels that decode weights, compiled once per quant type an engine uses.
 QUANT_KERNELS = ("matvec", "embed")
+#: The kernels that read or write the KV cache (its element type is a compile-time choice).
+KV_KERNELS = ("rope_store", "attention")
 #: The kernels that do not depend on a weight format.
 PLAIN_KERNELS = ("rmsnorm", "rope_store", "attention", "swiglu", "argmax", "sample")
 
@@ -60,10 +62,12 @@ def kernel_source(
     tokens_per_thread: int = 1,
     swiglu: bool = False,
     norm: bool = False,
+    kv_f16: bool = False,
 ) -> str:
     """The full WGSL of ``kernel`` (with the byte readers and ``quant``'s decoder for weight kernels).
 
-    ``threads_per_row``, ``tokens_per_thread``, ``swiglu`` and ``norm`` shape the matrix kernel (matvec.wgsl).
+    ``threads_per_row``, ``tokens_per_thread``, ``swiglu`` and ``norm`` shape the matrix kernel (matvec.wgsl);
+    ``kv_f16`` makes the KV-cache kernels keep f16 (it needs the shader-f16 feature).
     """
     workgroup = ARGMAX_WORKGROUP if kernel in ("argmax", "sample") else WORKGROUP
     parts = [f"const WG: u32 = {workgroup}u;\n"]
@@ -74,6 +78,8 @@ def kernel_source(
             f"const NORM: bool = {'true' if norm else 'false'};\n"
         )
         parts.append(_NORM_SCALE if norm else "fn norm_scale(e: u32, t: u32) -> f32 {\n    return 1.0;\n}\n")
+    if kernel in KV_KERNELS:
+        parts.insert(0, "enable f16;\nalias kv_t = f16;\n" if kv_f16 else "alias kv_t = f32;\n")
     if kernel in QUANT_KERNELS:
         if quant not in _QUANT_FILES:
             raise ValueError(f"no WGSL decoder for {quant}")
@@ -142,8 +148,12 @@ def default_threads_per_row(gpu: GPU) -> int:
 class Kernels:
     """Compiles the kernels on one GPU and builds dispatches over an engine's buffers."""
 
-    def __init__(self, gpu: GPU, *, threads_per_row: int | None = None) -> None:
+    def __init__(self, gpu: GPU, *, threads_per_row: int | None = None, kv_f16: bool = False) -> None:
         self.gpu = gpu
+        if kv_f16 and not gpu.has_f16:
+            raise ValueError("an f16 KV cache needs the adapter's shader-f16 feature")
+        #: Whether the KV cache holds f16 (2 bytes a value) rather than f32.
+        self.kv_f16 = kv_f16
         tpr = default_threads_per_row(gpu) if threads_per_row is None else threads_per_row
         if tpr < 1 or tpr > WORKGROUP or tpr & (tpr - 1):
             raise ValueError(f"threads_per_row must be a power of two up to {WORKGROUP}, not {tpr}")
@@ -199,6 +209,7 @@ class Kernels:
                 tokens_per_thread=key[2],
                 swiglu=key[3],
                 norm=key[4],
+                kv_f16=self.kv_f16,
             )
             with gpu_errors(f"compiling the {kernel} kernel"):
                 module = device.create_shader_module(code=source, label=f"{kernel}-{quant}")

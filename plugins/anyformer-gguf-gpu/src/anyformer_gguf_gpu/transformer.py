@@ -91,6 +91,7 @@ class TransformerEngine:
         *,
         ctx: int,
         max_batch: int = DEFAULT_MAX_BATCH,
+        kv_f16: bool | None = None,
         progress: LoadProgress | None = None,
     ) -> None:
         self.gpu = gpu
@@ -98,7 +99,8 @@ class TransformerEngine:
         c = self.config
         self.ctx = max(1, min(ctx, c.n_ctx_train))
         self.max_batch = max(1, max_batch)
-        self.kernels = Kernels(gpu)
+        # An f16 KV cache where the adapter has shader-f16 (as llama.cpp's default), else f32.
+        self.kernels = Kernels(gpu, kv_f16=gpu.has_f16 if kv_f16 is None else kv_f16)
         report = progress or (lambda what, done, total: None)
         names = [t.name for t in gguf.header.tensors]
 
@@ -135,8 +137,9 @@ class TransformerEngine:
         self.sampling = buf(16, label="sampling")
         #: Whether steps that sample draw at a temperature (set_sampling) rather than take the argmax.
         self.stochastic = False
-        self.k_cache = [buf(self.ctx * c.kv_dim * 4, label=f"k{i}") for i in range(c.n_layer)]
-        self.v_cache = [buf(self.ctx * c.kv_dim * 4, label=f"v{i}") for i in range(c.n_layer)]
+        kv_value = 2 if self.kernels.kv_f16 else 4
+        self.k_cache = [buf(self.ctx * c.kv_dim * kv_value, label=f"k{i}") for i in range(c.n_layer)]
+        self.v_cache = [buf(self.ctx * c.kv_dim * kv_value, label=f"v{i}") for i in range(c.n_layer)]
         factors = None
         if gguf.has("rope_freqs.weight"):
             info = gguf.tensor("rope_freqs.weight")
@@ -191,7 +194,7 @@ class TransformerEngine:
 
     def _held_bytes(self, header: GGUFHeader) -> int:
         """What this engine holds on the GPU, by the same arithmetic ``can_run`` estimates with."""
-        return footprint(header.summary(), self.ctx, self.max_batch).gpu_bytes
+        return footprint(header.summary(), self.ctx, self.max_batch, kv_f16=self.kernels.kv_f16).gpu_bytes
 
     @property
     def dispatches_per_token(self) -> int:

@@ -74,7 +74,8 @@ def can_run(model: Model, caps: Caps, request: Request) -> Verdict:
     from anyformer_gguf_gpu.config import footprint
 
     context = context_for(choice.summary, request.context)
-    plan = footprint(choice.summary, context, MAX_BATCH)
+    # The engine keeps an f16 KV cache where the adapter has shader-f16.
+    plan = footprint(choice.summary, context, MAX_BATCH, kv_f16=caps.f16)
     budget = request.budget if request.budget is not None else caps.gpu_bytes
     if budget is not None and plan.gpu_bytes > budget:
         return Verdict.refuse(

@@ -1,6 +1,6 @@
 // Causal attention of one query head of one token over the KV cache: token b at position
 // pos = S[0] + b sees keys 0..pos. Scores go to a scratch row, then softmax, then the weighted sum
-// of V. Query head h reads KV head h / (n_head / n_kv) (grouped-query attention).
+// of V (the caches hold kv_t: f16 or f32, see rope_store.wgsl). Query head h reads KV head h / (n_head / n_kv) (grouped-query attention).
 
 struct Params {
     n_head: u32,
@@ -14,8 +14,8 @@ struct Params {
 }
 
 @group(0) @binding(0) var<storage, read> QKV: array<f32>;
-@group(0) @binding(1) var<storage, read> Kc: array<f32>;
-@group(0) @binding(2) var<storage, read> Vc: array<f32>;
+@group(0) @binding(1) var<storage, read> Kc: array<kv_t>;
+@group(0) @binding(2) var<storage, read> Vc: array<kv_t>;
 @group(0) @binding(3) var<storage, read_write> Out: array<f32>;
 @group(0) @binding(4) var<storage, read_write> Sc: array<f32>;
 @group(0) @binding(5) var<uniform> P: Params;
@@ -65,7 +65,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     for (var j = lid; j < n; j += WG) {
         var s = 0.0;
         for (var d = 0u; d < hd; d++) {
-            s += QKV[qo + d] * Kc[j * P.kv_dim + ko + d];
+            s += QKV[qo + d] * f32(Kc[j * P.kv_dim + ko + d]);
         }
         s *= P.scale;
         Sc[so + j] = s;
@@ -84,7 +84,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     for (var d = lid; d < hd; d += WG) {
         var acc = 0.0;
         for (var j = 0u; j < n; j++) {
-            acc += Sc[so + j] * Vc[j * P.kv_dim + ko + d];
+            acc += Sc[so + j] * f32(Vc[j * P.kv_dim + ko + d]);
         }
         Out[b * P.out_stride + h * hd + d] = acc / sum;
     }

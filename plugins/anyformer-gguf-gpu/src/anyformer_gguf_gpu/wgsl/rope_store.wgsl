@@ -2,6 +2,7 @@
 // q_norm/k_norm, then) rotated in place; the k heads are normed and rotated into the K cache; the v
 // heads are copied into the V cache. The rotation's cos/sin come from a table built on the CPU in
 // float64 (CS[pos][i] = cos, sin of pos * base^(-2i/n_rot)), so no large-argument sin/cos on the GPU.
+// The caches hold kv_t: f16 where the adapter has shader-f16 (half the memory and traffic), else f32.
 // neox = 0 rotates pairs (2i, 2i+1) (llama), neox = 1 pairs (i, i + n_rot/2) (qwen3, lfm2).
 
 struct Params {
@@ -20,8 +21,8 @@ struct Params {
 }
 
 @group(0) @binding(0) var<storage, read_write> QKV: array<f32>;
-@group(0) @binding(1) var<storage, read_write> Kc: array<f32>;
-@group(0) @binding(2) var<storage, read_write> Vc: array<f32>;
+@group(0) @binding(1) var<storage, read_write> Kc: array<kv_t>;
+@group(0) @binding(2) var<storage, read_write> Vc: array<kv_t>;
 @group(0) @binding(3) var<storage, read> CS: array<f32>;
 @group(0) @binding(4) var<storage, read> NormW: array<f32>;
 @group(0) @binding(5) var<uniform> P: Params;
@@ -35,9 +36,9 @@ fn store(kind: u32, src: u32, dst: u32, d: u32, v: f32) {
     if (kind == 0u) {
         QKV[src + d] = v;
     } else if (kind == 1u) {
-        Kc[dst + d] = v;
+        Kc[dst + d] = kv_t(v);
     } else {
-        Vc[dst + d] = v;
+        Vc[dst + d] = kv_t(v);
     }
 }
 
