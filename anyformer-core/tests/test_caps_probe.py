@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 import anyformer
-from anyformer import _caps
+from anyformer.contract import _caps
 
 SOFTWARE_NAMES = ("llvmpipe", "lavapipe", "swiftshader")
 

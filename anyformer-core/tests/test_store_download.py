@@ -21,7 +21,7 @@ from store_helpers import (
 )
 
 import anyformer
-from anyformer import _download
+from anyformer.store import _download
 from anyformer.contract._errors import AnyformerError, ErrorCode
 from anyformer_conformance.hub_server import git_blob_sha1
 
