@@ -1,4 +1,4 @@
-"""Every row of docs/safety.md's table of hostile inputs has a test that says it covers it, and no test names a row that is not there.
+"""Every row of docs/safety.md's table of hostile inputs has a test that covers it; no test names a missing row.
 
 A test covers a row with ``@pytest.mark.safety("G3")`` (several ids allowed), on the function, in
 ``pytest.param(..., marks=...)`` or as a module's ``pytestmark``. The marks are found by reading
