@@ -77,6 +77,17 @@ def test_install_script_installs_the_serve_and_gpu_probe_extras() -> None:
     assert "build_progress.py" in script and "pip wheel -v" in script
 
 
+def test_the_readme_says_how_to_reach_the_bare_command_and_the_extras() -> None:
+    using = README.read_text(encoding="utf-8").split("## Using it", 1)[1].split("\n## ", 1)[0]
+    assert "source .venv/bin/activate" in using and ".venv/bin/anyformer" in using
+    assert "anyformer[serve,gpu-probe]" in using and "anyformer --version" in using
+
+
+def test_the_docs_say_where_the_embedded_model_lives() -> None:
+    guide = (REPO / "docs" / "user-guide.md").read_text(encoding="utf-8")
+    assert "anyformer.default_model_path()" in guide and "`default` or `smollm2`" in guide
+
+
 # ---- system packages -----------------------------------------------------------------------------
 
 

@@ -173,7 +173,8 @@ def _stream(loaded: Loaded, messages: list[dict[str, object]], args: argparse.Na
     except KeyboardInterrupt:
         cancel.set()
         try:
-            stream.close()  # the engine stops and the model is free again; a second Ctrl-C here quits
+            # The engine stops and the model is free again (a CoreStream closes); a second Ctrl-C here quits.
+            getattr(stream, "close", lambda: None)()
         finally:
             if not args.json:
                 sys.stdout.write("\n")  # what comes next starts on its own line
