@@ -80,7 +80,7 @@ def assert_nothing_stored(repo_id: str, name: str, data: bytes, *, partial_allow
 @pytest.fixture
 def no_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
     """Retries without waiting (the count of retries stays what it is)."""
-    from anyformer import _download
+    from anyformer.store import _download
 
     monkeypatch.setattr(_download, "BACKOFF_SECONDS", (0.0,) * len(_download.BACKOFF_SECONDS))
 

@@ -100,7 +100,9 @@ def load(
     request = _request_with_budget(asked, machine)
     verdicts = manager.can_run(description, machine, request, only=backend)
     if not verdicts and not manager.backends():
-        raise AnyformerError(ErrorCode.NO_BACKEND, f"cannot run {description.ref}: {manager.why_no_backend()}")
+        raise AnyformerError(
+            ErrorCode.NO_BACKEND, f"cannot run {description.ref}: {manager.why_no_backend()}", verdicts=[]
+        )
     chosen = raise_if_none(select(verdicts, request.prefer), description.ref)
     if chosen.code is Refusal.RUNTIME:  # pragma: no cover - select never chooses a refusal
         raise AnyformerError("PLUGIN_ERROR", chosen.reason)
