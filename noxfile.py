@@ -34,11 +34,11 @@ nox.options.reuse_existing_virtualenvs = True
 
 
 def ensure_llama_wheel(session: nox.Session) -> None:
-    """Build llama-cpp-python once into the wheelhouse (about 10 minutes on 2 shared cores)."""
+    """Build llama-cpp-python once into the wheelhouse (about 11 minutes on 2 shared cores)."""
     if any(WHEELHOUSE.glob(f"llama_cpp_python-{LLAMA_CPP_VERSION}-*.whl")):
         return
     WHEELHOUSE.mkdir(parents=True, exist_ok=True)
-    session.log(f"building llama-cpp-python {LLAMA_CPP_VERSION} into {WHEELHOUSE} (once; about 10 minutes on 2 cores)")
+    session.log(f"building llama-cpp-python {LLAMA_CPP_VERSION} into {WHEELHOUSE} (once; about 11 minutes on 2 shared cores)")
     # scripts/build_progress.py shows the compile's steps and elapsed time, and the log's tail on failure.
     session.run(
         "python",
