@@ -38,7 +38,7 @@ def ensure_llama_wheel(session: nox.Session) -> None:
     if any(WHEELHOUSE.glob(f"llama_cpp_python-{LLAMA_CPP_VERSION}-*.whl")):
         return
     WHEELHOUSE.mkdir(parents=True, exist_ok=True)
-    session.log(f"building llama-cpp-python {LLAMA_CPP_VERSION} into {WHEELHOUSE} (once; about 11 minutes on 2 shared cores)")
+    session.log(f"building llama-cpp-python {LLAMA_CPP_VERSION} into {WHEELHOUSE} (once; ~11 min on 2 cores)")
     # scripts/build_progress.py shows the compile's steps and elapsed time, and the log's tail on failure.
     session.run(
         "python",
