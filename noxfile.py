@@ -34,16 +34,23 @@ nox.options.reuse_existing_virtualenvs = True
 
 
 def ensure_llama_wheel(session: nox.Session) -> None:
-    """Build llama-cpp-python once into the wheelhouse (about 4-7 minutes on 2 cores)."""
+    """Build llama-cpp-python once into the wheelhouse (about 11 minutes on 2 shared cores)."""
     if any(WHEELHOUSE.glob(f"llama_cpp_python-{LLAMA_CPP_VERSION}-*.whl")):
         return
     WHEELHOUSE.mkdir(parents=True, exist_ok=True)
-    session.log(f"building llama-cpp-python {LLAMA_CPP_VERSION} into {WHEELHOUSE} (once)")
+    session.log(f"building llama-cpp-python {LLAMA_CPP_VERSION} into {WHEELHOUSE} (once; ~11 min on 2 cores)")
+    # scripts/build_progress.py shows the compile's steps and elapsed time, and the log's tail on failure.
     session.run(
+        "python",
+        str(ROOT / "scripts" / "build_progress.py"),
+        "--log",
+        str(WHEELHOUSE / "build.log"),
+        "--",
         "python",
         "-m",
         "pip",
         "wheel",
+        "-v",
         "--no-deps",
         "--no-cache-dir",
         "-w",

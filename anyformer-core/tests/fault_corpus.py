@@ -1,4 +1,4 @@
-"""The fault corpus: every G, S, O, T and P row of shared/SAFETY.md as files on disk, in several seeds.
+"""The fault corpus: every G, S, O, T and P row of docs/safety.md as files on disk, in several seeds.
 
 Each :class:`Fault` is a small tree of files (a model and what it points at) and the outcome its
 row states. A seed varies the honest part around the fault (how many keys and tensors, their

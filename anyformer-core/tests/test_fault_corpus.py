@@ -1,4 +1,4 @@
-"""Every G, S, O, T and P row of shared/SAFETY.md, in several seeds, through ``anyformer.describe``.
+"""Every G, S, O, T and P row of docs/safety.md, in several seeds, through ``anyformer.describe``.
 
 The inputs come from :mod:`fault_corpus`. ``describe`` is pure Python (the bounded readers), so it
 runs here; anything that hands a file to a native engine runs in an isolated worker (the
@@ -202,11 +202,10 @@ def test_the_unpickling_scan_sees_each_way_in(line: str) -> None:
 
 
 def test_the_corpus_covers_every_g_s_o_t_p_row() -> None:
-    table = (_REPO.parent / "shared" / "SAFETY.md") if (_REPO.parent / "shared").is_dir() else None
+    table = _REPO / "docs" / "safety.md"
     rows = {f.row for f in FAULTS}
-    expected = {f"G{i}" for i in range(1, 18)} | {"S1", "O1", "T1", "P1"}
-    if table is not None:
-        expected = set(re.findall(r"^\|\s*([GSOTP]\d+)\s*\|", table.read_text(encoding="utf-8"), re.MULTILINE))
+    expected = set(re.findall(r"^\|\s*([GSOTP]\d+)\s*\|", table.read_text(encoding="utf-8"), re.MULTILINE))
+    assert {f"G{i}" for i in range(1, 18)} | {"S1", "O1", "T1", "P1"} <= expected, "the safety table lost rows"
     assert expected <= rows, f"rows without corpus inputs: {sorted(expected - rows)}"
     assert all(sum(1 for f in FAULTS if f.row == row and f.seed == 2) for row in rows), "every row has 3 seeds"
     assert {ACCEPTED, BAD_MODEL, ACCEPTED_OR_BAD_MODEL} <= {f.expect for f in FAULTS}

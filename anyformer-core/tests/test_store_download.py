@@ -21,8 +21,8 @@ from store_helpers import (
 )
 
 import anyformer
-from anyformer.store import _download
 from anyformer.contract._errors import AnyformerError, ErrorCode
+from anyformer.store import _download
 from anyformer_conformance.hub_server import git_blob_sha1
 
 __all__ = ["fake_hub", "no_backoff"]

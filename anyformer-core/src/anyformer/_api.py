@@ -46,17 +46,18 @@ def check(
     """Ask every installed backend (or only ``backend``) whether it can run ``model``; nothing is loaded.
 
     Returns the description and the :class:`Selection`: every verdict in policy order and the
-    chosen one, or None when nothing can run it.
+    chosen one, or None when nothing can run it. A model whose only weights are pickle raises
+    ``UNSAFE_FORMAT``, as :func:`load` does.
     """
     from anyformer._describe import describe
 
     manager = plugins or get_plugin_manager()
     if backend is not None:
         manager.require_backend(backend)
+    asked = Request.build(task=task, budget=budget, prefer=prefer, context=context)  # bad options first
     description = describe(model)
-    request = _request_with_budget(
-        Request.build(task=task, budget=budget, prefer=prefer, context=context), caps or probe()
-    )
+    refuse_pickle_only(description)
+    request = _request_with_budget(asked, caps or probe())
     verdicts = manager.can_run(description, caps or probe(), request, only=backend)
     return description, select(verdicts, request.prefer)
 
@@ -91,13 +92,17 @@ def load(
     manager = plugins or get_plugin_manager()
     if backend is not None:
         manager.require_backend(backend)
+    # Bad options are refused before the model is described (which may download its listing).
+    asked = Request.build(task=task, budget=budget, prefer=prefer, context=context, options=options)
     description = describe(model)
     refuse_pickle_only(description)
     machine = caps or probe()
-    request = _request_with_budget(
-        Request.build(task=task, budget=budget, prefer=prefer, context=context, options=options), machine
-    )
+    request = _request_with_budget(asked, machine)
     verdicts = manager.can_run(description, machine, request, only=backend)
+    if not verdicts and not manager.backends():
+        raise AnyformerError(
+            ErrorCode.NO_BACKEND, f"cannot run {description.ref}: {manager.why_no_backend()}", verdicts=[]
+        )
     chosen = raise_if_none(select(verdicts, request.prefer), description.ref)
     if chosen.code is Refusal.RUNTIME:  # pragma: no cover - select never chooses a refusal
         raise AnyformerError("PLUGIN_ERROR", chosen.reason)

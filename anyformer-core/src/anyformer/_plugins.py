@@ -79,6 +79,10 @@ class PluginManager:
         self._pm = pluggy.PluginManager(hookspecs.PROJECT)
         self._pm.add_hookspecs(hookspecs)
         self._infos: dict[str, PluginInfo] = {}
+        # Installed plugins the environment's filters skipped (``error`` says which variable), by id.
+        self._disabled: dict[str, PluginInfo] = {}
+        # Names in ANYFORMER_PLUGINS / ANYFORMER_DISABLE_PLUGINS that no installed plugin has, by variable.
+        self._unknown_filter_names: dict[str, list[str]] = {}
         # Where each backend loaded from an entry point came from: an isolated worker loads it again.
         self._entry_points: dict[str, str] = {}
 
@@ -93,10 +97,21 @@ class PluginManager:
         disabled = _names_from_env("ANYFORMER_DISABLE_PLUGINS") or set()
         if entry_points is None:
             entry_points = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
-        for entry_point in sorted(entry_points, key=lambda ep: ep.name):
+        entry_points = sorted(entry_points, key=lambda ep: ep.name)
+        for entry_point in entry_points:
             if entry_point.name in disabled or (only is not None and entry_point.name not in only):
+                why = (
+                    "disabled by ANYFORMER_DISABLE_PLUGINS"
+                    if entry_point.name in disabled
+                    else "not named in ANYFORMER_PLUGINS"
+                )
+                self._disabled[entry_point.name] = self._info_of(entry_point, ok=False, error=why)
                 continue
             self._load_one(entry_point)
+        names = {ep.name for ep in entry_points}
+        for variable, wanted in (("ANYFORMER_PLUGINS", only or set()), ("ANYFORMER_DISABLE_PLUGINS", disabled)):
+            if wanted - names:
+                self._unknown_filter_names[variable] = sorted(wanted - names)
 
     def load_entry_point(self, entry_point: importlib.metadata.EntryPoint) -> None:
         """Load one entry point whatever the environment's filters say; ``PLUGIN_ERROR`` when it fails.
@@ -113,14 +128,20 @@ class PluginManager:
         """The entry point (``module:attr``) ``backend`` was loaded from; None for in-process registrations."""
         return self._entry_points.get(backend) if backend in self.backends() else None
 
-    def _load_one(self, entry_point: importlib.metadata.EntryPoint) -> None:
+    @staticmethod
+    def _info_of(entry_point: Any, *, ok: bool = True, error: str | None = None) -> PluginInfo:
         dist = getattr(entry_point, "dist", None)
-        info = PluginInfo(
+        return PluginInfo(
             name=entry_point.name,
             distribution=dist.name if dist is not None else None,
             version=dist.version if dist is not None else None,
             value=entry_point.value,
+            ok=ok,
+            error=error,
         )
+
+    def _load_one(self, entry_point: importlib.metadata.EntryPoint) -> None:
+        info = self._info_of(entry_point)
         if entry_point.name in self._infos:
             info.ok, info.error = False, f"a second plugin named {entry_point.name!r}; the first one is kept"
             self._infos[f"{entry_point.name} ({info.distribution})"] = info
@@ -166,6 +187,27 @@ class PluginManager:
         """The ids of the backends that loaded."""
         return [info.name for info in self.plugins() if info.ok]
 
+    def disabled(self) -> list[PluginInfo]:
+        """Installed plugins that ``ANYFORMER_PLUGINS`` / ``ANYFORMER_DISABLE_PLUGINS`` kept from loading."""
+        return sorted(self._disabled.values(), key=lambda info: info.name)
+
+    def unknown_filter_names(self) -> dict[str, list[str]]:
+        """Names the plugin filters give that no installed plugin has, by environment variable."""
+        return dict(self._unknown_filter_names)
+
+    def why_no_backend(self) -> str:
+        """Why no backend answers at all: none installed, every one disabled (and by what), or none loaded."""
+        failed = [info for info in self.plugins() if not info.ok]
+        skipped = self.disabled()
+        if failed:
+            what = "; ".join(f"{info.name}: {info.error}" for info in failed)
+            return f"no backend plugin loaded ({what}); see `anyformer plugins`"
+        if skipped:
+            reasons = "; ".join(sorted({info.error or "" for info in skipped}))
+            names = ", ".join(info.name for info in skipped)
+            return f"every installed backend is disabled ({names}: {reasons}); see `anyformer plugins`"
+        return "no backend plugin is installed: pip install anyformer-llamacpp (see `anyformer plugins`)"
+
     def _impls(self, hook_name: str) -> Iterator[tuple[str, Any]]:
         caller = getattr(self._pm.hook, hook_name)
         by_name = {self._pm.get_name(impl.plugin): impl for impl in caller.get_hookimpls()}
@@ -186,6 +228,9 @@ class PluginManager:
         broken = self._infos.get(backend)
         if broken is not None and not broken.ok:
             raise AnyformerError(ErrorCode.PLUGIN_ERROR, f"backend {backend!r} failed to load: {broken.error}")
+        skipped = self._disabled.get(backend)
+        if skipped is not None:
+            raise AnyformerError(ErrorCode.BAD_REQUEST, f"backend {backend!r} is installed but {skipped.error}")
         installed = ", ".join(self.backends()) or "none"
         raise AnyformerError(ErrorCode.BAD_REQUEST, f"unknown backend {backend!r}; installed: {installed}")
 

@@ -6,7 +6,7 @@ import argparse
 
 from anyformer._api import check
 from anyformer._format import describe_estimate
-from anyformer.cli._common import add_machine_arguments, caps_from_args, print_json
+from anyformer.cli._common import add_machine_arguments, caps_from_args, model_argument, print_json
 from anyformer.contract._errors import AnyformerError, ErrorCode
 from anyformer.contract._model import Model
 from anyformer.contract._sizes import format_size
@@ -18,7 +18,9 @@ EXIT_NONE_CAN_RUN = 3
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Register the subcommand."""
     parser = sub.add_parser("check", help="ask every backend whether it can run a model; load nothing")
-    parser.add_argument("model", nargs="?", help="Hub repo id, local folder or file")
+    parser.add_argument(
+        "model", nargs="?", help="Hub repo id, local folder or file; `default` (or `smollm2`) is the embedded model"
+    )
     parser.add_argument("--describe", metavar="FILE.json", help="a model description instead of MODEL")
     parser.add_argument("--task", help="the task to run (default: the model's)")
     parser.add_argument("--backend", help="ask only this backend")
@@ -32,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
     """Print the verdicts; exit 0 when one backend can run the model, 3 when none can."""
     if bool(args.model) == bool(args.describe):
         raise AnyformerError(ErrorCode.BAD_REQUEST, "give a MODEL or --describe FILE.json (one of them)")
-    ref = Model.from_json_file(args.describe) if args.describe else args.model
+    ref = Model.from_json_file(args.describe) if args.describe else model_argument(args.model)
     model, selection = check(
         ref, task=args.task, budget=args.budget, caps=caps_from_args(args), prefer=args.prefer, backend=args.backend
     )
@@ -65,7 +67,9 @@ def _print_table(model: Model, selection) -> None:  # type: ignore[no-untyped-de
             need = f" (need {format_size(verdict.need)})" if verdict.need is not None else ""
             table.add_row(mark, verdict.backend, f"[red]{verdict.code}[/]", verdict.reason + need)
     if not selection.verdicts:
-        console.print("no backend plugins installed: pip install anyformer-llamacpp")
+        from anyformer._plugins import get_plugin_manager
+
+        console.print(get_plugin_manager().why_no_backend())
         return
     console.print(table)
     if selection.chosen:

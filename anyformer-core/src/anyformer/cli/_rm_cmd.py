@@ -26,8 +26,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 
 def run(args: argparse.Namespace) -> int:
     """Show what goes, ask (unless -y), remove, print the bytes freed."""
+    from anyformer._default_model import refuse_removing_default_model
     from anyformer.store._cache_removal import plan_removal
 
+    refuse_removing_default_model(args.model)
     plan = plan_removal(args.model)
     for path in plan.paths:
         print(f"  {path}", file=sys.stderr)
