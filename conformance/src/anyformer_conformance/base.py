@@ -559,8 +559,8 @@ class BackendConformance:
             asked.append((dict(case.description), caps.replace(**case.caps), case.request))
         if not asked:
             pytest.skip("no sample_model and no refusal_cases")
-        for model, machine, request in asked:
-            verdict, budget, where = self._ask(plugin_manager, model, machine, request)
+        for model, machine, asking in asked:
+            verdict, budget, where = self._ask(plugin_manager, model, machine, asking)
             where += f" with ram_bytes={machine.ram_bytes}, budget={budget}"
             checks.check_verdict(verdict, self.backend_id, where)
             checks.check_need(verdict, budget=budget, ram=machine.ram_bytes, where=where)
@@ -636,7 +636,7 @@ class BackendConformance:
         """
         monkeypatch.setenv("HF_HUB_OFFLINE", "1")
         absent = tmp_path / "absent"
-        file_sets = [_TYPICAL_FILES]
+        file_sets: list[tuple[ModelFile, ...]] = [_TYPICAL_FILES]
         if described_sample is not None:
             file_sets.insert(0, tuple(ModelFile(f.name, f.size) for f in described_sample.files))
         models = []
@@ -952,8 +952,14 @@ class BackendConformance:
         try:
             raw.close()
         except RuntimeError as exc:
+            swallowed: RuntimeError | None = exc
+        else:
+            swallowed = None
+        # A generator that swallows GeneratorExit does it again when collected: let that happen now.
+        del raw
+        if swallowed is not None:
             checks.fail(
-                f"close() raised RuntimeError: {exc}: the generator caught GeneratorExit and kept going; "
+                f"close() raised RuntimeError: {swallowed}: the generator caught GeneratorExit and kept going; "
                 "let GeneratorExit through (clean up in a finally block) so the stream stops when closed",
                 where,
             )
@@ -965,7 +971,7 @@ class BackendConformance:
             for _ in range(read):
                 next(stream)
             try:
-                stream.close()
+                stream.close()  # type: ignore[attr-defined]  # checked callable above
             except Exception as exc:
                 checks.fail(f"close() raised {type(exc).__name__}: {exc}, expected the stream to stop quietly", where)
             try:
@@ -1070,6 +1076,8 @@ class BackendConformance:
         handle's state inside the worker (no globals set up by the parent process), make greedy
         decoding depend on the messages alone, and yield plain ``Chunk`` objects.
         """
+        if described_sample is None:
+            pytest.skip("no sample_model")
         if plugin_manager.entry_point(self.backend_id) is None:
             pytest.skip("the backend is registered in-process: an isolated worker loads backends from entry points")
         limit = self.max_new_tokens_for_tests
@@ -1184,6 +1192,12 @@ class BackendConformance:
                 checks.fail(
                     f"store_list listed {entry.repo!r} at {entry.path!r}, outside ANYFORMER_HOME={home!r}: "
                     "a backend keeps its store under ANYFORMER_HOME, read at each call",
+                    "store_list()",
+                )
+            if not os.path.exists(entry.path):
+                checks.fail(
+                    f"store_list listed {entry.repo!r} at {entry.path!r}, which does not exist: "
+                    "list only the models that are in the store",
                     "store_list()",
                 )
         if stored_model is None:

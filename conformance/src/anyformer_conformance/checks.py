@@ -110,6 +110,8 @@ def check_verdict_fits(verdict: Verdict, *, budget: int, ram: int, where: str) -
     if not verdict.ok:
         return
     estimate = verdict.estimate
+    if estimate is None:
+        fail("an ok verdict has no estimate, expected an anyformer.Estimate", where)
     if estimate.gpu_bytes > budget:
         fail(
             f"accepted with estimate.gpu_bytes={estimate.gpu_bytes} but the budget offered is {budget}: "
