@@ -172,12 +172,16 @@ class BackendConformance:
 
     - ``sample_model`` (class scope): a model ref or :class:`anyformer.Model` this backend runs, or
       None (the default) when none runs in CI; the load and generate tests then skip.
-    - ``plugin_manager`` (class scope): by default a fresh manager loading this backend's
-      installed entry point, exactly as users get it; override it to register in-process.
+    - ``backend_plugin`` (class scope): the object holding the backend's hookimpls; by default its
+      installed entry point, loaded. Override it to test an in-process plugin object (the
+      isolated-worker test then skips: a worker loads backends from entry points). The kit calls
+      these hooks directly too, since the core's clamps would hide the bugs it looks for.
+    - ``plugin_manager`` (class scope): a fresh manager holding ``backend_plugin``, through its
+      entry point when it is the installed one (exactly as users get it), else registered.
     - ``caps`` (class scope): the machine, ``anyformer.probe()``; override for a what-if machine.
-    - ``stored_model`` (function scope): called with ``ANYFORMER_HOME`` pointing at an empty
-      folder; put a model in your store there and return anything but None, and the store test
-      requires ``store_list`` to list it.
+    - ``stored_model`` (function scope): called with ``ANYFORMER_HOME`` at ``empty_anyformer_home``,
+      a fresh empty folder; store a model under it and return the path you wrote, and the store
+      tests require ``store_list`` to list it and nothing else.
     """
 
     # ---- what the implementer supplies ------------------------------------------------------------
