@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Any
 
 import pluggy
@@ -23,7 +23,12 @@ __all__ = ["BackendHooks", "BackendStream", "read_backend_stream"]
 
 
 class BackendHooks:
-    """The hooks of one plugin object, called directly: whatever they return or raise comes back unchanged."""
+    """The hooks of one plugin object, called directly: whatever they return or raise comes back unchanged.
+
+    Each hook's implementation is called as the core calls it (with the arguments it names), not
+    through pluggy's hook caller, so a change to the specs' ``firstresult`` does not change what
+    comes back.
+    """
 
     def __init__(self, plugin: object, backend_id: str) -> None:
         self.backend_id = backend_id
@@ -31,19 +36,26 @@ class BackendHooks:
         self._pm.add_hookspecs(hookspecs)
         self._pm.register(plugin, name=backend_id)
 
+    def _call(self, hook: str, **arguments: Any) -> Any:
+        """The plugin's implementation of ``hook`` called with the arguments it takes; None when it has none."""
+        implementations = getattr(self._pm.hook, hook).get_hookimpls()
+        if not implementations:
+            return None
+        implementation = implementations[0]  # one plugin is registered: at most one implementation
+        return implementation.function(*(arguments[name] for name in implementation.argnames))
+
     def can_run(self, model: Model, caps: Caps, request: Request) -> Any:
         """The backend's raw ``can_run`` answer (None when it gives none)."""
-        results = self._pm.hook.can_run(model=model, caps=caps, request=request)
-        return results[0] if results else None
+        return self._call("can_run", model=model, caps=caps, request=request)
 
     def generate(self, handle: object, messages: list[Message], options: GenerateOptions) -> Any:
         """The backend's raw ``generate`` answer: the iterator it returned, or None."""
-        return self._pm.hook.generate(loaded=handle, messages=messages, options=options)
+        return self._call("generate", loaded=handle, messages=messages, options=options)
 
     def store_list(self) -> list[Any]:
         """Everything the backend's ``store_list`` returned, as a list (empty when it has no such hook)."""
-        results: Sequence[Iterable[Any] | None] = self._pm.hook.store_list()
-        return [entry for result in results for entry in (result or ())]
+        result: Iterable[Any] | None = self._call("store_list")
+        return list(result or ())
 
 
 @dataclasses.dataclass
