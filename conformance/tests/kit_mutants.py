@@ -13,6 +13,7 @@ each mutant, and pass the wrapper and the installed template.
 from __future__ import annotations
 
 import dataclasses
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
@@ -93,6 +94,13 @@ class IgnoresMaxNewTokens(TemplateBackend):
 
     def engine_options(self, options: GenerateOptions) -> GenerateOptions:
         return dataclasses.replace(options, max_new_tokens=5 * options.max_new_tokens)
+
+
+class IgnoresCancel(TemplateBackend):
+    """Never looks at ``options.cancel`` (the core's check between chunks would hide it)."""
+
+    def engine_options(self, options: GenerateOptions) -> GenerateOptions:
+        return dataclasses.replace(options, cancel=threading.Event())
 
 
 class TokensStayZero(TemplateBackend):
@@ -195,6 +203,7 @@ class SwallowsGeneratorExit(TemplateBackend):
 #: Backend mutants by name; ``heavy-import`` lives in its own module, imported only when asked for.
 MUTANTS: dict[str, type[TemplateBackend]] = {
     "ignores-max-new-tokens": IgnoresMaxNewTokens,
+    "ignores-cancel": IgnoresCancel,
     "tokens-stay-zero": TokensStayZero,
     "tokens-overshoot": TokensOvershoot,
     "tokens-always-one": TokensAlwaysOne,

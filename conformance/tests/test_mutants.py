@@ -55,6 +55,11 @@ def run_kit(pytester: pytest.Pytester, source: str, *args: str) -> pytest.RunRes
             "chunk 8 reports 9 tokens, but max_new_tokens is 8 (rule: the stream stops at max_new_tokens)*",
         ),
         (
+            "ignores-cancel",
+            "test_backend_stream_stops_when_cancelled",
+            "* chunks came after cancel was set*expected at most 2*(rule: the backend stops when cancelled)*",
+        ),
+        (
             "tokens-overshoot",
             "test_backend_stream_stops_at_max_new_tokens",
             "chunk 4 reports 10 tokens, but max_new_tokens is 8 (rule: the stream stops at max_new_tokens)*",

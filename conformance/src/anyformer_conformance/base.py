@@ -92,6 +92,18 @@ def _same_or_nested(listed: str, stored: str) -> bool:
     return _is_within(stored, Path(listed)) or _is_within(listed, Path(stored))
 
 
+def _cancelled_after_first_chunk(stream: Any, cancel: threading.Event) -> Iterator[Any]:
+    """Pass ``stream`` through, setting ``cancel`` once its first chunk has come; closing this closes it."""
+    try:
+        for chunk in stream:
+            yield chunk
+            cancel.set()
+    finally:
+        close = getattr(stream, "close", None)
+        if callable(close):
+            close()
+
+
 def _entry_point(backend_id: str) -> importlib.metadata.EntryPoint | None:
     """The installed entry point named ``backend_id`` in the ``anyformer`` group, or None."""
     group = anyformer.hookspecs.PROJECT
@@ -786,6 +798,46 @@ class BackendConformance:
         """
         for stream in self._read_backend_streams(backend_streams):
             checks.check_deltas_are_new_text(stream.chunks, stream.where)
+
+    def test_backend_stream_stops_when_cancelled(
+        self, loaded_model: anyformer.Loaded, backend_hooks: BackendHooks
+    ) -> None:
+        """The raw stream ends within two chunks of ``options.cancel`` being set: before it starts, and after one chunk.
+
+        The core checks ``cancel`` between chunks for callers, which hides a backend that never
+        looks at it (and keeps its engine busy until the core's next read). Troubleshooting: check
+        ``options.cancel.is_set()`` before each token; when set, yield
+        ``Chunk(tokens=n, finish_reason="cancelled")`` and return.
+        """
+        limit = max(4 * self.max_new_tokens_for_tests, 16)
+        messages = anyformer.validate_messages(self._messages(0))
+        for when in ("before the call", "after the first chunk"):
+            where = f"the {self.backend_id} generate hook(max_new_tokens={limit}), cancel set {when}"
+            cancel = threading.Event()
+            if when == "before the call":
+                cancel.set()
+            try:
+                raw = backend_hooks.generate(
+                    loaded_model.handle, messages, GenerateOptions.build(max_new_tokens=limit, cancel=cancel)
+                )
+            except Exception as exc:
+                checks.fail(f"raised {type(exc).__name__}: {exc}, expected a stream of Chunks", where)
+            stream = read_backend_stream(
+                _cancelled_after_first_chunk(raw, cancel),
+                where=where,
+                max_new_tokens=limit,
+                max_chunks=4 * limit + 16,
+                time_limit_s=self.generate_time_limit_s,
+            )
+            self._read_backend_streams([stream])
+            after = len(stream.chunks) - (0 if when == "before the call" else 1)
+            if after > 2:
+                checks.fail(
+                    f"{after} chunks came after cancel was set (tokens={stream.final_tokens}, "
+                    f"text {stream.text[:40]!r}), expected at most 2: check options.cancel before each token "
+                    "(rule: the backend stops when cancelled)",
+                    where,
+                )
 
     def test_sample_answers_long_enough_to_test_the_stream(self, backend_streams: list[BackendStream]) -> None:
         """On one of ``prompts`` the sample generates at least ``max_new_tokens_for_tests`` tokens.
