@@ -86,6 +86,9 @@ def tests(session: nox.Session, package: str) -> None:
         needs.add(PLUGINS["llamacpp"])
         install(session, *sorted(needs), extra=[f"{ROOT / CORE}[serve]", *SERVER_TEST_TOOLS])
     else:
+        if package == "conformance":
+            # The kit's own tests run it against mutants of the template backend (conformance/tests/kit_mutants.py).
+            needs.add(PLUGINS["template"])
         install(session, *sorted(needs))
     session.run(
         "pytest", f"{folder}/tests", "-p", "no:cacheprovider", "--ignore-glob=*test_conformance.py", *session.posargs

@@ -5,17 +5,14 @@ from __future__ import annotations
 import hashlib
 import os
 import pathlib
-import sys
 from collections.abc import Iterator
 from typing import Any
 
+import hub_fixtures
 import pytest
-
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "conformance" / "src"))
+from hub_server import FakeHub
 
 from anyformer import Estimate, PluginManager, Rank, Refusal, StoreEntry, Verdict, fetch_files, hookimpl
-from anyformer_conformance import hub_fixtures
-from anyformer_conformance.hub_server import FakeHub
 
 fake_hub = hub_fixtures.fake_hub
 set_hf_offline = hub_fixtures.set_hf_offline

@@ -68,6 +68,18 @@ def test_memory_with_need_when_host_ram_is_too_small() -> None:
     assert plugin.can_run(model, _caps(ram=verdict.need), Request()).ok
 
 
+def test_memory_counts_the_projector_an_accepted_estimate_fits_the_ram_offered() -> None:
+    projector = 50 * 10**6
+    model = _model([("x-Q4_0.gguf", 10**8), ("mmproj-f16.gguf", projector)], metadata={"gguf": GGUF_FACTS})
+    accepted = plugin.can_run(model, _caps(), Request())
+    assert accepted.ok and accepted.estimate is not None
+    ram = accepted.estimate.ram_bytes
+    short = plugin.can_run(model, _caps(ram=ram - 1), Request())  # the model alone would fit here
+    assert (short.ok, short.code, short.need) == (False, Refusal.MEMORY, ram)
+    assert "projector" in short.reason
+    assert plugin.can_run(model, _caps(ram=ram), Request()).ok
+
+
 def test_ok_estimate_on_a_cpu_build_counts_weights_and_kv_cache(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(plugin, "gpu_offload_library", lambda: None)
     model = _model(

@@ -57,27 +57,30 @@ def can_run(model: Model, caps: Caps, request: Request) -> Verdict:
         budget=budget,
         gpu_offload=gpu_library is not None,
     )
-    if plan.ram_bytes > caps.ram_bytes:
-        where = f"{plan.gpu_layers} layers on the GPU and the rest" if plan.gpu_layers else "the model"
-        return Verdict.refuse(
-            BACKEND_ID,
-            Refusal.MEMORY,
-            f"{choice.first.name}: {where} needs {format_size(plan.ram_bytes)} of host memory at {plan.context} tokens "
-            f"of context (weights {format_size(plan.weights_bytes)}, KV cache {format_size(plan.kv_bytes)}); "
-            f"{format_size(caps.ram_bytes)} available",
-            need=plan.ram_bytes,
-        )
-    # The projector (mmproj) that reads image blocks is fetched and loaded with the model, except to embed.
+    # The projector (mmproj) that reads image blocks is fetched and loaded with the model, except to embed;
+    # its bytes count against host memory like the model's own.
     mmproj = projector_for(model) if task != "feature-extraction" else None
     mmproj_files = (mmproj.name,) if mmproj is not None else ()
     mmproj_bytes = (mmproj.size or 0) if mmproj is not None else 0
+    ram_bytes = plan.ram_bytes + mmproj_bytes
+    if ram_bytes > caps.ram_bytes:
+        where = f"{plan.gpu_layers} layers on the GPU and the rest" if plan.gpu_layers else "the model"
+        projector = f", projector {format_size(mmproj_bytes)}" if mmproj_bytes else ""
+        return Verdict.refuse(
+            BACKEND_ID,
+            Refusal.MEMORY,
+            f"{choice.first.name}: {where} needs {format_size(ram_bytes)} of host memory at {plan.context} tokens "
+            f"of context (weights {format_size(plan.weights_bytes)}, KV cache {format_size(plan.kv_bytes)}"
+            f"{projector}); {format_size(caps.ram_bytes)} available",
+            need=ram_bytes,
+        )
     device = gpu_library if plan.full_offload else "cpu"
     speed = measured_speed(model.architecture or facts.get("architecture"), choice.size, device or "cpu")
     return Verdict.accept(
         BACKEND_ID,
         Estimate(
             gpu_bytes=plan.gpu_bytes,
-            ram_bytes=plan.ram_bytes + mmproj_bytes,
+            ram_bytes=ram_bytes,
             disk_bytes=choice.size + mmproj_bytes,
             tok_per_sec=speed,
             rank=Rank.FALLBACK,
