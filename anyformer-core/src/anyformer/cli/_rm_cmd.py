@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from anyformer.cli._common import os_errors_as_refusals
 from anyformer.contract._errors import AnyformerError, ErrorCode
 from anyformer.contract._sizes import format_size
 
@@ -28,13 +29,15 @@ def run(args: argparse.Namespace) -> int:
     """Show what goes, ask (unless -y), remove, print the bytes freed."""
     from anyformer.store._cache_removal import plan_removal
 
-    plan = plan_removal(args.model)
+    with os_errors_as_refusals(f"looking for {args.model!r:.200}"):
+        plan = plan_removal(args.model)
     for path in plan.paths:
         print(f"  {path}", file=sys.stderr)
     if not args.yes and not _confirmed(f"remove {args.model} ({format_size(plan.bytes)})? [y/N] "):
         print("anyformer: nothing removed", file=sys.stderr)
         return 1
-    freed = plan.execute()
+    with os_errors_as_refusals(f"removing {args.model}"):
+        freed = plan.execute()
     print(f"removed {args.model}: freed {format_size(freed)} ({freed} bytes)")
     return 0
 
