@@ -380,6 +380,27 @@ def test_the_worker_ends_when_its_parent_dies(engines: Any, tmp_path: Path) -> N
     assert not _alive(pid), "the worker outlived its parent"
 
 
+def test_a_cancel_while_the_engine_prepares_the_prompt_returns_at_once(
+    load_isolated: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import anyformer.isolation._worker_session as worker_session
+
+    monkeypatch.setattr(worker_session, "SETTLE_SECONDS", 1.0)  # dispose ends the stuck worker sooner
+    loaded = load_isolated("spins")
+    cancel = threading.Event()
+    results: list[Any] = []
+    caller = threading.Thread(target=lambda: results.append(list(loaded.generate("hi", cancel=cancel))), daemon=True)
+    caller.start()
+    time.sleep(0.3)  # the engine spins before its first token, deaf to the cancel
+    cancel.set()
+    caller.join(3)
+    assert not caller.is_alive(), "the caller waited for an engine that never answers"
+    assert all(not chunk.delta for chunk in results[0])
+    pid = loaded.worker_pid
+    loaded.dispose()
+    assert not _alive(pid), "dispose left the stuck worker running"
+
+
 _SPINNING_PARENT = """
 import os, sys, threading, anyformer
 from anyformer import Caps

@@ -335,3 +335,33 @@ def test_requests_reuse_one_listing_of_the_store(paced_server: Any) -> None:
         assert plain_request("GET", f"{url}/v1/models").status == 200
         assert plain_request("POST", f"{url}/v1/chat/completions", chat("org/unknown")).status == 404
     assert backend.listings == 1, "each request listed the store again"
+
+
+# ---- 4. a hostile chat template behind the server ---------------------------------------------------
+
+
+@pytest.mark.safety("G16")
+def test_a_looping_template_is_422_quickly_and_does_not_hold_the_model(tmp_path: Path) -> None:
+    pytest.importorskip("anyformer_llamacpp")
+    pytest.importorskip("gguf")
+    import sys
+
+    from anyformer._chat_template import RENDER_SECONDS
+    from anyformer.server import ModelPool, create_app
+
+    from .conftest import REPO_ROOT
+    from .server_support import serve_in_thread
+
+    sys.path.insert(0, str(REPO_ROOT / "plugins" / "anyformer-llamacpp" / "tests"))
+    try:
+        from tiny_gguf import write_tiny_llama
+    finally:
+        sys.path.pop(0)
+    loop = "{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}{% endfor %}{{ messages[0].content }}"
+    path = str(write_tiny_llama(tmp_path / "loop-F32.gguf", chat_template=loop))
+    with serve_in_thread(create_app(ModelPool(context=512), models=[path])) as url:
+        for _ in range(2):  # the second request is not stuck behind the first
+            started = time.monotonic()
+            reply = plain_request("POST", f"{url}/v1/chat/completions", chat(path, max_tokens=2))
+            assert reply.status == 422 and reply.json()["error"]["code"] == "BAD_MODEL", reply.body
+            assert time.monotonic() - started < RENDER_SECONDS + 30  # the first one loads the model too
