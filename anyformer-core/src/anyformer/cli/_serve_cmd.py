@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import sys
 
 from anyformer.contract._errors import AnyformerError, ErrorCode
 
@@ -92,6 +93,13 @@ def run(args: argparse.Namespace) -> int:
         )
     from anyformer.contract._sizes import parse_size
     from anyformer.server import serve
+
+    if args.host in ("0.0.0.0", "::", "") and not args.allowed_hosts:
+        print(
+            "anyformer: listening on every address, but only loopback Host names are answered: "
+            "list the names clients use with --allowed-host NAME",
+            file=sys.stderr,
+        )
 
     serve(
         args.host,
