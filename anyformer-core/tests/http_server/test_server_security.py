@@ -365,3 +365,23 @@ def test_a_looping_template_is_422_quickly_and_does_not_hold_the_model(tmp_path:
             reply = plain_request("POST", f"{url}/v1/chat/completions", chat(path, max_tokens=2))
             assert reply.status == 422 and reply.json()["error"]["code"] == "BAD_MODEL", reply.body
             assert time.monotonic() - started < RENDER_SECONDS + 30  # the first one loads the model too
+
+
+@pytest.mark.parametrize(
+    ("message", "expected"),
+    [
+        ("/root/.cache/huggingface/hub/models--o--n/blobs/ab12: bad magic", "…/ab12: bad magic"),
+        ("cannot read '/home/me/models/x.gguf'.", "cannot read '…/x.gguf'."),
+        ("C:\\Users\\me\\m.gguf is short", "…/m.gguf is short"),
+        ("~/models/m.gguf: no such file", "…/m.gguf: no such file"),
+        ("GET /v1/models lists them; POST /v1/nope: Not Found", "GET /v1/models lists them; POST /v1/nope: Not Found"),
+        (
+            "org/name needs a 5/7 split, see https://hf.co/org/name",
+            "org/name needs a 5/7 split, see https://hf.co/org/name",
+        ),
+    ],
+)
+def test_paths_are_cut_from_error_messages_and_nothing_else(message: str, expected: str) -> None:
+    from anyformer.server._errors import redact_paths
+
+    assert redact_paths(message) == expected

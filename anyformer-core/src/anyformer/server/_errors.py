@@ -62,10 +62,16 @@ def _error_type(status: int) -> str:
 _ABSOLUTE_PATH = re.compile(r"(?<![\w:/.~-])(?:/|~/|[A-Za-z]:[\\/])[^\s'\"`,;()<>\[\]{}]*")
 
 
+#: URL paths of this server, which messages name and which are no secret.
+_OWN_ROUTES = ("/v1/", "/api/", "/health")
+
+
 def redact_paths(text: str) -> str:
     """``text`` with each absolute path cut to ``…/`` and its last component."""
 
     def cut(match: re.Match[str]) -> str:
+        if match.group(0).startswith(_OWN_ROUTES) or match.group(0) == "/":
+            return match.group(0)  # the server's own URL paths, as in "GET /v1/models lists them"
         path = match.group(0).rstrip(".:")
         tail = match.group(0)[len(path) :]
         last = re.split(r"[\\/]", path.rstrip("/\\"))[-1]
