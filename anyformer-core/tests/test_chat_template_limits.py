@@ -132,3 +132,16 @@ def test_arithmetic_errors_in_a_template_are_bad_model(template: str) -> None:
     with pytest.raises(AnyformerError) as caught:
         render_chat(template, HI)
     assert caught.value.code is ErrorCode.BAD_MODEL
+
+
+def test_a_cancel_stops_a_render_in_progress() -> None:
+    import threading
+
+    cancel = threading.Event()
+    threading.Timer(0.2, cancel.set).start()
+    started = time.monotonic()
+    with chat_template.cancelled_by(cancel), pytest.raises(AnyformerError) as caught:
+        render_chat(HOSTILE["exponential macro"], HI)  # would run until the 5 s limit
+    assert caught.value.code is ErrorCode.CANCELLED
+    assert time.monotonic() - started < 2
+    assert render_chat(None, HI)  # outside the block, no cancel applies

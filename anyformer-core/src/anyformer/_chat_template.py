@@ -15,6 +15,7 @@ deadline ends the worker, and the caller gets ``BACKEND_CRASHED`` quoting why.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import datetime
 import functools
@@ -61,6 +62,10 @@ class _OverBudget(Exception):
     """A render ran over one of its limits; the message says which."""
 
 
+class _Cancelled(Exception):
+    """The generation this render is for was cancelled (see :func:`cancelled_by`)."""
+
+
 class _OverCallerLimit(Exception):
     """The output passed the caller's ``max_chars`` (a prompt longer than the caller can use)."""
 
@@ -69,6 +74,7 @@ class _Budget:
     """What one render may still do: a deadline, loop steps, and the largest value it may make."""
 
     def __init__(self, seconds: float, max_chars: int) -> None:
+        self.cancel = _CANCEL.get()
         self.started = time.monotonic()
         self.deadline = self.started + seconds
         self.seconds = seconds
@@ -76,6 +82,8 @@ class _Budget:
         self.max_chars = max_chars
 
     def tick(self) -> None:
+        if self.cancel is not None and self.cancel.is_set():
+            raise _Cancelled()
         if time.monotonic() > self.deadline:
             raise _OverBudget(f"it ran for over {self.seconds:g} s")
 
@@ -100,6 +108,22 @@ class _Budget:
 
 
 _BUDGET: contextvars.ContextVar[_Budget | None] = contextvars.ContextVar("anyformer_template_budget", default=None)
+_CANCEL: contextvars.ContextVar[threading.Event | None] = contextvars.ContextVar(
+    "anyformer_render_cancel", default=None
+)
+
+
+@contextlib.contextmanager
+def cancelled_by(cancel: threading.Event | None) -> Iterator[None]:
+    """Renders in this block stop with ``CANCELLED`` once ``cancel`` is set (a generation's cancel event).
+
+    Backends render inside ``generate`` and do not pass the event on; the core sets it around the call.
+    """
+    token = _CANCEL.set(cancel)
+    try:
+        yield
+    finally:
+        _CANCEL.reset(token)
 
 
 def _budget() -> _Budget:
@@ -297,6 +321,8 @@ def render_chat(
     timer = _arm_hard_stop(time_limit)
     try:
         return _render(compiled, budget, max_chars, plain, add_generation_prompt, bos_token, eos_token, variables)
+    except _Cancelled:
+        raise AnyformerError(ErrorCode.CANCELLED, "cancelled while rendering the chat template") from None
     except _OverCallerLimit:
         raise AnyformerError(
             ErrorCode.BAD_REQUEST,

@@ -31,7 +31,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from anyformer._backend import BackendModel, run_of
-from anyformer._chat_template import STOP_PROCESS, enable_hard_stop
+from anyformer._chat_template import STOP_PROCESS, cancelled_by, enable_hard_stop
 from anyformer._plugins import ENTRY_POINT_GROUP, PluginManager
 from anyformer.contract._chunk import Chunk, GenerateOptions
 from anyformer.contract._errors import AnyformerError, ErrorCode
@@ -214,7 +214,8 @@ class Worker:
         generation = _Generation(ident, int(command.get("window", 1)))
         self._generation = generation
         try:
-            self._stream(command, generation)
+            with cancelled_by(generation.cancel):  # a cancel stops a chat template mid-render too
+                self._stream(command, generation)
         finally:
             self._generation = None
 
