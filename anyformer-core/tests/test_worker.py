@@ -380,6 +380,73 @@ def test_the_worker_ends_when_its_parent_dies(engines: Any, tmp_path: Path) -> N
     assert not _alive(pid), "the worker outlived its parent"
 
 
+def test_a_cancel_while_the_engine_prepares_the_prompt_returns_at_once(
+    load_isolated: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import anyformer.isolation._worker_session as worker_session
+
+    monkeypatch.setattr(worker_session, "SETTLE_SECONDS", 1.0)  # dispose ends the stuck worker sooner
+    loaded = load_isolated("spins")
+    cancel = threading.Event()
+    results: list[Any] = []
+    caller = threading.Thread(target=lambda: results.append(list(loaded.generate("hi", cancel=cancel))), daemon=True)
+    caller.start()
+    time.sleep(0.3)  # the engine spins before its first token, deaf to the cancel
+    cancel.set()
+    caller.join(3)
+    assert not caller.is_alive(), "the caller waited for an engine that never answers"
+    assert all(not chunk.delta for chunk in results[0])
+    pid = loaded.worker_pid
+    loaded.dispose()
+    assert not _alive(pid), "dispose left the stuck worker running"
+
+
+_SPINNING_PARENT = """
+import os, sys, threading, anyformer
+from anyformer import Caps
+loaded = anyformer.load(sys.argv[1], backend="spins", caps=Caps(), isolate=True)
+print(loaded.worker_pid, flush=True)
+loaded.complete("hi")  # the engine spins for ever before its first token
+"""
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.parametrize("signal_number", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
+def test_a_worker_busy_in_its_engine_ends_when_its_parent_is_killed(
+    engines: Any, tmp_path: Path, signal_number: int
+) -> None:
+    description = tmp_path / "model.json"
+    description.write_text('{"repo": "t/m", "files": [{"name": "m.gguf", "size": 1}]}')
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(engines.root), str(Path(worker_engines.__file__).parent)])}
+    parent = subprocess.Popen(
+        [sys.executable, "-c", _SPINNING_PARENT, str(description)], stdout=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        assert parent.stdout is not None
+        pid = int(parent.stdout.readline())
+        deadline = time.monotonic() + 20
+        while _cpu_seconds(pid) < 0.3 and time.monotonic() < deadline:  # it is in the engine, spinning
+            time.sleep(0.05)
+        parent.send_signal(signal_number)
+        parent.wait(10)
+        deadline = time.monotonic() + 10
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        alive = _alive(pid)
+        if alive:
+            os.kill(pid, signal.SIGKILL)
+        assert not alive, "the worker outlived its parent, spinning"
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
+
+
 # ---- the protocol ----------------------------------------------------------------------------------
 
 

@@ -94,6 +94,9 @@ class Engine:
             raise AnyformerError("BAD_REQUEST", "the prompt is 9000 tokens and the context is 512")
         if self.fault == "echo":
             return iter([Chunk(delta=repr(messages), tokens=1, finish_reason="stop")])
+        if self.fault == "spin":  # a template or a prompt evaluation that never returns, deaf to cancel
+            while True:
+                pass
         return self._stream(loaded, options)
 
     def _stream(self, handle: Handle, options: Any) -> Iterator[Chunk]:
@@ -129,6 +132,7 @@ cuda_oom = Engine("cuda-oom", "cuda_oom")
 raises = Engine("raises", "raises")
 prints = Engine("prints", "prints")
 bad_request = Engine("bad-request", "bad_request")
+spins = Engine("spins", "spin")
 aborts_at_load = Engine("aborts-at-load", "abort", at="load")
 bad_alloc_at_load = Engine("bad-alloc-at-load", "bad_alloc", at="load")
 bad_model_at_load = Engine("bad-model-at-load", "bad_model", at="load")

@@ -14,7 +14,7 @@ from anyformer.files._config_file import read_config_json
 
 # Folders in a model directory that hold no model files (VCS, caches, editor state).
 _SKIP_DIRS = {".git", ".cache", ".huggingface", "__pycache__", ".ipynb_checkpoints"}
-_REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?(@[A-Za-z0-9._/-]+)?$")
+_REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?(@[A-Za-z0-9._/-]+)?\Z")
 # The most files a local folder may list: a model folder with more is a mistake (a home directory).
 _MAX_LOCAL_FILES = 10_000
 
@@ -39,7 +39,7 @@ def describe(ref: str | os.PathLike[str] | Mapping[str, Any] | Model) -> Model:
     if not text.strip():
         raise AnyformerError(ErrorCode.BAD_REQUEST, "empty model reference")
     path = Path(text).expanduser()
-    if path.exists():
+    if _exists(path):
         if path.is_dir():
             return describe_folder(path)
         if path.suffix.lower() == ".json":
@@ -49,12 +49,21 @@ def describe(ref: str | os.PathLike[str] | Mapping[str, Any] | Model) -> Model:
         raise AnyformerError(ErrorCode.MODEL_NOT_FOUND, f"no such file or folder: {text}")
     if not _REPO_ID.match(text):
         raise AnyformerError(
-            ErrorCode.BAD_REQUEST, f"{text!r} is neither an existing path nor a Hub repo id (org/name[@revision])"
+            ErrorCode.BAD_REQUEST,
+            f"{text!r:.200} is neither an existing path nor a Hub repo id (org/name[@revision])",
         )
     repo, _, revision = text.partition("@")
     from anyformer.store._hub import describe_hub  # huggingface_hub is imported only when the Hub is asked
 
     return describe_hub(repo, revision or None)
+
+
+def _exists(path: Path) -> bool:
+    """Whether ``path`` exists; a name the system cannot even look up (too long, a NUL) does not."""
+    try:
+        return path.exists()
+    except (OSError, ValueError):
+        return False
 
 
 def _looks_like_path(text: str) -> bool:

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from anyformer._backend import BackendModel
+from anyformer._chat_template import cancelled_by
 from anyformer._stream import CoreStream
 from anyformer.contract._chunk import Chunk, GenerateOptions
 from anyformer.contract._errors import AnyformerError, ErrorCode
@@ -114,7 +115,8 @@ class Loaded:
         if not self._busy.acquire(blocking=False):
             raise AnyformerError(ErrorCode.BUSY, f"{self.model.ref} is already generating; wait for it or cancel it")
         try:
-            source = self._session.start(checked, options)
+            with cancelled_by(options.cancel):  # an in-process backend renders its chat template here
+                source = self._session.start(checked, options)
         except BaseException:
             self._busy.release()
             raise

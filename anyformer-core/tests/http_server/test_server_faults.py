@@ -32,7 +32,12 @@ def open_stream(url: str, body: dict[str, Any]) -> tuple[http.client.HTTPConnect
     """Start a streamed chat and read its first event; the caller closes the connection."""
     parts = urllib.parse.urlsplit(url)
     connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
-    connection.request("POST", "/v1/chat/completions", json.dumps({**body, "stream": True}).encode())
+    connection.request(
+        "POST",
+        "/v1/chat/completions",
+        json.dumps({**body, "stream": True}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
     response = connection.getresponse()
     assert response.status == 200
     assert response.readline().startswith(b"data: ")

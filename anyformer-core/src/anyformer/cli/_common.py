@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import json
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 from anyformer.contract._caps import Caps, probe
+from anyformer.contract._errors import AnyformerError, ErrorCode
 from anyformer.contract._sizes import parse_size
 
 
@@ -45,3 +49,19 @@ def model_argument(ref: str) -> str:
     from anyformer._default_model import resolve_model_name
 
     return resolve_model_name(ref)
+
+
+@contextlib.contextmanager
+def os_errors_as_refusals(doing: str) -> Iterator[None]:
+    """An ``OSError`` while ``doing`` becomes one line with a code (a read-only store, a long name), no traceback."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            code = ErrorCode.DISK_FULL
+        elif exc.errno == errno.ENAMETOOLONG:
+            code = ErrorCode.BAD_REQUEST
+        else:
+            code = ErrorCode.PLUGIN_ERROR if exc.errno is None else ErrorCode.BAD_REQUEST
+        where = f" ({exc.filename})" if exc.filename and len(str(exc.filename)) < 300 else ""
+        raise AnyformerError(code, f"{doing} failed: {exc.strerror or exc}{where}") from None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from anyformer.cli._common import os_errors_as_refusals
 from anyformer.contract._errors import AnyformerError, ErrorCode
 from anyformer.contract._sizes import format_size
 
@@ -30,13 +31,15 @@ def run(args: argparse.Namespace) -> int:
     from anyformer.store._cache_removal import plan_removal
 
     refuse_removing_default_model(args.model)
-    plan = plan_removal(args.model)
+    with os_errors_as_refusals(f"looking for {args.model!r:.200}"):
+        plan = plan_removal(args.model)
     for path in plan.paths:
         print(f"  {path}", file=sys.stderr)
     if not args.yes and not _confirmed(f"remove {args.model} ({format_size(plan.bytes)})? [y/N] "):
         print("anyformer: nothing removed", file=sys.stderr)
         return 1
-    freed = plan.execute()
+    with os_errors_as_refusals(f"removing {args.model}"):
+        freed = plan.execute()
     print(f"removed {args.model}: freed {format_size(freed)} ({freed} bytes)")
     return 0
 

@@ -347,12 +347,17 @@ class WorkerSession:
             )
         except TypeError as exc:
             raise AnyformerError(ErrorCode.BAD_REQUEST, f"{exc}; load with isolate=False to pass it") from None
+        except ValueError as exc:  # over the frame limit
+            raise AnyformerError(ErrorCode.BAD_REQUEST, f"the request is too large for a worker: {exc}") from None
         self._write(frame, "generating")
         try:
-            reply = self._next("generating")
+            reply = self._next("generating", cancel=options.cancel)
         except ProtocolError as exc:  # pragma: no cover - _next turns these into errors
             raise self._broken(str(exc), "generating") from None
-        assert reply is not None
+        if reply is None:  # cancelled while the engine prepares the prompt: it is told, and settled later
+            self._pending = ident
+            self._send({"op": "cancel", "id": ident}, "generating")
+            return iter(())
         if reply["op"] == "error" and reply.get("id") == ident:
             raise self._checked_error(reply, "generating")
         if reply["op"] != "started" or reply.get("id") != ident:
@@ -424,6 +429,8 @@ class WorkerSession:
             frame = encode_frame({"op": "run", "input": encode_value(input), "options": encode_value(options)})
         except TypeError as exc:
             raise AnyformerError(ErrorCode.BAD_REQUEST, f"{exc}; load with isolate=False to pass it") from None
+        except ValueError as exc:  # over the frame limit
+            raise AnyformerError(ErrorCode.BAD_REQUEST, f"the input is too large for a worker: {exc}") from None
         self._write(frame, "running")
         reply = self._next("running")
         assert reply is not None

@@ -1,7 +1,7 @@
 """OpenAI request bodies checked and turned into anyformer calls, and the response objects built back.
 
 Only what anyformer can honour is read (``max_tokens``, ``temperature``, ``seed``, ``stop``,
-``top_p``, ``stream``); other fields OpenAI clients send are ignored, as OpenAI-compatible servers do.
+``top_p``, ``top_k``, ``stream``); other fields OpenAI clients send are ignored, as OpenAI-compatible servers do.
 Anything malformed raises ``BAD_REQUEST`` naming the field in ``param``.
 """
 
@@ -26,7 +26,16 @@ EMBEDDING_TASK = "feature-extraction"
 #: OpenAI's role for system instructions in newer models; anyformer calls it ``system``.
 _ROLE_ALIASES = {"developer": "system"}
 #: The core's option names and the request fields they come from, for ``param`` in errors.
-_PARAMS = {"max_new_tokens": "max_tokens", "temperature": "temperature", "seed": "seed", "stop": "stop"}
+_PARAMS = {
+    "max_new_tokens": "max_tokens",
+    "temperature": "temperature",
+    "seed": "seed",
+    "stop": "stop",
+    "top_p": "top_p",
+    "top_k": "top_k",
+}
+#: The longest model name a request may give: Hub ids are under 100 characters, paths a few hundred.
+MAX_MODEL_CHARS = 1024
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,7 +52,11 @@ class GenerationRequest:
 def _model_of(body: dict[str, Any]) -> str:
     model = body.get("model")
     if not isinstance(model, str) or not model.strip():
-        raise bad_request("'model' must be a non-empty string: a Hub repo id, a local path or a listed id", "model")
+        raise bad_request("'model' must be a non-empty string: an id GET /v1/models lists", "model")
+    if len(model) > MAX_MODEL_CHARS:
+        raise bad_request(f"'model' is {len(model):,} characters; at most {MAX_MODEL_CHARS} are read", "model")
+    if any(ord(c) < 32 or ord(c) == 127 for c in model):
+        raise bad_request("'model' holds a control character", "model")
     return model.strip()
 
 
@@ -110,8 +123,9 @@ def _options_of(body: dict[str, Any]) -> dict[str, Any]:
     for name in ("seed", "stop"):
         if body.get(name) is not None:
             options[name] = body[name]
-    if body.get("top_p") is not None:
-        options["top_p"] = body["top_p"]
+    for name in ("top_p", "top_k"):
+        if body.get(name) is not None:
+            options[name] = body[name]
     try:
         GenerateOptions.build(**options)  # the core's own checks, before any model is loaded
     except AnyformerError as exc:

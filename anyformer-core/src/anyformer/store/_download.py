@@ -39,9 +39,9 @@ from anyformer.store._cache_layout import COMMIT, RepoCache
 BACKOFF_SECONDS: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0)
 #: Least time between two progress reports of one file.
 PROGRESS_INTERVAL_SECONDS = 0.1
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
-_SHA1 = re.compile(r"^[0-9a-f]{40}$")
-_CONTENT_RANGE = re.compile(r"^\s*bytes\s+(\d+)-(\d+)/(\d+|\*)\s*$")
+_SHA256 = re.compile(r"^[0-9a-f]{64}\Z")
+_SHA1 = re.compile(r"^[0-9a-f]{40}\Z")
+_CONTENT_RANGE = re.compile(r"^\s*bytes\s+(\d+)-(\d+)/(\d+|\*)\s*\Z")
 _FULL_DISK = (errno.ENOSPC, errno.EDQUOT)
 # Statuses worth asking again for: the server is busy or briefly broken.
 _RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})

@@ -46,16 +46,16 @@ __all__ = [
 
 # A Hub name part: letters, digits, ``-``, ``_``, ``.``; not starting or ending with ``-`` or ``.``.
 _PART = r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9])?"
-_REPO_ID = re.compile(rf"^(?:{_PART}/)?{_PART}$")
-_REVISION = re.compile(r"^[A-Za-z0-9._/-]{1,256}$")
-_COMMIT = re.compile(r"^[0-9a-f]{40}$")
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_REPO_ID = re.compile(rf"^(?:{_PART}/)?{_PART}\Z")
+_REVISION = re.compile(r"^[A-Za-z0-9._/-]{1,256}\Z")
+_COMMIT = re.compile(r"^[0-9a-f]{40}\Z")
+_SHA256 = re.compile(r"^[0-9a-f]{64}\Z")
 
 
 def check_repo_id(repo_id: str) -> str:
     """Return ``repo_id`` if it is a Hub model id (``org/name`` or ``name``), else raise ``BAD_REQUEST``."""
     if not isinstance(repo_id, str) or not _REPO_ID.match(repo_id) or "--" in repo_id or ".." in repo_id:
-        raise AnyformerError(ErrorCode.BAD_REQUEST, f"{repo_id!r} is not a Hub repo id (org/name or name)")
+        raise AnyformerError(ErrorCode.BAD_REQUEST, f"{repo_id!r:.200} is not a Hub repo id (org/name or name)")
     return repo_id
 
 
@@ -63,7 +63,7 @@ def _check_revision(revision: str | None) -> None:
     if revision is None:
         return
     if not isinstance(revision, str) or not _REVISION.match(revision) or ".." in revision or revision.startswith("/"):
-        raise AnyformerError(ErrorCode.BAD_REQUEST, f"{revision!r} is not a revision (a branch, tag or commit)")
+        raise AnyformerError(ErrorCode.BAD_REQUEST, f"{revision!r:.200} is not a revision (a branch, tag or commit)")
 
 
 def _ref(repo_id: str, revision: str | None) -> str:

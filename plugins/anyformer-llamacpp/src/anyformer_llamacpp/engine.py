@@ -92,6 +92,8 @@ class LlamaCppModel:
     backend = BACKEND_ID
     #: The multimodal projector that reads image blocks, when the repo has one (set by ``open``).
     _projector: Projector | None = None
+    #: The most UTF-8 bytes one token stands for (its vocabulary string bounds it); None when unknown.
+    _token_bytes: int | None = None
     #: Why image blocks are refused when there is no projector to read them.
     _no_images = "the repo has no multimodal projector (mmproj) for image blocks"
 
@@ -173,6 +175,7 @@ class LlamaCppModel:
         chat_template = template if isinstance(template, str) else None
         loaded = cls(llama, chat_template, choice.first.name, context, plan.gpu_layers, task)
         loaded._projector = projector
+        loaded._token_bytes = _longest_token_bytes(first.get("tokenizer.ggml.tokens"))
         if mmproj is not None and mmproj.note:
             loaded._no_images = mmproj.note
         return loaded
@@ -266,12 +269,16 @@ class LlamaCppModel:
 
     def _render(self, messages: list[Message], thinking: bool) -> tuple[str, bool]:
         """The chat template rendered in the sandbox, and whether the tokenizer should add BOS."""
+        # A prompt of more characters than the context's tokens can stand for cannot fit: the render
+        # stops there, before megabytes are rendered and tokenized only to be refused.
+        cap = self.context * self._token_bytes if self._token_bytes else None
         prompt = render_chat(
             self._template,
             messages,
             add_generation_prompt=True,
             bos_token=self._bos_text,
             eos_token=self._eos_text,
+            max_chars=cap,
             enable_thinking=thinking,
         )
         # The template writes BOS itself when it wants one; otherwise the vocabulary's rule applies.
@@ -465,6 +472,14 @@ class LlamaCppModel:
                 break
             self._eval([token])
         yield Chunk(delta="", tokens=count, finish_reason="cancelled", prompt_tokens=prompt)
+
+
+def _longest_token_bytes(tokens: Any) -> int | None:
+    """The UTF-8 length of the vocabulary's longest token string: no token's text is longer (``Ġ``, ``▁`` and
+    ``<0x0A>`` each stand for one byte)."""
+    if not isinstance(tokens, list) or not tokens:
+        return None
+    return max((len(token.encode("utf-8", "replace")) for token in tokens if isinstance(token, str)), default=0) or None
 
 
 def _prompt_length(segments: Segments) -> int:
