@@ -1,0 +1,94 @@
+"""From denoising states to the contract's chunks: only settled text is streamed, so none is taken back.
+
+MDLM: a token becomes part of the streamed text when it and every token before it are final
+(unmasked; an unmasked token never changes), so each step streams the newly final prefix in
+reading order, and ``tokens`` counts every final token. BD3LM: a chunk per finished block. An
+end token in the streamed prefix ends the answer (``stop``) without waiting for the rest. Cancel
+is checked before every step, which makes at most one model call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+
+from anyformer.plugin import Chunk, FinishReason, GenerateOptions
+from anyformer_kohra.chat_prompt import visible_reply
+from anyformer_kohra.options import DiffusionOptions
+from anyformer_kohra.sampler import SamplerState
+from anyformer_kohra.steps import DiffusionStep
+from anyformer_kohra.text_codec import TextCodec
+
+
+def settled_prefix(state: SamplerState, mask_id: int, blocks: bool) -> int:
+    """How many leading answer tokens are settled: in finished blocks, or final with all before them."""
+    if blocks:
+        return state.settled
+    masked = np.flatnonzero(state.ids == mask_id)
+    return int(masked[0]) if masked.size else len(state.ids)
+
+
+def first_stop(ids: np.ndarray, upto: int, stop_ids: frozenset[int]) -> int | None:
+    """The position of the first end token among the first ``upto`` ids, or None."""
+    for position in range(upto):
+        if int(ids[position]) in stop_ids:
+            return position
+    return None
+
+
+def stream_states(
+    states: Iterator[SamplerState],
+    codec: TextCodec,
+    options: GenerateOptions,
+    diffusion: DiffusionOptions,
+    *,
+    prompt_tokens: int,
+    blocks: bool,
+) -> Iterator[Chunk]:
+    """Turn sampler states into chunks; close ``states`` however the stream ends."""
+    shown = ""
+    tokens = 0
+    last = np.zeros(0, dtype=np.int64)
+    try:
+        yield Chunk(tokens=0, prompt_tokens=prompt_tokens)
+        while True:
+            if options.cancel.is_set():
+                yield Chunk(tokens=tokens, finish_reason=FinishReason.CANCELLED.value)
+                return
+            state = next(states, None)
+            if state is None:
+                break
+            last = state.ids
+            if diffusion.on_step is not None:
+                diffusion.on_step(
+                    DiffusionStep(
+                        text=codec.decode_with_masks(state.ids.tolist()),
+                        step=state.step,
+                        masked=int(np.count_nonzero(state.ids == codec.mask_id)),
+                        block=state.block,
+                        model_calls=state.model_calls,
+                    )
+                )
+            prefix = settled_prefix(state, codec.mask_id, blocks)
+            stop = first_stop(state.ids, prefix, codec.stop_ids)
+            final_count = prefix if blocks else int(np.count_nonzero(state.ids != codec.mask_id))
+            tokens = max(tokens, min(final_count, options.max_new_tokens))
+            end = prefix if stop is None else stop
+            text = visible_reply(codec.decode(state.ids[:end].tolist()), final=stop is not None)
+            delta = text[len(shown) :] if text.startswith(shown) else ""
+            shown += delta
+            if stop is not None:
+                yield Chunk(delta=delta, tokens=tokens, finish_reason=FinishReason.STOP.value)
+                return
+            if delta or not blocks:
+                yield Chunk(delta=delta, tokens=tokens)
+        # Every position is final and no end token came: the answer used all its tokens. Flush what
+        # was held back (half a character, a tail that might have begun a tag).
+        text = visible_reply(codec.decode(last.tolist()), final=True)
+        delta = text[len(shown) :] if text.startswith(shown) else ""
+        yield Chunk(delta=delta, tokens=tokens, finish_reason=FinishReason.LENGTH.value)
+    finally:
+        close = getattr(states, "close", None)
+        if close is not None:
+            close()
