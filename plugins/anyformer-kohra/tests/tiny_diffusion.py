@@ -86,7 +86,7 @@ class _Block(nn.Module):
             shift1 = scale1 = shift2 = scale2 = zero
             gate1 = gate2 = zero + 1
         y = self.norm1(x) * (1 + scale1) + shift1
-        q, k, v = self.qkv(y).view(b, t, 3, self.config.heads, self.config.head_dim).permute(2, 0, 3, 1, 4)
+        q, k, v = self.qkv(y).view(b, t, 3, self.config.heads, self.config.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
         if past_k is not None and past_v is not None:

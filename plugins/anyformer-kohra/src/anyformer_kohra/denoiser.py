@@ -167,11 +167,13 @@ class FullSequenceDenoiser:
         self.runner = runner
         self.prompt = prompt.astype(np.int64)
         self.time_conditioned = runner.time_conditioned
+        # The runner lives as long as the model; this generation counts its own calls.
+        self._calls_before = runner.calls
 
     @property
     def calls(self) -> int:
-        """Graph calls so far."""
-        return self.runner.calls
+        """Graph calls made by this denoiser."""
+        return self.runner.calls - self._calls_before
 
     def logits(self, tokens: np.ndarray, sigma: float) -> np.ndarray:
         """Logits for the answer positions, the prompt before them."""
@@ -190,12 +192,13 @@ class CachedBlockDenoiser:
             )
         self.runner = runner
         self.time_conditioned = runner.time_conditioned
+        self._calls_before = runner.calls
         _, self.cache = runner.run(prompt.astype(np.int64), 0.0, None)
 
     @property
     def calls(self) -> int:
-        """Graph calls so far."""
-        return self.runner.calls
+        """Graph calls made by this denoiser, the prompt's included."""
+        return self.runner.calls - self._calls_before
 
     def logits(self, tokens: np.ndarray, sigma: float) -> np.ndarray:
         """Logits for the current block, attending to the cache and to the block itself."""

@@ -163,6 +163,9 @@ def denoise_span(
     dt = (1.0 - EPS) / steps
     cached: np.ndarray | None = None
     for i in range(steps):
+        if not np.any(x == settings.mask_id):
+            # Nothing left to unmask: the remaining steps would copy every token.
+            return
         t = float(grid[i])
         if cached is None:
             cached = denoiser.logits(x, sigma_of(t))
