@@ -24,10 +24,13 @@ MASK_ID = 259
 IM_END_ID = 258
 BLOCK_SIZE = 4
 MODEL_LENGTH = 512
+#: The byte-level ids of printable ASCII: the alphabet is sorted by code point, so ``!``..``~`` are 0..93
+#: and the space (byte 32, shown as U+0120) comes after the other remapped control bytes.
+READABLE = (*range(94), 188 + 32)
 KINDS = {
-    "mdlm": tiny_diffusion.TinyConfig(VOCAB, seed=1),
-    "mdlm-tc": tiny_diffusion.TinyConfig(VOCAB, time_conditioning=True, seed=2),
-    "bd3lm": tiny_diffusion.TinyConfig(VOCAB, kv_cache=True, seed=3),
+    "mdlm": tiny_diffusion.TinyConfig(VOCAB, seed=1, readable=READABLE),
+    "mdlm-tc": tiny_diffusion.TinyConfig(VOCAB, time_conditioning=True, seed=2, readable=READABLE),
+    "bd3lm": tiny_diffusion.TinyConfig(VOCAB, kv_cache=True, seed=3, readable=READABLE),
 }
 
 
@@ -41,6 +44,7 @@ def build_tokenizer():  # type: ignore[no-untyped-def]
     tokenizer.decoder = decoders.ByteLevel()
     tokenizer.add_special_tokens(list(SPECIALS))
     assert tokenizer.get_vocab_size() == VOCAB and tokenizer.token_to_id("[MASK]") == MASK_ID
+    assert [tokenizer.encode(chr(c)).ids[0] for c in (32, 33, 126)] == [READABLE[-1], 0, 93]
     return tokenizer
 
 

@@ -35,6 +35,8 @@ class TinyConfig:
     layers: int = LAYERS
     heads: int = HEADS
     seed: int = 0
+    #: Token ids left as they are; every other id below 256 is pushed down (readable random text).
+    readable: tuple[int, ...] = ()
 
     @property
     def head_dim(self) -> int:
@@ -114,11 +116,12 @@ class TinyDiffusionLM(nn.Module):
         half = config.head_dim // 2
         self.register_buffer("inv_freq", 1.0 / (10000.0 ** (torch.arange(half).float() / half)))
         # Random weights give near-uniform logits; a larger head spreads them so sampling is not a coin toss.
-        # Bytes that are not printable ASCII are pushed down, so the random text is readable.
+        # Tokens outside ``readable`` are pushed down, so the random text is printable.
         with torch.no_grad():
             self.head.weight.mul_(8.0)
-            unreadable = [i for i in range(min(256, config.vocab_size)) if not 32 <= i < 127]
-            self.head.bias[unreadable] -= 12.0
+            if config.readable:
+                unreadable = [i for i in range(min(256, config.vocab_size)) if i not in set(config.readable)]
+                self.head.bias[unreadable] -= 12.0
 
     def forward(
         self,
