@@ -258,3 +258,23 @@ def test_dispose_then_generate_is_bad_request(mdlm_repo: Path) -> None:
     with pytest.raises(AnyformerError):
         plugin.generate(handle, HELLO, anyformer.GenerateOptions())
     assert np is not None
+
+
+def test_importing_the_plugin_and_can_run_import_no_heavy_library(mdlm_repo: Path) -> None:
+    """``anyformer check`` imports every plugin and asks can_run: numpy and onnxruntime wait for load."""
+    import json
+    import subprocess
+    import sys
+
+    code = (
+        "import json, sys, anyformer\n"
+        "from anyformer_kohra import plugin\n"
+        f"model = anyformer.describe({str(mdlm_repo)!r})\n"
+        "verdict = plugin.can_run(model, anyformer.Caps(ram_bytes=2**34), anyformer.Request())\n"
+        "assert verdict.ok, verdict.reason\n"
+        "heavy = ('numpy', 'onnxruntime', 'tokenizers', 'torch')\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in heavy)))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == []

@@ -15,8 +15,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from anyformer.plugin import (
     AnyformerError,
     Caps,
@@ -183,6 +181,9 @@ def load(backend: str, model: Model, request: Request, progress: ProgressCallbac
 
 
 def _generation(handle: KohraModel, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk]:
+    # numpy and the sampler are imported here, not at module level: `anyformer check` imports this module.
+    import numpy as np
+
     from anyformer_kohra.chat_prompt import render_prompt
     from anyformer_kohra.denoiser import CachedBlockDenoiser, FullSequenceDenoiser
     from anyformer_kohra.options import parse_options
