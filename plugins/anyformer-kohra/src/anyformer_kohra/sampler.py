@@ -34,6 +34,8 @@ import numpy as np
 #: The schedule's last time (the reference's ``eps``): t never reaches 0, where sigma is infinite.
 EPS = 1e-5
 METHODS = ("ancestral", "confidence")
+#: About how many float64 values one chunk of a step's sampling holds (8 MiB).
+CHUNK_VALUES = 1 << 20
 
 
 class Denoiser(Protocol):
@@ -107,6 +109,13 @@ def gumbel_argmax(weights: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     return np.argmax(weights / (1e-10 - np.log(uniform + 1e-10)), axis=-1)
 
 
+def _row_chunks(count: int, vocab: int) -> Iterator[slice]:
+    """Row ranges holding about :data:`CHUNK_VALUES` values each, so a step's float64 work stays bounded."""
+    rows = max(1, CHUNK_VALUES // max(1, vocab))
+    for start in range(0, count, rows):
+        yield slice(start, min(start + rows, count))
+
+
 def ancestral_update(
     x: np.ndarray, logits: np.ndarray, t: float, s: float, settings: SamplerSettings, rng: np.random.Generator
 ) -> np.ndarray:
@@ -114,16 +123,21 @@ def ancestral_update(
     masked = np.flatnonzero(x == settings.mask_id)
     if masked.size == 0:
         return x
-    if settings.temperature > 0:
-        p_x0 = token_probs(logits[masked], settings.mask_id, settings.temperature)
-    else:
-        p_x0 = np.zeros((masked.size, logits.shape[-1]))
-        best = np.argmax(np.where(np.arange(logits.shape[-1]) == settings.mask_id, -np.inf, logits[masked]), axis=-1)
-        p_x0[np.arange(masked.size), best] = 1.0
-    weights = p_x0 * (t - s)
-    weights[:, settings.mask_id] = s
+    vocab = logits.shape[-1]
     out = x.copy()
-    out[masked] = gumbel_argmax(weights, rng)
+    # Row by row in chunks: the draws come from the generator in the same order as one [masked, vocab]
+    # draw would, but a 50k vocabulary never needs a [1024, 50k] float64 array at once.
+    for rows in _row_chunks(masked.size, vocab):
+        chunk = logits[masked[rows]]
+        if settings.temperature > 0:
+            p_x0 = token_probs(chunk, settings.mask_id, settings.temperature)
+        else:
+            p_x0 = np.zeros(chunk.shape)
+            candidates = np.where(np.arange(vocab) == settings.mask_id, -np.inf, chunk)
+            p_x0[np.arange(len(chunk)), np.argmax(candidates, axis=-1)] = 1.0
+        weights = p_x0 * (t - s)
+        weights[:, settings.mask_id] = s
+        out[masked[rows]] = gumbel_argmax(weights, rng)
     return out
 
 
@@ -134,9 +148,13 @@ def confidence_update(
     masked = np.flatnonzero(x == settings.mask_id)
     if count <= 0 or masked.size == 0:
         return x
-    probs = token_probs(logits[masked], settings.mask_id, settings.temperature)
-    picks = gumbel_argmax(probs, rng) if settings.temperature > 0 else np.argmax(probs, axis=-1)
-    confidence = probs[np.arange(masked.size), picks]
+    picks = np.empty(masked.size, dtype=np.int64)
+    confidence = np.empty(masked.size)
+    for rows in _row_chunks(masked.size, logits.shape[-1]):
+        probs = token_probs(logits[masked[rows]], settings.mask_id, settings.temperature)
+        chosen = gumbel_argmax(probs, rng) if settings.temperature > 0 else np.argmax(probs, axis=-1)
+        picks[rows] = chosen
+        confidence[rows] = probs[np.arange(len(probs)), chosen]
     keep = np.argsort(-confidence, kind="stable")[:count]
     out = x.copy()
     out[masked[keep]] = picks[keep]

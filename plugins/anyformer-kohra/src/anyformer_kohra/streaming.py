@@ -29,9 +29,9 @@ def settled_prefix(state: SamplerState, mask_id: int, blocks: bool) -> int:
     return int(masked[0]) if masked.size else len(state.ids)
 
 
-def first_stop(ids: np.ndarray, upto: int, stop_ids: frozenset[int]) -> int | None:
-    """The position of the first end token among the first ``upto`` ids, or None."""
-    for position in range(upto):
+def first_stop(ids: np.ndarray, start: int, end: int, stop_ids: frozenset[int]) -> int | None:
+    """The position of the first end token in ``ids[start:end]``, or None."""
+    for position in range(start, end):
         if int(ids[position]) in stop_ids:
             return position
     return None
@@ -49,6 +49,7 @@ def stream_states(
     """Turn sampler states into chunks; close ``states`` however the stream ends."""
     shown = ""
     tokens = 0
+    scanned = 0
     last = np.zeros(0, dtype=np.int64)
     try:
         yield Chunk(tokens=0, prompt_tokens=prompt_tokens)
@@ -71,13 +72,18 @@ def stream_states(
                     )
                 )
             prefix = settled_prefix(state, codec.mask_id, blocks)
-            stop = first_stop(state.ids, prefix, codec.stop_ids)
+            # Settled tokens never change, so only the newly settled ones are scanned and decoding
+            # waits until there are some: a long answer costs no quadratic work per step.
+            stop = first_stop(state.ids, scanned, prefix, codec.stop_ids)
             final_count = prefix if blocks else int(np.count_nonzero(state.ids != codec.mask_id))
             tokens = max(tokens, min(final_count, options.max_new_tokens))
-            end = prefix if stop is None else stop
-            text = visible_reply(codec.decode(state.ids[:end].tolist()), final=stop is not None)
-            delta = text[len(shown) :] if text.startswith(shown) else ""
-            shown += delta
+            delta = ""
+            if prefix > scanned or stop is not None:
+                end = prefix if stop is None else stop
+                text = visible_reply(codec.decode(state.ids[:end].tolist()), final=stop is not None)
+                delta = text[len(shown) :] if text.startswith(shown) else ""
+                shown += delta
+            scanned = max(scanned, prefix)
             if stop is not None:
                 yield Chunk(delta=delta, tokens=tokens, finish_reason=FinishReason.STOP.value)
                 return
