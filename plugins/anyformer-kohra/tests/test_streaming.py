@@ -48,24 +48,36 @@ def test_text_appears_when_it_and_everything_before_it_is_final(codec: TextCodec
     chunks = _run(codec, _states(codec, "abcdef", [2, 0, 1, 5, 3, 4]))
     assert chunks[0].prompt_tokens == 3
     deltas = [c.delta for c in chunks[1:]]
-    assert deltas == ["", "a", "bc", "", "d", "ef", ""]
-    assert [c.tokens for c in chunks[1:]] == [1, 2, 3, 4, 5, 6, 6]
+    assert deltas == ["", "a", "bc", "", "d", "ef"]
+    assert [c.tokens for c in chunks[1:]] == [1, 2, 3, 4, 5, 6]
     assert chunks[-1].finish_reason == "length"
 
 
 def test_an_end_token_in_the_settled_prefix_stops_the_answer(codec: TextCodec) -> None:
-    states = _states(codec, "hi", [0, 1])
-    ids = np.append(states[-1].ids, [IM_END_ID, codec.encode("x")[0]])
-    states.append(SamplerState(step=3, ids=ids, block=0, settled=0, model_calls=3))
+    ids = np.array([*codec.encode("hi"), IM_END_ID, *codec.encode("xyz")])
+    current = np.full(len(ids), MASK_ID)
+    states = []
+    for step, position in enumerate([0, 5, 1, 2], start=1):
+        current = current.copy()
+        current[position] = ids[position]
+        states.append(SamplerState(step=step, ids=current, block=0, settled=0, model_calls=step))
     chunks = _run(codec, states)
-    assert "".join(c.delta for c in chunks) == "hi"
+    assert [c.delta for c in chunks[1:]] == ["h", "", "i", ""]
     assert chunks[-1].finish_reason == "stop"
 
 
 def test_blocks_stream_a_chunk_per_finished_block(codec: TextCodec) -> None:
     order = [1, 0, 3, 2, 5, 4, 7, 6]
     chunks = _run(codec, _states(codec, "abcdefgh", order, block=4), blocks=True)
-    assert [(c.delta, c.tokens) for c in chunks[1:]] == [("abcd", 4), ("efgh", 8), ("", 8)]
+    assert [(c.delta, c.tokens) for c in chunks[1:]] == [("abcd", 4), ("efgh", 8)]
+    assert chunks[-1].finish_reason == "length"
+
+
+def test_a_held_back_tail_is_flushed_on_the_last_chunk(codec: TextCodec) -> None:
+    """The core ends the stream when tokens reach max_new_tokens, so the last chunk must carry everything."""
+    chunks = _run(codec, _states(codec, "ab <th", [0, 1, 2, 3, 4, 5]))
+    assert [c.delta for c in chunks[-3:]] == ["", "", "<th"]
+    assert "".join(c.delta for c in chunks) == "ab <th"
 
 
 def test_reasoning_is_never_streamed(codec: TextCodec) -> None:

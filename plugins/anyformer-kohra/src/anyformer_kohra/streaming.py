@@ -50,7 +50,6 @@ def stream_states(
     shown = ""
     tokens = 0
     scanned = 0
-    last = np.zeros(0, dtype=np.int64)
     try:
         yield Chunk(tokens=0, prompt_tokens=prompt_tokens)
         while True:
@@ -60,7 +59,6 @@ def stream_states(
             state = next(states, None)
             if state is None:
                 break
-            last = state.ids
             if diffusion.on_step is not None:
                 diffusion.on_step(
                     DiffusionStep(
@@ -77,23 +75,24 @@ def stream_states(
             stop = first_stop(state.ids, scanned, prefix, codec.stop_ids)
             final_count = prefix if blocks else int(np.count_nonzero(state.ids != codec.mask_id))
             tokens = max(tokens, min(final_count, options.max_new_tokens))
+            # All settled: the last chunk, with nothing held back (the core ends the stream when
+            # tokens reach max_new_tokens, so the tail is flushed here, not after).
+            complete = stop is not None or prefix == len(state.ids)
             delta = ""
-            if prefix > scanned or stop is not None:
+            if prefix > scanned or complete:
                 end = prefix if stop is None else stop
-                text = visible_reply(codec.decode(state.ids[:end].tolist()), final=stop is not None)
+                text = visible_reply(codec.decode(state.ids[:end].tolist()), final=complete)
                 delta = text[len(shown) :] if text.startswith(shown) else ""
                 shown += delta
             scanned = max(scanned, prefix)
-            if stop is not None:
-                yield Chunk(delta=delta, tokens=tokens, finish_reason=FinishReason.STOP.value)
+            if complete:
+                finish = FinishReason.STOP if stop is not None else FinishReason.LENGTH
+                yield Chunk(delta=delta, tokens=tokens, finish_reason=finish.value)
                 return
             if delta or not blocks:
                 yield Chunk(delta=delta, tokens=tokens)
-        # Every position is final and no end token came: the answer used all its tokens. Flush what
-        # was held back (half a character, a tail that might have begun a tag).
-        text = visible_reply(codec.decode(last.tolist()), final=True)
-        delta = text[len(shown) :] if text.startswith(shown) else ""
-        yield Chunk(delta=delta, tokens=tokens, finish_reason=FinishReason.LENGTH.value)
+        # The sampler always ends with every position final, so this is reached only for an empty answer.
+        yield Chunk(tokens=tokens, finish_reason=FinishReason.LENGTH.value)
     finally:
         close = getattr(states, "close", None)
         if close is not None:
