@@ -69,7 +69,8 @@ def test_an_end_token_in_the_settled_prefix_stops_the_answer(codec: TextCodec) -
 def test_blocks_stream_a_chunk_per_finished_block(codec: TextCodec) -> None:
     order = [1, 0, 3, 2, 5, 4, 7, 6]
     chunks = _run(codec, _states(codec, "abcdefgh", order, block=4), blocks=True)
-    assert [(c.delta, c.tokens) for c in chunks[1:]] == [("abcd", 4), ("efgh", 8)]
+    assert [(c.delta, c.tokens) for c in chunks if c.delta] == [("abcd", 4), ("efgh", 8)]
+    assert [c.tokens for c in chunks[1:]] == [0, 0, 0, 4, 4, 4, 4, 8]
     assert chunks[-1].finish_reason == "length"
 
 
@@ -97,3 +98,17 @@ def test_cancel_is_checked_before_each_step(codec: TextCodec) -> None:
     chunks = _run(codec, _states(codec, "abc", [0, 1, 2]), cancel=cancel, on_step=on_step)
     assert seen == [1]
     assert chunks[-1].finish_reason == "cancelled"
+
+
+def test_every_step_carries_a_preview_with_its_masks(codec: TextCodec) -> None:
+    ids = np.array([*codec.encode("ab"), IM_END_ID, *codec.encode("z")])
+    states = []
+    current = np.full(len(ids), MASK_ID)
+    for step, position in enumerate([1, 2, 0], start=1):
+        current = current.copy()
+        current[position] = ids[position]
+        states.append(SamplerState(step=step, ids=current, block=0, settled=0, model_calls=step))
+    chunks = _run(codec, states)
+    # The end token cuts the preview: what lies after it is never part of the answer.
+    assert [c.preview for c in chunks[1:]] == ["\u2591b\u2591\u2591", "\u2591b", None]
+    assert "".join(c.delta for c in chunks) == "ab" and chunks[-1].finish_reason == "stop"

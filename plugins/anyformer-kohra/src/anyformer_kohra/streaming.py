@@ -2,7 +2,8 @@
 
 MDLM: a token becomes part of the streamed text when it and every token before it are final
 (unmasked; an unmasked token never changes), so each step streams the newly final prefix in
-reading order, and ``tokens`` counts every final token. BD3LM: a chunk per finished block. An
+reading order, and ``tokens`` counts every final token. BD3LM: text arrives a finished block at
+a time. Every step's chunk also carries ``preview``, the whole answer with its masks, for display. An
 end token in the streamed prefix ends the answer (``stop``) without waiting for the rest. Cancel
 is checked before every step, which makes at most one model call.
 """
@@ -35,6 +36,17 @@ def first_stop(ids: np.ndarray, start: int, end: int, stop_ids: frozenset[int]) 
         if int(ids[position]) in stop_ids:
             return position
     return None
+
+
+#: How a still-masked position shows in a preview: one compact glyph per token.
+PREVIEW_MASK = "\u2591"
+
+
+def preview_text(ids: np.ndarray, codec: TextCodec) -> str:
+    """The answer for display: masked positions as :data:`PREVIEW_MASK`, cut at the first final end token."""
+    ends = [i for i, token in enumerate(ids.tolist()) if token in codec.stop_ids]
+    upto = ends[0] if ends else len(ids)
+    return codec.decode_with_masks(ids[:upto].tolist(), mask_text=PREVIEW_MASK)
 
 
 def stream_states(
@@ -89,8 +101,9 @@ def stream_states(
                 finish = FinishReason.STOP if stop is not None else FinishReason.LENGTH
                 yield Chunk(delta=delta, tokens=tokens, finish_reason=finish.value)
                 return
-            if delta or not blocks:
-                yield Chunk(delta=delta, tokens=tokens)
+            # Every step also carries the whole answer as it stands, masks shown, for display
+            # (the chat page of `anyformer serve` shows the text emerging from it).
+            yield Chunk(delta=delta, tokens=tokens, preview=preview_text(state.ids, codec))
         # The sampler always ends with every position final, so this is reached only for an empty answer.
         yield Chunk(tokens=tokens, finish_reason=FinishReason.LENGTH.value)
     finally:

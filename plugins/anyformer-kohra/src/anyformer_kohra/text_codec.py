@@ -58,8 +58,9 @@ class TextCodec:
         """The text of ``ids``, special tokens left out."""
         return str(self.tokenizer.decode(list(ids), skip_special_tokens=True))
 
-    def decode_with_masks(self, ids: Sequence[int]) -> str:
-        """The text of ``ids`` with every still-masked position shown as the mask token's text."""
+    def decode_with_masks(self, ids: Sequence[int], mask_text: str | None = None) -> str:
+        """The text of ``ids`` with every still-masked position shown as ``mask_text`` (the mask token's text)."""
+        shown = self.mask_text if mask_text is None else mask_text
         parts: list[str] = []
         run: list[int] = []
         for token in ids:
@@ -67,7 +68,7 @@ class TextCodec:
                 if run:
                     parts.append(self.decode(run))
                     run = []
-                parts.append(self.mask_text)
+                parts.append(shown)
             else:
                 run.append(int(token))
         if run:
