@@ -150,7 +150,9 @@ class GraphRunner:
         try:
             outputs = self.session.run(self._output_names, feed)
         except Exception as exc:  # onnxruntime's own exception types
-            raise AnyformerError(ErrorCode.BAD_MODEL, f"the graph failed to run: {exc}", cause=exc) from exc
+            # onnxruntime reports an allocation failure as a RuntimeException naming it.
+            code = ErrorCode.OUT_OF_MEMORY if "allocate" in str(exc).lower() else ErrorCode.BAD_MODEL
+            raise AnyformerError(code, f"the graph failed to run: {exc}", cause=exc) from exc
         self.calls += 1
         logits = np.asarray(outputs[0])
         if logits.ndim != 3 or logits.shape[1] != len(ids):

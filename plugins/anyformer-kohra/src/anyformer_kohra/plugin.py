@@ -39,6 +39,7 @@ from anyformer.plugin import (
 )
 from anyformer_kohra.graphs import GRAPHS, external_data_files, graph_bytes, pick_graph
 from anyformer_kohra.ort_providers import CPU, handles_fp16, onnxruntime_installed, planned_provider
+from anyformer_kohra.text_codec import TOKENIZER_FILES
 
 #: This backend's id: the name of its entry point.
 BACKEND = "kohra"
@@ -114,8 +115,6 @@ def can_run(model: Model, caps: Caps, request: Request) -> Verdict:
     if not onnxruntime_installed():
         return Verdict.refuse(BACKEND, Refusal.RUNTIME, "onnxruntime is not installed: pip install onnxruntime")
     kind = "BD3LM (block diffusion)" if BLOCK_TAG in model.tags else "MDLM (masked diffusion)"
-    from anyformer_kohra.text_codec import TOKENIZER_FILES
-
     files = [graph.name, *(f.name for f in external_data_files(model, graph.name))]
     files += [name for name in TOKENIZER_FILES if model.file(name) is not None]
     return Verdict.accept(
@@ -151,7 +150,7 @@ def load(backend: str, model: Model, request: Request, progress: ProgressCallbac
     from anyformer_kohra.denoiser import GraphRunner, inspect_graph
     from anyformer_kohra.ort_providers import session_providers
     from anyformer_kohra.ort_session import open_session
-    from anyformer_kohra.text_codec import TOKENIZER_FILES, load_codec
+    from anyformer_kohra.text_codec import load_codec
 
     provider = session_providers(ort.get_available_providers())[0]
     graph = pick_graph(model, handles_fp16(provider))
