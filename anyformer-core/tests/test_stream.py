@@ -530,3 +530,20 @@ def test_the_prompt_count_a_backend_reports_rides_on_every_later_chunk(load_scri
 def test_no_prompt_count_means_none(load_scripted: Any) -> None:
     loaded, _ = load_scripted(chunks("a", "b"))
     assert {c.prompt_tokens for c in loaded.generate("hi")} == {None}
+
+
+def test_a_preview_rides_on_its_own_chunk_and_never_on_the_last(load_scripted: Any) -> None:
+    script = [
+        Chunk(tokens=0, preview="[M] [M]"),
+        Chunk(delta="a", tokens=1, preview="a [M]"),
+        Chunk(delta=" b", tokens=2, finish_reason="length", preview="a b"),
+    ]
+    loaded, _ = load_scripted(script)
+    stream = list(loaded.generate("hi", max_new_tokens=2))
+    assert_well_formed(stream, max_new_tokens=2)
+    assert [(c.text, c.preview) for c in stream] == [("", "[M] [M]"), ("a", "a [M]"), ("a b", None)]
+
+
+def test_a_preview_that_is_not_text_is_dropped(load_scripted: Any) -> None:
+    loaded, _ = load_scripted([Chunk(delta="a", tokens=1, preview=3), Chunk(delta="b", tokens=2)])  # type: ignore[arg-type]
+    assert {c.preview for c in loaded.generate("hi")} == {None}

@@ -91,6 +91,14 @@ def test_isolated_and_in_process_streams_are_identical(load_isolated: Any, model
             assert list(isolated.generate("hi", **options)) == list(local.generate("hi", **options))
 
 
+def test_previews_cross_from_the_worker(load_isolated: Any, model_description: dict[str, Any]) -> None:
+    isolated = load_isolated("previews")
+    with anyformer.load(model_description, backend="previews", caps=Caps()) as local:
+        streamed = list(isolated.generate("hi", max_new_tokens=4))
+        assert streamed == list(local.generate("hi", max_new_tokens=4))
+    assert [c.preview for c in streamed] == ["w1 w2?", "w2 w3?", "w3 w4?", None]
+
+
 def test_messages_with_bytes_reach_the_worker_intact(load_isolated: Any) -> None:
     loaded = load_isolated("echo")
     blocks = [{"type": "text", "text": "what is it?"}, {"type": "image", "image": b"\x89PNG\x00\xff"}]

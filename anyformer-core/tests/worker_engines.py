@@ -115,7 +115,9 @@ class Engine:
                 if self.delay:
                     time.sleep(self.delay)
                 handle.made += 1
-                yield Chunk(delta=f"w{token} ", tokens=token)
+                # "previews" also shows what it might say next, as a text-diffusion backend does.
+                preview = f"w{token} w{token + 1}?" if self.fault == "previews" else None
+                yield Chunk(delta=f"w{token} ", tokens=token, preview=preview)
             yield Chunk(tokens=token, finish_reason="cancelled")
         finally:
             handle.closed += 1
@@ -124,6 +126,7 @@ class Engine:
 steady = Engine("steady")
 slow = Engine("slow", delay=0.01)
 echo = Engine("echo", "echo")
+previews = Engine("previews", "previews")
 aborts = Engine("aborts", "abort")
 segfaults = Engine("segfaults", "segfault")
 exits = Engine("exits", "exit")

@@ -11,6 +11,7 @@ from typing import Any
 from anyformer.contract._errors import AnyformerError, ErrorCode
 from anyformer.contract._model import Model, ModelFile, first_language_model_gguf, format_of
 from anyformer.files._config_file import read_config_json
+from anyformer.files._model_card import read_card_facts
 
 # Folders in a model directory that hold no model files (VCS, caches, editor state).
 _SKIP_DIRS = {".git", ".cache", ".huggingface", "__pycache__", ".ipynb_checkpoints"}
@@ -111,7 +112,11 @@ def describe_file(path: Path) -> Model:
 
 
 def describe_folder(folder: Path) -> Model:
-    """Describe a local model folder: every file, config.json's ``model_type``, the first LM GGUF's header."""
+    """Describe a local model folder: every file, config.json's ``model_type``, the first LM GGUF's header.
+
+    Tags and the task (when config.json has no ``pipeline_tag``) come from README.md's front matter,
+    as they do on the Hub.
+    """
     folder = folder.resolve()
     files: list[ModelFile] = []
     for root, dirs, names in os.walk(folder):
@@ -142,11 +147,13 @@ def describe_folder(folder: Path) -> Model:
             from anyformer.files._onnx_external import check_onnx_external_data
 
             check_onnx_external_data(Path(model_file.path or ""))
-    task = config.get("pipeline_tag") if isinstance(config.get("pipeline_tag"), str) else None
+    card = read_card_facts(folder / "README.md")
+    task = config.get("pipeline_tag") if isinstance(config.get("pipeline_tag"), str) else card.pipeline_tag
     return Model(
         repo=str(folder),
         architecture=architecture,
         task=task,
+        tags=card.tags,
         files=tuple(files),
         source="local",
         metadata=metadata,

@@ -86,7 +86,7 @@ class _StreamState:
             finally:
                 release()
 
-    def _chunk(self, upto: int, finish: FinishReason | None) -> Chunk:
+    def _chunk(self, upto: int, finish: FinishReason | None, preview: str | None = None) -> Chunk:
         delta = self._text[self._emitted : upto]
         self._emitted = upto
         return Chunk(
@@ -95,6 +95,7 @@ class _StreamState:
             tokens=self._tokens,
             finish_reason=finish.value if finish else None,
             prompt_tokens=self._prompt_tokens,
+            preview=preview,
         )
 
     def run(self) -> Iterator[Chunk]:
@@ -148,8 +149,9 @@ class _StreamState:
                     finish = FinishReason.LENGTH
                     break
                 visible = len(self._text) - _held_back(self._text, options.stop)
-                if visible > self._emitted or raw.tokens:
-                    yield self._chunk(max(visible, self._emitted), None)
+                preview = raw.preview if isinstance(raw.preview, str) else None
+                if visible > self._emitted or raw.tokens or preview is not None:
+                    yield self._chunk(max(visible, self._emitted), None, preview)
             if options.cancel.is_set() and finish is None:
                 finish = FinishReason.CANCELLED
             yield self._chunk(len(self._text), finish or FinishReason.STOP)

@@ -49,6 +49,11 @@ class Chunk:
     so a backend may leave ``text`` empty. Only the last chunk carries ``finish_reason``.
     ``prompt_tokens`` is the prompt's length in tokens when the backend reports it (on any chunk;
     the core carries it on every chunk after), for usage counts; None when it does not.
+
+    ``preview`` is provisional text for display only, never part of ``text``: the whole answer as
+    a backend that refines text in place sees it now, before it settles (a text-diffusion model's
+    answer with its still-masked positions). Most backends never set it; the core passes it on
+    with the chunk it came in, and the last chunk has none. Callers may ignore it.
     """
 
     text: str = ""
@@ -56,6 +61,7 @@ class Chunk:
     tokens: int = 0
     finish_reason: str | None = None
     prompt_tokens: int | None = None
+    preview: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -237,7 +237,8 @@ class Worker:
                         ErrorCode.PLUGIN_ERROR, f"{self._backend}: generate yielded {type(raw).__name__}, not a Chunk"
                     )
                     break
-                item = [raw.delta, raw.tokens, raw.finish_reason, raw.prompt_tokens]
+                preview = raw.preview if isinstance(raw.preview, str) else None
+                item = [raw.delta, raw.tokens, raw.finish_reason, raw.prompt_tokens, preview]
                 self.send({"op": "chunks", "id": ident, "items": [item]})
         except Exception as exc:
             failure = exception_to_error(self._backend, "generate", exc)

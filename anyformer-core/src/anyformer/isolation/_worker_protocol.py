@@ -8,8 +8,8 @@ is bounded (:data:`MAX_FRAME_BYTES`) and every field the parent reads is type-ch
 Parent to worker: ``load`` (the first frame, with the parent's ``sys_path``), ``generate`` (with a
 generation ``id`` and a ``window`` of chunks it may send ahead), ``more`` (more window),
 ``cancel``, ``run``, ``dispose``. Worker to parent: ``progress``, ``loaded``, ``started``,
-``chunks`` (a list of ``[delta, tokens, finish_reason, prompt_tokens]``), ``end``, ``result``, ``disposed``, and
-``error`` (a code and message), which ends the command or generation it answers.
+``chunks`` (a list of ``[delta, tokens, finish_reason, prompt_tokens, preview]``), ``end``, ``result``,
+``disposed``, and ``error`` (a code and message), which ends the command or generation it answers.
 """
 
 from __future__ import annotations

@@ -408,16 +408,20 @@ class WorkerSession:
         chunks = []
         if isinstance(items, list):
             for item in items:
-                if not (isinstance(item, list) and len(item) == 4):
+                if not (isinstance(item, list) and len(item) == 5):
                     break
-                delta, tokens, finish, prompt = item
+                delta, tokens, finish, prompt, preview = item
+                if preview is not None and not isinstance(preview, str):
+                    break
                 if not isinstance(delta, str) or isinstance(tokens, bool) or not isinstance(tokens, int):
                     break
                 if finish is not None and not isinstance(finish, str):
                     break
                 if prompt is not None and (isinstance(prompt, bool) or not isinstance(prompt, int)):
                     break
-                chunks.append(Chunk(delta=delta, tokens=tokens, finish_reason=finish, prompt_tokens=prompt))
+                chunks.append(
+                    Chunk(delta=delta, tokens=tokens, finish_reason=finish, prompt_tokens=prompt, preview=preview)
+                )
             else:
                 return chunks
         raise self._broken("a malformed chunks frame", "generating")

@@ -185,8 +185,12 @@ async def _events(generation: Generation, parsed: GenerationRequest, rid: str, *
             yield event(chat_chunk(rid, model, {"role": "assistant", "content": ""}))
         async for chunk in generation:
             tokens = chunk.tokens
-            if chunk.delta or chunk.finish_reason:
-                delta = {"content": chunk.delta} if chunk.delta else {}
+            preview = chunk.preview if chat and parsed.preview else None
+            if chunk.delta or chunk.finish_reason or preview is not None:
+                delta: dict[str, Any] = {"content": chunk.delta} if chunk.delta else {}
+                if preview is not None:
+                    # anyformer's extension, asked for by the chat page: the answer as it stands, unsettled.
+                    delta["anyformer_preview"] = preview
                 piece = (
                     chat_chunk(rid, model, delta, chunk.finish_reason)
                     if chat

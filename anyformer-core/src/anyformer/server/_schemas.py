@@ -47,6 +47,8 @@ class GenerationRequest:
     options: dict[str, Any]
     stream: bool = False
     include_usage: bool = False
+    #: ``anyformer_preview: true`` (chat, streamed): send each chunk's provisional text as ``delta.anyformer_preview``.
+    preview: bool = False
 
 
 def _model_of(body: dict[str, Any]) -> str:
@@ -152,7 +154,10 @@ def parse_chat(body: Any) -> GenerationRequest:
     model = _model_of(body)
     messages = _messages_of(body.get("messages"))
     stream, include_usage = _stream_of(body)
-    return GenerationRequest(model, messages, _options_of(body), stream, include_usage)
+    preview = body.get("anyformer_preview", False)
+    if not isinstance(preview, bool):
+        raise bad_request("'anyformer_preview' must be true or false", "anyformer_preview")
+    return GenerationRequest(model, messages, _options_of(body), stream, include_usage, preview)
 
 
 def parse_completion(body: Any) -> GenerationRequest:
