@@ -58,7 +58,7 @@ def _fetch_from_hub(
 ) -> dict[str, Path]:
     from anyformer.store._cache_layout import RepoCache
     from anyformer.store._download import HubFile, download
-    from anyformer.store._hub import is_offline
+    from anyformer.store._hub_errors import is_offline
 
     cache = RepoCache.of(model.repo)
     commit = cache.commit_for(model.revision)
