@@ -320,7 +320,7 @@ def load_scripted(model_description: dict[str, Any]) -> Callable[..., tuple[anyf
         backend = ScriptedBackend("fake", script, handle=FakeRunHandle if runnable else FakeHandle)
         manager = anyformer.PluginManager()
         manager.register(backend, "fake")
-        loaded = anyformer.load(model_description, caps=Caps(), plugins=manager)
+        loaded = anyformer.load(model_description, caps=Caps(ram_bytes=16 * 2**30), plugins=manager)
         return loaded, backend
 
     return load

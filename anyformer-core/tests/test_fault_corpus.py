@@ -143,7 +143,7 @@ def test_pickle_weights_are_listed_and_never_loaded(fault: Fault, tmp_path: Path
     assert model.formats == ("pickle",)
     assert [f.format for f in model.files if f.name.endswith((".bin", ".pt", ".pth", ".ckpt"))] == ["pickle"]
     with pytest.raises(AnyformerError) as caught:
-        anyformer.load(path, caps=Caps(), plugins=anyformer.PluginManager())
+        anyformer.load(path, caps=Caps(ram_bytes=16 * 2**30), plugins=anyformer.PluginManager())
     assert caught.value.code is ErrorCode.UNSAFE_FORMAT and "pickle" in caught.value.message
     assert not (tmp_path / "PICKLE_RAN").exists()
 
@@ -155,7 +155,7 @@ def test_pickle_beside_safe_weights_does_not_block_the_safe_ones(tmp_path: Path)
     model = anyformer.describe(tmp_path)
     assert model.formats == ("safetensors", "pickle")
     with pytest.raises(AnyformerError) as caught:
-        anyformer.load(tmp_path, caps=Caps(), plugins=anyformer.PluginManager())
+        anyformer.load(tmp_path, caps=Caps(ram_bytes=16 * 2**30), plugins=anyformer.PluginManager())
     assert caught.value.code is ErrorCode.NO_BACKEND
 
 

@@ -117,7 +117,7 @@ def test_hook_can_run_is_called_on_every_plugin_each_on_its_own() -> None:
             raise ValueError("bad config")
 
     a, c = Backend("a"), Backend("c")
-    verdicts = manager_with(c, Raises(), a).can_run(MODEL, Caps(), Request())
+    verdicts = manager_with(c, Raises(), a).can_run(MODEL, Caps(ram_bytes=16 * 2**30), Request())
     assert [v.backend for v in verdicts] == ["a", "b-raises", "c"]
     assert verdicts[1].code is Refusal.RUNTIME and "ValueError: bad config" in verdicts[1].reason
     assert a.calls == c.calls == ["can_run"]
@@ -142,7 +142,7 @@ def test_hook_can_run_implementations_take_any_subset_of_arguments_in_any_order(
             return Verdict.refuse("blind", Refusal.GPU, "needs a GPU")
 
     request = Request(task="text-generation", budget=10)
-    verdicts = manager_with(Picky(), Blind()).can_run(MODEL, Caps(), request)
+    verdicts = manager_with(Picky(), Blind()).can_run(MODEL, Caps(ram_bytes=16 * 2**30), request)
     assert [v.ok for v in verdicts] == [False, True]
     assert seen == {"request": request, "model": MODEL}
 
@@ -155,13 +155,15 @@ def test_hook_can_run_returning_none_gives_no_verdict() -> None:
         def can_run(self) -> None:
             return None
 
-    verdicts = manager_with(StoreOnly(), Backend("a")).can_run(MODEL, Caps(), Request())
+    verdicts = manager_with(StoreOnly(), Backend("a")).can_run(MODEL, Caps(ram_bytes=16 * 2**30), Request())
     assert [v.backend for v in verdicts] == ["a"]
 
 
 def test_hook_can_run_asks_only_the_named_backend() -> None:
     a, b = Backend("a"), Backend("b")
-    assert [v.backend for v in manager_with(a, b).can_run(MODEL, Caps(), Request(), only="b")] == ["b"]
+    assert [v.backend for v in manager_with(a, b).can_run(MODEL, Caps(ram_bytes=16 * 2**30), Request(), only="b")] == [
+        "b"
+    ]
     assert a.calls == []
 
 
@@ -173,7 +175,7 @@ def test_hook_can_run_raising_anyformer_error_is_a_runtime_refusal() -> None:
         def can_run(self) -> Verdict:
             raise AnyformerError(ErrorCode.BAD_MODEL, "header says 10000 blocks")
 
-    [verdict] = manager_with(Strict()).can_run(MODEL, Caps(), Request())
+    [verdict] = manager_with(Strict()).can_run(MODEL, Caps(ram_bytes=16 * 2**30), Request())
     assert verdict.code is Refusal.RUNTIME and "BAD_MODEL: header says 10000 blocks" in verdict.reason
 
 
