@@ -277,17 +277,13 @@ class ScriptedBackend:
         return Verdict.accept(self.name, self.estimate)
 
     @hookimpl
-    def load(self, backend: str, model: Any, request: Any) -> FakeHandle | None:
-        if backend != self.name:
-            return None
+    def load(self, backend: str, model: Any, request: Any) -> FakeHandle:
         handle = self.handle_type(self.name, model.task or "text-generation")
         self.handles.append(handle)
         return handle
 
     @hookimpl
-    def generate(self, loaded: Any, messages: Any, options: Any) -> Iterator[Chunk] | None:
-        if loaded.backend != self.name:
-            return None
+    def generate(self, loaded: Any, messages: Any, options: Any) -> Iterator[Chunk]:
         self.started += 1
         self.last_messages, self.last_options = messages, options
         return self._play(options)

@@ -500,6 +500,38 @@ def test_dispose_from_another_thread_waits_for_the_running_generation(load_scrip
     assert backend.closed == 1 and backend.handles[0].disposed == 1
 
 
+@pytest.mark.safety("R3")
+def test_dispose_never_frees_the_model_under_an_engine_call_that_outlives_the_wait(
+    load_scripted: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from anyformer import _loaded
+
+    monkeypatch.setattr(_loaded, "_DISPOSE_WAIT_SECONDS", 0.05)
+    in_engine, engine_returns = threading.Event(), threading.Event()
+
+    def stuck(options: Any) -> Iterator[Chunk]:
+        yield Chunk(delta="a", tokens=1)
+        in_engine.set()
+        engine_returns.wait(10)  # an engine call that ignores cancel until it returns
+        yield Chunk(delta="b", tokens=2)
+
+    loaded, backend = load_scripted(stuck)
+    seen: list[Chunk] = []
+    worker = threading.Thread(target=lambda: seen.extend(loaded.generate("hi", max_new_tokens=1000)))
+    worker.start()
+    assert in_engine.wait(10)
+    loaded.dispose()
+    handle = backend.handles[0]
+    assert handle.disposed == 0, "dispose freed the model while an engine call was still running on it"
+    engine_returns.set()
+    worker.join(timeout=10)
+    assert not worker.is_alive()
+    assert seen[-1].finish_reason == "cancelled"
+    assert handle.disposed == 1, "the model must be freed once the stream lets go of it"
+    loaded.dispose()
+    assert handle.disposed == 1
+
+
 def test_a_backend_exception_while_streaming_is_plugin_error_naming_it(load_scripted: Any) -> None:
     def broken(options: Any) -> Iterator[Chunk]:
         yield Chunk(delta="a", tokens=1)
@@ -510,7 +542,8 @@ def test_a_backend_exception_while_streaming_is_plugin_error_naming_it(load_scri
         list(loaded.generate("hi"))
     assert caught.value.code is ErrorCode.PLUGIN_ERROR and "fake" in caught.value.message
     assert isinstance(caught.value.__cause__, KeyError)
-    assert list(loaded.generate("hi", max_new_tokens=1)) is not None, "the lock must be released after the error"
+    after = list(loaded.generate("hi", max_new_tokens=1))  # BUSY here if the error kept the lock
+    assert after[-1].finish_reason == "length" and after[-1].text == "a"
 
 
 def test_an_unknown_finish_reason_is_plugin_error(load_scripted: Any) -> None:

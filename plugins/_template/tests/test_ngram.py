@@ -234,18 +234,6 @@ def test_the_hook_checks_cancel_before_each_token(tmp_path: Path) -> None:
     assert (last.tokens, last.delta, last.finish_reason) == (1, "", "cancelled")
 
 
-def test_generate_answers_none_for_another_backends_handle() -> None:
-    class Other:
-        backend = "other"
-        task = "text-generation"
-
-        def dispose(self) -> None:
-            pass
-
-    assert plugin.generate(Other(), [{"role": "user", "content": "x"}], GenerateOptions()) is None
-    assert plugin.load("other", anyformer.Model(repo="x/y"), Request(), lambda event: None) is None
-
-
 def test_store_list_lists_models_under_anyformer_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ANYFORMER_HOME", str(tmp_path))
     assert plugin.store_list() == []
