@@ -98,7 +98,7 @@ def load(
         Request.build(task=task, budget=budget, prefer=prefer, context=context, options=options), machine
     )
     verdicts = manager.can_run(description, machine, request, only=backend)
-    chosen = raise_if_none(select(verdicts, request.prefer), description.ref)
+    chosen = raise_if_none(select(verdicts, request.prefer), description.ref, description.formats)
     if chosen.code is Refusal.RUNTIME:  # pragma: no cover - select never chooses a refusal
         raise AnyformerError("PLUGIN_ERROR", chosen.reason)
     if isolate:
