@@ -17,7 +17,7 @@ from anyformer.contract._verdict import Refusal
 EXIT_NONE_CAN_RUN = 3
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register the subcommand."""
     parser = sub.add_parser("check", help="ask every backend whether it can run a model; load nothing")
     parser.add_argument("model", nargs="?", help="Hub repo id, local folder or file")

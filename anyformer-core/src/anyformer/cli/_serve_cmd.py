@@ -9,7 +9,7 @@ import os
 from anyformer.contract._errors import AnyformerError, ErrorCode
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register the subcommand."""
     parser = sub.add_parser(
         "serve",
