@@ -19,7 +19,7 @@ import anyformer
 from anyformer import Caps, Chunk, Estimate, Rank, Verdict, hookimpl
 from anyformer._plugins import reset_plugin_manager
 
-#: A what-if model description: one GGUF of 100 MB (CONTRACT §1's shape).
+#: A what-if model description: one GGUF of 100 MB (the shape of docs/contract.md ("Model description")).
 MODEL_DESCRIPTION: dict[str, Any] = {
     "repo": "test-org/tiny-llama-GGUF",
     "revision": "main",

@@ -1,4 +1,4 @@
-"""The selection policy, exactly as CONTRACT §4 writes it, and the verdicts it works on (§3)."""
+"""The selection policy, exactly as docs/contract.md ("Selection") writes it, and the verdicts it works on."""
 
 from __future__ import annotations
 
@@ -227,7 +227,7 @@ def test_check_with_a_backend_named_returns_only_its_verdict(model_description: 
     assert [v.backend for v in selection.verdicts] == ["onnx"] and selection.chosen is None
 
 
-# ---- verdict validation (CONTRACT §3) ------------------------------------------------------------
+# ---- verdict validation (docs/contract.md, "Verdicts") ------------------------------------------------------------
 
 
 @pytest.mark.parametrize("code", [Refusal.BUDGET, Refusal.MEMORY])

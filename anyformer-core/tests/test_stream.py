@@ -1,4 +1,4 @@
-"""The core's streaming enforcement (CONTRACT §6), whatever the backend yields.
+"""The core's streaming enforcement (docs/contract.md, "Streaming"), whatever the backend yields.
 
 Every test loads an in-process :class:`ScriptedBackend` (conftest) registered with
 ``PluginManager.register``, so only the core's own guarantees are under test.

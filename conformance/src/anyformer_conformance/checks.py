@@ -29,9 +29,9 @@ __all__ = [
     "fail",
 ]
 
-#: The finish reasons a stream may end with (CONTRACT §6).
+#: The finish reasons a stream may end with (docs/contract.md, "Streaming").
 FINISH_REASONS = frozenset({"stop", "length", "cancelled"})
-#: The refusals that carry ``need`` (CONTRACT §3).
+#: The refusals that carry ``need`` (docs/contract.md, "Verdicts").
 NEED_CODES = frozenset({Refusal.BUDGET, Refusal.MEMORY})
 # How the core words a verdict it made from a can_run that raised or returned the wrong thing.
 _CRASH_PREFIXES = ("can_run raised", "plugin error:")
@@ -157,7 +157,7 @@ def check_backend_chunks(chunks: Sequence[Any], max_new_tokens: int, where: str)
 
 
 def check_stream(chunks: Sequence[Chunk], max_new_tokens: int, where: str) -> None:
-    """A whole stream as a caller sees it (CONTRACT §6)."""
+    """A whole stream as a caller sees it (docs/contract.md, "Streaming")."""
     __tracebackhide__ = True
     if not chunks:
         fail("the stream yielded no chunk, expected at least the last one with a finish_reason", where)

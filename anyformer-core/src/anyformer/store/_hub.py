@@ -1,4 +1,4 @@
-"""``describe_hub``: a model description from the Hugging Face Hub, through huggingface_hub (CONTRACT §1).
+"""``describe_hub``: a model description from the Hugging Face Hub, through huggingface_hub (docs/contract.md).
 
 Only metadata crosses the network: the model info with file sizes, config.json, and when nothing
 else names the architecture, the header of one GGUF read by HTTP range requests. Offline, the
