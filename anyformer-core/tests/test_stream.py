@@ -563,3 +563,17 @@ def test_the_prompt_count_a_backend_reports_rides_on_every_later_chunk(load_scri
 def test_no_prompt_count_means_none(load_scripted: Any) -> None:
     loaded, _ = load_scripted(chunks("a", "b"))
     assert {c.prompt_tokens for c in loaded.generate("hi")} == {None}
+
+
+def test_generate_returns_a_generator_that_close_and_throw_end_cleanly(load_scripted: Any, endless_script: Any) -> None:
+    import collections.abc
+
+    loaded, backend = load_scripted(endless_script)
+    stream = loaded.generate("hi", max_new_tokens=1000)
+    assert isinstance(stream, collections.abc.Generator)
+    first = stream.send(None)
+    assert first.tokens == 1
+    with pytest.raises(KeyError):
+        stream.throw(KeyError("stop here"))
+    assert backend.closed == 1, "throwing into the stream must close the backend's iterator"
+    assert loaded.complete("hi", max_new_tokens=2).finish_reason == "length", "the model is free again"
