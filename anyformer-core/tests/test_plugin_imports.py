@@ -70,3 +70,21 @@ def test_no_plugin_imports_a_private_anyformer_module() -> None:
         for line, what in private_imports(path.read_text(encoding="utf-8"), str(path))
     ]
     assert not offences, "import these from anyformer.plugin instead:\n" + "\n".join(offences)
+
+
+def test_every_name_of_the_public_plugin_api_is_documented() -> None:
+    import inspect
+
+    import anyformer.plugin
+
+    names = anyformer.plugin.__all__
+    assert len(names) == len(set(names)) and sorted(names) == sorted(n for n in names if hasattr(anyformer.plugin, n))
+    undocumented = [
+        name
+        for name in names
+        if (inspect.isclass(getattr(anyformer.plugin, name)) or inspect.isfunction(getattr(anyformer.plugin, name)))
+        and not inspect.getdoc(getattr(anyformer.plugin, name))
+    ]
+    assert undocumented == []
+    module_doc = anyformer.plugin.__doc__ or ""
+    assert [name for name in names if name not in module_doc] == [], "the module docstring lists every name"

@@ -12,7 +12,7 @@ Groups, in the order a backend meets them:
   :class:`Verdict`, :class:`Estimate`, :class:`Rank`, :class:`Refusal`, :class:`Chunk`,
   :class:`GenerateOptions`, :class:`FinishReason`, :class:`StoreEntry`, :class:`ProgressEvent`,
   :data:`ProgressCallback`, :class:`BackendModel`, :class:`AnyformerError`, :class:`ErrorCode`;
-- messages and chat: :func:`validate_messages`, :func:`has_images`, :func:`text_of`,
+- messages and chat: :data:`Message`, :func:`validate_messages`, :func:`has_images`, :func:`text_of`,
   :func:`render_chat` (jinja2's sandbox), :data:`CHATML_TEMPLATE`;
 - files, read with hard limits before any engine sees them: :func:`read_gguf_header`,
   :func:`check_split_set`, :func:`split_set_members`, :class:`GGUFHeader`, :class:`GGUFTensor`,
