@@ -8,6 +8,7 @@ compiles from source; it is built once into a wheelhouse that every session inst
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import nox
@@ -17,6 +18,10 @@ CORE = "anyformer-core"
 CONFORMANCE = "conformance"
 PLUGINS = {"llamacpp": "plugins/anyformer-llamacpp", "template": "plugins/_template"}
 PACKAGES = {"core": CORE, "conformance": CONFORMANCE, **PLUGINS}
+#: Every backend folder, found rather than listed: a new plugins/<name>/ is type-checked and built too.
+ALL_PLUGIN_FOLDERS = sorted(str(p.parent.relative_to(ROOT)) for p in ROOT.glob("plugins/*/pyproject.toml"))
+#: Where `nox -s build` leaves the wheels and sdists that `nox -s installed` installs.
+DIST = ROOT / "dist"
 TEST_TOOLS = ["pytest>=8", "gguf>=0.19", "numpy>=1.24", "hypothesis>=6", "safetensors>=0.4", "wgpu>=0.19"]
 #: What the core's server tests add: the real OpenAI client, and Playwright (driving Debian's chromium).
 SERVER_TEST_TOOLS = ["openai>=1.40", "playwright>=1.45"]
@@ -29,7 +34,7 @@ WHEELHOUSE = (
     / f"llama-cpp-python-{LLAMA_CPP_VERSION}-portable"
 )
 
-nox.options.sessions = ["lint", "tests", "conformance"]
+nox.options.sessions = ["lint", "mypy", "tests", "conformance", "build", "installed"]
 nox.options.reuse_existing_virtualenvs = True
 
 
@@ -75,6 +80,14 @@ def lint(session: nox.Session) -> None:
 
 
 @nox.session
+def mypy(session: nox.Session) -> None:
+    """Type-check the core, the conformance kit and every plugins/*/src (settings in pyproject.toml)."""
+    install(session, CORE, CONFORMANCE, *ALL_PLUGIN_FOLDERS, extra=["mypy>=1.10", f"{ROOT / CORE}[serve]"])
+    sources = [f"{CORE}/src", f"{CONFORMANCE}/src", *(f"{folder}/src" for folder in ALL_PLUGIN_FOLDERS)]
+    session.run("mypy", *sources)
+
+
+@nox.session
 @nox.parametrize("package", list(PACKAGES))
 def tests(session: nox.Session, package: str) -> None:
     """Run one package's own tests (the conformance kit runs in its own session)."""
@@ -102,6 +115,51 @@ def conformance(session: nox.Session, plugin: str) -> None:
     folder = PLUGINS[plugin]
     install(session, CORE, CONFORMANCE, folder)
     session.run("pytest", f"{folder}/tests/test_conformance.py", "-p", "no:cacheprovider", *session.posargs)
+
+
+@nox.session
+def build(session: nox.Session) -> None:
+    """Build the wheel and sdist of every distribution into dist/, then check them with twine."""
+    session.install("build>=1.2", "twine>=5")
+    shutil.rmtree(DIST, ignore_errors=True)
+    for folder in (CORE, CONFORMANCE, *ALL_PLUGIN_FOLDERS):
+        session.run("python", "-m", "build", "--outdir", str(DIST), folder)
+    session.run("twine", "check", "--strict", *(str(p) for p in sorted(DIST.iterdir())))
+
+
+@nox.session(venv_backend="none")
+def installed(session: nox.Session) -> None:
+    """Install the built files alone into a fresh venv, as users and a third party's CI do, and use them.
+
+    Only the files in dist/ (from `nox -s build`) and PyPI: no checkout path, no editable install.
+    Then, from a folder outside the checkout and offline, `anyformer run "Hello"` on the embedded
+    model, and the conformance kit against the installed template with the template's own test.
+    """
+    wheels = {p.name.split("-")[0]: p for p in DIST.glob("*.whl")} if DIST.is_dir() else {}
+    wanted = ("anyformer", "anyformer_conformance", "anyformer_llamacpp", "anyformer_template")
+    missing = [name for name in wanted if name not in wheels]
+    if missing:
+        session.error(f"no wheel for {', '.join(missing)} in {DIST}: run `nox -s build` first")
+    ensure_llama_wheel(session)
+    work = Path(session.create_tmp()).resolve() / "installed"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    venv = work / "venv"
+    session.run("python3", "-m", "venv", str(venv), external=True)
+    python = str(venv / "bin" / "python")
+    session.run(
+        python, "-m", "pip", "install", "--quiet",
+        # llama-cpp-python from the wheelhouse, never compiled again: exactly that version, binary only.
+        "--find-links", str(WHEELHOUSE), "--only-binary", "llama-cpp-python", f"llama-cpp-python=={LLAMA_CPP_VERSION}",
+        *(str(wheels[name]) for name in wanted), "pytest>=8",
+        external=True,
+    )  # fmt: skip
+    session.chdir(work)  # nothing of the checkout is importable from here
+    offline = {"HF_HUB_OFFLINE": "1", "ANYFORMER_HOME": str(work / "home"), "PYTHONPATH": ""}
+    session.run(str(venv / "bin" / "anyformer"), "run", "Hello", "--max-new-tokens", "8", env=offline, external=True)
+    kit_test = work / "test_template_conformance.py"
+    shutil.copy(ROOT / PLUGINS["template"] / "tests" / "test_conformance.py", kit_test)
+    session.run(python, "-m", "pytest", str(kit_test), "-q", "-p", "no:cacheprovider", env=offline, external=True)
 
 
 @nox.session

@@ -49,7 +49,9 @@ def load_isolated(engines: Any, model_description: dict[str, Any]) -> Iterator[C
     opened: list[anyformer.Loaded] = []
 
     def load(backend: str, **options: Any) -> anyformer.Loaded:
-        loaded = anyformer.load(model_description, backend=backend, caps=Caps(), isolate=True, **options)
+        loaded = anyformer.load(
+            model_description, backend=backend, caps=Caps(ram_bytes=16 * 2**30), isolate=True, **options
+        )
         opened.append(loaded)
         return loaded
 
@@ -85,7 +87,7 @@ def test_the_engine_runs_in_another_process(load_isolated: Any) -> None:
 
 def test_isolated_and_in_process_streams_are_identical(load_isolated: Any, model_description: dict[str, Any]) -> None:
     isolated = load_isolated("steady")
-    with anyformer.load(model_description, backend="steady", caps=Caps()) as local:
+    with anyformer.load(model_description, backend="steady", caps=Caps(ram_bytes=16 * 2**30)) as local:
         assert not local.isolated and local.worker_pid is None
         for options in ({"max_new_tokens": 5}, {"max_new_tokens": 50, "stop": "w4"}, {"max_new_tokens": 40}):
             assert list(isolated.generate("hi", **options)) == list(local.generate("hi", **options))
@@ -108,7 +110,9 @@ def test_messages_with_bytes_reach_the_worker_intact(load_isolated: Any) -> None
 
 def test_progress_of_the_load_reaches_the_caller(engines: Any, model_description: dict[str, Any]) -> None:
     events: list[anyformer.ProgressEvent] = []
-    with anyformer.load(model_description, backend="steady", caps=Caps(), isolate=True, progress=events.append):
+    with anyformer.load(
+        model_description, backend="steady", caps=Caps(ram_bytes=16 * 2**30), isolate=True, progress=events.append
+    ):
         pass
     assert [(e.stage, e.done, e.total) for e in events] == [("load", 0, 2), ("load", 2, 2)]
 
@@ -210,7 +214,7 @@ def test_dispose_ends_the_worker_and_twice_is_harmless(load_isolated: Any) -> No
 
 @pytest.mark.safety("R3")
 def test_a_dropped_loaded_model_ends_its_worker(engines: Any, model_description: dict[str, Any]) -> None:
-    loaded = anyformer.load(model_description, backend="steady", caps=Caps(), isolate=True)
+    loaded = anyformer.load(model_description, backend="steady", caps=Caps(ram_bytes=16 * 2**30), isolate=True)
     pid = loaded.worker_pid
     del loaded
     import gc
@@ -260,7 +264,7 @@ def test_a_backend_registered_in_process_cannot_be_isolated(model_description: d
     manager = anyformer.PluginManager()
     manager.register(worker_engines.steady, "steady")
     with pytest.raises(AnyformerError) as caught:
-        anyformer.load(model_description, caps=Caps(), plugins=manager, isolate=True)
+        anyformer.load(model_description, caps=Caps(ram_bytes=16 * 2**30), plugins=manager, isolate=True)
     assert caught.value.code is ErrorCode.BAD_REQUEST and "entry point" in caught.value.message
 
 
@@ -369,7 +373,7 @@ def test_the_worker_ends_when_its_parent_dies(engines: Any, tmp_path: Path) -> N
         """
         import os, sys, anyformer
         from anyformer import Caps
-        loaded = anyformer.load(sys.argv[1], backend="slow", caps=Caps(), isolate=True)
+        loaded = anyformer.load(sys.argv[1], backend="slow", caps=Caps(ram_bytes=16 * 2**30), isolate=True)
         print(loaded.worker_pid, flush=True)
         os._exit(0)
         """

@@ -73,9 +73,7 @@ class Engine:
         return Verdict.accept(self.name, Estimate(ram_bytes=10**6, tok_per_sec=10.0, rank=Rank.GENERAL))
 
     @hookimpl
-    def load(self, backend: str, model: Any, progress: Any) -> Handle | None:
-        if backend != self.name:
-            return None
+    def load(self, backend: str, model: Any, progress: Any) -> Handle:
         progress(ProgressEvent(stage="load", backend=self.name, file="weights", done=0, total=2))
         if self.at == "load":
             if self.fault == "bad_model":
@@ -87,9 +85,7 @@ class Engine:
         return Handle(self.name)
 
     @hookimpl
-    def generate(self, loaded: Handle, messages: list[Any], options: Any) -> Iterator[Chunk] | None:
-        if loaded.backend != self.name:
-            return None
+    def generate(self, loaded: Handle, messages: list[Any], options: Any) -> Iterator[Chunk]:
         if self.fault == "bad_request":
             raise AnyformerError("BAD_REQUEST", "the prompt is 9000 tokens and the context is 512")
         if self.fault == "echo":

@@ -103,7 +103,7 @@ def load(
         raise AnyformerError(
             ErrorCode.NO_BACKEND, f"cannot run {description.ref}: {manager.why_no_backend()}", verdicts=[]
         )
-    chosen = raise_if_none(select(verdicts, request.prefer), description.ref)
+    chosen = raise_if_none(select(verdicts, request.prefer), description.ref, description.formats)
     if chosen.code is Refusal.RUNTIME:  # pragma: no cover - select never chooses a refusal
         raise AnyformerError("PLUGIN_ERROR", chosen.reason)
     if isolate:

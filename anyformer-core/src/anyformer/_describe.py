@@ -1,4 +1,4 @@
-"""``describe(ref)``: a model description from a Hub id, a local folder or file, or JSON (CONTRACT §1)."""
+"""``describe(ref)``: a model description from a Hub id, a local folder or file, or JSON (docs/contract.md)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def describe(ref: str | os.PathLike[str] | Mapping[str, Any] | Model) -> Model:
     """Describe a model without downloading its weights.
 
     ``ref`` is a Hub repo id (``org/name[@revision]``), a local folder, a local ``.gguf`` or
-    ``.onnx`` file, a ``.json`` description file, a dict in CONTRACT §1's shape, or a ``Model``.
+    ``.onnx`` file, a ``.json`` description file, a dict shaped as docs/contract.md describes, or a ``Model``.
     Model headers are read with anyformer's bounded readers, so a hostile file is ``BAD_MODEL``
     here already.
     """

@@ -157,8 +157,16 @@ class PluginManager:
             self._entry_points[entry_point.name] = entry_point.value
 
     def register(self, plugin: Any, name: str, *, distribution: str | None = None, version: str | None = None) -> None:
-        """Register an in-process plugin object under a backend id (tests, notebooks, embedding apps)."""
+        """Register an in-process plugin object under a backend id (tests, notebooks, embedding apps).
+
+        A name already taken keeps its first plugin: the second is listed as broken (under
+        ``"name (second)"``) and never asked anything.
+        """
         info = PluginInfo(name=name, distribution=distribution, version=version, value=repr(plugin))
+        if name in self._infos:
+            info.ok, info.error = False, f"a second plugin named {name!r}; the first one is kept"
+            self._infos[f"{name} (second)"] = info
+            return
         self._infos[name] = info
         self._register_checked(plugin, info)
 
@@ -195,8 +203,11 @@ class PluginManager:
         """Names the plugin filters give that no installed plugin has, by environment variable."""
         return dict(self._unknown_filter_names)
 
-    def why_no_backend(self) -> str:
-        """Why no backend answers at all: none installed, every one disabled (and by what), or none loaded."""
+    def why_no_backend(self, install_hint: str = "") -> str:
+        """Why no backend answers at all: none installed, every one disabled (and by what), or none loaded.
+
+        ``install_hint`` names the distributions that read the model's format, for the "none installed" case.
+        """
         failed = [info for info in self.plugins() if not info.ok]
         skipped = self.disabled()
         if failed:
@@ -206,12 +217,15 @@ class PluginManager:
             reasons = "; ".join(sorted({info.error or "" for info in skipped}))
             names = ", ".join(info.name for info in skipped)
             return f"every installed backend is disabled ({names}: {reasons}); see `anyformer plugins`"
-        return "no backend plugin is installed: pip install anyformer-llamacpp (see `anyformer plugins`)"
+        install = install_hint or "pip install anyformer-llamacpp"
+        return f"no backend plugin is installed: {install} (see `anyformer plugins`)"
 
     def _impls(self, hook_name: str) -> Iterator[tuple[str, Any]]:
+        # Only plugins that loaded and passed validation are asked: a broken one is listed, never called.
+        ok = set(self.backends())
         caller = getattr(self._pm.hook, hook_name)
         by_name = {self._pm.get_name(impl.plugin): impl for impl in caller.get_hookimpls()}
-        for name in sorted(by_name):
+        for name in sorted(n for n in by_name if n in ok):
             yield name, by_name[name]
 
     def _impl_for(self, hook_name: str, backend: str) -> Any | None:
@@ -257,17 +271,16 @@ class PluginManager:
 
     @staticmethod
     def _checked_verdict(name: str, result: Any, caps: Caps, request: Request) -> Verdict:
-        if isinstance(result, Verdict) and result.backend == name:
-            offered = {Refusal.BUDGET: request.budget_or(caps.gpu_bytes), Refusal.MEMORY: caps.ram_bytes}.get(
-                result.code  # type: ignore[arg-type]
-            )
-            if offered is None or result.need is None or result.need > offered:
-                return result
-            why = f"a '{result.code}' refusal must need more than the {offered} bytes offered, not {result.need}"
-        elif isinstance(result, Verdict):
+        """``result`` if it is a valid verdict for ``name`` under what was offered, else a ``runtime`` refusal."""
+        if not isinstance(result, Verdict):
+            why = f"can_run returned {type(result).__name__}, not an anyformer.Verdict"
+        elif result.backend != name:
             why = f"can_run returned a verdict for {result.backend!r}, not for its own id {name!r}"
         else:
-            why = f"can_run returned {type(result).__name__}, not an anyformer.Verdict"
+            problem = _overreach(result, caps, request)
+            if problem is None:
+                return result
+            why = problem
         return Verdict.refuse(name, Refusal.RUNTIME, f"plugin error: {why}")
 
     def load(self, backend: str, model: Model, request: Request, progress: ProgressCallback) -> BackendModel:
@@ -330,6 +343,37 @@ class PluginManager:
                 else:
                     problems.append(f"{name}: store_list returned {type(entry).__name__}, not a StoreEntry")
         return entries, problems
+
+
+def _overreach(verdict: Verdict, caps: Caps, request: Request) -> str | None:
+    """Why ``verdict`` contradicts what was offered (the accelerator budget, host memory), or None.
+
+    An ok verdict must fit what it was offered, and a ``budget`` or ``memory`` refusal must need
+    more than that: anything else is a bug in the plugin, and the selection policy must not act on it.
+    """
+    # No budget asked and no GPU memory known: there is nothing to hold the estimate against.
+    gpu_offered = request.budget if request.budget is not None else caps.gpu_bytes
+    if verdict.ok:
+        estimate = verdict.estimate
+        if estimate is None:
+            return None
+        if gpu_offered is not None and estimate.gpu_bytes > gpu_offered:
+            return (
+                f"an ok verdict estimating {estimate.gpu_bytes} bytes of accelerator memory, "
+                f"more than the {gpu_offered} bytes budget offered"
+            )
+        if estimate.ram_bytes > caps.ram_bytes:
+            return (
+                f"an ok verdict estimating {estimate.ram_bytes} bytes of host memory, "
+                f"more than the {caps.ram_bytes} bytes available (caps.ram_bytes)"
+            )
+        return None
+    offered = {Refusal.BUDGET: request.budget_or(caps.gpu_bytes), Refusal.MEMORY: caps.ram_bytes}.get(
+        Refusal(verdict.code)
+    )
+    if offered is None or verdict.need is None or verdict.need > offered:
+        return None
+    return f"a '{verdict.code}' refusal must need more than the {offered} bytes offered, not {verdict.need}"
 
 
 _default: PluginManager | None = None

@@ -1,4 +1,4 @@
-"""The core's side of every stream: what it enforces whatever the backend does (CONTRACT §6).
+"""The core's side of every stream: what it enforces whatever the backend does (docs/contract.md, "Streaming").
 
 Text is rebuilt from deltas so it is always cumulative; token counts never decrease and never pass
 ``max_new_tokens``; stop strings are cut here once for every backend (holding back text that may
@@ -8,7 +8,9 @@ closed, so its ``finally`` puts the model back in order.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
+from types import TracebackType
+from typing import Any
 
 from anyformer.contract._chunk import Chunk, FinishReason, GenerateOptions
 from anyformer.contract._errors import AnyformerError, ErrorCode
@@ -25,8 +27,11 @@ def _held_back(text: str, stops: tuple[str, ...]) -> int:
     return longest
 
 
-class CoreStream:
+class CoreStream(Generator[Chunk, None, None]):
     """Wraps a backend's chunk iterator and yields contract-checked chunks.
+
+    It is a generator as callers use one: iterate it, ``close()`` it early, ``cancel()`` it from
+    another thread.
 
     ``release`` runs exactly once when the stream ends, is closed, or is dropped: the loaded
     model's lock is released there. The state lives apart from this wrapper so that no reference
@@ -35,13 +40,23 @@ class CoreStream:
 
     def __init__(self, backend: str, source: Iterator[Chunk], options: GenerateOptions, release: Callable[[], None]):
         self._state = _StreamState(backend, source, options, release)
-        self._iterator = self._state.run()
+        self._iterator: Generator[Chunk, None, None] = self._state.run()
 
     def __iter__(self) -> CoreStream:
         return self
 
     def __next__(self) -> Chunk:
         return next(self._iterator)
+
+    def send(self, value: None) -> Chunk:
+        """Resume the stream (only ``None`` is sent): the next chunk."""
+        return self._iterator.send(value)
+
+    def throw(self, typ: Any, val: Any = None, tb: TracebackType | None = None) -> Chunk:
+        """Raise an exception inside the stream; the backend's iterator is closed on the way out."""
+        if val is None and tb is None:
+            return self._iterator.throw(typ)
+        return self._iterator.throw(typ, val, tb)
 
     def close(self) -> None:
         """Stop the stream: the backend's iterator is closed and the model is free again."""
@@ -98,7 +113,7 @@ class _StreamState:
             preview=preview,
         )
 
-    def run(self) -> Iterator[Chunk]:
+    def run(self) -> Generator[Chunk, None, None]:
         options = self._options
         finish: FinishReason | None = None
         try:

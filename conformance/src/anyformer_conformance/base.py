@@ -113,9 +113,10 @@ def _entry_point(backend_id: str) -> importlib.metadata.EntryPoint | None:
 class RefusalCase(NamedTuple):
     """A model a backend must refuse, and the code it must refuse with.
 
-    ``description`` is CONTRACT §1's JSON (``Model.from_dict``); ``caps`` overrides fields of the
-    ``caps`` fixture (``{"ram_bytes": 0}``); ``request`` holds ``anyformer.check`` keywords
-    (``task``, ``budget``, ``context``); ``code`` the expected :class:`anyformer.Refusal`.
+    ``description`` is a model description as docs/contract.md writes it (``Model.from_dict``);
+    ``caps`` overrides fields of the ``caps`` fixture (``{"ram_bytes": 0}``); ``request`` holds
+    ``anyformer.check`` keywords (``task``, ``budget``, ``context``); ``code`` the expected
+    :class:`anyformer.Refusal`.
     """
 
     description: Mapping[str, Any]

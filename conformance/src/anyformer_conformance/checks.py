@@ -35,9 +35,9 @@ __all__ = [
     "fail",
 ]
 
-#: The finish reasons a stream may end with (CONTRACT §6).
+#: The finish reasons a stream may end with (docs/contract.md, "Streaming").
 FINISH_REASONS = frozenset({"stop", "length", "cancelled"})
-#: The refusals that carry ``need`` (CONTRACT §3).
+#: The refusals that carry ``need`` (docs/contract.md, "Verdicts").
 NEED_CODES = frozenset({Refusal.BUDGET, Refusal.MEMORY})
 #: The most characters of text one token may stand for, on average over a stream. Generous on
 #: purpose (real vocabularies average 3 to 5 characters a token, their longest tokens are runs of
@@ -248,7 +248,7 @@ def check_deltas_are_new_text(chunks: Sequence[Chunk], where: str) -> None:
 
 
 def check_stream(chunks: Sequence[Chunk], max_new_tokens: int, where: str) -> None:
-    """A whole stream as a caller sees it (CONTRACT §6)."""
+    """A whole stream as a caller sees it (docs/contract.md, "Streaming")."""
     __tracebackhide__ = True
     if not chunks:
         fail("the stream yielded no chunk, expected at least the last one with a finish_reason", where)

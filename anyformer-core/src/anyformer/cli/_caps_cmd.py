@@ -8,7 +8,7 @@ from anyformer.cli._common import add_machine_arguments, caps_from_args, print_j
 from anyformer.contract._sizes import format_size
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register the subcommand."""
     parser = sub.add_parser(
         "caps",

@@ -9,7 +9,7 @@ from anyformer.cli._common import print_json
 from anyformer.contract._sizes import format_size
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register the subcommand."""
     parser = sub.add_parser(
         "ls",

@@ -9,7 +9,7 @@ from anyformer._plugins import get_plugin_manager
 from anyformer.cli._common import print_json
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register the subcommand."""
     parser = sub.add_parser("plugins", help="list installed backend plugins and their state")
     parser.add_argument("--json", action="store_true", help="print JSON")

@@ -10,7 +10,7 @@ from anyformer.cli._progress_display import ProgressPrinter
 from anyformer.contract._sizes import format_size
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register the subcommand."""
     parser = sub.add_parser(
         "pull",

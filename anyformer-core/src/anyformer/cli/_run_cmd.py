@@ -18,7 +18,7 @@ from anyformer.contract._errors import AnyformerError, ErrorCode
 from anyformer.contract._request import Request
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register the subcommand."""
     parser = sub.add_parser(
         "run",

@@ -10,7 +10,7 @@ import sys
 from anyformer.contract._errors import AnyformerError, ErrorCode
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register the subcommand."""
     parser = sub.add_parser(
         "serve",

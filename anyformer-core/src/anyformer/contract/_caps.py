@@ -1,4 +1,4 @@
-"""What this machine can do (CONTRACT §2): the GPU adapter, host memory and the model store."""
+"""What this machine can do (docs/contract.md, "Capabilities"): the GPU adapter, host memory and the model store."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""What a generation yields, and the options it takes (CONTRACT §6)."""
+"""What a generation yields, and the options it takes (docs/contract.md, "Streaming")."""
 
 from __future__ import annotations
 

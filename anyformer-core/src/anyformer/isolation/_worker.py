@@ -210,8 +210,9 @@ class Worker:
     # ---- work -----------------------------------------------------------------------------------
 
     def _generate(self, command: Mapping[str, Any]) -> None:
+        # The parent numbers its generations; a command without a number answers as generation 0.
         ident = command.get("id")
-        generation = _Generation(ident, int(command.get("window", 1)))
+        generation = _Generation(ident if isinstance(ident, int) else 0, int(command.get("window", 1)))
         self._generation = generation
         try:
             with cancelled_by(generation.cancel):  # a cancel stops a chat template mid-render too

@@ -172,7 +172,7 @@ def error_frame(exc: AnyformerError) -> dict[str, Any]:
 def error_from_frame(frame: Mapping[str, Any]) -> AnyformerError:
     """The :class:`AnyformerError` an ``error`` frame carries (a malformed one is a protocol error)."""
     code, message, need = frame.get("code"), frame.get("message"), frame.get("need")
-    if code not in ErrorCode.__members__ or not isinstance(message, str):
+    if not isinstance(code, str) or code not in ErrorCode.__members__ or not isinstance(message, str):
         raise ProtocolError(f"a malformed error frame: {dict(frame)!r:.200}")
     if need is not None and (isinstance(need, bool) or not isinstance(need, int)):
         need = None

@@ -180,6 +180,7 @@ class WorkerSession:
             session._write(load, "loading")
             while True:
                 frame = session._next("loading")
+                assert frame is not None  # no cancel event: _next returns a frame or raises
                 op = frame["op"]
                 if op == "progress":
                     progress(_progress_event(frame))

@@ -214,7 +214,7 @@ async def _events(generation: Generation, parsed: GenerationRequest, rid: str, *
 async def _watching(request: Request, generation: Generation) -> AsyncIterator[Any]:
     """Read a generation, cancelling it if the client disconnects before it ends."""
     watcher = asyncio.ensure_future(_wait_disconnect(request))
-    watcher.add_done_callback(lambda task: task.cancelled() or generation.cancel())
+    watcher.add_done_callback(lambda task: None if task.cancelled() else generation.cancel())
     try:
         async for chunk in generation:
             yield chunk

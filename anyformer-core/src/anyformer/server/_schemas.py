@@ -107,7 +107,8 @@ def _messages_of(raw: Any) -> list[Message]:
     for index, message in enumerate(raw):
         if not isinstance(message, dict):
             raise bad_request(f"messages[{index}] must be an object with 'role' and 'content'", "messages")
-        role = _ROLE_ALIASES.get(message.get("role"), message.get("role"))
+        role = message.get("role")
+        role = _ROLE_ALIASES.get(role, role) if isinstance(role, str) else role
         converted.append({"role": role, "content": _content_of(message.get("content"), index)})
     try:
         return validate_messages(converted)

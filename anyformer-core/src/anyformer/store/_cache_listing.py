@@ -1,4 +1,4 @@
-"""``anyformer ls``: the models on this machine, from every plugin and from the Hub cache (CONTRACT §8).
+"""``anyformer ls``: the models on this machine, from every plugin and from the Hub cache (docs/contract.md).
 
 The Hub cache is read with huggingface_hub's ``scan_cache_dir``; a revision is listed when some
 installed backend could run it (its cached snapshot is described offline and every backend is

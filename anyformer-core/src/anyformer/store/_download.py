@@ -78,7 +78,7 @@ class _Failed(Exception):
 
 def download(file: HubFile, progress: ByteProgress | None = None) -> Path:
     """Fetch one Hub file into the cache, verified; return its snapshot path (a link to the blob)."""
-    from anyformer.store._hub import hub_errors
+    from anyformer.store._hub_errors import hub_errors  # imports huggingface_hub: only when downloading
 
     check_file_name(file.name)
     cache = RepoCache.of(file.repo_id)
