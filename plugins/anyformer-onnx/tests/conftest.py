@@ -41,3 +41,15 @@ def minilm_dir() -> Path:
 def reference() -> Any:
     """Read a fixture folder's reference.json."""
     return _reference
+
+
+@pytest.fixture(scope="session")
+def text_classifier_dir() -> Path:
+    """A tiny random BERT text classifier exported to ONNX, with transformers' pipeline outputs."""
+    return onnx_exports.text_classifier()
+
+
+@pytest.fixture(scope="session")
+def token_classifier_dir() -> Path:
+    """A tiny random BERT token classifier exported to ONNX, with transformers' pipeline outputs."""
+    return onnx_exports.token_classifier()

