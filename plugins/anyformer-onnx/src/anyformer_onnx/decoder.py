@@ -4,7 +4,8 @@ The graph takes ``input_ids``, ``attention_mask``, ``position_ids`` (when it has
 ``past_key_values.N.key/value``, and returns ``logits`` and ``present.N.key/value``: the names
 optimum's and transformers.js's exporters use. Each step binds the previous step's ``present``
 OrtValues as the next step's ``past`` through IO binding, so the cache never round-trips through
-numpy (on CUDA it never leaves the GPU); only the last row of logits is copied out.
+numpy (on CUDA it never leaves the GPU); only the last row of logits is copied out. The graph
+itself still concatenates each new position onto the past (that is how these exports are built).
 """
 
 from __future__ import annotations
