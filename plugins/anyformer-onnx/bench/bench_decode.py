@@ -15,6 +15,7 @@ pass with mean pooling in torch (what sentence-transformers computes).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import statistics
@@ -79,9 +80,11 @@ def decode_speed(stream: Callable[[], Any]) -> tuple[float, list[str]]:
     return ((count - 1) / (end - first) if count > 1 and end > first else 0.0), pieces
 
 
-def anyformer_engine(ref: str, backend: str, tokens: int) -> tuple[Callable[[], Any], Callable[[], None]]:
+def anyformer_engine(
+    ref: str, backend: str, tokens: int, threads: int | None
+) -> tuple[Callable[[], Any], Callable[[], None]]:
     """A greedy stream through anyformer's public API, and how to close the model."""
-    loaded = anyformer.load(ref, backend=backend)
+    loaded = anyformer.load(ref, backend=backend, options={"threads": threads} if threads else None)
 
     def stream() -> Any:
         for chunk in loaded.generate(PROMPT, max_new_tokens=tokens):
@@ -91,7 +94,7 @@ def anyformer_engine(ref: str, backend: str, tokens: int) -> tuple[Callable[[], 
     return stream, loaded.dispose
 
 
-def genai_engine(source: Path, tokens: int) -> tuple[Callable[[], Any], Callable[[], None]]:
+def genai_engine(source: Path, tokens: int, threads: int | None) -> tuple[Callable[[], Any], Callable[[], None]]:
     """onnxruntime-genai on a graph its builder made from the same weights (int4, CPU), when the builder works."""
     import onnxruntime_genai as og
 
@@ -118,6 +121,10 @@ def genai_engine(source: Path, tokens: int) -> tuple[Callable[[], Any], Callable
         from onnxruntime_genai.models.builder import create_model
 
         create_model("HuggingFaceTB/SmolLM2-135M-Instruct", str(hf), str(folder), "int4", "cpu", str(hf / "cache"))
+    if threads:  # genai reads its session's threads from genai_config.json
+        settings = json.loads((folder / "genai_config.json").read_text())
+        settings["model"]["decoder"].setdefault("session_options", {})["intra_op_num_threads"] = threads
+        (folder / "genai_config.json").write_text(json.dumps(settings, indent=1))
     model = og.Model(str(folder))
     tokenizer = og.Tokenizer(model)
     prompt = tokenizer.apply_chat_template(messages=__import__("json").dumps(PROMPT), add_generation_prompt=True)
@@ -145,7 +152,7 @@ def agreement(reference: list[str], pieces: list[str]) -> int:
     return same
 
 
-def bench_embeddings(repeats: int) -> None:
+def bench_embeddings(repeats: int, threads: int | None) -> None:
     """Embeddings per second on MiniLM: the ONNX backend against torch's BertModel with mean pooling."""
     import torch
     from tokenizers import Tokenizer
@@ -171,7 +178,9 @@ def bench_embeddings(repeats: int) -> None:
                 pooled = (hidden * mask[..., None]).sum(1) / mask.sum(1, keepdim=True)
                 torch.nn.functional.normalize(pooled, dim=1)
 
-    with anyformer.load(str(folder), backend="onnx") as loaded:
+    if threads:
+        torch.set_num_threads(threads)
+    with anyformer.load(str(folder), backend="onnx", options={"threads": threads} if threads else None) as loaded:
         runs: dict[str, list[float]] = {"onnx": [], "torch": []}
         for _ in range(repeats):
             started = time.perf_counter()
@@ -191,17 +200,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=None, help="threads for every engine (default: each its own)")
     args = parser.parse_args()
-    print(f"cpu cores usable: {len(os.sched_getaffinity(0))}", flush=True)
+    print(f"cpu cores usable: {len(os.sched_getaffinity(0))}, load average {os.getloadavg()[0]:.1f}", flush=True)
     source = onnx_exports.smollm2()
     engines: dict[str, Callable[[], tuple[Callable[[], Any], Callable[[], None]]]] = {
-        "anyformer onnx fp32": lambda: anyformer_engine(str(source), "onnx", args.tokens),
-        "anyformer onnx int4 acc1": lambda: anyformer_engine(str(int4_folder(source, 1)), "onnx", args.tokens),
-        "anyformer onnx int4 acc4": lambda: anyformer_engine(str(int4_folder(source, 4)), "onnx", args.tokens),
-        "llama.cpp Q4_1 (anyformer)": lambda: anyformer_engine(
-            str(anyformer.default_model_path()), "llamacpp", args.tokens
+        "anyformer onnx fp32": lambda: anyformer_engine(str(source), "onnx", args.tokens, args.threads),
+        "anyformer onnx int4 acc1": lambda: anyformer_engine(
+            str(int4_folder(source, 1)), "onnx", args.tokens, args.threads
         ),
-        "onnxruntime-genai int4": lambda: genai_engine(source, args.tokens),
+        "anyformer onnx int4 acc4": lambda: anyformer_engine(
+            str(int4_folder(source, 4)), "onnx", args.tokens, args.threads
+        ),
+        "llama.cpp Q4_1 (anyformer)": lambda: anyformer_engine(
+            str(anyformer.default_model_path()), "llamacpp", args.tokens, args.threads
+        ),
+        "onnxruntime-genai int4": lambda: genai_engine(source, args.tokens, args.threads),
     }
     try:
         from optimum.onnxruntime import ORTModelForCausalLM  # noqa: F401
@@ -232,7 +246,8 @@ def main() -> None:
             f"  {name:28s} {median:7.1f} tok/s   ×{median / base:4.2f} of onnx fp32   "
             f"same as onnx fp32 for {same}/{len(replies[name])} pieces"
         )
-    bench_embeddings(args.repeats)
+    print(f"load average after: {os.getloadavg()[0]:.1f} (other work on the machine slows every engine)")
+    bench_embeddings(args.repeats, args.threads)
 
 
 if __name__ == "__main__":
