@@ -39,7 +39,7 @@ def test_the_same_seed_draws_the_same_tokens() -> None:
 
 @pytest.mark.parametrize("penalty", [1.0, 1.3, 0.8])
 def test_repetition_penalty_equals_transformers(penalty: float) -> None:
-    torch = pytest.importorskip("torch")
+    import torch
     from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
 
     rng = np.random.default_rng(1)
