@@ -49,3 +49,11 @@ def test_external_data_layouts_load_and_decode_as_torch(
             reply["prompt_ids"], Sampler(0.0, 0, 1.0, None), limit=len(reply["reply_ids"]), stop_ids=handle.text.eos_ids
         )
         assert list(ids) == reply["reply_ids"]
+
+
+def test_a_graph_file_named_alone_finds_its_tokenizer_one_folder_up(tiny_llama_dir: Path, reference: Any) -> None:
+    reply = reference(tiny_llama_dir)["replies"][0]
+    with anyformer.load(str(tiny_llama_dir / "onnx" / "model.onnx"), backend="onnx") as loaded:
+        assert loaded.model.files[0].name == "model.onnx"  # described as one file, nothing beside it
+        last = loaded.complete(reply["messages"], max_new_tokens=len(reply["reply_ids"]))
+    assert last.text == reply["text"]
