@@ -168,3 +168,12 @@ def test_optimum_merged_decoder_at_the_top() -> None:
     verdict = _verdict(model)
     assert verdict.ok and verdict.estimate is not None
     assert verdict.estimate.files == ("decoder_model_merged.onnx", "decoder_model_merged.onnx_data")
+
+
+def test_a_precision_the_repo_lacks_is_format_naming_it() -> None:
+    verdict = _verdict(_model(_LAYOUT), options={"precision": "bnb4"})
+    assert _refusal(verdict) == Refusal.FORMAT
+    assert "bnb4" in verdict.reason
+    chosen = _verdict(_model(_LAYOUT), options={"precision": "fp16"})
+    assert chosen.ok and chosen.estimate is not None
+    assert chosen.estimate.files == ("onnx/model_fp16.onnx",)

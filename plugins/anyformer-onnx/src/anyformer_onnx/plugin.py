@@ -65,7 +65,9 @@ def can_run(model: Model, caps: Caps, request: Request) -> Verdict:
         )
     if choice is None:
         where = ", ".join(f"[onnx/]{stem}[_q4|_fp16|…].onnx" for stem in stems_for(task))
-        return Verdict.refuse(BACKEND_ID, Refusal.FORMAT, f"no {task} graph at a known path ({where})")
+        wanted = request.options.get("precision")
+        which = f"{wanted} " if isinstance(wanted, str) else ""
+        return Verdict.refuse(BACKEND_ID, Refusal.FORMAT, f"no {which}{task} graph at a known path ({where})")
     on_gpu = provider == CUDA
     context = context_for(model.config, request.context) if task == TEXT_GENERATION else 0
     kv = kv_cache_bytes(model.config, context, 2 if on_gpu else 4) if task == TEXT_GENERATION else 0
