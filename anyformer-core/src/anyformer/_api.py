@@ -6,6 +6,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from anyformer._known_backends import install_hint
 from anyformer._loaded import Loaded
 from anyformer._plugins import PluginManager, get_plugin_manager
 from anyformer._selection import Selection, raise_if_none, select
@@ -100,9 +101,8 @@ def load(
     request = _request_with_budget(asked, machine)
     verdicts = manager.can_run(description, machine, request, only=backend)
     if not verdicts and not manager.backends():
-        raise AnyformerError(
-            ErrorCode.NO_BACKEND, f"cannot run {description.ref}: {manager.why_no_backend()}", verdicts=[]
-        )
+        why = manager.why_no_backend(install_hint(description.formats))
+        raise AnyformerError(ErrorCode.NO_BACKEND, f"cannot run {description.ref}: {why}", verdicts=[])
     chosen = raise_if_none(select(verdicts, request.prefer), description.ref, description.formats)
     if chosen.code is Refusal.RUNTIME:  # pragma: no cover - select never chooses a refusal
         raise AnyformerError("PLUGIN_ERROR", chosen.reason)
