@@ -143,7 +143,7 @@ class LlamaCppModel:
         first = headers[0][1]
         facts = first.summary()
         check_architecture_numbers(choice.first.name, facts)
-        check_vocabulary(choice.first.name, first.get("tokenizer.ggml.tokens"))
+        check_vocabulary(choice.first.name, first.kv.get("tokenizer.ggml.tokens"))  # undecoded
         context = context_for(facts, request.context)
         budget = request.budget or 0
         plan = footprint(
