@@ -95,7 +95,7 @@ def test_continuing_a_chat_reuses_the_cache_and_matches_a_fresh_model(smollm2_pa
     warm = smollm2.complete(follow_up, max_new_tokens=12).text
     with anyformer.load(smollm2_path, backend="llamacpp", context=2048) as fresh:
         cold = fresh.complete(follow_up, max_new_tokens=12).text
-    assert warm.split()[:3] == cold.split()[:3]
+    assert warm == cold  # the cache is reused only where it was computed as a fresh model computes it
 
 
 def test_image_block_without_a_projector_is_bad_request(tiny) -> None:  # type: ignore[no-untyped-def]
