@@ -5,15 +5,17 @@ all three, in a rotating order, so that load on the machine hits them alike):
 - ``anyformer run PROMPT --max-new-tokens 16`` (isolated: the CLI's default);
 - the same with ``--in-process``;
 - a plain script: ``Llama(model_path=...)`` and ``create_chat_completion(max_tokens=16)``, the
-  same context and threads as anyformer picks.
+  same context and threads as anyformer picks (``--threads N`` sets both, through
+  ``ANYFORMER_LLAMACPP_THREADS``: on a machine shared by many processes one thread is far steadier).
 The figure is each command's median wall time over the plain script's (goal: at most 1.3x isolated).
 
-    python plugins/anyformer-llamacpp/bench/bench_first_command.py [--rounds 7] [--model PATH]
+    python plugins/anyformer-llamacpp/bench/bench_first_command.py [--rounds 7] [--model PATH] [--threads N]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import statistics
 import subprocess
@@ -34,9 +36,9 @@ print(reply["choices"][0]["message"]["content"])
 """
 
 
-def _wall(command: list[str]) -> float:
+def _wall(command: list[str], env: dict[str, str]) -> float:
     start = time.perf_counter()
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    done = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
     elapsed = time.perf_counter() - start
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(command[:3])}... failed ({done.returncode}): {done.stderr.strip()[-500:]}")
@@ -47,6 +49,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None, help="a GGUF (default: the embedded SmolLM2)")
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--threads", type=int, default=None, help="threads for both (default: every usable core)")
     args = parser.parse_args()
     path = args.model or str(anyformer.default_model_path())
     from anyformer_llamacpp.engine import pick_threads
@@ -56,6 +59,8 @@ def main() -> None:
     base = [cli] if cli else [sys.executable, "-m", "anyformer"]
     model_args = [] if args.model is None else [path]
     facts = anyformer.describe(path).metadata.get("gguf") or {}
+    threads = args.threads or pick_threads()
+    env = {**os.environ, "ANYFORMER_LLAMACPP_THREADS": str(threads)}
     commands = {
         "anyformer run (isolated)": [*base, "run", *model_args, PROMPT, "--max-new-tokens", "16"],
         "anyformer run --in-process": [*base, "run", *model_args, PROMPT, "--max-new-tokens", "16", "--in-process"],
@@ -65,20 +70,20 @@ def main() -> None:
             PLAIN_SCRIPT,
             path,
             str(context_for(facts, None)),
-            str(pick_threads()),
+            str(threads),
             PROMPT,
         ],
     }
     names = list(commands)
     times: dict[str, list[float]] = {name: [] for name in names}
     for name in names:
-        _wall(commands[name])  # warm the page cache and the bytecode caches once
+        _wall(commands[name], env)  # warm the page cache and the bytecode caches once
     for round_index in range(args.rounds):
         order = names[round_index % len(names) :] + names[: round_index % len(names)]
         for name in order:
-            times[name].append(_wall(commands[name]))
+            times[name].append(_wall(commands[name], env))
     plain = times["plain llama-cpp-python"]
-    print(f"whole first command, {path}, median of {args.rounds} paired rounds:")
+    print(f"whole first command, {path}, {threads} threads, median of {args.rounds} paired rounds:")
     for name in names:
         median = statistics.median(times[name])
         ratio = median / statistics.median(plain)
