@@ -180,6 +180,24 @@ def test_a_replaced_file_of_the_same_size_and_time_is_read_again(tmp_path: Path)
     assert read_gguf_header(path).get("general.name") == "two"
 
 
+def test_a_file_rewritten_within_one_tick_of_its_clock_is_read_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from anyformer.files import _gguf_header
+
+    # File times can be coarser than two writes: then only the header's bytes tell the files apart.
+    monkeypatch.setattr(_gguf_header, "_file_identity", lambda path: ("same", 1, 2, 3))
+    path = tmp_path / "m.gguf"
+    path.write_bytes(make_gguf([Tensor("w")], [kv("general.name", STRING, "one")]))
+    assert read_gguf_header(path).get("general.name") == "one"
+    path.write_bytes(make_gguf([Tensor("w")], [kv("general.name", STRING, "two")]))
+    assert read_gguf_header(path).get("general.name") == "two"
+    path.write_bytes(make_gguf([Tensor("w")], [kv("general.name", STRING, b"\xff\xfe\xfd")]))
+    with pytest.raises(AnyformerError) as caught:
+        read_gguf_header(path)
+    assert caught.value.code is ErrorCode.BAD_MODEL
+
+
 def test_a_hostile_file_is_refused_every_time(tmp_path: Path) -> None:
     path = tmp_path / "m.gguf"
     path.write_bytes(make_gguf(kvs=[kv("general.name", STRING, b"\xff")]))

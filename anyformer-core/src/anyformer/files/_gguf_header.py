@@ -9,6 +9,7 @@ Only the standard library is imported here: this module runs on every ``describe
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 import os
 import re
@@ -621,31 +622,47 @@ def read_gguf_header(source: ByteSource | str | os.PathLike[str], *, name: str |
     if not isinstance(source, (str, os.PathLike)):
         return read_header(source, name, "GGUF", lambda byte_source: _parse(_Cursor(byte_source)))
     identity = _file_identity(source)
-    if identity is not None:
-        cached = _HEADER_CACHE.get(identity)
-        if cached is not None:
-            return cached
+    cached = _HEADER_CACHE.get(identity) if identity is not None else None
+    if cached is not None and _header_digest(source, cached[0].data_offset) == cached[1]:
+        return cached[0]
     header = read_header(source, name, "GGUF", lambda byte_source: _parse(_Cursor(byte_source)))
     if identity is not None:
-        _HEADER_CACHE[identity] = header
-        while len(_HEADER_CACHE) > _HEADER_CACHE_SIZE:
-            del _HEADER_CACHE[next(iter(_HEADER_CACHE))]
+        digest = _header_digest(source, header.data_offset)
+        if digest is not None:
+            _HEADER_CACHE[identity] = (header, digest)
+            while len(_HEADER_CACHE) > _HEADER_CACHE_SIZE:
+                del _HEADER_CACHE[next(iter(_HEADER_CACHE))]
     return header
 
 
 # One command reads a GGUF's header to describe the model and again to load it (and a server loads
 # the same file again): the validated header of a local file is kept while the file is unchanged.
-_HEADER_CACHE: dict[tuple[Any, ...], GGUFHeader] = {}
+# Unchanged means the same place, inode, size and times *and* the same header bytes: file times
+# can be coarser than two writes, and hashing the header's bytes costs a few ms where parsing it
+# costs tens.
+_HEADER_CACHE: dict[tuple[Any, ...], tuple[GGUFHeader, bytes]] = {}
 _HEADER_CACHE_SIZE = 8
 
 
 def _file_identity(path: str | os.PathLike[str]) -> tuple[Any, ...] | None:
-    """What says a local file is the one read before: where it is, its inode, size and change times."""
+    """Where a local file is, its inode, size and change times (None when it cannot be stat'ed)."""
     try:
         st = os.stat(path)
     except OSError:
         return None  # read_header reports it
     return (os.path.abspath(os.fspath(path)), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _header_digest(path: str | os.PathLike[str], length: int) -> bytes | None:
+    """A hash of the file's first ``length`` bytes (its header), or None when they cannot all be read."""
+    try:
+        with open(path, "rb") as file:
+            data = file.read(length)
+    except OSError:
+        return None
+    if len(data) != length:
+        return None
+    return hashlib.blake2b(data, digest_size=32).digest()
 
 
 def split_set_members(names: Iterable[str]) -> dict[str, list[str]]:
