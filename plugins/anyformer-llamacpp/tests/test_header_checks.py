@@ -33,3 +33,10 @@ def test_a_vocabulary_without_repeats_passes_undecoded(kept) -> None:  # type: i
     check_vocabulary("m.gguf", vocabulary)
     if isinstance(vocabulary, LazyArray):
         assert vocabulary._decoded is None
+
+
+def test_a_long_vocabulary_of_numbers_is_checked_like_a_list() -> None:
+    numbers = LazyArray(struct.pack("<300i", *range(299), 5), 300, "i")
+    with pytest.raises(AnyformerError) as caught:
+        check_vocabulary("m.gguf", numbers)
+    assert "token 299 (5) repeats token 5" in caught.value.message

@@ -47,8 +47,8 @@ def check_vocabulary(name: str, tokens: Any) -> None:
     without decoding them (two valid UTF-8 strings are equal exactly when their bytes are).
     """
     items: list[Any]
-    if isinstance(tokens, LazyArray) and tokens.is_strings:
-        items = tokens.raw_strings()
+    if isinstance(tokens, LazyArray):
+        items = tokens.raw_strings() if tokens.is_strings else tokens.to_list()
     elif isinstance(tokens, list):
         items = tokens
     else:
