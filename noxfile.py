@@ -183,6 +183,9 @@ def bench(session: nox.Session) -> None:
     session.run("python", "anyformer-core/bench/bench_isolation.py")
     session.run("python", "anyformer-core/bench/bench_serve.py")
     session.run("python", "plugins/anyformer-llamacpp/bench/bench_decode.py", *session.posargs)
+    session.run("python", "plugins/anyformer-llamacpp/bench/bench_blocks.py")
+    session.run("python", "plugins/anyformer-llamacpp/bench/bench_ttft.py")
+    session.run("python", "plugins/anyformer-llamacpp/bench/bench_first_command.py")
 
 
 @nox.session

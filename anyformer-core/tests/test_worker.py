@@ -541,3 +541,44 @@ def test_cli_run_in_process_is_an_opt_out(engines: Any, run_cli: Any, tmp_path: 
         "run", str(description), "hi", "--backend", "aborts", "--caps", "", "--in-process", env=_cli_env(engines)
     )
     assert crashed.returncode == -6, "in-process, the abort takes the CLI down with it"
+
+
+# ---- the worker starts while the parent describes and selects --------------------------------------
+
+
+@pytest.fixture
+def started_workers(monkeypatch: pytest.MonkeyPatch) -> list[subprocess.Popen[bytes]]:
+    """Every worker process ``load`` starts ahead of selection."""
+    from anyformer.isolation import _worker_session
+
+    started: list[subprocess.Popen[bytes]] = []
+    real = _worker_session.start_worker_process
+
+    def record() -> subprocess.Popen[bytes]:
+        started.append(real())
+        return started[-1]
+
+    monkeypatch.setattr(_worker_session, "start_worker_process", record)
+    return started
+
+
+def test_the_worker_started_ahead_is_the_one_that_loads(load_isolated: Any, started_workers: list[Any]) -> None:
+    loaded = load_isolated("steady")
+    assert [process.pid for process in started_workers] == [loaded.worker_pid]
+
+
+@pytest.mark.parametrize(
+    ("ref", "backend", "code"),
+    [
+        ("/no/such/model.gguf", "steady", ErrorCode.MODEL_NOT_FOUND),  # describe fails
+        (None, "no-such-backend", ErrorCode.BAD_REQUEST),  # the backend is not installed
+    ],
+)
+def test_a_load_that_fails_before_the_worker_is_used_ends_it(
+    engines: Any, model_description: dict[str, Any], started_workers: list[Any], ref: Any, backend: str, code: Any
+) -> None:
+    with pytest.raises(AnyformerError) as caught:
+        anyformer.load(ref or model_description, backend=backend, caps=Caps(), isolate=True)
+    assert caught.value.code is code
+    assert len(started_workers) == 1
+    assert started_workers[0].poll() is not None  # ended and reaped before load raised

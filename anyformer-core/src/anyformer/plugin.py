@@ -16,6 +16,7 @@ Groups, in the order a backend meets them:
   :func:`render_chat` (jinja2's sandbox), :data:`CHATML_TEMPLATE`;
 - files, read with hard limits before any engine sees them: :func:`read_gguf_header`,
   :func:`check_split_set`, :func:`split_set_members`, :class:`GGUFHeader`, :class:`GGUFTensor`,
+  :class:`LazyArray` (a long GGUF array in ``GGUFHeader.kv``, decoded on first use),
   :data:`GGML_TYPES`, :func:`read_safetensors_header`, :class:`SafetensorsHeader`,
   :func:`read_onnx_summary`, :func:`check_onnx_external_data`, :class:`OnnxSummary`,
   :func:`read_config_json`;
@@ -43,6 +44,7 @@ from anyformer.files._gguf_header import (
     GGML_TYPES,
     GGUFHeader,
     GGUFTensor,
+    LazyArray,
     check_split_set,
     read_gguf_header,
     split_set_members,
@@ -66,6 +68,7 @@ __all__ = [
     "GGUFHeader",
     "GGUFTensor",
     "GenerateOptions",
+    "LazyArray",
     "Message",
     "Model",
     "ModelFile",

@@ -2,7 +2,8 @@
 
 Started by :mod:`anyformer.isolation._worker_session` as ``python -c BOOTSTRAP``; the bootstrap reads the
 first frame, takes the parent's ``sys.path`` (so the worker imports what the caller would, plugins
-on a test's path included) and calls :func:`main`. The backend is loaded from the one entry point
+on a test's path included), imports this module while the parent is still choosing a backend, then
+reads the ``load`` frame and calls :func:`main`. The backend is loaded from the one entry point
 the parent chose, so only that plugin is imported here.
 
 fd 1 is the protocol's and nobody else's: it is moved to a private descriptor and fd 1 then points
