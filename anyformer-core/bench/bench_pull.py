@@ -21,11 +21,12 @@ import tempfile
 import time
 from pathlib import Path
 
-_CONFORMANCE_SRC = Path(__file__).resolve().parents[2] / "conformance" / "src"
+#: The core's test support (the fake Hub lives there, with the tests that use it).
+_TEST_SUPPORT = Path(__file__).resolve().parents[1] / "tests"
 _SERVER = """
 import pathlib, sys
 sys.path.insert(0, {src!r})
-from anyformer_conformance.hub_server import FakeHub
+from hub_server import FakeHub
 folder = pathlib.Path({folder!r})
 hub = FakeHub()
 hub.add_repo("bench/model", {{p.name: p for p in sorted(folder.iterdir())}})
@@ -67,8 +68,8 @@ def main() -> None:
 
     import pytest
 
-    sys.path.insert(0, str(_CONFORMANCE_SRC))
-    from anyformer_conformance.hub_fixtures import point_huggingface_hub_at
+    sys.path.insert(0, str(_TEST_SUPPORT))
+    from hub_fixtures import point_huggingface_hub_at
 
     with tempfile.TemporaryDirectory(prefix="bench-pull-") as tmp:
         root = Path(tmp)
@@ -76,7 +77,7 @@ def main() -> None:
         served.mkdir()
         names = _write_files(served, args.files, size)
         server = subprocess.Popen(
-            [sys.executable, "-c", _SERVER.format(src=str(_CONFORMANCE_SRC), folder=str(served))],
+            [sys.executable, "-c", _SERVER.format(src=str(_TEST_SUPPORT), folder=str(served))],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,

@@ -3,14 +3,17 @@
 The first byte of an input picks the format, the rest is the file. Each input goes through the
 validator directly (``read_gguf_header`` on the bytes, ``read_safetensors_header``,
 ``read_onnx_summary`` and ``check_onnx_external_data``) and through ``describe`` on a file written
-to disk (an ONNX model gets a 16-byte ``w.bin`` beside it for its external data). The only outcome
+to disk (an ONNX model gets a 16-byte ``w.bin`` beside it for its external data); a GGUF's chat
+template, when its header holds one, is rendered too (under a short render limit). The only outcome
 accepted is a return or an ``AnyformerError`` that does not wrap a ``MemoryError`` or
 ``RecursionError``; anything else, an input taking over 1 s, or an allocation that would pass the
 256 MiB allowance over the start-up footprint (``RLIMIT_AS``) is a finding: the input is saved and
 the run stops.
 
-Seeds: a tiny llama GGUF written by gguf's writer, the core tests' hand-built GGUF, a safetensors
-file of two tensors, and hand-encoded ONNX models (inline and external data).
+Seeds: a tiny llama GGUF written by gguf's writer (with its ChatML template, and twice more with
+hostile templates: a loop of 10^10 steps and a doubling to 2 Gi characters), the core tests'
+hand-built GGUF, a safetensors file of two tensors, and hand-encoded ONNX models (inline and
+external data).
 
     python anyformer-core/fuzz/fuzz_model_files.py -runs=100000          # atheris, coverage-guided
     python anyformer-core/fuzz/fuzz_model_files.py --random 100000       # no atheris: random mutations
@@ -43,6 +46,13 @@ TIME_LIMIT_SECONDS = 1.0
 #: Bytes of address space one input may add to the harness's start-up footprint.
 MEMORY_ALLOWANCE = 256 * 2**20
 _REPORT_EVERY = 10_000
+#: Seconds a GGUF's chat template may render here (its budget's deadline, well inside the input's limit).
+TEMPLATE_SECONDS = 0.05
+#: Templates that hung a worker or took gigabytes before renders were budgeted; seeds, as GGUFs.
+HOSTILE_TEMPLATES = (
+    "{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}{% endfor %}{{ messages[0].content }}",
+    "{% set s = 'xxxxxxxx' %}" + "{% set s = s ~ s %}" * 28 + "{{ s }}{{ messages[0].content }}",
+)
 
 
 class Finding(Exception):
@@ -86,6 +96,10 @@ def seeds() -> list[bytes]:
         with tempfile.TemporaryDirectory() as folder:
             path = write_tiny_llama(Path(folder) / "tiny.gguf", layers=1, embedding=8, heads=2, kv_heads=2)
             files.append(("gguf", path.read_bytes()))
+            for index, template in enumerate(HOSTILE_TEMPLATES):
+                small = {"layers": 1, "embedding": 8, "heads": 2, "kv_heads": 2, "chat_template": template}
+                path = write_tiny_llama(Path(folder) / f"hostile-{index}.gguf", **small)
+                files.append(("gguf", path.read_bytes()))
     except ImportError:  # gguf or numpy missing: the hand-built GGUF still seeds
         pass
     header = {
@@ -139,6 +153,10 @@ class Target:
         }[fmt]
         for index, call in enumerate([*calls, lambda: describe(path)]):
             self.outcomes[f"{fmt}:{'describe' if index == len(calls) else 'reader'}:{_outcome(call)}"] += 1
+        if fmt == "gguf":
+            rendered = _template_outcome(body)
+            if rendered is not None:
+                self.outcomes[f"gguf:template:{rendered}"] += 1
 
     def report(self) -> None:
         """One line to stderr: inputs so far, rate, and how they ended."""
@@ -163,6 +181,29 @@ def _outcome(call: Any) -> str:
         raise
     except BaseException as exc:
         raise Finding(f"{type(exc).__name__} escaped: {exc}") from exc
+    return "ok"
+
+
+def _template_outcome(body: bytes) -> str | None:
+    """Render the GGUF's chat template, if it has one: any ``AnyformerError`` is an answer (a template
+    that recurses too deep is refused by design), anything else escaping, or the input's time limit, a finding."""
+    from anyformer import AnyformerError, render_chat
+    from anyformer.files._gguf_header import BytesByteSource, read_gguf_header
+
+    try:
+        template = read_gguf_header(BytesByteSource(body), name="m.gguf").get("tokenizer.chat_template")
+    except AnyformerError:
+        return None
+    if not isinstance(template, str):
+        return None
+    try:
+        render_chat(template, [{"role": "user", "content": "hi"}], time_limit=TEMPLATE_SECONDS)
+    except AnyformerError as exc:
+        return exc.code.value
+    except (InputTimeout, Finding):
+        raise
+    except BaseException as exc:
+        raise Finding(f"rendering the chat template: {type(exc).__name__} escaped: {exc}") from exc
     return "ok"
 
 

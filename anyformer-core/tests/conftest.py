@@ -19,7 +19,7 @@ import anyformer
 from anyformer import Caps, Chunk, Estimate, Rank, Verdict, hookimpl
 from anyformer._plugins import reset_plugin_manager
 
-#: A what-if model description: one GGUF of 100 MB (CONTRACT §1's shape).
+#: A what-if model description: one GGUF of 100 MB (the shape of docs/contract.md ("Model description")).
 MODEL_DESCRIPTION: dict[str, Any] = {
     "repo": "test-org/tiny-llama-GGUF",
     "revision": "main",
@@ -277,17 +277,13 @@ class ScriptedBackend:
         return Verdict.accept(self.name, self.estimate)
 
     @hookimpl
-    def load(self, backend: str, model: Any, request: Any) -> FakeHandle | None:
-        if backend != self.name:
-            return None
+    def load(self, backend: str, model: Any, request: Any) -> FakeHandle:
         handle = self.handle_type(self.name, model.task or "text-generation")
         self.handles.append(handle)
         return handle
 
     @hookimpl
-    def generate(self, loaded: Any, messages: Any, options: Any) -> Iterator[Chunk] | None:
-        if loaded.backend != self.name:
-            return None
+    def generate(self, loaded: Any, messages: Any, options: Any) -> Iterator[Chunk]:
         self.started += 1
         self.last_messages, self.last_options = messages, options
         return self._play(options)
@@ -320,7 +316,7 @@ def load_scripted(model_description: dict[str, Any]) -> Callable[..., tuple[anyf
         backend = ScriptedBackend("fake", script, handle=FakeRunHandle if runnable else FakeHandle)
         manager = anyformer.PluginManager()
         manager.register(backend, "fake")
-        loaded = anyformer.load(model_description, caps=Caps(), plugins=manager)
+        loaded = anyformer.load(model_description, caps=Caps(ram_bytes=16 * 2**30), plugins=manager)
         return loaded, backend
 
     return load

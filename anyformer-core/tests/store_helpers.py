@@ -5,17 +5,14 @@ from __future__ import annotations
 import hashlib
 import os
 import pathlib
-import sys
 from collections.abc import Iterator
 from typing import Any
 
+import hub_fixtures
 import pytest
-
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "conformance" / "src"))
+from hub_server import FakeHub
 
 from anyformer import Estimate, PluginManager, Rank, Refusal, StoreEntry, Verdict, fetch_files, hookimpl
-from anyformer_conformance import hub_fixtures
-from anyformer_conformance.hub_server import FakeHub
 
 fake_hub = hub_fixtures.fake_hub
 set_hf_offline = hub_fixtures.set_hf_offline
@@ -80,7 +77,7 @@ def assert_nothing_stored(repo_id: str, name: str, data: bytes, *, partial_allow
 @pytest.fixture
 def no_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
     """Retries without waiting (the count of retries stays what it is)."""
-    from anyformer import _download
+    from anyformer.store import _download
 
     monkeypatch.setattr(_download, "BACKOFF_SECONDS", (0.0,) * len(_download.BACKOFF_SECONDS))
 

@@ -1,4 +1,4 @@
-"""The ``anyformer`` command in a subprocess: JSON answers, exit codes, and no tracebacks (CONTRACT §9)."""
+"""The ``anyformer`` command in a subprocess: JSON answers, exit codes, and no tracebacks (docs/user-guide.md)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from anyformer.cli import _caps_cmd, _main
 
 CHECK_ARGS = ("--caps", "gpu,f16", "--budget", "4GB", "--ram", "16GB", "--json")
 
-#: Every field CONTRACT §2 names.
+#: Every field docs/contract.md ("Capabilities") names.
 CONTRACT_CAPS = (
     "gpu",
     "gpu_name",

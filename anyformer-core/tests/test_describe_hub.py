@@ -6,15 +6,15 @@ import hashlib
 import pathlib
 
 import gguf
+import hub_fixtures
 import huggingface_hub
 import numpy as np
 import pytest
+from hub_server import FakeHub
 
 import anyformer
 from anyformer.contract._errors import AnyformerError, ErrorCode
 from anyformer.store._hub import HubByteSource, describe_hub
-from anyformer_conformance import hub_fixtures
-from anyformer_conformance.hub_server import FakeHub
 
 fake_hub = hub_fixtures.fake_hub
 MiB = 1024 * 1024

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -70,3 +71,48 @@ def test_errors_doc_names_no_code_that_does_not_exist() -> None:
 @pytest.mark.parametrize("status", ["0", "1", "2", "3", "130"])
 def test_cli_exit_code_is_documented(status: str) -> None:
     assert status in _table_codes(ERRORS_DOC), f"docs/refusals-and-errors.md lacks exit code {status}"
+
+
+CONTRACT_DOC = DOCS / "contract.md"
+
+
+def test_the_contract_lists_every_refusal_code_and_error_code() -> None:
+    text = CONTRACT_DOC.read_text(encoding="utf-8")
+    assert {code.value for code in Refusal} <= _table_codes(CONTRACT_DOC)
+    assert [code.value for code in ErrorCode if f"`{code.value}`" not in text] == []
+
+
+def _description_section() -> str:
+    return CONTRACT_DOC.read_text(encoding="utf-8").split("### The description as JSON", 1)[1].split("\n## ", 1)[0]
+
+
+def test_the_contract_s_description_example_is_read_as_written() -> None:
+    from anyformer import Model
+
+    example = json.loads(re.search(r"```json\n(.*?)```", _description_section(), re.DOTALL).group(1))  # type: ignore[union-attr]
+    data = Model.from_dict(example).to_dict()
+    assert {key: data[key] for key in example} == example
+
+
+def test_every_key_the_contract_lists_is_checked_by_name() -> None:
+    from anyformer import AnyformerError, Model
+
+    rows = re.findall(r"^\| (`[^|]+) \|", _description_section(), re.MULTILINE)
+    keys = [key for row in rows for key in re.findall(r"`(\w+)`", row)]
+    assert keys == ["repo", "revision", "architecture", "task", "tags", "files", "source", "metadata"]
+    for key in keys:
+        with pytest.raises(AnyformerError) as caught:
+            Model.from_dict({"repo": "org/x", key: 5} if key != "repo" else {key: 5})
+        assert caught.value.code is ErrorCode.BAD_REQUEST and f"'{key}'" in caught.value.message
+    assert Model.from_dict({"repo": "org/x", "unknown": 1}).repo == "org/x", "other keys are ignored, as documented"
+
+
+def test_no_doc_or_source_cites_the_private_design_notes() -> None:
+    root = DOCS.parent
+    offenders = [
+        str(path.relative_to(root))
+        for pattern in ("docs/**/*.md", "*.md", "*/src/**/*.py", "plugins/*/src/**/*.py", "*/tests/*.py", "*/README.md")
+        for path in root.glob(pattern)
+        if re.search(r"CONTRACT §\d|shared/CONTRACT\.md", path.read_text(encoding="utf-8"))
+    ]
+    assert offenders == [], "cite docs/contract.md instead"

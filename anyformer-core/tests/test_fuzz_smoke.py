@@ -39,11 +39,14 @@ def test_mutated_model_files_only_ever_raise_anyformer_errors(fuzz: ModuleType, 
     assert any(key.endswith(":BAD_MODEL") for key in target.outcomes)
 
 
-def test_the_seeds_are_valid_files(fuzz: ModuleType, tmp_path: Path) -> None:
+def test_the_seeds_are_valid_files_and_the_hostile_templates_are_refused(fuzz: ModuleType, tmp_path: Path) -> None:
     target = fuzz.Target(tmp_path)
     for seed in fuzz.seeds():
         target(seed)
-    assert all(key.endswith(":ok") for key in target.outcomes), dict(target.outcomes)
+    files = {key: count for key, count in target.outcomes.items() if ":template:" not in key}
+    assert all(key.endswith(":ok") for key in files), dict(target.outcomes)
+    assert target.outcomes["gguf:template:ok"] >= 1  # the tiny llama's ChatML template renders
+    assert target.outcomes["gguf:template:BAD_MODEL"] == len(fuzz.HOSTILE_TEMPLATES), dict(target.outcomes)
 
 
 def test_an_escaping_exception_is_a_finding(fuzz: ModuleType) -> None:

@@ -71,7 +71,7 @@ class _RaisingGenerate:
 def test_generate_raising_before_streaming_is_plugin_error_and_frees_the_model() -> None:
     manager = anyformer.PluginManager()
     manager.register(_RaisingGenerate(), "raiser")
-    with anyformer.load({"repo": "x"}, caps=Caps(), plugins=manager) as loaded:
+    with anyformer.load({"repo": "x"}, caps=Caps(ram_bytes=16 * 2**30), plugins=manager) as loaded:
         for _ in range(2):  # the second call proves the BUSY lock was released
             with pytest.raises(AnyformerError) as info:
                 loaded.generate("hi")

@@ -76,7 +76,7 @@ def test_misspelt_hookimpl_is_reported_as_invalid_and_unregistered(broken_set: A
     manager = _loaded()
     error = _infos(manager)["misspelt-hook"].error or ""
     assert error.startswith("invalid plugin")
-    verdicts = manager.can_run(_model(), Caps(gpu=True), Request(budget=4 * 10**9))
+    verdicts = manager.can_run(_model(), Caps(gpu=True, ram_bytes=16 * 2**30), Request(budget=4 * 10**9))
     assert "misspelt-hook" not in {v.backend for v in verdicts}
 
 
@@ -90,7 +90,9 @@ def test_sys_exit_at_import_does_not_end_the_process(broken_set: Any) -> None:
 @pytest.mark.safety("L2")
 def test_plugin_raising_in_can_run_gets_a_runtime_verdict_and_the_rest_answer(broken_set: Any) -> None:
     manager = _loaded()
-    verdicts = {v.backend: v for v in manager.can_run(_model(), Caps(gpu=True), Request(budget=4 * 10**9))}
+    verdicts = {
+        v.backend: v for v in manager.can_run(_model(), Caps(gpu=True, ram_bytes=16 * 2**30), Request(budget=4 * 10**9))
+    }
     raiser = verdicts["raises-in-can-run"]
     assert not raiser.ok and raiser.code is Refusal.RUNTIME
     assert "RuntimeError" in raiser.reason and "engine exploded" in raiser.reason
@@ -161,7 +163,7 @@ def test_hand_built_entry_points_load_without_a_distribution(in_memory_module: t
     manager.load_entry_points([_entry_point("handmade", "aftest_in_memory")])
     info = _infos(manager)["handmade"]
     assert info.ok and info.distribution is None and info.version is None and info.value == "aftest_in_memory"
-    assert [v.backend for v in manager.can_run(_model(), Caps(), Request())] == ["handmade"]
+    assert [v.backend for v in manager.can_run(_model(), Caps(ram_bytes=16 * 2**30), Request())] == ["handmade"]
 
 
 @pytest.mark.safety("L1")
@@ -224,10 +226,84 @@ def test_a_verdict_that_breaks_the_contract_becomes_a_runtime_refusal(returned: 
     manager = PluginManager()
     manager.register(_Returns(returned), "liar")
     manager.register(_Returns(Verdict.accept("honest")), "honest")
-    verdicts = {v.backend: v for v in manager.can_run(_model(), Caps(), Request())}
+    verdicts = {v.backend: v for v in manager.can_run(_model(), Caps(ram_bytes=16 * 2**30), Request())}
     assert verdicts["liar"].code is Refusal.RUNTIME and not verdicts["liar"].ok
     assert reason_part in verdicts["liar"].reason
     assert verdicts["honest"].ok
+
+
+_GiB = 2**30
+
+
+@pytest.mark.parametrize(
+    ("estimate", "caps", "request_", "reason_part"),
+    [
+        (
+            anyformer.Estimate(gpu_bytes=3 * _GiB),
+            Caps(gpu=True, ram_bytes=_GiB),
+            Request(budget=2 * _GiB),
+            f"estimating {3 * _GiB} bytes of accelerator memory, more than the {2 * _GiB} bytes budget",
+        ),
+        (
+            anyformer.Estimate(gpu_bytes=3 * _GiB),
+            Caps(gpu=True, gpu_bytes=2 * _GiB, ram_bytes=_GiB),
+            Request(),
+            f"more than the {2 * _GiB} bytes budget",
+        ),
+        (
+            anyformer.Estimate(ram_bytes=5 * _GiB),
+            Caps(ram_bytes=4 * _GiB),
+            Request(),
+            f"estimating {5 * _GiB} bytes of host memory, more than the {4 * _GiB} bytes available",
+        ),
+    ],
+    ids=["gpu-over-the-budget", "gpu-over-the-probed-memory", "ram-over-ram_bytes"],
+)
+def test_an_ok_verdict_estimating_more_than_was_offered_becomes_a_runtime_refusal(
+    estimate: anyformer.Estimate, caps: Caps, request_: Request, reason_part: str
+) -> None:
+    manager = PluginManager()
+    manager.register(_Returns(Verdict.accept("greedy", estimate)), "greedy")
+    manager.register(_Returns(Verdict.accept("modest", anyformer.Estimate(ram_bytes=1))), "modest")
+    verdicts = {v.backend: v for v in manager.can_run(_model(), caps, request_)}
+    greedy = verdicts["greedy"]
+    assert not greedy.ok and greedy.code is Refusal.RUNTIME
+    assert greedy.reason.startswith("plugin error: an ok verdict") and reason_part in greedy.reason
+    assert verdicts["modest"].ok
+
+
+@pytest.mark.parametrize(
+    ("estimate", "caps", "request_"),
+    [
+        (
+            anyformer.Estimate(gpu_bytes=2 * _GiB, ram_bytes=_GiB),
+            Caps(gpu=True, ram_bytes=_GiB),
+            Request(budget=2 * _GiB),
+        ),
+        (anyformer.Estimate(gpu_bytes=10 * _GiB), Caps(gpu=True, ram_bytes=_GiB), Request()),  # no GPU size known
+    ],
+    ids=["exactly-what-was-offered", "gpu-memory-unknown-and-no-budget"],
+)
+def test_an_ok_verdict_within_what_was_offered_stands(
+    estimate: anyformer.Estimate, caps: Caps, request_: Request
+) -> None:
+    manager = PluginManager()
+    manager.register(_Returns(Verdict.accept("fits", estimate)), "fits")
+    [verdict] = manager.can_run(_model(), caps, request_)
+    assert verdict.ok and verdict.estimate == estimate
+
+
+def test_registering_a_taken_name_keeps_the_first_plugin_and_never_asks_the_second() -> None:
+    manager = PluginManager()
+    first, second = _Returns(Verdict.accept("twin")), _Returns(lambda: pytest.fail("the second 'twin' was asked"))
+    manager.register(first, "twin")
+    manager.register(second, "twin")
+    kept, refused = manager.plugins()
+    assert (kept.name, kept.ok, kept.value) == ("twin", True, repr(first))
+    assert (refused.name, refused.ok) == ("twin", False) and "a second plugin named 'twin'" in str(refused.error)
+    assert manager.backends() == ["twin"]
+    [verdict] = manager.can_run(_model(), Caps(ram_bytes=_GiB), Request())
+    assert verdict.ok and verdict.backend == "twin"
 
 
 @pytest.mark.safety("L2")
@@ -237,7 +313,7 @@ def test_sys_exit_inside_can_run_is_a_runtime_refusal() -> None:
 
     manager = PluginManager()
     manager.register(_Returns(leave), "quitter")
-    [verdict] = manager.can_run(_model(), Caps(), Request())
+    [verdict] = manager.can_run(_model(), Caps(ram_bytes=16 * 2**30), Request())
     assert verdict.code is Refusal.RUNTIME and "sys.exit(4)" in verdict.reason
 
 
@@ -281,7 +357,7 @@ def test_require_backend_naming_a_broken_plugin_gives_its_load_error(broken_set:
 
 def test_check_with_an_unknown_backend_raises_before_describing(broken_set: Any) -> None:
     with pytest.raises(AnyformerError) as caught:
-        anyformer.check("/no/such/model.gguf", backend="nope", caps=Caps(), plugins=_loaded())
+        anyformer.check("/no/such/model.gguf", backend="nope", caps=Caps(ram_bytes=16 * 2**30), plugins=_loaded())
     assert caught.value.code is ErrorCode.BAD_REQUEST
 
 

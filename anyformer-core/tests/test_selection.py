@@ -1,4 +1,4 @@
-"""The selection policy, exactly as CONTRACT §4 writes it, and the verdicts it works on (§3)."""
+"""The selection policy, exactly as docs/contract.md ("Selection") writes it, and the verdicts it works on."""
 
 from __future__ import annotations
 
@@ -141,7 +141,7 @@ def _manager(*verdicts: Verdict) -> tuple[PluginManager, dict[str, Answers]]:
 
 
 def _load(manager: PluginManager, model_description: dict[str, Any], **kwargs: Any) -> anyformer.Loaded:
-    return anyformer.load(model_description, caps=Caps(), plugins=manager, **kwargs)
+    return anyformer.load(model_description, caps=Caps(ram_bytes=16 * 2**30), plugins=manager, **kwargs)
 
 
 def test_load_runs_the_policys_choice(model_description: dict[str, Any]) -> None:
@@ -223,11 +223,11 @@ def test_backend_named_with_a_budget_refusal_raises_budget_too_small(model_descr
 
 def test_check_with_a_backend_named_returns_only_its_verdict(model_description: dict[str, Any]) -> None:
     manager, _ = _manager(ok("localmind"), refused("onnx"))
-    _, selection = anyformer.check(model_description, backend="onnx", caps=Caps(), plugins=manager)
+    _, selection = anyformer.check(model_description, backend="onnx", caps=Caps(ram_bytes=16 * 2**30), plugins=manager)
     assert [v.backend for v in selection.verdicts] == ["onnx"] and selection.chosen is None
 
 
-# ---- verdict validation (CONTRACT §3) ------------------------------------------------------------
+# ---- verdict validation (docs/contract.md, "Verdicts") ------------------------------------------------------------
 
 
 @pytest.mark.parametrize("code", [Refusal.BUDGET, Refusal.MEMORY])

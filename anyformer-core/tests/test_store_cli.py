@@ -108,3 +108,49 @@ def test_pull_errors_are_one_line_with_their_code(
     assert cli("pull", "org/tiny-GGUF", "--caps", "store").returncode == 0
     offline_cached = cli("pull", "org/tiny-GGUF", "--caps", "store", "--json", offline=True)
     assert offline_cached.returncode == 0 and offline_cached.json()["bytes"] > 0
+
+
+def _read_only_mounts_work() -> bool:
+    """Whether this machine lets an unprivileged user namespace bind-mount a folder read-only."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        done = subprocess.run(
+            ["unshare", "-rm", "sh", "-c", 'mount --bind -o ro "$0" "$0" && ! touch "$0/x" 2>/dev/null', "/tmp"],
+            capture_output=True,
+            timeout=10,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0
+
+
+@pytest.mark.skipif(not _read_only_mounts_work(), reason="needs unshare and a read-only bind mount")
+def test_rm_on_a_read_only_store_is_one_line_not_a_traceback(
+    cli: Callable[..., CliResult], gguf_repo: str, fake_hub: FakeHub, tmp_path: pathlib.Path
+) -> None:
+    assert cli("pull", "org/tiny-GGUF").returncode == 0
+    env = hf_env(fake_hub, tmp_path / "hf")
+    env.update({"ANYFORMER_HOME": str(tmp_path / "anyformer-home"), "ANYFORMER_PLUGINS": "llamacpp"})
+    read_only = ["unshare", "-rm", "sh", "-c", 'mount --bind -o ro "$0" "$0" && exec "$@"', str(tmp_path / "hf")]
+    done = subprocess.run(
+        [*read_only, sys.executable, "-m", "anyformer", "rm", "-y", "org/tiny-GGUF"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=tmp_path,
+        check=False,
+    )
+    assert done.returncode != 0
+    assert "Traceback" not in done.stderr, done.stderr
+    assert "Read-only file system" in done.stderr.strip().splitlines()[-1]
+    assert repo_root("org/tiny-GGUF").name in os.listdir(tmp_path / "hf" / "hub")  # nothing was lost
+
+
+@pytest.mark.parametrize("model", ["a" * 10_000, "org/" + "n" * 10_000, "org/name\n", "org/name\n@main"])
+def test_pull_of_a_malformed_id_is_bad_request_in_one_short_line(cli: Callable[..., CliResult], model: str) -> None:
+    result = cli("pull", model, offline=True)
+    assert result.returncode == 2, result.stderr
+    assert "BAD_REQUEST" in result.stderr and len(result.stderr) < 600, result.stderr

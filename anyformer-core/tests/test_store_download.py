@@ -8,6 +8,7 @@ import time
 
 import huggingface_hub
 import pytest
+from hub_server import git_blob_sha1
 from store_helpers import (
     FakeHub,
     MiB,
@@ -21,9 +22,8 @@ from store_helpers import (
 )
 
 import anyformer
-from anyformer import _download
 from anyformer.contract._errors import AnyformerError, ErrorCode
-from anyformer_conformance.hub_server import git_blob_sha1
+from anyformer.store import _download
 
 __all__ = ["fake_hub", "no_backoff"]
 

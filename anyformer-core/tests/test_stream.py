@@ -1,4 +1,4 @@
-"""The core's streaming enforcement (CONTRACT §6), whatever the backend yields.
+"""The core's streaming enforcement (docs/contract.md, "Streaming"), whatever the backend yields.
 
 Every test loads an in-process :class:`ScriptedBackend` (conftest) registered with
 ``PluginManager.register``, so only the core's own guarantees are under test.
@@ -500,6 +500,38 @@ def test_dispose_from_another_thread_waits_for_the_running_generation(load_scrip
     assert backend.closed == 1 and backend.handles[0].disposed == 1
 
 
+@pytest.mark.safety("R3")
+def test_dispose_never_frees_the_model_under_an_engine_call_that_outlives_the_wait(
+    load_scripted: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from anyformer import _loaded
+
+    monkeypatch.setattr(_loaded, "_DISPOSE_WAIT_SECONDS", 0.05)
+    in_engine, engine_returns = threading.Event(), threading.Event()
+
+    def stuck(options: Any) -> Iterator[Chunk]:
+        yield Chunk(delta="a", tokens=1)
+        in_engine.set()
+        engine_returns.wait(10)  # an engine call that ignores cancel until it returns
+        yield Chunk(delta="b", tokens=2)
+
+    loaded, backend = load_scripted(stuck)
+    seen: list[Chunk] = []
+    worker = threading.Thread(target=lambda: seen.extend(loaded.generate("hi", max_new_tokens=1000)))
+    worker.start()
+    assert in_engine.wait(10)
+    loaded.dispose()
+    handle = backend.handles[0]
+    assert handle.disposed == 0, "dispose freed the model while an engine call was still running on it"
+    engine_returns.set()
+    worker.join(timeout=10)
+    assert not worker.is_alive()
+    assert seen[-1].finish_reason == "cancelled"
+    assert handle.disposed == 1, "the model must be freed once the stream lets go of it"
+    loaded.dispose()
+    assert handle.disposed == 1
+
+
 def test_a_backend_exception_while_streaming_is_plugin_error_naming_it(load_scripted: Any) -> None:
     def broken(options: Any) -> Iterator[Chunk]:
         yield Chunk(delta="a", tokens=1)
@@ -510,7 +542,8 @@ def test_a_backend_exception_while_streaming_is_plugin_error_naming_it(load_scri
         list(loaded.generate("hi"))
     assert caught.value.code is ErrorCode.PLUGIN_ERROR and "fake" in caught.value.message
     assert isinstance(caught.value.__cause__, KeyError)
-    assert list(loaded.generate("hi", max_new_tokens=1)) is not None, "the lock must be released after the error"
+    after = list(loaded.generate("hi", max_new_tokens=1))  # BUSY here if the error kept the lock
+    assert after[-1].finish_reason == "length" and after[-1].text == "a"
 
 
 def test_an_unknown_finish_reason_is_plugin_error(load_scripted: Any) -> None:
@@ -530,3 +563,34 @@ def test_the_prompt_count_a_backend_reports_rides_on_every_later_chunk(load_scri
 def test_no_prompt_count_means_none(load_scripted: Any) -> None:
     loaded, _ = load_scripted(chunks("a", "b"))
     assert {c.prompt_tokens for c in loaded.generate("hi")} == {None}
+
+
+def test_a_preview_rides_on_its_own_chunk_and_never_on_the_last(load_scripted: Any) -> None:
+    script = [
+        Chunk(tokens=0, preview="[M] [M]"),
+        Chunk(delta="a", tokens=1, preview="a [M]"),
+        Chunk(delta=" b", tokens=2, finish_reason="length", preview="a b"),
+    ]
+    loaded, _ = load_scripted(script)
+    stream = list(loaded.generate("hi", max_new_tokens=2))
+    assert_well_formed(stream, max_new_tokens=2)
+    assert [(c.text, c.preview) for c in stream] == [("", "[M] [M]"), ("a", "a [M]"), ("a b", None)]
+
+
+def test_a_preview_that_is_not_text_is_dropped(load_scripted: Any) -> None:
+    loaded, _ = load_scripted([Chunk(delta="a", tokens=1, preview=3), Chunk(delta="b", tokens=2)])  # type: ignore[arg-type]
+    assert {c.preview for c in loaded.generate("hi")} == {None}
+
+
+def test_generate_returns_a_generator_that_close_and_throw_end_cleanly(load_scripted: Any, endless_script: Any) -> None:
+    import collections.abc
+
+    loaded, backend = load_scripted(endless_script)
+    stream = loaded.generate("hi", max_new_tokens=1000)
+    assert isinstance(stream, collections.abc.Generator)
+    first = stream.send(None)
+    assert first.tokens == 1
+    with pytest.raises(KeyError):
+        stream.throw(KeyError("stop here"))
+    assert backend.closed == 1, "throwing into the stream must close the backend's iterator"
+    assert loaded.complete("hi", max_new_tokens=2).finish_reason == "length", "the model is free again"

@@ -49,7 +49,9 @@ def load_isolated(engines: Any, model_description: dict[str, Any]) -> Iterator[C
     opened: list[anyformer.Loaded] = []
 
     def load(backend: str, **options: Any) -> anyformer.Loaded:
-        loaded = anyformer.load(model_description, backend=backend, caps=Caps(), isolate=True, **options)
+        loaded = anyformer.load(
+            model_description, backend=backend, caps=Caps(ram_bytes=16 * 2**30), isolate=True, **options
+        )
         opened.append(loaded)
         return loaded
 
@@ -85,10 +87,18 @@ def test_the_engine_runs_in_another_process(load_isolated: Any) -> None:
 
 def test_isolated_and_in_process_streams_are_identical(load_isolated: Any, model_description: dict[str, Any]) -> None:
     isolated = load_isolated("steady")
-    with anyformer.load(model_description, backend="steady", caps=Caps()) as local:
+    with anyformer.load(model_description, backend="steady", caps=Caps(ram_bytes=16 * 2**30)) as local:
         assert not local.isolated and local.worker_pid is None
         for options in ({"max_new_tokens": 5}, {"max_new_tokens": 50, "stop": "w4"}, {"max_new_tokens": 40}):
             assert list(isolated.generate("hi", **options)) == list(local.generate("hi", **options))
+
+
+def test_previews_cross_from_the_worker(load_isolated: Any, model_description: dict[str, Any]) -> None:
+    isolated = load_isolated("previews")
+    with anyformer.load(model_description, backend="previews", caps=Caps()) as local:
+        streamed = list(isolated.generate("hi", max_new_tokens=4))
+        assert streamed == list(local.generate("hi", max_new_tokens=4))
+    assert [c.preview for c in streamed] == ["w1 w2?", "w2 w3?", "w3 w4?", None]
 
 
 def test_messages_with_bytes_reach_the_worker_intact(load_isolated: Any) -> None:
@@ -100,7 +110,9 @@ def test_messages_with_bytes_reach_the_worker_intact(load_isolated: Any) -> None
 
 def test_progress_of_the_load_reaches_the_caller(engines: Any, model_description: dict[str, Any]) -> None:
     events: list[anyformer.ProgressEvent] = []
-    with anyformer.load(model_description, backend="steady", caps=Caps(), isolate=True, progress=events.append):
+    with anyformer.load(
+        model_description, backend="steady", caps=Caps(ram_bytes=16 * 2**30), isolate=True, progress=events.append
+    ):
         pass
     assert [(e.stage, e.done, e.total) for e in events] == [("load", 0, 2), ("load", 2, 2)]
 
@@ -202,7 +214,7 @@ def test_dispose_ends_the_worker_and_twice_is_harmless(load_isolated: Any) -> No
 
 @pytest.mark.safety("R3")
 def test_a_dropped_loaded_model_ends_its_worker(engines: Any, model_description: dict[str, Any]) -> None:
-    loaded = anyformer.load(model_description, backend="steady", caps=Caps(), isolate=True)
+    loaded = anyformer.load(model_description, backend="steady", caps=Caps(ram_bytes=16 * 2**30), isolate=True)
     pid = loaded.worker_pid
     del loaded
     import gc
@@ -252,7 +264,7 @@ def test_a_backend_registered_in_process_cannot_be_isolated(model_description: d
     manager = anyformer.PluginManager()
     manager.register(worker_engines.steady, "steady")
     with pytest.raises(AnyformerError) as caught:
-        anyformer.load(model_description, caps=Caps(), plugins=manager, isolate=True)
+        anyformer.load(model_description, caps=Caps(ram_bytes=16 * 2**30), plugins=manager, isolate=True)
     assert caught.value.code is ErrorCode.BAD_REQUEST and "entry point" in caught.value.message
 
 
@@ -361,7 +373,7 @@ def test_the_worker_ends_when_its_parent_dies(engines: Any, tmp_path: Path) -> N
         """
         import os, sys, anyformer
         from anyformer import Caps
-        loaded = anyformer.load(sys.argv[1], backend="slow", caps=Caps(), isolate=True)
+        loaded = anyformer.load(sys.argv[1], backend="slow", caps=Caps(ram_bytes=16 * 2**30), isolate=True)
         print(loaded.worker_pid, flush=True)
         os._exit(0)
         """
@@ -378,6 +390,73 @@ def test_the_worker_ends_when_its_parent_dies(engines: Any, tmp_path: Path) -> N
     while _alive(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not _alive(pid), "the worker outlived its parent"
+
+
+def test_a_cancel_while_the_engine_prepares_the_prompt_returns_at_once(
+    load_isolated: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import anyformer.isolation._worker_session as worker_session
+
+    monkeypatch.setattr(worker_session, "SETTLE_SECONDS", 1.0)  # dispose ends the stuck worker sooner
+    loaded = load_isolated("spins")
+    cancel = threading.Event()
+    results: list[Any] = []
+    caller = threading.Thread(target=lambda: results.append(list(loaded.generate("hi", cancel=cancel))), daemon=True)
+    caller.start()
+    time.sleep(0.3)  # the engine spins before its first token, deaf to the cancel
+    cancel.set()
+    caller.join(3)
+    assert not caller.is_alive(), "the caller waited for an engine that never answers"
+    assert all(not chunk.delta for chunk in results[0])
+    pid = loaded.worker_pid
+    loaded.dispose()
+    assert not _alive(pid), "dispose left the stuck worker running"
+
+
+_SPINNING_PARENT = """
+import os, sys, threading, anyformer
+from anyformer import Caps
+loaded = anyformer.load(sys.argv[1], backend="spins", caps=Caps(), isolate=True)
+print(loaded.worker_pid, flush=True)
+loaded.complete("hi")  # the engine spins for ever before its first token
+"""
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.parametrize("signal_number", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
+def test_a_worker_busy_in_its_engine_ends_when_its_parent_is_killed(
+    engines: Any, tmp_path: Path, signal_number: int
+) -> None:
+    description = tmp_path / "model.json"
+    description.write_text('{"repo": "t/m", "files": [{"name": "m.gguf", "size": 1}]}')
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(engines.root), str(Path(worker_engines.__file__).parent)])}
+    parent = subprocess.Popen(
+        [sys.executable, "-c", _SPINNING_PARENT, str(description)], stdout=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        assert parent.stdout is not None
+        pid = int(parent.stdout.readline())
+        deadline = time.monotonic() + 20
+        while _cpu_seconds(pid) < 0.3 and time.monotonic() < deadline:  # it is in the engine, spinning
+            time.sleep(0.05)
+        parent.send_signal(signal_number)
+        parent.wait(10)
+        deadline = time.monotonic() + 10
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        alive = _alive(pid)
+        if alive:
+            os.kill(pid, signal.SIGKILL)
+        assert not alive, "the worker outlived its parent, spinning"
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
 
 
 # ---- the protocol ----------------------------------------------------------------------------------
@@ -462,3 +541,44 @@ def test_cli_run_in_process_is_an_opt_out(engines: Any, run_cli: Any, tmp_path: 
         "run", str(description), "hi", "--backend", "aborts", "--caps", "", "--in-process", env=_cli_env(engines)
     )
     assert crashed.returncode == -6, "in-process, the abort takes the CLI down with it"
+
+
+# ---- the worker starts while the parent describes and selects --------------------------------------
+
+
+@pytest.fixture
+def started_workers(monkeypatch: pytest.MonkeyPatch) -> list[subprocess.Popen[bytes]]:
+    """Every worker process ``load`` starts ahead of selection."""
+    from anyformer.isolation import _worker_session
+
+    started: list[subprocess.Popen[bytes]] = []
+    real = _worker_session.start_worker_process
+
+    def record() -> subprocess.Popen[bytes]:
+        started.append(real())
+        return started[-1]
+
+    monkeypatch.setattr(_worker_session, "start_worker_process", record)
+    return started
+
+
+def test_the_worker_started_ahead_is_the_one_that_loads(load_isolated: Any, started_workers: list[Any]) -> None:
+    loaded = load_isolated("steady")
+    assert [process.pid for process in started_workers] == [loaded.worker_pid]
+
+
+@pytest.mark.parametrize(
+    ("ref", "backend", "code"),
+    [
+        ("/no/such/model.gguf", "steady", ErrorCode.MODEL_NOT_FOUND),  # describe fails
+        (None, "no-such-backend", ErrorCode.BAD_REQUEST),  # the backend is not installed
+    ],
+)
+def test_a_load_that_fails_before_the_worker_is_used_ends_it(
+    engines: Any, model_description: dict[str, Any], started_workers: list[Any], ref: Any, backend: str, code: Any
+) -> None:
+    with pytest.raises(AnyformerError) as caught:
+        anyformer.load(ref or model_description, backend=backend, caps=Caps(), isolate=True)
+    assert caught.value.code is code
+    assert len(started_workers) == 1
+    assert started_workers[0].poll() is not None  # ended and reaped before load raised

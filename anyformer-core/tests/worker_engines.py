@@ -73,9 +73,7 @@ class Engine:
         return Verdict.accept(self.name, Estimate(ram_bytes=10**6, tok_per_sec=10.0, rank=Rank.GENERAL))
 
     @hookimpl
-    def load(self, backend: str, model: Any, progress: Any) -> Handle | None:
-        if backend != self.name:
-            return None
+    def load(self, backend: str, model: Any, progress: Any) -> Handle:
         progress(ProgressEvent(stage="load", backend=self.name, file="weights", done=0, total=2))
         if self.at == "load":
             if self.fault == "bad_model":
@@ -87,13 +85,14 @@ class Engine:
         return Handle(self.name)
 
     @hookimpl
-    def generate(self, loaded: Handle, messages: list[Any], options: Any) -> Iterator[Chunk] | None:
-        if loaded.backend != self.name:
-            return None
+    def generate(self, loaded: Handle, messages: list[Any], options: Any) -> Iterator[Chunk]:
         if self.fault == "bad_request":
             raise AnyformerError("BAD_REQUEST", "the prompt is 9000 tokens and the context is 512")
         if self.fault == "echo":
             return iter([Chunk(delta=repr(messages), tokens=1, finish_reason="stop")])
+        if self.fault == "spin":  # a template or a prompt evaluation that never returns, deaf to cancel
+            while True:
+                pass
         return self._stream(loaded, options)
 
     def _stream(self, handle: Handle, options: Any) -> Iterator[Chunk]:
@@ -112,7 +111,9 @@ class Engine:
                 if self.delay:
                     time.sleep(self.delay)
                 handle.made += 1
-                yield Chunk(delta=f"w{token} ", tokens=token)
+                # "previews" also shows what it might say next, as a text-diffusion backend does.
+                preview = f"w{token} w{token + 1}?" if self.fault == "previews" else None
+                yield Chunk(delta=f"w{token} ", tokens=token, preview=preview)
             yield Chunk(tokens=token, finish_reason="cancelled")
         finally:
             handle.closed += 1
@@ -121,6 +122,7 @@ class Engine:
 steady = Engine("steady")
 slow = Engine("slow", delay=0.01)
 echo = Engine("echo", "echo")
+previews = Engine("previews", "previews")
 aborts = Engine("aborts", "abort")
 segfaults = Engine("segfaults", "segfault")
 exits = Engine("exits", "exit")
@@ -129,6 +131,7 @@ cuda_oom = Engine("cuda-oom", "cuda_oom")
 raises = Engine("raises", "raises")
 prints = Engine("prints", "prints")
 bad_request = Engine("bad-request", "bad_request")
+spins = Engine("spins", "spin")
 aborts_at_load = Engine("aborts-at-load", "abort", at="load")
 bad_alloc_at_load = Engine("bad-alloc-at-load", "bad_alloc", at="load")
 bad_model_at_load = Engine("bad-model-at-load", "bad_model", at="load")

@@ -6,6 +6,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from anyformer._known_backends import install_hint
 from anyformer._loaded import Loaded
 from anyformer._plugins import PluginManager, get_plugin_manager
 from anyformer._selection import Selection, raise_if_none, select
@@ -46,17 +47,18 @@ def check(
     """Ask every installed backend (or only ``backend``) whether it can run ``model``; nothing is loaded.
 
     Returns the description and the :class:`Selection`: every verdict in policy order and the
-    chosen one, or None when nothing can run it.
+    chosen one, or None when nothing can run it. A model whose only weights are pickle raises
+    ``UNSAFE_FORMAT``, as :func:`load` does.
     """
     from anyformer._describe import describe
 
     manager = plugins or get_plugin_manager()
     if backend is not None:
         manager.require_backend(backend)
+    asked = Request.build(task=task, budget=budget, prefer=prefer, context=context)  # bad options first
     description = describe(model)
-    request = _request_with_budget(
-        Request.build(task=task, budget=budget, prefer=prefer, context=context), caps or probe()
-    )
+    refuse_pickle_only(description)
+    request = _request_with_budget(asked, caps or probe())
     verdicts = manager.can_run(description, caps or probe(), request, only=backend)
     return description, select(verdicts, request.prefer)
 
@@ -88,21 +90,32 @@ def load(
     """
     from anyformer._describe import describe
 
-    manager = plugins or get_plugin_manager()
-    if backend is not None:
-        manager.require_backend(backend)
-    description = describe(model)
-    refuse_pickle_only(description)
-    machine = caps or probe()
-    request = _request_with_budget(
-        Request.build(task=task, budget=budget, prefer=prefer, context=context, options=options), machine
-    )
-    verdicts = manager.can_run(description, machine, request, only=backend)
-    chosen = raise_if_none(select(verdicts, request.prefer), description.ref)
-    if chosen.code is Refusal.RUNTIME:  # pragma: no cover - select never chooses a refusal
-        raise AnyformerError("PLUGIN_ERROR", chosen.reason)
-    if isolate:
-        return Loaded(_spawn_worker(manager, chosen.backend, description, request, progress), description, chosen)
+    # The worker's interpreter starts and imports anyformer while this process describes and selects.
+    worker = _start_worker() if isolate else None
+    try:
+        manager = plugins or get_plugin_manager()
+        if backend is not None:
+            manager.require_backend(backend)
+        # Bad options are refused before the model is described (which may download its listing).
+        asked = Request.build(task=task, budget=budget, prefer=prefer, context=context, options=options)
+        description = describe(model)
+        refuse_pickle_only(description)
+        machine = caps or probe()
+        request = _request_with_budget(asked, machine)
+        verdicts = manager.can_run(description, machine, request, only=backend)
+        if not verdicts and not manager.backends():
+            why = manager.why_no_backend(install_hint(description.formats))
+            raise AnyformerError(ErrorCode.NO_BACKEND, f"cannot run {description.ref}: {why}", verdicts=[])
+        chosen = raise_if_none(select(verdicts, request.prefer), description.ref, description.formats)
+        if chosen.code is Refusal.RUNTIME:  # pragma: no cover - select never chooses a refusal
+            raise AnyformerError("PLUGIN_ERROR", chosen.reason)
+    except BaseException:
+        if worker is not None:
+            _end_worker(worker)
+        raise
+    if worker is not None:
+        session = _spawn_worker(manager, chosen.backend, description, request, progress, worker)
+        return Loaded(session, description, chosen)
     handle = manager.load(chosen.backend, description, request, progress)
     return Loaded(InProcessSession(handle, manager), description, chosen)
 
@@ -119,16 +132,35 @@ def refuse_pickle_only(model: Model) -> None:
     )
 
 
+def _start_worker() -> Any:
+    from anyformer.isolation._worker_session import start_worker_process  # subprocess only when isolating
+
+    return start_worker_process()
+
+
+def _end_worker(process: Any) -> None:
+    from anyformer.isolation._worker_session import end_worker_process
+
+    end_worker_process(process)
+
+
 def _spawn_worker(
-    manager: PluginManager, backend: str, model: Model, request: Request, progress: ProgressCallback
+    manager: PluginManager,
+    backend: str,
+    model: Model,
+    request: Request,
+    progress: ProgressCallback,
+    process: Any = None,
 ) -> Session:
     from anyformer.isolation._worker_session import WorkerSession  # subprocess and threads only when isolating
 
     entry_point = manager.entry_point(backend)
     if entry_point is None:
+        if process is not None:
+            _end_worker(process)
         raise AnyformerError(
             ErrorCode.BAD_REQUEST,
             f"backend {backend!r} was registered in this process, not installed through an entry point; "
             "an isolated worker loads backends from entry points only (load with isolate=False)",
         )
-    return WorkerSession.spawn(backend, entry_point, model, request, progress)
+    return WorkerSession.spawn(backend, entry_point, model, request, progress, process)

@@ -1,4 +1,4 @@
-"""``describe(ref)``: a model description from a Hub id, a local folder or file, or JSON (CONTRACT §1)."""
+"""``describe(ref)``: a model description from a Hub id, a local folder or file, or JSON (docs/contract.md)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,11 @@ from typing import Any
 from anyformer.contract._errors import AnyformerError, ErrorCode
 from anyformer.contract._model import Model, ModelFile, first_language_model_gguf, format_of
 from anyformer.files._config_file import read_config_json
+from anyformer.files._model_card import read_card_facts
 
 # Folders in a model directory that hold no model files (VCS, caches, editor state).
 _SKIP_DIRS = {".git", ".cache", ".huggingface", "__pycache__", ".ipynb_checkpoints"}
-_REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?(@[A-Za-z0-9._/-]+)?$")
+_REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?(@[A-Za-z0-9._/-]+)?\Z")
 # The most files a local folder may list: a model folder with more is a mistake (a home directory).
 _MAX_LOCAL_FILES = 10_000
 
@@ -23,7 +24,7 @@ def describe(ref: str | os.PathLike[str] | Mapping[str, Any] | Model) -> Model:
     """Describe a model without downloading its weights.
 
     ``ref`` is a Hub repo id (``org/name[@revision]``), a local folder, a local ``.gguf`` or
-    ``.onnx`` file, a ``.json`` description file, a dict in CONTRACT §1's shape, or a ``Model``.
+    ``.onnx`` file, a ``.json`` description file, a dict shaped as docs/contract.md describes, or a ``Model``.
     Model headers are read with anyformer's bounded readers, so a hostile file is ``BAD_MODEL``
     here already.
     """
@@ -39,7 +40,7 @@ def describe(ref: str | os.PathLike[str] | Mapping[str, Any] | Model) -> Model:
     if not text.strip():
         raise AnyformerError(ErrorCode.BAD_REQUEST, "empty model reference")
     path = Path(text).expanduser()
-    if path.exists():
+    if _exists(path):
         if path.is_dir():
             return describe_folder(path)
         if path.suffix.lower() == ".json":
@@ -49,12 +50,21 @@ def describe(ref: str | os.PathLike[str] | Mapping[str, Any] | Model) -> Model:
         raise AnyformerError(ErrorCode.MODEL_NOT_FOUND, f"no such file or folder: {text}")
     if not _REPO_ID.match(text):
         raise AnyformerError(
-            ErrorCode.BAD_REQUEST, f"{text!r} is neither an existing path nor a Hub repo id (org/name[@revision])"
+            ErrorCode.BAD_REQUEST,
+            f"{text!r:.200} is neither an existing path nor a Hub repo id (org/name[@revision])",
         )
     repo, _, revision = text.partition("@")
     from anyformer.store._hub import describe_hub  # huggingface_hub is imported only when the Hub is asked
 
     return describe_hub(repo, revision or None)
+
+
+def _exists(path: Path) -> bool:
+    """Whether ``path`` exists; a name the system cannot even look up (too long, a NUL) does not."""
+    try:
+        return path.exists()
+    except (OSError, ValueError):
+        return False
 
 
 def _looks_like_path(text: str) -> bool:
@@ -102,7 +112,11 @@ def describe_file(path: Path) -> Model:
 
 
 def describe_folder(folder: Path) -> Model:
-    """Describe a local model folder: every file, config.json's ``model_type``, the first LM GGUF's header."""
+    """Describe a local model folder: every file, config.json's ``model_type``, the first LM GGUF's header.
+
+    Tags and the task (when config.json has no ``pipeline_tag``) come from README.md's front matter,
+    as they do on the Hub.
+    """
     folder = folder.resolve()
     files: list[ModelFile] = []
     for root, dirs, names in os.walk(folder):
@@ -133,11 +147,13 @@ def describe_folder(folder: Path) -> Model:
             from anyformer.files._onnx_external import check_onnx_external_data
 
             check_onnx_external_data(Path(model_file.path or ""))
-    task = config.get("pipeline_tag") if isinstance(config.get("pipeline_tag"), str) else None
+    card = read_card_facts(folder / "README.md")
+    task = config.get("pipeline_tag") if isinstance(config.get("pipeline_tag"), str) else card.pipeline_tag
     return Model(
         repo=str(folder),
         architecture=architecture,
         task=task,
+        tags=card.tags,
         files=tuple(files),
         source="local",
         metadata=metadata,

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Generator
 from typing import TYPE_CHECKING, Any
 
 from anyformer._backend import BackendModel
+from anyformer._chat_template import cancelled_by
 from anyformer._stream import CoreStream
 from anyformer.contract._chunk import Chunk, GenerateOptions
 from anyformer.contract._errors import AnyformerError, ErrorCode
@@ -36,6 +37,11 @@ class Loaded:
         self._session = session
         self._busy = threading.Lock()
         self._disposed = False
+        # Set when dispose gave up waiting for a stream in another thread: the stream frees the model
+        # as it lets go of it, so memory a live engine call still uses is never freed under it.
+        self._free_on_release = False
+        self._freed = False
+        self._free_lock = threading.Lock()
         # The stream now open, if any: dispose stops it before freeing the model under it.
         self._open_stream: Callable[[], CoreStream | None] = lambda: None
         #: The description the model was loaded from.
@@ -93,7 +99,7 @@ class Loaded:
         stop: str | list[str] | None = None,
         cancel: threading.Event | None = None,
         **extra: Any,
-    ) -> Iterator[Chunk]:
+    ) -> Generator[Chunk, None, None]:
         """Stream a reply to ``messages`` as :class:`Chunk` objects.
 
         Malformed messages or options raise ``BAD_REQUEST`` here, before any work; a call while
@@ -114,11 +120,12 @@ class Loaded:
         if not self._busy.acquire(blocking=False):
             raise AnyformerError(ErrorCode.BUSY, f"{self.model.ref} is already generating; wait for it or cancel it")
         try:
-            source = self._session.start(checked, options)
+            with cancelled_by(options.cancel):  # an in-process backend renders its chat template here
+                source = self._session.start(checked, options)
         except BaseException:
-            self._busy.release()
+            self._release()
             raise
-        stream = CoreStream(self.backend, source, options, self._busy.release)
+        stream = CoreStream(self.backend, source, options, self._release)
         self._open_stream = weakref.ref(stream)
         return stream
 
@@ -177,10 +184,31 @@ class Loaded:
         try:
             return self._session.run(input, options)
         finally:
+            self._release()
+
+    def _release(self) -> None:
+        """Let go of the model after a generation or a run; free it now if ``dispose`` is waiting for that."""
+        try:
+            if self._free_on_release:
+                self._free()
+        finally:
             self._busy.release()
 
+    def _free(self) -> None:
+        """Free the session exactly once, whoever gets here first (``dispose`` or the last stream)."""
+        with self._free_lock:
+            if self._freed:
+                return
+            self._freed = True
+        self._session.dispose()
+
     def dispose(self) -> None:
-        """Free the model's memory. Safe to call twice; called on ``__exit__``."""
+        """Free the model's memory. Safe to call twice; called on ``__exit__``.
+
+        An open stream is cancelled and closed first. A generation running in another thread gets
+        ``_DISPOSE_WAIT_SECONDS`` to stop; if its engine call has not returned by then, the model
+        is freed when that stream ends, never while it still runs on it.
+        """
         if self._disposed:
             return
         self._disposed = True
@@ -192,9 +220,16 @@ class Loaded:
             except ValueError:
                 pass  # it is running in another thread right now; it stops at its next token
         # Wait for a generation in another thread to let go of the model before freeing it.
-        acquired = self._busy.acquire(timeout=_DISPOSE_WAIT_SECONDS)
-        try:
-            self._session.dispose()
-        finally:
-            if acquired:
+        if self._busy.acquire(timeout=_DISPOSE_WAIT_SECONDS):
+            try:
+                self._free()
+            finally:
+                self._busy.release()
+            return
+        self._free_on_release = True
+        # The stream may have let go between the timeout and the flag: then nobody else will free it.
+        if self._busy.acquire(blocking=False):
+            try:
+                self._free()
+            finally:
                 self._busy.release()

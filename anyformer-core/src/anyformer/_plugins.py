@@ -79,6 +79,10 @@ class PluginManager:
         self._pm = pluggy.PluginManager(hookspecs.PROJECT)
         self._pm.add_hookspecs(hookspecs)
         self._infos: dict[str, PluginInfo] = {}
+        # Installed plugins the environment's filters skipped (``error`` says which variable), by id.
+        self._disabled: dict[str, PluginInfo] = {}
+        # Names in ANYFORMER_PLUGINS / ANYFORMER_DISABLE_PLUGINS that no installed plugin has, by variable.
+        self._unknown_filter_names: dict[str, list[str]] = {}
         # Where each backend loaded from an entry point came from: an isolated worker loads it again.
         self._entry_points: dict[str, str] = {}
 
@@ -93,10 +97,21 @@ class PluginManager:
         disabled = _names_from_env("ANYFORMER_DISABLE_PLUGINS") or set()
         if entry_points is None:
             entry_points = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
-        for entry_point in sorted(entry_points, key=lambda ep: ep.name):
+        entry_points = sorted(entry_points, key=lambda ep: ep.name)
+        for entry_point in entry_points:
             if entry_point.name in disabled or (only is not None and entry_point.name not in only):
+                why = (
+                    "disabled by ANYFORMER_DISABLE_PLUGINS"
+                    if entry_point.name in disabled
+                    else "not named in ANYFORMER_PLUGINS"
+                )
+                self._disabled[entry_point.name] = self._info_of(entry_point, ok=False, error=why)
                 continue
             self._load_one(entry_point)
+        names = {ep.name for ep in entry_points}
+        for variable, wanted in (("ANYFORMER_PLUGINS", only or set()), ("ANYFORMER_DISABLE_PLUGINS", disabled)):
+            if wanted - names:
+                self._unknown_filter_names[variable] = sorted(wanted - names)
 
     def load_entry_point(self, entry_point: importlib.metadata.EntryPoint) -> None:
         """Load one entry point whatever the environment's filters say; ``PLUGIN_ERROR`` when it fails.
@@ -113,14 +128,20 @@ class PluginManager:
         """The entry point (``module:attr``) ``backend`` was loaded from; None for in-process registrations."""
         return self._entry_points.get(backend) if backend in self.backends() else None
 
-    def _load_one(self, entry_point: importlib.metadata.EntryPoint) -> None:
+    @staticmethod
+    def _info_of(entry_point: Any, *, ok: bool = True, error: str | None = None) -> PluginInfo:
         dist = getattr(entry_point, "dist", None)
-        info = PluginInfo(
+        return PluginInfo(
             name=entry_point.name,
             distribution=dist.name if dist is not None else None,
             version=dist.version if dist is not None else None,
             value=entry_point.value,
+            ok=ok,
+            error=error,
         )
+
+    def _load_one(self, entry_point: importlib.metadata.EntryPoint) -> None:
+        info = self._info_of(entry_point)
         if entry_point.name in self._infos:
             info.ok, info.error = False, f"a second plugin named {entry_point.name!r}; the first one is kept"
             self._infos[f"{entry_point.name} ({info.distribution})"] = info
@@ -136,8 +157,16 @@ class PluginManager:
             self._entry_points[entry_point.name] = entry_point.value
 
     def register(self, plugin: Any, name: str, *, distribution: str | None = None, version: str | None = None) -> None:
-        """Register an in-process plugin object under a backend id (tests, notebooks, embedding apps)."""
+        """Register an in-process plugin object under a backend id (tests, notebooks, embedding apps).
+
+        A name already taken keeps its first plugin: the second is listed as broken (under
+        ``"name (second)"``) and never asked anything.
+        """
         info = PluginInfo(name=name, distribution=distribution, version=version, value=repr(plugin))
+        if name in self._infos:
+            info.ok, info.error = False, f"a second plugin named {name!r}; the first one is kept"
+            self._infos[f"{name} (second)"] = info
+            return
         self._infos[name] = info
         self._register_checked(plugin, info)
 
@@ -166,10 +195,37 @@ class PluginManager:
         """The ids of the backends that loaded."""
         return [info.name for info in self.plugins() if info.ok]
 
+    def disabled(self) -> list[PluginInfo]:
+        """Installed plugins that ``ANYFORMER_PLUGINS`` / ``ANYFORMER_DISABLE_PLUGINS`` kept from loading."""
+        return sorted(self._disabled.values(), key=lambda info: info.name)
+
+    def unknown_filter_names(self) -> dict[str, list[str]]:
+        """Names the plugin filters give that no installed plugin has, by environment variable."""
+        return dict(self._unknown_filter_names)
+
+    def why_no_backend(self, install_hint: str = "") -> str:
+        """Why no backend answers at all: none installed, every one disabled (and by what), or none loaded.
+
+        ``install_hint`` names the distributions that read the model's format, for the "none installed" case.
+        """
+        failed = [info for info in self.plugins() if not info.ok]
+        skipped = self.disabled()
+        if failed:
+            what = "; ".join(f"{info.name}: {info.error}" for info in failed)
+            return f"no backend plugin loaded ({what}); see `anyformer plugins`"
+        if skipped:
+            reasons = "; ".join(sorted({info.error or "" for info in skipped}))
+            names = ", ".join(info.name for info in skipped)
+            return f"every installed backend is disabled ({names}: {reasons}); see `anyformer plugins`"
+        install = install_hint or "pip install anyformer-llamacpp"
+        return f"no backend plugin is installed: {install} (see `anyformer plugins`)"
+
     def _impls(self, hook_name: str) -> Iterator[tuple[str, Any]]:
+        # Only plugins that loaded and passed validation are asked: a broken one is listed, never called.
+        ok = set(self.backends())
         caller = getattr(self._pm.hook, hook_name)
         by_name = {self._pm.get_name(impl.plugin): impl for impl in caller.get_hookimpls()}
-        for name in sorted(by_name):
+        for name in sorted(n for n in by_name if n in ok):
             yield name, by_name[name]
 
     def _impl_for(self, hook_name: str, backend: str) -> Any | None:
@@ -186,6 +242,9 @@ class PluginManager:
         broken = self._infos.get(backend)
         if broken is not None and not broken.ok:
             raise AnyformerError(ErrorCode.PLUGIN_ERROR, f"backend {backend!r} failed to load: {broken.error}")
+        skipped = self._disabled.get(backend)
+        if skipped is not None:
+            raise AnyformerError(ErrorCode.BAD_REQUEST, f"backend {backend!r} is installed but {skipped.error}")
         installed = ", ".join(self.backends()) or "none"
         raise AnyformerError(ErrorCode.BAD_REQUEST, f"unknown backend {backend!r}; installed: {installed}")
 
@@ -212,17 +271,16 @@ class PluginManager:
 
     @staticmethod
     def _checked_verdict(name: str, result: Any, caps: Caps, request: Request) -> Verdict:
-        if isinstance(result, Verdict) and result.backend == name:
-            offered = {Refusal.BUDGET: request.budget_or(caps.gpu_bytes), Refusal.MEMORY: caps.ram_bytes}.get(
-                result.code  # type: ignore[arg-type]
-            )
-            if offered is None or result.need is None or result.need > offered:
-                return result
-            why = f"a '{result.code}' refusal must need more than the {offered} bytes offered, not {result.need}"
-        elif isinstance(result, Verdict):
+        """``result`` if it is a valid verdict for ``name`` under what was offered, else a ``runtime`` refusal."""
+        if not isinstance(result, Verdict):
+            why = f"can_run returned {type(result).__name__}, not an anyformer.Verdict"
+        elif result.backend != name:
             why = f"can_run returned a verdict for {result.backend!r}, not for its own id {name!r}"
         else:
-            why = f"can_run returned {type(result).__name__}, not an anyformer.Verdict"
+            problem = _overreach(result, caps, request)
+            if problem is None:
+                return result
+            why = problem
         return Verdict.refuse(name, Refusal.RUNTIME, f"plugin error: {why}")
 
     def load(self, backend: str, model: Model, request: Request, progress: ProgressCallback) -> BackendModel:
@@ -285,6 +343,37 @@ class PluginManager:
                 else:
                     problems.append(f"{name}: store_list returned {type(entry).__name__}, not a StoreEntry")
         return entries, problems
+
+
+def _overreach(verdict: Verdict, caps: Caps, request: Request) -> str | None:
+    """Why ``verdict`` contradicts what was offered (the accelerator budget, host memory), or None.
+
+    An ok verdict must fit what it was offered, and a ``budget`` or ``memory`` refusal must need
+    more than that: anything else is a bug in the plugin, and the selection policy must not act on it.
+    """
+    # No budget asked and no GPU memory known: there is nothing to hold the estimate against.
+    gpu_offered = request.budget if request.budget is not None else caps.gpu_bytes
+    if verdict.ok:
+        estimate = verdict.estimate
+        if estimate is None:
+            return None
+        if gpu_offered is not None and estimate.gpu_bytes > gpu_offered:
+            return (
+                f"an ok verdict estimating {estimate.gpu_bytes} bytes of accelerator memory, "
+                f"more than the {gpu_offered} bytes budget offered"
+            )
+        if estimate.ram_bytes > caps.ram_bytes:
+            return (
+                f"an ok verdict estimating {estimate.ram_bytes} bytes of host memory, "
+                f"more than the {caps.ram_bytes} bytes available (caps.ram_bytes)"
+            )
+        return None
+    offered = {Refusal.BUDGET: request.budget_or(caps.gpu_bytes), Refusal.MEMORY: caps.ram_bytes}.get(
+        Refusal(verdict.code)
+    )
+    if offered is None or verdict.need is None or verdict.need > offered:
+        return None
+    return f"a '{verdict.code}' refusal must need more than the {offered} bytes offered, not {verdict.need}"
 
 
 _default: PluginManager | None = None

@@ -1,11 +1,12 @@
-"""The selection policy (CONTRACT §4): which backend runs a model, deterministically."""
+"""The selection policy (docs/contract.md, "Selection"): which backend runs a model, deterministically."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from anyformer._format import describe_verdict_line
+from anyformer._known_backends import install_hint
 from anyformer.contract._errors import AnyformerError, ErrorCode
 from anyformer.contract._verdict import Refusal, Verdict
 
@@ -45,15 +46,25 @@ def select(verdicts: Sequence[Verdict], prefer: Sequence[str] = ()) -> Selection
     return Selection(verdicts=ordered, chosen=chosen)
 
 
-def raise_if_none(selection: Selection, model_ref: str) -> Verdict:
-    """Return the chosen verdict, or raise ``NO_BACKEND`` / ``BUDGET_TOO_SMALL`` carrying every verdict."""
+def raise_if_none(selection: Selection, model_ref: str, formats: Iterable[str] = ()) -> Verdict:
+    """Return the chosen verdict, or raise ``NO_BACKEND`` / ``BUDGET_TOO_SMALL`` carrying every verdict.
+
+    When no installed backend reads the model's ``formats`` (none answered, or every one refused
+    with ``format``), the message names the distributions that do (``docs/backends/README.md``).
+    """
     if selection.chosen is not None:
         return selection.chosen
     verdicts = list(selection.verdicts)
+    hint = ""
+    if all(v.code is Refusal.FORMAT for v in verdicts):
+        installed = [v.backend for v in verdicts]
+        known = install_hint(formats, installed)
+        hint = f"; {known}" if known else "; no known backend package reads its formats (docs/backends/README.md)"
     if not verdicts:
         raise AnyformerError(
             ErrorCode.NO_BACKEND,
-            f"no backend is installed to run {model_ref} (pip install anyformer-llamacpp, or see `anyformer plugins`)",
+            f"no backend is installed to run {model_ref}{hint or '; pip install anyformer-llamacpp'} "
+            "(see `anyformer plugins`)",
             verdicts=verdicts,
         )
     if all(v.code is Refusal.BUDGET for v in verdicts):
@@ -66,6 +77,6 @@ def raise_if_none(selection: Selection, model_ref: str) -> Verdict:
         )
     raise AnyformerError(
         ErrorCode.NO_BACKEND,
-        f"no backend can run {model_ref}: " + "; ".join(describe_verdict_line(v) for v in verdicts),
+        f"no backend can run {model_ref}: " + "; ".join(describe_verdict_line(v) for v in verdicts) + hint,
         verdicts=verdicts,
     )

@@ -20,11 +20,17 @@ if TYPE_CHECKING:
 class Session(Protocol):
     """A loaded model as ``Loaded`` drives it. Calls come one at a time (``Loaded`` holds the lock)."""
 
-    #: The id of the backend running the model, and the task it was loaded for.
-    backend: str
-    task: str
-    #: The worker's process id, or None when the model runs in this process.
-    pid: int | None
+    @property
+    def backend(self) -> str:
+        """The id of the backend running the model."""
+
+    @property
+    def task(self) -> str:
+        """The task the model was loaded for."""
+
+    @property
+    def pid(self) -> int | None:
+        """The worker's process id, or None when the model runs in this process."""
 
     @property
     def handle(self) -> BackendModel:

@@ -1,4 +1,4 @@
-"""The core's side of every stream: what it enforces whatever the backend does (CONTRACT §6).
+"""The core's side of every stream: what it enforces whatever the backend does (docs/contract.md, "Streaming").
 
 Text is rebuilt from deltas so it is always cumulative; token counts never decrease and never pass
 ``max_new_tokens``; stop strings are cut here once for every backend (holding back text that may
@@ -8,7 +8,9 @@ closed, so its ``finally`` puts the model back in order.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
+from types import TracebackType
+from typing import Any
 
 from anyformer.contract._chunk import Chunk, FinishReason, GenerateOptions
 from anyformer.contract._errors import AnyformerError, ErrorCode
@@ -25,8 +27,11 @@ def _held_back(text: str, stops: tuple[str, ...]) -> int:
     return longest
 
 
-class CoreStream:
+class CoreStream(Generator[Chunk, None, None]):
     """Wraps a backend's chunk iterator and yields contract-checked chunks.
+
+    It is a generator as callers use one: iterate it, ``close()`` it early, ``cancel()`` it from
+    another thread.
 
     ``release`` runs exactly once when the stream ends, is closed, or is dropped: the loaded
     model's lock is released there. The state lives apart from this wrapper so that no reference
@@ -35,13 +40,23 @@ class CoreStream:
 
     def __init__(self, backend: str, source: Iterator[Chunk], options: GenerateOptions, release: Callable[[], None]):
         self._state = _StreamState(backend, source, options, release)
-        self._iterator = self._state.run()
+        self._iterator: Generator[Chunk, None, None] = self._state.run()
 
     def __iter__(self) -> CoreStream:
         return self
 
     def __next__(self) -> Chunk:
         return next(self._iterator)
+
+    def send(self, value: None) -> Chunk:
+        """Resume the stream (only ``None`` is sent): the next chunk."""
+        return self._iterator.send(value)
+
+    def throw(self, typ: Any, val: Any = None, tb: TracebackType | None = None) -> Chunk:
+        """Raise an exception inside the stream; the backend's iterator is closed on the way out."""
+        if val is None and tb is None:
+            return self._iterator.throw(typ)
+        return self._iterator.throw(typ, val, tb)
 
     def close(self) -> None:
         """Stop the stream: the backend's iterator is closed and the model is free again."""
@@ -86,7 +101,7 @@ class _StreamState:
             finally:
                 release()
 
-    def _chunk(self, upto: int, finish: FinishReason | None) -> Chunk:
+    def _chunk(self, upto: int, finish: FinishReason | None, preview: str | None = None) -> Chunk:
         delta = self._text[self._emitted : upto]
         self._emitted = upto
         return Chunk(
@@ -95,9 +110,10 @@ class _StreamState:
             tokens=self._tokens,
             finish_reason=finish.value if finish else None,
             prompt_tokens=self._prompt_tokens,
+            preview=preview,
         )
 
-    def run(self) -> Iterator[Chunk]:
+    def run(self) -> Generator[Chunk, None, None]:
         options = self._options
         finish: FinishReason | None = None
         try:
@@ -148,8 +164,9 @@ class _StreamState:
                     finish = FinishReason.LENGTH
                     break
                 visible = len(self._text) - _held_back(self._text, options.stop)
-                if visible > self._emitted or raw.tokens:
-                    yield self._chunk(max(visible, self._emitted), None)
+                preview = raw.preview if isinstance(raw.preview, str) else None
+                if visible > self._emitted or raw.tokens or preview is not None:
+                    yield self._chunk(max(visible, self._emitted), None, preview)
             if options.cancel.is_set() and finish is None:
                 finish = FinishReason.CANCELLED
             yield self._chunk(len(self._text), finish or FinishReason.STOP)

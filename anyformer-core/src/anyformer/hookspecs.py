@@ -1,12 +1,14 @@
-"""The four hooks a backend plugin implements (CONTRACT §5).
+"""The four hooks a backend plugin implements (docs/contract.md, "Hooks"; docs/hooks.md).
 
 A backend is a distribution with an entry point in the group ``anyformer``; the entry point's
 name is the backend's id, and it points at a module (or object) holding ``@anyformer.hookimpl``
 functions. Every hook is optional to implement except ``can_run``, ``load`` and ``generate`` for a
 backend that runs models. Hook implementations may accept any subset of a hook's arguments.
 
-The core calls each plugin's implementation on its own (never one pluggy call across all
-plugins), so a plugin that raises is reported by name and the others keep working.
+The core calls each plugin's implementation directly, one plugin at a time, never through one
+pluggy call across all plugins: a plugin that raises is reported by name and the others keep
+working. So no hook is a pluggy "first result" hook: ``load`` is called only on the chosen
+backend and ``generate`` only on the backend that owns the handle, and neither returns None.
 """
 
 from __future__ import annotations
@@ -58,39 +60,37 @@ def can_run(model: Model, caps: Caps, request: Request) -> Verdict | None:
 # ---- loading and running ------------------------------------------------------------------------
 
 
-@hookspec(firstresult=True)
-def load(backend: str, model: Model, request: Request, progress: ProgressCallback) -> BackendModel | None:
-    """Load ``model`` if ``backend`` is this plugin's id; return None otherwise.
+@hookspec
+def load(backend: str, model: Model, request: Request, progress: ProgressCallback) -> BackendModel:
+    """Load ``model`` for ``request``; called only on the backend the selection chose (``backend`` is its id).
 
-    :param backend: the id of the backend the selection policy chose; only that plugin answers.
-    :param model: the description; local files have ``path``; ``anyformer.fetch_files(model, names,
-        progress)`` returns local paths for the files you need, downloading Hub files into the
-        shared cache with progress.
+    :param backend: this plugin's id (the entry point's name), the one the selection policy chose.
+    :param model: the description; local files have ``path``; ``anyformer.plugin.fetch_files(model,
+        names, progress)`` returns local paths for the files you need, downloading Hub files into
+        the shared cache with progress.
     :param request: the task, budget and context length the model is loaded for.
     :param progress: call it with :class:`anyformer.ProgressEvent` during long steps.
-    :returns: a handle with ``backend``, ``task``, ``dispose()`` (and ``run()`` for non-generation
-        tasks). Raise ``AnyformerError`` (``BAD_MODEL``, ``OUT_OF_MEMORY``, ``BUDGET_TOO_SMALL``…)
-        for failures a person can act on.
-
-    A first-result hook: calling stops at the first non-None result.
+    :returns: a handle with ``backend`` (this id), ``task``, ``dispose()`` (and ``run()`` for
+        non-generation tasks). Raise ``AnyformerError`` (``BAD_MODEL``, ``OUT_OF_MEMORY``,
+        ``BUDGET_TOO_SMALL``…) for failures a person can act on. Returning anything else
+        (None included) is a ``PLUGIN_ERROR``.
     """
 
 
-@hookspec(firstresult=True)
-def generate(loaded: BackendModel, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk] | None:
-    """Start generating a reply if ``loaded`` is this plugin's handle; return None otherwise.
+@hookspec
+def generate(loaded: BackendModel, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk]:
+    """Start generating a reply; called only on the backend whose ``load`` returned ``loaded``.
 
-    :param loaded: a handle this plugin's ``load`` returned (check ``loaded.backend``).
+    :param loaded: a handle this plugin's ``load`` returned.
     :param messages: validated chat messages (the core rejects malformed ones before this call).
     :param options: validated options: ``max_new_tokens``, ``temperature`` (0 is greedy and
         repeatable), ``seed``, ``thinking``, ``stop`` and ``cancel`` (a ``threading.Event``).
-    :returns: an iterator of :class:`anyformer.Chunk` whose ``delta`` is the new text and
+    :returns: an iterable of :class:`anyformer.Chunk` whose ``delta`` is the new text and
         ``tokens`` the count generated so far (never decreasing, at most ``max_new_tokens``); the
-        last may carry ``finish_reason``. Check ``options.cancel`` between tokens and put the
-        model back in a usable state in a ``finally`` block: the core closes the iterator on
-        cancel. The core holds a lock per loaded model, so calls never overlap.
-
-    A first-result hook: calling stops at the first non-None result.
+        last may carry ``finish_reason`` (the core supplies one when it does not). Check
+        ``options.cancel`` between tokens and put the model back in a usable state in a
+        ``finally`` block: the core closes the iterator on cancel. The core holds a lock per
+        loaded model, so calls never overlap. Returning None is a ``PLUGIN_ERROR``.
     """
 
 
@@ -102,8 +102,8 @@ def store_list() -> Sequence[StoreEntry] | None:
     """List the models this plugin holds on disk outside the Hugging Face cache.
 
     :returns: :class:`anyformer.StoreEntry` items (``backend``, ``repo``, ``revision``, ``path``,
-        ``bytes``) for backend-derived files under ``ANYFORMER_HOME``, or None when it keeps none.
-        Hub cache entries are listed by the core itself.
+        ``bytes``) for backend-derived files under ``ANYFORMER_HOME``; ``[]`` when it keeps none
+        (None is read as ``[]``). Hub cache entries are listed by the core itself.
 
     Called on every plugin, each on its own.
     """

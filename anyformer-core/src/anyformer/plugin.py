@@ -12,14 +12,16 @@ Groups, in the order a backend meets them:
   :class:`Verdict`, :class:`Estimate`, :class:`Rank`, :class:`Refusal`, :class:`Chunk`,
   :class:`GenerateOptions`, :class:`FinishReason`, :class:`StoreEntry`, :class:`ProgressEvent`,
   :data:`ProgressCallback`, :class:`BackendModel`, :class:`AnyformerError`, :class:`ErrorCode`;
-- messages and chat: :func:`validate_messages`, :func:`has_images`, :func:`text_of`,
+- messages and chat: :data:`Message`, :func:`validate_messages`, :func:`has_images`, :func:`text_of`,
   :func:`render_chat` (jinja2's sandbox), :data:`CHATML_TEMPLATE`;
 - files, read with hard limits before any engine sees them: :func:`read_gguf_header`,
   :func:`check_split_set`, :func:`split_set_members`, :class:`GGUFHeader`, :class:`GGUFTensor`,
+  :class:`LazyArray` (a long GGUF array in ``GGUFHeader.kv``, decoded on first use),
   :data:`GGML_TYPES`, :func:`read_safetensors_header`, :class:`SafetensorsHeader`,
   :func:`read_onnx_summary`, :func:`check_onnx_external_data`, :class:`OnnxSummary`,
   :func:`read_config_json`;
-- the store: :func:`fetch_files` (verified downloads into the Hub cache), :func:`anyformer_home`
+- the store: :func:`fetch_files` (verified downloads into the Hub cache), :func:`files_to_download`
+  (what a load would download, for a ``store`` refusal), :func:`anyformer_home`
   (where derived files go);
 - the machine: :func:`usable_cpu_count`, :func:`host_ram_available`;
 - sizes: :func:`format_size`, :func:`parse_size`.
@@ -42,6 +44,7 @@ from anyformer.files._gguf_header import (
     GGML_TYPES,
     GGUFHeader,
     GGUFTensor,
+    LazyArray,
     check_split_set,
     read_gguf_header,
     split_set_members,
@@ -50,7 +53,7 @@ from anyformer.files._onnx_external import OnnxSummary, check_onnx_external_data
 from anyformer.files._safetensors_header import SafetensorsHeader, read_safetensors_header
 from anyformer.hookspecs import hookimpl
 from anyformer.store._paths import anyformer_home
-from anyformer.store._store import fetch_files
+from anyformer.store._store import fetch_files, files_to_download
 
 __all__ = [
     "CHATML_TEMPLATE",
@@ -65,6 +68,7 @@ __all__ = [
     "GGUFHeader",
     "GGUFTensor",
     "GenerateOptions",
+    "LazyArray",
     "Message",
     "Model",
     "ModelFile",
@@ -81,6 +85,7 @@ __all__ = [
     "check_onnx_external_data",
     "check_split_set",
     "fetch_files",
+    "files_to_download",
     "format_size",
     "has_images",
     "hookimpl",

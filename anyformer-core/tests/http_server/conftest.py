@@ -38,18 +38,28 @@ def model_folders(tmp_path: Path) -> Callable[[str], str]:
 
 
 @pytest.fixture
-def paced_server() -> Callable[..., Any]:
-    """Start a server over :class:`PacedBackend`: ``paced_server(**pool_options) -> (url, backend, pool)``."""
+def paced_server(tmp_path: Path) -> Callable[..., Any]:
+    """Start a server over :class:`PacedBackend`: ``paced_server(**pool_options) -> (url, backend, pool)``.
+
+    Clients may name model folders under ``tmp_path`` (``allow_paths``), as ``model_folders`` makes them;
+    ``app`` passes other options to ``create_app``.
+    """
     stack = contextlib.ExitStack()
 
     def start(
-        *, backend: PacedBackend | None = None, api_key: str | None = None, caps: Caps | None = None, **options: Any
+        *,
+        backend: PacedBackend | None = None,
+        api_key: str | None = None,
+        caps: Caps | None = None,
+        app: dict[str, Any] | None = None,
+        **options: Any,
     ) -> tuple[str, PacedBackend, ModelPool]:
         backend = backend or PacedBackend()
         manager = anyformer.PluginManager()
         manager.register(backend, backend.name)
         pool = ModelPool(isolate=False, plugins=manager, caps=caps or Caps(ram_bytes=10**10), **options)
-        url = stack.enter_context(serve_in_thread(create_app(pool, api_key=api_key)))
+        settings = {"allow_paths": [tmp_path], **(app or {})}
+        url = stack.enter_context(serve_in_thread(create_app(pool, api_key=api_key, **settings)))
         return url, backend, pool
 
     with stack:
@@ -83,5 +93,5 @@ def tiny_gguf_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def real_server(smollm2_path: Path, tiny_gguf_path: Path) -> Iterator[tuple[str, ModelPool]]:
     """A server with the installed backends, isolated as ``anyformer.load`` allows, SmolLM2 preloaded."""
     pool = ModelPool(context=2048)
-    with serve_in_thread(create_app(pool, preload=[str(smollm2_path)])) as url:
+    with serve_in_thread(create_app(pool, preload=[str(smollm2_path)], models=[str(tiny_gguf_path)])) as url:
         yield url, pool

@@ -28,6 +28,8 @@ from anyformer import AnyformerError, Chunk, Estimate, Rank, Refusal, StoreEntry
 PACE = 0.01
 #: A prompt that makes the paced backend's engine "crash" after two tokens.
 CRASH_PROMPT = "please crash"
+#: A prompt that makes the paced backend show drafts (``Chunk.preview``), as a text-diffusion model does.
+DRAFT_PROMPT = "show your drafts"
 
 
 @dataclasses.dataclass
@@ -148,7 +150,10 @@ class PacedBackend:
                 last = count == options.max_new_tokens
                 if last:
                     reason = "length"
-                yield Chunk(delta=f"w{count} ", tokens=count, finish_reason="length" if last else None)
+                # Drafts: the words so far, then a masked guess at the rest of the answer.
+                draft = "".join(f"w{i} " for i in range(1, count + 1)) + "\u2591" * (options.max_new_tokens - count)
+                preview = draft if prompt == DRAFT_PROMPT and not last else None
+                yield Chunk(delta=f"w{count} ", tokens=count, finish_reason="length" if last else None, preview=preview)
         finally:
             with self.lock:
                 self.finished.append(reason)

@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 
+from .server_support import DRAFT_PROMPT
+
 sync_api = pytest.importorskip("playwright.sync_api")
 
 pytestmark = pytest.mark.slow
@@ -91,4 +93,21 @@ def test_a_short_reply_finishes_and_the_conversation_goes_on(
     assert "length" in replies.last.locator(".meta").inner_text()
     assert backend.finished == ["length", "length"]
     page.screenshot(path=str(SCREENSHOT))
+    page.close()
+
+
+def test_a_draft_shows_greyed_while_the_reply_settles(browser: Any, paced_server: Any, model_folders: Any) -> None:
+    """A backend that refines its answer in place (a text-diffusion model) sends previews; the page shows them."""
+    url, _backend, _pool = paced_server()
+    page = browser.new_page()
+    page.goto(url + "/")
+    page.fill("#model", model_folders("paced-model"))
+    page.fill("#max-tokens", "60")
+    page.fill("#prompt", DRAFT_PROMPT)
+    page.click("#send")
+    reply = page.locator(".msg.assistant").last
+    sync_api.expect(reply.locator(".draft")).to_contain_text("\u2591")
+    sync_api.expect(page.locator("#send")).to_be_enabled(timeout=15_000)
+    sync_api.expect(reply.locator(".draft")).to_have_count(0)
+    assert reply.inner_text().startswith("w1 w2 ") and "\u2591" not in reply.inner_text()
     page.close()

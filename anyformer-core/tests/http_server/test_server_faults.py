@@ -14,7 +14,7 @@ import pytest
 
 from anyformer import Caps
 
-from .server_support import CRASH_PROMPT, PacedBackend, plain_request
+from .server_support import CRASH_PROMPT, DRAFT_PROMPT, PacedBackend, plain_request
 
 
 def chat(model: str, text: str = "hello", **extra: Any) -> dict[str, Any]:
@@ -32,7 +32,12 @@ def open_stream(url: str, body: dict[str, Any]) -> tuple[http.client.HTTPConnect
     """Start a streamed chat and read its first event; the caller closes the connection."""
     parts = urllib.parse.urlsplit(url)
     connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
-    connection.request("POST", "/v1/chat/completions", json.dumps({**body, "stream": True}).encode())
+    connection.request(
+        "POST",
+        "/v1/chat/completions",
+        json.dumps({**body, "stream": True}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
     response = connection.getresponse()
     assert response.status == 200
     assert response.readline().startswith(b"data: ")
@@ -95,6 +100,20 @@ def test_a_crash_mid_stream_ends_the_stream_with_an_error_event(paced_server: An
     events = [line[6:] for line in reply.body.decode().split("\n\n") if line.startswith("data: ")]
     assert events[-1] == "[DONE]"
     assert json.loads(events[-2])["error"]["code"] == "BACKEND_CRASHED"
+
+
+@pytest.mark.parametrize("asked", [True, False])
+def test_previews_reach_a_client_that_asks_for_them(paced_server: Any, model_folders: Any, asked: bool) -> None:
+    url, _backend, _pool = paced_server()
+    body = chat(model_folders("a"), DRAFT_PROMPT, max_tokens=3, stream=True)
+    if asked:
+        body["anyformer_preview"] = True
+    reply = plain_request("POST", f"{url}/v1/chat/completions", body)
+    events = [json.loads(line[6:]) for line in reply.body.decode().split("\n\n")[:-2] if line.startswith("data: ")]
+    deltas = [event["choices"][0]["delta"] for event in events]
+    previews = [d["anyformer_preview"] for d in deltas if "anyformer_preview" in d]
+    assert previews == (["w1 \u2591\u2591", "w1 w2 \u2591"] if asked else [])
+    assert "".join(d.get("content", "") for d in deltas) == "w1 w2 w3 "
 
 
 def test_the_least_recently_used_model_leaves_when_a_new_one_does_not_fit(
@@ -186,6 +205,7 @@ def test_a_wrong_api_key_is_401_and_the_right_one_passes(paced_server: Any, mode
         ({"model": "m", "messages": [{"role": "user", "content": "x"}], "temperature": -1}, "temperature"),
         ({"model": "m", "messages": [{"role": "user", "content": "x"}], "stop": [""]}, "stop"),
         ({"model": "m", "messages": [{"role": "user", "content": "x"}], "n": 2}, "n"),
+        ({"model": "m", "messages": [{"role": "user", "content": "x"}], "anyformer_preview": 1}, "anyformer_preview"),
         (
             {
                 "model": "m",

@@ -172,8 +172,9 @@ def test_the_chat_page_is_served_at_the_root(real_server: tuple[str, Any]) -> No
 
 def _worker_pid(pool: Any, model: Path, task: str = "text-generation") -> int:
     pids = [m["worker_pid"] for m in pool.loaded() if m["id"] == str(model) and m["task"] == task]
-    if not pids or pids[0] is None:
-        pytest.xfail("anyformer.load(isolate=True) is not available: engines run in the server's process")
+    # The server isolates every model; a model loaded in the server's own process is a regression.
+    assert pids, f"{model} ({task}) is not in the pool: {pool.loaded()}"
+    assert isinstance(pids[0], int), f"{model} runs in the server's process, not in a worker: {pool.loaded()}"
     return pids[0]
 
 

@@ -23,10 +23,14 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.metadata
-import itertools
+import json
+import os
 import struct
+import subprocess
+import sys
 import threading
 import time
+import types
 import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -35,10 +39,37 @@ from typing import Any, NamedTuple
 import pytest
 
 import anyformer
-from anyformer import AnyformerError, Caps, Chunk, ErrorCode, GenerateOptions, Model, ModelFile, Refusal, Request
+from anyformer import (
+    AnyformerError,
+    Caps,
+    Chunk,
+    ErrorCode,
+    GenerateOptions,
+    Model,
+    ModelFile,
+    Refusal,
+    Request,
+    StoreEntry,
+)
 from anyformer_conformance import checks
+from anyformer_conformance.backend_hooks import BackendHooks, BackendStream, read_backend_stream
 
 __all__ = ["BackendConformance", "RefusalCase"]
+
+#: Engines a plugin module must not import at import time (it is imported on every ``anyformer check``).
+HEAVY_MODULES = ("jax", "llama_cpp", "onnxruntime", "tensorflow", "torch", "transformers", "wgpu")
+#: Run in a fresh interpreter: the heavy modules importing the plugin module adds to what anyformer imports.
+_IMPORT_PROBE = """
+import importlib, json, sys
+import anyformer
+before = set(sys.modules)
+importlib.import_module(sys.argv[1])
+heavy = set(json.loads(sys.argv[2]))
+print(json.dumps(sorted({name.partition(".")[0] for name in set(sys.modules) - before} & heavy)))
+"""
+
+#: The fewest tokens ``max_new_tokens_for_tests`` may ask for: below it the stream rules check next to nothing.
+MIN_TOKENS_FOR_TESTS = 4
 
 #: The plugin module that must be active for the kit's fixtures and override guard.
 PLUGIN_MODULE = "anyformer_conformance.plugin"
@@ -48,12 +79,44 @@ class _MissingBackendId(LookupError):
     """Raised by the default ``backend_id``: a subclass must name the backend it tests."""
 
 
+def _is_within(path: str | os.PathLike[str], folder: Path) -> bool:
+    """``path`` is ``folder`` or lies inside it (after resolving links and ``..``)."""
+    try:
+        return Path(path).resolve().is_relative_to(folder.resolve())
+    except (OSError, ValueError, TypeError):
+        return False
+
+
+def _same_or_nested(listed: str, stored: str) -> bool:
+    """An entry's path names what was stored: the same path, a folder holding it, or a file inside it."""
+    return _is_within(stored, Path(listed)) or _is_within(listed, Path(stored))
+
+
+def _cancelled_after_first_chunk(stream: Any, cancel: threading.Event) -> Iterator[Any]:
+    """Pass ``stream`` through, setting ``cancel`` once its first chunk has come; closing this closes it."""
+    try:
+        for chunk in stream:
+            yield chunk
+            cancel.set()
+    finally:
+        close = getattr(stream, "close", None)
+        if callable(close):
+            close()
+
+
+def _entry_point(backend_id: str) -> importlib.metadata.EntryPoint | None:
+    """The installed entry point named ``backend_id`` in the ``anyformer`` group, or None."""
+    group = anyformer.hookspecs.PROJECT
+    return next((ep for ep in importlib.metadata.entry_points(group=group) if ep.name == backend_id), None)
+
+
 class RefusalCase(NamedTuple):
     """A model a backend must refuse, and the code it must refuse with.
 
-    ``description`` is CONTRACT §1's JSON (``Model.from_dict``); ``caps`` overrides fields of the
-    ``caps`` fixture (``{"ram_bytes": 0}``); ``request`` holds ``anyformer.check`` keywords
-    (``task``, ``budget``, ``context``); ``code`` the expected :class:`anyformer.Refusal`.
+    ``description`` is a model description as docs/contract.md writes it (``Model.from_dict``);
+    ``caps`` overrides fields of the ``caps`` fixture (``{"ram_bytes": 0}``); ``request`` holds
+    ``anyformer.check`` keywords (``task``, ``budget``, ``context``); ``code`` the expected
+    :class:`anyformer.Refusal`.
     """
 
     description: Mapping[str, Any]
@@ -122,12 +185,16 @@ class BackendConformance:
 
     - ``sample_model`` (class scope): a model ref or :class:`anyformer.Model` this backend runs, or
       None (the default) when none runs in CI; the load and generate tests then skip.
-    - ``plugin_manager`` (class scope): by default a fresh manager loading this backend's
-      installed entry point, exactly as users get it; override it to register in-process.
+    - ``backend_plugin`` (class scope): the object holding the backend's hookimpls; by default its
+      installed entry point, loaded. Override it to test an in-process plugin object (the
+      isolated-worker test then skips: a worker loads backends from entry points). The kit calls
+      these hooks directly too, since the core's clamps would hide the bugs it looks for.
+    - ``plugin_manager`` (class scope): a fresh manager holding ``backend_plugin``, through its
+      entry point when it is the installed one (exactly as users get it), else registered.
     - ``caps`` (class scope): the machine, ``anyformer.probe()``; override for a what-if machine.
-    - ``stored_model`` (function scope): called with ``ANYFORMER_HOME`` pointing at an empty
-      folder; put a model in your store there and return anything but None, and the store test
-      requires ``store_list`` to list it.
+    - ``stored_model`` (function scope): called with ``ANYFORMER_HOME`` at ``empty_anyformer_home``,
+      a fresh empty folder; store a model under it and return the path you wrote, and the store
+      tests require ``store_list`` to list it and nothing else.
     """
 
     # ---- what the implementer supplies ------------------------------------------------------------
@@ -161,8 +228,17 @@ class BackendConformance:
 
     @property
     def max_new_tokens_for_tests(self) -> int:
-        """The ``max_new_tokens`` the streaming tests ask for: small, since each test generates. Default 8."""
+        """The ``max_new_tokens`` the streaming tests ask for: small, since each test generates. Default 8.
+
+        At least 4, and the sample must generate that many tokens on one of ``prompts``
+        (``test_sample_answers_long_enough_to_test_the_stream``).
+        """
         return 8
+
+    @property
+    def generate_time_limit_s(self) -> float:
+        """How long the kit waits for one raw ``generate`` stream of the sample to end, in seconds. Default 60."""
+        return 60.0
 
     @property
     def load_kwargs(self) -> dict[str, Any]:
@@ -211,22 +287,39 @@ class BackendConformance:
 
     @pytest.fixture(scope="class")
     @classmethod
-    def plugin_manager(cls) -> anyformer.PluginManager:
-        """A fresh plugin manager holding the backend under test, loaded from its installed entry point."""
+    def backend_plugin(cls) -> Any:
+        """The object holding the backend's hookimpls: its installed entry point, loaded (a module, usually)."""
         self = cls()
-        group = anyformer.hookspecs.PROJECT
-        found = [ep for ep in importlib.metadata.entry_points(group=group) if ep.name == self.backend_id]
-        if not found:
+        entry_point = _entry_point(self.backend_id)
+        if entry_point is None:
+            group = anyformer.hookspecs.PROJECT
             installed = sorted({ep.name for ep in importlib.metadata.entry_points(group=group)})
             pytest.fail(
                 f"no entry point named {self.backend_id!r} in the {group!r} group "
                 f"(installed: {', '.join(installed) or 'none'}); "
                 f'declare [project.entry-points.{group}] {self.backend_id} = "your_package.plugin" in pyproject.toml '
-                "and pip install the plugin (pip install -e . for a checkout), or override the plugin_manager fixture",
+                "and pip install the plugin (pip install -e . for a checkout), or override the backend_plugin "
+                "fixture to return your plugin object",
                 pytrace=False,
             )
+        try:
+            return entry_point.load()
+        except (Exception, SystemExit) as exc:
+            pytest.fail(
+                f"the {self.backend_id!r} entry point {entry_point.value!r} failed to load: {exc!r}", pytrace=False
+            )
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def plugin_manager(cls, backend_plugin: Any) -> anyformer.PluginManager:
+        """A fresh plugin manager holding the backend: from its entry point (as users get it), else registered."""
+        self = cls()
         manager = anyformer.PluginManager()
-        manager.load_entry_points(found)
+        entry_point = _entry_point(self.backend_id)
+        if entry_point is not None and entry_point.load() is backend_plugin:
+            manager.load_entry_points([entry_point])
+        else:
+            manager.register(backend_plugin, self.backend_id)
         info = next((p for p in manager.plugins() if p.name == self.backend_id), None)
         if info is None:
             pytest.fail(
@@ -236,6 +329,12 @@ class BackendConformance:
         if not info.ok:
             pytest.fail(f"the {self.backend_id!r} plugin failed to load: {info.error}", pytrace=False)
         return manager
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def backend_hooks(cls, backend_plugin: Any) -> BackendHooks:
+        """The backend's own hooks, called with nothing of the core in between (its clamps hide bugs)."""
+        return BackendHooks(backend_plugin, cls().backend_id)
 
     @pytest.fixture(scope="class")
     @classmethod
@@ -273,10 +372,44 @@ class BackendConformance:
         loaded.dispose()
 
     @pytest.fixture
-    def stored_model(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
-        """Runs with ``ANYFORMER_HOME`` at an empty folder; returns None: nothing was stored."""
-        monkeypatch.setenv("ANYFORMER_HOME", str(tmp_path / "anyformer-home"))
+    def empty_anyformer_home(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+        """A fresh, empty folder that ``ANYFORMER_HOME`` points at for the test (and for ``stored_model``)."""
+        home = tmp_path / "conformance-anyformer-home"
+        home.mkdir()
+        monkeypatch.setenv("ANYFORMER_HOME", str(home))
+        return home
+
+    @pytest.fixture
+    def stored_model(self, empty_anyformer_home: Path) -> str | os.PathLike[str] | None:
+        """Runs with ``ANYFORMER_HOME`` at ``empty_anyformer_home``; returns None: nothing was stored."""
         return None
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def backend_streams(cls, loaded_model: anyformer.Loaded, backend_hooks: BackendHooks) -> list[BackendStream]:
+        """The backend's raw ``generate`` streams, each read to its end: both prompts at the test limit, one at 1."""
+        self = cls()
+        limit = self.max_new_tokens_for_tests
+        streams = []
+        for which, max_new_tokens in ((0, limit), (1, limit), (0, 1)):
+            where = f"the {self.backend_id} generate hook({self.prompts[which]!r}, max_new_tokens={max_new_tokens})"
+            options = GenerateOptions.build(max_new_tokens=max_new_tokens)
+            messages = anyformer.validate_messages(self._messages(which))
+            try:
+                stream = backend_hooks.generate(loaded_model.handle, messages, options)
+            except Exception as exc:
+                streams.append(BackendStream(where=where, max_new_tokens=max_new_tokens, error=exc))
+                continue
+            streams.append(
+                read_backend_stream(
+                    stream,
+                    where=where,
+                    max_new_tokens=max_new_tokens,
+                    max_chunks=4 * max_new_tokens + 16,
+                    time_limit_s=self.generate_time_limit_s,
+                )
+            )
+        return streams
 
     # ---- helpers ----------------------------------------------------------------------------------
 
@@ -328,6 +461,49 @@ class BackendConformance:
         checks.fail(
             f"got a chunk {chunk!r} before any error, expected AnyformerError(BAD_REQUEST) before any work", where
         )
+
+    # ---- the plugin module -----------------------------------------------------------------------
+
+    def test_plugin_module_imports_no_heavy_engine(
+        self, backend_plugin: Any, plugin_manager: anyformer.PluginManager
+    ) -> None:
+        """Importing the plugin's module in a fresh interpreter imports no engine (torch, onnxruntime, llama_cpp...).
+
+        Every installed plugin is imported on every ``anyformer check``; one heavy import makes
+        each command slow for everyone. The module the entry point names (or, registered in
+        process, the plugin object's module) is imported in a new Python process and
+        ``sys.modules`` is searched for ``HEAVY_MODULES``. Troubleshooting: import the engine
+        inside ``load`` (or a module only ``load`` imports), and in ``can_run`` check that it is
+        installed with ``importlib.util.find_spec``.
+        """
+        entry_point = plugin_manager.entry_point(self.backend_id)
+        if entry_point is not None:
+            module = entry_point.partition(":")[0]
+        elif isinstance(backend_plugin, types.ModuleType):
+            module = backend_plugin.__name__
+        else:
+            module = type(backend_plugin).__module__
+        where = f"import {module} in a fresh interpreter"
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        try:
+            done = subprocess.run(
+                [sys.executable, "-c", _IMPORT_PROBE, module, json.dumps(HEAVY_MODULES)],
+                capture_output=True,
+                text=True,
+                timeout=120,
+                env=env,
+            )
+        except subprocess.TimeoutExpired:
+            checks.fail("the import took over 120 s, expected a fraction of a second", where)
+        if done.returncode != 0:
+            checks.fail(f"the import failed: {done.stderr.strip()[-600:]}", where)
+        heavy = json.loads(done.stdout.strip().splitlines()[-1])
+        if heavy:
+            checks.fail(
+                f"importing the plugin module imported {', '.join(heavy)}, expected none of "
+                f"{', '.join(HEAVY_MODULES)}: import engines inside load, not at module import",
+                where,
+            )
 
     # ---- can_run: verdicts ------------------------------------------------------------------------
 
@@ -400,11 +576,62 @@ class BackendConformance:
             asked.append((dict(case.description), caps.replace(**case.caps), case.request))
         if not asked:
             pytest.skip("no sample_model and no refusal_cases")
-        for model, machine, request in asked:
-            verdict, budget, where = self._ask(plugin_manager, model, machine, request)
+        for model, machine, asking in asked:
+            verdict, budget, where = self._ask(plugin_manager, model, machine, asking)
             where += f" with ram_bytes={machine.ram_bytes}, budget={budget}"
             checks.check_verdict(verdict, self.backend_id, where)
             checks.check_need(verdict, budget=budget, ram=machine.ram_bytes, where=where)
+
+    def _raw_verdict(self, backend_hooks: BackendHooks, model: Model, caps: Caps, request: Request, where: str) -> Any:
+        """The backend's own ``can_run`` answer, checked to be a well-formed verdict."""
+        __tracebackhide__ = True
+        try:
+            verdict = backend_hooks.can_run(model, caps, request)
+        except (Exception, SystemExit) as exc:
+            checks.fail(f"can_run raised {type(exc).__name__}: {exc}; it must return a Verdict, not raise", where)
+        checks.check_verdict(verdict, self.backend_id, where)
+        return verdict
+
+    def test_an_accepted_verdict_fits_the_offer(
+        self, described_sample: Model | None, backend_hooks: BackendHooks, caps: Caps
+    ) -> None:
+        """An ok verdict's estimate fits what was offered: ``gpu_bytes <= budget`` and ``ram_bytes <= caps.ram_bytes``.
+
+        The backend's own ``can_run`` (not the core's checked copy) is asked about the sample with
+        no budget and no host memory, with each alone, with 1 MiB of each, and with one byte less
+        than its own estimate; and about each refusal case with nothing offered. Troubleshooting:
+        compare your estimate with ``request.budget_or(caps.gpu_bytes)`` and ``caps.ram_bytes``
+        before accepting, counting every byte you put in the estimate (a projector, a KV cache),
+        and refuse with ``budget`` or ``memory`` and ``need=`` when it does not fit. A backend
+        that can move work off the GPU lowers ``gpu_bytes`` to what fits instead.
+        """
+        asked: list[tuple[Model, Caps, Request]] = []
+        if described_sample is not None:
+            kwargs = self._check_kwargs()
+            base = Request.build(task=kwargs.get("task"), context=kwargs.get("context"))
+            budget = caps.gpu_bytes or 0
+            offers = [(0, 0), (caps.ram_bytes, 0), (0, budget), (2**20, 2**20)]
+            full = self._raw_verdict(
+                backend_hooks, described_sample, caps, dataclasses.replace(base, budget=budget), "can_run(the sample)"
+            )
+            if full.ok and full.estimate.ram_bytes > 0:
+                offers.append((full.estimate.ram_bytes - 1, budget))
+            if full.ok and full.estimate.gpu_bytes > 0:
+                offers.append((caps.ram_bytes, full.estimate.gpu_bytes - 1))
+            for ram, offered in offers:
+                machine = caps.replace(ram_bytes=ram, gpu_bytes=min(caps.gpu_bytes or 0, offered))
+                asked.append((described_sample, machine, dataclasses.replace(base, budget=offered)))
+        for case in self._refusal_cases():
+            model = anyformer.describe(dict(case.description))
+            request = Request.build(**{k: v for k, v in case.request.items() if k != "budget"}, budget=0)
+            asked.append((model, caps.replace(**{**case.caps, "ram_bytes": 0, "gpu_bytes": 0}), request))
+        if not asked:
+            pytest.skip("no sample_model and no refusal_cases")
+        for model, machine, request in asked:
+            budget = request.budget or 0
+            where = f"can_run({model.ref!r}) with ram_bytes={machine.ram_bytes}, budget={budget}"
+            verdict = self._raw_verdict(backend_hooks, model, machine, request, where)
+            checks.check_verdict_fits(verdict, budget=budget, ram=machine.ram_bytes, where=where)
 
     def test_can_run_reads_no_weights_and_opens_no_connection(
         self,
@@ -426,7 +653,7 @@ class BackendConformance:
         """
         monkeypatch.setenv("HF_HUB_OFFLINE", "1")
         absent = tmp_path / "absent"
-        file_sets = [_TYPICAL_FILES]
+        file_sets: list[tuple[ModelFile, ...]] = [_TYPICAL_FILES]
         if described_sample is not None:
             file_sets.insert(0, tuple(ModelFile(f.name, f.size) for f in described_sample.files))
         models = []
@@ -473,33 +700,171 @@ class BackendConformance:
 
     # ---- generate: the stream ---------------------------------------------------------------------
 
-    def test_backend_stream_is_well_formed(
-        self, loaded_model: anyformer.Loaded, plugin_manager: anyformer.PluginManager
-    ) -> None:
-        """The backend's own ``generate`` hook yields Chunks whose tokens rise to at most ``max_new_tokens``.
+    def _read_backend_streams(self, backend_streams: list[BackendStream]) -> list[BackendStream]:
+        """The raw streams, once each was read without an error or a time-out and holds only Chunks."""
+        __tracebackhide__ = True
+        for stream in backend_streams:
+            if stream.error is not None:
+                checks.fail(
+                    f"raised {type(stream.error).__name__}: {stream.error}, expected a stream of Chunks", stream.where
+                )
+            if stream.timed_out:
+                checks.fail(
+                    f"no end after {self.generate_time_limit_s} s ({len(stream.chunks)} chunks so far): "
+                    "the stream must end after max_new_tokens tokens (raise generate_time_limit_s for a slow engine)",
+                    stream.where,
+                )
+            checks.check_backend_chunk_types(stream.chunks, stream.where)
+        return backend_streams
 
-        The core rebuilds text and clamps token counts for callers; this test reads the hook's raw
-        output, so a bug the core would hide still shows. Troubleshooting: yield
-        ``Chunk(delta=new_text, tokens=generated_so_far)``; ``tokens`` counts every token
-        generated in this call (never reset, never lower than before, never above
-        ``options.max_new_tokens``), and only the last chunk may carry ``finish_reason``.
+    def test_backend_stream_is_well_formed(self, backend_streams: list[BackendStream]) -> None:
+        """The backend's own ``generate`` hook yields Chunks whose ``tokens`` never decrease.
+
+        The core rebuilds text and clamps token counts for callers; this test and the other
+        ``test_backend_stream_*`` tests read the hook's raw output to its very end (bounded by a
+        chunk count and ``generate_time_limit_s``), so a bug the core would hide still shows.
+        Troubleshooting: yield ``Chunk(delta=new_text, tokens=generated_so_far)`` objects;
+        ``tokens`` counts every token generated in this call (never reset, never lower than
+        before). Raise ``AnyformerError`` for bad input, never another exception.
+        """
+        for stream in self._read_backend_streams(backend_streams):
+            checks.check_backend_chunks(stream.chunks, stream.where)
+
+    def test_backend_stream_stops_at_max_new_tokens(self, backend_streams: list[BackendStream]) -> None:
+        """The raw stream never reports more than ``max_new_tokens`` tokens, and ends by itself.
+
+        Asked with ``max_new_tokens_for_tests`` and with 1. Troubleshooting: count the tokens you
+        generate and stop (return, or yield the last chunk with ``finish_reason="length"``) once
+        the count reaches ``options.max_new_tokens``; the core stops reading there, but a backend
+        that keeps going wastes the engine's time and breaks other hosts of the hook.
+        """
+        for stream in self._read_backend_streams(backend_streams):
+            limit = stream.max_new_tokens
+            for index, chunk in enumerate(stream.chunks):
+                if chunk.tokens > limit:
+                    checks.fail(
+                        f"chunk {index} reports {chunk.tokens} tokens, but max_new_tokens is {limit} "
+                        "(rule: the stream stops at max_new_tokens)",
+                        stream.where,
+                    )
+            if stream.cut_off:
+                checks.fail(
+                    f"the stream was still going after {len(stream.chunks)} chunks with max_new_tokens={limit} "
+                    f"(last tokens={stream.final_tokens}, text so far {stream.text[:60]!r}): "
+                    "it must end after max_new_tokens tokens (rule: the stream stops at max_new_tokens)",
+                    stream.where,
+                )
+
+    def test_backend_stream_finish_reason_only_on_the_last_chunk(self, backend_streams: list[BackendStream]) -> None:
+        """In the raw stream, only the last chunk may carry ``finish_reason``: no chunk follows a finish.
+
+        Troubleshooting: once you yield a chunk with ``finish_reason``, return. The core stops
+        reading at the first finish_reason, so text you yield after it is lost for callers.
+        """
+        for stream in self._read_backend_streams(backend_streams):
+            for index, chunk in enumerate(stream.chunks[:-1]):
+                if chunk.finish_reason is not None:
+                    checks.fail(
+                        f"chunk {index} of {len(stream.chunks)} has finish_reason {chunk.finish_reason!r}, "
+                        f"then {len(stream.chunks) - index - 1} more chunk(s) came "
+                        f"({stream.chunks[index + 1].delta!r}, ...): only the last chunk may have a finish_reason",
+                        stream.where,
+                    )
+            last = stream.chunks[-1].finish_reason if stream.chunks else None
+            if last is not None and last not in checks.FINISH_REASONS:
+                checks.fail(
+                    f"the last chunk has finish_reason {last!r}, expected one of {sorted(checks.FINISH_REASONS)}",
+                    stream.where,
+                )
+
+    def test_backend_stream_tokens_count_the_text(self, backend_streams: list[BackendStream]) -> None:
+        """``tokens`` counts the tokens behind the text, in the raw stream.
+
+        The rule: a chunk that brings new text reports more tokens than the chunk before it (only
+        the last chunk may flush held-back text, such as an incomplete UTF-8 character, without a
+        new token); a stream with text ends with ``tokens >= 1``; and the text is at most
+        ``checks.MAX_CHARS_PER_TOKEN`` (64) characters per token. Troubleshooting: set ``tokens``
+        to the number of tokens sampled so far in this call, on every chunk; never a constant,
+        a chunk count of your own or 0.
+        """
+        for stream in self._read_backend_streams(backend_streams):
+            checks.check_tokens_count_the_text(stream.chunks, stream.where)
+
+    def test_backend_stream_deltas_are_new_text(self, backend_streams: list[BackendStream]) -> None:
+        """Each raw chunk's ``delta`` is only the text that chunk adds, never the text so far.
+
+        Troubleshooting: yield ``Chunk(delta=piece)`` with the decoded piece of the new token(s);
+        the core joins the deltas into ``text``. Deltas that each start with the delta before and
+        are longer (``'T'``, ``'Th'``, ``'The'``) mean the cumulative text is being yielded.
+        """
+        for stream in self._read_backend_streams(backend_streams):
+            checks.check_deltas_are_new_text(stream.chunks, stream.where)
+
+    def test_backend_stream_stops_when_cancelled(
+        self, loaded_model: anyformer.Loaded, backend_hooks: BackendHooks
+    ) -> None:
+        """The raw stream ends within two chunks of ``options.cancel`` being set: before it starts, and after one chunk.
+
+        The core checks ``cancel`` between chunks for callers, which hides a backend that never
+        looks at it (and keeps its engine busy until the core's next read). Troubleshooting: check
+        ``options.cancel.is_set()`` before each token; when set, yield
+        ``Chunk(tokens=n, finish_reason="cancelled")`` and return.
+        """
+        limit = max(4 * self.max_new_tokens_for_tests, 16)
+        messages = anyformer.validate_messages(self._messages(0))
+        for when in ("before the call", "after the first chunk"):
+            where = f"the {self.backend_id} generate hook(max_new_tokens={limit}), cancel set {when}"
+            cancel = threading.Event()
+            if when == "before the call":
+                cancel.set()
+            try:
+                raw = backend_hooks.generate(
+                    loaded_model.handle, messages, GenerateOptions.build(max_new_tokens=limit, cancel=cancel)
+                )
+            except Exception as exc:
+                checks.fail(f"raised {type(exc).__name__}: {exc}, expected a stream of Chunks", where)
+            stream = read_backend_stream(
+                _cancelled_after_first_chunk(raw, cancel),
+                where=where,
+                max_new_tokens=limit,
+                max_chunks=4 * limit + 16,
+                time_limit_s=self.generate_time_limit_s,
+            )
+            self._read_backend_streams([stream])
+            after = len(stream.chunks) - (0 if when == "before the call" else 1)
+            if after > 2:
+                checks.fail(
+                    f"{after} chunks came after cancel was set (tokens={stream.final_tokens}, "
+                    f"text {stream.text[:40]!r}), expected at most 2: check options.cancel before each token "
+                    "(rule: the backend stops when cancelled)",
+                    where,
+                )
+
+    def test_sample_answers_long_enough_to_test_the_stream(self, backend_streams: list[BackendStream]) -> None:
+        """On one of ``prompts`` the sample generates at least ``max_new_tokens_for_tests`` tokens.
+
+        The stream tests (limits, finish reasons, cancel, close, text) pass without testing
+        anything when the sample answers every prompt with a token or two. Troubleshooting: choose
+        a sample model (or ``prompts``) that answers at length with greedy decoding, or lower
+        ``max_new_tokens_for_tests`` (not below 4).
         """
         limit = self.max_new_tokens_for_tests
-        options = GenerateOptions.build(max_new_tokens=limit)
-        where = f"the {self.backend_id} generate hook(max_new_tokens={limit})"
-        stream = plugin_manager.generate(loaded_model.handle, anyformer.validate_messages(self._messages(0)), options)
-        chunks: list[Any] = []
-        try:
-            # Read as the core does: up to a finish_reason or the token limit (with room for empty chunks).
-            for chunk in itertools.islice(stream, 4 * limit + 16):
-                chunks.append(chunk)
-                if not isinstance(chunk, Chunk) or chunk.finish_reason is not None or chunk.tokens >= limit:
-                    break
-        finally:
-            close = getattr(stream, "close", None)
-            if close is not None:
-                close()
-        checks.check_backend_chunks(chunks, limit, where)
+        if limit < MIN_TOKENS_FOR_TESTS:
+            checks.fail(
+                f"max_new_tokens_for_tests is {limit}, expected at least {MIN_TOKENS_FOR_TESTS}: "
+                "with fewer tokens the stream tests check next to nothing",
+                f"{type(self).__name__}.max_new_tokens_for_tests",
+            )
+        streams = [s for s in self._read_backend_streams(backend_streams) if s.max_new_tokens == limit]
+        longest = max(stream.final_tokens for stream in streams)
+        if longest < limit:
+            answers = "; ".join(f"{s.where}: {s.final_tokens} token(s), {s.text!r}" for s in streams)
+            checks.fail(
+                f"the sample is too weak to test the stream: its longest answer is {longest} token(s), but the "
+                f"stream tests need at least max_new_tokens_for_tests={limit} tokens on one prompt ({answers}); "
+                "choose a sample or prompts that answer at length, or lower max_new_tokens_for_tests",
+                "the sample_model fixture",
+            )
 
     def test_text_is_cumulative_and_tokens_never_decrease(self, loaded_model: anyformer.Loaded) -> None:
         """Each chunk's ``text`` is the previous text plus its ``delta``; ``tokens`` never goes down.
@@ -622,22 +987,50 @@ class BackendConformance:
             self._greedy_text(loaded_model, 0), baseline, "the answer after a cancelled call", "generate after cancel"
         )
 
-    def test_closing_the_stream_early_frees_the_model(self, loaded_model: anyformer.Loaded) -> None:
+    def test_closing_the_stream_early_frees_the_model(
+        self, loaded_model: anyformer.Loaded, backend_hooks: BackendHooks
+    ) -> None:
         """``close()`` on a stream after one chunk (or before any) leaves the model ready for the next call.
 
-        Troubleshooting: write ``generate`` as a generator with a ``try/finally`` that stops the
-        engine and releases what it holds; ``GeneratorExit`` arrives at the ``yield`` when the
-        caller closes the stream. Do not swallow it and keep generating.
+        The backend's own stream is closed after one chunk first: its generator must end on the
+        ``GeneratorExit`` that ``close()`` raises at its ``yield``. Troubleshooting: write
+        ``generate`` as a generator with a ``try/finally`` that stops the engine and releases what
+        it holds; do not catch ``GeneratorExit`` (nor ``BaseException``) around a ``yield`` and
+        keep generating: Python then raises ``RuntimeError: generator ignored GeneratorExit``.
         """
         baseline = self._greedy_text(loaded_model, 0)
+        limit = max(4 * self.max_new_tokens_for_tests, 16)
+        where = f"the {self.backend_id} generate hook, 1 chunk read, close()"
+        options = GenerateOptions.build(max_new_tokens=limit)
+        raw = backend_hooks.generate(loaded_model.handle, anyformer.validate_messages(self._messages(0)), options)
+        if raw is None or not callable(getattr(raw, "close", None)):
+            checks.fail(f"generate returned {type(raw).__name__}, expected a generator (with close())", where)
+        next(raw)
+        try:
+            raw.close()
+        except RuntimeError as exc:
+            swallowed: RuntimeError | None = exc
+        else:
+            swallowed = None
+        # A generator that swallows GeneratorExit does it again when collected: let that happen now.
+        del raw
+        if swallowed is not None:
+            checks.fail(
+                f"close() raised RuntimeError: {swallowed}: the generator caught GeneratorExit and kept going; "
+                "let GeneratorExit through (clean up in a finally block) so the stream stops when closed",
+                where,
+            )
         for read in (1, 0):
             where = f"generate(...), {read} chunk(s) read, close()"
-            stream = loaded_model.generate(self._messages(0), max_new_tokens=max(4 * self.max_new_tokens_for_tests, 16))
+            stream = loaded_model.generate(self._messages(0), max_new_tokens=limit)
             if not callable(getattr(stream, "close", None)):
                 checks.fail(f"generate returned {type(stream).__name__} without close()", where)
             for _ in range(read):
                 next(stream)
-            stream.close()
+            try:
+                stream.close()  # type: ignore[attr-defined]  # checked callable above
+            except Exception as exc:
+                checks.fail(f"close() raised {type(exc).__name__}: {exc}, expected the stream to stop quietly", where)
             try:
                 text = self._greedy_text(loaded_model, 0)
             except AnyformerError as exc:
@@ -726,6 +1119,41 @@ class BackendConformance:
         chunks = self._stream(loaded_model, self._messages(0), max_new_tokens=1)
         checks.check_stream(chunks, 1, "a good generate after an image was refused")
 
+    def test_the_sample_streams_in_an_isolated_worker(
+        self,
+        described_sample: Model | None,
+        plugin_manager: anyformer.PluginManager,
+        caps: Caps,
+        loaded_model: anyformer.Loaded,
+    ) -> None:
+        """``anyformer.load(..., isolate=True)`` loads the sample in a worker process, which streams the same reply.
+
+        Troubleshooting: the worker imports your entry point's module on its own and receives
+        the description, request, messages and options as JSON, and sends chunks back: keep your
+        handle's state inside the worker (no globals set up by the parent process), make greedy
+        decoding depend on the messages alone, and yield plain ``Chunk`` objects.
+        """
+        if described_sample is None:
+            pytest.skip("no sample_model")
+        if plugin_manager.entry_point(self.backend_id) is None:
+            pytest.skip("the backend is registered in-process: an isolated worker loads backends from entry points")
+        limit = self.max_new_tokens_for_tests
+        where = f"anyformer.load(isolate=True), generate(max_new_tokens={limit})"
+        expected = self._greedy_text(loaded_model, 0)
+        options = {"backend": self.backend_id, "plugins": plugin_manager, "caps": caps, **self.load_kwargs}
+        try:
+            isolated = anyformer.load(described_sample, isolate=True, **options)
+        except AnyformerError as exc:
+            checks.fail(f"the isolated load raised {exc}, expected the sample to load in a worker", where)
+        try:
+            chunks = self._stream(isolated, self._messages(0), max_new_tokens=limit)
+        except AnyformerError as exc:
+            checks.fail(f"raised {exc}, expected a stream from the worker", where)
+        finally:
+            isolated.dispose()
+        checks.check_stream(chunks, limit, where)
+        checks.check_same_text(chunks[-1].text, expected, "the isolated worker's greedy text", where)
+
     # ---- load and dispose -------------------------------------------------------------------------
 
     def test_dispose_twice_and_the_with_block(
@@ -764,22 +1192,99 @@ class BackendConformance:
 
     # ---- the store --------------------------------------------------------------------------------
 
+    def _raw_store_list(self, backend_hooks: BackendHooks, where: str) -> list[Any]:
+        __tracebackhide__ = True
+        try:
+            return backend_hooks.store_list()
+        except (Exception, SystemExit) as exc:
+            checks.fail(f"store_list raised {type(exc).__name__}: {exc}, expected a list (or [])", where)
+
     def test_store_list_entries_are_well_formed(
-        self, plugin_manager: anyformer.PluginManager, stored_model: Any
+        self, backend_hooks: BackendHooks, empty_anyformer_home: Path, stored_model: Any
     ) -> None:
         """``store_list`` returns StoreEntry items of this backend with repo, path and bytes; it never raises.
 
         Troubleshooting: return ``[StoreEntry(backend=backend_id, repo=..., revision=None or a
-        str, path=str(path), bytes=size)]`` for files you keep under ``ANYFORMER_HOME`` (read the
-        variable each call; tests point it elsewhere), or ``[]``. Hub cache entries are listed by
-        the core, not by you. If the ``stored_model`` fixture stored something, it must be listed.
+        str, path=str(path), bytes=size)]`` for files you keep under ``ANYFORMER_HOME``, or
+        ``[]``. Hub cache entries are listed by the core, not by you.
         """
         if not self.supports_store:
             pytest.skip("supports_store is False")
-        entries, problems = plugin_manager.store_list()
-        if problems:
-            checks.fail(f"store_list failed: {problems}", "store_list()")
+        entries = self._raw_store_list(backend_hooks, "store_list()")
         for index, entry in enumerate(entries):
             checks.check_store_entry(entry, self.backend_id, f"store_list()[{index}]")
-        if stored_model is not None and not any(e.backend == self.backend_id for e in entries):
-            checks.fail("the stored_model fixture stored a model, but store_list listed nothing", "store_list()")
+
+    def test_store_list_lists_the_stored_model_under_anyformer_home(
+        self,
+        backend_hooks: BackendHooks,
+        empty_anyformer_home: Path,
+        stored_model: Any,
+        monkeypatch: pytest.MonkeyPatch,
+        tmp_path: Path,
+    ) -> None:
+        """``store_list`` lists what is under ``ANYFORMER_HOME``, read at each call: the stored model, nothing else.
+
+        ``stored_model`` runs with ``ANYFORMER_HOME`` at a fresh, empty folder
+        (``empty_anyformer_home``) and returns the path of what it stored (or None). Every entry
+        must lie inside that folder; the stored model must be among them; with nothing stored,
+        and again with ``ANYFORMER_HOME`` moved to another empty folder, the list must be empty.
+        Troubleshooting: compute your store's root from ``anyformer.plugin.anyformer_home()``
+        inside ``store_list`` (never once at import), list only what is there, and store into it
+        from ``load``; in your ``stored_model`` fixture, write under ``empty_anyformer_home`` and
+        return the path you wrote.
+        """
+        if not self.supports_store:
+            pytest.skip("supports_store is False")
+        home = os.environ.get("ANYFORMER_HOME")
+        if home != str(empty_anyformer_home):
+            checks.fail(
+                f"ANYFORMER_HOME is {home!r} after the stored_model fixture, expected the kit's fresh folder "
+                f"{str(empty_anyformer_home)!r}: store under the empty_anyformer_home fixture, do not move it",
+                "the stored_model fixture",
+            )
+        entries = [e for e in self._raw_store_list(backend_hooks, "store_list()") if isinstance(e, StoreEntry)]
+        listed = [f"{e.repo} at {e.path}" for e in entries]
+        for entry in entries:
+            if not _is_within(entry.path, empty_anyformer_home):
+                checks.fail(
+                    f"store_list listed {entry.repo!r} at {entry.path!r}, outside ANYFORMER_HOME={home!r}: "
+                    "a backend keeps its store under ANYFORMER_HOME, read at each call",
+                    "store_list()",
+                )
+            if not os.path.exists(entry.path):
+                checks.fail(
+                    f"store_list listed {entry.repo!r} at {entry.path!r}, which does not exist: "
+                    "list only the models that are in the store",
+                    "store_list()",
+                )
+        if stored_model is None:
+            if entries:
+                checks.fail(
+                    f"store_list listed {listed} with ANYFORMER_HOME at a fresh, empty folder and nothing stored, "
+                    "expected []: list only what is under ANYFORMER_HOME",
+                    "store_list()",
+                )
+        else:
+            stored = os.fspath(stored_model)
+            if not _is_within(stored, empty_anyformer_home):
+                checks.fail(
+                    f"the stored_model fixture stored the model at {stored!r}, outside ANYFORMER_HOME={home!r}: "
+                    "store it under empty_anyformer_home, where the backend's store lives",
+                    "the stored_model fixture",
+                )
+            if not any(_same_or_nested(entry.path, stored) for entry in entries):
+                checks.fail(
+                    f"store_list listed {listed or 'nothing'}, none of them the model stored at {stored!r}: "
+                    "list every model kept under ANYFORMER_HOME, with path= where it lies",
+                    "store_list() after stored_model",
+                )
+        elsewhere = tmp_path / "conformance-another-empty-home"
+        elsewhere.mkdir()
+        monkeypatch.setenv("ANYFORMER_HOME", str(elsewhere))
+        again = self._raw_store_list(backend_hooks, "store_list() with ANYFORMER_HOME moved")
+        if again:
+            checks.fail(
+                f"store_list listed {[getattr(e, 'path', e) for e in again]} with ANYFORMER_HOME moved to another "
+                "empty folder, expected []: read ANYFORMER_HOME at each call, never once at import",
+                "store_list() with ANYFORMER_HOME moved",
+            )

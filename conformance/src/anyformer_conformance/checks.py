@@ -11,28 +11,38 @@ The helpers set ``__tracebackhide__`` so a failure points at the kit's test, not
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import pairwise
 from typing import Any, NoReturn
 
 from anyformer import AnyformerError, Chunk, ErrorCode, Estimate, Rank, Refusal, StoreEntry, Verdict
 
 __all__ = [
     "FINISH_REASONS",
+    "MAX_CHARS_PER_TOKEN",
+    "check_backend_chunk_types",
     "check_backend_chunks",
+    "check_deltas_are_new_text",
     "check_error_code",
     "check_need",
     "check_refusal_code",
     "check_same_text",
     "check_store_entry",
     "check_stream",
+    "check_tokens_count_the_text",
     "check_verdict",
+    "check_verdict_fits",
     "check_verdict_not_crashed",
     "fail",
 ]
 
-#: The finish reasons a stream may end with (CONTRACT §6).
+#: The finish reasons a stream may end with (docs/contract.md, "Streaming").
 FINISH_REASONS = frozenset({"stop", "length", "cancelled"})
-#: The refusals that carry ``need`` (CONTRACT §3).
+#: The refusals that carry ``need`` (docs/contract.md, "Verdicts").
 NEED_CODES = frozenset({Refusal.BUDGET, Refusal.MEMORY})
+#: The most characters of text one token may stand for, on average over a stream. Generous on
+#: purpose (real vocabularies average 3 to 5 characters a token, their longest tokens are runs of
+#: 16 to 32 spaces): it only catches a count unrelated to the text, never an unusual tokenizer.
+MAX_CHARS_PER_TOKEN = 64
 # How the core words a verdict it made from a can_run that raised or returned the wrong thing.
 _CRASH_PREFIXES = ("can_run raised", "plugin error:")
 
@@ -94,6 +104,30 @@ def _check_estimate(estimate: Any, where: str) -> None:
         fail(f"estimate.rank is {estimate.rank!r}, expected an anyformer.Rank", where)
 
 
+def check_verdict_fits(verdict: Verdict, *, budget: int, ram: int, where: str) -> None:
+    """An ok verdict's estimate fits what was offered: ``gpu_bytes <= budget``, ``ram_bytes <= ram``."""
+    __tracebackhide__ = True
+    if not verdict.ok:
+        return
+    estimate = verdict.estimate
+    if estimate is None:
+        fail("an ok verdict has no estimate, expected an anyformer.Estimate", where)
+    if estimate.gpu_bytes > budget:
+        fail(
+            f"accepted with estimate.gpu_bytes={estimate.gpu_bytes} but the budget offered is {budget}: "
+            "an accepted verdict must fit the budget (rule: an ok verdict fits the offer; "
+            "otherwise refuse with 'budget' and need=)",
+            where,
+        )
+    if estimate.ram_bytes > ram:
+        fail(
+            f"accepted with estimate.ram_bytes={estimate.ram_bytes} but caps.ram_bytes is {ram}: "
+            "an accepted verdict must fit the host memory (rule: an ok verdict fits the offer; "
+            "otherwise refuse with 'memory' and need=)",
+            where,
+        )
+
+
 def _code(verdict: Verdict) -> str:
     return "ok" if verdict.ok or verdict.code is None else Refusal(verdict.code).value
 
@@ -138,10 +172,9 @@ def check_need(verdict: Verdict, *, budget: int, ram: int, where: str) -> None:
 # ---- streams --------------------------------------------------------------------------------------
 
 
-def check_backend_chunks(chunks: Sequence[Any], max_new_tokens: int, where: str) -> None:
-    """What a backend's own ``generate`` hook yields: Chunks, tokens rising to at most N, finish only last."""
+def check_backend_chunk_types(chunks: Sequence[Any], where: str) -> None:
+    """Every item a ``generate`` hook yielded is a Chunk with a string delta and an int token count."""
     __tracebackhide__ = True
-    previous = 0
     for index, chunk in enumerate(chunks):
         if not isinstance(chunk, Chunk):
             fail(f"chunk {index} is {type(chunk).__name__}, expected an anyformer.Chunk", where)
@@ -149,15 +182,73 @@ def check_backend_chunks(chunks: Sequence[Any], max_new_tokens: int, where: str)
             fail(f"chunk {index} has delta {chunk.delta!r}, expected a string", where)
         if isinstance(chunk.tokens, bool) or not isinstance(chunk.tokens, int):
             fail(f"chunk {index} has tokens={chunk.tokens!r}, expected an integer", where)
+
+
+def check_backend_chunks(chunks: Sequence[Any], where: str) -> None:
+    """What a backend's own ``generate`` hook yields: Chunks whose ``tokens`` never decrease."""
+    __tracebackhide__ = True
+    check_backend_chunk_types(chunks, where)
+    previous = 0
+    for chunk in chunks:
         if chunk.tokens < previous:
             fail(f"tokens went {previous} -> {chunk.tokens}, but must never decrease", where)
         previous = chunk.tokens
-    _check_token_limit(chunks, max_new_tokens, where)
-    _check_finish_reasons(chunks, where, require_last=False)
+
+
+def check_tokens_count_the_text(chunks: Sequence[Chunk], where: str) -> None:
+    """``tokens`` counts the tokens behind the text (the rule is in the message).
+
+    A chunk that brings new text reports more tokens than the chunk before it (only the last
+    chunk may flush held-back text without a new token); a stream with text ends with at least
+    one token; and the text is at most :data:`MAX_CHARS_PER_TOKEN` characters per token.
+    """
+    __tracebackhide__ = True
+    previous = 0
+    for index, chunk in enumerate(chunks):
+        if chunk.delta and chunk.tokens <= previous and index < len(chunks) - 1:
+            fail(
+                f"chunk {index} brings new text {chunk.delta!r} but reports tokens={chunk.tokens}, no more than "
+                f"the chunk before ({previous}): a chunk with new text counts the token(s) that made it "
+                "(rule: tokens count the text; only the last chunk may flush held-back text without a new token)",
+                where,
+            )
+        previous = max(previous, chunk.tokens)
+    text = "".join(c.delta for c in chunks)
+    final = chunks[-1].tokens if chunks else 0
+    if text and final < 1:
+        fail(
+            f"the stream produced {len(text)} characters ({text[:40]!r}) but ends with tokens={final}: "
+            "tokens counts the tokens generated so far (rule: tokens count the text)",
+            where,
+        )
+    if len(text) > MAX_CHARS_PER_TOKEN * max(final, 1):
+        fail(
+            f"the stream produced {len(text)} characters with tokens={final}, over {MAX_CHARS_PER_TOKEN} "
+            "characters per token: tokens counts the tokens generated, not chunks or calls "
+            "(rule: tokens count the text)",
+            where,
+        )
+
+
+def check_deltas_are_new_text(chunks: Sequence[Chunk], where: str) -> None:
+    """``delta`` is the new text only: deltas that each repeat the one before and add to it are cumulative.
+
+    Three or more non-empty deltas, every one starting with the delta before it and longer, is
+    what yielding the text so far as ``delta`` looks like; a real model's tokens do not do that.
+    """
+    __tracebackhide__ = True
+    deltas = [c.delta for c in chunks if c.delta]
+    if len(deltas) >= 3 and all(b.startswith(a) and len(b) > len(a) for a, b in pairwise(deltas)):
+        shown = ", ".join(repr(d) for d in deltas[:4]) + (", ..." if len(deltas) > 4 else "")
+        fail(
+            f"every delta repeats the one before it and adds to it ({shown}): delta must carry only the new "
+            "text, not the text so far (rule: delta is the new text; the core builds text)",
+            where,
+        )
 
 
 def check_stream(chunks: Sequence[Chunk], max_new_tokens: int, where: str) -> None:
-    """A whole stream as a caller sees it (CONTRACT §6)."""
+    """A whole stream as a caller sees it (docs/contract.md, "Streaming")."""
     __tracebackhide__ = True
     if not chunks:
         fail("the stream yielded no chunk, expected at least the last one with a finish_reason", where)

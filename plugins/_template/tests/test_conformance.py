@@ -46,8 +46,6 @@ class TestTemplateConformance(BackendConformance):
         return anyformer.describe(folder)
 
     @pytest.fixture
-    def stored_model(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    def stored_model(self, empty_anyformer_home: Path) -> Path:
         """A model kept in the template's store: ``ANYFORMER_HOME/template/sample/ngram.json``."""
-        home = tmp_path / "anyformer-home"
-        monkeypatch.setenv("ANYFORMER_HOME", str(home))
-        return write_sample(home / "template" / "sample")
+        return write_sample(empty_anyformer_home / "template" / "sample")

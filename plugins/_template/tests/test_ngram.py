@@ -234,18 +234,6 @@ def test_the_hook_checks_cancel_before_each_token(tmp_path: Path) -> None:
     assert (last.tokens, last.delta, last.finish_reason) == (1, "", "cancelled")
 
 
-def test_generate_answers_none_for_another_backends_handle() -> None:
-    class Other:
-        backend = "other"
-        task = "text-generation"
-
-        def dispose(self) -> None:
-            pass
-
-    assert plugin.generate(Other(), [{"role": "user", "content": "x"}], GenerateOptions()) is None
-    assert plugin.load("other", anyformer.Model(repo="x/y"), Request(), lambda event: None) is None
-
-
 def test_store_list_lists_models_under_anyformer_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ANYFORMER_HOME", str(tmp_path))
     assert plugin.store_list() == []
@@ -259,3 +247,26 @@ def test_store_list_lists_models_under_anyformer_home(tmp_path: Path, monkeypatc
         str(path),
         path.stat().st_size,
     )
+
+
+def test_can_run_refuses_store_only_when_a_download_has_nowhere_to_go(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    hub = anyformer.Model.from_dict(
+        {"repo": "org/ngram", "source": "hub", "revision": "main", "files": [{"name": "ngram.json", "size": 20_000}]}
+    )
+    roomy = Caps(ram_bytes=10**9, store=True, disk_free_bytes=10**9)
+    assert plugin.can_run(hub, roomy, Request()).ok
+    full = plugin.can_run(hub, roomy.replace(disk_free_bytes=10_000), Request())
+    assert full.code is Refusal.STORE and "20 KB" in full.reason and "10 KB free" in full.reason
+    assert plugin.can_run(hub, roomy.replace(store=False), Request()).code is Refusal.STORE
+    commit = "b" * 40
+    snapshot = tmp_path / "hub" / "models--org--ngram" / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    (snapshot / "ngram.json").write_bytes(b"{}".ljust(20_000))
+    (tmp_path / "hub" / "models--org--ngram" / "refs").mkdir()
+    (tmp_path / "hub" / "models--org--ngram" / "refs" / "main").write_text(commit)
+    assert plugin.can_run(hub, roomy.replace(store=False, disk_free_bytes=0), Request()).ok, "cached: no download"

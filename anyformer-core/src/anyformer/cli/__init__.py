@@ -1,1 +1,1 @@
-"""The ``anyformer`` command line (CONTRACT §9)."""
+"""The ``anyformer`` command line (docs/user-guide.md)."""

@@ -8,10 +8,14 @@ from anyformer.cli._common import add_machine_arguments, caps_from_args, print_j
 from anyformer.contract._sizes import format_size
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register the subcommand."""
-    parser = sub.add_parser("caps", help="show this machine's capabilities (GPU, memory, store)")
-    add_machine_arguments(parser)
+    parser = sub.add_parser(
+        "caps",
+        help="show this machine's capabilities (GPU, memory, store)",
+        description="What the probe finds, with --caps and --ram applied (a budget is a question for check and run).",
+    )
+    add_machine_arguments(parser, budget=False)
     parser.add_argument("--json", action="store_true", help="print JSON")
     parser.set_defaults(handler=run)
 

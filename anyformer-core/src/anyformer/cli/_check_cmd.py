@@ -6,19 +6,23 @@ import argparse
 
 from anyformer._api import check
 from anyformer._format import describe_estimate
-from anyformer.cli._common import add_machine_arguments, caps_from_args, print_json
+from anyformer._selection import Selection
+from anyformer.cli._common import add_machine_arguments, caps_from_args, model_argument, print_json
 from anyformer.contract._errors import AnyformerError, ErrorCode
 from anyformer.contract._model import Model
 from anyformer.contract._sizes import format_size
+from anyformer.contract._verdict import Refusal
 
 #: Exit status when no backend can run the model.
 EXIT_NONE_CAN_RUN = 3
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register the subcommand."""
     parser = sub.add_parser("check", help="ask every backend whether it can run a model; load nothing")
-    parser.add_argument("model", nargs="?", help="Hub repo id, local folder or file")
+    parser.add_argument(
+        "model", nargs="?", help="Hub repo id, local folder or file; `default` (or `smollm2`) is the embedded model"
+    )
     parser.add_argument("--describe", metavar="FILE.json", help="a model description instead of MODEL")
     parser.add_argument("--task", help="the task to run (default: the model's)")
     parser.add_argument("--backend", help="ask only this backend")
@@ -32,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
     """Print the verdicts; exit 0 when one backend can run the model, 3 when none can."""
     if bool(args.model) == bool(args.describe):
         raise AnyformerError(ErrorCode.BAD_REQUEST, "give a MODEL or --describe FILE.json (one of them)")
-    ref = Model.from_json_file(args.describe) if args.describe else args.model
+    ref = Model.from_json_file(args.describe) if args.describe else model_argument(args.model)
     model, selection = check(
         ref, task=args.task, budget=args.budget, caps=caps_from_args(args), prefer=args.prefer, backend=args.backend
     )
@@ -44,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     return 0 if selection.chosen is not None else EXIT_NONE_CAN_RUN
 
 
-def _print_table(model: Model, selection) -> None:  # type: ignore[no-untyped-def]
+def _print_table(model: Model, selection: Selection) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -64,11 +68,17 @@ def _print_table(model: Model, selection) -> None:  # type: ignore[no-untyped-de
         else:
             need = f" (need {format_size(verdict.need)})" if verdict.need is not None else ""
             table.add_row(mark, verdict.backend, f"[red]{verdict.code}[/]", verdict.reason + need)
+    from anyformer._known_backends import install_hint
+
+    unread = all(v.code is Refusal.FORMAT for v in selection.verdicts)
+    hint = install_hint(model.formats, [v.backend for v in selection.verdicts]) if unread else ""
     if not selection.verdicts:
-        console.print("no backend plugins installed: pip install anyformer-llamacpp")
+        from anyformer._plugins import get_plugin_manager
+
+        console.print(get_plugin_manager().why_no_backend(hint))
         return
     console.print(table)
     if selection.chosen:
         console.print(f"chosen: [bold]{selection.chosen_backend}[/]")
     else:
-        console.print("[red]no backend can run it[/]")
+        console.print("[red]no backend can run it[/]" + (f" ({hint})" if hint else ""))

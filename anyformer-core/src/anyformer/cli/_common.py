@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import json
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 from anyformer.contract._caps import Caps, probe
+from anyformer.contract._errors import AnyformerError, ErrorCode
 from anyformer.contract._sizes import parse_size
 
 
-def add_machine_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--caps``, ``--ram`` and ``--budget``: the what-if overrides of the probe."""
-    parser.add_argument("--budget", help="accelerator memory allowed, e.g. 4GB (default: what the probe found)")
+def add_machine_arguments(parser: argparse.ArgumentParser, *, budget: bool = True) -> None:
+    """``--caps``, ``--ram`` and (unless ``budget=False``) ``--budget``: the what-if overrides of the probe."""
+    if budget:
+        parser.add_argument("--budget", help="accelerator memory allowed, e.g. 4GB (default: what the probe found)")
     parser.add_argument(
         "--caps",
         help="capabilities to assume instead of probing the GPU: a list of gpu,f16,subgroups,store ('' for none)",
@@ -37,3 +42,26 @@ def print_json(data: Any) -> None:
     """Stable JSON for programs: sorted keys, one document."""
     json.dump(data, sys.stdout, indent=2, sort_keys=True, default=str)
     sys.stdout.write("\n")
+
+
+def model_argument(ref: str) -> str:
+    """A MODEL argument as the library takes it: ``default`` or ``smollm2`` become the embedded model's path."""
+    from anyformer._default_model import resolve_model_name
+
+    return resolve_model_name(ref)
+
+
+@contextlib.contextmanager
+def os_errors_as_refusals(doing: str) -> Iterator[None]:
+    """An ``OSError`` while ``doing`` becomes one line with a code (a read-only store, a long name), no traceback."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            code = ErrorCode.DISK_FULL
+        elif exc.errno == errno.ENAMETOOLONG:
+            code = ErrorCode.BAD_REQUEST
+        else:
+            code = ErrorCode.PLUGIN_ERROR if exc.errno is None else ErrorCode.BAD_REQUEST
+        where = f" ({exc.filename})" if exc.filename and len(str(exc.filename)) < 300 else ""
+        raise AnyformerError(code, f"{doing} failed: {exc.strerror or exc}{where}") from None

@@ -8,10 +8,13 @@ exit status is non-zero (1, or 2 for a malformed request, 3 when no backend can 
 from __future__ import annotations
 
 import argparse
+import os
+import re
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
+from anyformer import __version__
 from anyformer.cli import _caps_cmd, _check_cmd, _ls_cmd, _plugins_cmd, _pull_cmd, _rm_cmd, _run_cmd, _serve_cmd
 from anyformer.contract._errors import AnyformerError, ErrorCode
 
@@ -41,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="anyformer",
         description="Run any Hugging Face model on this machine: every installed backend is asked, the best one runs.",
     )
+    parser.add_argument("--version", action="version", version=f"anyformer {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for module in (_caps_cmd, _plugins_cmd, _check_cmd, _pull_cmd, _ls_cmd, _rm_cmd, _run_cmd, _serve_cmd):
@@ -48,11 +52,45 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: Options whose value may look like a negative number with a unit (``--budget -5GB``): argparse would
+#: take ``-5GB`` for an option and say "expected one argument"; joined, our size parser says what is wrong.
+_SIZE_OPTIONS = ("--budget", "--ram")
+_NEGATIVE = re.compile(r"^-\.?\d")
+
+
+def join_negative_values(argv: Sequence[str]) -> list[str]:
+    """``--budget -5GB`` as ``--budget=-5GB``, so the value reaches the size parser."""
+    joined: list[str] = []
+    for arg in argv:
+        if joined and joined[-1] in _SIZE_OPTIONS and _NEGATIVE.match(arg):
+            joined[-1] = f"{joined[-1]}={arg}"
+        else:
+            joined.append(arg)
+    return joined
+
+
+def warn_about_plugin_filters() -> None:
+    """One line on stderr for each name in ANYFORMER_PLUGINS / ANYFORMER_DISABLE_PLUGINS no plugin has."""
+    if not (os.environ.get("ANYFORMER_PLUGINS") or os.environ.get("ANYFORMER_DISABLE_PLUGINS")):
+        return  # the plugins load when a command needs them, not before
+    from anyformer._plugins import get_plugin_manager
+
+    manager = get_plugin_manager()
+    installed = ", ".join(info.name for info in manager.plugins() + manager.disabled()) or "none"
+    for variable, names in manager.unknown_filter_names().items():
+        print(
+            f"anyformer: warning: {variable} names {', '.join(names)}, but no installed plugin has that name "
+            f"(installed: {installed})",
+            file=sys.stderr,
+        )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit status (also used by ``python -m anyformer``)."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(join_negative_values(sys.argv[1:] if argv is None else argv))
     try:
+        warn_about_plugin_filters()
         return int(args.handler(args) or 0)
     except AnyformerError as exc:
         print(f"anyformer: {exc.code.value}: {exc.message}", file=sys.stderr)

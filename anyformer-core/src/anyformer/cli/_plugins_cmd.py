@@ -1,14 +1,15 @@
-"""``anyformer plugins``: every installed plugin, its version, and its load error if any."""
+"""``anyformer plugins``: every installed plugin, its version, and its load error or why it is disabled."""
 
 from __future__ import annotations
 
 import argparse
 
+from anyformer import __version__
 from anyformer._plugins import get_plugin_manager
 from anyformer.cli._common import print_json
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register the subcommand."""
     parser = sub.add_parser("plugins", help="list installed backend plugins and their state")
     parser.add_argument("--json", action="store_true", help="print JSON")
@@ -17,22 +18,28 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 
 def run(args: argparse.Namespace) -> int:
     """Print the plugins; exit 0 even when some failed (they are listed with their error)."""
-    infos = get_plugin_manager().plugins()
+    manager = get_plugin_manager()
+    infos = manager.plugins()
+    disabled = manager.disabled()
     if args.json:
-        print_json([info.to_dict() for info in infos])
+        loaded = [info.to_dict() | {"disabled": False} for info in infos]
+        print_json(loaded + [info.to_dict() | {"disabled": True} for info in disabled])
         return 0
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title="anyformer plugins")
+    table = Table(title=f"anyformer {__version__}: plugins")
     for column in ("backend", "distribution", "version", "state"):
         table.add_column(column)
     for info in infos:
         state = "[green]ok[/]" if info.ok else f"[red]failed:[/] {info.error}"
         table.add_row(info.name, info.distribution or "-", info.version or "-", state)
+    for info in disabled:
+        table.add_row(info.name, info.distribution or "-", info.version or "-", f"[yellow]{info.error}[/]")
     console = Console()
     if not infos:
-        console.print("no backend plugins installed: pip install anyformer-llamacpp")
-        return 0
+        console.print(f"anyformer {__version__}: {manager.why_no_backend()}")
+        if not disabled:
+            return 0
     console.print(table)
     return 0

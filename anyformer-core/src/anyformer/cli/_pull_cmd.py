@@ -5,12 +5,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from anyformer.cli._common import add_machine_arguments, caps_from_args, print_json
+from anyformer.cli._common import add_machine_arguments, caps_from_args, os_errors_as_refusals, print_json
 from anyformer.cli._progress_display import ProgressPrinter
 from anyformer.contract._sizes import format_size
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register the subcommand."""
     parser = sub.add_parser(
         "pull",
@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
     """Pull the files; print where they are and how much was downloaded."""
     from anyformer.store._pull import pull
 
-    with ProgressPrinter() as progress:
+    with ProgressPrinter() as progress, os_errors_as_refusals(f"pulling {args.model!r:.200}"):
         result = pull(
             args.model,
             backend=args.backend,

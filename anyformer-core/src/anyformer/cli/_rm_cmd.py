@@ -5,11 +5,12 @@ from __future__ import annotations
 import argparse
 import sys
 
+from anyformer.cli._common import os_errors_as_refusals
 from anyformer.contract._errors import AnyformerError, ErrorCode
 from anyformer.contract._sizes import format_size
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register the subcommand."""
     parser = sub.add_parser(
         "rm",
@@ -26,15 +27,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 
 def run(args: argparse.Namespace) -> int:
     """Show what goes, ask (unless -y), remove, print the bytes freed."""
+    from anyformer._default_model import refuse_removing_default_model
     from anyformer.store._cache_removal import plan_removal
 
-    plan = plan_removal(args.model)
+    refuse_removing_default_model(args.model)
+    with os_errors_as_refusals(f"looking for {args.model!r:.200}"):
+        plan = plan_removal(args.model)
     for path in plan.paths:
         print(f"  {path}", file=sys.stderr)
     if not args.yes and not _confirmed(f"remove {args.model} ({format_size(plan.bytes)})? [y/N] "):
         print("anyformer: nothing removed", file=sys.stderr)
         return 1
-    freed = plan.execute()
+    with os_errors_as_refusals(f"removing {args.model}"):
+        freed = plan.execute()
     print(f"removed {args.model}: freed {format_size(freed)} ({freed} bytes)")
     return 0
 

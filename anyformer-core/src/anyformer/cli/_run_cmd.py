@@ -9,25 +9,30 @@ import sys
 import threading
 
 from anyformer._api import load
-from anyformer._default_model import default_model_path
+from anyformer._default_model import default_model_path, is_default_model_name
 from anyformer._loaded import Loaded
-from anyformer.cli._common import add_machine_arguments, caps_from_args
+from anyformer.cli._common import add_machine_arguments, caps_from_args, model_argument
 from anyformer.cli._progress_display import ProgressPrinter
+from anyformer.contract._chunk import GenerateOptions
 from anyformer.contract._errors import AnyformerError, ErrorCode
+from anyformer.contract._request import Request
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register the subcommand."""
     parser = sub.add_parser(
         "run",
         help="run a model: stream the answer to PROMPT, or chat when no prompt is given",
         description=(
-            "With two arguments: MODEL PROMPT. With one: a MODEL when it is an existing path or an org/name "
-            "repo id, otherwise a PROMPT for the embedded default model (SmolLM2-135M-Instruct). With none: "
-            "a chat with the default model."
+            "With two arguments: MODEL PROMPT. With one: a MODEL when it is an existing path, an org/name "
+            "repo id or `default` (also `smollm2`, the embedded SmolLM2-135M-Instruct), otherwise a PROMPT for "
+            "the embedded model. With none: a chat with the embedded model. In a chat, Ctrl-C stops an answer "
+            "and returns to the prompt; Ctrl-C at the prompt, Ctrl-D or an empty line quits."
         ),
     )
-    parser.add_argument("model", nargs="?", help="Hub repo id, local folder or file (default: the embedded model)")
+    parser.add_argument(
+        "model", nargs="?", help="Hub repo id, local folder or file; `default` or none: the embedded model"
+    )
     parser.add_argument("prompt", nargs="?", help="the prompt; omit it to chat")
     parser.add_argument("--backend", help="run on this backend instead of the policy's choice")
     parser.add_argument("--max-new-tokens", type=int, default=256, help="most tokens to generate (default 256)")
@@ -46,22 +51,39 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     parser.set_defaults(handler=run)
 
 
+class _Stopped(Exception):
+    """Ctrl-C stopped an answer; ``text`` is what had been written of it."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.text = text
+
+
 def _split_model_and_prompt(model: str | None, prompt: str | None) -> tuple[str, str | None]:
     if model is not None and prompt is None and not _is_model_ref(model):
         model, prompt = None, model
     if model is None:
         return str(default_model_path()), prompt
-    return model, prompt
+    return model_argument(model), prompt
 
 
 def _is_model_ref(text: str) -> bool:
-    if os.path.exists(os.path.expanduser(text)):
+    if os.path.exists(os.path.expanduser(text)) or is_default_model_name(text):
         return True
     return "/" in text and not any(c.isspace() for c in text)
 
 
+def _check_options(args: argparse.Namespace) -> None:
+    """Every option is checked before the model loads, so a typo costs no load (``BAD_REQUEST``)."""
+    GenerateOptions.build(
+        max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed, thinking=args.think
+    )
+    Request.build(budget=args.budget, context=args.context)
+
+
 def run(args: argparse.Namespace) -> int:
-    """Load the model and stream; Ctrl-C cancels the answer in progress."""
+    """Load the model and stream; Ctrl-C stops the answer in progress."""
+    _check_options(args)
     model, prompt = _split_model_and_prompt(args.model, args.prompt)
     with ProgressPrinter() as progress:
         loaded = load(
@@ -79,39 +101,59 @@ def run(args: argparse.Namespace) -> int:
         history: list[dict[str, object]] = [{"role": "system", "content": args.system}] if args.system else []
         if prompt is not None:
             history.append({"role": "user", "content": prompt})
-            _stream(loaded, history, args)
+            try:
+                _stream(loaded, history, args)
+            except _Stopped:
+                raise AnyformerError(ErrorCode.CANCELLED, "interrupted") from None
             return 0
         return _chat(loaded, history, args)
 
 
 def _chat(loaded: Loaded, history: list[dict[str, object]], args: argparse.Namespace) -> int:
+    """One answer per line read; Ctrl-C stops an answer, and quits at the prompt (as do Ctrl-D and an empty line)."""
     interactive = sys.stdin.isatty()
     if interactive:
-        print("chat: type a message, an empty line or Ctrl-D to quit", file=sys.stderr)
-    while True:
-        try:
-            line = input("> " if interactive else "")
-        except EOFError:
-            return 0
-        if not line.strip():
-            return 0
-        history.append({"role": "user", "content": line})
-        reply = _stream(loaded, history, args)
-        history.append({"role": "assistant", "content": reply})
+        print(
+            "chat: type a message; Ctrl-C stops an answer; an empty line, Ctrl-D or Ctrl-C at the prompt quits",
+            file=sys.stderr,
+        )
+    try:
+        while True:
+            try:
+                line = input("> " if interactive else "")
+            except EOFError:
+                return 0
+            if not line.strip():
+                return 0
+            history.append({"role": "user", "content": line})
+            try:
+                reply = _stream(loaded, history, args)
+            except _Stopped as stopped:
+                reply = stopped.text
+                print("anyformer: stopped; type the next message (Ctrl-C again or Ctrl-D quits)", file=sys.stderr)
+            if reply:
+                history.append({"role": "assistant", "content": reply})
+            else:  # stopped before a word: forget the question rather than keep an empty answer
+                history.pop()
+    except KeyboardInterrupt:
+        print(file=sys.stderr)  # the prompt's line ends before the shell's
+        return 0
 
 
 def _stream(loaded: Loaded, messages: list[dict[str, object]], args: argparse.Namespace) -> str:
+    """Write the answer as it comes; Ctrl-C stops it (``_Stopped``) with the model free for the next one."""
     cancel = threading.Event()
     text = ""
+    stream = loaded.generate(
+        messages,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        seed=args.seed,
+        thinking=args.think,
+        cancel=cancel,
+    )
     try:
-        for chunk in loaded.generate(
-            messages,
-            max_new_tokens=args.max_new_tokens,
-            temperature=args.temperature,
-            seed=args.seed,
-            thinking=args.think,
-            cancel=cancel,
-        ):
+        for chunk in stream:
             text = chunk.text
             if args.json:
                 print(
@@ -130,7 +172,14 @@ def _stream(loaded: Loaded, messages: list[dict[str, object]], args: argparse.Na
                 sys.stdout.flush()
     except KeyboardInterrupt:
         cancel.set()
-        raise AnyformerError(ErrorCode.CANCELLED, "interrupted") from None
+        try:
+            # The engine stops and the model is free again (a CoreStream closes); a second Ctrl-C here quits.
+            getattr(stream, "close", lambda: None)()
+        finally:
+            if not args.json:
+                sys.stdout.write("\n")  # what comes next starts on its own line
+                sys.stdout.flush()
+        raise _Stopped(text) from None
     if not args.json:
         sys.stdout.write("\n")
     return text

@@ -5,11 +5,12 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import sys
 
 from anyformer.contract._errors import AnyformerError, ErrorCode
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register the subcommand."""
     parser = sub.add_parser(
         "serve",
@@ -25,6 +26,47 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         "--budget", help="accelerator memory all loaded models may use, e.g. 8GB (default: the probe's)"
     )
     parser.add_argument("--preload", nargs="+", default=[], metavar="MODEL", help="models to load at start-up")
+    parser.add_argument(
+        "--model",
+        dest="models",
+        action="append",
+        default=[],
+        metavar="MODEL",
+        help="a model clients may use, loaded on first use (repeatable); the store's models are served too",
+    )
+    parser.add_argument(
+        "--allow-paths",
+        action="append",
+        default=[],
+        metavar="FOLDER",
+        help="let clients name local model files and folders inside FOLDER (repeatable; links are resolved)",
+    )
+    parser.add_argument(
+        "--allow-pull",
+        action="store_true",
+        help="let clients name any Hub model, which the server then downloads (default: only stored ones)",
+    )
+    parser.add_argument(
+        "--allowed-host",
+        dest="allowed_hosts",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a Host name clients may use besides loopback names and the bound address (repeatable; * for any)",
+    )
+    parser.add_argument(
+        "--cors-origin",
+        dest="cors_origins",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="a web origin (https://app.example) whose pages may call the server, with CORS headers (repeatable)",
+    )
+    parser.add_argument(
+        "--max-body",
+        default="8MB",
+        help="the largest request body, e.g. 8MB (default); a larger one is refused with 413",
+    )
     parser.add_argument(
         "--api-key",
         default=os.environ.get("ANYFORMER_API_KEY"),
@@ -49,7 +91,15 @@ def run(args: argparse.Namespace) -> int:
             ErrorCode.BAD_REQUEST,
             f"anyformer serve needs {' and '.join(missing)}: pip install 'anyformer[serve]'",
         )
+    from anyformer.contract._sizes import parse_size
     from anyformer.server import serve
+
+    if args.host in ("0.0.0.0", "::", "") and not args.allowed_hosts:
+        print(
+            "anyformer: listening on every address, but only loopback Host names are answered: "
+            "list the names clients use with --allowed-host NAME",
+            file=sys.stderr,
+        )
 
     serve(
         args.host,
@@ -60,5 +110,11 @@ def run(args: argparse.Namespace) -> int:
         queue_size=args.queue,
         context=args.context,
         isolate=False if args.in_process else None,
+        models=args.models,
+        allow_paths=args.allow_paths,
+        allow_pull=args.allow_pull,
+        allowed_hosts=args.allowed_hosts,
+        cors_origins=args.cors_origins,
+        max_body=parse_size(args.max_body),
     )
     return 0

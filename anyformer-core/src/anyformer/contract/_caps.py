@@ -1,4 +1,4 @@
-"""What this machine can do (CONTRACT §2): the GPU adapter, host memory and the model store."""
+"""What this machine can do (docs/contract.md, "Capabilities"): the GPU adapter, host memory and the model store."""
 
 from __future__ import annotations
 
@@ -114,7 +114,8 @@ def _store_state() -> tuple[bool, str, int | None]:
     probe_dir = home
     while not probe_dir.exists() and probe_dir.parent != probe_dir:
         probe_dir = probe_dir.parent
-    writable = os.access(probe_dir, os.W_OK)
+    # The store is a folder to write in: a file at ANYFORMER_HOME (or on the way to it) is no store.
+    writable = probe_dir.is_dir() and os.access(probe_dir, os.W_OK | os.X_OK)
     try:
         free = shutil.disk_usage(probe_dir).free
     except OSError:

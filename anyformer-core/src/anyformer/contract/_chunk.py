@@ -1,4 +1,4 @@
-"""What a generation yields, and the options it takes (CONTRACT §6)."""
+"""What a generation yields, and the options it takes (docs/contract.md, "Streaming")."""
 
 from __future__ import annotations
 
@@ -8,6 +8,23 @@ import threading
 from typing import Any
 
 from anyformer.contract._errors import AnyformerError, ErrorCode
+
+#: The most stop strings one generation takes: each is checked after every token.
+MAX_STOP_STRINGS = 16
+#: The longest stop string, in characters.
+MAX_STOP_CHARS = 256
+
+
+def _check_sampling(extra: dict[str, Any]) -> None:
+    """``top_p`` and ``top_k``, the sampling options backends read from ``extra``, when given."""
+    top_p = extra.get("top_p")
+    if top_p is not None and (
+        isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1  # NaN fails too
+    ):
+        raise AnyformerError(ErrorCode.BAD_REQUEST, f"top_p must be a number in (0, 1], got {top_p!r:.40}")
+    top_k = extra.get("top_k")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0):
+        raise AnyformerError(ErrorCode.BAD_REQUEST, f"top_k must be an integer ≥ 0, got {top_k!r:.40}")
 
 
 class FinishReason(str, enum.Enum):
@@ -32,6 +49,11 @@ class Chunk:
     so a backend may leave ``text`` empty. Only the last chunk carries ``finish_reason``.
     ``prompt_tokens`` is the prompt's length in tokens when the backend reports it (on any chunk;
     the core carries it on every chunk after), for usage counts; None when it does not.
+
+    ``preview`` is provisional text for display only, never part of ``text``: the whole answer as
+    a backend that refines text in place sees it now, before it settles (a text-diffusion model's
+    answer with its still-masked positions). Most backends never set it; the core passes it on
+    with the chunk it came in, and the last chunk has none. Callers may ignore it.
     """
 
     text: str = ""
@@ -39,6 +61,7 @@ class Chunk:
     tokens: int = 0
     finish_reason: str | None = None
     prompt_tokens: int | None = None
+    preview: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,9 +110,15 @@ class GenerateOptions:
         elif isinstance(stop, (list, tuple)) and all(isinstance(s, str) for s in stop):
             stops = tuple(stop)
         else:
-            raise AnyformerError(ErrorCode.BAD_REQUEST, f"stop must be a string or a list of strings, got {stop!r}")
+            raise AnyformerError(ErrorCode.BAD_REQUEST, f"stop must be a string or a list of strings, got {stop!r:.80}")
         if any(not s for s in stops):
             raise AnyformerError(ErrorCode.BAD_REQUEST, "stop strings must not be empty")
+        if len(stops) > MAX_STOP_STRINGS or any(len(s) > MAX_STOP_CHARS for s in stops):
+            raise AnyformerError(
+                ErrorCode.BAD_REQUEST,
+                f"stop takes at most {MAX_STOP_STRINGS} strings of at most {MAX_STOP_CHARS} characters each",
+            )
+        _check_sampling(extra)
         if cancel is not None and not (hasattr(cancel, "is_set") and hasattr(cancel, "set")):
             raise AnyformerError(ErrorCode.BAD_REQUEST, "cancel must be a threading.Event")
         return cls(

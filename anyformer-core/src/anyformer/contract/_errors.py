@@ -1,13 +1,41 @@
-"""The error every public entry point raises, and its closed set of codes (CONTRACT §7)."""
+"""The error every public entry point raises, and its closed set of codes (docs/contract.md, "Errors")."""
 
 from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from anyformer.contract._verdict import Verdict
+
+class VerdictRecord(Protocol):
+    """What an error keeps of each backend's verdict (:class:`anyformer.Verdict` is one).
+
+    A protocol rather than the class itself, so that this module imports nothing from the verdict
+    module, which raises these errors.
+    """
+
+    @property
+    def backend(self) -> str:
+        """The backend's id."""
+
+    @property
+    def ok(self) -> bool:
+        """True when the backend can run the model."""
+
+    @property
+    def code(self) -> str | None:
+        """The refusal code (a :class:`anyformer.Refusal`), or None when ok."""
+
+    @property
+    def reason(self) -> str:
+        """The one-line reason of a refusal."""
+
+    @property
+    def need(self) -> int | None:
+        """The bytes that would have been enough, on ``budget`` and ``memory`` refusals."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The verdict as JSON-ready data."""
 
 
 class ErrorCode(str, enum.Enum):
@@ -60,7 +88,7 @@ class AnyformerError(Exception):
         message: str,
         *,
         need: int | None = None,
-        verdicts: Sequence[Verdict] | None = None,
+        verdicts: Sequence[VerdictRecord] | None = None,
         cause: BaseException | None = None,
     ) -> None:
         self.code = ErrorCode(code)

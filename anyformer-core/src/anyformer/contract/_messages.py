@@ -1,4 +1,4 @@
-"""Chat message validation: every backend receives well-formed messages or none (CONTRACT §6)."""
+"""Chat message validation: every backend receives well-formed messages or none (docs/contract.md, "Streaming")."""
 
 from __future__ import annotations
 

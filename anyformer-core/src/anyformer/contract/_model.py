@@ -1,4 +1,4 @@
-"""The model description (CONTRACT §1): what a backend needs to decide, without the weights."""
+"""The model description (docs/contract.md): what a backend needs to decide, without the weights."""
 
 from __future__ import annotations
 
@@ -124,7 +124,7 @@ class Model:
         return self.repo
 
     def to_dict(self) -> dict[str, Any]:
-        """The description as CONTRACT §1's JSON, plus ``formats`` and ``source``."""
+        """The description as the JSON of docs/contract.md ("Model description"), plus ``formats`` and ``source``."""
         data: dict[str, Any] = {
             "repo": self.repo,
             "revision": self.revision,

@@ -1,4 +1,4 @@
-"""One stored model, as ``anyformer ls`` lists it (CONTRACT §8)."""
+"""One stored model, as ``anyformer ls`` lists it (docs/contract.md, "The store")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Refusal codes and verdicts: each backend's answer to "can you run this model here?" (CONTRACT §3)."""
+"""Refusal codes and verdicts: each backend's answer to "can you run this model here?" (docs/contract.md)."""
 
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ class Estimate:
     ram_bytes: int = 0
     disk_bytes: int = 0
     tok_per_sec: float | None = None
-    #: Where this backend stands in the selection order (CONTRACT §4).
+    #: Where this backend stands in the selection order (docs/contract.md, "Selection").
     rank: Rank = Rank.GENERAL
     #: Backend-specific facts worth showing (e.g. the file chosen, layers offloaded).
     details: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -129,7 +129,7 @@ class Verdict:
         return cls(backend=backend, ok=False, code=code, reason=reason, need=need)  # type: ignore[arg-type]
 
     def to_dict(self) -> dict[str, Any]:
-        """The verdict as CONTRACT §3's JSON."""
+        """The verdict as the JSON of docs/contract.md ("Verdicts")."""
         if self.ok:
             assert self.estimate is not None
             return {"backend": self.backend, "ok": True, "estimate": self.estimate.to_dict()}

@@ -9,6 +9,7 @@ Only the standard library is imported here: this module runs on every ``describe
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 import os
 import re
@@ -25,6 +26,7 @@ from anyformer.files._byte_source import (
     HeaderFault,
     read_header,
 )
+from anyformer.files._gguf_arrays import ASCII_PREFIX_LIMIT, LazyArray, has_invalid_utf8
 
 __all__ = [
     "GGML_TYPES",
@@ -35,6 +37,7 @@ __all__ = [
     "GGMLType",
     "GGUFHeader",
     "GGUFTensor",
+    "LazyArray",
     "check_split_set",
     "read_gguf_header",
     "split_set_members",
@@ -49,6 +52,9 @@ MAX_ARRAY_ELEMENTS = 64 * 1024 * 1024
 MAX_TOTAL_ARRAY_ELEMENTS = 8 * 1024 * 1024
 #: Most bytes one tensor may claim: far above any real model, far below where int64 math wraps.
 MAX_TENSOR_BYTES = 1 << 50
+#: Arrays longer than this are kept as validated bytes and decoded on first use (:class:`LazyArray`):
+#: a description needs a vocabulary's length, not its strings.
+LAZY_ARRAY_ELEMENTS = 256
 #: Largest ``general.alignment`` accepted.
 MAX_ALIGNMENT = 1 << 16
 #: ggml's GGML_MAX_DIMS.
@@ -196,7 +202,8 @@ class GGUFHeader:
 
     version: int
     alignment: int
-    #: Metadata by key; arrays are lists.
+    #: Metadata by key; arrays are lists, or :class:`LazyArray` when longer than ``LAZY_ARRAY_ELEMENTS``
+    #: (:meth:`get` returns those as lists).
     kv: dict[str, Any]
     tensors: list[GGUFTensor]
     #: Absolute file offset of the aligned start of the tensor data.
@@ -223,15 +230,16 @@ class GGUFHeader:
         return sum(t.n_elements for t in self.tensors)
 
     def get(self, key: str, default: Any = None) -> Any:
-        """The metadata value under ``key``, or ``default``."""
-        return self.kv.get(key, default)
+        """The metadata value under ``key`` (a long array decoded into a list), or ``default``."""
+        value = self.kv.get(key, default)
+        return value.to_list() if isinstance(value, LazyArray) else value
 
     def arch_value(self, suffix: str, default: Any = None) -> Any:
         """The value of ``<architecture>.<suffix>``, e.g. ``arch_value("block_count")``, or ``default``."""
         arch = self.architecture
         if arch is None:
             return default
-        return self.kv.get(f"{arch}.{suffix}", default)
+        return self.get(f"{arch}.{suffix}", default)
 
     def summary(self) -> dict[str, Any]:
         """The facts a model description needs, JSON-ready; long arrays are left out."""
@@ -257,7 +265,7 @@ class GGUFHeader:
             "expert_count": _small(self.arch_value("expert_count")),
             "expert_used_count": _small(self.arch_value("expert_used_count")),
             "file_type": self.file_type,
-            "vocab_size": len(tokens) if isinstance(tokens, list) else None,
+            "vocab_size": len(tokens) if isinstance(tokens, (list, LazyArray)) else None,
             "tensor_count": len(self.tensors),
             # Which ggml types the weights use (e.g. {"Q4_1": 210, "F32": 61}): a backend whose kernels
             # read only some types decides from this without opening the file.
@@ -281,6 +289,8 @@ def _small_str(value: Any) -> str | None:
 
 
 def _small(value: Any) -> Any:
+    if isinstance(value, LazyArray):
+        return None  # longer than any list a summary keeps
     if isinstance(value, list):
         return value if len(value) <= _SUMMARY_MAX_LIST else None
     if isinstance(value, float) and not math.isfinite(value):
@@ -339,6 +349,49 @@ class _Cursor:
         if n > self.left():
             raise HeaderFault(f"truncated: {what} length {n} at offset {self.pos} but only {self.left()} bytes left")
 
+    def string_array_bytes(self, count: int, what: str) -> LazyArray:
+        """``count`` strings kept as bytes: every length checked, UTF-8 checked in bulk, nothing decoded.
+
+        The hot loop of a vocabulary, so it only walks the length prefixes; on a UTF-8 fault the
+        array is read again element by element, for a message that names the element.
+        """
+        start = self.pos
+        parts: list[bytes] = []
+        long_prefixes: list[int] = []
+        unpack_len = _U64.unpack_from
+        size = self.size
+        buf, base = self.buf, self.buf_start
+        pos = self.pos
+        piece = pos - base  # where the bytes not yet kept begin in ``buf``
+        limit = ASCII_PREFIX_LIMIT
+        for index in range(count):
+            off = pos - base
+            if off < 0 or off + 8 > len(buf):
+                parts.append(buf[piece:off])
+                self.pos = pos
+                self.fill(8, what)
+                buf, base = self.buf, self.buf_start
+                off = piece = pos - base
+            n = unpack_len(buf, off)[0]
+            if n >= limit or n > size - pos - 8:
+                self.pos = pos + 8
+                self.check_string_length(n, f"{what} element {index}")  # raises when over a bound
+                long_prefixes.append(pos - start)
+            pos += 8 + n
+            if off + 8 + n > len(buf):
+                parts.append(buf[piece : off + 8])
+                self.pos = pos - n
+                self.fill(n, what)
+                buf, base = self.buf, self.buf_start
+                piece = pos - n - base
+        parts.append(buf[piece : pos - base])
+        raw = b"".join(parts)
+        if has_invalid_utf8(raw, long_prefixes):
+            self.pos = start
+            self.string_array(count, what)  # raises, naming the element
+        self.pos = pos
+        return LazyArray(raw, count, "")
+
     def string_array(self, count: int, what: str) -> list[str]:
         """``count`` strings; the hot loop of a vocabulary, so it keeps the buffer in locals."""
         out: list[str] = []
@@ -390,7 +443,7 @@ def _read_value(cur: _Cursor, vtype: int, key: str) -> Any:
     return cur.unpack(st, f"value of key {key!r}")
 
 
-def _read_array(cur: _Cursor, key: str) -> list[Any]:
+def _read_array(cur: _Cursor, key: str) -> list[Any] | LazyArray:
     etype = cur.unpack(_U32, f"array type of key {key!r}")
     if etype == _T_ARRAY:
         # Refused outright: no real model nests arrays, and gguf-py recurses on them without bound.
@@ -412,9 +465,14 @@ def _read_array(cur: _Cursor, key: str) -> list[Any]:
         raise HeaderFault(
             f"truncated: array {key!r} of {count} elements needs at least {count * elem_size} bytes, {cur.left()} left"
         )
+    lazy = count > LAZY_ARRAY_ELEMENTS
     if etype == _T_STRING:
+        if lazy:
+            return cur.string_array_bytes(count, f"array {key!r}")
         return cur.string_array(count, f"array {key!r}")
     raw = cur.take(count * elem_size, f"array {key!r}")
+    if lazy:
+        return LazyArray(raw, count, fmt)
     return list(struct.unpack_from(f"<{count}{fmt}", raw))
 
 
@@ -573,7 +631,50 @@ def read_gguf_header(source: ByteSource | str | os.PathLike[str], *, name: str |
     malformed, truncated or hostile input; no other exception escapes (errors a ByteSource raises as
     ``AnyformerError`` pass through unchanged).
     """
-    return read_header(source, name, "GGUF", lambda byte_source: _parse(_Cursor(byte_source)))
+    if not isinstance(source, (str, os.PathLike)):
+        return read_header(source, name, "GGUF", lambda byte_source: _parse(_Cursor(byte_source)))
+    identity = _file_identity(source)
+    cached = _HEADER_CACHE.get(identity) if identity is not None else None
+    if cached is not None and _header_digest(source, cached[0].data_offset) == cached[1]:
+        return cached[0]
+    header = read_header(source, name, "GGUF", lambda byte_source: _parse(_Cursor(byte_source)))
+    if identity is not None:
+        digest = _header_digest(source, header.data_offset)
+        if digest is not None:
+            _HEADER_CACHE[identity] = (header, digest)
+            while len(_HEADER_CACHE) > _HEADER_CACHE_SIZE:
+                del _HEADER_CACHE[next(iter(_HEADER_CACHE))]
+    return header
+
+
+# One command reads a GGUF's header to describe the model and again to load it (and a server loads
+# the same file again): the validated header of a local file is kept while the file is unchanged.
+# Unchanged means the same place, inode, size and times *and* the same header bytes: file times
+# can be coarser than two writes, and hashing the header's bytes costs a few ms where parsing it
+# costs tens.
+_HEADER_CACHE: dict[tuple[Any, ...], tuple[GGUFHeader, bytes]] = {}
+_HEADER_CACHE_SIZE = 8
+
+
+def _file_identity(path: str | os.PathLike[str]) -> tuple[Any, ...] | None:
+    """Where a local file is, its inode, size and change times (None when it cannot be stat'ed)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None  # read_header reports it
+    return (os.path.abspath(os.fspath(path)), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _header_digest(path: str | os.PathLike[str], length: int) -> bytes | None:
+    """A hash of the file's first ``length`` bytes (its header), or None when they cannot all be read."""
+    try:
+        with open(path, "rb") as file:
+            data = file.read(length)
+    except OSError:
+        return None
+    if len(data) != length:
+        return None
+    return hashlib.blake2b(data, digest_size=32).digest()
 
 
 def split_set_members(names: Iterable[str]) -> dict[str, list[str]]:

@@ -2,15 +2,19 @@
 
 Started by :mod:`anyformer.isolation._worker_session` as ``python -c BOOTSTRAP``; the bootstrap reads the
 first frame, takes the parent's ``sys.path`` (so the worker imports what the caller would, plugins
-on a test's path included) and calls :func:`main`. The backend is loaded from the one entry point
+on a test's path included), imports this module while the parent is still choosing a backend, then
+reads the ``load`` frame and calls :func:`main`. The backend is loaded from the one entry point
 the parent chose, so only that plugin is imported here.
 
 fd 1 is the protocol's and nobody else's: it is moved to a private descriptor and fd 1 then points
 at stderr, so an engine that prints to stdout cannot corrupt a frame. stdin carries commands; a
 reader thread hands ``cancel`` and ``more`` to the generation in progress at once and queues the
 rest for the main thread, which runs one command at a time. When stdin ends (the parent died or
-let go) the model is disposed and the worker exits. Ctrl-C is the parent's to handle: the worker
-ignores SIGINT, and faulthandler writes a Python traceback to stderr if the engine crashes.
+let go) the model is disposed and the worker exits; if the main thread is stuck in an engine call
+or a template, the worker ends itself after :data:`ORPHAN_GRACE_SECONDS`. A watchdog thread does
+the same when the parent process is gone (the worker is re-parented), so no worker outlives its
+parent, whatever it is doing. Ctrl-C is the parent's to handle: the worker ignores SIGINT, and
+faulthandler writes a Python traceback to stderr if the engine crashes.
 """
 
 from __future__ import annotations
@@ -23,10 +27,12 @@ import queue
 import signal
 import sys
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 from anyformer._backend import BackendModel, run_of
+from anyformer._chat_template import STOP_PROCESS, cancelled_by, enable_hard_stop
 from anyformer._plugins import ENTRY_POINT_GROUP, PluginManager
 from anyformer.contract._chunk import Chunk, GenerateOptions
 from anyformer.contract._errors import AnyformerError, ErrorCode
@@ -43,6 +49,28 @@ from anyformer.isolation._worker_protocol import (
 )
 
 _STDIN_CLOSED = {"op": "dispose", "reason": "stdin closed"}
+#: How long the main thread has to dispose and return once the parent let go, before the worker ends itself.
+ORPHAN_GRACE_SECONDS = 3.0
+#: How often the watchdog asks whether the parent process is still there.
+PARENT_POLL_SECONDS = 0.25
+
+
+def _watch_parent(parent: int) -> None:
+    """The watchdog thread: end the worker at once when its parent process is gone.
+
+    Not ``PR_SET_PDEATHSIG``: Linux sends that signal when the *thread* that started the worker
+    ends, and a server or a pre-start starts workers from short-lived threads.
+    """
+    while True:
+        time.sleep(PARENT_POLL_SECONDS)
+        if os.getppid() != parent:
+            os._exit(0)
+
+
+def _end_if_stuck(finished: threading.Event) -> None:
+    """After the parent let go: a main thread still busy after the grace is abandoned work; end the process."""
+    if not finished.wait(ORPHAN_GRACE_SECONDS):
+        os._exit(0)
 
 
 class _Generation:
@@ -87,6 +115,8 @@ class Worker:
         self._manager = PluginManager()
         self._handle: BackendModel | None = None
         self._backend = "?"
+        #: Set when :meth:`serve` returns; the stdin thread ends a worker whose main thread never gets there.
+        self.finished = threading.Event()
 
     def send(self, message: Mapping[str, Any]) -> None:
         with self._write_lock:
@@ -116,6 +146,7 @@ class Worker:
         if self._generation is not None:
             self._generation.stop()
         self._commands.put(_STDIN_CLOSED)
+        _end_if_stuck(self.finished)
 
     def serve(self, load: Mapping[str, Any]) -> int:
         """Load the model, then run commands until ``dispose`` or the end of stdin."""
@@ -180,11 +211,13 @@ class Worker:
     # ---- work -----------------------------------------------------------------------------------
 
     def _generate(self, command: Mapping[str, Any]) -> None:
+        # The parent numbers its generations; a command without a number answers as generation 0.
         ident = command.get("id")
-        generation = _Generation(ident, int(command.get("window", 1)))
+        generation = _Generation(ident if isinstance(ident, int) else 0, int(command.get("window", 1)))
         self._generation = generation
         try:
-            self._stream(command, generation)
+            with cancelled_by(generation.cancel):  # a cancel stops a chat template mid-render too
+                self._stream(command, generation)
         finally:
             self._generation = None
 
@@ -206,7 +239,8 @@ class Worker:
                         ErrorCode.PLUGIN_ERROR, f"{self._backend}: generate yielded {type(raw).__name__}, not a Chunk"
                     )
                     break
-                item = [raw.delta, raw.tokens, raw.finish_reason, raw.prompt_tokens]
+                preview = raw.preview if isinstance(raw.preview, str) else None
+                item = [raw.delta, raw.tokens, raw.finish_reason, raw.prompt_tokens, preview]
                 self.send({"op": "chunks", "id": ident, "items": [item]})
         except Exception as exc:
             failure = exception_to_error(self._backend, "generate", exc)
@@ -256,8 +290,12 @@ def main(load: Mapping[str, Any]) -> int:
     # does), and a crash there must still leave its Python stack in the parent's crash message.
     crash_log = os.fdopen(os.dup(2), "w")
     faulthandler.enable(file=crash_log, all_threads=False)
+    threading.Thread(target=_watch_parent, args=(os.getppid(),), name="anyformer-worker-parent", daemon=True).start()
+    enable_hard_stop(STOP_PROCESS)  # a chat template that outlives its limit ends this worker, not the parent
     worker = Worker(commands_fd, replies_fd)
     try:
         return worker.serve(load)
     except BrokenPipeError:
         return 0
+    finally:
+        worker.finished.set()

@@ -5,11 +5,11 @@ the worker runs an engine on files from strangers, and a worker taken over by a 
 not be able to run code in the parent by what it sends back (unpickling runs code). Every frame
 is bounded (:data:`MAX_FRAME_BYTES`) and every field the parent reads is type-checked.
 
-Parent to worker: ``load`` (the first frame, with the parent's ``sys_path``), ``generate`` (with a
+Parent to worker: ``prepare`` (the first frame: the parent's ``sys_path``), ``load``, ``generate`` (with a
 generation ``id`` and a ``window`` of chunks it may send ahead), ``more`` (more window),
 ``cancel``, ``run``, ``dispose``. Worker to parent: ``progress``, ``loaded``, ``started``,
-``chunks`` (a list of ``[delta, tokens, finish_reason, prompt_tokens]``), ``end``, ``result``, ``disposed``, and
-``error`` (a code and message), which ends the command or generation it answers.
+``chunks`` (a list of ``[delta, tokens, finish_reason, prompt_tokens, preview]``), ``end``, ``result``,
+``disposed``, and ``error`` (a code and message), which ends the command or generation it answers.
 """
 
 from __future__ import annotations
@@ -172,7 +172,7 @@ def error_frame(exc: AnyformerError) -> dict[str, Any]:
 def error_from_frame(frame: Mapping[str, Any]) -> AnyformerError:
     """The :class:`AnyformerError` an ``error`` frame carries (a malformed one is a protocol error)."""
     code, message, need = frame.get("code"), frame.get("message"), frame.get("need")
-    if code not in ErrorCode.__members__ or not isinstance(message, str):
+    if not isinstance(code, str) or code not in ErrorCode.__members__ or not isinstance(message, str):
         raise ProtocolError(f"a malformed error frame: {dict(frame)!r:.200}")
     if need is not None and (isinstance(need, bool) or not isinstance(need, int)):
         need = None

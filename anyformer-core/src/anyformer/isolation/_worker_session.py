@@ -54,7 +54,8 @@ from anyformer.isolation._worker_protocol import (
     read_frame,
 )
 
-#: The worker's first lines: read the ``load`` frame, take the parent's sys.path, run the worker.
+#: The worker's first lines: take the parent's sys.path from the first frame, import the worker
+#: (anyformer) while the parent still describes and selects, then read the ``load`` frame and run.
 BOOTSTRAP = """\
 import json, os, struct, sys
 def _read(n):
@@ -65,10 +66,11 @@ def _read(n):
             sys.exit(0)
         data += part
     return data
-_load = json.loads(_read(struct.unpack(">I", _read(4))[0]))
-sys.path[:] = _load["sys_path"]
+def _frame():
+    return json.loads(_read(struct.unpack(">I", _read(4))[0]))
+sys.path[:] = _frame()["sys_path"]
 from anyformer.isolation._worker import main
-sys.exit(main(_load))
+sys.exit(main(_frame()))
 """
 
 #: Chunks the worker may send ahead of the caller; more are granted as the caller takes them.
@@ -115,6 +117,41 @@ def _end_process(process: subprocess.Popen[bytes]) -> None:
         process.wait()
 
 
+def start_worker_process() -> subprocess.Popen[bytes]:
+    """Start a worker interpreter and send it this process's ``sys.path``: it imports anyformer at once.
+
+    The caller describes the model and selects a backend meanwhile, then hands the process to
+    :meth:`WorkerSession.spawn` (or to :func:`end_worker_process` when it does not need it).
+    """
+    # ggml attaches gdb to print a backtrace before it aborts: seconds of work whose output
+    # would bury the assertion line the crash message quotes. The worker's faulthandler says
+    # where Python was; gdb's view is one in-process run away.
+    env = {"GGML_NO_BACKTRACE": "1", **os.environ}
+    process = subprocess.Popen(
+        [sys.executable, "-c", BOOTSTRAP],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        bufsize=0,
+        close_fds=True,
+        env=env,
+    )
+    assert process.stdin is not None
+    try:
+        os.write(process.stdin.fileno(), encode_frame({"op": "prepare", "sys_path": list(sys.path)}))
+    except OSError:
+        pass  # the worker is already gone: the load that follows reports how it died
+    return process
+
+
+def end_worker_process(process: subprocess.Popen[bytes]) -> None:
+    """End a worker started by :func:`start_worker_process` that was never given a model."""
+    for stream in (process.stdin, process.stdout, process.stderr):
+        if stream is not None:
+            stream.close()
+    _end_process(process)
+
+
 def _copy(error: AnyformerError) -> AnyformerError:
     return AnyformerError(error.code, error.message, need=error.need)
 
@@ -158,28 +195,31 @@ class WorkerSession:
 
     @classmethod
     def spawn(
-        cls, backend: str, entry_point: str, model: Model, request: Request, progress: ProgressCallback
+        cls,
+        backend: str,
+        entry_point: str,
+        model: Model,
+        request: Request,
+        progress: ProgressCallback,
+        process: subprocess.Popen[bytes] | None = None,
     ) -> WorkerSession:
-        """Start a worker, have it load ``model`` on ``backend`` (progress forwarded), and return the session."""
-        load = encode_frame(_load_message(backend, entry_point, model, request))
-        # ggml attaches gdb to print a backtrace before it aborts: seconds of work whose output
-        # would bury the assertion line the crash message quotes. The worker's faulthandler says
-        # where Python was; gdb's view is one in-process run away.
-        env = {"GGML_NO_BACKTRACE": "1", **os.environ}
-        process = subprocess.Popen(
-            [sys.executable, "-c", BOOTSTRAP],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            bufsize=0,
-            close_fds=True,
-            env=env,
-        )
+        """Have a worker load ``model`` on ``backend`` (progress forwarded) and return the session.
+
+        ``process`` is a worker from :func:`start_worker_process`, started earlier; without one, one is started.
+        """
+        try:
+            load = encode_frame(_load_message(backend, entry_point, model, request))
+        except BaseException:
+            if process is not None:
+                end_worker_process(process)
+            raise
+        process = process or start_worker_process()
         session = cls(process, backend)
         try:
             session._write(load, "loading")
             while True:
                 frame = session._next("loading")
+                assert frame is not None  # no cancel event: _next returns a frame or raises
                 op = frame["op"]
                 if op == "progress":
                     progress(_progress_event(frame))
@@ -347,12 +387,17 @@ class WorkerSession:
             )
         except TypeError as exc:
             raise AnyformerError(ErrorCode.BAD_REQUEST, f"{exc}; load with isolate=False to pass it") from None
+        except ValueError as exc:  # over the frame limit
+            raise AnyformerError(ErrorCode.BAD_REQUEST, f"the request is too large for a worker: {exc}") from None
         self._write(frame, "generating")
         try:
-            reply = self._next("generating")
+            reply = self._next("generating", cancel=options.cancel)
         except ProtocolError as exc:  # pragma: no cover - _next turns these into errors
             raise self._broken(str(exc), "generating") from None
-        assert reply is not None
+        if reply is None:  # cancelled while the engine prepares the prompt: it is told, and settled later
+            self._pending = ident
+            self._send({"op": "cancel", "id": ident}, "generating")
+            return iter(())
         if reply["op"] == "error" and reply.get("id") == ident:
             raise self._checked_error(reply, "generating")
         if reply["op"] != "started" or reply.get("id") != ident:
@@ -403,16 +448,20 @@ class WorkerSession:
         chunks = []
         if isinstance(items, list):
             for item in items:
-                if not (isinstance(item, list) and len(item) == 4):
+                if not (isinstance(item, list) and len(item) == 5):
                     break
-                delta, tokens, finish, prompt = item
+                delta, tokens, finish, prompt, preview = item
+                if preview is not None and not isinstance(preview, str):
+                    break
                 if not isinstance(delta, str) or isinstance(tokens, bool) or not isinstance(tokens, int):
                     break
                 if finish is not None and not isinstance(finish, str):
                     break
                 if prompt is not None and (isinstance(prompt, bool) or not isinstance(prompt, int)):
                     break
-                chunks.append(Chunk(delta=delta, tokens=tokens, finish_reason=finish, prompt_tokens=prompt))
+                chunks.append(
+                    Chunk(delta=delta, tokens=tokens, finish_reason=finish, prompt_tokens=prompt, preview=preview)
+                )
             else:
                 return chunks
         raise self._broken("a malformed chunks frame", "generating")
@@ -424,6 +473,8 @@ class WorkerSession:
             frame = encode_frame({"op": "run", "input": encode_value(input), "options": encode_value(options)})
         except TypeError as exc:
             raise AnyformerError(ErrorCode.BAD_REQUEST, f"{exc}; load with isolate=False to pass it") from None
+        except ValueError as exc:  # over the frame limit
+            raise AnyformerError(ErrorCode.BAD_REQUEST, f"the input is too large for a worker: {exc}") from None
         self._write(frame, "running")
         reply = self._next("running")
         assert reply is not None
@@ -486,7 +537,6 @@ def _load_message(backend: str, entry_point: str, model: Model, request: Request
         ) from None
     return {
         "op": "load",
-        "sys_path": list(sys.path),
         "backend": backend,
         "entry_point": entry_point,
         "model": description,

@@ -1,7 +1,9 @@
 """The Starlette application: OpenAI's endpoints, the verdicts endpoint, the chat page, and the API key.
 
 No route knows a backend: models go through the pool, which goes through ``anyformer.check`` and
-``anyformer.load`` and the selection policy.
+``anyformer.load`` and the selection policy. Every model a request names passes the operator's
+rules first (:mod:`anyformer.server._access`), every request the browser rules
+(:mod:`anyformer.server._guard`), and every body a size limit and a strict JSON parse.
 """
 
 from __future__ import annotations
@@ -10,8 +12,10 @@ import asyncio
 import contextlib
 import hmac
 import json
+import os
+import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from importlib import resources
 from typing import Any
 
@@ -23,10 +27,13 @@ from starlette.routing import Route
 
 from anyformer._plugins import PluginManager, get_plugin_manager
 from anyformer.contract._errors import AnyformerError, ErrorCode
+from anyformer.server._access import ModelAccess
 from anyformer.server._errors import ApiError, anyformer_error_body, bad_request, error_response
+from anyformer.server._guard import RequestGuard
 from anyformer.server._pool import Generation, ModelPool
 from anyformer.server._schemas import (
     EMBEDDING_TASK,
+    MAX_MODEL_CHARS,
     GenerationRequest,
     chat_chunk,
     chat_completion,
@@ -42,30 +49,65 @@ from anyformer.server._sse import DONE, EventStream, event
 
 #: Paths that need the API key when the server has one.
 _PROTECTED_PREFIXES = ("/v1/", "/api/")
+#: The largest request body read by default: a long conversation, or a few photos as data URLs.
+DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
 
 
-async def _json_body(request: Request) -> Any:
-    raw = await request.body()
+def _too_large(limit: int) -> ApiError:
+    return ApiError(413, "REQUEST_TOO_LARGE", f"the request body is over {limit:,} bytes (the server's --max-body)")
+
+
+def _no_constants(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+async def _json_body(request: Request, limit: int) -> Any:
+    """The body as JSON: at most ``limit`` bytes (read no further), strict (no NaN), every string valid UTF-8."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise _too_large(limit)
+    parts: list[bytes] = []
+    size = 0
+    async for part in request.stream():
+        size += len(part)
+        if size > limit:
+            raise _too_large(limit)
+        parts.append(part)
     try:
-        return json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise bad_request(f"the request body is not valid JSON: {exc}") from None
+        body = json.loads(b"".join(parts), parse_constant=_no_constants)
+    except RecursionError:
+        raise bad_request("the request body is nested too deeply") from None
+    except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError is a ValueError
+        raise bad_request(f"the request body is not valid JSON: {str(exc)[:200]}") from None
+    try:  # "\ud800" decodes to a lone surrogate, which nothing downstream can encode
+        json.dumps(body, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise bad_request("the request body holds a lone UTF-16 surrogate (such as \\ud800)") from None
+    except RecursionError:
+        raise bad_request("the request body is nested too deeply") from None
+    return body
 
 
 class _Api:
-    """The route handlers, sharing one pool."""
+    """The route handlers, sharing one pool and one set of the operator's rules."""
 
-    def __init__(self, pool: ModelPool) -> None:
+    def __init__(self, pool: ModelPool, access: ModelAccess, max_body: int) -> None:
         self.pool = pool
+        self.access = access
+        self.max_body = max_body
+
+    async def _resolve(self, ref: str) -> str:
+        """The reference the pool loads for a client's ``model``; 404 when the server does not serve it."""
+        return await asyncio.to_thread(self.access.resolve, ref)
 
     async def models(self, request: Request) -> JSONResponse:
-        """``GET /v1/models``: loaded and preloaded models, then whatever the backends hold on disk."""
+        """``GET /v1/models``: loaded models, the operator's, then whatever the store holds."""
         seen: dict[str, dict[str, Any]] = {}
         for item in self.pool.loaded():
             seen.setdefault(item["id"], {"loaded": True, "backend": item["backend"], "task": item["task"]})
-        for ref in self.pool.preloaded:
+        for ref in self.access.models:
             seen.setdefault(ref, {"loaded": False})
-        for entry in await asyncio.to_thread(_stored_models, self.pool.plugins):
+        for entry in await asyncio.to_thread(self.access.stored):
             seen.setdefault(entry["repo"], {"loaded": False, "backend": entry["backend"], "stored": True})
         data = [
             {"id": ref, "object": "model", "created": 0, "owned_by": "anyformer", **facts}
@@ -77,8 +119,11 @@ class _Api:
         """``GET /api/check?model=…[&task=…]``: every backend's verdict and the one chosen, as ``anyformer check``."""
         ref = request.query_params.get("model", "").strip()
         if not ref:
-            raise bad_request("give ?model=… (a Hub repo id, a local path or a listed id)", "model")
-        model, selection = await asyncio.to_thread(self.pool.check, ref, request.query_params.get("task") or None)
+            raise bad_request("give ?model=… (an id GET /v1/models lists)", "model")
+        if len(ref) > MAX_MODEL_CHARS:
+            raise bad_request(f"'model' is {len(ref):,} characters; at most {MAX_MODEL_CHARS} are read", "model")
+        resolved = await self._resolve(ref)
+        model, selection = await asyncio.to_thread(self.pool.check, resolved, request.query_params.get("task") or None)
         return JSONResponse(
             {
                 "model": model.to_dict(),
@@ -90,24 +135,29 @@ class _Api:
 
     async def chat_completions(self, request: Request) -> Response:
         """``POST /v1/chat/completions``, streamed over SSE or whole."""
-        parsed = parse_chat(await _json_body(request))
+        parsed = parse_chat(await _json_body(request, self.max_body))
         return await self._generate(request, parsed, chat=True)
 
     async def completions(self, request: Request) -> Response:
         """``POST /v1/completions``: the prompt is sent as one user message."""
-        parsed = parse_completion(await _json_body(request))
+        parsed = parse_completion(await _json_body(request, self.max_body))
         return await self._generate(request, parsed, chat=False)
 
     async def embeddings(self, request: Request) -> JSONResponse:
         """``POST /v1/embeddings`` through ``loaded.run`` on the model loaded for feature extraction."""
-        body = await _json_body(request)
+        body = await _json_body(request, self.max_body)
         model, inputs = parse_embeddings(body)
-        result = await _until_disconnect(request, self.pool.run(model, EMBEDDING_TASK, inputs))
+        resolved = await self._resolve(model)
+        result = await _until_disconnect(request, self.pool.run(resolved, EMBEDDING_TASK, inputs))
         vectors, tokens = _embeddings_of(result, len(inputs))
         return JSONResponse(embeddings_list(model, vectors, body.get("encoding_format", "float"), tokens))
 
     async def _generate(self, request: Request, parsed: GenerationRequest, *, chat: bool) -> Response:
-        generation = await _until_disconnect(request, self.pool.generate(parsed.model, parsed.messages, parsed.options))
+        resolved = await self._resolve(parsed.model)
+        gone = threading.Event()  # set when the client leaves: a request still queued then never starts
+        generation = await _until_disconnect(
+            request, self.pool.generate(resolved, parsed.messages, parsed.options, cancel=gone), gone
+        )
         rid = new_id("chatcmpl" if chat else "cmpl")
         if parsed.stream:
             return EventStream(_events(generation, parsed, rid, chat=chat))
@@ -135,8 +185,12 @@ async def _events(generation: Generation, parsed: GenerationRequest, rid: str, *
             yield event(chat_chunk(rid, model, {"role": "assistant", "content": ""}))
         async for chunk in generation:
             tokens = chunk.tokens
-            if chunk.delta or chunk.finish_reason:
-                delta = {"content": chunk.delta} if chunk.delta else {}
+            preview = chunk.preview if chat and parsed.preview else None
+            if chunk.delta or chunk.finish_reason or preview is not None:
+                delta: dict[str, Any] = {"content": chunk.delta} if chunk.delta else {}
+                if preview is not None:
+                    # anyformer's extension, asked for by the chat page: the answer as it stands, unsettled.
+                    delta["anyformer_preview"] = preview
                 piece = (
                     chat_chunk(rid, model, delta, chunk.finish_reason)
                     if chat
@@ -160,7 +214,7 @@ async def _events(generation: Generation, parsed: GenerationRequest, rid: str, *
 async def _watching(request: Request, generation: Generation) -> AsyncIterator[Any]:
     """Read a generation, cancelling it if the client disconnects before it ends."""
     watcher = asyncio.ensure_future(_wait_disconnect(request))
-    watcher.add_done_callback(lambda task: task.cancelled() or generation.cancel())
+    watcher.add_done_callback(lambda task: None if task.cancelled() else generation.cancel())
     try:
         async for chunk in generation:
             yield chunk
@@ -173,8 +227,8 @@ async def _wait_disconnect(request: Request) -> None:
         pass
 
 
-async def _until_disconnect(request: Request, work: Awaitable[Any]) -> Any:
-    """Await ``work`` (waiting in a queue, loading), giving up when the client disconnects first."""
+async def _until_disconnect(request: Request, work: Awaitable[Any], gone: threading.Event | None = None) -> Any:
+    """Await ``work`` (waiting in a queue, loading), giving up when the client disconnects first (``gone`` is set)."""
     task = asyncio.ensure_future(work)
     watcher = asyncio.ensure_future(_wait_disconnect(request))
     try:
@@ -182,14 +236,18 @@ async def _until_disconnect(request: Request, work: Awaitable[Any]) -> Any:
     finally:
         watcher.cancel()
     if task not in done:
+        if gone is not None:
+            gone.set()
         task.add_done_callback(_cancel_result)
         raise AnyformerError(ErrorCode.CANCELLED, "the client disconnected before the model was ready")
     return task.result()
 
 
 def _cancel_result(task: asyncio.Future[Any]) -> None:
-    """A generation that started after its client left is cancelled at once."""
-    if not task.cancelled() and task.exception() is None and isinstance(task.result(), Generation):
+    """A generation that started after its client left is cancelled at once (its error, if any, is dropped)."""
+    if task.cancelled() or task.exception() is not None:
+        return
+    if isinstance(task.result(), Generation):
         task.result().cancel()
 
 
@@ -230,22 +288,47 @@ def _chat_page() -> str:
 
 
 def create_app(
-    pool: ModelPool | None = None, *, api_key: str | None = None, preload: list[str] | None = None
+    pool: ModelPool | None = None,
+    *,
+    api_key: str | None = None,
+    preload: list[str] | None = None,
+    models: Sequence[str] = (),
+    allow_paths: Sequence[str | os.PathLike[str]] = (),
+    allow_pull: bool = False,
+    allowed_hosts: Sequence[str] = (),
+    cors_origins: Sequence[str] = (),
+    bind_host: str | None = None,
+    max_body: int = DEFAULT_MAX_BODY_BYTES,
 ) -> Starlette:
     """The server as an ASGI application.
 
     ``pool`` holds the models (default: a :class:`ModelPool` with the probe's budget); ``api_key``
     makes ``/v1/*`` and ``/api/*`` require ``Authorization: Bearer KEY``; ``preload`` lists models
-    to load at start-up.
+    to load at start-up. What clients may name: ``models`` and ``preload``, the store's models,
+    local paths inside ``allow_paths``, any Hub id with ``allow_pull`` (:class:`ModelAccess`).
+    Browsers: ``allowed_hosts`` are ``Host`` names besides loopback and ``bind_host``;
+    ``cors_origins`` are origins besides the server's own that may call it, with CORS headers.
+    ``max_body`` bounds a request body in bytes.
     """
     pool = pool or ModelPool()
-    api = _Api(pool)
+    access = ModelAccess(
+        [*models, *(preload or ())],
+        stored=lambda: _stored_models(pool.plugins),
+        allow_paths=allow_paths,
+        allow_pull=allow_pull,
+    )
+    api = _Api(pool, access, max_body)
     page = _chat_page()
+    expected_key = f"Bearer {api_key}".encode() if api_key else None
 
     async def index(request: Request) -> HTMLResponse:
         return HTMLResponse(page)
 
     async def health(request: Request) -> JSONResponse:
+        """Up or not for anyone; what is loaded only for a caller with the key (when there is one)."""
+        given = request.headers.get("authorization", "").encode("latin-1", "replace")
+        if expected_key is not None and not hmac.compare_digest(given, expected_key):
+            return JSONResponse({"status": "ok"})
         return JSONResponse({"status": "ok", "loaded": [m["id"] for m in pool.loaded()], "time": time.time()})
 
     @contextlib.asynccontextmanager
@@ -276,6 +359,12 @@ def create_app(
         code = "NOT_FOUND" if exc.status_code == 404 else "METHOD_NOT_ALLOWED" if exc.status_code == 405 else "HTTP"
         return error_response(ApiError(exc.status_code, code, f"{request.method} {request.url.path}: {exc.detail}"))
 
+    async def on_unexpected(request: Request, exc: Exception) -> Response:
+        # Still OpenAI's shape, and no exception text: it may hold paths or a client's input.
+        return error_response(
+            ApiError(500, "INTERNAL_ERROR", f"the server failed on this request ({type(exc).__name__})")
+        )
+
     app = Starlette(
         routes=routes,
         lifespan=lifespan,
@@ -283,11 +372,24 @@ def create_app(
             AnyformerError: on_anyformer_error,
             ApiError: on_anyformer_error,
             HTTPException: on_http_error,
+            Exception: on_unexpected,
         },
     )
+    # Added innermost first: the guard runs first, then CORS (so a preflight needs no key), then the key.
     if api_key:
         app.add_middleware(_ApiKeyMiddleware, api_key=api_key)
+    if cors_origins:
+        from starlette.middleware.cors import CORSMiddleware
+
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(cors_origins),
+            allow_methods=["GET", "POST"],
+            allow_headers=["Authorization", "Content-Type"],
+        )
+    app.add_middleware(RequestGuard, allowed_hosts=allowed_hosts, cors_origins=cors_origins, bind_host=bind_host)
     app.state.pool = pool
+    app.state.access = access
     return app
 
 

@@ -1,7 +1,12 @@
-"""Errors in OpenAI's JSON shape, with anyformer's codes and the HTTP status each one maps to."""
+"""Errors in OpenAI's JSON shape, with anyformer's codes and the HTTP status each one maps to.
+
+Messages to clients carry no server paths: every absolute path in an error (a cache folder, a
+model's file, a verdict's reason) is cut to its last component (``…/model.gguf``).
+"""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from starlette.responses import JSONResponse
@@ -44,6 +49,8 @@ class ApiError(Exception):
 def _error_type(status: int) -> str:
     if status == 401:
         return "authentication_error"
+    if status == 403:
+        return "permission_error"
     if status == 404:
         return "not_found_error"
     if status in (429, 503):
@@ -51,11 +58,46 @@ def _error_type(status: int) -> str:
     return "invalid_request_error" if status < 500 else "server_error"
 
 
+#: An absolute path: POSIX (not the ``//`` of a URL) or a Windows drive, up to the next space or quote.
+_ABSOLUTE_PATH = re.compile(r"(?<![\w:/.~-])(?:/|~/|[A-Za-z]:[\\/])[^\s'\"`,;()<>\[\]{}]*")
+
+
+#: URL paths of this server, which messages name and which are no secret.
+_OWN_ROUTES = ("/v1/", "/api/", "/health")
+
+
+def redact_paths(text: str) -> str:
+    """``text`` with each absolute path cut to ``…/`` and its last component."""
+
+    def cut(match: re.Match[str]) -> str:
+        if match.group(0).startswith(_OWN_ROUTES) or match.group(0) == "/":
+            return match.group(0)  # the server's own URL paths, as in "GET /v1/models lists them"
+        path = match.group(0).rstrip(".:")
+        tail = match.group(0)[len(path) :]
+        last = re.split(r"[\\/]", path.rstrip("/\\"))[-1]
+        return f"…/{last}{tail}" if last else f"…{tail}"
+
+    return _ABSOLUTE_PATH.sub(cut, text)
+
+
+def _redacted(value: Any) -> Any:
+    if isinstance(value, str):
+        return redact_paths(value)
+    if isinstance(value, list):
+        return [_redacted(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _redacted(item) for key, item in value.items()}
+    return value
+
+
 def error_body(status: int, code: str, message: str, *, param: str | None = None, **extra: Any) -> dict[str, Any]:
-    """``{"error": {"message", "type", "code", "param", ...}}``; ``extra`` adds fields such as ``need``."""
+    """``{"error": {"message", "type", "code", "param", ...}}``; ``extra`` adds fields such as ``need``.
+
+    Paths in the message and in ``extra`` (verdicts' reasons) are redacted.
+    """
     error: dict[str, Any] = {"message": message, "type": _error_type(status), "code": code, "param": param}
     error.update({key: value for key, value in extra.items() if value is not None})
-    return {"error": error}
+    return {"error": _redacted(error)}
 
 
 def status_of(exc: AnyformerError) -> int:

@@ -177,15 +177,22 @@ class ModelPool:
         self._release(entry)
         self.preloaded.append(ref)
 
-    async def generate(self, ref: str, messages: list[Message], options: dict[str, Any]) -> Generation:
+    async def generate(
+        self, ref: str, messages: list[Message], options: dict[str, Any], *, cancel: threading.Event | None = None
+    ) -> Generation:
         """Start a generation on ``ref`` (loading it first if needed) once the model is free.
 
         Errors before the first chunk (loading, the backend refusing the messages) are raised
         here, so a server can answer them with a status code rather than inside a stream.
+        ``cancel`` stops the generation; set while the request waits for the model, the
+        generation never starts (``CANCELLED``).
         """
         entry = await self._checkout(ref, None)
+        cancel = cancel or threading.Event()
+        if cancel.is_set():  # the client left while it waited in the queue
+            self._release(entry)
+            raise AnyformerError(ErrorCode.CANCELLED, "the client left before its turn came")
         loop = asyncio.get_running_loop()
-        cancel = threading.Event()
         generation = Generation(loop, cancel)
         loaded = entry.loaded
         assert loaded is not None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from anyformer.server._app import create_app
+from anyformer.server._app import DEFAULT_MAX_BODY_BYTES, create_app
 from anyformer.server._pool import DEFAULT_QUEUE_SIZE, ModelPool
 
 
@@ -19,13 +19,31 @@ def serve(
     context: int | None = None,
     isolate: bool | None = None,
     log_level: str = "info",
+    models: Sequence[str] = (),
+    allow_paths: Sequence[str] = (),
+    allow_pull: bool = False,
+    allowed_hosts: Sequence[str] = (),
+    cors_origins: Sequence[str] = (),
+    max_body: int = DEFAULT_MAX_BODY_BYTES,
 ) -> None:
     """Serve until interrupted: the pool within ``budget``, ``preload`` loaded at start-up.
 
     ``isolate`` runs each engine in its own worker process (None: whenever ``anyformer.load`` can).
+    What clients may name and which browsers may call: see :func:`create_app`.
     """
     import uvicorn
 
     pool = ModelPool(budget=budget, queue_size=queue_size, context=context, isolate=isolate)
-    app = create_app(pool, api_key=api_key, preload=list(preload))
+    app = create_app(
+        pool,
+        api_key=api_key,
+        preload=list(preload),
+        models=models,
+        allow_paths=allow_paths,
+        allow_pull=allow_pull,
+        allowed_hosts=allowed_hosts,
+        cors_origins=cors_origins,
+        bind_host=host,
+        max_body=max_body,
+    )
     uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)

@@ -1,7 +1,7 @@
 """OpenAI request bodies checked and turned into anyformer calls, and the response objects built back.
 
 Only what anyformer can honour is read (``max_tokens``, ``temperature``, ``seed``, ``stop``,
-``top_p``, ``stream``); other fields OpenAI clients send are ignored, as OpenAI-compatible servers do.
+``top_p``, ``top_k``, ``stream``); other fields OpenAI clients send are ignored, as OpenAI-compatible servers do.
 Anything malformed raises ``BAD_REQUEST`` naming the field in ``param``.
 """
 
@@ -26,7 +26,16 @@ EMBEDDING_TASK = "feature-extraction"
 #: OpenAI's role for system instructions in newer models; anyformer calls it ``system``.
 _ROLE_ALIASES = {"developer": "system"}
 #: The core's option names and the request fields they come from, for ``param`` in errors.
-_PARAMS = {"max_new_tokens": "max_tokens", "temperature": "temperature", "seed": "seed", "stop": "stop"}
+_PARAMS = {
+    "max_new_tokens": "max_tokens",
+    "temperature": "temperature",
+    "seed": "seed",
+    "stop": "stop",
+    "top_p": "top_p",
+    "top_k": "top_k",
+}
+#: The longest model name a request may give: Hub ids are under 100 characters, paths a few hundred.
+MAX_MODEL_CHARS = 1024
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,12 +47,18 @@ class GenerationRequest:
     options: dict[str, Any]
     stream: bool = False
     include_usage: bool = False
+    #: ``anyformer_preview: true`` (chat, streamed): send each chunk's provisional text as ``delta.anyformer_preview``.
+    preview: bool = False
 
 
 def _model_of(body: dict[str, Any]) -> str:
     model = body.get("model")
     if not isinstance(model, str) or not model.strip():
-        raise bad_request("'model' must be a non-empty string: a Hub repo id, a local path or a listed id", "model")
+        raise bad_request("'model' must be a non-empty string: an id GET /v1/models lists", "model")
+    if len(model) > MAX_MODEL_CHARS:
+        raise bad_request(f"'model' is {len(model):,} characters; at most {MAX_MODEL_CHARS} are read", "model")
+    if any(ord(c) < 32 or ord(c) == 127 for c in model):
+        raise bad_request("'model' holds a control character", "model")
     return model.strip()
 
 
@@ -92,7 +107,8 @@ def _messages_of(raw: Any) -> list[Message]:
     for index, message in enumerate(raw):
         if not isinstance(message, dict):
             raise bad_request(f"messages[{index}] must be an object with 'role' and 'content'", "messages")
-        role = _ROLE_ALIASES.get(message.get("role"), message.get("role"))
+        role = message.get("role")
+        role = _ROLE_ALIASES.get(role, role) if isinstance(role, str) else role
         converted.append({"role": role, "content": _content_of(message.get("content"), index)})
     try:
         return validate_messages(converted)
@@ -110,8 +126,9 @@ def _options_of(body: dict[str, Any]) -> dict[str, Any]:
     for name in ("seed", "stop"):
         if body.get(name) is not None:
             options[name] = body[name]
-    if body.get("top_p") is not None:
-        options["top_p"] = body["top_p"]
+    for name in ("top_p", "top_k"):
+        if body.get(name) is not None:
+            options[name] = body[name]
     try:
         GenerateOptions.build(**options)  # the core's own checks, before any model is loaded
     except AnyformerError as exc:
@@ -138,7 +155,10 @@ def parse_chat(body: Any) -> GenerationRequest:
     model = _model_of(body)
     messages = _messages_of(body.get("messages"))
     stream, include_usage = _stream_of(body)
-    return GenerationRequest(model, messages, _options_of(body), stream, include_usage)
+    preview = body.get("anyformer_preview", False)
+    if not isinstance(preview, bool):
+        raise bad_request("'anyformer_preview' must be true or false", "anyformer_preview")
+    return GenerationRequest(model, messages, _options_of(body), stream, include_usage, preview)
 
 
 def parse_completion(body: Any) -> GenerationRequest:

@@ -20,9 +20,9 @@ from anyformer.contract._errors import AnyformerError, ErrorCode
 from anyformer.contract._model import check_file_name
 
 #: A commit id, and the two ETag shapes a blob may be named by (git sha1, LFS sha256).
-COMMIT = re.compile(r"^[0-9a-f]{40}$")
-ETAG = re.compile(r"^(?:[0-9a-f]{40}|[0-9a-f]{64})$")
-_REF = re.compile(r"^[A-Za-z0-9._-]+(?:/[A-Za-z0-9._-]+)*$")
+COMMIT = re.compile(r"^[0-9a-f]{40}\Z")
+ETAG = re.compile(r"^(?:[0-9a-f]{40}|[0-9a-f]{64})\Z")
+_REF = re.compile(r"^[A-Za-z0-9._-]+(?:/[A-Za-z0-9._-]+)*\Z")
 
 
 def hub_cache_dir() -> Path:

@@ -1,4 +1,4 @@
-"""``anyformer ls``: the models on this machine, from every plugin and from the Hub cache (CONTRACT §8).
+"""``anyformer ls``: the models on this machine, from every plugin and from the Hub cache (docs/contract.md).
 
 The Hub cache is read with huggingface_hub's ``scan_cache_dir``; a revision is listed when some
 installed backend could run it (its cached snapshot is described offline and every backend is
@@ -18,6 +18,7 @@ from anyformer._plugins import PluginManager, get_plugin_manager
 from anyformer._selection import select
 from anyformer.contract._caps import Caps
 from anyformer.contract._errors import AnyformerError
+from anyformer.contract._model import Model
 from anyformer.contract._request import Request
 from anyformer.contract._store_entry import StoreEntry
 from anyformer.contract._verdict import Refusal
@@ -182,6 +183,11 @@ def _backend_for(manager: PluginManager, repo_id: str, revision: _Revision) -> t
         return None, f"{exc.code.value}: {exc.message}"
     except Exception as exc:  # whatever is on disk, ls lists it and goes on
         return None, f"{type(exc).__name__}: {exc}"
+    return backend_that_runs(manager, model), None
+
+
+def backend_that_runs(manager: PluginManager, model: Model) -> str | None:
+    """The backend that would run ``model`` on a machine with no limits (or refuses it only for the machine)."""
     caps = Caps(
         gpu=True,
         f16=True,
@@ -196,8 +202,8 @@ def _backend_for(manager: PluginManager, repo_id: str, revision: _Revision) -> t
     verdicts = manager.can_run(model, caps, Request(budget=_PLENTY))
     selection = select(verdicts)
     if selection.chosen is not None:
-        return selection.chosen.backend, None
+        return selection.chosen.backend
     for verdict in selection.verdicts:
         if verdict.code in _MACHINE_REFUSALS:
-            return verdict.backend, None
-    return None, None
+            return verdict.backend
+    return None

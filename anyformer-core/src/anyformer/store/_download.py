@@ -39,9 +39,9 @@ from anyformer.store._cache_layout import COMMIT, RepoCache
 BACKOFF_SECONDS: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0)
 #: Least time between two progress reports of one file.
 PROGRESS_INTERVAL_SECONDS = 0.1
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
-_SHA1 = re.compile(r"^[0-9a-f]{40}$")
-_CONTENT_RANGE = re.compile(r"^\s*bytes\s+(\d+)-(\d+)/(\d+|\*)\s*$")
+_SHA256 = re.compile(r"^[0-9a-f]{64}\Z")
+_SHA1 = re.compile(r"^[0-9a-f]{40}\Z")
+_CONTENT_RANGE = re.compile(r"^\s*bytes\s+(\d+)-(\d+)/(\d+|\*)\s*\Z")
 _FULL_DISK = (errno.ENOSPC, errno.EDQUOT)
 # Statuses worth asking again for: the server is busy or briefly broken.
 _RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
@@ -78,7 +78,7 @@ class _Failed(Exception):
 
 def download(file: HubFile, progress: ByteProgress | None = None) -> Path:
     """Fetch one Hub file into the cache, verified; return its snapshot path (a link to the blob)."""
-    from anyformer.store._hub import hub_errors
+    from anyformer.store._hub_errors import hub_errors  # imports huggingface_hub: only when downloading
 
     check_file_name(file.name)
     cache = RepoCache.of(file.repo_id)

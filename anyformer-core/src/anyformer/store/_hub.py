@@ -1,4 +1,4 @@
-"""``describe_hub``: a model description from the Hugging Face Hub, through huggingface_hub (CONTRACT §1).
+"""``describe_hub``: a model description from the Hugging Face Hub, through huggingface_hub (docs/contract.md).
 
 Only metadata crosses the network: the model info with file sizes, config.json, and when nothing
 else names the architecture, the header of one GGUF read by HTTP range requests. Offline, the
@@ -7,31 +7,22 @@ description comes from the files already in huggingface_hub's cache.
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import os
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx2
 import huggingface_hub
 from huggingface_hub import constants
-from huggingface_hub.errors import (
-    GatedRepoError,
-    HfHubHTTPError,
-    LocalEntryNotFoundError,
-    OfflineModeIsEnabled,
-    RemoteEntryNotFoundError,
-    RepositoryNotFoundError,
-    RevisionNotFoundError,
-)
 from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
 
 from anyformer.contract._errors import AnyformerError, ErrorCode
 from anyformer.contract._model import Model, ModelFile, check_file_name, first_language_model_gguf
 from anyformer.files._config_file import MAX_CONFIG_BYTES, read_config_json
+from anyformer.store._download import HubFile, download
+from anyformer.store._hub_errors import hub_errors, is_offline, offline_error
+from anyformer.store._hub_errors import hub_ref as _ref
 
 __all__ = [
     "HubByteSource",
@@ -46,16 +37,16 @@ __all__ = [
 
 # A Hub name part: letters, digits, ``-``, ``_``, ``.``; not starting or ending with ``-`` or ``.``.
 _PART = r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9])?"
-_REPO_ID = re.compile(rf"^(?:{_PART}/)?{_PART}$")
-_REVISION = re.compile(r"^[A-Za-z0-9._/-]{1,256}$")
-_COMMIT = re.compile(r"^[0-9a-f]{40}$")
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_REPO_ID = re.compile(rf"^(?:{_PART}/)?{_PART}\Z")
+_REVISION = re.compile(r"^[A-Za-z0-9._/-]{1,256}\Z")
+_COMMIT = re.compile(r"^[0-9a-f]{40}\Z")
+_SHA256 = re.compile(r"^[0-9a-f]{64}\Z")
 
 
 def check_repo_id(repo_id: str) -> str:
     """Return ``repo_id`` if it is a Hub model id (``org/name`` or ``name``), else raise ``BAD_REQUEST``."""
     if not isinstance(repo_id, str) or not _REPO_ID.match(repo_id) or "--" in repo_id or ".." in repo_id:
-        raise AnyformerError(ErrorCode.BAD_REQUEST, f"{repo_id!r} is not a Hub repo id (org/name or name)")
+        raise AnyformerError(ErrorCode.BAD_REQUEST, f"{repo_id!r:.200} is not a Hub repo id (org/name or name)")
     return repo_id
 
 
@@ -63,93 +54,7 @@ def _check_revision(revision: str | None) -> None:
     if revision is None:
         return
     if not isinstance(revision, str) or not _REVISION.match(revision) or ".." in revision or revision.startswith("/"):
-        raise AnyformerError(ErrorCode.BAD_REQUEST, f"{revision!r} is not a revision (a branch, tag or commit)")
-
-
-def _ref(repo_id: str, revision: str | None) -> str:
-    return f"{repo_id}@{revision}" if revision else repo_id
-
-
-def is_offline() -> bool:
-    """True when huggingface_hub must not open a connection (``HF_HUB_OFFLINE``, read now, not at import)."""
-    # constants.HF_HUB_OFFLINE is read once at import; the variable may have been set since.
-    return constants.is_offline_mode() or os.environ.get("HF_HUB_OFFLINE", "").upper() in constants.ENV_VARS_TRUE_VALUES
-
-
-def _offline_error(repo_id: str, revision: str | None, cause: BaseException | None = None) -> AnyformerError:
-    reason = "HF_HUB_OFFLINE is set" if is_offline() else "the Hub cannot be reached"
-    return AnyformerError(
-        ErrorCode.OFFLINE,
-        f"{_ref(repo_id, revision)} is not in the local cache and {reason}; "
-        f"run `anyformer pull {_ref(repo_id, revision)}` while online",
-        cause=cause,
-    )
-
-
-@contextlib.contextmanager
-def hub_errors(repo_id: str, revision: str | None, filename: str | None = None) -> Iterator[None]:
-    """Turn huggingface_hub and HTTP errors raised inside into ``AnyformerError`` (cause kept).
-
-    Missing repo, revision or file is ``MODEL_NOT_FOUND``; offline mode or no connection is
-    ``OFFLINE``; anything the Hub answers that is not what a Hub answers (5xx, junk, short
-    bodies) is ``DOWNLOAD_FAILED``; a full disk is ``DISK_FULL``.
-    """
-    ref = _ref(repo_id, revision)
-    what = f"{filename} of {ref}" if filename else ref
-    try:
-        yield
-    except AnyformerError:
-        raise
-    except GatedRepoError as exc:
-        raise AnyformerError(
-            ErrorCode.MODEL_NOT_FOUND,
-            f"{ref} is gated: accept its terms on the Hub and log in (hf auth login)",
-            cause=exc,
-        ) from exc
-    except RepositoryNotFoundError as exc:
-        raise AnyformerError(
-            ErrorCode.MODEL_NOT_FOUND, f"no model {repo_id} on the Hub (or it is private; log in to see it)", cause=exc
-        ) from exc
-    except RevisionNotFoundError as exc:
-        raise AnyformerError(
-            ErrorCode.MODEL_NOT_FOUND, f"{repo_id} has no revision {revision or 'main'} on the Hub", cause=exc
-        ) from exc
-    except RemoteEntryNotFoundError as exc:
-        raise AnyformerError(ErrorCode.MODEL_NOT_FOUND, f"{ref} has no file {filename} on the Hub", cause=exc) from exc
-    except HfHubHTTPError as exc:
-        status = exc.response.status_code if exc.response is not None else None
-        if status in (401, 404):
-            raise AnyformerError(
-                ErrorCode.MODEL_NOT_FOUND, f"the Hub has no {what} (HTTP {status})", cause=exc
-            ) from exc
-        raise AnyformerError(
-            ErrorCode.DOWNLOAD_FAILED, f"the Hub answered HTTP {status} for {what}", cause=exc
-        ) from exc
-    except OfflineModeIsEnabled as exc:
-        raise _offline_error(repo_id, revision, exc) from exc
-    except LocalEntryNotFoundError as exc:
-        # hf_hub_download raises this when its HEAD failed and the cache has nothing; the cause says why.
-        cause = exc.__cause__
-        if cause is None or isinstance(cause, (OfflineModeIsEnabled, httpx2.ConnectError, httpx2.ConnectTimeout)):
-            raise _offline_error(repo_id, revision, exc) from exc
-        raise AnyformerError(
-            ErrorCode.DOWNLOAD_FAILED, f"the Hub did not answer like the Hub for {what}: {cause}", cause=exc
-        ) from exc
-    except (httpx2.ConnectError, httpx2.ConnectTimeout) as exc:
-        raise _offline_error(repo_id, revision, exc) from exc
-    except httpx2.HTTPError as exc:
-        raise AnyformerError(
-            ErrorCode.DOWNLOAD_FAILED, f"fetching {what} failed: {type(exc).__name__}: {exc}", cause=exc
-        ) from exc
-    except OSError as exc:
-        if exc.errno == errno.ENOSPC:
-            raise AnyformerError(ErrorCode.DISK_FULL, f"no room on disk for {what}", cause=exc) from exc
-        raise AnyformerError(ErrorCode.DOWNLOAD_FAILED, f"fetching {what} failed: {exc}", cause=exc) from exc
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        # r.json() on junk, or JSON that is not a model info (huggingface_hub indexes into it).
-        raise AnyformerError(
-            ErrorCode.DOWNLOAD_FAILED, f"the Hub's answer for {what} is not what the Hub sends: {exc!r}", cause=exc
-        ) from exc
+        raise AnyformerError(ErrorCode.BAD_REQUEST, f"{revision!r:.200} is not a revision (a branch, tag or commit)")
 
 
 class HubByteSource:
@@ -350,8 +255,6 @@ def _sibling_file(sibling: Any) -> ModelFile:
 def _hub_config(repo_id: str, revision: str | None, entry: ModelFile) -> dict[str, Any]:
     if entry.size is not None and entry.size > MAX_CONFIG_BYTES:
         raise AnyformerError(ErrorCode.BAD_MODEL, f"config.json of {repo_id} is {entry.size} bytes; not a config file")
-    from anyformer.store._download import HubFile, download
-
     path = download(HubFile(repo_id, revision or constants.DEFAULT_REVISION, "config.json", entry.size, entry.sha256))
     return read_config_json(path, f"config.json of {_ref(repo_id, revision)}")
 
@@ -388,7 +291,7 @@ def describe_cached(repo_id: str, revision: str | None, cause: AnyformerError | 
     if found is None:
         if cause is not None:
             raise cause
-        raise _offline_error(repo_id, revision)
+        raise offline_error(repo_id, revision)
     commit, snapshot = found
     files = []
     for root, dirs, names in os.walk(snapshot):

@@ -7,7 +7,7 @@ from pathlib import Path
 
 
 def anyformer_home() -> Path:
-    """``ANYFORMER_HOME``, default ``~/.cache/anyformer``: backend-derived files live here (CONTRACT §8)."""
+    """``ANYFORMER_HOME``, default ``~/.cache/anyformer``: backend-derived files live here (docs/contract.md)."""
     env = os.environ.get("ANYFORMER_HOME")
     if env:
         return Path(env).expanduser()

@@ -110,7 +110,7 @@ def pull(
         raise AnyformerError(
             ErrorCode.BAD_REQUEST, f"{description.ref} is not a Hub model; pull fetches Hub repos (org/name)"
         )
-    chosen = raise_if_none(selection, description.ref)
+    chosen = raise_if_none(selection, description.ref, description.formats)
     names = files_to_pull(description, chosen)
     before = _cached(description, names)
     paths = fetch_files(description, names, progress, backend=chosen.backend)

@@ -1,4 +1,4 @@
-"""The model store (CONTRACT §8): files come through huggingface_hub's cache, or from local paths.
+"""The model store (docs/contract.md, "The store"): files come through huggingface_hub's cache, or from local paths.
 
 Backends call :func:`fetch_files` in ``load`` to get local paths for the files they chose; ``anyformer
 pull`` calls it for the files a backend named. Hub files already in the cache are used as they are
@@ -53,12 +53,36 @@ def fetch_files(
     return {name: paths[name] for name in dict.fromkeys(names)}
 
 
+def files_to_download(model: Model, names: Sequence[str]) -> list[ModelFile]:
+    """The files among ``names`` that a load would download: Hub files not yet in the cache.
+
+    Local files, described-only files and Hub files already cached (at the described revision,
+    with the listed size) need nothing. Reads the cache folder only, opens no connection, so
+    ``can_run`` may call it to refuse with ``store`` when the store cannot take the download.
+    """
+    if model.source != "hub":
+        return []
+    from anyformer.store._cache_layout import RepoCache
+
+    cache = RepoCache.of(model.repo)
+    commit = cache.commit_for(model.revision)
+    missing: list[ModelFile] = []
+    for name in dict.fromkeys(names):
+        entry = model.file(name)
+        if entry is None or entry.path:
+            continue
+        cached = cache.cached_file(commit, entry.name) if commit else None
+        if cached is None or (entry.size is not None and cached.stat().st_size != entry.size):
+            missing.append(entry)
+    return missing
+
+
 def _fetch_from_hub(
     model: Model, entries: Sequence[ModelFile], progress: ProgressCallback, backend: str | None
 ) -> dict[str, Path]:
     from anyformer.store._cache_layout import RepoCache
     from anyformer.store._download import HubFile, download
-    from anyformer.store._hub import is_offline
+    from anyformer.store._hub_errors import is_offline
 
     cache = RepoCache.of(model.repo)
     commit = cache.commit_for(model.revision)

@@ -143,8 +143,7 @@ def parse(data: Any) -> NgramModel:
         raise NgramFormatError(f"'format' must be {FORMAT!r}, got {data.get('format')!r}")
     if data.get("version", VERSION) != VERSION:
         raise NgramFormatError(f"'version' {data.get('version')!r} is not one this engine reads ({VERSION})")
-    order = data.get("order")
-    _check_order(order)
+    order = _check_order(data.get("order"))
     end = data.get("end", "\n")
     _check_end(end)
     raw_table = data.get("table")
@@ -167,9 +166,10 @@ def parse(data: Any) -> NgramModel:
     return NgramModel(order=order, table=table, end=end)
 
 
-def _check_order(order: Any) -> None:
+def _check_order(order: Any) -> int:
     if isinstance(order, bool) or not isinstance(order, int) or not 1 <= order <= MAX_ORDER:
         raise NgramFormatError(f"'order' must be an integer from 1 to {MAX_ORDER}, got {order!r}")
+    return order
 
 
 def _check_end(end: Any) -> None:

@@ -1,4 +1,4 @@
-"""The template backend's four hooks (CONTRACT §5); the ``anyformer`` entry point ``template`` names this module.
+"""The template backend's four hooks (docs/hooks.md); the ``anyformer`` entry point ``template`` names this module.
 
 - ``can_run`` decides from the description alone: no file is opened, no connection made.
 - ``load`` gets a local path through the store, then reads and validates ``ngram.json``.
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from anyformer import (
+from anyformer.plugin import (
     AnyformerError,
     Caps,
     Chunk,
@@ -29,10 +29,12 @@ from anyformer import (
     Request,
     StoreEntry,
     Verdict,
+    anyformer_home,
+    fetch_files,
+    files_to_download,
     format_size,
     hookimpl,
 )
-from anyformer.plugin import anyformer_home, fetch_files
 from anyformer_template.ngram import NgramFormatError, NgramModel, read_model
 
 #: This backend's id: the name of its entry point.
@@ -69,9 +71,17 @@ def can_run(model: Model, caps: Caps, request: Request) -> Verdict:
     task = request.task or model.task or TASK
     if task != TASK:
         return Verdict.refuse(BACKEND, Refusal.TASK, f"runs {TASK} only, not {task}")
-    if model.source == "hub" and entry.path is None and not caps.store:
+    download = sum(f.size or 0 for f in files_to_download(model, [MODEL_FILE]))  # 0: local or cached
+    if download and not caps.store:
         return Verdict.refuse(
             BACKEND, Refusal.STORE, f"{MODEL_FILE} must be downloaded and the model store is not writable"
+        )
+    if download and caps.disk_free_bytes is not None and download > caps.disk_free_bytes:
+        return Verdict.refuse(
+            BACKEND,
+            Refusal.STORE,
+            f"{MODEL_FILE} ({format_size(download)}) must be downloaded and the store's disk has "
+            f"{format_size(caps.disk_free_bytes)} free",
         )
     need = RAM_OVERHEAD + RAM_PER_FILE_BYTE * (entry.size or 0)
     if caps.ram_bytes < need:
@@ -90,10 +100,8 @@ def can_run(model: Model, caps: Caps, request: Request) -> Verdict:
 
 
 @hookimpl
-def load(backend: str, model: Model, request: Request, progress: ProgressCallback) -> TemplateModel | None:
-    """Read and validate ``ngram.json`` when ``backend`` is this one; a malformed file is ``BAD_MODEL``."""
-    if backend != BACKEND:
-        return None
+def load(backend: str, model: Model, request: Request, progress: ProgressCallback) -> TemplateModel:
+    """Read and validate ``ngram.json`` (called only when this backend was chosen); a bad file is ``BAD_MODEL``."""
     path = fetch_files(model, [MODEL_FILE], progress, backend=BACKEND)[MODEL_FILE]
     entry = model.file(MODEL_FILE)
     size = entry.size if entry is not None else None
@@ -109,10 +117,12 @@ def load(backend: str, model: Model, request: Request, progress: ProgressCallbac
 
 
 @hookimpl
-def generate(loaded: object, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk] | None:
-    """Start a stream for this backend's own handles; an image block is ``BAD_REQUEST`` before any work."""
-    if not isinstance(loaded, TemplateModel):
-        return None
+def generate(loaded: TemplateModel, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk]:
+    """Start a stream (the core passes only handles this backend's ``load`` returned).
+
+    An image block is ``BAD_REQUEST`` here, before any work: the checks run when the hook is
+    called, and only the returned generator runs the engine.
+    """
     engine = loaded.engine
     if engine is None:
         raise AnyformerError(ErrorCode.BAD_REQUEST, "the model was disposed; load it again")

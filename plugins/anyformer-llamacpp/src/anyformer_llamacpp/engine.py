@@ -2,9 +2,14 @@
 
 The loop drives ``Llama.eval`` and reads the last logits itself (greedy is an argmax over them; a
 temperature draws from a seeded numpy generator), so the per-token work in Python is a few
-microseconds over llama-cpp-python's own. The KV cache is kept between calls: a new prompt that
-shares a prefix with what is cached re-evaluates only the rest, cut back to where an earlier
-evaluation began, so the same messages always give the same logits (greedy repeatability).
+microseconds over llama-cpp-python's own. The KV cache is kept between calls: a prompt is evaluated
+in batches at fixed positions (``prompt_blocks``), and a new prompt that shares a prefix with what
+is cached (a system prompt, earlier turns) re-evaluates only what follows the last full block it
+shares, so the same messages always give the same logits (greedy repeatability) whatever came
+before. The prompt's batches check ``cancel`` between them, so a long prompt stops within one.
+
+``dispose`` never frees what a running stream uses: it asks the stream to stop (at its next batch
+or token) and the stream frees the model as it ends.
 
 With a projector (``mmproj``) in the repo, image blocks go through llama.cpp's multimodal path
 (``vision.py``): the prompt becomes token lists and image chunks, the images are decoded into the
@@ -19,7 +24,8 @@ import codecs
 import contextlib
 import ctypes
 import os
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +42,7 @@ from anyformer_llamacpp import BACKEND_ID
 from anyformer_llamacpp.estimate import context_for, footprint
 from anyformer_llamacpp.file_choice import choose_gguf
 from anyformer_llamacpp.header_checks import check_architecture_numbers, check_vocabulary
+from anyformer_llamacpp.prompt_blocks import BLOCK, blocks, reusable_prefix
 from anyformer_llamacpp.runtime import gpu_offload_library
 from anyformer_llamacpp.vision import Chunks, ImageChunk, Projector, find_projector
 
@@ -92,6 +99,8 @@ class LlamaCppModel:
     backend = BACKEND_ID
     #: The multimodal projector that reads image blocks, when the repo has one (set by ``open``).
     _projector: Projector | None = None
+    #: The most UTF-8 bytes one token stands for (its vocabulary string bounds it); None when unknown.
+    _token_bytes: int | None = None
     #: Why image blocks are refused when there is no projector to read them.
     _no_images = "the repo has no multimodal projector (mmproj) for image blocks"
 
@@ -123,8 +132,14 @@ class LlamaCppModel:
             self._piece(llama.token_eos(), special=True).decode("utf-8", "replace") if llama.token_eos() >= 0 else ""
         )
         self._pieces: dict[int, bytes] = {}
-        # Positions where an evaluation began; the cache is only ever cut back to one of them.
-        self._eval_starts: list[int] = []
+        # Where the cache's full prompt blocks end (see prompt_blocks): it is never cut back past it.
+        self._full_blocks_end = 0
+        #: Positions the last prompt evaluated (the rest came from the cache); for tests and benches.
+        self.last_prompt_evaluated = 0
+        # Streams and calls using the model now, and whether dispose was asked for: the last user frees it.
+        self._guard = threading.Lock()
+        self._users = 0
+        self._closing = False
 
     # ---- loading --------------------------------------------------------------------------------
 
@@ -143,7 +158,7 @@ class LlamaCppModel:
         first = headers[0][1]
         facts = first.summary()
         check_architecture_numbers(choice.first.name, facts)
-        check_vocabulary(choice.first.name, first.get("tokenizer.ggml.tokens"))
+        check_vocabulary(choice.first.name, first.kv.get("tokenizer.ggml.tokens"))  # undecoded
         context = context_for(facts, request.context)
         budget = request.budget or 0
         plan = footprint(
@@ -173,6 +188,7 @@ class LlamaCppModel:
         chat_template = template if isinstance(template, str) else None
         loaded = cls(llama, chat_template, choice.first.name, context, plan.gpu_layers, task)
         loaded._projector = projector
+        loaded._token_bytes = _longest_token_bytes(first.get("tokenizer.ggml.tokens"))
         if mmproj is not None and mmproj.note:
             loaded._no_images = mmproj.note
         return loaded
@@ -219,7 +235,33 @@ class LlamaCppModel:
             ) from exc
 
     def dispose(self) -> None:
-        """Free the model and its context; a second call does nothing."""
+        """Free the model and its context, or, while a stream uses them, have it stop and free them as it ends.
+
+        A second call does nothing.
+        """
+        with self._guard:
+            self._closing = True
+            free = self._users == 0
+        if free:
+            self._free()
+
+    @contextlib.contextmanager
+    def _using(self) -> Iterator[Any]:
+        """Hold the model for a call or a stream: ``dispose`` meanwhile frees it only when this ends."""
+        with self._guard:
+            if self._closing or self._llama is None:
+                raise AnyformerError(ErrorCode.BAD_REQUEST, f"{self.name} was disposed")
+            self._users += 1
+        try:
+            yield self._llama
+        finally:
+            with self._guard:
+                self._users -= 1
+                free = self._closing and self._users == 0
+            if free:
+                self._free()
+
+    def _free(self) -> None:
         projector, self._projector = self._projector, None
         if projector is not None:
             projector.close()  # it points into the language model: freed first
@@ -235,8 +277,6 @@ class LlamaCppModel:
         Vectors are pooled over the tokens and unit length unless ``normalize=False``; ``tokens``
         counts the input tokens. Only a model loaded for ``feature-extraction`` embeds.
         """
-        if self._llama is None:
-            raise AnyformerError(ErrorCode.BAD_REQUEST, f"{self.name} was disposed")
         if self.task != EMBEDDING_TASK:
             raise AnyformerError(
                 ErrorCode.BAD_REQUEST,
@@ -245,7 +285,8 @@ class LlamaCppModel:
         texts = [input] if isinstance(input, str) else list(input)
         if not texts or not all(isinstance(text, str) for text in texts):
             raise AnyformerError(ErrorCode.BAD_REQUEST, "embeddings take a string or a non-empty list of strings")
-        vectors, tokens = self._llama.embed(texts, normalize=normalize, truncate=True, return_count=True)
+        with self._using() as llama:
+            vectors, tokens = llama.embed(texts, normalize=normalize, truncate=True, return_count=True)
         return {"embeddings": [[float(x) for x in vector] for vector in vectors], "tokens": int(tokens)}
 
     # ---- tokens ---------------------------------------------------------------------------------
@@ -266,12 +307,16 @@ class LlamaCppModel:
 
     def _render(self, messages: list[Message], thinking: bool) -> tuple[str, bool]:
         """The chat template rendered in the sandbox, and whether the tokenizer should add BOS."""
+        # A prompt of more characters than the context's tokens can stand for cannot fit: the render
+        # stops there, before megabytes are rendered and tokenized only to be refused.
+        cap = self.context * self._token_bytes if self._token_bytes else None
         prompt = render_chat(
             self._template,
             messages,
             add_generation_prompt=True,
             bos_token=self._bos_text,
             eos_token=self._eos_text,
+            max_chars=cap,
             enable_thinking=thinking,
         )
         # The template writes BOS itself when it wants one; otherwise the vocabulary's rule applies.
@@ -315,49 +360,52 @@ class LlamaCppModel:
 
     # ---- the KV cache ---------------------------------------------------------------------------
 
-    def _reuse_prefix(self, tokens: list[int], stop: int | None = None) -> int:
-        """How many leading tokens of ``tokens`` the cache already holds, cut back to an evaluation start.
-
-        ``stop`` is where the prompt's first image begins: nothing from there on is reused.
-        """
+    def _cut_back(self, flat: list[int], first_image: int | None) -> int:
+        """Cut the cache back to the last full block ``flat`` shares with it; return that position."""
         llama = self._llama
-        cached = llama.input_ids[: llama.n_tokens]
-        limit = min(len(cached), len(tokens) - 1)  # the last prompt token is always evaluated: we need its logits
-        if stop is not None:
-            limit = min(limit, stop)
-        same = 0
-        while same < limit and cached[same] == tokens[same]:
-            same += 1
-        return max((s for s in self._eval_starts if s <= same), default=0)
-
-    def _eval(self, tokens: list[int]) -> None:
-        self._eval_starts.append(self._llama.n_tokens)
-        self._llama.eval(tokens)
+        prefix = reusable_prefix(llama.input_ids[: llama.n_tokens], self._full_blocks_end, flat, first_image)
+        llama.n_tokens = prefix  # llama.eval removes the cache's cells from here on
+        self._full_blocks_end = prefix
+        return prefix
 
     def _eval_image(self, image: ImageChunk, *, logits_last: bool) -> None:
         """Decode an image into the cache after what it holds; its positions are marked ``IMAGE``."""
         assert self._projector is not None
         llama = self._llama
         start = llama.n_tokens
-        self._eval_starts.append(start)
         llama._ctx.kv_cache_seq_rm(-1, start, -1)
         end = self._projector.eval_image(llama._ctx.ctx, image, start, llama.n_batch, logits_last=logits_last)
         llama.input_ids[start:end] = IMAGE
         llama.n_tokens = end
 
-    def _eval_prompt(self, segments: Segments, prefix: int) -> None:
-        """Evaluate what the cache lacks of a prompt: the text after ``prefix``, then every image and text in turn."""
+    def _eval_prompt(self, segments: Segments, prefix: int, stopped: Callable[[], bool]) -> bool:
+        """Evaluate what the cache lacks of a prompt, from ``prefix``: text in blocks, images whole.
+
+        ``stopped()`` is asked before each batch; returns False when it said stop (the cache then
+        holds the batches done so far, every full block of them reusable).
+        """
+        llama = self._llama
         position = 0
         last = len(segments) - 1
+        after_image = False
         for index, segment in enumerate(segments):
+            if stopped():
+                return False
             if isinstance(segment, ImageChunk):
                 self._eval_image(segment, logits_last=index == last)
                 position += segment.n_pos
+                after_image = True
                 continue
             end = position + len(segment)
-            if end > prefix:
-                self._eval(segment[max(prefix - position, 0) :])
+            for first, stop in blocks(max(prefix, position), end):
+                if stopped():
+                    return False
+                llama.eval(segment[first - position : stop - position])
+                self.last_prompt_evaluated += stop - first
+                if not after_image and stop - first == BLOCK and first == self._full_blocks_end:
+                    self._full_blocks_end = stop
             position = end
+        return True
 
     def _last_logits(self) -> np.ndarray:
         # llama.cpp keeps the last token's logits at one address while the output buffer is not
@@ -373,19 +421,18 @@ class LlamaCppModel:
 
     def stream(self, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk]:
         """Validate what only this backend knows, then return the token stream."""
-        if self._llama is None:
-            raise AnyformerError(ErrorCode.BAD_REQUEST, f"{self.name} was disposed")
         if self.task == EMBEDDING_TASK:
             raise AnyformerError(
                 ErrorCode.BAD_REQUEST, f"{self.name} was loaded for {EMBEDDING_TASK}: it embeds with run(); no generate"
             )
         chunks: Chunks | None = None
-        if has_images(messages):
-            if self._projector is None:
-                raise AnyformerError(ErrorCode.BAD_REQUEST, f"{self.name} reads text only: {self._no_images}")
-            segments, chunks = self.image_prompt(messages, options.thinking)
-        else:
-            segments = [self.prompt_tokens(messages, options.thinking)]
+        with self._using():
+            if has_images(messages):
+                if self._projector is None:
+                    raise AnyformerError(ErrorCode.BAD_REQUEST, f"{self.name} reads text only: {self._no_images}")
+                segments, chunks = self.image_prompt(messages, options.thinking)
+            else:
+                segments = [self.prompt_tokens(messages, options.thinking)]
         length = _prompt_length(segments)
         if length >= self.context:
             if chunks is not None:
@@ -414,7 +461,8 @@ class LlamaCppModel:
 
     def _decode(self, segments: Segments, options: GenerateOptions, chunks: Chunks | None = None) -> Iterator[Chunk]:
         try:
-            yield from self._decode_segments(segments, options, chunks)
+            with self._using():
+                yield from self._decode_segments(segments, options, chunks)
         finally:
             if chunks is not None:
                 chunks.close()
@@ -426,6 +474,10 @@ class LlamaCppModel:
         is_eog = self._lib.llama_vocab_is_eog
         vocab = self._vocab
         cancel = options.cancel
+
+        def stopped() -> bool:
+            return cancel.is_set() or self._closing
+
         prompt = _prompt_length(segments)  # reported on every chunk, for usage counts
         room = self.context - prompt
         budget = min(options.max_new_tokens, room)
@@ -439,16 +491,13 @@ class LlamaCppModel:
                 flat.extend([IMAGE] * segment.n_pos)
             else:
                 flat.extend(segment)
-        prefix = self._reuse_prefix(flat, first_image)
-        llama.n_tokens = prefix
-        del self._eval_starts[
-            next((i for i, s in enumerate(self._eval_starts) if s >= prefix), len(self._eval_starts)) :
-        ]
-        self._eval_prompt(segments, prefix)
+        prefix = self._cut_back(flat, first_image)
+        self.last_prompt_evaluated = 0
+        finished = self._eval_prompt(segments, prefix, stopped)
         if chunks is not None:
             chunks.close()  # the images are in the cache now
         count = 0
-        while not cancel.is_set():
+        while finished and not stopped():
             token = self._choose(self._last_logits(), options, rng)
             if is_eog(vocab, token):
                 yield Chunk(
@@ -461,10 +510,18 @@ class LlamaCppModel:
                 tail = decoder.decode(b"", final=True)
                 yield Chunk(delta=tail, tokens=count, finish_reason="length", prompt_tokens=prompt)
                 return
-            if cancel.is_set():
+            if stopped():
                 break
-            self._eval([token])
+            llama.eval([token])
         yield Chunk(delta="", tokens=count, finish_reason="cancelled", prompt_tokens=prompt)
+
+
+def _longest_token_bytes(tokens: Any) -> int | None:
+    """The UTF-8 length of the vocabulary's longest token string: no token's text is longer (``Ġ``, ``▁`` and
+    ``<0x0A>`` each stand for one byte)."""
+    if not isinstance(tokens, list) or not tokens:
+        return None
+    return max((len(token.encode("utf-8", "replace")) for token in tokens if isinstance(token, str)), default=0) or None
 
 
 def _prompt_length(segments: Segments) -> int:

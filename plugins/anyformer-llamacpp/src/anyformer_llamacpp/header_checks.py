@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from anyformer import AnyformerError, ErrorCode
+from anyformer.plugin import LazyArray
 
 # Upper bounds far above any released model (the largest have ~128 layers, 128 heads, 32k width).
 _LIMITS = {
@@ -40,13 +41,25 @@ def check_architecture_numbers(name: str, facts: Mapping[str, Any]) -> None:
 
 
 def check_vocabulary(name: str, tokens: Any) -> None:
-    """Raise ``BAD_MODEL`` when ``tokenizer.ggml.tokens`` holds a token twice (llama.cpp aborts on it)."""
-    if not isinstance(tokens, list):
+    """Raise ``BAD_MODEL`` when ``tokenizer.ggml.tokens`` holds a token twice (llama.cpp aborts on it).
+
+    ``tokens`` is the header's value: a list, or a :class:`LazyArray` whose raw bytes are compared
+    without decoding them (two valid UTF-8 strings are equal exactly when their bytes are).
+    """
+    items: list[Any]
+    if isinstance(tokens, LazyArray):
+        items = tokens.raw_strings() if tokens.is_strings else tokens.to_list()
+    elif isinstance(tokens, list):
+        items = tokens
+    else:
         return
-    first_index: dict[str, int] = {}
-    for index, token in enumerate(tokens):
+    if len(set(items)) == len(items):
+        return
+    first_index: dict[Any, int] = {}
+    for index, token in enumerate(items):
         earlier = first_index.setdefault(token, index)
         if earlier != index:
+            text = token.decode("utf-8", "replace") if isinstance(token, bytes) else token
             raise AnyformerError(
-                ErrorCode.BAD_MODEL, f"{name}: token {index} ({token!r:.40}) repeats token {earlier} of the vocabulary"
+                ErrorCode.BAD_MODEL, f"{name}: token {index} ({text!r:.40}) repeats token {earlier} of the vocabulary"
             )

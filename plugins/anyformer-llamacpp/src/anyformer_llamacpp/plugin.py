@@ -3,27 +3,38 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
-from anyformer import (
-    BackendModel,
+from anyformer.plugin import (
     Caps,
     Chunk,
     Estimate,
     GenerateOptions,
     Message,
     Model,
+    ModelFile,
     ProgressCallback,
     Rank,
     Refusal,
     Request,
     Verdict,
+    files_to_download,
     format_size,
     hookimpl,
 )
 from anyformer_llamacpp import BACKEND_ID
 from anyformer_llamacpp.estimate import context_for, footprint, measured_speed
 from anyformer_llamacpp.file_choice import choose_gguf, projector_for
-from anyformer_llamacpp.runtime import INSTALL_HINT, gpu_offload_library, llama_cpp_folder
+from anyformer_llamacpp.runtime import (
+    INSTALL_HINT,
+    gpu_offload_library,
+    llama_cpp_folder,
+    llama_cpp_version,
+    unsupported_version_reason,
+)
+
+if TYPE_CHECKING:
+    from anyformer_llamacpp.engine import LlamaCppModel
 
 #: The tasks llama.cpp runs: chat, with images when the repo has a projector, and embeddings (its
 #: embedding mode, pooled vectors from ``run``).
@@ -47,6 +58,16 @@ def can_run(model: Model, caps: Caps, request: Request) -> Verdict:
         )
     if llama_cpp_folder() is None:
         return Verdict.refuse(BACKEND_ID, Refusal.RUNTIME, f"llama_cpp is not installed: {INSTALL_HINT}")
+    wrong_version = unsupported_version_reason(llama_cpp_version())
+    if wrong_version is not None:
+        return Verdict.refuse(BACKEND_ID, Refusal.RUNTIME, wrong_version)
+    # The projector (mmproj) that reads image blocks is fetched and loaded with the model, except to embed.
+    mmproj = projector_for(model) if task != "feature-extraction" else None
+    mmproj_files = (mmproj.name,) if mmproj is not None else ()
+    mmproj_bytes = (mmproj.size or 0) if mmproj is not None else 0
+    store_problem = _store_problem(model, caps, [*choice.files, *([mmproj] if mmproj is not None else [])])
+    if store_problem is not None:
+        return Verdict.refuse(BACKEND_ID, Refusal.STORE, store_problem)
     facts = dict(model.metadata.get("gguf") or {})
     gpu_library = gpu_offload_library()
     budget = request.budget_or(caps.gpu_bytes)
@@ -57,27 +78,26 @@ def can_run(model: Model, caps: Caps, request: Request) -> Verdict:
         budget=budget,
         gpu_offload=gpu_library is not None,
     )
-    if plan.ram_bytes > caps.ram_bytes:
+    # The projector sits in host memory beside the model: the check counts it as the estimate does.
+    host_bytes = plan.ram_bytes + mmproj_bytes
+    if host_bytes > caps.ram_bytes:
         where = f"{plan.gpu_layers} layers on the GPU and the rest" if plan.gpu_layers else "the model"
+        projector = f", projector {format_size(mmproj_bytes)}" if mmproj_bytes else ""
         return Verdict.refuse(
             BACKEND_ID,
             Refusal.MEMORY,
-            f"{choice.first.name}: {where} needs {format_size(plan.ram_bytes)} of host memory at {plan.context} tokens "
-            f"of context (weights {format_size(plan.weights_bytes)}, KV cache {format_size(plan.kv_bytes)}); "
-            f"{format_size(caps.ram_bytes)} available",
-            need=plan.ram_bytes,
+            f"{choice.first.name}: {where} needs {format_size(host_bytes)} of host memory at {plan.context} tokens "
+            f"of context (weights {format_size(plan.weights_bytes)}, KV cache {format_size(plan.kv_bytes)}"
+            f"{projector}); {format_size(caps.ram_bytes)} available",
+            need=host_bytes,
         )
-    # The projector (mmproj) that reads image blocks is fetched and loaded with the model, except to embed.
-    mmproj = projector_for(model) if task != "feature-extraction" else None
-    mmproj_files = (mmproj.name,) if mmproj is not None else ()
-    mmproj_bytes = (mmproj.size or 0) if mmproj is not None else 0
     device = gpu_library if plan.full_offload else "cpu"
     speed = measured_speed(model.architecture or facts.get("architecture"), choice.size, device or "cpu")
     return Verdict.accept(
         BACKEND_ID,
         Estimate(
             gpu_bytes=plan.gpu_bytes,
-            ram_bytes=plan.ram_bytes + mmproj_bytes,
+            ram_bytes=host_bytes,
             disk_bytes=choice.size + mmproj_bytes,
             tok_per_sec=speed,
             rank=Rank.FALLBACK,
@@ -96,22 +116,36 @@ def can_run(model: Model, caps: Caps, request: Request) -> Verdict:
     )
 
 
-@hookimpl
-def load(backend: str, model: Model, request: Request, progress: ProgressCallback) -> BackendModel | None:
-    """Fetch and validate the chosen GGUF, then open it with llama.cpp."""
-    if backend != BACKEND_ID:
+def _store_problem(model: Model, caps: Caps, files: list[ModelFile]) -> str | None:
+    """Why the files a load needs cannot be downloaded into the store (a ``store`` refusal), or None.
+
+    Only Hub files not yet in the cache are downloaded; local and cached files need no room.
+    """
+    missing = files_to_download(model, [f.name for f in files])
+    if not missing:
         return None
+    size = sum(f.size or 0 for f in missing)
+    names = missing[0].name if len(missing) == 1 else f"{len(missing)} files"
+    if not caps.store:
+        where = f" ({caps.store_path})" if caps.store_path else ""
+        return f"{names} ({format_size(size)}) must be downloaded and the model store{where} is not writable"
+    if caps.disk_free_bytes is not None and size > caps.disk_free_bytes:
+        return (
+            f"{names} ({format_size(size)}) must be downloaded and the store's disk has "
+            f"{format_size(caps.disk_free_bytes)} free"
+        )
+    return None
+
+
+@hookimpl
+def load(backend: str, model: Model, request: Request, progress: ProgressCallback) -> LlamaCppModel:
+    """Fetch and validate the chosen GGUF, then open it with llama.cpp (called only when llamacpp was chosen)."""
     from anyformer_llamacpp.engine import LlamaCppModel  # imports llama_cpp
 
     return LlamaCppModel.open(model, request, progress)
 
 
 @hookimpl
-def generate(loaded: BackendModel, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk] | None:
-    """Stream a chat reply from a model this backend loaded."""
-    if loaded.backend != BACKEND_ID:
-        return None
-    from anyformer_llamacpp.engine import LlamaCppModel
-
-    assert isinstance(loaded, LlamaCppModel)
+def generate(loaded: LlamaCppModel, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk]:
+    """Stream a chat reply from a model this backend loaded (the core calls it only with its own handles)."""
     return loaded.stream(messages, options)

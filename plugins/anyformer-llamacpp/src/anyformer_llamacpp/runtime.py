@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import functools
+import importlib.metadata
 import importlib.util
+import re
 from pathlib import Path
 
 #: ggml libraries that mean llama.cpp can offload layers to a GPU.
@@ -13,6 +15,40 @@ INSTALL_HINT = (
     "pip install llama-cpp-python (it compiles llama.cpp; for CUDA: "
     'CMAKE_ARGS="-DGGML_CUDA=on" pip install llama-cpp-python)'
 )
+
+
+#: The llama-cpp-python releases whose internals the engine reaches into (``Llama._model``,
+#: ``Llama._ctx``, ``Llama.input_ids``, ``llama_get_logits_ith``): from the release it was tested
+#: against up to, not including, the next minor series. The distribution's dependency says the same.
+SUPPORTED_FROM = (0, 3, 36)
+SUPPORTED_BELOW = (0, 4, 0)
+SUPPORTED_SPEC = "llama-cpp-python>=0.3.36,<0.4"
+
+
+def llama_cpp_version() -> str | None:
+    """The installed llama-cpp-python's version, from its metadata (nothing is imported), or None."""
+    try:
+        return importlib.metadata.version("llama-cpp-python")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _release(version: str) -> tuple[int, ...] | None:
+    match = re.match(r"^(\d+)\.(\d+)(?:\.(\d+))?", version)
+    return tuple(int(part or 0) for part in match.groups()) if match else None
+
+
+def unsupported_version_reason(version: str | None) -> str | None:
+    """Why ``version`` of llama-cpp-python cannot be used (a ``runtime`` refusal's reason), or None when it can."""
+    if version is None:
+        return None  # installed without metadata (a source tree on sys.path): nothing to hold it against
+    release = _release(version)
+    if release is not None and SUPPORTED_FROM <= release < SUPPORTED_BELOW:
+        return None
+    return (
+        f"llama-cpp-python {version} is installed; this backend uses its internals (Llama._model, _ctx, "
+        f"input_ids) as 0.3.36 up to 0.4 has them: pip install '{SUPPORTED_SPEC}'"
+    )
 
 
 @functools.lru_cache(maxsize=1)

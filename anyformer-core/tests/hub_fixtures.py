@@ -6,7 +6,7 @@ module-level ``HfApi`` behind ``huggingface_hub.model_info``, ``scan_cache_dir``
 the set of hosts whose redirects it follows). :func:`point_huggingface_hub_at` patches all of them
 with ``monkeypatch``, so everything is restored when the test ends.
 
-Use with ``pytest_plugins = ["anyformer_conformance.hub_fixtures"]`` or import ``fake_hub``.
+Test support for the core's tests: import ``fake_hub`` into a test module (or ``store_helpers``).
 """
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ from collections.abc import Iterator
 from urllib.parse import urlsplit
 
 import pytest
-
-from anyformer_conformance.hub_server import FakeHub
+from hub_server import FakeHub
 
 __all__ = ["fake_hub", "point_huggingface_hub_at", "set_hf_offline"]
 

@@ -7,6 +7,8 @@ import pathlib
 
 import huggingface_hub
 import pytest
+from hub_fixtures import fake_hub
+from hub_server import FakeHub, git_blob_sha1
 from huggingface_hub import HfApi, hf_hub_download, hf_hub_url, snapshot_download
 from huggingface_hub.errors import (
     EntryNotFoundError,
@@ -15,7 +17,7 @@ from huggingface_hub.errors import (
 )
 from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
 
-from anyformer_conformance.hub_server import FakeHub, git_blob_sha1
+__all__ = ["fake_hub"]  # the fixture, for these tests
 
 WEIGHTS = bytes(range(256)) * 40  # 10240 bytes, LFS by suffix
 CONFIG = b'{"model_type": "llama", "architectures": ["LlamaForCausalLM"]}'

@@ -1,0 +1,112 @@
+"""Tiny text-diffusion repos for the tests: a byte-level tokenizer, a random DiT exported to ONNX, a model card.
+
+Each repo is built once and cached under ``~/.cache/anyformer-test-fixtures/`` in a folder named by a
+hash of the recipe (this file, tiny_diffusion.py) and the torch/onnx versions, so a change to either
+rebuilds it. A build goes to a temporary folder renamed into place, so concurrent test runs never see
+half a repo.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import tiny_diffusion
+
+#: Byte-level tokens 0-255, then these specials: the vocabulary is 260.
+SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "[MASK]")
+VOCAB = 256 + len(SPECIALS)
+MASK_ID = 259
+IM_END_ID = 258
+BLOCK_SIZE = 4
+MODEL_LENGTH = 512
+#: The byte-level ids of printable ASCII: the alphabet is sorted by code point, so ``!``..``~`` are 0..93
+#: and the space (byte 32, shown as U+0120) comes after the other remapped control bytes.
+READABLE = (*range(94), 188 + 32)
+KINDS = {
+    "mdlm": tiny_diffusion.TinyConfig(VOCAB, seed=1, readable=READABLE),
+    "mdlm-tc": tiny_diffusion.TinyConfig(VOCAB, time_conditioning=True, seed=2, readable=READABLE),
+    "bd3lm": tiny_diffusion.TinyConfig(VOCAB, kv_cache=True, seed=3, readable=READABLE),
+}
+
+
+def build_tokenizer():  # type: ignore[no-untyped-def]
+    """A byte-level BPE without merges (every byte one token) plus the chat and mask specials."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    tokenizer = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.add_special_tokens(list(SPECIALS))
+    assert tokenizer.get_vocab_size() == VOCAB and tokenizer.token_to_id("[MASK]") == MASK_ID
+    assert [tokenizer.encode(chr(c)).ids[0] for c in (32, 33, 126)] == [READABLE[-1], 0, 93]
+    return tokenizer
+
+
+def torch_model(kind: str) -> tiny_diffusion.TinyDiffusionLM:
+    """The torch model a fixture repo was exported from (same seed, same weights)."""
+    return tiny_diffusion.TinyDiffusionLM(KINDS[kind]).eval()
+
+
+def _recipe_hash(kind: str) -> str:
+    import onnx
+    import torch
+
+    digest = hashlib.sha256()
+    here = Path(__file__).parent
+    for name in ("kohra_fixtures.py", "tiny_diffusion.py"):
+        digest.update((here / name).read_bytes())
+    digest.update(f"{kind}|{torch.__version__}|{onnx.__version__}".encode())
+    return digest.hexdigest()[:16]
+
+
+def _card(kind: str) -> str:
+    tags = ["text-diffusion", "block-diffusion"] if kind == "bd3lm" else ["text-diffusion"]
+    lines = "".join(f"  - {t}\n" for t in tags)
+    return f"---\nlicense: apache-2.0\npipeline_tag: text-generation\ntags:\n{lines}---\n# tiny {kind}\n"
+
+
+def _write(folder: Path, kind: str) -> None:
+    config = KINDS[kind]
+    (folder / "onnx").mkdir()
+    tiny_diffusion.export_onnx(torch_model(kind), str(folder / "onnx" / "model.onnx"))
+    build_tokenizer().save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps({"mask_token": "[MASK]", "eos_token": "<|im_end|>", "bos_token": None}), encoding="utf-8"
+    )
+    model_config = {
+        "model_type": "tiny-dit",
+        "vocab_size": VOCAB,
+        "hidden_size": config.hidden,
+        "num_attention_heads": config.heads,
+        "model_length": MODEL_LENGTH,
+    }
+    if kind == "bd3lm":
+        model_config["block_size"] = BLOCK_SIZE
+    (folder / "config.json").write_text(json.dumps(model_config), encoding="utf-8")
+    (folder / "README.md").write_text(_card(kind), encoding="utf-8")
+
+
+def fixture_repo(kind: str) -> Path:
+    """The local repo folder of a tiny model (``mdlm``, ``mdlm-tc`` or ``bd3lm``), built once."""
+    root = Path(os.environ.get("ANYFORMER_TEST_FIXTURES", Path.home() / ".cache" / "anyformer-test-fixtures"))
+    target = root / f"kohra-{kind}-{_recipe_hash(kind)}"
+    if target.is_dir():
+        return target
+    root.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".kohra-{kind}-", dir=root))
+    try:
+        _write(staging, kind)
+        try:
+            staging.rename(target)
+        except OSError:
+            if not target.is_dir():  # another run won the race: keep theirs
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target

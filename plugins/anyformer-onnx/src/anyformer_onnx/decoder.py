@@ -1,0 +1,153 @@
+"""The decode loop of a decoder-only ONNX graph on onnxruntime, with its past key values kept in place.
+
+The graph takes ``input_ids``, ``attention_mask``, ``position_ids`` (when it has them) and
+``past_key_values.N.key/value``, and returns ``logits`` and ``present.N.key/value``: the names
+optimum's and transformers.js's exporters use. Each step binds the previous step's ``present``
+OrtValues as the next step's ``past`` through IO binding, so the cache never round-trips through
+numpy (on CUDA it never leaves the GPU); only the last row of logits is copied out. The graph
+itself still concatenates each new position onto the past (that is how these exports are built).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Generator, Mapping
+from typing import Any
+
+import numpy as np
+
+from anyformer.plugin import AnyformerError, ErrorCode
+from anyformer_onnx.sampling import Sampler, apply_repetition_penalty
+
+_PAST = re.compile(r"^past_key_values\.(\d+)\.(key|value)$")
+_ELEMENT_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(bfloat16)": np.float32}
+#: Inputs that say how many positions of logits to return; fed 1 (only the last is needed).
+_LOGITS_TO_KEEP = ("num_logits_to_keep", "logits_to_keep")
+
+
+def _dim(value: Any) -> int | None:
+    return value if isinstance(value, int) and value > 0 else None
+
+
+class DecoderGraph:
+    """What the loop needs to know about one decoder session: input names and the cache's shape."""
+
+    def __init__(self, session: Any, config: Mapping[str, Any], label: str) -> None:
+        self.session = session
+        self.label = label
+        inputs = {i.name: i for i in session.get_inputs()}
+        outputs = [o.name for o in session.get_outputs()]
+        if "input_ids" not in inputs or "logits" not in outputs:
+            raise AnyformerError(ErrorCode.BAD_MODEL, f"{label}: not a decoder graph (no input_ids → logits)")
+        past = sorted(
+            (m for m in (_PAST.match(name) for name in inputs) if m), key=lambda m: (int(m.group(1)), m.group(2))
+        )
+        self.past_names = [m.group(0) for m in past]
+        self.present_names = [f"present.{m.group(1)}.{m.group(2)}" for m in past]
+        missing = [name for name in self.present_names if name not in outputs]
+        if missing:
+            raise AnyformerError(
+                ErrorCode.BAD_MODEL, f"{label}: has {missing[0].replace('present', 'past_key_values')}"
+            )
+        self.has_mask = "attention_mask" in inputs
+        self.has_positions = "position_ids" in inputs
+        self.logits_to_keep = next((name for name in _LOGITS_TO_KEEP if name in inputs), None)
+        self.has_cache_branch = "use_cache_branch" in inputs
+        known = {"input_ids", "attention_mask", "position_ids", "use_cache_branch", *_LOGITS_TO_KEEP}
+        unknown = [name for name in inputs if name not in known and name not in self.past_names]
+        if unknown:
+            raise AnyformerError(
+                ErrorCode.BAD_MODEL, f"{label}: the graph wants an input this loop does not feed: {unknown[0]}"
+            )
+        self.kv_shape: tuple[int, int] = (0, 0)
+        self.kv_dtype: Any = np.float32
+        if self.past_names:
+            first = inputs[self.past_names[0]]
+            self.kv_dtype = _ELEMENT_TYPES.get(first.type)
+            if self.kv_dtype is None:
+                raise AnyformerError(ErrorCode.BAD_MODEL, f"{label}: past key values of type {first.type}")
+            shape = list(first.shape)
+            heads = _dim(shape[1]) if len(shape) == 4 else None
+            head_dim = _dim(shape[3]) if len(shape) == 4 else None
+            heads = heads or _dim(config.get("num_key_value_heads")) or _dim(config.get("num_attention_heads"))
+            hidden, all_heads = _dim(config.get("hidden_size")), _dim(config.get("num_attention_heads"))
+            head_dim = (
+                head_dim or _dim(config.get("head_dim")) or (hidden // all_heads if hidden and all_heads else None)
+            )
+            if not (heads and head_dim):
+                raise AnyformerError(
+                    ErrorCode.BAD_MODEL,
+                    f"{label}: the cache's head count and size are neither in the graph nor config.json",
+                )
+            self.kv_shape = (heads, head_dim)
+
+
+class DecodeLoop:
+    """Runs one generation: the prompt in one step, then one token per step, the cache bound in place."""
+
+    def __init__(self, graph: DecoderGraph, device: str) -> None:
+        import onnxruntime
+
+        self._ort = onnxruntime
+        self.graph = graph
+        self.device = device  # "cpu" or "cuda"
+
+    def _value(self, array: np.ndarray) -> Any:
+        return self._ort.OrtValue.ortvalue_from_numpy(array, self.device, 0)
+
+    def _empty_cache(self) -> dict[str, Any]:
+        heads, head_dim = self.graph.kv_shape
+        empty = np.zeros((1, heads, 0, head_dim), dtype=self.graph.kv_dtype)
+        return {name: self._value(empty) for name in self.graph.past_names}
+
+    def _step(self, ids: list[int], total: int, cache: dict[str, Any]) -> tuple[np.ndarray, dict[str, Any]]:
+        """Run the graph on ``ids`` (the last of ``total`` positions); return the last logits and the new cache."""
+        graph = self.graph
+        binding = graph.session.io_binding()
+        binding.bind_cpu_input("input_ids", np.asarray([ids], dtype=np.int64))
+        if graph.has_mask:
+            binding.bind_cpu_input("attention_mask", np.ones((1, total), dtype=np.int64))
+        if graph.has_positions:
+            binding.bind_cpu_input("position_ids", np.arange(total - len(ids), total, dtype=np.int64)[None, :])
+        if graph.logits_to_keep:
+            binding.bind_cpu_input(graph.logits_to_keep, np.asarray(1, dtype=np.int64))
+        if graph.has_cache_branch:
+            binding.bind_cpu_input("use_cache_branch", np.asarray([total > len(ids)], dtype=np.bool_))
+        for name in graph.past_names:
+            binding.bind_ortvalue_input(name, cache[name])
+        binding.bind_output("logits", "cpu")
+        for name in graph.present_names:
+            binding.bind_output(name, self.device)
+        graph.session.run_with_iobinding(binding)
+        outputs = binding.get_outputs()
+        logits = outputs[0].numpy()
+        row = np.array(logits[0, -1], dtype=np.float32)
+        return row, dict(zip(graph.past_names, outputs[1:], strict=True))
+
+    def tokens(
+        self,
+        prompt: list[int],
+        sampler: Sampler,
+        *,
+        limit: int,
+        stop_ids: frozenset[int],
+        penalty: float = 1.0,
+    ) -> Generator[int, None, None]:
+        """Yield up to ``limit`` new token ids; an id in ``stop_ids`` is yielded and ends the loop.
+
+        A graph without past inputs is run on the whole sequence each step (slower, still correct).
+        """
+        sequence = list(prompt)
+        with_cache = bool(self.graph.past_names)
+        cache = self._empty_cache() if with_cache else {}
+        pending = list(prompt)
+        for _ in range(limit):
+            feed = pending if with_cache else sequence
+            logits, cache = self._step(feed, len(sequence), cache)
+            apply_repetition_penalty(logits, sequence, penalty)
+            token = sampler.choose(logits)
+            yield token
+            if token in stop_ids:
+                return
+            sequence.append(token)
+            pending = [token]

@@ -1,0 +1,109 @@
+"""``load``: choose the graph, fetch it with its external data and text files, open the right handle.
+
+Imported by the ``load`` hook only: it imports onnxruntime (through :mod:`ort_session`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from anyformer.plugin import (
+    AnyformerError,
+    BackendModel,
+    Chunk,
+    ErrorCode,
+    GenerateOptions,
+    Message,
+    Model,
+    ProgressCallback,
+    ProgressEvent,
+    Request,
+    fetch_files,
+    read_config_json,
+)
+from anyformer_onnx import BACKEND_ID
+from anyformer_onnx.chat_model import OnnxChatModel
+from anyformer_onnx.classifier_model import OnnxClassifierModel
+from anyformer_onnx.decoder import DecoderGraph
+from anyformer_onnx.embedding_model import OnnxEmbeddingModel, pooling_of
+from anyformer_onnx.encoder import EncoderGraph
+from anyformer_onnx.estimate import context_for
+from anyformer_onnx.graphs import choose_graph
+from anyformer_onnx.ort_session import open_session
+from anyformer_onnx.plugin import stems_for
+from anyformer_onnx.runtime import CUDA, available_providers, choose_provider
+from anyformer_onnx.tasks import CLASSIFICATION_TASKS, EMBEDDING_TASKS, TASKS, TEXT_GENERATION, task_of
+from anyformer_onnx.text_setup import TEXT_FILES, load_text_setup, present_text_files
+
+POOLING_CONFIG = "1_Pooling/config.json"
+
+
+def _beside(graph: Path, names: list[str]) -> dict[str, Path]:
+    """Text files next to a lone graph file, or one folder up (a graph under ``onnx/``)."""
+    found: dict[str, Path] = {}
+    for name in names:
+        for folder in (graph.parent, graph.parent.parent):
+            candidate = folder / name
+            if candidate.is_file():
+                found[name] = candidate
+                break
+    return found
+
+
+def _option(request: Request, key: str) -> str | None:
+    value = request.options.get(key)
+    if value is not None and not isinstance(value, str):
+        raise AnyformerError(ErrorCode.BAD_REQUEST, f"the {key} option must be a string, got {value!r}")
+    return value
+
+
+def open_model(model: Model, request: Request, progress: ProgressCallback) -> BackendModel:
+    """Fetch, validate and open ``model`` for its task: a chat handle or an embedding handle."""
+    task = task_of(model, request.task)
+    if task not in TASKS:
+        raise AnyformerError(ErrorCode.BAD_REQUEST, f"task {task}; the onnx backend runs {', '.join(TASKS)}")
+    wanted_provider = {"cuda": CUDA, "cpu": "CPUExecutionProvider", None: None}.get(_option(request, "provider"))
+    provider = choose_provider(available_providers(), wanted_provider)
+    device = "cuda" if provider == CUDA else "cpu"
+    choice = choose_graph(model, stems_for(task), device, _option(request, "precision"))
+    if choice is None:
+        raise AnyformerError(ErrorCode.NO_BACKEND, f"{model.ref}: no {task} graph at a known path")
+    extra = present_text_files(model)
+    if task in EMBEDDING_TASKS and model.file(POOLING_CONFIG) is not None:
+        extra.append(POOLING_CONFIG)
+    paths = fetch_files(model, [*choice.files, *extra], progress, backend=BACKEND_ID)
+    graph_path = paths[choice.graph.name]
+    missing = [name for name in TEXT_FILES if name not in paths]
+    if missing and model.file(choice.graph.name) is not None and model.source == "local":
+        paths.update(_beside(graph_path, missing))
+    progress(ProgressEvent(stage="load", backend=BACKEND_ID, file=choice.graph.name, total=choice.size))
+    label = f"{model.ref} ({choice.graph.name})"
+    text = load_text_setup(paths, label)
+    session, actual = open_session(graph_path, provider=provider, threads=request.options.get("threads"))
+    progress(
+        ProgressEvent(stage="load", backend=BACKEND_ID, file=choice.graph.name, done=choice.size, total=choice.size)
+    )
+    details: dict[str, Any] = {"file": choice.graph.name, "precision": choice.precision, "provider": actual}
+    if task == TEXT_GENERATION:
+        config = text.config or model.config
+        graph = DecoderGraph(session, config, label)
+        context = context_for(config, request.context)
+        details["context"] = context
+        return OnnxChatModel(graph, text, device="cuda" if actual == CUDA else "cpu", context=context, details=details)
+    encoder = EncoderGraph(session, text.tokenizer, label)
+    if task in CLASSIFICATION_TASKS:
+        return OnnxClassifierModel(encoder, task=task, config=text.config or model.config, details=details)
+    pooling_path = paths.get(POOLING_CONFIG)
+    pooling = pooling_of(read_config_json(pooling_path, f"{POOLING_CONFIG} of {model.ref}")) if pooling_path else "mean"
+    return OnnxEmbeddingModel(encoder, task=task, pooling=pooling, details=details)
+
+
+def stream_of(loaded: BackendModel, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk]:
+    """The chunk stream of a chat handle; ``BAD_REQUEST`` for a handle loaded for another task."""
+    if not isinstance(loaded, OnnxChatModel):
+        raise AnyformerError(
+            ErrorCode.BAD_REQUEST, f"the model was loaded for {loaded.task}: it runs with run(), not generate()"
+        )
+    return loaded.stream(messages, options)

