@@ -17,7 +17,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     add_machine_arguments(parser, budget=False)
     parser.add_argument("--json", action="store_true", help="print JSON")
-    parser.set_defaults(handler=run)
+    parser.set_defaults(handler=run, fresh_probe=True)
 
 
 def run(args: argparse.Namespace) -> int:

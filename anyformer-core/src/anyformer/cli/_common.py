@@ -32,7 +32,8 @@ def caps_from_args(args: argparse.Namespace) -> Caps:
     if getattr(args, "ram", None) is not None:
         overrides["ram_bytes"] = parse_size(args.ram)
     flags = getattr(args, "caps", None)
-    caps = probe(gpu=flags is None)
+    # `anyformer caps` is the command that asks the driver: it never answers from the adapter cache.
+    caps = probe(gpu=flags is None, refresh=getattr(args, "fresh_probe", False))
     if flags is not None:
         caps = caps.with_flags(flags.split(","))
     return caps.replace(**overrides) if overrides else caps

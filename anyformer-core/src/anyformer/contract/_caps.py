@@ -123,24 +123,42 @@ def _store_state() -> tuple[bool, str, int | None]:
     return writable, str(home), free
 
 
-def _probe_wgpu(timeout: float = 20.0) -> dict[str, Any]:
-    import subprocess  # the probe is rare; `import anyformer` stays light
-
+def _probe_wgpu(timeout: float = 20.0, *, use_cache: bool = True) -> dict[str, Any]:
+    """The adapter's facts: from the cache when nothing that decides them changed, else from wgpu."""
     if importlib.util.find_spec("wgpu") is None:
         return {"error": "wgpu is not installed (pip install wgpu)"}
+    from anyformer.contract import _adapter_cache
+
+    cached = _adapter_cache.enabled()
+    key = _adapter_cache.fingerprint() if cached else ""
+    if cached and use_cache:
+        facts = _adapter_cache.load_adapter_facts(key)
+        if facts is not None:
+            return facts
+    facts, answered = _ask_wgpu(timeout)
+    if cached and answered:  # a crash or a time-out is not a fact about the adapter: ask again next time
+        _adapter_cache.store_adapter_facts(key, facts)
+    return facts
+
+
+def _ask_wgpu(timeout: float) -> tuple[dict[str, Any], bool]:
+    """Ask wgpu in a child process; the flag says whether the child answered (adapter or not)."""
+    import subprocess  # the probe is rare; `import anyformer` stays light
+
     try:
         done = subprocess.run(
             [sys.executable, "-c", _WGPU_PROBE], capture_output=True, text=True, timeout=timeout, check=False
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
-        return {"error": f"the GPU probe failed: {exc}"}
+        return {"error": f"the GPU probe failed: {exc}"}, False
     lines = done.stdout.strip().splitlines()
     if done.returncode != 0 or not lines:
-        return {"error": f"the GPU probe exited with {done.returncode}"}
+        return {"error": f"the GPU probe exited with {done.returncode}"}, False
     try:
-        return json.loads(lines[-1])
+        facts = json.loads(lines[-1])
     except json.JSONDecodeError:
-        return {"error": "the GPU probe printed no result"}
+        return {"error": "the GPU probe printed no result"}, False
+    return (facts, True) if isinstance(facts, dict) else ({"error": "the GPU probe printed no result"}, False)
 
 
 def _nvidia_free_bytes(timeout: float = 10.0) -> int | None:
@@ -196,8 +214,8 @@ def _gpu_fields(raw: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-@functools.lru_cache(maxsize=2)
-def _probe_cached(with_gpu: bool) -> Caps:
+@functools.lru_cache(maxsize=4)
+def _probe_cached(with_gpu: bool, fresh_adapter: bool = False) -> Caps:
     writable, store_path, free = _store_state()
     fields: dict[str, Any] = {
         "ram_bytes": host_ram_available(),
@@ -207,7 +225,7 @@ def _probe_cached(with_gpu: bool) -> Caps:
         "cpu_count": usable_cpu_count(),
     }
     if with_gpu:
-        fields.update(_gpu_fields(_probe_wgpu()))
+        fields.update(_gpu_fields(_probe_wgpu(use_cache=not fresh_adapter)))
         fields["gpu_bytes"] = _nvidia_free_bytes()
         if fields["gpu_bytes"] is None and fields.get("gpu") and fields.get("gpu_type") == "CPU":
             # A software adapter counted as a GPU (ANYFORMER_SOFTWARE_GPU=1) allocates host memory.
@@ -221,11 +239,13 @@ def probe(*, gpu: bool = True, refresh: bool = False, **overrides: Any) -> Caps:
     """Read the machine's capabilities once per process; keyword arguments override fields.
 
     ``gpu=False`` skips the adapter probe (it starts a child process that asks wgpu, which takes
-    a moment and which a broken driver cannot crash us through).
+    a moment and which a broken driver cannot crash us through). The adapter's facts are kept on
+    disk (``ANYFORMER_HOME/probe/adapter.json``) while the machine, its driver and wgpu stay the
+    same; ``refresh=True`` asks the driver again, ``ANYFORMER_PROBE_CACHE=0`` never keeps them.
     """
     if refresh:
         _probe_cached.cache_clear()
-    caps = _probe_cached(gpu)
+    caps = _probe_cached(gpu, refresh)
     unknown = set(overrides) - {f.name for f in dataclasses.fields(Caps)}
     if unknown:
         raise AnyformerError(ErrorCode.BAD_REQUEST, f"unknown capability field {', '.join(sorted(unknown))}")
