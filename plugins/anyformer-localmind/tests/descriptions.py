@@ -1,4 +1,4 @@
-"""Model descriptions (CONTRACT §1 JSON) with GGUF header facts, for can_run tests: no file behind them."""
+"""Model descriptions (the JSON of docs/contract.md) with GGUF header facts, for can_run tests: no file behind them."""
 
 from __future__ import annotations
 
