@@ -95,7 +95,7 @@ def test_isolated_and_in_process_streams_are_identical(load_isolated: Any, model
 
 def test_previews_cross_from_the_worker(load_isolated: Any, model_description: dict[str, Any]) -> None:
     isolated = load_isolated("previews")
-    with anyformer.load(model_description, backend="previews", caps=Caps()) as local:
+    with anyformer.load(model_description, backend="previews", caps=Caps(ram_bytes=16 * 2**30)) as local:
         streamed = list(isolated.generate("hi", max_new_tokens=4))
         assert streamed == list(local.generate("hi", max_new_tokens=4))
     assert [c.preview for c in streamed] == ["w1 w2?", "w2 w3?", "w3 w4?", None]
@@ -416,7 +416,7 @@ def test_a_cancel_while_the_engine_prepares_the_prompt_returns_at_once(
 _SPINNING_PARENT = """
 import os, sys, threading, anyformer
 from anyformer import Caps
-loaded = anyformer.load(sys.argv[1], backend="spins", caps=Caps(), isolate=True)
+loaded = anyformer.load(sys.argv[1], backend="spins", caps=Caps(ram_bytes=16 * 2**30), isolate=True)
 print(loaded.worker_pid, flush=True)
 loaded.complete("hi")  # the engine spins for ever before its first token
 """

@@ -122,6 +122,12 @@ class Loaded:
         try:
             with cancelled_by(options.cancel):  # an in-process backend renders its chat template here
                 source = self._session.start(checked, options)
+        except AnyformerError as exc:
+            if exc.code is not ErrorCode.CANCELLED or not options.cancel.is_set():
+                self._release()
+                raise
+            # Cancelled before the first token (mid-render): the stream ends at once with `cancelled`.
+            source = iter(())
         except BaseException:
             self._release()
             raise

@@ -125,7 +125,10 @@ class _StreamState:
                     raw = next(self._source)
                 except StopIteration:
                     break
-                except AnyformerError:
+                except AnyformerError as exc:
+                    if exc.code is ErrorCode.CANCELLED and options.cancel.is_set():
+                        finish = FinishReason.CANCELLED  # the backend stopped mid-render or mid-prompt: a cancel
+                        break
                     raise
                 except MemoryError as exc:
                     raise AnyformerError(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import mmap
 import os
+from collections.abc import Iterator, Mapping
 from types import TracebackType
 
 import numpy as np
@@ -31,9 +32,9 @@ class GGUFFile:
             self._map: mmap.mmap | None = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
 
     @property
-    def kv(self) -> dict[str, object]:
-        """The header's metadata by key."""
-        return self.header.kv
+    def kv(self) -> Mapping[str, object]:
+        """The header's metadata by key, long arrays (vocabulary, merges) decoded into lists on access."""
+        return _DecodedMetadata(self.header)
 
     def has(self, name: str) -> bool:
         """Whether a tensor of this name is in the file."""
@@ -71,3 +72,21 @@ class GGUFFile:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
+
+
+class _DecodedMetadata(Mapping[str, object]):
+    """The header's metadata as plain values: the core keeps long arrays as checked bytes until asked."""
+
+    def __init__(self, header: GGUFHeader) -> None:
+        self._header = header
+
+    def __getitem__(self, key: str) -> object:
+        if key not in self._header.kv:
+            raise KeyError(key)
+        return self._header.get(key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._header.kv)
+
+    def __len__(self) -> int:
+        return len(self._header.kv)

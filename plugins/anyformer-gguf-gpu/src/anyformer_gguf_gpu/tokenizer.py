@@ -14,7 +14,7 @@ are parsed; user-defined tokens (type 4) are always split out, as llama.cpp does
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from anyformer.plugin import AnyformerError, ErrorCode
@@ -74,7 +74,7 @@ _CONTROL = 3
 _USER_DEFINED = 4
 
 
-def tokenizer_problem(kv: dict[str, Any]) -> str | None:
+def tokenizer_problem(kv: Mapping[str, Any]) -> str | None:
     """Why this GGUF's tokenizer cannot be built here (a one-line reason), or None when it can."""
     model = kv.get("tokenizer.ggml.model")
     if model != "gpt2":
@@ -91,7 +91,7 @@ def tokenizer_problem(kv: dict[str, Any]) -> str | None:
 class GGUFTokenizer:
     """Text to token ids and back, as llama.cpp's ``llama_tokenize`` / ``llama_detokenize`` for this GGUF."""
 
-    def __init__(self, kv: dict[str, Any]) -> None:
+    def __init__(self, kv: Mapping[str, Any]) -> None:
         problem = tokenizer_problem(kv)
         if problem is not None:
             raise AnyformerError(ErrorCode.BAD_MODEL, f"the GGUF's tokenizer: {problem}")
