@@ -36,22 +36,33 @@ def test_qwen3_30b_a3b_is_accepted_as_a_specialist_holding_every_expert_when_mem
     assert d["kv_cache"] == 2 * 48 * 4096 * 4 * 128 * 4
 
 
-def test_a_budget_between_need_and_everything_sizes_the_cache():
+def test_memory_between_need_and_everything_sizes_the_cache():
     plan = plan_from_summary(QWEN3_30B_A3B, 4096)
-    budget = plan.need + 10 * plan.min_cache_bytes
-    v = verdict(moe_model(), budget=budget)
+    ram = plan.need + 10 * plan.min_cache_bytes
+    v = verdict(moe_model(), CAPS.replace(ram_bytes=ram))
     assert v.ok, v.reason
-    assert v.estimate.ram_bytes == budget
-    assert v.estimate.details["expert_cache"] == budget - plan.fixed_bytes
+    assert v.estimate.ram_bytes == ram
+    assert v.estimate.details["expert_cache"] == ram - plan.fixed_bytes
 
 
-def test_one_byte_below_need_is_a_budget_refusal_with_the_need_and_the_estimate_said():
+def test_pool_bytes_sizes_the_cache_below_what_memory_allows():
     plan = plan_from_summary(QWEN3_30B_A3B, 4096)
-    v = verdict(moe_model(), budget=plan.need - 1)
-    assert not v.ok and v.code is Refusal.BUDGET and v.need == plan.need
+    v = verdict(moe_model(), options={"pool_bytes": 3 * plan.min_cache_bytes})
+    assert v.ok and v.estimate.details["expert_cache"] == 3 * plan.min_cache_bytes
+    assert v.estimate.ram_bytes == plan.fixed_bytes + 3 * plan.min_cache_bytes
+
+
+def test_one_byte_below_need_is_a_memory_refusal_with_the_need_and_the_estimate_said():
+    plan = plan_from_summary(QWEN3_30B_A3B, 4096)
+    v = verdict(moe_model(), CAPS.replace(ram_bytes=plan.need - 1))
+    assert not v.ok and v.code is Refusal.MEMORY and v.need == plan.need
     assert "estimated from the architecture and the file size" in v.reason
     assert "top-8 experts" in v.reason
-    assert verdict(moe_model(), budget=plan.need).ok
+    assert verdict(moe_model(), CAPS.replace(ram_bytes=plan.need)).ok
+
+
+def test_an_accelerator_budget_does_not_bound_the_cpu_engine():
+    assert verdict(moe_model(), budget=0).ok
 
 
 @pytest.mark.parametrize(
@@ -68,7 +79,6 @@ def test_one_byte_below_need_is_a_budget_refusal_with_the_need_and_the_estimate_
         (moe_model(split={"no": 0, "count": 2}), {}, {}, Refusal.MODEL, "split"),
         ({**moe_model(), "metadata": {}}, {}, {}, Refusal.MODEL, "header was not read"),
         ({**moe_model(), "source": "hub"}, {"store": False}, {}, Refusal.STORE, "not writable"),
-        (moe_model(), {}, {"budget": 10**9}, Refusal.BUDGET, "budget is"),
         (moe_model(), {"ram_bytes": 10**9}, {}, Refusal.MEMORY, "available"),
     ],
 )
@@ -89,10 +99,10 @@ def test_a_file_on_disk_gives_need_from_its_tensor_sizes(moe_folder):
     kv = 2 * 2 * 256 * (2 * 16) * 4  # layers, the file's context of 256, two KV heads of 16, f32
     one_layer_top2 = experts // (2 * 8) * 2
     need = dense + kv + RAM_OVERHEAD + one_layer_top2
-    low = verdict(model, budget=need - 1)
-    assert not low.ok and low.code is Refusal.BUDGET and low.need == need
+    low = verdict(model, CAPS.replace(ram_bytes=need - 1))
+    assert not low.ok and low.code is Refusal.MEMORY and low.need == need
     assert "estimated" not in low.reason
-    ok = verdict(model, budget=need)
+    ok = verdict(model, CAPS.replace(ram_bytes=need))
     assert ok.ok and ok.estimate.details["expert_cache"] == one_layer_top2
     assert ok.estimate.details["estimated"] is False
     assert verdict(model).estimate.details["expert_cache"] == experts

@@ -3,7 +3,7 @@
 ``can_run`` decides from the description (the core read the GGUF's header; when the file is on disk
 its tensor sizes give exact figures): the format, the task, whether the engine reads the MoE
 architecture, every weight type and the tokenizer, and whether dense weights + the KV cache + the
-smallest working expert cache (one layer's top-k experts) fit the budget.
+smallest working expert cache (one layer's top-k experts) fit host memory (``caps.ram_bytes``).
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def header_problem(summary: dict[str, object]) -> str | None:
 
 @hookimpl
 def can_run(model: Model, caps: Caps, request: Request) -> Verdict:
-    """Refuse with ``format``/``task``/``model``/``budget``/``memory``/``store``, or estimate the RAM it holds."""
+    """Refuse with ``format``/``task``/``model``/``store``/``memory``, or estimate the host memory it holds."""
     if "gguf" not in model.formats:
         return Verdict.refuse(BACKEND_ID, Refusal.FORMAT, "no GGUF in the repo")
     task = request.task or model.task or TASK
@@ -95,15 +95,8 @@ def can_run(model: Model, caps: Caps, request: Request) -> Verdict:
         f"dense weights {format_size(plan.dense_bytes)}, KV cache {format_size(plan.kv_bytes)} at {context} tokens, "
         f"one layer's top-{plan.experts_per_token} experts {format_size(plan.min_cache_bytes)}"
     )
-    # The CPU engine holds everything in host memory: an explicit budget bounds it, else the free RAM.
-    if request.budget is not None and plan.need > request.budget:
-        return Verdict.refuse(
-            BACKEND_ID,
-            Refusal.BUDGET,
-            f"{file.name}: needs at least {format_size(plan.need)} ({parts}){how}; "
-            f"the budget is {format_size(request.budget)}",
-            need=plan.need,
-        )
+    # The CPU engine holds everything in host memory, so host memory (``caps.ram_bytes``) is the limit;
+    # the request's ``budget`` is accelerator memory, which this engine does not use.
     if plan.need > caps.ram_bytes:
         return Verdict.refuse(
             BACKEND_ID,
@@ -112,8 +105,11 @@ def can_run(model: Model, caps: Caps, request: Request) -> Verdict:
             f"{format_size(caps.ram_bytes)} available",
             need=plan.need,
         )
-    budget = min(request.budget, caps.ram_bytes) if request.budget is not None else caps.ram_bytes
-    cache = plan.cache_bytes(budget)
+    pool = request.options.get("pool_bytes")
+    cache = plan.cache_bytes(caps.ram_bytes)
+    if isinstance(pool, int) and not isinstance(pool, bool) and pool > 0:
+        # An explicit pool replaces what memory leaves (load refuses one below the smallest working cache).
+        cache = min(pool, cache)
     return Verdict.accept(
         BACKEND_ID,
         Estimate(
