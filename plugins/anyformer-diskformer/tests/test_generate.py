@@ -76,3 +76,28 @@ def test_the_core_loads_it_through_the_entry_point(moe_folder):
     with anyformer.load(moe_folder, backend="diskformer", context=128) as loaded:
         reply = loaded.complete(MESSAGES, max_new_tokens=4)
     assert reply.tokens > 0 or reply.finish_reason == "stop"
+
+
+def test_sampling_draws_only_within_top_k_and_top_p_and_repeats_with_the_seed():
+    from anyformer_diskformer.engine import sample
+
+    logits = np.array([0.0, 5.0, 4.0, 1.0, 4.5, -2.0], dtype=np.float32)
+    draws = [sample(logits, 1.0, 3, 1.0, np.random.default_rng(s)) for s in range(200)]
+    assert set(draws) == {1, 2, 4}  # the three largest, each drawn at some seed
+    assert all(sample(logits, 1.0, 1, 1.0, np.random.default_rng(s)) == 1 for s in range(20))
+    # top_p 0.5: the largest alone holds ~51 % of the top-3 mass, so it is all that is kept.
+    assert {sample(logits, 1.0, 3, 0.5, np.random.default_rng(s)) for s in range(50)} == {1}
+    first = [sample(logits, 0.8, 6, 0.95, np.random.default_rng(7)) for _ in range(5)]
+    assert len(set(first)) == 1
+
+
+def test_a_seeded_sampled_reply_repeats(moe_f32):
+    model = open_model(moe_f32)
+    try:
+        options = {"max_new_tokens": 12, "temperature": 0.9, "seed": 5}
+        one = "".join(c.delta for c in model.stream(MESSAGES, GenerateOptions(**options)))
+        two = "".join(c.delta for c in model.stream(MESSAGES, GenerateOptions(**options)))
+        greedy = "".join(c.delta for c in model.stream(MESSAGES, GenerateOptions(max_new_tokens=12)))
+    finally:
+        model.dispose()
+    assert one == two and one != greedy

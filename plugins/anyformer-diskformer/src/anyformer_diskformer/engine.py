@@ -61,7 +61,8 @@ def sample(logits: np.ndarray, temperature: float, top_k: int, top_p: float, rng
     z = logits[order].astype(np.float64) / temperature
     p = np.exp(z - z.max())
     p /= p.sum()
-    keep = int(np.searchsorted(np.cumsum(p), top_p) + 1)
+    # The fewest ids whose mass reaches top_p (all of them when rounding leaves the sum just below 1).
+    keep = min(len(p), int(np.searchsorted(np.cumsum(p), top_p) + 1))
     p = p[:keep] / p[:keep].sum()
     return int(order[rng.choice(keep, p=p)])
 
