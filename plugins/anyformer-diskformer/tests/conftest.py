@@ -30,3 +30,11 @@ def moe_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("moe-folder")
     write_tiny_moe(str(folder / "tiny-qwen3moe-q8_0.gguf"), TinyMoE(quant="Q8_0"), seed=2)
     return folder
+
+
+@pytest.fixture(scope="session")
+def qwen2moe_f32(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A 2-layer qwen2moe, 8 experts, top-4, q/k/v biases and a shared expert, every weight F32."""
+    path = str(tmp_path_factory.mktemp("moe") / "tiny-qwen2moe-f32.gguf")
+    write_tiny_moe(path, TinyMoE(architecture="qwen2moe", n_expert_used=4, quant="F32"), seed=4)
+    return path

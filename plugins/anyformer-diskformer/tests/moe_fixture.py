@@ -11,8 +11,9 @@ from anyformer_gguf_gpu.testing import byte_level_alphabet
 
 @dataclasses.dataclass(frozen=True)
 class TinyMoE:
-    """The shape of a random qwen3moe test model."""
+    """The shape of a random MoE test model (qwen3moe, or qwen2moe with its biases and shared expert)."""
 
+    architecture: str = "qwen3moe"
     n_layer: int = 2
     n_embd: int = 64
     n_head: int = 4
@@ -22,13 +23,15 @@ class TinyMoE:
     n_expert_used: int = 2
     n_ff_exp: int = 32
     n_ctx: int = 256
+    #: Width of qwen2moe's shared expert.
+    n_ff_shexp: int = 48
     #: Type of the dense matrices and of the experts (F32, F16 or Q8_0).
     quant: str = "F16"
     scale: float = 0.08
 
 
 def write_tiny_moe(path: str, spec: TinyMoE, seed: int = 0) -> None:
-    """Write a random qwen3moe of ``spec``'s shape with a small byte-level BPE vocabulary."""
+    """Write a random MoE of ``spec``'s shape with a small byte-level BPE vocabulary."""
     import gguf
 
     rng = np.random.default_rng(seed)
@@ -40,7 +43,8 @@ def write_tiny_moe(path: str, spec: TinyMoE, seed: int = 0) -> None:
         *byte_level_alphabet(),
         *(m.replace(" ", "") for m in merges),
     ]
-    w = gguf.GGUFWriter(path, "qwen3moe")
+    arch = spec.architecture
+    w = gguf.GGUFWriter(path, arch)
     w.add_block_count(spec.n_layer)
     w.add_context_length(spec.n_ctx)
     w.add_embedding_length(spec.n_embd)
@@ -48,6 +52,8 @@ def write_tiny_moe(path: str, spec: TinyMoE, seed: int = 0) -> None:
     w.add_expert_feed_forward_length(spec.n_ff_exp)
     w.add_expert_count(spec.n_expert)
     w.add_expert_used_count(spec.n_expert_used)
+    if arch == "qwen2moe":
+        w.add_expert_shared_feed_forward_length(spec.n_ff_shexp)
     w.add_head_count(spec.n_head)
     w.add_head_count_kv(spec.n_kv)
     w.add_key_length(spec.head_dim)
@@ -87,8 +93,12 @@ def write_tiny_moe(path: str, spec: TinyMoE, seed: int = 0) -> None:
         weight(p + "attn_q.weight", q_dim, spec.n_embd)
         weight(p + "attn_k.weight", kv_dim, spec.n_embd)
         weight(p + "attn_v.weight", kv_dim, spec.n_embd)
-        vector(p + "attn_q_norm.weight", spec.head_dim)
-        vector(p + "attn_k_norm.weight", spec.head_dim)
+        if arch == "qwen3moe":
+            vector(p + "attn_q_norm.weight", spec.head_dim)
+            vector(p + "attn_k_norm.weight", spec.head_dim)
+        else:
+            for name, n in (("q", q_dim), ("k", kv_dim), ("v", kv_dim)):
+                w.add_tensor(p + f"attn_{name}.bias", (0.1 * rng.standard_normal(n)).astype(np.float32))
         weight(p + "attn_output.weight", spec.n_embd, q_dim)
         vector(p + "ffn_norm.weight", spec.n_embd)
         # The router in f32, as converters write it; a larger scale spreads the experts' probabilities.
@@ -98,6 +108,11 @@ def write_tiny_moe(path: str, spec: TinyMoE, seed: int = 0) -> None:
         weight(p + "ffn_gate_exps.weight", spec.n_expert, spec.n_ff_exp, spec.n_embd)
         weight(p + "ffn_up_exps.weight", spec.n_expert, spec.n_ff_exp, spec.n_embd)
         weight(p + "ffn_down_exps.weight", spec.n_expert, spec.n_embd, spec.n_ff_exp)
+        if arch == "qwen2moe":
+            w.add_tensor(p + "ffn_gate_inp_shexp.weight", (rng.standard_normal(spec.n_embd) * 0.2).astype(np.float32))
+            weight(p + "ffn_gate_shexp.weight", spec.n_ff_shexp, spec.n_embd)
+            weight(p + "ffn_up_shexp.weight", spec.n_ff_shexp, spec.n_embd)
+            weight(p + "ffn_down_shexp.weight", spec.n_embd, spec.n_ff_shexp)
     vector("output_norm.weight", spec.n_embd)
     weight("output.weight", len(tokens), spec.n_embd)
     w.write_header_to_file()

@@ -71,7 +71,7 @@ def test_an_accelerator_budget_does_not_bound_the_cpu_engine():
         ({"repo": "o/r", "files": [{"name": "model.safetensors", "size": 10}]}, {}, {}, Refusal.FORMAT, "no GGUF"),
         (moe_model(), {}, {"task": "feature-extraction"}, Refusal.TASK, "feature-extraction"),
         (moe_model(architecture="llama", expert_count=None), {}, {}, Refusal.MODEL, "'llama'"),
-        (moe_model(architecture="qwen2moe"), {}, {}, Refusal.MODEL, "'qwen2moe'"),
+        (moe_model(architecture="deepseek2"), {}, {}, Refusal.MODEL, "'deepseek2'"),
         (moe_model(tensor_types={"F32": 1, "IQ4_XS": 9}), {}, {}, Refusal.MODEL, "IQ4_XS"),
         (moe_model(tokenizer_model="llama"), {}, {}, Refusal.MODEL, "tokenizer model 'llama'"),
         (moe_model(tokenizer_pre="deepseek-llm"), {}, {}, Refusal.MODEL, "deepseek-llm"),
@@ -106,3 +106,16 @@ def test_a_file_on_disk_gives_need_from_its_tensor_sizes(moe_folder):
     assert ok.ok and ok.estimate.details["expert_cache"] == one_layer_top2
     assert ok.estimate.details["estimated"] is False
     assert verdict(model).estimate.details["expert_cache"] == experts
+
+
+def test_a_qwen2moe_file_is_accepted_with_its_shared_expert_counted_as_dense(qwen2moe_f32):
+    model = anyformer.describe(qwen2moe_f32)
+    v = verdict(model)
+    assert v.ok, v.reason
+    reader = gguf.GGUFReader(qwen2moe_f32)
+    shared = sum(4 * int(t.n_elements) for t in reader.tensors if "_shexp" in t.name)
+    routed = sum(int(t.n_bytes) for t in reader.tensors if t.name.endswith("_exps.weight"))
+    assert shared > 0 and v.estimate.details["experts_total"] == routed
+    assert v.estimate.details["dense_bytes"] == sum(
+        4 * int(t.n_elements) for t in reader.tensors if not t.name.endswith("_exps.weight")
+    )

@@ -1,10 +1,12 @@
-"""The qwen3moe forward pass on the CPU in numpy: dense weights resident, routed experts from the cache.
+"""The qwen3moe / qwen2moe forward pass on the CPU in numpy: dense weights resident, routed experts from the cache.
 
-Per layer, as llama.cpp's qwen3moe graph: RMSNorm, q/k/v projections, per-head RMSNorm of q and k,
-NEOX rotary embedding, grouped-query causal attention over the KV cache, the output projection
-added to the residual; then RMSNorm, the router (softmax over all experts, top-k, the k weights
-renormalised to sum to 1 where the architecture says so), each selected expert's SwiGLU FFN
-weighted and summed, added to the residual. Arithmetic is float32, as llama.cpp's CPU build.
+Per layer, as llama.cpp's graphs for these architectures: RMSNorm, q/k/v projections (with biases
+in qwen2moe), per-head RMSNorm of q and k (qwen3moe), NEOX rotary embedding, grouped-query causal
+attention over the KV cache, the output projection added to the residual; then RMSNorm, the router
+(softmax over all experts, top-k, the k weights renormalised to sum to 1 where the architecture
+says so), each selected expert's SwiGLU FFN weighted and summed, plus the shared expert's SwiGLU
+scaled by sigmoid(x · gate_inp_shexp) where there is one (qwen2moe), added to the residual.
+Arithmetic is float32, as llama.cpp's CPU build.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ def route(logits: np.ndarray, k: int, normalise: bool) -> tuple[np.ndarray, np.n
 
 
 class CpuMoEEngine:
-    """A loaded qwen3moe model on the CPU: float32 dense weights, an f32 KV cache of ``ctx`` tokens."""
+    """A loaded qwen3moe or qwen2moe model on the CPU: float32 dense weights, an f32 KV cache of ``ctx`` tokens."""
 
     def __init__(self, gguf: GGUFFile, config: MoEConfig, cache: ExpertCache, ctx: int) -> None:
         self.config = config
@@ -77,14 +79,22 @@ class CpuMoEEngine:
         out[..., half : 2 * half] = a * sin + b * cos
         return out
 
+    def _project(self, name: str, x: np.ndarray) -> np.ndarray:
+        """``x @ W.T``, plus the bias where the model has one."""
+        y = x @ self._w[name + ".weight"].T
+        bias = self._w.get(name + ".bias")
+        return y + bias if bias is not None else y
+
     def _attention(self, layer: int, x: np.ndarray, start: int) -> np.ndarray:
         c, p = self.config, f"blk.{layer}."
         n = x.shape[0]
-        q = (x @ self._w[p + "attn_q.weight"].T).reshape(n, c.n_head, c.head_dim)
-        k = (x @ self._w[p + "attn_k.weight"].T).reshape(n, c.n_kv, c.head_dim)
-        v = (x @ self._w[p + "attn_v.weight"].T).reshape(n, c.n_kv, c.head_dim)
-        q = self._rotate(_rms(q, self._w[p + "attn_q_norm.weight"], c.eps), start)
-        k = self._rotate(_rms(k, self._w[p + "attn_k_norm.weight"], c.eps), start)
+        q, k, v = (self._project(p + f"attn_{name}", x) for name in "qkv")
+        q, k = q.reshape(n, c.n_head, c.head_dim), k.reshape(n, c.n_kv, c.head_dim)
+        v = v.reshape(n, c.n_kv, c.head_dim)
+        if c.qk_norm:
+            q = _rms(q, self._w[p + "attn_q_norm.weight"], c.eps)
+            k = _rms(k, self._w[p + "attn_k_norm.weight"], c.eps)
+        q, k = self._rotate(q, start), self._rotate(k, start)
         end = start + n
         self._k[layer, start:end] = k
         self._v[layer, start:end] = v
@@ -115,6 +125,13 @@ class CpuMoEEngine:
             xs = x[rows]
             y = (_silu(xs @ gate.T) * (xs @ up.T)) @ down.T
             out[rows] += weights[rows, slot][:, None] * y
+        if c.n_ff_shexp:
+            p = f"blk.{layer}."
+            shared = (
+                _silu(x @ self._w[p + "ffn_gate_shexp.weight"].T) * (x @ self._w[p + "ffn_up_shexp.weight"].T)
+            ) @ (self._w[p + "ffn_down_shexp.weight"].T)
+            gate = 1.0 / (1.0 + np.exp(-(x @ self._w[p + "ffn_gate_inp_shexp.weight"])))
+            out += gate[:, None].astype(np.float32) * shared
         return out
 
     def forward(self, ids: list[int], start: int) -> np.ndarray:

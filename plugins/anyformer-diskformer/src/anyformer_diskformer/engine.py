@@ -1,4 +1,4 @@
-"""A qwen3moe GGUF loaded for the CPU: dense weights resident, the expert cache, the tokenizer and the reply stream."""
+"""A qwen3moe or qwen2moe GGUF loaded for the CPU: dense weights, the expert cache, tokenizer, reply stream."""
 
 from __future__ import annotations
 

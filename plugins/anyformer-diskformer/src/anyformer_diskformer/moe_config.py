@@ -14,8 +14,9 @@ from anyformer.plugin import AnyformerError, ErrorCode, GGUFHeader, GGUFTensor
 from anyformer_gguf_gpu.config import READABLE_TYPES
 
 #: MoE architectures the engine runs, with llama.cpp's choice of normalising the top-k router
-#: weights for each (``expert_weights_norm``: qwen3moe renormalises the selected softmax weights).
-MOE_ARCHITECTURES: dict[str, bool] = {"qwen3moe": True}
+#: weights for each: qwen3moe renormalises the selected softmax weights to sum to 1, qwen2moe keeps
+#: them as they are (and adds a shared expert behind a sigmoid gate).
+MOE_ARCHITECTURES: dict[str, bool] = {"qwen3moe": True, "qwen2moe": False}
 
 #: The three routed-expert tensors of a layer (ggml dims: cols, rows, experts).
 EXPERT_TENSORS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
@@ -48,6 +49,12 @@ class MoEConfig:
     n_ff_exp: int
     norm_topk: bool
     tied_output: bool
+    #: Per-head RMSNorm of q and k (qwen3moe).
+    qk_norm: bool
+    #: Biases on the q, k and v projections (qwen2moe).
+    qkv_bias: bool
+    #: Width of the always-on shared expert, 0 when there is none (qwen2moe has one).
+    n_ff_shexp: int
 
     @property
     def q_dim(self) -> int:
@@ -124,6 +131,11 @@ def read_moe_config(header: GGUFHeader) -> MoEConfig:
         n_ff_exp=_int(kv, f"{arch}.expert_feed_forward_length"),
         norm_topk=MOE_ARCHITECTURES[arch],
         tied_output="output.weight" not in tensors,
+        qk_norm="blk.0.attn_q_norm.weight" in tensors,
+        qkv_bias="blk.0.attn_q.bias" in tensors,
+        n_ff_shexp=_int(kv, f"{arch}.expert_shared_feed_forward_length")
+        if "blk.0.ffn_up_shexp.weight" in tensors
+        else 0,
     )
     _check_shapes(config, tensors)
     return config
@@ -152,8 +164,6 @@ def _check_shapes(c: MoEConfig, tensors: dict[str, GGUFTensor]) -> None:
                 p + "attn_q.weight": (c.n_embd, c.q_dim),
                 p + "attn_k.weight": (c.n_embd, c.kv_dim),
                 p + "attn_v.weight": (c.n_embd, c.kv_dim),
-                p + "attn_q_norm.weight": (c.head_dim,),
-                p + "attn_k_norm.weight": (c.head_dim,),
                 p + "attn_output.weight": (c.q_dim, c.n_embd),
                 p + "ffn_norm.weight": (c.n_embd,),
                 p + "ffn_gate_inp.weight": (c.n_embd, c.n_expert),
@@ -162,6 +172,20 @@ def _check_shapes(c: MoEConfig, tensors: dict[str, GGUFTensor]) -> None:
                 p + "ffn_down_exps.weight": (c.n_ff_exp, c.n_embd, c.n_expert),
             }
         )
+        if c.qk_norm:
+            want[p + "attn_q_norm.weight"] = (c.head_dim,)
+            want[p + "attn_k_norm.weight"] = (c.head_dim,)
+        if c.qkv_bias:
+            want.update({p + "attn_q.bias": (c.q_dim,), p + "attn_k.bias": (c.kv_dim,), p + "attn_v.bias": (c.kv_dim,)})
+        if c.n_ff_shexp:
+            want.update(
+                {
+                    p + "ffn_gate_inp_shexp.weight": (c.n_embd,),
+                    p + "ffn_gate_shexp.weight": (c.n_embd, c.n_ff_shexp),
+                    p + "ffn_up_shexp.weight": (c.n_embd, c.n_ff_shexp),
+                    p + "ffn_down_shexp.weight": (c.n_ff_shexp, c.n_embd),
+                }
+            )
     for name, dims in want.items():
         found = _need(tensors, name)
         if found.dims != dims:
