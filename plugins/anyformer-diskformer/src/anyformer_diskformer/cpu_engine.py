@@ -16,6 +16,7 @@ import numpy as np
 from anyformer.plugin import AnyformerError, ErrorCode
 from anyformer_diskformer.expert_cache import ExpertCache
 from anyformer_diskformer.moe_config import MoEConfig, is_expert_tensor
+from anyformer_diskformer.trace import TraceWriter
 from anyformer_gguf_gpu.gguf_file import GGUFFile
 from anyformer_gguf_gpu.quants import dequantize
 from anyformer_gguf_gpu.transformer import cos_sin_table
@@ -47,9 +48,14 @@ def route(logits: np.ndarray, k: int, normalise: bool) -> tuple[np.ndarray, np.n
 class CpuMoEEngine:
     """A loaded qwen3moe or qwen2moe model on the CPU: float32 dense weights, an f32 KV cache of ``ctx`` tokens."""
 
-    def __init__(self, gguf: GGUFFile, config: MoEConfig, cache: ExpertCache, ctx: int) -> None:
+    def __init__(
+        self, gguf: GGUFFile, config: MoEConfig, cache: ExpertCache, ctx: int, trace: TraceWriter | None = None
+    ) -> None:
         self.config = config
         self.cache = cache
+        self.trace = trace
+        if trace is not None:
+            cache.take_accesses()  # start recording
         self.ctx = ctx
         self._w: dict[str, np.ndarray] = {}
         for t in gguf.header.tensors:
@@ -146,4 +152,6 @@ class CpuMoEEngine:
             p = f"blk.{layer}."
             h = h + self._attention(layer, _rms(h, self._w[p + "attn_norm.weight"], c.eps), start)
             h = h + self._experts(layer, _rms(h, self._w[p + "ffn_norm.weight"], c.eps))
+        if self.trace is not None:
+            self.trace.write(self.cache.take_accesses())
         return (_rms(h, self._w["output_norm.weight"], c.eps) @ self._head.T).astype(np.float32)

@@ -21,6 +21,7 @@ from anyformer_diskformer.cpu_engine import CpuMoEEngine
 from anyformer_diskformer.expert_cache import CacheStats, ExpertCache
 from anyformer_diskformer.moe_config import read_moe_config
 from anyformer_diskformer.plan import context_for, plan_from_header
+from anyformer_diskformer.trace import trace_writer_from_env
 from anyformer_gguf_gpu.gguf_file import GGUFFile
 from anyformer_gguf_gpu.tokenizer import GGUFTokenizer, StreamDecoder
 
@@ -102,10 +103,14 @@ class DiskformerModel:
             capacity = cache_capacity(request, plan.min_cache_bytes, plan.cache_bytes(host_ram_available()), plan.need)
             progress(ProgressEvent(stage="load", backend=BACKEND_ID, file=name, message="dense weights"))
             cache = ExpertCache(path, gguf.header, config.n_layer, config.n_expert, capacity)
+            trace = None
             try:
-                engine = CpuMoEEngine(gguf, config, cache, context)
+                trace = trace_writer_from_env()
+                engine = CpuMoEEngine(gguf, config, cache, context, trace)
             except BaseException:
                 cache.close()
+                if trace is not None:
+                    trace.close()
                 raise
         finally:
             gguf.close()  # the dense weights are copied; experts are read through the cache's own descriptor
@@ -121,6 +126,8 @@ class DiskformerModel:
         engine, self.engine = self.engine, None
         if engine is not None:
             engine.cache.close()
+            if engine.trace is not None:
+                engine.trace.close()
 
     def prompt_ids(self, messages: list[Message], thinking: bool) -> list[int]:
         """The chat template rendered in the core's sandbox, then tokenised with special tokens parsed."""

@@ -96,6 +96,8 @@ class ExpertCache:
         self.stats = CacheStats()
         self._entries: collections.OrderedDict[tuple[int, int], ExpertSlices] = collections.OrderedDict()
         self._held = 0
+        #: Every (layer, expert) asked for since the last :meth:`take_accesses`, when recording.
+        self.accesses: list[tuple[int, int]] | None = None
         self._fd: int | None = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
 
     @property
@@ -109,6 +111,8 @@ class ExpertCache:
     def get(self, layer: int, expert: int) -> ExpertSlices:
         """Expert ``expert`` of ``layer``: from the cache (a hit) or read from the file (a miss), then most recent."""
         key = (layer, expert)
+        if self.accesses is not None:
+            self.accesses.append(key)
         found = self._entries.get(key)
         if found is not None:
             self._entries.move_to_end(key)
@@ -126,6 +130,11 @@ class ExpertCache:
         self._entries[key] = slices
         self._held += slices.nbytes
         return slices
+
+    def take_accesses(self) -> list[tuple[int, int]]:
+        """The accesses recorded since the last call (recording starts with the first call)."""
+        taken, self.accesses = self.accesses or [], []
+        return taken
 
     def _read(self, layer: int, expert: int) -> ExpertSlices:
         fd = self._fd
