@@ -21,6 +21,7 @@ from anyformer_diskformer.cpu_engine import CpuMoEEngine
 from anyformer_diskformer.expert_cache import CacheStats, ExpertCache
 from anyformer_diskformer.moe_config import read_moe_config
 from anyformer_diskformer.plan import context_for, plan_from_header
+from anyformer_diskformer.policies import EvictionPolicy, make_policy
 from anyformer_diskformer.trace import trace_writer_from_env
 from anyformer_gguf_gpu.gguf_file import GGUFFile
 from anyformer_gguf_gpu.tokenizer import GGUFTokenizer, StreamDecoder
@@ -54,6 +55,15 @@ def cache_capacity(request: Request, min_cache: int, budget_cache: int, need: in
             need=need,
         )
     return budget_cache
+
+
+def policy_for(options: dict[str, object]) -> EvictionPolicy:
+    """The eviction policy the ``cache_policy`` load option names (``lru``, the default, or ``lrfu``)."""
+    name = options.get("cache_policy", "lru")
+    try:
+        return make_policy(str(name))
+    except ValueError as exc:
+        raise AnyformerError(ErrorCode.BAD_REQUEST, str(exc)) from exc
 
 
 def sample(logits: np.ndarray, temperature: float, top_k: int, top_p: float, rng: np.random.Generator) -> int:
@@ -102,7 +112,9 @@ class DiskformerModel:
             # Host memory bounds the CPU engine (the request's budget is accelerator memory).
             capacity = cache_capacity(request, plan.min_cache_bytes, plan.cache_bytes(host_ram_available()), plan.need)
             progress(ProgressEvent(stage="load", backend=BACKEND_ID, file=name, message="dense weights"))
-            cache = ExpertCache(path, gguf.header, config.n_layer, config.n_expert, capacity)
+            cache = ExpertCache(
+                path, gguf.header, config.n_layer, config.n_expert, capacity, policy_for(request.options)
+            )
             trace = None
             try:
                 trace = trace_writer_from_env()

@@ -1,4 +1,4 @@
-"""Routed experts read from the GGUF on demand into a cache of a fixed number of bytes (LRU).
+"""Routed experts read from the GGUF on demand into a cache of a fixed number of bytes (LRU or LRFU).
 
 A layer's experts live in three 3-D tensors (``ffn_{gate,up,down}_exps``, ggml dims cols × rows ×
 experts): expert ``e`` is the ``e``-th contiguous slab of each, so one expert is three ``os.pread``
@@ -9,7 +9,6 @@ the budget, not the kernel's cache, bounds the memory experts take.
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import os
 from types import TracebackType
@@ -18,6 +17,7 @@ import numpy as np
 
 from anyformer.plugin import AnyformerError, ErrorCode, GGUFHeader, format_size
 from anyformer_diskformer.moe_config import EXPERT_TENSORS
+from anyformer_diskformer.policies import LRU, EvictionPolicy
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,13 +61,21 @@ class _Span:
 
 
 class ExpertCache:
-    """A byte-budgeted LRU cache of experts keyed by (layer, expert), filled by ``os.pread``.
+    """A byte-budgeted cache of experts keyed by (layer, expert), filled by ``os.pread``; LRU unless told.
 
     ``capacity_bytes`` must hold at least one expert: a smaller cache could not hand out even one
     expert without reading it again, which is ``BUDGET_TOO_SMALL`` with the bytes one expert needs.
     """
 
-    def __init__(self, path: str, header: GGUFHeader, n_layer: int, n_expert: int, capacity_bytes: int) -> None:
+    def __init__(
+        self,
+        path: str,
+        header: GGUFHeader,
+        n_layer: int,
+        n_expert: int,
+        capacity_bytes: int,
+        policy: EvictionPolicy | None = None,
+    ) -> None:
         self.path = path
         self.n_layer = n_layer
         self.n_expert = n_expert
@@ -94,7 +102,8 @@ class ExpertCache:
             )
         self.capacity_bytes = capacity_bytes
         self.stats = CacheStats()
-        self._entries: collections.OrderedDict[tuple[int, int], ExpertSlices] = collections.OrderedDict()
+        self.policy: EvictionPolicy = policy if policy is not None else LRU()
+        self._entries: dict[tuple[int, int], ExpertSlices] = {}
         self._held = 0
         #: Every (layer, expert) asked for since the last :meth:`take_accesses`, when recording.
         self.accesses: list[tuple[int, int]] | None = None
@@ -109,13 +118,13 @@ class ExpertCache:
         return key in self._entries
 
     def get(self, layer: int, expert: int) -> ExpertSlices:
-        """Expert ``expert`` of ``layer``: from the cache (a hit) or read from the file (a miss), then most recent."""
+        """Expert ``expert`` of ``layer`` from the cache (a hit) or the file (a miss, evicting as the policy says)."""
         key = (layer, expert)
         if self.accesses is not None:
             self.accesses.append(key)
         found = self._entries.get(key)
         if found is not None:
-            self._entries.move_to_end(key)
+            self.policy.touch(key)
             self.stats.hits += 1
             return found
         if not (0 <= layer < self.n_layer and 0 <= expert < self.n_expert):
@@ -124,10 +133,12 @@ class ExpertCache:
         self.stats.misses += 1
         self.stats.bytes_read += slices.nbytes
         while self._entries and self._held + slices.nbytes > self.capacity_bytes:
-            _, old = self._entries.popitem(last=False)
-            self._held -= old.nbytes
+            victim = self.policy.victim()
+            self._held -= self._entries.pop(victim).nbytes
+            self.policy.evicted(victim)
             self.stats.evictions += 1
         self._entries[key] = slices
+        self.policy.touch(key)
         self._held += slices.nbytes
         return slices
 
