@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from moe_fixture import TinyMoE, write_tiny_moe
+
+from anyformer_diskformer.testing import TinyMoE, write_tiny_moe
 
 
 @pytest.fixture(scope="session")

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import pytest
 from descriptions import moe_model
-from moe_fixture import TinyMoE, write_tiny_moe
 
 import anyformer
 from anyformer import Model, Refusal
 from anyformer_conformance import BackendConformance, RefusalCase
+from anyformer_diskformer.testing import TinyMoE, write_tiny_moe
 
 pytest_plugins = ["anyformer_conformance.plugin"]
 

@@ -1,4 +1,7 @@
-"""Tiny random qwen3moe GGUFs written with gguf's writer, which llama.cpp and the engine both read."""
+"""Tiny random MoE GGUFs (qwen3moe, qwen2moe) written with gguf's writer, which llama.cpp and the engine both read.
+
+For tests and benchmarks; gguf is imported only when a file is written.
+"""
 
 from __future__ import annotations
 
