@@ -21,6 +21,7 @@ PLUGINS = {
     "onnx": "plugins/anyformer-onnx",
     "kohra": "plugins/anyformer-kohra",
     "localmind": "plugins/anyformer-localmind",
+    "diskformer": "plugins/anyformer-diskformer",
     "template": "plugins/_template",
 }
 #: Library distributions under plugins/ (no entry point): tested on their own, never run by the kit.
@@ -31,6 +32,7 @@ PACKAGES = {"core": CORE, "conformance": CONFORMANCE, **PLUGINS, **LIBRARIES}
 NEEDS = {
     LIBRARIES["gguf-gpu"]: [PLUGINS["llamacpp"]],
     PLUGINS["localmind"]: [LIBRARIES["gguf-gpu"], PLUGINS["llamacpp"]],
+    PLUGINS["diskformer"]: [LIBRARIES["gguf-gpu"], PLUGINS["llamacpp"]],
 }
 #: Every backend folder, found rather than listed: a new plugins/<name>/ is type-checked and built too.
 ALL_PLUGIN_FOLDERS = sorted(str(p.parent.relative_to(ROOT)) for p in ROOT.glob("plugins/*/pyproject.toml"))

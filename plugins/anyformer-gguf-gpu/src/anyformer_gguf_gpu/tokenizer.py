@@ -17,7 +17,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from anyformer.plugin import AnyformerError, ErrorCode
+from anyformer.plugin import AnyformerError, ErrorCode, LazyArray
 
 # The regular expressions of each pre-tokenizer family (llama-vocab.cpp, llm_tokenizer_bpe).
 _GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
@@ -74,6 +74,13 @@ _CONTROL = 3
 _USER_DEFINED = 4
 
 
+def _as_list(value: Any) -> list[Any]:
+    """A header array as a list: the core hands long arrays over as a :class:`LazyArray`, decoded here."""
+    if isinstance(value, LazyArray):
+        return value.to_list()
+    return value if isinstance(value, list) else []
+
+
 def tokenizer_problem(kv: Mapping[str, Any]) -> str | None:
     """Why this GGUF's tokenizer cannot be built here (a one-line reason), or None when it can."""
     model = kv.get("tokenizer.ggml.model")
@@ -83,7 +90,7 @@ def tokenizer_problem(kv: Mapping[str, Any]) -> str | None:
     if pre not in PRE_TOKENIZERS:
         return f"pre-tokenizer {pre!r} is not one this engine splits like llama.cpp"
     tokens, merges = kv.get("tokenizer.ggml.tokens"), kv.get("tokenizer.ggml.merges")
-    if not isinstance(tokens, list) or not tokens or not isinstance(merges, list):
+    if not isinstance(tokens, (list, LazyArray)) or not tokens or not isinstance(merges, (list, LazyArray)):
         return "no tokenizer.ggml.tokens / tokenizer.ggml.merges"
     return None
 
@@ -97,10 +104,10 @@ class GGUFTokenizer:
             raise AnyformerError(ErrorCode.BAD_MODEL, f"the GGUF's tokenizer: {problem}")
         from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
-        tokens: list[str] = kv["tokenizer.ggml.tokens"]
-        types: list[int] = kv.get("tokenizer.ggml.token_type") or [1] * len(tokens)
+        tokens: list[str] = _as_list(kv["tokenizer.ggml.tokens"])
+        types: list[int] = _as_list(kv.get("tokenizer.ggml.token_type")) or [1] * len(tokens)
         merges: list[tuple[str, str]] = []
-        for merge in kv["tokenizer.ggml.merges"]:
+        for merge in _as_list(kv["tokenizer.ggml.merges"]):
             if isinstance(merge, str) and " " in merge:
                 left, right = merge.split(" ", 1)
                 merges.append((left, right))

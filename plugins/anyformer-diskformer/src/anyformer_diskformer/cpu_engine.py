@@ -1,0 +1,157 @@
+"""The qwen3moe / qwen2moe forward pass on the CPU in numpy: dense weights resident, routed experts from the cache.
+
+Per layer, as llama.cpp's graphs for these architectures: RMSNorm, q/k/v projections (with biases
+in qwen2moe), per-head RMSNorm of q and k (qwen3moe), NEOX rotary embedding, grouped-query causal
+attention over the KV cache, the output projection added to the residual; then RMSNorm, the router
+(softmax over all experts, top-k, the k weights renormalised to sum to 1 where the architecture
+says so), each selected expert's SwiGLU FFN weighted and summed, plus the shared expert's SwiGLU
+scaled by sigmoid(x · gate_inp_shexp) where there is one (qwen2moe), added to the residual.
+Arithmetic is float32, as llama.cpp's CPU build.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from anyformer.plugin import AnyformerError, ErrorCode
+from anyformer_diskformer.expert_cache import ExpertCache
+from anyformer_diskformer.moe_config import MoEConfig, is_expert_tensor
+from anyformer_diskformer.trace import TraceWriter
+from anyformer_gguf_gpu.gguf_file import GGUFFile
+from anyformer_gguf_gpu.quants import dequantize
+from anyformer_gguf_gpu.transformer import cos_sin_table
+
+
+def _rms(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    return (x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps) * w).astype(np.float32)
+
+
+def _silu(x: np.ndarray) -> np.ndarray:
+    return (x / (1.0 + np.exp(-x))).astype(np.float32)
+
+
+def route(logits: np.ndarray, k: int, normalise: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(experts, weights) for each token's router logits: softmax, top-k, renormalised when ``normalise``.
+
+    Ties between equal probabilities go to the lower expert index (a stable sort), as ggml's argsort.
+    """
+    z = logits - logits.max(axis=-1, keepdims=True)
+    p = np.exp(z)
+    p /= p.sum(axis=-1, keepdims=True)
+    chosen = np.argsort(-p, axis=-1, kind="stable")[..., :k]
+    weights = np.take_along_axis(p, chosen, axis=-1)
+    if normalise:
+        weights = weights / weights.sum(axis=-1, keepdims=True)
+    return chosen, weights.astype(np.float32)
+
+
+class CpuMoEEngine:
+    """A loaded qwen3moe or qwen2moe model on the CPU: float32 dense weights, an f32 KV cache of ``ctx`` tokens."""
+
+    def __init__(
+        self, gguf: GGUFFile, config: MoEConfig, cache: ExpertCache, ctx: int, trace: TraceWriter | None = None
+    ) -> None:
+        self.config = config
+        self.cache = cache
+        self.trace = trace
+        if trace is not None:
+            cache.take_accesses()  # start recording
+        self.ctx = ctx
+        self._w: dict[str, np.ndarray] = {}
+        for t in gguf.header.tensors:
+            if is_expert_tensor(t.name):
+                continue
+            values = dequantize(gguf.raw(t.name), t.ggml_type)
+            self._w[t.name] = values.reshape(tuple(reversed(t.dims))) if len(t.dims) > 1 else values
+        self._head = self._w["token_embd.weight" if config.tied_output else "output.weight"]
+        self._rope = cos_sin_table(ctx, config.n_rot, config.rope_base)
+        shape = (config.n_layer, ctx, config.n_kv, config.head_dim)
+        self._k = np.zeros(shape, dtype=np.float32)
+        self._v = np.zeros(shape, dtype=np.float32)
+
+    @property
+    def held_bytes(self) -> int:
+        """Host bytes of dense weights and the KV cache (the expert cache counts its own)."""
+        return sum(w.nbytes for w in self._w.values()) + self._k.nbytes + self._v.nbytes
+
+    def _rotate(self, x: np.ndarray, start: int) -> np.ndarray:
+        """NEOX rotation of the first ``n_rot`` dims of each head: pairs (i, i + n_rot/2)."""
+        n, half = x.shape[0], self.config.n_rot // 2
+        table = self._rope[start : start + n]
+        cos, sin = table[:, None, :, 0], table[:, None, :, 1]
+        out = x.copy()
+        a, b = x[..., :half], x[..., half : 2 * half]
+        out[..., :half] = a * cos - b * sin
+        out[..., half : 2 * half] = a * sin + b * cos
+        return out
+
+    def _project(self, name: str, x: np.ndarray) -> np.ndarray:
+        """``x @ W.T``, plus the bias where the model has one."""
+        y = x @ self._w[name + ".weight"].T
+        bias = self._w.get(name + ".bias")
+        return y + bias if bias is not None else y
+
+    def _attention(self, layer: int, x: np.ndarray, start: int) -> np.ndarray:
+        c, p = self.config, f"blk.{layer}."
+        n = x.shape[0]
+        q, k, v = (self._project(p + f"attn_{name}", x) for name in "qkv")
+        q, k = q.reshape(n, c.n_head, c.head_dim), k.reshape(n, c.n_kv, c.head_dim)
+        v = v.reshape(n, c.n_kv, c.head_dim)
+        if c.qk_norm:
+            q = _rms(q, self._w[p + "attn_q_norm.weight"], c.eps)
+            k = _rms(k, self._w[p + "attn_k_norm.weight"], c.eps)
+        q, k = self._rotate(q, start), self._rotate(k, start)
+        end = start + n
+        self._k[layer, start:end] = k
+        self._v[layer, start:end] = v
+        keys, values = self._k[layer, :end], self._v[layer, :end]
+        group = c.n_head // c.n_kv
+        # Query i sits at position start + i and sees keys 0 .. start + i.
+        mask = np.where(np.arange(end)[None, :] > (start + np.arange(n))[:, None], -np.inf, 0.0).astype(np.float32)
+        out = np.empty((n, c.n_head, c.head_dim), dtype=np.float32)
+        scale = np.float32(1.0 / np.sqrt(c.head_dim))
+        for h in range(c.n_head):
+            s = (q[:, h] @ keys[:, h // group].T) * scale + mask
+            s = np.exp(s - s.max(axis=1, keepdims=True))
+            out[:, h] = (s / s.sum(axis=1, keepdims=True)) @ values[:, h // group]
+        return out.reshape(n, -1) @ self._w[p + "attn_output.weight"].T
+
+    def _experts(self, layer: int, x: np.ndarray) -> np.ndarray:
+        c = self.config
+        router = x @ self._w[f"blk.{layer}.ffn_gate_inp.weight"].T
+        chosen, weights = route(router, c.n_expert_used, c.norm_topk)
+        out = np.zeros_like(x)
+        # Each expert the batch routes to is fetched once and applied to every token that chose it.
+        for expert in np.unique(chosen):
+            rows, slot = np.nonzero(chosen == expert)
+            e = self.cache.get(layer, int(expert))
+            gate = dequantize(e.gate, e.types[0]).reshape(c.n_ff_exp, c.n_embd)
+            up = dequantize(e.up, e.types[1]).reshape(c.n_ff_exp, c.n_embd)
+            down = dequantize(e.down, e.types[2]).reshape(c.n_embd, c.n_ff_exp)
+            xs = x[rows]
+            y = (_silu(xs @ gate.T) * (xs @ up.T)) @ down.T
+            out[rows] += weights[rows, slot][:, None] * y
+        if c.n_ff_shexp:
+            p = f"blk.{layer}."
+            shared = (
+                _silu(x @ self._w[p + "ffn_gate_shexp.weight"].T) * (x @ self._w[p + "ffn_up_shexp.weight"].T)
+            ) @ (self._w[p + "ffn_down_shexp.weight"].T)
+            gate = 1.0 / (1.0 + np.exp(-(x @ self._w[p + "ffn_gate_inp_shexp.weight"])))
+            out += gate[:, None].astype(np.float32) * shared
+        return out
+
+    def forward(self, ids: list[int], start: int) -> np.ndarray:
+        """Logits (tokens × vocab) for ``ids`` at positions ``start..``; their keys and values enter the cache."""
+        c = self.config
+        if start < 0 or start + len(ids) > self.ctx:
+            raise AnyformerError(ErrorCode.BAD_REQUEST, f"positions {start}..{start + len(ids)} exceed {self.ctx}")
+        if any(not 0 <= t < c.n_vocab for t in ids):
+            raise AnyformerError(ErrorCode.BAD_REQUEST, "a token id is outside the vocabulary")
+        h = self._w["token_embd.weight"][ids].astype(np.float32)
+        for layer in range(c.n_layer):
+            p = f"blk.{layer}."
+            h = h + self._attention(layer, _rms(h, self._w[p + "attn_norm.weight"], c.eps), start)
+            h = h + self._experts(layer, _rms(h, self._w[p + "ffn_norm.weight"], c.eps))
+        if self.trace is not None:
+            self.trace.write(self.cache.take_accesses())
+        return (_rms(h, self._w["output_norm.weight"], c.eps) @ self._head.T).astype(np.float32)

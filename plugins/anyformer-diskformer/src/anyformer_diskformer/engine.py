@@ -1,0 +1,218 @@
+"""A qwen3moe or qwen2moe GGUF loaded for the CPU: dense weights, the expert cache, tokenizer, reply stream."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+
+from anyformer import AnyformerError, Chunk, ErrorCode, FinishReason, GenerateOptions, Message, Model, Request
+from anyformer.plugin import (
+    ProgressCallback,
+    ProgressEvent,
+    fetch_files,
+    format_size,
+    has_images,
+    host_ram_available,
+    render_chat,
+)
+from anyformer_diskformer import BACKEND_ID
+from anyformer_diskformer.cpu_engine import CpuMoEEngine
+from anyformer_diskformer.expert_cache import CacheStats, ExpertCache
+from anyformer_diskformer.moe_config import read_moe_config
+from anyformer_diskformer.plan import context_for, plan_from_header
+from anyformer_diskformer.policies import EvictionPolicy, make_policy
+from anyformer_diskformer.trace import trace_writer_from_env
+from anyformer_gguf_gpu.gguf_file import GGUFFile
+from anyformer_gguf_gpu.tokenizer import GGUFTokenizer, StreamDecoder
+
+#: Sampling defaults at a temperature above 0 (llama.cpp's own), overridable through ``extra``.
+TOP_K = 40
+TOP_P = 0.95
+
+
+def cache_capacity(request: Request, min_cache: int, budget_cache: int, need: int) -> int:
+    """The expert cache's bytes: ``pool_bytes`` when the request names it, else what host memory leaves.
+
+    Below one layer's top-k experts is ``BUDGET_TOO_SMALL`` with the budget that would do.
+    """
+    pool = request.options.get("pool_bytes")
+    if pool is not None:
+        if not isinstance(pool, int) or isinstance(pool, bool) or pool <= 0:
+            raise AnyformerError(ErrorCode.BAD_REQUEST, f"pool_bytes must be a positive integer, not {pool!r}")
+        if pool < min_cache:
+            raise AnyformerError(
+                ErrorCode.BUDGET_TOO_SMALL,
+                f"pool_bytes {format_size(pool)} is below one layer's top-k experts ({format_size(min_cache)})",
+                need=need,
+            )
+        return pool
+    if budget_cache < min_cache:
+        raise AnyformerError(
+            ErrorCode.BUDGET_TOO_SMALL,
+            f"free memory leaves {format_size(max(0, budget_cache))} for experts; one layer's top-k experts take "
+            f"{format_size(min_cache)} (the whole load needs {format_size(need)})",
+            need=need,
+        )
+    return budget_cache
+
+
+def policy_for(options: dict[str, object]) -> EvictionPolicy:
+    """The eviction policy the ``cache_policy`` load option names (``lru``, the default, or ``lrfu``)."""
+    name = options.get("cache_policy", "lru")
+    try:
+        return make_policy(str(name))
+    except ValueError as exc:
+        raise AnyformerError(ErrorCode.BAD_REQUEST, str(exc)) from exc
+
+
+def sample(logits: np.ndarray, temperature: float, top_k: int, top_p: float, rng: np.random.Generator) -> int:
+    """One id drawn from ``logits`` at ``temperature`` among the ``top_k`` most likely within mass ``top_p``."""
+    order = np.argsort(-logits, kind="stable")[: max(1, top_k)]
+    z = logits[order].astype(np.float64) / temperature
+    p = np.exp(z - z.max())
+    p /= p.sum()
+    # The fewest ids whose mass reaches top_p (all of them when rounding leaves the sum just below 1).
+    keep = min(len(p), int(np.searchsorted(np.cumsum(p), top_p) + 1))
+    p = p[:keep] / p[:keep].sum()
+    return int(order[rng.choice(keep, p=p)])
+
+
+class DiskformerModel:
+    """The handle ``load`` returns: the CPU engine with its expert cache, the tokenizer, the chat template."""
+
+    backend = BACKEND_ID
+    task = "text-generation"
+
+    def __init__(self, engine: CpuMoEEngine, tokenizer: GGUFTokenizer, name: str) -> None:
+        self.engine: CpuMoEEngine | None = engine
+        self.tokenizer = tokenizer
+        self.name = name
+        self.context = engine.ctx
+        self._bos_text = tokenizer.tokens[tokenizer.bos_id] if tokenizer.bos_id is not None else ""
+        self._eos_text = tokenizer.tokens[tokenizer.eos_id] if tokenizer.eos_id is not None else ""
+
+    @classmethod
+    def open(cls, model: Model, request: Request, progress: ProgressCallback) -> DiskformerModel:
+        """Fetch the GGUF, check it, size the expert cache from the budget and make the dense weights resident."""
+        from anyformer_diskformer.plugin import choose_gguf
+
+        choice = choose_gguf(model)
+        if isinstance(choice, str):
+            raise AnyformerError(ErrorCode.NO_BACKEND, f"{model.ref}: {choice}")
+        name = choice[0].name
+        path = str(fetch_files(model, [name], progress, backend=BACKEND_ID)[name])
+        progress(ProgressEvent(stage="verify", backend=BACKEND_ID, file=name))
+        gguf = GGUFFile(path)
+        try:
+            config = read_moe_config(gguf.header)
+            tokenizer = GGUFTokenizer(gguf.kv)
+            context = context_for(gguf.header.summary(), request.context)
+            plan = plan_from_header(gguf.header, context)
+            # Host memory bounds the CPU engine (the request's budget is accelerator memory).
+            capacity = cache_capacity(request, plan.min_cache_bytes, plan.cache_bytes(host_ram_available()), plan.need)
+            progress(ProgressEvent(stage="load", backend=BACKEND_ID, file=name, message="dense weights"))
+            cache = ExpertCache(
+                path, gguf.header, config.n_layer, config.n_expert, capacity, policy_for(request.options)
+            )
+            trace = None
+            try:
+                trace = trace_writer_from_env()
+                engine = CpuMoEEngine(gguf, config, cache, context, trace)
+            except BaseException:
+                cache.close()
+                if trace is not None:
+                    trace.close()
+                raise
+        finally:
+            gguf.close()  # the dense weights are copied; experts are read through the cache's own descriptor
+        return cls(engine, tokenizer, name)
+
+    @property
+    def cache_stats(self) -> CacheStats | None:
+        """The expert cache's counters (None once disposed)."""
+        return self.engine.cache.stats if self.engine is not None else None
+
+    def dispose(self) -> None:
+        """Drop the engine and close the expert cache; a second call does nothing."""
+        engine, self.engine = self.engine, None
+        if engine is not None:
+            engine.cache.close()
+            if engine.trace is not None:
+                engine.trace.close()
+
+    def prompt_ids(self, messages: list[Message], thinking: bool) -> list[int]:
+        """The chat template rendered in the core's sandbox, then tokenised with special tokens parsed."""
+        template = self.tokenizer.chat_template
+        prompt = render_chat(
+            template if isinstance(template, str) else None,
+            messages,
+            bos_token=self._bos_text,
+            eos_token=self._eos_text,
+            enable_thinking=thinking,
+        )
+        add_special = not (self._bos_text and prompt.startswith(self._bos_text))
+        return self.tokenizer.encode(prompt, add_special=add_special, parse_special=True)
+
+    def stream(self, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk]:
+        """Check the request now (``BAD_REQUEST`` before any chunk), then return the reply's stream."""
+        engine = self.engine
+        if engine is None:
+            raise AnyformerError(ErrorCode.BAD_REQUEST, "the model was disposed; load it again")
+        if has_images(messages):
+            raise AnyformerError(ErrorCode.BAD_REQUEST, f"the {BACKEND_ID} backend reads text only, not image blocks")
+        if options.cancel.is_set():
+            return iter([Chunk(tokens=0, finish_reason=FinishReason.CANCELLED.value)])
+        try:
+            ids = self.prompt_ids(messages, options.thinking)
+        except AnyformerError as exc:
+            # The core stops a render when the generation is cancelled: that is a cancelled reply, not an error.
+            if exc.code is ErrorCode.CANCELLED:
+                return iter([Chunk(tokens=0, finish_reason=FinishReason.CANCELLED.value)])
+            raise
+        if not ids:
+            raise AnyformerError(ErrorCode.BAD_REQUEST, "the prompt is empty")
+        if len(ids) >= engine.ctx:
+            raise AnyformerError(
+                ErrorCode.BAD_REQUEST, f"the prompt is {len(ids)} tokens; the context holds {engine.ctx}"
+            )
+        return self._reply(engine, ids, options)
+
+    def _reply(self, engine: CpuMoEEngine, ids: list[int], options: GenerateOptions) -> Iterator[Chunk]:
+        rng = np.random.default_rng(options.seed)
+        top_k = int(options.extra.get("top_k", TOP_K))
+        top_p = float(options.extra.get("top_p", TOP_P))
+        text = StreamDecoder(self.tokenizer)
+        stops = self.tokenizer.stop_ids
+        pos, count = 0, 0
+        batch = ids
+        while True:
+            if options.cancel.is_set():
+                yield Chunk(delta=text.flush(), tokens=count, finish_reason=FinishReason.CANCELLED.value)
+                return
+            if pos + len(batch) > engine.ctx:
+                yield Chunk(delta=text.flush(), tokens=count, finish_reason=FinishReason.LENGTH.value)
+                return
+            logits = engine.forward(batch, pos)[-1]
+            pos += len(batch)
+            if options.temperature > 0:
+                token = sample(logits, options.temperature, top_k, top_p, rng)
+            else:
+                token = int(np.argmax(logits))
+            if token in stops:
+                yield Chunk(delta=text.flush(), tokens=count, finish_reason=FinishReason.STOP.value)
+                return
+            count += 1
+            delta = text.push(token)
+            last = count >= options.max_new_tokens
+            if last:
+                delta += text.flush()
+            yield Chunk(
+                delta=delta,
+                tokens=count,
+                finish_reason=FinishReason.LENGTH.value if last else None,
+                prompt_tokens=len(ids) if count == 1 else None,
+            )
+            if last:
+                return
+            batch = [token]

@@ -1,0 +1,137 @@
+"""What a load would hold: dense weights, the KV cache, the expert cache, and the smallest cache that works.
+
+Sizes come from the tensors when the GGUF is on disk (its header lists every tensor's bytes); a
+description without a readable file is estimated from the architecture's shapes and the file's
+bytes per parameter, and :attr:`Plan.estimated` says so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+from anyformer.plugin import AnyformerError, GGUFHeader, read_gguf_header
+from anyformer_diskformer.moe_config import is_expert_tensor
+
+#: Host memory the engine takes besides its weights and caches: tokenizer, Python objects, scratch.
+RAM_OVERHEAD = 64 * 10**6
+#: Context a model loads with when the request names none (capped by what it was trained on).
+DEFAULT_CONTEXT = 4096
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """The bytes a load takes. Dense weights are held as float32 (the CPU engine's working copy)."""
+
+    context: int
+    dense_bytes: int
+    kv_bytes: int
+    expert_bytes_total: int
+    one_expert_bytes: int
+    experts_per_token: int
+    n_layer: int
+    estimated: bool
+
+    @property
+    def min_cache_bytes(self) -> int:
+        """The smallest working cache: one layer's top-k experts, as stored in the file."""
+        return self.one_expert_bytes * self.experts_per_token
+
+    @property
+    def fixed_bytes(self) -> int:
+        """What is held whatever the cache: dense weights, the KV cache and the overhead."""
+        return self.dense_bytes + self.kv_bytes + RAM_OVERHEAD
+
+    @property
+    def need(self) -> int:
+        """The least budget a load takes (a refusal's ``need``)."""
+        return self.fixed_bytes + self.min_cache_bytes
+
+    def cache_bytes(self, budget: int | None) -> int:
+        """The expert cache a budget leaves room for, never more than every expert."""
+        if budget is None:
+            return self.expert_bytes_total
+        return max(0, min(self.expert_bytes_total, budget - self.fixed_bytes))
+
+
+def _fact(summary: dict[str, Any], key: str) -> int:
+    value = summary.get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def context_for(summary: dict[str, Any], requested: int | None) -> int:
+    """The context a load uses: the request's (capped by the model's own), else the default capped too."""
+    trained = _fact(summary, "context_length")
+    wanted = requested or DEFAULT_CONTEXT
+    return min(wanted, trained) if trained else wanted
+
+
+def _kv_bytes(summary: dict[str, Any], context: int) -> int:
+    heads = _fact(summary, "head_count")
+    kv_heads = _fact(summary, "head_count_kv") or heads
+    head_dim = _fact(summary, "key_length") or (_fact(summary, "embedding_length") // heads if heads else 0)
+    return 2 * _fact(summary, "block_count") * context * kv_heads * head_dim * 4
+
+
+def plan_from_header(header: GGUFHeader, context: int) -> Plan:
+    """The exact plan from the tensors' sizes: experts as stored, dense tensors as float32."""
+    summary = header.summary()
+    dense_elements = 0
+    expert_bytes = 0
+    for t in header.tensors:
+        if is_expert_tensor(t.name):
+            expert_bytes += t.nbytes
+        else:
+            dense_elements += t.n_elements
+    layers = _fact(summary, "block_count")
+    experts = _fact(summary, "expert_count")
+    return Plan(
+        context=context,
+        dense_bytes=4 * dense_elements,
+        kv_bytes=_kv_bytes(summary, context),
+        expert_bytes_total=expert_bytes,
+        one_expert_bytes=expert_bytes // (layers * experts) if layers and experts else 0,
+        experts_per_token=_fact(summary, "expert_used_count"),
+        n_layer=layers,
+        estimated=False,
+    )
+
+
+def plan_from_summary(summary: dict[str, Any], context: int) -> Plan:
+    """An estimate from the header summary alone: dense parameters from the shapes, experts the rest.
+
+    The bytes per parameter of the whole file stand in for the experts' (they are most of it).
+    Untied output is assumed, so the estimate of dense bytes errs high.
+    """
+    embd, vocab = _fact(summary, "embedding_length"), _fact(summary, "vocab_size")
+    layers, experts = _fact(summary, "block_count"), _fact(summary, "expert_count")
+    heads = _fact(summary, "head_count")
+    kv_heads = _fact(summary, "head_count_kv") or heads
+    head_dim = _fact(summary, "key_length") or (embd // heads if heads else 0)
+    q_dim, kv_dim = heads * head_dim, kv_heads * head_dim
+    per_layer = embd * (2 * q_dim + 2 * kv_dim) + embd * experts + 2 * embd + 2 * head_dim
+    dense = 2 * vocab * embd + embd + layers * per_layer
+    params, data = _fact(summary, "parameter_count"), _fact(summary, "data_bytes")
+    expert_params = max(0, params - dense)
+    expert_bytes = int(expert_params * data / params) if params else 0
+    return Plan(
+        context=context,
+        dense_bytes=4 * dense,
+        kv_bytes=_kv_bytes(summary, context),
+        expert_bytes_total=expert_bytes,
+        one_expert_bytes=expert_bytes // (layers * experts) if layers and experts else 0,
+        experts_per_token=_fact(summary, "expert_used_count"),
+        n_layer=layers,
+        estimated=True,
+    )
+
+
+def plan_for(path: str | None, summary: dict[str, Any], context: int) -> Plan:
+    """The exact plan when ``path`` is a readable GGUF, else the estimate from the summary."""
+    if path is not None and os.path.isfile(path):
+        try:
+            return plan_from_header(read_gguf_header(path), context)
+        except (AnyformerError, OSError):
+            pass  # the summary still describes it; load reports what is wrong with the file
+    return plan_from_summary(summary, context)

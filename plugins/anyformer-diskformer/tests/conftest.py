@@ -1,0 +1,41 @@
+"""Fixtures: tiny random qwen3moe GGUFs, written once per session."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from anyformer_diskformer.testing import TinyMoE, write_tiny_moe
+
+
+@pytest.fixture(scope="session")
+def moe_f32(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A 2-layer qwen3moe, 8 experts, top-2, every weight F32."""
+    path = str(tmp_path_factory.mktemp("moe") / "tiny-qwen3moe-f32.gguf")
+    write_tiny_moe(path, TinyMoE(quant="F32"))
+    return path
+
+
+@pytest.fixture(scope="session")
+def moe_top4(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A 3-layer qwen3moe, 16 experts, top-4, F16 weights."""
+    path = str(tmp_path_factory.mktemp("moe") / "tiny-qwen3moe-top4.gguf")
+    write_tiny_moe(path, TinyMoE(n_layer=3, n_expert=16, n_expert_used=4, quant="F16"), seed=1)
+    return path
+
+
+@pytest.fixture(scope="session")
+def moe_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder holding one tiny qwen3moe GGUF (Q8_0), described like any local model."""
+    folder = tmp_path_factory.mktemp("moe-folder")
+    write_tiny_moe(str(folder / "tiny-qwen3moe-q8_0.gguf"), TinyMoE(quant="Q8_0"), seed=2)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def qwen2moe_f32(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A 2-layer qwen2moe, 8 experts, top-4, q/k/v biases and a shared expert, every weight F32."""
+    path = str(tmp_path_factory.mktemp("moe") / "tiny-qwen2moe-f32.gguf")
+    write_tiny_moe(path, TinyMoE(architecture="qwen2moe", n_expert_used=4, quant="F32"), seed=4)
+    return path

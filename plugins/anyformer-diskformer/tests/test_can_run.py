@@ -1,0 +1,121 @@
+"""can_run decides from the description, with exact sizes when the GGUF is on disk and estimates otherwise."""
+
+from __future__ import annotations
+
+import re
+
+import gguf
+import pytest
+from descriptions import QWEN3_30B_A3B, moe_model
+
+import anyformer
+from anyformer import Caps, Model, Rank, Refusal, Request
+from anyformer_diskformer import plugin
+from anyformer_diskformer.plan import RAM_OVERHEAD, plan_from_summary
+
+CAPS = Caps(ram_bytes=64 * 2**30, store=True)
+
+
+def verdict(description: dict | Model, caps: Caps = CAPS, **request):
+    model = description if isinstance(description, Model) else Model.from_dict(description)
+    return plugin.can_run(model, caps, Request(**request))
+
+
+def test_qwen3_30b_a3b_is_accepted_as_a_specialist_holding_every_expert_when_memory_allows():
+    v = verdict(moe_model())
+    assert v.ok, v.reason
+    e = v.estimate
+    assert e.rank is Rank.SPECIALIST and e.gpu_bytes == 0 and e.details["estimated"] is True
+    d = e.details
+    # The experts are most of the file; one expert of 3 × 2048 × 768 weights at ~4.5-5 bits is ~2.7-3 MB.
+    assert 0.8 * QWEN3_30B_A3B["data_bytes"] < d["experts_total"] < QWEN3_30B_A3B["data_bytes"]
+    assert 2.5e6 < d["experts_total"] / (48 * 128) < 3.3e6
+    assert d["expert_cache"] == d["experts_total"]
+    assert e.ram_bytes == d["dense_bytes"] + d["kv_cache"] + RAM_OVERHEAD + d["experts_total"]
+    # f32 K and V of 4 heads × 128 for 48 layers at the default 4096 tokens.
+    assert d["kv_cache"] == 2 * 48 * 4096 * 4 * 128 * 4
+
+
+def test_memory_between_need_and_everything_sizes_the_cache():
+    plan = plan_from_summary(QWEN3_30B_A3B, 4096)
+    ram = plan.need + 10 * plan.min_cache_bytes
+    v = verdict(moe_model(), CAPS.replace(ram_bytes=ram))
+    assert v.ok, v.reason
+    assert v.estimate.ram_bytes == ram
+    assert v.estimate.details["expert_cache"] == ram - plan.fixed_bytes
+
+
+def test_pool_bytes_sizes_the_cache_below_what_memory_allows():
+    plan = plan_from_summary(QWEN3_30B_A3B, 4096)
+    v = verdict(moe_model(), options={"pool_bytes": 3 * plan.min_cache_bytes})
+    assert v.ok and v.estimate.details["expert_cache"] == 3 * plan.min_cache_bytes
+    assert v.estimate.ram_bytes == plan.fixed_bytes + 3 * plan.min_cache_bytes
+
+
+def test_one_byte_below_need_is_a_memory_refusal_with_the_need_and_the_estimate_said():
+    plan = plan_from_summary(QWEN3_30B_A3B, 4096)
+    v = verdict(moe_model(), CAPS.replace(ram_bytes=plan.need - 1))
+    assert not v.ok and v.code is Refusal.MEMORY and v.need == plan.need
+    assert "estimated from the architecture and the file size" in v.reason
+    assert "top-8 experts" in v.reason
+    assert verdict(moe_model(), CAPS.replace(ram_bytes=plan.need)).ok
+
+
+def test_an_accelerator_budget_does_not_bound_the_cpu_engine():
+    assert verdict(moe_model(), budget=0).ok
+
+
+@pytest.mark.parametrize(
+    ("description", "caps", "request_", "code", "words"),
+    [
+        ({"repo": "o/r", "files": [{"name": "model.safetensors", "size": 10}]}, {}, {}, Refusal.FORMAT, "no GGUF"),
+        (moe_model(), {}, {"task": "feature-extraction"}, Refusal.TASK, "feature-extraction"),
+        (moe_model(architecture="llama", expert_count=None), {}, {}, Refusal.MODEL, "'llama'"),
+        (moe_model(architecture="deepseek2"), {}, {}, Refusal.MODEL, "'deepseek2'"),
+        (moe_model(tensor_types={"F32": 1, "IQ4_XS": 9}), {}, {}, Refusal.MODEL, "IQ4_XS"),
+        (moe_model(tokenizer_model="llama"), {}, {}, Refusal.MODEL, "tokenizer model 'llama'"),
+        (moe_model(tokenizer_pre="deepseek-llm"), {}, {}, Refusal.MODEL, "deepseek-llm"),
+        (moe_model(rope_scaling="yarn"), {}, {}, Refusal.MODEL, "yarn"),
+        (moe_model(split={"no": 0, "count": 2}), {}, {}, Refusal.MODEL, "split"),
+        ({**moe_model(), "metadata": {}}, {}, {}, Refusal.MODEL, "header was not read"),
+        ({**moe_model(), "source": "hub"}, {"store": False}, {}, Refusal.STORE, "not writable"),
+        (moe_model(), {"ram_bytes": 10**9}, {}, Refusal.MEMORY, "available"),
+    ],
+)
+def test_refusals(description, caps, request_, code, words):
+    v = verdict(description, CAPS.replace(**caps), **request_)
+    assert not v.ok and v.code is code, v
+    assert words in v.reason
+    assert (v.need is not None) == (code in (Refusal.BUDGET, Refusal.MEMORY))
+
+
+def test_a_file_on_disk_gives_need_from_its_tensor_sizes(moe_folder):
+    model = anyformer.describe(moe_folder)
+    path = model.files_of("gguf")[0].path
+    # Counted independently with gguf's own reader: experts as stored, every other tensor as f32.
+    reader = gguf.GGUFReader(path)
+    experts = sum(int(t.n_bytes) for t in reader.tensors if re.search(r"_exps\.weight$", t.name))
+    dense = sum(4 * int(t.n_elements) for t in reader.tensors if not re.search(r"_exps\.weight$", t.name))
+    kv = 2 * 2 * 256 * (2 * 16) * 4  # layers, the file's context of 256, two KV heads of 16, f32
+    one_layer_top2 = experts // (2 * 8) * 2
+    need = dense + kv + RAM_OVERHEAD + one_layer_top2
+    low = verdict(model, CAPS.replace(ram_bytes=need - 1))
+    assert not low.ok and low.code is Refusal.MEMORY and low.need == need
+    assert "estimated" not in low.reason
+    ok = verdict(model, CAPS.replace(ram_bytes=need))
+    assert ok.ok and ok.estimate.details["expert_cache"] == one_layer_top2
+    assert ok.estimate.details["estimated"] is False
+    assert verdict(model).estimate.details["expert_cache"] == experts
+
+
+def test_a_qwen2moe_file_is_accepted_with_its_shared_expert_counted_as_dense(qwen2moe_f32):
+    model = anyformer.describe(qwen2moe_f32)
+    v = verdict(model)
+    assert v.ok, v.reason
+    reader = gguf.GGUFReader(qwen2moe_f32)
+    shared = sum(4 * int(t.n_elements) for t in reader.tensors if "_shexp" in t.name)
+    routed = sum(int(t.n_bytes) for t in reader.tensors if t.name.endswith("_exps.weight"))
+    assert shared > 0 and v.estimate.details["experts_total"] == routed
+    assert v.estimate.details["dense_bytes"] == sum(
+        4 * int(t.n_elements) for t in reader.tensors if not t.name.endswith("_exps.weight")
+    )

@@ -1,0 +1,92 @@
+"""The expert cache reads the right bytes, keeps within its budget and evicts the least recently used."""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+
+from anyformer import AnyformerError, ErrorCode
+from anyformer.plugin import read_gguf_header
+from anyformer_diskformer.expert_cache import ExpertCache
+
+
+def open_cache(path: str, experts_held: float) -> ExpertCache:
+    header = read_gguf_header(path)
+    probe = ExpertCache(path, header, 2, 8, 10**9)
+    one = probe.expert_bytes
+    probe.close()
+    return ExpertCache(path, header, 2, 8, int(one * experts_held))
+
+
+def test_every_expert_is_the_slab_gguf_reader_sees(moe_f32):
+    reader = gguf.GGUFReader(moe_f32)
+    tensors = {t.name: t for t in reader.tensors}
+    with open_cache(moe_f32, 100) as cache:
+        for layer in range(2):
+            for expert in range(8):
+                got = cache.get(layer, expert)
+                for kind, raw in (("gate", got.gate), ("up", got.up), ("down", got.down)):
+                    want = np.asarray(tensors[f"blk.{layer}.ffn_{kind}_exps.weight"].data[expert])
+                    np.testing.assert_array_equal(raw.view(np.float32), want.reshape(-1))
+        assert cache.stats.misses == 16 and cache.stats.hits == 0 and cache.stats.evictions == 0
+        assert cache.stats.bytes_read == 16 * cache.expert_bytes == cache.held_bytes
+
+
+def test_least_recently_used_goes_first(moe_f32):
+    with open_cache(moe_f32, 2.5) as cache:
+        cache.get(0, 1)
+        cache.get(0, 2)
+        cache.get(0, 1)  # 1 is now the most recent
+        cache.get(1, 3)  # evicts 2
+        assert (0, 1) in cache and (1, 3) in cache and (0, 2) not in cache
+        assert (cache.stats.hits, cache.stats.misses, cache.stats.evictions) == (1, 3, 1)
+        assert cache.held_bytes == 2 * cache.expert_bytes <= cache.capacity_bytes
+
+
+def test_hits_match_an_lru_model_on_a_random_trace(moe_f32):
+    rng = np.random.default_rng(3)
+    trace = [(int(layer), int(expert)) for layer, expert in rng.integers(0, [2, 8], size=(300, 2))]
+    slots = 5
+    with open_cache(moe_f32, slots) as cache:
+        model: list[tuple[int, int]] = []
+        hits = 0
+        for key in trace:
+            if key in model:
+                hits += 1
+                model.remove(key)
+            elif len(model) == slots:
+                model.pop(0)
+            model.append(key)
+            cache.get(*key)
+            assert cache.held_bytes <= cache.capacity_bytes
+        assert cache.stats.hits == hits and cache.stats.misses == len(trace) - hits
+        assert cache.stats.bytes_read == cache.stats.misses * cache.expert_bytes
+        assert 0 < cache.stats.hit_rate < 1
+
+
+def test_a_cache_smaller_than_one_expert_is_budget_too_small_with_the_need(moe_f32):
+    header = read_gguf_header(moe_f32)
+    with pytest.raises(AnyformerError) as caught:
+        ExpertCache(moe_f32, header, 2, 8, 1000)
+    assert caught.value.code is ErrorCode.BUDGET_TOO_SMALL
+    # gate and up are 32 × 64 f32, down 64 × 32: three slabs of 8 KiB.
+    assert caught.value.need == 3 * 32 * 64 * 4
+
+
+def test_bad_keys_and_a_closed_cache_are_bad_requests(moe_f32):
+    cache = open_cache(moe_f32, 4)
+    with pytest.raises(AnyformerError) as caught:
+        cache.get(2, 0)
+    assert caught.value.code is ErrorCode.BAD_REQUEST
+    cache.close()
+    cache.close()
+    with pytest.raises(AnyformerError) as caught:
+        cache.get(0, 0)
+    assert caught.value.code is ErrorCode.BAD_REQUEST
+
+
+def test_a_header_whose_expert_count_disagrees_is_bad_model(moe_f32):
+    with pytest.raises(AnyformerError) as caught:
+        ExpertCache(moe_f32, read_gguf_header(moe_f32), 2, 16, 10**9)
+    assert caught.value.code is ErrorCode.BAD_MODEL
