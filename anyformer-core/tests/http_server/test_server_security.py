@@ -74,6 +74,24 @@ def test_a_link_inside_an_allowed_folder_to_a_file_outside_is_404(paced_server: 
         assert b"root" not in reply.body and b"magic" not in reply.body
 
 
+def test_a_folder_inside_an_allowed_one_holding_a_link_to_a_file_outside_is_404(
+    paced_server: Any, tmp_path: Path, outside: Path
+) -> None:
+    """describe follows a folder's links: a folder is served only when each of them stays inside."""
+    url, _backend, _pool = paced_server()
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "model.gguf").symlink_to(outside / "secret-notes.txt")
+    reply = _check(url, str(folder))
+    assert reply.status == 404, reply.body
+    assert reply.json()["error"]["code"] == "MODEL_NOT_FOUND" and b"secret-notes" not in reply.body
+    inside = tmp_path / "kept.gguf"
+    inside.write_bytes(b"GGUF")
+    (folder / "model.gguf").unlink()
+    (folder / "model.gguf").symlink_to(inside)  # a link that stays inside the allowed folder is fine
+    assert _check(url, str(folder)).status != 404
+
+
 def test_without_allow_paths_no_local_path_is_served(paced_server: Any, model_folders: Any) -> None:
     url, backend, _pool = paced_server(app={"allow_paths": []})
     reply = plain_request("POST", f"{url}/v1/chat/completions", chat(model_folders("m")))

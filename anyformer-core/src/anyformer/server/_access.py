@@ -129,7 +129,8 @@ class ModelAccess:
         if real is not None and real in self._by_path:
             return self._by_path[real]
         if real is not None and any(_inside(real, folder) for folder in self.folders):
-            return real
+            if not os.path.isdir(real) or _links_stay_inside(real, self.folders):
+                return real
         raise self.not_served(ref)
 
     @staticmethod
@@ -139,6 +140,31 @@ class ModelAccess:
             ErrorCode.MODEL_NOT_FOUND,
             f"{ref!r:.120} is not a model this server serves; GET /v1/models lists the ones it does",
         )
+
+
+#: The most entries a client's folder may hold before it is refused (describe lists at most as many files).
+_MAX_FOLDER_ENTRIES = 10_000
+
+
+def _links_stay_inside(folder: str, allowed: Sequence[str]) -> bool:
+    """Whether every link under ``folder`` resolves inside one of the ``allowed`` folders.
+
+    ``describe`` reads headers of the files a folder lists, following links: a link to a file
+    outside the operator's folders would let a client read it through the folder. Bounded: a folder
+    with more entries than ``describe`` lists is refused rather than walked for ever.
+    """
+    seen = 0
+    for root, dirs, files in os.walk(folder, followlinks=False):
+        for name in (*dirs, *files):
+            seen += 1
+            if seen > _MAX_FOLDER_ENTRIES:
+                return False
+            path = os.path.join(root, name)
+            if os.path.islink(path):
+                real = _real(path)
+                if real is None or not any(_inside(real, f) for f in allowed):
+                    return False
+    return True
 
 
 def _is_repo_id(repo: str, revision: str | None) -> bool:
