@@ -23,6 +23,12 @@ import os
 import tempfile
 import time
 
+# llama-cpp-python first when it is there: a CUDA build of it made on the H200 machine segfaults while
+# loading any model if the image's numpy was imported before it (seen 2026-11-30; cause not established).
+try:
+    import llama_cpp  # noqa: F401
+except ImportError:
+    pass
 import numpy as np
 
 import anyformer
