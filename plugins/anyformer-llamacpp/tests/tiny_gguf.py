@@ -38,6 +38,7 @@ def write_tiny_llama(
     overrides: dict[str, int] | None = None,
     quant: str = "F32",
     split_max_tensors: int = 0,
+    add_bos: bool = False,
 ) -> Path:
     """Write a random 2-layer llama GGUF that llama.cpp loads and chats with; returns ``path``.
 
@@ -72,7 +73,7 @@ def write_tiny_llama(
     writer.add_token_merges(["Ġ t"])  # llama.cpp refuses a gpt2 vocabulary without merges
     writer.add_bos_token_id(tokens.index("<|im_start|>"))
     writer.add_eos_token_id(tokens.index("<|im_end|>"))
-    writer.add_add_bos_token(False)
+    writer.add_add_bos_token(add_bos)
     if chat_template is not None:
         writer.add_chat_template(chat_template)
 

@@ -13,6 +13,8 @@ from anyformer.contract._errors import AnyformerError, ErrorCode
 MAX_STOP_STRINGS = 16
 #: The longest stop string, in characters.
 MAX_STOP_CHARS = 256
+#: The longest raw prompt, in characters (a backend still refuses one longer than its context).
+MAX_PROMPT_CHARS = 4_000_000
 
 
 def _check_sampling(extra: dict[str, Any]) -> None:
@@ -74,6 +76,8 @@ class GenerateOptions:
     thinking: bool = False
     stop: tuple[str, ...] = ()
     cancel: threading.Event = dataclasses.field(default_factory=threading.Event)
+    #: The raw text to continue, with no chat template (``generate(prompt=...)``); None for a chat.
+    prompt: str | None = None
     #: Backend-specific settings passed through unchanged (``top_p``, ``repeat_penalty``…).
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
 
@@ -87,6 +91,7 @@ class GenerateOptions:
         thinking: bool = False,
         stop: str | list[str] | tuple[str, ...] | None = None,
         cancel: threading.Event | None = None,
+        prompt: str | None = None,
         **extra: Any,
     ) -> GenerateOptions:
         """Validate user options; anything malformed raises ``BAD_REQUEST`` before any work."""
@@ -118,6 +123,12 @@ class GenerateOptions:
                 ErrorCode.BAD_REQUEST,
                 f"stop takes at most {MAX_STOP_STRINGS} strings of at most {MAX_STOP_CHARS} characters each",
             )
+        if prompt is not None and not isinstance(prompt, str):
+            raise AnyformerError(ErrorCode.BAD_REQUEST, f"prompt must be a string, got {type(prompt).__name__}")
+        if prompt is not None and len(prompt) > MAX_PROMPT_CHARS:
+            raise AnyformerError(
+                ErrorCode.BAD_REQUEST, f"prompt is {len(prompt):,} characters; at most {MAX_PROMPT_CHARS:,} are read"
+            )
         _check_sampling(extra)
         if cancel is not None and not (hasattr(cancel, "is_set") and hasattr(cancel, "set")):
             raise AnyformerError(ErrorCode.BAD_REQUEST, "cancel must be a threading.Event")
@@ -128,5 +139,6 @@ class GenerateOptions:
             thinking=thinking,
             stop=stops,
             cancel=cancel if cancel is not None else threading.Event(),
+            prompt=prompt,
             extra=extra,
         )

@@ -164,6 +164,7 @@ class WorkerSession:
         self.backend = backend
         self.task = ""
         self._has_run = False
+        self._raw_text = False
         self._oom_before = oom_kill_count()
         self._frames: queue.Queue[Any] = queue.Queue()
         self._stderr: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL_LINES)
@@ -242,6 +243,7 @@ class WorkerSession:
         if backend != self.backend or not isinstance(task, str) or not isinstance(has_run, bool):
             raise self._broken(f"a malformed loaded frame {dict(frame)!r:.200}", "loading")
         self.task, self._has_run = task, has_run
+        self._raw_text = frame.get("raw_text") is True
 
     # ---- what Loaded reads ----------------------------------------------------------------------
 
@@ -263,6 +265,11 @@ class WorkerSession:
     def has_run(self) -> bool:
         """True when the worker's handle has ``run``."""
         return self._has_run
+
+    @property
+    def raw_text(self) -> bool:
+        """True when the worker's handle declares ``raw_text``."""
+        return self._raw_text
 
     # ---- talking to the worker ------------------------------------------------------------------
 
@@ -375,6 +382,8 @@ class WorkerSession:
             "thinking": options.thinking,
             "stop": list(options.stop),
         }
+        if options.prompt is not None:
+            settings["prompt"] = options.prompt
         try:
             frame = encode_frame(
                 {

@@ -97,6 +97,8 @@ class LlamaCppModel:
     """
 
     backend = BACKEND_ID
+    #: Raw completions: ``generate(prompt=...)`` continues the text as written, with no chat template.
+    raw_text = True
     #: The multimodal projector that reads image blocks, when the repo has one (set by ``open``).
     _projector: Projector | None = None
     #: The most UTF-8 bytes one token stands for (its vocabulary string bounds it); None when unknown.
@@ -327,6 +329,23 @@ class LlamaCppModel:
         prompt, add_special = self._render(messages, thinking)
         return self._llama.tokenize(prompt.encode("utf-8"), add_bos=add_special, special=True)
 
+    def raw_prompt_tokens(self, prompt: str) -> list[int]:
+        """A raw prompt tokenized as llama.cpp's server does: BOS (and EOS) by the vocabulary's
+        ``add_bos_token``/``add_eos_token``, special tokens parsed; an empty prompt is BOS alone."""
+        if self._token_bytes and len(prompt) > self.context * self._token_bytes:
+            raise AnyformerError(
+                ErrorCode.BAD_REQUEST,
+                f"the prompt is {len(prompt):,} characters, more than a {self.context}-token context can hold",
+            )
+        if prompt:
+            tokens: list[int] = self._llama.tokenize(prompt.encode("utf-8"), add_bos=True, special=True)
+        else:
+            bos = self._llama.token_bos()
+            tokens = [bos] if bos >= 0 else []
+        if not tokens:
+            raise AnyformerError(ErrorCode.BAD_REQUEST, f"the prompt is empty and {self.name} has no BOS token")
+        return tokens
+
     def image_prompt(self, messages: list[Message], thinking: bool) -> tuple[Segments, Chunks]:
         """The prompt of messages with image blocks: token lists and image chunks, each image where it was.
 
@@ -427,7 +446,9 @@ class LlamaCppModel:
             )
         chunks: Chunks | None = None
         with self._using():
-            if has_images(messages):
+            if options.prompt is not None:
+                segments = [self.raw_prompt_tokens(options.prompt)]
+            elif has_images(messages):
                 if self._projector is None:
                     raise AnyformerError(ErrorCode.BAD_REQUEST, f"{self.name} reads text only: {self._no_images}")
                 segments, chunks = self.image_prompt(messages, options.thinking)

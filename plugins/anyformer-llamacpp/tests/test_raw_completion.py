@@ -1,0 +1,105 @@
+"""Raw completions (``generate(prompt=...)``): the text continued as written, checked against
+llama-cpp-python's ``create_completion`` on the same GGUF."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from tiny_gguf import write_tiny_llama
+
+import anyformer
+from anyformer import AnyformerError, ErrorCode
+
+PROMPT = "The capital of France is"
+
+
+def _create_completion(path: Path, context: int, prompt: str, max_tokens: int) -> dict:  # type: ignore[type-arg]
+    from llama_cpp import Llama
+
+    reference = Llama(model_path=str(path), n_ctx=context, n_threads=2, verbose=False)
+    try:
+        return reference.create_completion(prompt, temperature=0.0, top_k=1, max_tokens=max_tokens)  # type: ignore[return-value]
+    finally:
+        reference.close()
+
+
+@pytest.fixture(scope="module")
+def base_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny base-style llama: no chat template, and its vocabulary asks for BOS."""
+    return write_tiny_llama(
+        tmp_path_factory.mktemp("base") / "tiny-base-F32.gguf", seed=3, chat_template=None, add_bos=True
+    )
+
+
+@pytest.fixture(scope="module")
+def base(base_gguf: Path) -> Iterator[anyformer.Loaded]:
+    with anyformer.load(base_gguf, backend="llamacpp") as loaded:
+        yield loaded
+
+
+def test_smollm2_raw_greedy_equals_create_completion(smollm2, smollm2_path) -> None:  # type: ignore[no-untyped-def]
+    expected = _create_completion(smollm2_path, 2048, PROMPT, 20)
+    ours = smollm2.complete(prompt=PROMPT, max_new_tokens=20)
+    assert ours.text == expected["choices"][0]["text"]
+    assert ours.tokens == expected["usage"]["completion_tokens"]
+    assert ours.prompt_tokens == expected["usage"]["prompt_tokens"]
+
+
+def test_raw_prompt_gets_no_chat_template(smollm2) -> None:  # type: ignore[no-untyped-def]
+    tokens = smollm2.handle.raw_prompt_tokens(PROMPT)
+    chat = smollm2.handle.prompt_tokens([{"role": "user", "content": PROMPT}], thinking=False)
+    assert len(tokens) < len(chat)
+    assert smollm2.handle._llama.detokenize(tokens).decode() == PROMPT
+
+
+def test_template_less_base_model_raw_greedy_equals_create_completion(base, base_gguf) -> None:  # type: ignore[no-untyped-def]
+    prompt = "hello there, t"
+    expected = _create_completion(base_gguf, base.handle.context, prompt, 16)
+    ours = base.complete(prompt=prompt, max_new_tokens=16)
+    assert ours.text == expected["choices"][0]["text"]
+    assert ours.tokens == expected["usage"]["completion_tokens"]
+    # The vocabulary asks for BOS: it leads the prompt, and special tokens in the text are parsed.
+    tokens = base.handle.raw_prompt_tokens("a<|im_end|>")
+    assert tokens[0] == base.handle._llama.token_bos()
+    assert tokens[-1] == base.handle._llama.token_eos()
+    assert len(tokens) == 3
+
+
+def test_tiny_without_bos_flag_adds_none(tiny) -> None:  # type: ignore[no-untyped-def]
+    assert tiny.handle.raw_prompt_tokens("ab") == tiny.handle._llama.tokenize(b"ab", add_bos=False, special=True)
+
+
+def test_raw_stop_strings_and_prefix_reuse_keep_greedy_text(smollm2) -> None:  # type: ignore[no-untyped-def]
+    whole = smollm2.complete(prompt=PROMPT, max_new_tokens=12).text
+    stop = whole.strip()[:3]
+    cut = smollm2.complete(prompt=PROMPT, max_new_tokens=12, stop=stop)
+    assert cut.text == whole[: whole.find(stop)]
+    assert cut.finish_reason == "stop"
+    assert smollm2.complete(prompt=PROMPT, max_new_tokens=12).text == whole  # again, from the cache
+
+
+def test_raw_sampled_is_seeded(smollm2) -> None:  # type: ignore[no-untyped-def]
+    one = smollm2.complete(prompt=PROMPT, max_new_tokens=12, temperature=0.9, seed=7).text
+    two = smollm2.complete(prompt=PROMPT, max_new_tokens=12, temperature=0.9, seed=7).text
+    assert one == two and one
+
+
+def test_raw_and_messages_together_are_refused(smollm2) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(AnyformerError) as caught:
+        smollm2.complete("hi", prompt="hi")
+    assert caught.value.code == ErrorCode.BAD_REQUEST
+
+
+def test_raw_prompt_longer_than_context_is_refused(tiny) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(AnyformerError) as caught:
+        tiny.complete(prompt="ab " * 400)
+    assert caught.value.code == ErrorCode.BAD_REQUEST
+
+
+def test_isolated_worker_carries_the_raw_prompt(smollm2_path, smollm2) -> None:  # type: ignore[no-untyped-def]
+    expected = smollm2.complete(prompt=PROMPT, max_new_tokens=8).text
+    with anyformer.load(smollm2_path, backend="llamacpp", context=2048, isolate=True) as isolated:
+        assert isolated.raw_text
+        assert isolated.complete(prompt=PROMPT, max_new_tokens=8).text == expected
