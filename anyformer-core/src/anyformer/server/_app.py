@@ -37,6 +37,7 @@ from anyformer.server._schemas import (
     GenerationRequest,
     chat_chunk,
     chat_completion,
+    completion_choice,
     embeddings_list,
     new_id,
     parse_chat,
@@ -139,9 +140,81 @@ class _Api:
         return await self._generate(request, parsed, chat=True)
 
     async def completions(self, request: Request) -> Response:
-        """``POST /v1/completions``: the prompt is sent as one user message."""
+        """``POST /v1/completions``: each prompt continued as written (no chat template), one choice each.
+
+        The prompts run one after another; a backend without raw text answers ``BAD_REQUEST``.
+        """
         parsed = parse_completion(await _json_body(request, self.max_body))
-        return await self._generate(request, parsed, chat=False)
+        resolved = await self._resolve(parsed.model)
+        rid = new_id("cmpl")
+        if parsed.stream:
+            # The first generation starts before the response does, so its errors get a status code.
+            gone = threading.Event()
+            first = await _until_disconnect(request, self._start_raw(resolved, parsed, 0, gone), gone)
+            return EventStream(self._completion_events(resolved, parsed, rid, first))
+        choices: list[dict[str, Any]] = []
+        prompt_tokens: int | None = 0
+        completion_tokens = 0
+        for index, prompt in enumerate(parsed.prompts):
+            gone = threading.Event()
+            generation = await _until_disconnect(request, self._start_raw(resolved, parsed, index, gone), gone)
+            text, finish, tokens = "", None, 0
+            try:
+                async for chunk in _watching(request, generation):
+                    text, finish, tokens = chunk.text, chunk.finish_reason, chunk.tokens
+            finally:
+                generation.cancel()
+            choices.append(completion_choice(index, prompt + text if parsed.echo else text, finish))
+            completion_tokens += tokens
+            counted = generation.prompt_tokens
+            prompt_tokens = None if prompt_tokens is None or counted is None else prompt_tokens + counted
+        use = usage(prompt_tokens, completion_tokens)
+        return JSONResponse(text_completion(rid, parsed.model, "", None, use, choices=choices))
+
+    async def _start_raw(
+        self, resolved: str, parsed: GenerationRequest, index: int, cancel: threading.Event | None = None
+    ) -> Generation:
+        return await self.pool.generate(
+            resolved, None, {**parsed.options, "prompt": parsed.prompts[index]}, cancel=cancel
+        )
+
+    async def _completion_events(
+        self, resolved: str, parsed: GenerationRequest, rid: str, first: Generation
+    ) -> AsyncIterator[bytes]:
+        """The SSE events of a streamed ``/v1/completions``: each prompt's choice in turn, by its index."""
+        model = parsed.model
+        prompt_tokens: int | None = 0
+        completion_tokens = 0
+        generation: Generation | None = first
+        try:
+            for index, prompt in enumerate(parsed.prompts):
+                if generation is None:
+                    generation = await self._start_raw(resolved, parsed, index)
+                tokens = 0
+                try:
+                    if parsed.echo and prompt:
+                        yield event(text_completion(rid, model, prompt, None, None, index=index))
+                    async for chunk in generation:
+                        tokens = chunk.tokens
+                        if chunk.delta or chunk.finish_reason:
+                            yield event(
+                                text_completion(rid, model, chunk.delta, chunk.finish_reason, None, index=index)
+                            )
+                finally:
+                    generation.cancel()
+                completion_tokens += tokens
+                counted = generation.prompt_tokens
+                prompt_tokens = None if prompt_tokens is None or counted is None else prompt_tokens + counted
+                generation = None
+            if parsed.include_usage:
+                use = usage(prompt_tokens, completion_tokens)
+                yield event(text_completion(rid, model, "", None, use, choices=[]))
+        except AnyformerError as exc:
+            yield event(anyformer_error_body(exc))
+        finally:
+            if generation is not None:
+                generation.cancel()
+        yield DONE
 
     async def embeddings(self, request: Request) -> JSONResponse:
         """``POST /v1/embeddings`` through ``loaded.run`` on the model loaded for feature extraction."""
