@@ -103,3 +103,36 @@ def test_isolated_worker_carries_the_raw_prompt(smollm2_path, smollm2) -> None: 
     with anyformer.load(smollm2_path, backend="llamacpp", context=2048, isolate=True) as isolated:
         assert isolated.raw_text
         assert isolated.complete(prompt=PROMPT, max_new_tokens=8).text == expected
+
+
+def test_cli_run_raw_continues_the_prompt(smollm2, smollm2_path) -> None:  # type: ignore[no-untyped-def]
+    import json
+    import subprocess
+    import sys
+
+    expected = smollm2.complete(prompt=PROMPT, max_new_tokens=8).text
+    command = [sys.executable, "-m", "anyformer", "run", str(smollm2_path), PROMPT, "--raw", "--in-process", "--json"]
+    done = subprocess.run(
+        [*command, "--max-new-tokens", "8", "--context", "2048"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.splitlines()[-1])["text"] == expected
+
+
+def test_cli_run_raw_without_a_prompt_or_with_a_system_prompt_is_refused(smollm2_path) -> None:  # type: ignore[no-untyped-def]
+    import subprocess
+    import sys
+
+    for extra in (["hi", "--system", "be brief"], []):
+        done = subprocess.run(
+            [sys.executable, "-m", "anyformer", "run", str(smollm2_path), *extra, "--raw"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode != 0
+        assert "BAD_REQUEST" in done.stderr and "--raw" in done.stderr
+        assert "Traceback" not in done.stderr
