@@ -445,6 +445,7 @@ class LlamaCppModel:
                 ErrorCode.BAD_REQUEST, f"{self.name} was loaded for {EMBEDDING_TASK}: it embeds with run(); no generate"
             )
         chunks: Chunks | None = None
+        segments: Segments
         with self._using():
             if options.prompt is not None:
                 segments = [self.raw_prompt_tokens(options.prompt)]
