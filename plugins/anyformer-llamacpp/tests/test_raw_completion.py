@@ -136,3 +136,57 @@ def test_cli_run_raw_without_a_prompt_or_with_a_system_prompt_is_refused(smollm2
         assert done.returncode != 0
         assert "BAD_REQUEST" in done.stderr and "--raw" in done.stderr
         assert "Traceback" not in done.stderr
+
+
+def _reference_logprobs(path: Path, context: int, prompt: str, max_tokens: int, top: int) -> dict:  # type: ignore[type-arg]
+    from llama_cpp import Llama
+
+    reference = Llama(model_path=str(path), n_ctx=context, n_threads=2, verbose=False, logits_all=True)
+    try:
+        reply = reference.create_completion(prompt, temperature=0.0, top_k=1, max_tokens=max_tokens, logprobs=top)
+        return reply["choices"][0]  # type: ignore[index,return-value]
+    finally:
+        reference.close()
+
+
+@pytest.mark.parametrize("which", ["smollm2", "base"])
+def test_logprobs_equal_llama_cpp_python(which, request) -> None:  # type: ignore[no-untyped-def]
+    loaded = request.getfixturevalue(which)
+    path = request.getfixturevalue(f"{which}_path" if which == "smollm2" else "base_gguf")
+    # A prompt whose greedy reply holds no BOS: llama-cpp-python leaves BOS out of its logprobs, anyformer does not.
+    prompt = PROMPT if which == "smollm2" else "the cat"
+    expected = _reference_logprobs(path, loaded.handle.context, prompt, 6, 3)
+    chunks = list(loaded.generate(prompt=prompt, max_new_tokens=6, logprobs=3))
+    entries = [entry for chunk in chunks for entry in chunk.logprobs]
+    assert chunks[-1].text == expected["text"]
+    want = expected["logprobs"]
+    assert len(entries) == chunks[-1].tokens == len(want["tokens"])
+    assert [e.token for e in entries] == want["tokens"]
+    assert [e.logprob for e in entries] == pytest.approx(want["token_logprobs"], abs=1e-4)
+    for entry, top in zip(entries, want["top_logprobs"], strict=True):
+        assert dict(entry.top) == pytest.approx(top, abs=1e-4)
+    # Each entry sits where its token's text begins.
+    assert [e.offset for e in entries] == [o - len(prompt) for o in want["text_offset"]]
+
+
+def test_logprobs_past_a_stop_string_are_dropped(smollm2) -> None:  # type: ignore[no-untyped-def]
+    whole = list(smollm2.generate(prompt=PROMPT, max_new_tokens=10, logprobs=0))
+    entries = [e for c in whole for e in c.logprobs]
+    assert len(entries) == whole[-1].tokens
+    assert all(e.top == () for e in entries)
+    # The first token (after the first) whose text is new: a stop string there cuts the reply before it.
+    at = next(
+        k
+        for k in range(1, len(entries))
+        if entries[k].token.strip() and entries[k].token not in whole[-1].text[: entries[k].offset]
+    )
+    cut = list(smollm2.generate(prompt=PROMPT, max_new_tokens=10, logprobs=0, stop=entries[at].token))
+    assert cut[-1].text == whole[-1].text[: entries[at].offset]
+    assert [e.token for c in cut for e in c.logprobs] == [e.token for e in entries[:at]]
+
+
+def test_logprobs_cross_the_isolated_worker(smollm2_path, smollm2) -> None:  # type: ignore[no-untyped-def]
+    local = [e for c in smollm2.generate(prompt=PROMPT, max_new_tokens=4, logprobs=2) for e in c.logprobs]
+    with anyformer.load(smollm2_path, backend="llamacpp", context=2048, isolate=True) as isolated:
+        remote = [e for c in isolated.generate(prompt=PROMPT, max_new_tokens=4, logprobs=2) for e in c.logprobs]
+    assert remote == local

@@ -242,6 +242,8 @@ class Worker:
                     break
                 preview = raw.preview if isinstance(raw.preview, str) else None
                 item = [raw.delta, raw.tokens, raw.finish_reason, raw.prompt_tokens, preview]
+                if raw.logprobs:
+                    item.append([[e.token, e.logprob, [list(pair) for pair in e.top]] for e in raw.logprobs])
                 self.send({"op": "chunks", "id": ident, "items": [item]})
         except Exception as exc:
             failure = exception_to_error(self._backend, "generate", exc)

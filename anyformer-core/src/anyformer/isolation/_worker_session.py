@@ -36,7 +36,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from anyformer._backend import BackendModel
-from anyformer.contract._chunk import Chunk, GenerateOptions
+from anyformer.contract._chunk import Chunk, GenerateOptions, TokenLogprob
 from anyformer.contract._errors import AnyformerError, ErrorCode
 from anyformer.contract._messages import Message
 from anyformer.contract._model import Model
@@ -384,6 +384,8 @@ class WorkerSession:
         }
         if options.prompt is not None:
             settings["prompt"] = options.prompt
+        if options.logprobs is not None:
+            settings["logprobs"] = options.logprobs
         try:
             frame = encode_frame(
                 {
@@ -457,9 +459,12 @@ class WorkerSession:
         chunks = []
         if isinstance(items, list):
             for item in items:
-                if not (isinstance(item, list) and len(item) == 5):
+                if not (isinstance(item, list) and len(item) in (5, 6)):
                     break
-                delta, tokens, finish, prompt, preview = item
+                delta, tokens, finish, prompt, preview = item[:5]
+                logprobs = _token_logprobs(item[5]) if len(item) == 6 else ()
+                if logprobs is None:
+                    break
                 if preview is not None and not isinstance(preview, str):
                     break
                 if not isinstance(delta, str) or isinstance(tokens, bool) or not isinstance(tokens, int):
@@ -469,7 +474,14 @@ class WorkerSession:
                 if prompt is not None and (isinstance(prompt, bool) or not isinstance(prompt, int)):
                     break
                 chunks.append(
-                    Chunk(delta=delta, tokens=tokens, finish_reason=finish, prompt_tokens=prompt, preview=preview)
+                    Chunk(
+                        delta=delta,
+                        tokens=tokens,
+                        finish_reason=finish,
+                        prompt_tokens=prompt,
+                        preview=preview,
+                        logprobs=logprobs,
+                    )
                 )
             else:
                 return chunks
@@ -533,6 +545,27 @@ class WorkerSession:
         for stream in (process.stdout, process.stderr):
             if stream is not None:
                 stream.close()
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _token_logprobs(raw: Any) -> tuple[TokenLogprob, ...] | None:
+    """A chunk's token log-probabilities from the worker's frame; None when malformed."""
+    if not isinstance(raw, list):
+        return None
+    entries = []
+    for entry in raw:
+        if not (isinstance(entry, list) and len(entry) == 3 and isinstance(entry[0], str) and _is_number(entry[1])):
+            return None
+        top = entry[2]
+        if not isinstance(top, list) or not all(
+            isinstance(p, list) and len(p) == 2 and isinstance(p[0], str) and _is_number(p[1]) for p in top
+        ):
+            return None
+        entries.append(TokenLogprob(entry[0], float(entry[1]), tuple((t, float(v)) for t, v in top)))
+    return tuple(entries)
 
 
 def _load_message(backend: str, entry_point: str, model: Model, request: Request) -> dict[str, Any]:

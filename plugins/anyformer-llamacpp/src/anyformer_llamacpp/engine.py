@@ -36,7 +36,17 @@ from typing import Any
 import llama_cpp
 import numpy as np
 
-from anyformer import AnyformerError, Chunk, ErrorCode, GenerateOptions, Message, Model, ProgressCallback, ProgressEvent
+from anyformer import (
+    AnyformerError,
+    Chunk,
+    ErrorCode,
+    GenerateOptions,
+    Message,
+    Model,
+    ProgressCallback,
+    ProgressEvent,
+    TokenLogprob,
+)
 from anyformer.plugin import check_split_set, fetch_files, has_images, read_gguf_header, render_chat, usable_cpu_count
 from anyformer_llamacpp import BACKEND_ID
 from anyformer_llamacpp.estimate import context_for, footprint
@@ -481,6 +491,24 @@ class LlamaCppModel:
         weights = weights[:keep] / weights[:keep].sum()
         return int(candidates[rng.choice(keep, p=weights)])
 
+    def _token_logprob(self, logits: np.ndarray, token: int, top: int) -> TokenLogprob:
+        """The chosen token's log-probability and the ``top`` likeliest alternatives, as llama.cpp's
+        completions report them: a log-softmax of the raw logits (before temperature and top-k/top-p)."""
+        shifted = logits.astype(np.float64) - float(logits.max())
+        logprobs = shifted - np.log(np.exp(shifted).sum())
+        pairs: list[tuple[str, float]] = []
+        if top > 0:
+            best = np.argpartition(-logprobs, top - 1)[:top]
+            best = best[np.argsort(-logprobs[best], kind="stable")]
+            pairs = [(self._token_text(int(i)), float(logprobs[i])) for i in best]
+            if token not in best:
+                pairs.append((self._token_text(token), float(logprobs[token])))
+        return TokenLogprob(self._token_text(token), float(logprobs[token]), tuple(pairs))
+
+    def _token_text(self, token: int) -> str:
+        # Bytes of a character cut across tokens are left out, as llama-cpp-python reports them.
+        return self._text_piece(token).decode("utf-8", "ignore")
+
     def _decode(self, segments: Segments, options: GenerateOptions, chunks: Chunks | None = None) -> Iterator[Chunk]:
         try:
             with self._using():
@@ -520,14 +548,18 @@ class LlamaCppModel:
             chunks.close()  # the images are in the cache now
         count = 0
         while finished and not stopped():
-            token = self._choose(self._last_logits(), options, rng)
+            logits = self._last_logits()
+            token = self._choose(logits, options, rng)
             if is_eog(vocab, token):
                 yield Chunk(
                     delta=decoder.decode(b"", final=True), tokens=count, finish_reason="stop", prompt_tokens=prompt
                 )
                 return
             count += 1
-            yield Chunk(delta=decoder.decode(self._text_piece(token)), tokens=count, prompt_tokens=prompt)
+            logprobs = () if options.logprobs is None else (self._token_logprob(logits, token, options.logprobs),)
+            yield Chunk(
+                delta=decoder.decode(self._text_piece(token)), tokens=count, prompt_tokens=prompt, logprobs=logprobs
+            )
             if count >= budget:
                 tail = decoder.decode(b"", final=True)
                 yield Chunk(delta=tail, tokens=count, finish_reason="length", prompt_tokens=prompt)
