@@ -154,9 +154,44 @@ def test_completions_echo_the_prompt(real_server: tuple[str, Any], smollm2_path:
     assert streamed == prompt + plain
 
 
+def test_completions_logprobs_equal_llama_cpp_python_streamed_and_not(
+    real_server: tuple[str, Any], smollm2_path: Path
+) -> None:
+    from llama_cpp import Llama
+
+    prompt = "The capital of France is"
+    reference = Llama(model_path=str(smollm2_path), n_ctx=2048, n_threads=2, verbose=False, logits_all=True)
+    try:
+        expected = reference.create_completion(prompt, temperature=0.0, top_k=1, max_tokens=6, logprobs=2)
+    finally:
+        reference.close()
+    want = expected["choices"][0]["logprobs"]  # type: ignore[index]
+    client = client_for(real_server)
+    got = client.completions.create(model=str(smollm2_path), prompt=prompt, max_tokens=6, logprobs=2).choices[0]
+    assert got.logprobs.tokens == want["tokens"]
+    assert got.logprobs.token_logprobs == pytest.approx(want["token_logprobs"], abs=1e-4)
+    assert got.logprobs.text_offset == want["text_offset"]
+    for ours, theirs in zip(got.logprobs.top_logprobs, want["top_logprobs"], strict=True):
+        assert ours == pytest.approx(theirs, abs=1e-4)
+    tokens: list[str] = []
+    for chunk in client.completions.create(
+        model=str(smollm2_path), prompt=prompt, max_tokens=6, logprobs=2, stream=True
+    ):
+        if chunk.choices and chunk.choices[0].logprobs is not None:
+            tokens += chunk.choices[0].logprobs.tokens
+    assert tokens == want["tokens"]
+
+
+def test_completions_refuse_logprobs_with_echo(real_server: tuple[str, Any], smollm2_path: Path) -> None:
+    body = {"model": str(smollm2_path), "prompt": "hi", "max_tokens": 2, "logprobs": 1, "echo": True}
+    reply = plain_request("POST", f"{real_server[0]}/v1/completions", body)
+    assert reply.status == 400
+    assert reply.json()["error"]["param"] == "logprobs"
+
+
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("n", 2), ("logprobs", 2), ("suffix", "return x"), ("best_of", 3), ("prompt", [[1, 2, 3]]), ("prompt", [])],
+    [("n", 2), ("logprobs", 99), ("suffix", "return x"), ("best_of", 3), ("prompt", [[1, 2, 3]]), ("prompt", [])],
 )
 def test_completions_refuse_what_they_cannot_honour(
     real_server: tuple[str, Any], smollm2_path: Path, field: str, value: Any

@@ -1125,7 +1125,8 @@ class BackendConformance:
 
         Troubleshooting: set ``raw_text = True`` on your handle only if your ``generate`` hook reads
         ``options.prompt`` (the text to continue as written, no chat template; ``messages`` is then
-        empty) and tokenizes it as your engine's own server does.
+        empty) and tokenizes it as your engine's own server does, and, with ``options.logprobs``
+        set, puts a ``TokenLogprob`` for each token on its chunk.
         """
         prompt = self.prompts[0]
         where = f"generate(prompt={prompt!r})"
@@ -1141,6 +1142,19 @@ class BackendConformance:
         checks.check_stream(chunks, limit, where)
         again = loaded_model.complete(prompt=prompt, max_new_tokens=limit).text
         checks.check_same_text(again, chunks[-1].text, "the second greedy raw completion", where)
+        # Raw completions report log-probabilities: one entry a token, N alternatives, likeliest first.
+        where = f"generate(prompt={prompt!r}, logprobs=2)"
+        scored = list(loaded_model.generate(prompt=prompt, max_new_tokens=limit, logprobs=2))
+        entries = [entry for chunk in scored for entry in chunk.logprobs]
+        if len(entries) != scored[-1].tokens:
+            checks.fail(f"{len(entries)} logprobs entries for {scored[-1].tokens} tokens, expected one a token", where)
+        for entry in entries:
+            values = [value for _, value in entry.top]
+            if not entry.logprob <= 0 or len(values) < 2 or values[:2] != sorted(values[:2], reverse=True):
+                checks.fail(
+                    f"{entry!r}: a logprob must be ≤ 0, with the 2 likeliest alternatives first, likeliest first",
+                    where,
+                )
 
     def test_the_sample_streams_in_an_isolated_worker(
         self,

@@ -26,6 +26,7 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from anyformer._plugins import PluginManager, get_plugin_manager
+from anyformer.contract._chunk import TokenLogprob
 from anyformer.contract._errors import AnyformerError, ErrorCode
 from anyformer.server._access import ModelAccess
 from anyformer.server._errors import ApiError, anyformer_error_body, bad_request, error_response
@@ -38,6 +39,7 @@ from anyformer.server._schemas import (
     chat_chunk,
     chat_completion,
     completion_choice,
+    completion_logprobs,
     embeddings_list,
     new_id,
     parse_chat,
@@ -159,12 +161,15 @@ class _Api:
             gone = threading.Event()
             generation = await _until_disconnect(request, self._start_raw(resolved, parsed, index, gone), gone)
             text, finish, tokens = "", None, 0
+            entries: list[TokenLogprob] = []
             try:
                 async for chunk in _watching(request, generation):
                     text, finish, tokens = chunk.text, chunk.finish_reason, chunk.tokens
+                    entries.extend(chunk.logprobs)
             finally:
                 generation.cancel()
-            choices.append(completion_choice(index, prompt + text if parsed.echo else text, finish))
+            logprobs = completion_logprobs(entries, len(prompt)) if "logprobs" in parsed.options else None
+            choices.append(completion_choice(index, prompt + text if parsed.echo else text, finish, logprobs))
             completion_tokens += tokens
             counted = generation.prompt_tokens
             prompt_tokens = None if prompt_tokens is None or counted is None else prompt_tokens + counted
@@ -183,6 +188,7 @@ class _Api:
     ) -> AsyncIterator[bytes]:
         """The SSE events of a streamed ``/v1/completions``: each prompt's choice in turn, by its index."""
         model = parsed.model
+        scored = "logprobs" in parsed.options
         prompt_tokens: int | None = 0
         completion_tokens = 0
         generation: Generation | None = first
@@ -196,10 +202,12 @@ class _Api:
                         yield event(text_completion(rid, model, prompt, None, None, index=index))
                     async for chunk in generation:
                         tokens = chunk.tokens
-                        if chunk.delta or chunk.finish_reason:
-                            yield event(
-                                text_completion(rid, model, chunk.delta, chunk.finish_reason, None, index=index)
+                        if chunk.delta or chunk.finish_reason or chunk.logprobs:
+                            logprobs = completion_logprobs(chunk.logprobs, len(prompt)) if scored else None
+                            piece = text_completion(
+                                rid, model, chunk.delta, chunk.finish_reason, None, index=index, logprobs=logprobs
                             )
+                            yield event(piece)
                 finally:
                     generation.cancel()
                 completion_tokens += tokens

@@ -12,9 +12,10 @@ import binascii
 import dataclasses
 import time
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
-from anyformer.contract._chunk import GenerateOptions
+from anyformer.contract._chunk import MAX_LOGPROBS, GenerateOptions, TokenLogprob
 from anyformer.contract._errors import AnyformerError
 from anyformer.contract._messages import Message, validate_messages
 from anyformer.server._errors import bad_request
@@ -182,8 +183,6 @@ def _prompts_of(raw: Any) -> tuple[str, ...]:
 
 def _refuse_unsupported_completion_fields(body: dict[str, Any]) -> None:
     """Fields of ``/v1/completions`` anyformer cannot honour yet: refused, never silently ignored."""
-    if body.get("logprobs") is not None:
-        raise bad_request("'logprobs' is not supported on /v1/completions yet", "logprobs")
     if body.get("suffix") is not None:
         raise bad_request("'suffix' (fill-in-the-middle) is not supported on /v1/completions yet", "suffix")
     if body.get("best_of", 1) != 1:
@@ -200,8 +199,16 @@ def parse_completion(body: Any) -> GenerationRequest:
     echo = body.get("echo", False)
     if not isinstance(echo, bool):
         raise bad_request("'echo' must be true or false", "echo")
+    options = _options_of(body)
+    logprobs = body.get("logprobs")
+    if logprobs is not None:
+        if isinstance(logprobs, bool) or not isinstance(logprobs, int) or not 0 <= logprobs <= MAX_LOGPROBS:
+            raise bad_request(f"'logprobs' must be an integer in [0, {MAX_LOGPROBS}]", "logprobs")
+        if echo:
+            raise bad_request("'logprobs' with 'echo' is not supported: the prompt's tokens are not scored", "logprobs")
+        options["logprobs"] = logprobs
     stream, include_usage = _stream_of(body)
-    return GenerationRequest(model, [], _options_of(body), stream, include_usage, prompts=prompts, echo=echo)
+    return GenerationRequest(model, [], options, stream, include_usage, prompts=prompts, echo=echo)
 
 
 def parse_embeddings(body: Any) -> tuple[str, list[str]]:
@@ -282,9 +289,22 @@ def chat_chunk(
     return chunk
 
 
-def completion_choice(index: int, text: str, finish: str | None) -> dict[str, Any]:
+def completion_logprobs(entries: Sequence[TokenLogprob], start: int) -> dict[str, Any]:
+    """OpenAI's completions ``logprobs`` object; ``start`` is where the reply begins in prompt + reply."""
+    return {
+        "tokens": [e.token for e in entries],
+        "token_logprobs": [e.logprob for e in entries],
+        # A dict, as OpenAI and llama.cpp give it: two alternatives with the same text keep the later.
+        "top_logprobs": [dict(e.top) for e in entries],
+        "text_offset": [start + e.offset for e in entries],
+    }
+
+
+def completion_choice(
+    index: int, text: str, finish: str | None, logprobs: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """One choice of a ``text_completion``."""
-    return {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason_of(finish)}
+    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason_of(finish)}
 
 
 def text_completion(
@@ -296,6 +316,7 @@ def text_completion(
     *,
     index: int = 0,
     choices: list[dict[str, Any]] | None = None,
+    logprobs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A ``text_completion`` object (whole, or one streamed piece when ``use`` is None).
 
@@ -306,7 +327,7 @@ def text_completion(
         "object": "text_completion",
         "created": int(time.time()),
         "model": model,
-        "choices": choices if choices is not None else [completion_choice(index, text, finish)],
+        "choices": choices if choices is not None else [completion_choice(index, text, finish, logprobs)],
     }
     if use is not None:
         body["usage"] = use
