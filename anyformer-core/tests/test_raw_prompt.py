@@ -78,10 +78,15 @@ def test_logprobs_of_tokens_past_a_stop_string_are_dropped(load_scripted: Any) -
     assert [e.token for c in chunks for e in c.logprobs] == ["ab"]
 
 
-def test_logprobs_need_a_raw_prompt_and_a_small_count(load_scripted: Any) -> None:
+def test_logprobs_and_suffix_need_a_raw_prompt(load_scripted: Any) -> None:
     loaded, _ = load_scripted()
     loaded.handle.raw_text = True  # type: ignore[attr-defined]
-    for call in (lambda: loaded.complete("hi", logprobs=1), lambda: loaded.complete(prompt="hi", logprobs=99)):
+    for call in (
+        lambda: loaded.complete("hi", logprobs=1),
+        lambda: loaded.complete(prompt="hi", logprobs=99),
+        lambda: loaded.complete("hi", suffix="there"),
+        lambda: loaded.complete(prompt="hi", suffix=3),
+    ):
         with pytest.raises(AnyformerError) as caught:
             call()
         assert caught.value.code == ErrorCode.BAD_REQUEST

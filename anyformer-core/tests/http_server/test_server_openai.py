@@ -182,6 +182,15 @@ def test_completions_logprobs_equal_llama_cpp_python_streamed_and_not(
     assert tokens == want["tokens"]
 
 
+def test_completions_suffix_on_a_model_without_fim_tokens_is_a_clear_400(
+    real_server: tuple[str, Any], smollm2_path: Path
+) -> None:
+    client = client_for(real_server)
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.completions.create(model=str(smollm2_path), prompt="def f(", suffix=")\n", max_tokens=4)
+    assert "fill-in-the-middle" in str(caught.value)
+
+
 def test_completions_refuse_logprobs_with_echo(real_server: tuple[str, Any], smollm2_path: Path) -> None:
     body = {"model": str(smollm2_path), "prompt": "hi", "max_tokens": 2, "logprobs": 1, "echo": True}
     reply = plain_request("POST", f"{real_server[0]}/v1/completions", body)
@@ -191,7 +200,7 @@ def test_completions_refuse_logprobs_with_echo(real_server: tuple[str, Any], smo
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("n", 2), ("logprobs", 99), ("suffix", "return x"), ("best_of", 3), ("prompt", [[1, 2, 3]]), ("prompt", [])],
+    [("n", 2), ("logprobs", 99), ("suffix", 3), ("best_of", 3), ("prompt", [[1, 2, 3]]), ("prompt", [])],
 )
 def test_completions_refuse_what_they_cannot_honour(
     real_server: tuple[str, Any], smollm2_path: Path, field: str, value: Any

@@ -190,3 +190,70 @@ def test_logprobs_cross_the_isolated_worker(smollm2_path, smollm2) -> None:  # t
     with anyformer.load(smollm2_path, backend="llamacpp", context=2048, isolate=True) as isolated:
         remote = [e for c in isolated.generate(prompt=PROMPT, max_new_tokens=4, logprobs=2) for e in c.logprobs]
     assert remote == local
+
+
+@pytest.fixture(scope="module")
+def fim_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny llama whose vocabulary has fill-in-the-middle and repo-level tokens, and asks for BOS."""
+    folder = tmp_path_factory.mktemp("fim")
+    return write_tiny_llama(
+        folder / "tiny-fim-F32.gguf", seed=5, chat_template=None, add_bos=True, fim=True, context=2048
+    )
+
+
+@pytest.fixture(scope="module")
+def fim(fim_gguf: Path) -> Iterator[anyformer.Loaded]:
+    with anyformer.load(fim_gguf, backend="llamacpp", context=2048) as loaded:
+        yield loaded
+
+
+def _ids(loaded: anyformer.Loaded, text: str, *, special: bool = False) -> list[int]:
+    return list(loaded.handle._llama.tokenize(text.encode(), add_bos=False, special=special))  # type: ignore[attr-defined]
+
+
+def test_fim_builds_llama_cpp_infill_sequence(fim) -> None:  # type: ignore[no-untyped-def]
+    (pre,), (suf,), (mid,), (rep,), (sep,) = (
+        _ids(fim, name, special=True)
+        for name in ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|repo_name|>", "<|file_sep|>")
+    )
+    bos = fim.handle._llama.token_bos()
+    prefix, suffix = "def add(a, b):\n    return", "\n\nprint(add(1, 2))<|im_end|>"
+    # llama.cpp's /infill: repo and file lines, BOS, then PRE prefix SUF suffix MID; special text stays plain.
+    expected = [rep, *_ids(fim, "myproject\n"), sep, *_ids(fim, "filename\n"), bos, pre, *_ids(fim, prefix), suf]
+    expected += [*_ids(fim, suffix), mid]
+    assert fim.handle.infill_tokens(prefix, suffix, 16) == expected
+    # A long prefix keeps its last 3/4 batch of tokens, a long suffix its first 1/4 batch less two; a reply that
+    # needs the context leaves the repo lines out.
+    batch = fim.handle._llama.n_batch
+    long_prefix, long_suffix = "a" * (batch + 7), "b" * batch
+    cut = fim.handle.infill_tokens(long_prefix, long_suffix, 1000)
+    assert cut == [
+        bos,
+        pre,
+        *_ids(fim, long_prefix)[-3 * batch // 4 :],
+        suf,
+        *_ids(fim, long_suffix)[: batch // 4 - 2],
+        mid,
+    ]
+
+
+def test_fim_greedy_equals_create_completion_of_the_same_tokens(fim, fim_gguf) -> None:  # type: ignore[no-untyped-def]
+    from llama_cpp import Llama
+
+    prefix, suffix = "x = 1\ny = ", "\nprint(x + y)"
+    tokens = fim.handle.infill_tokens(prefix, suffix, 12)
+    reference = Llama(model_path=str(fim_gguf), n_ctx=2048, n_threads=2, verbose=False)
+    try:
+        expected = reference.create_completion(tokens, temperature=0.0, top_k=1, max_tokens=12)
+    finally:
+        reference.close()
+    ours = fim.complete(prompt=prefix, suffix=suffix, max_new_tokens=12)
+    assert ours.text and ours.text == expected["choices"][0]["text"]  # type: ignore[index]
+    assert ours.prompt_tokens == len(tokens)
+
+
+def test_fim_on_a_model_without_fim_tokens_is_refused(smollm2) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(AnyformerError) as caught:
+        smollm2.complete(prompt="def f(", suffix=")\n")
+    assert caught.value.code == ErrorCode.BAD_REQUEST
+    assert "fill-in-the-middle" in caught.value.message

@@ -103,6 +103,8 @@ class GenerateOptions:
     prompt: str | None = None
     #: With a raw prompt: report each generated token's log-probability and this many alternatives.
     logprobs: int | None = None
+    #: With a raw prompt: the text after the gap, for fill-in-the-middle (the prompt is the text before it).
+    suffix: str | None = None
     #: Backend-specific settings passed through unchanged (``top_p``, ``repeat_penalty``…).
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
 
@@ -118,6 +120,7 @@ class GenerateOptions:
         cancel: threading.Event | None = None,
         prompt: str | None = None,
         logprobs: int | None = None,
+        suffix: str | None = None,
         **extra: Any,
     ) -> GenerateOptions:
         """Validate user options; anything malformed raises ``BAD_REQUEST`` before any work."""
@@ -162,6 +165,13 @@ class GenerateOptions:
                 )
             if prompt is None:
                 raise AnyformerError(ErrorCode.BAD_REQUEST, "logprobs are reported for raw prompts only (prompt=...)")
+        if suffix is not None:
+            if not isinstance(suffix, str) or len(suffix) > MAX_PROMPT_CHARS:
+                raise AnyformerError(
+                    ErrorCode.BAD_REQUEST, f"suffix must be a string of at most {MAX_PROMPT_CHARS:,} characters"
+                )
+            if prompt is None:
+                raise AnyformerError(ErrorCode.BAD_REQUEST, "suffix fills the middle after a raw prompt (prompt=...)")
         _check_sampling(extra)
         if cancel is not None and not (hasattr(cancel, "is_set") and hasattr(cancel, "set")):
             raise AnyformerError(ErrorCode.BAD_REQUEST, "cancel must be a threading.Event")
@@ -174,5 +184,6 @@ class GenerateOptions:
             cancel=cancel if cancel is not None else threading.Event(),
             prompt=prompt,
             logprobs=logprobs,
+            suffix=suffix,
             extra=extra,
         )

@@ -386,6 +386,8 @@ class WorkerSession:
             settings["prompt"] = options.prompt
         if options.logprobs is not None:
             settings["logprobs"] = options.logprobs
+        if options.suffix is not None:
+            settings["suffix"] = options.suffix
         try:
             frame = encode_frame(
                 {

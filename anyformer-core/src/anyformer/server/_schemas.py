@@ -183,8 +183,6 @@ def _prompts_of(raw: Any) -> tuple[str, ...]:
 
 def _refuse_unsupported_completion_fields(body: dict[str, Any]) -> None:
     """Fields of ``/v1/completions`` anyformer cannot honour yet: refused, never silently ignored."""
-    if body.get("suffix") is not None:
-        raise bad_request("'suffix' (fill-in-the-middle) is not supported on /v1/completions yet", "suffix")
     if body.get("best_of", 1) != 1:
         raise bad_request("only best_of=1 is supported: one reply per prompt", "best_of")
 
@@ -207,6 +205,11 @@ def parse_completion(body: Any) -> GenerationRequest:
         if echo:
             raise bad_request("'logprobs' with 'echo' is not supported: the prompt's tokens are not scored", "logprobs")
         options["logprobs"] = logprobs
+    suffix = body.get("suffix")
+    if suffix is not None:
+        if not isinstance(suffix, str):
+            raise bad_request("'suffix' must be a string", "suffix")
+        options["suffix"] = suffix
     stream, include_usage = _stream_of(body)
     return GenerationRequest(model, [], options, stream, include_usage, prompts=prompts, echo=echo)
 

@@ -356,6 +356,45 @@ class LlamaCppModel:
             raise AnyformerError(ErrorCode.BAD_REQUEST, f"the prompt is empty and {self.name} has no BOS token")
         return tokens
 
+    def infill_tokens(self, prefix: str, suffix: str, max_new_tokens: int) -> list[int]:
+        """The fill-in-the-middle prompt llama.cpp's ``/infill`` builds for ``prefix`` and ``suffix``.
+
+        ``[repo and file markers] [BOS] FIM_PRE prefix FIM_SUF suffix FIM_MID``: the texts are
+        tokenized without special tokens, the prefix keeps its last ``3/4`` of a batch of tokens
+        and the suffix its first ``1/4`` less two (as llama.cpp cuts them), and a vocabulary with
+        repo-level tokens (``fim_rep``, ``fim_sep``) gets llama.cpp's ``myproject``/``filename``
+        lines before the rest as far as the context leaves room. ``BAD_REQUEST`` for a model without
+        ``fim_pre``/``fim_suf``/``fim_mid`` tokens.
+        """
+        lib, vocab, llama = self._lib, self._vocab, self._llama
+        pre, suf, mid = lib.llama_vocab_fim_pre(vocab), lib.llama_vocab_fim_suf(vocab), lib.llama_vocab_fim_mid(vocab)
+        if min(pre, suf, mid) < 0:
+            raise AnyformerError(
+                ErrorCode.BAD_REQUEST, f"{self.name} has no fill-in-the-middle tokens (fim_pre, fim_suf, fim_mid)"
+            )
+        for text in (prefix, suffix):
+            if self._token_bytes and len(text) > self.context * self._token_bytes:
+                raise AnyformerError(
+                    ErrorCode.BAD_REQUEST,
+                    f"the text is {len(text):,} characters, more than a {self.context}-token context can hold",
+                )
+
+        def plain(text: str) -> list[int]:
+            return llama.tokenize(text.encode("utf-8"), add_bos=False, special=False) if text else []
+
+        extra: list[int] = []
+        if lib.llama_vocab_fim_rep(vocab) >= 0:
+            extra += [lib.llama_vocab_fim_rep(vocab), *plain("myproject\n")]
+        if lib.llama_vocab_fim_sep(vocab) >= 0:
+            extra += [lib.llama_vocab_fim_sep(vocab), *plain("filename\n")]
+        batch = llama.n_batch
+        prefix_tokens = plain(prefix)
+        prefix_tokens = prefix_tokens[len(prefix_tokens) - min(len(prefix_tokens), 3 * (batch // 4)) :]
+        suffix_tokens = plain(suffix)[: max(0, batch // 4 - 2)]
+        extra_take = min(max(0, self.context - batch - 2 * max_new_tokens), len(extra))
+        bos = [llama.token_bos()] if lib.llama_vocab_get_add_bos(vocab) and llama.token_bos() >= 0 else []
+        return [*extra[len(extra) - extra_take :], *bos, pre, *prefix_tokens, suf, *suffix_tokens, mid]
+
     def image_prompt(self, messages: list[Message], thinking: bool) -> tuple[Segments, Chunks]:
         """The prompt of messages with image blocks: token lists and image chunks, each image where it was.
 
@@ -457,7 +496,9 @@ class LlamaCppModel:
         chunks: Chunks | None = None
         segments: Segments
         with self._using():
-            if options.prompt is not None:
+            if options.prompt is not None and options.suffix is not None:
+                segments = [self.infill_tokens(options.prompt, options.suffix, options.max_new_tokens)]
+            elif options.prompt is not None:
                 segments = [self.raw_prompt_tokens(options.prompt)]
             elif has_images(messages):
                 if self._projector is None:
