@@ -139,7 +139,7 @@ class _Api:
     async def chat_completions(self, request: Request) -> Response:
         """``POST /v1/chat/completions``, streamed over SSE or whole."""
         parsed = parse_chat(await _json_body(request, self.max_body))
-        return await self._generate(request, parsed, chat=True)
+        return await self._chat(request, parsed)
 
     async def completions(self, request: Request) -> Response:
         """``POST /v1/completions``: each prompt continued as written (no chat template), one choice each.
@@ -233,15 +233,15 @@ class _Api:
         vectors, tokens = _embeddings_of(result, len(inputs))
         return JSONResponse(embeddings_list(model, vectors, body.get("encoding_format", "float"), tokens))
 
-    async def _generate(self, request: Request, parsed: GenerationRequest, *, chat: bool) -> Response:
+    async def _chat(self, request: Request, parsed: GenerationRequest) -> Response:
         resolved = await self._resolve(parsed.model)
         gone = threading.Event()  # set when the client leaves: a request still queued then never starts
         generation = await _until_disconnect(
             request, self.pool.generate(resolved, parsed.messages, parsed.options, cancel=gone), gone
         )
-        rid = new_id("chatcmpl" if chat else "cmpl")
+        rid = new_id("chatcmpl")
         if parsed.stream:
-            return EventStream(_events(generation, parsed, rid, chat=chat))
+            return EventStream(_chat_events(generation, parsed, rid))
         text, finish, tokens = "", None, 0
         try:
             async for chunk in _watching(request, generation):
@@ -249,42 +249,26 @@ class _Api:
         finally:
             generation.cancel()
         use = usage(generation.prompt_tokens, tokens)
-        body = (
-            chat_completion(rid, parsed.model, text, finish, use)
-            if chat
-            else text_completion(rid, parsed.model, text, finish, use)
-        )
-        return JSONResponse(body)
+        return JSONResponse(chat_completion(rid, parsed.model, text, finish, use))
 
 
-async def _events(generation: Generation, parsed: GenerationRequest, rid: str, *, chat: bool) -> AsyncIterator[bytes]:
-    """The SSE events of one streamed reply; an error after the first chunk becomes an ``error`` event."""
+async def _chat_events(generation: Generation, parsed: GenerationRequest, rid: str) -> AsyncIterator[bytes]:
+    """The SSE events of one streamed chat reply; an error after the first chunk becomes an ``error`` event."""
     model = parsed.model
     tokens = 0
     try:
-        if chat:
-            yield event(chat_chunk(rid, model, {"role": "assistant", "content": ""}))
+        yield event(chat_chunk(rid, model, {"role": "assistant", "content": ""}))
         async for chunk in generation:
             tokens = chunk.tokens
-            preview = chunk.preview if chat and parsed.preview else None
+            preview = chunk.preview if parsed.preview else None
             if chunk.delta or chunk.finish_reason or preview is not None:
                 delta: dict[str, Any] = {"content": chunk.delta} if chunk.delta else {}
                 if preview is not None:
                     # anyformer's extension, asked for by the chat page: the answer as it stands, unsettled.
                     delta["anyformer_preview"] = preview
-                piece = (
-                    chat_chunk(rid, model, delta, chunk.finish_reason)
-                    if chat
-                    else text_completion(rid, model, chunk.delta, chunk.finish_reason, None)
-                )
-                yield event(piece)
+                yield event(chat_chunk(rid, model, delta, chunk.finish_reason))
         if parsed.include_usage:
-            use = usage(generation.prompt_tokens, tokens)
-            yield event(
-                chat_chunk(rid, model, {}, use=use)
-                if chat
-                else {**text_completion(rid, model, "", None, use), "choices": []}
-            )
+            yield event(chat_chunk(rid, model, {}, use=usage(generation.prompt_tokens, tokens)))
     except AnyformerError as exc:
         yield event(anyformer_error_body(exc))
     finally:
