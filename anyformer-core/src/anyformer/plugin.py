@@ -9,7 +9,7 @@ Groups, in the order a backend meets them:
 
 - hooks: :data:`hookimpl`, and the hook specifications in :mod:`anyformer.hookspecs`;
 - the contract's types: :class:`Model`, :class:`ModelFile`, :class:`Caps`, :class:`Request`,
-  :class:`Verdict`, :class:`Estimate`, :class:`Rank`, :class:`Refusal`, :class:`Chunk`,
+  :class:`Verdict`, :class:`Estimate`, :class:`Rank`, :class:`Refusal`, :class:`Chunk`, :class:`TokenLogprob`,
   :class:`GenerateOptions`, :class:`FinishReason`, :class:`StoreEntry`, :class:`ProgressEvent`,
   :data:`ProgressCallback`, :class:`BackendModel`, :class:`AnyformerError`, :class:`ErrorCode`;
 - messages and chat: :data:`Message`, :func:`validate_messages`, :func:`has_images`, :func:`text_of`,
