@@ -13,7 +13,7 @@ from anyformer._loaded import Loaded
 from anyformer._plugins import PluginInfo, PluginManager, get_plugin_manager
 from anyformer._selection import Selection, select
 from anyformer.contract._caps import Caps, probe
-from anyformer.contract._chunk import Chunk, FinishReason, GenerateOptions
+from anyformer.contract._chunk import Chunk, FinishReason, GenerateOptions, TokenLogprob
 from anyformer.contract._errors import AnyformerError, ErrorCode
 from anyformer.contract._messages import Message, has_images, text_of, validate_messages
 from anyformer.contract._model import Model, ModelFile
@@ -52,6 +52,7 @@ __all__ = [
     "Request",
     "Selection",
     "StoreEntry",
+    "TokenLogprob",
     "Verdict",
     "__version__",
     "anyformer_home",

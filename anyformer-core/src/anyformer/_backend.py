@@ -11,7 +11,9 @@ class BackendModel(Protocol):
 
     ``backend`` is the id of the backend that owns it (its ``generate`` hook answers only for its
     own handles); ``task`` what it runs. ``dispose`` frees its memory and must be safe to call
-    twice. Handles for non-generation tasks also have ``run(input, **options)``.
+    twice. Handles for non-generation tasks also have ``run(input, **options)``. A handle whose
+    backend continues raw text without a chat template (``generate(prompt=...)``) sets
+    ``raw_text = True``; the core refuses raw prompts for every other handle.
     """
 
     backend: str
@@ -25,3 +27,8 @@ def run_of(handle: Any) -> Any:
     """The handle's ``run`` method, or None when the backend has none."""
     run = getattr(handle, "run", None)
     return run if callable(run) else None
+
+
+def raw_text_of(handle: Any) -> bool:
+    """True when the handle declares it continues raw text (``raw_text = True``)."""
+    return getattr(handle, "raw_text", False) is True

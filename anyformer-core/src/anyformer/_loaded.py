@@ -89,25 +89,45 @@ class Loaded:
         if self._disposed:
             raise AnyformerError(ErrorCode.BAD_REQUEST, f"{self.model.ref} was disposed; load it again")
 
+    @property
+    def raw_text(self) -> bool:
+        """True when the backend continues raw text without a chat template (``generate(prompt=...)``)."""
+        return self._session.raw_text
+
     def generate(
         self,
-        messages: list[Message] | str,
+        messages: list[Message] | str | None = None,
         max_new_tokens: int = 256,
         temperature: float = 0.0,
         seed: int | None = None,
         thinking: bool = False,
         stop: str | list[str] | None = None,
         cancel: threading.Event | None = None,
+        prompt: str | None = None,
         **extra: Any,
     ) -> Generator[Chunk, None, None]:
         """Stream a reply to ``messages`` as :class:`Chunk` objects.
+
+        With ``prompt`` instead of ``messages`` the text is continued as written, with no chat
+        template (a raw completion); only backends that declare it (:attr:`raw_text`) take one,
+        the others raise ``BAD_REQUEST``.
 
         Malformed messages or options raise ``BAD_REQUEST`` here, before any work; a call while
         another stream is open raises ``BUSY``. Closing the iterator or setting ``cancel`` stops
         the work and leaves the model ready for the next call.
         """
         self._check_open()
-        checked = validate_messages(messages)
+        if prompt is not None:
+            if messages is not None:
+                raise AnyformerError(ErrorCode.BAD_REQUEST, "give messages or a raw prompt, not both")
+            if not self._session.raw_text:
+                raise AnyformerError(
+                    ErrorCode.BAD_REQUEST,
+                    f"{self.backend} does not continue raw text; send messages (the chat template applies)",
+                )
+            checked: list[Message] = []
+        else:
+            checked = validate_messages(messages)
         options = GenerateOptions.build(
             max_new_tokens=max_new_tokens,
             temperature=temperature,
@@ -115,6 +135,7 @@ class Loaded:
             thinking=thinking,
             stop=stop,
             cancel=cancel,
+            prompt=prompt,
             **extra,
         )
         if not self._busy.acquire(blocking=False):
@@ -135,14 +156,14 @@ class Loaded:
         self._open_stream = weakref.ref(stream)
         return stream
 
-    def complete(self, messages: list[Message] | str, **options: Any) -> Chunk:
+    def complete(self, messages: list[Message] | str | None = None, **options: Any) -> Chunk:
         """Run ``generate`` to the end and return its last chunk (the whole text and finish reason)."""
         last = Chunk()
         for chunk in self.generate(messages, **options):
             last = chunk
         return last
 
-    async def agenerate(self, messages: list[Message] | str, **options: Any) -> AsyncIterator[Chunk]:
+    async def agenerate(self, messages: list[Message] | str | None = None, **options: Any) -> AsyncIterator[Chunk]:
         """The async twin of :meth:`generate`: the backend runs in a thread, chunks arrive on the loop.
 
         Cancelling the consuming task, or closing this iterator, cancels the generation.

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
-from anyformer._backend import BackendModel, run_of
+from anyformer._backend import BackendModel, raw_text_of, run_of
 from anyformer.contract._chunk import Chunk, GenerateOptions
 from anyformer.contract._messages import Message
 
@@ -39,6 +39,10 @@ class Session(Protocol):
     @property
     def has_run(self) -> bool:
         """True when the model runs a non-generation task through ``run``."""
+
+    @property
+    def raw_text(self) -> bool:
+        """True when the backend continues raw text without a chat template (``generate(prompt=...)``)."""
 
     def start(self, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk]:
         """Begin a generation; errors the backend finds before streaming are raised here."""
@@ -70,6 +74,11 @@ class InProcessSession:
     def has_run(self) -> bool:
         """True when the handle has ``run``."""
         return run_of(self._handle) is not None
+
+    @property
+    def raw_text(self) -> bool:
+        """True when the handle declares ``raw_text``."""
+        return raw_text_of(self._handle)
 
     def start(self, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk]:
         """Call the owning backend's generate hook."""

@@ -8,11 +8,12 @@ closed, so its ``finally`` puts the model back in order.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Generator, Iterator
 from types import TracebackType
 from typing import Any
 
-from anyformer.contract._chunk import Chunk, FinishReason, GenerateOptions
+from anyformer.contract._chunk import Chunk, FinishReason, GenerateOptions, TokenLogprob
 from anyformer.contract._errors import AnyformerError, ErrorCode
 
 
@@ -85,6 +86,8 @@ class _StreamState:
         self._emitted = 0  # how much of it the caller has seen
         self._tokens = 0
         self._prompt_tokens: int | None = None  # the backend's count, once it reports one
+        self._cut = False  # a stop string cut the text
+        self._logprobs: list[TokenLogprob] = []  # those not yet passed on, each placed at its offset in the text
 
     def cancel(self) -> None:
         """Set the stream's cancel event: the backend stops at its next check."""
@@ -104,6 +107,11 @@ class _StreamState:
     def _chunk(self, upto: int, finish: FinishReason | None, preview: str | None = None) -> Chunk:
         delta = self._text[self._emitted : upto]
         self._emitted = upto
+        # A token's entry goes with the chunk its text begins in; past the end (a cut stop string) it is dropped.
+        # At the end, tokens that added no text keep their entries too, unless a stop string cut the text there.
+        end = upto if finish is not None and not self._cut else upto - 1
+        ready = [entry for entry in self._logprobs if entry.offset <= end]
+        self._logprobs = [] if finish else self._logprobs[len(ready) :]
         return Chunk(
             text=self._text[:upto],
             delta=delta,
@@ -111,7 +119,20 @@ class _StreamState:
             finish_reason=finish.value if finish else None,
             prompt_tokens=self._prompt_tokens,
             preview=preview,
+            logprobs=tuple(ready),
         )
+
+    def _take_logprobs(self, raw: Chunk) -> None:
+        """Keep a chunk's token entries, placed where their text begins (its tokens' pieces in order)."""
+        entries = raw.logprobs
+        if not isinstance(entries, tuple) or not all(isinstance(e, TokenLogprob) for e in entries):
+            raise AnyformerError(
+                ErrorCode.PLUGIN_ERROR, f"{self._backend}: Chunk.logprobs must be a tuple of TokenLogprob"
+            )
+        offset = len(self._text)
+        for entry in entries:
+            self._logprobs.append(dataclasses.replace(entry, offset=min(offset, len(self._text) + len(raw.delta))))
+            offset += len(entry.token)
 
     def run(self) -> Generator[Chunk, None, None]:
         options = self._options
@@ -144,6 +165,8 @@ class _StreamState:
                     raise AnyformerError(
                         ErrorCode.PLUGIN_ERROR, f"{self._backend}: generate yielded {type(raw).__name__}, not a Chunk"
                     )
+                if options.logprobs is not None:
+                    self._take_logprobs(raw)
                 self._text += raw.delta
                 if self._prompt_tokens is None and isinstance(raw.prompt_tokens, int) and raw.prompt_tokens >= 0:
                     self._prompt_tokens = raw.prompt_tokens
@@ -152,6 +175,7 @@ class _StreamState:
                     cut = min((i for i in (self._text.find(s) for s in options.stop) if i >= 0), default=-1)
                     if cut >= 0:
                         self._text = self._text[:cut]
+                        self._cut = True
                         finish = FinishReason.STOP
                         break
                 if raw.finish_reason is not None:

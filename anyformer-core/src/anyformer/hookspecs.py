@@ -82,9 +82,12 @@ def generate(loaded: BackendModel, messages: list[Message], options: GenerateOpt
     """Start generating a reply; called only on the backend whose ``load`` returned ``loaded``.
 
     :param loaded: a handle this plugin's ``load`` returned.
-    :param messages: validated chat messages (the core rejects malformed ones before this call).
+    :param messages: validated chat messages (the core rejects malformed ones before this call);
+        empty for a raw completion.
     :param options: validated options: ``max_new_tokens``, ``temperature`` (0 is greedy and
         repeatable), ``seed``, ``thinking``, ``stop`` and ``cancel`` (a ``threading.Event``).
+        ``options.prompt`` is the raw text to continue with no chat template; the core sends one
+        only to a handle that sets ``raw_text = True``.
     :returns: an iterable of :class:`anyformer.Chunk` whose ``delta`` is the new text and
         ``tokens`` the count generated so far (never decreasing, at most ``max_new_tokens``); the
         last may carry ``finish_reason`` (the core supplies one when it does not). Check

@@ -9,7 +9,7 @@ Groups, in the order a backend meets them:
 
 - hooks: :data:`hookimpl`, and the hook specifications in :mod:`anyformer.hookspecs`;
 - the contract's types: :class:`Model`, :class:`ModelFile`, :class:`Caps`, :class:`Request`,
-  :class:`Verdict`, :class:`Estimate`, :class:`Rank`, :class:`Refusal`, :class:`Chunk`,
+  :class:`Verdict`, :class:`Estimate`, :class:`Rank`, :class:`Refusal`, :class:`Chunk`, :class:`TokenLogprob`,
   :class:`GenerateOptions`, :class:`FinishReason`, :class:`StoreEntry`, :class:`ProgressEvent`,
   :data:`ProgressCallback`, :class:`BackendModel`, :class:`AnyformerError`, :class:`ErrorCode`;
 - messages and chat: :data:`Message`, :func:`validate_messages`, :func:`has_images`, :func:`text_of`,
@@ -30,7 +30,7 @@ Groups, in the order a backend meets them:
 from anyformer._backend import BackendModel
 from anyformer._chat_template import CHATML_TEMPLATE, render_chat
 from anyformer.contract._caps import Caps, host_ram_available, usable_cpu_count
-from anyformer.contract._chunk import Chunk, FinishReason, GenerateOptions
+from anyformer.contract._chunk import Chunk, FinishReason, GenerateOptions, TokenLogprob
 from anyformer.contract._errors import AnyformerError, ErrorCode
 from anyformer.contract._messages import Message, has_images, text_of, validate_messages
 from anyformer.contract._model import Model, ModelFile
@@ -80,6 +80,7 @@ __all__ = [
     "Request",
     "SafetensorsHeader",
     "StoreEntry",
+    "TokenLogprob",
     "Verdict",
     "anyformer_home",
     "check_onnx_external_data",

@@ -95,20 +95,120 @@ def test_sampling_with_a_seed_repeats_and_stop_cuts_the_text(real_server: tuple[
     assert stopped.choices[0].finish_reason == "stop"
 
 
-def test_completions_send_the_prompt_as_one_user_message(real_server: tuple[str, Any], smollm2_path: Path) -> None:
+def _create_completion(path: Path, prompt: str, max_tokens: int) -> str:
+    """llama-cpp-python's own greedy raw completion of ``prompt`` on the same GGUF."""
+    from llama_cpp import Llama
+
+    reference = Llama(model_path=str(path), n_ctx=2048, n_threads=2, verbose=False)
+    try:
+        reply = reference.create_completion(prompt, temperature=0.0, top_k=1, max_tokens=max_tokens)
+        return str(reply["choices"][0]["text"])  # type: ignore[index]
+    finally:
+        reference.close()
+
+
+def test_completions_continue_the_raw_prompt_streamed_and_not(real_server: tuple[str, Any], smollm2_path: Path) -> None:
     client = client_for(real_server)
-    completion = client.completions.create(model=str(smollm2_path), prompt="Name a colour.", max_tokens=8)
-    chat = client.chat.completions.create(model=str(smollm2_path), messages=hello("Name a colour."), max_tokens=8)
+    prompt = "The capital of France is"
+    completion = client.completions.create(model=str(smollm2_path), prompt=prompt, max_tokens=10)
     assert completion.object == "text_completion"
-    assert completion.choices[0].text == chat.choices[0].message.content
-    streamed = "".join(
-        chunk.choices[0].text
+    assert completion.choices[0].text == _create_completion(smollm2_path, prompt, 10)
+    assert completion.usage.completion_tokens == 10
+    streamed = [
+        chunk
         for chunk in client.completions.create(
-            model=str(smollm2_path), prompt="Name a colour.", max_tokens=8, stream=True
+            model=str(smollm2_path), prompt=prompt, max_tokens=10, stream=True, stream_options={"include_usage": True}
         )
-        if chunk.choices
+    ]
+    assert "".join(c.choices[0].text for c in streamed if c.choices) == completion.choices[0].text
+    assert streamed[-1].usage.prompt_tokens == completion.usage.prompt_tokens
+
+
+def test_completions_take_a_list_of_prompts_one_choice_each(real_server: tuple[str, Any], smollm2_path: Path) -> None:
+    client = client_for(real_server)
+    prompts = ["Once upon a time", "def add(a, b):"]
+    singles = [
+        client.completions.create(model=str(smollm2_path), prompt=p, max_tokens=6).choices[0].text for p in prompts
+    ]
+    both = client.completions.create(model=str(smollm2_path), prompt=prompts, max_tokens=6)
+    assert [c.index for c in both.choices] == [0, 1]
+    assert [c.text for c in both.choices] == singles
+    pieces: dict[int, str] = {0: "", 1: ""}
+    for chunk in client.completions.create(model=str(smollm2_path), prompt=prompts, max_tokens=6, stream=True):
+        for choice in chunk.choices:
+            pieces[choice.index] += choice.text
+    assert [pieces[0], pieces[1]] == singles
+
+
+def test_completions_echo_the_prompt(real_server: tuple[str, Any], smollm2_path: Path) -> None:
+    client = client_for(real_server)
+    prompt = "Once upon a time"
+    plain = client.completions.create(model=str(smollm2_path), prompt=prompt, max_tokens=5).choices[0].text
+    echoed = client.completions.create(model=str(smollm2_path), prompt=prompt, max_tokens=5, echo=True)
+    assert echoed.choices[0].text == prompt + plain
+    streamed = "".join(
+        c.choices[0].text
+        for c in client.completions.create(model=str(smollm2_path), prompt=prompt, max_tokens=5, echo=True, stream=True)
+        if c.choices
     )
-    assert streamed == completion.choices[0].text
+    assert streamed == prompt + plain
+
+
+def test_completions_logprobs_equal_llama_cpp_python_streamed_and_not(
+    real_server: tuple[str, Any], smollm2_path: Path
+) -> None:
+    from llama_cpp import Llama
+
+    prompt = "The capital of France is"
+    reference = Llama(model_path=str(smollm2_path), n_ctx=2048, n_threads=2, verbose=False, logits_all=True)
+    try:
+        expected = reference.create_completion(prompt, temperature=0.0, top_k=1, max_tokens=6, logprobs=2)
+    finally:
+        reference.close()
+    want = expected["choices"][0]["logprobs"]  # type: ignore[index]
+    client = client_for(real_server)
+    got = client.completions.create(model=str(smollm2_path), prompt=prompt, max_tokens=6, logprobs=2).choices[0]
+    assert got.logprobs.tokens == want["tokens"]
+    assert got.logprobs.token_logprobs == pytest.approx(want["token_logprobs"], abs=1e-4)
+    assert got.logprobs.text_offset == want["text_offset"]
+    for ours, theirs in zip(got.logprobs.top_logprobs, want["top_logprobs"], strict=True):
+        assert ours == pytest.approx(theirs, abs=1e-4)
+    tokens: list[str] = []
+    for chunk in client.completions.create(
+        model=str(smollm2_path), prompt=prompt, max_tokens=6, logprobs=2, stream=True
+    ):
+        if chunk.choices and chunk.choices[0].logprobs is not None:
+            tokens += chunk.choices[0].logprobs.tokens
+    assert tokens == want["tokens"]
+
+
+def test_completions_suffix_on_a_model_without_fim_tokens_is_a_clear_400(
+    real_server: tuple[str, Any], smollm2_path: Path
+) -> None:
+    client = client_for(real_server)
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.completions.create(model=str(smollm2_path), prompt="def f(", suffix=")\n", max_tokens=4)
+    assert "fill-in-the-middle" in str(caught.value)
+
+
+def test_completions_refuse_logprobs_with_echo(real_server: tuple[str, Any], smollm2_path: Path) -> None:
+    body = {"model": str(smollm2_path), "prompt": "hi", "max_tokens": 2, "logprobs": 1, "echo": True}
+    reply = plain_request("POST", f"{real_server[0]}/v1/completions", body)
+    assert reply.status == 400
+    assert reply.json()["error"]["param"] == "logprobs"
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("n", 2), ("logprobs", 99), ("suffix", 3), ("best_of", 3), ("prompt", [[1, 2, 3]]), ("prompt", [])],
+)
+def test_completions_refuse_what_they_cannot_honour(
+    real_server: tuple[str, Any], smollm2_path: Path, field: str, value: Any
+) -> None:
+    body: dict[str, Any] = {"model": str(smollm2_path), "prompt": "hi", "max_tokens": 2, field: value}
+    reply = plain_request("POST", f"{real_server[0]}/v1/completions", body)
+    assert reply.status == 400
+    assert reply.json()["error"]["param"] == field
 
 
 def test_embeddings_are_unit_vectors_one_per_input(real_server: tuple[str, Any], smollm2_path: Path) -> None:

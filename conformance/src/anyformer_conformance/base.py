@@ -1119,6 +1119,43 @@ class BackendConformance:
         chunks = self._stream(loaded_model, self._messages(0), max_new_tokens=1)
         checks.check_stream(chunks, 1, "a good generate after an image was refused")
 
+    def test_raw_prompts_follow_raw_text(self, loaded_model: anyformer.Loaded) -> None:
+        """``generate(prompt=...)`` streams a well-formed, repeatable raw completion when the handle
+        declares ``raw_text = True``; otherwise it is ``BAD_REQUEST`` before any work.
+
+        Troubleshooting: set ``raw_text = True`` on your handle only if your ``generate`` hook reads
+        ``options.prompt`` (the text to continue as written, no chat template; ``messages`` is then
+        empty) and tokenizes it as your engine's own server does, and, with ``options.logprobs``
+        set, puts a ``TokenLogprob`` for each token on its chunk.
+        """
+        prompt = self.prompts[0]
+        where = f"generate(prompt={prompt!r})"
+        if not loaded_model.raw_text:
+            try:
+                loaded_model.generate(prompt=prompt, max_new_tokens=1)
+            except Exception as exc:
+                checks.check_error_code(exc, ErrorCode.BAD_REQUEST, where)
+                return
+            checks.fail("a raw prompt streamed on a handle without raw_text", where)
+        limit = self.max_new_tokens_for_tests
+        chunks = list(loaded_model.generate(prompt=prompt, max_new_tokens=limit))
+        checks.check_stream(chunks, limit, where)
+        again = loaded_model.complete(prompt=prompt, max_new_tokens=limit).text
+        checks.check_same_text(again, chunks[-1].text, "the second greedy raw completion", where)
+        # Raw completions report log-probabilities: one entry a token, N alternatives, likeliest first.
+        where = f"generate(prompt={prompt!r}, logprobs=2)"
+        scored = list(loaded_model.generate(prompt=prompt, max_new_tokens=limit, logprobs=2))
+        entries = [entry for chunk in scored for entry in chunk.logprobs]
+        if len(entries) != scored[-1].tokens:
+            checks.fail(f"{len(entries)} logprobs entries for {scored[-1].tokens} tokens, expected one a token", where)
+        for entry in entries:
+            values = [value for _, value in entry.top]
+            if not entry.logprob <= 0 or len(values) < 2 or values[:2] != sorted(values[:2], reverse=True):
+                checks.fail(
+                    f"{entry!r}: a logprob must be ≤ 0, with the 2 likeliest alternatives first, likeliest first",
+                    where,
+                )
+
     def test_the_sample_streams_in_an_isolated_worker(
         self,
         described_sample: Model | None,

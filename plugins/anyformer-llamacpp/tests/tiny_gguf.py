@@ -18,6 +18,14 @@ CHATML_WITH_THINKING = (
 )
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
+#: Fill-in-the-middle tokens (Qwen2.5-Coder's names) and the GGUF keys that name them.
+FIM_TOKENS = {
+    "<|fim_prefix|>": "FIM_PRE_ID",
+    "<|fim_suffix|>": "FIM_SUF_ID",
+    "<|fim_middle|>": "FIM_MID_ID",
+    "<|repo_name|>": "FIM_REP_ID",
+    "<|file_sep|>": "FIM_SEP_ID",
+}
 
 
 def _byte_tokens() -> list[str]:
@@ -38,15 +46,19 @@ def write_tiny_llama(
     overrides: dict[str, int] | None = None,
     quant: str = "F32",
     split_max_tensors: int = 0,
+    add_bos: bool = False,
+    fim: bool = False,
 ) -> Path:
     """Write a random 2-layer llama GGUF that llama.cpp loads and chats with; returns ``path``.
 
     With ``split_max_tensors``, gguf's writer makes a split set (``path`` gains ``-0000N-of-0000M``).
+    With ``fim``, the vocabulary gains fill-in-the-middle tokens, named in the header's FIM keys.
     """
     import gguf
 
     rng = np.random.default_rng(seed)
-    tokens = [*_byte_tokens(), "Ġt", *SPECIALS]
+    specials = [*SPECIALS, *(FIM_TOKENS if fim else ())]
+    tokens = [*_byte_tokens(), "Ġt", *specials]
     n_vocab = len(tokens)
     writer = gguf.GGUFWriter(str(path), "llama", split_max_tensors=split_max_tensors)
     writer.add_name("tiny-llama")
@@ -67,12 +79,15 @@ def write_tiny_llama(
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("default")
     writer.add_token_list(tokens)
-    types = [gguf.TokenType.NORMAL] * (n_vocab - len(SPECIALS)) + [gguf.TokenType.CONTROL] * len(SPECIALS)
+    types = [gguf.TokenType.NORMAL] * (n_vocab - len(specials)) + [gguf.TokenType.CONTROL] * len(specials)
     writer.add_token_types(types)
     writer.add_token_merges(["Ġ t"])  # llama.cpp refuses a gpt2 vocabulary without merges
     writer.add_bos_token_id(tokens.index("<|im_start|>"))
     writer.add_eos_token_id(tokens.index("<|im_end|>"))
-    writer.add_add_bos_token(False)
+    writer.add_add_bos_token(add_bos)
+    if fim:
+        for text, key in FIM_TOKENS.items():
+            writer.add_uint32(getattr(gguf.Keys.Tokenizer, key), tokens.index(text))
     if chat_template is not None:
         writer.add_chat_template(chat_template)
 

@@ -48,6 +48,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     add_machine_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON object per chunk")
+    parser.add_argument(
+        "--raw",
+        action="store_true",
+        help="continue PROMPT as written, with no chat template (a raw completion; base models, code)",
+    )
     parser.set_defaults(handler=run)
 
 
@@ -79,12 +84,16 @@ def _check_options(args: argparse.Namespace) -> None:
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed, thinking=args.think
     )
     Request.build(budget=args.budget, context=args.context)
+    if args.raw and (args.system or args.think):
+        raise AnyformerError(ErrorCode.BAD_REQUEST, "--raw continues the prompt as written: no --system, no --think")
 
 
 def run(args: argparse.Namespace) -> int:
     """Load the model and stream; Ctrl-C stops the answer in progress."""
     _check_options(args)
     model, prompt = _split_model_and_prompt(args.model, args.prompt)
+    if args.raw and prompt is None:
+        raise AnyformerError(ErrorCode.BAD_REQUEST, "--raw needs a PROMPT to continue (there is no raw chat)")
     with ProgressPrinter() as progress:
         loaded = load(
             model,
@@ -98,6 +107,13 @@ def run(args: argparse.Namespace) -> int:
     with loaded:
         if not args.json:
             print(f"anyformer: {loaded.model.ref} on {loaded.backend}", file=sys.stderr)
+        if args.raw:
+            assert prompt is not None
+            try:
+                _stream(loaded, None, args, raw=prompt)
+            except _Stopped:
+                raise AnyformerError(ErrorCode.CANCELLED, "interrupted") from None
+            return 0
         history: list[dict[str, object]] = [{"role": "system", "content": args.system}] if args.system else []
         if prompt is not None:
             history.append({"role": "user", "content": prompt})
@@ -140,12 +156,18 @@ def _chat(loaded: Loaded, history: list[dict[str, object]], args: argparse.Names
         return 0
 
 
-def _stream(loaded: Loaded, messages: list[dict[str, object]], args: argparse.Namespace) -> str:
-    """Write the answer as it comes; Ctrl-C stops it (``_Stopped``) with the model free for the next one."""
+def _stream(
+    loaded: Loaded, messages: list[dict[str, object]] | None, args: argparse.Namespace, *, raw: str | None = None
+) -> str:
+    """Write the answer as it comes; Ctrl-C stops it (``_Stopped``) with the model free for the next one.
+
+    With ``raw`` (and no messages) the text is continued as written, with no chat template.
+    """
     cancel = threading.Event()
     text = ""
     stream = loaded.generate(
         messages,
+        prompt=raw,
         max_new_tokens=args.max_new_tokens,
         temperature=args.temperature,
         seed=args.seed,

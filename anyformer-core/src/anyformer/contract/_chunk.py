@@ -13,6 +13,10 @@ from anyformer.contract._errors import AnyformerError, ErrorCode
 MAX_STOP_STRINGS = 16
 #: The longest stop string, in characters.
 MAX_STOP_CHARS = 256
+#: The most alternatives ``logprobs`` asks for at each token.
+MAX_LOGPROBS = 20
+#: The longest raw prompt, in characters (a backend still refuses one longer than its context).
+MAX_PROMPT_CHARS = 4_000_000
 
 
 def _check_sampling(extra: dict[str, Any]) -> None:
@@ -42,6 +46,23 @@ class FinishReason(str, enum.Enum):
 
 
 @dataclasses.dataclass(frozen=True)
+class TokenLogprob:
+    """One generated token's log-probability (``generate(logprobs=N)``).
+
+    ``token`` is the token's text, ``logprob`` its natural-log probability under the model's
+    distribution before sampling (a log-softmax of the logits), and ``top`` the ``N`` likeliest
+    tokens there with theirs, most likely first (the chosen token is added when it is not among
+    them). ``offset`` is where the token's text begins in the stream's ``text``; backends leave
+    it 0 and the core fills it.
+    """
+
+    token: str
+    logprob: float
+    top: tuple[tuple[str, float], ...] = ()
+    offset: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
 class Chunk:
     """One step of a stream: the whole ``text`` so far, the ``delta`` it added, ``tokens`` generated.
 
@@ -54,6 +75,9 @@ class Chunk:
     a backend that refines text in place sees it now, before it settles (a text-diffusion model's
     answer with its still-masked positions). Most backends never set it; the core passes it on
     with the chunk it came in, and the last chunk has none. Callers may ignore it.
+
+    ``logprobs`` (only with ``generate(logprobs=N)``) holds a :class:`TokenLogprob` for each token
+    whose text begins in this chunk's ``delta``; tokens past a stop string are dropped.
     """
 
     text: str = ""
@@ -62,6 +86,7 @@ class Chunk:
     finish_reason: str | None = None
     prompt_tokens: int | None = None
     preview: str | None = None
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +99,12 @@ class GenerateOptions:
     thinking: bool = False
     stop: tuple[str, ...] = ()
     cancel: threading.Event = dataclasses.field(default_factory=threading.Event)
+    #: The raw text to continue, with no chat template (``generate(prompt=...)``); None for a chat.
+    prompt: str | None = None
+    #: With a raw prompt: report each generated token's log-probability and this many alternatives.
+    logprobs: int | None = None
+    #: With a raw prompt: the text after the gap, for fill-in-the-middle (the prompt is the text before it).
+    suffix: str | None = None
     #: Backend-specific settings passed through unchanged (``top_p``, ``repeat_penalty``…).
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
 
@@ -87,6 +118,9 @@ class GenerateOptions:
         thinking: bool = False,
         stop: str | list[str] | tuple[str, ...] | None = None,
         cancel: threading.Event | None = None,
+        prompt: str | None = None,
+        logprobs: int | None = None,
+        suffix: str | None = None,
         **extra: Any,
     ) -> GenerateOptions:
         """Validate user options; anything malformed raises ``BAD_REQUEST`` before any work."""
@@ -118,6 +152,26 @@ class GenerateOptions:
                 ErrorCode.BAD_REQUEST,
                 f"stop takes at most {MAX_STOP_STRINGS} strings of at most {MAX_STOP_CHARS} characters each",
             )
+        if prompt is not None and not isinstance(prompt, str):
+            raise AnyformerError(ErrorCode.BAD_REQUEST, f"prompt must be a string, got {type(prompt).__name__}")
+        if prompt is not None and len(prompt) > MAX_PROMPT_CHARS:
+            raise AnyformerError(
+                ErrorCode.BAD_REQUEST, f"prompt is {len(prompt):,} characters; at most {MAX_PROMPT_CHARS:,} are read"
+            )
+        if logprobs is not None:
+            if isinstance(logprobs, bool) or not isinstance(logprobs, int) or not 0 <= logprobs <= MAX_LOGPROBS:
+                raise AnyformerError(
+                    ErrorCode.BAD_REQUEST, f"logprobs must be an integer in [0, {MAX_LOGPROBS}], got {logprobs!r:.40}"
+                )
+            if prompt is None:
+                raise AnyformerError(ErrorCode.BAD_REQUEST, "logprobs are reported for raw prompts only (prompt=...)")
+        if suffix is not None:
+            if not isinstance(suffix, str) or len(suffix) > MAX_PROMPT_CHARS:
+                raise AnyformerError(
+                    ErrorCode.BAD_REQUEST, f"suffix must be a string of at most {MAX_PROMPT_CHARS:,} characters"
+                )
+            if prompt is None:
+                raise AnyformerError(ErrorCode.BAD_REQUEST, "suffix fills the middle after a raw prompt (prompt=...)")
         _check_sampling(extra)
         if cancel is not None and not (hasattr(cancel, "is_set") and hasattr(cancel, "set")):
             raise AnyformerError(ErrorCode.BAD_REQUEST, "cancel must be a threading.Event")
@@ -128,5 +182,8 @@ class GenerateOptions:
             thinking=thinking,
             stop=stops,
             cancel=cancel if cancel is not None else threading.Event(),
+            prompt=prompt,
+            logprobs=logprobs,
+            suffix=suffix,
             extra=extra,
         )

@@ -36,7 +36,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from anyformer._backend import BackendModel
-from anyformer.contract._chunk import Chunk, GenerateOptions
+from anyformer.contract._chunk import Chunk, GenerateOptions, TokenLogprob
 from anyformer.contract._errors import AnyformerError, ErrorCode
 from anyformer.contract._messages import Message
 from anyformer.contract._model import Model
@@ -164,6 +164,7 @@ class WorkerSession:
         self.backend = backend
         self.task = ""
         self._has_run = False
+        self._raw_text = False
         self._oom_before = oom_kill_count()
         self._frames: queue.Queue[Any] = queue.Queue()
         self._stderr: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL_LINES)
@@ -242,6 +243,7 @@ class WorkerSession:
         if backend != self.backend or not isinstance(task, str) or not isinstance(has_run, bool):
             raise self._broken(f"a malformed loaded frame {dict(frame)!r:.200}", "loading")
         self.task, self._has_run = task, has_run
+        self._raw_text = frame.get("raw_text") is True
 
     # ---- what Loaded reads ----------------------------------------------------------------------
 
@@ -263,6 +265,11 @@ class WorkerSession:
     def has_run(self) -> bool:
         """True when the worker's handle has ``run``."""
         return self._has_run
+
+    @property
+    def raw_text(self) -> bool:
+        """True when the worker's handle declares ``raw_text``."""
+        return self._raw_text
 
     # ---- talking to the worker ------------------------------------------------------------------
 
@@ -375,6 +382,12 @@ class WorkerSession:
             "thinking": options.thinking,
             "stop": list(options.stop),
         }
+        if options.prompt is not None:
+            settings["prompt"] = options.prompt
+        if options.logprobs is not None:
+            settings["logprobs"] = options.logprobs
+        if options.suffix is not None:
+            settings["suffix"] = options.suffix
         try:
             frame = encode_frame(
                 {
@@ -448,9 +461,12 @@ class WorkerSession:
         chunks = []
         if isinstance(items, list):
             for item in items:
-                if not (isinstance(item, list) and len(item) == 5):
+                if not (isinstance(item, list) and len(item) in (5, 6)):
                     break
-                delta, tokens, finish, prompt, preview = item
+                delta, tokens, finish, prompt, preview = item[:5]
+                logprobs = _token_logprobs(item[5]) if len(item) == 6 else ()
+                if logprobs is None:
+                    break
                 if preview is not None and not isinstance(preview, str):
                     break
                 if not isinstance(delta, str) or isinstance(tokens, bool) or not isinstance(tokens, int):
@@ -460,7 +476,14 @@ class WorkerSession:
                 if prompt is not None and (isinstance(prompt, bool) or not isinstance(prompt, int)):
                     break
                 chunks.append(
-                    Chunk(delta=delta, tokens=tokens, finish_reason=finish, prompt_tokens=prompt, preview=preview)
+                    Chunk(
+                        delta=delta,
+                        tokens=tokens,
+                        finish_reason=finish,
+                        prompt_tokens=prompt,
+                        preview=preview,
+                        logprobs=logprobs,
+                    )
                 )
             else:
                 return chunks
@@ -524,6 +547,27 @@ class WorkerSession:
         for stream in (process.stdout, process.stderr):
             if stream is not None:
                 stream.close()
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _token_logprobs(raw: Any) -> tuple[TokenLogprob, ...] | None:
+    """A chunk's token log-probabilities from the worker's frame; None when malformed."""
+    if not isinstance(raw, list):
+        return None
+    entries = []
+    for entry in raw:
+        if not (isinstance(entry, list) and len(entry) == 3 and isinstance(entry[0], str) and _is_number(entry[1])):
+            return None
+        top = entry[2]
+        if not isinstance(top, list) or not all(
+            isinstance(p, list) and len(p) == 2 and isinstance(p[0], str) and _is_number(p[1]) for p in top
+        ):
+            return None
+        entries.append(TokenLogprob(entry[0], float(entry[1]), tuple((t, float(v)) for t, v in top)))
+    return tuple(entries)
 
 
 def _load_message(backend: str, entry_point: str, model: Model, request: Request) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from anyformer._plugins import PluginManager, get_plugin_manager
+from anyformer.contract._chunk import TokenLogprob
 from anyformer.contract._errors import AnyformerError, ErrorCode
 from anyformer.server._access import ModelAccess
 from anyformer.server._errors import ApiError, anyformer_error_body, bad_request, error_response
@@ -37,6 +38,8 @@ from anyformer.server._schemas import (
     GenerationRequest,
     chat_chunk,
     chat_completion,
+    completion_choice,
+    completion_logprobs,
     embeddings_list,
     new_id,
     parse_chat,
@@ -136,12 +139,90 @@ class _Api:
     async def chat_completions(self, request: Request) -> Response:
         """``POST /v1/chat/completions``, streamed over SSE or whole."""
         parsed = parse_chat(await _json_body(request, self.max_body))
-        return await self._generate(request, parsed, chat=True)
+        return await self._chat(request, parsed)
 
     async def completions(self, request: Request) -> Response:
-        """``POST /v1/completions``: the prompt is sent as one user message."""
+        """``POST /v1/completions``: each prompt continued as written (no chat template), one choice each.
+
+        The prompts run one after another; a backend without raw text answers ``BAD_REQUEST``.
+        """
         parsed = parse_completion(await _json_body(request, self.max_body))
-        return await self._generate(request, parsed, chat=False)
+        resolved = await self._resolve(parsed.model)
+        rid = new_id("cmpl")
+        if parsed.stream:
+            # The first generation starts before the response does, so its errors get a status code.
+            gone = threading.Event()
+            first = await _until_disconnect(request, self._start_raw(resolved, parsed, 0, gone), gone)
+            return EventStream(self._completion_events(resolved, parsed, rid, first))
+        choices: list[dict[str, Any]] = []
+        prompt_tokens: int | None = 0
+        completion_tokens = 0
+        for index, prompt in enumerate(parsed.prompts):
+            gone = threading.Event()
+            generation = await _until_disconnect(request, self._start_raw(resolved, parsed, index, gone), gone)
+            text, finish, tokens = "", None, 0
+            entries: list[TokenLogprob] = []
+            try:
+                async for chunk in _watching(request, generation):
+                    text, finish, tokens = chunk.text, chunk.finish_reason, chunk.tokens
+                    entries.extend(chunk.logprobs)
+            finally:
+                generation.cancel()
+            logprobs = completion_logprobs(entries, len(prompt)) if "logprobs" in parsed.options else None
+            choices.append(completion_choice(index, prompt + text if parsed.echo else text, finish, logprobs))
+            completion_tokens += tokens
+            counted = generation.prompt_tokens
+            prompt_tokens = None if prompt_tokens is None or counted is None else prompt_tokens + counted
+        use = usage(prompt_tokens, completion_tokens)
+        return JSONResponse(text_completion(rid, parsed.model, "", None, use, choices=choices))
+
+    async def _start_raw(
+        self, resolved: str, parsed: GenerationRequest, index: int, cancel: threading.Event | None = None
+    ) -> Generation:
+        return await self.pool.generate(
+            resolved, None, {**parsed.options, "prompt": parsed.prompts[index]}, cancel=cancel
+        )
+
+    async def _completion_events(
+        self, resolved: str, parsed: GenerationRequest, rid: str, first: Generation
+    ) -> AsyncIterator[bytes]:
+        """The SSE events of a streamed ``/v1/completions``: each prompt's choice in turn, by its index."""
+        model = parsed.model
+        scored = "logprobs" in parsed.options
+        prompt_tokens: int | None = 0
+        completion_tokens = 0
+        generation: Generation | None = first
+        try:
+            for index, prompt in enumerate(parsed.prompts):
+                if generation is None:
+                    generation = await self._start_raw(resolved, parsed, index)
+                tokens = 0
+                try:
+                    if parsed.echo and prompt:
+                        yield event(text_completion(rid, model, prompt, None, None, index=index))
+                    async for chunk in generation:
+                        tokens = chunk.tokens
+                        if chunk.delta or chunk.finish_reason or chunk.logprobs:
+                            logprobs = completion_logprobs(chunk.logprobs, len(prompt)) if scored else None
+                            piece = text_completion(
+                                rid, model, chunk.delta, chunk.finish_reason, None, index=index, logprobs=logprobs
+                            )
+                            yield event(piece)
+                finally:
+                    generation.cancel()
+                completion_tokens += tokens
+                counted = generation.prompt_tokens
+                prompt_tokens = None if prompt_tokens is None or counted is None else prompt_tokens + counted
+                generation = None
+            if parsed.include_usage:
+                use = usage(prompt_tokens, completion_tokens)
+                yield event(text_completion(rid, model, "", None, use, choices=[]))
+        except AnyformerError as exc:
+            yield event(anyformer_error_body(exc))
+        finally:
+            if generation is not None:
+                generation.cancel()
+        yield DONE
 
     async def embeddings(self, request: Request) -> JSONResponse:
         """``POST /v1/embeddings`` through ``loaded.run`` on the model loaded for feature extraction."""
@@ -152,15 +233,15 @@ class _Api:
         vectors, tokens = _embeddings_of(result, len(inputs))
         return JSONResponse(embeddings_list(model, vectors, body.get("encoding_format", "float"), tokens))
 
-    async def _generate(self, request: Request, parsed: GenerationRequest, *, chat: bool) -> Response:
+    async def _chat(self, request: Request, parsed: GenerationRequest) -> Response:
         resolved = await self._resolve(parsed.model)
         gone = threading.Event()  # set when the client leaves: a request still queued then never starts
         generation = await _until_disconnect(
             request, self.pool.generate(resolved, parsed.messages, parsed.options, cancel=gone), gone
         )
-        rid = new_id("chatcmpl" if chat else "cmpl")
+        rid = new_id("chatcmpl")
         if parsed.stream:
-            return EventStream(_events(generation, parsed, rid, chat=chat))
+            return EventStream(_chat_events(generation, parsed, rid))
         text, finish, tokens = "", None, 0
         try:
             async for chunk in _watching(request, generation):
@@ -168,42 +249,26 @@ class _Api:
         finally:
             generation.cancel()
         use = usage(generation.prompt_tokens, tokens)
-        body = (
-            chat_completion(rid, parsed.model, text, finish, use)
-            if chat
-            else text_completion(rid, parsed.model, text, finish, use)
-        )
-        return JSONResponse(body)
+        return JSONResponse(chat_completion(rid, parsed.model, text, finish, use))
 
 
-async def _events(generation: Generation, parsed: GenerationRequest, rid: str, *, chat: bool) -> AsyncIterator[bytes]:
-    """The SSE events of one streamed reply; an error after the first chunk becomes an ``error`` event."""
+async def _chat_events(generation: Generation, parsed: GenerationRequest, rid: str) -> AsyncIterator[bytes]:
+    """The SSE events of one streamed chat reply; an error after the first chunk becomes an ``error`` event."""
     model = parsed.model
     tokens = 0
     try:
-        if chat:
-            yield event(chat_chunk(rid, model, {"role": "assistant", "content": ""}))
+        yield event(chat_chunk(rid, model, {"role": "assistant", "content": ""}))
         async for chunk in generation:
             tokens = chunk.tokens
-            preview = chunk.preview if chat and parsed.preview else None
+            preview = chunk.preview if parsed.preview else None
             if chunk.delta or chunk.finish_reason or preview is not None:
                 delta: dict[str, Any] = {"content": chunk.delta} if chunk.delta else {}
                 if preview is not None:
                     # anyformer's extension, asked for by the chat page: the answer as it stands, unsettled.
                     delta["anyformer_preview"] = preview
-                piece = (
-                    chat_chunk(rid, model, delta, chunk.finish_reason)
-                    if chat
-                    else text_completion(rid, model, chunk.delta, chunk.finish_reason, None)
-                )
-                yield event(piece)
+                yield event(chat_chunk(rid, model, delta, chunk.finish_reason))
         if parsed.include_usage:
-            use = usage(generation.prompt_tokens, tokens)
-            yield event(
-                chat_chunk(rid, model, {}, use=use)
-                if chat
-                else {**text_completion(rid, model, "", None, use), "choices": []}
-            )
+            yield event(chat_chunk(rid, model, {}, use=usage(generation.prompt_tokens, tokens)))
     except AnyformerError as exc:
         yield event(anyformer_error_body(exc))
     finally:

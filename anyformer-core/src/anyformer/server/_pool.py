@@ -178,12 +178,18 @@ class ModelPool:
         self.preloaded.append(ref)
 
     async def generate(
-        self, ref: str, messages: list[Message], options: dict[str, Any], *, cancel: threading.Event | None = None
+        self,
+        ref: str,
+        messages: list[Message] | None,
+        options: dict[str, Any],
+        *,
+        cancel: threading.Event | None = None,
     ) -> Generation:
         """Start a generation on ``ref`` (loading it first if needed) once the model is free.
 
         Errors before the first chunk (loading, the backend refusing the messages) are raised
         here, so a server can answer them with a status code rather than inside a stream.
+        ``messages`` is None for a raw completion (``options["prompt"]``).
         ``cancel`` stops the generation; set while the request waits for the model, the
         generation never starts (``CANCELLED``).
         """

@@ -12,9 +12,10 @@ import binascii
 import dataclasses
 import time
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
-from anyformer.contract._chunk import GenerateOptions
+from anyformer.contract._chunk import MAX_LOGPROBS, GenerateOptions, TokenLogprob
 from anyformer.contract._errors import AnyformerError
 from anyformer.contract._messages import Message, validate_messages
 from anyformer.server._errors import bad_request
@@ -49,6 +50,10 @@ class GenerationRequest:
     include_usage: bool = False
     #: ``anyformer_preview: true`` (chat, streamed): send each chunk's provisional text as ``delta.anyformer_preview``.
     preview: bool = False
+    #: ``/v1/completions``: the raw prompts to continue (no chat template), one choice each.
+    prompts: tuple[str, ...] = ()
+    #: ``/v1/completions`` ``echo``: each choice's text begins with its prompt.
+    echo: bool = False
 
 
 def _model_of(body: dict[str, Any]) -> str:
@@ -118,7 +123,7 @@ def _messages_of(raw: Any) -> list[Message]:
 
 def _options_of(body: dict[str, Any]) -> dict[str, Any]:
     if body.get("n", 1) != 1:
-        raise bad_request("only n=1 is supported: one reply per request", "n")
+        raise bad_request("only n=1 is supported: one reply per request (list several prompts instead)", "n")
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     options: dict[str, Any] = {"max_new_tokens": DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens}
     if body.get("temperature") is not None:
@@ -161,19 +166,52 @@ def parse_chat(body: Any) -> GenerationRequest:
     return GenerationRequest(model, messages, _options_of(body), stream, include_usage, preview)
 
 
+#: The most prompts one ``/v1/completions`` request may list (each is generated in turn).
+MAX_PROMPTS = 16
+
+
+def _prompts_of(raw: Any) -> tuple[str, ...]:
+    prompts = [raw] if isinstance(raw, str) else raw
+    if not isinstance(prompts, list) or not prompts or not all(isinstance(p, str) for p in prompts):
+        raise bad_request(
+            "'prompt' must be a string or a non-empty list of strings (token arrays are not supported)", "prompt"
+        )
+    if len(prompts) > MAX_PROMPTS:
+        raise bad_request(f"'prompt' lists {len(prompts)} prompts; at most {MAX_PROMPTS} are taken", "prompt")
+    return tuple(prompts)
+
+
+def _refuse_unsupported_completion_fields(body: dict[str, Any]) -> None:
+    """Fields of ``/v1/completions`` anyformer cannot honour yet: refused, never silently ignored."""
+    if body.get("best_of", 1) != 1:
+        raise bad_request("only best_of=1 is supported: one reply per prompt", "best_of")
+
+
 def parse_completion(body: Any) -> GenerationRequest:
-    """A ``/v1/completions`` body: the prompt becomes one user message (the chat template applies)."""
+    """A ``/v1/completions`` body: each prompt is continued as written, with no chat template."""
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
     model = _model_of(body)
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        prompt = prompt[0]
-    if not isinstance(prompt, str):
-        raise bad_request("'prompt' must be one string (token arrays and batches are not supported)", "prompt")
+    prompts = _prompts_of(body.get("prompt"))
+    _refuse_unsupported_completion_fields(body)
+    echo = body.get("echo", False)
+    if not isinstance(echo, bool):
+        raise bad_request("'echo' must be true or false", "echo")
+    options = _options_of(body)
+    logprobs = body.get("logprobs")
+    if logprobs is not None:
+        if isinstance(logprobs, bool) or not isinstance(logprobs, int) or not 0 <= logprobs <= MAX_LOGPROBS:
+            raise bad_request(f"'logprobs' must be an integer in [0, {MAX_LOGPROBS}]", "logprobs")
+        if echo:
+            raise bad_request("'logprobs' with 'echo' is not supported: the prompt's tokens are not scored", "logprobs")
+        options["logprobs"] = logprobs
+    suffix = body.get("suffix")
+    if suffix is not None:
+        if not isinstance(suffix, str):
+            raise bad_request("'suffix' must be a string", "suffix")
+        options["suffix"] = suffix
     stream, include_usage = _stream_of(body)
-    messages = [{"role": "user", "content": prompt}]
-    return GenerationRequest(model, messages, _options_of(body), stream, include_usage)
+    return GenerationRequest(model, [], options, stream, include_usage, prompts=prompts, echo=echo)
 
 
 def parse_embeddings(body: Any) -> tuple[str, list[str]]:
@@ -254,14 +292,45 @@ def chat_chunk(
     return chunk
 
 
-def text_completion(rid: str, model: str, text: str, finish: str | None, use: dict[str, Any] | None) -> dict[str, Any]:
-    """A ``text_completion`` object (whole, or one streamed piece when ``use`` is None)."""
+def completion_logprobs(entries: Sequence[TokenLogprob], start: int) -> dict[str, Any]:
+    """OpenAI's completions ``logprobs`` object; ``start`` is where the reply begins in prompt + reply."""
+    return {
+        "tokens": [e.token for e in entries],
+        "token_logprobs": [e.logprob for e in entries],
+        # A dict, as OpenAI and llama.cpp give it: two alternatives with the same text keep the later.
+        "top_logprobs": [dict(e.top) for e in entries],
+        "text_offset": [start + e.offset for e in entries],
+    }
+
+
+def completion_choice(
+    index: int, text: str, finish: str | None, logprobs: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """One choice of a ``text_completion``."""
+    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason_of(finish)}
+
+
+def text_completion(
+    rid: str,
+    model: str,
+    text: str,
+    finish: str | None,
+    use: dict[str, Any] | None,
+    *,
+    index: int = 0,
+    choices: list[dict[str, Any]] | None = None,
+    logprobs: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A ``text_completion`` object (whole, or one streamed piece when ``use`` is None).
+
+    ``choices`` replaces the one choice built from ``text`` and ``finish`` (several prompts).
+    """
     body: dict[str, Any] = {
         "id": rid,
         "object": "text_completion",
         "created": int(time.time()),
         "model": model,
-        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason_of(finish)}],
+        "choices": choices if choices is not None else [completion_choice(index, text, finish, logprobs)],
     }
     if use is not None:
         body["usage"] = use

@@ -36,7 +36,17 @@ from typing import Any
 import llama_cpp
 import numpy as np
 
-from anyformer import AnyformerError, Chunk, ErrorCode, GenerateOptions, Message, Model, ProgressCallback, ProgressEvent
+from anyformer import (
+    AnyformerError,
+    Chunk,
+    ErrorCode,
+    GenerateOptions,
+    Message,
+    Model,
+    ProgressCallback,
+    ProgressEvent,
+    TokenLogprob,
+)
 from anyformer.plugin import check_split_set, fetch_files, has_images, read_gguf_header, render_chat, usable_cpu_count
 from anyformer_llamacpp import BACKEND_ID
 from anyformer_llamacpp.estimate import context_for, footprint
@@ -97,6 +107,8 @@ class LlamaCppModel:
     """
 
     backend = BACKEND_ID
+    #: Raw completions: ``generate(prompt=...)`` continues the text as written, with no chat template.
+    raw_text = True
     #: The multimodal projector that reads image blocks, when the repo has one (set by ``open``).
     _projector: Projector | None = None
     #: The most UTF-8 bytes one token stands for (its vocabulary string bounds it); None when unknown.
@@ -327,6 +339,62 @@ class LlamaCppModel:
         prompt, add_special = self._render(messages, thinking)
         return self._llama.tokenize(prompt.encode("utf-8"), add_bos=add_special, special=True)
 
+    def raw_prompt_tokens(self, prompt: str) -> list[int]:
+        """A raw prompt tokenized as llama.cpp's server does: BOS (and EOS) by the vocabulary's
+        ``add_bos_token``/``add_eos_token``, special tokens parsed; an empty prompt is BOS alone."""
+        if self._token_bytes and len(prompt) > self.context * self._token_bytes:
+            raise AnyformerError(
+                ErrorCode.BAD_REQUEST,
+                f"the prompt is {len(prompt):,} characters, more than a {self.context}-token context can hold",
+            )
+        if prompt:
+            tokens: list[int] = self._llama.tokenize(prompt.encode("utf-8"), add_bos=True, special=True)
+        else:
+            bos = self._llama.token_bos()
+            tokens = [bos] if bos >= 0 else []
+        if not tokens:
+            raise AnyformerError(ErrorCode.BAD_REQUEST, f"the prompt is empty and {self.name} has no BOS token")
+        return tokens
+
+    def infill_tokens(self, prefix: str, suffix: str, max_new_tokens: int) -> list[int]:
+        """The fill-in-the-middle prompt llama.cpp's ``/infill`` builds for ``prefix`` and ``suffix``.
+
+        ``[repo and file markers] [BOS] FIM_PRE prefix FIM_SUF suffix FIM_MID``: the texts are
+        tokenized without special tokens, the prefix keeps its last ``3/4`` of a batch of tokens
+        and the suffix its first ``1/4`` less two (as llama.cpp cuts them), and a vocabulary with
+        repo-level tokens (``fim_rep``, ``fim_sep``) gets llama.cpp's ``myproject``/``filename``
+        lines before the rest as far as the context leaves room. ``BAD_REQUEST`` for a model without
+        ``fim_pre``/``fim_suf``/``fim_mid`` tokens.
+        """
+        lib, vocab, llama = self._lib, self._vocab, self._llama
+        pre, suf, mid = lib.llama_vocab_fim_pre(vocab), lib.llama_vocab_fim_suf(vocab), lib.llama_vocab_fim_mid(vocab)
+        if min(pre, suf, mid) < 0:
+            raise AnyformerError(
+                ErrorCode.BAD_REQUEST, f"{self.name} has no fill-in-the-middle tokens (fim_pre, fim_suf, fim_mid)"
+            )
+        for text in (prefix, suffix):
+            if self._token_bytes and len(text) > self.context * self._token_bytes:
+                raise AnyformerError(
+                    ErrorCode.BAD_REQUEST,
+                    f"the text is {len(text):,} characters, more than a {self.context}-token context can hold",
+                )
+
+        def plain(text: str) -> list[int]:
+            return llama.tokenize(text.encode("utf-8"), add_bos=False, special=False) if text else []
+
+        extra: list[int] = []
+        if lib.llama_vocab_fim_rep(vocab) >= 0:
+            extra += [lib.llama_vocab_fim_rep(vocab), *plain("myproject\n")]
+        if lib.llama_vocab_fim_sep(vocab) >= 0:
+            extra += [lib.llama_vocab_fim_sep(vocab), *plain("filename\n")]
+        batch = llama.n_batch
+        prefix_tokens = plain(prefix)
+        prefix_tokens = prefix_tokens[len(prefix_tokens) - min(len(prefix_tokens), 3 * (batch // 4)) :]
+        suffix_tokens = plain(suffix)[: max(0, batch // 4 - 2)]
+        extra_take = min(max(0, self.context - batch - 2 * max_new_tokens), len(extra))
+        bos = [llama.token_bos()] if lib.llama_vocab_get_add_bos(vocab) and llama.token_bos() >= 0 else []
+        return [*extra[len(extra) - extra_take :], *bos, pre, *prefix_tokens, suf, *suffix_tokens, mid]
+
     def image_prompt(self, messages: list[Message], thinking: bool) -> tuple[Segments, Chunks]:
         """The prompt of messages with image blocks: token lists and image chunks, each image where it was.
 
@@ -426,8 +494,13 @@ class LlamaCppModel:
                 ErrorCode.BAD_REQUEST, f"{self.name} was loaded for {EMBEDDING_TASK}: it embeds with run(); no generate"
             )
         chunks: Chunks | None = None
+        segments: Segments
         with self._using():
-            if has_images(messages):
+            if options.prompt is not None and options.suffix is not None:
+                segments = [self.infill_tokens(options.prompt, options.suffix, options.max_new_tokens)]
+            elif options.prompt is not None:
+                segments = [self.raw_prompt_tokens(options.prompt)]
+            elif has_images(messages):
                 if self._projector is None:
                     raise AnyformerError(ErrorCode.BAD_REQUEST, f"{self.name} reads text only: {self._no_images}")
                 segments, chunks = self.image_prompt(messages, options.thinking)
@@ -458,6 +531,24 @@ class LlamaCppModel:
         keep = int(np.searchsorted(np.cumsum(weights), top_p) + 1)
         weights = weights[:keep] / weights[:keep].sum()
         return int(candidates[rng.choice(keep, p=weights)])
+
+    def _token_logprob(self, logits: np.ndarray, token: int, top: int) -> TokenLogprob:
+        """The chosen token's log-probability and the ``top`` likeliest alternatives, as llama.cpp's
+        completions report them: a log-softmax of the raw logits (before temperature and top-k/top-p)."""
+        shifted = logits.astype(np.float64) - float(logits.max())
+        logprobs = shifted - np.log(np.exp(shifted).sum())
+        pairs: list[tuple[str, float]] = []
+        if top > 0:
+            best = np.argpartition(-logprobs, top - 1)[:top]
+            best = best[np.argsort(-logprobs[best], kind="stable")]
+            pairs = [(self._token_text(int(i)), float(logprobs[i])) for i in best]
+            if token not in best:
+                pairs.append((self._token_text(token), float(logprobs[token])))
+        return TokenLogprob(self._token_text(token), float(logprobs[token]), tuple(pairs))
+
+    def _token_text(self, token: int) -> str:
+        # Bytes of a character cut across tokens are left out, as llama-cpp-python reports them.
+        return self._text_piece(token).decode("utf-8", "ignore")
 
     def _decode(self, segments: Segments, options: GenerateOptions, chunks: Chunks | None = None) -> Iterator[Chunk]:
         try:
@@ -498,14 +589,18 @@ class LlamaCppModel:
             chunks.close()  # the images are in the cache now
         count = 0
         while finished and not stopped():
-            token = self._choose(self._last_logits(), options, rng)
+            logits = self._last_logits()
+            token = self._choose(logits, options, rng)
             if is_eog(vocab, token):
                 yield Chunk(
                     delta=decoder.decode(b"", final=True), tokens=count, finish_reason="stop", prompt_tokens=prompt
                 )
                 return
             count += 1
-            yield Chunk(delta=decoder.decode(self._text_piece(token)), tokens=count, prompt_tokens=prompt)
+            logprobs = () if options.logprobs is None else (self._token_logprob(logits, token, options.logprobs),)
+            yield Chunk(
+                delta=decoder.decode(self._text_piece(token)), tokens=count, prompt_tokens=prompt, logprobs=logprobs
+            )
             if count >= budget:
                 tail = decoder.decode(b"", final=True)
                 yield Chunk(delta=tail, tokens=count, finish_reason="length", prompt_tokens=prompt)
