@@ -12,6 +12,7 @@ from typing import Any
 
 from anyformer.plugin import AnyformerError, ErrorCode, GGUFHeader, GGUFTensor
 from anyformer_gguf_gpu.config import (
+    HeadWidths,
     embedding_shapes,
     expect_shapes,
     header_int,
@@ -41,7 +42,7 @@ def is_expert_tensor(name: str) -> bool:
 
 
 @dataclasses.dataclass(frozen=True)
-class MoEConfig:
+class MoEConfig(HeadWidths):
     """What the MoE engine needs to know about one model."""
 
     architecture: str
@@ -66,16 +67,6 @@ class MoEConfig:
     qkv_bias: bool
     #: Width of the always-on shared expert, 0 when there is none (qwen2moe has one).
     n_ff_shexp: int
-
-    @property
-    def q_dim(self) -> int:
-        """Width of all query heads together."""
-        return self.n_head * self.head_dim
-
-    @property
-    def kv_dim(self) -> int:
-        """Width of all key (or value) heads together."""
-        return self.n_kv * self.head_dim
 
 
 def moe_problem(summary: dict[str, Any]) -> str | None:

@@ -21,8 +21,26 @@ ENGINE_ARCHITECTURES: dict[str, bool] = {"llama": False, "qwen3": True}
 READABLE_TYPES = frozenset({"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"})
 
 
+class HeadWidths:
+    """The widths of all query and all key/value heads, for a config that has heads of ``head_dim``."""
+
+    n_head: int
+    n_kv: int
+    head_dim: int
+
+    @property
+    def q_dim(self) -> int:
+        """Width of all query heads together."""
+        return self.n_head * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        """Width of all key (or value) heads together."""
+        return self.n_kv * self.head_dim
+
+
 @dataclasses.dataclass(frozen=True)
-class ModelConfig:
+class ModelConfig(HeadWidths):
     """What the engine needs to know about one model."""
 
     architecture: str
@@ -40,16 +58,6 @@ class ModelConfig:
     n_ctx_train: int
     qk_norm: bool
     tied_output: bool
-
-    @property
-    def q_dim(self) -> int:
-        """Width of all query heads together."""
-        return self.n_head * self.head_dim
-
-    @property
-    def kv_dim(self) -> int:
-        """Width of all key (or value) heads together."""
-        return self.n_kv * self.head_dim
 
 
 def header_int(kv: dict[str, Any], key: str, default: int | None = None, *, uniform_list: bool = True) -> int:
