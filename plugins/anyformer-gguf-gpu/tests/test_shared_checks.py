@@ -114,3 +114,25 @@ def test_expect_shapes_reports_the_first_tensor_that_differs():
         expect_shapes({"y": (4,)}, tensors, "which nothing reads")
     with pytest.raises(AnyformerError, match="no tensor z"):
         expect_shapes({"z": (4,)}, tensors, "unread")
+
+
+def test_token_chunk_carries_the_prompt_once_and_finishes_at_the_limit(tmp_path):
+    from anyformer_gguf_gpu.chat_setup import token_chunk
+    from anyformer_gguf_gpu.gguf_file import GGUFFile
+    from anyformer_gguf_gpu.testing import RandomModel, write_random_gguf
+    from anyformer_gguf_gpu.tokenizer import GGUFTokenizer, StreamDecoder
+
+    path = str(tmp_path / "tiny.gguf")
+    write_random_gguf(path, RandomModel(n_layer=1))
+    gguf = GGUFFile(path)
+    try:
+        tokenizer = GGUFTokenizer(gguf.kv)
+    finally:
+        gguf.close()
+    ids = tokenizer.encode("the cat", add_special=False, parse_special=False)
+    text = StreamDecoder(tokenizer)
+    chunks = [token_chunk(text, t, i + 1, len(ids), 7) for i, t in enumerate(ids)]
+    assert "".join(c.delta for c in chunks) == "the cat"
+    assert [c.prompt_tokens for c in chunks] == [7] + [None] * (len(ids) - 1)
+    assert [c.finish_reason for c in chunks] == [None] * (len(ids) - 1) + ["length"]
+    assert [c.tokens for c in chunks] == list(range(1, len(ids) + 1))

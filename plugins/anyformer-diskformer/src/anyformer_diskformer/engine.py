@@ -20,7 +20,7 @@ from anyformer_diskformer.moe_config import read_moe_config
 from anyformer_diskformer.plan import context_for, plan_from_header
 from anyformer_diskformer.policies import EvictionPolicy, make_policy
 from anyformer_diskformer.trace import trace_writer_from_env
-from anyformer_gguf_gpu.chat_setup import chat_prompt_ids, check_prompt_fits, check_text_only
+from anyformer_gguf_gpu.chat_setup import chat_prompt_ids, check_prompt_fits, check_text_only, token_chunk
 from anyformer_gguf_gpu.gguf_file import GGUFFile
 from anyformer_gguf_gpu.model_choice import fetch_chosen_gguf
 from anyformer_gguf_gpu.tokenizer import GGUFTokenizer, StreamDecoder
@@ -179,16 +179,8 @@ class DiskformerModel:
                 yield Chunk(delta=text.flush(), tokens=count, finish_reason=FinishReason.STOP.value)
                 return
             count += 1
-            delta = text.push(token)
-            last = count >= options.max_new_tokens
-            if last:
-                delta += text.flush()
-            yield Chunk(
-                delta=delta,
-                tokens=count,
-                finish_reason=FinishReason.LENGTH.value if last else None,
-                prompt_tokens=len(ids) if count == 1 else None,
-            )
-            if last:
+            chunk = token_chunk(text, token, count, options.max_new_tokens, len(ids))
+            yield chunk
+            if chunk.finish_reason is not None:
                 return
             batch = [token]

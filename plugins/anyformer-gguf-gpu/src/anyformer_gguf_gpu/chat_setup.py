@@ -1,9 +1,9 @@
-"""A chat turned into prompt ids for a GGUF engine, and the checks on it every such backend makes before replying."""
+"""A chat turned into prompt ids for a GGUF engine, the checks on it before replying, and the reply's token chunks."""
 
 from __future__ import annotations
 
-from anyformer.plugin import AnyformerError, ErrorCode, Message, has_images, render_chat
-from anyformer_gguf_gpu.tokenizer import GGUFTokenizer
+from anyformer.plugin import AnyformerError, Chunk, ErrorCode, FinishReason, Message, has_images, render_chat
+from anyformer_gguf_gpu.tokenizer import GGUFTokenizer, StreamDecoder
 
 
 def chat_prompt_ids(tokenizer: GGUFTokenizer, messages: list[Message], thinking: bool) -> list[int]:
@@ -35,3 +35,18 @@ def check_prompt_fits(ids: list[int], context: int) -> None:
         raise AnyformerError(ErrorCode.BAD_REQUEST, "the prompt is empty")
     if len(ids) >= context:
         raise AnyformerError(ErrorCode.BAD_REQUEST, f"the prompt is {len(ids)} tokens; the context holds {context}")
+
+
+def token_chunk(text: StreamDecoder, token: int, count: int, max_new_tokens: int, prompt_tokens: int) -> Chunk:
+    """The chunk of the ``count``-th generated ``token``: its text, and at ``max_new_tokens`` the rest of
+    the text with a ``length`` finish; ``prompt_tokens`` rides on the first chunk only."""
+    delta = text.push(token)
+    last = count >= max_new_tokens
+    if last:
+        delta += text.flush()
+    return Chunk(
+        delta=delta,
+        tokens=count,
+        finish_reason=FinishReason.LENGTH.value if last else None,
+        prompt_tokens=prompt_tokens if count == 1 else None,
+    )

@@ -6,7 +6,7 @@ from collections.abc import Generator, Iterator
 
 from anyformer import AnyformerError, Chunk, ErrorCode, FinishReason, GenerateOptions, Message, Model, Request
 from anyformer.plugin import ProgressCallback, ProgressEvent
-from anyformer_gguf_gpu.chat_setup import chat_prompt_ids, check_prompt_fits, check_text_only
+from anyformer_gguf_gpu.chat_setup import chat_prompt_ids, check_prompt_fits, check_text_only, token_chunk
 from anyformer_gguf_gpu.decode import greedy, sampled
 from anyformer_gguf_gpu.gguf_file import GGUFFile
 from anyformer_gguf_gpu.gpu import GPU, gpu_errors
@@ -95,7 +95,6 @@ class LocalMindModel:
         text = StreamDecoder(self.tokenizer)
         stops = self.tokenizer.stop_ids
         count = 0
-        first = True
         try:
             while True:
                 if options.cancel.is_set():
@@ -109,18 +108,9 @@ class LocalMindModel:
                     yield Chunk(delta=text.flush(), tokens=count, finish_reason=finish.value)
                     return
                 count += 1
-                delta = text.push(token)
-                last = count >= options.max_new_tokens
-                if last:
-                    delta += text.flush()
-                yield Chunk(
-                    delta=delta,
-                    tokens=count,
-                    finish_reason=FinishReason.LENGTH.value if last else None,
-                    prompt_tokens=len(ids) if first else None,
-                )
-                first = False
-                if last:
+                chunk = token_chunk(text, token, count, options.max_new_tokens, len(ids))
+                yield chunk
+                if chunk.finish_reason is not None:
                     return
         finally:
             tokens.close()
