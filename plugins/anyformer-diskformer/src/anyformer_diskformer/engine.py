@@ -10,11 +10,8 @@ from anyformer import AnyformerError, Chunk, ErrorCode, FinishReason, GenerateOp
 from anyformer.plugin import (
     ProgressCallback,
     ProgressEvent,
-    fetch_files,
     format_size,
-    has_images,
     host_ram_available,
-    render_chat,
 )
 from anyformer_diskformer import BACKEND_ID
 from anyformer_diskformer.cpu_engine import CpuMoEEngine
@@ -23,7 +20,9 @@ from anyformer_diskformer.moe_config import read_moe_config
 from anyformer_diskformer.plan import context_for, plan_from_header
 from anyformer_diskformer.policies import EvictionPolicy, make_policy
 from anyformer_diskformer.trace import trace_writer_from_env
+from anyformer_gguf_gpu.chat_setup import chat_prompt_ids, check_prompt_fits, check_text_only, token_chunk
 from anyformer_gguf_gpu.gguf_file import GGUFFile
+from anyformer_gguf_gpu.model_choice import fetch_chosen_gguf
 from anyformer_gguf_gpu.tokenizer import GGUFTokenizer, StreamDecoder
 
 #: Sampling defaults at a temperature above 0 (llama.cpp's own), overridable through ``extra``.
@@ -89,20 +88,12 @@ class DiskformerModel:
         self.tokenizer = tokenizer
         self.name = name
         self.context = engine.ctx
-        self._bos_text = tokenizer.tokens[tokenizer.bos_id] if tokenizer.bos_id is not None else ""
-        self._eos_text = tokenizer.tokens[tokenizer.eos_id] if tokenizer.eos_id is not None else ""
 
     @classmethod
     def open(cls, model: Model, request: Request, progress: ProgressCallback) -> DiskformerModel:
         """Fetch the GGUF, check it, size the expert cache from the budget and make the dense weights resident."""
-        from anyformer_diskformer.plugin import choose_gguf
-
-        choice = choose_gguf(model)
-        if isinstance(choice, str):
-            raise AnyformerError(ErrorCode.NO_BACKEND, f"{model.ref}: {choice}")
-        name = choice[0].name
-        path = str(fetch_files(model, [name], progress, backend=BACKEND_ID)[name])
-        progress(ProgressEvent(stage="verify", backend=BACKEND_ID, file=name))
+        name, fetched = fetch_chosen_gguf(model, progress, BACKEND_ID)
+        path = str(fetched)
         gguf = GGUFFile(path)
         try:
             config = read_moe_config(gguf.header)
@@ -143,24 +134,14 @@ class DiskformerModel:
 
     def prompt_ids(self, messages: list[Message], thinking: bool) -> list[int]:
         """The chat template rendered in the core's sandbox, then tokenised with special tokens parsed."""
-        template = self.tokenizer.chat_template
-        prompt = render_chat(
-            template if isinstance(template, str) else None,
-            messages,
-            bos_token=self._bos_text,
-            eos_token=self._eos_text,
-            enable_thinking=thinking,
-        )
-        add_special = not (self._bos_text and prompt.startswith(self._bos_text))
-        return self.tokenizer.encode(prompt, add_special=add_special, parse_special=True)
+        return chat_prompt_ids(self.tokenizer, messages, thinking)
 
     def stream(self, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk]:
         """Check the request now (``BAD_REQUEST`` before any chunk), then return the reply's stream."""
         engine = self.engine
         if engine is None:
             raise AnyformerError(ErrorCode.BAD_REQUEST, "the model was disposed; load it again")
-        if has_images(messages):
-            raise AnyformerError(ErrorCode.BAD_REQUEST, f"the {BACKEND_ID} backend reads text only, not image blocks")
+        check_text_only(messages, BACKEND_ID)
         if options.cancel.is_set():
             return iter([Chunk(tokens=0, finish_reason=FinishReason.CANCELLED.value)])
         try:
@@ -170,12 +151,7 @@ class DiskformerModel:
             if exc.code is ErrorCode.CANCELLED:
                 return iter([Chunk(tokens=0, finish_reason=FinishReason.CANCELLED.value)])
             raise
-        if not ids:
-            raise AnyformerError(ErrorCode.BAD_REQUEST, "the prompt is empty")
-        if len(ids) >= engine.ctx:
-            raise AnyformerError(
-                ErrorCode.BAD_REQUEST, f"the prompt is {len(ids)} tokens; the context holds {engine.ctx}"
-            )
+        check_prompt_fits(ids, engine.ctx)
         return self._reply(engine, ids, options)
 
     def _reply(self, engine: CpuMoEEngine, ids: list[int], options: GenerateOptions) -> Iterator[Chunk]:
@@ -203,16 +179,8 @@ class DiskformerModel:
                 yield Chunk(delta=text.flush(), tokens=count, finish_reason=FinishReason.STOP.value)
                 return
             count += 1
-            delta = text.push(token)
-            last = count >= options.max_new_tokens
-            if last:
-                delta += text.flush()
-            yield Chunk(
-                delta=delta,
-                tokens=count,
-                finish_reason=FinishReason.LENGTH.value if last else None,
-                prompt_tokens=len(ids) if count == 1 else None,
-            )
-            if last:
+            chunk = token_chunk(text, token, count, options.max_new_tokens, len(ids))
+            yield chunk
+            if chunk.finish_reason is not None:
                 return
             batch = [token]

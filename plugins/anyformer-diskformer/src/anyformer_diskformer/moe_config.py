@@ -11,7 +11,16 @@ import re
 from typing import Any
 
 from anyformer.plugin import AnyformerError, ErrorCode, GGUFHeader, GGUFTensor
-from anyformer_gguf_gpu.config import READABLE_TYPES
+from anyformer_gguf_gpu.config import (
+    HeadWidths,
+    embedding_shapes,
+    expect_shapes,
+    header_int,
+    layer_shapes,
+    read_attention_dims,
+    required_tensor,
+    weights_problem,
+)
 
 #: MoE architectures the engine runs, with llama.cpp's choice of normalising the top-k router
 #: weights for each: qwen3moe renormalises the selected softmax weights to sum to 1, qwen2moe keeps
@@ -20,6 +29,9 @@ MOE_ARCHITECTURES: dict[str, bool] = {"qwen3moe": True, "qwen2moe": False}
 
 #: The three routed-expert tensors of a layer (ggml dims: cols, rows, experts).
 EXPERT_TENSORS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
+
+#: How a weight-type refusal ends: what does not read the type.
+_UNREAD = "which the engine does not read"
 
 _EXPERT_NAME = re.compile(r"^blk\.\d+\.ffn_(gate|up|down)_exps\.weight$")
 
@@ -30,7 +42,7 @@ def is_expert_tensor(name: str) -> bool:
 
 
 @dataclasses.dataclass(frozen=True)
-class MoEConfig:
+class MoEConfig(HeadWidths):
     """What the MoE engine needs to know about one model."""
 
     architecture: str
@@ -56,38 +68,13 @@ class MoEConfig:
     #: Width of the always-on shared expert, 0 when there is none (qwen2moe has one).
     n_ff_shexp: int
 
-    @property
-    def q_dim(self) -> int:
-        """Width of all query heads together."""
-        return self.n_head * self.head_dim
-
-    @property
-    def kv_dim(self) -> int:
-        """Width of all key (or value) heads together."""
-        return self.n_kv * self.head_dim
-
-
-def _int(kv: dict[str, Any], key: str, default: int | None = None) -> int:
-    value = kv.get(key, default)
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise AnyformerError(ErrorCode.BAD_MODEL, f"{key} is missing or not a positive integer ({value!r})")
-    return value
-
 
 def moe_problem(summary: dict[str, Any]) -> str | None:
     """Why the engine cannot run a GGUF described by the core's header summary, or None."""
     arch = summary.get("architecture")
     if arch not in MOE_ARCHITECTURES:
         return f"architecture {arch!r} is not a mixture of experts this engine reads ({', '.join(MOE_ARCHITECTURES)})"
-    types = summary.get("tensor_types")
-    if isinstance(types, dict):
-        other = sorted(set(types) - READABLE_TYPES)
-        if other:
-            return f"weights in {', '.join(other)}, which the engine does not read"
-    scaling = summary.get("rope_scaling")
-    if scaling not in (None, "none"):
-        return f"rope scaling {scaling!r} is not implemented"
-    return None
+    return weights_problem(summary, _UNREAD)
 
 
 def read_moe_config(header: GGUFHeader) -> MoEConfig:
@@ -97,31 +84,22 @@ def read_moe_config(header: GGUFHeader) -> MoEConfig:
         raise AnyformerError(ErrorCode.BAD_MODEL, problem)
     kv = header.kv
     arch = str(header.architecture)
-    n_embd = _int(kv, f"{arch}.embedding_length")
-    n_head = _int(kv, f"{arch}.attention.head_count")
-    n_kv = _int(kv, f"{arch}.attention.head_count_kv", n_head)
-    if n_head % n_kv:
-        raise AnyformerError(ErrorCode.BAD_MODEL, f"{n_head} query heads do not group over {n_kv} KV heads")
-    head_dim = _int(kv, f"{arch}.attention.key_length", n_embd // n_head)
-    if kv.get(f"{arch}.attention.value_length", head_dim) != head_dim:
-        raise AnyformerError(ErrorCode.BAD_MODEL, "key and value heads of different widths are not read")
-    n_rot = _int(kv, f"{arch}.rope.dimension_count", head_dim)
-    if n_rot > head_dim or n_rot % 2:
-        raise AnyformerError(ErrorCode.BAD_MODEL, f"rope dimension {n_rot} does not fit heads of {head_dim}")
+    # Per-layer arrays are refused here, as any non-integer: the MoE engine reads one value for all layers.
+    dims = read_attention_dims(kv, arch, uniform_list=False)
     n_expert = _int(kv, f"{arch}.expert_count")
     n_used = _int(kv, f"{arch}.expert_used_count")
     if n_used > n_expert:
         raise AnyformerError(ErrorCode.BAD_MODEL, f"{n_used} experts used per token of {n_expert}")
     tensors = {t.name: t for t in header.tensors}
-    embd = _need(tensors, "token_embd.weight")
+    embd = required_tensor(tensors, "token_embd.weight")
     config = MoEConfig(
         architecture=arch,
         n_layer=_int(kv, f"{arch}.block_count"),
-        n_embd=n_embd,
-        n_head=n_head,
-        n_kv=n_kv,
-        head_dim=head_dim,
-        n_rot=n_rot,
+        n_embd=dims.n_embd,
+        n_head=dims.n_head,
+        n_kv=dims.n_kv,
+        head_dim=dims.head_dim,
+        n_rot=dims.n_rot,
         rope_base=float(kv.get(f"{arch}.rope.freq_base", 10000.0)),  # type: ignore[arg-type]
         eps=float(kv.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)),  # type: ignore[arg-type]
         n_vocab=embd.dims[1] if len(embd.dims) == 2 else 0,
@@ -141,40 +119,22 @@ def read_moe_config(header: GGUFHeader) -> MoEConfig:
     return config
 
 
-def _need(tensors: dict[str, GGUFTensor], name: str) -> GGUFTensor:
-    found = tensors.get(name)
-    if found is None:
-        raise AnyformerError(ErrorCode.BAD_MODEL, f"no tensor {name}")
-    return found
+def _int(kv: dict[str, Any], key: str, default: int | None = None) -> int:
+    return header_int(kv, key, default, uniform_list=False)
 
 
 def _check_shapes(c: MoEConfig, tensors: dict[str, GGUFTensor]) -> None:
     """Every tensor the engine reads exists with the shape the hyperparameters imply (ggml order: cols first)."""
-    want: dict[str, tuple[int, ...]] = {
-        "token_embd.weight": (c.n_embd, c.n_vocab),
-        "output_norm.weight": (c.n_embd,),
-    }
-    if not c.tied_output:
-        want["output.weight"] = (c.n_embd, c.n_vocab)
+    want = embedding_shapes(c)
     for i in range(c.n_layer):
         p = f"blk.{i}."
-        want.update(
-            {
-                p + "attn_norm.weight": (c.n_embd,),
-                p + "attn_q.weight": (c.n_embd, c.q_dim),
-                p + "attn_k.weight": (c.n_embd, c.kv_dim),
-                p + "attn_v.weight": (c.n_embd, c.kv_dim),
-                p + "attn_output.weight": (c.q_dim, c.n_embd),
-                p + "ffn_norm.weight": (c.n_embd,),
-                p + "ffn_gate_inp.weight": (c.n_embd, c.n_expert),
-                p + "ffn_gate_exps.weight": (c.n_embd, c.n_ff_exp, c.n_expert),
-                p + "ffn_up_exps.weight": (c.n_embd, c.n_ff_exp, c.n_expert),
-                p + "ffn_down_exps.weight": (c.n_ff_exp, c.n_embd, c.n_expert),
-            }
-        )
-        if c.qk_norm:
-            want[p + "attn_q_norm.weight"] = (c.head_dim,)
-            want[p + "attn_k_norm.weight"] = (c.head_dim,)
+        ffn = {
+            "ffn_gate_inp.weight": (c.n_embd, c.n_expert),
+            "ffn_gate_exps.weight": (c.n_embd, c.n_ff_exp, c.n_expert),
+            "ffn_up_exps.weight": (c.n_embd, c.n_ff_exp, c.n_expert),
+            "ffn_down_exps.weight": (c.n_ff_exp, c.n_embd, c.n_expert),
+        }
+        want.update(layer_shapes(c, p, ffn))
         if c.qkv_bias:
             want.update({p + "attn_q.bias": (c.q_dim,), p + "attn_k.bias": (c.kv_dim,), p + "attn_v.bias": (c.kv_dim,)})
         if c.n_ff_shexp:
@@ -186,9 +146,4 @@ def _check_shapes(c: MoEConfig, tensors: dict[str, GGUFTensor]) -> None:
                     p + "ffn_down_shexp.weight": (c.n_ff_shexp, c.n_embd),
                 }
             )
-    for name, dims in want.items():
-        found = _need(tensors, name)
-        if found.dims != dims:
-            raise AnyformerError(ErrorCode.BAD_MODEL, f"{name} has shape {found.dims}, the header implies {dims}")
-        if found.type_name not in READABLE_TYPES:
-            raise AnyformerError(ErrorCode.BAD_MODEL, f"{name} is {found.type_name}, which the engine does not read")
+    expect_shapes(want, tensors, _UNREAD)

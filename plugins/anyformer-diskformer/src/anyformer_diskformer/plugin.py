@@ -8,7 +8,6 @@ smallest working expert cache (one layer's top-k experts) fit host memory (``cap
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 
 from anyformer import (
@@ -19,7 +18,6 @@ from anyformer import (
     GenerateOptions,
     Message,
     Model,
-    ModelFile,
     ProgressCallback,
     Rank,
     Refusal,
@@ -30,61 +28,29 @@ from anyformer import (
     hookimpl,
 )
 from anyformer_diskformer import BACKEND_ID
-
-TASK = "text-generation"
-_SPLIT = re.compile(r"-\d{5}-of-\d{5}\.gguf$", re.IGNORECASE)
-
-
-def choose_gguf(model: Model) -> tuple[ModelFile, dict[str, object]] | str:
-    """The language-model GGUF and its header summary from the description, or why there is none to run."""
-    ggufs = [f for f in model.files_of("gguf") if "mmproj" not in f.name.lower()]
-    if not ggufs:
-        return "no language-model GGUF (only projectors)"
-    name = model.metadata.get("gguf_file")
-    chosen = model.file(name) if isinstance(name, str) else (ggufs[0] if len(ggufs) == 1 else None)
-    summary = model.metadata.get("gguf")
-    if chosen is None or not isinstance(summary, dict):
-        return "the GGUF's header was not read (no header facts in the description)"
-    if _SPLIT.search(chosen.name) or summary.get("split"):
-        return f"{chosen.name} is one shard of a split set, which this engine does not read"
-    return chosen, summary
+from anyformer_gguf_gpu.model_choice import gguf_refusal, store_refusal, tokenizer_problem
 
 
 def header_problem(summary: dict[str, object]) -> str | None:
     """Why the engine does not read this GGUF (architecture, weight types, tokenizer), or None."""
     from anyformer_diskformer.moe_config import moe_problem
-    from anyformer_gguf_gpu.tokenizer import PRE_TOKENIZERS
 
     problem = moe_problem(summary)
     if problem is not None:
         return problem
-    tok_model, pre = summary.get("tokenizer_model"), summary.get("tokenizer_pre")
-    if tok_model != "gpt2":
-        return f"tokenizer model {tok_model!r} (only byte-level BPE, 'gpt2', is read)"
-    if pre not in PRE_TOKENIZERS:
-        return f"pre-tokenizer {pre!r} is not one this engine splits like llama.cpp"
-    return None
+    return tokenizer_problem(summary)
 
 
 @hookimpl
 def can_run(model: Model, caps: Caps, request: Request) -> Verdict:
     """Refuse with ``format``/``task``/``model``/``store``/``memory``, or estimate the host memory it holds."""
-    if "gguf" not in model.formats:
-        return Verdict.refuse(BACKEND_ID, Refusal.FORMAT, "no GGUF in the repo")
-    task = request.task or model.task or TASK
-    if task != TASK:
-        return Verdict.refuse(BACKEND_ID, Refusal.TASK, f"runs {TASK} only, not {task}")
-    choice = choose_gguf(model)
-    if isinstance(choice, str):
-        return Verdict.refuse(BACKEND_ID, Refusal.MODEL, choice)
-    file, summary = choice
-    problem = header_problem(summary)
-    if problem is not None:
-        return Verdict.refuse(BACKEND_ID, Refusal.MODEL, f"{file.name}: {problem}")
-    if model.source == "hub" and file.path is None and not caps.store:
-        return Verdict.refuse(
-            BACKEND_ID, Refusal.STORE, f"{file.name} must be downloaded and the model store is not writable"
-        )
+    choice = gguf_refusal(BACKEND_ID, model, request, header_problem)
+    if isinstance(choice, Verdict):
+        return choice
+    file, summary = choice.file, choice.summary
+    refusal = store_refusal(BACKEND_ID, model, caps, file)
+    if refusal is not None:
+        return refusal
     from anyformer_diskformer.plan import context_for, plan_for
 
     context = context_for(summary, request.context)

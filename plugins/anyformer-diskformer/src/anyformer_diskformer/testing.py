@@ -9,7 +9,13 @@ import dataclasses
 
 import numpy as np
 
-from anyformer_gguf_gpu.testing import byte_level_alphabet
+from anyformer_gguf_gpu.testing import (
+    add_attention_keys,
+    add_layer_attention,
+    add_tiny_tokenizer,
+    finish_gguf,
+    tiny_vocabulary,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,14 +44,7 @@ def write_tiny_moe(path: str, spec: TinyMoE, seed: int = 0) -> None:
     import gguf
 
     rng = np.random.default_rng(seed)
-    merges = ["Ġ t", "h e", "Ġ a", "i n", "Ġt he", "e r", "o n", "Ġ s", "e s", "r e"]
-    tokens = [
-        "<|endoftext|>",
-        "<|im_start|>",
-        "<|im_end|>",
-        *byte_level_alphabet(),
-        *(m.replace(" ", "") for m in merges),
-    ]
+    tokens = tiny_vocabulary()
     arch = spec.architecture
     w = gguf.GGUFWriter(path, arch)
     w.add_block_count(spec.n_layer)
@@ -57,25 +56,8 @@ def write_tiny_moe(path: str, spec: TinyMoE, seed: int = 0) -> None:
     w.add_expert_used_count(spec.n_expert_used)
     if arch == "qwen2moe":
         w.add_expert_shared_feed_forward_length(spec.n_ff_shexp)
-    w.add_head_count(spec.n_head)
-    w.add_head_count_kv(spec.n_kv)
-    w.add_key_length(spec.head_dim)
-    w.add_value_length(spec.head_dim)
-    w.add_rope_dimension_count(spec.head_dim)
-    w.add_rope_freq_base(10000.0)
-    w.add_layer_norm_rms_eps(1e-6)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("qwen2")
-    w.add_token_list(tokens)
-    w.add_token_types([3, 3, 3] + [1] * (len(tokens) - 3))
-    w.add_token_merges(merges)
-    w.add_bos_token_id(0)
-    w.add_eos_token_id(2)
-    w.add_add_bos_token(False)
-    w.add_chat_template(
-        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-    )
+    add_attention_keys(w, spec.n_head, spec.n_kv, spec.head_dim, 10000.0, 1e-6)
+    add_tiny_tokenizer(w, tokens, "qwen2")
     qtype = gguf.GGMLQuantizationType[spec.quant]
 
     def weight(name: str, *shape: int) -> None:
@@ -92,18 +74,16 @@ def write_tiny_moe(path: str, spec: TinyMoE, seed: int = 0) -> None:
     weight("token_embd.weight", len(tokens), spec.n_embd)
     for i in range(spec.n_layer):
         p = f"blk.{i}."
-        vector(p + "attn_norm.weight", spec.n_embd)
-        weight(p + "attn_q.weight", q_dim, spec.n_embd)
-        weight(p + "attn_k.weight", kv_dim, spec.n_embd)
-        weight(p + "attn_v.weight", kv_dim, spec.n_embd)
-        if arch == "qwen3moe":
-            vector(p + "attn_q_norm.weight", spec.head_dim)
-            vector(p + "attn_k_norm.weight", spec.head_dim)
-        else:
-            for name, n in (("q", q_dim), ("k", kv_dim), ("v", kv_dim)):
-                w.add_tensor(p + f"attn_{name}.bias", (0.1 * rng.standard_normal(n)).astype(np.float32))
-        weight(p + "attn_output.weight", spec.n_embd, q_dim)
-        vector(p + "ffn_norm.weight", spec.n_embd)
+
+        def norms_or_biases(p: str = p) -> None:
+            if arch == "qwen3moe":
+                vector(p + "attn_q_norm.weight", spec.head_dim)
+                vector(p + "attn_k_norm.weight", spec.head_dim)
+            else:
+                for name, n in (("q", q_dim), ("k", kv_dim), ("v", kv_dim)):
+                    w.add_tensor(p + f"attn_{name}.bias", (0.1 * rng.standard_normal(n)).astype(np.float32))
+
+        add_layer_attention(p, spec.n_embd, q_dim, kv_dim, weight, vector, norms_or_biases)
         # The router in f32, as converters write it; a larger scale spreads the experts' probabilities.
         w.add_tensor(
             p + "ffn_gate_inp.weight", (rng.standard_normal((spec.n_expert, spec.n_embd)) * 0.5).astype(np.float32)
@@ -118,7 +98,4 @@ def write_tiny_moe(path: str, spec: TinyMoE, seed: int = 0) -> None:
             weight(p + "ffn_down_shexp.weight", spec.n_embd, spec.n_ff_shexp)
     vector("output_norm.weight", spec.n_embd)
     weight("output.weight", len(tokens), spec.n_embd)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    finish_gguf(w)

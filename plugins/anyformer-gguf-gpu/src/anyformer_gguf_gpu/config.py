@@ -8,7 +8,8 @@ them is a ``BAD_MODEL`` before a byte is uploaded.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Protocol
 
 from anyformer.plugin import AnyformerError, ErrorCode, GGUFHeader, GGUFTensor
 
@@ -20,8 +21,26 @@ ENGINE_ARCHITECTURES: dict[str, bool] = {"llama": False, "qwen3": True}
 READABLE_TYPES = frozenset({"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"})
 
 
+class HeadWidths:
+    """The widths of all query and all key/value heads, for a config that has heads of ``head_dim``."""
+
+    n_head: int
+    n_kv: int
+    head_dim: int
+
+    @property
+    def q_dim(self) -> int:
+        """Width of all query heads together."""
+        return self.n_head * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        """Width of all key (or value) heads together."""
+        return self.n_kv * self.head_dim
+
+
 @dataclasses.dataclass(frozen=True)
-class ModelConfig:
+class ModelConfig(HeadWidths):
     """What the engine needs to know about one model."""
 
     architecture: str
@@ -40,20 +59,15 @@ class ModelConfig:
     qk_norm: bool
     tied_output: bool
 
-    @property
-    def q_dim(self) -> int:
-        """Width of all query heads together."""
-        return self.n_head * self.head_dim
 
-    @property
-    def kv_dim(self) -> int:
-        """Width of all key (or value) heads together."""
-        return self.n_kv * self.head_dim
+def header_int(kv: dict[str, Any], key: str, default: int | None = None, *, uniform_list: bool = True) -> int:
+    """The positive integer under ``key`` (or ``default``); ``BAD_MODEL`` where it is missing or not one.
 
-
-def _int(kv: dict[str, Any], key: str, default: int | None = None) -> int:
+    With ``uniform_list`` a per-layer array whose entries are all equal reads as that one value;
+    without it any array is refused like any other non-integer.
+    """
     value = kv.get(key, default)
-    if isinstance(value, list):
+    if uniform_list and isinstance(value, list):
         # Per-layer arrays (head counts of hybrid models): this engine needs one value for all layers.
         if value and all(v == value[0] for v in value):
             value = value[0]
@@ -64,6 +78,23 @@ def _int(kv: dict[str, Any], key: str, default: int | None = None) -> int:
     return value
 
 
+def weights_problem(summary: dict[str, Any], unread: str) -> str | None:
+    """Why the summary's weight types or rope scaling cannot be run, or None.
+
+    ``unread`` ends the weight-type message (``"which the engine does not read"``), so each engine
+    names what it is that does not read them.
+    """
+    types = summary.get("tensor_types")
+    if isinstance(types, dict):
+        other = sorted(set(types) - READABLE_TYPES)
+        if other:
+            return f"weights in {', '.join(other)}, {unread}"
+    scaling = summary.get("rope_scaling")
+    if scaling not in (None, "none"):
+        return f"rope scaling {scaling!r} is not implemented"
+    return None
+
+
 def architecture_problem(summary: dict[str, Any]) -> str | None:
     """Why the engine cannot run a GGUF described by the core's header summary, or None.
 
@@ -72,14 +103,9 @@ def architecture_problem(summary: dict[str, Any]) -> str | None:
     arch = summary.get("architecture")
     if arch not in ENGINE_ARCHITECTURES:
         return f"architecture {arch!r}; the engines read {', '.join(ENGINE_ARCHITECTURES)}"
-    types = summary.get("tensor_types")
-    if isinstance(types, dict):
-        other = sorted(set(types) - READABLE_TYPES)
-        if other:
-            return f"weights in {', '.join(other)}, which the WGSL kernels do not read"
-    scaling = summary.get("rope_scaling")
-    if scaling not in (None, "none"):
-        return f"rope scaling {scaling!r} is not implemented"
+    problem = weights_problem(summary, "which the WGSL kernels do not read")
+    if problem is not None:
+        return problem
     if summary.get("expert_count"):
         return "mixture-of-experts layers are not implemented"
     return None
@@ -93,32 +119,22 @@ def read_config(header: GGUFHeader) -> ModelConfig:
     kv = header.kv
     arch = str(header.architecture)
     tensors = {t.name: t for t in header.tensors}
-    n_embd = _int(kv, f"{arch}.embedding_length")
-    n_head = _int(kv, f"{arch}.attention.head_count")
-    n_kv = _int(kv, f"{arch}.attention.head_count_kv", n_head)
-    if n_head % n_kv:
-        raise AnyformerError(ErrorCode.BAD_MODEL, f"{n_head} query heads do not group over {n_kv} KV heads")
-    head_dim = _int(kv, f"{arch}.attention.key_length", n_embd // n_head)
-    if kv.get(f"{arch}.attention.value_length", head_dim) != head_dim:
-        raise AnyformerError(ErrorCode.BAD_MODEL, "key and value heads of different widths are not read")
-    n_rot = _int(kv, f"{arch}.rope.dimension_count", head_dim)
-    if n_rot > head_dim or n_rot % 2:
-        raise AnyformerError(ErrorCode.BAD_MODEL, f"rope dimension {n_rot} does not fit heads of {head_dim}")
-    embd = _need(tensors, "token_embd.weight")
+    dims = read_attention_dims(kv, arch)
+    embd = required_tensor(tensors, "token_embd.weight")
     config = ModelConfig(
         architecture=arch,
-        n_layer=_int(kv, f"{arch}.block_count"),
-        n_embd=n_embd,
-        n_ff=_int(kv, f"{arch}.feed_forward_length"),
-        n_head=n_head,
-        n_kv=n_kv,
-        head_dim=head_dim,
-        n_rot=n_rot,
+        n_layer=header_int(kv, f"{arch}.block_count"),
+        n_embd=dims.n_embd,
+        n_ff=header_int(kv, f"{arch}.feed_forward_length"),
+        n_head=dims.n_head,
+        n_kv=dims.n_kv,
+        head_dim=dims.head_dim,
+        n_rot=dims.n_rot,
         rope_base=float(kv.get(f"{arch}.rope.freq_base", 10000.0)),  # type: ignore[arg-type]
         rope_neox=ENGINE_ARCHITECTURES[arch],
         eps=float(kv.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),  # type: ignore[arg-type]
         n_vocab=embd.dims[1] if len(embd.dims) == 2 else 0,
-        n_ctx_train=_int(kv, f"{arch}.context_length", 4096),
+        n_ctx_train=header_int(kv, f"{arch}.context_length", 4096),
         qk_norm="blk.0.attn_q_norm.weight" in tensors,
         tied_output="output.weight" not in tensors,
     )
@@ -126,47 +142,123 @@ def read_config(header: GGUFHeader) -> ModelConfig:
     return config
 
 
-def _need(tensors: dict[str, GGUFTensor], name: str) -> GGUFTensor:
+@dataclasses.dataclass(frozen=True)
+class AttentionDims:
+    """The attention widths of a header, checked against each other (not yet against the tensors)."""
+
+    n_embd: int
+    n_head: int
+    n_kv: int
+    head_dim: int
+    n_rot: int
+
+
+def read_attention_dims(kv: dict[str, Any], arch: str, *, uniform_list: bool = True) -> AttentionDims:
+    """Embedding width, query and KV heads, head width and rotary width from the ``<arch>.*`` keys.
+
+    ``BAD_MODEL`` where one is missing or they do not fit together: heads that do not group,
+    keys and values of different widths, a rotary width wider than a head or odd.
+    """
+    n_embd = header_int(kv, f"{arch}.embedding_length", uniform_list=uniform_list)
+    n_head = header_int(kv, f"{arch}.attention.head_count", uniform_list=uniform_list)
+    n_kv = header_int(kv, f"{arch}.attention.head_count_kv", n_head, uniform_list=uniform_list)
+    if n_head % n_kv:
+        raise AnyformerError(ErrorCode.BAD_MODEL, f"{n_head} query heads do not group over {n_kv} KV heads")
+    head_dim = header_int(kv, f"{arch}.attention.key_length", n_embd // n_head, uniform_list=uniform_list)
+    if kv.get(f"{arch}.attention.value_length", head_dim) != head_dim:
+        raise AnyformerError(ErrorCode.BAD_MODEL, "key and value heads of different widths are not read")
+    n_rot = header_int(kv, f"{arch}.rope.dimension_count", head_dim, uniform_list=uniform_list)
+    if n_rot > head_dim or n_rot % 2:
+        raise AnyformerError(ErrorCode.BAD_MODEL, f"rope dimension {n_rot} does not fit heads of {head_dim}")
+    return AttentionDims(n_embd=n_embd, n_head=n_head, n_kv=n_kv, head_dim=head_dim, n_rot=n_rot)
+
+
+def required_tensor(tensors: dict[str, GGUFTensor], name: str) -> GGUFTensor:
+    """The tensor called ``name``; ``BAD_MODEL`` where the file has none."""
     found = tensors.get(name)
     if found is None:
         raise AnyformerError(ErrorCode.BAD_MODEL, f"no tensor {name}")
     return found
 
 
-def _check_shapes(c: ModelConfig, tensors: dict[str, GGUFTensor]) -> None:
-    """Every tensor the engine reads exists with the shape the hyperparameters imply (ggml order: cols first)."""
+class DecoderShape(Protocol):
+    """The widths a decoder's embedding, attention and norm tensors follow (ModelConfig, MoEConfig)."""
+
+    @property
+    def n_embd(self) -> int: ...
+
+    @property
+    def n_vocab(self) -> int: ...
+
+    @property
+    def head_dim(self) -> int: ...
+
+    @property
+    def qk_norm(self) -> bool: ...
+
+    @property
+    def tied_output(self) -> bool: ...
+
+    @property
+    def q_dim(self) -> int: ...
+
+    @property
+    def kv_dim(self) -> int: ...
+
+
+def embedding_shapes(c: DecoderShape) -> dict[str, tuple[int, ...]]:
+    """Shapes of the token embedding, the final norm and (when not tied) the output matrix, ggml order."""
     want: dict[str, tuple[int, ...]] = {
         "token_embd.weight": (c.n_embd, c.n_vocab),
         "output_norm.weight": (c.n_embd,),
     }
     if not c.tied_output:
         want["output.weight"] = (c.n_embd, c.n_vocab)
-    for i in range(c.n_layer):
-        p = f"blk.{i}."
-        want.update(
-            {
-                p + "attn_norm.weight": (c.n_embd,),
-                p + "attn_q.weight": (c.n_embd, c.q_dim),
-                p + "attn_k.weight": (c.n_embd, c.kv_dim),
-                p + "attn_v.weight": (c.n_embd, c.kv_dim),
-                p + "attn_output.weight": (c.q_dim, c.n_embd),
-                p + "ffn_norm.weight": (c.n_embd,),
-                p + "ffn_gate.weight": (c.n_embd, c.n_ff),
-                p + "ffn_up.weight": (c.n_embd, c.n_ff),
-                p + "ffn_down.weight": (c.n_ff, c.n_embd),
-            }
-        )
-        if c.qk_norm:
-            want[p + "attn_q_norm.weight"] = (c.head_dim,)
-            want[p + "attn_k_norm.weight"] = (c.head_dim,)
+    return want
+
+
+def layer_shapes(c: DecoderShape, prefix: str, ffn: Mapping[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+    """One layer's shapes: norms and attention, then the engine's own feed-forward ``ffn`` (names
+    without ``prefix``), then the q/k norms where the model has them; ggml order (cols first)."""
+    want: dict[str, tuple[int, ...]] = {
+        prefix + "attn_norm.weight": (c.n_embd,),
+        prefix + "attn_q.weight": (c.n_embd, c.q_dim),
+        prefix + "attn_k.weight": (c.n_embd, c.kv_dim),
+        prefix + "attn_v.weight": (c.n_embd, c.kv_dim),
+        prefix + "attn_output.weight": (c.q_dim, c.n_embd),
+        prefix + "ffn_norm.weight": (c.n_embd,),
+    }
+    want.update({prefix + name: dims for name, dims in ffn.items()})
+    if c.qk_norm:
+        want[prefix + "attn_q_norm.weight"] = (c.head_dim,)
+        want[prefix + "attn_k_norm.weight"] = (c.head_dim,)
+    return want
+
+
+def expect_shapes(want: dict[str, tuple[int, ...]], tensors: dict[str, GGUFTensor], unread: str) -> None:
+    """Every tensor of ``want`` exists with that shape and a readable type, checked in ``want``'s order.
+
+    ``BAD_MODEL`` at the first that does not; ``unread`` ends the message for a type no kernel reads.
+    """
     for name, dims in want.items():
-        found = _need(tensors, name)
+        found = required_tensor(tensors, name)
         if found.dims != dims:
             raise AnyformerError(ErrorCode.BAD_MODEL, f"{name} has shape {found.dims}, the header implies {dims}")
         if found.type_name not in READABLE_TYPES:
-            raise AnyformerError(
-                ErrorCode.BAD_MODEL, f"{name} is {found.type_name}, which the WGSL kernels do not read"
-            )
+            raise AnyformerError(ErrorCode.BAD_MODEL, f"{name} is {found.type_name}, {unread}")
+
+
+def _check_shapes(c: ModelConfig, tensors: dict[str, GGUFTensor]) -> None:
+    """Every tensor the engine reads exists with the shape the hyperparameters imply (ggml order: cols first)."""
+    want = embedding_shapes(c)
+    for i in range(c.n_layer):
+        ffn = {
+            "ffn_gate.weight": (c.n_embd, c.n_ff),
+            "ffn_up.weight": (c.n_embd, c.n_ff),
+            "ffn_down.weight": (c.n_ff, c.n_embd),
+        }
+        want.update(layer_shapes(c, f"blk.{i}.", ffn))
+    expect_shapes(want, tensors, "which the WGSL kernels do not read")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -7,6 +7,7 @@ only inside the functions that write files).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -51,6 +52,82 @@ def byte_level_alphabet() -> list[str]:
     return [chars[b] for b in range(256)]
 
 
+#: The merges of the tiny test vocabulary (each also becomes a token).
+TINY_MERGES = ("Ġ t", "h e", "Ġ a", "i n", "Ġt he", "e r", "o n", "Ġ s", "e s", "r e")
+
+#: The chat template of the test models (ChatML, as Qwen's).
+TINY_CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def tiny_vocabulary(n_vocab: int | None = None) -> list[str]:
+    """The test tokens: three specials, the 256 byte-level tokens, the merges, then fillers up to ``n_vocab``."""
+    tokens = [
+        "<|endoftext|>",
+        "<|im_start|>",
+        "<|im_end|>",
+        *byte_level_alphabet(),
+        *(m.replace(" ", "") for m in TINY_MERGES),
+    ]
+    if n_vocab is not None and n_vocab > len(tokens):
+        tokens += [f"<filler{i}>" for i in range(n_vocab - len(tokens))]
+    return tokens
+
+
+def add_attention_keys(w: Any, n_head: int, n_kv: int, head_dim: int, rope_base: float, eps: float) -> None:
+    """Write the header's head counts, head widths, rotary width and base, and the RMSNorm epsilon."""
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_kv)
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_rope_dimension_count(head_dim)
+    w.add_rope_freq_base(rope_base)
+    w.add_layer_norm_rms_eps(eps)
+
+
+def add_tiny_tokenizer(w: Any, tokens: list[str], pre: str) -> None:
+    """Write the byte-level BPE tokenizer of ``tokens`` (from :func:`tiny_vocabulary`) and the chat template."""
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(pre)
+    w.add_token_list(tokens)
+    w.add_token_types([3, 3, 3] + [1] * (len(tokens) - 3))
+    w.add_token_merges(list(TINY_MERGES))
+    w.add_bos_token_id(0)
+    w.add_eos_token_id(2)
+    w.add_add_bos_token(False)
+    w.add_chat_template(TINY_CHAT_TEMPLATE)
+
+
+def add_layer_attention(
+    prefix: str,
+    n_embd: int,
+    q_dim: int,
+    kv_dim: int,
+    matrix: Callable[[str, int, int], None],
+    vector: Callable[[str, int], None],
+    after_qkv: Callable[[], None],
+) -> None:
+    """Write one layer's attention norm, q/k/v, ``after_qkv`` (the architecture's q/k norms or biases),
+    the output projection and the feed-forward norm, in that order (rows first, as gguf-py takes them)."""
+    vector(prefix + "attn_norm.weight", n_embd)
+    matrix(prefix + "attn_q.weight", q_dim, n_embd)
+    matrix(prefix + "attn_k.weight", kv_dim, n_embd)
+    matrix(prefix + "attn_v.weight", kv_dim, n_embd)
+    after_qkv()
+    matrix(prefix + "attn_output.weight", n_embd, q_dim)
+    vector(prefix + "ffn_norm.weight", n_embd)
+
+
+def finish_gguf(w: Any) -> None:
+    """Write the header, the key-values and the tensors, and close the file."""
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
 @dataclasses.dataclass(frozen=True)
 class RandomModel:
     """The shape of a random test model (a GGUF llama.cpp and the engines both read)."""
@@ -92,12 +169,7 @@ def write_random_gguf(path: str, spec: RandomModel, seed: int = 0) -> None:
     import gguf
 
     rng = np.random.default_rng(seed)
-    alphabet = byte_level_alphabet()
-    merges = ["Ġ t", "h e", "Ġ a", "i n", "Ġt he", "e r", "o n", "Ġ s", "e s", "r e"]
-    tokens = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", *alphabet, *(m.replace(" ", "") for m in merges)]
-    if spec.n_vocab is not None and spec.n_vocab > len(tokens):
-        tokens += [f"<filler{i}>" for i in range(spec.n_vocab - len(tokens))]
-    types = [3, 3, 3] + [1] * (len(tokens) - 3)
+    tokens = tiny_vocabulary(spec.n_vocab)
     n_vocab = len(tokens)
     arch = spec.architecture
     w = gguf.GGUFWriter(path, arch)
@@ -105,25 +177,8 @@ def write_random_gguf(path: str, spec: RandomModel, seed: int = 0) -> None:
     w.add_context_length(spec.n_ctx)
     w.add_embedding_length(spec.n_embd)
     w.add_feed_forward_length(spec.n_ff)
-    w.add_head_count(spec.n_head)
-    w.add_head_count_kv(spec.n_kv)
-    w.add_key_length(spec.head_dim)
-    w.add_value_length(spec.head_dim)
-    w.add_rope_dimension_count(spec.head_dim)
-    w.add_rope_freq_base(spec.rope_base)
-    w.add_layer_norm_rms_eps(1e-5)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("gpt-2")
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    w.add_token_merges(merges)
-    w.add_bos_token_id(0)
-    w.add_eos_token_id(2)
-    w.add_add_bos_token(False)
-    w.add_chat_template(
-        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-    )
+    add_attention_keys(w, spec.n_head, spec.n_kv, spec.head_dim, spec.rope_base, 1e-5)
+    add_tiny_tokenizer(w, tokens, "gpt-2")
 
     def matrix(name: str, rows: int, cols: int, quant: str | None = None) -> None:
         values = rng.standard_normal((rows, cols)).astype(np.float32) * spec.scale * 8
@@ -137,22 +192,17 @@ def write_random_gguf(path: str, spec: RandomModel, seed: int = 0) -> None:
     matrix("token_embd.weight", n_vocab, spec.n_embd)
     for i in range(spec.n_layer):
         p = f"blk.{i}."
-        vector(p + "attn_norm.weight", spec.n_embd)
-        matrix(p + "attn_q.weight", q_dim, spec.n_embd)
-        matrix(p + "attn_k.weight", kv_dim, spec.n_embd)
-        matrix(p + "attn_v.weight", kv_dim, spec.n_embd)
-        if arch == "qwen3":
-            vector(p + "attn_q_norm.weight", spec.head_dim)
-            vector(p + "attn_k_norm.weight", spec.head_dim)
-        matrix(p + "attn_output.weight", spec.n_embd, q_dim)
-        vector(p + "ffn_norm.weight", spec.n_embd)
+
+        def qk_norms(p: str = p) -> None:
+            if arch == "qwen3":
+                vector(p + "attn_q_norm.weight", spec.head_dim)
+                vector(p + "attn_k_norm.weight", spec.head_dim)
+
+        add_layer_attention(p, spec.n_embd, q_dim, kv_dim, matrix, vector, qk_norms)
         matrix(p + "ffn_gate.weight", spec.n_ff, spec.n_embd)
         matrix(p + "ffn_up.weight", spec.n_ff, spec.n_embd)
         matrix(p + "ffn_down.weight", spec.n_embd, spec.n_ff)
     vector("output_norm.weight", spec.n_embd)
     if not spec.tied:
         matrix("output.weight", n_vocab, spec.n_embd)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    finish_gguf(w)

@@ -5,14 +5,16 @@ from __future__ import annotations
 from collections.abc import Generator, Iterator
 
 from anyformer import AnyformerError, Chunk, ErrorCode, FinishReason, GenerateOptions, Message, Model, Request
-from anyformer.plugin import ProgressCallback, ProgressEvent, fetch_files, has_images, render_chat
+from anyformer.plugin import ProgressCallback, ProgressEvent
+from anyformer_gguf_gpu.chat_setup import chat_prompt_ids, check_prompt_fits, check_text_only, token_chunk
 from anyformer_gguf_gpu.decode import greedy, sampled
 from anyformer_gguf_gpu.gguf_file import GGUFFile
 from anyformer_gguf_gpu.gpu import GPU, gpu_errors
+from anyformer_gguf_gpu.model_choice import fetch_chosen_gguf
 from anyformer_gguf_gpu.tokenizer import GGUFTokenizer, StreamDecoder
 from anyformer_gguf_gpu.transformer import TransformerEngine
 from anyformer_localmind import BACKEND_ID
-from anyformer_localmind.estimate import MAX_BATCH, GgufChoice, choose_gguf, context_for
+from anyformer_localmind.estimate import MAX_BATCH, context_for
 
 #: Sampling defaults at a temperature above 0 (llama.cpp's own), overridable through ``extra``.
 TOP_K = 40
@@ -31,18 +33,11 @@ class LocalMindModel:
         self.name = name
         self.context = engine.ctx
         self.gpu_bytes = engine.gpu_bytes
-        self._bos_text = tokenizer.tokens[tokenizer.bos_id] if tokenizer.bos_id is not None else ""
-        self._eos_text = tokenizer.tokens[tokenizer.eos_id] if tokenizer.eos_id is not None else ""
 
     @classmethod
     def open(cls, model: Model, request: Request, progress: ProgressCallback) -> LocalMindModel:
         """Fetch the GGUF, check it, upload its weights and compile the kernels (progress reported)."""
-        choice = choose_gguf(model)
-        if not isinstance(choice, GgufChoice):
-            raise AnyformerError(ErrorCode.NO_BACKEND, f"{model.ref}: {choice}")
-        name = choice.file.name
-        path = fetch_files(model, [name], progress, backend=BACKEND_ID)[name]
-        progress(ProgressEvent(stage="verify", backend=BACKEND_ID, file=name))
+        name, path = fetch_chosen_gguf(model, progress, BACKEND_ID)
         gguf = GGUFFile(path)
         try:
             tokenizer = GGUFTokenizer(gguf.kv)
@@ -67,31 +62,16 @@ class LocalMindModel:
 
     def prompt_ids(self, messages: list[Message], thinking: bool) -> list[int]:
         """The chat template rendered in the core's sandbox, then tokenised with special tokens parsed."""
-        prompt = render_chat(
-            self.tokenizer.chat_template if isinstance(self.tokenizer.chat_template, str) else None,
-            messages,
-            bos_token=self._bos_text,
-            eos_token=self._eos_text,
-            enable_thinking=thinking,
-        )
-        # The template writes BOS itself when it wants one; otherwise the vocabulary's rule applies.
-        add_special = not (self._bos_text and prompt.startswith(self._bos_text))
-        return self.tokenizer.encode(prompt, add_special=add_special, parse_special=True)
+        return chat_prompt_ids(self.tokenizer, messages, thinking)
 
     def stream(self, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk]:
         """Check the request now (``BAD_REQUEST`` before any chunk), then return the reply's stream."""
         engine = self.engine
         if engine is None:
             raise AnyformerError(ErrorCode.BAD_REQUEST, "the model was disposed; load it again")
-        if has_images(messages):
-            raise AnyformerError(ErrorCode.BAD_REQUEST, f"the {BACKEND_ID} backend reads text only, not image blocks")
+        check_text_only(messages, BACKEND_ID)
         ids = self.prompt_ids(messages, options.thinking)
-        if not ids:
-            raise AnyformerError(ErrorCode.BAD_REQUEST, "the prompt is empty")
-        if len(ids) >= engine.ctx:
-            raise AnyformerError(
-                ErrorCode.BAD_REQUEST, f"the prompt is {len(ids)} tokens; the context holds {engine.ctx}"
-            )
+        check_prompt_fits(ids, engine.ctx)
         return self._reply(engine, ids, options)
 
     def _reply(self, engine: TransformerEngine, ids: list[int], options: GenerateOptions) -> Iterator[Chunk]:
@@ -115,7 +95,6 @@ class LocalMindModel:
         text = StreamDecoder(self.tokenizer)
         stops = self.tokenizer.stop_ids
         count = 0
-        first = True
         try:
             while True:
                 if options.cancel.is_set():
@@ -129,18 +108,9 @@ class LocalMindModel:
                     yield Chunk(delta=text.flush(), tokens=count, finish_reason=finish.value)
                     return
                 count += 1
-                delta = text.push(token)
-                last = count >= options.max_new_tokens
-                if last:
-                    delta += text.flush()
-                yield Chunk(
-                    delta=delta,
-                    tokens=count,
-                    finish_reason=FinishReason.LENGTH.value if last else None,
-                    prompt_tokens=len(ids) if first else None,
-                )
-                first = False
-                if last:
+                chunk = token_chunk(text, token, count, options.max_new_tokens, len(ids))
+                yield chunk
+                if chunk.finish_reason is not None:
                     return
         finally:
             tokens.close()

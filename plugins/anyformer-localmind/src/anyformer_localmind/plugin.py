@@ -27,50 +27,35 @@ from anyformer import (
     format_size,
     hookimpl,
 )
+from anyformer_gguf_gpu.model_choice import gguf_refusal, store_refusal, tokenizer_problem
 from anyformer_localmind import BACKEND_ID
-from anyformer_localmind.estimate import MAX_BATCH, RAM_OVERHEAD, GgufChoice, choose_gguf, context_for
+from anyformer_localmind.estimate import MAX_BATCH, RAM_OVERHEAD, context_for
 
-TASK = "text-generation"
 INSTALL_HINT = "pip install wgpu"
 
 
 def _header_problem(summary: dict[str, object]) -> str | None:
     """Why no engine reads this GGUF (architecture, weight types, tokenizer), or None."""
     from anyformer_gguf_gpu.config import architecture_problem
-    from anyformer_gguf_gpu.tokenizer import PRE_TOKENIZERS
 
     problem = architecture_problem(summary)
     if problem is not None:
         return problem
-    model, pre = summary.get("tokenizer_model"), summary.get("tokenizer_pre")
-    if model != "gpt2":
-        return f"tokenizer model {model!r} (only byte-level BPE, 'gpt2', is read)"
-    if pre not in PRE_TOKENIZERS:
-        return f"pre-tokenizer {pre!r} is not one this engine splits like llama.cpp"
-    return None
+    return tokenizer_problem(summary)
 
 
 @hookimpl
 def can_run(model: Model, caps: Caps, request: Request) -> Verdict:
     """Refuse with ``format``/``task``/``model``/``gpu``/``store``/``budget``/``memory``/``runtime``, or estimate."""
-    if "gguf" not in model.formats:
-        return Verdict.refuse(BACKEND_ID, Refusal.FORMAT, "no GGUF in the repo")
-    task = request.task or model.task or TASK
-    if task != TASK:
-        return Verdict.refuse(BACKEND_ID, Refusal.TASK, f"runs {TASK} only, not {task}")
-    choice = choose_gguf(model)
-    if not isinstance(choice, GgufChoice):
-        return Verdict.refuse(BACKEND_ID, Refusal.MODEL, choice)
-    problem = _header_problem(choice.summary)
-    if problem is not None:
-        return Verdict.refuse(BACKEND_ID, Refusal.MODEL, f"{choice.file.name}: {problem}")
+    choice = gguf_refusal(BACKEND_ID, model, request, _header_problem)
+    if isinstance(choice, Verdict):
+        return choice
     if not caps.gpu:
         note = f" ({caps.gpu_note})" if caps.gpu_note else ""
         return Verdict.refuse(BACKEND_ID, Refusal.GPU, f"needs a GPU adapter through wgpu{note}")
-    if model.source == "hub" and choice.file.path is None and not caps.store:
-        return Verdict.refuse(
-            BACKEND_ID, Refusal.STORE, f"{choice.file.name} must be downloaded and the model store is not writable"
-        )
+    refusal = store_refusal(BACKEND_ID, model, caps, choice.file)
+    if refusal is not None:
+        return refusal
     from anyformer_gguf_gpu.config import footprint
 
     context = context_for(choice.summary, request.context)

@@ -1,0 +1,52 @@
+"""A chat turned into prompt ids for a GGUF engine, the checks on it before replying, and the reply's token chunks."""
+
+from __future__ import annotations
+
+from anyformer.plugin import AnyformerError, Chunk, ErrorCode, FinishReason, Message, has_images, render_chat
+from anyformer_gguf_gpu.tokenizer import GGUFTokenizer, StreamDecoder
+
+
+def chat_prompt_ids(tokenizer: GGUFTokenizer, messages: list[Message], thinking: bool) -> list[int]:
+    """The GGUF's chat template rendered in the core's sandbox, then tokenised with special tokens parsed."""
+    bos_text = tokenizer.tokens[tokenizer.bos_id] if tokenizer.bos_id is not None else ""
+    eos_text = tokenizer.tokens[tokenizer.eos_id] if tokenizer.eos_id is not None else ""
+    template = tokenizer.chat_template
+    prompt = render_chat(
+        template if isinstance(template, str) else None,
+        messages,
+        bos_token=bos_text,
+        eos_token=eos_text,
+        enable_thinking=thinking,
+    )
+    # The template writes BOS itself when it wants one; otherwise the vocabulary's rule applies.
+    add_special = not (bos_text and prompt.startswith(bos_text))
+    return tokenizer.encode(prompt, add_special=add_special, parse_special=True)
+
+
+def check_text_only(messages: list[Message], backend: str) -> None:
+    """``BAD_REQUEST`` where the chat holds image blocks: the GGUF engines read text only."""
+    if has_images(messages):
+        raise AnyformerError(ErrorCode.BAD_REQUEST, f"the {backend} backend reads text only, not image blocks")
+
+
+def check_prompt_fits(ids: list[int], context: int) -> None:
+    """``BAD_REQUEST`` where the prompt is empty or leaves no room in the context for a reply."""
+    if not ids:
+        raise AnyformerError(ErrorCode.BAD_REQUEST, "the prompt is empty")
+    if len(ids) >= context:
+        raise AnyformerError(ErrorCode.BAD_REQUEST, f"the prompt is {len(ids)} tokens; the context holds {context}")
+
+
+def token_chunk(text: StreamDecoder, token: int, count: int, max_new_tokens: int, prompt_tokens: int) -> Chunk:
+    """The chunk of the ``count``-th generated ``token``: its text, and at ``max_new_tokens`` the rest of
+    the text with a ``length`` finish; ``prompt_tokens`` rides on the first chunk only."""
+    delta = text.push(token)
+    last = count >= max_new_tokens
+    if last:
+        delta += text.flush()
+    return Chunk(
+        delta=delta,
+        tokens=count,
+        finish_reason=FinishReason.LENGTH.value if last else None,
+        prompt_tokens=prompt_tokens if count == 1 else None,
+    )
