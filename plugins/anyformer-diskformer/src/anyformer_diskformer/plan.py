@@ -84,18 +84,7 @@ def plan_from_header(header: GGUFHeader, context: int) -> Plan:
             expert_bytes += t.nbytes
         else:
             dense_elements += t.n_elements
-    layers = _fact(summary, "block_count")
-    experts = _fact(summary, "expert_count")
-    return Plan(
-        context=context,
-        dense_bytes=4 * dense_elements,
-        kv_bytes=_kv_bytes(summary, context),
-        expert_bytes_total=expert_bytes,
-        one_expert_bytes=expert_bytes // (layers * experts) if layers and experts else 0,
-        experts_per_token=_fact(summary, "expert_used_count"),
-        n_layer=layers,
-        estimated=False,
-    )
+    return _plan(summary, context, dense_elements, expert_bytes, estimated=False)
 
 
 def plan_from_summary(summary: dict[str, Any], context: int) -> Plan:
@@ -115,15 +104,21 @@ def plan_from_summary(summary: dict[str, Any], context: int) -> Plan:
     params, data = _fact(summary, "parameter_count"), _fact(summary, "data_bytes")
     expert_params = max(0, params - dense)
     expert_bytes = int(expert_params * data / params) if params else 0
+    return _plan(summary, context, dense, expert_bytes, estimated=True)
+
+
+def _plan(summary: dict[str, Any], context: int, dense_elements: int, expert_bytes: int, *, estimated: bool) -> Plan:
+    # Dense tensors are held as f32 (4 bytes a parameter); the experts stay at their stored size.
+    layers, experts = _fact(summary, "block_count"), _fact(summary, "expert_count")
     return Plan(
         context=context,
-        dense_bytes=4 * dense,
+        dense_bytes=4 * dense_elements,
         kv_bytes=_kv_bytes(summary, context),
         expert_bytes_total=expert_bytes,
         one_expert_bytes=expert_bytes // (layers * experts) if layers and experts else 0,
         experts_per_token=_fact(summary, "expert_used_count"),
         n_layer=layers,
-        estimated=True,
+        estimated=estimated,
     )
 
 
