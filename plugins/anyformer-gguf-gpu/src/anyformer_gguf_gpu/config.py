@@ -13,9 +13,10 @@ from typing import Any, Protocol
 
 from anyformer.plugin import AnyformerError, ErrorCode, GGUFHeader, GGUFTensor
 
-#: Architectures the transformer engine reads, with the rotary layout llama.cpp uses for each
+#: Architectures the engines read, with the rotary layout llama.cpp uses for each
 #: (False: pairs (2i, 2i+1), llama.cpp's LLAMA_ROPE_TYPE_NORM; True: NEOX, pairs (i, i + n_rot/2)).
-ENGINE_ARCHITECTURES: dict[str, bool] = {"llama": False, "qwen3": True}
+#: llama and qwen3 run on transformer.TransformerEngine, lfm2 on lfm2.Lfm2Engine (see engines.py).
+ENGINE_ARCHITECTURES: dict[str, bool] = {"llama": False, "qwen3": True, "lfm2": True}
 
 #: The ggml types the kernels read, by name (see quants.FORMATS).
 READABLE_TYPES = frozenset({"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"})

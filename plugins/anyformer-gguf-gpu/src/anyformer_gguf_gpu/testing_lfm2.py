@@ -21,7 +21,11 @@ import dataclasses
 
 import numpy as np
 
-from anyformer_gguf_gpu.testing import _quant_tensor, add_tiny_tokenizer, finish_gguf, tiny_vocabulary
+from anyformer_gguf_gpu.quants import FORMATS
+from anyformer_gguf_gpu.testing import _quant_tensor, add_tiny_tokenizer, finish_gguf, random_blocks, tiny_vocabulary
+
+#: The K-quant block scale that gives weights of about the spread of ``scale`` 0.02 (as testing.py's).
+_K_SCALE_PER_SCALE = 0.0005 / 0.02
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,9 +81,15 @@ def write_random_lfm2_gguf(path: str, spec: RandomLfm2, seed: int = 0) -> None:
     w.add_shortconv_l_cache(spec.l_cache)
     add_tiny_tokenizer(w, tokens, spec.pre)
 
-    def matrix(name: str, rows: int, cols: int, quant: str | None = None) -> None:
+    def matrix(name: str, rows: int, cols: int) -> None:
+        if spec.quant.endswith("_K"):
+            # K-quant blocks are random (gguf-py does not quantise to them): their scales follow spec.scale.
+            fmt = next(f for f in FORMATS.values() if f.name == spec.quant)
+            raw = random_blocks(fmt, rows * cols, rng, scale=_K_SCALE_PER_SCALE * spec.scale)
+            w.add_tensor(name, raw.reshape(rows, -1), raw_dtype=gguf.GGMLQuantizationType[spec.quant])
+            return
         values = rng.standard_normal((rows, cols)).astype(np.float32) * spec.scale * 8
-        data, raw_dtype = _quant_tensor(values, quant or spec.quant, rng)
+        data, raw_dtype = _quant_tensor(values, spec.quant, rng)
         w.add_tensor(name, data, raw_dtype=raw_dtype)
 
     def vector(name: str, n: int) -> None:

@@ -8,6 +8,7 @@ from anyformer import AnyformerError, Chunk, ErrorCode, FinishReason, GenerateOp
 from anyformer.plugin import ProgressCallback, ProgressEvent
 from anyformer_gguf_gpu.chat_setup import chat_prompt_ids, check_prompt_fits, check_text_only, token_chunk
 from anyformer_gguf_gpu.decode import greedy, sampled
+from anyformer_gguf_gpu.engines import open_engine
 from anyformer_gguf_gpu.gguf_file import GGUFFile
 from anyformer_gguf_gpu.gpu import GPU, gpu_errors
 from anyformer_gguf_gpu.model_choice import fetch_chosen_gguf
@@ -49,7 +50,7 @@ class LocalMindModel:
                 )
 
             context = context_for(gguf.header.summary(), request.context)
-            engine = TransformerEngine(gpu, gguf, ctx=context, max_batch=MAX_BATCH, progress=report)
+            engine = open_engine(gpu, gguf, ctx=context, max_batch=MAX_BATCH, progress=report)
         finally:
             gguf.close()  # the weights are on the GPU now; the mapping is no longer needed
         return cls(engine, tokenizer, name)

@@ -56,11 +56,11 @@ def can_run(model: Model, caps: Caps, request: Request) -> Verdict:
     refusal = store_refusal(BACKEND_ID, model, caps, choice.file)
     if refusal is not None:
         return refusal
-    from anyformer_gguf_gpu.config import footprint
+    from anyformer_gguf_gpu.engines import engine_footprint
 
     context = context_for(choice.summary, request.context)
     # The engine keeps an f16 KV cache where the adapter has shader-f16.
-    plan = footprint(choice.summary, context, MAX_BATCH, kv_f16=caps.f16)
+    plan = engine_footprint(choice.summary, context, MAX_BATCH, kv_f16=caps.f16)
     budget = request.budget if request.budget is not None else caps.gpu_bytes
     if budget is not None and plan.gpu_bytes > budget:
         return Verdict.refuse(
