@@ -65,6 +65,7 @@ PRE_TOKENIZERS: dict[str, PreTokenizer] = {
     "llama-bpe": _LLAMA3_PRE,
     "dbrx": _LLAMA3_PRE,
     "smaug-bpe": _LLAMA3_PRE,
+    "lfm2": _LLAMA3_PRE,  # LFM2 / LFM2.5: llama.cpp splits them as llama3 (checked in test_tokenizer_lfm2.py)
     "qwen2": _QWEN2_PRE,
     "stablelm2": _QWEN2_PRE,
 }
