@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import pytest
-from descriptions import SMOLLM2, gguf_model
+from descriptions import LFM2_350M, SMOLLM2, gguf_model, lfm2_model
 
 import anyformer
 from anyformer import Caps, Model, Rank, Refusal, Request
-from anyformer_gguf_gpu.config import footprint
+from anyformer_gguf_gpu.config import READABLE_TYPES, footprint
+from anyformer_gguf_gpu.engines import open_engine
 from anyformer_gguf_gpu.gguf_file import GGUFFile
 from anyformer_gguf_gpu.gpu import GPU
 from anyformer_gguf_gpu.testing import RandomModel, write_random_gguf
+from anyformer_gguf_gpu.testing_lfm2 import RandomLfm2, write_random_lfm2_gguf
 from anyformer_gguf_gpu.transformer import TransformerEngine
 from anyformer_localmind import plugin
 from anyformer_localmind.estimate import DEFAULT_CONTEXT, MAX_BATCH
@@ -37,7 +39,7 @@ def test_smollm2_is_accepted_as_a_specialist_with_its_footprint():
     [
         ({"repo": "o/r", "files": [{"name": "model.safetensors", "size": 10}]}, {}, {}, Refusal.FORMAT, "no GGUF"),
         (gguf_model(), {}, {"task": "feature-extraction"}, Refusal.TASK, "feature-extraction"),
-        (gguf_model(architecture="lfm2"), {}, {}, Refusal.MODEL, "'lfm2'"),
+        (gguf_model(architecture="mamba"), {}, {}, Refusal.MODEL, "'mamba'"),
         (gguf_model(tensor_types={"F32": 1, "IQ4_XS": 9}), {}, {}, Refusal.MODEL, "IQ4_XS"),
         (gguf_model(tokenizer_model="llama"), {}, {}, Refusal.MODEL, "tokenizer model 'llama'"),
         (gguf_model(tokenizer_pre="deepseek-llm"), {}, {}, Refusal.MODEL, "deepseek-llm"),
@@ -90,5 +92,43 @@ def test_the_estimate_is_what_the_engine_holds(tmp_path):
     assert v.ok
     with GGUFFile(path) as gguf:
         engine = TransformerEngine(gpu, gguf, ctx=128, max_batch=MAX_BATCH)
+    assert engine.gpu_bytes == v.estimate.gpu_bytes
+    engine.release()
+
+
+@pytest.mark.parametrize("weights", sorted(READABLE_TYPES))
+def test_lfm2_is_accepted_with_every_weight_type_the_kernels_read(weights):
+    v = verdict(lfm2_model(tensor_types={"F32": 71, weights: 77}))
+    assert v.ok, v.reason
+    assert v.estimate.rank is Rank.SPECIALIST and v.estimate.details["architecture"] == "lfm2"
+
+
+@pytest.mark.parametrize("weights", ["IQ4_XS", "Q2_K", "TQ1_0"])
+def test_lfm2_with_a_weight_type_no_kernel_reads_is_a_model_refusal(weights):
+    v = verdict(lfm2_model(tensor_types={"F32": 71, "Q8_0": 70, weights: 7}))
+    assert not v.ok and v.code is Refusal.MODEL and weights in v.reason
+
+
+def test_lfm2_with_experts_is_a_model_refusal():
+    v = verdict(lfm2_model(expert_count=32))
+    assert not v.ok and v.code is Refusal.MODEL and "mixture-of-experts" in v.reason
+
+
+def test_lfm2_counts_a_kv_cache_only_for_its_attention_layers():
+    """6 of LFM2-350M's 16 layers attend: its KV cache is theirs alone (8 KV heads of 64, f32 here)."""
+    estimate = verdict(lfm2_model(), context=1024).estimate
+    assert estimate.details["kv_cache"] == 2 * 6 * 1024 * 8 * 64 * 4
+    assert estimate.gpu_bytes > LFM2_350M["data_bytes"] + estimate.details["kv_cache"]
+
+
+def test_the_lfm2_estimate_is_what_the_engine_holds(tmp_path):
+    path = tmp_path / "lfm2.gguf"
+    write_random_lfm2_gguf(str(path), RandomLfm2(tied=False))
+    model = anyformer.describe(path)
+    gpu = GPU(allow_software=True)
+    v = plugin.can_run(model, GPU_CAPS.replace(f16=gpu.has_f16), Request(context=128))
+    assert v.ok, v.reason
+    with GGUFFile(path) as gguf:
+        engine = open_engine(gpu, gguf, ctx=128, max_batch=MAX_BATCH)
     assert engine.gpu_bytes == v.estimate.gpu_bytes
     engine.release()

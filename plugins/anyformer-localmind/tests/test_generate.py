@@ -9,6 +9,7 @@ import pytest
 import anyformer
 from anyformer import AnyformerError, ErrorCode
 from anyformer_gguf_gpu.testing import RandomModel, write_random_gguf
+from anyformer_gguf_gpu.testing_lfm2 import RandomLfm2, write_random_lfm2_gguf
 
 COUNT = [{"role": "user", "content": "Count from 1 to 20, separated by commas."}]
 
@@ -80,3 +81,21 @@ def test_sampling_is_seeded(tiny):
         c = _last(loaded.generate(msgs, max_new_tokens=8, temperature=1.0, seed=8))
     assert a.text == b.text
     assert a.text != c.text or a.tokens != c.tokens
+
+
+def test_an_lfm2_reply_matches_the_llama_cpp_backend(tmp_path):
+    """An LFM2 GGUF (F32 weights, llama.cpp's rounding then far below the logit gaps) through both backends."""
+    pytest.importorskip("llama_cpp")
+    path = tmp_path / "lfm2.gguf"
+    write_random_lfm2_gguf(str(path), RandomLfm2(quant="F32", scale=0.1))
+    model = anyformer.describe(path)
+    _, selection = anyformer.check(model)
+    assert selection.chosen is not None and selection.chosen.backend == "localmind"
+    with anyformer.load(model, backend="llamacpp", context=128) as reference:
+        theirs = _last(reference.generate(COUNT, max_new_tokens=16))
+    with anyformer.load(model, backend="localmind", context=128) as ours:
+        mine = _last(ours.generate(COUNT, max_new_tokens=16))
+        again = _last(ours.generate(COUNT, max_new_tokens=16))
+    assert (mine.text, mine.tokens) == (again.text, again.tokens)
+    # Random byte tokens may stop inside a UTF-8 character: this backend flushes it as U+FFFD, llama.cpp's drops it.
+    assert (mine.text.rstrip("\ufffd"), mine.tokens) == (theirs.text.rstrip("\ufffd"), theirs.tokens)
