@@ -97,6 +97,39 @@ def test_logits_match_float64_numpy(engine, model_path):
     assert np.abs(ours - exact).max() <= _bound(exact)
 
 
+def test_an_f16_kv_cache_stays_close_to_float64(model_path, gpu):
+    """Where the adapter has shader-f16 the attention layers' cache holds f16 (llama.cpp's default)."""
+    if not gpu.has_f16:
+        pytest.skip("the adapter has no shader-f16")
+    with GGUFFile(model_path) as gguf:
+        f16 = open_engine(gpu, gguf, ctx=64, max_batch=4)
+    assert f16.kernels.kv_f16
+    exact = forward(model_path, PROMPT)
+    assert np.abs(f16.all_logits(PROMPT) - exact).max() <= 3e-3 * float(np.abs(exact).max())
+    f16.release()
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        RandomLfm2(n_layer=3, attention_layers=()),
+        RandomLfm2(n_layer=2, attention_layers=(0, 1), quant="Q4_1"),
+        RandomLfm2(quant="F16", conv_quant="F16"),
+    ],
+    ids=["convolutions-only", "attention-only", "f16-taps"],
+)
+def test_layer_mixes_llama_cpp_is_not_run_on_match_numpy(tmp_path, gpu, spec):
+    """No attention layer, no convolution layer, and taps stored as F16 (llama.cpp's CPU convolution
+    asserts F32 taps, so only numpy judges that one)."""
+    path = str(tmp_path / "m.gguf")
+    write_random_lfm2_gguf(path, spec, seed=5)
+    with GGUFFile(path) as gguf:
+        mixed = open_engine(gpu, gguf, ctx=32, max_batch=4, kv_f16=False)
+    exact = forward(path, PROMPT)
+    assert np.abs(mixed.all_logits(PROMPT) - exact).max() <= _bound(exact)
+    mixed.release()
+
+
 def test_one_token_steps_match_batched_steps(engine):
     """Decoding one token per step (KV cache and conv state filled step by step) gives the batched logits."""
     batched = engine.all_logits(PROMPT[:7])
