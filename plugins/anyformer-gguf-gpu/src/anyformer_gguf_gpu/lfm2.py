@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from anyformer.plugin import GGUFHeader
 from anyformer_gguf_gpu.gguf_file import GGUFFile
 from anyformer_gguf_gpu.gpu import GPU
 from anyformer_gguf_gpu.kernels import PLAIN_KERNELS, Dispatch, Kernels
@@ -104,18 +105,19 @@ class Lfm2Engine(TransformerEngine):
         self.v_cache = [buf(self.ctx * c.kv_dim * kv_value, label=f"v{i}") for i in c.attention_layers]
         self.conv_state = {i: buf((MAX_CONV_TAPS - 1) * c.n_embd * 4, label=f"conv{i}") for i in c.conv_layers}
         self.cos_sin = gpu.upload(cos_sin_table(self.ctx, c.n_rot, c.rope_base), label="rope")
-        self._dummy_norm = gpu.buffer(16, label="no-qk-norm")
         self._qk_norm = [self._qk_norm_buffer(gguf, i) for i in c.attention_layers]
         self._programs: dict[tuple[int, bool, bool, bool, bool], list[Dispatch]] = {}
-        self.gpu_bytes = lfm2_footprint(
-            gguf.header.summary(), self.ctx, self.max_batch, kv_f16=self.kernels.kv_f16
-        ).gpu_bytes
+        self.gpu_bytes = self._held_bytes(gguf.header)
         self.kernels.compile(self._pipelines_needed(), lambda done, total: report("compile", done, total))
         for stochastic in (False, True):
             self.stochastic = stochastic
             self.program(1, head=True)
             self.program(self.max_batch, head=True)
         self.stochastic = False
+
+    def _held_bytes(self, header: GGUFHeader) -> int:
+        """What this engine holds on the GPU, by the same arithmetic ``can_run`` estimates with."""
+        return lfm2_footprint(header.summary(), self.ctx, self.max_batch, kv_f16=self.kernels.kv_f16).gpu_bytes
 
     def _pipelines_needed(self) -> list[tuple[str, str | None, int, bool, bool]]:
         """Every (kernel, quant, tokens_per_thread, swiglu, norm) pipeline the steps encode."""
@@ -136,7 +138,7 @@ class Lfm2Engine(TransformerEngine):
         owned = [w.buffer for w in self.weights.values()] + list(self.norms.values()) + list(self.taps.values())
         owned += self.k_cache + self.v_cache + list(self.conv_state.values())
         owned += [self.h, self.qkv, self.attn, self.bcx, self.gate_up, self.logits, self.scores]
-        owned += [self.ids, self.state, self.sampling, self.cos_sin, self._dummy_norm, *self._qk_norm]
+        owned += [self.ids, self.state, self.sampling, self.cos_sin, *self._qk_norm]
         self._programs.clear()
         self.weights.clear()
         self.norms.clear()
