@@ -19,7 +19,8 @@ import os
 import tempfile
 import time
 
-from bench_decode import _prompt, bench_llama_cpp
+import numpy as np
+from bench_decode import bench_llama_cpp
 
 from anyformer_gguf_gpu.decode import greedy
 from anyformer_gguf_gpu.engines import open_engine
@@ -42,6 +43,11 @@ LFM2_350M_SHAPES = RandomLfm2(
 SMALL_SHAPES = RandomLfm2(
     n_layer=8, attention_layers=(2, 5), n_embd=256, n_head=4, n_kv=2, n_ff=768, n_ctx=1024, n_vocab=8192
 )
+
+
+def _prompt(n: int, vocab: int) -> list[int]:
+    """The same prompt bench_decode gives llama.cpp (seed 0, ids past the byte tokens)."""
+    return [int(i) for i in np.random.default_rng(0).integers(300, min(vocab, 30000), size=n)]
 
 
 def bench_lfm2(path: str, tokens: int, prompt_len: int) -> dict[str, float]:
