@@ -53,3 +53,15 @@ def text_classifier_dir() -> Path:
 def token_classifier_dir() -> Path:
     """A tiny random BERT token classifier exported to ONNX, with transformers' pipeline outputs."""
     return onnx_exports.token_classifier()
+
+
+@pytest.fixture(scope="session")
+def vit_dir() -> Path:
+    """A tiny random ViT image classifier exported to ONNX, with transformers' pipeline outputs."""
+    return onnx_exports.tiny_vit()
+
+
+@pytest.fixture(scope="session")
+def yolos_dir() -> Path:
+    """A tiny random YOLOS detector exported to ONNX, with transformers' pipeline outputs."""
+    return onnx_exports.tiny_yolos()

@@ -458,6 +458,153 @@ def token_classifier() -> Path:
     )
 
 
+# ---- vision --------------------------------------------------------------------------------------
+
+#: Pixels of the images the vision fixtures record pipeline outputs for: (width, height, format).
+VISION_IMAGES = ((45, 37, "PNG"), (32, 32, "JPEG"), (20, 61, "PNG"))
+_VISION_LABELS = {
+    "image-classification": ["cat", "dog", "bird", "fish", "horse"],
+    "object-detection": ["person", "car", "tree"],
+}
+
+
+def _test_images(folder: Path) -> list[str]:
+    """Write seeded images (smooth gradients with noise, so resizing matters) into ``folder``; their names."""
+    import numpy as np
+    from PIL import Image
+
+    generator = np.random.default_rng(7)
+    names = []
+    for index, (width, height, kind) in enumerate(VISION_IMAGES):
+        y, x = np.mgrid[0:height, 0:width]
+        base = np.stack([x * 255 / width, y * 255 / height, (x + y) * 127 / (width + height)], axis=-1)
+        pixels = np.clip(base + generator.normal(0, 40, base.shape), 0, 255).astype(np.uint8)
+        name = f"image{index}.{kind.lower()}"
+        Image.fromarray(pixels, "RGB").save(folder / name, format=kind)
+        names.append(name)
+    return names
+
+
+def export_vision(model: Any, path: Path, size: tuple[int, int], outputs: list[str]) -> None:
+    """Export a vision model: pixel_values [batch, 3, H, W] (H and W fixed) → ``outputs``."""
+    import torch
+
+    class Vision(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, pixel_values: Any) -> Any:
+            out = self.model(pixel_values=pixel_values)
+            return tuple(getattr(out, name) for name in outputs)
+
+    axes = {name: {0: "batch"} for name in ["pixel_values", *outputs]}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with _quiet(), torch.no_grad():
+        torch.onnx.export(
+            Vision().eval(),
+            (torch.zeros(1, 3, *size),),
+            str(path),
+            input_names=["pixel_values"],
+            output_names=outputs,
+            dynamic_axes=axes,
+            opset_version=17,
+            dynamo=False,
+        )
+
+
+def build_tiny_vit(folder: Path) -> None:
+    """A random 2-layer ViT image classifier (32x32 pixels, 5 labels); transformers' pipeline outputs."""
+    import torch
+    from transformers import AutoImageProcessor, ViTConfig, ViTForImageClassification, ViTImageProcessor, pipeline
+
+    labels = _VISION_LABELS["image-classification"]
+    torch.manual_seed(0)
+    config = ViTConfig(
+        image_size=32,
+        patch_size=8,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        initializer_range=0.2,  # scores that differ from image to image
+        id2label=dict(enumerate(labels)),
+        label2id={label: i for i, label in enumerate(labels)},
+        architectures=["ViTForImageClassification"],
+    )
+    model = ViTForImageClassification(config).eval()
+    config.save_pretrained(folder)
+    # Bicubic, and a mean and deviation of their own: the backend must read them, not assume ImageNet's.
+    ViTImageProcessor(
+        size={"height": 32, "width": 32}, resample=3, image_mean=[0.5, 0.4, 0.3], image_std=[0.2, 0.25, 0.3]
+    ).save_pretrained(folder)
+    images = _test_images(folder)
+    with _quiet():
+        runner = pipeline(
+            "image-classification", model=model, image_processor=AutoImageProcessor.from_pretrained(str(folder))
+        )
+        paths = [str(folder / name) for name in images]
+        reference = {
+            "images": images,
+            "single": _plain(runner(paths[0])),
+            "batch": _plain(runner(paths)),
+            "top_k_2": _plain(runner(paths[0], top_k=2)),
+        }
+    export_vision(model, folder / "onnx" / "model.onnx", (32, 32), ["logits"])
+    _write_json(folder / "reference.json", reference)
+
+
+def build_tiny_yolos(folder: Path) -> None:
+    """A random 2-layer YOLOS detector (32x32 pixels, 10 queries, 3 labels); transformers' pipeline outputs."""
+    import torch
+    from transformers import AutoImageProcessor, YolosConfig, YolosForObjectDetection, YolosImageProcessor, pipeline
+
+    labels = _VISION_LABELS["object-detection"]
+    torch.manual_seed(0)
+    config = YolosConfig(
+        image_size=[32, 32],
+        patch_size=8,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_detection_tokens=10,
+        initializer_range=0.3,  # confident enough that some queries pass the threshold
+        id2label=dict(enumerate(labels)),
+        label2id={label: i for i, label in enumerate(labels)},
+        architectures=["YolosForObjectDetection"],
+    )
+    model = YolosForObjectDetection(config).eval()
+    with torch.no_grad():  # the initialiser zeroes these: every query would see the same thing
+        model.vit.embeddings.detection_tokens.normal_(0, 1)
+        model.vit.embeddings.position_embeddings.normal_(0, 0.5)
+    config.save_pretrained(folder)
+    YolosImageProcessor(size={"height": 32, "width": 32}, do_pad=False).save_pretrained(folder)
+    images = _test_images(folder)
+    with _quiet():
+        runner = pipeline(
+            "object-detection", model=model, image_processor=AutoImageProcessor.from_pretrained(str(folder))
+        )
+        paths = [str(folder / name) for name in images]
+        reference = {
+            "images": images,
+            "single": _plain(runner(paths[0])),
+            "batch": _plain(runner(paths, threshold=0.3)),
+        }
+    export_vision(model, folder / "onnx" / "model.onnx", (32, 32), ["logits", "pred_boxes"])
+    _write_json(folder / "reference.json", reference)
+
+
+def tiny_vit() -> Path:
+    """The cached tiny ViT image classifier (a few seconds to export)."""
+    return cached("tiny-vit", build_tiny_vit, _test_images, export_vision, _plain, extra=VISION_IMAGES)
+
+
+def tiny_yolos() -> Path:
+    """The cached tiny YOLOS detector (a few seconds to export)."""
+    return cached("tiny-yolos", build_tiny_yolos, _test_images, export_vision, _plain, extra=VISION_IMAGES)
+
+
 def tiny_llama() -> Path:
     """The cached tiny llama folder (exported on first use, a few seconds)."""
     return cached("tiny-llama", build_tiny_llama, _char_tokenizer, _chat_references, greedy, export_decoder)
@@ -474,6 +621,7 @@ def minilm() -> Path:
 
 
 if __name__ == "__main__":
-    # Warm the cache: python onnx_exports.py [tiny_llama smollm2 minilm]
-    for recipe in sys.argv[1:] or ["tiny_llama", "minilm", "smollm2"]:
+    # Warm the cache: python onnx_exports.py [tiny_llama smollm2 minilm tiny_vit tiny_yolos …]
+    defaults = ["tiny_llama", "minilm", "text_classifier", "token_classifier", "tiny_vit", "tiny_yolos", "smollm2"]
+    for recipe in sys.argv[1:] or defaults:
         print(globals()[recipe]())

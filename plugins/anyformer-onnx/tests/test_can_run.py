@@ -48,7 +48,7 @@ def test_text_diffusion_tag_is_model() -> None:
     assert "text-diffusion" in verdict.reason
 
 
-@pytest.mark.parametrize("task", ["image-classification", "automatic-speech-recognition", "summarization"])
+@pytest.mark.parametrize("task", ["depth-estimation", "summarization"])
 def test_task_outside_the_set_is_task(task: str) -> None:
     verdict = _verdict(_model([("onnx/model.onnx", 10**6)]), task=task)
     assert _refusal(verdict) == Refusal.TASK
@@ -56,8 +56,26 @@ def test_task_outside_the_set_is_task(task: str) -> None:
 
 
 def test_a_head_this_version_does_not_run_is_task() -> None:
-    model = _model([("onnx/model.onnx", 10**6)], config={"architectures": ["ViTForImageClassification"]})
+    model = _model([("onnx/model.onnx", 10**6)], config={"architectures": ["DPTForDepthEstimation"]})
     assert _refusal(_verdict(model)) == Refusal.TASK
+
+
+def test_an_image_classifier_is_accepted_with_its_preprocessor_config() -> None:
+    files = [("onnx/model.onnx", 10**6), ("preprocessor_config.json", 10), ("config.json", 10)]
+    model = _model(files, config={"architectures": ["ViTForImageClassification"]})
+    verdict = _verdict(model)
+    assert verdict.ok and verdict.estimate.details["task"] == "image-classification"
+    bare = _model(files[:1], config={"architectures": ["ViTForImageClassification"]})
+    verdict = _verdict(bare)
+    assert _refusal(verdict) == Refusal.FORMAT
+    assert "preprocessor_config.json" in verdict.reason
+
+
+@pytest.mark.parametrize(("kind", "refusal"), [("detr", None), ("yolos", None), ("rt_detr", Refusal.MODEL)])
+def test_object_detection_reads_detr_style_heads_only(kind: str, refusal: Refusal | None) -> None:
+    files = [("onnx/model.onnx", 10**6), ("preprocessor_config.json", 10)]
+    model = _model(files, config={"architectures": ["XForObjectDetection"], "model_type": kind})
+    assert _refusal(_verdict(model)) == refusal
 
 
 def test_no_graph_at_a_known_path_is_format() -> None:

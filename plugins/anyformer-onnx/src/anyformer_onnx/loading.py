@@ -30,12 +30,22 @@ from anyformer_onnx.decoder import DecoderGraph
 from anyformer_onnx.embedding_model import OnnxEmbeddingModel, pooling_of
 from anyformer_onnx.encoder import EncoderGraph
 from anyformer_onnx.estimate import context_for
-from anyformer_onnx.graphs import choose_graph
+from anyformer_onnx.graphs import GraphChoice, choose_graph
+from anyformer_onnx.image_preprocessing import ImagePreprocessor
 from anyformer_onnx.ort_session import open_session
-from anyformer_onnx.plugin import stems_for
+from anyformer_onnx.plugin import PREPROCESSOR_CONFIG, stems_for
 from anyformer_onnx.runtime import CUDA, available_providers, choose_provider
-from anyformer_onnx.tasks import CLASSIFICATION_TASKS, EMBEDDING_TASKS, TASKS, TEXT_GENERATION, task_of
+from anyformer_onnx.tasks import (
+    CLASSIFICATION_TASKS,
+    EMBEDDING_TASKS,
+    IMAGE_CLASSIFICATION,
+    IMAGE_TASKS,
+    TASKS,
+    TEXT_GENERATION,
+    task_of,
+)
 from anyformer_onnx.text_setup import TEXT_FILES, load_text_setup, present_text_files
+from anyformer_onnx.vision_models import OnnxImageClassifierModel, OnnxObjectDetectorModel, VisionGraph
 
 POOLING_CONFIG = "1_Pooling/config.json"
 
@@ -70,6 +80,8 @@ def open_model(model: Model, request: Request, progress: ProgressCallback) -> Ba
     choice = choose_graph(model, stems_for(task), device, _option(request, "precision"))
     if choice is None:
         raise AnyformerError(ErrorCode.NO_BACKEND, f"{model.ref}: no {task} graph at a known path")
+    if task in IMAGE_TASKS:
+        return _open_vision_model(model, request, progress, task, choice, provider)
     extra = present_text_files(model)
     if task in EMBEDDING_TASKS and model.file(POOLING_CONFIG) is not None:
         extra.append(POOLING_CONFIG)
@@ -98,6 +110,32 @@ def open_model(model: Model, request: Request, progress: ProgressCallback) -> Ba
     pooling_path = paths.get(POOLING_CONFIG)
     pooling = pooling_of(read_config_json(pooling_path, f"{POOLING_CONFIG} of {model.ref}")) if pooling_path else "mean"
     return OnnxEmbeddingModel(encoder, task=task, pooling=pooling, details=details)
+
+
+def _open_vision_model(
+    model: Model, request: Request, progress: ProgressCallback, task: str, choice: GraphChoice, provider: str
+) -> BackendModel:
+    """Open an image graph with its preprocessing (preprocessor_config.json) and labels (config.json)."""
+    if model.file(PREPROCESSOR_CONFIG) is None:
+        raise AnyformerError(ErrorCode.BAD_MODEL, f"{model.ref}: {task} needs {PREPROCESSOR_CONFIG}")
+    extra = [name for name in ("config.json", PREPROCESSOR_CONFIG) if model.file(name) is not None]
+    paths = fetch_files(model, [*choice.files, *extra], progress, backend=BACKEND_ID)
+    label = f"{model.ref} ({choice.graph.name})"
+    preprocessor = ImagePreprocessor.from_config(
+        read_config_json(paths[PREPROCESSOR_CONFIG], f"{PREPROCESSOR_CONFIG} of {label}"), label
+    )
+    config = read_config_json(paths["config.json"], f"config.json of {label}") if "config.json" in paths else {}
+    progress(ProgressEvent(stage="load", backend=BACKEND_ID, file=choice.graph.name, total=choice.size))
+    session, actual = open_session(paths[choice.graph.name], provider=provider, threads=request.options.get("threads"))
+    progress(
+        ProgressEvent(stage="load", backend=BACKEND_ID, file=choice.graph.name, done=choice.size, total=choice.size)
+    )
+    details: dict[str, Any] = {"file": choice.graph.name, "precision": choice.precision, "provider": actual}
+    graph = VisionGraph(session, preprocessor, label)
+    config = config or dict(model.config)
+    if task == IMAGE_CLASSIFICATION:
+        return OnnxImageClassifierModel(graph, config=config, details=details)
+    return OnnxObjectDetectorModel(graph, config=config, details=details)
 
 
 def stream_of(loaded: BackendModel, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk]:

@@ -24,7 +24,10 @@ from anyformer_onnx import BACKEND_ID
 from anyformer_onnx.estimate import context_for, kv_cache_bytes, memory_need
 from anyformer_onnx.graphs import DECODER_STEMS, ENCODER_STEMS, GraphChoice, choose_graph, module_graphs
 from anyformer_onnx.runtime import CUDA, INSTALL_HINT, expected_provider, onnxruntime_installed
-from anyformer_onnx.tasks import TASKS, TEXT_GENERATION, task_of
+from anyformer_onnx.tasks import DETR_STYLE, IMAGE_TASKS, OBJECT_DETECTION, TASKS, TEXT_GENERATION, task_of
+
+#: The file every vision task reads its resize, crop and normalisation from.
+PREPROCESSOR_CONFIG = "preprocessor_config.json"
 
 #: Tags of models another engine runs: text diffusion decodes by unmasking, not left to right.
 FOREIGN_TAGS = ("text-diffusion",)
@@ -33,6 +36,17 @@ FOREIGN_TAGS = ("text-diffusion",)
 def stems_for(task: str) -> tuple[str, ...]:
     """The graph names a task reads: a decoder for chat, an encoder otherwise."""
     return DECODER_STEMS if task == TEXT_GENERATION else ENCODER_STEMS
+
+
+def task_problem(model: Model, task: str) -> tuple[Refusal, str] | None:
+    """Why this model's files or config do not fit ``task`` (None when they do), read from the description."""
+    if task in IMAGE_TASKS and model.file(PREPROCESSOR_CONFIG) is None:
+        return Refusal.FORMAT, f"{task} needs {PREPROCESSOR_CONFIG} (the resize and normalisation), absent here"
+    if task == OBJECT_DETECTION:
+        kind = model.config.get("model_type")
+        if kind not in DETR_STYLE:
+            return Refusal.MODEL, f"object-detection head {kind!r}: this backend reads {', '.join(DETR_STYLE)} heads"
+    return None
 
 
 def plan(model: Model, caps: Caps, request: Request) -> tuple[str, GraphChoice | None, str]:
@@ -63,6 +77,9 @@ def can_run(model: Model, caps: Caps, request: Request) -> Verdict:
         return Verdict.refuse(
             BACKEND_ID, Refusal.MODEL, f"one graph per module ({modules[0]}…): multimodal ONNX exports are not read yet"
         )
+    problem = task_problem(model, task)
+    if problem is not None:
+        return Verdict.refuse(BACKEND_ID, *problem)
     if choice is None:
         where = ", ".join(f"[onnx/]{stem}[_q4|_fp16|…].onnx" for stem in stems_for(task))
         wanted = request.options.get("precision")

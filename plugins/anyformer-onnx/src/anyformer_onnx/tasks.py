@@ -9,9 +9,24 @@ FEATURE_EXTRACTION = "feature-extraction"
 SENTENCE_SIMILARITY = "sentence-similarity"
 TEXT_CLASSIFICATION = "text-classification"
 TOKEN_CLASSIFICATION = "token-classification"
+IMAGE_CLASSIFICATION = "image-classification"
+OBJECT_DETECTION = "object-detection"
 
 #: Tasks this version runs: chat through ``generate``; the others through ``run``.
-TASKS = (TEXT_GENERATION, FEATURE_EXTRACTION, SENTENCE_SIMILARITY, TEXT_CLASSIFICATION, TOKEN_CLASSIFICATION)
+TASKS = (
+    TEXT_GENERATION,
+    FEATURE_EXTRACTION,
+    SENTENCE_SIMILARITY,
+    TEXT_CLASSIFICATION,
+    TOKEN_CLASSIFICATION,
+    IMAGE_CLASSIFICATION,
+    OBJECT_DETECTION,
+)
+#: Tasks whose graph takes ``pixel_values``, prepared as ``preprocessor_config.json`` says.
+IMAGE_TASKS = (IMAGE_CLASSIFICATION, OBJECT_DETECTION)
+#: Detection heads (config.json ``model_type``) whose output is read: a softmax over the classes and
+#: a last "no object" class, with normalised centre/size boxes.
+DETR_STYLE = ("detr", "yolos", "table-transformer")
 #: Tasks whose graph is an encoder giving one vector per token, pooled into embeddings.
 EMBEDDING_TASKS = (FEATURE_EXTRACTION, SENTENCE_SIMILARITY)
 #: Tasks whose graph is an encoder with a classification head (``logits``).
@@ -23,8 +38,8 @@ _ARCHITECTURE_TASKS = (
     ("LMHeadModel", TEXT_GENERATION),
     ("ForSequenceClassification", TEXT_CLASSIFICATION),
     ("ForTokenClassification", TOKEN_CLASSIFICATION),
-    ("ForImageClassification", "image-classification"),
-    ("ForObjectDetection", "object-detection"),
+    ("ForImageClassification", IMAGE_CLASSIFICATION),
+    ("ForObjectDetection", OBJECT_DETECTION),
     ("ForSemanticSegmentation", "image-segmentation"),
     ("ForDepthEstimation", "depth-estimation"),
     ("ForSpeechSeq2Seq", "automatic-speech-recognition"),

@@ -1,0 +1,162 @@
+"""Vision graphs (``pixel_values`` in): image-classification and object-detection.
+
+Outputs are shaped as transformers' pipelines return them:
+
+- image-classification: per image, the ``top_k`` (default 5, at most the number of labels) best
+  ``{"label", "score"}``, best first; a list of images gives a list of those lists. Scores are a
+  softmax over the labels, a sigmoid for a multi-label or one-label head (``function_to_apply``
+  overrides: ``softmax``, ``sigmoid``, ``none``).
+- object-detection (DETR and YOLOS heads: a softmax over the classes plus "no object", boxes as
+  normalised centre, width and height): per image, every query whose best real class scores above
+  ``threshold`` (default 0.5), in query order, as ``{"score", "label", "box": {"xmin", "ymin",
+  "xmax", "ymax"}}`` with the box in the original image's pixels, truncated to integers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from anyformer.plugin import AnyformerError, ErrorCode
+from anyformer_onnx import BACKEND_ID
+from anyformer_onnx.classifier_model import FUNCTIONS, apply_function, labels_of, softmax
+from anyformer_onnx.image_input import images_of
+from anyformer_onnx.image_preprocessing import ImagePreprocessor
+
+
+class VisionGraph:
+    """A session taking ``pixel_values`` (and ``pixel_mask`` when it asks), with the model's preprocessing."""
+
+    def __init__(self, session: Any, preprocessor: ImagePreprocessor, label: str) -> None:
+        inputs = {i.name for i in session.get_inputs()}
+        unknown = sorted(inputs - {"pixel_values", "pixel_mask"})
+        if "pixel_values" not in inputs or unknown:
+            wanted = unknown[0] if unknown else "pixel_values"
+            raise AnyformerError(ErrorCode.BAD_MODEL, f"{label}: not a vision graph this backend feeds ({wanted})")
+        self.session: Any = session
+        self.preprocessor = preprocessor
+        self.label = label
+        self.has_mask = "pixel_mask" in inputs
+        self.outputs = [o.name for o in session.get_outputs()]
+
+    def close(self) -> None:
+        """Drop the session; later calls are ``BAD_REQUEST``."""
+        self.session = None
+
+    def run(self, image: Any, outputs: list[str]) -> list[np.ndarray]:
+        """The graph's ``outputs`` for one RGB Pillow image (a batch of one: sizes may differ per image)."""
+        if self.session is None:
+            raise AnyformerError(ErrorCode.BAD_REQUEST, f"{self.label} was disposed")
+        pixels = self.preprocessor(image)[None]
+        feeds = {"pixel_values": pixels}
+        if self.has_mask:
+            feeds["pixel_mask"] = np.ones((1, pixels.shape[2], pixels.shape[3]), dtype=np.int64)
+        try:
+            return list(self.session.run(outputs, feeds))
+        except Exception as exc:  # onnxruntime's own error types: a shape the graph was not exported for
+            text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise AnyformerError(
+                ErrorCode.BAD_REQUEST, f"{self.label}: the graph refused pixels of shape {pixels.shape}: {text}"
+            ) from exc
+
+
+def _unknown(task: str, rest: Mapping[str, Any]) -> None:
+    if rest:
+        raise AnyformerError(ErrorCode.BAD_REQUEST, f"unknown option {sorted(rest)[0]!r} for {task}")
+
+
+class OnnxImageClassifierModel:
+    """A loaded image classifier: a vision graph with a ``logits`` output and config.json's labels."""
+
+    backend = BACKEND_ID
+    task = "image-classification"
+
+    def __init__(self, graph: VisionGraph, *, config: Mapping[str, Any], details: dict[str, Any]) -> None:
+        self.graph = graph
+        self.details = details
+        self._output = "logits" if "logits" in graph.outputs else graph.outputs[0]
+        self.labels = labels_of(config)
+        problem = config.get("problem_type")
+        if problem == "regression":
+            self.function = "none"
+        elif problem == "multi_label_classification" or len(self.labels) == 1:
+            self.function = "sigmoid"
+        else:
+            self.function = "softmax"
+
+    def dispose(self) -> None:
+        """Drop the session; safe to call twice."""
+        self.graph.close()
+
+    def run(self, input: Any, *, top_k: Any = 5, function_to_apply: Any = None, **rest: Any) -> Any:
+        """Classify an image or a list of images (the output shape is in the module docstring)."""
+        _unknown(self.task, rest)
+        if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+            raise AnyformerError(ErrorCode.BAD_REQUEST, f"top_k must be an integer ≥ 1, got {top_k!r}")
+        function = self.function if function_to_apply is None else function_to_apply
+        if function not in FUNCTIONS:
+            raise AnyformerError(
+                ErrorCode.BAD_REQUEST, f"function_to_apply must be one of {FUNCTIONS}, got {function!r}"
+            )
+        images, single = images_of(input, self.task)
+        results = []
+        for image in images:
+            (logits,) = self.graph.run(image, [self._output])
+            row = apply_function(logits.reshape(-1), str(function))
+            order = sorted(range(row.shape[0]), key=lambda i: (-row[i], i))[:top_k]
+            results.append([{"label": self.labels.get(i, f"LABEL_{i}"), "score": float(row[i])} for i in order])
+        return results[0] if single else results
+
+
+def corners(boxes: np.ndarray, width: int, height: int) -> np.ndarray:
+    """Normalised (centre x, centre y, width, height) boxes as (xmin, ymin, xmax, ymax) in pixels."""
+    cx, cy, w, h = (boxes[..., i].astype(np.float32) for i in range(4))
+    xyxy = np.stack([cx - 0.5 * w, cy - 0.5 * h, cx + 0.5 * w, cy + 0.5 * h], axis=-1)
+    return xyxy * np.asarray([width, height, width, height], dtype=np.float32)
+
+
+class OnnxObjectDetectorModel:
+    """A loaded DETR-style detector: ``logits`` over the classes and "no object", ``pred_boxes``."""
+
+    backend = BACKEND_ID
+    task = "object-detection"
+
+    def __init__(self, graph: VisionGraph, *, config: Mapping[str, Any], details: dict[str, Any]) -> None:
+        missing = [name for name in ("logits", "pred_boxes") if name not in graph.outputs]
+        if missing:
+            raise AnyformerError(ErrorCode.BAD_MODEL, f"{graph.label}: a detection graph needs a {missing[0]} output")
+        self.graph = graph
+        self.details = details
+        self.labels = labels_of(config)
+
+    def dispose(self) -> None:
+        """Drop the session; safe to call twice."""
+        self.graph.close()
+
+    def run(self, input: Any, *, threshold: Any = 0.5, **rest: Any) -> Any:
+        """Detect objects in an image or a list of images (the output shape is in the module docstring)."""
+        _unknown(self.task, rest)
+        if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0 <= threshold <= 1:
+            raise AnyformerError(ErrorCode.BAD_REQUEST, f"threshold must be a number from 0 to 1, got {threshold!r}")
+        images, single = images_of(input, self.task)
+        results = []
+        for image in images:
+            logits, boxes = self.graph.run(image, ["logits", "pred_boxes"])
+            probabilities = softmax(logits[0].astype(np.float32))[:, :-1]  # the last class is "no object"
+            best = probabilities.argmax(axis=-1)
+            scores = probabilities[np.arange(best.shape[0]), best]
+            pixels = corners(boxes[0], image.size[0], image.size[1])
+            found = []
+            for query in np.nonzero(scores > threshold)[0]:
+                xmin, ymin, xmax, ymax = (int(v) for v in pixels[query])  # truncated, as torch's .int()
+                found.append(
+                    {
+                        "score": float(scores[query]),
+                        "label": self.labels.get(int(best[query]), f"LABEL_{int(best[query])}"),
+                        "box": {"xmin": xmin, "ymin": ymin, "xmax": xmax, "ymax": ymax},
+                    }
+                )
+            results.append(found)
+        return results[0] if single else results

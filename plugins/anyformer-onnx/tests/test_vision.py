@@ -1,0 +1,103 @@
+"""image-classification and object-detection through ``loaded.run``, against transformers' pipelines.
+
+The fixtures recorded ``transformers.pipeline(task)`` (its Pillow image processors) on tiny random
+ViT and YOLOS models, for images of other sizes than the model's, before exporting them. Here the
+exported graphs run through the backend on the same files: labels and boxes equal, scores within 1e-4.
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from test_classification import _same
+
+import anyformer
+from anyformer.plugin import AnyformerError, ErrorCode
+
+
+def test_image_classification_equals_the_pipeline(vit_dir: Path, reference: Any) -> None:
+    expected = reference(vit_dir)
+    paths = [str(vit_dir / name) for name in expected["images"]]
+    with anyformer.load(str(vit_dir), backend="onnx") as loaded:
+        assert loaded.task == "image-classification"
+        _same(loaded.run(paths[0]), expected["single"])
+        _same(loaded.run(paths), expected["batch"])
+        _same(loaded.run(paths[0], top_k=2), expected["top_k_2"])
+        # The same image as bytes and as decoded pixels gives the same answer as its path.
+        _same(loaded.run(Path(paths[1]).read_bytes()), expected["batch"][1])
+        from PIL import Image
+
+        _same(loaded.run(np.asarray(Image.open(paths[2]).convert("RGB"))), expected["batch"][2])
+        assert len({row[0]["label"] for row in expected["batch"]}) > 1, "the fixture should not give one label for all"
+
+
+def test_object_detection_equals_the_pipeline(yolos_dir: Path, reference: Any) -> None:
+    expected = reference(yolos_dir)
+    paths = [str(yolos_dir / name) for name in expected["images"]]
+    with anyformer.load(str(yolos_dir), backend="onnx") as loaded:
+        assert loaded.task == "object-detection"
+        _same(loaded.run(paths[0]), expected["single"])
+        _same(loaded.run(paths, threshold=0.3), expected["batch"])
+        labels = {box["label"] for row in expected["batch"] for box in row}
+        assert len(labels) > 1 and expected["single"], "the fixture should find boxes of more than one label"
+        assert len(loaded.run(paths[0], threshold=0.3)) >= len(loaded.run(paths[0], threshold=0.9))
+
+
+def _png(width: int, height: int) -> bytes:
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    noise = np.random.default_rng(0).integers(0, 256, (height, width, 3), dtype=np.uint8)
+    Image.fromarray(noise, "RGB").save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def _giant_png_header(side: int) -> bytes:
+    """A PNG whose header (its checksum valid) claims side x side pixels; its pixels are 4x4."""
+    import zlib
+
+    data = bytearray(_png(4, 4))
+    data[16:24] = side.to_bytes(4, "big") * 2
+    data[29:33] = zlib.crc32(bytes(data[12:29])).to_bytes(4, "big")
+    return bytes(data)
+
+
+@pytest.mark.parametrize(
+    ("bad", "words"),
+    [
+        (b"not an image at all", "not an image"),
+        (_png(64, 64)[:2000], "cannot be decoded"),
+        (_giant_png_header(9000), "megapixels"),  # over this backend's bound
+        (_giant_png_header(100_000), "megapixels"),  # over Pillow's too
+        (np.zeros((8, 8, 3), dtype=np.float32), "uint8"),
+        (np.zeros((8, 8, 2), dtype=np.uint8), "shape"),
+        ("/no/such/image.png", "not a file"),
+        ("https://example.com/cat.png", "URL"),
+        (12, "int"),
+        ([], "non-empty"),
+    ],
+)
+def test_bad_images_are_bad_request(vit_dir: Path, bad: Any, words: str) -> None:
+    with anyformer.load(str(vit_dir), backend="onnx") as loaded:
+        with pytest.raises(AnyformerError) as caught:
+            loaded.run(bad)
+        assert caught.value.code == ErrorCode.BAD_REQUEST
+        assert words in str(caught.value)
+
+
+def test_bad_options_are_bad_request(vit_dir: Path, yolos_dir: Path) -> None:
+    image = str(vit_dir / "image0.png")
+    with anyformer.load(str(vit_dir), backend="onnx") as loaded:
+        for bad in ({"top_k": 0}, {"function_to_apply": "tanh"}, {"threshold": 0.5}):
+            with pytest.raises(AnyformerError) as caught:
+                loaded.run(image, **bad)
+            assert caught.value.code == ErrorCode.BAD_REQUEST
+    with anyformer.load(str(yolos_dir), backend="onnx") as loaded:
+        for bad in ({"threshold": 2}, {"threshold": "high"}, {"top_k": 3}):
+            with pytest.raises(AnyformerError) as caught:
+                loaded.run(image, **bad)
+            assert caught.value.code == ErrorCode.BAD_REQUEST
