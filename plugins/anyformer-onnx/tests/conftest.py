@@ -65,3 +65,9 @@ def vit_dir() -> Path:
 def yolos_dir() -> Path:
     """A tiny random YOLOS detector exported to ONNX, with transformers' pipeline outputs."""
     return onnx_exports.tiny_yolos()
+
+
+@pytest.fixture(scope="session")
+def whisper_dir() -> Path:
+    """A tiny random Whisper exported in optimum's split layout, with torch's greedy transcriptions."""
+    return onnx_exports.tiny_whisper()

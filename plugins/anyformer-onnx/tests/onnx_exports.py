@@ -605,6 +605,290 @@ def tiny_yolos() -> Path:
     return cached("tiny-yolos", build_tiny_yolos, _test_images, export_vision, _plain, extra=VISION_IMAGES)
 
 
+# ---- speech --------------------------------------------------------------------------------------
+
+#: Clips the speech fixture records torch's greedy transcriptions of: (seconds, base frequency in Hz).
+SPEECH_CLIPS = ((2.0, 220.0), (4.5, 523.0))
+#: Tokens each recorded transcription runs to (fewer when the model ends it).
+SPEECH_TOKENS = 20
+_WHISPER_SPECIALS = (
+    "<|endoftext|>",
+    "<|startoftranscript|>",
+    "<|en|>",
+    "<|fr|>",
+    "<|de|>",
+    "<|translate|>",
+    "<|transcribe|>",
+    "<|startoflm|>",
+    "<|startofprev|>",
+    "<|nocaptions|>",
+    "<|notimestamps|>",
+)
+
+
+def _whisper_tokenizer(folder: Path) -> dict[str, int]:
+    """A byte-level tokenizer (256 byte tokens, no merges) with Whisper's special tokens; its vocabulary."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {c: i for i, c in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    for token in _WHISPER_SPECIALS:
+        vocab[token] = len(vocab)
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in _WHISPER_SPECIALS])
+    tokenizer.save(str(folder / "tokenizer.json"))
+    end = "<|endoftext|>"
+    _write_json(
+        folder / "tokenizer_config.json",
+        {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": end, "eos_token": end, "pad_token": end},
+    )
+    return vocab
+
+
+def _clips(folder: Path) -> list[str]:
+    """Write seeded 16 kHz 16-bit mono WAV clips (a gliding tone with harmonics and noise); their names."""
+    import wave
+
+    import numpy as np
+
+    generator = np.random.default_rng(11)
+    names = []
+    for index, (seconds, base) in enumerate(SPEECH_CLIPS):
+        t = np.arange(int(seconds * 16000)) / 16000
+        glide = base * (1 + 0.5 * t / seconds)
+        phase = 2 * np.pi * np.cumsum(glide) / 16000
+        signal = 0.4 * np.sin(phase) + 0.2 * np.sin(2 * phase) * np.sin(2 * np.pi * 3 * t)
+        signal = signal + 0.05 * generator.normal(size=t.size)
+        name = f"clip{index}.wav"
+        with wave.open(str(folder / name), "wb") as writer:
+            writer.setnchannels(1)
+            writer.setsampwidth(2)
+            writer.setframerate(16000)
+            writer.writeframes((np.clip(signal, -1, 1) * 32767).astype("<i2").tobytes())
+        names.append(name)
+    return names
+
+
+def export_whisper(model: Any, folder: Path) -> None:
+    """Export optimum's split layout: encoder_model, decoder_model (first step) and decoder_with_past_model."""
+    import torch
+    from transformers import DynamicCache, EncoderDecoderCache
+
+    config = model.config
+    layers = config.decoder_layers
+    decoder, head = model.model.decoder, model.proj_out
+    kinds = [(i, part, name) for i in range(layers) for part in ("decoder", "encoder") for name in ("key", "value")]
+
+    def presents(cache: Any, parts: tuple[str, ...]) -> list[Any]:
+        found = []
+        for i in range(layers):
+            for part in parts:
+                layer = (cache.self_attention_cache if part == "decoder" else cache.cross_attention_cache).layers[i]
+                found += [layer.keys, layer.values]
+        return found
+
+    class Encoder(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.encoder = model.model.encoder
+
+        def forward(self, input_features: Any) -> Any:
+            return self.encoder(input_features=input_features).last_hidden_state
+
+    class FirstStep(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.decoder, self.head = decoder, head
+
+        def forward(self, input_ids: Any, encoder_hidden_states: Any) -> Any:
+            cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
+            out = self.decoder(
+                input_ids=input_ids, encoder_hidden_states=encoder_hidden_states, cache=cache, use_cache=True
+            )
+            return (self.head(out.last_hidden_state), *presents(out.past_key_values, ("decoder", "encoder")))
+
+    class WithPast(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.decoder, self.head = decoder, head
+
+        def forward(self, input_ids: Any, *past: Any) -> Any:
+            own = DynamicCache([(past[4 * i], past[4 * i + 1]) for i in range(layers)])
+            cross = DynamicCache([(past[4 * i + 2], past[4 * i + 3]) for i in range(layers)])
+            # The cross-attention keys and values come from the cache; the states are only a placeholder.
+            placeholder = torch.zeros(input_ids.shape[0], 1, config.d_model)
+            out = self.decoder(
+                input_ids=input_ids,
+                encoder_hidden_states=placeholder,
+                cache=EncoderDecoderCache(own, cross),
+                use_cache=True,
+            )
+            return (self.head(out.last_hidden_state), *presents(out.past_key_values, ("decoder",)))
+
+    onnx = folder / "onnx"
+    onnx.mkdir(parents=True, exist_ok=True)
+    frames = 2 * config.max_source_positions
+    heads, width = config.decoder_attention_heads, config.d_model // config.decoder_attention_heads
+    past_names = [f"past_key_values.{i}.{part}.{name}" for i, part, name in kinds]
+    with _quiet(), torch.no_grad():
+        export = torch.onnx.export
+        export(
+            Encoder().eval(),
+            (torch.zeros(1, config.num_mel_bins, frames),),
+            str(onnx / "encoder_model.onnx"),
+            input_names=["input_features"],
+            output_names=["last_hidden_state"],
+            dynamic_axes={"input_features": {0: "batch"}, "last_hidden_state": {0: "batch"}},
+            opset_version=17,
+            dynamo=False,
+        )
+        states = torch.randn(1, config.max_source_positions, config.d_model)
+        first_out = ["logits", *(f"present.{i}.{part}.{name}" for i, part, name in kinds)]
+        axes: dict[str, dict[int, str]] = {
+            "input_ids": {0: "batch", 1: "sequence"},
+            "logits": {0: "batch", 1: "sequence"},
+        }
+        axes["encoder_hidden_states"] = {0: "batch"}
+        for i, part, name in kinds:
+            axes[f"present.{i}.{part}.{name}"] = {0: "batch", 2: "sequence" if part == "decoder" else "frames"}
+        export(
+            FirstStep().eval(),
+            (torch.tensor([[1, 2, 3]]), states),
+            str(onnx / "decoder_model.onnx"),
+            input_names=["input_ids", "encoder_hidden_states"],
+            output_names=first_out,
+            dynamic_axes=axes,
+            opset_version=17,
+            dynamo=False,
+        )
+        # Traced with 3 cached positions so that the past length is no constant in the graph.
+        past = [
+            torch.randn(1, heads, 3 if part == "decoder" else config.max_source_positions, width)
+            for _, part, _ in kinds
+        ]
+        with_past_out = ["logits", *(f"present.{i}.decoder.{name}" for i, part, name in kinds if part == "decoder")]
+        axes = {"input_ids": {0: "batch"}, "logits": {0: "batch"}}
+        for i, part, name in kinds:
+            axes[f"past_key_values.{i}.{part}.{name}"] = {0: "batch", 2: "past" if part == "decoder" else "frames"}
+            if part == "decoder":
+                axes[f"present.{i}.decoder.{name}"] = {0: "batch", 2: "total"}
+        export(
+            WithPast().eval(),
+            (torch.tensor([[4]]), *past),
+            str(onnx / "decoder_with_past_model.onnx"),
+            input_names=["input_ids", *past_names],
+            output_names=with_past_out,
+            dynamic_axes=axes,
+            opset_version=17,
+            dynamo=False,
+        )
+
+
+def build_tiny_whisper(folder: Path) -> None:
+    """A random 2-layer Whisper over a byte vocabulary; torch's greedy transcriptions of the clips."""
+    import wave
+
+    import numpy as np
+    import torch
+    from transformers import (
+        AutoTokenizer,
+        GenerationConfig,
+        WhisperConfig,
+        WhisperFeatureExtractor,
+        WhisperForConditionalGeneration,
+    )
+    from transformers.generation import GenerationMixin
+
+    vocab = _whisper_tokenizer(folder)
+    end, start = vocab["<|endoftext|>"], vocab["<|startoftranscript|>"]
+    torch.manual_seed(0)
+    config = WhisperConfig(
+        vocab_size=len(vocab),
+        d_model=64,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=128,
+        decoder_ffn_dim=128,
+        num_mel_bins=80,
+        max_source_positions=1500,
+        max_target_positions=448,
+        init_std=0.3,  # wide enough that greedy replies wander instead of repeating one token
+        decoder_start_token_id=start,
+        eos_token_id=end,
+        pad_token_id=end,
+        bos_token_id=end,
+        suppress_tokens=[],
+        begin_suppress_tokens=[],
+        architectures=["WhisperForConditionalGeneration"],
+        attn_implementation="eager",
+    )
+    model = WhisperForConditionalGeneration(config).eval()
+    config.save_pretrained(folder)
+    languages = {f"<|{code}|>": vocab[f"<|{code}|>"] for code in ("en", "fr", "de")}
+    generation = {
+        "decoder_start_token_id": start,
+        "eos_token_id": end,
+        "pad_token_id": end,
+        "bos_token_id": end,
+        "max_length": 448,
+        "is_multilingual": True,
+        "lang_to_id": languages,
+        "task_to_id": {"transcribe": vocab["<|transcribe|>"], "translate": vocab["<|translate|>"]},
+        "no_timestamps_token_id": vocab["<|notimestamps|>"],
+        # Byte tokens too, so the test sees suppression change the reply.
+        "suppress_tokens": [vocab["<|startoflm|>"], vocab["<|startofprev|>"], vocab["<|nocaptions|>"], *range(0, 40)],
+        "begin_suppress_tokens": [end, *range(40, 80)],
+    }
+    _write_json(folder / "generation_config.json", generation)
+    extractor = WhisperFeatureExtractor(feature_size=80)
+    extractor.save_pretrained(folder)
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    clips = _clips(folder)
+    greedy_config = GenerationConfig(
+        eos_token_id=end,
+        pad_token_id=end,
+        decoder_start_token_id=start,
+        suppress_tokens=generation["suppress_tokens"],
+        begin_suppress_tokens=generation["begin_suppress_tokens"],
+        do_sample=False,
+        num_beams=1,
+    )
+    records = []
+    with _quiet(), torch.no_grad():
+        for name in clips:
+            with wave.open(str(folder / name)) as reader:
+                samples = np.frombuffer(reader.readframes(reader.getnframes()), "<i2").astype(np.float32) / 32768
+            features = extractor(samples, sampling_rate=16000, return_tensors="pt").input_features
+            encoded = model.model.encoder(input_features=features)
+            # Language detection as transformers does it: the likeliest language token after the start token.
+            logits = model(encoder_outputs=encoded, decoder_input_ids=torch.tensor([[start]])).logits[0, -1]
+            detected = max(languages.values(), key=lambda i: float(logits[i]))
+            record: dict[str, Any] = {"clip": name, "detected": detected}
+            for key, language in (("auto", detected), ("fr", languages["<|fr|>"])):
+                prompt = [start, language, vocab["<|transcribe|>"], vocab["<|notimestamps|>"]]
+                out = GenerationMixin.generate(
+                    model,
+                    input_features=features,
+                    decoder_input_ids=torch.tensor([prompt]),
+                    generation_config=greedy_config,
+                    max_new_tokens=SPEECH_TOKENS,
+                )
+                ids = [int(t) for t in out[0, len(prompt) :]]
+                text = tokenizer.decode([t for t in ids if t != end], skip_special_tokens=True)
+                record[key] = {"prompt": prompt, "ids": ids, "text": text}
+            records.append(record)
+    export_whisper(model, folder)
+    _write_json(folder / "reference.json", {"clips": records, "tokens": SPEECH_TOKENS})
+
+
+def tiny_whisper() -> Path:
+    """The cached tiny Whisper (encoder, first-step decoder, decoder with past; under a minute to export)."""
+    return cached("tiny-whisper", build_tiny_whisper, _whisper_tokenizer, _clips, export_whisper, extra=SPEECH_CLIPS)
+
+
 def tiny_llama() -> Path:
     """The cached tiny llama folder (exported on first use, a few seconds)."""
     return cached("tiny-llama", build_tiny_llama, _char_tokenizer, _chat_references, greedy, export_decoder)
@@ -622,6 +906,15 @@ def minilm() -> Path:
 
 if __name__ == "__main__":
     # Warm the cache: python onnx_exports.py [tiny_llama smollm2 minilm tiny_vit tiny_yolos …]
-    defaults = ["tiny_llama", "minilm", "text_classifier", "token_classifier", "tiny_vit", "tiny_yolos", "smollm2"]
+    defaults = [
+        "tiny_llama",
+        "minilm",
+        "text_classifier",
+        "token_classifier",
+        "tiny_vit",
+        "tiny_yolos",
+        "tiny_whisper",
+        "smollm2",
+    ]
     for recipe in sys.argv[1:] or defaults:
         print(globals()[recipe]())

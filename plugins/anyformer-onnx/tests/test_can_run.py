@@ -195,3 +195,49 @@ def test_a_precision_the_repo_lacks_is_format_naming_it() -> None:
     chosen = _verdict(_model(_LAYOUT), options={"precision": "fp16"})
     assert chosen.ok and chosen.estimate is not None
     assert chosen.estimate.files == ("onnx/model_fp16.onnx",)
+
+
+_WHISPER_FILES = [
+    ("onnx/encoder_model.onnx", 10**6),
+    ("onnx/decoder_model.onnx", 2 * 10**6),
+    ("onnx/decoder_with_past_model.onnx", 2 * 10**6),
+    ("onnx/decoder_model_merged.onnx", 2 * 10**6),
+    ("onnx/encoder_model_q4.onnx", 10**5),
+    ("onnx/decoder_model_q4.onnx", 10**5),
+    ("preprocessor_config.json", 10),
+    ("tokenizer.json", 10),
+    ("generation_config.json", 10),
+]
+_WHISPER_CONFIG = {"architectures": ["WhisperForConditionalGeneration"], "model_type": "whisper"}
+
+
+def test_a_whisper_export_is_speech_recognition_with_all_three_graphs() -> None:
+    verdict = _verdict(_model(_WHISPER_FILES, config=_WHISPER_CONFIG))
+    assert verdict.ok, verdict.reason
+    assert verdict.estimate.details["task"] == "automatic-speech-recognition"
+    # q4 lacks its decoder_with_past graph: the fp32 set, all three parts, is read and counted.
+    assert verdict.estimate.details["precision"] == "fp32"
+    assert set(verdict.estimate.files) == {name for name, _ in _WHISPER_FILES[:3]}
+    assert verdict.estimate.disk_bytes == 5 * 10**6
+
+
+@pytest.mark.parametrize(
+    ("drop", "refusal", "words"),
+    [
+        ("onnx/decoder_with_past_model.onnx", Refusal.FORMAT, "decoder_with_past_model"),
+        ("preprocessor_config.json", Refusal.FORMAT, "preprocessor_config.json"),
+        ("generation_config.json", Refusal.FORMAT, "generation_config.json"),
+    ],
+)
+def test_a_whisper_export_missing_a_part_is_refused(drop: str, refusal: Refusal, words: str) -> None:
+    files = [entry for entry in _WHISPER_FILES if entry[0] != drop]
+    verdict = _verdict(_model(files, config=_WHISPER_CONFIG))
+    assert _refusal(verdict) == refusal
+    assert words in verdict.reason
+
+
+def test_a_ctc_speech_model_is_model() -> None:
+    config = {"architectures": ["Wav2Vec2ForCTC"], "model_type": "wav2vec2"}
+    verdict = _verdict(_model([("onnx/model.onnx", 10**6), ("preprocessor_config.json", 10)], config=config))
+    assert _refusal(verdict) == Refusal.MODEL
+    assert "Whisper" in verdict.reason

@@ -8,6 +8,7 @@ exported graphs run through the backend on the same files: labels and boxes equa
 from __future__ import annotations
 
 import io
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,13 @@ def test_object_detection_equals_the_pipeline(yolos_dir: Path, reference: Any) -
         assert len(loaded.run(paths[0], threshold=0.3)) >= len(loaded.run(paths[0], threshold=0.9))
 
 
+@pytest.fixture(scope="module")
+def vit(vit_dir: Path) -> Iterator[Any]:
+    """The tiny ViT loaded once for the refusal cases."""
+    with anyformer.load(str(vit_dir), backend="onnx") as loaded:
+        yield loaded
+
+
 def _png(width: int, height: int) -> bytes:
     from PIL import Image
 
@@ -81,12 +89,11 @@ def _giant_png_header(side: int) -> bytes:
         ([], "non-empty"),
     ],
 )
-def test_bad_images_are_bad_request(vit_dir: Path, bad: Any, words: str) -> None:
-    with anyformer.load(str(vit_dir), backend="onnx") as loaded:
-        with pytest.raises(AnyformerError) as caught:
-            loaded.run(bad)
-        assert caught.value.code == ErrorCode.BAD_REQUEST
-        assert words in str(caught.value)
+def test_bad_images_are_bad_request(vit: Any, bad: Any, words: str) -> None:
+    with pytest.raises(AnyformerError) as caught:
+        vit.run(bad)
+    assert caught.value.code == ErrorCode.BAD_REQUEST
+    assert words in str(caught.value)
 
 
 def test_bad_options_are_bad_request(vit_dir: Path, yolos_dir: Path) -> None:

@@ -30,21 +30,24 @@ from anyformer_onnx.decoder import DecoderGraph
 from anyformer_onnx.embedding_model import OnnxEmbeddingModel, pooling_of
 from anyformer_onnx.encoder import EncoderGraph
 from anyformer_onnx.estimate import context_for
-from anyformer_onnx.graphs import GraphChoice, choose_graph
+from anyformer_onnx.graphs import SPEECH_STEMS, GraphChoice, GraphSet, choose_graph, choose_graph_set
 from anyformer_onnx.image_preprocessing import ImagePreprocessor
+from anyformer_onnx.log_mel import LogMel
 from anyformer_onnx.ort_session import open_session
-from anyformer_onnx.plugin import PREPROCESSOR_CONFIG, stems_for
+from anyformer_onnx.plugin import PREPROCESSOR_CONFIG, SPEECH_FILES, stems_for
 from anyformer_onnx.runtime import CUDA, available_providers, choose_provider
+from anyformer_onnx.speech_model import OnnxSpeechRecognizerModel, WhisperGraphs
 from anyformer_onnx.tasks import (
     CLASSIFICATION_TASKS,
     EMBEDDING_TASKS,
     IMAGE_CLASSIFICATION,
     IMAGE_TASKS,
+    SPEECH_RECOGNITION,
     TASKS,
     TEXT_GENERATION,
     task_of,
 )
-from anyformer_onnx.text_setup import TEXT_FILES, load_text_setup, present_text_files
+from anyformer_onnx.text_setup import TEXT_FILES, load_text_setup, load_tokenizer, present_text_files
 from anyformer_onnx.vision_models import OnnxImageClassifierModel, OnnxObjectDetectorModel, VisionGraph
 
 POOLING_CONFIG = "1_Pooling/config.json"
@@ -77,6 +80,13 @@ def open_model(model: Model, request: Request, progress: ProgressCallback) -> Ba
     wanted_provider = {"cuda": CUDA, "cpu": "CPUExecutionProvider", None: None}.get(_option(request, "provider"))
     provider = choose_provider(available_providers(), wanted_provider)
     device = "cuda" if provider == CUDA else "cpu"
+    if task == SPEECH_RECOGNITION:
+        graphs = choose_graph_set(model, SPEECH_STEMS, device, _option(request, "precision"))
+        if graphs is None:
+            raise AnyformerError(
+                ErrorCode.NO_BACKEND, f"{model.ref}: no {', '.join(SPEECH_STEMS)} graphs at known paths"
+            )
+        return _open_speech_model(model, request, progress, graphs, provider)
     choice = choose_graph(model, stems_for(task), device, _option(request, "precision"))
     if choice is None:
         raise AnyformerError(ErrorCode.NO_BACKEND, f"{model.ref}: no {task} graph at a known path")
@@ -136,6 +146,42 @@ def _open_vision_model(
     if task == IMAGE_CLASSIFICATION:
         return OnnxImageClassifierModel(graph, config=config, details=details)
     return OnnxObjectDetectorModel(graph, config=config, details=details)
+
+
+def _open_speech_model(
+    model: Model, request: Request, progress: ProgressCallback, graphs: GraphSet, provider: str
+) -> BackendModel:
+    """Open a Whisper-style split export with its log-mel settings, tokenizer and generation config."""
+    missing = [name for name in SPEECH_FILES if model.file(name) is None]
+    if missing:
+        raise AnyformerError(ErrorCode.BAD_MODEL, f"{model.ref}: speech recognition needs {missing[0]}")
+    extra = [name for name in (*SPEECH_FILES, "config.json") if model.file(name) is not None]
+    paths = fetch_files(model, [*graphs.files, *extra], progress, backend=BACKEND_ID)
+    label = f"{model.ref} ({graphs.graph.name})"
+    front_end = LogMel.from_config(
+        read_config_json(paths[PREPROCESSOR_CONFIG], f"{PREPROCESSOR_CONFIG} of {label}"), label
+    )
+    generation = read_config_json(paths["generation_config.json"], f"generation_config.json of {label}")
+    tokenizer = load_tokenizer(paths["tokenizer.json"], label)
+    progress(ProgressEvent(stage="load", backend=BACKEND_ID, file=graphs.graph.name, total=graphs.size))
+    threads = request.options.get("threads")
+    sessions = []
+    actual = provider
+    for part in graphs.parts:
+        session, actual = open_session(paths[part.graph.name], provider=provider, threads=threads)
+        sessions.append(session)
+    progress(
+        ProgressEvent(stage="load", backend=BACKEND_ID, file=graphs.graph.name, done=graphs.size, total=graphs.size)
+    )
+    details: dict[str, Any] = {"files": list(graphs.files), "precision": graphs.precision, "provider": actual}
+    encoder, first, with_past = sessions
+    return OnnxSpeechRecognizerModel(
+        WhisperGraphs(encoder, first, with_past, label),
+        front_end=front_end,
+        tokenizer=tokenizer,
+        generation=generation,
+        details=details,
+    )
 
 
 def stream_of(loaded: BackendModel, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk]:

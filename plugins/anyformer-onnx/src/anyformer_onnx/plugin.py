@@ -22,19 +22,42 @@ from anyformer.plugin import (
 )
 from anyformer_onnx import BACKEND_ID
 from anyformer_onnx.estimate import context_for, kv_cache_bytes, memory_need
-from anyformer_onnx.graphs import DECODER_STEMS, ENCODER_STEMS, GraphChoice, choose_graph, module_graphs
+from anyformer_onnx.graphs import (
+    DECODER_STEMS,
+    ENCODER_STEMS,
+    SPEECH_STEMS,
+    GraphChoice,
+    GraphSet,
+    choose_graph,
+    choose_graph_set,
+    module_graphs,
+)
 from anyformer_onnx.runtime import CUDA, INSTALL_HINT, expected_provider, onnxruntime_installed
-from anyformer_onnx.tasks import DETR_STYLE, IMAGE_TASKS, OBJECT_DETECTION, TASKS, TEXT_GENERATION, task_of
+from anyformer_onnx.tasks import (
+    DETR_STYLE,
+    IMAGE_TASKS,
+    OBJECT_DETECTION,
+    SPEECH_RECOGNITION,
+    TASKS,
+    TEXT_GENERATION,
+    WHISPER_STYLE,
+    task_of,
+)
 
 #: The file every vision task reads its resize, crop and normalisation from.
 PREPROCESSOR_CONFIG = "preprocessor_config.json"
+
+#: What speech recognition reads beside its graphs: the log-mel settings, the tokenizer, the prompt tokens.
+SPEECH_FILES = (PREPROCESSOR_CONFIG, "tokenizer.json", "generation_config.json")
 
 #: Tags of models another engine runs: text diffusion decodes by unmasking, not left to right.
 FOREIGN_TAGS = ("text-diffusion",)
 
 
 def stems_for(task: str) -> tuple[str, ...]:
-    """The graph names a task reads: a decoder for chat, an encoder otherwise."""
+    """The graph names a task reads: a decoder for chat, three parts for speech, an encoder otherwise."""
+    if task == SPEECH_RECOGNITION:
+        return SPEECH_STEMS
     return DECODER_STEMS if task == TEXT_GENERATION else ENCODER_STEMS
 
 
@@ -42,6 +65,13 @@ def task_problem(model: Model, task: str) -> tuple[Refusal, str] | None:
     """Why this model's files or config do not fit ``task`` (None when they do), read from the description."""
     if task in IMAGE_TASKS and model.file(PREPROCESSOR_CONFIG) is None:
         return Refusal.FORMAT, f"{task} needs {PREPROCESSOR_CONFIG} (the resize and normalisation), absent here"
+    if task == SPEECH_RECOGNITION:
+        kind = model.config.get("model_type")
+        if kind not in WHISPER_STYLE:
+            return Refusal.MODEL, f"speech model {kind!r}: this backend reads Whisper-style encoder-decoders"
+        missing = [name for name in SPEECH_FILES if model.file(name) is None]
+        if missing:
+            return Refusal.FORMAT, f"automatic-speech-recognition needs {missing[0]}, absent here"
     if task == OBJECT_DETECTION:
         kind = model.config.get("model_type")
         if kind not in DETR_STYLE:
@@ -49,13 +79,20 @@ def task_problem(model: Model, task: str) -> tuple[Refusal, str] | None:
     return None
 
 
-def plan(model: Model, caps: Caps, request: Request) -> tuple[str, GraphChoice | None, str]:
-    """The task, the graph a load reads (None: no graph at a known path) and the expected provider."""
+def choose_graphs(model: Model, task: str, device: str, wanted: str | None) -> GraphChoice | GraphSet | None:
+    """The graph (or, for speech, the set of graphs) a load of ``task`` reads; None when none is at a known path."""
+    if task == SPEECH_RECOGNITION:
+        return choose_graph_set(model, SPEECH_STEMS, device, wanted)
+    return choose_graph(model, stems_for(task), device, wanted)
+
+
+def plan(model: Model, caps: Caps, request: Request) -> tuple[str, GraphChoice | GraphSet | None, str]:
+    """The task, the graphs a load reads (None: no graph at a known path) and the expected provider."""
     task = task_of(model, request.task)
     provider = expected_provider(caps.gpu)
     device = "cuda" if provider == CUDA else "cpu"
     wanted = request.options.get("precision")
-    choice = choose_graph(model, stems_for(task), device, wanted if isinstance(wanted, str) else None)
+    choice = choose_graphs(model, task, device, wanted if isinstance(wanted, str) else None)
     return task, choice, provider
 
 
@@ -82,6 +119,8 @@ def can_run(model: Model, caps: Caps, request: Request) -> Verdict:
         return Verdict.refuse(BACKEND_ID, *problem)
     if choice is None:
         where = ", ".join(f"[onnx/]{stem}[_q4|_fp16|…].onnx" for stem in stems_for(task))
+        if task == SPEECH_RECOGNITION:
+            where = f"all of {where}, of one precision"
         wanted = request.options.get("precision")
         which = f"{wanted} " if isinstance(wanted, str) else ""
         return Verdict.refuse(BACKEND_ID, Refusal.FORMAT, f"no {which}{task} graph at a known path ({where})")

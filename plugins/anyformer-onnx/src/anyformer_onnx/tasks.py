@@ -11,6 +11,7 @@ TEXT_CLASSIFICATION = "text-classification"
 TOKEN_CLASSIFICATION = "token-classification"
 IMAGE_CLASSIFICATION = "image-classification"
 OBJECT_DETECTION = "object-detection"
+SPEECH_RECOGNITION = "automatic-speech-recognition"
 
 #: Tasks this version runs: chat through ``generate``; the others through ``run``.
 TASKS = (
@@ -21,9 +22,12 @@ TASKS = (
     TOKEN_CLASSIFICATION,
     IMAGE_CLASSIFICATION,
     OBJECT_DETECTION,
+    SPEECH_RECOGNITION,
 )
 #: Tasks whose graph takes ``pixel_values``, prepared as ``preprocessor_config.json`` says.
 IMAGE_TASKS = (IMAGE_CLASSIFICATION, OBJECT_DETECTION)
+#: Speech models (config.json ``model_type``) whose encoder-decoder export and log-mel front end are read.
+WHISPER_STYLE = ("whisper",)
 #: Detection heads (config.json ``model_type``) whose output is read: a softmax over the classes and
 #: a last "no object" class, with normalised centre/size boxes.
 DETR_STYLE = ("detr", "yolos", "table-transformer")
@@ -42,8 +46,9 @@ _ARCHITECTURE_TASKS = (
     ("ForObjectDetection", OBJECT_DETECTION),
     ("ForSemanticSegmentation", "image-segmentation"),
     ("ForDepthEstimation", "depth-estimation"),
-    ("ForSpeechSeq2Seq", "automatic-speech-recognition"),
-    ("ForCTC", "automatic-speech-recognition"),
+    ("WhisperForConditionalGeneration", SPEECH_RECOGNITION),
+    ("ForSpeechSeq2Seq", SPEECH_RECOGNITION),
+    ("ForCTC", SPEECH_RECOGNITION),
     ("ForConditionalGeneration", "image-text-to-text"),
     ("Model", FEATURE_EXTRACTION),
 )
@@ -57,6 +62,8 @@ def task_of(model: Model, requested: str | None) -> str:
         return model.task
     if "sentence-transformers" in model.tags or any(f.name == "modules.json" for f in model.files):
         return FEATURE_EXTRACTION
+    if model.config.get("model_type") in WHISPER_STYLE:  # its repos hold a decoder_model_merged too
+        return SPEECH_RECOGNITION
     if any("decoder_model_merged" in f.name for f in model.files):
         return TEXT_GENERATION
     architectures = model.config.get("architectures")
