@@ -71,3 +71,9 @@ def yolos_dir() -> Path:
 def whisper_dir() -> Path:
     """A tiny random Whisper exported in optimum's split layout, with torch's greedy transcriptions."""
     return onnx_exports.tiny_whisper()
+
+
+@pytest.fixture(scope="session")
+def segformer_dir() -> Path:
+    """A tiny random SegFormer exported to ONNX, with transformers' pipeline masks."""
+    return onnx_exports.tiny_segformer()

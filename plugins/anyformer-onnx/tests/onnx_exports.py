@@ -595,6 +595,63 @@ def build_tiny_yolos(folder: Path) -> None:
     _write_json(folder / "reference.json", reference)
 
 
+def build_tiny_segformer(folder: Path) -> None:
+    """A random 2-block SegFormer (32x32 pixels, 4 labels); transformers' pipeline masks as 0/1 rows."""
+    import numpy as np
+    import torch
+    from transformers import (
+        AutoImageProcessor,
+        SegformerConfig,
+        SegformerForSemanticSegmentation,
+        SegformerImageProcessor,
+        pipeline,
+    )
+
+    labels = ["sky", "road", "wall", "grass"]
+    torch.manual_seed(0)
+    config = SegformerConfig(
+        num_encoder_blocks=2,
+        depths=[1, 1],
+        sr_ratios=[2, 1],
+        hidden_sizes=[16, 32],
+        patch_sizes=[7, 3],
+        strides=[4, 2],
+        num_attention_heads=[1, 2],
+        mlp_ratios=[2, 2],
+        decoder_hidden_size=32,
+        initializer_range=0.3,  # several classes win somewhere in each image
+        id2label=dict(enumerate(labels)),
+        label2id={label: i for i, label in enumerate(labels)},
+        architectures=["SegformerForSemanticSegmentation"],
+    )
+    model = SegformerForSemanticSegmentation(config).eval()
+    config.save_pretrained(folder)
+    SegformerImageProcessor(size={"height": 32, "width": 32}).save_pretrained(folder)
+    images = _test_images(folder)
+    with _quiet():
+        runner = pipeline(
+            "image-segmentation", model=model, image_processor=AutoImageProcessor.from_pretrained(str(folder))
+        )
+        batch = runner([str(folder / name) for name in images])
+    reference = {
+        "images": images,
+        "batch": [
+            [
+                {"score": seg["score"], "label": seg["label"], "mask": (np.asarray(seg["mask"]) // 255).tolist()}
+                for seg in row
+            ]
+            for row in batch
+        ],
+    }
+    export_vision(model, folder / "onnx" / "model.onnx", (32, 32), ["logits"])
+    _write_json(folder / "reference.json", reference)
+
+
+def tiny_segformer() -> Path:
+    """The cached tiny SegFormer (a few seconds to export)."""
+    return cached("tiny-segformer", build_tiny_segformer, _test_images, export_vision, extra=VISION_IMAGES)
+
+
 def tiny_vit() -> Path:
     """The cached tiny ViT image classifier (a few seconds to export)."""
     return cached("tiny-vit", build_tiny_vit, _test_images, export_vision, _plain, extra=VISION_IMAGES)

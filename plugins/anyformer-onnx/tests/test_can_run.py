@@ -241,3 +241,13 @@ def test_a_ctc_speech_model_is_model() -> None:
     verdict = _verdict(_model([("onnx/model.onnx", 10**6), ("preprocessor_config.json", 10)], config=config))
     assert _refusal(verdict) == Refusal.MODEL
     assert "Whisper" in verdict.reason
+
+
+@pytest.mark.parametrize(
+    ("architecture", "refusal"),
+    [("SegformerForSemanticSegmentation", None), ("Mask2FormerForUniversalSegmentation", Refusal.MODEL)],
+)
+def test_image_segmentation_reads_semantic_heads_only(architecture: str, refusal: Refusal | None) -> None:
+    files = [("onnx/model.onnx", 10**6), ("preprocessor_config.json", 10)]
+    model = _model(files, config={"architectures": [architecture]})
+    assert _refusal(_verdict(model, task="image-segmentation")) == refusal

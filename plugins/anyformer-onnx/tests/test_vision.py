@@ -108,3 +108,41 @@ def test_bad_options_are_bad_request(vit_dir: Path, yolos_dir: Path) -> None:
             with pytest.raises(AnyformerError) as caught:
                 loaded.run(image, **bad)
             assert caught.value.code == ErrorCode.BAD_REQUEST
+
+
+def test_image_segmentation_equals_the_pipeline(segformer_dir: Path, reference: Any) -> None:
+    expected = reference(segformer_dir)
+    paths = [str(segformer_dir / name) for name in expected["images"]]
+    with anyformer.load(str(segformer_dir), backend="onnx") as loaded:
+        assert loaded.task == "image-segmentation"
+        got = loaded.run(paths)
+        assert _masks_equal(loaded.run(paths[1]), got[1])
+    labels = set()
+    for row, want in zip(got, expected["batch"], strict=True):
+        assert [(s["score"], s["label"]) for s in row] == [(s["score"], s["label"]) for s in want]
+        for segment, wanted in zip(row, want, strict=True):
+            mask = segment["mask"]
+            assert mask.dtype == np.uint8 and set(np.unique(mask)) <= {0, 255}
+            # Equal pixel for pixel: the bilinear upsampling is torch's, only a near tie could flip a pixel.
+            assert np.array_equal(mask // 255, np.asarray(wanted["mask"], dtype=np.uint8))
+            labels.add(segment["label"])
+    assert len(labels) > 2, "the fixture should find several classes"
+
+
+def _masks_equal(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> bool:
+    return [s["label"] for s in a] == [s["label"] for s in b] and all(
+        np.array_equal(x["mask"], y["mask"]) for x, y in zip(a, b, strict=True)
+    )
+
+
+def test_resize_bilinear_equals_torch() -> None:
+    import torch
+
+    from anyformer_onnx.vision_models import resize_bilinear
+
+    maps = np.random.default_rng(5).normal(size=(3, 8, 11)).astype(np.float32)
+    for height, width in ((37, 45), (5, 4), (8, 11), (61, 20)):
+        want = torch.nn.functional.interpolate(
+            torch.from_numpy(maps)[None], size=(height, width), mode="bilinear", align_corners=False
+        )[0].numpy()
+        np.testing.assert_allclose(resize_bilinear(maps, height, width), want, atol=1e-5)

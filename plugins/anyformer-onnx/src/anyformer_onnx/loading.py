@@ -41,6 +41,7 @@ from anyformer_onnx.tasks import (
     CLASSIFICATION_TASKS,
     EMBEDDING_TASKS,
     IMAGE_CLASSIFICATION,
+    IMAGE_SEGMENTATION,
     IMAGE_TASKS,
     SPEECH_RECOGNITION,
     TASKS,
@@ -48,7 +49,12 @@ from anyformer_onnx.tasks import (
     task_of,
 )
 from anyformer_onnx.text_setup import TEXT_FILES, load_text_setup, load_tokenizer, present_text_files
-from anyformer_onnx.vision_models import OnnxImageClassifierModel, OnnxObjectDetectorModel, VisionGraph
+from anyformer_onnx.vision_models import (
+    OnnxImageClassifierModel,
+    OnnxObjectDetectorModel,
+    OnnxSegmenterModel,
+    VisionGraph,
+)
 
 POOLING_CONFIG = "1_Pooling/config.json"
 
@@ -145,6 +151,8 @@ def _open_vision_model(
     config = config or dict(model.config)
     if task == IMAGE_CLASSIFICATION:
         return OnnxImageClassifierModel(graph, config=config, details=details)
+    if task == IMAGE_SEGMENTATION:
+        return OnnxSegmenterModel(graph, config=config, details=details)
     return OnnxObjectDetectorModel(graph, config=config, details=details)
 
 

@@ -35,6 +35,7 @@ from anyformer_onnx.graphs import (
 from anyformer_onnx.runtime import CUDA, INSTALL_HINT, expected_provider, onnxruntime_installed
 from anyformer_onnx.tasks import (
     DETR_STYLE,
+    IMAGE_SEGMENTATION,
     IMAGE_TASKS,
     OBJECT_DETECTION,
     SPEECH_RECOGNITION,
@@ -72,6 +73,11 @@ def task_problem(model: Model, task: str) -> tuple[Refusal, str] | None:
         missing = [name for name in SPEECH_FILES if model.file(name) is None]
         if missing:
             return Refusal.FORMAT, f"automatic-speech-recognition needs {missing[0]}, absent here"
+    if task == IMAGE_SEGMENTATION:
+        architectures = model.config.get("architectures")
+        names = [a for a in architectures if isinstance(a, str)] if isinstance(architectures, list) else []
+        if not any(name.endswith("ForSemanticSegmentation") for name in names):
+            return Refusal.MODEL, "image-segmentation reads semantic heads (…ForSemanticSegmentation) only"
     if task == OBJECT_DETECTION:
         kind = model.config.get("model_type")
         if kind not in DETR_STYLE:

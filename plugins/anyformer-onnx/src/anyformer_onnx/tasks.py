@@ -12,6 +12,7 @@ TOKEN_CLASSIFICATION = "token-classification"
 IMAGE_CLASSIFICATION = "image-classification"
 OBJECT_DETECTION = "object-detection"
 SPEECH_RECOGNITION = "automatic-speech-recognition"
+IMAGE_SEGMENTATION = "image-segmentation"
 
 #: Tasks this version runs: chat through ``generate``; the others through ``run``.
 TASKS = (
@@ -22,10 +23,11 @@ TASKS = (
     TOKEN_CLASSIFICATION,
     IMAGE_CLASSIFICATION,
     OBJECT_DETECTION,
+    IMAGE_SEGMENTATION,
     SPEECH_RECOGNITION,
 )
 #: Tasks whose graph takes ``pixel_values``, prepared as ``preprocessor_config.json`` says.
-IMAGE_TASKS = (IMAGE_CLASSIFICATION, OBJECT_DETECTION)
+IMAGE_TASKS = (IMAGE_CLASSIFICATION, OBJECT_DETECTION, IMAGE_SEGMENTATION)
 #: Speech models (config.json ``model_type``) whose encoder-decoder export and log-mel front end are read.
 WHISPER_STYLE = ("whisper",)
 #: Detection heads (config.json ``model_type``) whose output is read: a softmax over the classes and
@@ -44,7 +46,7 @@ _ARCHITECTURE_TASKS = (
     ("ForTokenClassification", TOKEN_CLASSIFICATION),
     ("ForImageClassification", IMAGE_CLASSIFICATION),
     ("ForObjectDetection", OBJECT_DETECTION),
-    ("ForSemanticSegmentation", "image-segmentation"),
+    ("ForSemanticSegmentation", IMAGE_SEGMENTATION),
     ("ForDepthEstimation", "depth-estimation"),
     ("WhisperForConditionalGeneration", SPEECH_RECOGNITION),
     ("ForSpeechSeq2Seq", SPEECH_RECOGNITION),

@@ -10,6 +10,11 @@ Outputs are shaped as transformers' pipelines return them:
   normalised centre, width and height): per image, every query whose best real class scores above
   ``threshold`` (default 0.5), in query order, as ``{"score", "label", "box": {"xmin", "ymin",
   "xmax", "ymax"}}`` with the box in the original image's pixels, truncated to integers.
+- image-segmentation (semantic heads: ``logits`` [classes, h, w]): the logits resized to the
+  original image bilinearly (as torch's ``interpolate`` with ``align_corners=False``), the best
+  class per pixel; per image, one ``{"score": None, "label", "mask"}`` per class present, in class
+  order, ``mask`` a uint8 [height, width] array of 0 and 255 (the pipeline's Pillow ``L`` image as
+  an array).
 """
 
 from __future__ import annotations
@@ -115,6 +120,60 @@ def corners(boxes: np.ndarray, width: int, height: int) -> np.ndarray:
     cx, cy, w, h = (boxes[..., i].astype(np.float32) for i in range(4))
     xyxy = np.stack([cx - 0.5 * w, cy - 0.5 * h, cx + 0.5 * w, cy + 0.5 * h], axis=-1)
     return xyxy * np.asarray([width, height, width, height], dtype=np.float32)
+
+
+def _resize_axis(values: np.ndarray, size: int, axis: int) -> np.ndarray:
+    """Linear resampling of one axis to ``size`` samples, half-pixel centres, edges clamped (no antialiasing)."""
+    length = values.shape[axis]
+    source = np.maximum((np.arange(size, dtype=np.float64) + 0.5) * (length / size) - 0.5, 0.0)
+    low = np.minimum(np.floor(source).astype(np.int64), length - 1)
+    high = np.minimum(low + 1, length - 1)
+    weight = (source - low).astype(np.float32)
+    shape = [1] * values.ndim
+    shape[axis] = size
+    weight = weight.reshape(shape)
+    return np.take(values, low, axis=axis) * (1 - weight) + np.take(values, high, axis=axis) * weight
+
+
+def resize_bilinear(maps: np.ndarray, height: int, width: int) -> np.ndarray:
+    """[channels, h, w] maps resized to [channels, height, width] as torch's bilinear ``align_corners=False``."""
+    return _resize_axis(_resize_axis(maps.astype(np.float32), height, 1), width, 2)
+
+
+class OnnxSegmenterModel:
+    """A loaded semantic segmentation model: per-pixel class logits and config.json's labels."""
+
+    backend = BACKEND_ID
+    task = "image-segmentation"
+
+    def __init__(self, graph: VisionGraph, *, config: Mapping[str, Any], details: dict[str, Any]) -> None:
+        self.graph = graph
+        self.details = details
+        self._output = "logits" if "logits" in graph.outputs else graph.outputs[0]
+        self.labels = labels_of(config)
+
+    def dispose(self) -> None:
+        """Drop the session; safe to call twice."""
+        self.graph.close()
+
+    def run(self, input: Any, *, subtask: Any = None, **rest: Any) -> Any:
+        """Segment an image or a list of images (the output shape is in the module docstring)."""
+        _unknown(self.task, rest)
+        if subtask not in (None, "semantic"):
+            raise AnyformerError(ErrorCode.BAD_REQUEST, f"subtask {subtask!r}: this model segments semantically only")
+        images, single = images_of(input, self.task)
+        results = []
+        for image in images:
+            (logits,) = self.graph.run(image, [self._output])
+            if logits.ndim != 4:
+                raise AnyformerError(ErrorCode.BAD_MODEL, f"{self.graph.label}: logits of shape {logits.shape}")
+            classes = resize_bilinear(logits[0], image.size[1], image.size[0]).argmax(axis=0)
+            found = []
+            for index in np.unique(classes):
+                mask = np.where(classes == index, 255, 0).astype(np.uint8)
+                found.append({"score": None, "label": self.labels.get(int(index), f"LABEL_{int(index)}"), "mask": mask})
+            results.append(found)
+        return results[0] if single else results
 
 
 class OnnxObjectDetectorModel:
