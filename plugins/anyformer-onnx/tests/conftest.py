@@ -77,3 +77,9 @@ def whisper_dir() -> Path:
 def segformer_dir() -> Path:
     """A tiny random SegFormer exported to ONNX, with transformers' pipeline masks."""
     return onnx_exports.tiny_segformer()
+
+
+@pytest.fixture(scope="session")
+def dpt_dir() -> Path:
+    """A tiny random DPT depth estimator exported to ONNX, with transformers' pipeline depth maps."""
+    return onnx_exports.tiny_dpt()

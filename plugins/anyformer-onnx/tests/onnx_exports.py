@@ -652,6 +652,52 @@ def tiny_segformer() -> Path:
     return cached("tiny-segformer", build_tiny_segformer, _test_images, export_vision, extra=VISION_IMAGES)
 
 
+def build_tiny_dpt(folder: Path) -> None:
+    """A random 4-layer DPT depth estimator (32x32 pixels); transformers' pipeline depth maps."""
+    import numpy as np
+    import torch
+    from transformers import AutoImageProcessor, DPTConfig, DPTForDepthEstimation, DPTImageProcessor, pipeline
+
+    torch.manual_seed(0)
+    config = DPTConfig(
+        image_size=32,
+        patch_size=8,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=4,
+        num_attention_heads=2,
+        backbone_out_indices=[0, 1, 2, 3],
+        neck_hidden_sizes=[8, 16, 16, 32],
+        fusion_hidden_size=16,
+        head_hidden_size=8,
+        initializer_range=0.1,  # depths far from zero, so that their comparison means something
+        architectures=["DPTForDepthEstimation"],
+    )
+    model = DPTForDepthEstimation(config).eval()
+    config.save_pretrained(folder)
+    DPTImageProcessor(size={"height": 32, "width": 32}, keep_aspect_ratio=False).save_pretrained(folder)
+    images = _test_images(folder)
+    with _quiet():
+        runner = pipeline(
+            "depth-estimation", model=model, image_processor=AutoImageProcessor.from_pretrained(str(folder))
+        )
+        batch = runner([str(folder / name) for name in images])
+    reference = {
+        "images": images,
+        "batch": [
+            {"predicted_depth": out["predicted_depth"].numpy().tolist(), "depth": np.asarray(out["depth"]).tolist()}
+            for out in batch
+        ],
+    }
+    export_vision(model, folder / "onnx" / "model.onnx", (32, 32), ["predicted_depth"])
+    _write_json(folder / "reference.json", reference)
+
+
+def tiny_dpt() -> Path:
+    """The cached tiny DPT (a few seconds to export)."""
+    return cached("tiny-dpt", build_tiny_dpt, _test_images, export_vision, extra=VISION_IMAGES)
+
+
 def tiny_vit() -> Path:
     """The cached tiny ViT image classifier (a few seconds to export)."""
     return cached("tiny-vit", build_tiny_vit, _test_images, export_vision, _plain, extra=VISION_IMAGES)

@@ -27,7 +27,7 @@ class _OnnxKit(BackendConformance):
         RefusalCase(
             {"repo": "org/o", "files": [{"name": "onnx/model.onnx", "size": 10**6}]},
             {},
-            {"task": "depth-estimation"},
+            {"task": "summarization"},
             Refusal.TASK,
         ),
         RefusalCase(

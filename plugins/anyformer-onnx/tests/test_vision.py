@@ -146,3 +146,32 @@ def test_resize_bilinear_equals_torch() -> None:
             torch.from_numpy(maps)[None], size=(height, width), mode="bilinear", align_corners=False
         )[0].numpy()
         np.testing.assert_allclose(resize_bilinear(maps, height, width), want, atol=1e-5)
+
+
+def test_depth_estimation_equals_the_pipeline(dpt_dir: Path, reference: Any) -> None:
+    expected = reference(dpt_dir)
+    paths = [str(dpt_dir / name) for name in expected["images"]]
+    with anyformer.load(str(dpt_dir), backend="onnx") as loaded:
+        assert loaded.task == "depth-estimation"
+        got = loaded.run(paths)
+        single = loaded.run(paths[0])
+    np.testing.assert_array_equal(single["predicted_depth"], got[0]["predicted_depth"])
+    for out, want in zip(got, expected["batch"], strict=True):
+        depth = np.asarray(want["predicted_depth"], dtype=np.float32)
+        assert out["predicted_depth"].shape == depth.shape and out["depth"].dtype == np.uint8
+        np.testing.assert_allclose(out["predicted_depth"], depth, rtol=1e-4, atol=1e-4 * np.abs(depth).max())
+        # The 0-255 image truncates; a value on a boundary may land one step lower or higher.
+        assert np.abs(out["depth"].astype(int) - np.asarray(want["depth"])).max() <= 1
+
+
+def test_resize_bicubic_equals_torch() -> None:
+    import torch
+
+    from anyformer_onnx.vision_models import resize_bicubic
+
+    image = np.random.default_rng(6).normal(size=(8, 11)).astype(np.float32)
+    for height, width in ((37, 45), (5, 4), (8, 11), (61, 20)):
+        want = torch.nn.functional.interpolate(
+            torch.from_numpy(image)[None, None], size=(height, width), mode="bicubic", align_corners=False
+        )[0, 0].numpy()
+        np.testing.assert_allclose(resize_bicubic(image, height, width), want, atol=1e-5)

@@ -39,6 +39,7 @@ from anyformer_onnx.runtime import CUDA, available_providers, choose_provider
 from anyformer_onnx.speech_model import OnnxSpeechRecognizerModel, WhisperGraphs
 from anyformer_onnx.tasks import (
     CLASSIFICATION_TASKS,
+    DEPTH_ESTIMATION,
     EMBEDDING_TASKS,
     IMAGE_CLASSIFICATION,
     IMAGE_SEGMENTATION,
@@ -50,6 +51,7 @@ from anyformer_onnx.tasks import (
 )
 from anyformer_onnx.text_setup import TEXT_FILES, load_text_setup, load_tokenizer, present_text_files
 from anyformer_onnx.vision_models import (
+    OnnxDepthEstimatorModel,
     OnnxImageClassifierModel,
     OnnxObjectDetectorModel,
     OnnxSegmenterModel,
@@ -153,6 +155,8 @@ def _open_vision_model(
         return OnnxImageClassifierModel(graph, config=config, details=details)
     if task == IMAGE_SEGMENTATION:
         return OnnxSegmenterModel(graph, config=config, details=details)
+    if task == DEPTH_ESTIMATION:
+        return OnnxDepthEstimatorModel(graph, details=details)
     return OnnxObjectDetectorModel(graph, config=config, details=details)
 
 

@@ -13,6 +13,7 @@ IMAGE_CLASSIFICATION = "image-classification"
 OBJECT_DETECTION = "object-detection"
 SPEECH_RECOGNITION = "automatic-speech-recognition"
 IMAGE_SEGMENTATION = "image-segmentation"
+DEPTH_ESTIMATION = "depth-estimation"
 
 #: Tasks this version runs: chat through ``generate``; the others through ``run``.
 TASKS = (
@@ -24,10 +25,11 @@ TASKS = (
     IMAGE_CLASSIFICATION,
     OBJECT_DETECTION,
     IMAGE_SEGMENTATION,
+    DEPTH_ESTIMATION,
     SPEECH_RECOGNITION,
 )
 #: Tasks whose graph takes ``pixel_values``, prepared as ``preprocessor_config.json`` says.
-IMAGE_TASKS = (IMAGE_CLASSIFICATION, OBJECT_DETECTION, IMAGE_SEGMENTATION)
+IMAGE_TASKS = (IMAGE_CLASSIFICATION, OBJECT_DETECTION, IMAGE_SEGMENTATION, DEPTH_ESTIMATION)
 #: Speech models (config.json ``model_type``) whose encoder-decoder export and log-mel front end are read.
 WHISPER_STYLE = ("whisper",)
 #: Detection heads (config.json ``model_type``) whose output is read: a softmax over the classes and
@@ -47,7 +49,7 @@ _ARCHITECTURE_TASKS = (
     ("ForImageClassification", IMAGE_CLASSIFICATION),
     ("ForObjectDetection", OBJECT_DETECTION),
     ("ForSemanticSegmentation", IMAGE_SEGMENTATION),
-    ("ForDepthEstimation", "depth-estimation"),
+    ("ForDepthEstimation", DEPTH_ESTIMATION),
     ("WhisperForConditionalGeneration", SPEECH_RECOGNITION),
     ("ForSpeechSeq2Seq", SPEECH_RECOGNITION),
     ("ForCTC", SPEECH_RECOGNITION),

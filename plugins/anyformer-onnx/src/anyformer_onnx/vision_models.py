@@ -15,6 +15,10 @@ Outputs are shaped as transformers' pipelines return them:
   class per pixel; per image, one ``{"score": None, "label", "mask"}`` per class present, in class
   order, ``mask`` a uint8 [height, width] array of 0 and 255 (the pipeline's Pillow ``L`` image as
   an array).
+- depth-estimation (``predicted_depth`` [h, w]): per image ``{"predicted_depth", "depth"}``, the
+  first resized to the original image bicubically (as torch's ``interpolate`` with
+  ``align_corners=False``), a float32 [height, width] array; the second that map scaled to 0-255
+  as uint8 (the pipeline's Pillow image as an array).
 """
 
 from __future__ import annotations
@@ -138,6 +142,69 @@ def _resize_axis(values: np.ndarray, size: int, axis: int) -> np.ndarray:
 def resize_bilinear(maps: np.ndarray, height: int, width: int) -> np.ndarray:
     """[channels, h, w] maps resized to [channels, height, width] as torch's bilinear ``align_corners=False``."""
     return _resize_axis(_resize_axis(maps.astype(np.float32), height, 1), width, 2)
+
+
+# torch's bicubic convolution coefficient.
+_CUBIC_A = -0.75
+
+
+def _cubic_axis(values: np.ndarray, size: int, axis: int) -> np.ndarray:
+    """Cubic resampling of one axis to ``size`` samples, half-pixel centres, edge samples repeated."""
+    length = values.shape[axis]
+    source = (np.arange(size, dtype=np.float64) + 0.5) * (length / size) - 0.5
+    base = np.floor(source)
+    t = source - base
+    a = _CUBIC_A
+
+    def near(x: np.ndarray) -> np.ndarray:  # |x| <= 1
+        return ((a + 2) * x - (a + 3)) * x * x + 1
+
+    def far(x: np.ndarray) -> np.ndarray:  # 1 < |x| < 2
+        return ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
+
+    shape = [1] * values.ndim
+    shape[axis] = size
+    total = np.zeros([size if i == axis else n for i, n in enumerate(values.shape)], dtype=np.float64)
+    for offset, weight in zip((-1, 0, 1, 2), (far(t + 1), near(t), near(1 - t), far(2 - t)), strict=True):
+        index = np.clip(base + offset, 0, length - 1).astype(np.int64)
+        total += np.take(values, index, axis=axis).astype(np.float64) * weight.reshape(shape)
+    return total
+
+
+def resize_bicubic(image: np.ndarray, height: int, width: int) -> np.ndarray:
+    """A [h, w] map resized to [height, width] as torch's bicubic ``align_corners=False``."""
+    return _cubic_axis(_cubic_axis(image, height, 0), width, 1).astype(np.float32)
+
+
+class OnnxDepthEstimatorModel:
+    """A loaded depth estimator: a ``predicted_depth`` map per image."""
+
+    backend = BACKEND_ID
+    task = "depth-estimation"
+
+    def __init__(self, graph: VisionGraph, *, details: dict[str, Any]) -> None:
+        self.graph = graph
+        self.details = details
+        self._output = "predicted_depth" if "predicted_depth" in graph.outputs else graph.outputs[0]
+
+    def dispose(self) -> None:
+        """Drop the session; safe to call twice."""
+        self.graph.close()
+
+    def run(self, input: Any, **rest: Any) -> Any:
+        """Estimate depth for an image or a list of images (the output shape is in the module docstring)."""
+        _unknown(self.task, rest)
+        images, single = images_of(input, self.task)
+        results = []
+        for image in images:
+            (raw,) = self.graph.run(image, [self._output])
+            if raw.ndim < 2 or raw.size != raw.shape[-1] * raw.shape[-2]:
+                raise AnyformerError(ErrorCode.BAD_MODEL, f"{self.graph.label}: a depth output of shape {raw.shape}")
+            depth = resize_bicubic(raw.reshape(raw.shape[-2:]), image.size[1], image.size[0])
+            span = float(depth.max() - depth.min())
+            scaled = (depth - depth.min()) / span if span > 0 else np.zeros_like(depth)
+            results.append({"predicted_depth": depth, "depth": (scaled * 255).astype(np.uint8)})
+        return results[0] if single else results
 
 
 class OnnxSegmenterModel:
