@@ -83,3 +83,9 @@ def segformer_dir() -> Path:
 def dpt_dir() -> Path:
     """A tiny random DPT depth estimator exported to ONNX, with transformers' pipeline depth maps."""
     return onnx_exports.tiny_dpt()
+
+
+@pytest.fixture(scope="session")
+def llava_dir() -> Path:
+    """A tiny random LLaVA exported with one graph per module, with torch's greedy replies."""
+    return onnx_exports.tiny_llava()

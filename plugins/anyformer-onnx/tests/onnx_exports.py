@@ -992,6 +992,198 @@ def tiny_whisper() -> Path:
     return cached("tiny-whisper", build_tiny_whisper, _whisper_tokenizer, _clips, export_whisper, extra=SPEECH_CLIPS)
 
 
+# ---- multimodal chat -------------------------------------------------------------------------------
+
+#: The image token the tiny LLaVA's prompts carry.
+IMAGE_TOKEN = "<image>"
+#: Questions the multimodal fixture records torch's greedy replies to: (image index or None, text).
+VISION_PROMPTS = ((0, "What is in the picture?"), (2, "Describe it."), (None, "Hello there"))
+
+
+def export_multimodal(model: Any, folder: Path) -> None:
+    """Export one graph per module, as transformers.js lays them out: vision_encoder, embed_tokens, decoder."""
+    import torch
+    from transformers import DynamicCache
+
+    config = model.config.text_config
+    layers, kv_heads = config.num_hidden_layers, config.num_key_value_heads
+    head_dim = config.hidden_size // config.num_attention_heads
+    strategy = model.config.vision_feature_select_strategy
+    layer = model.config.vision_feature_layer
+
+    class Vision(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, pixel_values: Any) -> Any:
+            out = self.model.get_image_features(
+                pixel_values=pixel_values, vision_feature_layer=layer, vision_feature_select_strategy=strategy
+            )
+            return torch.stack(list(out.pooler_output))
+
+    class Embed(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = model.get_input_embeddings()
+
+        def forward(self, input_ids: Any) -> Any:
+            return self.embed(input_ids)
+
+    class Decoder(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.language = model.model.language_model
+            self.head = model.lm_head
+
+        def forward(self, inputs_embeds: Any, attention_mask: Any, position_ids: Any, *past: Any) -> Any:
+            cache = DynamicCache([(past[2 * i], past[2 * i + 1]) for i in range(layers)], config=config)
+            out = self.language(
+                inputs_embeds=inputs_embeds,
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+                past_key_values=cache,
+                use_cache=True,
+            )
+            present = [t for item in out.past_key_values.layers for t in (item.keys, item.values)]
+            return (self.head(out.last_hidden_state), *present)
+
+    onnx = folder / "onnx"
+    onnx.mkdir(parents=True, exist_ok=True)
+    kv = [f"{i}.{part}" for i in range(layers) for part in ("key", "value")]
+    axes: dict[str, dict[int, str]] = {
+        "inputs_embeds": {0: "batch", 1: "sequence"},
+        "attention_mask": {0: "batch", 1: "total"},
+        "position_ids": {0: "batch", 1: "sequence"},
+        "logits": {0: "batch", 1: "sequence"},
+    }
+    for n in kv:
+        axes[f"past_key_values.{n}"] = {0: "batch", 2: "past"}
+        axes[f"present.{n}"] = {0: "batch", 2: "total"}
+    size = model.config.vision_config.image_size
+    with _quiet(), torch.no_grad():
+        torch.onnx.export(
+            Vision().eval(),
+            (torch.zeros(1, 3, size, size),),
+            str(onnx / "vision_encoder.onnx"),
+            input_names=["pixel_values"],
+            output_names=["image_features"],
+            dynamic_axes={"pixel_values": {0: "batch"}, "image_features": {0: "batch"}},
+            opset_version=17,
+            dynamo=False,
+        )
+        torch.onnx.export(
+            Embed().eval(),
+            (torch.tensor([[1, 2, 3]]),),
+            str(onnx / "embed_tokens.onnx"),
+            input_names=["input_ids"],
+            output_names=["inputs_embeds"],
+            dynamic_axes={"input_ids": {0: "batch", 1: "sequence"}, "inputs_embeds": {0: "batch", 1: "sequence"}},
+            opset_version=17,
+            dynamo=False,
+        )
+        # Traced with 3 cached and 2 new positions so that neither length is a constant in the graph.
+        past = [torch.randn(1, kv_heads, 3, head_dim) for _ in kv]
+        example = (torch.randn(1, 2, config.hidden_size), torch.ones(1, 5, dtype=torch.int64), torch.tensor([[3, 4]]))
+        torch.onnx.export(
+            Decoder().eval(),
+            (*example, *past),
+            str(onnx / "decoder_model_merged.onnx"),
+            input_names=["inputs_embeds", "attention_mask", "position_ids", *(f"past_key_values.{n}" for n in kv)],
+            output_names=["logits", *(f"present.{n}" for n in kv)],
+            dynamic_axes=axes,
+            opset_version=17,
+            dynamo=False,
+        )
+
+
+def build_tiny_llava(folder: Path) -> None:
+    """A random LLaVA (2-layer CLIP vision tower, 2-layer llama) over a character vocabulary; torch's replies."""
+    import torch
+    from PIL import Image
+    from tokenizers import AddedToken, Tokenizer
+    from transformers import (
+        AutoTokenizer,
+        CLIPImageProcessor,
+        CLIPVisionConfig,
+        LlamaConfig,
+        LlavaConfig,
+        LlavaForConditionalGeneration,
+    )
+
+    _char_tokenizer(folder)
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tokenizer.add_special_tokens([AddedToken(IMAGE_TOKEN, special=True, normalized=False)])
+    tokenizer.save(str(folder / "tokenizer.json"))
+    image_id = tokenizer.token_to_id(IMAGE_TOKEN)
+    torch.manual_seed(0)
+    vision = CLIPVisionConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, image_size=32, patch_size=8
+    )
+    text = LlamaConfig(
+        vocab_size=tokenizer.get_vocab_size(),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        bos_token_id=None,
+        eos_token_id=2,
+        pad_token_id=2,
+    )
+    config = LlavaConfig(
+        vision_config=vision,
+        text_config=text,
+        image_token_index=image_id,
+        vision_feature_select_strategy="default",
+        vision_feature_layer=-1,
+        image_seq_length=16,
+        architectures=["LlavaForConditionalGeneration"],
+    )
+    model = LlavaForConditionalGeneration(config).eval()
+    config.save_pretrained(folder)
+    _write_json(folder / "generation_config.json", {"eos_token_id": 2, "pad_token_id": 2})
+    processor = CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
+    processor.save_pretrained(folder)
+    images = _test_images(folder)
+    chat = AutoTokenizer.from_pretrained(str(folder))
+    replies = []
+    with _quiet(), torch.no_grad():
+        for picture, question in VISION_PROMPTS:
+            # Image blocks reach the template as the image token on a line of its own, before the text.
+            content = question if picture is None else f"{IMAGE_TOKEN}\n{question}"
+            rendered = chat.apply_chat_template(
+                [{"role": "user", "content": content}], add_generation_prompt=True, tokenize=True, return_dict=True
+            )
+            ids = [int(t) for t in rendered["input_ids"]]
+            expanded = [t for i in ids for t in ([i] * config.image_seq_length if i == image_id else [i])]
+            inputs: dict[str, Any] = {"input_ids": torch.tensor([expanded])}
+            inputs["attention_mask"] = torch.ones_like(inputs["input_ids"])
+            if picture is not None:
+                image = Image.open(folder / images[picture]).convert("RGB")
+                inputs["pixel_values"] = processor(images=image, return_tensors="pt")["pixel_values"]
+            out = model.generate(**inputs, max_new_tokens=CHAT_TOKENS, do_sample=False, eos_token_id=2, pad_token_id=2)
+            reply = [int(t) for t in out[0, len(expanded) :]]
+            replies.append(
+                {"image": None if picture is None else images[picture], "question": question, "reply_ids": reply}
+            )
+    export_multimodal(model, folder)
+    _write_json(folder / "reference.json", {"replies": replies, "image_tokens": config.image_seq_length})
+
+
+def tiny_llava() -> Path:
+    """The cached tiny LLaVA, one graph per module (a few seconds to export)."""
+    return cached(
+        "tiny-llava",
+        build_tiny_llava,
+        _char_tokenizer,
+        _test_images,
+        export_multimodal,
+        extra=[VISION_IMAGES, VISION_PROMPTS, IMAGE_TOKEN],
+    )
+
+
 def tiny_llama() -> Path:
     """The cached tiny llama folder (exported on first use, a few seconds)."""
     return cached("tiny-llama", build_tiny_llama, _char_tokenizer, _chat_references, greedy, export_decoder)

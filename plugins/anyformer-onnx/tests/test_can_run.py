@@ -56,11 +56,17 @@ def test_task_outside_the_set_is_task(task: str) -> None:
 
 
 def test_a_head_this_version_does_not_run_is_task() -> None:
-    # …ForConditionalGeneration outside Whisper reads as image-text-to-text: multimodal chat, not run yet.
-    model = _model([("onnx/model.onnx", 10**6)], config={"architectures": ["LlavaForConditionalGeneration"]})
+    model = _model([("onnx/model.onnx", 10**6)], config={"architectures": ["BertForMaskedLM"]}, task="fill-mask")
     verdict = _verdict(model)
     assert _refusal(verdict) == Refusal.TASK
-    assert "image-text-to-text" in verdict.reason
+    assert "fill-mask" in verdict.reason
+
+
+def test_image_text_to_text_without_a_vision_encoder_is_model() -> None:
+    model = _model([("onnx/model.onnx", 10**6)], config={"architectures": ["LlavaForConditionalGeneration"]})
+    verdict = _verdict(model)
+    assert _refusal(verdict) == Refusal.MODEL
+    assert "vision_encoder" in verdict.reason
 
 
 def test_an_image_classifier_is_accepted_with_its_preprocessor_config() -> None:
@@ -88,13 +94,44 @@ def test_no_graph_at_a_known_path_is_format() -> None:
     assert "known path" in verdict.reason
 
 
-def test_per_module_graphs_are_model() -> None:
-    files = [
-        ("onnx/embed_tokens.onnx", 10**6),
-        ("onnx/vision_encoder.onnx", 10**6),
-        ("onnx/decoder_model_merged.onnx", 10**6),
-    ]
-    assert _refusal(_verdict(_model(files, task="text-generation"))) == Refusal.MODEL
+_MODULES = [
+    ("onnx/embed_tokens.onnx", 10**6),
+    ("onnx/vision_encoder.onnx", 2 * 10**6),
+    ("onnx/decoder_model_merged.onnx", 3 * 10**6),
+    ("onnx/decoder_model_merged_q4.onnx", 10**6),
+    ("preprocessor_config.json", 10),
+]
+_LLAVA = {
+    "architectures": ["LlavaForConditionalGeneration"],
+    "text_config": {"num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 64},
+}
+
+
+def test_per_module_graphs_are_image_chat() -> None:
+    verdict = _verdict(_model(_MODULES, config=_LLAVA))
+    assert verdict.ok, verdict.reason
+    assert verdict.estimate.details["task"] == "image-text-to-text"
+    # q4 lacks its embed_tokens and vision_encoder: the fp32 set is read, the KV cache from text_config.
+    assert set(verdict.estimate.files) == {name for name, _ in _MODULES[:3]}
+    assert verdict.estimate.details["precision"] == "fp32"
+    assert _verdict(_model(_MODULES, config=_LLAVA, task="text-generation")).ok
+
+
+@pytest.mark.parametrize(
+    ("files", "task", "refusal", "words"),
+    [
+        (_MODULES[1:], None, Refusal.MODEL, "embed_tokens"),
+        (_MODULES[:4], None, Refusal.FORMAT, "preprocessor_config.json"),
+        (_MODULES, "feature-extraction", Refusal.MODEL, "chat only"),
+        ([("onnx/audio_encoder.onnx", 10), *_MODULES[2:]], None, Refusal.MODEL, "audio"),
+    ],
+)
+def test_per_module_graphs_missing_a_part_are_refused(
+    files: list[tuple[str, int]], task: str | None, refusal: Refusal, words: str
+) -> None:
+    verdict = _verdict(_model(files, config=_LLAVA), **({"task": task} if task else {}))
+    assert _refusal(verdict) == refusal
+    assert words in verdict.reason
 
 
 def test_memory_counts_graph_external_data_and_kv_cache() -> None:

@@ -39,6 +39,8 @@ DECODER_STEMS = ("model", "decoder_model_merged")
 ENCODER_STEMS = ("model",)
 #: The graphs of a speech encoder-decoder in optimum's split layout, all three needed, in this order.
 SPEECH_STEMS = ("encoder_model", "decoder_model", "decoder_with_past_model")
+#: The graphs of a multimodal chat export with one graph per module, all needed, of one precision.
+VISION_CHAT_STEMS = ("embed_tokens", "decoder_model_merged", "vision_encoder")
 #: Graphs of a repo with one graph per module (a multimodal chat model); not read by this version.
 MODULE_STEMS = ("embed_tokens", "vision_encoder", "audio_encoder", "speech_encoder")
 

@@ -30,14 +30,24 @@ from anyformer_onnx.decoder import DecoderGraph
 from anyformer_onnx.embedding_model import OnnxEmbeddingModel, pooling_of
 from anyformer_onnx.encoder import EncoderGraph
 from anyformer_onnx.estimate import context_for
-from anyformer_onnx.graphs import SPEECH_STEMS, GraphChoice, GraphSet, choose_graph, choose_graph_set
+from anyformer_onnx.graphs import (
+    SPEECH_STEMS,
+    VISION_CHAT_STEMS,
+    GraphChoice,
+    GraphSet,
+    choose_graph,
+    choose_graph_set,
+    module_graphs,
+)
 from anyformer_onnx.image_preprocessing import ImagePreprocessor
 from anyformer_onnx.log_mel import LogMel
+from anyformer_onnx.multimodal import ImagePrompter, image_token_id
 from anyformer_onnx.ort_session import open_session
 from anyformer_onnx.plugin import PREPROCESSOR_CONFIG, SPEECH_FILES, stems_for
 from anyformer_onnx.runtime import CUDA, available_providers, choose_provider
 from anyformer_onnx.speech_model import OnnxSpeechRecognizerModel, WhisperGraphs
 from anyformer_onnx.tasks import (
+    CHAT_TASKS,
     CLASSIFICATION_TASKS,
     DEPTH_ESTIMATION,
     EMBEDDING_TASKS,
@@ -46,7 +56,6 @@ from anyformer_onnx.tasks import (
     IMAGE_TASKS,
     SPEECH_RECOGNITION,
     TASKS,
-    TEXT_GENERATION,
     task_of,
 )
 from anyformer_onnx.text_setup import TEXT_FILES, load_text_setup, load_tokenizer, present_text_files
@@ -95,6 +104,12 @@ def open_model(model: Model, request: Request, progress: ProgressCallback) -> Ba
                 ErrorCode.NO_BACKEND, f"{model.ref}: no {', '.join(SPEECH_STEMS)} graphs at known paths"
             )
         return _open_speech_model(model, request, progress, graphs, provider)
+    if task in CHAT_TASKS and module_graphs(model):
+        modules = choose_graph_set(model, VISION_CHAT_STEMS, device, _option(request, "precision"))
+        if modules is None:
+            wanted = ", ".join(VISION_CHAT_STEMS)
+            raise AnyformerError(ErrorCode.NO_BACKEND, f"{model.ref}: no {wanted} graphs of one precision")
+        return _open_vision_chat(model, request, progress, modules, provider, task)
     choice = choose_graph(model, stems_for(task), device, _option(request, "precision"))
     if choice is None:
         raise AnyformerError(ErrorCode.NO_BACKEND, f"{model.ref}: no {task} graph at a known path")
@@ -116,7 +131,7 @@ def open_model(model: Model, request: Request, progress: ProgressCallback) -> Ba
         ProgressEvent(stage="load", backend=BACKEND_ID, file=choice.graph.name, done=choice.size, total=choice.size)
     )
     details: dict[str, Any] = {"file": choice.graph.name, "precision": choice.precision, "provider": actual}
-    if task == TEXT_GENERATION:
+    if task in CHAT_TASKS:
         config = text.config or model.config
         graph = DecoderGraph(session, config, label)
         context = context_for(config, request.context)
@@ -128,6 +143,48 @@ def open_model(model: Model, request: Request, progress: ProgressCallback) -> Ba
     pooling_path = paths.get(POOLING_CONFIG)
     pooling = pooling_of(read_config_json(pooling_path, f"{POOLING_CONFIG} of {model.ref}")) if pooling_path else "mean"
     return OnnxEmbeddingModel(encoder, task=task, pooling=pooling, details=details)
+
+
+def _open_vision_chat(
+    model: Model, request: Request, progress: ProgressCallback, graphs: GraphSet, provider: str, task: str
+) -> BackendModel:
+    """Open a multimodal chat export: embed_tokens, a decoder reading embeddings, a vision encoder."""
+    if model.file(PREPROCESSOR_CONFIG) is None:
+        raise AnyformerError(ErrorCode.BAD_MODEL, f"{model.ref}: image chat needs {PREPROCESSOR_CONFIG}")
+    extra = [*present_text_files(model), PREPROCESSOR_CONFIG]
+    paths = fetch_files(model, [*graphs.files, *extra], progress, backend=BACKEND_ID)
+    label = f"{model.ref} ({graphs.graph.name})"
+    text = load_text_setup(paths, label)
+    config = text.config or dict(model.config)
+    token = image_token_id(config)
+    if token is None:
+        raise AnyformerError(ErrorCode.BAD_MODEL, f"{label}: config.json names no image_token_index")
+    preprocessor = ImagePreprocessor.from_config(
+        read_config_json(paths[PREPROCESSOR_CONFIG], f"{PREPROCESSOR_CONFIG} of {label}"), label
+    )
+    progress(ProgressEvent(stage="load", backend=BACKEND_ID, file=graphs.graph.name, total=graphs.size))
+    threads = request.options.get("threads")
+    sessions = []
+    actual = provider
+    for part in graphs.parts:
+        session, actual = open_session(paths[part.graph.name], provider=provider, threads=threads)
+        sessions.append(session)
+    done = ProgressEvent(stage="load", backend=BACKEND_ID, file=graphs.graph.name, done=graphs.size, total=graphs.size)
+    progress(done)
+    embed, decoder, vision = sessions  # in VISION_CHAT_STEMS' order
+    text_config = config.get("text_config")
+    decoder_config = text_config if isinstance(text_config, dict) else config
+    graph = DecoderGraph(decoder, decoder_config, label)
+    images = ImagePrompter(VisionGraph(vision, preprocessor, label), embed, text, token, label)
+    context = context_for(decoder_config, request.context)
+    details: dict[str, Any] = {
+        "files": list(graphs.files),
+        "precision": graphs.precision,
+        "provider": actual,
+        "context": context,
+    }
+    device = "cuda" if actual == CUDA else "cpu"
+    return OnnxChatModel(graph, text, device=device, context=context, details=details, images=images, task=task)
 
 
 def _open_vision_model(

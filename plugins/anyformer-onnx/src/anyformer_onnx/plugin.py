@@ -26,6 +26,7 @@ from anyformer_onnx.graphs import (
     DECODER_STEMS,
     ENCODER_STEMS,
     SPEECH_STEMS,
+    VISION_CHAT_STEMS,
     GraphChoice,
     GraphSet,
     choose_graph,
@@ -34,13 +35,14 @@ from anyformer_onnx.graphs import (
 )
 from anyformer_onnx.runtime import CUDA, INSTALL_HINT, expected_provider, onnxruntime_installed
 from anyformer_onnx.tasks import (
+    CHAT_TASKS,
     DETR_STYLE,
     IMAGE_SEGMENTATION,
     IMAGE_TASKS,
+    IMAGE_TEXT_TO_TEXT,
     OBJECT_DETECTION,
     SPEECH_RECOGNITION,
     TASKS,
-    TEXT_GENERATION,
     WHISPER_STYLE,
     task_of,
 )
@@ -59,7 +61,7 @@ def stems_for(task: str) -> tuple[str, ...]:
     """The graph names a task reads: a decoder for chat, three parts for speech, an encoder otherwise."""
     if task == SPEECH_RECOGNITION:
         return SPEECH_STEMS
-    return DECODER_STEMS if task == TEXT_GENERATION else ENCODER_STEMS
+    return DECODER_STEMS if task in CHAT_TASKS else ENCODER_STEMS
 
 
 def task_problem(model: Model, task: str) -> tuple[Refusal, str] | None:
@@ -89,6 +91,8 @@ def choose_graphs(model: Model, task: str, device: str, wanted: str | None) -> G
     """The graph (or, for speech, the set of graphs) a load of ``task`` reads; None when none is at a known path."""
     if task == SPEECH_RECOGNITION:
         return choose_graph_set(model, SPEECH_STEMS, device, wanted)
+    if task in CHAT_TASKS and module_graphs(model):
+        return choose_graph_set(model, VISION_CHAT_STEMS, device, wanted)
     return choose_graph(model, stems_for(task), device, wanted)
 
 
@@ -116,9 +120,23 @@ def can_run(model: Model, caps: Caps, request: Request) -> Verdict:
     if task not in TASKS:
         return Verdict.refuse(BACKEND_ID, Refusal.TASK, f"task {task}; this backend runs {', '.join(TASKS)}")
     modules = module_graphs(model)
-    if modules:
+    if modules and task not in CHAT_TASKS:
+        return Verdict.refuse(BACKEND_ID, Refusal.MODEL, f"one graph per module ({modules[0]}…): read for chat only")
+    if modules and choice is None:
+        needed = ", ".join(VISION_CHAT_STEMS)
         return Verdict.refuse(
-            BACKEND_ID, Refusal.MODEL, f"one graph per module ({modules[0]}…): multimodal ONNX exports are not read yet"
+            BACKEND_ID,
+            Refusal.MODEL,
+            f"one graph per module ({', '.join(modules)}): this backend reads {needed} of one precision "
+            "(audio and speech encoders are not read)",
+        )
+    if modules and model.file(PREPROCESSOR_CONFIG) is None:
+        return Verdict.refuse(BACKEND_ID, Refusal.FORMAT, f"image chat needs {PREPROCESSOR_CONFIG}, absent here")
+    if task == IMAGE_TEXT_TO_TEXT and not modules:
+        return Verdict.refuse(
+            BACKEND_ID,
+            Refusal.MODEL,
+            "image-text-to-text needs a vision_encoder graph beside embed_tokens and a decoder",
         )
     problem = task_problem(model, task)
     if problem is not None:
@@ -131,8 +149,12 @@ def can_run(model: Model, caps: Caps, request: Request) -> Verdict:
         which = f"{wanted} " if isinstance(wanted, str) else ""
         return Verdict.refuse(BACKEND_ID, Refusal.FORMAT, f"no {which}{task} graph at a known path ({where})")
     on_gpu = provider == CUDA
-    context = context_for(model.config, request.context) if task == TEXT_GENERATION else 0
-    kv = kv_cache_bytes(model.config, context, 2 if on_gpu else 4) if task == TEXT_GENERATION else 0
+    chat = task in CHAT_TASKS
+    text_config = model.config.get("text_config")
+    # A multimodal config nests its decoder's shapes under text_config.
+    config = text_config if isinstance(text_config, dict) else model.config
+    context = context_for(config, request.context) if chat else 0
+    kv = kv_cache_bytes(config, context, 2 if on_gpu else 4) if chat else 0
     need = memory_need(choice.size, kv)
     details = {
         "file": choice.graph.name,
@@ -141,7 +163,7 @@ def can_run(model: Model, caps: Caps, request: Request) -> Verdict:
         "provider": provider,
         "task": task,
     }
-    if task == TEXT_GENERATION:
+    if chat:
         details["context"] = context
     if on_gpu:
         budget = request.budget_or(caps.gpu_bytes)

@@ -14,10 +14,12 @@ OBJECT_DETECTION = "object-detection"
 SPEECH_RECOGNITION = "automatic-speech-recognition"
 IMAGE_SEGMENTATION = "image-segmentation"
 DEPTH_ESTIMATION = "depth-estimation"
+IMAGE_TEXT_TO_TEXT = "image-text-to-text"
 
 #: Tasks this version runs: chat through ``generate``; the others through ``run``.
 TASKS = (
     TEXT_GENERATION,
+    IMAGE_TEXT_TO_TEXT,
     FEATURE_EXTRACTION,
     SENTENCE_SIMILARITY,
     TEXT_CLASSIFICATION,
@@ -28,6 +30,8 @@ TASKS = (
     DEPTH_ESTIMATION,
     SPEECH_RECOGNITION,
 )
+#: Tasks that chat through ``generate``: a text-only decoder, or one graph per module with a vision encoder.
+CHAT_TASKS = (TEXT_GENERATION, IMAGE_TEXT_TO_TEXT)
 #: Tasks whose graph takes ``pixel_values``, prepared as ``preprocessor_config.json`` says.
 IMAGE_TASKS = (IMAGE_CLASSIFICATION, OBJECT_DETECTION, IMAGE_SEGMENTATION, DEPTH_ESTIMATION)
 #: Speech models (config.json ``model_type``) whose encoder-decoder export and log-mel front end are read.
@@ -53,7 +57,7 @@ _ARCHITECTURE_TASKS = (
     ("WhisperForConditionalGeneration", SPEECH_RECOGNITION),
     ("ForSpeechSeq2Seq", SPEECH_RECOGNITION),
     ("ForCTC", SPEECH_RECOGNITION),
-    ("ForConditionalGeneration", "image-text-to-text"),
+    ("ForConditionalGeneration", IMAGE_TEXT_TO_TEXT),
     ("Model", FEATURE_EXTRACTION),
 )
 
@@ -68,6 +72,8 @@ def task_of(model: Model, requested: str | None) -> str:
         return FEATURE_EXTRACTION
     if model.config.get("model_type") in WHISPER_STYLE:  # its repos hold a decoder_model_merged too
         return SPEECH_RECOGNITION
+    if any(f.name.rsplit("/", 1)[-1].startswith("vision_encoder") for f in model.files):
+        return IMAGE_TEXT_TO_TEXT  # one graph per module with a vision encoder: chat with images
     if any("decoder_model_merged" in f.name for f in model.files):
         return TEXT_GENERATION
     architectures = model.config.get("architectures")
