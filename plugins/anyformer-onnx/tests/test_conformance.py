@@ -70,3 +70,14 @@ class TestTinyLlamaConformance(_OnnxKit):
     @classmethod
     def sample_model(cls, tiny_llama_dir: Path) -> Model:
         return anyformer.describe(tiny_llama_dir)
+
+
+class TestTinyLlavaConformance(_OnnxKit):
+    """A tiny random LLaVA exported with one graph per module: the kit with image blocks streaming."""
+
+    supports_images = True
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def sample_model(cls, llava_dir: Path) -> Model:
+        return anyformer.describe(llava_dir)
