@@ -58,6 +58,8 @@ def test_transcriptions_equal_torch(whisper_dir: Path, reference: Any) -> None:
         assert loaded.run(data, max_new_tokens=tokens) == {"text": first["auto"]["text"]}
         as_dict = {"raw": samples, "sampling_rate": 16000}
         assert loaded.run([as_dict], max_new_tokens=tokens) == [{"text": first["auto"]["text"]}]
+        # A plain list of numbers is one clip's samples, not a list of clips.
+        assert loaded.run([float(x) for x in samples], max_new_tokens=tokens) == {"text": first["auto"]["text"]}
 
 
 def test_the_generation_config_suppressions_are_applied(whisper_dir: Path, reference: Any, tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -249,7 +250,9 @@ class OnnxSpeechRecognizerModel:
             raise AnyformerError(
                 ErrorCode.BAD_REQUEST, f"max_new_tokens must be an integer ≥ 1, got {max_new_tokens!r}"
             )
-        single = not (isinstance(input, list) and input and not isinstance(input[0], (int, float)))
+        # A list of clips holds arrays, dicts, paths or bytes; a list of numbers is one clip's samples.
+        clip_types = (list, tuple, np.ndarray, dict, str, bytes, bytearray, memoryview, Path)
+        single = not (isinstance(input, list) and input and isinstance(input[0], clip_types))
         clips = [input] if single else input
         if len(clips) > MAX_CLIPS:
             raise AnyformerError(ErrorCode.BAD_REQUEST, f"{len(clips)} clips in one call; at most {MAX_CLIPS}")
