@@ -31,12 +31,26 @@ def _processor(kind: str) -> Any:
             from transformers import DetrImageProcessor
 
             return DetrImageProcessor(size={"shortest_edge": 48, "longest_edge": 80}, do_pad=False)
+        if kind == "dpt":  # the aspect kept, sides multiples of 14 (Depth Anything's settings)
+            from transformers import DPTImageProcessor
+
+            return DPTImageProcessor(
+                size={"height": 42, "width": 42}, keep_aspect_ratio=True, ensure_multiple_of=14, resample=3
+            )
+        if kind == "convnext":  # a short side under 384: resized to shortest_edge / crop_pct, centre crop
+            from transformers import ConvNextImageProcessor
+
+            return ConvNextImageProcessor(size={"shortest_edge": 40}, crop_pct=0.875)
+        if kind == "convnext-large":  # 384 and over: warped to a square
+            from transformers import ConvNextImageProcessor
+
+            return ConvNextImageProcessor(size={"shortest_edge": 384})
         from transformers import ViTImageProcessor
 
         return ViTImageProcessor(size={"height": 24, "width": 40}, resample=1, do_normalize=False)
 
 
-@pytest.mark.parametrize("kind", ["clip", "detr", "vit"])
+@pytest.mark.parametrize("kind", ["clip", "detr", "vit", "dpt", "convnext", "convnext-large"])
 def test_pixels_equal_transformers(kind: str) -> None:
     reference = _processor(kind)
     ours = ImagePreprocessor.from_config(json.loads(reference.to_json_string()), "test")

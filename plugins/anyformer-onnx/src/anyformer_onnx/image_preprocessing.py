@@ -6,6 +6,9 @@ Done with Pillow and numpy, in the order transformers' image processors apply th
   side to that length, the aspect kept) or ``{"shortest_edge", "longest_edge"}`` (DETR's rule: the
   short side to ``shortest_edge`` unless that makes the long side pass ``longest_edge``); an int is
   a square. ``resample`` is Pillow's filter number (bilinear when absent).
+  DPT's processors add ``keep_aspect_ratio`` (scale both sides by the factor nearer 1) and
+  ``ensure_multiple_of`` (each side rounded to a multiple); ConvNeXt's ``crop_pct`` resizes a
+  short side under 384 to ``shortest_edge / crop_pct`` and crops the centre square.
 - ``do_center_crop`` with ``crop_size`` (``{"height", "width"}``).
 - ``do_rescale`` by ``rescale_factor`` (1/255), then ``do_normalize`` with ``image_mean`` and
   ``image_std`` (ImageNet's when absent), channels first.
@@ -14,6 +17,7 @@ Done with Pillow and numpy, in the order transformers' image processors apply th
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -52,6 +56,9 @@ class ImagePreprocessor:
     rescale: float | None
     mean: tuple[float, float, float] | None
     std: tuple[float, float, float] | None
+    keep_aspect: bool = False
+    multiple: int = 1
+    crop_pct: float | None = None
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any], label: str) -> ImagePreprocessor:
@@ -86,15 +93,41 @@ class ImagePreprocessor:
         normalize = config.get("do_normalize", True)
         mean = _triple(config.get("image_mean"), IMAGENET_MEAN, "image_mean", label) if normalize else None
         std = _triple(config.get("image_std"), IMAGENET_STD, "image_std", label) if normalize else None
-        return cls(size=size, resample=int(resample), crop=crop, rescale=rescale, mean=mean, std=std)
+        kind = str(config.get("image_processor_type") or "")
+        keep_aspect, multiple, crop_pct = False, 1, None
+        if kind.startswith("DPT"):
+            if config.get("do_pad"):
+                raise AnyformerError(ErrorCode.BAD_MODEL, f"{label}: DPT's padding (do_pad) is not implemented")
+            keep_aspect = bool(config.get("keep_aspect_ratio"))
+            multiple = _positive_int(config.get("ensure_multiple_of")) or 1
+        if kind.startswith("ConvNext") and size is not None and "shortest_edge" in size:
+            pct = config.get("crop_pct", 224 / 256)
+            crop_pct = float(pct) if isinstance(pct, (int, float)) and 0 < pct <= 1 else 224 / 256
+        return cls(
+            size=size,
+            resample=int(resample),
+            crop=crop,
+            rescale=rescale,
+            mean=mean,
+            std=std,
+            keep_aspect=keep_aspect,
+            multiple=multiple,
+            crop_pct=crop_pct,
+        )
 
     def target_size(self, height: int, width: int) -> tuple[int, int]:
         """The (height, width) an image of this size is resized to."""
         if self.size is None:
             return height, width
         if "height" in self.size and "width" in self.size:
-            return self.size["height"], self.size["width"]
+            if not self.keep_aspect and self.multiple == 1:
+                return self.size["height"], self.size["width"]
+            return self._dpt_size(height, width)
         short = self.size["shortest_edge"]
+        if self.crop_pct is not None:
+            if short >= 384:  # ConvNeXt warps large sizes to a square, uncropped
+                return short, short
+            short = int(short / self.crop_pct)
         longest = self.size.get("longest_edge")
         low, high = min(height, width), max(height, width)
         exact: float | None = None
@@ -107,6 +140,22 @@ class ImagePreprocessor:
         other = int((exact if exact is not None else short) * high / low)
         return (other, short) if width < height else (short, other)
 
+    def _dpt_size(self, height: int, width: int) -> tuple[int, int]:
+        """DPT's rule: scale both sides by the factor nearer 1 when keeping the aspect, then round to multiples."""
+        assert self.size is not None
+        scale_h, scale_w = self.size["height"] / height, self.size["width"] / width
+        if self.keep_aspect:
+            if abs(1 - scale_w) < abs(1 - scale_h):
+                scale_h = scale_w
+            else:
+                scale_w = scale_h
+
+        def to_multiple(value: float) -> int:
+            rounded = round(value / self.multiple) * self.multiple  # Python's rounding, as transformers'
+            return rounded if rounded > 0 else math.ceil(value / self.multiple) * self.multiple
+
+        return to_multiple(scale_h * height), to_multiple(scale_w * width)
+
     def __call__(self, image: Any) -> np.ndarray:
         """``pixel_values`` [3, H, W] float32 for one RGB Pillow image."""
         height, width = image.size[1], image.size[0]
@@ -114,6 +163,9 @@ class ImagePreprocessor:
         if (new_height, new_width) != (height, width):
             image = image.resize((new_width, new_height), resample=self.resample, reducing_gap=None)
         pixels = np.asarray(image, dtype=np.uint8)
+        if self.crop_pct is not None and self.size is not None and self.size["shortest_edge"] < 384:
+            side = self.size["shortest_edge"]
+            pixels = _center_crop(pixels, side, side)
         if self.crop is not None:
             pixels = _center_crop(pixels, *self.crop)
         values: np.ndarray = pixels.astype(np.float32)
