@@ -53,3 +53,39 @@ def text_classifier_dir() -> Path:
 def token_classifier_dir() -> Path:
     """A tiny random BERT token classifier exported to ONNX, with transformers' pipeline outputs."""
     return onnx_exports.token_classifier()
+
+
+@pytest.fixture(scope="session")
+def vit_dir() -> Path:
+    """A tiny random ViT image classifier exported to ONNX, with transformers' pipeline outputs."""
+    return onnx_exports.tiny_vit()
+
+
+@pytest.fixture(scope="session")
+def yolos_dir() -> Path:
+    """A tiny random YOLOS detector exported to ONNX, with transformers' pipeline outputs."""
+    return onnx_exports.tiny_yolos()
+
+
+@pytest.fixture(scope="session")
+def whisper_dir() -> Path:
+    """A tiny random Whisper exported in optimum's split layout, with torch's greedy transcriptions."""
+    return onnx_exports.tiny_whisper()
+
+
+@pytest.fixture(scope="session")
+def segformer_dir() -> Path:
+    """A tiny random SegFormer exported to ONNX, with transformers' pipeline masks."""
+    return onnx_exports.tiny_segformer()
+
+
+@pytest.fixture(scope="session")
+def dpt_dir() -> Path:
+    """A tiny random DPT depth estimator exported to ONNX, with transformers' pipeline depth maps."""
+    return onnx_exports.tiny_dpt()
+
+
+@pytest.fixture(scope="session")
+def llava_dir() -> Path:
+    """A tiny random LLaVA exported with one graph per module, with torch's greedy replies."""
+    return onnx_exports.tiny_llava()

@@ -458,6 +458,732 @@ def token_classifier() -> Path:
     )
 
 
+# ---- vision --------------------------------------------------------------------------------------
+
+#: Pixels of the images the vision fixtures record pipeline outputs for: (width, height, format).
+VISION_IMAGES = ((45, 37, "PNG"), (32, 32, "JPEG"), (20, 61, "PNG"))
+_VISION_LABELS = {
+    "image-classification": ["cat", "dog", "bird", "fish", "horse"],
+    "object-detection": ["person", "car", "tree"],
+}
+
+
+def _test_images(folder: Path) -> list[str]:
+    """Write seeded images (smooth gradients with noise, so resizing matters) into ``folder``; their names."""
+    import numpy as np
+    from PIL import Image
+
+    generator = np.random.default_rng(7)
+    names = []
+    for index, (width, height, kind) in enumerate(VISION_IMAGES):
+        y, x = np.mgrid[0:height, 0:width]
+        base = np.stack([x * 255 / width, y * 255 / height, (x + y) * 127 / (width + height)], axis=-1)
+        pixels = np.clip(base + generator.normal(0, 40, base.shape), 0, 255).astype(np.uint8)
+        name = f"image{index}.{kind.lower()}"
+        Image.fromarray(pixels, "RGB").save(folder / name, format=kind)
+        names.append(name)
+    return names
+
+
+def export_vision(model: Any, path: Path, size: tuple[int, int], outputs: list[str]) -> None:
+    """Export a vision model: pixel_values [batch, 3, H, W] (H and W fixed) → ``outputs``."""
+    import torch
+
+    class Vision(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, pixel_values: Any) -> Any:
+            out = self.model(pixel_values=pixel_values)
+            return tuple(getattr(out, name) for name in outputs)
+
+    axes = {name: {0: "batch"} for name in ["pixel_values", *outputs]}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with _quiet(), torch.no_grad():
+        torch.onnx.export(
+            Vision().eval(),
+            (torch.zeros(1, 3, *size),),
+            str(path),
+            input_names=["pixel_values"],
+            output_names=outputs,
+            dynamic_axes=axes,
+            opset_version=17,
+            dynamo=False,
+        )
+
+
+def build_tiny_vit(folder: Path) -> None:
+    """A random 2-layer ViT image classifier (32x32 pixels, 5 labels); transformers' pipeline outputs."""
+    import torch
+    from transformers import AutoImageProcessor, ViTConfig, ViTForImageClassification, ViTImageProcessor, pipeline
+
+    labels = _VISION_LABELS["image-classification"]
+    torch.manual_seed(0)
+    config = ViTConfig(
+        image_size=32,
+        patch_size=8,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        initializer_range=0.2,  # scores that differ from image to image
+        id2label=dict(enumerate(labels)),
+        label2id={label: i for i, label in enumerate(labels)},
+        architectures=["ViTForImageClassification"],
+    )
+    model = ViTForImageClassification(config).eval()
+    config.save_pretrained(folder)
+    # Bicubic, and a mean and deviation of their own: the backend must read them, not assume ImageNet's.
+    ViTImageProcessor(
+        size={"height": 32, "width": 32}, resample=3, image_mean=[0.5, 0.4, 0.3], image_std=[0.2, 0.25, 0.3]
+    ).save_pretrained(folder)
+    images = _test_images(folder)
+    with _quiet():
+        runner = pipeline(
+            "image-classification", model=model, image_processor=AutoImageProcessor.from_pretrained(str(folder))
+        )
+        paths = [str(folder / name) for name in images]
+        reference = {
+            "images": images,
+            "single": _plain(runner(paths[0])),
+            "batch": _plain(runner(paths)),
+            "top_k_2": _plain(runner(paths[0], top_k=2)),
+        }
+    export_vision(model, folder / "onnx" / "model.onnx", (32, 32), ["logits"])
+    _write_json(folder / "reference.json", reference)
+
+
+def build_tiny_yolos(folder: Path) -> None:
+    """A random 2-layer YOLOS detector (32x32 pixels, 10 queries, 3 labels); transformers' pipeline outputs."""
+    import torch
+    from transformers import AutoImageProcessor, YolosConfig, YolosForObjectDetection, YolosImageProcessor, pipeline
+
+    labels = _VISION_LABELS["object-detection"]
+    torch.manual_seed(0)
+    config = YolosConfig(
+        image_size=[32, 32],
+        patch_size=8,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_detection_tokens=10,
+        initializer_range=0.3,  # confident enough that some queries pass the threshold
+        id2label=dict(enumerate(labels)),
+        label2id={label: i for i, label in enumerate(labels)},
+        architectures=["YolosForObjectDetection"],
+    )
+    model = YolosForObjectDetection(config).eval()
+    with torch.no_grad():  # the initialiser zeroes these: every query would see the same thing
+        model.vit.embeddings.detection_tokens.normal_(0, 1)
+        model.vit.embeddings.position_embeddings.normal_(0, 0.5)
+    config.save_pretrained(folder)
+    YolosImageProcessor(size={"height": 32, "width": 32}, do_pad=False).save_pretrained(folder)
+    images = _test_images(folder)
+    with _quiet():
+        runner = pipeline(
+            "object-detection", model=model, image_processor=AutoImageProcessor.from_pretrained(str(folder))
+        )
+        paths = [str(folder / name) for name in images]
+        reference = {
+            "images": images,
+            "single": _plain(runner(paths[0])),
+            "batch": _plain(runner(paths, threshold=0.3)),
+        }
+    export_vision(model, folder / "onnx" / "model.onnx", (32, 32), ["logits", "pred_boxes"])
+    _write_json(folder / "reference.json", reference)
+
+
+def build_tiny_segformer(folder: Path) -> None:
+    """A random 2-block SegFormer (32x32 pixels, 4 labels); transformers' pipeline masks as 0/1 rows."""
+    import numpy as np
+    import torch
+    from transformers import (
+        AutoImageProcessor,
+        SegformerConfig,
+        SegformerForSemanticSegmentation,
+        SegformerImageProcessor,
+        pipeline,
+    )
+
+    labels = ["sky", "road", "wall", "grass"]
+    torch.manual_seed(0)
+    config = SegformerConfig(
+        num_encoder_blocks=2,
+        depths=[1, 1],
+        sr_ratios=[2, 1],
+        hidden_sizes=[16, 32],
+        patch_sizes=[7, 3],
+        strides=[4, 2],
+        num_attention_heads=[1, 2],
+        mlp_ratios=[2, 2],
+        decoder_hidden_size=32,
+        initializer_range=0.3,  # several classes win somewhere in each image
+        id2label=dict(enumerate(labels)),
+        label2id={label: i for i, label in enumerate(labels)},
+        architectures=["SegformerForSemanticSegmentation"],
+    )
+    model = SegformerForSemanticSegmentation(config).eval()
+    config.save_pretrained(folder)
+    SegformerImageProcessor(size={"height": 32, "width": 32}).save_pretrained(folder)
+    images = _test_images(folder)
+    with _quiet():
+        runner = pipeline(
+            "image-segmentation", model=model, image_processor=AutoImageProcessor.from_pretrained(str(folder))
+        )
+        batch = runner([str(folder / name) for name in images])
+    reference = {
+        "images": images,
+        "batch": [
+            [
+                {"score": seg["score"], "label": seg["label"], "mask": (np.asarray(seg["mask"]) // 255).tolist()}
+                for seg in row
+            ]
+            for row in batch
+        ],
+    }
+    export_vision(model, folder / "onnx" / "model.onnx", (32, 32), ["logits"])
+    _write_json(folder / "reference.json", reference)
+
+
+def tiny_segformer() -> Path:
+    """The cached tiny SegFormer (a few seconds to export)."""
+    return cached("tiny-segformer", build_tiny_segformer, _test_images, export_vision, extra=VISION_IMAGES)
+
+
+def build_tiny_dpt(folder: Path) -> None:
+    """A random 4-layer DPT depth estimator (32x32 pixels); transformers' pipeline depth maps."""
+    import numpy as np
+    import torch
+    from transformers import AutoImageProcessor, DPTConfig, DPTForDepthEstimation, DPTImageProcessor, pipeline
+
+    torch.manual_seed(0)
+    config = DPTConfig(
+        image_size=32,
+        patch_size=8,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=4,
+        num_attention_heads=2,
+        backbone_out_indices=[0, 1, 2, 3],
+        neck_hidden_sizes=[8, 16, 16, 32],
+        fusion_hidden_size=16,
+        head_hidden_size=8,
+        initializer_range=0.1,  # depths far from zero, so that their comparison means something
+        architectures=["DPTForDepthEstimation"],
+    )
+    model = DPTForDepthEstimation(config).eval()
+    config.save_pretrained(folder)
+    DPTImageProcessor(size={"height": 32, "width": 32}, keep_aspect_ratio=False).save_pretrained(folder)
+    images = _test_images(folder)
+    with _quiet():
+        runner = pipeline(
+            "depth-estimation", model=model, image_processor=AutoImageProcessor.from_pretrained(str(folder))
+        )
+        batch = runner([str(folder / name) for name in images])
+    reference = {
+        "images": images,
+        "batch": [
+            {"predicted_depth": out["predicted_depth"].numpy().tolist(), "depth": np.asarray(out["depth"]).tolist()}
+            for out in batch
+        ],
+    }
+    export_vision(model, folder / "onnx" / "model.onnx", (32, 32), ["predicted_depth"])
+    _write_json(folder / "reference.json", reference)
+
+
+def tiny_dpt() -> Path:
+    """The cached tiny DPT (a few seconds to export)."""
+    return cached("tiny-dpt", build_tiny_dpt, _test_images, export_vision, extra=VISION_IMAGES)
+
+
+def tiny_vit() -> Path:
+    """The cached tiny ViT image classifier (a few seconds to export)."""
+    return cached("tiny-vit", build_tiny_vit, _test_images, export_vision, _plain, extra=VISION_IMAGES)
+
+
+def tiny_yolos() -> Path:
+    """The cached tiny YOLOS detector (a few seconds to export)."""
+    return cached("tiny-yolos", build_tiny_yolos, _test_images, export_vision, _plain, extra=VISION_IMAGES)
+
+
+# ---- speech --------------------------------------------------------------------------------------
+
+#: Clips the speech fixture records torch's greedy transcriptions of: (seconds, base frequency in Hz).
+SPEECH_CLIPS = ((2.0, 220.0), (4.5, 523.0))
+#: Tokens each recorded transcription runs to (fewer when the model ends it).
+SPEECH_TOKENS = 20
+_WHISPER_SPECIALS = (
+    "<|endoftext|>",
+    "<|startoftranscript|>",
+    "<|en|>",
+    "<|fr|>",
+    "<|de|>",
+    "<|translate|>",
+    "<|transcribe|>",
+    "<|startoflm|>",
+    "<|startofprev|>",
+    "<|nocaptions|>",
+    "<|notimestamps|>",
+)
+
+
+def _whisper_tokenizer(folder: Path) -> dict[str, int]:
+    """A byte-level tokenizer (256 byte tokens, no merges) with Whisper's special tokens; its vocabulary."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {c: i for i, c in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    for token in _WHISPER_SPECIALS:
+        vocab[token] = len(vocab)
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in _WHISPER_SPECIALS])
+    tokenizer.save(str(folder / "tokenizer.json"))
+    end = "<|endoftext|>"
+    _write_json(
+        folder / "tokenizer_config.json",
+        {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": end, "eos_token": end, "pad_token": end},
+    )
+    return vocab
+
+
+def _clips(folder: Path) -> list[str]:
+    """Write seeded 16 kHz 16-bit mono WAV clips (a gliding tone with harmonics and noise); their names."""
+    import wave
+
+    import numpy as np
+
+    generator = np.random.default_rng(11)
+    names = []
+    for index, (seconds, base) in enumerate(SPEECH_CLIPS):
+        t = np.arange(int(seconds * 16000)) / 16000
+        glide = base * (1 + 0.5 * t / seconds)
+        phase = 2 * np.pi * np.cumsum(glide) / 16000
+        signal = 0.4 * np.sin(phase) + 0.2 * np.sin(2 * phase) * np.sin(2 * np.pi * 3 * t)
+        signal = signal + 0.05 * generator.normal(size=t.size)
+        name = f"clip{index}.wav"
+        with wave.open(str(folder / name), "wb") as writer:
+            writer.setnchannels(1)
+            writer.setsampwidth(2)
+            writer.setframerate(16000)
+            writer.writeframes((np.clip(signal, -1, 1) * 32767).astype("<i2").tobytes())
+        names.append(name)
+    return names
+
+
+def export_whisper(model: Any, folder: Path) -> None:
+    """Export optimum's split layout: encoder_model, decoder_model (first step) and decoder_with_past_model."""
+    import torch
+    from transformers import DynamicCache, EncoderDecoderCache
+
+    config = model.config
+    layers = config.decoder_layers
+    decoder, head = model.model.decoder, model.proj_out
+    kinds = [(i, part, name) for i in range(layers) for part in ("decoder", "encoder") for name in ("key", "value")]
+
+    def presents(cache: Any, parts: tuple[str, ...]) -> list[Any]:
+        found = []
+        for i in range(layers):
+            for part in parts:
+                layer = (cache.self_attention_cache if part == "decoder" else cache.cross_attention_cache).layers[i]
+                found += [layer.keys, layer.values]
+        return found
+
+    class Encoder(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.encoder = model.model.encoder
+
+        def forward(self, input_features: Any) -> Any:
+            return self.encoder(input_features=input_features).last_hidden_state
+
+    class FirstStep(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.decoder, self.head = decoder, head
+
+        def forward(self, input_ids: Any, encoder_hidden_states: Any) -> Any:
+            cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
+            out = self.decoder(
+                input_ids=input_ids, encoder_hidden_states=encoder_hidden_states, cache=cache, use_cache=True
+            )
+            return (self.head(out.last_hidden_state), *presents(out.past_key_values, ("decoder", "encoder")))
+
+    class WithPast(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.decoder, self.head = decoder, head
+
+        def forward(self, input_ids: Any, *past: Any) -> Any:
+            own = DynamicCache([(past[4 * i], past[4 * i + 1]) for i in range(layers)])
+            cross = DynamicCache([(past[4 * i + 2], past[4 * i + 3]) for i in range(layers)])
+            # The cross-attention keys and values come from the cache; the states are only a placeholder.
+            placeholder = torch.zeros(input_ids.shape[0], 1, config.d_model)
+            out = self.decoder(
+                input_ids=input_ids,
+                encoder_hidden_states=placeholder,
+                cache=EncoderDecoderCache(own, cross),
+                use_cache=True,
+            )
+            return (self.head(out.last_hidden_state), *presents(out.past_key_values, ("decoder",)))
+
+    onnx = folder / "onnx"
+    onnx.mkdir(parents=True, exist_ok=True)
+    frames = 2 * config.max_source_positions
+    heads, width = config.decoder_attention_heads, config.d_model // config.decoder_attention_heads
+    past_names = [f"past_key_values.{i}.{part}.{name}" for i, part, name in kinds]
+    with _quiet(), torch.no_grad():
+        export = torch.onnx.export
+        export(
+            Encoder().eval(),
+            (torch.zeros(1, config.num_mel_bins, frames),),
+            str(onnx / "encoder_model.onnx"),
+            input_names=["input_features"],
+            output_names=["last_hidden_state"],
+            dynamic_axes={"input_features": {0: "batch"}, "last_hidden_state": {0: "batch"}},
+            opset_version=17,
+            dynamo=False,
+        )
+        states = torch.randn(1, config.max_source_positions, config.d_model)
+        first_out = ["logits", *(f"present.{i}.{part}.{name}" for i, part, name in kinds)]
+        axes: dict[str, dict[int, str]] = {
+            "input_ids": {0: "batch", 1: "sequence"},
+            "logits": {0: "batch", 1: "sequence"},
+        }
+        axes["encoder_hidden_states"] = {0: "batch"}
+        for i, part, name in kinds:
+            axes[f"present.{i}.{part}.{name}"] = {0: "batch", 2: "sequence" if part == "decoder" else "frames"}
+        export(
+            FirstStep().eval(),
+            (torch.tensor([[1, 2, 3]]), states),
+            str(onnx / "decoder_model.onnx"),
+            input_names=["input_ids", "encoder_hidden_states"],
+            output_names=first_out,
+            dynamic_axes=axes,
+            opset_version=17,
+            dynamo=False,
+        )
+        # Traced with 3 cached positions so that the past length is no constant in the graph.
+        past = [
+            torch.randn(1, heads, 3 if part == "decoder" else config.max_source_positions, width)
+            for _, part, _ in kinds
+        ]
+        with_past_out = ["logits", *(f"present.{i}.decoder.{name}" for i, part, name in kinds if part == "decoder")]
+        axes = {"input_ids": {0: "batch"}, "logits": {0: "batch"}}
+        for i, part, name in kinds:
+            axes[f"past_key_values.{i}.{part}.{name}"] = {0: "batch", 2: "past" if part == "decoder" else "frames"}
+            if part == "decoder":
+                axes[f"present.{i}.decoder.{name}"] = {0: "batch", 2: "total"}
+        export(
+            WithPast().eval(),
+            (torch.tensor([[4]]), *past),
+            str(onnx / "decoder_with_past_model.onnx"),
+            input_names=["input_ids", *past_names],
+            output_names=with_past_out,
+            dynamic_axes=axes,
+            opset_version=17,
+            dynamo=False,
+        )
+
+
+def build_tiny_whisper(folder: Path) -> None:
+    """A random 2-layer Whisper over a byte vocabulary; torch's greedy transcriptions of the clips."""
+    import wave
+
+    import numpy as np
+    import torch
+    from transformers import (
+        AutoTokenizer,
+        GenerationConfig,
+        WhisperConfig,
+        WhisperFeatureExtractor,
+        WhisperForConditionalGeneration,
+    )
+    from transformers.generation import GenerationMixin
+
+    vocab = _whisper_tokenizer(folder)
+    end, start = vocab["<|endoftext|>"], vocab["<|startoftranscript|>"]
+    torch.manual_seed(0)
+    config = WhisperConfig(
+        vocab_size=len(vocab),
+        d_model=64,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=128,
+        decoder_ffn_dim=128,
+        num_mel_bins=80,
+        max_source_positions=1500,
+        max_target_positions=448,
+        init_std=0.3,  # wide enough that greedy replies wander instead of repeating one token
+        decoder_start_token_id=start,
+        eos_token_id=end,
+        pad_token_id=end,
+        bos_token_id=end,
+        suppress_tokens=[],
+        begin_suppress_tokens=[],
+        architectures=["WhisperForConditionalGeneration"],
+        attn_implementation="eager",
+    )
+    model = WhisperForConditionalGeneration(config).eval()
+    config.save_pretrained(folder)
+    languages = {f"<|{code}|>": vocab[f"<|{code}|>"] for code in ("en", "fr", "de")}
+    generation = {
+        "decoder_start_token_id": start,
+        "eos_token_id": end,
+        "pad_token_id": end,
+        "bos_token_id": end,
+        "max_length": 448,
+        "is_multilingual": True,
+        "lang_to_id": languages,
+        "task_to_id": {"transcribe": vocab["<|transcribe|>"], "translate": vocab["<|translate|>"]},
+        "no_timestamps_token_id": vocab["<|notimestamps|>"],
+        # Byte tokens too, so the test sees suppression change the reply.
+        "suppress_tokens": [vocab["<|startoflm|>"], vocab["<|startofprev|>"], vocab["<|nocaptions|>"], *range(0, 40)],
+        "begin_suppress_tokens": [end, *range(40, 80)],
+    }
+    _write_json(folder / "generation_config.json", generation)
+    extractor = WhisperFeatureExtractor(feature_size=80)
+    extractor.save_pretrained(folder)
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    clips = _clips(folder)
+    greedy_config = GenerationConfig(
+        eos_token_id=end,
+        pad_token_id=end,
+        decoder_start_token_id=start,
+        suppress_tokens=generation["suppress_tokens"],
+        begin_suppress_tokens=generation["begin_suppress_tokens"],
+        do_sample=False,
+        num_beams=1,
+    )
+    records = []
+    with _quiet(), torch.no_grad():
+        for name in clips:
+            with wave.open(str(folder / name)) as reader:
+                samples = np.frombuffer(reader.readframes(reader.getnframes()), "<i2").astype(np.float32) / 32768
+            features = extractor(samples, sampling_rate=16000, return_tensors="pt").input_features
+            encoded = model.model.encoder(input_features=features)
+            # Language detection as transformers does it: the likeliest language token after the start token.
+            logits = model(encoder_outputs=encoded, decoder_input_ids=torch.tensor([[start]])).logits[0, -1]
+            detected = max(languages.values(), key=lambda i: float(logits[i]))
+            record: dict[str, Any] = {"clip": name, "detected": detected}
+            for key, language in (("auto", detected), ("fr", languages["<|fr|>"])):
+                prompt = [start, language, vocab["<|transcribe|>"], vocab["<|notimestamps|>"]]
+                out = GenerationMixin.generate(
+                    model,
+                    input_features=features,
+                    decoder_input_ids=torch.tensor([prompt]),
+                    generation_config=greedy_config,
+                    max_new_tokens=SPEECH_TOKENS,
+                )
+                ids = [int(t) for t in out[0, len(prompt) :]]
+                text = tokenizer.decode([t for t in ids if t != end], skip_special_tokens=True)
+                record[key] = {"prompt": prompt, "ids": ids, "text": text}
+            records.append(record)
+    export_whisper(model, folder)
+    _write_json(folder / "reference.json", {"clips": records, "tokens": SPEECH_TOKENS})
+
+
+def tiny_whisper() -> Path:
+    """The cached tiny Whisper (encoder, first-step decoder, decoder with past; under a minute to export)."""
+    return cached("tiny-whisper", build_tiny_whisper, _whisper_tokenizer, _clips, export_whisper, extra=SPEECH_CLIPS)
+
+
+# ---- multimodal chat -------------------------------------------------------------------------------
+
+#: The image token the tiny LLaVA's prompts carry.
+IMAGE_TOKEN = "<image>"
+#: Questions the multimodal fixture records torch's greedy replies to: (image index or None, text).
+VISION_PROMPTS = ((0, "What is in the picture?"), (2, "Describe it."), (None, "Hello there"))
+
+
+def export_multimodal(model: Any, folder: Path) -> None:
+    """Export one graph per module, as transformers.js lays them out: vision_encoder, embed_tokens, decoder."""
+    import torch
+    from transformers import DynamicCache
+
+    config = model.config.text_config
+    layers, kv_heads = config.num_hidden_layers, config.num_key_value_heads
+    head_dim = config.hidden_size // config.num_attention_heads
+    strategy = model.config.vision_feature_select_strategy
+    layer = model.config.vision_feature_layer
+
+    class Vision(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, pixel_values: Any) -> Any:
+            out = self.model.get_image_features(
+                pixel_values=pixel_values, vision_feature_layer=layer, vision_feature_select_strategy=strategy
+            )
+            return torch.stack(list(out.pooler_output))
+
+    class Embed(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = model.get_input_embeddings()
+
+        def forward(self, input_ids: Any) -> Any:
+            return self.embed(input_ids)
+
+    class Decoder(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.language = model.model.language_model
+            self.head = model.lm_head
+
+        def forward(self, inputs_embeds: Any, attention_mask: Any, position_ids: Any, *past: Any) -> Any:
+            cache = DynamicCache([(past[2 * i], past[2 * i + 1]) for i in range(layers)], config=config)
+            out = self.language(
+                inputs_embeds=inputs_embeds,
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+                past_key_values=cache,
+                use_cache=True,
+            )
+            present = [t for item in out.past_key_values.layers for t in (item.keys, item.values)]
+            return (self.head(out.last_hidden_state), *present)
+
+    onnx = folder / "onnx"
+    onnx.mkdir(parents=True, exist_ok=True)
+    kv = [f"{i}.{part}" for i in range(layers) for part in ("key", "value")]
+    axes: dict[str, dict[int, str]] = {
+        "inputs_embeds": {0: "batch", 1: "sequence"},
+        "attention_mask": {0: "batch", 1: "total"},
+        "position_ids": {0: "batch", 1: "sequence"},
+        "logits": {0: "batch", 1: "sequence"},
+    }
+    for n in kv:
+        axes[f"past_key_values.{n}"] = {0: "batch", 2: "past"}
+        axes[f"present.{n}"] = {0: "batch", 2: "total"}
+    size = model.config.vision_config.image_size
+    with _quiet(), torch.no_grad():
+        torch.onnx.export(
+            Vision().eval(),
+            (torch.zeros(1, 3, size, size),),
+            str(onnx / "vision_encoder.onnx"),
+            input_names=["pixel_values"],
+            output_names=["image_features"],
+            dynamic_axes={"pixel_values": {0: "batch"}, "image_features": {0: "batch"}},
+            opset_version=17,
+            dynamo=False,
+        )
+        torch.onnx.export(
+            Embed().eval(),
+            (torch.tensor([[1, 2, 3]]),),
+            str(onnx / "embed_tokens.onnx"),
+            input_names=["input_ids"],
+            output_names=["inputs_embeds"],
+            dynamic_axes={"input_ids": {0: "batch", 1: "sequence"}, "inputs_embeds": {0: "batch", 1: "sequence"}},
+            opset_version=17,
+            dynamo=False,
+        )
+        # Traced with 3 cached and 2 new positions so that neither length is a constant in the graph.
+        past = [torch.randn(1, kv_heads, 3, head_dim) for _ in kv]
+        example = (torch.randn(1, 2, config.hidden_size), torch.ones(1, 5, dtype=torch.int64), torch.tensor([[3, 4]]))
+        torch.onnx.export(
+            Decoder().eval(),
+            (*example, *past),
+            str(onnx / "decoder_model_merged.onnx"),
+            input_names=["inputs_embeds", "attention_mask", "position_ids", *(f"past_key_values.{n}" for n in kv)],
+            output_names=["logits", *(f"present.{n}" for n in kv)],
+            dynamic_axes=axes,
+            opset_version=17,
+            dynamo=False,
+        )
+
+
+def build_tiny_llava(folder: Path) -> None:
+    """A random LLaVA (2-layer CLIP vision tower, 2-layer llama) over a character vocabulary; torch's replies."""
+    import torch
+    from PIL import Image
+    from tokenizers import AddedToken, Tokenizer
+    from transformers import (
+        AutoTokenizer,
+        CLIPImageProcessor,
+        CLIPVisionConfig,
+        LlamaConfig,
+        LlavaConfig,
+        LlavaForConditionalGeneration,
+    )
+
+    _char_tokenizer(folder)
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tokenizer.add_special_tokens([AddedToken(IMAGE_TOKEN, special=True, normalized=False)])
+    tokenizer.save(str(folder / "tokenizer.json"))
+    image_id = tokenizer.token_to_id(IMAGE_TOKEN)
+    torch.manual_seed(0)
+    vision = CLIPVisionConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, image_size=32, patch_size=8
+    )
+    text = LlamaConfig(
+        vocab_size=tokenizer.get_vocab_size(),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        bos_token_id=None,
+        eos_token_id=2,
+        pad_token_id=2,
+    )
+    config = LlavaConfig(
+        vision_config=vision,
+        text_config=text,
+        image_token_index=image_id,
+        vision_feature_select_strategy="default",
+        vision_feature_layer=-1,
+        image_seq_length=16,
+        architectures=["LlavaForConditionalGeneration"],
+    )
+    model = LlavaForConditionalGeneration(config).eval()
+    config.save_pretrained(folder)
+    _write_json(folder / "generation_config.json", {"eos_token_id": 2, "pad_token_id": 2})
+    processor = CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
+    processor.save_pretrained(folder)
+    images = _test_images(folder)
+    chat = AutoTokenizer.from_pretrained(str(folder))
+    replies = []
+    with _quiet(), torch.no_grad():
+        for picture, question in VISION_PROMPTS:
+            # Image blocks reach the template as the image token on a line of its own, before the text.
+            content = question if picture is None else f"{IMAGE_TOKEN}\n{question}"
+            rendered = chat.apply_chat_template(
+                [{"role": "user", "content": content}], add_generation_prompt=True, tokenize=True, return_dict=True
+            )
+            ids = [int(t) for t in rendered["input_ids"]]
+            expanded = [t for i in ids for t in ([i] * config.image_seq_length if i == image_id else [i])]
+            inputs: dict[str, Any] = {"input_ids": torch.tensor([expanded])}
+            inputs["attention_mask"] = torch.ones_like(inputs["input_ids"])
+            if picture is not None:
+                image = Image.open(folder / images[picture]).convert("RGB")
+                inputs["pixel_values"] = processor(images=image, return_tensors="pt")["pixel_values"]
+            out = model.generate(**inputs, max_new_tokens=CHAT_TOKENS, do_sample=False, eos_token_id=2, pad_token_id=2)
+            reply = [int(t) for t in out[0, len(expanded) :]]
+            replies.append(
+                {"image": None if picture is None else images[picture], "question": question, "reply_ids": reply}
+            )
+    export_multimodal(model, folder)
+    _write_json(folder / "reference.json", {"replies": replies, "image_tokens": config.image_seq_length})
+
+
+def tiny_llava() -> Path:
+    """The cached tiny LLaVA, one graph per module (a few seconds to export)."""
+    return cached(
+        "tiny-llava",
+        build_tiny_llava,
+        _char_tokenizer,
+        _test_images,
+        export_multimodal,
+        extra=[VISION_IMAGES, VISION_PROMPTS, IMAGE_TOKEN],
+    )
+
+
 def tiny_llama() -> Path:
     """The cached tiny llama folder (exported on first use, a few seconds)."""
     return cached("tiny-llama", build_tiny_llama, _char_tokenizer, _chat_references, greedy, export_decoder)
@@ -474,6 +1200,16 @@ def minilm() -> Path:
 
 
 if __name__ == "__main__":
-    # Warm the cache: python onnx_exports.py [tiny_llama smollm2 minilm]
-    for recipe in sys.argv[1:] or ["tiny_llama", "minilm", "smollm2"]:
+    # Warm the cache: python onnx_exports.py [tiny_llama smollm2 minilm tiny_vit tiny_yolos …]
+    defaults = [
+        "tiny_llama",
+        "minilm",
+        "text_classifier",
+        "token_classifier",
+        "tiny_vit",
+        "tiny_yolos",
+        "tiny_whisper",
+        "smollm2",
+    ]
+    for recipe in sys.argv[1:] or defaults:
         print(globals()[recipe]())

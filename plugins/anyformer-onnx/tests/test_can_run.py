@@ -48,7 +48,7 @@ def test_text_diffusion_tag_is_model() -> None:
     assert "text-diffusion" in verdict.reason
 
 
-@pytest.mark.parametrize("task", ["image-classification", "automatic-speech-recognition", "summarization"])
+@pytest.mark.parametrize("task", ["zero-shot-image-classification", "summarization"])
 def test_task_outside_the_set_is_task(task: str) -> None:
     verdict = _verdict(_model([("onnx/model.onnx", 10**6)]), task=task)
     assert _refusal(verdict) == Refusal.TASK
@@ -56,8 +56,35 @@ def test_task_outside_the_set_is_task(task: str) -> None:
 
 
 def test_a_head_this_version_does_not_run_is_task() -> None:
-    model = _model([("onnx/model.onnx", 10**6)], config={"architectures": ["ViTForImageClassification"]})
-    assert _refusal(_verdict(model)) == Refusal.TASK
+    model = _model([("onnx/model.onnx", 10**6)], config={"architectures": ["BertForMaskedLM"]}, task="fill-mask")
+    verdict = _verdict(model)
+    assert _refusal(verdict) == Refusal.TASK
+    assert "fill-mask" in verdict.reason
+
+
+def test_image_text_to_text_without_a_vision_encoder_is_model() -> None:
+    model = _model([("onnx/model.onnx", 10**6)], config={"architectures": ["LlavaForConditionalGeneration"]})
+    verdict = _verdict(model)
+    assert _refusal(verdict) == Refusal.MODEL
+    assert "vision_encoder" in verdict.reason
+
+
+def test_an_image_classifier_is_accepted_with_its_preprocessor_config() -> None:
+    files = [("onnx/model.onnx", 10**6), ("preprocessor_config.json", 10), ("config.json", 10)]
+    model = _model(files, config={"architectures": ["ViTForImageClassification"]})
+    verdict = _verdict(model)
+    assert verdict.ok and verdict.estimate.details["task"] == "image-classification"
+    bare = _model(files[:1], config={"architectures": ["ViTForImageClassification"]})
+    verdict = _verdict(bare)
+    assert _refusal(verdict) == Refusal.FORMAT
+    assert "preprocessor_config.json" in verdict.reason
+
+
+@pytest.mark.parametrize(("kind", "refusal"), [("detr", None), ("yolos", None), ("rt_detr", Refusal.MODEL)])
+def test_object_detection_reads_detr_style_heads_only(kind: str, refusal: Refusal | None) -> None:
+    files = [("onnx/model.onnx", 10**6), ("preprocessor_config.json", 10)]
+    model = _model(files, config={"architectures": ["XForObjectDetection"], "model_type": kind})
+    assert _refusal(_verdict(model)) == refusal
 
 
 def test_no_graph_at_a_known_path_is_format() -> None:
@@ -67,13 +94,44 @@ def test_no_graph_at_a_known_path_is_format() -> None:
     assert "known path" in verdict.reason
 
 
-def test_per_module_graphs_are_model() -> None:
-    files = [
-        ("onnx/embed_tokens.onnx", 10**6),
-        ("onnx/vision_encoder.onnx", 10**6),
-        ("onnx/decoder_model_merged.onnx", 10**6),
-    ]
-    assert _refusal(_verdict(_model(files, task="text-generation"))) == Refusal.MODEL
+_MODULES = [
+    ("onnx/embed_tokens.onnx", 10**6),
+    ("onnx/vision_encoder.onnx", 2 * 10**6),
+    ("onnx/decoder_model_merged.onnx", 3 * 10**6),
+    ("onnx/decoder_model_merged_q4.onnx", 10**6),
+    ("preprocessor_config.json", 10),
+]
+_LLAVA = {
+    "architectures": ["LlavaForConditionalGeneration"],
+    "text_config": {"num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 64},
+}
+
+
+def test_per_module_graphs_are_image_chat() -> None:
+    verdict = _verdict(_model(_MODULES, config=_LLAVA))
+    assert verdict.ok, verdict.reason
+    assert verdict.estimate.details["task"] == "image-text-to-text"
+    # q4 lacks its embed_tokens and vision_encoder: the fp32 set is read, the KV cache from text_config.
+    assert set(verdict.estimate.files) == {name for name, _ in _MODULES[:3]}
+    assert verdict.estimate.details["precision"] == "fp32"
+    assert _verdict(_model(_MODULES, config=_LLAVA, task="text-generation")).ok
+
+
+@pytest.mark.parametrize(
+    ("files", "task", "refusal", "words"),
+    [
+        (_MODULES[1:], None, Refusal.MODEL, "embed_tokens"),
+        (_MODULES[:4], None, Refusal.FORMAT, "preprocessor_config.json"),
+        (_MODULES, "feature-extraction", Refusal.MODEL, "chat only"),
+        ([("onnx/audio_encoder.onnx", 10), *_MODULES[2:]], None, Refusal.MODEL, "audio"),
+    ],
+)
+def test_per_module_graphs_missing_a_part_are_refused(
+    files: list[tuple[str, int]], task: str | None, refusal: Refusal, words: str
+) -> None:
+    verdict = _verdict(_model(files, config=_LLAVA), **({"task": task} if task else {}))
+    assert _refusal(verdict) == refusal
+    assert words in verdict.reason
 
 
 def test_memory_counts_graph_external_data_and_kv_cache() -> None:
@@ -177,3 +235,59 @@ def test_a_precision_the_repo_lacks_is_format_naming_it() -> None:
     chosen = _verdict(_model(_LAYOUT), options={"precision": "fp16"})
     assert chosen.ok and chosen.estimate is not None
     assert chosen.estimate.files == ("onnx/model_fp16.onnx",)
+
+
+_WHISPER_FILES = [
+    ("onnx/encoder_model.onnx", 10**6),
+    ("onnx/decoder_model.onnx", 2 * 10**6),
+    ("onnx/decoder_with_past_model.onnx", 2 * 10**6),
+    ("onnx/decoder_model_merged.onnx", 2 * 10**6),
+    ("onnx/encoder_model_q4.onnx", 10**5),
+    ("onnx/decoder_model_q4.onnx", 10**5),
+    ("preprocessor_config.json", 10),
+    ("tokenizer.json", 10),
+    ("generation_config.json", 10),
+]
+_WHISPER_CONFIG = {"architectures": ["WhisperForConditionalGeneration"], "model_type": "whisper"}
+
+
+def test_a_whisper_export_is_speech_recognition_with_all_three_graphs() -> None:
+    verdict = _verdict(_model(_WHISPER_FILES, config=_WHISPER_CONFIG))
+    assert verdict.ok, verdict.reason
+    assert verdict.estimate.details["task"] == "automatic-speech-recognition"
+    # q4 lacks its decoder_with_past graph: the fp32 set, all three parts, is read and counted.
+    assert verdict.estimate.details["precision"] == "fp32"
+    assert set(verdict.estimate.files) == {name for name, _ in _WHISPER_FILES[:3]}
+    assert verdict.estimate.disk_bytes == 5 * 10**6
+
+
+@pytest.mark.parametrize(
+    ("drop", "refusal", "words"),
+    [
+        ("onnx/decoder_with_past_model.onnx", Refusal.FORMAT, "decoder_with_past_model"),
+        ("preprocessor_config.json", Refusal.FORMAT, "preprocessor_config.json"),
+        ("generation_config.json", Refusal.FORMAT, "generation_config.json"),
+    ],
+)
+def test_a_whisper_export_missing_a_part_is_refused(drop: str, refusal: Refusal, words: str) -> None:
+    files = [entry for entry in _WHISPER_FILES if entry[0] != drop]
+    verdict = _verdict(_model(files, config=_WHISPER_CONFIG))
+    assert _refusal(verdict) == refusal
+    assert words in verdict.reason
+
+
+def test_a_ctc_speech_model_is_model() -> None:
+    config = {"architectures": ["Wav2Vec2ForCTC"], "model_type": "wav2vec2"}
+    verdict = _verdict(_model([("onnx/model.onnx", 10**6), ("preprocessor_config.json", 10)], config=config))
+    assert _refusal(verdict) == Refusal.MODEL
+    assert "Whisper" in verdict.reason
+
+
+@pytest.mark.parametrize(
+    ("architecture", "refusal"),
+    [("SegformerForSemanticSegmentation", None), ("Mask2FormerForUniversalSegmentation", Refusal.MODEL)],
+)
+def test_image_segmentation_reads_semantic_heads_only(architecture: str, refusal: Refusal | None) -> None:
+    files = [("onnx/model.onnx", 10**6), ("preprocessor_config.json", 10)]
+    model = _model(files, config={"architectures": [architecture]})
+    assert _refusal(_verdict(model, task="image-segmentation")) == refusal

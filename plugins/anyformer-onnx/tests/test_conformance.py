@@ -27,7 +27,7 @@ class _OnnxKit(BackendConformance):
         RefusalCase(
             {"repo": "org/o", "files": [{"name": "onnx/model.onnx", "size": 10**6}]},
             {},
-            {"task": "image-classification"},
+            {"task": "summarization"},
             Refusal.TASK,
         ),
         RefusalCase(
@@ -70,3 +70,14 @@ class TestTinyLlamaConformance(_OnnxKit):
     @classmethod
     def sample_model(cls, tiny_llama_dir: Path) -> Model:
         return anyformer.describe(tiny_llama_dir)
+
+
+class TestTinyLlavaConformance(_OnnxKit):
+    """A tiny random LLaVA exported with one graph per module: the kit with image blocks streaming."""
+
+    supports_images = True
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def sample_model(cls, llava_dir: Path) -> Model:
+        return anyformer.describe(llava_dir)

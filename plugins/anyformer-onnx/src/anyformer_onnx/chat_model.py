@@ -9,6 +9,7 @@ from anyformer.plugin import AnyformerError, Chunk, ErrorCode, GenerateOptions, 
 from anyformer_onnx import BACKEND_ID
 from anyformer_onnx.decoder import DecodeLoop, DecoderGraph
 from anyformer_onnx.detokenizer import IncrementalDetokenizer
+from anyformer_onnx.multimodal import ImagePrompter
 from anyformer_onnx.sampling import Sampler
 from anyformer_onnx.tasks import TEXT_GENERATION
 from anyformer_onnx.text_setup import TextSetup
@@ -20,9 +21,22 @@ class OnnxChatModel:
     backend = BACKEND_ID
     task = TEXT_GENERATION
 
-    def __init__(self, graph: DecoderGraph, text: TextSetup, *, device: str, context: int, details: dict[str, Any]):
+    def __init__(
+        self,
+        graph: DecoderGraph,
+        text: TextSetup,
+        *,
+        device: str,
+        context: int,
+        details: dict[str, Any],
+        images: ImagePrompter | None = None,
+        task: str = TEXT_GENERATION,
+    ):
+        self.task = task
         self._graph: DecoderGraph | None = graph
-        self._loop: DecodeLoop | None = DecodeLoop(graph, device)
+        #: What reads image blocks (a multimodal export); None for a text-only model.
+        self.images = images
+        self._loop: DecodeLoop | None = DecodeLoop(graph, device, images.embed if images else None)
         self.text = text
         self.context = context
         #: What was loaded: file, precision, provider (shown by ``anyformer run --verbose`` and tests).
@@ -39,6 +53,8 @@ class OnnxChatModel:
         """Drop the session (onnxruntime frees it with the last reference); safe to call twice."""
         self._loop = None
         self._graph = None
+        if self.images is not None:
+            self.images.close()
 
     def sampler(self, options: GenerateOptions) -> Sampler:
         """The sampler for one call: the model's top-k and top-p unless ``options.extra`` overrides them."""
@@ -60,11 +76,15 @@ class OnnxChatModel:
     def stream(self, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk]:
         """Check the request (``BAD_REQUEST`` before any work), then return the chunk stream."""
         loop = self.loop
-        if has_images(messages):
+        embeds = None
+        if self.images is not None:
+            prompt, embeds = self.images.prompt(messages, options.thinking)
+        elif has_images(messages):
             raise AnyformerError(
                 ErrorCode.BAD_REQUEST, f"{self.details.get('file')} is a text-only model: no image blocks"
             )
-        prompt = self.text.prompt_ids(messages, options.thinking)
+        else:
+            prompt = self.text.prompt_ids(messages, options.thinking)
         if len(prompt) >= self.context:
             raise AnyformerError(
                 ErrorCode.BAD_REQUEST,
@@ -73,7 +93,7 @@ class OnnxChatModel:
         sampler = self.sampler(options)
         penalty = self.penalty(options)
         limit = min(options.max_new_tokens, self.context - len(prompt))
-        return self._chunks(loop, prompt, sampler, penalty, limit, options)
+        return self._chunks(loop, prompt, sampler, penalty, limit, options, embeds)
 
     def _chunks(
         self,
@@ -83,11 +103,14 @@ class OnnxChatModel:
         penalty: float,
         limit: int,
         options: GenerateOptions,
+        embeds: Any = None,
     ) -> Iterator[Chunk]:
         text = IncrementalDetokenizer(self.text.tokenizer)
         size = len(prompt)
         count = 0
-        tokens = loop.tokens(prompt, sampler, limit=limit, stop_ids=self.text.eos_ids, penalty=penalty)
+        tokens = loop.tokens(
+            prompt, sampler, limit=limit, stop_ids=self.text.eos_ids, penalty=penalty, prompt_embeds=embeds
+        )
         try:
             while not options.cancel.is_set():
                 token = next(tokens, None)

@@ -42,15 +42,17 @@ def labels_of(config: Mapping[str, Any], width: int | None = None) -> dict[int, 
     return labels
 
 
-def _softmax(logits: np.ndarray) -> np.ndarray:
+def softmax(logits: np.ndarray) -> np.ndarray:
+    """A softmax over the last axis."""
     shifted = np.exp(logits - logits.max(axis=-1, keepdims=True))
     return shifted / shifted.sum(axis=-1, keepdims=True)
 
 
-def _scores(logits: np.ndarray, function: str) -> np.ndarray:
+def apply_function(logits: np.ndarray, function: str) -> np.ndarray:
+    """Scores from logits by ``function``: ``softmax``, ``sigmoid`` or ``none`` (float64)."""
     values = logits.astype(np.float64)
     if function == "softmax":
-        return _softmax(values)
+        return softmax(values)
     if function == "sigmoid":
         return 1.0 / (1.0 + np.exp(-values))
     return values
@@ -107,7 +109,7 @@ class OnnxClassifierModel:
         function = self._function(function_to_apply)
         results: list[Any] = []
         for _, _, logits in self.encoder.batches(texts, self._output):
-            for row in _scores(logits, function):
+            for row in apply_function(logits, function):
                 order = sorted(range(row.shape[0]), key=lambda i: (-row[i], i))
                 ranked = [{"label": self._label(i), "score": float(row[i])} for i in order]
                 if top_k is _UNSET:
@@ -126,7 +128,7 @@ class OnnxClassifierModel:
         ignored = set(ignore_labels)
         results: list[list[dict[str, Any]]] = []
         for encodings, _, logits in self.encoder.batches(texts, self._output):
-            for encoding, rows in zip(encodings, _softmax(logits.astype(np.float64)), strict=True):
+            for encoding, rows in zip(encodings, softmax(logits.astype(np.float64)), strict=True):
                 entities = []
                 for index, row in enumerate(rows):
                     if encoding.special_tokens_mask[index] or not encoding.attention_mask[index]:

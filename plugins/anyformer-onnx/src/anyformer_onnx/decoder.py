@@ -1,6 +1,8 @@
 """The decode loop of a decoder-only ONNX graph on onnxruntime, with its past key values kept in place.
 
-The graph takes ``input_ids``, ``attention_mask``, ``position_ids`` (when it has them) and
+The graph takes ``input_ids`` (or ``inputs_embeds``, the decoder of a multimodal export, whose
+embeddings come from its ``embed_tokens`` graph and its vision encoder), ``attention_mask``,
+``position_ids`` (when it has them) and
 ``past_key_values.N.key/value``, and returns ``logits`` and ``present.N.key/value``: the names
 optimum's and transformers.js's exporters use. Each step binds the previous step's ``present``
 OrtValues as the next step's ``past`` through IO binding, so the cache never round-trips through
@@ -11,7 +13,7 @@ itself still concatenates each new position onto the past (that is how these exp
 from __future__ import annotations
 
 import re
-from collections.abc import Generator, Mapping
+from collections.abc import Callable, Generator, Mapping
 from typing import Any
 
 import numpy as np
@@ -37,7 +39,9 @@ class DecoderGraph:
         self.label = label
         inputs = {i.name: i for i in session.get_inputs()}
         outputs = [o.name for o in session.get_outputs()]
-        if "input_ids" not in inputs or "logits" not in outputs:
+        #: The graph reads embeddings rather than token ids (a multimodal export's decoder).
+        self.takes_embeds = "inputs_embeds" in inputs and "input_ids" not in inputs
+        if not ("input_ids" in inputs or self.takes_embeds) or "logits" not in outputs:
             raise AnyformerError(ErrorCode.BAD_MODEL, f"{label}: not a decoder graph (no input_ids → logits)")
         past = sorted(
             (m for m in (_PAST.match(name) for name in inputs) if m), key=lambda m: (int(m.group(1)), m.group(2))
@@ -53,7 +57,7 @@ class DecoderGraph:
         self.has_positions = "position_ids" in inputs
         self.logits_to_keep = next((name for name in _LOGITS_TO_KEEP if name in inputs), None)
         self.has_cache_branch = "use_cache_branch" in inputs
-        known = {"input_ids", "attention_mask", "position_ids", "use_cache_branch", *_LOGITS_TO_KEEP}
+        known = {"input_ids", "inputs_embeds", "attention_mask", "position_ids", "use_cache_branch", *_LOGITS_TO_KEEP}
         unknown = [name for name in inputs if name not in known and name not in self.past_names]
         if unknown:
             raise AnyformerError(
@@ -85,12 +89,16 @@ class DecoderGraph:
 class DecodeLoop:
     """Runs one generation: the prompt in one step, then one token per step, the cache bound in place."""
 
-    def __init__(self, graph: DecoderGraph, device: str) -> None:
+    def __init__(self, graph: DecoderGraph, device: str, embed: Callable[[list[int]], np.ndarray] | None = None):
         import onnxruntime
 
         self._ort = onnxruntime
         self.graph = graph
         self.device = device  # "cpu" or "cuda"
+        #: Token ids to embeddings [1, n, hidden], for a graph that reads ``inputs_embeds``.
+        self.embed = embed
+        if graph.takes_embeds and embed is None:
+            raise AnyformerError(ErrorCode.BAD_MODEL, f"{graph.label}: reads inputs_embeds and no embed_tokens graph")
 
     def _value(self, array: np.ndarray) -> Any:
         return self._ort.OrtValue.ortvalue_from_numpy(array, self.device, 0)
@@ -100,11 +108,21 @@ class DecodeLoop:
         empty = np.zeros((1, heads, 0, head_dim), dtype=self.graph.kv_dtype)
         return {name: self._value(empty) for name in self.graph.past_names}
 
-    def _step(self, ids: list[int], total: int, cache: dict[str, Any]) -> tuple[np.ndarray, dict[str, Any]]:
-        """Run the graph on ``ids`` (the last of ``total`` positions); return the last logits and the new cache."""
+    def _step(
+        self, ids: list[int], total: int, cache: dict[str, Any], embeds: np.ndarray | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        """Run the graph on ``ids`` (the last of ``total`` positions); return the last logits and the new cache.
+
+        ``embeds`` [1, len(ids), hidden], when given, are fed for a graph that reads embeddings
+        (a prompt whose image positions hold the vision encoder's features).
+        """
         graph = self.graph
         binding = graph.session.io_binding()
-        binding.bind_cpu_input("input_ids", np.asarray([ids], dtype=np.int64))
+        if graph.takes_embeds:
+            assert self.embed is not None
+            binding.bind_cpu_input("inputs_embeds", self.embed(ids) if embeds is None else embeds)
+        else:
+            binding.bind_cpu_input("input_ids", np.asarray([ids], dtype=np.int64))
         if graph.has_mask:
             binding.bind_cpu_input("attention_mask", np.ones((1, total), dtype=np.int64))
         if graph.has_positions:
@@ -132,18 +150,23 @@ class DecodeLoop:
         limit: int,
         stop_ids: frozenset[int],
         penalty: float = 1.0,
+        prompt_embeds: np.ndarray | None = None,
     ) -> Generator[int, None, None]:
         """Yield up to ``limit`` new token ids; an id in ``stop_ids`` is yielded and ends the loop.
 
-        A graph without past inputs is run on the whole sequence each step (slower, still correct).
+        ``prompt_embeds`` replaces the embeddings of the prompt's tokens (images spliced in); it
+        needs a graph with a cache. A graph without past inputs is run on the whole sequence each
+        step (slower, still correct).
         """
         sequence = list(prompt)
         with_cache = bool(self.graph.past_names)
         cache = self._empty_cache() if with_cache else {}
         pending = list(prompt)
-        for _ in range(limit):
+        if prompt_embeds is not None and not with_cache:
+            raise AnyformerError(ErrorCode.BAD_MODEL, f"{self.graph.label}: images need a decoder with a cache")
+        for step in range(limit):
             feed = pending if with_cache else sequence
-            logits, cache = self._step(feed, len(sequence), cache)
+            logits, cache = self._step(feed, len(sequence), cache, prompt_embeds if step == 0 else None)
             apply_repetition_penalty(logits, sequence, penalty)
             token = sampler.choose(logits)
             yield token

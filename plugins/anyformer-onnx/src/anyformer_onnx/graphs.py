@@ -37,6 +37,10 @@ _ORDER: dict[str, tuple[str, ...]] = {
 #: Graph stems by task family: decoders (chat) and single-graph encoders (embeddings, classifiers).
 DECODER_STEMS = ("model", "decoder_model_merged")
 ENCODER_STEMS = ("model",)
+#: The graphs of a speech encoder-decoder in optimum's split layout, all three needed, in this order.
+SPEECH_STEMS = ("encoder_model", "decoder_model", "decoder_with_past_model")
+#: The graphs of a multimodal chat export with one graph per module, all needed, of one precision.
+VISION_CHAT_STEMS = ("embed_tokens", "decoder_model_merged", "vision_encoder")
 #: Graphs of a repo with one graph per module (a multimodal chat model); not read by this version.
 MODULE_STEMS = ("embed_tokens", "vision_encoder", "audio_encoder", "speech_encoder")
 
@@ -132,6 +136,52 @@ def choose_graph(model: Model, stems: Sequence[str], device: str, wanted: str | 
         found = matching
     suffix, graph = min(found, key=lambda item: order.index(item[0]))
     return GraphChoice(graph, external_data_of(model, graph), PRECISIONS[suffix])
+
+
+@dataclasses.dataclass(frozen=True)
+class GraphSet:
+    """Several graphs one load opens together (an encoder-decoder's parts), all of one precision."""
+
+    parts: tuple[GraphChoice, ...]
+
+    @property
+    def graph(self) -> ModelFile:
+        """The first part's graph (the one named in an estimate's details)."""
+        return self.parts[0].graph
+
+    @property
+    def data(self) -> tuple[ModelFile, ...]:
+        """Every part's external data files."""
+        return tuple(f for part in self.parts for f in part.data)
+
+    @property
+    def precision(self) -> str:
+        """The precision every part shares."""
+        return self.parts[0].precision
+
+    @property
+    def files(self) -> tuple[str, ...]:
+        """The repo file names a load reads for every part."""
+        return tuple(name for part in self.parts for name in part.files)
+
+    @property
+    def size(self) -> int:
+        """Bytes of every part and its external data."""
+        return sum(part.size for part in self.parts)
+
+
+def choose_graph_set(model: Model, stems: Sequence[str], device: str, wanted: str | None = None) -> GraphSet | None:
+    """One graph per stem, all of the same precision suffix and folder, the best precision for ``device`` first."""
+    by_name = {f.name: f for f in model.files}
+    for suffix in _ORDER.get(device, _ORDER["cpu"]):
+        if wanted is not None and PRECISIONS[suffix] != wanted and suffix.lstrip("_") != wanted:
+            continue
+        for folder in _FOLDERS:
+            found = [by_name.get(f"{folder}{stem}{suffix}.onnx") for stem in stems]
+            graphs = [f for f in found if f is not None]
+            if len(graphs) == len(stems):
+                return GraphSet(tuple(GraphChoice(f, external_data_of(model, f), PRECISIONS[suffix]) for f in graphs))
+    return None
 
 
 def module_graphs(model: Model) -> list[str]:

@@ -30,12 +30,42 @@ from anyformer_onnx.decoder import DecoderGraph
 from anyformer_onnx.embedding_model import OnnxEmbeddingModel, pooling_of
 from anyformer_onnx.encoder import EncoderGraph
 from anyformer_onnx.estimate import context_for
-from anyformer_onnx.graphs import choose_graph
+from anyformer_onnx.graphs import (
+    SPEECH_STEMS,
+    VISION_CHAT_STEMS,
+    GraphChoice,
+    GraphSet,
+    choose_graph,
+    choose_graph_set,
+    module_graphs,
+)
+from anyformer_onnx.image_preprocessing import ImagePreprocessor
+from anyformer_onnx.log_mel import LogMel
+from anyformer_onnx.multimodal import ImagePrompter, image_token_id
 from anyformer_onnx.ort_session import open_session
-from anyformer_onnx.plugin import stems_for
+from anyformer_onnx.plugin import PREPROCESSOR_CONFIG, SPEECH_FILES, stems_for
 from anyformer_onnx.runtime import CUDA, available_providers, choose_provider
-from anyformer_onnx.tasks import CLASSIFICATION_TASKS, EMBEDDING_TASKS, TASKS, TEXT_GENERATION, task_of
-from anyformer_onnx.text_setup import TEXT_FILES, load_text_setup, present_text_files
+from anyformer_onnx.speech_model import OnnxSpeechRecognizerModel, WhisperGraphs
+from anyformer_onnx.tasks import (
+    CHAT_TASKS,
+    CLASSIFICATION_TASKS,
+    DEPTH_ESTIMATION,
+    EMBEDDING_TASKS,
+    IMAGE_CLASSIFICATION,
+    IMAGE_SEGMENTATION,
+    IMAGE_TASKS,
+    SPEECH_RECOGNITION,
+    TASKS,
+    task_of,
+)
+from anyformer_onnx.text_setup import TEXT_FILES, load_text_setup, load_tokenizer, present_text_files
+from anyformer_onnx.vision_models import (
+    OnnxDepthEstimatorModel,
+    OnnxImageClassifierModel,
+    OnnxObjectDetectorModel,
+    OnnxSegmenterModel,
+    VisionGraph,
+)
 
 POOLING_CONFIG = "1_Pooling/config.json"
 
@@ -67,9 +97,24 @@ def open_model(model: Model, request: Request, progress: ProgressCallback) -> Ba
     wanted_provider = {"cuda": CUDA, "cpu": "CPUExecutionProvider", None: None}.get(_option(request, "provider"))
     provider = choose_provider(available_providers(), wanted_provider)
     device = "cuda" if provider == CUDA else "cpu"
+    if task == SPEECH_RECOGNITION:
+        graphs = choose_graph_set(model, SPEECH_STEMS, device, _option(request, "precision"))
+        if graphs is None:
+            raise AnyformerError(
+                ErrorCode.NO_BACKEND, f"{model.ref}: no {', '.join(SPEECH_STEMS)} graphs at known paths"
+            )
+        return _open_speech_model(model, request, progress, graphs, provider)
+    if task in CHAT_TASKS and module_graphs(model):
+        modules = choose_graph_set(model, VISION_CHAT_STEMS, device, _option(request, "precision"))
+        if modules is None:
+            wanted = ", ".join(VISION_CHAT_STEMS)
+            raise AnyformerError(ErrorCode.NO_BACKEND, f"{model.ref}: no {wanted} graphs of one precision")
+        return _open_vision_chat(model, request, progress, modules, provider, task)
     choice = choose_graph(model, stems_for(task), device, _option(request, "precision"))
     if choice is None:
         raise AnyformerError(ErrorCode.NO_BACKEND, f"{model.ref}: no {task} graph at a known path")
+    if task in IMAGE_TASKS:
+        return _open_vision_model(model, request, progress, task, choice, provider)
     extra = present_text_files(model)
     if task in EMBEDDING_TASKS and model.file(POOLING_CONFIG) is not None:
         extra.append(POOLING_CONFIG)
@@ -86,7 +131,7 @@ def open_model(model: Model, request: Request, progress: ProgressCallback) -> Ba
         ProgressEvent(stage="load", backend=BACKEND_ID, file=choice.graph.name, done=choice.size, total=choice.size)
     )
     details: dict[str, Any] = {"file": choice.graph.name, "precision": choice.precision, "provider": actual}
-    if task == TEXT_GENERATION:
+    if task in CHAT_TASKS:
         config = text.config or model.config
         graph = DecoderGraph(session, config, label)
         context = context_for(config, request.context)
@@ -98,6 +143,114 @@ def open_model(model: Model, request: Request, progress: ProgressCallback) -> Ba
     pooling_path = paths.get(POOLING_CONFIG)
     pooling = pooling_of(read_config_json(pooling_path, f"{POOLING_CONFIG} of {model.ref}")) if pooling_path else "mean"
     return OnnxEmbeddingModel(encoder, task=task, pooling=pooling, details=details)
+
+
+def _open_vision_chat(
+    model: Model, request: Request, progress: ProgressCallback, graphs: GraphSet, provider: str, task: str
+) -> BackendModel:
+    """Open a multimodal chat export: embed_tokens, a decoder reading embeddings, a vision encoder."""
+    if model.file(PREPROCESSOR_CONFIG) is None:
+        raise AnyformerError(ErrorCode.BAD_MODEL, f"{model.ref}: image chat needs {PREPROCESSOR_CONFIG}")
+    extra = [*present_text_files(model), PREPROCESSOR_CONFIG]
+    paths = fetch_files(model, [*graphs.files, *extra], progress, backend=BACKEND_ID)
+    label = f"{model.ref} ({graphs.graph.name})"
+    text = load_text_setup(paths, label)
+    config = text.config or dict(model.config)
+    token = image_token_id(config)
+    if token is None:
+        raise AnyformerError(ErrorCode.BAD_MODEL, f"{label}: config.json names no image_token_index")
+    preprocessor = ImagePreprocessor.from_config(
+        read_config_json(paths[PREPROCESSOR_CONFIG], f"{PREPROCESSOR_CONFIG} of {label}"), label
+    )
+    progress(ProgressEvent(stage="load", backend=BACKEND_ID, file=graphs.graph.name, total=graphs.size))
+    threads = request.options.get("threads")
+    sessions = []
+    actual = provider
+    for part in graphs.parts:
+        session, actual = open_session(paths[part.graph.name], provider=provider, threads=threads)
+        sessions.append(session)
+    done = ProgressEvent(stage="load", backend=BACKEND_ID, file=graphs.graph.name, done=graphs.size, total=graphs.size)
+    progress(done)
+    embed, decoder, vision = sessions  # in VISION_CHAT_STEMS' order
+    text_config = config.get("text_config")
+    decoder_config = text_config if isinstance(text_config, dict) else config
+    graph = DecoderGraph(decoder, decoder_config, label)
+    images = ImagePrompter(VisionGraph(vision, preprocessor, label), embed, text, token, label)
+    context = context_for(decoder_config, request.context)
+    details: dict[str, Any] = {
+        "files": list(graphs.files),
+        "precision": graphs.precision,
+        "provider": actual,
+        "context": context,
+    }
+    device = "cuda" if actual == CUDA else "cpu"
+    return OnnxChatModel(graph, text, device=device, context=context, details=details, images=images, task=task)
+
+
+def _open_vision_model(
+    model: Model, request: Request, progress: ProgressCallback, task: str, choice: GraphChoice, provider: str
+) -> BackendModel:
+    """Open an image graph with its preprocessing (preprocessor_config.json) and labels (config.json)."""
+    if model.file(PREPROCESSOR_CONFIG) is None:
+        raise AnyformerError(ErrorCode.BAD_MODEL, f"{model.ref}: {task} needs {PREPROCESSOR_CONFIG}")
+    extra = [name for name in ("config.json", PREPROCESSOR_CONFIG) if model.file(name) is not None]
+    paths = fetch_files(model, [*choice.files, *extra], progress, backend=BACKEND_ID)
+    label = f"{model.ref} ({choice.graph.name})"
+    preprocessor = ImagePreprocessor.from_config(
+        read_config_json(paths[PREPROCESSOR_CONFIG], f"{PREPROCESSOR_CONFIG} of {label}"), label
+    )
+    config = read_config_json(paths["config.json"], f"config.json of {label}") if "config.json" in paths else {}
+    progress(ProgressEvent(stage="load", backend=BACKEND_ID, file=choice.graph.name, total=choice.size))
+    session, actual = open_session(paths[choice.graph.name], provider=provider, threads=request.options.get("threads"))
+    progress(
+        ProgressEvent(stage="load", backend=BACKEND_ID, file=choice.graph.name, done=choice.size, total=choice.size)
+    )
+    details: dict[str, Any] = {"file": choice.graph.name, "precision": choice.precision, "provider": actual}
+    graph = VisionGraph(session, preprocessor, label)
+    config = config or dict(model.config)
+    if task == IMAGE_CLASSIFICATION:
+        return OnnxImageClassifierModel(graph, config=config, details=details)
+    if task == IMAGE_SEGMENTATION:
+        return OnnxSegmenterModel(graph, config=config, details=details)
+    if task == DEPTH_ESTIMATION:
+        return OnnxDepthEstimatorModel(graph, details=details)
+    return OnnxObjectDetectorModel(graph, config=config, details=details)
+
+
+def _open_speech_model(
+    model: Model, request: Request, progress: ProgressCallback, graphs: GraphSet, provider: str
+) -> BackendModel:
+    """Open a Whisper-style split export with its log-mel settings, tokenizer and generation config."""
+    missing = [name for name in SPEECH_FILES if model.file(name) is None]
+    if missing:
+        raise AnyformerError(ErrorCode.BAD_MODEL, f"{model.ref}: speech recognition needs {missing[0]}")
+    extra = [name for name in (*SPEECH_FILES, "config.json") if model.file(name) is not None]
+    paths = fetch_files(model, [*graphs.files, *extra], progress, backend=BACKEND_ID)
+    label = f"{model.ref} ({graphs.graph.name})"
+    front_end = LogMel.from_config(
+        read_config_json(paths[PREPROCESSOR_CONFIG], f"{PREPROCESSOR_CONFIG} of {label}"), label
+    )
+    generation = read_config_json(paths["generation_config.json"], f"generation_config.json of {label}")
+    tokenizer = load_tokenizer(paths["tokenizer.json"], label)
+    progress(ProgressEvent(stage="load", backend=BACKEND_ID, file=graphs.graph.name, total=graphs.size))
+    threads = request.options.get("threads")
+    sessions = []
+    actual = provider
+    for part in graphs.parts:
+        session, actual = open_session(paths[part.graph.name], provider=provider, threads=threads)
+        sessions.append(session)
+    progress(
+        ProgressEvent(stage="load", backend=BACKEND_ID, file=graphs.graph.name, done=graphs.size, total=graphs.size)
+    )
+    details: dict[str, Any] = {"files": list(graphs.files), "precision": graphs.precision, "provider": actual}
+    encoder, first, with_past = sessions
+    return OnnxSpeechRecognizerModel(
+        WhisperGraphs(encoder, first, with_past, label),
+        front_end=front_end,
+        tokenizer=tokenizer,
+        generation=generation,
+        details=details,
+    )
 
 
 def stream_of(loaded: BackendModel, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk]:

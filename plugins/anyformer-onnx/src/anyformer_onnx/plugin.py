@@ -22,26 +22,87 @@ from anyformer.plugin import (
 )
 from anyformer_onnx import BACKEND_ID
 from anyformer_onnx.estimate import context_for, kv_cache_bytes, memory_need
-from anyformer_onnx.graphs import DECODER_STEMS, ENCODER_STEMS, GraphChoice, choose_graph, module_graphs
+from anyformer_onnx.graphs import (
+    DECODER_STEMS,
+    ENCODER_STEMS,
+    SPEECH_STEMS,
+    VISION_CHAT_STEMS,
+    GraphChoice,
+    GraphSet,
+    choose_graph,
+    choose_graph_set,
+    module_graphs,
+)
 from anyformer_onnx.runtime import CUDA, INSTALL_HINT, expected_provider, onnxruntime_installed
-from anyformer_onnx.tasks import TASKS, TEXT_GENERATION, task_of
+from anyformer_onnx.tasks import (
+    CHAT_TASKS,
+    DETR_STYLE,
+    IMAGE_SEGMENTATION,
+    IMAGE_TASKS,
+    IMAGE_TEXT_TO_TEXT,
+    OBJECT_DETECTION,
+    SPEECH_RECOGNITION,
+    TASKS,
+    WHISPER_STYLE,
+    task_of,
+)
+
+#: The file every vision task reads its resize, crop and normalisation from.
+PREPROCESSOR_CONFIG = "preprocessor_config.json"
+
+#: What speech recognition reads beside its graphs: the log-mel settings, the tokenizer, the prompt tokens.
+SPEECH_FILES = (PREPROCESSOR_CONFIG, "tokenizer.json", "generation_config.json")
 
 #: Tags of models another engine runs: text diffusion decodes by unmasking, not left to right.
 FOREIGN_TAGS = ("text-diffusion",)
 
 
 def stems_for(task: str) -> tuple[str, ...]:
-    """The graph names a task reads: a decoder for chat, an encoder otherwise."""
-    return DECODER_STEMS if task == TEXT_GENERATION else ENCODER_STEMS
+    """The graph names a task reads: a decoder for chat, three parts for speech, an encoder otherwise."""
+    if task == SPEECH_RECOGNITION:
+        return SPEECH_STEMS
+    return DECODER_STEMS if task in CHAT_TASKS else ENCODER_STEMS
 
 
-def plan(model: Model, caps: Caps, request: Request) -> tuple[str, GraphChoice | None, str]:
-    """The task, the graph a load reads (None: no graph at a known path) and the expected provider."""
+def task_problem(model: Model, task: str) -> tuple[Refusal, str] | None:
+    """Why this model's files or config do not fit ``task`` (None when they do), read from the description."""
+    if task in IMAGE_TASKS and model.file(PREPROCESSOR_CONFIG) is None:
+        return Refusal.FORMAT, f"{task} needs {PREPROCESSOR_CONFIG} (the resize and normalisation), absent here"
+    if task == SPEECH_RECOGNITION:
+        kind = model.config.get("model_type")
+        if kind not in WHISPER_STYLE:
+            return Refusal.MODEL, f"speech model {kind!r}: this backend reads Whisper-style encoder-decoders"
+        missing = [name for name in SPEECH_FILES if model.file(name) is None]
+        if missing:
+            return Refusal.FORMAT, f"automatic-speech-recognition needs {missing[0]}, absent here"
+    if task == IMAGE_SEGMENTATION:
+        architectures = model.config.get("architectures")
+        names = [a for a in architectures if isinstance(a, str)] if isinstance(architectures, list) else []
+        if not any(name.endswith("ForSemanticSegmentation") for name in names):
+            return Refusal.MODEL, "image-segmentation reads semantic heads (…ForSemanticSegmentation) only"
+    if task == OBJECT_DETECTION:
+        kind = model.config.get("model_type")
+        if kind not in DETR_STYLE:
+            return Refusal.MODEL, f"object-detection head {kind!r}: this backend reads {', '.join(DETR_STYLE)} heads"
+    return None
+
+
+def choose_graphs(model: Model, task: str, device: str, wanted: str | None) -> GraphChoice | GraphSet | None:
+    """The graph (or, for speech, the set of graphs) a load of ``task`` reads; None when none is at a known path."""
+    if task == SPEECH_RECOGNITION:
+        return choose_graph_set(model, SPEECH_STEMS, device, wanted)
+    if task in CHAT_TASKS and module_graphs(model):
+        return choose_graph_set(model, VISION_CHAT_STEMS, device, wanted)
+    return choose_graph(model, stems_for(task), device, wanted)
+
+
+def plan(model: Model, caps: Caps, request: Request) -> tuple[str, GraphChoice | GraphSet | None, str]:
+    """The task, the graphs a load reads (None: no graph at a known path) and the expected provider."""
     task = task_of(model, request.task)
     provider = expected_provider(caps.gpu)
     device = "cuda" if provider == CUDA else "cpu"
     wanted = request.options.get("precision")
-    choice = choose_graph(model, stems_for(task), device, wanted if isinstance(wanted, str) else None)
+    choice = choose_graphs(model, task, device, wanted if isinstance(wanted, str) else None)
     return task, choice, provider
 
 
@@ -59,18 +120,41 @@ def can_run(model: Model, caps: Caps, request: Request) -> Verdict:
     if task not in TASKS:
         return Verdict.refuse(BACKEND_ID, Refusal.TASK, f"task {task}; this backend runs {', '.join(TASKS)}")
     modules = module_graphs(model)
-    if modules:
+    if modules and task not in CHAT_TASKS:
+        return Verdict.refuse(BACKEND_ID, Refusal.MODEL, f"one graph per module ({modules[0]}…): read for chat only")
+    if modules and choice is None:
+        needed = ", ".join(VISION_CHAT_STEMS)
         return Verdict.refuse(
-            BACKEND_ID, Refusal.MODEL, f"one graph per module ({modules[0]}…): multimodal ONNX exports are not read yet"
+            BACKEND_ID,
+            Refusal.MODEL,
+            f"one graph per module ({', '.join(modules)}): this backend reads {needed} of one precision "
+            "(audio and speech encoders are not read)",
         )
+    if modules and model.file(PREPROCESSOR_CONFIG) is None:
+        return Verdict.refuse(BACKEND_ID, Refusal.FORMAT, f"image chat needs {PREPROCESSOR_CONFIG}, absent here")
+    if task == IMAGE_TEXT_TO_TEXT and not modules:
+        return Verdict.refuse(
+            BACKEND_ID,
+            Refusal.MODEL,
+            "image-text-to-text needs a vision_encoder graph beside embed_tokens and a decoder",
+        )
+    problem = task_problem(model, task)
+    if problem is not None:
+        return Verdict.refuse(BACKEND_ID, *problem)
     if choice is None:
         where = ", ".join(f"[onnx/]{stem}[_q4|_fp16|…].onnx" for stem in stems_for(task))
+        if task == SPEECH_RECOGNITION:
+            where = f"all of {where}, of one precision"
         wanted = request.options.get("precision")
         which = f"{wanted} " if isinstance(wanted, str) else ""
         return Verdict.refuse(BACKEND_ID, Refusal.FORMAT, f"no {which}{task} graph at a known path ({where})")
     on_gpu = provider == CUDA
-    context = context_for(model.config, request.context) if task == TEXT_GENERATION else 0
-    kv = kv_cache_bytes(model.config, context, 2 if on_gpu else 4) if task == TEXT_GENERATION else 0
+    chat = task in CHAT_TASKS
+    text_config = model.config.get("text_config")
+    # A multimodal config nests its decoder's shapes under text_config.
+    config = text_config if isinstance(text_config, dict) else model.config
+    context = context_for(config, request.context) if chat else 0
+    kv = kv_cache_bytes(config, context, 2 if on_gpu else 4) if chat else 0
     need = memory_need(choice.size, kv)
     details = {
         "file": choice.graph.name,
@@ -79,7 +163,7 @@ def can_run(model: Model, caps: Caps, request: Request) -> Verdict:
         "provider": provider,
         "task": task,
     }
-    if task == TEXT_GENERATION:
+    if chat:
         details["context"] = context
     if on_gpu:
         budget = request.budget_or(caps.gpu_bytes)

@@ -9,9 +9,36 @@ FEATURE_EXTRACTION = "feature-extraction"
 SENTENCE_SIMILARITY = "sentence-similarity"
 TEXT_CLASSIFICATION = "text-classification"
 TOKEN_CLASSIFICATION = "token-classification"
+IMAGE_CLASSIFICATION = "image-classification"
+OBJECT_DETECTION = "object-detection"
+SPEECH_RECOGNITION = "automatic-speech-recognition"
+IMAGE_SEGMENTATION = "image-segmentation"
+DEPTH_ESTIMATION = "depth-estimation"
+IMAGE_TEXT_TO_TEXT = "image-text-to-text"
 
 #: Tasks this version runs: chat through ``generate``; the others through ``run``.
-TASKS = (TEXT_GENERATION, FEATURE_EXTRACTION, SENTENCE_SIMILARITY, TEXT_CLASSIFICATION, TOKEN_CLASSIFICATION)
+TASKS = (
+    TEXT_GENERATION,
+    IMAGE_TEXT_TO_TEXT,
+    FEATURE_EXTRACTION,
+    SENTENCE_SIMILARITY,
+    TEXT_CLASSIFICATION,
+    TOKEN_CLASSIFICATION,
+    IMAGE_CLASSIFICATION,
+    OBJECT_DETECTION,
+    IMAGE_SEGMENTATION,
+    DEPTH_ESTIMATION,
+    SPEECH_RECOGNITION,
+)
+#: Tasks that chat through ``generate``: a text-only decoder, or one graph per module with a vision encoder.
+CHAT_TASKS = (TEXT_GENERATION, IMAGE_TEXT_TO_TEXT)
+#: Tasks whose graph takes ``pixel_values``, prepared as ``preprocessor_config.json`` says.
+IMAGE_TASKS = (IMAGE_CLASSIFICATION, OBJECT_DETECTION, IMAGE_SEGMENTATION, DEPTH_ESTIMATION)
+#: Speech models (config.json ``model_type``) whose encoder-decoder export and log-mel front end are read.
+WHISPER_STYLE = ("whisper",)
+#: Detection heads (config.json ``model_type``) whose output is read: a softmax over the classes and
+#: a last "no object" class, with normalised centre/size boxes.
+DETR_STYLE = ("detr", "yolos", "table-transformer")
 #: Tasks whose graph is an encoder giving one vector per token, pooled into embeddings.
 EMBEDDING_TASKS = (FEATURE_EXTRACTION, SENTENCE_SIMILARITY)
 #: Tasks whose graph is an encoder with a classification head (``logits``).
@@ -23,13 +50,14 @@ _ARCHITECTURE_TASKS = (
     ("LMHeadModel", TEXT_GENERATION),
     ("ForSequenceClassification", TEXT_CLASSIFICATION),
     ("ForTokenClassification", TOKEN_CLASSIFICATION),
-    ("ForImageClassification", "image-classification"),
-    ("ForObjectDetection", "object-detection"),
-    ("ForSemanticSegmentation", "image-segmentation"),
-    ("ForDepthEstimation", "depth-estimation"),
-    ("ForSpeechSeq2Seq", "automatic-speech-recognition"),
-    ("ForCTC", "automatic-speech-recognition"),
-    ("ForConditionalGeneration", "image-text-to-text"),
+    ("ForImageClassification", IMAGE_CLASSIFICATION),
+    ("ForObjectDetection", OBJECT_DETECTION),
+    ("ForSemanticSegmentation", IMAGE_SEGMENTATION),
+    ("ForDepthEstimation", DEPTH_ESTIMATION),
+    ("WhisperForConditionalGeneration", SPEECH_RECOGNITION),
+    ("ForSpeechSeq2Seq", SPEECH_RECOGNITION),
+    ("ForCTC", SPEECH_RECOGNITION),
+    ("ForConditionalGeneration", IMAGE_TEXT_TO_TEXT),
     ("Model", FEATURE_EXTRACTION),
 )
 
@@ -42,6 +70,10 @@ def task_of(model: Model, requested: str | None) -> str:
         return model.task
     if "sentence-transformers" in model.tags or any(f.name == "modules.json" for f in model.files):
         return FEATURE_EXTRACTION
+    if model.config.get("model_type") in WHISPER_STYLE:  # its repos hold a decoder_model_merged too
+        return SPEECH_RECOGNITION
+    if any(f.name.rsplit("/", 1)[-1].startswith("vision_encoder") for f in model.files):
+        return IMAGE_TEXT_TO_TEXT  # one graph per module with a vision encoder: chat with images
     if any("decoder_model_merged" in f.name for f in model.files):
         return TEXT_GENERATION
     architectures = model.config.get("architectures")

@@ -1,0 +1,268 @@
+"""automatic-speech-recognition with a Whisper-style encoder-decoder export: greedy decoding with past keys and values.
+
+The layout is optimum's split export: ``encoder_model.onnx`` (``input_features`` → ``last_hidden_state``),
+``decoder_model.onnx`` (``input_ids``, ``encoder_hidden_states`` → ``logits``,
+``present.N.decoder.key/value``, ``present.N.encoder.key/value``) for the prompt, and
+``decoder_with_past_model.onnx`` (``input_ids``, ``past_key_values.N.{decoder,encoder}.key/value``
+→ ``logits``, ``present.N.decoder.key/value``) for each later token. The cache stays in
+onnxruntime's OrtValues from step to step (``run_with_ort_values``), never copied through numpy;
+the cross-attention keys and values are computed once, by the first step.
+
+The prompt is ``generation_config.json``'s: the start token; on a multilingual model the language
+(the ``language`` option, else detected as transformers does: the likeliest language token after
+the start token) and the task (``transcribe`` or ``translate``); then ``<|notimestamps|>``
+(timestamps are not produced). Each step suppresses ``suppress_tokens``, the first also
+``begin_suppress_tokens``; the reply ends at ``eos_token_id`` or after ``max_new_tokens`` (default:
+``max_length`` less the prompt).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from anyformer.plugin import AnyformerError, ErrorCode
+from anyformer_onnx import BACKEND_ID
+from anyformer_onnx.audio_input import load_audio
+from anyformer_onnx.log_mel import LogMel
+
+_PAST = re.compile(r"^past_key_values\.(\d+)\.(decoder|encoder)\.(key|value)$")
+#: The most clips one call takes.
+MAX_CLIPS = 64
+TASKS = ("transcribe", "translate")
+
+
+def _int_ids(value: Any) -> list[int]:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return [value]
+    if isinstance(value, list):
+        return [v for v in value if isinstance(v, int) and not isinstance(v, bool)]
+    return []
+
+
+def _single_id(generation: Mapping[str, Any], key: str, label: str) -> int:
+    ids = _int_ids(generation.get(key))
+    if not ids:
+        raise AnyformerError(ErrorCode.BAD_MODEL, f"{label}: generation_config.json names no {key}")
+    return ids[0]
+
+
+class WhisperGraphs:
+    """The three sessions of a split export, their names checked."""
+
+    def __init__(self, encoder: Any, first: Any, with_past: Any, label: str) -> None:
+        def names(session: Any, which: str) -> list[str]:
+            return [item.name for item in getattr(session, f"get_{which}")()]
+
+        if names(encoder, "inputs") != ["input_features"]:
+            raise AnyformerError(ErrorCode.BAD_MODEL, f"{label}: the encoder graph does not take input_features alone")
+        first_inputs = set(names(first, "inputs"))
+        if first_inputs != {"input_ids", "encoder_hidden_states"}:
+            raise AnyformerError(
+                ErrorCode.BAD_MODEL, f"{label}: decoder_model takes {sorted(first_inputs)}, not input_ids and states"
+            )
+        self.past_names = [name for name in names(with_past, "inputs") if _PAST.match(name)]
+        unknown = set(names(with_past, "inputs")) - {"input_ids", *self.past_names}
+        if unknown or not self.past_names:
+            raise AnyformerError(
+                ErrorCode.BAD_MODEL,
+                f"{label}: decoder_with_past_model has inputs {sorted(unknown) or 'without a past'}",
+            )
+        self.first_outputs = names(first, "outputs")
+        wanted = {name.replace("past_key_values", "present") for name in self.past_names}
+        if "logits" not in self.first_outputs or not wanted <= set(self.first_outputs):
+            raise AnyformerError(ErrorCode.BAD_MODEL, f"{label}: decoder_model lacks logits or a present output")
+        #: Outputs of the with-past graph that become the next step's past (the decoder's own keys and values).
+        self.own = [name for name in self.past_names if ".decoder." in name]
+        missing = [n for n in self.own if n.replace("past_key_values", "present") not in names(with_past, "outputs")]
+        if missing:
+            raise AnyformerError(ErrorCode.BAD_MODEL, f"{label}: decoder_with_past_model lacks {missing[0]}")
+        self.encoder, self.first, self.with_past = encoder, first, with_past
+        self.frames = encoder.get_inputs()[0].shape[2]
+        self.label = label
+
+    def close(self) -> None:
+        """Drop the sessions."""
+        self.encoder = self.first = self.with_past = None
+
+
+class OnnxSpeechRecognizerModel:
+    """A loaded Whisper-style model: the log-mel front end, three graphs, the tokenizer and the prompt rules."""
+
+    backend = BACKEND_ID
+    task = "automatic-speech-recognition"
+
+    def __init__(
+        self,
+        graphs: WhisperGraphs,
+        *,
+        front_end: LogMel,
+        tokenizer: Any,
+        generation: Mapping[str, Any],
+        details: dict[str, Any],
+    ) -> None:
+        label = graphs.label
+        self.graphs = graphs
+        self.front_end = front_end
+        self.tokenizer = tokenizer
+        self.details = details
+        self.start = _single_id(generation, "decoder_start_token_id", label)
+        self.eos = set(_int_ids(generation.get("eos_token_id")))
+        if not self.eos:
+            raise AnyformerError(ErrorCode.BAD_MODEL, f"{label}: generation_config.json names no eos_token_id")
+        self.suppress = _int_ids(generation.get("suppress_tokens"))
+        self.begin_suppress = _int_ids(generation.get("begin_suppress_tokens"))
+        languages = generation.get("lang_to_id")
+        self.languages = (
+            {str(k): v for k, v in languages.items() if isinstance(v, int)} if isinstance(languages, Mapping) else {}
+        )
+        tasks = generation.get("task_to_id")
+        self.tasks = {str(k): v for k, v in tasks.items() if isinstance(v, int)} if isinstance(tasks, Mapping) else {}
+        no_timestamps = _int_ids(generation.get("no_timestamps_token_id"))
+        self.no_timestamps = no_timestamps[0] if no_timestamps else None
+        max_length = generation.get("max_length")
+        self.max_length = max_length if isinstance(max_length, int) and max_length > 0 else 448
+        if front_end.samples // front_end.hop != graphs.frames and isinstance(graphs.frames, int):
+            raise AnyformerError(
+                ErrorCode.BAD_MODEL,
+                f"{label}: the encoder takes {graphs.frames} frames; preprocessor_config.json makes "
+                f"{front_end.samples // front_end.hop}",
+            )
+
+    def dispose(self) -> None:
+        """Drop the sessions; safe to call twice."""
+        self.graphs.close()
+
+    # ---- the prompt --------------------------------------------------------------------------------
+
+    def _language_id(self, language: Any) -> int | None:
+        if language is None:
+            return None
+        if not isinstance(language, str):
+            raise AnyformerError(ErrorCode.BAD_REQUEST, f"language must be a string such as 'en', got {language!r}")
+        token = language if language.startswith("<|") else f"<|{language.lower()}|>"
+        if token not in self.languages:
+            known = ", ".join(sorted(t.strip("<|>") for t in self.languages)) or "none (an English-only model)"
+            raise AnyformerError(ErrorCode.BAD_REQUEST, f"language {language!r} is not one of this model's: {known}")
+        return self.languages[token]
+
+    def prompt(self, states: Any, language: Any, task: Any) -> list[int]:
+        """The decoder's prompt for one clip (see the module docstring); detects the language when needed."""
+        if task not in TASKS:
+            raise AnyformerError(ErrorCode.BAD_REQUEST, f"task must be one of {TASKS}, got {task!r}")
+        chosen = self._language_id(language)
+        ids = [self.start]
+        if self.languages:
+            if chosen is None:
+                logits, _ = self._first_step(states, ids)
+                chosen = max(self.languages.values(), key=lambda i: float(logits[i]))
+            ids.append(chosen)
+            if task in self.tasks:
+                ids.append(self.tasks[task])
+        elif task != "transcribe":
+            raise AnyformerError(ErrorCode.BAD_REQUEST, "this model only transcribes (it has no task tokens)")
+        if self.no_timestamps is not None:
+            ids.append(self.no_timestamps)
+        return ids
+
+    # ---- the decode loop ---------------------------------------------------------------------------
+
+    def _first_step(self, states: Any, ids: list[int]) -> tuple[np.ndarray, dict[str, Any]]:
+        import onnxruntime
+
+        feeds = {
+            "input_ids": onnxruntime.OrtValue.ortvalue_from_numpy(np.asarray([ids], dtype=np.int64)),
+            "encoder_hidden_states": states,
+        }
+        outputs = self.graphs.first.run_with_ort_values(self.graphs.first_outputs, feeds)
+        by_name = dict(zip(self.graphs.first_outputs, outputs, strict=True))
+        logits = by_name["logits"].numpy()[0, -1]
+        past = {name: by_name[name.replace("past_key_values", "present")] for name in self.graphs.past_names}
+        return logits, past
+
+    def _pick(self, logits: np.ndarray, first: bool) -> int:
+        scores = logits.astype(np.float32).copy()
+        for token in self.suppress:
+            if 0 <= token < scores.shape[0]:
+                scores[token] = -np.inf
+        if first:
+            for token in self.begin_suppress:
+                if 0 <= token < scores.shape[0]:
+                    scores[token] = -np.inf
+        return int(np.argmax(scores))
+
+    def decode(self, audio: np.ndarray, *, language: Any, task: Any, max_new_tokens: int | None) -> list[int]:
+        """Greedy token ids (the end token left out) for one clip of mono samples."""
+        import onnxruntime
+
+        graphs = self.graphs
+        if graphs.encoder is None:
+            raise AnyformerError(ErrorCode.BAD_REQUEST, f"{graphs.label} was disposed")
+        features = self.front_end(audio)[None]
+        (states,) = graphs.encoder.run_with_ort_values(
+            ["last_hidden_state"], {"input_features": onnxruntime.OrtValue.ortvalue_from_numpy(features)}
+        )
+        prompt = self.prompt(states, language, task)
+        room = self.max_length - len(prompt)
+        budget = room if max_new_tokens is None else min(max_new_tokens, room)
+        if budget <= 0:
+            return []
+        logits, past = self._first_step(states, prompt)
+        reply: list[int] = []
+        own_outputs = ["logits", *(name.replace("past_key_values", "present") for name in graphs.own)]
+        while True:
+            token = self._pick(logits, first=not reply)
+            if token in self.eos:
+                break
+            reply.append(token)
+            if len(reply) >= budget:
+                break
+            past["input_ids"] = onnxruntime.OrtValue.ortvalue_from_numpy(np.asarray([[token]], dtype=np.int64))
+            outputs = graphs.with_past.run_with_ort_values(own_outputs, past)
+            logits = outputs[0].numpy()[0, -1]
+            for name, value in zip(graphs.own, outputs[1:], strict=True):
+                past[name] = value
+        return reply
+
+    def run(
+        self,
+        input: Any,
+        *,
+        language: Any = None,
+        task: Any = "transcribe",
+        max_new_tokens: Any = None,
+        return_timestamps: Any = False,
+        return_token_ids: Any = False,
+        **rest: Any,
+    ) -> Any:
+        """Transcribe a clip, or a list of clips: ``{"text"}`` each (``token_ids`` too when asked), as the pipeline."""
+        if rest:
+            raise AnyformerError(ErrorCode.BAD_REQUEST, f"unknown option {sorted(rest)[0]!r} for {self.task}")
+        if return_timestamps:
+            raise AnyformerError(ErrorCode.BAD_REQUEST, "timestamps are not produced by this backend")
+        if max_new_tokens is not None and (
+            isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1
+        ):
+            raise AnyformerError(
+                ErrorCode.BAD_REQUEST, f"max_new_tokens must be an integer ≥ 1, got {max_new_tokens!r}"
+            )
+        # A list of clips holds arrays, dicts, paths or bytes; a list of numbers is one clip's samples.
+        clip_types = (list, tuple, np.ndarray, dict, str, bytes, bytearray, memoryview, Path)
+        single = not (isinstance(input, list) and input and isinstance(input[0], clip_types))
+        clips = [input] if single else input
+        if len(clips) > MAX_CLIPS:
+            raise AnyformerError(ErrorCode.BAD_REQUEST, f"{len(clips)} clips in one call; at most {MAX_CLIPS}")
+        rate, seconds = self.front_end.rate, self.front_end.seconds
+        results = []
+        for index, clip in enumerate(clips):
+            audio = load_audio(clip, rate, seconds, "the audio" if single else f"clip {index}")
+            ids = self.decode(audio, language=language, task=task, max_new_tokens=max_new_tokens)
+            result: dict[str, Any] = {"text": self.tokenizer.decode(ids, skip_special_tokens=True)}
+            if return_token_ids:
+                result["token_ids"] = ids
+            results.append(result)
+        return results[0] if single else results

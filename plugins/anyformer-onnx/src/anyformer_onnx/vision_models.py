@@ -1,0 +1,288 @@
+"""Vision graphs (``pixel_values`` in): image-classification and object-detection.
+
+Outputs are shaped as transformers' pipelines return them:
+
+- image-classification: per image, the ``top_k`` (default 5, at most the number of labels) best
+  ``{"label", "score"}``, best first; a list of images gives a list of those lists. Scores are a
+  softmax over the labels, a sigmoid for a multi-label or one-label head (``function_to_apply``
+  overrides: ``softmax``, ``sigmoid``, ``none``).
+- object-detection (DETR and YOLOS heads: a softmax over the classes plus "no object", boxes as
+  normalised centre, width and height): per image, every query whose best real class scores above
+  ``threshold`` (default 0.5), in query order, as ``{"score", "label", "box": {"xmin", "ymin",
+  "xmax", "ymax"}}`` with the box in the original image's pixels, truncated to integers.
+- image-segmentation (semantic heads: ``logits`` [classes, h, w]): the logits resized to the
+  original image bilinearly (as torch's ``interpolate`` with ``align_corners=False``), the best
+  class per pixel; per image, one ``{"score": None, "label", "mask"}`` per class present, in class
+  order, ``mask`` a uint8 [height, width] array of 0 and 255 (the pipeline's Pillow ``L`` image as
+  an array).
+- depth-estimation (``predicted_depth`` [h, w]): per image ``{"predicted_depth", "depth"}``, the
+  first resized to the original image bicubically (as torch's ``interpolate`` with
+  ``align_corners=False``), a float32 [height, width] array; the second that map scaled to 0-255
+  as uint8 (the pipeline's Pillow image as an array).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from anyformer.plugin import AnyformerError, ErrorCode
+from anyformer_onnx import BACKEND_ID
+from anyformer_onnx.classifier_model import FUNCTIONS, apply_function, labels_of, softmax
+from anyformer_onnx.image_input import images_of
+from anyformer_onnx.image_preprocessing import ImagePreprocessor
+
+
+class VisionGraph:
+    """A session taking ``pixel_values`` (and ``pixel_mask`` when it asks), with the model's preprocessing."""
+
+    def __init__(self, session: Any, preprocessor: ImagePreprocessor, label: str) -> None:
+        inputs = {i.name for i in session.get_inputs()}
+        unknown = sorted(inputs - {"pixel_values", "pixel_mask"})
+        if "pixel_values" not in inputs or unknown:
+            wanted = unknown[0] if unknown else "pixel_values"
+            raise AnyformerError(ErrorCode.BAD_MODEL, f"{label}: not a vision graph this backend feeds ({wanted})")
+        self.session: Any = session
+        self.preprocessor = preprocessor
+        self.label = label
+        self.has_mask = "pixel_mask" in inputs
+        self.outputs = [o.name for o in session.get_outputs()]
+
+    def close(self) -> None:
+        """Drop the session; later calls are ``BAD_REQUEST``."""
+        self.session = None
+
+    def run(self, image: Any, outputs: list[str]) -> list[np.ndarray]:
+        """The graph's ``outputs`` for one RGB Pillow image (a batch of one: sizes may differ per image)."""
+        if self.session is None:
+            raise AnyformerError(ErrorCode.BAD_REQUEST, f"{self.label} was disposed")
+        pixels = self.preprocessor(image)[None]
+        feeds = {"pixel_values": pixels}
+        if self.has_mask:
+            feeds["pixel_mask"] = np.ones((1, pixels.shape[2], pixels.shape[3]), dtype=np.int64)
+        try:
+            return list(self.session.run(outputs, feeds))
+        except Exception as exc:  # onnxruntime's own error types: a shape the graph was not exported for
+            text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise AnyformerError(
+                ErrorCode.BAD_REQUEST, f"{self.label}: the graph refused pixels of shape {pixels.shape}: {text}"
+            ) from exc
+
+
+def _unknown(task: str, rest: Mapping[str, Any]) -> None:
+    if rest:
+        raise AnyformerError(ErrorCode.BAD_REQUEST, f"unknown option {sorted(rest)[0]!r} for {task}")
+
+
+class OnnxImageClassifierModel:
+    """A loaded image classifier: a vision graph with a ``logits`` output and config.json's labels."""
+
+    backend = BACKEND_ID
+    task = "image-classification"
+
+    def __init__(self, graph: VisionGraph, *, config: Mapping[str, Any], details: dict[str, Any]) -> None:
+        self.graph = graph
+        self.details = details
+        self._output = "logits" if "logits" in graph.outputs else graph.outputs[0]
+        self.labels = labels_of(config)
+        problem = config.get("problem_type")
+        if problem == "regression":
+            self.function = "none"
+        elif problem == "multi_label_classification" or len(self.labels) == 1:
+            self.function = "sigmoid"
+        else:
+            self.function = "softmax"
+
+    def dispose(self) -> None:
+        """Drop the session; safe to call twice."""
+        self.graph.close()
+
+    def run(self, input: Any, *, top_k: Any = 5, function_to_apply: Any = None, **rest: Any) -> Any:
+        """Classify an image or a list of images (the output shape is in the module docstring)."""
+        _unknown(self.task, rest)
+        if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+            raise AnyformerError(ErrorCode.BAD_REQUEST, f"top_k must be an integer ≥ 1, got {top_k!r}")
+        function = self.function if function_to_apply is None else function_to_apply
+        if function not in FUNCTIONS:
+            raise AnyformerError(
+                ErrorCode.BAD_REQUEST, f"function_to_apply must be one of {FUNCTIONS}, got {function!r}"
+            )
+        images, single = images_of(input, self.task)
+        results = []
+        for image in images:
+            (logits,) = self.graph.run(image, [self._output])
+            row = apply_function(logits.reshape(-1), str(function))
+            order = sorted(range(row.shape[0]), key=lambda i: (-row[i], i))[:top_k]
+            results.append([{"label": self.labels.get(i, f"LABEL_{i}"), "score": float(row[i])} for i in order])
+        return results[0] if single else results
+
+
+def corners(boxes: np.ndarray, width: int, height: int) -> np.ndarray:
+    """Normalised (centre x, centre y, width, height) boxes as (xmin, ymin, xmax, ymax) in pixels."""
+    cx, cy, w, h = (boxes[..., i].astype(np.float32) for i in range(4))
+    xyxy = np.stack([cx - 0.5 * w, cy - 0.5 * h, cx + 0.5 * w, cy + 0.5 * h], axis=-1)
+    return xyxy * np.asarray([width, height, width, height], dtype=np.float32)
+
+
+def _resize_axis(values: np.ndarray, size: int, axis: int) -> np.ndarray:
+    """Linear resampling of one axis to ``size`` samples, half-pixel centres, edges clamped (no antialiasing)."""
+    length = values.shape[axis]
+    source = np.maximum((np.arange(size, dtype=np.float64) + 0.5) * (length / size) - 0.5, 0.0)
+    low = np.minimum(np.floor(source).astype(np.int64), length - 1)
+    high = np.minimum(low + 1, length - 1)
+    weight = (source - low).astype(np.float32)
+    shape = [1] * values.ndim
+    shape[axis] = size
+    weight = weight.reshape(shape)
+    return np.take(values, low, axis=axis) * (1 - weight) + np.take(values, high, axis=axis) * weight
+
+
+def resize_bilinear(maps: np.ndarray, height: int, width: int) -> np.ndarray:
+    """[channels, h, w] maps resized to [channels, height, width] as torch's bilinear ``align_corners=False``."""
+    return _resize_axis(_resize_axis(maps.astype(np.float32), height, 1), width, 2)
+
+
+# torch's bicubic convolution coefficient.
+_CUBIC_A = -0.75
+
+
+def _cubic_axis(values: np.ndarray, size: int, axis: int) -> np.ndarray:
+    """Cubic resampling of one axis to ``size`` samples, half-pixel centres, edge samples repeated."""
+    length = values.shape[axis]
+    source = (np.arange(size, dtype=np.float64) + 0.5) * (length / size) - 0.5
+    base = np.floor(source)
+    t = source - base
+    a = _CUBIC_A
+
+    def near(x: np.ndarray) -> np.ndarray:  # |x| <= 1
+        return ((a + 2) * x - (a + 3)) * x * x + 1
+
+    def far(x: np.ndarray) -> np.ndarray:  # 1 < |x| < 2
+        return ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
+
+    shape = [1] * values.ndim
+    shape[axis] = size
+    total = np.zeros([size if i == axis else n for i, n in enumerate(values.shape)], dtype=np.float64)
+    for offset, weight in zip((-1, 0, 1, 2), (far(t + 1), near(t), near(1 - t), far(2 - t)), strict=True):
+        index = np.clip(base + offset, 0, length - 1).astype(np.int64)
+        total += np.take(values, index, axis=axis).astype(np.float64) * weight.reshape(shape)
+    return total
+
+
+def resize_bicubic(image: np.ndarray, height: int, width: int) -> np.ndarray:
+    """A [h, w] map resized to [height, width] as torch's bicubic ``align_corners=False``."""
+    return _cubic_axis(_cubic_axis(image, height, 0), width, 1).astype(np.float32)
+
+
+class OnnxDepthEstimatorModel:
+    """A loaded depth estimator: a ``predicted_depth`` map per image."""
+
+    backend = BACKEND_ID
+    task = "depth-estimation"
+
+    def __init__(self, graph: VisionGraph, *, details: dict[str, Any]) -> None:
+        self.graph = graph
+        self.details = details
+        self._output = "predicted_depth" if "predicted_depth" in graph.outputs else graph.outputs[0]
+
+    def dispose(self) -> None:
+        """Drop the session; safe to call twice."""
+        self.graph.close()
+
+    def run(self, input: Any, **rest: Any) -> Any:
+        """Estimate depth for an image or a list of images (the output shape is in the module docstring)."""
+        _unknown(self.task, rest)
+        images, single = images_of(input, self.task)
+        results = []
+        for image in images:
+            (raw,) = self.graph.run(image, [self._output])
+            if raw.ndim < 2 or raw.size != raw.shape[-1] * raw.shape[-2]:
+                raise AnyformerError(ErrorCode.BAD_MODEL, f"{self.graph.label}: a depth output of shape {raw.shape}")
+            depth = resize_bicubic(raw.reshape(raw.shape[-2:]), image.size[1], image.size[0])
+            span = float(depth.max() - depth.min())
+            scaled = (depth - depth.min()) / span if span > 0 else np.zeros_like(depth)
+            results.append({"predicted_depth": depth, "depth": (scaled * 255).astype(np.uint8)})
+        return results[0] if single else results
+
+
+class OnnxSegmenterModel:
+    """A loaded semantic segmentation model: per-pixel class logits and config.json's labels."""
+
+    backend = BACKEND_ID
+    task = "image-segmentation"
+
+    def __init__(self, graph: VisionGraph, *, config: Mapping[str, Any], details: dict[str, Any]) -> None:
+        self.graph = graph
+        self.details = details
+        self._output = "logits" if "logits" in graph.outputs else graph.outputs[0]
+        self.labels = labels_of(config)
+
+    def dispose(self) -> None:
+        """Drop the session; safe to call twice."""
+        self.graph.close()
+
+    def run(self, input: Any, *, subtask: Any = None, **rest: Any) -> Any:
+        """Segment an image or a list of images (the output shape is in the module docstring)."""
+        _unknown(self.task, rest)
+        if subtask not in (None, "semantic"):
+            raise AnyformerError(ErrorCode.BAD_REQUEST, f"subtask {subtask!r}: this model segments semantically only")
+        images, single = images_of(input, self.task)
+        results = []
+        for image in images:
+            (logits,) = self.graph.run(image, [self._output])
+            if logits.ndim != 4:
+                raise AnyformerError(ErrorCode.BAD_MODEL, f"{self.graph.label}: logits of shape {logits.shape}")
+            classes = resize_bilinear(logits[0], image.size[1], image.size[0]).argmax(axis=0)
+            found = []
+            for index in np.unique(classes):
+                mask = np.where(classes == index, 255, 0).astype(np.uint8)
+                found.append({"score": None, "label": self.labels.get(int(index), f"LABEL_{int(index)}"), "mask": mask})
+            results.append(found)
+        return results[0] if single else results
+
+
+class OnnxObjectDetectorModel:
+    """A loaded DETR-style detector: ``logits`` over the classes and "no object", ``pred_boxes``."""
+
+    backend = BACKEND_ID
+    task = "object-detection"
+
+    def __init__(self, graph: VisionGraph, *, config: Mapping[str, Any], details: dict[str, Any]) -> None:
+        missing = [name for name in ("logits", "pred_boxes") if name not in graph.outputs]
+        if missing:
+            raise AnyformerError(ErrorCode.BAD_MODEL, f"{graph.label}: a detection graph needs a {missing[0]} output")
+        self.graph = graph
+        self.details = details
+        self.labels = labels_of(config)
+
+    def dispose(self) -> None:
+        """Drop the session; safe to call twice."""
+        self.graph.close()
+
+    def run(self, input: Any, *, threshold: Any = 0.5, **rest: Any) -> Any:
+        """Detect objects in an image or a list of images (the output shape is in the module docstring)."""
+        _unknown(self.task, rest)
+        if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0 <= threshold <= 1:
+            raise AnyformerError(ErrorCode.BAD_REQUEST, f"threshold must be a number from 0 to 1, got {threshold!r}")
+        images, single = images_of(input, self.task)
+        results = []
+        for image in images:
+            logits, boxes = self.graph.run(image, ["logits", "pred_boxes"])
+            probabilities = softmax(logits[0].astype(np.float32))[:, :-1]  # the last class is "no object"
+            best = probabilities.argmax(axis=-1)
+            scores = probabilities[np.arange(best.shape[0]), best]
+            pixels = corners(boxes[0], image.size[0], image.size[1])
+            found = []
+            for query in np.nonzero(scores > threshold)[0]:
+                xmin, ymin, xmax, ymax = (int(v) for v in pixels[query])  # truncated, as torch's .int()
+                found.append(
+                    {
+                        "score": float(scores[query]),
+                        "label": self.labels.get(int(best[query]), f"LABEL_{int(best[query])}"),
+                        "box": {"xmin": xmin, "ymin": ymin, "xmax": xmax, "ymax": ymax},
+                    }
+                )
+            results.append(found)
+        return results[0] if single else results
