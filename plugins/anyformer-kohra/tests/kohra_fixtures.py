@@ -31,7 +31,15 @@ KINDS = {
     "mdlm": tiny_diffusion.TinyConfig(VOCAB, seed=1, readable=READABLE),
     "mdlm-tc": tiny_diffusion.TinyConfig(VOCAB, time_conditioning=True, seed=2, readable=READABLE),
     "bd3lm": tiny_diffusion.TinyConfig(VOCAB, kv_cache=True, seed=3, readable=READABLE),
+    # The same weights as bd3lm (same seed), exported without a cache: block-causal attention comes from
+    # a 4-D attention_mask, so kohra recomputes the sequence for every block.
+    "bd3lm-mask": tiny_diffusion.TinyConfig(VOCAB, mask_input=True, seed=3, readable=READABLE),
+    # The same weights again, with both the cache and the mask: one graph that runs either way.
+    "bd3lm-both": tiny_diffusion.TinyConfig(VOCAB, kv_cache=True, mask_input=True, seed=3, readable=READABLE),
 }
+BLOCK_KINDS = ("bd3lm", "bd3lm-mask", "bd3lm-both")
+#: Beside each repo's fp32 graph: the same graph converted to fp16, inputs and outputs included.
+FP16_GRAPH = "onnx/model_fp16_fused.onnx"
 
 
 def build_tokenizer():  # type: ignore[no-untyped-def]
@@ -53,6 +61,15 @@ def torch_model(kind: str) -> tiny_diffusion.TinyDiffusionLM:
     return tiny_diffusion.TinyDiffusionLM(KINDS[kind]).eval()
 
 
+def write_fp16(source: Path, target: Path) -> None:
+    """Convert an fp32 graph to fp16 with onnxruntime's converter; float inputs and outputs become fp16 too."""
+    import onnx
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    converted = convert_float_to_float16(onnx.load(str(source)), keep_io_types=False)
+    onnx.save(converted, str(target))
+
+
 def _recipe_hash(kind: str) -> str:
     import onnx
     import torch
@@ -66,7 +83,7 @@ def _recipe_hash(kind: str) -> str:
 
 
 def _card(kind: str) -> str:
-    tags = ["text-diffusion", "block-diffusion"] if kind == "bd3lm" else ["text-diffusion"]
+    tags = ["text-diffusion", "block-diffusion"] if kind in BLOCK_KINDS else ["text-diffusion"]
     lines = "".join(f"  - {t}\n" for t in tags)
     return f"---\nlicense: apache-2.0\npipeline_tag: text-generation\ntags:\n{lines}---\n# tiny {kind}\n"
 
@@ -75,6 +92,7 @@ def _write(folder: Path, kind: str) -> None:
     config = KINDS[kind]
     (folder / "onnx").mkdir()
     tiny_diffusion.export_onnx(torch_model(kind), str(folder / "onnx" / "model.onnx"))
+    write_fp16(folder / "onnx" / "model.onnx", folder / FP16_GRAPH)
     build_tokenizer().save(str(folder / "tokenizer.json"))
     (folder / "tokenizer_config.json").write_text(
         json.dumps({"mask_token": "[MASK]", "eos_token": "<|im_end|>", "bos_token": None}), encoding="utf-8"
@@ -86,14 +104,14 @@ def _write(folder: Path, kind: str) -> None:
         "num_attention_heads": config.heads,
         "model_length": MODEL_LENGTH,
     }
-    if kind == "bd3lm":
+    if kind in BLOCK_KINDS:
         model_config["block_size"] = BLOCK_SIZE
     (folder / "config.json").write_text(json.dumps(model_config), encoding="utf-8")
     (folder / "README.md").write_text(_card(kind), encoding="utf-8")
 
 
 def fixture_repo(kind: str) -> Path:
-    """The local repo folder of a tiny model (``mdlm``, ``mdlm-tc`` or ``bd3lm``), built once."""
+    """The local repo folder of a tiny model (a key of :data:`KINDS`), built once."""
     root = Path(os.environ.get("ANYFORMER_TEST_FIXTURES", Path.home() / ".cache" / "anyformer-test-fixtures"))
     target = root / f"kohra-{kind}-{_recipe_hash(kind)}"
     if target.is_dir():

@@ -165,10 +165,11 @@ def load(backend: str, model: Model, request: Request, progress: ProgressCallbac
     session, _ = open_session(paths[graph.name])
     runner = GraphRunner(session, inspect_graph(session, config))
     blocks = BLOCK_TAG in model.tags
-    if blocks and not runner.spec.has_cache:
+    if blocks and not (runner.spec.has_cache or runner.spec.can_recompute_blocks):
         raise AnyformerError(
             ErrorCode.BAD_MODEL,
-            f"{graph.name}: a block-diffusion graph must expose past_key_values.* / present.* for its finished blocks",
+            f"{graph.name}: a block-diffusion graph needs past_key_values.* / present.* for its finished blocks, "
+            "or a 4-D attention_mask input so kohra can make its attention block-causal",
         )
     return KohraModel(
         runner,
@@ -184,7 +185,7 @@ def _generation(handle: KohraModel, messages: list[Message], options: GenerateOp
     import numpy as np
 
     from anyformer_kohra.chat_prompt import render_prompt
-    from anyformer_kohra.denoiser import CachedBlockDenoiser, FullSequenceDenoiser
+    from anyformer_kohra.denoiser import CachedBlockDenoiser, FullSequenceDenoiser, RecomputedBlockDenoiser
     from anyformer_kohra.options import parse_options
     from anyformer_kohra.sampler import SamplerSettings, sample_blocks, sample_mdlm
     from anyformer_kohra.streaming import stream_states
@@ -218,8 +219,11 @@ def _generation(handle: KohraModel, messages: list[Message], options: GenerateOp
 
     def states() -> Iterator[Any]:
         # The denoiser is built here, inside the stream: BD3LM's first model call (the prompt) is work.
-        if handle.blocks:
+        if handle.blocks and runner.spec.has_cache:
             yield from sample_blocks(CachedBlockDenoiser(runner, prompt), length, settings)
+        elif handle.blocks:
+            # No cache: each step recomputes the prompt and finished blocks under a block-causal mask.
+            yield from sample_blocks(RecomputedBlockDenoiser(runner, prompt), length, settings)
         else:
             yield from sample_mdlm(FullSequenceDenoiser(runner, prompt), length, settings)
 
