@@ -66,18 +66,17 @@ def test_bd3lm_ancestral_matches_the_reference(seed: int, length: int, steps: in
     assert got == want
 
 
-@pytest.mark.parametrize(("seed", "length", "steps"), [(0, 12, 12), (3, 10, 30), (5, 9, 3)])
+@pytest.mark.parametrize(("seed", "length", "steps"), [(0, 12, 12), (3, 10, 18), (5, 9, 3)])
 def test_bd3lm_without_a_cache_matches_the_reference_and_the_cached_graph(seed: int, length: int, steps: int) -> None:
     """The recompute path (mask-only graph) equals the torch recompute reference and the key/value path."""
     per_block = block_steps(steps, length, BLOCK_SIZE)
     want = bd3lm_recompute_sample(_torch("bd3lm-mask"), PROMPT, length, per_block, BLOCK_SIZE, MASK_ID, seed)
-    # Same weights, cached: the torch reference with a key/value cache gives the same answer.
-    assert want == bd3lm_sample(_torch("bd3lm"), PROMPT, length, per_block, BLOCK_SIZE, MASK_ID, seed)
     settings = SamplerSettings(MASK_ID, steps, "ancestral", temperature=1.0, seed=seed, block_size=BLOCK_SIZE)
     got, calls = _last(
         sample_blocks(RecomputedBlockDenoiser(_runner("bd3lm-mask"), np.array(PROMPT)), length, settings)
     )
     assert got == want
+    # The same weights with a key/value cache (test_bd3lm_ancestral_matches_the_reference checks that path).
     cached, cached_calls = _last(
         sample_blocks(CachedBlockDenoiser(_runner("bd3lm"), np.array(PROMPT)), length, settings)
     )
