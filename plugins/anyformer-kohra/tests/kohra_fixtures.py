@@ -40,6 +40,7 @@ KINDS = {
 BLOCK_KINDS = ("bd3lm", "bd3lm-mask", "bd3lm-both")
 #: Beside each repo's fp32 graph: the same graph converted to fp16, inputs and outputs included.
 FP16_GRAPH = "onnx/model_fp16_fused.onnx"
+Q4F16_GRAPH = "onnx/model_q4f16_rtn_sym.onnx"
 
 
 def build_tokenizer():  # type: ignore[no-untyped-def]
@@ -68,6 +69,25 @@ def write_fp16(source: Path, target: Path) -> None:
 
     converted = convert_float_to_float16(onnx.load(str(source)), keep_io_types=False)
     onnx.save(converted, str(target))
+
+
+def q4f16_copy(kind: str, folder: Path) -> Path:
+    """A copy of a fixture repo in ``folder`` whose only graph is 4-bit RTN symmetric (blocks of 32) over fp16.
+
+    Made as the q4f16 exports are: the fp16 graph's MatMul weights quantized by onnxruntime's
+    MatMulNBitsQuantizer. Not cached: it takes a fraction of a second.
+    """
+    import onnx
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer, RTNWeightOnlyQuantConfig
+
+    source = fixture_repo(kind)
+    shutil.copytree(source, folder, ignore=shutil.ignore_patterns("*.onnx"), dirs_exist_ok=True)
+    quantizer = MatMulNBitsQuantizer(
+        onnx.load(str(source / FP16_GRAPH)), block_size=32, is_symmetric=True, algo_config=RTNWeightOnlyQuantConfig()
+    )
+    quantizer.process()
+    onnx.save(quantizer.model.model, str(folder / Q4F16_GRAPH))
+    return folder
 
 
 def _recipe_hash(kind: str) -> str:

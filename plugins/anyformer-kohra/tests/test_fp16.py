@@ -1,4 +1,4 @@
-"""fp16 graphs: every fixture graph converted to fp16 (inputs and outputs too) runs and answers like fp32.
+"""fp16 and q4f16 graphs: every fixture graph converted to fp16 (inputs and outputs too) runs and answers like fp32.
 
 The conversion is onnxruntime's own (``onnxruntime.transformers.float16``, ``keep_io_types=False``), so
 ``sigma``, the 4-D ``attention_mask``, the key/value cache and the logits are all fp16: kohra must feed
@@ -10,6 +10,11 @@ measured 0.013-0.014. :data:`LOGIT_TOLERANCE` allows 0.05. A sampled token then 
 choices were within that much of each other in fp32; the ancestral sampler's Gumbel draws make that
 rare, so its whole answers must be equal; the confidence sampler ranks positions whose confidences
 can be nearly equal, so each of its steps must either agree or differ only at such a near tie.
+
+The q4f16 graph (4-bit RTN weights, fp16 activations) is what kohra picks on the CPU when a repo has
+one; 4-bit weights move the logits far more than fp16 does (measured: up to 1.3 on logits up to 28,
+correlation 0.999, 95% of arg-max tokens the same), so it is checked for running end to end and for
+logits that follow fp32's closely, not for fp32's tokens.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from kohra_fixtures import BLOCK_SIZE, FP16_GRAPH, KINDS, MASK_ID, fixture_repo
+from kohra_fixtures import BLOCK_SIZE, FP16_GRAPH, KINDS, MASK_ID, Q4F16_GRAPH, fixture_repo, q4f16_copy
 
 import anyformer
 from anyformer_kohra import plugin
@@ -152,3 +157,27 @@ def test_an_fp16_provider_loads_the_fp16_graph_and_answers_like_fp32(
     with anyformer.load(str(repo), backend="kohra") as half:
         assert half.handle.runner.session.get_outputs()[0].type == "tensor(float16)"
         assert half.complete(HELLO, **options).text == want
+
+
+@pytest.mark.parametrize("kind", ["mdlm", "bd3lm"])
+def test_the_q4f16_graph_is_chosen_on_the_cpu_and_runs(kind: str, tmp_path: Path) -> None:
+    folder = q4f16_copy(kind, tmp_path / kind)
+    with anyformer.load(str(folder), backend="kohra") as loaded:
+        runner = loaded.handle.runner
+        assert runner.session.get_outputs()[0].type == "tensor(float16)"
+        assert {i.type for i in runner.session.get_inputs()} <= {"tensor(int64)", "tensor(float16)"}
+        options = {"max_new_tokens": 12, "temperature": 1.0, "seed": 2}
+        first = loaded.complete(HELLO, **options)
+        assert first.text == loaded.complete(HELLO, **options).text
+        assert first.finish_reason in ("stop", "length") and 0 < first.tokens <= 12
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, 256, 40)
+    ids[rng.random(40) < 0.5] = MASK_ID
+    quantized = _runner(kind, "onnx/model.onnx")
+    session, _ = open_session(folder / Q4F16_GRAPH)
+    q4 = GraphRunner(session, inspect_graph(session, {}))
+    want, _ = quantized.run(ids, 1.0, None)
+    got, _ = q4.run(ids, 1.0, None)
+    assert got.dtype == np.float32 and np.isfinite(got).all()
+    assert np.corrcoef(got.ravel(), want.ravel())[0, 1] > 0.99
+    assert (got.argmax(-1) == want.argmax(-1)).mean() >= 0.8
