@@ -102,16 +102,17 @@ def _recipe_hash(kind: str) -> str:
     return digest.hexdigest()[:16]
 
 
-def _card(kind: str) -> str:
-    tags = ["text-diffusion", "block-diffusion"] if kind in BLOCK_KINDS else ["text-diffusion"]
+def _card(blocks: bool) -> str:
+    tags = ["text-diffusion", "block-diffusion"] if blocks else ["text-diffusion"]
     lines = "".join(f"  - {t}\n" for t in tags)
-    return f"---\nlicense: apache-2.0\npipeline_tag: text-generation\ntags:\n{lines}---\n# tiny {kind}\n"
+    kind = "BD3LM" if blocks else "MDLM"
+    return f"---\nlicense: apache-2.0\npipeline_tag: text-generation\ntags:\n{lines}---\n# tiny random {kind}\n"
 
 
-def _write(folder: Path, kind: str) -> None:
-    config = KINDS[kind]
+def write_repo(folder: Path, config: tiny_diffusion.TinyConfig, *, blocks: bool) -> None:
+    """Write a text-diffusion repo for ``config`` into the empty ``folder``: graphs, tokenizer, config, card."""
     (folder / "onnx").mkdir()
-    tiny_diffusion.export_onnx(torch_model(kind), str(folder / "onnx" / "model.onnx"))
+    tiny_diffusion.export_onnx(tiny_diffusion.TinyDiffusionLM(config).eval(), str(folder / "onnx" / "model.onnx"))
     write_fp16(folder / "onnx" / "model.onnx", folder / FP16_GRAPH)
     build_tokenizer().save(str(folder / "tokenizer.json"))
     (folder / "tokenizer_config.json").write_text(
@@ -124,10 +125,10 @@ def _write(folder: Path, kind: str) -> None:
         "num_attention_heads": config.heads,
         "model_length": MODEL_LENGTH,
     }
-    if kind in BLOCK_KINDS:
+    if blocks:
         model_config["block_size"] = BLOCK_SIZE
     (folder / "config.json").write_text(json.dumps(model_config), encoding="utf-8")
-    (folder / "README.md").write_text(_card(kind), encoding="utf-8")
+    (folder / "README.md").write_text(_card(blocks), encoding="utf-8")
 
 
 def fixture_repo(kind: str) -> Path:
@@ -139,7 +140,7 @@ def fixture_repo(kind: str) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".kohra-{kind}-", dir=root))
     try:
-        _write(staging, kind)
+        write_repo(staging, KINDS[kind], blocks=kind in BLOCK_KINDS)
         try:
             staging.rename(target)
         except OSError:

@@ -42,6 +42,9 @@ class TinyConfig:
     seed: int = 0
     #: Token ids left as they are; every other id below 256 is pushed down (readable random text).
     readable: tuple[int, ...] = ()
+    #: Push the special tokens (ids from 256) down too, so a generation never ends early (the bench's
+    #: timed runs must all produce the same number of tokens).
+    no_specials: bool = False
 
     @property
     def head_dim(self) -> int:
@@ -131,6 +134,8 @@ class TinyDiffusionLM(nn.Module):
             if config.readable:
                 unreadable = [i for i in range(min(256, config.vocab_size)) if i not in set(config.readable)]
                 self.head.bias[unreadable] -= 12.0
+            if config.no_specials:
+                self.head.bias[256:] -= 12.0
 
     def forward(
         self,
