@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from anyformer_kohra.attention_masks import block_causal, block_segments, encode_mask, full_mask
+from anyformer_kohra.attention_masks import block_causal, block_segments, encode_mask, full_mask, mask_bytes
 
 
 def test_segments_are_the_prompt_then_one_per_block() -> None:
@@ -50,3 +50,10 @@ def test_each_mask_type_is_encoded_as_graphs_expect(dtype: type, allowed_value: 
 def test_a_full_mask_lets_every_query_see_every_key() -> None:
     mask = full_mask(2, 5, np.float16)
     assert mask.shape == (1, 1, 2, 5) and not mask.any()
+
+
+def test_mask_bytes_counts_the_bool_matrix_and_its_encoding() -> None:
+    assert mask_bytes(3, 5, np.float32) == 3 * 5 * 5
+    assert mask_bytes(3, 5, np.float16) == 3 * 5 * 3
+    allowed = block_causal(block_segments(2, [3]))
+    assert mask_bytes(5, 5, np.float32) == allowed.nbytes + encode_mask(allowed, np.float32).nbytes

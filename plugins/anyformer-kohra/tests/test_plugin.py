@@ -186,6 +186,19 @@ def test_bad_options_are_bad_request_before_any_chunk(mdlm, options: dict[str, o
     assert raised.value.code == ErrorCode.BAD_REQUEST
 
 
+def test_an_answer_whose_attention_mask_would_not_fit_is_bad_request_before_any_chunk(  # type: ignore[no-untyped-def]
+    bd3lm_mask_repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without a cache the mask grows with the square of the sequence: kohra refuses before allocating it."""
+    with anyformer.load(str(bd3lm_mask_repo), backend="kohra") as loaded:
+        # The fixture reads 512 tokens; a lower limit stands in for a model that reads a million.
+        monkeypatch.setattr(plugin, "MASK_LIMIT", 40 * 40 * 5)
+        assert loaded.complete(HELLO, max_new_tokens=4).text is not None
+        with pytest.raises(AnyformerError) as raised:
+            loaded.generate(HELLO, max_new_tokens=64)
+        assert raised.value.code == ErrorCode.BAD_REQUEST and "attention mask" in raised.value.message
+
+
 def test_a_prompt_longer_than_the_model_reads_is_bad_request(mdlm) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(AnyformerError) as raised:
         mdlm.generate([{"role": "user", "content": "x" * MODEL_LENGTH}], max_new_tokens=4)

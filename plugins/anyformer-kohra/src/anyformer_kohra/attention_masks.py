@@ -30,6 +30,11 @@ def encode_mask(allowed: np.ndarray, dtype: Any) -> np.ndarray:
     return encoded[None, None]
 
 
+def mask_bytes(queries: int, keys: int, dtype: Any) -> int:
+    """The memory one ``[queries, keys]`` mask takes while it is built: the bool matrix and its encoding."""
+    return queries * keys * (1 + np.dtype(dtype).itemsize)
+
+
 def full_mask(queries: int, keys: int, dtype: Any) -> np.ndarray:
     """Every query attends to every key: the mask of a bidirectional call or of a block against its cache."""
     return encode_mask(np.ones((queries, keys), dtype=bool), dtype)

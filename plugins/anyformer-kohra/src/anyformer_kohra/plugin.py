@@ -52,6 +52,8 @@ DEFAULT_BLOCK_SIZE = 4
 RAM_OVERHEAD = 256 * 2**20
 #: Accelerator memory besides the weights: activations and the logits of a step.
 GPU_OVERHEAD = 128 * 2**20
+#: The largest 4-D attention mask kohra builds for one call (it grows with the square of the sequence).
+MASK_LIMIT = 512 * 2**20
 
 
 class KohraModel:
@@ -207,6 +209,18 @@ def _generation(handle: KohraModel, messages: list[Message], options: GenerateOp
                 f"the prompt is {len(prompt)} tokens; the model reads {handle.max_length} in all, leaving no room",
             )
         length = min(length, room)
+    spec = runner.spec
+    if spec.mask_is_4d and not (handle.blocks and spec.has_cache):
+        # MDLM and cacheless BD3LM feed a [sequence, sequence] mask; at its longest the whole sequence.
+        from anyformer_kohra.attention_masks import mask_bytes
+
+        total = len(prompt) + length
+        if mask_bytes(total, total, spec.mask_dtype) > MASK_LIMIT:
+            raise AnyformerError(
+                ErrorCode.BAD_REQUEST,
+                f"{total} tokens need a {format_size(mask_bytes(total, total, spec.mask_dtype))} attention mask on "
+                f"this graph (no key/value cache), over kohra's {format_size(MASK_LIMIT)}: ask for fewer new tokens",
+            )
     settings = SamplerSettings(
         mask_id=codec.mask_id,
         steps=diffusion.steps,
