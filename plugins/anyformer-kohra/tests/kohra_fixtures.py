@@ -31,7 +31,16 @@ KINDS = {
     "mdlm": tiny_diffusion.TinyConfig(VOCAB, seed=1, readable=READABLE),
     "mdlm-tc": tiny_diffusion.TinyConfig(VOCAB, time_conditioning=True, seed=2, readable=READABLE),
     "bd3lm": tiny_diffusion.TinyConfig(VOCAB, kv_cache=True, seed=3, readable=READABLE),
+    # The same weights as bd3lm (same seed), exported without a cache: block-causal attention comes from
+    # a 4-D attention_mask, so kohra recomputes the sequence for every block.
+    "bd3lm-mask": tiny_diffusion.TinyConfig(VOCAB, mask_input=True, seed=3, readable=READABLE),
+    # The same weights again, with both the cache and the mask: one graph that runs either way.
+    "bd3lm-both": tiny_diffusion.TinyConfig(VOCAB, kv_cache=True, mask_input=True, seed=3, readable=READABLE),
 }
+BLOCK_KINDS = ("bd3lm", "bd3lm-mask", "bd3lm-both")
+#: Beside each repo's fp32 graph: the same graph converted to fp16, inputs and outputs included.
+FP16_GRAPH = "onnx/model_fp16_fused.onnx"
+Q4F16_GRAPH = "onnx/model_q4f16_rtn_sym.onnx"
 
 
 def build_tokenizer():  # type: ignore[no-untyped-def]
@@ -53,6 +62,34 @@ def torch_model(kind: str) -> tiny_diffusion.TinyDiffusionLM:
     return tiny_diffusion.TinyDiffusionLM(KINDS[kind]).eval()
 
 
+def write_fp16(source: Path, target: Path) -> None:
+    """Convert an fp32 graph to fp16 with onnxruntime's converter; float inputs and outputs become fp16 too."""
+    import onnx
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    converted = convert_float_to_float16(onnx.load(str(source)), keep_io_types=False)
+    onnx.save(converted, str(target))
+
+
+def q4f16_copy(kind: str, folder: Path) -> Path:
+    """A copy of a fixture repo in ``folder`` whose only graph is 4-bit RTN symmetric (blocks of 32) over fp16.
+
+    Made as the q4f16 exports are: the fp16 graph's MatMul weights quantized by onnxruntime's
+    MatMulNBitsQuantizer. Not cached: it takes a fraction of a second.
+    """
+    import onnx
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer, RTNWeightOnlyQuantConfig
+
+    source = fixture_repo(kind)
+    shutil.copytree(source, folder, ignore=shutil.ignore_patterns("*.onnx"), dirs_exist_ok=True)
+    quantizer = MatMulNBitsQuantizer(
+        onnx.load(str(source / FP16_GRAPH)), block_size=32, is_symmetric=True, algo_config=RTNWeightOnlyQuantConfig()
+    )
+    quantizer.process()
+    onnx.save(quantizer.model.model, str(folder / Q4F16_GRAPH))
+    return folder
+
+
 def _recipe_hash(kind: str) -> str:
     import onnx
     import torch
@@ -65,16 +102,18 @@ def _recipe_hash(kind: str) -> str:
     return digest.hexdigest()[:16]
 
 
-def _card(kind: str) -> str:
-    tags = ["text-diffusion", "block-diffusion"] if kind == "bd3lm" else ["text-diffusion"]
+def _card(blocks: bool) -> str:
+    tags = ["text-diffusion", "block-diffusion"] if blocks else ["text-diffusion"]
     lines = "".join(f"  - {t}\n" for t in tags)
-    return f"---\nlicense: apache-2.0\npipeline_tag: text-generation\ntags:\n{lines}---\n# tiny {kind}\n"
+    kind = "BD3LM" if blocks else "MDLM"
+    return f"---\nlicense: apache-2.0\npipeline_tag: text-generation\ntags:\n{lines}---\n# tiny random {kind}\n"
 
 
-def _write(folder: Path, kind: str) -> None:
-    config = KINDS[kind]
+def write_repo(folder: Path, config: tiny_diffusion.TinyConfig, *, blocks: bool) -> None:
+    """Write a text-diffusion repo for ``config`` into the empty ``folder``: graphs, tokenizer, config, card."""
     (folder / "onnx").mkdir()
-    tiny_diffusion.export_onnx(torch_model(kind), str(folder / "onnx" / "model.onnx"))
+    tiny_diffusion.export_onnx(tiny_diffusion.TinyDiffusionLM(config).eval(), str(folder / "onnx" / "model.onnx"))
+    write_fp16(folder / "onnx" / "model.onnx", folder / FP16_GRAPH)
     build_tokenizer().save(str(folder / "tokenizer.json"))
     (folder / "tokenizer_config.json").write_text(
         json.dumps({"mask_token": "[MASK]", "eos_token": "<|im_end|>", "bos_token": None}), encoding="utf-8"
@@ -86,14 +125,14 @@ def _write(folder: Path, kind: str) -> None:
         "num_attention_heads": config.heads,
         "model_length": MODEL_LENGTH,
     }
-    if kind == "bd3lm":
+    if blocks:
         model_config["block_size"] = BLOCK_SIZE
     (folder / "config.json").write_text(json.dumps(model_config), encoding="utf-8")
-    (folder / "README.md").write_text(_card(kind), encoding="utf-8")
+    (folder / "README.md").write_text(_card(blocks), encoding="utf-8")
 
 
 def fixture_repo(kind: str) -> Path:
-    """The local repo folder of a tiny model (``mdlm``, ``mdlm-tc`` or ``bd3lm``), built once."""
+    """The local repo folder of a tiny model (a key of :data:`KINDS`), built once."""
     root = Path(os.environ.get("ANYFORMER_TEST_FIXTURES", Path.home() / ".cache" / "anyformer-test-fixtures"))
     target = root / f"kohra-{kind}-{_recipe_hash(kind)}"
     if target.is_dir():
@@ -101,7 +140,7 @@ def fixture_repo(kind: str) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".kohra-{kind}-", dir=root))
     try:
-        _write(staging, kind)
+        write_repo(staging, KINDS[kind], blocks=kind in BLOCK_KINDS)
         try:
             staging.rename(target)
         except OSError:

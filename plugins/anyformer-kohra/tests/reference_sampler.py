@@ -90,3 +90,40 @@ def bd3lm_sample(
         answer += x.tolist()
         _, cache = model(x[None], None, cache)
     return answer
+
+
+def block_causal_bias(prompt_length: int, block_lengths: list[int]) -> torch.Tensor:
+    """The additive mask ``[1, 1, n, n]`` of BD3LM without a cache: the prompt, then blocks, none seeing a later one.
+
+    Built here in torch from block ends, independently of kohra's numpy mask.
+    """
+    ends = [prompt_length]
+    for length in block_lengths:
+        ends.append(ends[-1] + length)
+    n = ends[-1]
+    bias = torch.full((n, n), -1e30)
+    start = 0
+    for end in ends:
+        bias[start:end, :end] = 0.0  # a segment sees itself and everything before it
+        start = end
+    return bias[None, None]
+
+
+@torch.no_grad()
+def bd3lm_recompute_sample(
+    model, prompt: list[int], length: int, steps_per_block: int, block: int, mask_id: int, seed: int, temperature=1.0
+):
+    """Blocks left to right without a cache: every call runs the prompt, finished blocks and current block."""
+    rng = np.random.default_rng(seed)
+    answer: list[int] = []
+    for start in range(0, length, block):
+        size = min(block, length - start)
+        blocks = [min(block, length - s) for s in range(0, start, block)] + [size]
+        context = torch.tensor(prompt + answer, dtype=torch.int64)
+        bias = block_causal_bias(len(prompt), blocks)
+
+        def call(x: torch.Tensor, sigma: torch.Tensor, context=context, bias=bias) -> torch.Tensor:  # type: ignore[no-untyped-def]
+            return model(torch.cat([context, x])[None], None, None, bias)[0][0, len(context) :]
+
+        answer += _denoise(call, size, steps_per_block, mask_id, temperature, rng).tolist()
+    return answer

@@ -78,3 +78,27 @@ class TestKohraBlockDiffusionConformance(BackendConformance):
     def sample_model(cls) -> Model:
         """The tiny random BD3LM with its key/value cache."""
         return anyformer.describe(fixture_repo("bd3lm"))
+
+
+class TestKohraRecomputedBlockConformance(BackendConformance):
+    """kohra on the tiny BD3LM exported without a cache: block-causal attention from a 4-D mask."""
+
+    backend_id = "kohra"
+    supports_images = False
+    supports_store = True
+    max_new_tokens_for_tests = 8
+
+    refusal_cases = (
+        RefusalCase(
+            {"repo": "org/bd3lm", "tags": [*_DIFFUSION, "block-diffusion"], "files": [{"name": "model.safetensors"}]},
+            {},
+            {},
+            Refusal.FORMAT,
+        ),
+    )
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def sample_model(cls) -> Model:
+        """The tiny random BD3LM whose graph takes an attention mask instead of past_key_values."""
+        return anyformer.describe(fixture_repo("bd3lm-mask"))

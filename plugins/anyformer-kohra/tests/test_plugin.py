@@ -141,6 +141,26 @@ def test_bd3lm_streams_a_chunk_per_finished_block(bd3lm) -> None:  # type: ignor
         assert chunk.tokens % BLOCK_SIZE == 0, f"a chunk arrived mid-block at {chunk.tokens} tokens"
 
 
+def test_a_block_diffusion_graph_without_a_cache_runs_by_recomputing(  # type: ignore[no-untyped-def]
+    bd3lm, bd3lm_mask_repo: Path
+) -> None:
+    """The same weights exported without a cache give the cached graph's answer, a chunk per block, no extra calls."""
+    with anyformer.load(str(bd3lm_mask_repo), backend="kohra") as recomputing:
+        assert not recomputing.handle.runner.spec.has_cache
+        for options in ({}, {"temperature": 1.0, "seed": 3}):
+            steps: dict[str, list[DiffusionStep]] = {"cached": [], "recomputed": []}
+            chunks = {
+                name: list(model.generate(HELLO, max_new_tokens=12, on_step=steps[name].append, **options))
+                for name, model in (("cached", bd3lm), ("recomputed", recomputing))
+            }
+            assert [c.text for c in chunks["cached"]] == [c.text for c in chunks["recomputed"]]
+            assert [s.text for s in steps["cached"]] == [s.text for s in steps["recomputed"]]
+            with_text = [c for c in chunks["recomputed"] if c.delta]
+            assert with_text and all(c.tokens % BLOCK_SIZE == 0 for c in with_text[:-1])
+            # Without a cache there is no prompt call and no commit call: one call per step at most.
+            assert steps["recomputed"][-1].model_calls < steps["cached"][-1].model_calls
+
+
 def test_cancel_stops_between_steps(mdlm) -> None:  # type: ignore[no-untyped-def]
     cancel = threading.Event()
     seen: list[int] = []
@@ -164,6 +184,19 @@ def test_bad_options_are_bad_request_before_any_chunk(mdlm, options: dict[str, o
     with pytest.raises(AnyformerError) as raised:
         mdlm.generate(HELLO, max_new_tokens=4, **options)
     assert raised.value.code == ErrorCode.BAD_REQUEST
+
+
+def test_an_answer_whose_attention_mask_would_not_fit_is_bad_request_before_any_chunk(  # type: ignore[no-untyped-def]
+    bd3lm_mask_repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without a cache the mask grows with the square of the sequence: kohra refuses before allocating it."""
+    with anyformer.load(str(bd3lm_mask_repo), backend="kohra") as loaded:
+        # The fixture reads 512 tokens; a lower limit stands in for a model that reads a million.
+        monkeypatch.setattr(plugin, "MASK_LIMIT", 40 * 40 * 5)
+        assert loaded.complete(HELLO, max_new_tokens=4).text is not None
+        with pytest.raises(AnyformerError) as raised:
+            loaded.generate(HELLO, max_new_tokens=64)
+        assert raised.value.code == ErrorCode.BAD_REQUEST and "attention mask" in raised.value.message
 
 
 def test_a_prompt_longer_than_the_model_reads_is_bad_request(mdlm) -> None:  # type: ignore[no-untyped-def]
@@ -241,13 +274,13 @@ def test_a_graph_whose_external_data_leaves_its_folder_is_refused_before_onnxrun
     assert "outside" in raised.value.message or "climbs" in raised.value.message
 
 
-def test_a_block_diffusion_graph_without_a_cache_is_bad_model(mdlm_repo: Path) -> None:
+def test_a_block_diffusion_graph_with_neither_a_cache_nor_a_4d_mask_is_bad_model(mdlm_repo: Path) -> None:
     model = anyformer.describe(mdlm_repo)
     model = dataclasses.replace(model, tags=(*model.tags, "block-diffusion"))
     with pytest.raises(AnyformerError) as raised:
         anyformer.load(model, backend="kohra")
     assert raised.value.code == ErrorCode.BAD_MODEL
-    assert "past_key_values" in raised.value.message
+    assert "past_key_values" in raised.value.message and "attention_mask" in raised.value.message
 
 
 def test_dispose_then_generate_is_bad_request(mdlm_repo: Path) -> None:

@@ -7,9 +7,15 @@ import functools
 import numpy as np
 import pytest
 from kohra_fixtures import BLOCK_SIZE, MASK_ID, fixture_repo, torch_model
-from reference_sampler import bd3lm_sample, mdlm_sample
+from reference_sampler import bd3lm_recompute_sample, bd3lm_sample, mdlm_sample
 
-from anyformer_kohra.denoiser import CachedBlockDenoiser, FullSequenceDenoiser, GraphRunner, inspect_graph
+from anyformer_kohra.denoiser import (
+    CachedBlockDenoiser,
+    FullSequenceDenoiser,
+    GraphRunner,
+    RecomputedBlockDenoiser,
+    inspect_graph,
+)
 from anyformer_kohra.ort_session import open_session
 from anyformer_kohra.sampler import SamplerSettings, block_steps, sample_blocks, sample_mdlm
 
@@ -58,3 +64,23 @@ def test_bd3lm_ancestral_matches_the_reference(seed: int, length: int, steps: in
     settings = SamplerSettings(MASK_ID, steps, "ancestral", temperature=1.0, seed=seed, block_size=BLOCK_SIZE)
     got, _ = _last(sample_blocks(CachedBlockDenoiser(_runner("bd3lm"), np.array(PROMPT)), length, settings))
     assert got == want
+
+
+@pytest.mark.parametrize(("seed", "length", "steps"), [(0, 12, 12), (3, 10, 18), (5, 9, 3)])
+def test_bd3lm_without_a_cache_matches_the_reference_and_the_cached_graph(seed: int, length: int, steps: int) -> None:
+    """The recompute path (mask-only graph) equals the torch recompute reference and the key/value path."""
+    per_block = block_steps(steps, length, BLOCK_SIZE)
+    want = bd3lm_recompute_sample(_torch("bd3lm-mask"), PROMPT, length, per_block, BLOCK_SIZE, MASK_ID, seed)
+    settings = SamplerSettings(MASK_ID, steps, "ancestral", temperature=1.0, seed=seed, block_size=BLOCK_SIZE)
+    got, calls = _last(
+        sample_blocks(RecomputedBlockDenoiser(_runner("bd3lm-mask"), np.array(PROMPT)), length, settings)
+    )
+    assert got == want
+    # The same weights with a key/value cache (test_bd3lm_ancestral_matches_the_reference checks that path).
+    cached, cached_calls = _last(
+        sample_blocks(CachedBlockDenoiser(_runner("bd3lm"), np.array(PROMPT)), length, settings)
+    )
+    assert cached == want
+    # Recomputing costs no prompt call and no commit calls: the cached path makes one of each, per block.
+    blocks = -(-length // BLOCK_SIZE)
+    assert cached_calls == calls + 1 + (blocks - 1)

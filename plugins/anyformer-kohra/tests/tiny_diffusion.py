@@ -1,11 +1,14 @@
 """A tiny random diffusion transformer in torch (MDLM's DiT shape), and its ONNX export.
 
-Three variants, all with rotary positions and bidirectional attention over what they are given:
+The variants, all with rotary positions and bidirectional attention over what they are given:
 
 - ``mdlm``: no time conditioning (like MDLM's OpenWebText checkpoint), so the sampler's cache applies;
 - ``mdlm-tc``: adaLN time conditioning on ``sigma``, as MDLM's DiT has it;
 - ``bd3lm``: a block-diffusion model whose graph exposes ``past_key_values.*`` / ``present.*``: a chunk
-  attends to every cached key and to itself, which is block-causal attention when chunks are blocks.
+  attends to every cached key and to itself, which is block-causal attention when chunks are blocks;
+- a graph may also take a 4-D additive ``attention_mask`` ``[batch, 1, query, key]`` (0 where a query
+  may attend, a large negative number where not): with it and no cache, block-causal attention comes
+  from the mask alone (BD3LM without its cache recomputes the whole sequence under that mask).
 
 The weights are random (seeded), the sizes tiny, so an export takes a second or two on a CPU.
 """
@@ -31,12 +34,17 @@ class TinyConfig:
     vocab_size: int
     time_conditioning: bool = False
     kv_cache: bool = False
+    #: The graph takes a 4-D additive ``attention_mask``.
+    mask_input: bool = False
     hidden: int = HIDDEN
     layers: int = LAYERS
     heads: int = HEADS
     seed: int = 0
     #: Token ids left as they are; every other id below 256 is pushed down (readable random text).
     readable: tuple[int, ...] = ()
+    #: Push the special tokens (ids from 256) down too, so a generation never ends early (the bench's
+    #: timed runs must all produce the same number of tokens).
+    no_specials: bool = False
 
     @property
     def head_dim(self) -> int:
@@ -79,6 +87,7 @@ class _Block(nn.Module):
         cond: torch.Tensor | None,
         past_k: torch.Tensor | None,
         past_v: torch.Tensor | None,
+        bias: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         b, t, h = x.shape
         if self.ada is not None and cond is not None:
@@ -94,7 +103,10 @@ class _Block(nn.Module):
         if past_k is not None and past_v is not None:
             k = torch.cat([past_k, k], dim=2)
             v = torch.cat([past_v, v], dim=2)
-        weights = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(self.config.head_dim), dim=-1)
+        scores = q @ k.transpose(-1, -2) / math.sqrt(self.config.head_dim)
+        if bias is not None:
+            scores = scores + bias
+        weights = torch.softmax(scores, dim=-1)
         attended = (weights @ v).transpose(1, 2).reshape(b, t, h)
         x = x + gate1 * self.out(attended)
         y = self.norm2(x) * (1 + scale2) + shift2
@@ -122,14 +134,20 @@ class TinyDiffusionLM(nn.Module):
             if config.readable:
                 unreadable = [i for i in range(min(256, config.vocab_size)) if i not in set(config.readable)]
                 self.head.bias[unreadable] -= 12.0
+            if config.no_specials:
+                self.head.bias[256:] -= 12.0
 
     def forward(
         self,
         input_ids: torch.Tensor,
         sigma: torch.Tensor | None = None,
         past: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
+        bias: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
-        """Logits for every position, and each layer's keys/values (past ones included)."""
+        """Logits for every position, and each layer's keys/values (past ones included).
+
+        ``bias`` is added to the attention scores ``[batch, 1, query, past + query]`` (0 or very negative).
+        """
         offset = past[0][0].shape[2] if past else 0
         positions = torch.arange(input_ids.shape[1], dtype=torch.float32) + offset
         angles = positions[:, None] * self.inv_freq[None]
@@ -140,73 +158,66 @@ class TinyDiffusionLM(nn.Module):
         present = []
         for i, block in enumerate(self.blocks):
             past_k, past_v = past[i] if past else (None, None)
-            x, k, v = block(x, cos, sin, cond, past_k, past_v)
+            x, k, v = block(x, cos, sin, cond, past_k, past_v, bias)
             present.append((k, v))
         return self.head(self.norm(x)), present
 
 
-class _MdlmExport(nn.Module):
+class _Export(nn.Module):
+    """The graph's inputs in order: ``input_ids`` [, ``sigma``] [, ``attention_mask``] [, ``past_key_values.*``]."""
+
     def __init__(self, model: TinyDiffusionLM) -> None:
         super().__init__()
         self.model = model
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids)[0]
-
-
-class _MdlmTimeExport(_MdlmExport):
-    def forward(self, input_ids: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        return self.model(input_ids, sigma)[0]
-
-
-class _KvExport(nn.Module):
-    def __init__(self, model: TinyDiffusionLM) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, input_ids: torch.Tensor, *flat_past: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        past = [(flat_past[2 * i], flat_past[2 * i + 1]) for i in range(len(flat_past) // 2)]
-        logits, present = self.model(input_ids, None, past)
+    def forward(self, input_ids: torch.Tensor, *rest: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        config = self.model.config
+        items = list(rest)
+        sigma = items.pop(0) if config.time_conditioning else None
+        bias = items.pop(0) if config.mask_input else None
+        past = [(items[2 * i], items[2 * i + 1]) for i in range(len(items) // 2)] if config.kv_cache else None
+        logits, present = self.model(input_ids, sigma, past, bias)
+        if not config.kv_cache:
+            return (logits,)
         return (logits, *[t for pair in present for t in pair])
 
 
 def export_onnx(model: TinyDiffusionLM, path: str) -> None:
     """Export the graph kohra reads.
 
-    Inputs ``input_ids`` [+ ``sigma``] [+ ``past_key_values.*``]; outputs ``logits`` [+ ``present.*``].
+    Inputs ``input_ids`` [+ ``sigma``] [+ ``attention_mask``] [+ ``past_key_values.*``]; outputs
+    ``logits`` [+ ``present.*``].
     """
     config = model.config
     model.eval()
     ids = torch.zeros(1, 5, dtype=torch.int64)
+    past_length = 3 if config.kv_cache else 0
     dynamic: dict[str, dict[int, str]] = {
         "input_ids": {0: "batch", 1: "sequence"},
         "logits": {0: "batch", 1: "sequence"},
     }
+    args: list[torch.Tensor] = [ids]
+    in_names, out_names = ["input_ids"], ["logits"]
+    if config.time_conditioning:
+        args.append(torch.tensor([0.5]))
+        in_names.append("sigma")
+        dynamic["sigma"] = {0: "batch"}
+    if config.mask_input:
+        args.append(torch.zeros(1, 1, 5, past_length + 5))
+        in_names.append("attention_mask")
+        dynamic["attention_mask"] = {0: "batch", 2: "sequence", 3: "total_sequence"}
     if config.kv_cache:
-        wrapper: nn.Module = _KvExport(model)
-        past = []
-        in_names, out_names = ["input_ids"], ["logits"]
         for i in range(config.layers):
             for kind in ("key", "value"):
-                past.append(torch.zeros(1, config.heads, 3, config.head_dim))
+                args.append(torch.zeros(1, config.heads, past_length, config.head_dim))
                 in_names.append(f"past_key_values.{i}.{kind}")
                 out_names.append(f"present.{i}.{kind}")
                 dynamic[f"past_key_values.{i}.{kind}"] = {0: "batch", 2: "past_sequence"}
                 dynamic[f"present.{i}.{kind}"] = {0: "batch", 2: "total_sequence"}
-        args: tuple[torch.Tensor, ...] = (ids, *past)
-    elif config.time_conditioning:
-        wrapper = _MdlmTimeExport(model)
-        args = (ids, torch.tensor([0.5]))
-        in_names, out_names = ["input_ids", "sigma"], ["logits"]
-        dynamic["sigma"] = {0: "batch"}
-    else:
-        wrapper = _MdlmExport(model)
-        args = (ids,)
-        in_names, out_names = ["input_ids"], ["logits"]
     with torch.no_grad():
         torch.onnx.export(
-            wrapper,
-            args,
+            _Export(model),
+            tuple(args),
             path,
             input_names=in_names,
             output_names=out_names,

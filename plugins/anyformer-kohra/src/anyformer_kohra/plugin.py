@@ -52,6 +52,8 @@ DEFAULT_BLOCK_SIZE = 4
 RAM_OVERHEAD = 256 * 2**20
 #: Accelerator memory besides the weights: activations and the logits of a step.
 GPU_OVERHEAD = 128 * 2**20
+#: The largest 4-D attention mask kohra builds for one call (it grows with the square of the sequence).
+MASK_LIMIT = 512 * 2**20
 
 
 class KohraModel:
@@ -165,10 +167,11 @@ def load(backend: str, model: Model, request: Request, progress: ProgressCallbac
     session, _ = open_session(paths[graph.name])
     runner = GraphRunner(session, inspect_graph(session, config))
     blocks = BLOCK_TAG in model.tags
-    if blocks and not runner.spec.has_cache:
+    if blocks and not (runner.spec.has_cache or runner.spec.can_recompute_blocks):
         raise AnyformerError(
             ErrorCode.BAD_MODEL,
-            f"{graph.name}: a block-diffusion graph must expose past_key_values.* / present.* for its finished blocks",
+            f"{graph.name}: a block-diffusion graph needs past_key_values.* / present.* for its finished blocks, "
+            "or a 4-D attention_mask input so kohra can make its attention block-causal",
         )
     return KohraModel(
         runner,
@@ -184,7 +187,7 @@ def _generation(handle: KohraModel, messages: list[Message], options: GenerateOp
     import numpy as np
 
     from anyformer_kohra.chat_prompt import render_prompt
-    from anyformer_kohra.denoiser import CachedBlockDenoiser, FullSequenceDenoiser
+    from anyformer_kohra.denoiser import CachedBlockDenoiser, FullSequenceDenoiser, RecomputedBlockDenoiser
     from anyformer_kohra.options import parse_options
     from anyformer_kohra.sampler import SamplerSettings, sample_blocks, sample_mdlm
     from anyformer_kohra.streaming import stream_states
@@ -206,6 +209,18 @@ def _generation(handle: KohraModel, messages: list[Message], options: GenerateOp
                 f"the prompt is {len(prompt)} tokens; the model reads {handle.max_length} in all, leaving no room",
             )
         length = min(length, room)
+    spec = runner.spec
+    if spec.mask_is_4d and not (handle.blocks and spec.has_cache):
+        # MDLM and cacheless BD3LM feed a [sequence, sequence] mask; at its longest the whole sequence.
+        from anyformer_kohra.attention_masks import mask_bytes
+
+        total = len(prompt) + length
+        if mask_bytes(total, total, spec.mask_dtype) > MASK_LIMIT:
+            raise AnyformerError(
+                ErrorCode.BAD_REQUEST,
+                f"{total} tokens need a {format_size(mask_bytes(total, total, spec.mask_dtype))} attention mask on "
+                f"this graph (no key/value cache), over kohra's {format_size(MASK_LIMIT)}: ask for fewer new tokens",
+            )
     settings = SamplerSettings(
         mask_id=codec.mask_id,
         steps=diffusion.steps,
@@ -218,8 +233,11 @@ def _generation(handle: KohraModel, messages: list[Message], options: GenerateOp
 
     def states() -> Iterator[Any]:
         # The denoiser is built here, inside the stream: BD3LM's first model call (the prompt) is work.
-        if handle.blocks:
+        if handle.blocks and runner.spec.has_cache:
             yield from sample_blocks(CachedBlockDenoiser(runner, prompt), length, settings)
+        elif handle.blocks:
+            # No cache: each step recomputes the prompt and finished blocks under a block-causal mask.
+            yield from sample_blocks(RecomputedBlockDenoiser(runner, prompt), length, settings)
         else:
             yield from sample_mdlm(FullSequenceDenoiser(runner, prompt), length, settings)
 
