@@ -15,6 +15,7 @@ import numpy as np
 
 from anyformer.plugin import AnyformerError, ErrorCode
 from anyformer_diskformer.expert_cache import ExpertCache
+from anyformer_diskformer.expert_reader import ExpertSlices
 from anyformer_diskformer.moe_config import MoEConfig, is_expert_tensor
 from anyformer_diskformer.trace import TraceWriter
 from anyformer_gguf_gpu.gguf_file import GGUFFile
@@ -49,7 +50,12 @@ class CpuMoEEngine:
     """A loaded qwen3moe or qwen2moe model on the CPU: float32 dense weights, an f32 KV cache of ``ctx`` tokens."""
 
     def __init__(
-        self, gguf: GGUFFile, config: MoEConfig, cache: ExpertCache, ctx: int, trace: TraceWriter | None = None
+        self,
+        gguf: GGUFFile,
+        config: MoEConfig,
+        cache: ExpertCache[ExpertSlices],
+        ctx: int,
+        trace: TraceWriter | None = None,
     ) -> None:
         self.config = config
         self.cache = cache
@@ -122,6 +128,8 @@ class CpuMoEEngine:
         chosen, weights = route(router, c.n_expert_used, c.norm_topk)
         out = np.zeros_like(x)
         # Each expert the batch routes to is fetched once and applied to every token that chose it.
+        # A prompt's tokens may route to more experts than the cache holds: each is used as soon as it is
+        # got (the slabs are this function's reference), so none needs to stay pinned.
         for expert in np.unique(chosen):
             rows, slot = np.nonzero(chosen == expert)
             e = self.cache.get(layer, int(expert))
@@ -140,8 +148,9 @@ class CpuMoEEngine:
             out += gate[:, None].astype(np.float32) * shared
         return out
 
-    def forward(self, ids: list[int], start: int) -> np.ndarray:
-        """Logits (tokens × vocab) for ``ids`` at positions ``start..``; their keys and values enter the cache."""
+    def forward(self, ids: list[int], start: int, *, every: bool = True) -> np.ndarray:
+        """Logits for ``ids`` at positions ``start..`` (every token's rows, or the last's); their keys and values
+        enter the cache."""
         c = self.config
         if start < 0 or start + len(ids) > self.ctx:
             raise AnyformerError(ErrorCode.BAD_REQUEST, f"positions {start}..{start + len(ids)} exceed {self.ctx}")
@@ -154,4 +163,5 @@ class CpuMoEEngine:
             h = h + self._experts(layer, _rms(h, self._w[p + "ffn_norm.weight"], c.eps))
         if self.trace is not None:
             self.trace.write(self.cache.take_accesses())
+        h = h if every else h[-1:]
         return (_rms(h, self._w["output_norm.weight"], c.eps) @ self._head.T).astype(np.float32)

@@ -3,19 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from anyformer import AnyformerError, Chunk, ErrorCode, FinishReason, GenerateOptions, Message, Model, Request
-from anyformer.plugin import (
-    ProgressCallback,
-    ProgressEvent,
-    format_size,
-    host_ram_available,
-)
+from anyformer.plugin import ProgressCallback, ProgressEvent, format_size
 from anyformer_diskformer import BACKEND_ID
 from anyformer_diskformer.cpu_engine import CpuMoEEngine
 from anyformer_diskformer.expert_cache import CacheStats, ExpertCache
+from anyformer_diskformer.expert_reader import ExpertSlices
 from anyformer_diskformer.moe_config import read_moe_config
 from anyformer_diskformer.plan import context_for, plan_from_header
 from anyformer_diskformer.policies import EvictionPolicy, make_policy
@@ -24,6 +21,12 @@ from anyformer_gguf_gpu.chat_setup import chat_prompt_ids, check_prompt_fits, ch
 from anyformer_gguf_gpu.gguf_file import GGUFFile
 from anyformer_gguf_gpu.model_choice import fetch_chosen_gguf
 from anyformer_gguf_gpu.tokenizer import GGUFTokenizer, StreamDecoder
+
+if TYPE_CHECKING:
+    from anyformer_diskformer.gpu_engine import GpuMoEEngine
+    from anyformer_gguf_gpu.gpu import GPU
+
+    Engine = CpuMoEEngine | GpuMoEEngine
 
 #: Sampling defaults at a temperature above 0 (llama.cpp's own), overridable through ``extra``.
 TOP_K = 40
@@ -56,6 +59,39 @@ def cache_capacity(request: Request, min_cache: int, budget_cache: int, need: in
     return budget_cache
 
 
+def open_device(options: dict[str, object]) -> GPU | None:
+    """The GPU the ``device`` load option asks for: ``auto`` (the default) a GPU when wgpu finds one (a
+    software adapter only with ``ANYFORMER_SOFTWARE_GPU=1``), else None for the CPU; ``gpu`` one or the
+    error why not; ``cpu`` None."""
+    wanted = options.get("device", "auto")
+    if wanted not in ("auto", "cpu", "gpu"):
+        raise AnyformerError(ErrorCode.BAD_REQUEST, f"device must be auto, cpu or gpu, not {wanted!r}")
+    if wanted == "cpu":
+        return None
+    from anyformer_gguf_gpu.gpu import GPU
+
+    try:
+        return GPU()
+    except AnyformerError:
+        if wanted == "gpu":
+            raise
+        return None
+
+
+def device_limit(request: Request, gpu: GPU | None) -> int | None:
+    """The bytes the device may hold: the request's budget or the probe's GPU memory on a GPU (host memory
+    where the probe knows no GPU size: a software adapter's memory is host memory), the probe's host
+    memory on the CPU."""
+    import anyformer
+
+    if gpu is None:
+        return anyformer.probe(gpu=False).ram_bytes
+    if request.budget is not None:
+        return request.budget
+    caps = anyformer.probe()
+    return caps.gpu_bytes if caps.gpu_bytes else caps.ram_bytes
+
+
 def policy_for(options: dict[str, object]) -> EvictionPolicy:
     """The eviction policy the ``cache_policy`` load option names (``lru``, the default, or ``lrfu``)."""
     name = options.get("cache_policy", "lru")
@@ -83,8 +119,8 @@ class DiskformerModel:
     backend = BACKEND_ID
     task = "text-generation"
 
-    def __init__(self, engine: CpuMoEEngine, tokenizer: GGUFTokenizer, name: str) -> None:
-        self.engine: CpuMoEEngine | None = engine
+    def __init__(self, engine: Engine, tokenizer: GGUFTokenizer, name: str) -> None:
+        self.engine: Engine | None = engine
         self.tokenizer = tokenizer
         self.name = name
         self.context = engine.ctx
@@ -94,24 +130,40 @@ class DiskformerModel:
         """Fetch the GGUF, check it, size the expert cache from the budget and make the dense weights resident."""
         name, fetched = fetch_chosen_gguf(model, progress, BACKEND_ID)
         path = str(fetched)
+        gpu = open_device(request.options)
         gguf = GGUFFile(path)
         try:
             config = read_moe_config(gguf.header)
             tokenizer = GGUFTokenizer(gguf.kv)
             context = context_for(gguf.header.summary(), request.context)
-            plan = plan_from_header(gguf.header, context)
-            # Host memory bounds the CPU engine (the request's budget is accelerator memory).
-            capacity = cache_capacity(request, plan.min_cache_bytes, plan.cache_bytes(host_ram_available()), plan.need)
-            progress(ProgressEvent(stage="load", backend=BACKEND_ID, file=name, message="dense weights"))
-            cache = ExpertCache(
-                path, gguf.header, config.n_layer, config.n_expert, capacity, policy_for(request.options)
+            plan = plan_from_header(gguf.header, context, "cpu" if gpu is None else "gpu")
+            capacity = cache_capacity(
+                request, plan.min_cache_bytes, plan.cache_bytes(device_limit(request, gpu)), plan.need
             )
-            trace = None
+            progress(ProgressEvent(stage="load", backend=BACKEND_ID, file=name, message="dense weights"))
+            policy = policy_for(request.options)
+            trace = trace_writer_from_env()
             try:
-                trace = trace_writer_from_env()
-                engine = CpuMoEEngine(gguf, config, cache, context, trace)
+                engine: Engine
+                if gpu is None:
+                    cache: ExpertCache[ExpertSlices] = ExpertCache(
+                        path, gguf.header, config.n_layer, config.n_expert, capacity, policy
+                    )
+                    try:
+                        engine = CpuMoEEngine(gguf, config, cache, context, trace)
+                    except BaseException:
+                        cache.close()
+                        raise
+                else:
+                    from anyformer_diskformer.gpu_engine import GpuMoEEngine, GpuSlots
+
+                    def make_cache(slots: GpuSlots) -> ExpertCache[int]:
+                        return ExpertCache(
+                            path, gguf.header, config.n_layer, config.n_expert, capacity, policy, store=slots
+                        )
+
+                    engine = GpuMoEEngine(gpu, gguf, config, make_cache, context, trace)
             except BaseException:
-                cache.close()
                 if trace is not None:
                     trace.close()
                 raise
@@ -129,6 +181,8 @@ class DiskformerModel:
         engine, self.engine = self.engine, None
         if engine is not None:
             engine.cache.close()
+            if not isinstance(engine, CpuMoEEngine):
+                engine.release()
             if engine.trace is not None:
                 engine.trace.close()
 
@@ -154,7 +208,7 @@ class DiskformerModel:
         check_prompt_fits(ids, engine.ctx)
         return self._reply(engine, ids, options)
 
-    def _reply(self, engine: CpuMoEEngine, ids: list[int], options: GenerateOptions) -> Iterator[Chunk]:
+    def _reply(self, engine: Engine, ids: list[int], options: GenerateOptions) -> Iterator[Chunk]:
         rng = np.random.default_rng(options.seed)
         top_k = int(options.extra.get("top_k", TOP_K))
         top_p = float(options.extra.get("top_p", TOP_P))
@@ -169,7 +223,7 @@ class DiskformerModel:
             if pos + len(batch) > engine.ctx:
                 yield Chunk(delta=text.flush(), tokens=count, finish_reason=FinishReason.LENGTH.value)
                 return
-            logits = engine.forward(batch, pos)[-1]
+            logits = engine.forward(batch, pos, every=False)[-1]
             pos += len(batch)
             if options.temperature > 0:
                 token = sample(logits, options.temperature, top_k, top_p, rng)
