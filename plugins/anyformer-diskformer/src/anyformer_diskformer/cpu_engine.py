@@ -17,6 +17,7 @@ from anyformer.plugin import AnyformerError, ErrorCode
 from anyformer_diskformer.expert_cache import ExpertCache
 from anyformer_diskformer.expert_reader import ExpertSlices
 from anyformer_diskformer.moe_config import MoEConfig, is_expert_tensor
+from anyformer_diskformer.prefetch import likely_experts
 from anyformer_diskformer.trace import TraceWriter
 from anyformer_gguf_gpu.gguf_file import GGUFFile
 from anyformer_gguf_gpu.quants import dequantize
@@ -148,6 +149,15 @@ class CpuMoEEngine:
             out += gate[:, None].astype(np.float32) * shared
         return out
 
+    def _guess(self, layer: int, h: np.ndarray) -> None:
+        """Have the prefetcher read ``layer``'s likely experts: its router on the current residual."""
+        prefetcher = self.cache.prefetcher
+        if prefetcher is None or layer >= self.config.n_layer:
+            return
+        p = f"blk.{layer}."
+        logits = _rms(h, self._w[p + "ffn_norm.weight"], self.config.eps) @ self._w[p + "ffn_gate_inp.weight"].T
+        prefetcher.request(layer, likely_experts(logits, self.config.n_expert_used, prefetcher.width), self.cache)
+
     def forward(self, ids: list[int], start: int, *, every: bool = True) -> np.ndarray:
         """Logits for ``ids`` at positions ``start..`` (every token's rows, or the last's); their keys and values
         enter the cache."""
@@ -160,7 +170,9 @@ class CpuMoEEngine:
         for layer in range(c.n_layer):
             p = f"blk.{layer}."
             h = h + self._attention(layer, _rms(h, self._w[p + "attn_norm.weight"], c.eps), start)
-            h = h + self._experts(layer, _rms(h, self._w[p + "ffn_norm.weight"], c.eps))
+            x = _rms(h, self._w[p + "ffn_norm.weight"], c.eps)
+            self._guess(layer + 1, h)
+            h = h + self._experts(layer, x)
         if self.trace is not None:
             self.trace.write(self.cache.take_accesses())
         h = h if every else h[-1:]

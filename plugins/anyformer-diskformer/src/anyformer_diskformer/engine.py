@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -92,6 +92,31 @@ def device_limit(request: Request, gpu: GPU | None) -> int | None:
     return caps.gpu_bytes if caps.gpu_bytes else caps.ram_bytes
 
 
+def _count_option(options: dict[str, object], name: str, default: int) -> int:
+    value = options.get(name, default)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise AnyformerError(ErrorCode.BAD_REQUEST, f"{name} must be a whole number of at least 0, not {value!r}")
+    return value
+
+
+def attach_prefetcher(cache: ExpertCache[Any], options: dict[str, object], min_cache: int, top_k: int) -> None:
+    """Give ``cache`` a prefetcher of ``prefetch`` experts a layer (default: the top-k; 0: none) on
+    ``prefetch_threads`` threads (default 2), its read-ahead bytes taken from the cache's budget.
+
+    Where the budget cannot spare them and still hold one layer's top-k, there is no prefetcher
+    (``prefetch_width`` 0 on the model says so).
+    """
+    from anyformer_diskformer.prefetch import Prefetcher
+
+    width = _count_option(options, "prefetch", top_k)
+    threads = _count_option(options, "prefetch_threads", 2)
+    staging = width * cache.expert_bytes
+    if width == 0 or threads == 0 or cache.capacity_bytes - staging < min_cache:
+        return
+    cache.capacity_bytes -= staging
+    cache.prefetcher = Prefetcher(cache.reader, cache.stats, width, threads)
+
+
 def policy_for(options: dict[str, object]) -> EvictionPolicy:
     """The eviction policy the ``cache_policy`` load option names (``lru``, the default, or ``lrfu``)."""
     name = options.get("cache_policy", "lru")
@@ -149,6 +174,7 @@ class DiskformerModel:
                     cache: ExpertCache[ExpertSlices] = ExpertCache(
                         path, gguf.header, config.n_layer, config.n_expert, capacity, policy
                     )
+                    attach_prefetcher(cache, request.options, plan.min_cache_bytes, config.n_expert_used)
                     try:
                         engine = CpuMoEEngine(gguf, config, cache, context, trace)
                     except BaseException:
@@ -158,9 +184,11 @@ class DiskformerModel:
                     from anyformer_diskformer.gpu_engine import GpuMoEEngine, GpuSlots
 
                     def make_cache(slots: GpuSlots) -> ExpertCache[int]:
-                        return ExpertCache(
+                        made = ExpertCache(
                             path, gguf.header, config.n_layer, config.n_expert, capacity, policy, store=slots
                         )
+                        attach_prefetcher(made, request.options, plan.min_cache_bytes, config.n_expert_used)
+                        return made
 
                     engine = GpuMoEEngine(gpu, gguf, config, make_cache, context, trace)
             except BaseException:
@@ -170,6 +198,12 @@ class DiskformerModel:
         finally:
             gguf.close()  # the dense weights are copied; experts are read through the cache's own descriptor
         return cls(engine, tokenizer, name)
+
+    @property
+    def prefetch_width(self) -> int:
+        """Experts a layer the prefetcher reads ahead (0: no prefetcher, or disposed)."""
+        engine = self.engine
+        return engine.cache.prefetcher.width if engine is not None and engine.cache.prefetcher is not None else 0
 
     @property
     def cache_stats(self) -> CacheStats | None:

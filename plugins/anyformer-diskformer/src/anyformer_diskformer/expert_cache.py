@@ -12,12 +12,15 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from types import TracebackType
-from typing import Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 from anyformer.plugin import AnyformerError, ErrorCode, GGUFHeader, format_size
 from anyformer_diskformer.expert_reader import ExpertReader, ExpertSlices, expert_spans
 from anyformer_diskformer.moe_config import EXPERT_TENSORS
 from anyformer_diskformer.policies import LRU, EvictionPolicy
+
+if TYPE_CHECKING:
+    from anyformer_diskformer.prefetch import Prefetcher
 
 Key = tuple[int, int]
 Entry = TypeVar("Entry")
@@ -77,13 +80,6 @@ class HostStore:
         """Nothing to free beyond the reference."""
 
 
-class Prefetched(Protocol):
-    """What the cache asks of a prefetcher: the expert if it read (or is reading) it."""
-
-    def take(self, key: Key) -> ExpertSlices | None:
-        """``key``'s slabs if they were read ahead (waiting for a read in flight), else None."""
-
-
 class ExpertCache(Generic[Entry]):
     """A byte-budgeted cache of experts keyed by (layer, expert), filled from the file; LRU unless told.
 
@@ -122,7 +118,7 @@ class ExpertCache(Generic[Entry]):
         self.policy: EvictionPolicy = policy if policy is not None else LRU()
         self.store: ExpertStore[Entry] = store if store is not None else HostStore()  # type: ignore[assignment]
         #: Set by the engine when it prefetches; lookups that miss ask it first.
-        self.prefetcher: Prefetched | None = None
+        self.prefetcher: Prefetcher | None = None
         self._entries: dict[Key, tuple[Entry, int]] = {}
         self._held = 0
         self._pinned: set[Key] = set()
@@ -135,7 +131,7 @@ class ExpertCache(Generic[Entry]):
         """Bytes the cached experts take now (never above ``capacity_bytes``)."""
         return self._held
 
-    def __contains__(self, key: Key) -> bool:
+    def __contains__(self, key: object) -> bool:
         return key in self._entries
 
     def get(self, layer: int, expert: int) -> Entry:
@@ -194,8 +190,10 @@ class ExpertCache(Generic[Entry]):
         return taken
 
     def close(self) -> None:
-        """Close the file and drop every cached expert; safe to call twice."""
+        """Stop the prefetcher, close the file and drop every cached expert; safe to call twice."""
         self._open = False
+        if self.prefetcher is not None:
+            self.prefetcher.close()
         for key, (entry, _) in list(self._entries.items()):
             self.store.drop(key, entry)
         self._entries.clear()

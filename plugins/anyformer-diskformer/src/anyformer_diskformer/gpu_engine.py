@@ -31,6 +31,7 @@ from anyformer_diskformer.cpu_engine import route
 from anyformer_diskformer.expert_cache import ExpertCache
 from anyformer_diskformer.expert_reader import ExpertSlices, expert_spans
 from anyformer_diskformer.moe_config import EXPERT_TENSORS, MoEConfig
+from anyformer_diskformer.prefetch import likely_experts
 from anyformer_diskformer.trace import TraceWriter
 from anyformer_gguf_gpu.gguf_file import GGUFFile
 from anyformer_gguf_gpu.gpu import GPU
@@ -162,7 +163,9 @@ class GpuMoEEngine:
         self.qkv = buf(4 * (c.q_dim + 2 * c.kv_dim), "qkv")
         self.attn = buf(4 * c.q_dim, "attention")
         self.gate_up = buf(8 * max(c.n_ff_exp, c.n_ff_shexp), "gate-up")
-        self.router = buf(4 * (c.n_expert + 1), "router")
+        # This layer's router logits (and the shared expert's gate), then the next layer's router on this
+        # layer's residual: the prefetcher's guess.
+        self.router = buf(8 * (c.n_expert + 1), "router")
         self.logits = buf(4 * c.n_vocab, "logits")
         self.scores = buf(4 * c.n_head * ctx, "scores")
         self.ids = buf(4 * (ctx + 1), "ids")
@@ -316,6 +319,10 @@ class GpuMoEEngine:
         separate = self._weights.get(p + "ffn_gate_inp_shexp.weight")
         if separate is not None:
             out.append(self._mv(separate, self.h, self.router, y_off=c.n_expert, **ffn_norm))
+        if self.cache.prefetcher is not None and i + 1 < c.n_layer:
+            q = f"blk.{i + 1}."
+            next_norm = {"norm": self._norms[q + "ffn_norm.weight"], "eps": c.eps}
+            out.append(self._mv(self._weights[q + "router"], self.h, self.router, y_off=c.n_expert + 1, **next_norm))
         return out
 
     def ffn_dispatches(
@@ -371,7 +378,12 @@ class GpuMoEEngine:
         copy = [(self.h, 0, self.h_ffn, 0, 4 * c.n_embd)]
         for layer in range(c.n_layer):
             self.kernels.run(pending + self._layers[layer], copy)
-            logits = gpu.read(self.router, np.float32, c.n_expert + (1 if c.n_ff_shexp else 0))
+            prefetcher = self.cache.prefetcher
+            guessing = prefetcher is not None and layer + 1 < c.n_layer
+            logits = gpu.read(self.router, np.float32, 2 * c.n_expert + 1 if guessing else c.n_expert + 1)
+            if prefetcher is not None and guessing:
+                guess = logits[None, c.n_expert + 1 : 2 * c.n_expert + 1]
+                prefetcher.request(layer + 1, likely_experts(guess, c.n_expert_used, prefetcher.width), self.cache)
             chosen, weights = route(logits[None, : c.n_expert], c.n_expert_used, c.norm_topk)
             slots = self.cache.fetch(layer, [int(e) for e in chosen[0]])
             norm = self._host_norms[f"blk.{layer}.ffn_norm.weight"]
