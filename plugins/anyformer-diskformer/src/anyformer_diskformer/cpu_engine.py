@@ -149,6 +149,15 @@ class CpuMoEEngine:
             out += gate[:, None].astype(np.float32) * shared
         return out
 
+    def checkpoint(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """A copy of the keys and values of positions 0..n-1 (see :meth:`restore`)."""
+        return self._k[:, :n].copy(), self._v[:, :n].copy()
+
+    def restore(self, saved: tuple[np.ndarray, np.ndarray], n: int) -> None:
+        """Put back the first ``n`` positions of a :meth:`checkpoint`: the next step may start at position n."""
+        self._k[:, :n] = saved[0][:, :n]
+        self._v[:, :n] = saved[1][:, :n]
+
     def _guess(self, layer: int, h: np.ndarray) -> None:
         """Have the prefetcher read ``layer``'s likely experts: its router on the current residual."""
         prefetcher = self.cache.prefetcher

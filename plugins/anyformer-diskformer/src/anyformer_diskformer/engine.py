@@ -12,7 +12,7 @@ from anyformer.plugin import ProgressCallback, ProgressEvent, format_size
 from anyformer_diskformer import BACKEND_ID
 from anyformer_diskformer.cpu_engine import CpuMoEEngine
 from anyformer_diskformer.expert_cache import CacheStats, ExpertCache
-from anyformer_diskformer.expert_reader import ExpertSlices
+from anyformer_diskformer.expert_reader import ExpertSlices, expert_spans, open_reader
 from anyformer_diskformer.moe_config import read_moe_config
 from anyformer_diskformer.plan import context_for, plan_from_header
 from anyformer_diskformer.policies import EvictionPolicy, make_policy
@@ -149,6 +149,10 @@ class DiskformerModel:
         self.tokenizer = tokenizer
         self.name = name
         self.context = engine.ctx
+        #: The primed system prompt's ids and its KV checkpoint (see :meth:`prime`).
+        self._primed: tuple[list[int], Any] | None = None
+        #: Prompt positions the last reply took from the primed checkpoint instead of computing them.
+        self.reused_positions = 0
 
     @classmethod
     def open(cls, model: Model, request: Request, progress: ProgressCallback) -> DiskformerModel:
@@ -167,12 +171,22 @@ class DiskformerModel:
             )
             progress(ProgressEvent(stage="load", backend=BACKEND_ID, file=name, message="dense weights"))
             policy = policy_for(request.options)
+            direct = request.options.get("direct_io", True)
+            if not isinstance(direct, bool):
+                raise AnyformerError(ErrorCode.BAD_REQUEST, f"direct_io must be true or false, not {direct!r}")
+            spans = expert_spans(gguf.header, config.n_layer, config.n_expert)
             trace = trace_writer_from_env()
             try:
                 engine: Engine
                 if gpu is None:
                     cache: ExpertCache[ExpertSlices] = ExpertCache(
-                        path, gguf.header, config.n_layer, config.n_expert, capacity, policy
+                        path,
+                        gguf.header,
+                        config.n_layer,
+                        config.n_expert,
+                        capacity,
+                        policy,
+                        reader=open_reader(path, spans, direct),
                     )
                     attach_prefetcher(cache, request.options, plan.min_cache_bytes, config.n_expert_used)
                     try:
@@ -185,7 +199,14 @@ class DiskformerModel:
 
                     def make_cache(slots: GpuSlots) -> ExpertCache[int]:
                         made = ExpertCache(
-                            path, gguf.header, config.n_layer, config.n_expert, capacity, policy, store=slots
+                            path,
+                            gguf.header,
+                            config.n_layer,
+                            config.n_expert,
+                            capacity,
+                            policy,
+                            store=slots,
+                            reader=open_reader(path, spans, direct),
                         )
                         attach_prefetcher(made, request.options, plan.min_cache_bytes, config.n_expert_used)
                         return made
@@ -197,7 +218,15 @@ class DiskformerModel:
                 raise
         finally:
             gguf.close()  # the dense weights are copied; experts are read through the cache's own descriptor
-        return cls(engine, tokenizer, name)
+        loaded = cls(engine, tokenizer, name)
+        system = request.options.get("prime")
+        if system is not None:
+            try:
+                loaded.prime(system)  # type: ignore[arg-type]  # prime checks it is a string
+            except BaseException:
+                loaded.dispose()
+                raise
+        return loaded
 
     @property
     def prefetch_width(self) -> int:
@@ -206,12 +235,22 @@ class DiskformerModel:
         return engine.cache.prefetcher.width if engine is not None and engine.cache.prefetcher is not None else 0
 
     @property
+    def read_method(self) -> str:
+        """How experts are read: ``O_DIRECT``, or ``pread+fadvise`` with the reason O_DIRECT was not used."""
+        engine = self.engine
+        if engine is None:
+            return ""
+        reader = engine.cache.reader
+        return reader.note or reader.method
+
+    @property
     def cache_stats(self) -> CacheStats | None:
         """The expert cache's counters (None once disposed)."""
         return self.engine.cache.stats if self.engine is not None else None
 
     def dispose(self) -> None:
         """Drop the engine and close the expert cache; a second call does nothing."""
+        self._forget_primed()
         engine, self.engine = self.engine, None
         if engine is not None:
             engine.cache.close()
@@ -219,6 +258,44 @@ class DiskformerModel:
                 engine.release()
             if engine.trace is not None:
                 engine.trace.close()
+
+    def prime(self, system: str) -> int:
+        """Run ``system`` (a system prompt, rendered through the chat template) now and keep its KV cache:
+        the next chats whose prompt starts with the same tokens start after them. Returns the tokens kept.
+
+        A later ``prime`` replaces the checkpoint. Replies are the same with and without it.
+        """
+        engine = self.engine
+        if engine is None:
+            raise AnyformerError(ErrorCode.BAD_REQUEST, "the model was disposed; load it again")
+        if not isinstance(system, str) or not system:
+            raise AnyformerError(ErrorCode.BAD_REQUEST, "prime takes a non-empty system prompt")
+        ids = self.prompt_ids([{"role": "system", "content": system}], thinking=False)
+        check_prompt_fits(ids, engine.ctx)
+        engine.forward(ids, 0, every=False)
+        self._forget_primed()
+        self._primed = (ids, engine.checkpoint(len(ids)))
+        return len(ids)
+
+    def _forget_primed(self) -> None:
+        primed, self._primed = self._primed, None
+        if primed is not None and self.engine is not None and not isinstance(self.engine, CpuMoEEngine):
+            self.engine.forget(primed[1])
+
+    def _resume(self, engine: Engine, ids: list[int]) -> int:
+        """Restore the primed KV for the tokens ``ids`` shares with the primed prompt; the position to start at."""
+        if self._primed is None:
+            return 0
+        primed, saved = self._primed
+        common = 0
+        for a, b in zip(ids, primed):  # noqa: B905 - the shorter one bounds the common prefix
+            if a != b:
+                break
+            common += 1
+        common = min(common, len(ids) - 1)  # the last prompt token is always run: its logits pick the first reply
+        if common > 0:
+            engine.restore(saved, common)
+        return max(0, common)
 
     def prompt_ids(self, messages: list[Message], thinking: bool) -> list[int]:
         """The chat template rendered in the core's sandbox, then tokenised with special tokens parsed."""
@@ -248,8 +325,10 @@ class DiskformerModel:
         top_p = float(options.extra.get("top_p", TOP_P))
         text = StreamDecoder(self.tokenizer)
         stops = self.tokenizer.stop_ids
-        pos, count = 0, 0
-        batch = ids
+        start = self._resume(engine, ids)
+        self.reused_positions = start
+        pos, count = start, 0
+        batch = ids[start:]
         while True:
             if options.cancel.is_set():
                 yield Chunk(delta=text.flush(), tokens=count, finish_reason=FinishReason.CANCELLED.value)

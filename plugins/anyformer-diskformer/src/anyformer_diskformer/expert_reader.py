@@ -96,3 +96,59 @@ class ExpertReader:
         fd, self._fd = self._fd, None
         if fd is not None:
             os.close(fd)
+
+
+#: Alignment of O_DIRECT offsets, lengths and buffers: 4 KiB covers 512-byte and 4 KiB logical blocks.
+DIRECT_ALIGN = 4096
+
+
+class DirectExpertReader(ExpertReader):
+    """Reads experts with ``O_DIRECT``: no page cache at all, so the budget alone decides what is in memory.
+
+    Each slab is read whole into a page-aligned anonymous mapping (offset rounded down and length up
+    to :data:`DIRECT_ALIGN`), and the slab is a view of it: no copy. :func:`open_reader` falls back to
+    :class:`ExpertReader` where the platform or the file system refuses ``O_DIRECT``, and says why.
+    """
+
+    method = "O_DIRECT"
+
+    def __init__(self, path: str, spans: dict[tuple[int, str], Span]) -> None:
+        self.path = path
+        self.spans = spans
+        self.note = ""
+        self._fd = os.open(path, os.O_RDONLY | os.O_DIRECT | getattr(os, "O_CLOEXEC", 0))
+
+    def _slab(self, fd: int, start: int, length: int) -> np.ndarray:
+        import mmap
+
+        first = start - start % DIRECT_ALIGN
+        span = -(-(start + length - first) // DIRECT_ALIGN) * DIRECT_ALIGN
+        buffer = mmap.mmap(-1, span)
+        got = os.preadv(fd, [buffer], first)
+        if got < start + length - first:
+            raise AnyformerError(ErrorCode.BAD_MODEL, f"{self.path} ended inside an expert at byte {start}")
+        return np.frombuffer(buffer, dtype=np.uint8, count=length, offset=start - first)
+
+
+def open_reader(path: str, spans: dict[tuple[int, str], Span], direct: bool = True) -> ExpertReader:
+    """An ``O_DIRECT`` reader where ``direct`` and the platform and file system allow one (checked by reading
+    the first expert), else the pread + fadvise reader with :attr:`ExpertReader.note` saying why."""
+    if not direct:
+        return ExpertReader(path, spans)
+    if not hasattr(os, "O_DIRECT") or not hasattr(os, "preadv"):
+        reason = "this platform has no O_DIRECT"
+    else:
+        try:
+            reader = DirectExpertReader(path, spans)
+        except OSError as exc:
+            reason = f"the file system refused O_DIRECT ({exc.strerror})"
+        else:
+            try:
+                reader.read(0, 0)  # the file system may accept the flag and refuse the read
+                return reader
+            except OSError as exc:
+                reader.close()
+                reason = f"an O_DIRECT read failed ({exc.strerror})"
+    plain = ExpertReader(path, spans)
+    plain.note = f"pread+fadvise: {reason}"
+    return plain

@@ -401,6 +401,26 @@ class GpuMoEEngine:
         self.kernels.run([*pending, self._head])
         return gpu.read(self.logits, np.float32, c.n_vocab)
 
+    def checkpoint(self, n: int) -> list[Any]:
+        """GPU copies of every layer's keys and values of positions 0..n-1 (see :meth:`restore`)."""
+        nbytes = 4 * n * self.config.kv_dim
+        saved = [self._buffer(nbytes, "kv-checkpoint") for _ in range(2 * self.config.n_layer)]
+        caches = self.k_cache + self.v_cache
+        self.kernels.run([], [(cache, 0, copy, 0, nbytes) for cache, copy in zip(caches, saved, strict=True)])
+        return saved
+
+    def restore(self, saved: list[Any], n: int) -> None:
+        """Put back the first ``n`` positions of a :meth:`checkpoint` (queued before the next step)."""
+        nbytes = 4 * n * self.config.kv_dim
+        caches = self.k_cache + self.v_cache
+        self.kernels.run([], [(copy, 0, cache, 0, nbytes) for cache, copy in zip(caches, saved, strict=True)])
+
+    def forget(self, saved: list[Any]) -> None:
+        """Free a checkpoint's buffers."""
+        for buf in saved:
+            self._owned.remove(buf)
+            buf.destroy()
+
     def release(self) -> None:
         """Free every GPU buffer now; the engine is unusable after."""
         self.slots.release()
