@@ -93,13 +93,16 @@ def can_run(model: Model, caps: Caps, request: Request) -> Verdict:
         # An explicit pool replaces what memory leaves (load refuses one below the smallest working cache).
         cache = min(pool, cache)
     held = plan.fixed_bytes + cache
+    from anyformer_diskformer.speed import tok_per_sec
+
+    speed, speed_model = tok_per_sec(file.path, plan, cache, device)
     return Verdict.accept(
         BACKEND_ID,
         Estimate(
             gpu_bytes=held if device == "gpu" else 0,
             ram_bytes=RAM_OVERHEAD if device == "gpu" else held,
             disk_bytes=file.size or 0,
-            tok_per_sec=None,
+            tok_per_sec=speed,
             rank=Rank.SPECIALIST,
             details={
                 "file": file.name,
@@ -111,6 +114,7 @@ def can_run(model: Model, caps: Caps, request: Request) -> Verdict:
                 "expert_cache": cache,
                 "experts_total": plan.expert_bytes_total,
                 "estimated": plan.estimated,
+                "tok_per_sec_model": speed_model,
             },
             files=(file.name,),
         ),
