@@ -39,3 +39,11 @@ def qwen2moe_f32(tmp_path_factory: pytest.TempPathFactory) -> str:
     path = str(tmp_path_factory.mktemp("moe") / "tiny-qwen2moe-f32.gguf")
     write_tiny_moe(path, TinyMoE(architecture="qwen2moe", n_expert_used=4, quant="F32"), seed=4)
     return path
+
+
+@pytest.fixture(scope="session")
+def bailingmoe_f32(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A 2-layer bailingmoe (Ling), 8 experts, top-4, two ungated shared experts, weights renormalised and scaled."""
+    path = str(tmp_path_factory.mktemp("moe") / "tiny-bailingmoe-f32.gguf")
+    write_tiny_moe(path, TinyMoE(architecture="bailingmoe", n_expert_used=4, quant="F32"), seed=5)
+    return path

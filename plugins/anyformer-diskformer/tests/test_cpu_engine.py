@@ -39,7 +39,9 @@ def engine_steps(path: str, experts_held: int | None) -> tuple[np.ndarray, list[
     return np.concatenate(rows), tokens, cache
 
 
-@pytest.mark.parametrize(("fixture", "tolerance"), [("moe_f32", 1e-4), ("moe_top4", 5e-3), ("qwen2moe_f32", 1e-4)])
+@pytest.mark.parametrize(
+    ("fixture", "tolerance"), [("moe_f32", 1e-4), ("moe_top4", 5e-3), ("qwen2moe_f32", 1e-4), ("bailingmoe_f32", 1e-4)]
+)
 @pytest.mark.parametrize("evicting", [False, True])
 def test_logits_and_greedy_text_match_llama_cpp(request, fixture, tolerance, evicting):
     path = request.getfixturevalue(fixture)

@@ -82,14 +82,20 @@ class CpuMoEEngine:
         return sum(w.nbytes for w in self._w.values()) + self._k.nbytes + self._v.nbytes
 
     def _rotate(self, x: np.ndarray, start: int) -> np.ndarray:
-        """NEOX rotation of the first ``n_rot`` dims of each head: pairs (i, i + n_rot/2)."""
+        """Rotary embedding of the first ``n_rot`` dims of each head: NEOX pairs (i, i + n_rot/2), or adjacent
+        pairs (2i, 2i + 1) where the architecture uses the original form."""
         n, half = x.shape[0], self.config.n_rot // 2
         table = self._rope[start : start + n]
         cos, sin = table[:, None, :, 0], table[:, None, :, 1]
         out = x.copy()
-        a, b = x[..., :half], x[..., half : 2 * half]
-        out[..., :half] = a * cos - b * sin
-        out[..., half : 2 * half] = a * sin + b * cos
+        if self.config.rope_neox:
+            a, b = x[..., :half], x[..., half : 2 * half]
+            out[..., :half] = a * cos - b * sin
+            out[..., half : 2 * half] = a * sin + b * cos
+        else:
+            a, b = x[..., 0 : 2 * half : 2], x[..., 1 : 2 * half : 2]
+            out[..., 0 : 2 * half : 2] = a * cos - b * sin
+            out[..., 1 : 2 * half : 2] = a * sin + b * cos
         return out
 
     def _project(self, name: str, x: np.ndarray) -> np.ndarray:
@@ -127,6 +133,7 @@ class CpuMoEEngine:
         c = self.config
         router = x @ self._w[f"blk.{layer}.ffn_gate_inp.weight"].T
         chosen, weights = route(router, c.n_expert_used, c.norm_topk)
+        weights = weights * np.float32(c.weights_scale)
         out = np.zeros_like(x)
         # Each expert the batch routes to is fetched once and applied to every token that chose it.
         # A prompt's tokens may route to more experts than the cache holds: each is used as soon as it is
@@ -145,8 +152,10 @@ class CpuMoEEngine:
             shared = (
                 _silu(x @ self._w[p + "ffn_gate_shexp.weight"].T) * (x @ self._w[p + "ffn_up_shexp.weight"].T)
             ) @ (self._w[p + "ffn_down_shexp.weight"].T)
-            gate = 1.0 / (1.0 + np.exp(-(x @ self._w[p + "ffn_gate_inp_shexp.weight"])))
-            out += gate[:, None].astype(np.float32) * shared
+            if c.shexp_gated:
+                gate = 1.0 / (1.0 + np.exp(-(x @ self._w[p + "ffn_gate_inp_shexp.weight"])))
+                shared = gate[:, None].astype(np.float32) * shared
+            out += shared
         return out
 
     def checkpoint(self, n: int) -> tuple[np.ndarray, np.ndarray]:

@@ -209,15 +209,16 @@ class GpuMoEEngine:
             matrices.append((p + "attn_output.weight", [p + "attn_output.weight"]))
             router = [p + "ffn_gate_inp.weight"]
             if c.n_ff_shexp:
+                matrices += [
+                    (p + f"ffn_{n}_shexp.weight", [p + f"ffn_{n}_shexp.weight"]) for n in ("gate", "up", "down")
+                ]
+            if c.shexp_gated:
                 # The shared expert's gate is one more router row: its logit comes back with the router's.
                 shared_gate = p + "ffn_gate_inp_shexp.weight"
                 if Weight.can_stack(self.gpu, gguf, [*router, shared_gate]):
                     router.append(shared_gate)
                 else:
                     matrices.append((shared_gate, [shared_gate]))
-                matrices += [
-                    (p + f"ffn_{n}_shexp.weight", [p + f"ffn_{n}_shexp.weight"]) for n in ("gate", "up", "down")
-                ]
             matrices.append((p + "router", router))
         for name, parts in matrices:
             weight = Weight(self.gpu, gguf, parts)
@@ -294,7 +295,7 @@ class GpuMoEEngine:
                 self._qk_norm[i],
                 self.state,
                 n_rot=c.n_rot,
-                neox=True,
+                neox=c.rope_neox,
                 qk_norm=c.qk_norm,
                 eps=c.eps,
                 **heads,
@@ -385,6 +386,7 @@ class GpuMoEEngine:
                 guess = logits[None, c.n_expert + 1 : 2 * c.n_expert + 1]
                 prefetcher.request(layer + 1, likely_experts(guess, c.n_expert_used, prefetcher.width), self.cache)
             chosen, weights = route(logits[None, : c.n_expert], c.n_expert_used, c.norm_topk)
+            weights = weights * np.float32(c.weights_scale)
             slots = self.cache.fetch(layer, [int(e) for e in chosen[0]])
             norm = self._host_norms[f"blk.{layer}.ffn_norm.weight"]
             gpu.write(self.gate_norm, norm)
@@ -392,8 +394,8 @@ class GpuMoEEngine:
             for slot, weight in zip(slots, weights[0], strict=True):
                 pending += self.slots.dispatches(slot, norm * np.float32(weight))
             if c.n_ff_shexp:
-                gate = np.float32(1.0 / (1.0 + np.exp(-np.float64(logits[c.n_expert]))))
-                gpu.write(self.shexp_norm, norm * gate)
+                gate = np.float32(1.0 / (1.0 + np.exp(-np.float64(logits[c.n_expert])))) if c.shexp_gated else 1
+                gpu.write(self.shexp_norm, norm * np.float32(gate))
                 pending += self._shared[layer]
         if not head:
             self.kernels.run(pending)
