@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 from anyformer_diskformer.testing import TinyMoE, write_tiny_moe
+
+# The wgpu path's tests run on lavapipe where there is no GPU (CI installs mesa-vulkan-drivers).
+os.environ.setdefault("ANYFORMER_SOFTWARE_GPU", "1")
 
 
 @pytest.fixture(scope="session")
