@@ -139,3 +139,16 @@ def test_tok_per_sec_is_none_with_the_reason_without_a_file():
     assert "no file on disk" in v.estimate.details["tok_per_sec_model"]
     gpu = verdict(moe_model(), CAPS.replace(gpu=True, gpu_bytes=80 * 2**30))
     assert gpu.ok and gpu.estimate.tok_per_sec is None and "GPU" in gpu.estimate.details["tok_per_sec_model"]
+
+
+def test_on_a_gpu_the_budget_bounds_dense_kv_and_the_cache_in_gpu_memory():
+    caps = CAPS.replace(gpu=True, gpu_bytes=80 * 2**30)
+    ok = verdict(moe_model(), caps)
+    assert ok.ok and ok.estimate.details["device"] == "gpu"
+    assert ok.estimate.gpu_bytes > ok.estimate.details["experts_total"] and ok.estimate.ram_bytes < 2**30
+    plan = plan_from_summary(QWEN3_30B_A3B, 4096, "gpu")
+    refused = verdict(moe_model(), caps, budget=plan.need - 1)
+    assert not refused.ok and refused.code is Refusal.BUDGET and refused.need == plan.need
+    tight = verdict(moe_model(), caps, budget=plan.need)
+    assert tight.ok and tight.estimate.gpu_bytes == plan.need
+    assert verdict(moe_model(), caps, options={"device": "cpu"}).estimate.details["device"] == "cpu"

@@ -77,3 +77,28 @@ def test_gpu_logits_and_greedy_text_match_llama_cpp(request, gpu, fixture, toler
             assert stats.evictions == 0 and stats.hits > 0
     finally:
         engine.release()
+
+
+def test_gpu_engine_reads_k_quant_experts_as_the_cpu_engine_does(gpu, tmp_path):
+    """Q4_K experts (Q8_0 dense) through GPU slots against the CPU engine's numpy dequantisation of the same
+    blocks; llama.cpp is not the reference here because it quantises activations before K-type products."""
+    from anyformer_diskformer.cpu_engine import CpuMoEEngine
+    from anyformer_diskformer.testing import TinyMoE, write_tiny_moe
+
+    path = str(tmp_path / "tiny-qwen3moe-q4k.gguf")
+    write_tiny_moe(path, TinyMoE(n_embd=256, n_ff_exp=256, quant="Q8_0", expert_quant="Q4_K"), seed=6)
+    config = read_moe_config(GGUFFile(path).header)
+    engine = gpu_engine(gpu, path, config.n_expert_used)
+    gguf = GGUFFile(path)
+    cache = ExpertCache(path, gguf.header, config.n_layer, config.n_expert, 10**9)
+    cpu = CpuMoEEngine(gguf, config, cache, CTX)
+    gguf.close()
+    try:
+        want = cpu.forward(PROMPT, 0)
+        got = engine.forward(PROMPT, 0)
+        # Both sum f32 products of the same decoded weights, in a different order.
+        assert np.abs(got - want).max() < 1e-3 * max(1.0, float(np.abs(want).max()))
+        assert engine.cache.stats.evictions > 0
+    finally:
+        engine.release()
+        cache.close()
