@@ -102,3 +102,23 @@ def test_gpu_engine_reads_k_quant_experts_as_the_cpu_engine_does(gpu, tmp_path):
     finally:
         engine.release()
         cache.close()
+
+
+def test_a_gpu_load_refused_part_way_gives_the_refusal_with_no_slot_made(gpu, moe_f32):
+    from anyformer import ErrorCode
+
+    gguf = GGUFFile(moe_f32)
+    config = read_moe_config(gguf.header)
+    made: list[GpuSlots] = []
+
+    def too_small(slots: GpuSlots) -> ExpertCache[int]:
+        made.append(slots)
+        return ExpertCache(moe_f32, gguf.header, config.n_layer, config.n_expert, 1000, store=slots)
+
+    try:
+        with pytest.raises(AnyformerError) as caught:
+            GpuMoEEngine(gpu, gguf, config, too_small, CTX)
+    finally:
+        gguf.close()
+    assert caught.value.code is ErrorCode.BUDGET_TOO_SMALL
+    assert made and made[0].gpu_bytes == 0

@@ -143,12 +143,24 @@ class GpuMoEEngine:
         trace: TraceWriter | None = None,
     ) -> None:
         self.gpu = gpu
-        self.config = c = config
+        self.config = config
         self.trace = trace
         self.ctx = ctx
         self.kernels = Kernels(gpu, kv_f16=False)
         self._owned: list[Any] = []
         self._weights: dict[str, Weight] = {}
+        try:
+            self._build(gguf, make_cache)
+        except BaseException:
+            # A load that fails part way (out of GPU memory, a bad tensor) frees what it made.
+            cache: ExpertCache[int] | None = getattr(self, "cache", None)
+            if cache is not None:
+                cache.close()
+            self.release()
+            raise
+
+    def _build(self, gguf: GGUFFile, make_cache: Callable[[GpuSlots], ExpertCache[int]]) -> None:
+        c, ctx, trace = self.config, self.ctx, self.trace
         self._load_weights(gguf)
         spans = expert_spans(gguf.header, c.n_layer, c.n_expert)
         slab = tuple(max(spans[i, kind].stride for i in range(c.n_layer)) for kind in EXPERT_TENSORS)
@@ -425,7 +437,9 @@ class GpuMoEEngine:
 
     def release(self) -> None:
         """Free every GPU buffer now; the engine is unusable after."""
-        self.slots.release()
+        slots: GpuSlots | None = getattr(self, "slots", None)
+        if slots is not None:
+            slots.release()
         for b in self._owned:
             b.destroy()
         self._owned.clear()
