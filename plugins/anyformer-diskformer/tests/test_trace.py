@@ -56,7 +56,9 @@ def test_generation_writes_a_trace_whose_lru_replay_is_the_live_cache(moe_top4, 
     plan = plan_from_header(read_gguf_header(moe_top4), 128)
     slots = 3 * 4  # three layers' top-4 experts: the cache of every layer at once, at most
     # No prefetch: its read-ahead would take slots out of the pool the replay assumes.
-    request = Request(context=128, options={"pool_bytes": slots * plan.one_expert_bytes, "prefetch": 0})
+    request = Request(
+        context=128, options={"pool_bytes": slots * plan.one_expert_bytes, "prefetch": 0, "cache_policy": "lru"}
+    )
     model = DiskformerModel.open(anyformer.describe(moe_top4), request, lambda event: None)
     try:
         list(model.stream(MESSAGES, GenerateOptions(max_new_tokens=16)))
