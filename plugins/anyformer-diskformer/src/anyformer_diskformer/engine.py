@@ -99,17 +99,21 @@ def _count_option(options: dict[str, object], name: str, default: int) -> int:
     return value
 
 
-def attach_prefetcher(cache: ExpertCache[Any], options: dict[str, object], min_cache: int, top_k: int) -> None:
-    """Give ``cache`` a prefetcher of ``prefetch`` experts a layer (default: the top-k; 0: none) on
-    ``prefetch_threads`` threads (default 2), its read-ahead bytes taken from the cache's budget.
+def prefetch_options(options: dict[str, object], top_k: int) -> tuple[int, int]:
+    """(experts a layer to read ahead, reader threads) from the ``prefetch`` (default: the top-k; 0: none)
+    and ``prefetch_threads`` (default 2) load options; ``BAD_REQUEST`` for anything but whole numbers."""
+    return _count_option(options, "prefetch", top_k), _count_option(options, "prefetch_threads", 2)
+
+
+def attach_prefetcher(cache: ExpertCache[Any], width: int, threads: int, min_cache: int) -> None:
+    """Give ``cache`` a prefetcher of ``width`` experts a layer on ``threads`` threads, its read-ahead bytes
+    taken from the cache's budget.
 
     Where the budget cannot spare them and still hold one layer's top-k, there is no prefetcher
     (``prefetch_width`` 0 on the model says so).
     """
     from anyformer_diskformer.prefetch import Prefetcher
 
-    width = _count_option(options, "prefetch", top_k)
-    threads = _count_option(options, "prefetch_threads", 2)
     staging = width * cache.expert_bytes
     if width == 0 or threads == 0 or cache.capacity_bytes - staging < min_cache:
         return
@@ -176,6 +180,7 @@ class DiskformerModel:
             direct = request.options.get("direct_io", True)
             if not isinstance(direct, bool):
                 raise AnyformerError(ErrorCode.BAD_REQUEST, f"direct_io must be true or false, not {direct!r}")
+            width, threads = prefetch_options(request.options, config.n_expert_used)
             spans = expert_spans(gguf.header, config.n_layer, config.n_expert)
             trace = trace_writer_from_env()
             try:
@@ -190,7 +195,7 @@ class DiskformerModel:
                         policy,
                         reader=open_reader(path, spans, direct),
                     )
-                    attach_prefetcher(cache, request.options, plan.min_cache_bytes, config.n_expert_used)
+                    attach_prefetcher(cache, width, threads, plan.min_cache_bytes)
                     try:
                         engine = CpuMoEEngine(gguf, config, cache, context, trace)
                     except BaseException:
@@ -210,7 +215,7 @@ class DiskformerModel:
                             store=slots,
                             reader=open_reader(path, spans, direct),
                         )
-                        attach_prefetcher(made, request.options, plan.min_cache_bytes, config.n_expert_used)
+                        attach_prefetcher(made, width, threads, plan.min_cache_bytes)
                         return made
 
                     engine = GpuMoEEngine(gpu, gguf, config, make_cache, context, trace)
