@@ -28,7 +28,9 @@ KNOWN_BACKENDS: tuple[KnownBackend, ...] = (
     KnownBackend(
         "anyformer-localmind", "localmind", ("gguf",), "hand-written GPU engines for chosen architectures (wgpu)"
     ),
-    KnownBackend("anyformer-diskformer", "diskformer", ("gguf",), "mixture-of-experts GGUFs larger than GPU memory"),
+    KnownBackend(
+        "anyformer-diskformer", "diskformer", ("gguf",), "mixture-of-experts GGUFs larger than GPU memory or RAM"
+    ),
     KnownBackend("anyformer-kohra", "kohra", ("onnx",), "text-diffusion language models (MDLM, BD3LM) as ONNX"),
 )
 

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 from anyformer_diskformer.testing import TinyMoE, write_tiny_moe
+
+# The wgpu path's tests run on lavapipe where there is no GPU (CI installs mesa-vulkan-drivers).
+os.environ.setdefault("ANYFORMER_SOFTWARE_GPU", "1")
 
 
 @pytest.fixture(scope="session")
@@ -38,4 +42,12 @@ def qwen2moe_f32(tmp_path_factory: pytest.TempPathFactory) -> str:
     """A 2-layer qwen2moe, 8 experts, top-4, q/k/v biases and a shared expert, every weight F32."""
     path = str(tmp_path_factory.mktemp("moe") / "tiny-qwen2moe-f32.gguf")
     write_tiny_moe(path, TinyMoE(architecture="qwen2moe", n_expert_used=4, quant="F32"), seed=4)
+    return path
+
+
+@pytest.fixture(scope="session")
+def bailingmoe_f32(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A 2-layer bailingmoe (Ling), 8 experts, top-4, two ungated shared experts, weights renormalised and scaled."""
+    path = str(tmp_path_factory.mktemp("moe") / "tiny-bailingmoe-f32.gguf")
+    write_tiny_moe(path, TinyMoE(architecture="bailingmoe", n_expert_used=4, quant="F32"), seed=5)
     return path

@@ -10,8 +10,9 @@ from descriptions import QWEN3_30B_A3B, moe_model
 
 import anyformer
 from anyformer import Caps, Model, Rank, Refusal, Request
+from anyformer.plugin import read_gguf_header
 from anyformer_diskformer import plugin
-from anyformer_diskformer.plan import RAM_OVERHEAD, plan_from_summary
+from anyformer_diskformer.plan import RAM_OVERHEAD, plan_from_header, plan_from_summary
 
 CAPS = Caps(ram_bytes=64 * 2**30, store=True)
 
@@ -119,3 +120,35 @@ def test_a_qwen2moe_file_is_accepted_with_its_shared_expert_counted_as_dense(qwe
     assert v.estimate.details["dense_bytes"] == sum(
         4 * int(t.n_elements) for t in reader.tensors if not t.name.endswith("_exps.weight")
     )
+
+
+def test_tok_per_sec_is_modelled_from_the_timed_disk_and_a_smaller_cache_is_slower(moe_folder):
+    model = anyformer.describe(moe_folder)
+    roomy = verdict(model)
+    assert roomy.ok and roomy.estimate.tok_per_sec is not None and roomy.estimate.tok_per_sec > 0
+    assert "MB/s" in roomy.estimate.details["tok_per_sec_model"]
+    plan = plan_from_header(read_gguf_header(str(moe_folder / "tiny-qwen3moe-q8_0.gguf")), 256)
+    tight = verdict(model, options={"pool_bytes": plan.min_cache_bytes})
+    assert tight.ok and tight.estimate.tok_per_sec is not None
+    assert tight.estimate.tok_per_sec < roomy.estimate.tok_per_sec
+
+
+def test_tok_per_sec_is_none_with_the_reason_without_a_file():
+    v = verdict(moe_model())
+    assert v.ok and v.estimate.tok_per_sec is None
+    assert "no file on disk" in v.estimate.details["tok_per_sec_model"]
+    gpu = verdict(moe_model(), CAPS.replace(gpu=True, gpu_bytes=80 * 2**30))
+    assert gpu.ok and gpu.estimate.tok_per_sec is None and "GPU" in gpu.estimate.details["tok_per_sec_model"]
+
+
+def test_on_a_gpu_the_budget_bounds_dense_kv_and_the_cache_in_gpu_memory():
+    caps = CAPS.replace(gpu=True, gpu_bytes=80 * 2**30)
+    ok = verdict(moe_model(), caps)
+    assert ok.ok and ok.estimate.details["device"] == "gpu"
+    assert ok.estimate.gpu_bytes > ok.estimate.details["experts_total"] and ok.estimate.ram_bytes < 2**30
+    plan = plan_from_summary(QWEN3_30B_A3B, 4096, "gpu")
+    refused = verdict(moe_model(), caps, budget=plan.need - 1)
+    assert not refused.ok and refused.code is Refusal.BUDGET and refused.need == plan.need
+    tight = verdict(moe_model(), caps, budget=plan.need)
+    assert tight.ok and tight.estimate.gpu_bytes == plan.need
+    assert verdict(moe_model(), caps, options={"device": "cpu"}).estimate.details["device"] == "cpu"

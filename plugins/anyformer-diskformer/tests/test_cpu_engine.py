@@ -11,31 +11,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from llama_cpp import Llama
+from diskformer_reference import CTX, PROMPT, STEPS, llama_steps
 
 from anyformer_diskformer.cpu_engine import CpuMoEEngine, route
 from anyformer_diskformer.expert_cache import ExpertCache
 from anyformer_diskformer.moe_config import read_moe_config
 from anyformer_gguf_gpu.gguf_file import GGUFFile
-
-PROMPT = [1, 60, 75, 82, 9, 100, 71, 12]
-STEPS = 32
-CTX = 64
-
-
-def llama_steps(path: str) -> tuple[np.ndarray, list[int]]:
-    """llama.cpp's logits for the prompt and each of ``STEPS`` greedy tokens, and those tokens."""
-    llm = Llama(path, n_ctx=CTX, logits_all=True, type_k=0, type_v=0, verbose=False, seed=0)
-    llm.eval(PROMPT)
-    rows = [np.array(llm.scores[: len(PROMPT)])]
-    tokens = []
-    for _ in range(STEPS):
-        token = int(np.argmax(rows[-1][-1]))
-        tokens.append(token)
-        llm.eval([token])
-        rows.append(np.array(llm.scores[llm.n_tokens - 1 : llm.n_tokens]))
-    llm.close()
-    return np.concatenate(rows), tokens
 
 
 def engine_steps(path: str, experts_held: int | None) -> tuple[np.ndarray, list[int], ExpertCache]:
@@ -58,7 +39,9 @@ def engine_steps(path: str, experts_held: int | None) -> tuple[np.ndarray, list[
     return np.concatenate(rows), tokens, cache
 
 
-@pytest.mark.parametrize(("fixture", "tolerance"), [("moe_f32", 1e-4), ("moe_top4", 5e-3), ("qwen2moe_f32", 1e-4)])
+@pytest.mark.parametrize(
+    ("fixture", "tolerance"), [("moe_f32", 1e-4), ("moe_top4", 5e-3), ("qwen2moe_f32", 1e-4), ("bailingmoe_f32", 1e-4)]
+)
 @pytest.mark.parametrize("evicting", [False, True])
 def test_logits_and_greedy_text_match_llama_cpp(request, fixture, tolerance, evicting):
     path = request.getfixturevalue(fixture)

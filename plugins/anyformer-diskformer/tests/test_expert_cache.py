@@ -90,3 +90,23 @@ def test_a_header_whose_expert_count_disagrees_is_bad_model(moe_f32):
     with pytest.raises(AnyformerError) as caught:
         ExpertCache(moe_f32, read_gguf_header(moe_f32), 2, 16, 10**9)
     assert caught.value.code is ErrorCode.BAD_MODEL
+
+
+def test_the_o_direct_reader_reads_the_same_bytes_or_says_why_not(moe_top4):
+    from anyformer_diskformer.expert_reader import ExpertReader, expert_spans, open_reader
+
+    header = read_gguf_header(moe_top4)
+    spans = expert_spans(header, 3, 16)
+    direct = open_reader(moe_top4, spans)
+    plain = ExpertReader(moe_top4, spans)
+    try:
+        assert direct.method == "O_DIRECT" or direct.note.startswith("pread+fadvise: ")
+        for layer, expert in ((0, 0), (1, 7), (2, 15)):
+            a, b = direct.read(layer, expert), plain.read(layer, expert)
+            for x, y in ((a.gate, b.gate), (a.up, b.up), (a.down, b.down)):
+                np.testing.assert_array_equal(x, y)
+            assert a.types == b.types
+    finally:
+        direct.close()
+        plain.close()
+    assert open_reader(moe_top4, spans, direct=False).method == "pread+fadvise"

@@ -36,10 +36,19 @@ def llama_greedy(path: str, ids: list[int]) -> str:
     return text
 
 
+@pytest.mark.parametrize("device", ["cpu", "gpu"])
 @pytest.mark.parametrize("evicting", [False, True])
-def test_greedy_reply_is_llama_cpps(moe_f32, evicting):
-    plan = plan_from_header(read_gguf_header(moe_f32), 128)
-    model = open_model(moe_f32, **({"pool_bytes": plan.min_cache_bytes} if evicting else {}))
+def test_greedy_reply_is_llama_cpps(moe_f32, evicting, device):
+    plan = plan_from_header(read_gguf_header(moe_f32), 128, device)
+    options: dict[str, object] = {"device": device}
+    if evicting:
+        options["pool_bytes"] = plan.min_cache_bytes
+    try:
+        model = open_model(moe_f32, **options)
+    except AnyformerError as exc:
+        if device == "gpu" and exc.code is ErrorCode.BACKEND_CRASHED:
+            pytest.skip(f"no GPU adapter for wgpu: {exc}")
+        raise
     try:
         ids = model.prompt_ids(MESSAGES, thinking=False)
         prompt = render_chat(model.tokenizer.chat_template, MESSAGES)
@@ -61,14 +70,20 @@ def test_greedy_reply_is_llama_cpps(moe_f32, evicting):
 def test_a_pool_below_one_layers_top_k_is_budget_too_small_with_the_need(moe_f32):
     plan = plan_from_header(read_gguf_header(moe_f32), 128)
     with pytest.raises(AnyformerError) as caught:
-        open_model(moe_f32, pool_bytes=plan.min_cache_bytes - 1)
+        open_model(moe_f32, pool_bytes=plan.min_cache_bytes - 1, device="cpu")
     assert caught.value.code is ErrorCode.BUDGET_TOO_SMALL
     assert caught.value.need == plan.need
 
 
 def test_a_pool_that_is_not_a_positive_integer_is_a_bad_request(moe_f32):
     with pytest.raises(AnyformerError) as caught:
-        open_model(moe_f32, pool_bytes="lots")
+        open_model(moe_f32, pool_bytes="lots", device="cpu")
+    assert caught.value.code is ErrorCode.BAD_REQUEST
+
+
+def test_an_unknown_device_is_a_bad_request(moe_f32):
+    with pytest.raises(AnyformerError) as caught:
+        open_model(moe_f32, device="tpu")
     assert caught.value.code is ErrorCode.BAD_REQUEST
 
 

@@ -15,7 +15,9 @@ import numpy as np
 
 from anyformer.plugin import AnyformerError, ErrorCode
 from anyformer_diskformer.expert_cache import ExpertCache
+from anyformer_diskformer.expert_reader import ExpertSlices
 from anyformer_diskformer.moe_config import MoEConfig, is_expert_tensor
+from anyformer_diskformer.prefetch import likely_experts
 from anyformer_diskformer.trace import TraceWriter
 from anyformer_gguf_gpu.gguf_file import GGUFFile
 from anyformer_gguf_gpu.quants import dequantize
@@ -49,7 +51,12 @@ class CpuMoEEngine:
     """A loaded qwen3moe or qwen2moe model on the CPU: float32 dense weights, an f32 KV cache of ``ctx`` tokens."""
 
     def __init__(
-        self, gguf: GGUFFile, config: MoEConfig, cache: ExpertCache, ctx: int, trace: TraceWriter | None = None
+        self,
+        gguf: GGUFFile,
+        config: MoEConfig,
+        cache: ExpertCache[ExpertSlices],
+        ctx: int,
+        trace: TraceWriter | None = None,
     ) -> None:
         self.config = config
         self.cache = cache
@@ -75,14 +82,20 @@ class CpuMoEEngine:
         return sum(w.nbytes for w in self._w.values()) + self._k.nbytes + self._v.nbytes
 
     def _rotate(self, x: np.ndarray, start: int) -> np.ndarray:
-        """NEOX rotation of the first ``n_rot`` dims of each head: pairs (i, i + n_rot/2)."""
+        """Rotary embedding of the first ``n_rot`` dims of each head: NEOX pairs (i, i + n_rot/2), or adjacent
+        pairs (2i, 2i + 1) where the architecture uses the original form."""
         n, half = x.shape[0], self.config.n_rot // 2
         table = self._rope[start : start + n]
         cos, sin = table[:, None, :, 0], table[:, None, :, 1]
         out = x.copy()
-        a, b = x[..., :half], x[..., half : 2 * half]
-        out[..., :half] = a * cos - b * sin
-        out[..., half : 2 * half] = a * sin + b * cos
+        if self.config.rope_neox:
+            a, b = x[..., :half], x[..., half : 2 * half]
+            out[..., :half] = a * cos - b * sin
+            out[..., half : 2 * half] = a * sin + b * cos
+        else:
+            a, b = x[..., 0 : 2 * half : 2], x[..., 1 : 2 * half : 2]
+            out[..., 0 : 2 * half : 2] = a * cos - b * sin
+            out[..., 1 : 2 * half : 2] = a * sin + b * cos
         return out
 
     def _project(self, name: str, x: np.ndarray) -> np.ndarray:
@@ -120,8 +133,11 @@ class CpuMoEEngine:
         c = self.config
         router = x @ self._w[f"blk.{layer}.ffn_gate_inp.weight"].T
         chosen, weights = route(router, c.n_expert_used, c.norm_topk)
+        weights = weights * np.float32(c.weights_scale)
         out = np.zeros_like(x)
         # Each expert the batch routes to is fetched once and applied to every token that chose it.
+        # A prompt's tokens may route to more experts than the cache holds: each is used as soon as it is
+        # got (the slabs are this function's reference), so none needs to stay pinned.
         for expert in np.unique(chosen):
             rows, slot = np.nonzero(chosen == expert)
             e = self.cache.get(layer, int(expert))
@@ -136,12 +152,33 @@ class CpuMoEEngine:
             shared = (
                 _silu(x @ self._w[p + "ffn_gate_shexp.weight"].T) * (x @ self._w[p + "ffn_up_shexp.weight"].T)
             ) @ (self._w[p + "ffn_down_shexp.weight"].T)
-            gate = 1.0 / (1.0 + np.exp(-(x @ self._w[p + "ffn_gate_inp_shexp.weight"])))
-            out += gate[:, None].astype(np.float32) * shared
+            if c.shexp_gated:
+                gate = 1.0 / (1.0 + np.exp(-(x @ self._w[p + "ffn_gate_inp_shexp.weight"])))
+                shared = gate[:, None].astype(np.float32) * shared
+            out += shared
         return out
 
-    def forward(self, ids: list[int], start: int) -> np.ndarray:
-        """Logits (tokens × vocab) for ``ids`` at positions ``start..``; their keys and values enter the cache."""
+    def checkpoint(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """A copy of the keys and values of positions 0..n-1 (see :meth:`restore`)."""
+        return self._k[:, :n].copy(), self._v[:, :n].copy()
+
+    def restore(self, saved: tuple[np.ndarray, np.ndarray], n: int) -> None:
+        """Put back the first ``n`` positions of a :meth:`checkpoint`: the next step may start at position n."""
+        self._k[:, :n] = saved[0][:, :n]
+        self._v[:, :n] = saved[1][:, :n]
+
+    def _guess(self, layer: int, h: np.ndarray) -> None:
+        """Have the prefetcher read ``layer``'s likely experts: its router on the current residual."""
+        prefetcher = self.cache.prefetcher
+        if prefetcher is None or layer >= self.config.n_layer:
+            return
+        p = f"blk.{layer}."
+        logits = _rms(h, self._w[p + "ffn_norm.weight"], self.config.eps) @ self._w[p + "ffn_gate_inp.weight"].T
+        prefetcher.request(layer, likely_experts(logits, self.config.n_expert_used, prefetcher.width), self.cache)
+
+    def forward(self, ids: list[int], start: int, *, every: bool = True) -> np.ndarray:
+        """Logits for ``ids`` at positions ``start..`` (every token's rows, or the last's); their keys and values
+        enter the cache."""
         c = self.config
         if start < 0 or start + len(ids) > self.ctx:
             raise AnyformerError(ErrorCode.BAD_REQUEST, f"positions {start}..{start + len(ids)} exceed {self.ctx}")
@@ -151,7 +188,10 @@ class CpuMoEEngine:
         for layer in range(c.n_layer):
             p = f"blk.{layer}."
             h = h + self._attention(layer, _rms(h, self._w[p + "attn_norm.weight"], c.eps), start)
-            h = h + self._experts(layer, _rms(h, self._w[p + "ffn_norm.weight"], c.eps))
+            x = _rms(h, self._w[p + "ffn_norm.weight"], c.eps)
+            self._guess(layer + 1, h)
+            h = h + self._experts(layer, x)
         if self.trace is not None:
             self.trace.write(self.cache.take_accesses())
+        h = h if every else h[-1:]
         return (_rms(h, self._w["output_norm.weight"], c.eps) @ self._head.T).astype(np.float32)

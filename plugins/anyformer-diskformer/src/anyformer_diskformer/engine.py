@@ -3,19 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from anyformer import AnyformerError, Chunk, ErrorCode, FinishReason, GenerateOptions, Message, Model, Request
-from anyformer.plugin import (
-    ProgressCallback,
-    ProgressEvent,
-    format_size,
-    host_ram_available,
-)
+from anyformer.plugin import ProgressCallback, ProgressEvent, format_size
 from anyformer_diskformer import BACKEND_ID
 from anyformer_diskformer.cpu_engine import CpuMoEEngine
 from anyformer_diskformer.expert_cache import CacheStats, ExpertCache
+from anyformer_diskformer.expert_reader import ExpertSlices, expert_spans, open_reader
 from anyformer_diskformer.moe_config import read_moe_config
 from anyformer_diskformer.plan import context_for, plan_from_header
 from anyformer_diskformer.policies import EvictionPolicy, make_policy
@@ -24,6 +21,12 @@ from anyformer_gguf_gpu.chat_setup import chat_prompt_ids, check_prompt_fits, ch
 from anyformer_gguf_gpu.gguf_file import GGUFFile
 from anyformer_gguf_gpu.model_choice import fetch_chosen_gguf
 from anyformer_gguf_gpu.tokenizer import GGUFTokenizer, StreamDecoder
+
+if TYPE_CHECKING:
+    from anyformer_diskformer.gpu_engine import GpuMoEEngine
+    from anyformer_gguf_gpu.gpu import GPU
+
+    Engine = CpuMoEEngine | GpuMoEEngine
 
 #: Sampling defaults at a temperature above 0 (llama.cpp's own), overridable through ``extra``.
 TOP_K = 40
@@ -56,9 +59,73 @@ def cache_capacity(request: Request, min_cache: int, budget_cache: int, need: in
     return budget_cache
 
 
+def open_device(options: dict[str, object]) -> GPU | None:
+    """The GPU the ``device`` load option asks for: ``auto`` (the default) a GPU when wgpu finds one (a
+    software adapter only with ``ANYFORMER_SOFTWARE_GPU=1``), else None for the CPU; ``gpu`` one or the
+    error why not; ``cpu`` None."""
+    wanted = options.get("device", "auto")
+    if wanted not in ("auto", "cpu", "gpu"):
+        raise AnyformerError(ErrorCode.BAD_REQUEST, f"device must be auto, cpu or gpu, not {wanted!r}")
+    if wanted == "cpu":
+        return None
+    from anyformer_gguf_gpu.gpu import GPU
+
+    try:
+        return GPU()
+    except AnyformerError:
+        if wanted == "gpu":
+            raise
+        return None
+
+
+def device_limit(request: Request, gpu: GPU | None) -> int | None:
+    """The bytes the device may hold: the request's budget or the probe's GPU memory on a GPU (host memory
+    where the probe knows no GPU size: a software adapter's memory is host memory), the probe's host
+    memory on the CPU."""
+    import anyformer
+
+    if gpu is None:
+        return anyformer.probe(gpu=False).ram_bytes
+    if request.budget is not None:
+        return request.budget
+    caps = anyformer.probe()
+    return caps.gpu_bytes if caps.gpu_bytes else caps.ram_bytes
+
+
+def _count_option(options: dict[str, object], name: str, default: int) -> int:
+    value = options.get(name, default)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise AnyformerError(ErrorCode.BAD_REQUEST, f"{name} must be a whole number of at least 0, not {value!r}")
+    return value
+
+
+def prefetch_options(options: dict[str, object], top_k: int) -> tuple[int, int]:
+    """(experts a layer to read ahead, reader threads) from the ``prefetch`` (default: the top-k; 0: none)
+    and ``prefetch_threads`` (default 2) load options; ``BAD_REQUEST`` for anything but whole numbers."""
+    return _count_option(options, "prefetch", top_k), _count_option(options, "prefetch_threads", 2)
+
+
+def attach_prefetcher(cache: ExpertCache[Any], width: int, threads: int, min_cache: int) -> None:
+    """Give ``cache`` a prefetcher of ``width`` experts a layer on ``threads`` threads, its read-ahead bytes
+    taken from the cache's budget.
+
+    Where the budget cannot spare them and still hold one layer's top-k, there is no prefetcher
+    (``prefetch_width`` 0 on the model says so).
+    """
+    from anyformer_diskformer.prefetch import Prefetcher
+
+    staging = width * cache.expert_bytes
+    if width == 0 or threads == 0 or cache.capacity_bytes - staging < min_cache:
+        return
+    cache.capacity_bytes -= staging
+    cache.prefetcher = Prefetcher(cache.reader, cache.stats, width, threads)
+
+
 def policy_for(options: dict[str, object]) -> EvictionPolicy:
-    """The eviction policy the ``cache_policy`` load option names (``lru``, the default, or ``lrfu``)."""
-    name = options.get("cache_policy", "lru")
+    """The eviction policy the ``cache_policy`` load option names (``lrfu``, the default, or ``lru``)."""
+    # LRFU by default: as good as LRU with a roomy cache and far better when the cache holds less than one
+    # token's experts, where LRU evicts each expert just before its next use (see the docs' figures).
+    name = options.get("cache_policy", "lrfu")
     try:
         return make_policy(str(name))
     except ValueError as exc:
@@ -83,41 +150,105 @@ class DiskformerModel:
     backend = BACKEND_ID
     task = "text-generation"
 
-    def __init__(self, engine: CpuMoEEngine, tokenizer: GGUFTokenizer, name: str) -> None:
-        self.engine: CpuMoEEngine | None = engine
+    def __init__(self, engine: Engine, tokenizer: GGUFTokenizer, name: str) -> None:
+        self.engine: Engine | None = engine
         self.tokenizer = tokenizer
         self.name = name
         self.context = engine.ctx
+        #: The primed system prompt's ids and its KV checkpoint (see :meth:`prime`).
+        self._primed: tuple[list[int], Any] | None = None
+        #: Prompt positions the last reply took from the primed checkpoint instead of computing them.
+        self.reused_positions = 0
 
     @classmethod
     def open(cls, model: Model, request: Request, progress: ProgressCallback) -> DiskformerModel:
         """Fetch the GGUF, check it, size the expert cache from the budget and make the dense weights resident."""
         name, fetched = fetch_chosen_gguf(model, progress, BACKEND_ID)
         path = str(fetched)
+        gpu = open_device(request.options)
         gguf = GGUFFile(path)
         try:
             config = read_moe_config(gguf.header)
             tokenizer = GGUFTokenizer(gguf.kv)
             context = context_for(gguf.header.summary(), request.context)
-            plan = plan_from_header(gguf.header, context)
-            # Host memory bounds the CPU engine (the request's budget is accelerator memory).
-            capacity = cache_capacity(request, plan.min_cache_bytes, plan.cache_bytes(host_ram_available()), plan.need)
-            progress(ProgressEvent(stage="load", backend=BACKEND_ID, file=name, message="dense weights"))
-            cache = ExpertCache(
-                path, gguf.header, config.n_layer, config.n_expert, capacity, policy_for(request.options)
+            plan = plan_from_header(gguf.header, context, "cpu" if gpu is None else "gpu")
+            capacity = cache_capacity(
+                request, plan.min_cache_bytes, plan.cache_bytes(device_limit(request, gpu)), plan.need
             )
-            trace = None
+            progress(ProgressEvent(stage="load", backend=BACKEND_ID, file=name, message="dense weights"))
+            policy = policy_for(request.options)
+            direct = request.options.get("direct_io", True)
+            if not isinstance(direct, bool):
+                raise AnyformerError(ErrorCode.BAD_REQUEST, f"direct_io must be true or false, not {direct!r}")
+            width, threads = prefetch_options(request.options, config.n_expert_used)
+            spans = expert_spans(gguf.header, config.n_layer, config.n_expert)
+            trace = trace_writer_from_env()
             try:
-                trace = trace_writer_from_env()
-                engine = CpuMoEEngine(gguf, config, cache, context, trace)
+                engine: Engine
+                if gpu is None:
+                    cache: ExpertCache[ExpertSlices] = ExpertCache(
+                        path,
+                        gguf.header,
+                        config.n_layer,
+                        config.n_expert,
+                        capacity,
+                        policy,
+                        reader=open_reader(path, spans, direct),
+                    )
+                    attach_prefetcher(cache, width, threads, plan.min_cache_bytes)
+                    try:
+                        engine = CpuMoEEngine(gguf, config, cache, context, trace)
+                    except BaseException:
+                        cache.close()
+                        raise
+                else:
+                    from anyformer_diskformer.gpu_engine import GpuMoEEngine, GpuSlots
+
+                    def make_cache(slots: GpuSlots) -> ExpertCache[int]:
+                        made = ExpertCache(
+                            path,
+                            gguf.header,
+                            config.n_layer,
+                            config.n_expert,
+                            capacity,
+                            policy,
+                            store=slots,
+                            reader=open_reader(path, spans, direct),
+                        )
+                        attach_prefetcher(made, width, threads, plan.min_cache_bytes)
+                        return made
+
+                    engine = GpuMoEEngine(gpu, gguf, config, make_cache, context, trace)
             except BaseException:
-                cache.close()
                 if trace is not None:
                     trace.close()
                 raise
         finally:
             gguf.close()  # the dense weights are copied; experts are read through the cache's own descriptor
-        return cls(engine, tokenizer, name)
+        loaded = cls(engine, tokenizer, name)
+        system = request.options.get("prime")
+        if system is not None:
+            try:
+                loaded.prime(system)  # type: ignore[arg-type]  # prime checks it is a string
+            except BaseException:
+                loaded.dispose()
+                raise
+        return loaded
+
+    @property
+    def prefetch_width(self) -> int:
+        """Experts a layer the prefetcher reads ahead (0: no prefetcher, or disposed)."""
+        engine = self.engine
+        return engine.cache.prefetcher.width if engine is not None and engine.cache.prefetcher is not None else 0
+
+    @property
+    def read_method(self) -> str:
+        """How experts are read: ``O_DIRECT``, or ``pread+fadvise`` with the reason O_DIRECT was not used."""
+        engine = self.engine
+        if engine is None:
+            return ""
+        reader = engine.cache.reader
+        return reader.note or reader.method
 
     @property
     def cache_stats(self) -> CacheStats | None:
@@ -126,11 +257,52 @@ class DiskformerModel:
 
     def dispose(self) -> None:
         """Drop the engine and close the expert cache; a second call does nothing."""
+        self._forget_primed()
         engine, self.engine = self.engine, None
         if engine is not None:
             engine.cache.close()
+            if not isinstance(engine, CpuMoEEngine):
+                engine.release()
             if engine.trace is not None:
                 engine.trace.close()
+
+    def prime(self, system: str) -> int:
+        """Run ``system`` (a system prompt, rendered through the chat template) now and keep its KV cache:
+        the next chats whose prompt starts with the same tokens start after them. Returns the tokens kept.
+
+        A later ``prime`` replaces the checkpoint. Replies are the same with and without it.
+        """
+        engine = self.engine
+        if engine is None:
+            raise AnyformerError(ErrorCode.BAD_REQUEST, "the model was disposed; load it again")
+        if not isinstance(system, str) or not system:
+            raise AnyformerError(ErrorCode.BAD_REQUEST, "prime takes a non-empty system prompt")
+        ids = self.prompt_ids([{"role": "system", "content": system}], thinking=False)
+        check_prompt_fits(ids, engine.ctx)
+        engine.forward(ids, 0, every=False)
+        self._forget_primed()
+        self._primed = (ids, engine.checkpoint(len(ids)))
+        return len(ids)
+
+    def _forget_primed(self) -> None:
+        primed, self._primed = self._primed, None
+        if primed is not None and self.engine is not None and not isinstance(self.engine, CpuMoEEngine):
+            self.engine.forget(primed[1])
+
+    def _resume(self, engine: Engine, ids: list[int]) -> int:
+        """Restore the primed KV for the tokens ``ids`` shares with the primed prompt; the position to start at."""
+        if self._primed is None:
+            return 0
+        primed, saved = self._primed
+        common = 0
+        for a, b in zip(ids, primed):  # noqa: B905 - the shorter one bounds the common prefix
+            if a != b:
+                break
+            common += 1
+        common = min(common, len(ids) - 1)  # the last prompt token is always run: its logits pick the first reply
+        if common > 0:
+            engine.restore(saved, common)
+        return max(0, common)
 
     def prompt_ids(self, messages: list[Message], thinking: bool) -> list[int]:
         """The chat template rendered in the core's sandbox, then tokenised with special tokens parsed."""
@@ -154,14 +326,16 @@ class DiskformerModel:
         check_prompt_fits(ids, engine.ctx)
         return self._reply(engine, ids, options)
 
-    def _reply(self, engine: CpuMoEEngine, ids: list[int], options: GenerateOptions) -> Iterator[Chunk]:
+    def _reply(self, engine: Engine, ids: list[int], options: GenerateOptions) -> Iterator[Chunk]:
         rng = np.random.default_rng(options.seed)
         top_k = int(options.extra.get("top_k", TOP_K))
         top_p = float(options.extra.get("top_p", TOP_P))
         text = StreamDecoder(self.tokenizer)
         stops = self.tokenizer.stop_ids
-        pos, count = 0, 0
-        batch = ids
+        start = self._resume(engine, ids)
+        self.reused_positions = start
+        pos, count = start, 0
+        batch = ids[start:]
         while True:
             if options.cancel.is_set():
                 yield Chunk(delta=text.flush(), tokens=count, finish_reason=FinishReason.CANCELLED.value)
@@ -169,7 +343,7 @@ class DiskformerModel:
             if pos + len(batch) > engine.ctx:
                 yield Chunk(delta=text.flush(), tokens=count, finish_reason=FinishReason.LENGTH.value)
                 return
-            logits = engine.forward(batch, pos)[-1]
+            logits = engine.forward(batch, pos, every=False)[-1]
             pos += len(batch)
             if options.temperature > 0:
                 token = sample(logits, options.temperature, top_k, top_p, rng)

@@ -1,67 +1,87 @@
 """Routed experts read from the GGUF on demand into a cache of a fixed number of bytes (LRU or LRFU).
 
-A layer's experts live in three 3-D tensors (``ffn_{gate,up,down}_exps``, ggml dims cols × rows ×
-experts): expert ``e`` is the ``e``-th contiguous slab of each, so one expert is three ``os.pread``
-calls of known offset and length. The slabs are kept as stored (quantised blocks, never a
-dequantised copy) and the page cache is told to drop what was read (``POSIX_FADV_DONTNEED``), so
-the budget, not the kernel's cache, bounds the memory experts take.
+The cache decides what is held (its policy names the victims, its byte budget bounds the total);
+a *store* holds it: :class:`HostStore` keeps the raw slabs in host memory (the CPU engine), the
+GPU engine's store uploads them into GPU buffer slots. Keys in use by the layer being computed are
+pinned (:meth:`ExpertCache.fetch`), so filling the rest of a layer never evicts one of them. A
+prefetcher (:mod:`anyformer_diskformer.prefetch`) may hand over experts it read ahead of need.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
+from collections.abc import Sequence
 from types import TracebackType
-
-import numpy as np
+from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 from anyformer.plugin import AnyformerError, ErrorCode, GGUFHeader, format_size
+from anyformer_diskformer.expert_reader import ExpertReader, ExpertSlices, expert_spans
 from anyformer_diskformer.moe_config import EXPERT_TENSORS
 from anyformer_diskformer.policies import LRU, EvictionPolicy
 
+if TYPE_CHECKING:
+    from anyformer_diskformer.prefetch import Prefetcher
 
-@dataclasses.dataclass(frozen=True)
-class ExpertSlices:
-    """One expert's three weight slabs as stored in the file (raw ggml blocks), and their ggml types."""
-
-    gate: np.ndarray
-    up: np.ndarray
-    down: np.ndarray
-    types: tuple[int, int, int]
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes the three slabs take."""
-        return self.gate.nbytes + self.up.nbytes + self.down.nbytes
+Key = tuple[int, int]
+Entry = TypeVar("Entry")
 
 
 @dataclasses.dataclass
 class CacheStats:
-    """What the cache did: lookups answered from memory, reads from disk, bytes read, entries evicted."""
+    """What the cache did: lookups held, handed over by the prefetcher, read on demand; bytes read; evictions."""
 
     hits: int = 0
     misses: int = 0
+    #: Lookups the prefetcher had already read (no demand read on the critical path).
+    prefetched: int = 0
+    #: Every byte read from the file (demand and prefetch reads).
     bytes_read: int = 0
+    #: Bytes the prefetcher read that no lookup used.
+    prefetch_wasted: int = 0
     evictions: int = 0
 
     @property
+    def lookups(self) -> int:
+        """Every expert asked for."""
+        return self.hits + self.misses + self.prefetched
+
+    @property
     def hit_rate(self) -> float:
-        """Hits over lookups (0 before the first lookup)."""
-        total = self.hits + self.misses
-        return self.hits / total if total else 0.0
+        """Lookups answered without a demand read (held, or prefetched) over lookups (0 before the first)."""
+        total = self.lookups
+        return (self.hits + self.prefetched) / total if total else 0.0
 
 
-@dataclasses.dataclass(frozen=True)
-class _Span:
-    """Where one layer's expert tensor starts in the file, each expert's bytes, and its ggml type."""
+class ExpertStore(Protocol[Entry]):
+    """Where cached experts live: ``put`` keeps one (returning what a lookup hands back), ``drop`` frees it."""
 
-    offset: int
-    stride: int
-    ggml_type: int
+    def cost(self, slices: ExpertSlices) -> int:
+        """Bytes one expert takes in this store."""
+
+    def put(self, key: Key, slices: ExpertSlices) -> Entry:
+        """Keep ``slices`` under ``key``; the result is what lookups of ``key`` return."""
+
+    def drop(self, key: Key, entry: Entry) -> None:
+        """``key`` was evicted; free what it held."""
 
 
-class ExpertCache:
-    """A byte-budgeted cache of experts keyed by (layer, expert), filled by ``os.pread``; LRU unless told.
+class HostStore:
+    """Experts kept as their raw slabs in host memory."""
+
+    def cost(self, slices: ExpertSlices) -> int:
+        """The slabs' bytes."""
+        return slices.nbytes
+
+    def put(self, key: Key, slices: ExpertSlices) -> ExpertSlices:
+        """The slabs themselves."""
+        return slices
+
+    def drop(self, key: Key, entry: ExpertSlices) -> None:
+        """Nothing to free beyond the reference."""
+
+
+class ExpertCache(Generic[Entry]):
+    """A byte-budgeted cache of experts keyed by (layer, expert), filled from the file; LRU unless told.
 
     ``capacity_bytes`` must hold at least one expert: a smaller cache could not hand out even one
     expert without reading it again, which is ``BUDGET_TOO_SMALL`` with the bytes one expert needs.
@@ -75,25 +95,18 @@ class ExpertCache:
         n_expert: int,
         capacity_bytes: int,
         policy: EvictionPolicy | None = None,
+        store: ExpertStore[Entry] | None = None,
+        reader: ExpertReader | None = None,
     ) -> None:
         self.path = path
         self.n_layer = n_layer
         self.n_expert = n_expert
-        tensors = {t.name: t for t in header.tensors}
-        self._spans: dict[tuple[int, str], _Span] = {}
-        for layer in range(n_layer):
-            for kind in EXPERT_TENSORS:
-                info = tensors.get(f"blk.{layer}.{kind}.weight")
-                if info is None or len(info.dims) != 3 or info.dims[2] != n_expert or info.nbytes % n_expert:
-                    raise AnyformerError(
-                        ErrorCode.BAD_MODEL, f"blk.{layer}.{kind}.weight is not a tensor of {n_expert} experts"
-                    )
-                self._spans[layer, kind] = _Span(
-                    header.data_offset + info.offset, info.nbytes // n_expert, info.ggml_type
-                )
-        #: Bytes of one expert (all three slabs); the same for every layer of the models read.
-        self.expert_bytes = max(sum(self._spans[layer, k].stride for k in EXPERT_TENSORS) for layer in range(n_layer))
+        self.reader = reader if reader is not None else ExpertReader(path, expert_spans(header, n_layer, n_expert))
+        spans = self.reader.spans
+        #: Bytes of one expert (all three slabs), the largest over the layers (quant mixes differ by layer).
+        self.expert_bytes = max(sum(spans[layer, k].stride for k in EXPERT_TENSORS) for layer in range(n_layer))
         if capacity_bytes < self.expert_bytes:
+            self.reader.close()
             raise AnyformerError(
                 ErrorCode.BUDGET_TOO_SMALL,
                 f"an expert cache of {format_size(capacity_bytes)} cannot hold one expert "
@@ -103,21 +116,25 @@ class ExpertCache:
         self.capacity_bytes = capacity_bytes
         self.stats = CacheStats()
         self.policy: EvictionPolicy = policy if policy is not None else LRU()
-        self._entries: dict[tuple[int, int], ExpertSlices] = {}
+        self.store: ExpertStore[Entry] = store if store is not None else HostStore()  # type: ignore[assignment]
+        #: Set by the engine when it prefetches; lookups that miss ask it first.
+        self.prefetcher: Prefetcher | None = None
+        self._entries: dict[Key, tuple[Entry, int]] = {}
         self._held = 0
+        self._pinned: set[Key] = set()
+        self._open = True
         #: Every (layer, expert) asked for since the last :meth:`take_accesses`, when recording.
-        self.accesses: list[tuple[int, int]] | None = None
-        self._fd: int | None = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        self.accesses: list[Key] | None = None
 
     @property
     def held_bytes(self) -> int:
         """Bytes the cached experts take now (never above ``capacity_bytes``)."""
         return self._held
 
-    def __contains__(self, key: tuple[int, int]) -> bool:
+    def __contains__(self, key: object) -> bool:
         return key in self._entries
 
-    def get(self, layer: int, expert: int) -> ExpertSlices:
+    def get(self, layer: int, expert: int) -> Entry:
         """Expert ``expert`` of ``layer`` from the cache (a hit) or the file (a miss, evicting as the policy says)."""
         key = (layer, expert)
         if self.accesses is not None:
@@ -126,54 +143,64 @@ class ExpertCache:
         if found is not None:
             self.policy.touch(key)
             self.stats.hits += 1
-            return found
+            return found[0]
+        if not self._open:
+            raise AnyformerError(ErrorCode.BAD_REQUEST, "the expert cache was closed")
         if not (0 <= layer < self.n_layer and 0 <= expert < self.n_expert):
             raise AnyformerError(ErrorCode.BAD_REQUEST, f"no expert {expert} in layer {layer}")
-        slices = self._read(layer, expert)
-        self.stats.misses += 1
-        self.stats.bytes_read += slices.nbytes
-        while self._entries and self._held + slices.nbytes > self.capacity_bytes:
-            victim = self.policy.victim()
-            self._held -= self._entries.pop(victim).nbytes
+        slices = self.prefetcher.take(key) if self.prefetcher is not None else None
+        if slices is None:
+            slices = self.reader.read(layer, expert)
+            self.stats.misses += 1
+            self.stats.bytes_read += slices.nbytes
+        else:
+            self.stats.prefetched += 1  # its bytes were counted when the prefetcher read them
+        cost = self.store.cost(slices)
+        while self._entries and self._held + cost > self.capacity_bytes:
+            victim = self.policy.victim(self._pinned)
+            entry, victim_cost = self._entries.pop(victim)
+            self._held -= victim_cost
+            self.store.drop(victim, entry)
             self.policy.evicted(victim)
             self.stats.evictions += 1
-        self._entries[key] = slices
+        entry = self.store.put(key, slices)
+        self._entries[key] = (entry, cost)
         self.policy.touch(key)
-        self._held += slices.nbytes
-        return slices
+        self._held += cost
+        return entry
 
-    def take_accesses(self) -> list[tuple[int, int]]:
+    def fetch(self, layer: int, experts: Sequence[int]) -> list[Entry]:
+        """Every one of ``experts`` of ``layer``, all held at once: none evicts another of the same call.
+
+        The capacity must hold ``len(experts)`` experts (the smallest working cache is one layer's top-k).
+        """
+        self._pinned.clear()
+        try:
+            out = []
+            for expert in experts:
+                out.append(self.get(layer, expert))
+                self._pinned.add((layer, expert))
+            return out
+        finally:
+            self._pinned.clear()
+
+    def take_accesses(self) -> list[Key]:
         """The accesses recorded since the last call (recording starts with the first call)."""
         taken, self.accesses = self.accesses or [], []
         return taken
 
-    def _read(self, layer: int, expert: int) -> ExpertSlices:
-        fd = self._fd
-        if fd is None:
-            raise AnyformerError(ErrorCode.BAD_REQUEST, "the expert cache was closed")
-        parts = []
-        for kind in EXPERT_TENSORS:
-            span = self._spans[layer, kind]
-            start = span.offset + expert * span.stride
-            data = os.pread(fd, span.stride, start)
-            if len(data) != span.stride:
-                raise AnyformerError(ErrorCode.BAD_MODEL, f"{self.path} ended inside expert {expert} of layer {layer}")
-            if hasattr(os, "posix_fadvise"):
-                # The bytes are ours now; the kernel's copy would only double what the budget allows.
-                os.posix_fadvise(fd, start, span.stride, os.POSIX_FADV_DONTNEED)
-            parts.append(np.frombuffer(data, dtype=np.uint8))
-        types = tuple(self._spans[layer, k].ggml_type for k in EXPERT_TENSORS)
-        return ExpertSlices(parts[0], parts[1], parts[2], (types[0], types[1], types[2]))
-
     def close(self) -> None:
-        """Close the file and drop every cached expert; safe to call twice."""
-        fd, self._fd = self._fd, None
+        """Stop the prefetcher, close the file and drop every cached expert; safe to call twice."""
+        self._open = False
+        if self.prefetcher is not None:
+            self.prefetcher.close()
+        for key, (entry, _) in list(self._entries.items()):
+            self.store.drop(key, entry)
         self._entries.clear()
         self._held = 0
-        if fd is not None:
-            os.close(fd)
+        self.reader.close()
 
-    def __enter__(self) -> ExpertCache:
+    def __enter__(self) -> ExpertCache[Entry]:
         return self
 
     def __exit__(

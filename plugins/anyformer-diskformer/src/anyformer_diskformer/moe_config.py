@@ -24,8 +24,10 @@ from anyformer_gguf_gpu.config import (
 
 #: MoE architectures the engine runs, with llama.cpp's choice of normalising the top-k router
 #: weights for each: qwen3moe renormalises the selected softmax weights to sum to 1, qwen2moe keeps
-#: them as they are (and adds a shared expert behind a sigmoid gate).
-MOE_ARCHITECTURES: dict[str, bool] = {"qwen3moe": True, "qwen2moe": False}
+#: them as they are (and adds a shared expert behind a sigmoid gate); bailingmoe (Ling) says so in
+#: its header (``expert_weights_norm``), scales them (``expert_weights_scale``) and adds ungated
+#: shared experts (None: from the header).
+MOE_ARCHITECTURES: dict[str, bool | None] = {"qwen3moe": True, "qwen2moe": False, "bailingmoe": None}
 
 #: The three routed-expert tensors of a layer (ggml dims: cols, rows, experts).
 EXPERT_TENSORS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
@@ -67,6 +69,12 @@ class MoEConfig(HeadWidths):
     qkv_bias: bool
     #: Width of the always-on shared expert, 0 when there is none (qwen2moe has one).
     n_ff_shexp: int
+    #: Whether the shared expert is scaled by sigmoid(x · ffn_gate_inp_shexp) (qwen2moe) or added as is (bailingmoe).
+    shexp_gated: bool = False
+    #: Factor on the routing weights after top-k (bailingmoe's expert_weights_scale; 1 elsewhere).
+    weights_scale: float = 1.0
+    #: NEOX rotary (pairs i, i + n_rot/2: the qwen MoEs) or the original one (adjacent pairs: bailingmoe).
+    rope_neox: bool = True
 
 
 def moe_problem(summary: dict[str, Any]) -> str | None:
@@ -92,6 +100,21 @@ def read_moe_config(header: GGUFHeader) -> MoEConfig:
         raise AnyformerError(ErrorCode.BAD_MODEL, f"{n_used} experts used per token of {n_expert}")
     tensors = {t.name: t for t in header.tensors}
     embd = required_tensor(tensors, "token_embd.weight")
+    if "blk.0.attn_output.bias" in tensors:
+        raise AnyformerError(ErrorCode.BAD_MODEL, f"an attention output bias, {_UNREAD}")
+    norm = MOE_ARCHITECTURES[arch]
+    if norm is None:
+        norm = bool(kv.get(f"{arch}.expert_weights_norm", False))
+    has_shared = "blk.0.ffn_up_shexp.weight" in tensors
+    if arch == "bailingmoe":
+        if dims.n_rot != dims.head_dim:
+            raise AnyformerError(
+                ErrorCode.BAD_MODEL, f"bailingmoe with a rotary width other than the head's, {_UNREAD}"
+            )
+        shared_width = _int(kv, f"{arch}.expert_shared_count") * _int(kv, f"{arch}.expert_feed_forward_length")
+    else:
+        shared_width = _int(kv, f"{arch}.expert_shared_feed_forward_length") if has_shared else 0
+    scale = kv.get(f"{arch}.expert_weights_scale", 1.0)
     config = MoEConfig(
         architecture=arch,
         n_layer=_int(kv, f"{arch}.block_count"),
@@ -107,13 +130,15 @@ def read_moe_config(header: GGUFHeader) -> MoEConfig:
         n_expert=n_expert,
         n_expert_used=n_used,
         n_ff_exp=_int(kv, f"{arch}.expert_feed_forward_length"),
-        norm_topk=MOE_ARCHITECTURES[arch],
+        norm_topk=norm,
         tied_output="output.weight" not in tensors,
         qk_norm="blk.0.attn_q_norm.weight" in tensors,
         qkv_bias="blk.0.attn_q.bias" in tensors,
-        n_ff_shexp=_int(kv, f"{arch}.expert_shared_feed_forward_length")
-        if "blk.0.ffn_up_shexp.weight" in tensors
-        else 0,
+        n_ff_shexp=shared_width if has_shared else 0,
+        shexp_gated="blk.0.ffn_gate_inp_shexp.weight" in tensors,
+        # 0 means "no scaling" to llama.cpp.
+        weights_scale=float(scale) if isinstance(scale, (int, float)) and scale else 1.0,
+        rope_neox=arch != "bailingmoe",
     )
     _check_shapes(config, tensors)
     return config
@@ -138,9 +163,10 @@ def _check_shapes(c: MoEConfig, tensors: dict[str, GGUFTensor]) -> None:
         if c.qkv_bias:
             want.update({p + "attn_q.bias": (c.q_dim,), p + "attn_k.bias": (c.kv_dim,), p + "attn_v.bias": (c.kv_dim,)})
         if c.n_ff_shexp:
+            if c.shexp_gated:
+                want[p + "ffn_gate_inp_shexp.weight"] = (c.n_embd,)
             want.update(
                 {
-                    p + "ffn_gate_inp_shexp.weight": (c.n_embd,),
                     p + "ffn_gate_shexp.weight": (c.n_embd, c.n_ff_shexp),
                     p + "ffn_up_shexp.weight": (c.n_embd, c.n_ff_shexp),
                     p + "ffn_down_shexp.weight": (c.n_ff_shexp, c.n_embd),

@@ -20,11 +20,20 @@ RAM_OVERHEAD = 64 * 10**6
 DEFAULT_CONTEXT = 4096
 
 
+#: GPU bytes besides weights, caches and slots: activations, scratch, uniforms, the rope table.
+GPU_OVERHEAD = 32 * 10**6
+#: Where the engine runs: "cpu" (numpy; dense weights as float32 in host memory) or "gpu" (wgpu;
+#: dense weights as stored, in GPU memory).
+DEVICES = ("cpu", "gpu")
+
+
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    """The bytes a load takes. Dense weights are held as float32 (the CPU engine's working copy)."""
+    """The bytes a load takes on its device: dense weights (float32 on the CPU, as stored on the GPU), the KV
+    cache (f32 on both), the expert cache, and the smallest cache that works (one layer's top-k experts)."""
 
     context: int
+    device: str
     dense_bytes: int
     kv_bytes: int
     expert_bytes_total: int
@@ -40,8 +49,8 @@ class Plan:
 
     @property
     def fixed_bytes(self) -> int:
-        """What is held whatever the cache: dense weights, the KV cache and the overhead."""
-        return self.dense_bytes + self.kv_bytes + RAM_OVERHEAD
+        """What the device holds whatever the cache: dense weights, the KV cache and the overhead."""
+        return self.dense_bytes + self.kv_bytes + (GPU_OVERHEAD if self.device == "gpu" else RAM_OVERHEAD)
 
     @property
     def need(self) -> int:
@@ -74,20 +83,30 @@ def _kv_bytes(summary: dict[str, Any], context: int) -> int:
     return 2 * _fact(summary, "block_count") * context * kv_heads * head_dim * 4
 
 
-def plan_from_header(header: GGUFHeader, context: int) -> Plan:
-    """The exact plan from the tensors' sizes: experts as stored, dense tensors as float32."""
+def plan_from_header(header: GGUFHeader, context: int, device: str = "cpu") -> Plan:
+    """The exact plan from the tensors' sizes: experts as stored, dense tensors as the device holds them.
+
+    One expert's bytes are the largest layer's (quant mixes give some layers wider experts): every
+    cache slot must take any expert.
+    """
     summary = header.summary()
-    dense_elements = 0
+    dense = 0
     expert_bytes = 0
+    per_layer: dict[str, int] = {}
     for t in header.tensors:
         if is_expert_tensor(t.name):
             expert_bytes += t.nbytes
+            layer = t.name.split(".")[1]
+            per_layer[layer] = per_layer.get(layer, 0) + t.nbytes
         else:
-            dense_elements += t.n_elements
-    return _plan(summary, context, dense_elements, expert_bytes, estimated=False)
+            dense += 4 * t.n_elements if device == "cpu" else t.nbytes
+    plan = _plan(summary, context, device, dense, expert_bytes, estimated=False)
+    experts = _fact(summary, "expert_count")
+    widest = max(per_layer.values(), default=0) // experts if experts else 0
+    return dataclasses.replace(plan, one_expert_bytes=max(plan.one_expert_bytes, widest))
 
 
-def plan_from_summary(summary: dict[str, Any], context: int) -> Plan:
+def plan_from_summary(summary: dict[str, Any], context: int, device: str = "cpu") -> Plan:
     """An estimate from the header summary alone: dense parameters from the shapes, experts the rest.
 
     The bytes per parameter of the whole file stand in for the experts' (they are most of it).
@@ -103,16 +122,21 @@ def plan_from_summary(summary: dict[str, Any], context: int) -> Plan:
     dense = 2 * vocab * embd + embd + layers * per_layer
     params, data = _fact(summary, "parameter_count"), _fact(summary, "data_bytes")
     expert_params = max(0, params - dense)
-    expert_bytes = int(expert_params * data / params) if params else 0
-    return _plan(summary, context, dense, expert_bytes, estimated=True)
+    per_param = data / params if params else 0.0
+    expert_bytes = int(expert_params * per_param)
+    dense_bytes = 4 * dense if device == "cpu" else int(dense * per_param)
+    return _plan(summary, context, device, dense_bytes, expert_bytes, estimated=True)
 
 
-def _plan(summary: dict[str, Any], context: int, dense_elements: int, expert_bytes: int, *, estimated: bool) -> Plan:
-    # Dense tensors are held as f32 (4 bytes a parameter); the experts stay at their stored size.
+def _plan(
+    summary: dict[str, Any], context: int, device: str, dense_bytes: int, expert_bytes: int, *, estimated: bool
+) -> Plan:
+    # The experts stay at their stored size on both devices.
     layers, experts = _fact(summary, "block_count"), _fact(summary, "expert_count")
     return Plan(
         context=context,
-        dense_bytes=4 * dense_elements,
+        device=device,
+        dense_bytes=dense_bytes,
         kv_bytes=_kv_bytes(summary, context),
         expert_bytes_total=expert_bytes,
         one_expert_bytes=expert_bytes // (layers * experts) if layers and experts else 0,
@@ -122,11 +146,11 @@ def _plan(summary: dict[str, Any], context: int, dense_elements: int, expert_byt
     )
 
 
-def plan_for(path: str | None, summary: dict[str, Any], context: int) -> Plan:
+def plan_for(path: str | None, summary: dict[str, Any], context: int, device: str = "cpu") -> Plan:
     """The exact plan when ``path`` is a readable GGUF, else the estimate from the summary."""
     if path is not None and os.path.isfile(path):
         try:
-            return plan_from_header(read_gguf_header(path), context)
+            return plan_from_header(read_gguf_header(path), context, device)
         except (AnyformerError, OSError):
             pass  # the summary still describes it; load reports what is wrong with the file
-    return plan_from_summary(summary, context)
+    return plan_from_summary(summary, context, device)

@@ -51,49 +51,70 @@ def can_run(model: Model, caps: Caps, request: Request) -> Verdict:
     refusal = store_refusal(BACKEND_ID, model, caps, file)
     if refusal is not None:
         return refusal
-    from anyformer_diskformer.plan import context_for, plan_for
+    from anyformer_diskformer.plan import RAM_OVERHEAD, context_for, plan_for
 
+    wanted = request.options.get("device", "auto")
+    device = "gpu" if caps.gpu and wanted in ("auto", "gpu") else "cpu"
     context = context_for(summary, request.context)
-    plan = plan_for(file.path, summary, context)
+    plan = plan_for(file.path, summary, context, device)
     how = " (estimated from the architecture and the file size: the header's tensors were not read)"
     how = how if plan.estimated else ""
     parts = (
         f"dense weights {format_size(plan.dense_bytes)}, KV cache {format_size(plan.kv_bytes)} at {context} tokens, "
         f"one layer's top-{plan.experts_per_token} experts {format_size(plan.min_cache_bytes)}"
     )
-    # The CPU engine holds everything in host memory, so host memory (``caps.ram_bytes``) is the limit;
-    # the request's ``budget`` is accelerator memory, which this engine does not use.
-    if plan.need > caps.ram_bytes:
+    if device == "gpu":
+        # Dense weights, the KV cache and the expert slots live in GPU memory: the budget bounds them.
+        limit = request.budget if request.budget is not None else (caps.gpu_bytes or caps.ram_bytes)
+        code, what = Refusal.BUDGET, "GPU memory"
+    else:
+        # The CPU engine holds everything in host memory (``caps.ram_bytes``).
+        limit, code, what = caps.ram_bytes, Refusal.MEMORY, "memory"
+    if plan.need > limit:
+        return Verdict.refuse(
+            BACKEND_ID,
+            code,
+            f"{file.name}: needs at least {format_size(plan.need)} of {what} ({parts}){how}; "
+            f"{format_size(limit)} available",
+            need=plan.need,
+        )
+    if device == "gpu" and RAM_OVERHEAD > caps.ram_bytes:
+        # The GPU engine still keeps its tokenizer, host copies of the norms and the reads in flight in host memory.
         return Verdict.refuse(
             BACKEND_ID,
             Refusal.MEMORY,
-            f"{file.name}: needs at least {format_size(plan.need)} of memory ({parts}){how}; "
+            f"{file.name}: the GPU engine needs {format_size(RAM_OVERHEAD)} of host memory besides the GPU's; "
             f"{format_size(caps.ram_bytes)} available",
-            need=plan.need,
+            need=RAM_OVERHEAD,
         )
     pool = request.options.get("pool_bytes")
-    cache = plan.cache_bytes(caps.ram_bytes)
+    cache = plan.cache_bytes(limit)
     if isinstance(pool, int) and not isinstance(pool, bool) and pool > 0:
         # An explicit pool replaces what memory leaves (load refuses one below the smallest working cache).
         cache = min(pool, cache)
+    held = plan.fixed_bytes + cache
+    from anyformer_diskformer.speed import tok_per_sec
+
+    speed, speed_model = tok_per_sec(file.path, plan, cache, device)
     return Verdict.accept(
         BACKEND_ID,
         Estimate(
-            gpu_bytes=0,
-            ram_bytes=plan.fixed_bytes + cache,
+            gpu_bytes=held if device == "gpu" else 0,
+            ram_bytes=RAM_OVERHEAD if device == "gpu" else held,
             disk_bytes=file.size or 0,
-            tok_per_sec=None,
+            tok_per_sec=speed,
             rank=Rank.SPECIALIST,
             details={
                 "file": file.name,
                 "architecture": summary.get("architecture"),
                 "context": context,
-                "device": "cpu",
+                "device": device,
                 "dense_bytes": plan.dense_bytes,
                 "kv_cache": plan.kv_bytes,
                 "expert_cache": cache,
                 "experts_total": plan.expert_bytes_total,
                 "estimated": plan.estimated,
+                "tok_per_sec_model": speed_model,
             },
             files=(file.name,),
         ),

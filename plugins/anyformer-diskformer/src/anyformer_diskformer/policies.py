@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import math
+from collections.abc import Container
 from typing import Protocol
 
 Key = tuple[int, int]
@@ -23,8 +24,8 @@ class EvictionPolicy(Protocol):
     def evicted(self, key: Key) -> None:
         """``key`` left the cache."""
 
-    def victim(self) -> Key:
-        """The held key to evict next."""
+    def victim(self, exclude: Container[Key] = ()) -> Key:
+        """The held key to evict next, never one of ``exclude`` (keys in use now)."""
 
 
 class LRU:
@@ -42,9 +43,9 @@ class LRU:
         """Forget ``key``."""
         self._order.pop(key, None)
 
-    def victim(self) -> Key:
-        """The least recent held key."""
-        return next(iter(self._order))
+    def victim(self, exclude: Container[Key] = ()) -> Key:
+        """The least recent held key not in ``exclude``."""
+        return next(k for k in self._order if k not in exclude)
 
 
 class LRFU:
@@ -85,9 +86,9 @@ class LRFU:
         """``key`` is no longer held (its score is kept)."""
         self._held.discard(key)
 
-    def victim(self) -> Key:
-        """The held key with the smallest decayed score; the least recent among equals."""
-        return min(self._held, key=lambda k: (self._stored[k], self._last[k]))
+    def victim(self, exclude: Container[Key] = ()) -> Key:
+        """The held key not in ``exclude`` with the smallest decayed score; the least recent among equals."""
+        return min((k for k in self._held if k not in exclude), key=lambda k: (self._stored[k], self._last[k]))
 
 
 def make_policy(name: str) -> EvictionPolicy:

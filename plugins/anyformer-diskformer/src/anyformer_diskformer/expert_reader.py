@@ -1,0 +1,154 @@
+"""Reading one routed expert's three slabs from the GGUF: ``os.pread`` and ``POSIX_FADV_DONTNEED``.
+
+A layer's experts live in three 3-D tensors (``ffn_{gate,up,down}_exps``, ggml dims cols × rows ×
+experts): expert ``e`` is the ``e``-th contiguous slab of each, so one expert is three reads of
+known offset and length. The slabs are kept as stored (quantised blocks, never a dequantised copy)
+and the page cache is told to drop what was read, so the budget, not the kernel's cache, bounds the
+memory experts take. ``os.pread`` on one descriptor is safe from several threads (the prefetcher's).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import numpy as np
+
+from anyformer.plugin import AnyformerError, ErrorCode, GGUFHeader
+from anyformer_diskformer.moe_config import EXPERT_TENSORS
+
+
+@dataclasses.dataclass(frozen=True)
+class ExpertSlices:
+    """One expert's three weight slabs as stored in the file (raw ggml blocks), and their ggml types."""
+
+    gate: np.ndarray
+    up: np.ndarray
+    down: np.ndarray
+    types: tuple[int, int, int]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the three slabs take."""
+        return self.gate.nbytes + self.up.nbytes + self.down.nbytes
+
+
+@dataclasses.dataclass(frozen=True)
+class Span:
+    """Where one layer's expert tensor starts in the file, each expert's bytes, and its ggml type."""
+
+    offset: int
+    stride: int
+    ggml_type: int
+
+
+def expert_spans(header: GGUFHeader, n_layer: int, n_expert: int) -> dict[tuple[int, str], Span]:
+    """Every layer's three expert tensors as spans; ``BAD_MODEL`` when one is not a tensor of ``n_expert`` slabs."""
+    tensors = {t.name: t for t in header.tensors}
+    spans: dict[tuple[int, str], Span] = {}
+    for layer in range(n_layer):
+        for kind in EXPERT_TENSORS:
+            info = tensors.get(f"blk.{layer}.{kind}.weight")
+            if info is None or len(info.dims) != 3 or info.dims[2] != n_expert or info.nbytes % n_expert:
+                raise AnyformerError(
+                    ErrorCode.BAD_MODEL, f"blk.{layer}.{kind}.weight is not a tensor of {n_expert} experts"
+                )
+            spans[layer, kind] = Span(header.data_offset + info.offset, info.nbytes // n_expert, info.ggml_type)
+    return spans
+
+
+class ExpertReader:
+    """Reads experts from one GGUF through its own descriptor: pread, then drop the kernel's copy."""
+
+    #: How reads bypass the page cache, for reports ("pread+fadvise" here; O_DIRECT readers say so).
+    method = "pread+fadvise"
+
+    def __init__(self, path: str, spans: dict[tuple[int, str], Span]) -> None:
+        self.path = path
+        self.spans = spans
+        #: Why the reader is not the O_DIRECT one, when that was asked for and refused (else "").
+        self.note = ""
+        self._fd: int | None = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+
+    def _slab(self, fd: int, start: int, length: int) -> np.ndarray:
+        data = os.pread(fd, length, start)
+        if len(data) != length:
+            raise AnyformerError(ErrorCode.BAD_MODEL, f"{self.path} ended inside an expert at byte {start}")
+        if hasattr(os, "posix_fadvise"):
+            # The bytes are ours now; the kernel's copy would only double what the budget allows.
+            os.posix_fadvise(fd, start, length, os.POSIX_FADV_DONTNEED)
+        return np.frombuffer(data, dtype=np.uint8)
+
+    def read(self, layer: int, expert: int) -> ExpertSlices:
+        """Expert ``expert`` of ``layer`` as stored (``BAD_REQUEST`` once closed)."""
+        fd = self._fd
+        if fd is None:
+            raise AnyformerError(ErrorCode.BAD_REQUEST, "the expert cache was closed")
+        parts = []
+        for kind in EXPERT_TENSORS:
+            span = self.spans[layer, kind]
+            parts.append(self._slab(fd, span.offset + expert * span.stride, span.stride))
+        t = tuple(self.spans[layer, k].ggml_type for k in EXPERT_TENSORS)
+        return ExpertSlices(parts[0], parts[1], parts[2], (t[0], t[1], t[2]))
+
+    def close(self) -> None:
+        """Close the descriptor; safe to call twice."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+
+
+#: Alignment of O_DIRECT offsets, lengths and buffers: 4 KiB covers 512-byte and 4 KiB logical blocks.
+DIRECT_ALIGN = 4096
+
+
+class DirectExpertReader(ExpertReader):
+    """Reads experts with ``O_DIRECT``: no page cache at all, so the budget alone decides what is in memory.
+
+    Each slab is read whole into a page-aligned anonymous mapping (offset rounded down and length up
+    to :data:`DIRECT_ALIGN`), and the slab is a view of it: no copy. :func:`open_reader` falls back to
+    :class:`ExpertReader` where the platform or the file system refuses ``O_DIRECT``, and says why.
+    """
+
+    method = "O_DIRECT"
+
+    def __init__(self, path: str, spans: dict[tuple[int, str], Span]) -> None:
+        self.path = path
+        self.spans = spans
+        self.note = ""
+        self._fd = os.open(path, os.O_RDONLY | os.O_DIRECT | getattr(os, "O_CLOEXEC", 0))
+
+    def _slab(self, fd: int, start: int, length: int) -> np.ndarray:
+        import mmap
+
+        first = start - start % DIRECT_ALIGN
+        span = -(-(start + length - first) // DIRECT_ALIGN) * DIRECT_ALIGN
+        buffer = mmap.mmap(-1, span)
+        got = os.preadv(fd, [buffer], first)
+        if got < start + length - first:
+            raise AnyformerError(ErrorCode.BAD_MODEL, f"{self.path} ended inside an expert at byte {start}")
+        return np.frombuffer(buffer, dtype=np.uint8, count=length, offset=start - first)
+
+
+def open_reader(path: str, spans: dict[tuple[int, str], Span], direct: bool = True) -> ExpertReader:
+    """An ``O_DIRECT`` reader where ``direct`` and the platform and file system allow one (checked by reading
+    the first expert), else the pread + fadvise reader with :attr:`ExpertReader.note` saying why."""
+    if not direct:
+        return ExpertReader(path, spans)
+    if not hasattr(os, "O_DIRECT") or not hasattr(os, "preadv"):
+        reason = "this platform has no O_DIRECT"
+    else:
+        try:
+            reader = DirectExpertReader(path, spans)
+        except OSError as exc:
+            reason = f"the file system refused O_DIRECT ({exc.strerror})"
+        else:
+            try:
+                reader.read(0, 0)  # the file system may accept the flag and refuse the read
+                return reader
+            except OSError as exc:
+                reader.close()
+                reason = f"an O_DIRECT read failed ({exc.strerror})"
+    plain = ExpertReader(path, spans)
+    plain.note = f"pread+fadvise: {reason}"
+    return plain

@@ -1,0 +1,446 @@
+"""The qwen3moe / qwen2moe forward pass on wgpu: dense weights, the KV cache and the expert cache's slots on the GPU.
+
+Every matrix product is the gguf-gpu library's quantised matrix kernel reading raw GGUF blocks (no
+dequantised copy), dense tensors uploaded once at load, routed experts uploaded into GPU buffer
+slots as the cache reads them from disk.
+
+A token runs layer by layer. Per layer, one submission holds the previous layer's experts and this
+layer's attention (RMSNorm fused into the q/k/v product, RoPE with the KV store, attention, the
+output product added to the residual) and its router product; the residual is copied aside as the
+experts' input and the router's logits are read back, because the host must know which experts to
+read from disk. The host routes exactly as the CPU engine (softmax, top-k, renormalised where the
+architecture says so), has the cache make the chosen experts resident (pinned, so none evicts
+another), and queues each expert's three products: gate and up normalise the copied residual
+themselves, and the router weight w is folded into up's norm weights (RMSNorm(x) · (norm · w)),
+so silu(gate) · w·up is the weighted activation the down product adds straight into the residual.
+qwen2moe's shared expert is three products more, its sigmoid gate folded the same way. The KV cache
+is f32, as the checks against llama.cpp's f32 cache want.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from anyformer.plugin import AnyformerError, ErrorCode
+from anyformer_diskformer.cpu_engine import route
+from anyformer_diskformer.expert_cache import ExpertCache
+from anyformer_diskformer.expert_reader import ExpertSlices, expert_spans
+from anyformer_diskformer.moe_config import EXPERT_TENSORS, MoEConfig
+from anyformer_diskformer.prefetch import likely_experts
+from anyformer_diskformer.trace import TraceWriter
+from anyformer_gguf_gpu.gguf_file import GGUFFile
+from anyformer_gguf_gpu.gpu import GPU
+from anyformer_gguf_gpu.kernels import Dispatch, Kernels
+from anyformer_gguf_gpu.quants import F32, QuantFormat, dequantize, format_of
+from anyformer_gguf_gpu.transformer import Weight, cos_sin_table
+
+
+@dataclasses.dataclass
+class _Slot:
+    """One expert's place on the GPU: its three slabs, its scaled up-norm weights, and the types held now."""
+
+    gate: Any
+    up: Any
+    down: Any
+    norm: Any
+    types: tuple[int, int, int] = (-1, -1, -1)
+
+
+class GpuSlots:
+    """The expert cache's store on the GPU: buffer slots, made as needed, reused after an eviction.
+
+    Every slot is sized for the largest expert of any layer, so each costs the same bytes. A slot's
+    three dispatches (gate, up, down) are built once per weight-type mix and reused.
+    """
+
+    def __init__(self, engine: GpuMoEEngine, slab_bytes: tuple[int, int, int]) -> None:
+        self._engine = engine
+        self._slab_bytes = slab_bytes
+        self.slot_bytes = sum(slab_bytes)
+        self._slots: list[_Slot] = []
+        self._free: list[int] = []
+        self._dispatches: dict[tuple[int, tuple[int, int, int]], list[Dispatch]] = {}
+
+    def cost(self, slices: ExpertSlices) -> int:
+        """A slot's bytes, whatever the expert's own size."""
+        return self.slot_bytes
+
+    def put(self, key: tuple[int, int], slices: ExpertSlices) -> int:
+        """Upload ``slices`` into a free slot (a new one if none is free) and return the slot's index."""
+        gpu = self._engine.gpu
+        if self._free:
+            index = self._free.pop()
+        else:
+            index = len(self._slots)
+            g, u, d = self._slab_bytes
+            label = f"expert-slot{index}"
+            self._slots.append(
+                _Slot(
+                    gpu.buffer(g, label=label + "-gate"),
+                    gpu.buffer(u, label=label + "-up"),
+                    gpu.buffer(d, label=label + "-down"),
+                    gpu.buffer(4 * self._engine.config.n_embd, label=label + "-norm"),
+                )
+            )
+        slot = self._slots[index]
+        gpu.write(slot.gate, slices.gate)
+        gpu.write(slot.up, slices.up)
+        gpu.write(slot.down, slices.down)
+        slot.types = slices.types
+        return index
+
+    def drop(self, key: tuple[int, int], entry: int) -> None:
+        """The slot is free for the next expert read."""
+        self._free.append(entry)
+
+    def dispatches(self, index: int, scaled_norm: np.ndarray) -> list[Dispatch]:
+        """The slot's gate, up and down products, its up-norm weights set to ``scaled_norm``."""
+        slot = self._slots[index]
+        e = self._engine
+        e.gpu.write(slot.norm, scaled_norm)
+        key = (index, slot.types)
+        found = self._dispatches.get(key)
+        if found is None:
+            found = e.ffn_dispatches(
+                [(slot.gate, format_of(slot.types[0])), (slot.up, format_of(slot.types[1]))],
+                (slot.down, format_of(slot.types[2])),
+                slot.norm,
+                e.config.n_ff_exp,
+            )
+            self._dispatches[key] = found
+        return found
+
+    @property
+    def gpu_bytes(self) -> int:
+        """GPU bytes of the slots made so far."""
+        return len(self._slots) * (self.slot_bytes + 4 * self._engine.config.n_embd)
+
+    def release(self) -> None:
+        """Free every slot's buffers now."""
+        for slot in self._slots:
+            for buf in (slot.gate, slot.up, slot.down, slot.norm):
+                buf.destroy()
+        self._slots.clear()
+        self._free.clear()
+        self._dispatches.clear()
+
+
+class GpuMoEEngine:
+    """A loaded qwen3moe or qwen2moe model on one GPU, the routed experts in a cache of GPU slots."""
+
+    def __init__(
+        self,
+        gpu: GPU,
+        gguf: GGUFFile,
+        config: MoEConfig,
+        make_cache: Callable[[GpuSlots], ExpertCache[int]],
+        ctx: int,
+        trace: TraceWriter | None = None,
+    ) -> None:
+        self.gpu = gpu
+        self.config = config
+        self.trace = trace
+        self.ctx = ctx
+        self.kernels = Kernels(gpu, kv_f16=False)
+        self._owned: list[Any] = []
+        self._weights: dict[str, Weight] = {}
+        try:
+            self._build(gguf, make_cache)
+        except BaseException:
+            # A load that fails part way (out of GPU memory, a bad tensor) frees what it made.
+            cache: ExpertCache[int] | None = getattr(self, "cache", None)
+            if cache is not None:
+                cache.close()
+            self.release()
+            raise
+
+    def _build(self, gguf: GGUFFile, make_cache: Callable[[GpuSlots], ExpertCache[int]]) -> None:
+        c, ctx, trace = self.config, self.ctx, self.trace
+        self._load_weights(gguf)
+        spans = expert_spans(gguf.header, c.n_layer, c.n_expert)
+        slab = tuple(max(spans[i, kind].stride for i in range(c.n_layer)) for kind in EXPERT_TENSORS)
+        self.slots = GpuSlots(self, (slab[0], slab[1], slab[2]))
+        #: The expert cache, its store the GPU slots.
+        self.cache = make_cache(self.slots)
+        if trace is not None:
+            self.cache.take_accesses()  # start recording
+        buf = self._buffer
+        self.h = buf(4 * c.n_embd, "residual")
+        self.h_ffn = buf(4 * c.n_embd, "expert-input")
+        self.qkv = buf(4 * (c.q_dim + 2 * c.kv_dim), "qkv")
+        self.attn = buf(4 * c.q_dim, "attention")
+        self.gate_up = buf(8 * max(c.n_ff_exp, c.n_ff_shexp), "gate-up")
+        # This layer's router logits (and the shared expert's gate), then the next layer's router on this
+        # layer's residual: the prefetcher's guess.
+        self.router = buf(8 * (c.n_expert + 1), "router")
+        self.logits = buf(4 * c.n_vocab, "logits")
+        self.scores = buf(4 * c.n_head * ctx, "scores")
+        self.ids = buf(4 * (ctx + 1), "ids")
+        self.state = buf(16, "state")
+        self.gate_norm = buf(4 * c.n_embd, "gate-norm")
+        self.shexp_norm = buf(4 * c.n_embd, "shared-up-norm")
+        self.ones = self._upload(np.ones(1, dtype=np.float32), "ones")
+        self.k_cache = [buf(4 * ctx * c.kv_dim, f"k{i}") for i in range(c.n_layer)]
+        self.v_cache = [buf(4 * ctx * c.kv_dim, f"v{i}") for i in range(c.n_layer)]
+        self.cos_sin = self._upload(cos_sin_table(ctx, c.n_rot, c.rope_base), "rope")
+        self._embed = self._embed_dispatch()
+        self._layers = [self._layer_dispatches(i) for i in range(c.n_layer)]
+        self._shared = [self._shared_dispatches(i) for i in range(c.n_layer)] if c.n_ff_shexp else []
+        head = self._weights["token_embd.weight" if c.tied_output else "output.weight"]
+        self._head = self._mv(head, self.h, self.logits, norm=self._norms["output_norm.weight"], eps=c.eps)
+
+    # Load: weights as raw blocks, norms as f32.
+
+    def _buffer(self, nbytes: int, label: str) -> Any:
+        found = self.gpu.buffer(nbytes, label=label)
+        self._owned.append(found)
+        return found
+
+    def _upload(self, data: np.ndarray, label: str) -> Any:
+        found = self.gpu.upload(data, label=label)
+        self._owned.append(found)
+        return found
+
+    def _load_weights(self, gguf: GGUFFile) -> None:
+        c = self.config
+        matrices: list[tuple[str, list[str]]] = [("token_embd.weight", ["token_embd.weight"])]
+        if not c.tied_output:
+            matrices.append(("output.weight", ["output.weight"]))
+        for i in range(c.n_layer):
+            p = f"blk.{i}."
+            qkv = [p + f"attn_{n}.weight" for n in "qkv"]
+            if Weight.can_stack(self.gpu, gguf, qkv):
+                matrices.append((p + "attn_qkv.weight", qkv))
+            else:
+                matrices += [(n, [n]) for n in qkv]
+            matrices.append((p + "attn_output.weight", [p + "attn_output.weight"]))
+            router = [p + "ffn_gate_inp.weight"]
+            if c.n_ff_shexp:
+                matrices += [
+                    (p + f"ffn_{n}_shexp.weight", [p + f"ffn_{n}_shexp.weight"]) for n in ("gate", "up", "down")
+                ]
+            if c.shexp_gated:
+                # The shared expert's gate is one more router row: its logit comes back with the router's.
+                shared_gate = p + "ffn_gate_inp_shexp.weight"
+                if Weight.can_stack(self.gpu, gguf, [*router, shared_gate]):
+                    router.append(shared_gate)
+                else:
+                    matrices.append((shared_gate, [shared_gate]))
+            matrices.append((p + "router", router))
+        for name, parts in matrices:
+            weight = Weight(self.gpu, gguf, parts)
+            self._owned.append(weight.buffer)
+            self._weights[name] = weight
+        self._norms: dict[str, Any] = {}
+        self._host_norms: dict[str, np.ndarray] = {}
+        for t in gguf.header.tensors:
+            if t.name.endswith("norm.weight"):
+                values = dequantize(gguf.raw(t.name), t.ggml_type).astype(np.float32)
+                self._host_norms[t.name] = values
+                self._norms[t.name] = self._upload(values, t.name)
+        self._qk_norm = [
+            self._upload(
+                np.concatenate(
+                    [self._host_norms[f"blk.{i}.attn_q_norm.weight"], self._host_norms[f"blk.{i}.attn_k_norm.weight"]]
+                ),
+                f"qk-norm{i}",
+            )
+            if c.qk_norm
+            else self._upload(np.zeros(4, dtype=np.float32), "no-qk-norm")
+            for i in range(c.n_layer)
+        ]
+        # q/k/v biases as a one-column F32 matrix times a one: the matrix kernel adds them to the products.
+        self._bias = (
+            [
+                self._upload(
+                    np.concatenate(
+                        [
+                            dequantize(
+                                gguf.raw(f"blk.{i}.attn_{n}.bias"), gguf.tensor(f"blk.{i}.attn_{n}.bias").ggml_type
+                            )
+                            for n in "qkv"
+                        ]
+                    ).astype(np.float32),
+                    f"qkv-bias{i}",
+                )
+                for i in range(c.n_layer)
+            ]
+            if c.qkv_bias
+            else []
+        )
+
+    # Dispatches, built once.
+
+    def _mv(self, w: Weight, x: Any, y: Any, **kw: Any) -> Dispatch:
+        return self.kernels.matvec(w.buffer, w.fmt, w.rows, w.cols, x, y, **kw)
+
+    def _embed_dispatch(self) -> Dispatch:
+        w = self._weights["token_embd.weight"]
+        return self.kernels.embed(w.buffer, w.fmt, w.rows, w.cols, self.ids, self.h, self.state, 1)
+
+    def _layer_dispatches(self, i: int) -> list[Dispatch]:
+        """Layer ``i``'s attention added to the residual, then its router's logits of the normalised residual."""
+        c, p, k = self.config, f"blk.{i}.", self.kernels
+        qkv_stride = c.q_dim + 2 * c.kv_dim
+        norm = {"norm": self._norms[p + "attn_norm.weight"], "eps": c.eps}
+        out: list[Dispatch] = []
+        if p + "attn_qkv.weight" in self._weights:
+            out.append(self._mv(self._weights[p + "attn_qkv.weight"], self.h, self.qkv, **norm))
+        else:
+            for name, off in (("attn_q", 0), ("attn_k", c.q_dim), ("attn_v", c.q_dim + c.kv_dim)):
+                w = self._weights[p + name + ".weight"]
+                out.append(self._mv(w, self.h, self.qkv, y_off=off, y_stride=qkv_stride, **norm))
+        if c.qkv_bias:
+            out.append(k.matvec(self._bias[i], F32, qkv_stride, 1, self.ones, self.qkv, accumulate=True))
+        heads = {"n_head": c.n_head, "n_kv": c.n_kv, "head_dim": c.head_dim}
+        out.append(
+            k.rope_store(
+                self.qkv,
+                self.k_cache[i],
+                self.v_cache[i],
+                self.cos_sin,
+                self._qk_norm[i],
+                self.state,
+                n_rot=c.n_rot,
+                neox=c.rope_neox,
+                qk_norm=c.qk_norm,
+                eps=c.eps,
+                **heads,
+            )
+        )
+        out.append(
+            k.attention(
+                self.qkv,
+                self.k_cache[i],
+                self.v_cache[i],
+                self.attn,
+                self.scores,
+                self.state,
+                ctx=self.ctx,
+                scale=1.0 / math.sqrt(c.head_dim),
+                **heads,
+            )
+        )
+        out.append(self._mv(self._weights[p + "attn_output.weight"], self.attn, self.h, accumulate=True))
+        ffn_norm = {"norm": self._norms[p + "ffn_norm.weight"], "eps": c.eps}
+        out.append(self._mv(self._weights[p + "router"], self.h, self.router, **ffn_norm))
+        separate = self._weights.get(p + "ffn_gate_inp_shexp.weight")
+        if separate is not None:
+            out.append(self._mv(separate, self.h, self.router, y_off=c.n_expert, **ffn_norm))
+        if self.cache.prefetcher is not None and i + 1 < c.n_layer:
+            q = f"blk.{i + 1}."
+            next_norm = {"norm": self._norms[q + "ffn_norm.weight"], "eps": c.eps}
+            out.append(self._mv(self._weights[q + "router"], self.h, self.router, y_off=c.n_expert + 1, **next_norm))
+        return out
+
+    def ffn_dispatches(
+        self, gate_up: list[tuple[Any, QuantFormat]], down: tuple[Any, QuantFormat], up_norm: Any, n_ff: int
+    ) -> list[Dispatch]:
+        """One SwiGLU expert over the copied residual: gate (norm weights), up (``up_norm``), down added to h."""
+        c, k = self.config, self.kernels
+        (gate, gate_fmt), (up, up_fmt) = gate_up
+        return [
+            k.matvec(gate, gate_fmt, n_ff, c.n_embd, self.h_ffn, self.gate_up, norm=self.gate_norm, eps=c.eps),
+            k.matvec(up, up_fmt, n_ff, c.n_embd, self.h_ffn, self.gate_up, y_off=n_ff, norm=up_norm, eps=c.eps),
+            k.matvec(down[0], down[1], c.n_embd, n_ff, self.gate_up, self.h, accumulate=True, swiglu=True),
+        ]
+
+    def _shared_dispatches(self, i: int) -> list[Dispatch]:
+        p = f"blk.{i}."
+        gate, up, down = (self._weights[p + f"ffn_{n}_shexp.weight"] for n in ("gate", "up", "down"))
+        return self.ffn_dispatches(
+            [(gate.buffer, gate.fmt), (up.buffer, up.fmt)],
+            (down.buffer, down.fmt),
+            self.shexp_norm,
+            self.config.n_ff_shexp,
+        )
+
+    # Steps.
+
+    @property
+    def held_bytes(self) -> int:
+        """GPU bytes of the dense weights, norms, KV cache and activations (the slots count their own)."""
+        return sum(int(b.size) for b in self._owned)
+
+    def forward(self, ids: list[int], start: int, *, every: bool = True) -> np.ndarray:
+        """Logits for ``ids`` at positions ``start..`` (every token's rows, or only the last's); one token a step."""
+        c = self.config
+        if start < 0 or start + len(ids) > self.ctx:
+            raise AnyformerError(ErrorCode.BAD_REQUEST, f"positions {start}..{start + len(ids)} exceed {self.ctx}")
+        if any(not 0 <= t < c.n_vocab for t in ids):
+            raise AnyformerError(ErrorCode.BAD_REQUEST, "a token id is outside the vocabulary")
+        self.gpu.write(self.ids, np.asarray(ids, dtype=np.uint32), offset=4 * start)
+        rows = []
+        for n in range(len(ids)):
+            logits = self._step(start + n, head=every or n == len(ids) - 1)
+            if logits is not None:
+                rows.append(logits)
+        if self.trace is not None:
+            self.trace.write(self.cache.take_accesses())
+        return np.stack(rows)
+
+    def _step(self, pos: int, *, head: bool) -> np.ndarray | None:
+        c, gpu = self.config, self.gpu
+        gpu.write(self.state, np.array([pos, 1, 0, 0], dtype=np.uint32))
+        pending = [self._embed]
+        copy = [(self.h, 0, self.h_ffn, 0, 4 * c.n_embd)]
+        for layer in range(c.n_layer):
+            self.kernels.run(pending + self._layers[layer], copy)
+            prefetcher = self.cache.prefetcher
+            guessing = prefetcher is not None and layer + 1 < c.n_layer
+            logits = gpu.read(self.router, np.float32, 2 * c.n_expert + 1 if guessing else c.n_expert + 1)
+            if prefetcher is not None and guessing:
+                guess = logits[None, c.n_expert + 1 : 2 * c.n_expert + 1]
+                prefetcher.request(layer + 1, likely_experts(guess, c.n_expert_used, prefetcher.width), self.cache)
+            chosen, weights = route(logits[None, : c.n_expert], c.n_expert_used, c.norm_topk)
+            weights = weights * np.float32(c.weights_scale)
+            slots = self.cache.fetch(layer, [int(e) for e in chosen[0]])
+            norm = self._host_norms[f"blk.{layer}.ffn_norm.weight"]
+            gpu.write(self.gate_norm, norm)
+            pending = []
+            for slot, weight in zip(slots, weights[0], strict=True):
+                pending += self.slots.dispatches(slot, norm * np.float32(weight))
+            if c.n_ff_shexp:
+                gate = np.float32(1.0 / (1.0 + np.exp(-np.float64(logits[c.n_expert])))) if c.shexp_gated else 1
+                gpu.write(self.shexp_norm, norm * np.float32(gate))
+                pending += self._shared[layer]
+        if not head:
+            self.kernels.run(pending)
+            return None
+        self.kernels.run([*pending, self._head])
+        return gpu.read(self.logits, np.float32, c.n_vocab)
+
+    def checkpoint(self, n: int) -> list[Any]:
+        """GPU copies of every layer's keys and values of positions 0..n-1 (see :meth:`restore`)."""
+        nbytes = 4 * n * self.config.kv_dim
+        saved = [self._buffer(nbytes, "kv-checkpoint") for _ in range(2 * self.config.n_layer)]
+        caches = self.k_cache + self.v_cache
+        self.kernels.run([], [(cache, 0, copy, 0, nbytes) for cache, copy in zip(caches, saved, strict=True)])
+        return saved
+
+    def restore(self, saved: list[Any], n: int) -> None:
+        """Put back the first ``n`` positions of a :meth:`checkpoint` (queued before the next step)."""
+        nbytes = 4 * n * self.config.kv_dim
+        caches = self.k_cache + self.v_cache
+        self.kernels.run([], [(copy, 0, cache, 0, nbytes) for cache, copy in zip(caches, saved, strict=True)])
+
+    def forget(self, saved: list[Any]) -> None:
+        """Free a checkpoint's buffers."""
+        for buf in saved:
+            self._owned.remove(buf)
+            buf.destroy()
+
+    def release(self) -> None:
+        """Free every GPU buffer now; the engine is unusable after."""
+        slots: GpuSlots | None = getattr(self, "slots", None)
+        if slots is not None:
+            slots.release()
+        for b in self._owned:
+            b.destroy()
+        self._owned.clear()
+        self._weights.clear()

@@ -1,0 +1,124 @@
+"""The wgpu engine's logits match llama.cpp's at every step, with a cache of GPU slots holding every expert and one
+that evicts on every token (lavapipe in CI: ``ANYFORMER_SOFTWARE_GPU=1``).
+
+Tolerances as the CPU engine's (see test_cpu_engine): the GPU sums the same f32 products in another
+order (F32 weights), and llama.cpp's CPU build rounds activations to f16 before F16 products.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from diskformer_reference import CTX, PROMPT, STEPS, llama_steps
+
+from anyformer import AnyformerError
+from anyformer_diskformer.expert_cache import ExpertCache
+from anyformer_diskformer.gpu_engine import GpuMoEEngine, GpuSlots
+from anyformer_diskformer.moe_config import read_moe_config
+from anyformer_gguf_gpu.gguf_file import GGUFFile
+
+
+@pytest.fixture(scope="module")
+def gpu():
+    from anyformer_gguf_gpu.gpu import GPU
+
+    try:
+        return GPU()
+    except AnyformerError as exc:
+        pytest.skip(f"no GPU adapter for wgpu: {exc}")
+
+
+def gpu_engine(gpu, path: str, experts_held: int | None) -> GpuMoEEngine:
+    """The engine over ``path``; its cache holds every expert (None) or ``experts_held`` slots."""
+    gguf = GGUFFile(path)
+    config = read_moe_config(gguf.header)
+
+    def make_cache(slots: GpuSlots) -> ExpertCache[int]:
+        capacity = slots.slot_bytes * (experts_held or config.n_layer * config.n_expert)
+        return ExpertCache(path, gguf.header, config.n_layer, config.n_expert, capacity, store=slots)
+
+    try:
+        return GpuMoEEngine(gpu, gguf, config, make_cache, CTX)
+    finally:
+        gguf.close()
+
+
+def gpu_steps(engine: GpuMoEEngine) -> tuple[np.ndarray, list[int]]:
+    rows = [engine.forward(PROMPT, 0)]
+    tokens = []
+    for step in range(STEPS):
+        token = int(np.argmax(rows[-1][-1]))
+        tokens.append(token)
+        rows.append(engine.forward([token], len(PROMPT) + step))
+    return np.concatenate(rows), tokens
+
+
+@pytest.mark.parametrize(
+    ("fixture", "tolerance"), [("moe_f32", 1e-4), ("moe_top4", 5e-3), ("qwen2moe_f32", 1e-4), ("bailingmoe_f32", 1e-4)]
+)
+@pytest.mark.parametrize("evicting", [False, True])
+def test_gpu_logits_and_greedy_text_match_llama_cpp(request, gpu, fixture, tolerance, evicting):
+    path = request.getfixturevalue(fixture)
+    want, want_tokens = llama_steps(path)
+    config = read_moe_config(GGUFFile(path).header)
+    engine = gpu_engine(gpu, path, config.n_expert_used if evicting else None)
+    try:
+        got, tokens = gpu_steps(engine)
+        stats = engine.cache.stats
+        assert got.shape == want.shape
+        assert np.abs(got - want).max() < tolerance
+        assert tokens == want_tokens
+        if evicting:
+            # The smallest working cache: every layer evicts the one before it, so no lookup hits.
+            assert stats.hits == 0 and stats.evictions > STEPS
+            assert engine.cache.held_bytes <= engine.cache.capacity_bytes
+            assert len(engine.slots._slots) == config.n_expert_used
+        else:
+            assert stats.evictions == 0 and stats.hits > 0
+    finally:
+        engine.release()
+
+
+def test_gpu_engine_reads_k_quant_experts_as_the_cpu_engine_does(gpu, tmp_path):
+    """Q4_K experts (Q8_0 dense) through GPU slots against the CPU engine's numpy dequantisation of the same
+    blocks; llama.cpp is not the reference here because it quantises activations before K-type products."""
+    from anyformer_diskformer.cpu_engine import CpuMoEEngine
+    from anyformer_diskformer.testing import TinyMoE, write_tiny_moe
+
+    path = str(tmp_path / "tiny-qwen3moe-q4k.gguf")
+    write_tiny_moe(path, TinyMoE(n_embd=256, n_ff_exp=256, quant="Q8_0", expert_quant="Q4_K"), seed=6)
+    config = read_moe_config(GGUFFile(path).header)
+    engine = gpu_engine(gpu, path, config.n_expert_used)
+    gguf = GGUFFile(path)
+    cache = ExpertCache(path, gguf.header, config.n_layer, config.n_expert, 10**9)
+    cpu = CpuMoEEngine(gguf, config, cache, CTX)
+    gguf.close()
+    try:
+        want = cpu.forward(PROMPT, 0)
+        got = engine.forward(PROMPT, 0)
+        # Both sum f32 products of the same decoded weights, in a different order.
+        assert np.abs(got - want).max() < 1e-3 * max(1.0, float(np.abs(want).max()))
+        assert engine.cache.stats.evictions > 0
+    finally:
+        engine.release()
+        cache.close()
+
+
+def test_a_gpu_load_refused_part_way_gives_the_refusal_with_no_slot_made(gpu, moe_f32):
+    from anyformer import ErrorCode
+
+    gguf = GGUFFile(moe_f32)
+    config = read_moe_config(gguf.header)
+    made: list[GpuSlots] = []
+
+    def too_small(slots: GpuSlots) -> ExpertCache[int]:
+        made.append(slots)
+        return ExpertCache(moe_f32, gguf.header, config.n_layer, config.n_expert, 1000, store=slots)
+
+    try:
+        with pytest.raises(AnyformerError) as caught:
+            GpuMoEEngine(gpu, gguf, config, too_small, CTX)
+    finally:
+        gguf.close()
+    assert caught.value.code is ErrorCode.BUDGET_TOO_SMALL
+    assert made and made[0].gpu_bytes == 0

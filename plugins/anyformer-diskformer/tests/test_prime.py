@@ -1,0 +1,58 @@
+"""prime(system) checkpoints a system prompt's KV cache; chats that start with it resume there, same text."""
+
+from __future__ import annotations
+
+import pytest
+
+import anyformer
+from anyformer import AnyformerError, ErrorCode, GenerateOptions, Request
+from anyformer_diskformer.engine import DiskformerModel
+
+SYSTEM = "You answer in one short sentence about the sea."
+CHAT = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "the sea is"}]
+OTHER = [{"role": "system", "content": "Be rude."}, {"role": "user", "content": "hello"}]
+GREEDY = GenerateOptions(max_new_tokens=16)
+
+
+def open_model(path: str, **options: object) -> DiskformerModel:
+    try:
+        return DiskformerModel.open(anyformer.describe(path), Request(context=128, options=options), lambda e: None)
+    except AnyformerError as exc:
+        if options.get("device") == "gpu" and exc.code is ErrorCode.BACKEND_CRASHED:
+            pytest.skip(f"no GPU adapter for wgpu: {exc}")
+        raise
+
+
+def reply(model: DiskformerModel, messages: list) -> str:
+    return "".join(c.delta for c in model.stream(messages, GREEDY))
+
+
+@pytest.mark.parametrize("device", ["cpu", "gpu"])
+def test_a_primed_chat_is_the_same_text_and_resumes_after_the_system_prompt(qwen2moe_f32, device):
+    plain = open_model(qwen2moe_f32, device=device)
+    try:
+        want = reply(plain, CHAT)
+        assert plain.reused_positions == 0
+    finally:
+        plain.dispose()
+    primed = open_model(qwen2moe_f32, device=device, prime=SYSTEM)
+    try:
+        assert reply(primed, CHAT) == want
+        reused = primed.reused_positions
+        assert reused > len(SYSTEM) // 4  # the system prompt's tokens were not run again
+        reply(primed, OTHER)  # another system prompt overwrites the live KV cache...
+        assert reply(primed, CHAT) == want  # ...the checkpoint does not change
+        assert primed.reused_positions == reused
+        assert primed.prime(SYSTEM) >= reused  # the checkpoint covers at least the tokens a chat shares with it
+    finally:
+        primed.dispose()
+
+
+def test_prime_needs_a_system_prompt(moe_f32):
+    model = open_model(moe_f32, device="cpu")
+    try:
+        with pytest.raises(AnyformerError) as caught:
+            model.prime("")
+        assert caught.value.code is ErrorCode.BAD_REQUEST
+    finally:
+        model.dispose()
