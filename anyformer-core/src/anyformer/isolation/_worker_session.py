@@ -56,6 +56,9 @@ from anyformer.isolation._worker_protocol import (
 
 #: The worker's first lines: take the parent's sys.path from the first frame, import the worker
 #: (anyformer) while the parent still describes and selects, then read the ``load`` frame and run.
+#: When the worker is done (the model freed, or never loaded) it ends without the interpreter's
+#: teardown: unloading numpy, torch or an engine's modules takes tens of ms that the parent's
+#: ``dispose`` would wait for, and nothing is left to flush but stderr.
 BOOTSTRAP = """\
 import json, os, struct, sys
 def _read(n):
@@ -70,7 +73,9 @@ def _frame():
     return json.loads(_read(struct.unpack(">I", _read(4))[0]))
 sys.path[:] = _frame()["sys_path"]
 from anyformer.isolation._worker import main
-sys.exit(main(_frame()))
+code = main(_frame())
+sys.stderr.flush()
+os._exit(code)
 """
 
 #: Chunks the worker may send ahead of the caller; more are granted as the caller takes them.
