@@ -554,8 +554,8 @@ def started_workers(monkeypatch: pytest.MonkeyPatch) -> list[subprocess.Popen[by
     started: list[subprocess.Popen[bytes]] = []
     real = _worker_session.start_worker_process
 
-    def record() -> subprocess.Popen[bytes]:
-        started.append(real())
+    def record(describe: str | None = None) -> subprocess.Popen[bytes]:
+        started.append(real(describe))
         return started[-1]
 
     monkeypatch.setattr(_worker_session, "start_worker_process", record)
@@ -582,3 +582,37 @@ def test_a_load_that_fails_before_the_worker_is_used_ends_it(
     assert caught.value.code is code
     assert len(started_workers) == 1
     assert started_workers[0].poll() is not None  # ended and reaped before load raised
+
+
+def test_a_local_model_is_described_by_the_worker_ahead_so_its_header_is_cached(tmp_path: Path) -> None:
+    from hostile_files import valid_gguf
+
+    from anyformer import _api
+    from anyformer.files import _gguf_header
+    from anyformer.isolation._worker import prepare
+
+    model = tmp_path / "m.gguf"
+    model.write_bytes(valid_gguf())
+    assert _api._local_path(str(model)) == str(model)
+    assert _api._local_path(tmp_path / "missing.gguf") is None
+    assert _api._local_path("org/name") is None  # a Hub repo id: the worker does not go online ahead
+    _gguf_header._HEADER_CACHE.clear()
+    prepare({"describe": str(model)})
+    assert [key[0] for key in _gguf_header._HEADER_CACHE] == [str(model)]
+    hostile = tmp_path / "bad.gguf"
+    hostile.write_bytes(b"GGUF" + b"\xff" * 64)
+    prepare({"describe": str(hostile)})  # the parent reports it: here nothing is raised
+    prepare({"describe": None})
+    prepare({})
+
+
+def test_a_model_given_as_a_description_is_not_described_ahead(
+    load_isolated: Any, started_workers: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from anyformer import _api
+
+    seen: list[str | None] = []
+    real = _api._start_worker
+    monkeypatch.setattr(_api, "_start_worker", lambda describe=None: seen.append(describe) or real(describe))
+    load_isolated("steady")
+    assert seen == [None] and len(started_workers) == 1

@@ -277,6 +277,23 @@ def _until_done(source: Iterator[Chunk], options: GenerateOptions, generation: _
             return
 
 
+def prepare(frame: Mapping[str, Any]) -> None:
+    """Work the worker can do before it knows its backend: describe a local model the parent named.
+
+    The parent describes it too (and reports what is wrong with it); here a failure is ignored.
+    What this warms is the header cache: the backend's ``load`` reads the same headers again.
+    """
+    path = frame.get("describe")
+    if not isinstance(path, str) or not os.path.exists(path):
+        return
+    from anyformer._describe import describe
+
+    try:
+        describe(path)
+    except Exception:  # the parent's describe says what is wrong, in its own words
+        pass
+
+
 def main(load: Mapping[str, Any]) -> int:
     """Run the worker with the ``load`` frame the bootstrap read; fd 0 and 1 carry the protocol."""
     commands_fd = os.dup(0)

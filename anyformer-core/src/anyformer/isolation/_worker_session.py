@@ -71,8 +71,10 @@ def _read(n):
     return data
 def _frame():
     return json.loads(_read(struct.unpack(">I", _read(4))[0]))
-sys.path[:] = _frame()["sys_path"]
-from anyformer.isolation._worker import main
+_prepare = _frame()
+sys.path[:] = _prepare["sys_path"]
+from anyformer.isolation._worker import main, prepare
+prepare(_prepare)
 code = main(_frame())
 sys.stderr.flush()
 os._exit(code)
@@ -122,11 +124,13 @@ def _end_process(process: subprocess.Popen[bytes]) -> None:
         process.wait()
 
 
-def start_worker_process() -> subprocess.Popen[bytes]:
+def start_worker_process(describe: str | None = None) -> subprocess.Popen[bytes]:
     """Start a worker interpreter and send it this process's ``sys.path``: it imports anyformer at once.
 
     The caller describes the model and selects a backend meanwhile, then hands the process to
     :meth:`WorkerSession.spawn` (or to :func:`end_worker_process` when it does not need it).
+    ``describe`` is a local model path the worker describes meanwhile too, so the headers its
+    backend reads again while loading come from the worker's own header cache.
     """
     # ggml attaches gdb to print a backtrace before it aborts: seconds of work whose output
     # would bury the assertion line the crash message quotes. The worker's faulthandler says
@@ -143,7 +147,8 @@ def start_worker_process() -> subprocess.Popen[bytes]:
     )
     assert process.stdin is not None
     try:
-        os.write(process.stdin.fileno(), encode_frame({"op": "prepare", "sys_path": list(sys.path)}))
+        prepare = {"op": "prepare", "sys_path": list(sys.path), "describe": describe}
+        os.write(process.stdin.fileno(), encode_frame(prepare))
     except OSError:
         pass  # the worker is already gone: the load that follows reports how it died
     return process
