@@ -48,7 +48,15 @@ from anyformer import (
     ProgressEvent,
     TokenLogprob,
 )
-from anyformer.plugin import check_split_set, fetch_files, has_images, read_gguf_header, render_chat, usable_cpu_count
+from anyformer.plugin import (
+    LazyArray,
+    check_split_set,
+    fetch_files,
+    has_images,
+    read_gguf_header,
+    render_chat,
+    usable_cpu_count,
+)
 from anyformer_llamacpp import BACKEND_ID
 from anyformer_llamacpp.estimate import context_for, footprint
 from anyformer_llamacpp.file_choice import choose_gguf
@@ -638,6 +646,9 @@ class LlamaCppModel:
 def _longest_token_bytes(tokens: Any) -> int | None:
     """The UTF-8 length of the vocabulary's longest token string: no token's text is longer (``Ġ``, ``▁`` and
     ``<0x0A>`` each stand for one byte)."""
+    if isinstance(tokens, LazyArray) and tokens.is_strings:
+        # The header's bytes are the strings' UTF-8 (checked when it was read): no need to decode 49k strings.
+        return max(map(len, tokens.raw_strings()), default=0) or None
     if not isinstance(tokens, list) or not tokens:
         return None
     return max((len(token.encode("utf-8", "replace")) for token in tokens if isinstance(token, str)), default=0) or None
