@@ -278,11 +278,14 @@ def _until_done(source: Iterator[Chunk], options: GenerateOptions, generation: _
 
 
 def prepare(frame: Mapping[str, Any]) -> None:
-    """Work the worker can do before it knows its backend: describe a local model the parent named.
+    """Work the worker can do before it knows its backend: import the module every backend imports
+    (``anyformer.plugin``), and describe a local model the parent named.
 
     The parent describes it too (and reports what is wrong with it); here a failure is ignored.
     What this warms is the header cache: the backend's ``load`` reads the same headers again.
     """
+    import anyformer.plugin  # noqa: F401  (the helpers every backend imports with its entry point)
+
     path = frame.get("describe")
     if not isinstance(path, str) or not os.path.exists(path):
         return
