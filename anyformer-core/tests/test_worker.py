@@ -616,3 +616,60 @@ def test_a_model_given_as_a_description_is_not_described_ahead(
     monkeypatch.setattr(_api, "_start_worker", lambda describe=None: seen.append(describe) or real(describe))
     load_isolated("steady")
     assert seen == [None] and len(started_workers) == 1
+
+
+# ---- the `anyformer` command starts its worker before it imports the rest -------------------------
+
+
+def test_a_prestarted_worker_is_the_one_load_takes(load_isolated: Any) -> None:
+    from anyformer.isolation import _worker_start
+
+    _worker_start.prestart()
+    prestarted = _worker_start._prestarted
+    assert prestarted is not None
+    loaded = load_isolated("steady")
+    assert loaded.worker_pid == prestarted.pid
+    assert _worker_start.take_prestarted() is None  # taken once
+
+
+def test_a_prestarted_worker_nobody_takes_is_ended() -> None:
+    from anyformer.isolation import _worker_start
+
+    _worker_start.prestart()
+    process = _worker_start._prestarted
+    assert process is not None
+    _worker_start.discard_prestarted()
+    assert process.poll() is not None and _worker_start._prestarted is None
+
+
+@pytest.mark.parametrize(
+    ("argv", "isolated"),
+    [
+        (["run", "hi"], True),
+        (["run", "m.gguf", "hi", "--max-new-tokens", "4"], True),
+        (["run", "hi", "--in-process"], False),
+        (["run", "--help"], False),
+        (["check", "m.gguf"], False),
+        ([], False),
+    ],
+)
+def test_only_an_isolated_run_starts_its_worker_early(argv: list[str], isolated: bool) -> None:
+    from anyformer.cli._main import runs_isolated
+
+    assert runs_isolated(argv) is isolated
+
+
+def test_a_run_refused_before_loading_ends_its_prestarted_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    from anyformer.cli._main import main
+    from anyformer.isolation import _worker_start
+
+    started: list[subprocess.Popen[bytes]] = []
+    real = _worker_start.start_worker_process
+
+    def record(describe: str | None = None) -> subprocess.Popen[bytes]:
+        started.append(real(describe))
+        return started[-1]
+
+    monkeypatch.setattr(_worker_start, "start_worker_process", record)
+    assert main(["run", "hi", "--max-new-tokens", "0"]) == 2  # BAD_REQUEST before any load
+    assert len(started) == 1 and started[0].poll() is not None

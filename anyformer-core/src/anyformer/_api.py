@@ -141,7 +141,12 @@ def _local_path(model: ModelRef) -> str | None:
 
 
 def _start_worker(describe: str | None = None) -> Any:
-    from anyformer.isolation._worker_session import start_worker_process  # subprocess only when isolating
+    from anyformer.isolation._worker_start import take_prestarted  # subprocess only when isolating
+
+    process = take_prestarted(describe)  # the `anyformer` command started one as it began
+    if process is not None:
+        return process
+    from anyformer.isolation._worker_session import start_worker_process
 
     return start_worker_process(describe)
 
