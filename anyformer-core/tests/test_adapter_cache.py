@@ -132,3 +132,16 @@ def test_the_wgpu_identity_follows_its_version_and_files_without_importlib_metad
     assert upgraded != first and "wgpu-1.1.0.dist-info" in upgraded
     (site / "wgpu" / "__init__.py").write_text("# rebuilt\n")  # a reinstall of the same version
     assert _adapter_cache._wgpu_identity() != upgraded
+
+
+def test_the_fingerprint_is_the_same_through_another_name_of_the_interpreter(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``anyformer`` (a ``python3`` shebang) and ``python -m anyformer`` share the cached facts."""
+    import sys
+
+    other = tmp_path / "python3"
+    other.symlink_to(sys.executable)
+    first = _adapter_cache.fingerprint()
+    monkeypatch.setattr(sys, "executable", str(other))
+    assert _adapter_cache.fingerprint() == first

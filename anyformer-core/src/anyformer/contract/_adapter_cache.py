@@ -80,7 +80,7 @@ def fingerprint() -> str:
     parts = {
         "boot": _boot_id(),
         "wgpu": _wgpu_identity(),
-        "python": sys.executable,
+        "python": os.path.realpath(sys.executable),  # `python` and `python3` are one interpreter
         "env": {name: os.environ.get(name) for name in _ADAPTER_ENV},
         "icd": _icd_manifests(),
     }
