@@ -112,3 +112,36 @@ def test_a_real_second_process_reads_the_real_adapter_from_the_cache(tmp_path: P
     )  # fmt: skip
     assert (first["asked"], second["asked"]) == (1, 0)
     assert second["facts"] == first["facts"]
+
+
+def test_the_wgpu_identity_follows_its_version_and_files_without_importlib_metadata(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importlib
+
+    site = tmp_path / "site"
+    (site / "wgpu").mkdir(parents=True)
+    (site / "wgpu" / "__init__.py").write_text("")
+    (site / "wgpu-1.0.0.dist-info").mkdir()
+    monkeypatch.syspath_prepend(str(site))
+    importlib.invalidate_caches()
+    first = _adapter_cache._wgpu_identity()
+    assert "wgpu-1.0.0.dist-info" in first and str(site) in first
+    (site / "wgpu-1.0.0.dist-info").rename(site / "wgpu-1.1.0.dist-info")  # an upgrade
+    upgraded = _adapter_cache._wgpu_identity()
+    assert upgraded != first and "wgpu-1.1.0.dist-info" in upgraded
+    (site / "wgpu" / "__init__.py").write_text("# rebuilt\n")  # a reinstall of the same version
+    assert _adapter_cache._wgpu_identity() != upgraded
+
+
+def test_the_fingerprint_is_the_same_through_another_name_of_the_interpreter(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``anyformer`` (a ``python3`` shebang) and ``python -m anyformer`` share the cached facts."""
+    import sys
+
+    other = tmp_path / "python3"
+    other.symlink_to(sys.executable)
+    first = _adapter_cache.fingerprint()
+    monkeypatch.setattr(sys, "executable", str(other))
+    assert _adapter_cache.fingerprint() == first

@@ -69,6 +69,7 @@ def test_long_string_arrays_read_the_same_values(long_every: int) -> None:
     lazy = header.kv["tokenizer.ggml.tokens"]
     assert isinstance(lazy, LazyArray) and len(lazy) == len(tokens)
     assert lazy.raw_strings() == [t.encode() for t in tokens]
+    assert lazy.raw_strings() is lazy.raw_strings()  # cut once
     assert header.get("tokenizer.ggml.tokens") == tokens
     assert lazy[3] == tokens[3] and list(lazy) == tokens
 

@@ -8,14 +8,28 @@ import sys
 
 import pytest
 
-#: Libraries that take seconds to import or bring native runtimes; backends import them in ``load``.
-HEAVY = ("llama_cpp", "onnxruntime", "wgpu", "torch", "numpy", "gguf", "huggingface_hub")
+#: Libraries that take seconds to import or bring native runtimes; backends import them in ``load``. And
+#: what a command needs only now and then: jinja2 (a chat template renders), rich, importlib.metadata
+#: (the entry points come from a cache, see test_entry_point_cache.py), subprocess (a probe, a worker).
+HEAVY = (
+    "llama_cpp",
+    "onnxruntime",
+    "wgpu",
+    "torch",
+    "numpy",
+    "gguf",
+    "huggingface_hub",
+    "jinja2",
+    "rich",
+    "importlib.metadata",
+    "subprocess",
+)
 
 _PROBE = """
 import json, sys
 {imports}
 heavy = {heavy!r}
-print(json.dumps(sorted(name for name in sys.modules if name.split(".")[0] in heavy)))
+print(json.dumps(sorted(name for name in sys.modules if name in heavy or name.split(".")[0] in heavy)))
 """
 
 
@@ -48,3 +62,7 @@ def test_core_entry_points_import_no_heavy_library(imports: str) -> None:
 def test_the_probe_would_notice_a_heavy_import() -> None:
     """The guard itself can fail: importing a listed module is reported."""
     assert _heavy_after("import json as numpy; import sys; sys.modules['numpy'] = numpy") == ["numpy"]
+
+
+def test_the_probe_would_notice_importlib_metadata() -> None:
+    assert _heavy_after("import importlib.metadata") == ["importlib.metadata"]

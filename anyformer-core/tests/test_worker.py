@@ -554,8 +554,8 @@ def started_workers(monkeypatch: pytest.MonkeyPatch) -> list[subprocess.Popen[by
     started: list[subprocess.Popen[bytes]] = []
     real = _worker_session.start_worker_process
 
-    def record() -> subprocess.Popen[bytes]:
-        started.append(real())
+    def record(describe: str | None = None) -> subprocess.Popen[bytes]:
+        started.append(real(describe))
         return started[-1]
 
     monkeypatch.setattr(_worker_session, "start_worker_process", record)
@@ -582,3 +582,94 @@ def test_a_load_that_fails_before_the_worker_is_used_ends_it(
     assert caught.value.code is code
     assert len(started_workers) == 1
     assert started_workers[0].poll() is not None  # ended and reaped before load raised
+
+
+def test_a_local_model_is_described_by_the_worker_ahead_so_its_header_is_cached(tmp_path: Path) -> None:
+    from hostile_files import valid_gguf
+
+    from anyformer import _api
+    from anyformer.files import _gguf_header
+    from anyformer.isolation._worker import prepare
+
+    model = tmp_path / "m.gguf"
+    model.write_bytes(valid_gguf())
+    assert _api._local_path(str(model)) == str(model)
+    assert _api._local_path(tmp_path / "missing.gguf") is None
+    assert _api._local_path("org/name") is None  # a Hub repo id: the worker does not go online ahead
+    _gguf_header._HEADER_CACHE.clear()
+    prepare({"describe": str(model)})
+    assert [key[0] for key in _gguf_header._HEADER_CACHE] == [str(model)]
+    hostile = tmp_path / "bad.gguf"
+    hostile.write_bytes(b"GGUF" + b"\xff" * 64)
+    prepare({"describe": str(hostile)})  # the parent reports it: here nothing is raised
+    prepare({"describe": None})
+    prepare({})
+
+
+def test_a_model_given_as_a_description_is_not_described_ahead(
+    load_isolated: Any, started_workers: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from anyformer import _api
+
+    seen: list[str | None] = []
+    real = _api._start_worker
+    monkeypatch.setattr(_api, "_start_worker", lambda describe=None: seen.append(describe) or real(describe))
+    load_isolated("steady")
+    assert seen == [None] and len(started_workers) == 1
+
+
+# ---- the `anyformer` command starts its worker before it imports the rest -------------------------
+
+
+def test_a_prestarted_worker_is_the_one_load_takes(load_isolated: Any) -> None:
+    from anyformer.isolation import _worker_start
+
+    _worker_start.prestart()
+    prestarted = _worker_start._prestarted
+    assert prestarted is not None
+    loaded = load_isolated("steady")
+    assert loaded.worker_pid == prestarted.pid
+    assert _worker_start.take_prestarted() is None  # taken once
+
+
+def test_a_prestarted_worker_nobody_takes_is_ended() -> None:
+    from anyformer.isolation import _worker_start
+
+    _worker_start.prestart()
+    process = _worker_start._prestarted
+    assert process is not None
+    _worker_start.discard_prestarted()
+    assert process.poll() is not None and _worker_start._prestarted is None
+
+
+@pytest.mark.parametrize(
+    ("argv", "isolated"),
+    [
+        (["run", "hi"], True),
+        (["run", "m.gguf", "hi", "--max-new-tokens", "4"], True),
+        (["run", "hi", "--in-process"], False),
+        (["run", "--help"], False),
+        (["check", "m.gguf"], False),
+        ([], False),
+    ],
+)
+def test_only_an_isolated_run_starts_its_worker_early(argv: list[str], isolated: bool) -> None:
+    from anyformer.cli._main import runs_isolated
+
+    assert runs_isolated(argv) is isolated
+
+
+def test_a_run_refused_before_loading_ends_its_prestarted_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    from anyformer.cli._main import main
+    from anyformer.isolation import _worker_start
+
+    started: list[subprocess.Popen[bytes]] = []
+    real = _worker_start.start_worker_process
+
+    def record(describe: str | None = None) -> subprocess.Popen[bytes]:
+        started.append(real(describe))
+        return started[-1]
+
+    monkeypatch.setattr(_worker_start, "start_worker_process", record)
+    assert main(["run", "hi", "--max-new-tokens", "0"]) == 2  # BAD_REQUEST before any load
+    assert len(started) == 1 and started[0].poll() is not None

@@ -91,7 +91,7 @@ def load(
     from anyformer._describe import describe
 
     # The worker's interpreter starts and imports anyformer while this process describes and selects.
-    worker = _start_worker() if isolate else None
+    worker = _start_worker(_local_path(model)) if isolate else None
     try:
         manager = plugins or get_plugin_manager()
         if backend is not None:
@@ -132,10 +132,23 @@ def refuse_pickle_only(model: Model) -> None:
     )
 
 
-def _start_worker() -> Any:
-    from anyformer.isolation._worker_session import start_worker_process  # subprocess only when isolating
+def _local_path(model: ModelRef) -> str | None:
+    """``model`` as a path when it names a local file or folder (the worker may describe it ahead), else None."""
+    if not isinstance(model, (str, os.PathLike)):
+        return None
+    path = os.path.abspath(os.path.expanduser(os.fspath(model)))
+    return path if os.path.exists(path) else None
 
-    return start_worker_process()
+
+def _start_worker(describe: str | None = None) -> Any:
+    from anyformer.isolation._worker_start import take_prestarted  # subprocess only when isolating
+
+    process = take_prestarted(describe)  # the `anyformer` command started one as it began
+    if process is not None:
+        return process
+    from anyformer.isolation._worker_session import start_worker_process
+
+    return start_worker_process(describe)
 
 
 def _end_worker(process: Any) -> None:

@@ -7,7 +7,6 @@ names it ``default`` (or ``smollm2``), and ``anyformer ls`` lists it as a read-o
 
 from __future__ import annotations
 
-import importlib.metadata
 import importlib.util
 import os
 from pathlib import Path
@@ -74,6 +73,8 @@ def default_model_entry(manager: PluginManager) -> StoreEntry | None:
         path = default_model_path()
     except AnyformerError:
         return None
+    import importlib.metadata  # only `anyformer ls` asks: a command's path stays without it
+
     try:
         version = importlib.metadata.version(DEFAULT_MODEL_DISTRIBUTION)
     except importlib.metadata.PackageNotFoundError:

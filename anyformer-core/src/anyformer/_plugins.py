@@ -8,16 +8,16 @@ one broken plugin is reported by name and never stops the others (SAFETY.md L1â€
 from __future__ import annotations
 
 import dataclasses
-import importlib.metadata
 import os
 import traceback
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import pluggy
 
 from anyformer import hookspecs
 from anyformer._backend import BackendModel
+from anyformer._entry_points import installed_entry_points
 from anyformer.contract._caps import Caps
 from anyformer.contract._chunk import Chunk, GenerateOptions
 from anyformer.contract._errors import AnyformerError, ErrorCode
@@ -30,6 +30,18 @@ from anyformer.contract._verdict import Refusal, Verdict
 
 #: The entry-point group backends register under; the entry point's name is the backend id.
 ENTRY_POINT_GROUP = hookspecs.PROJECT
+
+
+class EntryPoint(Protocol):
+    """What the host reads of an entry point: an ``importlib.metadata.EntryPoint`` or a cached record."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def value(self) -> str: ...
+
+    def load(self) -> Any: ...
 
 
 @dataclasses.dataclass
@@ -88,15 +100,16 @@ class PluginManager:
 
     # ---- loading --------------------------------------------------------------------------------
 
-    def load_entry_points(self, entry_points: Iterable[importlib.metadata.EntryPoint] | None = None) -> None:
+    def load_entry_points(self, entry_points: Iterable[EntryPoint] | None = None) -> None:
         """Load every backend entry point (or the given ones), honouring the environment's filters.
 
-        ``ANYFORMER_PLUGINS=a,b`` loads only those; ``ANYFORMER_DISABLE_PLUGINS=a`` skips them.
+        ``ANYFORMER_PLUGINS=a,b`` loads only those; ``ANYFORMER_DISABLE_PLUGINS=a`` skips them. The
+        installed entry points come from a cache that any install or removal invalidates (``_entry_points``).
         """
         only = _names_from_env("ANYFORMER_PLUGINS")
         disabled = _names_from_env("ANYFORMER_DISABLE_PLUGINS") or set()
         if entry_points is None:
-            entry_points = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
+            entry_points = installed_entry_points(ENTRY_POINT_GROUP)
         entry_points = sorted(entry_points, key=lambda ep: ep.name)
         for entry_point in entry_points:
             if entry_point.name in disabled or (only is not None and entry_point.name not in only):
@@ -113,7 +126,7 @@ class PluginManager:
             if wanted - names:
                 self._unknown_filter_names[variable] = sorted(wanted - names)
 
-    def load_entry_point(self, entry_point: importlib.metadata.EntryPoint) -> None:
+    def load_entry_point(self, entry_point: EntryPoint) -> None:
         """Load one entry point whatever the environment's filters say; ``PLUGIN_ERROR`` when it fails.
 
         An isolated worker loads exactly the backend its parent chose this way.
@@ -130,17 +143,17 @@ class PluginManager:
 
     @staticmethod
     def _info_of(entry_point: Any, *, ok: bool = True, error: str | None = None) -> PluginInfo:
-        dist = getattr(entry_point, "dist", None)
+        dist = getattr(entry_point, "dist", None)  # importlib.metadata's; a cached record names its own
         return PluginInfo(
             name=entry_point.name,
-            distribution=dist.name if dist is not None else None,
-            version=dist.version if dist is not None else None,
+            distribution=dist.name if dist is not None else getattr(entry_point, "distribution", None),
+            version=dist.version if dist is not None else getattr(entry_point, "version", None),
             value=entry_point.value,
             ok=ok,
             error=error,
         )
 
-    def _load_one(self, entry_point: importlib.metadata.EntryPoint) -> None:
+    def _load_one(self, entry_point: EntryPoint) -> None:
         info = self._info_of(entry_point)
         if entry_point.name in self._infos:
             info.ok, info.error = False, f"a second plugin named {entry_point.name!r}; the first one is kept"

@@ -61,6 +61,9 @@ def main() -> None:
     facts = anyformer.describe(path).metadata.get("gguf") or {}
     threads = args.threads or pick_threads()
     env = {**os.environ, "ANYFORMER_LLAMACPP_THREADS": str(threads)}
+    # An installed package has its bytecode compiled (pip does it); an editable checkout gets it from the
+    # warm-up run below, unless the shell forbids writing it: then every run compiles ~70 modules anew.
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     commands = {
         "anyformer run (isolated)": [*base, "run", *model_args, PROMPT, "--max-new-tokens", "16"],
         "anyformer run --in-process": [*base, "run", *model_args, PROMPT, "--max-new-tokens", "16", "--in-process"],

@@ -227,6 +227,19 @@ def test_the_installed_llama_cpp_python_is_in_the_supported_range() -> None:
     assert version is not None and runtime.unsupported_version_reason(version) is None, version
 
 
+def test_the_version_read_beside_the_package_is_what_the_metadata_says(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import importlib.metadata
+
+    installed = importlib.metadata.version("llama-cpp-python")
+    assert runtime.llama_cpp_version() == installed
+    monkeypatch.setattr(runtime, "llama_cpp_folder", lambda: tmp_path / "llama_cpp")
+    assert runtime.llama_cpp_version() == installed  # no dist-info beside it: the metadata is asked
+    (tmp_path / "llama_cpp_python-9.9.9.dist-info").mkdir()
+    assert runtime.llama_cpp_version() == "9.9.9"
+
+
 def test_gpu_build_offloads_every_layer_when_the_budget_holds_the_model(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(plugin, "gpu_offload_library", lambda: "cuda")
     model = _model([("x-Q4_0.gguf", 2 * 10**9)], metadata={"gguf": GGUF_FACTS})

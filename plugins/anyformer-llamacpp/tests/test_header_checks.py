@@ -40,3 +40,14 @@ def test_a_long_vocabulary_of_numbers_is_checked_like_a_list() -> None:
     with pytest.raises(AnyformerError) as caught:
         check_vocabulary("m.gguf", numbers)
     assert "token 299 (5) repeats token 5" in caught.value.message
+
+
+@pytest.mark.parametrize("kept", [list, lazy_strings])
+def test_the_longest_token_is_measured_in_utf8_bytes_without_decoding(kept) -> None:  # type: ignore[no-untyped-def]
+    from anyformer_llamacpp.engine import _longest_token_bytes
+
+    vocabulary = kept([f"tok{i}" for i in range(300)] + ["ééé", "▁the"])
+    assert _longest_token_bytes(vocabulary) == 6  # "ééé": three 2-byte characters
+    if isinstance(vocabulary, LazyArray):
+        assert vocabulary._decoded is None
+    assert _longest_token_bytes(kept([])) is None

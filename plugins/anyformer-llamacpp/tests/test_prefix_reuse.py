@@ -12,7 +12,8 @@ import pytest
 
 import anyformer
 from anyformer import AnyformerError, Chunk, ErrorCode, GenerateOptions
-from anyformer_llamacpp.prompt_blocks import BLOCK, blocks, reusable_prefix
+from anyformer_llamacpp.prompt_blocks import BLOCK, batches, plan, reusable_prefix
+from anyformer_llamacpp.prompt_marks import text_starts, token_marks
 
 SYSTEM = {
     "role": "system",
@@ -39,20 +40,55 @@ BEFORE = [
 ]
 
 
-def test_blocks_cut_at_every_multiple_of_the_block() -> None:
-    assert list(blocks(0, 70)) == [(0, BLOCK), (BLOCK, 2 * BLOCK), (2 * BLOCK, 70)]
-    assert list(blocks(BLOCK + 3, 2 * BLOCK + 1)) == [(BLOCK + 3, 2 * BLOCK), (2 * BLOCK, 2 * BLOCK + 1)]
-    assert list(blocks(5, 5)) == []
+def test_the_plan_cuts_on_the_block_grid_at_the_marks_and_at_the_end() -> None:
+    assert plan(70) == [BLOCK, 2 * BLOCK, 70]
+    assert plan(70, [5, BLOCK, 40, 0, 70, 99]) == [5, BLOCK, 40, 2 * BLOCK, 70]  # marks outside 1..69 ignored
+    assert plan(0) == []
 
 
-def test_the_reusable_prefix_is_the_last_full_block_both_share() -> None:
+def test_batches_follow_the_plan_from_any_start() -> None:
+    ends = plan(70, [5, 40])
+    assert list(batches(ends, 0, 70)) == [(0, 5), (5, BLOCK), (BLOCK, 40), (40, 2 * BLOCK), (2 * BLOCK, 70)]
+    assert list(batches(ends, 36, 70)) == [(36, 40), (40, 2 * BLOCK), (2 * BLOCK, 70)]
+    assert list(batches(ends, 36, 50)) == [(36, 40), (40, 50)]  # a segment's end cuts too
+    assert list(batches(ends, 70, 70)) == []
+
+
+def test_the_reusable_prefix_is_the_last_cut_both_plans_and_the_tokens_share() -> None:
     cached = np.arange(100, dtype=np.intc)
     tokens = list(range(90)) + [-5] * 10
-    assert reusable_prefix(cached, 96, tokens, None) == 2 * BLOCK  # they share 90: cut back to 64
-    assert reusable_prefix(cached, BLOCK, tokens, None) == BLOCK  # past the full blocks nothing is kept
-    assert reusable_prefix(cached, 96, tokens, 40) == BLOCK  # nor from the first image on
-    assert reusable_prefix(cached, 96, list(range(64)), None) == BLOCK  # the last token is evaluated again
-    assert reusable_prefix(cached, 96, [7, *range(1, 99)], None) == 0
+    grid = plan(100)
+    assert reusable_prefix(cached, grid[:3], tokens, grid, None) == 2 * BLOCK  # they share 90: cut back to 64
+    assert reusable_prefix(cached, grid[:1], tokens, grid, None) == BLOCK  # past the batches kept nothing is
+    assert reusable_prefix(cached, grid[:3], tokens, grid, 40) == BLOCK  # nor from the first image on
+    assert reusable_prefix(cached, grid[:2], list(range(64)), plan(64), None) == BLOCK  # the last token again
+    assert reusable_prefix(cached, grid[:3], [7, *range(1, 99)], grid, None) == 0
+    # A mark both share is kept; cuts that disagree before it keep nothing past the disagreement.
+    assert reusable_prefix(cached, plan(100, [40]), tokens, plan(100, [40, 80]), None) == 2 * BLOCK
+    assert reusable_prefix(cached, plan(100, [40]), tokens, plan(100, [41]), None) == BLOCK
+    assert reusable_prefix(cached, plan(100, [10]), tokens, plan(100, [40]), None) == 0
+    # Generated tokens (never a batch end in the cache) are not kept.
+    assert reusable_prefix(cached, [BLOCK, 40], list(range(99)), plan(99, [40, 50]), None) == 40
+
+
+def test_each_text_is_found_after_the_one_before() -> None:
+    prompt = "<s>system\nBe brief.</s><s>user\nBe</s><s>assistant\n"
+    messages: list[Any] = [
+        {"role": "system", "content": " Be brief. "},
+        {"role": "user", "content": "Be"},  # found after "Be brief.", not inside it
+        {"role": "user", "content": ""},
+        {"role": "user", "content": "never rendered"},
+    ]
+    assert text_starts(prompt, messages) == [prompt.index("Be"), prompt.index("Be</s>")]
+
+
+def test_marks_fall_only_on_token_boundaries_that_spell_the_prompt() -> None:
+    prompt = "ab|cd|é"
+    pieces = {1: b"ab|", 2: b"c", 3: b"d|", 4: "é".encode(), 9: b"<bos>"}
+    starts = [prompt.index("cd"), prompt.index("d|"), prompt.index("é"), 1]
+    assert token_marks(prompt, [1, 2, 3, 4], pieces.__getitem__, starts) == [1, 2, 3]  # 1 is inside "ab|"
+    assert token_marks(prompt, [9, 1, 2, 3, 4], pieces.__getitem__, starts, skip=1) == [2, 3, 4]
+    assert token_marks(prompt, [1, 3, 4], pieces.__getitem__, starts) == []  # the pieces do not spell it
 
 
 @pytest.fixture(scope="module")
@@ -70,11 +106,13 @@ def test_the_same_messages_give_the_same_greedy_text_whatever_came_before(smollm
     text, prompt = expected
     assert smollm2.complete(TARGET, max_new_tokens=16).text == text
     evaluated = smollm2.handle.last_prompt_evaluated
-    if before != 2:  # all but the haiku share the system prompt: its full blocks came from the cache
-        system = len(smollm2.handle.prompt_tokens([SYSTEM], False))
-        assert system >= 2 * BLOCK
-        assert evaluated <= prompt - (system // BLOCK) * BLOCK
-    else:
+    question = smollm2.handle.prompt_with_marks(TARGET, False)[1][-1]  # where the question's text begins
+    assert question > 2 * BLOCK and question % BLOCK
+    if before in (0, 1):  # the same system prompt and a user turn: all up to the question's text is kept
+        assert evaluated == prompt - question
+    elif before != 2:  # TARGET itself, or its start: at least as much
+        assert evaluated <= prompt - question
+    else:  # nothing in common (the template's default system prompt differs)
         assert evaluated == prompt
 
 
@@ -113,11 +151,14 @@ def test_a_cancel_during_a_long_prompt_stops_within_one_batch(smollm2) -> None: 
         undo()
     prompt = chunks[-1].prompt_tokens
     assert prompt is not None and prompt > 5 * BLOCK
-    assert batches == [BLOCK] * 3  # the third batch ended the evaluation
+    tokens, marks = smollm2.handle.prompt_with_marks(_long_prompt(1), False)
+    ends = plan(len(tokens), marks)
+    assert smollm2.handle.last_prompt_evaluated == ends[2]  # nothing came from the cache
+    assert batches == [ends[0], ends[1] - ends[0], ends[2] - ends[1]]  # the third batch ended the evaluation
     assert chunks[-1].finish_reason == "cancelled" and chunks[-1].tokens == 0
-    # The full blocks evaluated stay (with what was reused before them): the next call evaluates the rest.
-    kept = smollm2.handle._full_blocks_end
-    assert kept >= 3 * BLOCK
+    # The batches evaluated stay: the next call evaluates the rest.
+    kept = smollm2.handle._batch_ends[-1]
+    assert kept == ends[2]
     warm = smollm2.complete(_long_prompt(1), max_new_tokens=4)
     assert smollm2.handle.last_prompt_evaluated == prompt - kept
     assert warm.text == smollm2.complete(_long_prompt(1), max_new_tokens=4).text

@@ -15,7 +15,6 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from anyformer import __version__
-from anyformer.cli import _caps_cmd, _check_cmd, _ls_cmd, _plugins_cmd, _pull_cmd, _rm_cmd, _run_cmd, _serve_cmd
 from anyformer.contract._errors import AnyformerError, ErrorCode
 
 #: Exit status when no backend can run the model (``check``, ``run``).
@@ -47,6 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"anyformer {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
+    # Imported here, not at the top: `anyformer run` starts its worker before importing them (see main).
+    from anyformer.cli import _caps_cmd, _check_cmd, _ls_cmd, _plugins_cmd, _pull_cmd, _rm_cmd, _run_cmd, _serve_cmd
+
     for module in (_caps_cmd, _plugins_cmd, _check_cmd, _pull_cmd, _ls_cmd, _rm_cmd, _run_cmd, _serve_cmd):
         module.add_parser(sub)
     return parser
@@ -85,11 +87,23 @@ def warn_about_plugin_filters() -> None:
         )
 
 
+def runs_isolated(argv: Sequence[str]) -> bool:
+    """Whether ``argv`` is an ``anyformer run`` that will load its model in a worker process."""
+    return bool(argv) and argv[0] == "run" and not {"--in-process", "-h", "--help"} & set(argv)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit status (also used by ``python -m anyformer``)."""
-    parser = build_parser()
-    args = parser.parse_args(join_negative_values(sys.argv[1:] if argv is None else argv))
+    arguments = join_negative_values(sys.argv[1:] if argv is None else argv)
+    if runs_isolated(arguments):
+        # The worker's interpreter starts and imports anyformer while this process imports the
+        # rest of the package, parses, describes and selects; `load` takes it (or it is ended below).
+        from anyformer.isolation._worker_start import prestart
+
+        prestart()
     try:
+        parser = build_parser()
+        args = parser.parse_args(arguments)
         warn_about_plugin_filters()
         return int(args.handler(args) or 0)
     except AnyformerError as exc:
@@ -104,6 +118,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_INTERRUPTED
     except BrokenPipeError:
         return 0
+    finally:
+        from anyformer.isolation._worker_start import discard_prestarted
+
+        discard_prestarted()
 
 
 if __name__ == "__main__":

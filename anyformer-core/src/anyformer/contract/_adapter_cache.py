@@ -13,6 +13,7 @@ memory is never cached. ``ANYFORMER_PROBE_CACHE=0`` turns the cache off; ``anyfo
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import sys
@@ -41,13 +42,21 @@ def _boot_id() -> str:
 
 
 def _wgpu_identity() -> str:
-    from importlib import metadata
+    """wgpu's version and location, found without ``importlib.metadata`` (its import alone costs ~20 ms).
 
-    try:
-        dist = metadata.distribution("wgpu")
-    except metadata.PackageNotFoundError:
+    The ``wgpu-*.dist-info`` names beside the package carry the version; the ``__init__.py``'s size and
+    modification time change with any reinstall, a source checkout's included.
+    """
+    origin = getattr(importlib.util.find_spec("wgpu"), "origin", None)
+    if not isinstance(origin, str):
         return ""
-    return f"{dist.version}@{dist.locate_file('')}"
+    init = Path(origin)
+    versions = sorted(info.name for info in init.parent.parent.glob("wgpu-*.dist-info"))
+    try:
+        stat = init.stat()
+    except OSError:
+        return f"{versions}@{init}"
+    return f"{versions}@{init}@{stat.st_size}@{stat.st_mtime_ns}"
 
 
 def _icd_manifests() -> list[tuple[str, int, int]]:
@@ -71,7 +80,7 @@ def fingerprint() -> str:
     parts = {
         "boot": _boot_id(),
         "wgpu": _wgpu_identity(),
-        "python": sys.executable,
+        "python": os.path.realpath(sys.executable),  # `python` and `python3` are one interpreter
         "env": {name: os.environ.get(name) for name in _ADAPTER_ENV},
         "icd": _icd_manifests(),
     }

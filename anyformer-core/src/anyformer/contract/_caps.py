@@ -167,11 +167,12 @@ def _nvidia_free_bytes(timeout: float = 10.0) -> int | None:
     Asked apart from wgpu: llama.cpp's CUDA build offloads layers whether or not wgpu is installed.
     """
     import shutil as _shutil
-    import subprocess
 
     smi = _shutil.which("nvidia-smi")
     if smi is None:
         return None
+    import subprocess  # only where there is an NVIDIA driver to ask
+
     try:
         done = subprocess.run(
             [smi, "--query-gpu=memory.free", "--format=csv,noheader,nounits"],

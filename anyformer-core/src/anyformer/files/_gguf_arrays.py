@@ -25,7 +25,7 @@ ASCII_PREFIX_LIMIT = 128
 class LazyArray(Sequence[Any]):
     """A GGUF array whose elements are decoded from its bytes on first use; compares equal to a list."""
 
-    __slots__ = ("_count", "_decoded", "_format", "_raw")
+    __slots__ = ("_count", "_decoded", "_format", "_raw", "_strings")
 
     def __init__(self, raw: bytes, count: int, element_format: str) -> None:
         """``raw``: the array's bytes after its count; ``element_format``: a struct code, or "" for strings."""
@@ -33,6 +33,7 @@ class LazyArray(Sequence[Any]):
         self._count = count
         self._format = element_format
         self._decoded: list[Any] | None = None
+        self._strings: list[bytes] | None = None
 
     @property
     def is_strings(self) -> bool:
@@ -45,13 +46,22 @@ class LazyArray(Sequence[Any]):
             if self._format:
                 self._decoded = list(struct.unpack_from(f"<{self._count}{self._format}", self._raw))
             else:
-                self._decoded = [item.decode("utf-8") for item in self.raw_strings()]
+                items = self._strings if self._strings is not None else self._cut_strings()
+                self._decoded = [item.decode("utf-8") for item in items]
         return self._decoded
 
     def raw_strings(self) -> list[bytes]:
-        """The elements of a string array as bytes, without decoding them (they are valid UTF-8)."""
+        """The elements of a string array as bytes, without decoding them (they are valid UTF-8).
+
+        Cut once, then the same list, not to be modified (a backend's checks and its loader may each ask).
+        """
         if self._format:
             raise TypeError("raw_strings() is for arrays of strings")
+        if self._strings is None:
+            self._strings = self._cut_strings()
+        return self._strings
+
+    def _cut_strings(self) -> list[bytes]:
         raw, unpack = self._raw, _U64.unpack_from
         out: list[bytes] = []
         append = out.append

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import faulthandler
-import importlib.metadata
 import os
 import queue
 import signal
@@ -33,6 +32,7 @@ from typing import Any
 
 from anyformer._backend import BackendModel, raw_text_of, run_of
 from anyformer._chat_template import STOP_PROCESS, cancelled_by, enable_hard_stop
+from anyformer._entry_points import EntryPointRecord
 from anyformer._plugins import ENTRY_POINT_GROUP, PluginManager
 from anyformer.contract._chunk import Chunk, GenerateOptions
 from anyformer.contract._errors import AnyformerError, ErrorCode
@@ -173,9 +173,7 @@ class Worker:
             backend = command["backend"]
             self._backend = backend
             entry = command["entry_point"]
-            self._manager.load_entry_point(
-                importlib.metadata.EntryPoint(name=backend, value=entry, group=ENTRY_POINT_GROUP)
-            )
+            self._manager.load_entry_point(EntryPointRecord(name=backend, value=entry, group=ENTRY_POINT_GROUP))
             model_data = dict(command["model"])
             model = dataclasses.replace(Model.from_dict(model_data), config=dict(model_data.get("config") or {}))
             fields = dict(command["request"])
@@ -277,6 +275,26 @@ def _until_done(source: Iterator[Chunk], options: GenerateOptions, generation: _
         yield raw
         if not isinstance(raw, Chunk) or raw.finish_reason is not None or raw.tokens >= options.max_new_tokens:
             return
+
+
+def prepare(frame: Mapping[str, Any]) -> None:
+    """Work the worker can do before it knows its backend: import the module every backend imports
+    (``anyformer.plugin``), and describe a local model the parent named.
+
+    The parent describes it too (and reports what is wrong with it); here a failure is ignored.
+    What this warms is the header cache: the backend's ``load`` reads the same headers again.
+    """
+    import anyformer.plugin  # noqa: F401  (the helpers every backend imports with its entry point)
+
+    path = frame.get("describe")
+    if not isinstance(path, str) or not os.path.exists(path):
+        return
+    from anyformer._describe import describe
+
+    try:
+        describe(path)
+    except Exception:  # the parent's describe says what is wrong, in its own words
+        pass
 
 
 def main(load: Mapping[str, Any]) -> int:

@@ -28,7 +28,6 @@ import json
 import os
 import queue
 import subprocess
-import sys
 import threading
 import time
 import weakref
@@ -53,25 +52,10 @@ from anyformer.isolation._worker_protocol import (
     oom_kill_count,
     read_frame,
 )
-
-#: The worker's first lines: take the parent's sys.path from the first frame, import the worker
-#: (anyformer) while the parent still describes and selects, then read the ``load`` frame and run.
-BOOTSTRAP = """\
-import json, os, struct, sys
-def _read(n):
-    data = b""
-    while len(data) < n:
-        part = os.read(0, n - len(data))
-        if not part:
-            sys.exit(0)
-        data += part
-    return data
-def _frame():
-    return json.loads(_read(struct.unpack(">I", _read(4))[0]))
-sys.path[:] = _frame()["sys_path"]
-from anyformer.isolation._worker import main
-sys.exit(main(_frame()))
-"""
+from anyformer.isolation._worker_start import BOOTSTRAP as BOOTSTRAP
+from anyformer.isolation._worker_start import end_process as _end_process
+from anyformer.isolation._worker_start import end_worker_process as end_worker_process
+from anyformer.isolation._worker_start import start_worker_process as start_worker_process
 
 #: Chunks the worker may send ahead of the caller; more are granted as the caller takes them.
 WINDOW = 16
@@ -108,48 +92,6 @@ def _read_stderr(stream: Any, tail: collections.deque[str]) -> None:
             tail.append(line.decode("utf-8", "replace").rstrip("\n"))
     except (OSError, ValueError):
         pass
-
-
-def _end_process(process: subprocess.Popen[bytes]) -> None:
-    """The finalizer of a session dropped without ``dispose``: the worker must not outlive it."""
-    if process.poll() is None:
-        process.kill()
-        process.wait()
-
-
-def start_worker_process() -> subprocess.Popen[bytes]:
-    """Start a worker interpreter and send it this process's ``sys.path``: it imports anyformer at once.
-
-    The caller describes the model and selects a backend meanwhile, then hands the process to
-    :meth:`WorkerSession.spawn` (or to :func:`end_worker_process` when it does not need it).
-    """
-    # ggml attaches gdb to print a backtrace before it aborts: seconds of work whose output
-    # would bury the assertion line the crash message quotes. The worker's faulthandler says
-    # where Python was; gdb's view is one in-process run away.
-    env = {"GGML_NO_BACKTRACE": "1", **os.environ}
-    process = subprocess.Popen(
-        [sys.executable, "-c", BOOTSTRAP],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        bufsize=0,
-        close_fds=True,
-        env=env,
-    )
-    assert process.stdin is not None
-    try:
-        os.write(process.stdin.fileno(), encode_frame({"op": "prepare", "sys_path": list(sys.path)}))
-    except OSError:
-        pass  # the worker is already gone: the load that follows reports how it died
-    return process
-
-
-def end_worker_process(process: subprocess.Popen[bytes]) -> None:
-    """End a worker started by :func:`start_worker_process` that was never given a model."""
-    for stream in (process.stdin, process.stdout, process.stderr):
-        if stream is not None:
-            stream.close()
-    _end_process(process)
 
 
 def _copy(error: AnyformerError) -> AnyformerError:

@@ -3,10 +3,11 @@
 The loop drives ``Llama.eval`` and reads the last logits itself (greedy is an argmax over them; a
 temperature draws from a seeded numpy generator), so the per-token work in Python is a few
 microseconds over llama-cpp-python's own. The KV cache is kept between calls: a prompt is evaluated
-in batches at fixed positions (``prompt_blocks``), and a new prompt that shares a prefix with what
-is cached (a system prompt, earlier turns) re-evaluates only what follows the last full block it
-shares, so the same messages always give the same logits (greedy repeatability) whatever came
-before. The prompt's batches check ``cancel`` between them, so a long prompt stops within one.
+in batches cut at fixed positions and where each message's text begins (``prompt_blocks``,
+``prompt_marks``), and a new prompt that shares a prefix with what is cached (a system prompt,
+earlier turns) re-evaluates only what follows the last cut both were evaluated at, so the same
+messages always give the same logits (greedy repeatability) whatever came before. The prompt's
+batches check ``cancel`` between them, so a long prompt stops within one.
 
 ``dispose`` never frees what a running stream uses: it asks the stream to stop (at its next batch
 or token) and the stream frees the model as it ends.
@@ -47,12 +48,21 @@ from anyformer import (
     ProgressEvent,
     TokenLogprob,
 )
-from anyformer.plugin import check_split_set, fetch_files, has_images, read_gguf_header, render_chat, usable_cpu_count
+from anyformer.plugin import (
+    LazyArray,
+    check_split_set,
+    fetch_files,
+    has_images,
+    read_gguf_header,
+    render_chat,
+    usable_cpu_count,
+)
 from anyformer_llamacpp import BACKEND_ID
 from anyformer_llamacpp.estimate import context_for, footprint
 from anyformer_llamacpp.file_choice import choose_gguf
 from anyformer_llamacpp.header_checks import check_architecture_numbers, check_vocabulary
-from anyformer_llamacpp.prompt_blocks import BLOCK, blocks, reusable_prefix
+from anyformer_llamacpp.prompt_blocks import batches, plan, reusable_prefix
+from anyformer_llamacpp.prompt_marks import text_starts, token_marks
 from anyformer_llamacpp.runtime import gpu_offload_library
 from anyformer_llamacpp.vision import Chunks, ImageChunk, Projector, find_projector
 
@@ -144,8 +154,9 @@ class LlamaCppModel:
             self._piece(llama.token_eos(), special=True).decode("utf-8", "replace") if llama.token_eos() >= 0 else ""
         )
         self._pieces: dict[int, bytes] = {}
-        # Where the cache's full prompt blocks end (see prompt_blocks): it is never cut back past it.
-        self._full_blocks_end = 0
+        self._special_pieces: dict[int, bytes] = {}
+        # Where the batches the cache holds ended (see prompt_blocks): it is cut back only to one of them.
+        self._batch_ends: list[int] = []
         #: Positions the last prompt evaluated (the rest came from the cache); for tests and benches.
         self.last_prompt_evaluated = 0
         # Streams and calls using the model now, and whether dispose was asked for: the last user frees it.
@@ -336,8 +347,21 @@ class LlamaCppModel:
 
     def prompt_tokens(self, messages: list[Message], thinking: bool) -> list[int]:
         """The chat template rendered in the sandbox and tokenized (special tokens parsed)."""
+        return self.prompt_with_marks(messages, thinking)[0]
+
+    def prompt_with_marks(self, messages: list[Message], thinking: bool) -> tuple[list[int], list[int]]:
+        """The prompt's tokens, and the positions where its messages' texts begin (see ``prompt_marks``)."""
         prompt, add_special = self._render(messages, thinking)
-        return self._llama.tokenize(prompt.encode("utf-8"), add_bos=add_special, special=True)
+        tokens: list[int] = self._llama.tokenize(prompt.encode("utf-8"), add_bos=add_special, special=True)
+        bos = self._llama.token_bos()
+        skip = 1 if add_special and tokens and bos >= 0 and tokens[0] == bos else 0
+        return tokens, token_marks(prompt, tokens, self._special_piece, text_starts(prompt, messages), skip)
+
+    def _special_piece(self, token: int) -> bytes:
+        piece = self._special_pieces.get(token)
+        if piece is None:
+            piece = self._special_pieces[token] = self._piece(token, special=True)
+        return piece
 
     def raw_prompt_tokens(self, prompt: str) -> list[int]:
         """A raw prompt tokenized as llama.cpp's server does: BOS (and EOS) by the vocabulary's
@@ -428,12 +452,12 @@ class LlamaCppModel:
 
     # ---- the KV cache ---------------------------------------------------------------------------
 
-    def _cut_back(self, flat: list[int], first_image: int | None) -> int:
-        """Cut the cache back to the last full block ``flat`` shares with it; return that position."""
+    def _cut_back(self, flat: list[int], ends: list[int], first_image: int | None) -> int:
+        """Cut the cache back to the last cut of ``flat``'s plan ``ends`` it shares with it; return that position."""
         llama = self._llama
-        prefix = reusable_prefix(llama.input_ids[: llama.n_tokens], self._full_blocks_end, flat, first_image)
+        prefix = reusable_prefix(llama.input_ids[: llama.n_tokens], self._batch_ends, flat, ends, first_image)
         llama.n_tokens = prefix  # llama.eval removes the cache's cells from here on
-        self._full_blocks_end = prefix
+        self._batch_ends = [end for end in self._batch_ends if end <= prefix]
         return prefix
 
     def _eval_image(self, image: ImageChunk, *, logits_last: bool) -> None:
@@ -446,32 +470,31 @@ class LlamaCppModel:
         llama.input_ids[start:end] = IMAGE
         llama.n_tokens = end
 
-    def _eval_prompt(self, segments: Segments, prefix: int, stopped: Callable[[], bool]) -> bool:
-        """Evaluate what the cache lacks of a prompt, from ``prefix``: text in blocks, images whole.
+    def _eval_prompt(self, segments: Segments, prefix: int, ends: list[int], stopped: Callable[[], bool]) -> bool:
+        """Evaluate what the cache lacks of a prompt, from ``prefix``: text in the batches of its plan
+        ``ends``, images whole.
 
         ``stopped()`` is asked before each batch; returns False when it said stop (the cache then
-        holds the batches done so far, every full block of them reusable).
+        holds the batches done so far, every one of them reusable).
         """
         llama = self._llama
         position = 0
         last = len(segments) - 1
-        after_image = False
         for index, segment in enumerate(segments):
             if stopped():
                 return False
             if isinstance(segment, ImageChunk):
                 self._eval_image(segment, logits_last=index == last)
                 position += segment.n_pos
-                after_image = True
+                self._batch_ends.append(llama.n_tokens)  # never reused: the reuse stops at the first image
                 continue
             end = position + len(segment)
-            for first, stop in blocks(max(prefix, position), end):
+            for first, stop in batches(ends, max(prefix, position), end):
                 if stopped():
                     return False
                 llama.eval(segment[first - position : stop - position])
                 self.last_prompt_evaluated += stop - first
-                if not after_image and stop - first == BLOCK and first == self._full_blocks_end:
-                    self._full_blocks_end = stop
+                self._batch_ends.append(stop)
             position = end
         return True
 
@@ -495,6 +518,7 @@ class LlamaCppModel:
             )
         chunks: Chunks | None = None
         segments: Segments
+        marks: list[int] = []
         with self._using():
             if options.prompt is not None and options.suffix is not None:
                 segments = [self.infill_tokens(options.prompt, options.suffix, options.max_new_tokens)]
@@ -505,7 +529,8 @@ class LlamaCppModel:
                     raise AnyformerError(ErrorCode.BAD_REQUEST, f"{self.name} reads text only: {self._no_images}")
                 segments, chunks = self.image_prompt(messages, options.thinking)
             else:
-                segments = [self.prompt_tokens(messages, options.thinking)]
+                tokens, marks = self.prompt_with_marks(messages, options.thinking)
+                segments = [tokens]
         length = _prompt_length(segments)
         if length >= self.context:
             if chunks is not None:
@@ -514,7 +539,7 @@ class LlamaCppModel:
                 ErrorCode.BAD_REQUEST,
                 f"the prompt is {length} tokens and the context is {self.context}; load with a larger context",
             )
-        return self._decode(segments, options, chunks)
+        return self._decode(segments, options, chunks, marks)
 
     def _choose(self, logits: np.ndarray, options: GenerateOptions, rng: np.random.Generator | None) -> int:
         if rng is None:
@@ -550,15 +575,19 @@ class LlamaCppModel:
         # Bytes of a character cut across tokens are left out, as llama-cpp-python reports them.
         return self._text_piece(token).decode("utf-8", "ignore")
 
-    def _decode(self, segments: Segments, options: GenerateOptions, chunks: Chunks | None = None) -> Iterator[Chunk]:
+    def _decode(
+        self, segments: Segments, options: GenerateOptions, chunks: Chunks | None = None, marks: list[int] | None = None
+    ) -> Iterator[Chunk]:
         try:
             with self._using():
-                yield from self._decode_segments(segments, options, chunks)
+                yield from self._decode_segments(segments, options, chunks, marks or [])
         finally:
             if chunks is not None:
                 chunks.close()
 
-    def _decode_segments(self, segments: Segments, options: GenerateOptions, chunks: Chunks | None) -> Iterator[Chunk]:
+    def _decode_segments(
+        self, segments: Segments, options: GenerateOptions, chunks: Chunks | None, marks: list[int]
+    ) -> Iterator[Chunk]:
         llama = self._llama
         rng = np.random.default_rng(options.seed) if options.temperature > 0 else None
         decoder = codecs.getincrementaldecoder("utf-8")("replace")
@@ -574,6 +603,7 @@ class LlamaCppModel:
         budget = min(options.max_new_tokens, room)
 
         # The prompt as the cache will hold it: token ids, and IMAGE for each position an image takes.
+        # Its batches end on the block grid, at the marks, and where a segment (an image) begins or ends.
         flat: list[int] = []
         first_image: int | None = None
         for segment in segments:
@@ -582,9 +612,11 @@ class LlamaCppModel:
                 flat.extend([IMAGE] * segment.n_pos)
             else:
                 flat.extend(segment)
-        prefix = self._cut_back(flat, first_image)
+            marks.append(len(flat))
+        ends = plan(len(flat), marks)
+        prefix = self._cut_back(flat, ends, first_image)
         self.last_prompt_evaluated = 0
-        finished = self._eval_prompt(segments, prefix, stopped)
+        finished = self._eval_prompt(segments, prefix, ends, stopped)
         if chunks is not None:
             chunks.close()  # the images are in the cache now
         count = 0
@@ -614,6 +646,9 @@ class LlamaCppModel:
 def _longest_token_bytes(tokens: Any) -> int | None:
     """The UTF-8 length of the vocabulary's longest token string: no token's text is longer (``Ġ``, ``▁`` and
     ``<0x0A>`` each stand for one byte)."""
+    if isinstance(tokens, LazyArray) and tokens.is_strings:
+        # The header's bytes are the strings' UTF-8 (checked when it was read): no need to decode 49k strings.
+        return max(map(len, tokens.raw_strings()), default=0) or None
     if not isinstance(tokens, list) or not tokens:
         return None
     return max((len(token.encode("utf-8", "replace")) for token in tokens if isinstance(token, str)), default=0) or None

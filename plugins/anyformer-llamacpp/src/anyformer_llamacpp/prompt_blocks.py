@@ -1,50 +1,76 @@
-"""Prompt evaluation in blocks at fixed positions: the KV cache is reused without changing a greedy reply.
+"""Prompt evaluation in batches at fixed cuts: the KV cache is reused without changing a greedy reply.
 
 llama.cpp's numbers for a position can depend on the batch it was computed in (its kernels change
 with the batch shape, most of all on a GPU), so reusing cached positions that were computed in
 other batches than a fresh evaluation would use can change the logits, and with them the greedy
-text. Here every prompt is evaluated in batches cut at multiples of :data:`BLOCK` positions, from
-position 0 or from a cut-back point that is itself a multiple of :data:`BLOCK`. A *full* block
-(``BLOCK`` positions, evaluated in one batch after only full blocks) is computed exactly as a fresh
-evaluation of any prompt with the same tokens up to its end would compute it, so the cache may be
-kept up to the last full block a new prompt shares with it, and nothing past it: a partial last
-block and the generated tokens (one batch each) are evaluated again.
+text. Here every prompt is evaluated in the batches of its *plan*: cut at every multiple of
+:data:`BLOCK` positions and at the prompt's *marks* (where each message's text begins, see
+``prompt_marks``), which are a function of the prompt alone. The cache remembers where its batches
+ended; a new prompt keeps the cache up to the last cut where both agree on every batch so far and
+on every token, so each kept position was computed exactly as a fresh evaluation of the new prompt
+would compute it. Generated tokens (one batch each) are never kept.
 
-The block is small so that a short shared prefix (a 40-token system prompt) is still reused, and
-large enough that a long prompt is not slowed (see bench/bench_ttft.py for the measurement).
+The marks let a shared system prompt be reused up to the new question's text, its role header
+included; the block grid bounds what is evaluated again when the marks do not help (a raw prompt,
+a long message that changed near its end) and is large enough that a long prompt is not slowed
+(see bench/bench_ttft.py for the measurement).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 
-#: Prompt batches start and end at multiples of this many positions (the last may end short).
+#: Prompt batches are cut at multiples of this many positions (and at the prompt's marks).
 BLOCK = 32
 
 
-def reusable_prefix(cached: np.ndarray, full_blocks_end: int, tokens: Sequence[int], stop: int | None) -> int:
-    """How many leading positions of ``tokens`` may be kept from the cache: a multiple of :data:`BLOCK`.
+def plan(length: int, marks: Iterable[int] = ()) -> list[int]:
+    """Where the batches that evaluate a prompt of ``length`` positions end: the block grid, the marks, the end."""
+    cuts = set(range(BLOCK, length, BLOCK))
+    cuts.update(mark for mark in marks if 0 < mark < length)
+    if length > 0:
+        cuts.add(length)
+    return sorted(cuts)
 
-    ``cached`` holds the token ids in the cache, ``full_blocks_end`` where its full blocks end;
-    ``stop`` is where the prompt's first image begins (nothing from there on is reused). The last
-    prompt token is always evaluated again: its logits choose the first reply token.
+
+def reusable_prefix(
+    cached: np.ndarray, cached_ends: Sequence[int], tokens: Sequence[int], ends: Sequence[int], stop: int | None
+) -> int:
+    """How many leading positions of ``tokens`` may be kept from the cache: a cut both plans share.
+
+    ``cached`` holds the token ids in the cache and ``cached_ends`` where its batches ended; ``ends``
+    is the new prompt's :func:`plan`. The kept prefix ends at a cut where the two lists agree on
+    every cut so far, and the tokens agree up to it. ``stop`` is where the prompt's first image
+    begins (nothing from there on is reused). The last prompt token is always evaluated again: its
+    logits choose the first reply token.
     """
-    limit = min(len(cached), full_blocks_end, len(tokens) - 1)
+    limit = min(len(cached), len(tokens) - 1)
     if stop is not None:
         limit = min(limit, stop)
     if limit <= 0:
         return 0
     differs = np.flatnonzero(cached[:limit] != np.asarray(tokens[:limit], dtype=cached.dtype))
     same = int(differs[0]) if differs.size else limit
-    return same - same % BLOCK
+    kept = 0
+    for mine, theirs in zip(cached_ends, ends, strict=False):
+        if mine != theirs or mine > same:
+            break
+        kept = mine
+    return kept
 
 
-def blocks(start: int, end: int) -> Iterator[tuple[int, int]]:
-    """The batches that evaluate positions ``start``..``end``: cut at every multiple of :data:`BLOCK`."""
+def batches(ends: Sequence[int], start: int, end: int) -> Iterator[tuple[int, int]]:
+    """The batches of a plan that evaluate positions ``start``..``end``, each cut at the plan's cuts."""
     position = start
-    while position < end:
-        cut = min(end, (position // BLOCK + 1) * BLOCK)
-        yield position, cut
-        position = cut
+    for cut in ends:
+        if cut <= position:
+            continue
+        stop = min(cut, end)
+        yield position, stop
+        position = stop
+        if position >= end:
+            return
+    if position < end:
+        yield position, end

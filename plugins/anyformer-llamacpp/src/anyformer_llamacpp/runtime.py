@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import importlib.metadata
 import importlib.util
 import re
 from pathlib import Path
@@ -26,7 +25,20 @@ SUPPORTED_SPEC = "llama-cpp-python>=0.3.36,<0.4"
 
 
 def llama_cpp_version() -> str | None:
-    """The installed llama-cpp-python's version, from its metadata (nothing is imported), or None."""
+    """The installed llama-cpp-python's version, from its metadata (nothing is imported), or None.
+
+    The ``*.dist-info`` folder beside the ``llama_cpp`` package names it (what pip and uv write);
+    ``importlib.metadata`` (~20 ms to import, on every command's path) is asked only when there is
+    not exactly one.
+    """
+    folder = llama_cpp_folder()
+    if folder is not None:
+        prefix = "llama_cpp_python-"
+        beside = list(folder.parent.glob(f"{prefix}*.dist-info"))
+        if len(beside) == 1:
+            return beside[0].name[len(prefix) : -len(".dist-info")]
+    import importlib.metadata
+
     try:
         return importlib.metadata.version("llama-cpp-python")
     except importlib.metadata.PackageNotFoundError:
