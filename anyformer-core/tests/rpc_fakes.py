@@ -26,14 +26,16 @@ class FakeRpcServer:
     ``silent`` accepts connections and never answers. ``log`` records (command, data) as received.
     """
 
-    def __init__(self, version: tuple[int, int, int] = (7, 0, 0), free: int = 10**9, total: int = 2 * 10**9) -> None:
+    def __init__(
+        self, version: tuple[int, int, int] = (7, 0, 0), free: int = 10**9, total: int = 2 * 10**9, port: int = 0
+    ) -> None:
         self.version = version
         self.free = free
         self.total = total
         self.silent = False
         self.log: list[tuple[int, bytes]] = []
         self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
+        self.sock.bind(("127.0.0.1", port))
         self.sock.listen(4)
         self.endpoint = f"127.0.0.1:{self.sock.getsockname()[1]}"
         self._next_pointer = 0x1000
@@ -79,6 +81,14 @@ class FakeRpcServer:
         self.sock.close()
 
 
+def main(argv: list[str]) -> None:
+    """Run as llama.cpp's rpc-server would be (``-H HOST -p PORT [-t N]``), for the CLI's tests."""
+    port = int(argv[argv.index("-p") + 1])
+    print(f"fake rpc-server on {argv[argv.index('-H') + 1]}:{port}", flush=True)
+    server = FakeRpcServer(port=port)
+    server._thread.join()
+
+
 @contextmanager
 def fake_rpc_server(**kwargs: object) -> Iterator[FakeRpcServer]:
     """A :class:`FakeRpcServer` for the duration of a ``with``."""
@@ -107,3 +117,9 @@ class RpcClient:
 
     def close(self) -> None:
         self.sock.close()
+
+
+if __name__ == "__main__":
+    import sys
+
+    main(sys.argv[1:])
