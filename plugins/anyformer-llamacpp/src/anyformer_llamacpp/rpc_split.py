@@ -21,6 +21,8 @@ from anyformer_llamacpp.estimate import kv_cache_bytes
 #: ``anyformer rpc-server --mem``: SmolLM2-135M at 512 tokens of context took 12 MB more than its
 #: layers on each server; the reserve leaves room for larger models' activations.
 DEVICE_RESERVE = 24 * 10**6
+#: Bytes per weight of Q8_0, the least a quantized file keeps its token embeddings at.
+_EMBEDDING_BYTES_PER_WEIGHT = 34 / 32
 #: The host keeps the embeddings, the output layer and llama.cpp's own buffers (estimate.py's overhead).
 HOST_OVERHEAD = 96 * 10**6
 
@@ -109,10 +111,14 @@ def plan_split(
     vocab, width, params = facts.get("vocab_size"), facts.get("embedding_length"), facts.get("parameter_count")
     embedding = 0
     if isinstance(vocab, int) and isinstance(width, int) and isinstance(params, int) and params > 0:
-        embedding = min(weights_bytes // 3, vocab * width * weights_bytes // params)
+        # Quantizers keep the embeddings at 8 bits or more (Q8_0 in a Q4 file): never less than the average.
+        per_weight = max(weights_bytes / params, _EMBEDDING_BYTES_PER_WEIGHT)
+        embedding = min(weights_bytes // 2, int(vocab * width * per_weight))
     output = embedding + batch * (vocab if isinstance(vocab, int) else 0) * 4
     kv = kv_cache_bytes(facts, context, weights_bytes)
-    per_layer = max(1, -(-(weights_bytes - 2 * embedding + kv) // layers))
+    # The file holds the embeddings once; a separate output matrix (untied) is left in the layers' share,
+    # which then weigh a little more than they do.
+    per_layer = max(1, -(-(weights_bytes - embedding + kv) // layers))
     usable = [max(0, d.free - DEVICE_RESERVE) for d in devices]
     if usable and usable[-1] >= output:
         usable[-1] -= output
