@@ -147,4 +147,7 @@ def serve_lender(
                     relayed.run()
                 except (OSError, EOFError, ValueError) as exc:
                     report(f"anyformer rpc-server: client {address[0]} dropped ({exc.__class__.__name__}: {exc})")
-                report(f"anyformer rpc-server: client {address[0]} done; its buffers took at most {relayed.peak} bytes")
+                if relayed.peak:  # a probe (version and memory only) allocates nothing: not worth a line
+                    report(
+                        f"anyformer rpc-server: client {address[0]} done; its buffers took at most {relayed.peak} bytes"
+                    )
