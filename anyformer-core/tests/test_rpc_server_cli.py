@@ -118,3 +118,16 @@ def test_bad_options_are_bad_requests(fake_binary: Path) -> None:
             [sys.executable, "-m", "anyformer", "rpc-server", *args], capture_output=True, text=True, timeout=60
         )
         assert done.returncode == 2 and "BAD_REQUEST" in done.stderr, args
+
+
+def test_the_binary_is_looked_for_where_scripts_build_llama_tools_puts_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from anyformer.rpc._server_binary import tools_dir
+
+    script = HERE.parents[1] / "scripts" / "llama_build.py"
+    env = {**os.environ, "ANYFORMER_WHEELHOUSE": str(tmp_path)}
+    built = subprocess.run([sys.executable, str(script), "tools-dir"], capture_output=True, text=True, env=env)
+    version = subprocess.run([sys.executable, str(script), "version"], capture_output=True, text=True, env=env)
+    monkeypatch.setenv("ANYFORMER_WHEELHOUSE", str(tmp_path))
+    assert Path(built.stdout.strip()) == tools_dir(version.stdout.strip())
