@@ -168,7 +168,7 @@ def test_the_relay_refuses_allocations_past_the_cap_and_counts_frees(
     deadline = time.monotonic() + 5
     while not any("at most 70000000 bytes" in line for line in lines) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert any("at most 70000000 bytes" in line for line in lines)
+    assert any("at most 70000000 bytes; 8 requests, 6 of them waited for a reply" in line for line in lines)
 
 
 # ---- selection ------------------------------------------------------------------------------------

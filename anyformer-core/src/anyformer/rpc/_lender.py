@@ -54,6 +54,9 @@ class _Client:
         self.used = 0
         self.peak = 0
         self.buffers: dict[int, int] = {}
+        #: Requests relayed, and how many of them waited for a reply (a network round trip each).
+        self.requests = 0
+        self.round_trips = 0
 
     def relay(self, source: socket.socket, target: socket.socket, size: int) -> None:
         while size > 0:
@@ -72,6 +75,8 @@ class _Client:
             cmd, size = struct.unpack("<BQ", head)
             if cmd >= _COMMANDS:
                 raise ValueError(f"unknown command {cmd}")
+            self.requests += 1
+            self.round_trips += cmd in _ANSWERED
             if size > _SMALL:
                 self.server.sendall(head)
                 self.relay(self.client, self.server, size)
@@ -149,5 +154,7 @@ def serve_lender(
                     report(f"anyformer rpc-server: client {address[0]} dropped ({exc.__class__.__name__}: {exc})")
                 if relayed.peak:  # a probe (version and memory only) allocates nothing: not worth a line
                     report(
-                        f"anyformer rpc-server: client {address[0]} done; its buffers took at most {relayed.peak} bytes"
+                        f"anyformer rpc-server: client {address[0]} done; its buffers took at most "
+                        f"{relayed.peak} bytes; {relayed.requests} requests, {relayed.round_trips} of them "
+                        "waited for a reply"
                     )
