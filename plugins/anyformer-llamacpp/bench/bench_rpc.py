@@ -24,6 +24,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -39,12 +40,13 @@ def _port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _start_server(mem: str | None, threads: int) -> tuple[subprocess.Popen[bytes], str]:
+def _start_server(mem: str | None, threads: int, log: Path) -> tuple[subprocess.Popen[bytes], str]:
     port = _port()
     command = [sys.executable, "-m", "anyformer", "rpc-server", "--port", str(port), "--threads", str(threads)]
     if mem:
         command += ["--mem", mem]
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    with log.open("wb") as sink:
+        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=sink)
     endpoint = f"127.0.0.1:{port}"
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -71,6 +73,24 @@ def _decode_seconds(loaded: anyformer.Loaded, tokens: int) -> float:
     return seconds / (count - first.tokens)
 
 
+def _relayed_counts(log: Path) -> tuple[int, int]:
+    """(requests, round trips) of the last client the relay reported in ``log``."""
+    lines = [line for line in log.read_text().splitlines() if "waited for a reply" in line]
+    words = lines[-1].split("; ")[-1].split()
+    return int(words[0]), int(words[2])
+
+
+def _round_trips_per_token(model: Path, context: int, endpoints: list[str], logs: list[Path], tokens: int) -> float:
+    """Requests that wait for a reply, per decoded token and server: two loads that differ only in tokens."""
+    totals = []
+    for n in (tokens, 2 * tokens):
+        with anyformer.load(model, backend="llamacpp", context=context, rpc=endpoints) as loaded:
+            _decode_seconds(loaded, n)
+        time.sleep(1.0)  # the relay writes its line once the worker has hung up
+        totals.append(sum(_relayed_counts(log)[1] for log in logs))
+    return (totals[1] - totals[0]) / tokens / len(logs)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3)
@@ -81,7 +101,10 @@ def main() -> None:
     args = parser.parse_args()
     model = args.model or anyformer.default_model_path()
     threads = max(1, (os.cpu_count() or 2) // 2)
-    servers = [_start_server(None, threads) for _ in range(2)] + [_start_server(args.mem, threads) for _ in range(2)]
+    folder = Path(tempfile.mkdtemp(prefix="bench-rpc-"))
+    logs = [folder / f"server{i}.log" for i in range(4)]
+    servers = [_start_server(None, threads, logs[i]) for i in range(2)]
+    servers += [_start_server(args.mem, threads, logs[i]) for i in range(2, 4)]
     try:
         loads = {
             "local": anyformer.load(model, backend="llamacpp", context=args.context, isolate=True),
@@ -105,6 +128,8 @@ def main() -> None:
             )
         for loaded in loads.values():
             loaded.dispose()
+        trips = _round_trips_per_token(model, args.context, [e for _, e in servers[2:]], logs[2:], args.tokens)
+        print(f"  {trips:.1f} requests that wait for a reply per token and server (through the relay)")
     finally:
         for process, _ in servers:
             process.send_signal(signal.SIGTERM)
