@@ -69,7 +69,9 @@ def test_a_server_killed_mid_stream_is_an_error_naming_it_and_the_next_load_work
             assert time.monotonic() - started < 10
         assert info.value.code is ErrorCode.BACKEND_CRASHED
         assert servers[0].endpoint in info.value.message and servers[1].endpoint not in info.value.message
-        with anyformer.load(smollm2_path, backend="llamacpp", context=256, rpc=[servers[1].endpoint]) as again:
+        with anyformer.load(smollm2_path, backend="llamacpp", context=CONTEXT, rpc=[servers[1].endpoint]) as again:
+            assert again.verdict is not None and again.verdict.estimate is not None
+            assert again.verdict.estimate.details["rpc"]["devices"][0]["layers"] > 0
             assert greedy(again, 4)
 
 
