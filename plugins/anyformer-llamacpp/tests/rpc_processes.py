@@ -94,7 +94,7 @@ class RpcServerProcess:
 
     def peak_bytes(self) -> list[int]:
         """What each finished client's buffers took at most, from the relay's lines."""
-        return [int(line.split("at most ")[1].split()[0]) for line in self.lines if "at most" in line]
+        return [int(line.split("took at most ")[1].split()[0]) for line in self.lines if "took at most" in line]
 
     def kill(self) -> None:
         """End it as a host that goes away: the relay and llama.cpp's server both."""

@@ -46,11 +46,12 @@ def probe_servers(endpoints: Sequence[str]) -> list[RpcServerInfo]:
 
 def register_servers(servers: Sequence[RpcServerInfo]) -> None:
     """Add each server's devices to llama.cpp's registry, in order (call only after :func:`probe_servers`)."""
-    import llama_cpp  # loads libggml first: the handles below are the ones llama.cpp uses
+    import llama_cpp
 
-    folder = Path(llama_cpp.__file__).parent / "lib"
-    ggml = ctypes.CDLL(str(next(iter(sorted(folder.glob("libggml.so*")) or [Path("libggml.so")]))))
-    base = ctypes.CDLL(str(next(iter(sorted(folder.glob("libggml-base.so*")) or [Path("libggml-base.so")]))))
+    # Symbols looked up through libllama's own handle resolve in the libggml it loaded: a wheel holds
+    # each library as several files (libggml.so, .so.0, ...), and opening another would be a second
+    # copy with a registry of its own that llama.cpp never sees.
+    ggml = base = llama_cpp.llama_cpp._lib
     ggml.ggml_backend_reg_by_name.restype = ctypes.c_void_p
     ggml.ggml_backend_reg_by_name.argtypes = [ctypes.c_char_p]
     ggml.ggml_backend_register.restype = None
