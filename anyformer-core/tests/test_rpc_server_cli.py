@@ -131,3 +131,17 @@ def test_the_binary_is_looked_for_where_scripts_build_llama_tools_puts_it(
     version = subprocess.run([sys.executable, str(script), "version"], capture_output=True, text=True, env=env)
     monkeypatch.setenv("ANYFORMER_WHEELHOUSE", str(tmp_path))
     assert Path(built.stdout.strip()) == tools_dir(version.stdout.strip())
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["run", "Hello", "--rpc", "no-port"],
+        ["run", "Hello", "--rpc", "127.0.0.1:50052", "--in-process"],
+        ["serve", "--rpc", "127.0.0.1:50052", "--in-process"],
+        ["check", "default", "--rpc", "a:1,a:1"],
+    ],
+)
+def test_rpc_options_are_checked_before_anything_loads(args: list[str]) -> None:
+    done = subprocess.run([sys.executable, "-m", "anyformer", *args], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "BAD_REQUEST" in done.stderr, done.stderr
