@@ -54,6 +54,22 @@ def test_a_model_larger_than_each_server_runs_across_two_with_the_same_text(smol
             assert 10 * 10**6 < peak <= 90 * 10**6
 
 
+def test_a_model_that_fits_no_single_host_but_all_of_them_is_accepted_with_the_split(smollm2_path: Path) -> None:
+    require_rpc()
+    small = anyformer.probe(gpu=False, ram_bytes=160 * 10**6)  # too little for SmolLM2 alone at this context
+    _model, alone = anyformer.check(smollm2_path, backend="llamacpp", context=CONTEXT, caps=small)
+    assert alone.chosen is None and alone.verdicts[0].code == "memory"
+    with rpc_servers(2, MEM) as servers:
+        _model, spread = anyformer.check(
+            smollm2_path, backend="llamacpp", context=CONTEXT, caps=small, rpc=[s.endpoint for s in servers]
+        )
+    assert spread.chosen is not None and spread.chosen.estimate is not None
+    split = spread.chosen.estimate.details["rpc"]
+    assert split["host_layers"] == 0 and sum(d["layers"] for d in split["devices"]) == 30
+    assert [d["free"] for d in split["devices"]] == [90 * 10**6, 90 * 10**6]
+    assert spread.chosen.estimate.ram_bytes <= small.ram_bytes
+
+
 def test_a_server_killed_mid_stream_is_an_error_naming_it_and_the_next_load_works(smollm2_path: Path) -> None:
     require_rpc()
     with rpc_servers(2, MEM) as servers:
