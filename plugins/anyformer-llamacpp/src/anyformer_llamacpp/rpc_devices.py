@@ -51,19 +51,19 @@ def register_servers(servers: Sequence[RpcServerInfo]) -> None:
     # Symbols looked up through libllama's own handle resolve in the libggml it loaded: a wheel holds
     # each library as several files (libggml.so, .so.0, ...), and opening another would be a second
     # copy with a registry of its own that llama.cpp never sees.
-    ggml = base = llama_cpp.llama_cpp._lib
-    ggml.ggml_backend_reg_by_name.restype = ctypes.c_void_p
-    ggml.ggml_backend_reg_by_name.argtypes = [ctypes.c_char_p]
-    ggml.ggml_backend_register.restype = None
-    ggml.ggml_backend_register.argtypes = [ctypes.c_void_p]
-    base.ggml_backend_reg_get_proc_address.restype = ctypes.c_void_p
-    base.ggml_backend_reg_get_proc_address.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
-    registry = ggml.ggml_backend_reg_by_name(b"RPC")
+    lib = llama_cpp.llama_cpp._lib
+    lib.ggml_backend_reg_by_name.restype = ctypes.c_void_p
+    lib.ggml_backend_reg_by_name.argtypes = [ctypes.c_char_p]
+    lib.ggml_backend_register.restype = None
+    lib.ggml_backend_register.argtypes = [ctypes.c_void_p]
+    lib.ggml_backend_reg_get_proc_address.restype = ctypes.c_void_p
+    lib.ggml_backend_reg_get_proc_address.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+    registry = lib.ggml_backend_reg_by_name(b"RPC")
     if not registry:
         raise RpcServerError(
             servers[0].endpoint if servers else "-", f"cannot be used: llama.cpp has no RPC backend; {REBUILD_HINT}"
         )
-    address = base.ggml_backend_reg_get_proc_address(registry, b"ggml_backend_rpc_add_server")
+    address = lib.ggml_backend_reg_get_proc_address(registry, b"ggml_backend_rpc_add_server")
     if not address:
         raise RpcServerError(servers[0].endpoint, "cannot be used: llama.cpp's RPC backend has no add_server")
     add_server = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_char_p)(address)
@@ -71,4 +71,4 @@ def register_servers(servers: Sequence[RpcServerInfo]) -> None:
         added = add_server(server.endpoint.encode())
         if not added:
             raise RpcServerError(server.endpoint, "reported no devices to llama.cpp")
-        ggml.ggml_backend_register(added)
+        lib.ggml_backend_register(added)
