@@ -12,15 +12,20 @@ from anyformer.contract._errors import AnyformerError, ErrorCode
 RPC_ENV = "ANYFORMER_RPC"
 #: As many servers as llama.cpp's RPC backend takes (GGML_RPC_MAX_SERVERS).
 MAX_SERVERS = 16
-_HOST = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9]([A-Za-z0-9.-]{0,252}))$")
+#: An IPv4 address or a host name: llama.cpp's RPC client connects over IPv4 only (AF_INET, gethostbyname).
+_HOST = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.-]{0,252}$")
 
 
 def parse_endpoint(text: str) -> str:
-    """One ``host:port`` (``[v6]:port`` for IPv6), normalised; ``BAD_REQUEST`` for anything else."""
+    """One ``host:port`` (an IPv4 address or a host name), normalised; ``BAD_REQUEST`` for anything else."""
     value = text.strip() if isinstance(text, str) else text
     if not isinstance(value, str) or ":" not in value:
         raise AnyformerError(ErrorCode.BAD_REQUEST, f"an RPC server is host:port, got {text!r}")
     host, _, port = value.rpartition(":")
+    if host.startswith("[") or host.count(":"):
+        raise AnyformerError(
+            ErrorCode.BAD_REQUEST, f"llama.cpp's RPC client connects over IPv4 only: use an IPv4 address, got {text!r}"
+        )
     if not _HOST.match(host) or not port.isdigit() or not 0 < int(port) < 65536:
         raise AnyformerError(ErrorCode.BAD_REQUEST, f"an RPC server is host:port (port 1-65535), got {text!r}")
     return f"{host}:{int(port)}"
@@ -45,6 +50,6 @@ def endpoints_from_env() -> tuple[str, ...]:
 
 
 def split_endpoint(endpoint: str) -> tuple[str, int]:
-    """``(host, port)`` of a parsed endpoint; an IPv6 host loses its brackets."""
+    """``(host, port)`` of a parsed endpoint."""
     host, _, port = endpoint.rpartition(":")
-    return host.strip("[]"), int(port)
+    return host, int(port)
