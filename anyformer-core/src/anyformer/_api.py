@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -16,7 +17,8 @@ from anyformer.contract._errors import AnyformerError, ErrorCode
 from anyformer.contract._model import Model
 from anyformer.contract._progress import ProgressCallback, no_progress
 from anyformer.contract._request import Request
-from anyformer.contract._verdict import Refusal
+from anyformer.contract._verdict import Refusal, Verdict
+from anyformer.rpc._endpoints import RPC_ENV
 
 ModelRef = str | os.PathLike[str] | Mapping[str, Any] | Model
 
@@ -24,13 +26,28 @@ ModelRef = str | os.PathLike[str] | Mapping[str, Any] | Model
 def _request_with_budget(request: Request, caps: Caps) -> Request:
     if request.budget is not None:
         return request
-    return Request(
-        task=request.task,
-        budget=caps.gpu_bytes or 0,
-        prefer=request.prefer,
-        context=request.context,
-        options=request.options,
-    )
+    return dataclasses.replace(request, budget=caps.gpu_bytes or 0)
+
+
+def _rpc_or_env(rpc: str | Sequence[str] | None) -> str | Sequence[str] | None:
+    """The RPC servers a call names, else those ``ANYFORMER_RPC`` names."""
+    return os.environ.get(RPC_ENV) if rpc is None else rpc
+
+
+def _only_rpc_capable(verdicts: list[Verdict], request: Request) -> list[Verdict]:
+    """With RPC servers asked for, a backend that accepted without planning for them is turned into a refusal."""
+    if not request.rpc:
+        return verdicts
+    return [
+        verdict
+        if not verdict.ok or (verdict.estimate is not None and "rpc" in verdict.estimate.details)
+        else Verdict.refuse(
+            verdict.backend,
+            Refusal.RUNTIME,
+            f"does not run models over llama.cpp RPC servers ({', '.join(request.rpc)} were asked for)",
+        )
+        for verdict in verdicts
+    ]
 
 
 def check(
@@ -43,23 +60,25 @@ def check(
     backend: str | None = None,
     context: int | None = None,
     plugins: PluginManager | None = None,
+    rpc: str | Sequence[str] | None = None,
 ) -> tuple[Model, Selection]:
     """Ask every installed backend (or only ``backend``) whether it can run ``model``; nothing is loaded.
 
     Returns the description and the :class:`Selection`: every verdict in policy order and the
     chosen one, or None when nothing can run it. A model whose only weights are pickle raises
-    ``UNSAFE_FORMAT``, as :func:`load` does.
+    ``UNSAFE_FORMAT``, as :func:`load` does. ``rpc`` is as for :func:`load`.
     """
     from anyformer._describe import describe
 
     manager = plugins or get_plugin_manager()
     if backend is not None:
         manager.require_backend(backend)
-    asked = Request.build(task=task, budget=budget, prefer=prefer, context=context)  # bad options first
+    # Bad options first.
+    asked = Request.build(task=task, budget=budget, prefer=prefer, context=context, rpc=_rpc_or_env(rpc))
     description = describe(model)
     refuse_pickle_only(description)
     request = _request_with_budget(asked, caps or probe())
-    verdicts = manager.can_run(description, caps or probe(), request, only=backend)
+    verdicts = _only_rpc_capable(manager.can_run(description, caps or probe(), request, only=backend), request)
     return description, select(verdicts, request.prefer)
 
 
@@ -76,6 +95,7 @@ def load(
     options: dict[str, Any] | None = None,
     plugins: PluginManager | None = None,
     isolate: bool = False,
+    rpc: str | Sequence[str] | None = None,
 ) -> Loaded:
     """Describe ``model``, choose a backend by the policy (or use ``backend``), and load it.
 
@@ -87,22 +107,29 @@ def load(
     and an engine that aborts, segfaults or runs out of memory ends only the worker
     (``BACKEND_CRASHED``; ``OUT_OF_MEMORY`` when it dies of it while loading). Description and
     selection stay in this process; the worker imports only the chosen backend's entry point.
+
+    ``rpc`` names llama.cpp RPC servers (``"host:port"``, a list or a comma-separated string;
+    default: ``ANYFORMER_RPC``) whose memory the model may span (docs/rpc.md). Such a load always
+    runs isolated: llama.cpp ends its process when a server goes away, and that must end only the
+    worker (``BACKEND_CRASHED`` naming the server that no longer answers).
     """
     from anyformer._describe import describe
 
+    asked = Request.build(
+        task=task, budget=budget, prefer=prefer, context=context, options=options, rpc=_rpc_or_env(rpc)
+    )
+    isolate = isolate or bool(asked.rpc)
     # The worker's interpreter starts and imports anyformer while this process describes and selects.
     worker = _start_worker(_local_path(model)) if isolate else None
     try:
         manager = plugins or get_plugin_manager()
         if backend is not None:
             manager.require_backend(backend)
-        # Bad options are refused before the model is described (which may download its listing).
-        asked = Request.build(task=task, budget=budget, prefer=prefer, context=context, options=options)
         description = describe(model)
         refuse_pickle_only(description)
         machine = caps or probe()
         request = _request_with_budget(asked, machine)
-        verdicts = manager.can_run(description, machine, request, only=backend)
+        verdicts = _only_rpc_capable(manager.can_run(description, machine, request, only=backend), request)
         if not verdicts and not manager.backends():
             why = manager.why_no_backend(install_hint(description.formats))
             raise AnyformerError(ErrorCode.NO_BACKEND, f"cannot run {description.ref}: {why}", verdicts=[])

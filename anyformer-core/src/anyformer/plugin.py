@@ -24,7 +24,10 @@ Groups, in the order a backend meets them:
   (what a load would download, for a ``store`` refusal), :func:`anyformer_home`
   (where derived files go);
 - the machine: :func:`usable_cpu_count`, :func:`host_ram_available`;
-- sizes: :func:`format_size`, :func:`parse_size`.
+- sizes: :func:`format_size`, :func:`parse_size`;
+- llama.cpp RPC servers (``Request.rpc``): :func:`probe_rpc_server` (version and memory, with a
+  timeout, before an engine connects), :class:`RpcServerInfo`, :class:`RpcDeviceMemory`,
+  :class:`RpcServerError`.
 """
 
 from anyformer._backend import BackendModel
@@ -52,6 +55,9 @@ from anyformer.files._gguf_header import (
 from anyformer.files._onnx_external import OnnxSummary, check_onnx_external_data, read_onnx_summary
 from anyformer.files._safetensors_header import SafetensorsHeader, read_safetensors_header
 from anyformer.hookspecs import hookimpl
+from anyformer.rpc._protocol import DeviceMemory as RpcDeviceMemory
+from anyformer.rpc._protocol import RpcServerError, RpcServerInfo
+from anyformer.rpc._protocol import probe as probe_rpc_server
 from anyformer.store._paths import anyformer_home
 from anyformer.store._store import fetch_files, files_to_download
 
@@ -78,6 +84,9 @@ __all__ = [
     "Rank",
     "Refusal",
     "Request",
+    "RpcDeviceMemory",
+    "RpcServerError",
+    "RpcServerInfo",
     "SafetensorsHeader",
     "StoreEntry",
     "TokenLogprob",
@@ -92,6 +101,7 @@ __all__ = [
     "hookimpl",
     "host_ram_available",
     "parse_size",
+    "probe_rpc_server",
     "read_config_json",
     "read_gguf_header",
     "read_onnx_summary",

@@ -7,7 +7,7 @@ import argparse
 from anyformer._api import check
 from anyformer._format import describe_estimate
 from anyformer._selection import Selection
-from anyformer.cli._common import add_machine_arguments, caps_from_args, model_argument, print_json
+from anyformer.cli._common import add_machine_arguments, add_rpc_argument, caps_from_args, model_argument, print_json
 from anyformer.contract._errors import AnyformerError, ErrorCode
 from anyformer.contract._model import Model
 from anyformer.contract._sizes import format_size
@@ -28,6 +28,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--backend", help="ask only this backend")
     parser.add_argument("--prefer", help="backend ids to choose first, comma separated")
     add_machine_arguments(parser)
+    add_rpc_argument(parser)
     parser.add_argument("--json", action="store_true", help='print {"model", "chosen", "verdicts"} as JSON')
     parser.set_defaults(handler=run)
 
@@ -38,7 +39,13 @@ def run(args: argparse.Namespace) -> int:
         raise AnyformerError(ErrorCode.BAD_REQUEST, "give a MODEL or --describe FILE.json (one of them)")
     ref = Model.from_json_file(args.describe) if args.describe else model_argument(args.model)
     model, selection = check(
-        ref, task=args.task, budget=args.budget, caps=caps_from_args(args), prefer=args.prefer, backend=args.backend
+        ref,
+        task=args.task,
+        budget=args.budget,
+        caps=caps_from_args(args),
+        prefer=args.prefer,
+        backend=args.backend,
+        rpc=args.rpc,
     )
     if args.json:
         verdicts = [v.to_dict() for v in selection.verdicts]

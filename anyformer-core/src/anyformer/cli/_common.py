@@ -26,6 +26,15 @@ def add_machine_arguments(parser: argparse.ArgumentParser, *, budget: bool = Tru
     parser.add_argument("--ram", help="host memory to assume, e.g. 16GB (default: available now)")
 
 
+def add_rpc_argument(parser: argparse.ArgumentParser) -> None:
+    """``--rpc HOST:PORT,...``: llama.cpp RPC servers whose memory the model may span (docs/rpc.md)."""
+    parser.add_argument(
+        "--rpc",
+        metavar="HOST:PORT,...",
+        help="llama.cpp RPC servers (`anyformer rpc-server`) to spread the model over (default: $ANYFORMER_RPC)",
+    )
+
+
 def caps_from_args(args: argparse.Namespace) -> Caps:
     """The probe's answer with ``--caps`` and ``--ram`` applied; ``--caps`` skips the GPU probe."""
     overrides: dict[str, Any] = {}

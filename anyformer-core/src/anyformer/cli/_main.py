@@ -47,16 +47,36 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     # Imported here, not at the top: `anyformer run` starts its worker before importing them (see main).
-    from anyformer.cli import _caps_cmd, _check_cmd, _ls_cmd, _plugins_cmd, _pull_cmd, _rm_cmd, _run_cmd, _serve_cmd
+    from anyformer.cli import (
+        _caps_cmd,
+        _check_cmd,
+        _ls_cmd,
+        _plugins_cmd,
+        _pull_cmd,
+        _rm_cmd,
+        _rpc_server_cmd,
+        _run_cmd,
+        _serve_cmd,
+    )
 
-    for module in (_caps_cmd, _plugins_cmd, _check_cmd, _pull_cmd, _ls_cmd, _rm_cmd, _run_cmd, _serve_cmd):
+    for module in (
+        _caps_cmd,
+        _plugins_cmd,
+        _check_cmd,
+        _pull_cmd,
+        _ls_cmd,
+        _rm_cmd,
+        _run_cmd,
+        _serve_cmd,
+        _rpc_server_cmd,
+    ):
         module.add_parser(sub)
     return parser
 
 
 #: Options whose value may look like a negative number with a unit (``--budget -5GB``): argparse would
 #: take ``-5GB`` for an option and say "expected one argument"; joined, our size parser says what is wrong.
-_SIZE_OPTIONS = ("--budget", "--ram")
+_SIZE_OPTIONS = ("--budget", "--ram", "--mem")
 _NEGATIVE = re.compile(r"^-\.?\d")
 
 

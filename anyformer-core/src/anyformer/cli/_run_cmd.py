@@ -11,7 +11,7 @@ import threading
 from anyformer._api import load
 from anyformer._default_model import default_model_path, is_default_model_name
 from anyformer._loaded import Loaded
-from anyformer.cli._common import add_machine_arguments, caps_from_args, model_argument
+from anyformer.cli._common import add_machine_arguments, add_rpc_argument, caps_from_args, model_argument
 from anyformer.cli._progress_display import ProgressPrinter
 from anyformer.contract._chunk import GenerateOptions
 from anyformer.contract._errors import AnyformerError, ErrorCode
@@ -47,6 +47,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="run the engine in this process (default: in a worker process, so an engine crash is reported, not fatal)",
     )
     add_machine_arguments(parser)
+    add_rpc_argument(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON object per chunk")
     parser.add_argument(
         "--raw",
@@ -83,7 +84,9 @@ def _check_options(args: argparse.Namespace) -> None:
     GenerateOptions.build(
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed, thinking=args.think
     )
-    Request.build(budget=args.budget, context=args.context)
+    request = Request.build(budget=args.budget, context=args.context, rpc=args.rpc)
+    if request.rpc and args.in_process:
+        raise AnyformerError(ErrorCode.BAD_REQUEST, "--rpc runs the engine in a worker process: drop --in-process")
     if args.raw and (args.system or args.think):
         raise AnyformerError(ErrorCode.BAD_REQUEST, "--raw continues the prompt as written: no --system, no --think")
 
@@ -103,6 +106,7 @@ def run(args: argparse.Namespace) -> int:
             context=args.context,
             progress=progress,
             isolate=not args.in_process,
+            rpc=args.rpc,
         )
     with loaded:
         if not args.json:

@@ -7,6 +7,7 @@ import importlib.util
 import os
 import sys
 
+from anyformer.cli._common import add_rpc_argument
 from anyformer.contract._errors import AnyformerError, ErrorCode
 
 
@@ -80,6 +81,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="run engines in the server's process rather than one worker process each (less overhead; "
         "an engine crash then takes the server down)",
     )
+    add_rpc_argument(parser)
     parser.set_defaults(handler=run)
 
 
@@ -92,7 +94,14 @@ def run(args: argparse.Namespace) -> int:
             f"anyformer serve needs {' and '.join(missing)}: pip install 'anyformer[serve]'",
         )
     from anyformer.contract._sizes import parse_size
+    from anyformer.rpc._endpoints import RPC_ENV, parse_endpoints
     from anyformer.server import serve
+
+    rpc = parse_endpoints(args.rpc)
+    if rpc:
+        if args.in_process:
+            raise AnyformerError(ErrorCode.BAD_REQUEST, "--rpc runs each engine in a worker process: drop --in-process")
+        os.environ[RPC_ENV] = ",".join(rpc)  # every load of this server spans them (anyformer.load reads it)
 
     if args.host in ("0.0.0.0", "::", "") and not args.allowed_hosts:
         print(

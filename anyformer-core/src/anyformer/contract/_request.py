@@ -8,6 +8,7 @@ from typing import Any
 
 from anyformer.contract._errors import AnyformerError, ErrorCode
 from anyformer.contract._sizes import parse_size
+from anyformer.rpc._endpoints import parse_endpoints
 
 
 @dataclasses.dataclass(frozen=True)
@@ -17,7 +18,9 @@ class Request:
     ``budget`` is the accelerator memory allowed, in bytes (None: what the probe found);
     ``prefer`` lists backend ids tried first; ``context`` is the context length in tokens a
     text model is loaded with (None: the backend's default); ``options`` passes backend-specific
-    settings through unchanged.
+    settings through unchanged; ``rpc`` names llama.cpp RPC servers (``host:port``) whose memory the
+    load may span (docs/rpc.md): only a backend that says so in its estimate (``details["rpc"]``)
+    runs such a request.
     """
 
     task: str | None = None
@@ -25,6 +28,7 @@ class Request:
     prefer: tuple[str, ...] = ()
     context: int | None = None
     options: dict[str, Any] = dataclasses.field(default_factory=dict)
+    rpc: tuple[str, ...] = ()
 
     @classmethod
     def build(
@@ -35,6 +39,7 @@ class Request:
         prefer: Sequence[str] | str | None = None,
         context: int | None = None,
         options: dict[str, Any] | None = None,
+        rpc: str | Sequence[str] | None = None,
     ) -> Request:
         """Validate and normalise a request from user input; bad values raise ``BAD_REQUEST``."""
         if task is not None and (not isinstance(task, str) or not task.strip()):
@@ -50,6 +55,7 @@ class Request:
             prefer=tuple(p.strip() for p in (prefer or ())),
             context=context,
             options=dict(options or {}),
+            rpc=parse_endpoints(rpc),
         )
 
     def budget_or(self, default: int | None) -> int:

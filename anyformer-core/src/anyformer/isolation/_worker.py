@@ -177,7 +177,9 @@ class Worker:
             model_data = dict(command["model"])
             model = dataclasses.replace(Model.from_dict(model_data), config=dict(model_data.get("config") or {}))
             fields = dict(command["request"])
-            request = Request(**{**fields, "prefer": tuple(fields.get("prefer") or ())})
+            request = Request(
+                **{**fields, "prefer": tuple(fields.get("prefer") or ()), "rpc": tuple(fields.get("rpc") or ())}
+            )
             self._handle = self._manager.load(backend, model, request, self._progress)
         except AnyformerError as exc:
             self.send(error_frame(exc))

@@ -112,6 +112,8 @@ class WorkerSession:
         self._stderr: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL_LINES)
         self._write_lock = threading.Lock()
         self._dead: AnyformerError | None = None
+        #: The RPC servers the load spans: a death is explained by the ones that stopped answering.
+        self._rpc: tuple[str, ...] = ()
         self._disposed = False
         self._generations = 0
         self._pending: int | None = None  # a generation whose end has not been read yet
@@ -158,6 +160,7 @@ class WorkerSession:
             raise
         process = process or start_worker_process()
         session = cls(process, backend)
+        session._rpc = request.rpc
         try:
             session._write(load, "loading")
             while True:
@@ -272,6 +275,7 @@ class WorkerSession:
                 oom_kills_before=self._oom_before,
                 oom_kills_after=oom_kill_count(),
             )
+            self._dead = _name_silent_rpc_servers(self._dead, self._rpc)
         return _copy(self._dead)
 
     def _broken(self, why: str, stage: str) -> AnyformerError:
@@ -510,6 +514,28 @@ def _token_logprobs(raw: Any) -> tuple[TokenLogprob, ...] | None:
             return None
         entries.append(TokenLogprob(entry[0], float(entry[1]), tuple((t, float(v)) for t, v in top)))
     return tuple(entries)
+
+
+def _name_silent_rpc_servers(error: AnyformerError, endpoints: tuple[str, ...]) -> AnyformerError:
+    """A worker that used RPC servers died: say which of them no longer accept a connection.
+
+    llama.cpp ends its process when a server it uses goes away (a lost connection is an abort in
+    ggml-rpc), so the likeliest cause of the death is named first.
+    """
+    if not endpoints:
+        return error
+    from anyformer.rpc._protocol import reachable
+
+    silent = [endpoint for endpoint in endpoints if not reachable(endpoint)]
+    if not silent:
+        return error
+    servers = ", ".join(silent)
+    verb = "does" if len(silent) == 1 else "do"
+    return AnyformerError(
+        error.code,
+        f"RPC server {servers} {verb} not answer any more (llama.cpp ends its process when a server it uses goes "
+        f"away; load again without it, or once it is back): {error.message}",
+    )
 
 
 def _load_message(backend: str, entry_point: str, model: Model, request: Request) -> dict[str, Any]:

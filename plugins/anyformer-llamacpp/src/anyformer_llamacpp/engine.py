@@ -50,6 +50,7 @@ from anyformer import (
 )
 from anyformer.plugin import (
     LazyArray,
+    RpcServerError,
     check_split_set,
     fetch_files,
     has_images,
@@ -58,7 +59,7 @@ from anyformer.plugin import (
     usable_cpu_count,
 )
 from anyformer_llamacpp import BACKEND_ID
-from anyformer_llamacpp.estimate import context_for, footprint
+from anyformer_llamacpp.estimate import BATCH, context_for, footprint
 from anyformer_llamacpp.file_choice import choose_gguf
 from anyformer_llamacpp.header_checks import check_architecture_numbers, check_vocabulary
 from anyformer_llamacpp.prompt_blocks import batches, plan, reusable_prefix
@@ -187,6 +188,9 @@ class LlamaCppModel:
         plan = footprint(
             facts, choice.size, context=context, budget=budget, gpu_offload=gpu_offload_library() is not None
         )
+        gpu_layers, tensor_split = plan.gpu_layers, None
+        if request.rpc:
+            gpu_layers, tensor_split = _spread_over_rpc(request.rpc, facts, choice.size, context, budget)
         template = first.get("tokenizer.chat_template")
         task = EMBEDDING_TASK if (request.task or model.task) == EMBEDDING_TASK else "text-generation"
         # A model with its own pooling rule (an embedding GGUF) keeps it; a chat model's vectors are averaged.
@@ -194,13 +198,15 @@ class LlamaCppModel:
         embedding = task == EMBEDDING_TASK
         mmproj = None if embedding else find_projector(model, facts, progress)
         progress(ProgressEvent(stage="load", backend=BACKEND_ID, file=choice.first.name, total=choice.size))
-        llama = cls._open_llama(ordered[0], context, plan.gpu_layers, request, embedding=embedding, mean=not pooled)
+        llama = cls._open_llama(
+            ordered[0], context, gpu_layers, request, embedding=embedding, mean=not pooled, tensor_split=tensor_split
+        )
         projector = None
         if mmproj is not None and mmproj.path is not None:
             try:
                 with _quiet_native_stderr():
                     projector = Projector.open(
-                        mmproj.path, llama._model.model, threads=llama.n_threads, use_gpu=plan.gpu_layers > 0
+                        mmproj.path, llama._model.model, threads=llama.n_threads, use_gpu=gpu_layers > 0
                     )
             except BaseException:
                 llama.close()
@@ -209,7 +215,7 @@ class LlamaCppModel:
             ProgressEvent(stage="load", backend=BACKEND_ID, file=choice.first.name, done=choice.size, total=choice.size)
         )
         chat_template = template if isinstance(template, str) else None
-        loaded = cls(llama, chat_template, choice.first.name, context, plan.gpu_layers, task)
+        loaded = cls(llama, chat_template, choice.first.name, context, gpu_layers, task)
         loaded._projector = projector
         loaded._token_bytes = _longest_token_bytes(first.get("tokenizer.ggml.tokens"))
         if mmproj is not None and mmproj.note:
@@ -218,7 +224,14 @@ class LlamaCppModel:
 
     @staticmethod
     def _open_llama(
-        path: Path, context: int, gpu_layers: int, request: Any, *, embedding: bool = False, mean: bool = True
+        path: Path,
+        context: int,
+        gpu_layers: int,
+        request: Any,
+        *,
+        embedding: bool = False,
+        mean: bool = True,
+        tensor_split: list[float] | None = None,
     ) -> Any:
         from llama_cpp import Llama
 
@@ -228,6 +241,8 @@ class LlamaCppModel:
             extra["embedding"] = True
             if mean:
                 extra["pooling_type"] = llama_cpp.LLAMA_POOLING_TYPE_MEAN
+        if tensor_split is not None:
+            extra["tensor_split"] = tensor_split
         try:
             with _quiet_native_stderr():
                 return Llama(
@@ -236,7 +251,7 @@ class LlamaCppModel:
                     n_threads=threads,
                     n_threads_batch=threads,
                     n_gpu_layers=gpu_layers,
-                    n_batch=min(512, context),
+                    n_batch=min(BATCH, context),
                     verbose=False,
                     **extra,
                 )
@@ -641,6 +656,24 @@ class LlamaCppModel:
                 break
             llama.eval([token])
         yield Chunk(delta="", tokens=count, finish_reason="cancelled", prompt_tokens=prompt)
+
+
+def _spread_over_rpc(
+    endpoints: tuple[str, ...], facts: dict[str, Any], weights_bytes: int, context: int, local_gpu: int
+) -> tuple[int, list[float]]:
+    """Ask the RPC servers again (one may have gone since ``can_run``), add them to llama.cpp's devices,
+    and return ``n_gpu_layers`` and ``tensor_split`` for the plan over them."""
+    from anyformer_llamacpp.rpc_devices import probe_servers, register_servers
+    from anyformer_llamacpp.rpc_split import devices_of, order_for_output, plan_split
+
+    try:
+        servers = order_for_output(probe_servers(endpoints))
+        register_servers(servers)
+    except RpcServerError as exc:
+        raise AnyformerError(ErrorCode.NO_BACKEND, str(exc)) from None
+    local = local_gpu if gpu_offload_library() is not None else 0
+    plan = plan_split(facts, weights_bytes, context, min(BATCH, context), devices_of(servers, local))
+    return plan.n_gpu_layers, plan.tensor_split
 
 
 def _longest_token_bytes(tokens: Any) -> int | None:

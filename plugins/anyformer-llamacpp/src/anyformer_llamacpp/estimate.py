@@ -8,6 +8,8 @@ from typing import Any
 
 #: Context length a model loads with when the request names none (capped by the model's own).
 DEFAULT_CONTEXT = 4096
+#: Tokens llama.cpp evaluates per batch (``n_batch``, capped by the context).
+BATCH = 512
 
 # llama.cpp's compute buffers and the runtime itself, measured on SmolLM2-135M at 4096 tokens
 # (RSS minus mapped weights minus KV ≈ 60 MB); scaled up a little for larger vocabularies.

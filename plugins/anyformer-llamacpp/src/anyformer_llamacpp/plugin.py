@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from anyformer.plugin import (
     Caps,
@@ -17,13 +17,14 @@ from anyformer.plugin import (
     Rank,
     Refusal,
     Request,
+    RpcServerError,
     Verdict,
     files_to_download,
     format_size,
     hookimpl,
 )
 from anyformer_llamacpp import BACKEND_ID
-from anyformer_llamacpp.estimate import context_for, footprint, measured_speed
+from anyformer_llamacpp.estimate import BATCH, context_for, footprint, measured_speed
 from anyformer_llamacpp.file_choice import choose_gguf, projector_for
 from anyformer_llamacpp.runtime import (
     INSTALL_HINT,
@@ -70,6 +71,9 @@ def can_run(model: Model, caps: Caps, request: Request) -> Verdict:
         return Verdict.refuse(BACKEND_ID, Refusal.STORE, store_problem)
     facts = dict(model.metadata.get("gguf") or {})
     gpu_library = gpu_offload_library()
+    if request.rpc:
+        files = tuple(f.name for f in choice.files) + mmproj_files
+        return _can_run_over_rpc(caps, request, facts, choice.size, files, mmproj_bytes, gpu_library)
     budget = request.budget_or(caps.gpu_bytes)
     plan = footprint(
         facts,
@@ -112,6 +116,61 @@ def can_run(model: Model, caps: Caps, request: Request) -> Verdict:
                 "projector": mmproj.name if mmproj is not None else None,
             },
             files=tuple(f.name for f in choice.files) + mmproj_files,
+        ),
+    )
+
+
+def _can_run_over_rpc(
+    caps: Caps,
+    request: Request,
+    facts: dict[str, Any],
+    weights_bytes: int,
+    files: tuple[str, ...],
+    projector_bytes: int,
+    gpu_library: str | None,
+) -> Verdict:
+    """Ask the RPC servers what they lend (``runtime`` refusal naming one that does not answer in time or
+    speaks another protocol) and plan the layers over them, the local GPU and the host."""
+    from anyformer_llamacpp.rpc_devices import REBUILD_HINT, probe_servers, rpc_library
+    from anyformer_llamacpp.rpc_split import devices_of, order_for_output, plan_split
+
+    if rpc_library() is None:
+        return Verdict.refuse(BACKEND_ID, Refusal.RUNTIME, f"llama-cpp-python was built without RPC; {REBUILD_HINT}")
+    try:
+        servers = order_for_output(probe_servers(request.rpc))
+    except RpcServerError as exc:
+        return Verdict.refuse(BACKEND_ID, Refusal.RUNTIME, str(exc))
+    context = context_for(facts, request.context)
+    local_gpu = request.budget_or(caps.gpu_bytes) if gpu_library is not None else 0
+    plan = plan_split(facts, weights_bytes, context, min(BATCH, context), devices_of(servers, local_gpu))
+    host_bytes = plan.host_bytes + projector_bytes
+    if host_bytes > caps.ram_bytes:
+        lent = format_size(sum(server.free_bytes for server in servers))
+        return Verdict.refuse(
+            BACKEND_ID,
+            Refusal.MEMORY,
+            f"{plan.layers - plan.offloaded} of {plan.layers} layers stay on this host and need "
+            f"{format_size(host_bytes)} of memory; {format_size(caps.ram_bytes)} available (the RPC servers lend "
+            f"{lent})",
+            need=host_bytes,
+        )
+    return Verdict.accept(
+        BACKEND_ID,
+        Estimate(
+            gpu_bytes=0,
+            ram_bytes=host_bytes,
+            disk_bytes=weights_bytes + projector_bytes,
+            tok_per_sec=None,
+            rank=Rank.FALLBACK,
+            details={
+                "file": files[0],
+                "context": context,
+                "gpu_layers": plan.n_gpu_layers,
+                "layers": plan.layers,
+                "offload": "rpc" + (f" + {gpu_library}" if local_gpu else ""),
+                "rpc": plan.details(),
+            },
+            files=files,
         ),
     )
 
