@@ -87,10 +87,10 @@ def lag_sweep(engine: TransformerEngine, prompt: list[int], tokens: int) -> None
     read = decode._Staging.read
     waited = [0.0]
 
-    def timed_read(self: Any, buf: Any, dtype: Any) -> np.ndarray:
+    def timed_read(self: Any, buf: Any, promise: Any, dtype: Any) -> np.ndarray:
         start = time.perf_counter()
         try:
-            return read(self, buf, dtype)
+            return read(self, buf, promise, dtype)
         finally:
             waited[0] += time.perf_counter() - start
 

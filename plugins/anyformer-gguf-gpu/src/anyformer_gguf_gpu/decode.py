@@ -2,10 +2,13 @@
 
 Greedy decoding never waits for the GPU inside a step: step ``p`` embeds ids[p] (which the
 previous step's argmax wrote on the GPU) and writes ids[p+1]; the same submission copies ids[p]
-into a small staging buffer. The host submits step ``p+1`` before it maps the staging buffer of
-step ``p``, so the GPU always has the next token queued while Python reads one token late (and
-encodes the one after). A stop token is therefore seen one step after it was made; the extra step
-only writes past the reply in the KV cache, which the next call overwrites.
+into a small staging buffer, whose map is requested right after the submission (not when the id
+is wanted): wgpu-native's poll waits for every submission made before it, so a map asked for
+after step ``p+1`` was queued would also wait for ``p+1`` and leave the GPU idle while Python
+encodes ``p+2``. Asked for early, the map of ``p`` resolves when ``p`` is done, and the host
+encodes the next step while the GPU runs the current one. A stop token is therefore seen one step
+after it was made; the extra step only writes past the reply in the KV cache, which the next call
+overwrites.
 
 Sampling at a temperature above 0 runs the same loop with the GPU sampler (top-k / top-p, a
 uniform draw hashed from the seed and the position) in place of the argmax.
@@ -41,18 +44,34 @@ class _Staging:
         self.next = (self.next + 1) % len(self.slots)
         return buf
 
-    def read(self, buf: Any, dtype: Any) -> np.ndarray:
+    def request(self, buf: Any) -> Any:
+        """Ask for ``buf`` to be mapped once the GPU has written it (call right after the submission)."""
         import wgpu  # type: ignore[import-untyped]
 
         from anyformer_gguf_gpu.gpu import gpu_errors
 
         with gpu_errors("reading a token back"):
-            buf.map_sync(wgpu.MapMode.READ, 0, self.nbytes)
+            return buf.map_async(wgpu.MapMode.READ, 0, self.nbytes)
+
+    def read(self, buf: Any, promise: Any, dtype: Any) -> np.ndarray:
+        """Wait for the map ``request`` returned, copy the data out and unmap ``buf``."""
+        from anyformer_gguf_gpu.gpu import gpu_errors
+
+        with gpu_errors("reading a token back"):
+            promise.sync_wait()
             try:
                 data = np.frombuffer(buf.read_mapped(0, self.nbytes), dtype=dtype).copy()
             finally:
                 buf.unmap()
         return data
+
+    def settle(self, buf: Any, promise: Any) -> None:
+        """Wait for a map nobody will read (an abandoned loop) and unmap, so no callback outlives the buffer."""
+        try:
+            promise.sync_wait()
+            buf.unmap()
+        except Exception:  # the loop is being left; a failed map changes nothing
+            return
 
 
 def greedy(
@@ -89,22 +108,26 @@ def _decode(
         return
     engine.prefill(prompt)  # its last step writes ids[n]
     staging = _Staging(engine, LAG + 1, 4)
-    pending: collections.deque[Any] = collections.deque()
+    pending: collections.deque[tuple[Any, Any]] = collections.deque()
     submitted = 0
     produced = 0
-    while produced < max_new:
-        while submitted < max_new and len(pending) < LAG:
-            q = n + submitted
-            buf = staging.take()
-            copy = (engine.ids, 4 * q, buf, 0, 4)
-            if q + 1 < engine.ctx and submitted + 1 < max_new:
-                engine.submit_step(q, 1, head=True, copies=[copy])  # computes ids[q+1] too
-            else:
-                engine.kernels.run([], [copy])  # the last id: nothing more to compute
-            pending.append(buf)
-            submitted += 1
-        token = int(staging.read(pending.popleft(), np.uint32)[0])
-        produced += 1
-        yield token
-        if cancel is not None and cancel.is_set():
-            return
+    try:
+        while produced < max_new:
+            while submitted < max_new and len(pending) < LAG:
+                q = n + submitted
+                buf = staging.take()
+                copy = (engine.ids, 4 * q, buf, 0, 4)
+                if q + 1 < engine.ctx and submitted + 1 < max_new:
+                    engine.submit_step(q, 1, head=True, copies=[copy])  # computes ids[q+1] too
+                else:
+                    engine.kernels.run([], [copy])  # the last id: nothing more to compute
+                pending.append((buf, staging.request(buf)))
+                submitted += 1
+            token = int(staging.read(*pending.popleft(), np.uint32)[0])
+            produced += 1
+            yield token
+            if cancel is not None and cancel.is_set():
+                return
+    finally:
+        while pending:
+            staging.settle(*pending.popleft())
