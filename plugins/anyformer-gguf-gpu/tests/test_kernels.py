@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from anyformer_gguf_gpu.kernels import Kernels
-from anyformer_gguf_gpu.quants import F32, FORMATS, Q4_0, dequantize
+from anyformer_gguf_gpu.kernels import Kernels, RopeStore
+from anyformer_gguf_gpu.quants import F16, F32, FORMATS, Q4_0, Q4_1, Q6_K, dequantize
 from anyformer_gguf_gpu.testing import random_blocks
 
 
@@ -202,6 +202,56 @@ def test_rope_store_rotates_q_and_fills_the_cache(gpu, kv_kernels, rng, neox, qk
         _close(kc[pos0 : pos0 + tokens].reshape(tokens, n_kv, hd), want_k)
         np.testing.assert_array_equal(vc[pos0 : pos0 + tokens], v)
     assert not kc[:pos0].any() and not vc[pos0 + tokens :].any()
+
+
+@pytest.mark.parametrize("fmt", [Q4_1, Q6_K, F16], ids=lambda f: f.name)
+@pytest.mark.parametrize("tpr", [1, 32], ids=["1-thread-rows", "32-thread-rows"])
+@pytest.mark.parametrize("kv_f16", [False, True], ids=["f32-cache", "f16-cache"])
+@pytest.mark.parametrize("tokens", [1, 3])
+def test_matvec_rope_epilogue_rotates_and_fills_the_cache(gpu, rng, fmt, tpr, kv_f16, tokens):
+    """The stacked q/k/v projection with rope fused: normed input, rotated q and k, k and v in the cache."""
+    if kv_f16 and not gpu.has_f16:
+        pytest.skip("the adapter has no shader-f16")
+    kernels = Kernels(gpu, threads_per_row=tpr, kv_f16=kv_f16)
+    n_head, n_kv, hd, n_rot, pos0, ctx, base, eps = 4, 2, 10, 6, 5, 12, 10000.0, 1e-5
+    q_dim, kv_dim = n_head * hd, n_kv * hd
+    rows, cols = q_dim + 2 * kv_dim, _cols_for(fmt, 1)
+    raw = random_blocks(fmt, rows * cols, rng)
+    weights = dequantize(raw, fmt.ggml_type).reshape(rows, cols)
+    x = rng.standard_normal((tokens, cols)).astype(np.float32) * 3
+    norm = rng.standard_normal(cols).astype(np.float32)
+    y = gpu.buffer(tokens * rows * 4)
+    k_cache, v_cache = gpu.buffer(ctx * kv_dim * 4), gpu.buffer(ctx * kv_dim * 4)
+    table, state = gpu.upload(cos_sin_table(ctx, n_rot, base)), _state(gpu, pos0, tokens)
+    store = RopeStore(k_cache, v_cache, table, state, hd, n_rot, q_dim, kv_dim)
+    dispatch = kernels.matvec(
+        gpu.upload(raw), fmt, rows, cols, gpu.upload(x), y, tokens=tokens, norm=gpu.upload(norm), eps=eps, rope=store
+    )
+    kernels.run([dispatch])
+    qkv = _rms(x, norm, eps) @ weights.T.astype(np.float64)
+    pos = np.arange(pos0, pos0 + tokens, dtype=np.float64)
+    want_q = rope_reference(qkv[:, :q_dim].reshape(tokens, n_head, hd), pos, n_rot, base, False)
+    want_k = rope_reference(qkv[:, q_dim : q_dim + kv_dim].reshape(tokens, n_kv, hd), pos, n_rot, base, False)
+    want_v = qkv[:, q_dim + kv_dim :]
+    got = gpu.read(y, np.float32, tokens * rows).reshape(tokens, rows)
+    _close(got[:, :q_dim].reshape(tokens, n_head, hd), want_q)
+    _close(got[:, q_dim : q_dim + kv_dim].reshape(tokens, n_kv, hd), want_k)
+    _close(got[:, q_dim + kv_dim :], want_v)
+    kc = _read_cache(gpu, kernels, k_cache, ctx * kv_dim).reshape(ctx, kv_dim)
+    vc = _read_cache(gpu, kernels, v_cache, ctx * kv_dim).reshape(ctx, kv_dim)
+    tol = {"rtol": 1e-3, "atol": 1e-3 * max(1.0, float(np.abs(qkv).max()))} if kv_f16 else {"rtol": 0, "atol": 0}
+    np.testing.assert_allclose(kc[pos0 : pos0 + tokens], got[:, q_dim : q_dim + kv_dim], **tol)
+    np.testing.assert_allclose(vc[pos0 : pos0 + tokens], got[:, q_dim + kv_dim :], **tol)
+    assert not kc[:pos0].any() and not vc[pos0 + tokens :].any()
+
+
+def test_matvec_rope_epilogue_refuses_rows_without_pairs(gpu):
+    """One row per workgroup cannot rotate a row against its partner: refused, not computed wrong."""
+    kernels = Kernels(gpu, threads_per_row=64)
+    buf = gpu.buffer(64)
+    store = RopeStore(buf, buf, buf, buf, 8, 8, 16, 8)
+    with pytest.raises(ValueError, match="row pairs"):
+        kernels.matvec(buf, F32, 32, 8, buf, buf, rope=store)
 
 
 @pytest.mark.parametrize(("n_head", "n_kv", "hd"), [(4, 2, 16), (3, 3, 72)])

@@ -62,11 +62,13 @@ def kernel_source(
     tokens_per_thread: int = 1,
     swiglu: bool = False,
     norm: bool = False,
+    rope: bool = False,
     kv_f16: bool = False,
 ) -> str:
     """The full WGSL of ``kernel`` (with the byte readers and ``quant``'s decoder for weight kernels).
 
-    ``threads_per_row``, ``tokens_per_thread``, ``swiglu`` and ``norm`` shape the matrix kernel (matvec.wgsl);
+    ``threads_per_row``, ``tokens_per_thread``, ``swiglu``, ``norm`` and ``rope`` shape the matrix kernel
+    (matvec.wgsl; ``rope`` adds the q/k/v epilogue of rope_epilogue.wgsl, which writes the KV cache);
     ``kv_f16`` makes the KV-cache kernels keep f16 (it needs the shader-f16 feature).
     """
     workgroup = ARGMAX_WORKGROUP if kernel in ("argmax", "sample") else WORKGROUP
@@ -76,9 +78,11 @@ def kernel_source(
             f"const TPR: u32 = {threads_per_row}u;\nconst TB: u32 = {tokens_per_thread}u;\n"
             f"const SWIGLU: bool = {'true' if swiglu else 'false'};\n"
             f"const NORM: bool = {'true' if norm else 'false'};\n"
+            f"const ROPE: bool = {'true' if rope else 'false'};\n"
         )
         parts.append(_NORM_SCALE if norm else "fn norm_scale(e: u32, t: u32) -> f32 {\n    return 1.0;\n}\n")
-    if kernel in KV_KERNELS:
+        parts.append(_wgsl("rope_epilogue.wgsl") if rope else _NO_ROPE)
+    if kernel in KV_KERNELS or (kernel == "matvec" and rope):
         parts.insert(0, "enable f16;\nalias kv_t = f16;\n" if kv_f16 else "alias kv_t = f32;\n")
     if kernel in QUANT_KERNELS:
         if quant not in _QUANT_FILES:
@@ -89,6 +93,24 @@ def kernel_source(
         parts.append(_wgsl(_QUANT_FILES[quant]))
     parts.append(_wgsl(f"{kernel}.wgsl"))
     return "\n".join(parts)
+
+
+#: A pipeline variant: (kernel, quant, tokens_per_thread, swiglu, norm, rope).
+PipelineKey = tuple[str, str | None, int, bool, bool, bool]
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeStore:
+    """Where the matrix kernel's rope epilogue writes: the layer's KV cache, the rope table, the step state."""
+
+    k_cache: Any
+    v_cache: Any
+    cos_sin: Any
+    state: Any
+    head_dim: int
+    n_rot: int
+    q_dim: int
+    kv_dim: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,7 +185,7 @@ class Kernels:
         self.encode_seconds = 0.0
         self.submit_seconds = 0.0
         self.submissions = 0
-        self._pipelines: dict[tuple[str, str | None, int, bool, bool], Any] = {}
+        self._pipelines: dict[PipelineKey, Any] = {}
 
     @staticmethod
     def tokens_per_thread(tokens: int) -> int:
@@ -172,10 +194,10 @@ class Kernels:
 
     def compile(
         self,
-        wanted: Iterable[tuple[str, str | None, int, bool, bool]],
+        wanted: Iterable[PipelineKey],
         progress: Callable[[int, int], None] | None = None,
     ) -> None:
-        """Compile every (kernel, quant, tokens_per_thread, swiglu, norm) pipeline in ``wanted`` now."""
+        """Compile every (kernel, quant, tokens_per_thread, swiglu, norm, rope) pipeline in ``wanted`` now."""
         todo = [key for key in dict.fromkeys(wanted) if key not in self._pipelines]
         for done, key in enumerate(todo, 1):
             self.pipeline(*key)
@@ -189,15 +211,17 @@ class Kernels:
         tokens_per_thread: int = 1,
         swiglu: bool = False,
         norm: bool = False,
+        rope: bool = False,
     ) -> Any:
         """The compute pipeline of ``kernel`` (for ``quant`` where it decodes weights), compiled once."""
         matrix = kernel == "matvec"
-        key = (
+        key: PipelineKey = (
             kernel,
             quant if kernel in QUANT_KERNELS else None,
             tokens_per_thread if matrix else 1,
             swiglu and matrix,
             norm and matrix,
+            rope and matrix,
         )
         found = self._pipelines.get(key)
         if found is None:
@@ -209,6 +233,7 @@ class Kernels:
                 tokens_per_thread=key[2],
                 swiglu=key[3],
                 norm=key[4],
+                rope=key[5],
                 kv_f16=self.kv_f16,
             )
             with gpu_errors(f"compiling the {kernel} kernel"):
@@ -224,10 +249,13 @@ class Kernels:
     ) -> Dispatch:
         uniform = self.gpu.upload(np.frombuffer(params, dtype=np.uint8), label=f"{name}-params", uniform=True)
         entries: list[Any] = []
-        # The uniform sits at the binding after the kernel's first storage buffers (see each .wgsl).
+        # The uniform sits at the binding after the kernel's first storage buffers (see each .wgsl);
+        # None marks a binding number a variant does not declare.
         slots = list(buffers)
         slots.insert(_UNIFORM_SLOT[name], uniform)
         for index, buf in enumerate(slots):
+            if buf is None:
+                continue
             entries.append({"binding": index, "resource": {"buffer": buf, "offset": 0, "size": buf.size}})
         with gpu_errors(f"binding the {name} kernel"):
             group = self.gpu.device.create_bind_group(layout=pipeline.get_bind_group_layout(0), entries=entries)
@@ -251,13 +279,22 @@ class Kernels:
         swiglu: bool = False,
         norm: Any = None,
         eps: float = 1e-5,
+        rope: RopeStore | None = None,
     ) -> Dispatch:
         """y[t, :rows] (+)= W @ x[t, :cols] for ``tokens`` tokens; offsets and strides count floats.
 
         With ``swiglu`` each input row is [gate | up] (2 × cols floats, the default stride) and the
         vector multiplied is silu(gate) * up. With ``norm`` (a buffer of cols f32 weights) it is
-        RMSNorm(x) * norm, computed in the same dispatch.
+        RMSNorm(x) * norm, computed in the same dispatch. With ``rope`` the rows are a stacked
+        [q | k | v] projection: q and k are rotated (adjacent pairs) and k, v stored into the cache
+        at position state[0] + t, in the same dispatch (not with ``accumulate``).
         """
+        rows_per_group = WORKGROUP // self.threads_per_row
+        if rope is not None:
+            if accumulate or rows_per_group % 2 or rope.head_dim % 2 or rope.n_rot % 2 or rope.n_rot > rope.head_dim:
+                raise ValueError("the rope epilogue needs row pairs in a workgroup, even head_dim and n_rot")
+            if rows != rope.q_dim + 2 * rope.kv_dim:
+                raise ValueError(f"the rope epilogue needs q_dim + 2 kv_dim rows, not {rows}")
         params = _u32s(
             rows,
             cols,
@@ -270,13 +307,19 @@ class Kernels:
             int(accumulate),
             tokens,
             float(eps),
+            0,
+            *((rope.head_dim, rope.n_rot, rope.q_dim, rope.kv_dim) if rope is not None else (0, 0, 0, 0)),
         )
         tb = self.tokens_per_thread(tokens)
-        rows_per_group = WORKGROUP // self.threads_per_row
+        buffers = [weight, x, y, norm]
+        if rope is not None:
+            buffers += [rope.k_cache, rope.v_cache, rope.cos_sin, rope.state]
+        while buffers[-1] is None:
+            buffers.pop()
         return self._dispatch(
             "matvec",
-            self.pipeline("matvec", fmt.name, tb, swiglu, norm is not None),
-            [weight, x, y] if norm is None else [weight, x, y, norm],
+            self.pipeline("matvec", fmt.name, tb, swiglu, norm is not None, rope is not None),
+            buffers,
             params,
             _groups_for_rows(math.ceil(rows / rows_per_group), math.ceil(tokens / tb)),
         )
@@ -425,6 +468,12 @@ _NORM_SCALE = """@group(0) @binding(4) var<storage, read> NormW: array<f32>;
 
 fn norm_scale(e: u32, t: u32) -> f32 {
     return inv_rms[t] * NormW[min(e, P.cols - 1u)];
+}
+"""
+
+# The matrix kernel without the rope epilogue (ROPE is false; the function only has to exist).
+_NO_ROPE = """fn rope_epilogue(row: u32, local_row: u32, t: u32, token: u32, value: f32) -> f32 {
+    return value;
 }
 """
 

@@ -21,7 +21,15 @@ from anyformer.plugin import AnyformerError, ErrorCode, GGUFHeader
 from anyformer_gguf_gpu.config import ModelConfig, footprint, read_config
 from anyformer_gguf_gpu.gguf_file import GGUFFile
 from anyformer_gguf_gpu.gpu import GPU
-from anyformer_gguf_gpu.kernels import PLAIN_KERNELS, Dispatch, Kernels, sampling_block
+from anyformer_gguf_gpu.kernels import (
+    PLAIN_KERNELS,
+    WORKGROUP,
+    Dispatch,
+    Kernels,
+    PipelineKey,
+    RopeStore,
+    sampling_block,
+)
 from anyformer_gguf_gpu.quants import QuantFormat, dequantize, format_of
 
 #: Most tokens one prefill step processes (the activation buffers are sized for this many).
@@ -167,17 +175,29 @@ class TransformerEngine:
         )
         return self.gpu.upload(np.concatenate([q, k]).astype(np.float32), label=f"qk-norm{layer}")
 
-    def _pipelines_needed(self) -> list[tuple[str, str | None, int, bool, bool]]:
-        """Every (kernel, quant, tokens_per_thread, swiglu, norm) pipeline the steps encode."""
-        wanted: list[tuple[str, str | None, int, bool, bool]] = [
-            (k, None, 1, False, False) for k in PLAIN_KERNELS if k not in ("swiglu", "rmsnorm")
-        ]
+    @property
+    def rope_in_projection(self) -> bool:
+        """Whether the stacked q/k/v projection rotates and stores k, v itself (no rope_store dispatch).
+
+        That epilogue pairs adjacent rows, so it serves llama's "normal" rope without q/k norms on a
+        stacked projection whose workgroups hold row pairs; qwen3 (neox, q/k norms) keeps rope_store.
+        """
+        c = self.config
+        pairs = (WORKGROUP // self.kernels.threads_per_row) % 2 == 0
+        stacked = all(f"blk.{i}.attn_qkv.weight" in self.weights for i in range(c.n_layer))
+        return pairs and stacked and not c.rope_neox and not c.qk_norm and c.head_dim % 2 == 0 and c.n_rot % 2 == 0
+
+    def _pipelines_needed(self) -> list[PipelineKey]:
+        """Every (kernel, quant, tokens_per_thread, swiglu, norm, rope) pipeline the steps encode."""
+        skip = {"swiglu", "rmsnorm"} | ({"rope_store"} if self.rope_in_projection else set())
+        wanted: list[PipelineKey] = [(k, None, 1, False, False, False) for k in PLAIN_KERNELS if k not in skip]
         for tb in {1, self.kernels.tokens_per_thread(self.max_batch)}:
             for name, weight in self.weights.items():
                 down = name.endswith("ffn_down.weight")
                 normed = not down and not name.endswith("attn_output.weight")  # projections of the residual
-                wanted.append(("matvec", weight.fmt.name, tb, down, normed))
-        wanted.append(("embed", self.weights["token_embd.weight"].fmt.name, 1, False, False))
+                rope = self.rope_in_projection and name.endswith("attn_qkv.weight")
+                wanted.append(("matvec", weight.fmt.name, tb, down, normed, rope))
+        wanted.append(("embed", self.weights["token_embd.weight"].fmt.name, 1, False, False, False))
         return wanted
 
     def release(self) -> None:
@@ -229,29 +249,36 @@ class TransformerEngine:
             p = f"blk.{i}."
             # The projections normalise the residual themselves (RMSNorm fused into the matrix kernel).
             attn_norm = {"norm": self.norms[p + "attn_norm.weight"], "eps": c.eps}
-            if p + "attn_qkv.weight" in w:
+            if self.rope_in_projection:
+                # One dispatch: norm, q/k/v rows, rotation of q and k, and the k/v store into the cache.
+                store = RopeStore(
+                    self.k_cache[i], self.v_cache[i], self.cos_sin, self.state, c.head_dim, c.n_rot, c.q_dim, c.kv_dim
+                )
+                out.append(mv(p + "attn_qkv.weight", self.h, self.qkv, rope=store, **attn_norm))
+            elif p + "attn_qkv.weight" in w:
                 out.append(mv(p + "attn_qkv.weight", self.h, self.qkv, **attn_norm))  # rows q, k, v: the packed layout
             else:
                 for name, off in (("attn_q", 0), ("attn_k", c.q_dim), ("attn_v", c.q_dim + c.kv_dim)):
                     out.append(mv(p + name + ".weight", self.h, self.qkv, y_off=off, y_stride=qkv_stride, **attn_norm))
-            out.append(
-                k.rope_store(
-                    self.qkv,
-                    self.k_cache[i],
-                    self.v_cache[i],
-                    self.cos_sin,
-                    self._qk_norm[i] if c.qk_norm else self._dummy_norm,
-                    self.state,
-                    n_head=c.n_head,
-                    n_kv=c.n_kv,
-                    head_dim=c.head_dim,
-                    n_rot=c.n_rot,
-                    neox=c.rope_neox,
-                    tokens=n,
-                    qk_norm=c.qk_norm,
-                    eps=c.eps,
+            if not self.rope_in_projection:
+                out.append(
+                    k.rope_store(
+                        self.qkv,
+                        self.k_cache[i],
+                        self.v_cache[i],
+                        self.cos_sin,
+                        self._qk_norm[i] if c.qk_norm else self._dummy_norm,
+                        self.state,
+                        n_head=c.n_head,
+                        n_kv=c.n_kv,
+                        head_dim=c.head_dim,
+                        n_rot=c.n_rot,
+                        neox=c.rope_neox,
+                        tokens=n,
+                        qk_norm=c.qk_norm,
+                        eps=c.eps,
+                    )
                 )
-            )
             out.append(
                 k.attention(
                     self.qkv,

@@ -8,6 +8,11 @@
 // makes the input silu(gate) * up of a [gate | up] row (see x_at); NORM makes it RMSNorm(x) * NormW,
 // each workgroup computing the norm of its tokens first (norm_scale, defined by the host: the
 // NormW binding exists only in that variant), so no separate normalisation dispatch is needed.
+// ROPE (a constant; the host prepends rope_epilogue, its bindings and kv_t) makes this the stacked
+// q/k/v projection of a model whose rotation pairs adjacent dimensions (llama's "normal" rope): rows
+// 2i and 2i+1 sit in one workgroup (RPW is even), so each q and k row is rotated against its partner
+// here, and the k and v rows are stored into the KV cache at the token's position: no separate
+// rope/store dispatch.
 
 const RPW: u32 = WG / TPR;
 
@@ -24,6 +29,10 @@ struct Params {
     tokens: u32,
     eps: f32,
     pad1: u32,
+    head_dim: u32,
+    n_rot: u32,
+    q_dim: u32,
+    kv_dim: u32,
 }
 
 @group(0) @binding(0) var<storage, read> W: array<u32>;
@@ -33,6 +42,8 @@ struct Params {
 
 var<workgroup> partial: array<f32, WG * TB>;
 var<workgroup> inv_rms: array<f32, TB>;
+// Each row's result, where the ROPE epilogue finds a row's rotation partner.
+var<workgroup> rowv: array<f32, RPW * TB>;
 
 fn x_at(xo: u32, e: u32, t: u32) -> f32 {
     // Input e of the token whose row starts at xo; zero at or past cols (float rows need not be a
@@ -118,12 +129,22 @@ fn main(
             acc[t] = partial[lid * TB + t];
         }
     }
+    if (ROPE) {
+        if (lane == 0u) {
+            for (var t = 0u; t < TB; t++) {
+                rowv[(lid / TPR) * TB + t] = acc[t];
+            }
+        }
+        workgroupBarrier();
+    }
     if (lane == 0u && row < P.rows) {
         for (var t = 0u; t < TB; t++) {
             if (t0 + t < P.tokens) {
                 let yi = P.y_off + (t0 + t) * P.y_stride + row;
                 var out = acc[t];
-                if (P.accumulate != 0u) {
+                if (ROPE) {
+                    out = rope_epilogue(row, lid / TPR, t, t0 + t, out);
+                } else if (P.accumulate != 0u) {
                     out += Y[yi];
                 }
                 Y[yi] = out;
