@@ -205,14 +205,20 @@ def test_rope_store_rotates_q_and_fills_the_cache(gpu, kv_kernels, rng, neox, qk
 
 
 @pytest.mark.parametrize("fmt", [Q4_1, Q6_K, F16], ids=lambda f: f.name)
-@pytest.mark.parametrize("tpr", [1, 32], ids=["1-thread-rows", "32-thread-rows"])
+@pytest.mark.parametrize(
+    ("tpr", "subgroups"),
+    [(1, False), (32, False), (32, True), (4, True)],
+    ids=["1", "32", "32-subgroups", "4-subgroups"],
+)
 @pytest.mark.parametrize("kv_f16", [False, True], ids=["f32-cache", "f16-cache"])
 @pytest.mark.parametrize("tokens", [1, 3])
-def test_matvec_rope_epilogue_rotates_and_fills_the_cache(gpu, rng, fmt, tpr, kv_f16, tokens):
+def test_matvec_rope_epilogue_rotates_and_fills_the_cache(gpu, rng, fmt, tpr, subgroups, kv_f16, tokens):
     """The stacked q/k/v projection with rope fused: normed input, rotated q and k, k and v in the cache."""
     if kv_f16 and not gpu.has_f16:
         pytest.skip("the adapter has no shader-f16")
-    kernels = Kernels(gpu, threads_per_row=tpr, kv_f16=kv_f16)
+    if subgroups and not gpu.has_subgroups:
+        pytest.skip("the adapter has no subgroups")
+    kernels = Kernels(gpu, threads_per_row=tpr, kv_f16=kv_f16, subgroups=subgroups)
     n_head, n_kv, hd, n_rot, pos0, ctx, base, eps = 4, 2, 10, 6, 5, 12, 10000.0, 1e-5
     q_dim, kv_dim = n_head * hd, n_kv * hd
     rows, cols = q_dim + 2 * kv_dim, _cols_for(fmt, 1)
@@ -254,8 +260,9 @@ def test_matvec_rope_epilogue_refuses_rows_without_pairs(gpu):
         kernels.matvec(buf, F32, 32, 8, buf, buf, rope=store)
 
 
-@pytest.mark.parametrize(("n_head", "n_kv", "hd"), [(4, 2, 16), (3, 3, 72)])
+@pytest.mark.parametrize(("n_head", "n_kv", "hd"), [(4, 2, 16), (3, 3, 72), (4, 2, 10), (2, 1, 70)])
 def test_attention_is_causal_softmax_over_the_cache(gpu, kv_kernels, rng, n_head, n_kv, hd):
+    """Widths that are multiples of 4 (the vec4 kernel; 72 takes two passes of its 16 lanes) and that are not."""
     kernels = kv_kernels
     tokens, pos0, ctx = 3, 70, 80  # 70+ keys: more than one pass of the 64 threads over the sequence
     q_dim, kv_dim = n_head * hd, n_kv * hd

@@ -23,8 +23,12 @@ from anyformer_gguf_gpu.quants import FORMATS, QuantFormat
 
 #: Threads per workgroup. 64 is a multiple of every vendor's SIMD width (32 NVIDIA, 64 AMD, 8-16 CPU).
 WORKGROUP = 64
-#: Threads of the argmax kernel (one workgroup over the whole vocabulary).
+#: Threads of the argmax and sample kernels (one workgroup over the whole vocabulary).
 ARGMAX_WORKGROUP = 256
+#: Threads of the argmax kernel where the device allows workgroups this large (a shorter walk over the logits).
+WIDE_ARGMAX_WORKGROUP = 1024
+#: Threads of the attention kernel (one workgroup per head and token: more threads, shorter chains).
+ATTENTION_WORKGROUP = 256
 #: Largest workgroup count in one dimension (WebGPU's default limit).
 MAX_GROUPS = 65535
 #: Longest head the rope kernel's workgroup buffer holds.
@@ -45,9 +49,14 @@ _QUANT_FILES = {
 #: The kernels that decode weights, compiled once per quant type an engine uses.
 QUANT_KERNELS = ("matvec", "embed")
 #: The kernels that read or write the KV cache (its element type is a compile-time choice).
-KV_KERNELS = ("rope_store", "attention")
+KV_KERNELS = ("rope_store", "attention", "attention_vec4")
 #: The kernels that do not depend on a weight format.
-PLAIN_KERNELS = ("rmsnorm", "rope_store", "attention", "swiglu", "argmax", "sample")
+PLAIN_KERNELS = ("rmsnorm", "rope_store", "attention", "attention_vec4", "swiglu", "argmax", "sample")
+
+
+def attention_kernel(head_dim: int) -> str:
+    """The attention kernel for heads of ``head_dim``: the vec4 one where the width allows."""
+    return "attention_vec4" if head_dim % 4 == 0 else "attention"
 
 
 def _wgsl(name: str) -> str:
@@ -64,14 +73,22 @@ def kernel_source(
     norm: bool = False,
     rope: bool = False,
     kv_f16: bool = False,
+    subgroups: bool = False,
+    workgroup: int | None = None,
 ) -> str:
     """The full WGSL of ``kernel`` (with the byte readers and ``quant``'s decoder for weight kernels).
 
     ``threads_per_row``, ``tokens_per_thread``, ``swiglu``, ``norm`` and ``rope`` shape the matrix kernel
     (matvec.wgsl; ``rope`` adds the q/k/v epilogue of rope_epilogue.wgsl, which writes the KV cache);
-    ``kv_f16`` makes the KV-cache kernels keep f16 (it needs the shader-f16 feature).
+    ``kv_f16`` makes the KV-cache kernels keep f16 (it needs the shader-f16 feature); ``subgroups`` makes the
+    matrix kernel reduce with subgroup shuffles; ``workgroup`` overrides the kernel's thread count (argmax).
     """
-    workgroup = ARGMAX_WORKGROUP if kernel in ("argmax", "sample") else WORKGROUP
+    workgroup = workgroup or {
+        "argmax": ARGMAX_WORKGROUP,
+        "sample": ARGMAX_WORKGROUP,
+        "attention": ATTENTION_WORKGROUP,
+        "attention_vec4": ATTENTION_WORKGROUP,
+    }.get(kernel, WORKGROUP)
     parts = [f"const WG: u32 = {workgroup}u;\n"]
     if kernel == "matvec":
         parts.append(
@@ -79,9 +96,11 @@ def kernel_source(
             f"const SWIGLU: bool = {'true' if swiglu else 'false'};\n"
             f"const NORM: bool = {'true' if norm else 'false'};\n"
             f"const ROPE: bool = {'true' if rope else 'false'};\n"
+            f"const SUBGROUPS: bool = {'true' if subgroups and threads_per_row > 1 else 'false'};\n"
         )
-        parts.append(_NORM_SCALE if norm else "fn norm_scale(e: u32, t: u32) -> f32 {\n    return 1.0;\n}\n")
+        parts.append(_NORM_W if norm else "fn norm_w(e: u32) -> f32 {\n    return 1.0;\n}\n")
         parts.append(_wgsl("rope_epilogue.wgsl") if rope else _NO_ROPE)
+        parts.append(_LANES_SUM if subgroups and threads_per_row > 1 else _NO_LANES_SUM)
     if kernel in KV_KERNELS or (kernel == "matvec" and rope):
         parts.insert(0, "enable f16;\nalias kv_t = f16;\n" if kv_f16 else "alias kv_t = f32;\n")
     if kernel in QUANT_KERNELS:
@@ -91,9 +110,17 @@ def kernel_source(
         if quant in ("Q4_K", "Q5_K"):
             parts.append(_wgsl("quant_kscales.wgsl"))
         parts.append(_wgsl(_QUANT_FILES[quant]))
-    parts.append(_wgsl(f"{kernel}.wgsl"))
+    source = _wgsl(f"{kernel}.wgsl")
+    if kernel == "matvec":
+        # The subgroup size is an entry-point input, declared only where the device has subgroups.
+        param = "@builtin(subgroup_size) SUBGROUP_SIZE: u32," if subgroups and threads_per_row > 1 else ""
+        source = source.replace("SUBGROUP_SIZE_PARAM", param)
+    parts.append(source)
     return "\n".join(parts)
 
+
+#: A buffer-to-buffer copy: (source, source offset, destination, destination offset, bytes).
+Copy = tuple[Any, int, Any, int, int]
 
 #: A pipeline variant: (kernel, quant, tokens_per_thread, swiglu, norm, rope).
 PipelineKey = tuple[str, str | None, int, bool, bool, bool]
@@ -170,7 +197,9 @@ def default_threads_per_row(gpu: GPU) -> int:
 class Kernels:
     """Compiles the kernels on one GPU and builds dispatches over an engine's buffers."""
 
-    def __init__(self, gpu: GPU, *, threads_per_row: int | None = None, kv_f16: bool = False) -> None:
+    def __init__(
+        self, gpu: GPU, *, threads_per_row: int | None = None, kv_f16: bool = False, subgroups: bool | None = None
+    ) -> None:
         self.gpu = gpu
         if kv_f16 and not gpu.has_f16:
             raise ValueError("an f16 KV cache needs the adapter's shader-f16 feature")
@@ -180,6 +209,16 @@ class Kernels:
         if tpr < 1 or tpr > WORKGROUP or tpr & (tpr - 1):
             raise ValueError(f"threads_per_row must be a power of two up to {WORKGROUP}, not {tpr}")
         self.threads_per_row = tpr
+        if subgroups and not gpu.has_subgroups:
+            raise ValueError("subgroup reductions need the adapter's subgroup feature")
+        #: Whether the matrix kernel sums rows with subgroup shuffles (any subgroup size: the kernel reads it).
+        self.subgroups = (gpu.has_subgroups and tpr > 1) if subgroups is None else subgroups
+        wide = all(
+            int(gpu.limits.get(k, 0)) >= WIDE_ARGMAX_WORKGROUP
+            for k in ("max-compute-invocations-per-workgroup", "max-compute-workgroup-size-x")
+        )
+        #: Threads of the argmax kernel's one workgroup.
+        self.argmax_workgroup = WIDE_ARGMAX_WORKGROUP if wide else ARGMAX_WORKGROUP
         #: Host time spent encoding (until the command buffer is finished) and submitting, and submissions
         #: made: what a bench reports as the CPU cost per token.
         self.encode_seconds = 0.0
@@ -235,6 +274,8 @@ class Kernels:
                 norm=key[4],
                 rope=key[5],
                 kv_f16=self.kv_f16,
+                subgroups=self.subgroups,
+                workgroup=self.argmax_workgroup if kernel == "argmax" else None,
             )
             with gpu_errors(f"compiling the {kernel} kernel"):
                 module = device.create_shader_module(code=source, label=f"{kernel}-{quant}")
@@ -410,12 +451,16 @@ class Kernels:
         scale: float,
         tokens: int = 1,
     ) -> Dispatch:
-        """out[t, h*hd:(h+1)*hd] = causal softmax(q k^T * scale) v over the cache, for every head and token."""
+        """out[t, h*hd:(h+1)*hd] = causal softmax(q k^T * scale) v over the cache, for every head and token.
+
+        Heads whose width is a multiple of 4 use the kernel that reads the caches a vec4 at a time.
+        """
         q_dim, kv_dim = n_head * head_dim, n_kv * head_dim
         params = _u32s(n_head, n_kv, head_dim, q_dim + 2 * kv_dim, kv_dim, ctx, q_dim, float(scale))
+        name = attention_kernel(head_dim)
         return self._dispatch(
-            "attention",
-            self.pipeline("attention"),
+            name,
+            self.pipeline(name),
             [qkv, k_cache, v_cache, out, scores, state],
             params,
             (n_head, tokens, 1),
@@ -441,18 +486,30 @@ class Kernels:
             "sample", self.pipeline("sample"), [logits, ids, state, sampling], _u32s(n, offset), (1, 1, 1)
         )
 
-    def run(self, dispatches: Sequence[Dispatch], copies: Sequence[tuple[Any, int, Any, int, int]] = ()) -> None:
+    def run(self, dispatches: Sequence[Dispatch], copies: Sequence[Copy] = ()) -> None:
         """Encode ``dispatches`` in one compute pass, then ``copies`` (src, src_off, dst, dst_off, n); submit once."""
+        self.run_passes([((), dispatches)], copies)
+
+    def run_passes(
+        self, passes: Sequence[tuple[Sequence[Copy], Sequence[Dispatch]]], copies: Sequence[Copy] = ()
+    ) -> None:
+        """Encode each (copies before it, dispatches) as its own compute pass, then ``copies``; submit once.
+
+        Several decode steps go in one submission this way, each pass preceded by the copy that sets its position.
+        """
         device = self.gpu.device
         start = time.perf_counter()
         with gpu_errors("running the kernels"):
             encoder = device.create_command_encoder()
-            compute = encoder.begin_compute_pass()
-            for d in dispatches:
-                compute.set_pipeline(d.pipeline)
-                compute.set_bind_group(0, d.bind_group)
-                compute.dispatch_workgroups(*d.groups)
-            compute.end()
+            for before, dispatches in passes:
+                for src, src_off, dst, dst_off, n in before:
+                    encoder.copy_buffer_to_buffer(src, src_off, dst, dst_off, n)
+                compute = encoder.begin_compute_pass()
+                for d in dispatches:
+                    compute.set_pipeline(d.pipeline)
+                    compute.set_bind_group(0, d.bind_group)
+                    compute.dispatch_workgroups(*d.groups)
+                compute.end()
             for src, src_off, dst, dst_off, n in copies:
                 encoder.copy_buffer_to_buffer(src, src_off, dst, dst_off, n)
             commands = encoder.finish()
@@ -463,11 +520,29 @@ class Kernels:
         self.submissions += 1
 
 
-# The matrix kernel's NORM variant: the norm weights' binding (after the uniform) and the scale.
-_NORM_SCALE = """@group(0) @binding(4) var<storage, read> NormW: array<f32>;
+# The matrix kernel's NORM variant: the norm weights' binding (after the uniform) and their reader.
+_NORM_W = """@group(0) @binding(4) var<storage, read> NormW: array<f32>;
 
-fn norm_scale(e: u32, t: u32) -> f32 {
-    return inv_rms[t] * NormW[min(e, P.cols - 1u)];
+fn norm_w(e: u32) -> f32 {
+    return NormW[min(e, P.cols - 1u)];
+}
+"""
+
+# The matrix kernel's SUBGROUPS variant: the sum over a row's lanes within one subgroup, by shuffles.
+_LANES_SUM = """fn lanes_sum(v: f32, sg: u32) -> f32 {
+    var s = v;
+    for (var off = min(TPR, sg) / 2u; off > 0u; off >>= 1u) {
+        s += subgroupShuffleXor(s, off);
+    }
+    return s;
+}
+"""
+
+# Without subgroups (SUBGROUPS is false; the function and the size only have to exist).
+_NO_LANES_SUM = """const SUBGROUP_SIZE: u32 = 1u;
+
+fn lanes_sum(v: f32, sg: u32) -> f32 {
+    return v;
 }
 """
 
@@ -485,6 +560,7 @@ _UNIFORM_SLOT = {
     "rmsnorm": 3,
     "rope_store": 5,
     "attention": 5,
+    "attention_vec4": 5,
     "swiglu": 2,
     "argmax": 2,
 }

@@ -12,7 +12,7 @@ sampling, whose id is written where the next step's embedding lookup reads it.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -24,10 +24,12 @@ from anyformer_gguf_gpu.gpu import GPU
 from anyformer_gguf_gpu.kernels import (
     PLAIN_KERNELS,
     WORKGROUP,
+    Copy,
     Dispatch,
     Kernels,
     PipelineKey,
     RopeStore,
+    attention_kernel,
     sampling_block,
 )
 from anyformer_gguf_gpu.quants import QuantFormat, dequantize, format_of
@@ -142,6 +144,8 @@ class TransformerEngine:
         self.scores = buf(b * c.n_head * self.ctx * 4, label="scores")
         self.ids = buf((self.ctx + 1) * 4, label="ids")
         self.state = buf(16, label="state")
+        # Every position as a u32: decode steps sharing one submission copy theirs into state[0] in turn.
+        self.positions = gpu.upload(np.arange(self.ctx + 1, dtype=np.uint32), label="positions")
         self.sampling = buf(16, label="sampling")
         #: Whether steps that sample draw at a temperature (set_sampling) rather than take the argmax.
         self.stochastic = False
@@ -189,7 +193,8 @@ class TransformerEngine:
 
     def _pipelines_needed(self) -> list[PipelineKey]:
         """Every (kernel, quant, tokens_per_thread, swiglu, norm, rope) pipeline the steps encode."""
-        skip = {"swiglu", "rmsnorm"} | ({"rope_store"} if self.rope_in_projection else set())
+        unused_attention = {"attention", "attention_vec4"} - {attention_kernel(self.config.head_dim)}
+        skip = {"swiglu", "rmsnorm"} | unused_attention | ({"rope_store"} if self.rope_in_projection else set())
         wanted: list[PipelineKey] = [(k, None, 1, False, False, False) for k in PLAIN_KERNELS if k not in skip]
         for tb in {1, self.kernels.tokens_per_thread(self.max_batch)}:
             for name, weight in self.weights.items():
@@ -204,7 +209,7 @@ class TransformerEngine:
         """Free the engine's GPU memory now (not when Python collects it); the engine is unusable after."""
         owned = [w.buffer for w in self.weights.values()] + list(self.norms.values()) + self.k_cache + self.v_cache
         owned += [self.h, self.qkv, self.attn, self.gate_up, self.logits, self.scores]
-        owned += [self.ids, self.state, self.sampling, self.cos_sin, self._dummy_norm, *self._qk_norm]
+        owned += [self.ids, self.state, self.positions, self.sampling, self.cos_sin, self._dummy_norm, *self._qk_norm]
         self._programs.clear()
         self.weights.clear()
         self.norms.clear()
@@ -371,6 +376,23 @@ class TransformerEngine:
             raise AnyformerError(ErrorCode.BAD_REQUEST, f"position {pos + tokens} is past the context of {self.ctx}")
         self.gpu.write(self.state, np.array([pos, tokens, 0, 0], dtype=np.uint32))
         self.kernels.run(self.program(tokens, head=head, sample=sample, all_logits=all_logits), copies or [])
+
+    def submit_decode(self, pos: int, steps: int, *, copies: Sequence[Copy] = ()) -> None:
+        """Queue ``steps`` one-token decode steps at positions pos.. as one submission (each samples the next id).
+
+        Each step is its own compute pass, preceded by a copy of its position into the state buffer, so
+        the host pays one submission (and one wait) for several tokens; ``copies`` come after the steps.
+        """
+        if steps < 1:
+            raise ValueError(f"a submission covers at least one step, not {steps}")
+        if pos + steps > self.ctx:
+            raise AnyformerError(ErrorCode.BAD_REQUEST, f"position {pos + steps} is past the context of {self.ctx}")
+        self.gpu.write(self.state, np.array([pos, 1, 0, 0], dtype=np.uint32))
+        program = self.program(1, head=True)
+        passes: list[tuple[Sequence[Copy], Sequence[Dispatch]]] = [((), program)]
+        for q in range(pos + 1, pos + steps):
+            passes.append((((self.positions, 4 * q, self.state, 0, 4),), program))
+        self.kernels.run_passes(passes, copies)
 
     def prefill(self, ids: list[int], start: int = 0) -> None:
         """Run ids (already at ``start``) through the model in steps of ``max_batch``; the last step samples."""
