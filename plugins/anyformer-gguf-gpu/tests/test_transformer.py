@@ -125,6 +125,21 @@ def test_greedy_matches_llama_cpp(engine, model_path):
         print(f"near-tie (step, ours, llama.cpp's, exact gap): {near_ties}")
 
 
+def test_several_steps_in_one_submission_decode_the_same_ids(engine, monkeypatch):
+    """STEPS decode steps share a submission (each its own pass and position): the same ids as one per submission."""
+    from anyformer_gguf_gpu import decode
+
+    monkeypatch.setattr(decode, "STEPS", 1)
+    one_by_one = list(greedy(engine, PROMPT, 11))
+    for steps in (3, 4, 16):
+        monkeypatch.setattr(decode, "STEPS", steps)
+        assert list(greedy(engine, PROMPT, 11)) == one_by_one
+    stream = greedy(engine, PROMPT, 11)
+    assert [next(stream) for _ in range(5)] == one_by_one[:5]
+    stream.close()  # left with submissions in flight: their maps are settled, the engine stays usable
+    assert list(greedy(engine, PROMPT, 11)) == one_by_one
+
+
 def test_sampling_on_the_gpu_is_seeded_and_top_k_one_is_greedy(engine):
     from anyformer_gguf_gpu.decode import sampled
 

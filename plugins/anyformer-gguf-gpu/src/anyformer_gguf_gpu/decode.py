@@ -6,9 +6,10 @@ into a small staging buffer, whose map is requested right after the submission (
 is wanted): wgpu-native's poll waits for every submission made before it, so a map asked for
 after step ``p+1`` was queued would also wait for ``p+1`` and leave the GPU idle while Python
 encodes ``p+2``. Asked for early, the map of ``p`` resolves when ``p`` is done, and the host
-encodes the next step while the GPU runs the current one. A stop token is therefore seen one step
-after it was made; the extra step only writes past the reply in the KV cache, which the next call
-overwrites.
+encodes the next steps while the GPU runs the current ones. After the first token, a submission
+covers ``STEPS`` decode steps (each its own compute pass) and one read-back of their ids. A stop
+token is therefore seen a few steps after it was made; the extra steps only write past the reply in
+the KV cache, which the next call overwrites.
 
 Sampling at a temperature above 0 runs the same loop with the GPU sampler (top-k / top-p, a
 uniform draw hashed from the seed and the position) in place of the argmax.
@@ -26,8 +27,12 @@ import numpy as np
 
 from anyformer_gguf_gpu.transformer import TransformerEngine
 
-#: Steps in flight before the host reads an id back (2: the GPU runs step p+1 while p's id is read).
+#: Submissions in flight before the host reads ids back (2: the GPU runs one while the host reads the other's).
 LAG = 2
+#: Decode steps per submission after the first: each submission costs the GPU a gap (the host's submit
+#: waits for wgpu's poll, then the GPU starts the new work), so several tokens share one. A stop token
+#: may thus run up to this many steps more, whose ids are discarded.
+STEPS = 4
 
 
 class _Staging:
@@ -107,27 +112,31 @@ def _decode(
     if max_new <= 0:
         return
     engine.prefill(prompt)  # its last step writes ids[n]
-    staging = _Staging(engine, LAG + 1, 4)
-    pending: collections.deque[tuple[Any, Any]] = collections.deque()
-    submitted = 0
-    produced = 0
+    staging = _Staging(engine, LAG + 1, 4 * STEPS)
+    pending: collections.deque[tuple[Any, Any, int]] = collections.deque()
+    submitted = 0  # ids of the reply that submissions cover
     try:
-        while produced < max_new:
+        while pending or submitted < max_new:
             while submitted < max_new and len(pending) < LAG:
+                # The first submission covers one token (the first id comes back soonest), later ones STEPS.
+                count = min(1 if submitted == 0 else STEPS, max_new - submitted)
                 q = n + submitted
+                # ids[q] is there already; the steps at q.. write ids[q+1..], the last one the next
+                # submission's first id, which the reply's last submission does not need.
+                steps = count if submitted + count < max_new else count - 1
                 buf = staging.take()
-                copy = (engine.ids, 4 * q, buf, 0, 4)
-                if q + 1 < engine.ctx and submitted + 1 < max_new:
-                    engine.submit_step(q, 1, head=True, copies=[copy])  # computes ids[q+1] too
+                copy = (engine.ids, 4 * q, buf, 0, 4 * count)
+                if steps:
+                    engine.submit_decode(q, steps, copies=[copy])
                 else:
                     engine.kernels.run([], [copy])  # the last id: nothing more to compute
-                pending.append((buf, staging.request(buf)))
-                submitted += 1
-            token = int(staging.read(*pending.popleft(), np.uint32)[0])
-            produced += 1
-            yield token
-            if cancel is not None and cancel.is_set():
-                return
+                pending.append((buf, staging.request(buf), count))
+                submitted += count
+            buf, promise, count = pending.popleft()
+            for token in staging.read(buf, promise, np.uint32)[:count]:
+                yield int(token)
+                if cancel is not None and cancel.is_set():
+                    return
     finally:
         while pending:
-            staging.settle(*pending.popleft())
+            staging.settle(*pending.popleft()[:2])
