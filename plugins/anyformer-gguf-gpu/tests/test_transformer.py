@@ -140,6 +140,21 @@ def test_several_steps_in_one_submission_decode_the_same_ids(engine, monkeypatch
     assert list(greedy(engine, PROMPT, 11)) == one_by_one
 
 
+def test_native_encoding_gives_what_the_public_api_gives(engine):
+    """Dispatches encoded through wgpu-native's functions directly: the same logits and ids as through wgpu-py's API."""
+    kernels = engine.kernels
+    if kernels.native_calls is None:
+        pytest.skip("wgpu-py's native backend functions are not reachable here")
+    native = (engine.all_logits(PROMPT[:5]), list(greedy(engine, PROMPT, 6)))
+    calls, kernels.native_calls = kernels.native_calls, None
+    try:
+        public = (engine.all_logits(PROMPT[:5]), list(greedy(engine, PROMPT, 6)))
+    finally:
+        kernels.native_calls = calls
+    np.testing.assert_array_equal(native[0], public[0])
+    assert native[1] == public[1]
+
+
 def test_sampling_on_the_gpu_is_seeded_and_top_k_one_is_greedy(engine):
     from anyformer_gguf_gpu.decode import sampled
 

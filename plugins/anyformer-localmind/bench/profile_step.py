@@ -105,7 +105,8 @@ def lag_sweep(engine: TransformerEngine, prompt: list[int], tokens: int) -> None
             n = len(list(decode.greedy(engine, prompt, tokens)))
             seconds = time.perf_counter() - start
             print(
-                f"lag {lag}, {steps} steps a submission: {n / seconds:.1f} tok/s, {1e3 * seconds / n:.3f} ms/token: encode "
+                f"lag {lag}, {steps} steps a submission: {n / seconds:.1f} tok/s, "
+                f"{1e3 * seconds / n:.3f} ms/token: encode "
                 f"{1e3 * kernels.encode_seconds / n:.3f}, submit {1e3 * kernels.submit_seconds / n:.3f}, "
                 f"read-back wait {1e3 * waited[0] / n:.3f}"
             )
@@ -129,7 +130,7 @@ def main() -> None:
         gpu = GPU()
         print(f"adapter: {gpu.name}")
         with GGUFFile(path) as gguf:
-            engine = TransformerEngine(gpu, gguf, ctx=args.tokens + 80, max_batch=32)
+            engine = TransformerEngine(gpu, gguf, ctx=args.tokens + 80, max_batch=64)
         vocab = engine.config.n_vocab
         prompt = [int(i) for i in np.random.default_rng(0).integers(0, min(vocab, 30000), size=64)]
         list(decode.greedy(engine, prompt, 8))  # warm-up; leaves the cache 72 positions deep

@@ -148,6 +148,35 @@ class Dispatch:
     pipeline: Any
     bind_group: Any
     groups: tuple[int, int, int]
+    #: The native pipeline and bind group handles wgpu-py keeps (``_internal``), where it has them.
+    handles: tuple[Any, Any] | None = None
+
+
+def _handles(pipeline: Any, group: Any) -> tuple[Any, Any] | None:
+    native_pipeline, native_group = getattr(pipeline, "_internal", None), getattr(group, "_internal", None)
+    return None if native_pipeline is None or native_group is None else (native_pipeline, native_group)
+
+
+def _native_pass_calls() -> tuple[Any, Any, Any, Any] | None:
+    """wgpu-native's set-pipeline, set-bind-group and dispatch functions and cffi's NULL, where importable.
+
+    Encoding is the host's share of every token (~150 dispatches): calling these directly skips
+    wgpu-py's per-call wrappers (argument checks, a cffi array for dynamic offsets) and cuts the
+    host's encode time by about a quarter. This reaches into wgpu-py's backend module, so anything
+    unexpected there means the public API is used instead.
+    """
+    try:
+        from wgpu.backends.wgpu_native import _api as native  # type: ignore[import-untyped]
+
+        lib = native.libf
+        return (
+            lib.wgpuComputePassEncoderSetPipeline,
+            lib.wgpuComputePassEncoderSetBindGroup,
+            lib.wgpuComputePassEncoderDispatchWorkgroups,
+            native.ffi.NULL,
+        )
+    except (ImportError, AttributeError):
+        return None
 
 
 def _groups_for_rows(rows: int, z: int = 1) -> tuple[int, int, int]:
@@ -185,6 +214,9 @@ def _u32s(*values: int | float) -> bytes:
 
 #: Tokens each thread of the matrix kernel applies a decoded weight to, when a step covers several tokens.
 PREFILL_TOKENS_PER_THREAD = 8
+#: Most threads per row in the tiled (several-token) matrix kernel: its workgroup stages the tokens'
+#: inputs once for all its rows, so it wants more rows per workgroup than decoding does.
+PREFILL_THREADS_PER_ROW = 4
 
 
 def default_threads_per_row(gpu: GPU) -> int:
@@ -209,6 +241,8 @@ class Kernels:
         if tpr < 1 or tpr > WORKGROUP or tpr & (tpr - 1):
             raise ValueError(f"threads_per_row must be a power of two up to {WORKGROUP}, not {tpr}")
         self.threads_per_row = tpr
+        #: Threads per row of the tiled matrix kernel (steps of several tokens).
+        self.prefill_threads_per_row = min(tpr, PREFILL_THREADS_PER_ROW)
         if subgroups and not gpu.has_subgroups:
             raise ValueError("subgroup reductions need the adapter's subgroup feature")
         #: Whether the matrix kernel sums rows with subgroup shuffles (any subgroup size: the kernel reads it).
@@ -225,6 +259,12 @@ class Kernels:
         self.submit_seconds = 0.0
         self.submissions = 0
         self._pipelines: dict[PipelineKey, Any] = {}
+        #: wgpu-native's pass functions, called directly when encoding (None: wgpu-py's public API).
+        self.native_calls = _native_pass_calls()
+
+    def rows_threads(self, tokens_per_thread: int) -> int:
+        """Threads per row of the matrix kernel's variant for ``tokens_per_thread``."""
+        return self.threads_per_row if tokens_per_thread == 1 else self.prefill_threads_per_row
 
     @staticmethod
     def tokens_per_thread(tokens: int) -> int:
@@ -268,7 +308,7 @@ class Kernels:
             source = kernel_source(
                 key[0],
                 key[1],
-                threads_per_row=self.threads_per_row,
+                threads_per_row=self.rows_threads(key[2]),
                 tokens_per_thread=key[2],
                 swiglu=key[3],
                 norm=key[4],
@@ -300,7 +340,7 @@ class Kernels:
             entries.append({"binding": index, "resource": {"buffer": buf, "offset": 0, "size": buf.size}})
         with gpu_errors(f"binding the {name} kernel"):
             group = self.gpu.device.create_bind_group(layout=pipeline.get_bind_group_layout(0), entries=entries)
-        return Dispatch(name, pipeline, group, groups)
+        return Dispatch(name, pipeline, group, groups, _handles(pipeline, group))
 
     def matvec(
         self,
@@ -330,7 +370,8 @@ class Kernels:
         [q | k | v] projection: q and k are rotated (adjacent pairs) and k, v stored into the cache
         at position state[0] + t, in the same dispatch (not with ``accumulate``).
         """
-        rows_per_group = WORKGROUP // self.threads_per_row
+        tb = self.tokens_per_thread(tokens)
+        rows_per_group = WORKGROUP // self.rows_threads(tb)
         if rope is not None:
             if accumulate or rows_per_group % 2 or rope.head_dim % 2 or rope.n_rot % 2 or rope.n_rot > rope.head_dim:
                 raise ValueError("the rope epilogue needs row pairs in a workgroup, even head_dim and n_rot")
@@ -351,7 +392,6 @@ class Kernels:
             0,
             *((rope.head_dim, rope.n_rot, rope.q_dim, rope.kv_dim) if rope is not None else (0, 0, 0, 0)),
         )
-        tb = self.tokens_per_thread(tokens)
         buffers = [weight, x, y, norm]
         if rope is not None:
             buffers += [rope.k_cache, rope.v_cache, rope.cos_sin, rope.state]
@@ -505,10 +545,24 @@ class Kernels:
                 for src, src_off, dst, dst_off, n in before:
                     encoder.copy_buffer_to_buffer(src, src_off, dst, dst_off, n)
                 compute = encoder.begin_compute_pass()
-                for d in dispatches:
-                    compute.set_pipeline(d.pipeline)
-                    compute.set_bind_group(0, d.bind_group)
-                    compute.dispatch_workgroups(*d.groups)
+                native = getattr(compute, "_internal", None) if self.native_calls is not None else None
+                if native is not None and self.native_calls is not None:
+                    set_pipeline, set_group, dispatch, null = self.native_calls
+                    for d in dispatches:
+                        handles = d.handles
+                        if handles is None:
+                            compute.set_pipeline(d.pipeline)
+                            compute.set_bind_group(0, d.bind_group)
+                            compute.dispatch_workgroups(*d.groups)
+                            continue
+                        set_pipeline(native, handles[0])
+                        set_group(native, 0, handles[1], 0, null)
+                        dispatch(native, *d.groups)
+                else:
+                    for d in dispatches:
+                        compute.set_pipeline(d.pipeline)
+                        compute.set_bind_group(0, d.bind_group)
+                        compute.dispatch_workgroups(*d.groups)
                 compute.end()
             for src, src_off, dst, dst_off, n in copies:
                 encoder.copy_buffer_to_buffer(src, src_off, dst, dst_off, n)

@@ -35,7 +35,7 @@ from anyformer_gguf_gpu.kernels import (
 from anyformer_gguf_gpu.quants import QuantFormat, dequantize, format_of
 
 #: Most tokens one prefill step processes (the activation buffers are sized for this many).
-DEFAULT_MAX_BATCH = 32
+DEFAULT_MAX_BATCH = 64
 
 #: Load progress callback: (what, done, total).
 LoadProgress = Callable[[str, int, int], None]
@@ -187,7 +187,8 @@ class TransformerEngine:
         stacked projection whose workgroups hold row pairs; qwen3 (neox, q/k norms) keeps rope_store.
         """
         c = self.config
-        pairs = (WORKGROUP // self.kernels.threads_per_row) % 2 == 0
+        k = self.kernels
+        pairs = all((WORKGROUP // k.rows_threads(tb)) % 2 == 0 for tb in (1, k.tokens_per_thread(self.max_batch)))
         stacked = all(f"blk.{i}.attn_qkv.weight" in self.weights for i in range(c.n_layer))
         return pairs and stacked and not c.rope_neox and not c.qk_norm and c.head_dim % 2 == 0 and c.n_rot % 2 == 0
 

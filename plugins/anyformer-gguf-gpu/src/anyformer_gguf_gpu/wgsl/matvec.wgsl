@@ -14,11 +14,17 @@
 // 2i and 2i+1 sit in one workgroup (RPW is even), so each q and k row is rotated against its partner
 // here, and the k and v rows are stored into the KV cache at the token's position: no separate
 // rope/store dispatch.
+// With TB > 1 (prefill) the workgroup stages the inputs of its TB tokens in workgroup memory, CHUNK
+// columns at a time (normalised and SwiGLU'd once there, not once per row), and every row of the
+// workgroup reads them from there: the tiled matrix-matrix product.
 // SUBGROUPS (a constant, where the adapter has subgroups) sums a row's TPR partial sums with subgroup
 // shuffles (lanes_sum, prepended by the host), then adds the few subgroups a row spans where
 // subgroups are narrower than TPR: one barrier instead of a log2(TPR)-level tree.
 
 const RPW: u32 = WG / TPR;
+const TILED: bool = TB > 1u;
+// Input columns staged at once in the tiled (TB > 1) product: a multiple of 8.
+const CHUNK: u32 = 256u;
 
 struct Params {
     rows: u32,
@@ -46,6 +52,8 @@ struct Params {
 
 var<workgroup> partial: array<f32, WG * TB>;
 var<workgroup> partial_sq: array<f32, WG * TB>;
+// The staged inputs of the tiled product: CHUNK columns of TB tokens, 4 at a time.
+var<workgroup> xs: array<vec4<f32>, TB * CHUNK / 4u>;
 // Each row's result, where the ROPE epilogue finds a row's rotation partner.
 var<workgroup> rowv: array<f32, RPW * TB>;
 
@@ -81,7 +89,56 @@ fn main(
     let t0 = wid.z * TB;
     var acc: array<f32, TB>;
     var sq: array<f32, TB>;
-    if (row < P.rows) {
+    if (TILED) {
+        for (var c0 = 0u; c0 < P.cols; c0 += CHUNK) {
+            // Stage inputs c0.. of the TB tokens (zero past cols or tokens), summing their squares.
+            workgroupBarrier();
+            for (var t = 0u; t < TB; t++) {
+                let live = t0 + t < P.tokens;
+                let xo = P.x_off + (t0 + t) * P.x_stride;
+                for (var i = lid; i < CHUNK / 4u; i += WG) {
+                    let e = c0 + 4u * i;
+                    var v = vec4<f32>(0.0);
+                    if (live) {
+                        v = x_vec(xo, e);
+                    }
+                    sq[t] += dot(v, v);
+                    xs[t * (CHUNK / 4u) + i] = v * w_vec(e);
+                }
+            }
+            workgroupBarrier();
+            if (row < P.rows) {
+                let rb = row * P.row_bytes;
+                let u_end = min(P.units, (c0 + CHUNK) / 8u);
+                for (var u = c0 / 8u + lane; u < u_end; u += TPR) {
+                    let e0 = u * 8u;
+                    let w = unit_w(rb, e0, P.cols);
+                    let i4 = (e0 - c0) / 4u;
+                    for (var t = 0u; t < TB; t++) {
+                        acc[t] += dot(w[0], xs[t * (CHUNK / 4u) + i4]) + dot(w[1], xs[t * (CHUNK / 4u) + i4 + 1u]);
+                    }
+                }
+            }
+        }
+        if (NORM) {
+            // The squares were summed by the whole workgroup (each thread staged a share of the inputs).
+            for (var t = 0u; t < TB; t++) {
+                partial_sq[lid * TB + t] = sq[t];
+            }
+            workgroupBarrier();
+            for (var s = WG / 2u; s > 0u; s >>= 1u) {
+                if (lid < s) {
+                    for (var t = 0u; t < TB; t++) {
+                        partial_sq[lid * TB + t] += partial_sq[(lid + s) * TB + t];
+                    }
+                }
+                workgroupBarrier();
+            }
+            for (var t = 0u; t < TB; t++) {
+                sq[t] = partial_sq[t];
+            }
+        }
+    } else if (row < P.rows) {
         let rb = row * P.row_bytes;
         for (var u = lane; u < P.units; u += TPR) {
             let e0 = u * 8u;
@@ -110,7 +167,7 @@ fn main(
         // TPR threads or more) are then added from workgroup memory.
         for (var t = 0u; t < TB; t++) {
             partial[lid * TB + t] = lanes_sum(acc[t], SUBGROUP_SIZE);
-            if (NORM) {
+            if (NORM && !TILED) {
                 partial_sq[lid * TB + t] = lanes_sum(sq[t], SUBGROUP_SIZE);
             }
         }
@@ -119,26 +176,31 @@ fn main(
         if (lane == 0u) {
             for (var t = 0u; t < TB; t++) {
                 acc[t] = 0.0;
-                sq[t] = 0.0;
+                if (!TILED) {
+                    sq[t] = 0.0;
+                }
                 for (var k = 0u; k < TPR; k += step) {
                     acc[t] += partial[(lid + k) * TB + t];
-                    if (NORM) {
+                    if (NORM && !TILED) {
                         sq[t] += partial_sq[(lid + k) * TB + t];
                     }
                 }
             }
         }
     } else if (TPR > 1u) {
+        workgroupBarrier();
         for (var t = 0u; t < TB; t++) {
             partial[lid * TB + t] = acc[t];
-            partial_sq[lid * TB + t] = sq[t];
+            if (!TILED) {
+                partial_sq[lid * TB + t] = sq[t];
+            }
         }
         workgroupBarrier();
         for (var s = TPR / 2u; s > 0u; s >>= 1u) {
             if (lane < s) {
                 for (var t = 0u; t < TB; t++) {
                     partial[lid * TB + t] += partial[(lid + s) * TB + t];
-                    if (NORM) {
+                    if (NORM && !TILED) {
                         partial_sq[lid * TB + t] += partial_sq[(lid + s) * TB + t];
                     }
                 }
@@ -147,7 +209,9 @@ fn main(
         }
         for (var t = 0u; t < TB; t++) {
             acc[t] = partial[lid * TB + t];
-            sq[t] = partial_sq[lid * TB + t];
+            if (!TILED) {
+                sq[t] = partial_sq[lid * TB + t];
+            }
         }
     }
     if (NORM) {
