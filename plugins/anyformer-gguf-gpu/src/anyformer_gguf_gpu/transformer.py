@@ -144,8 +144,6 @@ class TransformerEngine:
         self.scores = buf(b * c.n_head * self.ctx * 4, label="scores")
         self.ids = buf((self.ctx + 1) * 4, label="ids")
         self.state = buf(16, label="state")
-        # Every position as a u32: decode steps sharing one submission copy theirs into state[0] in turn.
-        self.positions = gpu.upload(np.arange(self.ctx + 1, dtype=np.uint32), label="positions")
         self.sampling = buf(16, label="sampling")
         #: Whether steps that sample draw at a temperature (set_sampling) rather than take the argmax.
         self.stochastic = False
@@ -210,7 +208,9 @@ class TransformerEngine:
         """Free the engine's GPU memory now (not when Python collects it); the engine is unusable after."""
         owned = [w.buffer for w in self.weights.values()] + list(self.norms.values()) + self.k_cache + self.v_cache
         owned += [self.h, self.qkv, self.attn, self.gate_up, self.logits, self.scores]
-        owned += [self.ids, self.state, self.positions, self.sampling, self.cos_sin, self._dummy_norm, *self._qk_norm]
+        owned += [self.ids, self.state, self.sampling, self.cos_sin, self._dummy_norm, *self._qk_norm]
+        if "_positions" in self.__dict__:
+            owned.append(self.__dict__.pop("_positions"))
         self._programs.clear()
         self.weights.clear()
         self.norms.clear()
@@ -377,6 +377,16 @@ class TransformerEngine:
             raise AnyformerError(ErrorCode.BAD_REQUEST, f"position {pos + tokens} is past the context of {self.ctx}")
         self.gpu.write(self.state, np.array([pos, tokens, 0, 0], dtype=np.uint32))
         self.kernels.run(self.program(tokens, head=head, sample=sample, all_logits=all_logits), copies or [])
+
+    @property
+    def positions(self) -> Any:
+        """Every position as a u32 (made on first use, also by engines built on this one's steps): decode
+        steps sharing one submission copy theirs into state[0] in turn."""
+        found = self.__dict__.get("_positions")
+        if found is None:
+            found = self.gpu.upload(np.arange(self.ctx + 1, dtype=np.uint32), label="positions")
+            self.__dict__["_positions"] = found
+        return found
 
     def submit_decode(self, pos: int, steps: int, *, copies: Sequence[Copy] = ()) -> None:
         """Queue ``steps`` one-token decode steps at positions pos.. as one submission (each samples the next id).
