@@ -291,6 +291,53 @@ def test_attention_is_causal_softmax_over_the_cache(gpu, kv_kernels, rng, n_head
             _close(got[t, h], want)
 
 
+@pytest.mark.parametrize("neox", [False, True], ids=["normal", "neox"])
+@pytest.mark.parametrize("qk_norm", [False, True], ids=["plain", "qk-norm"])
+@pytest.mark.parametrize(("n_head", "n_kv", "hd", "n_rot"), [(4, 2, 16, 16), (3, 1, 24, 16)])
+def test_attention_can_rotate_and_store_the_token_itself(gpu, kv_kernels, rng, neox, qk_norm, n_head, n_kv, hd, n_rot):
+    """A one-token step with rope_store's work inside attention: the same output and cache as the two dispatches."""
+    from anyformer_gguf_gpu.kernels import AttentionRope
+
+    kernels = kv_kernels
+    pos, ctx, base, eps = 37, 48, 10000.0, 1e-6
+    q_dim, kv_dim = n_head * hd, n_kv * hd
+    qkv = rng.standard_normal((1, q_dim + 2 * kv_dim)).astype(np.float32)
+    norm = rng.standard_normal(2 * hd).astype(np.float32)
+    kc = rng.standard_normal((ctx, kv_dim)).astype(np.float16).astype(np.float32)
+    vc = rng.standard_normal((ctx, kv_dim)).astype(np.float16).astype(np.float32)
+    kc[pos:], vc[pos:] = 0, 0
+    k_cache, v_cache = _cache(gpu, kernels, kc), _cache(gpu, kernels, vc)
+    out = gpu.buffer(q_dim * 4)
+    table, norm_buf = gpu.upload(cos_sin_table(ctx, n_rot, base)), gpu.upload(norm)
+    rope = AttentionRope(table, norm_buf, n_rot, neox, qk_norm, eps)
+    dispatch = kernels.attention(
+        gpu.upload(qkv), k_cache, v_cache, out, gpu.buffer(n_head * ctx * 4), _state(gpu, pos),
+        n_head=n_head, n_kv=n_kv, head_dim=hd, ctx=ctx, scale=float(1 / np.sqrt(hd)), rope=rope,
+    )  # fmt: skip
+    kernels.run([dispatch])
+    q = qkv[:, :q_dim].reshape(1, n_head, hd)
+    k = qkv[:, q_dim : q_dim + kv_dim].reshape(1, n_kv, hd)
+    if qk_norm:
+        q, k = _rms(q, norm[:hd], eps), _rms(k, norm[hd:], eps)
+    at = np.array([pos], dtype=np.float64)
+    q, k = rope_reference(q, at, n_rot, base, neox)[0], rope_reference(k, at, n_rot, base, neox)[0]
+    keys, values = kc.astype(np.float64), vc.astype(np.float64)
+    keys[pos], values[pos] = k.reshape(-1), qkv[0, q_dim + kv_dim :]
+    got = gpu.read(out, np.float32, q_dim).reshape(n_head, hd)
+    group = n_head // n_kv
+    for h in range(n_head):
+        span = slice((h // group) * hd, (h // group + 1) * hd)
+        scores = keys[: pos + 1, span] @ q[h] / np.sqrt(hd)
+        p = np.exp(scores - scores.max())
+        _close(got[h], (p / p.sum()) @ values[: pos + 1, span], rel=2e-4 if kernels.kv_f16 else 2e-5)
+    cache_k = _read_cache(gpu, kernels, k_cache, ctx * kv_dim).reshape(ctx, kv_dim)
+    cache_v = _read_cache(gpu, kernels, v_cache, ctx * kv_dim).reshape(ctx, kv_dim)
+    tol = {"rtol": 1e-3, "atol": 1e-3} if kernels.kv_f16 else {"rtol": 0, "atol": 1e-5}
+    np.testing.assert_allclose(cache_k[pos], k.reshape(-1), **tol)
+    np.testing.assert_allclose(cache_v[pos], qkv[0, q_dim + kv_dim :], **tol)
+    np.testing.assert_array_equal(cache_k[:pos], kc[:pos])
+
+
 def test_swiglu(gpu, kernels, rng):
     n, tokens = 77, 2
     gu = rng.standard_normal((tokens, 2 * n)).astype(np.float32) * 4

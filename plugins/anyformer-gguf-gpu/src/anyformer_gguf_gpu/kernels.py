@@ -101,6 +101,9 @@ def kernel_source(
         parts.append(_NORM_W if norm else "fn norm_w(e: u32) -> f32 {\n    return 1.0;\n}\n")
         parts.append(_wgsl("rope_epilogue.wgsl") if rope else _NO_ROPE)
         parts.append(_LANES_SUM if subgroups and threads_per_row > 1 else _NO_LANES_SUM)
+    if kernel == "attention_vec4":
+        parts.append(f"const ROPE: bool = {'true' if rope else 'false'};\n")
+        parts.append(_wgsl("attention_rope.wgsl") if rope else _NO_ATTENTION_ROPE)
     if kernel in KV_KERNELS or (kernel == "matvec" and rope):
         parts.insert(0, "enable f16;\nalias kv_t = f16;\n" if kv_f16 else "alias kv_t = f32;\n")
     if kernel in QUANT_KERNELS:
@@ -138,6 +141,18 @@ class RopeStore:
     n_rot: int
     q_dim: int
     kv_dim: int
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionRope:
+    """What attention needs to do rope_store's work itself in a one-token step: the rope table and norms."""
+
+    cos_sin: Any
+    norm: Any
+    n_rot: int
+    neox: bool
+    qk_norm: bool
+    eps: float
 
 
 @dataclasses.dataclass(frozen=True)
@@ -300,7 +315,7 @@ class Kernels:
             tokens_per_thread if matrix else 1,
             swiglu and matrix,
             norm and matrix,
-            rope and matrix,
+            rope and kernel in ("matvec", "attention_vec4"),
         )
         found = self._pipelines.get(key)
         if found is None:
@@ -490,18 +505,28 @@ class Kernels:
         ctx: int,
         scale: float,
         tokens: int = 1,
+        rope: AttentionRope | None = None,
     ) -> Dispatch:
         """out[t, h*hd:(h+1)*hd] = causal softmax(q k^T * scale) v over the cache, for every head and token.
 
-        Heads whose width is a multiple of 4 use the kernel that reads the caches a vec4 at a time.
+        Heads whose width is a multiple of 4 use the kernel that reads the caches a vec4 at a time. With
+        ``rope`` (one token, such heads only) q and k are first normed and rotated as rope_store does
+        and k, v stored into the cache, in the same dispatch.
         """
         q_dim, kv_dim = n_head * head_dim, n_kv * head_dim
-        params = _u32s(n_head, n_kv, head_dim, q_dim + 2 * kv_dim, kv_dim, ctx, q_dim, float(scale))
         name = attention_kernel(head_dim)
+        extra: tuple[int | float, ...] = (0, 0, 0, 0.0, 0, q_dim, q_dim + kv_dim, 0)
+        buffers = [qkv, k_cache, v_cache, out, scores, state]
+        if rope is not None:
+            if tokens != 1 or name != "attention_vec4" or head_dim > MAX_HEAD_DIM or rope.n_rot > head_dim:
+                raise ValueError("attention rotates q/k itself only in one-token steps of heads a multiple of 4 wide")
+            extra = (rope.n_rot, int(rope.neox), int(rope.qk_norm), float(rope.eps), head_dim, q_dim, q_dim + kv_dim, 0)
+            buffers += [rope.cos_sin, rope.norm]
+        params = _u32s(n_head, n_kv, head_dim, q_dim + 2 * kv_dim, kv_dim, ctx, q_dim, float(scale), *extra)
         return self._dispatch(
             name,
-            self.pipeline(name),
-            [qkv, k_cache, v_cache, out, scores, state],
+            self.pipeline(name, rope=rope is not None),
+            buffers,
             params,
             (n_head, tokens, 1),
         )
@@ -603,6 +628,13 @@ fn lanes_sum(v: f32, sg: u32) -> f32 {
 # The matrix kernel without the rope epilogue (ROPE is false; the function only has to exist).
 _NO_ROPE = """fn rope_epilogue(row: u32, local_row: u32, t: u32, token: u32, value: f32) -> f32 {
     return value;
+}
+"""
+
+# attention_vec4 without the rotary prologue (ROPE is false; the function and buffer only have to exist).
+_NO_ATTENTION_ROPE = """var<workgroup> cur: array<f32, 4>;
+
+fn rope_head(src: u32, norm_off: u32, pos: u32, lid: u32) {
 }
 """
 

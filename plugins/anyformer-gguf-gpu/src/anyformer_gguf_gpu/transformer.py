@@ -24,6 +24,7 @@ from anyformer_gguf_gpu.gpu import GPU
 from anyformer_gguf_gpu.kernels import (
     PLAIN_KERNELS,
     WORKGROUP,
+    AttentionRope,
     Copy,
     Dispatch,
     Kernels,
@@ -195,6 +196,8 @@ class TransformerEngine:
         unused_attention = {"attention", "attention_vec4"} - {attention_kernel(self.config.head_dim)}
         skip = {"swiglu", "rmsnorm"} | unused_attention | ({"rope_store"} if self.rope_in_projection else set())
         wanted: list[PipelineKey] = [(k, None, 1, False, False, False) for k in PLAIN_KERNELS if k not in skip]
+        if not self.rope_in_projection and attention_kernel(self.config.head_dim) == "attention_vec4":
+            wanted.append(("attention_vec4", None, 1, False, False, True))  # one-token steps rotate in attention
         for tb in {1, self.kernels.tokens_per_thread(self.max_batch)}:
             for name, weight in self.weights.items():
                 down = name.endswith("ffn_down.weight")
@@ -266,7 +269,11 @@ class TransformerEngine:
             else:
                 for name, off in (("attn_q", 0), ("attn_k", c.q_dim), ("attn_v", c.q_dim + c.kv_dim)):
                     out.append(mv(p + name + ".weight", self.h, self.qkv, y_off=off, y_stride=qkv_stride, **attn_norm))
-            if not self.rope_in_projection:
+            # One-token steps of the other models rotate and store in the attention dispatch itself.
+            rope_in_attention = (
+                n == 1 and not self.rope_in_projection and attention_kernel(c.head_dim) == "attention_vec4"
+            )
+            if not self.rope_in_projection and not rope_in_attention:
                 out.append(
                     k.rope_store(
                         self.qkv,
@@ -299,6 +306,16 @@ class TransformerEngine:
                     ctx=self.ctx,
                     scale=1.0 / math.sqrt(c.head_dim),
                     tokens=n,
+                    rope=AttentionRope(
+                        self.cos_sin,
+                        self._qk_norm[i] if c.qk_norm else self._dummy_norm,
+                        c.n_rot,
+                        c.rope_neox,
+                        c.qk_norm,
+                        c.eps,
+                    )
+                    if rope_in_attention
+                    else None,
                 )
             )
             out.append(mv(p + "attn_output.weight", self.attn, self.h, accumulate=True))
