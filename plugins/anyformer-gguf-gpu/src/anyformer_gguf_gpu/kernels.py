@@ -125,8 +125,9 @@ def kernel_source(
 #: A buffer-to-buffer copy: (source, source offset, destination, destination offset, bytes).
 Copy = tuple[Any, int, Any, int, int]
 
-#: A pipeline variant: (kernel, quant, tokens_per_thread, swiglu, norm, rope).
-PipelineKey = tuple[str, str | None, int, bool, bool, bool]
+#: A pipeline variant: (kernel, quant, tokens_per_thread, swiglu, norm[, rope]), the arguments of
+#: :meth:`Kernels.pipeline` (an engine that never asks for the rope variants may list five).
+PipelineKey = tuple[Any, ...]
 
 
 @dataclasses.dataclass(frozen=True)
