@@ -139,27 +139,36 @@ fn main(
             }
         }
     } else if (row < P.rows) {
+        // TB is 1 here (TILED covers TB > 1). Two units per pass: both units' weights and inputs are
+        // read before either is used, so each thread has twice the loads in flight.
         let rb = row * P.row_bytes;
-        for (var u = lane; u < P.units; u += TPR) {
+        let xo = P.x_off + t0 * P.x_stride;
+        for (var u = lane; u < P.units; u += 2u * TPR) {
             let e0 = u * 8u;
+            let second = u + TPR < P.units;
+            let e1 = select(e0, e0 + 8u * TPR, second);
             let w = unit_w(rb, e0, P.cols);
+            let v = unit_w(rb, e1, P.cols);
+            let xa = x_vec(xo, e0);
+            let xb = x_vec(xo, e0 + 4u);
+            var xc = x_vec(xo, e1);
+            var xd = x_vec(xo, e1 + 4u);
+            if (!second) {
+                xc = vec4<f32>(0.0);
+                xd = vec4<f32>(0.0);
+            }
             var nw0 = vec4<f32>(1.0);
             var nw1 = vec4<f32>(1.0);
+            var nw2 = vec4<f32>(1.0);
+            var nw3 = vec4<f32>(1.0);
             if (NORM) {
                 nw0 = w_vec(e0);
                 nw1 = w_vec(e0 + 4u);
+                nw2 = w_vec(e1);
+                nw3 = w_vec(e1 + 4u);
+                sq[0] += dot(xa, xa) + dot(xb, xb) + dot(xc, xc) + dot(xd, xd);
             }
-            for (var t = 0u; t < TB; t++) {
-                if (t0 + t < P.tokens) {
-                    let xo = P.x_off + (t0 + t) * P.x_stride;
-                    let xa = x_vec(xo, e0);
-                    let xb = x_vec(xo, e0 + 4u);
-                    if (NORM) {
-                        sq[t] += dot(xa, xa) + dot(xb, xb);
-                    }
-                    acc[t] += dot(w[0], xa * nw0) + dot(w[1], xb * nw1);
-                }
-            }
+            acc[0] += dot(w[0], xa * nw0) + dot(w[1], xb * nw1) + dot(v[0], xc * nw2) + dot(v[1], xd * nw3);
         }
     }
     if (SUBGROUPS) {
