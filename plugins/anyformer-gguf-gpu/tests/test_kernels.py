@@ -310,9 +310,9 @@ def test_attention_can_rotate_and_store_the_token_itself(gpu, kv_kernels, rng, n
     out = gpu.buffer(q_dim * 4)
     table, norm_buf = gpu.upload(cos_sin_table(ctx, n_rot, base)), gpu.upload(norm)
     rope = AttentionRope(table, norm_buf, n_rot, neox, qk_norm, eps)
-    dispatch = kernels.attention(
-        gpu.upload(qkv), k_cache, v_cache, out, gpu.buffer(n_head * ctx * 4), _state(gpu, pos),
-        n_head=n_head, n_kv=n_kv, head_dim=hd, ctx=ctx, scale=float(1 / np.sqrt(hd)), rope=rope,
+    dispatch = kernels.attention_with_rope(
+        rope, gpu.upload(qkv), k_cache, v_cache, out, gpu.buffer(n_head * ctx * 4), _state(gpu, pos),
+        n_head=n_head, n_kv=n_kv, head_dim=hd, ctx=ctx, scale=float(1 / np.sqrt(hd)),
     )  # fmt: skip
     kernels.run([dispatch])
     q = qkv[:, :q_dim].reshape(1, n_head, hd)

@@ -506,14 +506,52 @@ class Kernels:
         ctx: int,
         scale: float,
         tokens: int = 1,
-        rope: AttentionRope | None = None,
     ) -> Dispatch:
         """out[t, h*hd:(h+1)*hd] = causal softmax(q k^T * scale) v over the cache, for every head and token.
 
-        Heads whose width is a multiple of 4 use the kernel that reads the caches a vec4 at a time. With
-        ``rope`` (one token, such heads only) q and k are first normed and rotated as rope_store does
-        and k, v stored into the cache, in the same dispatch.
+        Heads whose width is a multiple of 4 use the kernel that reads the caches a vec4 at a time.
         """
+        dims = {"n_head": n_head, "n_kv": n_kv, "head_dim": head_dim, "ctx": ctx, "tokens": tokens}
+        return self._attention(qkv, k_cache, v_cache, out, scores, state, scale=scale, rope=None, **dims)
+
+    def attention_with_rope(
+        self,
+        rope: AttentionRope,
+        qkv: Any,
+        k_cache: Any,
+        v_cache: Any,
+        out: Any,
+        scores: Any,
+        state: Any,
+        *,
+        n_head: int,
+        n_kv: int,
+        head_dim: int,
+        ctx: int,
+        scale: float,
+    ) -> Dispatch:
+        """:meth:`attention` of a one-token step that first norms and rotates q and k as rope_store does and
+        stores k, v into the cache, in the same dispatch (heads a multiple of 4 wide)."""
+        dims = {"n_head": n_head, "n_kv": n_kv, "head_dim": head_dim, "ctx": ctx, "tokens": 1}
+        return self._attention(qkv, k_cache, v_cache, out, scores, state, scale=scale, rope=rope, **dims)
+
+    def _attention(
+        self,
+        qkv: Any,
+        k_cache: Any,
+        v_cache: Any,
+        out: Any,
+        scores: Any,
+        state: Any,
+        *,
+        n_head: int,
+        n_kv: int,
+        head_dim: int,
+        ctx: int,
+        scale: float,
+        tokens: int,
+        rope: AttentionRope | None,
+    ) -> Dispatch:
         q_dim, kv_dim = n_head * head_dim, n_kv * head_dim
         name = attention_kernel(head_dim)
         extra: tuple[int | float, ...] = (0, 0, 0, 0.0, 0, q_dim, q_dim + kv_dim, 0)

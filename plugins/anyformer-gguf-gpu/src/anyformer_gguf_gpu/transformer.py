@@ -292,32 +292,15 @@ class TransformerEngine:
                         eps=c.eps,
                     )
                 )
-            out.append(
-                k.attention(
-                    self.qkv,
-                    self.k_cache[i],
-                    self.v_cache[i],
-                    self.attn,
-                    self.scores,
-                    self.state,
-                    n_head=c.n_head,
-                    n_kv=c.n_kv,
-                    head_dim=c.head_dim,
-                    ctx=self.ctx,
-                    scale=1.0 / math.sqrt(c.head_dim),
-                    tokens=n,
-                    rope=AttentionRope(
-                        self.cos_sin,
-                        self._qk_norm[i] if c.qk_norm else self._dummy_norm,
-                        c.n_rot,
-                        c.rope_neox,
-                        c.qk_norm,
-                        c.eps,
-                    )
-                    if rope_in_attention
-                    else None,
-                )
-            )
+            attention_args = (self.qkv, self.k_cache[i], self.v_cache[i], self.attn, self.scores, self.state)
+            dims = {"n_head": c.n_head, "n_kv": c.n_kv, "head_dim": c.head_dim, "ctx": self.ctx}
+            scale = 1.0 / math.sqrt(c.head_dim)
+            if rope_in_attention:
+                norm = self._qk_norm[i] if c.qk_norm else self._dummy_norm
+                rope = AttentionRope(self.cos_sin, norm, c.n_rot, c.rope_neox, c.qk_norm, c.eps)
+                out.append(k.attention_with_rope(rope, *attention_args, scale=scale, **dims))
+            else:
+                out.append(k.attention(*attention_args, scale=scale, tokens=n, **dims))
             out.append(mv(p + "attn_output.weight", self.attn, self.h, accumulate=True))
             ffn_norm = {"norm": self.norms[p + "ffn_norm.weight"], "eps": c.eps}
             if p + "ffn_gate_up.weight" in w:
