@@ -21,10 +21,23 @@ def kernels(gpu: GPU) -> Kernels:
     return Kernels(gpu)
 
 
-@pytest.fixture(scope="session", params=[1, 32], ids=["1-thread-rows", "32-thread-rows"])
+_MATRIX_SHAPES = {
+    "1-thread-rows": (1, False),
+    "32-thread-rows": (32, False),
+    "32-thread-subgroups": (32, True),
+    "4-thread-subgroups": (4, True),
+}
+
+
+@pytest.fixture(scope="session", params=list(_MATRIX_SHAPES))
 def matrix_kernels(gpu: GPU, request: pytest.FixtureRequest) -> Kernels:
-    """Kernels with each matrix-kernel shape: one thread per row (CPU adapters) and 32 (GPUs)."""
-    return Kernels(gpu, threads_per_row=request.param)
+    """Kernels with each matrix-kernel shape: one thread per row (CPU adapters), 32 summed in workgroup memory
+    (GPUs without subgroups), and rows summed by subgroup shuffles: 32 threads a row spanning several of
+    lavapipe's 8-wide subgroups, 4 threads a row inside one."""
+    tpr, subgroups = _MATRIX_SHAPES[request.param]
+    if subgroups and not gpu.has_subgroups:
+        pytest.skip("the adapter has no subgroups")
+    return Kernels(gpu, threads_per_row=tpr, subgroups=subgroups)
 
 
 @pytest.fixture

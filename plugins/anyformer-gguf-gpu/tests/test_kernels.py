@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from anyformer_gguf_gpu.kernels import Kernels
-from anyformer_gguf_gpu.quants import F32, FORMATS, Q4_0, dequantize
+from anyformer_gguf_gpu.kernels import Kernels, RopeStore
+from anyformer_gguf_gpu.quants import F16, F32, FORMATS, Q4_0, Q4_1, Q6_K, dequantize
 from anyformer_gguf_gpu.testing import random_blocks
 
 
@@ -204,8 +204,65 @@ def test_rope_store_rotates_q_and_fills_the_cache(gpu, kv_kernels, rng, neox, qk
     assert not kc[:pos0].any() and not vc[pos0 + tokens :].any()
 
 
-@pytest.mark.parametrize(("n_head", "n_kv", "hd"), [(4, 2, 16), (3, 3, 72)])
+@pytest.mark.parametrize("fmt", [Q4_1, Q6_K, F16], ids=lambda f: f.name)
+@pytest.mark.parametrize(
+    ("tpr", "subgroups"),
+    [(1, False), (32, False), (32, True), (4, True)],
+    ids=["1", "32", "32-subgroups", "4-subgroups"],
+)
+@pytest.mark.parametrize("kv_f16", [False, True], ids=["f32-cache", "f16-cache"])
+@pytest.mark.parametrize("tokens", [1, 3])
+def test_matvec_rope_epilogue_rotates_and_fills_the_cache(gpu, rng, fmt, tpr, subgroups, kv_f16, tokens):
+    """The stacked q/k/v projection with rope fused: normed input, rotated q and k, k and v in the cache."""
+    if kv_f16 and not gpu.has_f16:
+        pytest.skip("the adapter has no shader-f16")
+    if subgroups and not gpu.has_subgroups:
+        pytest.skip("the adapter has no subgroups")
+    kernels = Kernels(gpu, threads_per_row=tpr, kv_f16=kv_f16, subgroups=subgroups)
+    n_head, n_kv, hd, n_rot, pos0, ctx, base, eps = 4, 2, 10, 6, 5, 12, 10000.0, 1e-5
+    q_dim, kv_dim = n_head * hd, n_kv * hd
+    rows, cols = q_dim + 2 * kv_dim, _cols_for(fmt, 1)
+    raw = random_blocks(fmt, rows * cols, rng)
+    weights = dequantize(raw, fmt.ggml_type).reshape(rows, cols)
+    x = rng.standard_normal((tokens, cols)).astype(np.float32) * 3
+    norm = rng.standard_normal(cols).astype(np.float32)
+    y = gpu.buffer(tokens * rows * 4)
+    k_cache, v_cache = gpu.buffer(ctx * kv_dim * 4), gpu.buffer(ctx * kv_dim * 4)
+    table, state = gpu.upload(cos_sin_table(ctx, n_rot, base)), _state(gpu, pos0, tokens)
+    store = RopeStore(k_cache, v_cache, table, state, hd, n_rot, q_dim, kv_dim)
+    dispatch = kernels.matvec(
+        gpu.upload(raw), fmt, rows, cols, gpu.upload(x), y, tokens=tokens, norm=gpu.upload(norm), eps=eps, rope=store
+    )
+    kernels.run([dispatch])
+    qkv = _rms(x, norm, eps) @ weights.T.astype(np.float64)
+    pos = np.arange(pos0, pos0 + tokens, dtype=np.float64)
+    want_q = rope_reference(qkv[:, :q_dim].reshape(tokens, n_head, hd), pos, n_rot, base, False)
+    want_k = rope_reference(qkv[:, q_dim : q_dim + kv_dim].reshape(tokens, n_kv, hd), pos, n_rot, base, False)
+    want_v = qkv[:, q_dim + kv_dim :]
+    got = gpu.read(y, np.float32, tokens * rows).reshape(tokens, rows)
+    _close(got[:, :q_dim].reshape(tokens, n_head, hd), want_q)
+    _close(got[:, q_dim : q_dim + kv_dim].reshape(tokens, n_kv, hd), want_k)
+    _close(got[:, q_dim + kv_dim :], want_v)
+    kc = _read_cache(gpu, kernels, k_cache, ctx * kv_dim).reshape(ctx, kv_dim)
+    vc = _read_cache(gpu, kernels, v_cache, ctx * kv_dim).reshape(ctx, kv_dim)
+    tol = {"rtol": 1e-3, "atol": 1e-3 * max(1.0, float(np.abs(qkv).max()))} if kv_f16 else {"rtol": 0, "atol": 0}
+    np.testing.assert_allclose(kc[pos0 : pos0 + tokens], got[:, q_dim : q_dim + kv_dim], **tol)
+    np.testing.assert_allclose(vc[pos0 : pos0 + tokens], got[:, q_dim + kv_dim :], **tol)
+    assert not kc[:pos0].any() and not vc[pos0 + tokens :].any()
+
+
+def test_matvec_rope_epilogue_refuses_rows_without_pairs(gpu):
+    """One row per workgroup cannot rotate a row against its partner: refused, not computed wrong."""
+    kernels = Kernels(gpu, threads_per_row=64)
+    buf = gpu.buffer(64)
+    store = RopeStore(buf, buf, buf, buf, 8, 8, 16, 8)
+    with pytest.raises(ValueError, match="row pairs"):
+        kernels.matvec(buf, F32, 32, 8, buf, buf, rope=store)
+
+
+@pytest.mark.parametrize(("n_head", "n_kv", "hd"), [(4, 2, 16), (3, 3, 72), (4, 2, 10), (2, 1, 70)])
 def test_attention_is_causal_softmax_over_the_cache(gpu, kv_kernels, rng, n_head, n_kv, hd):
+    """Widths that are multiples of 4 (the vec4 kernel; 72 takes two passes of its 16 lanes) and that are not."""
     kernels = kv_kernels
     tokens, pos0, ctx = 3, 70, 80  # 70+ keys: more than one pass of the 64 threads over the sequence
     q_dim, kv_dim = n_head * hd, n_kv * hd
@@ -232,6 +289,53 @@ def test_attention_is_causal_softmax_over_the_cache(gpu, kv_kernels, rng, n_head
             p = np.exp(scores - scores.max())
             want = (p / p.sum()) @ vc[:n, kvh * hd : (kvh + 1) * hd]
             _close(got[t, h], want)
+
+
+@pytest.mark.parametrize("neox", [False, True], ids=["normal", "neox"])
+@pytest.mark.parametrize("qk_norm", [False, True], ids=["plain", "qk-norm"])
+@pytest.mark.parametrize(("n_head", "n_kv", "hd", "n_rot"), [(4, 2, 16, 16), (3, 1, 24, 16)])
+def test_attention_can_rotate_and_store_the_token_itself(gpu, kv_kernels, rng, neox, qk_norm, n_head, n_kv, hd, n_rot):
+    """A one-token step with rope_store's work inside attention: the same output and cache as the two dispatches."""
+    from anyformer_gguf_gpu.kernels import AttentionRope
+
+    kernels = kv_kernels
+    pos, ctx, base, eps = 37, 48, 10000.0, 1e-6
+    q_dim, kv_dim = n_head * hd, n_kv * hd
+    qkv = rng.standard_normal((1, q_dim + 2 * kv_dim)).astype(np.float32)
+    norm = rng.standard_normal(2 * hd).astype(np.float32)
+    kc = rng.standard_normal((ctx, kv_dim)).astype(np.float16).astype(np.float32)
+    vc = rng.standard_normal((ctx, kv_dim)).astype(np.float16).astype(np.float32)
+    kc[pos:], vc[pos:] = 0, 0
+    k_cache, v_cache = _cache(gpu, kernels, kc), _cache(gpu, kernels, vc)
+    out = gpu.buffer(q_dim * 4)
+    table, norm_buf = gpu.upload(cos_sin_table(ctx, n_rot, base)), gpu.upload(norm)
+    rope = AttentionRope(table, norm_buf, n_rot, neox, qk_norm, eps)
+    dispatch = kernels.attention_with_rope(
+        rope, gpu.upload(qkv), k_cache, v_cache, out, gpu.buffer(n_head * ctx * 4), _state(gpu, pos),
+        n_head=n_head, n_kv=n_kv, head_dim=hd, ctx=ctx, scale=float(1 / np.sqrt(hd)),
+    )  # fmt: skip
+    kernels.run([dispatch])
+    q = qkv[:, :q_dim].reshape(1, n_head, hd)
+    k = qkv[:, q_dim : q_dim + kv_dim].reshape(1, n_kv, hd)
+    if qk_norm:
+        q, k = _rms(q, norm[:hd], eps), _rms(k, norm[hd:], eps)
+    at = np.array([pos], dtype=np.float64)
+    q, k = rope_reference(q, at, n_rot, base, neox)[0], rope_reference(k, at, n_rot, base, neox)[0]
+    keys, values = kc.astype(np.float64), vc.astype(np.float64)
+    keys[pos], values[pos] = k.reshape(-1), qkv[0, q_dim + kv_dim :]
+    got = gpu.read(out, np.float32, q_dim).reshape(n_head, hd)
+    group = n_head // n_kv
+    for h in range(n_head):
+        span = slice((h // group) * hd, (h // group + 1) * hd)
+        scores = keys[: pos + 1, span] @ q[h] / np.sqrt(hd)
+        p = np.exp(scores - scores.max())
+        _close(got[h], (p / p.sum()) @ values[: pos + 1, span], rel=2e-4 if kernels.kv_f16 else 2e-5)
+    cache_k = _read_cache(gpu, kernels, k_cache, ctx * kv_dim).reshape(ctx, kv_dim)
+    cache_v = _read_cache(gpu, kernels, v_cache, ctx * kv_dim).reshape(ctx, kv_dim)
+    tol = {"rtol": 1e-3, "atol": 1e-3} if kernels.kv_f16 else {"rtol": 0, "atol": 1e-5}
+    np.testing.assert_allclose(cache_k[pos], k.reshape(-1), **tol)
+    np.testing.assert_allclose(cache_v[pos], qkv[0, q_dim + kv_dim :], **tol)
+    np.testing.assert_array_equal(cache_k[:pos], kc[:pos])
 
 
 def test_swiglu(gpu, kernels, rng):

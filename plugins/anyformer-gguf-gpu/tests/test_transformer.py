@@ -125,6 +125,44 @@ def test_greedy_matches_llama_cpp(engine, model_path):
         print(f"near-tie (step, ours, llama.cpp's, exact gap): {near_ties}")
 
 
+def test_several_steps_in_one_submission_decode_the_same_ids(engine, monkeypatch):
+    """STEPS decode steps share a submission (each its own pass and position): the same ids as one per submission."""
+    from anyformer_gguf_gpu import decode
+
+    monkeypatch.setattr(decode, "STEPS", 1)
+    one_by_one = list(greedy(engine, PROMPT, 11))
+    for steps in (3, 4, 16):
+        monkeypatch.setattr(decode, "STEPS", steps)
+        assert list(greedy(engine, PROMPT, 11)) == one_by_one
+    stream = greedy(engine, PROMPT, 11)
+    assert [next(stream) for _ in range(5)] == one_by_one[:5]
+    stream.close()  # left with submissions in flight: their maps are settled, the engine stays usable
+    assert list(greedy(engine, PROMPT, 11)) == one_by_one
+
+
+def test_a_decode_step_is_five_dispatches_a_layer(engine):
+    """Rotary and the KV store ride in the q/k/v projection (llama) or in attention (qwen3, heads a multiple of 4)."""
+    c = engine.config
+    per_layer = 5 if engine.rope_in_projection or c.head_dim % 4 == 0 else 6
+    assert engine.dispatches_per_token == per_layer * c.n_layer + 3  # + embedding, output head, argmax
+    assert len(engine.program(3, head=True)) == (5 if engine.rope_in_projection else 6) * c.n_layer + 3
+
+
+def test_native_encoding_gives_what_the_public_api_gives(engine):
+    """Dispatches encoded through wgpu-native's functions directly: the same logits and ids as through wgpu-py's API."""
+    kernels = engine.kernels
+    if kernels.native_calls is None:
+        pytest.skip("wgpu-py's native backend functions are not reachable here")
+    native = (engine.all_logits(PROMPT[:5]), list(greedy(engine, PROMPT, 6)))
+    calls, kernels.native_calls = kernels.native_calls, None
+    try:
+        public = (engine.all_logits(PROMPT[:5]), list(greedy(engine, PROMPT, 6)))
+    finally:
+        kernels.native_calls = calls
+    np.testing.assert_array_equal(native[0], public[0])
+    assert native[1] == public[1]
+
+
 def test_sampling_on_the_gpu_is_seeded_and_top_k_one_is_greedy(engine):
     from anyformer_gguf_gpu.decode import sampled
 

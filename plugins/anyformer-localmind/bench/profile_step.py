@@ -6,7 +6,8 @@ Measured on the adapter wgpu picks, over a GGUF (``--model``) or random weights 
 - GPU time of each kernel kind alone (its dispatches of one step, repeated), and of as many dispatches as a
   step has of the cheapest kind (the per-dispatch floor: launch plus the barrier between dispatches);
 - host time to encode one step without submitting it;
-- the greedy loop at several read-back lags, with the time spent encoding and waiting for read-backs.
+- the greedy loop at several read-back lags and decode steps per submission, with the time spent encoding,
+  submitting and waiting for read-backs.
 
 Kernels repeated out of order write garbage into the KV cache and residual; only the timings matter here.
 
@@ -83,34 +84,35 @@ def profile(engine: TransformerEngine, reps: int) -> None:
 
 
 def lag_sweep(engine: TransformerEngine, prompt: list[int], tokens: int) -> None:
-    """Run the greedy loop at several read-back lags, timing the read-back waits."""
+    """Run the greedy loop at several read-back lags and steps per submission, timing the read-back waits."""
     read = decode._Staging.read
     waited = [0.0]
 
-    def timed_read(self: Any, buf: Any, dtype: Any) -> np.ndarray:
+    def timed_read(self: Any, buf: Any, promise: Any, dtype: Any) -> np.ndarray:
         start = time.perf_counter()
         try:
-            return read(self, buf, dtype)
+            return read(self, buf, promise, dtype)
         finally:
             waited[0] += time.perf_counter() - start
 
     decode._Staging.read = timed_read  # type: ignore[method-assign]
     kernels = engine.kernels
     try:
-        for lag in (1, 2, 3, 4, 8):
-            decode.LAG = lag
+        for lag, steps in ((1, 1), (2, 1), (2, 2), (2, 4), (2, 8), (3, 4)):
+            decode.LAG, decode.STEPS = lag, steps
             kernels.encode_seconds = kernels.submit_seconds = waited[0] = 0.0
             start = time.perf_counter()
             n = len(list(decode.greedy(engine, prompt, tokens)))
             seconds = time.perf_counter() - start
             print(
-                f"lag {lag}: {n / seconds:.1f} tok/s, {1e3 * seconds / n:.3f} ms/token: encode "
+                f"lag {lag}, {steps} steps a submission: {n / seconds:.1f} tok/s, "
+                f"{1e3 * seconds / n:.3f} ms/token: encode "
                 f"{1e3 * kernels.encode_seconds / n:.3f}, submit {1e3 * kernels.submit_seconds / n:.3f}, "
                 f"read-back wait {1e3 * waited[0] / n:.3f}"
             )
     finally:
         decode._Staging.read = read  # type: ignore[method-assign]
-        decode.LAG = 2
+        decode.LAG, decode.STEPS = 2, 4
 
 
 def main() -> None:
@@ -128,7 +130,7 @@ def main() -> None:
         gpu = GPU()
         print(f"adapter: {gpu.name}")
         with GGUFFile(path) as gguf:
-            engine = TransformerEngine(gpu, gguf, ctx=args.tokens + 80, max_batch=32)
+            engine = TransformerEngine(gpu, gguf, ctx=args.tokens + 80, max_batch=64)
         vocab = engine.config.n_vocab
         prompt = [int(i) for i in np.random.default_rng(0).integers(0, min(vocab, 30000), size=64)]
         list(decode.greedy(engine, prompt, 8))  # warm-up; leaves the cache 72 positions deep

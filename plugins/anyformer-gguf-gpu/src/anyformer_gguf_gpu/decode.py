@@ -2,10 +2,14 @@
 
 Greedy decoding never waits for the GPU inside a step: step ``p`` embeds ids[p] (which the
 previous step's argmax wrote on the GPU) and writes ids[p+1]; the same submission copies ids[p]
-into a small staging buffer. The host submits step ``p+1`` before it maps the staging buffer of
-step ``p``, so the GPU always has the next token queued while Python reads one token late (and
-encodes the one after). A stop token is therefore seen one step after it was made; the extra step
-only writes past the reply in the KV cache, which the next call overwrites.
+into a small staging buffer, whose map is requested right after the submission (not when the id
+is wanted): wgpu-native's poll waits for every submission made before it, so a map asked for
+after step ``p+1`` was queued would also wait for ``p+1`` and leave the GPU idle while Python
+encodes ``p+2``. Asked for early, the map of ``p`` resolves when ``p`` is done, and the host
+encodes the next steps while the GPU runs the current ones. After the first token, a submission
+covers ``STEPS`` decode steps (each its own compute pass) and one read-back of their ids. A stop
+token is therefore seen a few steps after it was made; the extra steps only write past the reply in
+the KV cache, which the next call overwrites.
 
 Sampling at a temperature above 0 runs the same loop with the GPU sampler (top-k / top-p, a
 uniform draw hashed from the seed and the position) in place of the argmax.
@@ -23,8 +27,12 @@ import numpy as np
 
 from anyformer_gguf_gpu.transformer import TransformerEngine
 
-#: Steps in flight before the host reads an id back (2: the GPU runs step p+1 while p's id is read).
+#: Submissions in flight before the host reads ids back (2: the GPU runs one while the host reads the other's).
 LAG = 2
+#: Decode steps per submission after the first: each submission costs the GPU a gap (the host's submit
+#: waits for wgpu's poll, then the GPU starts the new work), so several tokens share one. A stop token
+#: may thus run up to this many steps more, whose ids are discarded.
+STEPS = 4
 
 
 class _Staging:
@@ -41,18 +49,34 @@ class _Staging:
         self.next = (self.next + 1) % len(self.slots)
         return buf
 
-    def read(self, buf: Any, dtype: Any) -> np.ndarray:
+    def request(self, buf: Any) -> Any:
+        """Ask for ``buf`` to be mapped once the GPU has written it (call right after the submission)."""
         import wgpu  # type: ignore[import-untyped]
 
         from anyformer_gguf_gpu.gpu import gpu_errors
 
         with gpu_errors("reading a token back"):
-            buf.map_sync(wgpu.MapMode.READ, 0, self.nbytes)
+            return buf.map_async(wgpu.MapMode.READ, 0, self.nbytes)
+
+    def read(self, buf: Any, promise: Any, dtype: Any) -> np.ndarray:
+        """Wait for the map ``request`` returned, copy the data out and unmap ``buf``."""
+        from anyformer_gguf_gpu.gpu import gpu_errors
+
+        with gpu_errors("reading a token back"):
+            promise.sync_wait()
             try:
                 data = np.frombuffer(buf.read_mapped(0, self.nbytes), dtype=dtype).copy()
             finally:
                 buf.unmap()
         return data
+
+    def settle(self, buf: Any, promise: Any) -> None:
+        """Wait for a map nobody will read (an abandoned loop) and unmap, so no callback outlives the buffer."""
+        try:
+            promise.sync_wait()
+            buf.unmap()
+        except Exception:  # the loop is being left; a failed map changes nothing
+            return
 
 
 def greedy(
@@ -88,23 +112,31 @@ def _decode(
     if max_new <= 0:
         return
     engine.prefill(prompt)  # its last step writes ids[n]
-    staging = _Staging(engine, LAG + 1, 4)
-    pending: collections.deque[Any] = collections.deque()
-    submitted = 0
-    produced = 0
-    while produced < max_new:
-        while submitted < max_new and len(pending) < LAG:
-            q = n + submitted
-            buf = staging.take()
-            copy = (engine.ids, 4 * q, buf, 0, 4)
-            if q + 1 < engine.ctx and submitted + 1 < max_new:
-                engine.submit_step(q, 1, head=True, copies=[copy])  # computes ids[q+1] too
-            else:
-                engine.kernels.run([], [copy])  # the last id: nothing more to compute
-            pending.append(buf)
-            submitted += 1
-        token = int(staging.read(pending.popleft(), np.uint32)[0])
-        produced += 1
-        yield token
-        if cancel is not None and cancel.is_set():
-            return
+    staging = _Staging(engine, LAG + 1, 4 * STEPS)
+    pending: collections.deque[tuple[Any, Any, int]] = collections.deque()
+    submitted = 0  # ids of the reply that submissions cover
+    try:
+        while pending or submitted < max_new:
+            while submitted < max_new and len(pending) < LAG:
+                # The first submission covers one token (the first id comes back soonest), later ones STEPS.
+                count = min(1 if submitted == 0 else STEPS, max_new - submitted)
+                q = n + submitted
+                # ids[q] is there already; the steps at q.. write ids[q+1..], the last one the next
+                # submission's first id, which the reply's last submission does not need.
+                steps = count if submitted + count < max_new else count - 1
+                buf = staging.take()
+                copy = (engine.ids, 4 * q, buf, 0, 4 * count)
+                if steps:
+                    engine.submit_decode(q, steps, copies=[copy])
+                else:
+                    engine.kernels.run([], [copy])  # the last id: nothing more to compute
+                pending.append((buf, staging.request(buf), count))
+                submitted += count
+            buf, promise, count = pending.popleft()
+            for token in staging.read(buf, promise, np.uint32)[:count]:
+                yield int(token)
+                if cancel is not None and cancel.is_set():
+                    return
+    finally:
+        while pending:
+            staging.settle(*pending.popleft()[:2])

@@ -23,6 +23,8 @@ _RAISED_LIMITS = (
     "max-buffer-size",
     "max-storage-buffers-per-shader-stage",
     "max-compute-workgroup-storage-size",
+    "max-compute-invocations-per-workgroup",
+    "max-compute-workgroup-size-x",
 )
 
 

@@ -23,8 +23,12 @@ from anyformer_gguf_gpu.quants import FORMATS, QuantFormat
 
 #: Threads per workgroup. 64 is a multiple of every vendor's SIMD width (32 NVIDIA, 64 AMD, 8-16 CPU).
 WORKGROUP = 64
-#: Threads of the argmax kernel (one workgroup over the whole vocabulary).
+#: Threads of the argmax and sample kernels (one workgroup over the whole vocabulary).
 ARGMAX_WORKGROUP = 256
+#: Threads of the argmax kernel where the device allows workgroups this large (a shorter walk over the logits).
+WIDE_ARGMAX_WORKGROUP = 1024
+#: Threads of the attention kernel (one workgroup per head and token: more threads, shorter chains).
+ATTENTION_WORKGROUP = 256
 #: Largest workgroup count in one dimension (WebGPU's default limit).
 MAX_GROUPS = 65535
 #: Longest head the rope kernel's workgroup buffer holds.
@@ -45,9 +49,14 @@ _QUANT_FILES = {
 #: The kernels that decode weights, compiled once per quant type an engine uses.
 QUANT_KERNELS = ("matvec", "embed")
 #: The kernels that read or write the KV cache (its element type is a compile-time choice).
-KV_KERNELS = ("rope_store", "attention")
+KV_KERNELS = ("rope_store", "attention", "attention_vec4")
 #: The kernels that do not depend on a weight format.
-PLAIN_KERNELS = ("rmsnorm", "rope_store", "attention", "swiglu", "argmax", "sample")
+PLAIN_KERNELS = ("rmsnorm", "rope_store", "attention", "attention_vec4", "swiglu", "argmax", "sample")
+
+
+def attention_kernel(head_dim: int) -> str:
+    """The attention kernel for heads of ``head_dim``: the vec4 one where the width allows."""
+    return "attention_vec4" if head_dim % 4 == 0 else "attention"
 
 
 def _wgsl(name: str) -> str:
@@ -62,23 +71,40 @@ def kernel_source(
     tokens_per_thread: int = 1,
     swiglu: bool = False,
     norm: bool = False,
+    rope: bool = False,
     kv_f16: bool = False,
+    subgroups: bool = False,
+    workgroup: int | None = None,
 ) -> str:
     """The full WGSL of ``kernel`` (with the byte readers and ``quant``'s decoder for weight kernels).
 
-    ``threads_per_row``, ``tokens_per_thread``, ``swiglu`` and ``norm`` shape the matrix kernel (matvec.wgsl);
-    ``kv_f16`` makes the KV-cache kernels keep f16 (it needs the shader-f16 feature).
+    ``threads_per_row``, ``tokens_per_thread``, ``swiglu``, ``norm`` and ``rope`` shape the matrix kernel
+    (matvec.wgsl; ``rope`` adds the q/k/v epilogue of rope_epilogue.wgsl, which writes the KV cache);
+    ``kv_f16`` makes the KV-cache kernels keep f16 (it needs the shader-f16 feature); ``subgroups`` makes the
+    matrix kernel reduce with subgroup shuffles; ``workgroup`` overrides the kernel's thread count (argmax).
     """
-    workgroup = ARGMAX_WORKGROUP if kernel in ("argmax", "sample") else WORKGROUP
+    workgroup = workgroup or {
+        "argmax": ARGMAX_WORKGROUP,
+        "sample": ARGMAX_WORKGROUP,
+        "attention": ATTENTION_WORKGROUP,
+        "attention_vec4": ATTENTION_WORKGROUP,
+    }.get(kernel, WORKGROUP)
     parts = [f"const WG: u32 = {workgroup}u;\n"]
     if kernel == "matvec":
         parts.append(
             f"const TPR: u32 = {threads_per_row}u;\nconst TB: u32 = {tokens_per_thread}u;\n"
             f"const SWIGLU: bool = {'true' if swiglu else 'false'};\n"
             f"const NORM: bool = {'true' if norm else 'false'};\n"
+            f"const ROPE: bool = {'true' if rope else 'false'};\n"
+            f"const SUBGROUPS: bool = {'true' if subgroups and threads_per_row > 1 else 'false'};\n"
         )
-        parts.append(_NORM_SCALE if norm else "fn norm_scale(e: u32, t: u32) -> f32 {\n    return 1.0;\n}\n")
-    if kernel in KV_KERNELS:
+        parts.append(_NORM_W if norm else "fn norm_w(e: u32) -> f32 {\n    return 1.0;\n}\n")
+        parts.append(_wgsl("rope_epilogue.wgsl") if rope else _NO_ROPE)
+        parts.append(_LANES_SUM if subgroups and threads_per_row > 1 else _NO_LANES_SUM)
+    if kernel == "attention_vec4":
+        parts.append(f"const ROPE: bool = {'true' if rope else 'false'};\n")
+        parts.append(_wgsl("attention_rope.wgsl") if rope else _NO_ATTENTION_ROPE)
+    if kernel in KV_KERNELS or (kernel == "matvec" and rope):
         parts.insert(0, "enable f16;\nalias kv_t = f16;\n" if kv_f16 else "alias kv_t = f32;\n")
     if kernel in QUANT_KERNELS:
         if quant not in _QUANT_FILES:
@@ -87,8 +113,47 @@ def kernel_source(
         if quant in ("Q4_K", "Q5_K"):
             parts.append(_wgsl("quant_kscales.wgsl"))
         parts.append(_wgsl(_QUANT_FILES[quant]))
-    parts.append(_wgsl(f"{kernel}.wgsl"))
+    source = _wgsl(f"{kernel}.wgsl")
+    if kernel == "matvec":
+        # The subgroup size is an entry-point input, declared only where the device has subgroups.
+        param = "@builtin(subgroup_size) SUBGROUP_SIZE: u32," if subgroups and threads_per_row > 1 else ""
+        source = source.replace("SUBGROUP_SIZE_PARAM", param)
+    parts.append(source)
     return "\n".join(parts)
+
+
+#: A buffer-to-buffer copy: (source, source offset, destination, destination offset, bytes).
+Copy = tuple[Any, int, Any, int, int]
+
+#: A pipeline variant: (kernel, quant, tokens_per_thread, swiglu, norm[, rope]), the arguments of
+#: :meth:`Kernels.pipeline` (an engine that never asks for the rope variants may list five).
+PipelineKey = tuple[Any, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeStore:
+    """Where the matrix kernel's rope epilogue writes: the layer's KV cache, the rope table, the step state."""
+
+    k_cache: Any
+    v_cache: Any
+    cos_sin: Any
+    state: Any
+    head_dim: int
+    n_rot: int
+    q_dim: int
+    kv_dim: int
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionRope:
+    """What attention needs to do rope_store's work itself in a one-token step: the rope table and norms."""
+
+    cos_sin: Any
+    norm: Any
+    n_rot: int
+    neox: bool
+    qk_norm: bool
+    eps: float
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,6 +164,35 @@ class Dispatch:
     pipeline: Any
     bind_group: Any
     groups: tuple[int, int, int]
+    #: The native pipeline and bind group handles wgpu-py keeps (``_internal``), where it has them.
+    handles: tuple[Any, Any] | None = None
+
+
+def _handles(pipeline: Any, group: Any) -> tuple[Any, Any] | None:
+    native_pipeline, native_group = getattr(pipeline, "_internal", None), getattr(group, "_internal", None)
+    return None if native_pipeline is None or native_group is None else (native_pipeline, native_group)
+
+
+def _native_pass_calls() -> tuple[Any, Any, Any, Any] | None:
+    """wgpu-native's set-pipeline, set-bind-group and dispatch functions and cffi's NULL, where importable.
+
+    Encoding is the host's share of every token (~150 dispatches): calling these directly skips
+    wgpu-py's per-call wrappers (argument checks, a cffi array for dynamic offsets) and cuts the
+    host's encode time by about a quarter. This reaches into wgpu-py's backend module, so anything
+    unexpected there means the public API is used instead.
+    """
+    try:
+        from wgpu.backends.wgpu_native import _api as native  # type: ignore[import-untyped]
+
+        lib = native.libf
+        return (
+            lib.wgpuComputePassEncoderSetPipeline,
+            lib.wgpuComputePassEncoderSetBindGroup,
+            lib.wgpuComputePassEncoderDispatchWorkgroups,
+            native.ffi.NULL,
+        )
+    except (ImportError, AttributeError):
+        return None
 
 
 def _groups_for_rows(rows: int, z: int = 1) -> tuple[int, int, int]:
@@ -136,6 +230,9 @@ def _u32s(*values: int | float) -> bytes:
 
 #: Tokens each thread of the matrix kernel applies a decoded weight to, when a step covers several tokens.
 PREFILL_TOKENS_PER_THREAD = 8
+#: Most threads per row in the tiled (several-token) matrix kernel: its workgroup stages the tokens'
+#: inputs once for all its rows, so it wants more rows per workgroup than decoding does.
+PREFILL_THREADS_PER_ROW = 4
 
 
 def default_threads_per_row(gpu: GPU) -> int:
@@ -148,7 +245,9 @@ def default_threads_per_row(gpu: GPU) -> int:
 class Kernels:
     """Compiles the kernels on one GPU and builds dispatches over an engine's buffers."""
 
-    def __init__(self, gpu: GPU, *, threads_per_row: int | None = None, kv_f16: bool = False) -> None:
+    def __init__(
+        self, gpu: GPU, *, threads_per_row: int | None = None, kv_f16: bool = False, subgroups: bool | None = None
+    ) -> None:
         self.gpu = gpu
         if kv_f16 and not gpu.has_f16:
             raise ValueError("an f16 KV cache needs the adapter's shader-f16 feature")
@@ -158,12 +257,30 @@ class Kernels:
         if tpr < 1 or tpr > WORKGROUP or tpr & (tpr - 1):
             raise ValueError(f"threads_per_row must be a power of two up to {WORKGROUP}, not {tpr}")
         self.threads_per_row = tpr
+        #: Threads per row of the tiled matrix kernel (steps of several tokens).
+        self.prefill_threads_per_row = min(tpr, PREFILL_THREADS_PER_ROW)
+        if subgroups and not gpu.has_subgroups:
+            raise ValueError("subgroup reductions need the adapter's subgroup feature")
+        #: Whether the matrix kernel sums rows with subgroup shuffles (any subgroup size: the kernel reads it).
+        self.subgroups = (gpu.has_subgroups and tpr > 1) if subgroups is None else subgroups
+        wide = all(
+            int(gpu.limits.get(k, 0)) >= WIDE_ARGMAX_WORKGROUP
+            for k in ("max-compute-invocations-per-workgroup", "max-compute-workgroup-size-x")
+        )
+        #: Threads of the argmax kernel's one workgroup.
+        self.argmax_workgroup = WIDE_ARGMAX_WORKGROUP if wide else ARGMAX_WORKGROUP
         #: Host time spent encoding (until the command buffer is finished) and submitting, and submissions
         #: made: what a bench reports as the CPU cost per token.
         self.encode_seconds = 0.0
         self.submit_seconds = 0.0
         self.submissions = 0
-        self._pipelines: dict[tuple[str, str | None, int, bool, bool], Any] = {}
+        self._pipelines: dict[PipelineKey, Any] = {}
+        #: wgpu-native's pass functions, called directly when encoding (None: wgpu-py's public API).
+        self.native_calls = _native_pass_calls()
+
+    def rows_threads(self, tokens_per_thread: int) -> int:
+        """Threads per row of the matrix kernel's variant for ``tokens_per_thread``."""
+        return self.threads_per_row if tokens_per_thread == 1 else self.prefill_threads_per_row
 
     @staticmethod
     def tokens_per_thread(tokens: int) -> int:
@@ -172,10 +289,10 @@ class Kernels:
 
     def compile(
         self,
-        wanted: Iterable[tuple[str, str | None, int, bool, bool]],
+        wanted: Iterable[PipelineKey],
         progress: Callable[[int, int], None] | None = None,
     ) -> None:
-        """Compile every (kernel, quant, tokens_per_thread, swiglu, norm) pipeline in ``wanted`` now."""
+        """Compile every (kernel, quant, tokens_per_thread, swiglu, norm, rope) pipeline in ``wanted`` now."""
         todo = [key for key in dict.fromkeys(wanted) if key not in self._pipelines]
         for done, key in enumerate(todo, 1):
             self.pipeline(*key)
@@ -189,15 +306,17 @@ class Kernels:
         tokens_per_thread: int = 1,
         swiglu: bool = False,
         norm: bool = False,
+        rope: bool = False,
     ) -> Any:
         """The compute pipeline of ``kernel`` (for ``quant`` where it decodes weights), compiled once."""
         matrix = kernel == "matvec"
-        key = (
+        key: PipelineKey = (
             kernel,
             quant if kernel in QUANT_KERNELS else None,
             tokens_per_thread if matrix else 1,
             swiglu and matrix,
             norm and matrix,
+            rope and kernel in ("matvec", "attention_vec4"),
         )
         found = self._pipelines.get(key)
         if found is None:
@@ -205,11 +324,14 @@ class Kernels:
             source = kernel_source(
                 key[0],
                 key[1],
-                threads_per_row=self.threads_per_row,
+                threads_per_row=self.rows_threads(key[2]),
                 tokens_per_thread=key[2],
                 swiglu=key[3],
                 norm=key[4],
+                rope=key[5],
                 kv_f16=self.kv_f16,
+                subgroups=self.subgroups,
+                workgroup=self.argmax_workgroup if kernel == "argmax" else None,
             )
             with gpu_errors(f"compiling the {kernel} kernel"):
                 module = device.create_shader_module(code=source, label=f"{kernel}-{quant}")
@@ -224,14 +346,17 @@ class Kernels:
     ) -> Dispatch:
         uniform = self.gpu.upload(np.frombuffer(params, dtype=np.uint8), label=f"{name}-params", uniform=True)
         entries: list[Any] = []
-        # The uniform sits at the binding after the kernel's first storage buffers (see each .wgsl).
+        # The uniform sits at the binding after the kernel's first storage buffers (see each .wgsl);
+        # None marks a binding number a variant does not declare.
         slots = list(buffers)
         slots.insert(_UNIFORM_SLOT[name], uniform)
         for index, buf in enumerate(slots):
+            if buf is None:
+                continue
             entries.append({"binding": index, "resource": {"buffer": buf, "offset": 0, "size": buf.size}})
         with gpu_errors(f"binding the {name} kernel"):
             group = self.gpu.device.create_bind_group(layout=pipeline.get_bind_group_layout(0), entries=entries)
-        return Dispatch(name, pipeline, group, groups)
+        return Dispatch(name, pipeline, group, groups, _handles(pipeline, group))
 
     def matvec(
         self,
@@ -251,13 +376,23 @@ class Kernels:
         swiglu: bool = False,
         norm: Any = None,
         eps: float = 1e-5,
+        rope: RopeStore | None = None,
     ) -> Dispatch:
         """y[t, :rows] (+)= W @ x[t, :cols] for ``tokens`` tokens; offsets and strides count floats.
 
         With ``swiglu`` each input row is [gate | up] (2 × cols floats, the default stride) and the
         vector multiplied is silu(gate) * up. With ``norm`` (a buffer of cols f32 weights) it is
-        RMSNorm(x) * norm, computed in the same dispatch.
+        RMSNorm(x) * norm, computed in the same dispatch. With ``rope`` the rows are a stacked
+        [q | k | v] projection: q and k are rotated (adjacent pairs) and k, v stored into the cache
+        at position state[0] + t, in the same dispatch (not with ``accumulate``).
         """
+        tb = self.tokens_per_thread(tokens)
+        rows_per_group = WORKGROUP // self.rows_threads(tb)
+        if rope is not None:
+            if accumulate or rows_per_group % 2 or rope.head_dim % 2 or rope.n_rot % 2 or rope.n_rot > rope.head_dim:
+                raise ValueError("the rope epilogue needs row pairs in a workgroup, even head_dim and n_rot")
+            if rows != rope.q_dim + 2 * rope.kv_dim:
+                raise ValueError(f"the rope epilogue needs q_dim + 2 kv_dim rows, not {rows}")
         params = _u32s(
             rows,
             cols,
@@ -270,13 +405,18 @@ class Kernels:
             int(accumulate),
             tokens,
             float(eps),
+            0,
+            *((rope.head_dim, rope.n_rot, rope.q_dim, rope.kv_dim) if rope is not None else (0, 0, 0, 0)),
         )
-        tb = self.tokens_per_thread(tokens)
-        rows_per_group = WORKGROUP // self.threads_per_row
+        buffers = [weight, x, y, norm]
+        if rope is not None:
+            buffers += [rope.k_cache, rope.v_cache, rope.cos_sin, rope.state]
+        while buffers[-1] is None:
+            buffers.pop()
         return self._dispatch(
             "matvec",
-            self.pipeline("matvec", fmt.name, tb, swiglu, norm is not None),
-            [weight, x, y] if norm is None else [weight, x, y, norm],
+            self.pipeline("matvec", fmt.name, tb, swiglu, norm is not None, rope is not None),
+            buffers,
             params,
             _groups_for_rows(math.ceil(rows / rows_per_group), math.ceil(tokens / tb)),
         )
@@ -367,13 +507,65 @@ class Kernels:
         scale: float,
         tokens: int = 1,
     ) -> Dispatch:
-        """out[t, h*hd:(h+1)*hd] = causal softmax(q k^T * scale) v over the cache, for every head and token."""
+        """out[t, h*hd:(h+1)*hd] = causal softmax(q k^T * scale) v over the cache, for every head and token.
+
+        Heads whose width is a multiple of 4 use the kernel that reads the caches a vec4 at a time.
+        """
+        dims = {"n_head": n_head, "n_kv": n_kv, "head_dim": head_dim, "ctx": ctx, "tokens": tokens}
+        return self._attention(qkv, k_cache, v_cache, out, scores, state, scale=scale, rope=None, **dims)
+
+    def attention_with_rope(
+        self,
+        rope: AttentionRope,
+        qkv: Any,
+        k_cache: Any,
+        v_cache: Any,
+        out: Any,
+        scores: Any,
+        state: Any,
+        *,
+        n_head: int,
+        n_kv: int,
+        head_dim: int,
+        ctx: int,
+        scale: float,
+    ) -> Dispatch:
+        """:meth:`attention` of a one-token step that first norms and rotates q and k as rope_store does and
+        stores k, v into the cache, in the same dispatch (heads a multiple of 4 wide)."""
+        dims = {"n_head": n_head, "n_kv": n_kv, "head_dim": head_dim, "ctx": ctx, "tokens": 1}
+        return self._attention(qkv, k_cache, v_cache, out, scores, state, scale=scale, rope=rope, **dims)
+
+    def _attention(
+        self,
+        qkv: Any,
+        k_cache: Any,
+        v_cache: Any,
+        out: Any,
+        scores: Any,
+        state: Any,
+        *,
+        n_head: int,
+        n_kv: int,
+        head_dim: int,
+        ctx: int,
+        scale: float,
+        tokens: int,
+        rope: AttentionRope | None,
+    ) -> Dispatch:
         q_dim, kv_dim = n_head * head_dim, n_kv * head_dim
-        params = _u32s(n_head, n_kv, head_dim, q_dim + 2 * kv_dim, kv_dim, ctx, q_dim, float(scale))
+        name = attention_kernel(head_dim)
+        extra: tuple[int | float, ...] = (0, 0, 0, 0.0, 0, q_dim, q_dim + kv_dim, 0)
+        buffers = [qkv, k_cache, v_cache, out, scores, state]
+        if rope is not None:
+            if tokens != 1 or name != "attention_vec4" or head_dim > MAX_HEAD_DIM or rope.n_rot > head_dim:
+                raise ValueError("attention rotates q/k itself only in one-token steps of heads a multiple of 4 wide")
+            extra = (rope.n_rot, int(rope.neox), int(rope.qk_norm), float(rope.eps), head_dim, q_dim, q_dim + kv_dim, 0)
+            buffers += [rope.cos_sin, rope.norm]
+        params = _u32s(n_head, n_kv, head_dim, q_dim + 2 * kv_dim, kv_dim, ctx, q_dim, float(scale), *extra)
         return self._dispatch(
-            "attention",
-            self.pipeline("attention"),
-            [qkv, k_cache, v_cache, out, scores, state],
+            name,
+            self.pipeline(name, rope=rope is not None),
+            buffers,
             params,
             (n_head, tokens, 1),
         )
@@ -398,18 +590,44 @@ class Kernels:
             "sample", self.pipeline("sample"), [logits, ids, state, sampling], _u32s(n, offset), (1, 1, 1)
         )
 
-    def run(self, dispatches: Sequence[Dispatch], copies: Sequence[tuple[Any, int, Any, int, int]] = ()) -> None:
+    def run(self, dispatches: Sequence[Dispatch], copies: Sequence[Copy] = ()) -> None:
         """Encode ``dispatches`` in one compute pass, then ``copies`` (src, src_off, dst, dst_off, n); submit once."""
+        self.run_passes([((), dispatches)], copies)
+
+    def run_passes(
+        self, passes: Sequence[tuple[Sequence[Copy], Sequence[Dispatch]]], copies: Sequence[Copy] = ()
+    ) -> None:
+        """Encode each (copies before it, dispatches) as its own compute pass, then ``copies``; submit once.
+
+        Several decode steps go in one submission this way, each pass preceded by the copy that sets its position.
+        """
         device = self.gpu.device
         start = time.perf_counter()
         with gpu_errors("running the kernels"):
             encoder = device.create_command_encoder()
-            compute = encoder.begin_compute_pass()
-            for d in dispatches:
-                compute.set_pipeline(d.pipeline)
-                compute.set_bind_group(0, d.bind_group)
-                compute.dispatch_workgroups(*d.groups)
-            compute.end()
+            for before, dispatches in passes:
+                for src, src_off, dst, dst_off, n in before:
+                    encoder.copy_buffer_to_buffer(src, src_off, dst, dst_off, n)
+                compute = encoder.begin_compute_pass()
+                native = getattr(compute, "_internal", None) if self.native_calls is not None else None
+                if native is not None and self.native_calls is not None:
+                    set_pipeline, set_group, dispatch, null = self.native_calls
+                    for d in dispatches:
+                        handles = d.handles
+                        if handles is None:
+                            compute.set_pipeline(d.pipeline)
+                            compute.set_bind_group(0, d.bind_group)
+                            compute.dispatch_workgroups(*d.groups)
+                            continue
+                        set_pipeline(native, handles[0])
+                        set_group(native, 0, handles[1], 0, null)
+                        dispatch(native, *d.groups)
+                else:
+                    for d in dispatches:
+                        compute.set_pipeline(d.pipeline)
+                        compute.set_bind_group(0, d.bind_group)
+                        compute.dispatch_workgroups(*d.groups)
+                compute.end()
             for src, src_off, dst, dst_off, n in copies:
                 encoder.copy_buffer_to_buffer(src, src_off, dst, dst_off, n)
             commands = encoder.finish()
@@ -420,11 +638,42 @@ class Kernels:
         self.submissions += 1
 
 
-# The matrix kernel's NORM variant: the norm weights' binding (after the uniform) and the scale.
-_NORM_SCALE = """@group(0) @binding(4) var<storage, read> NormW: array<f32>;
+# The matrix kernel's NORM variant: the norm weights' binding (after the uniform) and their reader.
+_NORM_W = """@group(0) @binding(4) var<storage, read> NormW: array<f32>;
 
-fn norm_scale(e: u32, t: u32) -> f32 {
-    return inv_rms[t] * NormW[min(e, P.cols - 1u)];
+fn norm_w(e: u32) -> f32 {
+    return NormW[min(e, P.cols - 1u)];
+}
+"""
+
+# The matrix kernel's SUBGROUPS variant: the sum over a row's lanes within one subgroup, by shuffles.
+_LANES_SUM = """fn lanes_sum(v: f32, sg: u32) -> f32 {
+    var s = v;
+    for (var off = min(TPR, sg) / 2u; off > 0u; off >>= 1u) {
+        s += subgroupShuffleXor(s, off);
+    }
+    return s;
+}
+"""
+
+# Without subgroups (SUBGROUPS is false; the function and the size only have to exist).
+_NO_LANES_SUM = """const SUBGROUP_SIZE: u32 = 1u;
+
+fn lanes_sum(v: f32, sg: u32) -> f32 {
+    return v;
+}
+"""
+
+# The matrix kernel without the rope epilogue (ROPE is false; the function only has to exist).
+_NO_ROPE = """fn rope_epilogue(row: u32, local_row: u32, t: u32, token: u32, value: f32) -> f32 {
+    return value;
+}
+"""
+
+# attention_vec4 without the rotary prologue (ROPE is false; the function and buffer only have to exist).
+_NO_ATTENTION_ROPE = """var<workgroup> cur: array<f32, 4>;
+
+fn rope_head(src: u32, norm_off: u32, pos: u32, lid: u32) {
 }
 """
 
@@ -436,6 +685,7 @@ _UNIFORM_SLOT = {
     "rmsnorm": 3,
     "rope_store": 5,
     "attention": 5,
+    "attention_vec4": 5,
     "swiglu": 2,
     "argmax": 2,
 }

@@ -12,7 +12,7 @@ sampling, whose id is written where the next step's embedding lookup reads it.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -21,11 +21,22 @@ from anyformer.plugin import AnyformerError, ErrorCode, GGUFHeader
 from anyformer_gguf_gpu.config import ModelConfig, footprint, read_config
 from anyformer_gguf_gpu.gguf_file import GGUFFile
 from anyformer_gguf_gpu.gpu import GPU
-from anyformer_gguf_gpu.kernels import PLAIN_KERNELS, Dispatch, Kernels, sampling_block
+from anyformer_gguf_gpu.kernels import (
+    PLAIN_KERNELS,
+    WORKGROUP,
+    AttentionRope,
+    Copy,
+    Dispatch,
+    Kernels,
+    PipelineKey,
+    RopeStore,
+    attention_kernel,
+    sampling_block,
+)
 from anyformer_gguf_gpu.quants import QuantFormat, dequantize, format_of
 
 #: Most tokens one prefill step processes (the activation buffers are sized for this many).
-DEFAULT_MAX_BATCH = 32
+DEFAULT_MAX_BATCH = 64
 
 #: Load progress callback: (what, done, total).
 LoadProgress = Callable[[str, int, int], None]
@@ -167,17 +178,33 @@ class TransformerEngine:
         )
         return self.gpu.upload(np.concatenate([q, k]).astype(np.float32), label=f"qk-norm{layer}")
 
-    def _pipelines_needed(self) -> list[tuple[str, str | None, int, bool, bool]]:
-        """Every (kernel, quant, tokens_per_thread, swiglu, norm) pipeline the steps encode."""
-        wanted: list[tuple[str, str | None, int, bool, bool]] = [
-            (k, None, 1, False, False) for k in PLAIN_KERNELS if k not in ("swiglu", "rmsnorm")
-        ]
+    @property
+    def rope_in_projection(self) -> bool:
+        """Whether the stacked q/k/v projection rotates and stores k, v itself (no rope_store dispatch).
+
+        That epilogue pairs adjacent rows, so it serves llama's "normal" rope without q/k norms on a
+        stacked projection whose workgroups hold row pairs; qwen3 (neox, q/k norms) keeps rope_store.
+        """
+        c = self.config
+        k = self.kernels
+        pairs = all((WORKGROUP // k.rows_threads(tb)) % 2 == 0 for tb in (1, k.tokens_per_thread(self.max_batch)))
+        stacked = all(f"blk.{i}.attn_qkv.weight" in self.weights for i in range(c.n_layer))
+        return pairs and stacked and not c.rope_neox and not c.qk_norm and c.head_dim % 2 == 0 and c.n_rot % 2 == 0
+
+    def _pipelines_needed(self) -> list[PipelineKey]:
+        """Every (kernel, quant, tokens_per_thread, swiglu, norm, rope) pipeline the steps encode."""
+        unused_attention = {"attention", "attention_vec4"} - {attention_kernel(self.config.head_dim)}
+        skip = {"swiglu", "rmsnorm"} | unused_attention | ({"rope_store"} if self.rope_in_projection else set())
+        wanted: list[PipelineKey] = [(k, None, 1, False, False, False) for k in PLAIN_KERNELS if k not in skip]
+        if not self.rope_in_projection and attention_kernel(self.config.head_dim) == "attention_vec4":
+            wanted.append(("attention_vec4", None, 1, False, False, True))  # one-token steps rotate in attention
         for tb in {1, self.kernels.tokens_per_thread(self.max_batch)}:
             for name, weight in self.weights.items():
                 down = name.endswith("ffn_down.weight")
                 normed = not down and not name.endswith("attn_output.weight")  # projections of the residual
-                wanted.append(("matvec", weight.fmt.name, tb, down, normed))
-        wanted.append(("embed", self.weights["token_embd.weight"].fmt.name, 1, False, False))
+                rope = self.rope_in_projection and name.endswith("attn_qkv.weight")
+                wanted.append(("matvec", weight.fmt.name, tb, down, normed, rope))
+        wanted.append(("embed", self.weights["token_embd.weight"].fmt.name, 1, False, False, False))
         return wanted
 
     def release(self) -> None:
@@ -185,6 +212,8 @@ class TransformerEngine:
         owned = [w.buffer for w in self.weights.values()] + list(self.norms.values()) + self.k_cache + self.v_cache
         owned += [self.h, self.qkv, self.attn, self.gate_up, self.logits, self.scores]
         owned += [self.ids, self.state, self.sampling, self.cos_sin, self._dummy_norm, *self._qk_norm]
+        if "_positions" in self.__dict__:
+            owned.append(self.__dict__.pop("_positions"))
         self._programs.clear()
         self.weights.clear()
         self.norms.clear()
@@ -229,45 +258,49 @@ class TransformerEngine:
             p = f"blk.{i}."
             # The projections normalise the residual themselves (RMSNorm fused into the matrix kernel).
             attn_norm = {"norm": self.norms[p + "attn_norm.weight"], "eps": c.eps}
-            if p + "attn_qkv.weight" in w:
+            if self.rope_in_projection:
+                # One dispatch: norm, q/k/v rows, rotation of q and k, and the k/v store into the cache.
+                store = RopeStore(
+                    self.k_cache[i], self.v_cache[i], self.cos_sin, self.state, c.head_dim, c.n_rot, c.q_dim, c.kv_dim
+                )
+                out.append(mv(p + "attn_qkv.weight", self.h, self.qkv, rope=store, **attn_norm))
+            elif p + "attn_qkv.weight" in w:
                 out.append(mv(p + "attn_qkv.weight", self.h, self.qkv, **attn_norm))  # rows q, k, v: the packed layout
             else:
                 for name, off in (("attn_q", 0), ("attn_k", c.q_dim), ("attn_v", c.q_dim + c.kv_dim)):
                     out.append(mv(p + name + ".weight", self.h, self.qkv, y_off=off, y_stride=qkv_stride, **attn_norm))
-            out.append(
-                k.rope_store(
-                    self.qkv,
-                    self.k_cache[i],
-                    self.v_cache[i],
-                    self.cos_sin,
-                    self._qk_norm[i] if c.qk_norm else self._dummy_norm,
-                    self.state,
-                    n_head=c.n_head,
-                    n_kv=c.n_kv,
-                    head_dim=c.head_dim,
-                    n_rot=c.n_rot,
-                    neox=c.rope_neox,
-                    tokens=n,
-                    qk_norm=c.qk_norm,
-                    eps=c.eps,
-                )
+            # One-token steps of the other models rotate and store in the attention dispatch itself.
+            rope_in_attention = (
+                n == 1 and not self.rope_in_projection and attention_kernel(c.head_dim) == "attention_vec4"
             )
-            out.append(
-                k.attention(
-                    self.qkv,
-                    self.k_cache[i],
-                    self.v_cache[i],
-                    self.attn,
-                    self.scores,
-                    self.state,
-                    n_head=c.n_head,
-                    n_kv=c.n_kv,
-                    head_dim=c.head_dim,
-                    ctx=self.ctx,
-                    scale=1.0 / math.sqrt(c.head_dim),
-                    tokens=n,
+            if not self.rope_in_projection and not rope_in_attention:
+                out.append(
+                    k.rope_store(
+                        self.qkv,
+                        self.k_cache[i],
+                        self.v_cache[i],
+                        self.cos_sin,
+                        self._qk_norm[i] if c.qk_norm else self._dummy_norm,
+                        self.state,
+                        n_head=c.n_head,
+                        n_kv=c.n_kv,
+                        head_dim=c.head_dim,
+                        n_rot=c.n_rot,
+                        neox=c.rope_neox,
+                        tokens=n,
+                        qk_norm=c.qk_norm,
+                        eps=c.eps,
+                    )
                 )
-            )
+            attention_args = (self.qkv, self.k_cache[i], self.v_cache[i], self.attn, self.scores, self.state)
+            dims = {"n_head": c.n_head, "n_kv": c.n_kv, "head_dim": c.head_dim, "ctx": self.ctx}
+            scale = 1.0 / math.sqrt(c.head_dim)
+            if rope_in_attention:
+                norm = self._qk_norm[i] if c.qk_norm else self._dummy_norm
+                rope = AttentionRope(self.cos_sin, norm, c.n_rot, c.rope_neox, c.qk_norm, c.eps)
+                out.append(k.attention_with_rope(rope, *attention_args, scale=scale, **dims))
+            else:
+                out.append(k.attention(*attention_args, scale=scale, tokens=n, **dims))
             out.append(mv(p + "attn_output.weight", self.attn, self.h, accumulate=True))
             ffn_norm = {"norm": self.norms[p + "ffn_norm.weight"], "eps": c.eps}
             if p + "ffn_gate_up.weight" in w:
@@ -344,6 +377,33 @@ class TransformerEngine:
             raise AnyformerError(ErrorCode.BAD_REQUEST, f"position {pos + tokens} is past the context of {self.ctx}")
         self.gpu.write(self.state, np.array([pos, tokens, 0, 0], dtype=np.uint32))
         self.kernels.run(self.program(tokens, head=head, sample=sample, all_logits=all_logits), copies or [])
+
+    @property
+    def positions(self) -> Any:
+        """Every position as a u32 (made on first use, also by engines built on this one's steps): decode
+        steps sharing one submission copy theirs into state[0] in turn."""
+        found = self.__dict__.get("_positions")
+        if found is None:
+            found = self.gpu.upload(np.arange(self.ctx + 1, dtype=np.uint32), label="positions")
+            self.__dict__["_positions"] = found
+        return found
+
+    def submit_decode(self, pos: int, steps: int, *, copies: Sequence[Copy] = ()) -> None:
+        """Queue ``steps`` one-token decode steps at positions pos.. as one submission (each samples the next id).
+
+        Each step is its own compute pass, preceded by a copy of its position into the state buffer, so
+        the host pays one submission (and one wait) for several tokens; ``copies`` come after the steps.
+        """
+        if steps < 1:
+            raise ValueError(f"a submission covers at least one step, not {steps}")
+        if pos + steps > self.ctx:
+            raise AnyformerError(ErrorCode.BAD_REQUEST, f"position {pos + steps} is past the context of {self.ctx}")
+        self.gpu.write(self.state, np.array([pos, 1, 0, 0], dtype=np.uint32))
+        program = self.program(1, head=True)
+        passes: list[tuple[Sequence[Copy], Sequence[Dispatch]]] = [((), program)]
+        for q in range(pos + 1, pos + steps):
+            passes.append((((self.positions, 4 * q, self.state, 0, 4),), program))
+        self.kernels.run_passes(passes, copies)
 
     def prefill(self, ids: list[int], start: int = 0) -> None:
         """Run ids (already at ``start``) through the model in steps of ``max_batch``; the last step samples."""

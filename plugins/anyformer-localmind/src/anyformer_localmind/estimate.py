@@ -11,7 +11,7 @@ from typing import Any
 #: Context a model loads with when the request names none (capped by what it was trained on).
 DEFAULT_CONTEXT = 4096
 #: Most tokens one prefill step covers (the activation buffers are sized for this many).
-MAX_BATCH = 32
+MAX_BATCH = 64
 #: Host memory the engine takes besides the mapped file: tokenizer, Python objects, staging buffers.
 RAM_OVERHEAD = 96 * 10**6
 

@@ -1,6 +1,9 @@
 // Causal attention of one query head of one token over the KV cache: token b at position
-// pos = S[0] + b sees keys 0..pos. Scores go to a scratch row, then softmax, then the weighted sum
-// of V (the caches hold kv_t: f16 or f32, see rope_store.wgsl). Query head h reads KV head h / (n_head / n_kv) (grouped-query attention).
+// pos = S[0] + b sees keys 0..pos. Scores go to a scratch row (a thread per key, q held in workgroup
+// memory), then softmax, then the weighted sum of V (the caches hold kv_t: f16 or f32, see
+// rope_store.wgsl). Query head h reads KV head h / (n_head / n_kv) (grouped-query attention).
+// The weighted sum splits the keys among G groups of TD threads (TD dims at a time, the groups
+// summed in workgroup memory), so each thread's chain of dependent loads is n / G long, not n.
 
 struct Params {
     n_head: u32,
@@ -21,7 +24,12 @@ struct Params {
 @group(0) @binding(5) var<uniform> P: Params;
 @group(0) @binding(6) var<storage, read> S: array<u32>;
 
+const TD: u32 = 32u;
+const G: u32 = WG / TD;
+const MAX_HEAD_DIM: u32 = 512u;
+
 var<workgroup> red: array<f32, WG>;
+var<workgroup> qs: array<f32, MAX_HEAD_DIM>;
 
 fn reduce_max(v: f32, lid: u32) -> f32 {
     red[lid] = v;
@@ -61,11 +69,16 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let qo = b * P.qkv_stride + h * hd;
     let ko = kvh * hd;
     let so = (b * P.n_head + h) * P.ctx;
+    for (var d = lid; d < hd; d += WG) {
+        qs[d] = QKV[qo + d];
+    }
+    workgroupBarrier();
     var m = -3.4e38;
     for (var j = lid; j < n; j += WG) {
         var s = 0.0;
+        let kj = j * P.kv_dim + ko;
         for (var d = 0u; d < hd; d++) {
-            s += QKV[qo + d] * f32(Kc[j * P.kv_dim + ko + d]);
+            s += qs[d] * f32(Kc[kj + d]);
         }
         s *= P.scale;
         Sc[so + j] = s;
@@ -81,11 +94,25 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let sum = reduce_sum(total, lid);
     storageBarrier();
     workgroupBarrier();
-    for (var d = lid; d < hd; d += WG) {
+    let l = lid % TD;
+    let g = lid / TD;
+    for (var d0 = 0u; d0 < hd; d0 += TD) {
+        let d = d0 + l;
         var acc = 0.0;
-        for (var j = 0u; j < n; j++) {
-            acc += Sc[so + j] * f32(Vc[j * P.kv_dim + ko + d]);
+        if (d < hd) {
+            for (var j = g; j < n; j += G) {
+                acc += Sc[so + j] * f32(Vc[j * P.kv_dim + ko + d]);
+            }
         }
-        Out[b * P.out_stride + h * hd + d] = acc / sum;
+        red[lid] = acc;
+        workgroupBarrier();
+        if (g == 0u && d < hd) {
+            var total_d = 0.0;
+            for (var k = 0u; k < G; k++) {
+                total_d += red[k * TD + l];
+            }
+            Out[b * P.out_stride + h * hd + d] = total_d / sum;
+        }
+        workgroupBarrier();
     }
 }
