@@ -221,7 +221,7 @@ def main() -> None:
     parser.add_argument("--budgets", default="0.5,0.25,0.1", help="budgets as fractions of the file's size")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--folder", default=tempfile.gettempdir())
-    parser.add_argument("--policy", default="lrfu", choices=("lru", "lrfu"), help="diskformer's cache policy")
+    parser.add_argument("--policy", default="reuse", choices=("reuse", "lru", "lrfu"), help="diskformer's cache policy")
     parser.add_argument("--engines", default="diskformer,llama", help="which engines to run (comma-separated)")
     parser.add_argument("--child", nargs="*", help=argparse.SUPPRESS)
     args = parser.parse_args()
