@@ -109,7 +109,7 @@ class LayerReuse:
     an expert already used in this turn is touched again (a one-layer model).
     """
 
-    def __init__(self, n_layer: int, half_life: float = 3.0) -> None:
+    def __init__(self, n_layer: int, half_life: float = 2.0) -> None:
         if n_layer < 1:
             raise ValueError("n_layer must be at least 1")
         if not half_life > 0:
