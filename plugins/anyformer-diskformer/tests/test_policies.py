@@ -176,3 +176,15 @@ def test_the_policy_does_not_change_the_logits(moe_top4):
         finally:
             model.dispose()
     assert np.array_equal(logits["lru"], logits["reuse"])
+
+
+def test_reuse_keeps_the_next_layers_predicted_experts():
+    policy = LayerReuse(2)
+    for key in [(1, 5), (0, 0), (0, 1), (0, 0), (0, 1)]:  # layer 0's two were used twice, (1, 5) once
+        policy.touch(key)
+    assert policy.victim() == (1, 5)
+    policy.expect([(1, 5)])
+    assert policy.victim() != (1, 5)
+    assert policy.victim(exclude={(0, 0), (0, 1)}) == (1, 5)  # the only one left is still given up
+    policy.expect([])
+    assert policy.victim() == (1, 5)

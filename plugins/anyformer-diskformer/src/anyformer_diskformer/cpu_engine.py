@@ -173,7 +173,9 @@ class CpuMoEEngine:
         p = f"blk.{layer}."
         x = _rms(h, self._w.vector(p + "ffn_norm.weight"), self.config.eps)
         logits = self._w.product(x, p + "ffn_gate_inp.weight")
-        prefetcher.request(layer, likely_experts(logits, self.config.n_expert_used, prefetcher.width), self.cache)
+        guess = likely_experts(logits, self.config.n_expert_used, prefetcher.width)
+        self.cache.expect(layer, guess)
+        prefetcher.request(layer, guess, self.cache)
 
     def forward(self, ids: list[int], start: int, *, every: bool = True) -> np.ndarray:
         """Logits for ``ids`` at positions ``start..`` (every token's rows, or the last's); their keys and values

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import collections
 import math
-from collections.abc import Container
+from collections.abc import Collection, Container
 from typing import Protocol
 
 Key = tuple[int, int]
@@ -27,6 +27,9 @@ class EvictionPolicy(Protocol):
 
     def victim(self, exclude: Container[Key] = ()) -> Key:
         """The held key to evict next, never one of ``exclude`` (keys in use now)."""
+
+    def expect(self, keys: Collection[Key]) -> None:
+        """The next layer's router predicts ``keys`` (the prefetcher's guess); a policy may keep them."""
 
 
 class LRU:
@@ -47,6 +50,9 @@ class LRU:
     def victim(self, exclude: Container[Key] = ()) -> Key:
         """The least recent held key not in ``exclude``."""
         return next(k for k in self._order if k not in exclude)
+
+    def expect(self, keys: Collection[Key]) -> None:
+        """Predictions do not change LRU's order."""
 
 
 class LRFU:
@@ -91,6 +97,9 @@ class LRFU:
         """The held key not in ``exclude`` with the smallest decayed score; the least recent among equals."""
         return min((k for k in self._held if k not in exclude), key=lambda k: (self._stored[k], self._last[k]))
 
+    def expect(self, keys: Collection[Key]) -> None:
+        """Predictions do not change LRFU's scores."""
+
 
 class LayerReuse:
     """Evict the expert least likely to be used at its layer's next turn; among equals, the one needed last.
@@ -105,8 +114,10 @@ class LayerReuse:
     when no resident scores lower it is the next victim itself, so an expert unlikely to be reused never
     displaces one that is likely to be. Among equal scores the victim is the one whose layer comes next
     farthest ahead (the layer just computed first, the next layer last), as Belady's optimal policy would
-    choose, then the least recent. A new turn of a layer starts when another layer is touched, or when
-    an expert already used in this turn is touched again (a one-layer model).
+    choose, then the least recent. Experts the next layer's router predicts (:meth:`expect`) are evicted
+    only when nothing else is left: they are the ones needed soonest. A new turn of a layer starts when
+    another layer is touched, or when an expert already used in this turn is touched again (a one-layer
+    model).
     """
 
     def __init__(self, n_layer: int, half_life: float = 2.0) -> None:
@@ -125,6 +136,7 @@ class LayerReuse:
         self._stamp: dict[Key, int] = {}
         self._last: dict[Key, int] = {}
         self._held: set[Key] = set()
+        self._expected: frozenset[Key] = frozenset()
 
     def _score(self, key: Key) -> float:
         value = self._value.get(key)
@@ -156,12 +168,16 @@ class LayerReuse:
         """The held key not in ``exclude`` with the lowest score, then the farthest layer ahead, then least recent."""
         n, current = self._n_layer, self._layer
 
-        def rank(key: Key) -> tuple[float, int, int]:
+        def rank(key: Key) -> tuple[bool, float, int, int]:
             # Layers ahead of the current one, 0 for the next layer up to n - 1 for the current one.
             ahead = (key[0] - current - 1) % n
-            return (self._score(key), -ahead, self._last[key])
+            return (key in self._expected, self._score(key), -ahead, self._last[key])
 
         return min((k for k in self._held if k not in exclude), key=rank)
+
+    def expect(self, keys: Collection[Key]) -> None:
+        """Keep ``keys`` (the next layer's predicted experts) until the next prediction replaces them."""
+        self._expected = frozenset(keys)
 
 
 #: The names ``make_policy`` (and the ``cache_policy`` load option) take.
