@@ -221,7 +221,7 @@ def main() -> None:
     parser.add_argument("--budgets", default="0.5,0.25,0.1", help="budgets as fractions of the file's size")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--folder", default=tempfile.gettempdir())
-    parser.add_argument("--policy", default="lrfu", choices=("lru", "lrfu"), help="diskformer's cache policy")
+    parser.add_argument("--policy", default="reuse", choices=("reuse", "lru", "lrfu"), help="diskformer's cache policy")
     parser.add_argument("--engines", default="diskformer,llama", help="which engines to run (comma-separated)")
     parser.add_argument("--child", nargs="*", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -235,6 +235,7 @@ def main() -> None:
 
     from anyformer.plugin import read_gguf_header
     from anyformer_diskformer.plan import plan_from_header
+    from anyformer_diskformer.policies import make_policy, replay
     from anyformer_diskformer.testing import write_tiny_moe
     from anyformer_diskformer.trace import read_trace, replay_belady, replay_lru
 
@@ -281,6 +282,13 @@ def main() -> None:
                 slots = int(mine["pool_slots"])  # type: ignore[call-overload]
                 belady = replay_belady(accesses, slots) - replay_belady(accesses[: len(accesses) - len(decode)], slots)
                 lru = replay_lru(accesses, slots) - replay_lru(accesses[: len(accesses) - len(decode)], slots)
+                prompt = accesses[: len(accesses) - len(decode)]
+                # Each policy alone (no prefetch) on the same trace and slots.
+                alone = {
+                    name: replay(accesses, slots, make_policy(name, args.layers))
+                    - replay(prompt, slots, make_policy(name, args.layers))
+                    for name in ("lrfu", "reuse")
+                }
                 per_token = float(mine["bytes_per_token"])  # type: ignore[arg-type]
                 bound = disk / per_token if per_token else float("inf")
                 speed = float(mine["tok_per_sec"])  # type: ignore[arg-type]
@@ -288,8 +296,10 @@ def main() -> None:
                     f"  diskformer ({args.policy}, {mine['read_method']}, prefetch {mine['prefetch']}, "
                     f"{mine['slots']} cache slots "
                     f"of {slots} in the pool): {speed:.3f} tok/s, hit rate {float(mine['hit_rate']):.0%} "  # type: ignore[arg-type]
-                    f"(Belady {belady / max(1, len(decode)):.0%}, LRU {lru / max(1, len(decode)):.0%} at {slots} "
-                    f"slots), {per_token / 1e6:.0f} MB read a token, disk bound {bound:.2f} tok/s, "
+                    f"(Belady {belady / max(1, len(decode)):.0%}, LRU {lru / max(1, len(decode)):.0%}, "
+                    f"LRFU {alone['lrfu'] / max(1, len(decode)):.0%}, reuse {alone['reuse'] / max(1, len(decode)):.0%} "
+                    f"replayed without prefetch at {slots} slots), {per_token / 1e6:.0f} MB read a token, "
+                    f"disk bound {bound:.2f} tok/s, "
                     f"fraction {speed / bound if bound != float('inf') else 0:.2f}"
                 )
             for variant, result in theirs.items():

@@ -93,10 +93,15 @@ def test_refusals(description, caps, request_, code, words):
 def test_a_file_on_disk_gives_need_from_its_tensor_sizes(moe_folder):
     model = anyformer.describe(moe_folder)
     path = model.files_of("gguf")[0].path
-    # Counted independently with gguf's own reader: experts as stored, every other tensor as f32.
+    # Counted independently with gguf's own reader: experts and other matrices as stored, vectors as f32.
     reader = gguf.GGUFReader(path)
     experts = sum(int(t.n_bytes) for t in reader.tensors if re.search(r"_exps\.weight$", t.name))
-    dense = sum(4 * int(t.n_elements) for t in reader.tensors if not re.search(r"_exps\.weight$", t.name))
+    dense = sum(
+        int(t.n_bytes) if len(t.shape) > 1 else 4 * int(t.n_elements)
+        for t in reader.tensors
+        if not re.search(r"_exps\.weight$", t.name)
+    )
+    assert dense < sum(4 * int(t.n_elements) for t in reader.tensors if not re.search(r"_exps\.weight$", t.name))
     kv = 2 * 2 * 256 * (2 * 16) * 4  # layers, the file's context of 256, two KV heads of 16, f32
     one_layer_top2 = experts // (2 * 8) * 2
     need = dense + kv + RAM_OVERHEAD + one_layer_top2

@@ -1,4 +1,5 @@
-"""The qwen3moe / qwen2moe forward pass on the CPU in numpy: dense weights resident, routed experts from the cache.
+"""The qwen3moe / qwen2moe forward pass on the CPU in numpy: dense weights resident as stored, routed experts from
+the cache.
 
 Per layer, as llama.cpp's graphs for these architectures: RMSNorm, q/k/v projections (with biases
 in qwen2moe), per-head RMSNorm of q and k (qwen3moe), NEOX rotary embedding, grouped-query causal
@@ -14,9 +15,10 @@ from __future__ import annotations
 import numpy as np
 
 from anyformer.plugin import AnyformerError, ErrorCode
+from anyformer_diskformer.dense_weights import DenseWeights
 from anyformer_diskformer.expert_cache import ExpertCache
 from anyformer_diskformer.expert_reader import ExpertSlices
-from anyformer_diskformer.moe_config import MoEConfig, is_expert_tensor
+from anyformer_diskformer.moe_config import MoEConfig
 from anyformer_diskformer.prefetch import likely_experts
 from anyformer_diskformer.trace import TraceWriter
 from anyformer_gguf_gpu.gguf_file import GGUFFile
@@ -48,7 +50,7 @@ def route(logits: np.ndarray, k: int, normalise: bool) -> tuple[np.ndarray, np.n
 
 
 class CpuMoEEngine:
-    """A loaded qwen3moe or qwen2moe model on the CPU: float32 dense weights, an f32 KV cache of ``ctx`` tokens."""
+    """A loaded qwen3moe or qwen2moe model on the CPU: dense weights as stored, an f32 KV cache of ``ctx`` tokens."""
 
     def __init__(
         self,
@@ -64,13 +66,9 @@ class CpuMoEEngine:
         if trace is not None:
             cache.take_accesses()  # start recording
         self.ctx = ctx
-        self._w: dict[str, np.ndarray] = {}
-        for t in gguf.header.tensors:
-            if is_expert_tensor(t.name):
-                continue
-            values = dequantize(gguf.raw(t.name), t.ggml_type)
-            self._w[t.name] = values.reshape(tuple(reversed(t.dims))) if len(t.dims) > 1 else values
-        self._head = self._w["token_embd.weight" if config.tied_output else "output.weight"]
+        # Held as stored and dequantised per use: float32 copies would take ~4x (Q4_K: ~7x) the memory.
+        self._w = DenseWeights(gguf)
+        self._head = "token_embd.weight" if config.tied_output else "output.weight"
         self._rope = cos_sin_table(ctx, config.n_rot, config.rope_base)
         shape = (config.n_layer, ctx, config.n_kv, config.head_dim)
         self._k = np.zeros(shape, dtype=np.float32)
@@ -79,7 +77,7 @@ class CpuMoEEngine:
     @property
     def held_bytes(self) -> int:
         """Host bytes of dense weights and the KV cache (the expert cache counts its own)."""
-        return sum(w.nbytes for w in self._w.values()) + self._k.nbytes + self._v.nbytes
+        return self._w.nbytes + self._k.nbytes + self._v.nbytes
 
     def _rotate(self, x: np.ndarray, start: int) -> np.ndarray:
         """Rotary embedding of the first ``n_rot`` dims of each head: NEOX pairs (i, i + n_rot/2), or adjacent
@@ -100,8 +98,8 @@ class CpuMoEEngine:
 
     def _project(self, name: str, x: np.ndarray) -> np.ndarray:
         """``x @ W.T``, plus the bias where the model has one."""
-        y = x @ self._w[name + ".weight"].T
-        bias = self._w.get(name + ".bias")
+        y = self._w.product(x, name + ".weight")
+        bias = self._w.optional_vector(name + ".bias")
         return y + bias if bias is not None else y
 
     def _attention(self, layer: int, x: np.ndarray, start: int) -> np.ndarray:
@@ -111,8 +109,8 @@ class CpuMoEEngine:
         q, k = q.reshape(n, c.n_head, c.head_dim), k.reshape(n, c.n_kv, c.head_dim)
         v = v.reshape(n, c.n_kv, c.head_dim)
         if c.qk_norm:
-            q = _rms(q, self._w[p + "attn_q_norm.weight"], c.eps)
-            k = _rms(k, self._w[p + "attn_k_norm.weight"], c.eps)
+            q = _rms(q, self._w.vector(p + "attn_q_norm.weight"), c.eps)
+            k = _rms(k, self._w.vector(p + "attn_k_norm.weight"), c.eps)
         q, k = self._rotate(q, start), self._rotate(k, start)
         end = start + n
         self._k[layer, start:end] = k
@@ -127,11 +125,11 @@ class CpuMoEEngine:
             s = (q[:, h] @ keys[:, h // group].T) * scale + mask
             s = np.exp(s - s.max(axis=1, keepdims=True))
             out[:, h] = (s / s.sum(axis=1, keepdims=True)) @ values[:, h // group]
-        return out.reshape(n, -1) @ self._w[p + "attn_output.weight"].T
+        return self._w.product(out.reshape(n, -1), p + "attn_output.weight")
 
     def _experts(self, layer: int, x: np.ndarray) -> np.ndarray:
         c = self.config
-        router = x @ self._w[f"blk.{layer}.ffn_gate_inp.weight"].T
+        router = self._w.product(x, f"blk.{layer}.ffn_gate_inp.weight")
         chosen, weights = route(router, c.n_expert_used, c.norm_topk)
         weights = weights * np.float32(c.weights_scale)
         out = np.zeros_like(x)
@@ -149,11 +147,11 @@ class CpuMoEEngine:
             out[rows] += weights[rows, slot][:, None] * y
         if c.n_ff_shexp:
             p = f"blk.{layer}."
-            shared = (
-                _silu(x @ self._w[p + "ffn_gate_shexp.weight"].T) * (x @ self._w[p + "ffn_up_shexp.weight"].T)
-            ) @ (self._w[p + "ffn_down_shexp.weight"].T)
+            gate_part = _silu(self._w.product(x, p + "ffn_gate_shexp.weight"))
+            hidden = gate_part * self._w.product(x, p + "ffn_up_shexp.weight")
+            shared = self._w.product(hidden, p + "ffn_down_shexp.weight")
             if c.shexp_gated:
-                gate = 1.0 / (1.0 + np.exp(-(x @ self._w[p + "ffn_gate_inp_shexp.weight"])))
+                gate = 1.0 / (1.0 + np.exp(-(x @ self._w.vector(p + "ffn_gate_inp_shexp.weight"))))
                 shared = gate[:, None].astype(np.float32) * shared
             out += shared
         return out
@@ -173,8 +171,11 @@ class CpuMoEEngine:
         if prefetcher is None or layer >= self.config.n_layer:
             return
         p = f"blk.{layer}."
-        logits = _rms(h, self._w[p + "ffn_norm.weight"], self.config.eps) @ self._w[p + "ffn_gate_inp.weight"].T
-        prefetcher.request(layer, likely_experts(logits, self.config.n_expert_used, prefetcher.width), self.cache)
+        x = _rms(h, self._w.vector(p + "ffn_norm.weight"), self.config.eps)
+        logits = self._w.product(x, p + "ffn_gate_inp.weight")
+        guess = likely_experts(logits, self.config.n_expert_used, prefetcher.width)
+        self.cache.expect(layer, guess)
+        prefetcher.request(layer, guess, self.cache)
 
     def forward(self, ids: list[int], start: int, *, every: bool = True) -> np.ndarray:
         """Logits for ``ids`` at positions ``start..`` (every token's rows, or the last's); their keys and values
@@ -184,14 +185,14 @@ class CpuMoEEngine:
             raise AnyformerError(ErrorCode.BAD_REQUEST, f"positions {start}..{start + len(ids)} exceed {self.ctx}")
         if any(not 0 <= t < c.n_vocab for t in ids):
             raise AnyformerError(ErrorCode.BAD_REQUEST, "a token id is outside the vocabulary")
-        h = self._w["token_embd.weight"][ids].astype(np.float32)
+        h = self._w.rows("token_embd.weight", ids)
         for layer in range(c.n_layer):
             p = f"blk.{layer}."
-            h = h + self._attention(layer, _rms(h, self._w[p + "attn_norm.weight"], c.eps), start)
-            x = _rms(h, self._w[p + "ffn_norm.weight"], c.eps)
+            h = h + self._attention(layer, _rms(h, self._w.vector(p + "attn_norm.weight"), c.eps), start)
+            x = _rms(h, self._w.vector(p + "ffn_norm.weight"), c.eps)
             self._guess(layer + 1, h)
             h = h + self._experts(layer, x)
         if self.trace is not None:
             self.trace.write(self.cache.take_accesses())
         h = h if every else h[-1:]
-        return (_rms(h, self._w["output_norm.weight"], c.eps) @ self._head.T).astype(np.float32)
+        return self._w.product(_rms(h, self._w.vector("output_norm.weight"), c.eps), self._head).astype(np.float32)

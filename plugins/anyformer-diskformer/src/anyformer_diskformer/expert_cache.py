@@ -184,6 +184,10 @@ class ExpertCache(Generic[Entry]):
         finally:
             self._pinned.clear()
 
+    def expect(self, layer: int, experts: Sequence[int]) -> None:
+        """Tell the policy which experts of ``layer`` its router predicts (before the prefetcher reads them)."""
+        self.policy.expect([(layer, e) for e in experts])
+
     def take_accesses(self) -> list[Key]:
         """The accesses recorded since the last call (recording starts with the first call)."""
         taken, self.accesses = self.accesses or [], []

@@ -396,7 +396,9 @@ class GpuMoEEngine:
             logits = gpu.read(self.router, np.float32, 2 * c.n_expert + 1 if guessing else c.n_expert + 1)
             if prefetcher is not None and guessing:
                 guess = logits[None, c.n_expert + 1 : 2 * c.n_expert + 1]
-                prefetcher.request(layer + 1, likely_experts(guess, c.n_expert_used, prefetcher.width), self.cache)
+                likely = likely_experts(guess, c.n_expert_used, prefetcher.width)
+                self.cache.expect(layer + 1, likely)
+                prefetcher.request(layer + 1, likely, self.cache)
             chosen, weights = route(logits[None, : c.n_expert], c.n_expert_used, c.norm_topk)
             weights = weights * np.float32(c.weights_scale)
             slots = self.cache.fetch(layer, [int(e) for e in chosen[0]])

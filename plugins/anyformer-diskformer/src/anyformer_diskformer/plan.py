@@ -22,14 +22,14 @@ DEFAULT_CONTEXT = 4096
 
 #: GPU bytes besides weights, caches and slots: activations, scratch, uniforms, the rope table.
 GPU_OVERHEAD = 32 * 10**6
-#: Where the engine runs: "cpu" (numpy; dense weights as float32 in host memory) or "gpu" (wgpu;
+#: Where the engine runs: "cpu" (numpy; dense weights as stored in host memory) or "gpu" (wgpu;
 #: dense weights as stored, in GPU memory).
 DEVICES = ("cpu", "gpu")
 
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    """The bytes a load takes on its device: dense weights (float32 on the CPU, as stored on the GPU), the KV
+    """The bytes a load takes on its device: dense weights (as stored; vectors as float32 on the CPU), the KV
     cache (f32 on both), the expert cache, and the smallest cache that works (one layer's top-k experts)."""
 
     context: int
@@ -99,7 +99,8 @@ def plan_from_header(header: GGUFHeader, context: int, device: str = "cpu") -> P
             layer = t.name.split(".")[1]
             per_layer[layer] = per_layer.get(layer, 0) + t.nbytes
         else:
-            dense += 4 * t.n_elements if device == "cpu" else t.nbytes
+            # The CPU engine keeps vectors as float32 (as are F32 tensors) and other matrices as stored.
+            dense += 4 * t.n_elements if device == "cpu" and len(t.dims) == 1 else t.nbytes
     plan = _plan(summary, context, device, dense, expert_bytes, estimated=False)
     experts = _fact(summary, "expert_count")
     widest = max(per_layer.values(), default=0) // experts if experts else 0
@@ -124,7 +125,7 @@ def plan_from_summary(summary: dict[str, Any], context: int, device: str = "cpu"
     expert_params = max(0, params - dense)
     per_param = data / params if params else 0.0
     expert_bytes = int(expert_params * per_param)
-    dense_bytes = 4 * dense if device == "cpu" else int(dense * per_param)
+    dense_bytes = int(dense * per_param)  # as stored, on both devices
     return _plan(summary, context, device, dense_bytes, expert_bytes, estimated=True)
 
 

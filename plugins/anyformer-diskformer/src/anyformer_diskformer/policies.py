@@ -1,4 +1,5 @@
-"""Which cached expert to evict: least recently used, or frequency and recency together (LRFU).
+"""Which cached expert to evict: least recently used, frequency and recency together (LRFU), or the expert
+least likely to be used at its layer's next turn (``reuse``, the default).
 
 A policy sees every access (``touch``) and every eviction (``evicted``) and names the victim among
 the keys the cache holds. Both the live :class:`~anyformer_diskformer.expert_cache.ExpertCache`
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 import collections
 import math
-from collections.abc import Container
+from collections.abc import Collection, Container
 from typing import Protocol
 
 Key = tuple[int, int]
@@ -26,6 +27,9 @@ class EvictionPolicy(Protocol):
 
     def victim(self, exclude: Container[Key] = ()) -> Key:
         """The held key to evict next, never one of ``exclude`` (keys in use now)."""
+
+    def expect(self, keys: Collection[Key]) -> None:
+        """The next layer's router predicts ``keys`` (the prefetcher's guess); a policy may keep them."""
 
 
 class LRU:
@@ -46,6 +50,9 @@ class LRU:
     def victim(self, exclude: Container[Key] = ()) -> Key:
         """The least recent held key not in ``exclude``."""
         return next(k for k in self._order if k not in exclude)
+
+    def expect(self, keys: Collection[Key]) -> None:
+        """Predictions do not change LRU's order."""
 
 
 class LRFU:
@@ -90,14 +97,103 @@ class LRFU:
         """The held key not in ``exclude`` with the smallest decayed score; the least recent among equals."""
         return min((k for k in self._held if k not in exclude), key=lambda k: (self._stored[k], self._last[k]))
 
+    def expect(self, keys: Collection[Key]) -> None:
+        """Predictions do not change LRFU's scores."""
 
-def make_policy(name: str) -> EvictionPolicy:
-    """The policy a load option names: ``lru`` or ``lrfu``; another name is a ``ValueError``."""
+
+class LayerReuse:
+    """Evict the expert least likely to be used at its layer's next turn; among equals, the one needed last.
+
+    A mixture-of-experts forward pass visits its layers in turn and asks each for its chosen experts once
+    per visit, so an expert's chance of being used again is its layer's routing frequency, not how recently
+    the cache saw it. Each expert's score counts its uses, each weighted by ``0.5 ** (visits since / half_life)``
+    where visits are *its layer's* turns: an expert chosen at every turn of its layer scores the same whatever
+    the layer, and one that stopped being chosen fades in ``half_life`` turns. Scores survive eviction.
+
+    This is admission control as well as eviction: an expert just read scores its history plus one, and
+    when no resident scores lower it is the next victim itself, so an expert unlikely to be reused never
+    displaces one that is likely to be. Among equal scores the victim is the one whose layer comes next
+    farthest ahead (the layer just computed first, the next layer last), as Belady's optimal policy would
+    choose, then the least recent. Experts the next layer's router predicts (:meth:`expect`) are evicted
+    only when nothing else is left: they are the ones needed soonest. A new turn of a layer starts when
+    another layer is touched, or when an expert already used in this turn is touched again (a one-layer
+    model).
+    """
+
+    def __init__(self, n_layer: int, half_life: float = 2.0) -> None:
+        if n_layer < 1:
+            raise ValueError("n_layer must be at least 1")
+        if not half_life > 0:
+            raise ValueError("half_life must be positive")
+        self._n_layer = n_layer
+        self._decay = 0.5 ** (1.0 / half_life)
+        self._visits = [0] * n_layer
+        self._layer = -1
+        self._this_turn: set[Key] = set()
+        self._now = 0
+        #: Per expert: its score at turn ``_stamp[key]`` of its layer.
+        self._value: dict[Key, float] = {}
+        self._stamp: dict[Key, int] = {}
+        self._last: dict[Key, int] = {}
+        self._held: set[Key] = set()
+        self._expected: frozenset[Key] = frozenset()
+
+    def _score(self, key: Key) -> float:
+        value = self._value.get(key)
+        if value is None:
+            return 0.0
+        return value * self._decay ** (self._visits[key[0]] - self._stamp[key])
+
+    def touch(self, key: Key) -> None:
+        """Count one use of ``key`` in its layer's current turn (starting a new turn where this is one)."""
+        layer = key[0]
+        if not 0 <= layer < self._n_layer:
+            raise ValueError(f"layer {layer} of a {self._n_layer}-layer model")
+        if layer != self._layer or key in self._this_turn:
+            self._visits[layer] += 1
+            self._layer = layer
+            self._this_turn.clear()
+        self._this_turn.add(key)
+        self._value[key] = self._score(key) + 1.0
+        self._stamp[key] = self._visits[layer]
+        self._now += 1
+        self._last[key] = self._now
+        self._held.add(key)
+
+    def evicted(self, key: Key) -> None:
+        """``key`` is no longer held (its score is kept)."""
+        self._held.discard(key)
+
+    def victim(self, exclude: Container[Key] = ()) -> Key:
+        """The held key not in ``exclude`` with the lowest score, then the farthest layer ahead, then least recent."""
+        n, current = self._n_layer, self._layer
+
+        def rank(key: Key) -> tuple[bool, float, int, int]:
+            # Layers ahead of the current one, 0 for the next layer up to n - 1 for the current one.
+            ahead = (key[0] - current - 1) % n
+            return (key in self._expected, self._score(key), -ahead, self._last[key])
+
+        return min((k for k in self._held if k not in exclude), key=rank)
+
+    def expect(self, keys: Collection[Key]) -> None:
+        """Keep ``keys`` (the next layer's predicted experts) until the next prediction replaces them."""
+        self._expected = frozenset(keys)
+
+
+#: The names ``make_policy`` (and the ``cache_policy`` load option) take.
+POLICY_NAMES = ("reuse", "lrfu", "lru")
+
+
+def make_policy(name: str, n_layer: int) -> EvictionPolicy:
+    """The policy a load option names for a model of ``n_layer`` layers: ``reuse``, ``lrfu`` or ``lru``;
+    another name is a ``ValueError``."""
     if name == "lru":
         return LRU()
     if name == "lrfu":
         return LRFU()
-    raise ValueError(f"cache policy {name!r}; the policies are lru and lrfu")
+    if name == "reuse":
+        return LayerReuse(n_layer)
+    raise ValueError(f"cache policy {name!r}; the policies are {', '.join(POLICY_NAMES)}")
 
 
 def replay(accesses: list[Key], slots: int, policy: EvictionPolicy) -> int:

@@ -4,8 +4,11 @@ A token runs every layer's top-k experts. Of those lookups the cache holds a fra
 routing taken as uniform (the cautious case: real routers favour some experts, which raises it),
 is the cache's share of all experts; the rest are read from disk. On the CPU a token costs
 
-    layers × k × (time to dequantise and apply one expert) + dense f32 bytes / memory bandwidth
+    (layers × k + dense bytes / one expert's bytes) × (time to dequantise and apply one expert)
     + layers × k × (1 − held share) × one expert's bytes / disk bandwidth
+
+(the dense weights are held as stored and dequantised per use, as the experts are, so they cost
+about what experts of the same bytes cost)
 
 with the disk timed by reading up to :data:`DISK_SAMPLE` bytes of the file's experts (``O_DIRECT``
 where allowed, else after dropping them from the page cache), memory by a numpy copy, and one
@@ -131,14 +134,12 @@ def tok_per_sec(path: str | None, plan: Plan, cache_bytes: int, device: str) -> 
         return None, "the disk or memory timing gave nothing"
     held = min(1.0, cache_bytes / plan.expert_bytes_total) if plan.expert_bytes_total else 1.0
     lookups = plan.n_layer * plan.experts_per_token
-    seconds = (
-        lookups * found.expert_seconds
-        + plan.dense_bytes / found.memory_bytes_per_s
-        + lookups * (1.0 - held) * plan.one_expert_bytes / found.disk_bytes_per_s
-    )
+    seconds = (lookups + plan.dense_bytes / max(1, plan.one_expert_bytes)) * found.expert_seconds + lookups * (
+        1.0 - held
+    ) * plan.one_expert_bytes / found.disk_bytes_per_s
     why = (
         f"CPU model: {lookups} expert uses a token at {found.expert_seconds * 1e3:.2f} ms each, "
         f"{(1 - held) * 100:.0f}% of them read at {found.disk_bytes_per_s / 1e6:.0f} MB/s (uniform routing), "
-        f"dense weights at {found.memory_bytes_per_s / 1e9:.1f} GB/s"
+        f"dense weights dequantised per use at the experts' cost a byte"
     )
     return (1.0 / seconds if seconds > 0 else None), why

@@ -15,6 +15,8 @@ import json
 import os
 from typing import TextIO
 
+import numpy as np
+
 from anyformer.plugin import AnyformerError, ErrorCode
 
 #: The environment variable naming the trace file.
@@ -102,3 +104,46 @@ def replay_belady(accesses: list[Access], slots: int) -> int:
         cache[key] = next_use[i]
         heapq.heappush(heap, (-next_use[i], key))
     return hits
+
+
+def skewed_trace(
+    n_layer: int,
+    n_expert: int,
+    top_k: int,
+    tokens: int,
+    *,
+    zipf: float = 1.0,
+    stay: float = 0.5,
+    seed: int = 0,
+) -> list[Access]:
+    """A synthetic routing trace with the skew trained routers show, one decode token a step.
+
+    Each layer has its own popularity order of the experts (a random permutation), the r-th most
+    popular chosen with weight ``1 / r ** zipf``; each of a token's ``top_k`` choices at a layer is,
+    with probability ``stay``, one of the experts the previous token chose there (temporal locality:
+    consecutive tokens share experts), else drawn by popularity; a token's experts at a layer are
+    distinct and asked for in ascending order, as the CPU engine asks. Deterministic for a ``seed``.
+    """
+    if not 0 < top_k <= n_expert:
+        raise ValueError("top_k must be between 1 and the number of experts")
+    rng = np.random.default_rng(seed)
+    popularity = 1.0 / np.arange(1, n_expert + 1, dtype=np.float64) ** zipf
+    orders = [rng.permutation(n_expert) for _ in range(n_layer)]
+    previous: list[list[int]] = [[] for _ in range(n_layer)]
+    accesses: list[Access] = []
+    for _ in range(tokens):
+        for layer in range(n_layer):
+            weights = np.zeros(n_expert)
+            weights[orders[layer]] = popularity
+            chosen: list[int] = []
+            for _ in range(top_k):
+                again = [e for e in previous[layer] if e not in chosen]
+                if again and rng.random() < stay:
+                    expert = int(again[int(rng.integers(len(again)))])
+                else:
+                    expert = int(rng.choice(n_expert, p=weights / weights.sum()))
+                chosen.append(expert)
+                weights[expert] = 0.0
+            previous[layer] = chosen
+            accesses.extend((layer, e) for e in sorted(chosen))
+    return accesses
