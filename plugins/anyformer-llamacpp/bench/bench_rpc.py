@@ -9,7 +9,7 @@ On loopback the difference is the RPC protocol's own cost per token (serialising
 a round trip per server per step), not a network's; the per-token figure is the extra time per token
 over local. All three share the machine's cores (the servers compute what the local run computes).
 
-    python plugins/anyformer-llamacpp/bench/bench_rpc.py [--rounds 3] [--tokens 64] [--model PATH]
+    python plugins/anyformer-llamacpp/bench/bench_rpc.py [--rounds 3] [--tokens 64] [--model PATH] [--threads N]
 
 Figures (2 shared cores, SmolLM2-135M Q4_1, context 512, 48 tokens, median of 3 rounds, 2026-11-30):
 local 55.7 tok/s; two servers 54.1 (0.97x, +0.54 ms per token); through the relay 52.2 (0.94x,
@@ -99,9 +99,13 @@ def main() -> None:
     parser.add_argument("--model", type=Path, default=None)
     parser.add_argument("--context", type=int, default=512)
     parser.add_argument("--mem", default="200MB", help="what each relayed server lends")
+    parser.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2) // 2))
     args = parser.parse_args()
     model = args.model or anyformer.default_model_path()
-    threads = max(1, (os.cpu_count() or 2) // 2)
+    threads = args.threads
+    # The local run computes with as many threads as one server, so the comparison is the protocol's
+    # cost, not a thread count (llama.cpp's spinning threads also slow down badly on busy cores).
+    os.environ["ANYFORMER_LLAMACPP_THREADS"] = str(threads)
     folder = Path(tempfile.mkdtemp(prefix="bench-rpc-"))
     logs = [folder / f"server{i}.log" for i in range(4)]
     servers = [_start_server(None, threads, logs[i]) for i in range(2)]
