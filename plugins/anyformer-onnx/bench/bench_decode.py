@@ -328,7 +328,11 @@ def main() -> None:
     ours = medians.get("anyformer onnx int4 acc4")
     for other in ("onnxruntime-genai int4", "optimum ORT int4 acc4 (same graph)"):
         if ours and medians.get(other):
-            print(f"  anyformer onnx int4 acc4 / {other}: {ours / medians[other]:.2f}")
+            same = agreement(replies["anyformer onnx int4 acc4"], replies[other])
+            print(
+                f"  anyformer onnx int4 acc4 / {other}: {ours / medians[other]:.2f}"
+                f"   (same pieces for {same}/{len(replies[other])})"
+            )
     print(f"load average after: {os.getloadavg()[0]:.1f} (other work on the machine slows every engine)")
     bench_embeddings(args.repeats, args.threads)
 
