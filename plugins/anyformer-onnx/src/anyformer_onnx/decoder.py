@@ -4,9 +4,10 @@ The graph takes ``input_ids`` (or ``inputs_embeds``, the decoder of a multimodal
 embeddings come from its ``embed_tokens`` graph and its vision encoder), ``attention_mask``,
 ``position_ids`` (when it has them) and
 ``past_key_values.N.key/value``, and returns ``logits`` and ``present.N.key/value``: the names
-optimum's and transformers.js's exporters use. Each step binds the previous step's ``present``
-OrtValues as the next step's ``past`` through IO binding, so the cache never round-trips through
-numpy (on CUDA it never leaves the GPU); only the last row of logits is copied out. The graph
+optimum's and transformers.js's exporters use. Each step feeds the previous step's ``present``
+OrtValues as the next step's ``past`` (on the CPU in one ``run_with_ort_values`` call, on CUDA
+through IO binding), so the cache never round-trips through numpy (on CUDA it never leaves the
+GPU); only the last row of logits is copied out. The graph
 itself still concatenates each new position onto the past (that is how these exports are built).
 """
 
@@ -117,27 +118,38 @@ class DecodeLoop:
         (a prompt whose image positions hold the vision encoder's features).
         """
         graph = self.graph
-        binding = graph.session.io_binding()
+        feeds: dict[str, np.ndarray] = {}
         if graph.takes_embeds:
             assert self.embed is not None
-            binding.bind_cpu_input("inputs_embeds", self.embed(ids) if embeds is None else embeds)
+            feeds["inputs_embeds"] = self.embed(ids) if embeds is None else embeds
         else:
-            binding.bind_cpu_input("input_ids", np.asarray([ids], dtype=np.int64))
+            feeds["input_ids"] = np.asarray([ids], dtype=np.int64)
         if graph.has_mask:
-            binding.bind_cpu_input("attention_mask", np.ones((1, total), dtype=np.int64))
+            feeds["attention_mask"] = np.ones((1, total), dtype=np.int64)
         if graph.has_positions:
-            binding.bind_cpu_input("position_ids", np.arange(total - len(ids), total, dtype=np.int64)[None, :])
+            feeds["position_ids"] = np.arange(total - len(ids), total, dtype=np.int64)[None, :]
         if graph.logits_to_keep:
-            binding.bind_cpu_input(graph.logits_to_keep, np.asarray(1, dtype=np.int64))
+            feeds[graph.logits_to_keep] = np.asarray(1, dtype=np.int64)
         if graph.has_cache_branch:
-            binding.bind_cpu_input("use_cache_branch", np.asarray([total > len(ids)], dtype=np.bool_))
-        for name in graph.past_names:
-            binding.bind_ortvalue_input(name, cache[name])
-        binding.bind_output("logits", "cpu")
-        for name in graph.present_names:
-            binding.bind_output(name, self.device)
-        graph.session.run_with_iobinding(binding)
-        outputs = binding.get_outputs()
+            feeds["use_cache_branch"] = np.asarray([total > len(ids)], dtype=np.bool_)
+        if self.device == "cpu":
+            # One call with OrtValues in and out: the presents come back as OrtValues that feed the
+            # next step as they are, without the per-name binding calls (a tenth of a step on a
+            # fused graph).
+            values = {name: self._ort.OrtValue.ortvalue_from_numpy(array) for name, array in feeds.items()}
+            values.update((name, cache[name]) for name in graph.past_names)
+            outputs = graph.session.run_with_ort_values(["logits", *graph.present_names], values)
+        else:
+            binding = graph.session.io_binding()
+            for name, array in feeds.items():
+                binding.bind_cpu_input(name, array)
+            for name in graph.past_names:
+                binding.bind_ortvalue_input(name, cache[name])
+            binding.bind_output("logits", "cpu")
+            for name in graph.present_names:
+                binding.bind_output(name, self.device)
+            graph.session.run_with_iobinding(binding)
+            outputs = binding.get_outputs()
         logits = outputs[0].numpy()
         row = np.array(logits[0, -1], dtype=np.float32)
         return row, dict(zip(graph.past_names, outputs[1:], strict=True))
