@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from anyformer.plugin import (
+    AnyformerError,
     Caps,
     Chunk,
     Estimate,
@@ -23,6 +24,7 @@ from anyformer.plugin import (
     hookimpl,
 )
 from anyformer_llamacpp import BACKEND_ID
+from anyformer_llamacpp._slots import parallel_option
 from anyformer_llamacpp.estimate import context_for, footprint, measured_speed
 from anyformer_llamacpp.file_choice import choose_gguf, projector_for
 from anyformer_llamacpp.runtime import (
@@ -71,10 +73,16 @@ def can_run(model: Model, caps: Caps, request: Request) -> Verdict:
     facts = dict(model.metadata.get("gguf") or {})
     gpu_library = gpu_offload_library()
     budget = request.budget_or(caps.gpu_bytes)
+    # With parallel=N every stream has a KV region of the whole context: N of them are counted (a bad
+    # value is load's to refuse, with BAD_REQUEST). Image and embedding models are loaded one-stream.
+    try:
+        parallel = parallel_option(request.options) if mmproj is None and task != "feature-extraction" else 1
+    except AnyformerError:
+        parallel = 1
     plan = footprint(
         facts,
         choice.size,
-        context=context_for(facts, request.context),
+        context=context_for(facts, request.context) * parallel,
         budget=budget,
         gpu_offload=gpu_library is not None,
     )
@@ -83,11 +91,12 @@ def can_run(model: Model, caps: Caps, request: Request) -> Verdict:
     if host_bytes > caps.ram_bytes:
         where = f"{plan.gpu_layers} layers on the GPU and the rest" if plan.gpu_layers else "the model"
         projector = f", projector {format_size(mmproj_bytes)}" if mmproj_bytes else ""
+        streams = f" ({parallel} streams)" if parallel > 1 else ""
         return Verdict.refuse(
             BACKEND_ID,
             Refusal.MEMORY,
             f"{choice.first.name}: {where} needs {format_size(host_bytes)} of host memory at {plan.context} tokens "
-            f"of context (weights {format_size(plan.weights_bytes)}, KV cache {format_size(plan.kv_bytes)}"
+            f"of context{streams} (weights {format_size(plan.weights_bytes)}, KV cache {format_size(plan.kv_bytes)}"
             f"{projector}); {format_size(caps.ram_bytes)} available",
             need=host_bytes,
         )
@@ -105,7 +114,8 @@ def can_run(model: Model, caps: Caps, request: Request) -> Verdict:
                 "file": choice.first.name,
                 "quant": choice.quant,
                 "shards": len(choice.files),
-                "context": plan.context,
+                "context": plan.context // parallel,
+                "parallel": parallel,
                 "gpu_layers": plan.gpu_layers,
                 "layers": plan.layers,
                 "offload": gpu_library or "none (CPU build)",
@@ -142,6 +152,12 @@ def load(backend: str, model: Model, request: Request, progress: ProgressCallbac
     """Fetch and validate the chosen GGUF, then open it with llama.cpp (called only when llamacpp was chosen)."""
     from anyformer_llamacpp.engine import LlamaCppModel  # imports llama_cpp
 
+    # parallel=N serves N streams batched in one context; image and embedding models serve one.
+    parallel = parallel_option(request.options)
+    if parallel > 1 and (request.task or model.task) != "feature-extraction" and projector_for(model) is None:
+        from anyformer_llamacpp._parallel_model import ParallelLlamaCppModel
+
+        return ParallelLlamaCppModel.open_parallel(model, request, progress, parallel)
     return LlamaCppModel.open(model, request, progress)
 
 
