@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -90,7 +91,9 @@ class TestTinyLlamaWithProjectorConformance(_LlamaCppKit):
 class TestTinyLlamaParallelConformance(_LlamaCppKit):
     """The tiny llama loaded with ``parallel=2``: two streams batched in one context (the kit's parallel tests run)."""
 
-    load_kwargs = {"options": {"parallel": 2}, "context": 512}
+    @property
+    def load_kwargs(self) -> dict[str, Any]:
+        return {"options": {"parallel": 2}, "context": 512}
 
     @pytest.fixture(scope="class")
     @classmethod
