@@ -98,7 +98,9 @@ class BatchEngine:
         params.n_seq_max = parallel
         params.kv_unified = False
         params.n_ctx = context * parallel  # n_ctx is shared out: each sequence gets n_ctx / n_seq_max
-        params.n_batch = max(int(params.n_batch), PREFILL_TOKENS_PER_STEP + parallel)
+        # A step holds every decoding stream's token and a prompt's share; with nobody decoding, a
+        # prompt is read up to 512 positions a step (llama.cpp's default batch).
+        params.n_batch = max(512, PREFILL_TOKENS_PER_STEP + parallel)
         params.n_ubatch = params.n_batch
         self._n_batch = int(params.n_batch)
         self._ctx = llama_cpp.llama_init_from_model(llama._model.model, params)

@@ -62,9 +62,12 @@ class ParallelLlamaCppModel(LlamaCppModel):
         path: Path, context: int, gpu_layers: int, request: Any, *, embedding: bool = False, mean: bool = True
     ) -> Any:
         # The one-stream open, with a token-sized context: the batched engine makes the context that decodes.
-        return LlamaCppModel._open_llama(
+        llama = LlamaCppModel._open_llama(
             path, min(context, _TOKENIZER_CONTEXT), gpu_layers, request, embedding=embedding, mean=mean
         )
+        # What the prompt builders read as the batch size (infill cuts its prefix by it): the one-stream value.
+        llama.n_batch = min(512, context)
+        return llama
 
     def _free(self) -> None:
         engine, self._engine = self._engine, None
