@@ -102,13 +102,18 @@ class ParallelLlamaCppModel(LlamaCppModel):
         cancel = ticket.options.cancel
         count = 0
         while True:
+            if cancel.is_set() or self._closing:
+                # The scheduler may have run ahead of the reader: what it queued is dropped, and it ends
+                # the ticket at its next step.
+                if not ticket.abandoned.is_set():
+                    ticket.abandoned.set()
+                    assert self._engine is not None
+                    self._engine.wake()
+                yield Chunk(delta="", tokens=count, finish_reason="cancelled", prompt_tokens=prompt)
+                return
             try:
                 reply = ticket.replies.get(timeout=_POLL_SECONDS)
             except queue.Empty:
-                if (cancel.is_set() or self._closing) and not ticket.abandoned.is_set():
-                    ticket.abandoned.set()  # the scheduler ends it at its next step
-                    assert self._engine is not None
-                    self._engine.wake()
                 continue
             if isinstance(reply, tuple):
                 token, entry = reply
