@@ -168,6 +168,13 @@ def test_the_estimate_counts_a_kv_region_per_stream(smollm2_path: Path) -> None:
     assert four.ram_bytes - one.ram_bytes == 3 * kv > 0
     assert (one.details["parallel"], four.details["parallel"]) == (1, 4)
     assert one.details["context"] == four.details["context"] == 2048
+    # Where four streams do not fit the host memory, as many as fit are planned (never a refusal one stream avoids).
+    two = can_run(
+        model,
+        anyformer.Caps(ram_bytes=one.ram_bytes + kv + kv // 2),
+        anyformer.Request.build(context=2048, options={"parallel": 4}),
+    )
+    assert two.ok and two.estimate is not None and two.estimate.details["parallel"] == 2
 
 
 def test_streams_in_an_isolated_worker(smollm2_path: Path, batched: anyformer.Loaded) -> None:
@@ -184,3 +191,27 @@ def test_streams_in_an_isolated_worker(smollm2_path: Path, batched: anyformer.Lo
         assert caught.value.code is ErrorCode.BUSY
         for stream in streams:
             stream.close()
+
+
+def test_a_failed_decode_step_ends_its_streams_and_the_next_one_works(smollm2_path: Path) -> None:
+    with anyformer.load(smollm2_path, backend="llamacpp", context=512, options={"parallel": 2}) as loaded:
+        alone = loaded.complete(PROMPTS[0], max_new_tokens=6).text
+        engine = loaded.handle._engine
+        real = engine._lib
+
+        class FailingDecode:
+            """llama_cpp, except that every decode fails as a broken context would."""
+
+            def __getattr__(self, name: str) -> Any:
+                return getattr(real, name)
+
+            @staticmethod
+            def llama_decode(context: Any, batch: Any) -> int:
+                return 2
+
+        engine._lib = FailingDecode()
+        with pytest.raises(AnyformerError) as caught:
+            loaded.complete(PROMPTS[0], max_new_tokens=6)
+        assert caught.value.code is ErrorCode.PLUGIN_ERROR and "status 2" in caught.value.message
+        engine._lib = real
+        assert loaded.complete(PROMPTS[0], max_new_tokens=6).text == alone  # the slot's cache was emptied

@@ -5,11 +5,13 @@ A scheduler thread owns the context. Each step it
 1. admits waiting prompts to free slots (``_slots.choose_slot``: the slot whose cache holds the
    longest part of the prompt), cutting that slot's cache back to the prefix it keeps;
 2. drops the streams whose callers cancelled or left (their slot's cache is kept for reuse);
-3. builds one ``llama_batch``: the last token of every decoding sequence, then prompt tokens of the
-   sequences still reading their prompt, in blocks at the same fixed positions as the one-stream
-   engine (``prompt_blocks``), at most :data:`PREFILL_TOKENS_PER_STEP` of them while others
-   decode, so a long prompt is read over several steps instead of stalling every other stream;
-4. runs one ``llama_decode`` and picks the next token of every sequence whose logits came out.
+3. runs one ``llama_decode`` of a ``llama_batch`` holding the last token of every decoding
+   sequence (each with its own ``seq_id`` and position), and picks each one's next token;
+4. evaluates prompt blocks of the sequences still reading their prompt, at the same fixed
+   positions as the one-stream engine (``prompt_blocks``) and each in a decode of its own (so its
+   numbers never depend on what the other streams do), at most :data:`PREFILL_TOKENS_PER_STEP`
+   positions while others decode: a long prompt is read over several steps instead of stalling
+   every other stream, and each of those steps still advances every decoding stream by a token.
 
 Tokens go back to each stream's queue as ids (with a log-probability entry when asked for); the
 stream's own thread turns them into text. The context uses ``kv_unified = false``: each sequence
@@ -67,7 +69,7 @@ class Ticket:
     position: int = 0  # the next prompt position to read
     generated: int = 0
     next_token: int | None = None  # the token to feed at the next step, once the prompt is read
-    logits_at: int = -1  # its row in this step's batch outputs, or -1
+    logits_at: int = -1  # its row in the last decode's batch
 
     def stop_wanted(self) -> bool:
         """The caller cancelled or left."""
@@ -170,12 +172,14 @@ class BatchEngine:
                 continue
             try:
                 self._step()
-            except AnyformerError as exc:
-                for ticket in self._active:
-                    self._finish(ticket, exc)
             except Exception as exc:  # a failing step ends the streams in it, with the cause named
-                error = AnyformerError(ErrorCode.PLUGIN_ERROR, f"llamacpp: a batched decode step failed: {exc}")
+                error = (
+                    exc
+                    if isinstance(exc, AnyformerError)
+                    else AnyformerError(ErrorCode.PLUGIN_ERROR, f"llamacpp: a batched decode step failed: {exc}")
+                )
                 for ticket in list(self._active):
+                    self._forget(ticket.slot)
                     self._finish(ticket, error)
 
     def _admit(self) -> None:
@@ -204,6 +208,12 @@ class BatchEngine:
             if ticket.stop_wanted():
                 self._finish(ticket, "cancelled")
 
+    def _forget(self, slot: Slot | None) -> None:
+        """Empty a slot's cache: after a failed step its bookkeeping may name cells that were never filled."""
+        if slot is not None:
+            self._lib.llama_memory_seq_rm(self._memory, slot.seq_id, -1, -1)
+            slot.cut_back(0)
+
     def _finish(self, ticket: Ticket, end: str | AnyformerError) -> None:
         """End a stream: its last reply, and its slot free again (its cache kept for the next prompt)."""
         if ticket in self._active:
@@ -224,56 +234,61 @@ class BatchEngine:
         return index
 
     def _step(self) -> None:
-        """One ``llama_decode``: every decoding sequence's next token, and a share of the prompts being read."""
-        self._batch.n_tokens = 0
-        reading = []
-        for ticket in self._active:
-            slot = ticket.slot
-            assert slot is not None
-            ticket.logits_at = -1
-            if ticket.next_token is not None:
-                ticket.logits_at = self._add(ticket.next_token, len(slot.tokens), slot.seq_id, True)
-                slot.tokens.append(ticket.next_token)
+        """One step: a ``llama_decode`` of every decoding stream's next token, then a share of the prompts' blocks."""
+        decoding = [ticket for ticket in self._active if ticket.next_token is not None]
+        reading = [ticket for ticket in self._active if ticket.next_token is None]
+        if decoding:
+            self._batch.n_tokens = 0
+            for ticket in decoding:
+                slot, token = ticket.slot, ticket.next_token
+                assert slot is not None and token is not None
+                ticket.logits_at = self._add(token, len(slot.tokens), slot.seq_id, True)
+                slot.tokens.append(token)
                 ticket.next_token = None
-            else:
-                reading.append(ticket)
-        room = self._n_batch - int(self._batch.n_tokens)
-        if self._batch.n_tokens:
-            room = min(room, PREFILL_TOKENS_PER_STEP)
+            self._decode()
+            for ticket in decoding:
+                self._pick(ticket)  # before the next decode: it overwrites the logits
+        room = PREFILL_TOKENS_PER_STEP if decoding else self._n_batch
         for ticket in reading:
-            room = self._add_prompt(ticket, room)
-        if not self._batch.n_tokens:
-            return
+            room = self._read_prompt(ticket, room)
+            if room < BLOCK:
+                break
+        self._steps += 1
+
+    def _decode(self) -> None:
         status = self._lib.llama_decode(self._ctx, self._batch)
         if status != 0:
             raise AnyformerError(
                 ErrorCode.OUT_OF_MEMORY if status == 1 else ErrorCode.PLUGIN_ERROR,
                 f"llama.cpp could not decode a batch of {self._batch.n_tokens} tokens (status {status})",
             )
-        self._steps += 1
-        for ticket in list(self._active):
-            if ticket.logits_at >= 0:
-                self._pick(ticket)
 
-    def _add_prompt(self, ticket: Ticket, room: int) -> int:
-        """Put the next blocks of a prompt into the batch, as far as ``room`` allows; returns the room left."""
+    def _read_prompt(self, ticket: Ticket, room: int) -> int:
+        """Evaluate the next blocks of a prompt, as far as ``room`` allows; returns the room left.
+
+        Each block is a ``llama_decode`` of its own, as the one-stream engine evaluates it: a block's
+        numbers then never depend on what other streams were doing (llama.cpp's depend on the batch
+        shape), so a cached block is always the one a fresh evaluation computes.
+        """
         slot = ticket.slot
         assert slot is not None
         prompt = ticket.prompt
         for first, stop in blocks(ticket.position, len(prompt)):
             if stop - first > room:
                 break
+            self._batch.n_tokens = 0
             for position in range(first, stop):
-                last = position == len(prompt) - 1
-                index = self._add(prompt[position], position, slot.seq_id, last)
-                if last:
-                    ticket.logits_at = index
+                self._add(prompt[position], position, slot.seq_id, position == len(prompt) - 1)
+            self._decode()
             slot.tokens.extend(prompt[first:stop])
             if stop - first == BLOCK and first == slot.full_blocks_end:
                 slot.full_blocks_end = stop
             ticket.evaluated += stop - first
             ticket.position = stop
             room -= stop - first
+            if stop == len(prompt):
+                ticket.logits_at = stop - first - 1
+                self._pick(ticket)
         return room
 
     def _pick(self, ticket: Ticket) -> None:

@@ -11,7 +11,7 @@ reused up to the last full prompt block they share, as the one-stream engine doe
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -71,3 +71,15 @@ def parallel_option(options: dict[str, object]) -> int:
             f"the parallel option must be a whole number of streams from 1 to {MAX_PARALLEL}, got {value!r}",
         )
     return value
+
+
+def streams_that_fit(requested: int, ram_bytes: int, host_bytes_for: Callable[[int], int]) -> int:
+    """The most streams, up to ``requested`` and at least 1, whose host memory (``host_bytes_for(n)``) fits.
+
+    Each stream has a KV region of the whole context, so a server's default of several streams
+    must not refuse a model that one stream runs: it gets as many as the memory holds.
+    """
+    streams = requested
+    while streams > 1 and host_bytes_for(streams) > ram_bytes:
+        streams -= 1
+    return streams
