@@ -274,7 +274,7 @@ class BatchEngine:
         assert slot is not None
         prompt = ticket.prompt
         for first, stop in blocks(ticket.position, len(prompt)):
-            if stop - first > room:
+            if stop - first > room or ticket.stop_wanted():  # a cancel stops a long prompt within a block
                 break
             self._batch.n_tokens = 0
             for position in range(first, stop):
