@@ -240,6 +240,7 @@ def bench(session: nox.Session) -> None:
     session.run("python", "plugins/anyformer-llamacpp/bench/bench_blocks.py")
     session.run("python", "plugins/anyformer-llamacpp/bench/bench_ttft.py")
     session.run("python", "plugins/anyformer-llamacpp/bench/bench_first_command.py")
+    session.run("python", "plugins/anyformer-llamacpp/bench/bench_serve.py", "--threads", "1")
 
 
 @nox.session

@@ -155,7 +155,8 @@ def main() -> None:
     env = {**os.environ, "ANYFORMER_LLAMACPP_THREADS": threads}
     port = _free_port()
     anyformer_serve = [sys.executable, "-m", "anyformer", "serve", "--port", str(port), "--preload", model]
-    anyformer_serve += ["--context", str(args.context)]
+    # One stream at a time, as llama_cpp.server serves (the llama.cpp plugin's bench_serve.py measures --parallel).
+    anyformer_serve += ["--context", str(args.context), "--parallel", "1"]
     servers = {
         "anyformer": anyformer_serve,
         "anyformer in-process": [*anyformer_serve, "--in-process"],

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -24,16 +25,30 @@ BAD_ALLOC = "terminate called after throwing an instance of 'std::bad_alloc'\n  
 class Handle:
     """A loaded model of :class:`Engine`: counts what the engine did."""
 
-    def __init__(self, backend: str) -> None:
+    def __init__(self, backend: str, parallel: int = 1) -> None:
         self.backend = backend
         self.task = "text-generation"
+        self.parallel = parallel
         self.made = 0
         self.closed = 0
         self.disposed = 0
+        self.live = 0  # streams running now, and the most that ever ran at once
+        self.peak = 0
+        self._count = threading.Lock()
+
+    def enter(self) -> None:
+        with self._count:
+            self.live += 1
+            self.peak = max(self.peak, self.live)
+
+    def leave(self) -> None:
+        with self._count:
+            self.live -= 1
+            self.closed += 1
 
     def run(self, input: Any, **options: Any) -> Any:
         if input == "stats":
-            return {"made": self.made, "closed": self.closed, "pid": os.getpid()}
+            return {"made": self.made, "closed": self.closed, "peak": self.peak, "pid": os.getpid()}
         return {"input": input, "options": options}
 
     def dispose(self) -> None:
@@ -62,11 +77,14 @@ def _die_of(fault: str) -> None:
 class Engine:
     """One backend: ``fault`` names what goes wrong and ``at`` when (``load`` or ``generate``)."""
 
-    def __init__(self, name: str, fault: str | None = None, at: str = "generate", delay: float = 0.0) -> None:
+    def __init__(
+        self, name: str, fault: str | None = None, at: str = "generate", delay: float = 0.0, parallel: int = 1
+    ) -> None:
         self.name = name
         self.fault = fault
         self.at = at
         self.delay = delay
+        self.parallel = parallel
 
     @hookimpl
     def can_run(self, model: Any) -> Verdict:
@@ -82,7 +100,7 @@ class Engine:
                 raise KeyError("blk.0.attn_q")
             _die_of(self.fault or "")
         progress(ProgressEvent(stage="load", backend=self.name, file="weights", done=2, total=2))
-        return Handle(self.name)
+        return Handle(self.name, self.parallel)
 
     @hookimpl
     def generate(self, loaded: Handle, messages: list[Any], options: Any) -> Iterator[Chunk]:
@@ -93,9 +111,14 @@ class Engine:
         if self.fault == "spin":  # a template or a prompt evaluation that never returns, deaf to cancel
             while True:
                 pass
-        return self._stream(loaded, options)
+        # A backend serving several streams writes each reply's words with its prompt's first letter.
+        word = "w"
+        if self.parallel > 1 and messages and isinstance(messages[-1]["content"], str):
+            word = messages[-1]["content"][:1] or "w"
+        return self._stream(loaded, options, word)
 
-    def _stream(self, handle: Handle, options: Any) -> Iterator[Chunk]:
+    def _stream(self, handle: Handle, options: Any, word: str) -> Iterator[Chunk]:
+        handle.enter()
         try:
             token = 0
             while not options.cancel.is_set():
@@ -113,14 +136,16 @@ class Engine:
                 handle.made += 1
                 # "previews" also shows what it might say next, as a text-diffusion backend does.
                 preview = f"w{token} w{token + 1}?" if self.fault == "previews" else None
-                yield Chunk(delta=f"w{token} ", tokens=token, preview=preview)
+                yield Chunk(delta=f"{word}{token} ", tokens=token, preview=preview)
             yield Chunk(tokens=token, finish_reason="cancelled")
         finally:
-            handle.closed += 1
+            handle.leave()
 
 
 steady = Engine("steady")
 slow = Engine("slow", delay=0.01)
+#: Serves three streams at once (``parallel = 3``), each reply written with its prompt's first letter.
+triple = Engine("triple", delay=0.002, parallel=3)
 echo = Engine("echo", "echo")
 previews = Engine("previews", "previews")
 aborts = Engine("aborts", "abort")

@@ -200,6 +200,36 @@ class SwallowsGeneratorExit(TemplateBackend):
                 continue
 
 
+class ServesTwo(TemplateBackend):
+    """Correct, and declares ``parallel = 2``: the template's streams keep no shared state, so two may run."""
+
+    @hookimpl
+    def load(self, backend: str, model: Model, request: Request, progress: Any) -> Any:
+        handle = template.load(backend, model, request, progress)
+        handle.parallel = 2
+        return handle
+
+
+class SharedCancel(ServesTwo):
+    """Serves two streams, but they share one cancel event: cancelling one stops the other too."""
+
+    def __init__(self, outside_store: Path) -> None:
+        super().__init__(outside_store)
+        self.shared = threading.Event()
+
+    def engine_options(self, options: GenerateOptions) -> GenerateOptions:
+        if self.shared.is_set():
+            self.shared = threading.Event()
+        return dataclasses.replace(options, cancel=self.shared)
+
+    def stream(self, chunks: Iterator[Chunk], options: GenerateOptions) -> Iterator[Chunk]:
+        try:
+            yield from chunks
+        finally:
+            if options.cancel.is_set():
+                self.shared.set()
+
+
 #: Backend mutants by name; ``heavy-import`` lives in its own module, imported only when asked for.
 MUTANTS: dict[str, type[TemplateBackend]] = {
     "ignores-max-new-tokens": IgnoresMaxNewTokens,
@@ -214,6 +244,7 @@ MUTANTS: dict[str, type[TemplateBackend]] = {
     "unrelated-store-entry": UnrelatedStoreEntry,
     "store-outside-home": StoreOutsideHome,
     "swallows-generator-exit": SwallowsGeneratorExit,
+    "shared-cancel": SharedCancel,
 }
 
 
@@ -221,6 +252,8 @@ def make_backend(name: str, outside_store: Path) -> TemplateBackend:
     """The backend called ``name``: ``correct``, a key of :data:`MUTANTS`, or ``heavy-import``."""
     if name == "correct" or name == "weak-sample":
         return TemplateBackend(outside_store)
+    if name == "serves-two":
+        return ServesTwo(outside_store)
     if name == "heavy-import":
         from kit_heavy_mutant import HeavyImport
 

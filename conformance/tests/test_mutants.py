@@ -18,6 +18,8 @@ HERE = Path(__file__).resolve().parent
 INNER_ARGS = ("-p", "no:cacheprovider", "-p", "no:hypothesispytest")
 #: Every item the kit collects for a backend: its tests, the malformed-messages one once per kind.
 KIT_ITEMS = sum(name.startswith("test") for name in vars(BackendConformance)) - 1 + len(MALFORMED_MESSAGES)
+#: The items only a backend serving several streams at once runs (the others skip them).
+PARALLEL_ITEMS = sum(name.startswith("test") and "parallel" in name for name in vars(BackendConformance))
 
 MUTANT_MODULE = """
 import pytest
@@ -116,6 +118,11 @@ def run_kit(pytester: pytest.Pytester, source: str, *args: str) -> pytest.RunRes
             "close() raised RuntimeError: generator ignored GeneratorExit: the generator caught GeneratorExit*",
         ),
         (
+            "shared-cancel",
+            "test_cancelling_one_parallel_stream_leaves_the_other_running",
+            "the stream left running: got *, expected *",
+        ),
+        (
             "weak-sample",
             "test_sample_answers_long_enough_to_test_the_stream",
             "the sample is too weak to test the stream: its longest answer is 1 token(s)*"
@@ -133,13 +140,22 @@ def test_each_mutant_fails_the_kit_test_for_its_rule(
 
 def test_the_unmutated_wrapper_passes_every_kit_test(pytester: pytest.Pytester) -> None:
     result = run_kit(pytester, MUTANT_MODULE.format(name="correct"), "-rs")
-    # Registered in process: only the isolated-worker test skips (workers load entry points).
-    result.assert_outcomes(passed=KIT_ITEMS - 1, skipped=1)
+    # Registered in process: the isolated-worker test skips (workers load entry points), and so do the
+    # tests of several streams at once (the template serves one).
+    result.assert_outcomes(passed=KIT_ITEMS - 1 - PARALLEL_ITEMS, skipped=1 + PARALLEL_ITEMS)
     result.stdout.fnmatch_lines(
         ["*the backend is registered in-process: an isolated worker loads backends from entry*"]
     )
 
 
+def test_a_wrapper_serving_two_streams_passes_every_kit_test(pytester: pytest.Pytester) -> None:
+    result = run_kit(pytester, MUTANT_MODULE.format(name="serves-two"), "-rs")
+    # The one-stream BUSY test gives way to the parallel ones; the isolated-worker test skips as above.
+    assert PARALLEL_ITEMS == 4
+    result.assert_outcomes(passed=KIT_ITEMS - 2, skipped=2)
+    result.stdout.fnmatch_lines(["*the backend serves several streams at once: the parallel tests check it*"])
+
+
 def test_the_installed_template_passes_every_kit_test(pytester: pytest.Pytester) -> None:
     result = run_kit(pytester, INSTALLED_MODULE)
-    result.assert_outcomes(passed=KIT_ITEMS)
+    result.assert_outcomes(passed=KIT_ITEMS - PARALLEL_ITEMS, skipped=PARALLEL_ITEMS)

@@ -13,7 +13,9 @@ class BackendModel(Protocol):
     own handles); ``task`` what it runs. ``dispose`` frees its memory and must be safe to call
     twice. Handles for non-generation tasks also have ``run(input, **options)``. A handle whose
     backend continues raw text without a chat template (``generate(prompt=...)``) sets
-    ``raw_text = True``; the core refuses raw prompts for every other handle.
+    ``raw_text = True``; the core refuses raw prompts for every other handle. A handle that serves
+    several streams at once (its ``generate`` and ``run`` are safe to call from several threads)
+    sets ``parallel`` to how many; without it the core allows one at a time.
     """
 
     backend: str
@@ -32,3 +34,11 @@ def run_of(handle: Any) -> Any:
 def raw_text_of(handle: Any) -> bool:
     """True when the handle declares it continues raw text (``raw_text = True``)."""
     return getattr(handle, "raw_text", False) is True
+
+
+def parallel_of(handle: Any) -> int:
+    """How many streams the handle serves at once: its ``parallel`` (a positive int), else 1."""
+    value = getattr(handle, "parallel", 1)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        return 1
+    return value

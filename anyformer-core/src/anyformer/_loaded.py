@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import AsyncIterator, Callable, Generator
+from collections.abc import AsyncIterator, Generator
 from typing import TYPE_CHECKING, Any
 
 from anyformer._backend import BackendModel
@@ -27,23 +27,26 @@ _DISPOSE_WAIT_SECONDS = 30.0
 class Loaded:
     """A loaded model. Use it as a context manager, or call :meth:`dispose` when done.
 
-    One generation runs at a time: a second ``generate`` while one is streaming raises
-    ``AnyformerError(BUSY)`` at once (servers queue in front of it). The model runs in this
-    process or, loaded with ``isolate=True``, in a worker process (``worker_pid``); the contract
-    is kept here either way.
+    As many generations run at once as the backend declares (:attr:`parallel`, 1 for most): one
+    more ``generate`` while that many streams are open raises ``AnyformerError(BUSY)`` at once
+    (servers queue in front of it). Each stream has its own cancel, stop strings, limits and
+    finish reason. The model runs in this process or, loaded with ``isolate=True``, in a worker
+    process (``worker_pid``); the contract is kept here either way.
     """
 
     def __init__(self, session: Session, model: Model, verdict: Verdict | None) -> None:
         self._session = session
-        self._busy = threading.Lock()
+        # Open streams and running calls, at most ``parallel``; dispose waits on the condition for them to end.
+        self._slots = threading.Condition()
+        self._active = 0
         self._disposed = False
-        # Set when dispose gave up waiting for a stream in another thread: the stream frees the model
+        # Set when dispose gave up waiting for a stream in another thread: the last stream frees the model
         # as it lets go of it, so memory a live engine call still uses is never freed under it.
         self._free_on_release = False
         self._freed = False
         self._free_lock = threading.Lock()
-        # The stream now open, if any: dispose stops it before freeing the model under it.
-        self._open_stream: Callable[[], CoreStream | None] = lambda: None
+        # The streams now open: dispose stops them before freeing the model under them.
+        self._open_streams: weakref.WeakSet[CoreStream] = weakref.WeakSet()
         #: The description the model was loaded from.
         self.model = model
         #: The chosen backend's verdict, with its estimate (None when the backend was named and not asked).
@@ -63,6 +66,11 @@ class Loaded:
     def handle(self) -> BackendModel:
         """The backend's own handle, for backend-specific features (``BAD_REQUEST`` when isolated)."""
         return self._session.handle
+
+    @property
+    def parallel(self) -> int:
+        """How many streams may be open at once on this model (the backend's ``parallel``; 1 for most)."""
+        return self._session.parallel
 
     @property
     def isolated(self) -> bool:
@@ -113,8 +121,8 @@ class Loaded:
         the others raise ``BAD_REQUEST``.
 
         Malformed messages or options raise ``BAD_REQUEST`` here, before any work; a call while
-        another stream is open raises ``BUSY``. Closing the iterator or setting ``cancel`` stops
-        the work and leaves the model ready for the next call.
+        :attr:`parallel` streams are open raises ``BUSY``. Closing the iterator or setting
+        ``cancel`` stops this stream only and leaves the model ready for the next call.
         """
         self._check_open()
         if prompt is not None:
@@ -138,8 +146,7 @@ class Loaded:
             prompt=prompt,
             **extra,
         )
-        if not self._busy.acquire(blocking=False):
-            raise AnyformerError(ErrorCode.BUSY, f"{self.model.ref} is already generating; wait for it or cancel it")
+        self._acquire()
         try:
             with cancelled_by(options.cancel):  # an in-process backend renders its chat template here
                 source = self._session.start(checked, options)
@@ -153,7 +160,8 @@ class Loaded:
             self._release()
             raise
         stream = CoreStream(self.backend, source, options, self._release)
-        self._open_stream = weakref.ref(stream)
+        with self._slots:
+            self._open_streams.add(stream)
         return stream
 
     def complete(self, messages: list[Message] | str | None = None, **options: Any) -> Chunk:
@@ -206,20 +214,37 @@ class Loaded:
                 ErrorCode.BAD_REQUEST,
                 f"{self.backend} loaded {self.model.ref} for {self.task}; it has no run(), use generate()",
             )
-        if not self._busy.acquire(blocking=False):
-            raise AnyformerError(ErrorCode.BUSY, f"{self.model.ref} is busy")
+        self._acquire()
         try:
             return self._session.run(input, options)
         finally:
             self._release()
 
+    def _acquire(self) -> None:
+        """Take one of the model's ``parallel`` slots, or raise ``BUSY`` (``BAD_REQUEST`` once disposed)."""
+        with self._slots:
+            self._check_open()  # under the condition: dispose never frees a model a new stream just took
+            limit = self._session.parallel
+            if self._active >= limit:
+                if limit == 1:
+                    raise AnyformerError(
+                        ErrorCode.BUSY, f"{self.model.ref} is already generating; wait for it or cancel it"
+                    )
+                raise AnyformerError(
+                    ErrorCode.BUSY,
+                    f"{self.model.ref} already serves {limit} streams, as many as it runs at once; "
+                    "wait for one or cancel it",
+                )
+            self._active += 1
+
     def _release(self) -> None:
-        """Let go of the model after a generation or a run; free it now if ``dispose`` is waiting for that."""
-        try:
-            if self._free_on_release:
-                self._free()
-        finally:
-            self._busy.release()
+        """Let go of one slot after a generation or a run; free the model if ``dispose`` waits for the last one."""
+        with self._slots:
+            self._active -= 1
+            free = self._free_on_release and self._active == 0
+            self._slots.notify_all()
+        if free:
+            self._free()
 
     def _free(self) -> None:
         """Free the session exactly once, whoever gets here first (``dispose`` or the last stream)."""
@@ -232,31 +257,26 @@ class Loaded:
     def dispose(self) -> None:
         """Free the model's memory. Safe to call twice; called on ``__exit__``.
 
-        An open stream is cancelled and closed first. A generation running in another thread gets
-        ``_DISPOSE_WAIT_SECONDS`` to stop; if its engine call has not returned by then, the model
-        is freed when that stream ends, never while it still runs on it.
+        Every open stream is cancelled and closed first. Generations running in other threads get
+        ``_DISPOSE_WAIT_SECONDS`` (together) to stop; if an engine call has not returned by then,
+        the model is freed when the last stream ends, never while one still runs on it.
         """
-        if self._disposed:
-            return
-        self._disposed = True
-        stream = self._open_stream()
-        if stream is not None:
+        with self._slots:
+            if self._disposed:
+                return
+            self._disposed = True
+            streams = list(self._open_streams)
+        for stream in streams:
             stream.cancel()
+        for stream in streams:
             try:
                 stream.close()
             except ValueError:
                 pass  # it is running in another thread right now; it stops at its next token
-        # Wait for a generation in another thread to let go of the model before freeing it.
-        if self._busy.acquire(timeout=_DISPOSE_WAIT_SECONDS):
-            try:
-                self._free()
-            finally:
-                self._busy.release()
-            return
-        self._free_on_release = True
-        # The stream may have let go between the timeout and the flag: then nobody else will free it.
-        if self._busy.acquire(blocking=False):
-            try:
-                self._free()
-            finally:
-                self._busy.release()
+        # Wait for generations in other threads to let go of the model before freeing it.
+        with self._slots:
+            idle = self._slots.wait_for(lambda: self._active == 0, timeout=_DISPOSE_WAIT_SECONDS)
+            if not idle:
+                self._free_on_release = True  # the last stream to end frees it (see _release)
+        if idle:
+            self._free()

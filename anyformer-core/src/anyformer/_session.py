@@ -1,7 +1,7 @@
 """Where a loaded model runs: in this process, or in an isolated worker (``anyformer.isolation._worker_session``).
 
-``Loaded`` holds one session and keeps the contract itself (validation, the BUSY lock, CoreStream),
-so both kinds of session only start work, run it and free it.
+``Loaded`` holds one session and keeps the contract itself (validation, the limit of open streams
+and BUSY, CoreStream), so both kinds of session only start work, run it and free it.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
-from anyformer._backend import BackendModel, raw_text_of, run_of
+from anyformer._backend import BackendModel, parallel_of, raw_text_of, run_of
 from anyformer.contract._chunk import Chunk, GenerateOptions
 from anyformer.contract._messages import Message
 
@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 
 class Session(Protocol):
-    """A loaded model as ``Loaded`` drives it. Calls come one at a time (``Loaded`` holds the lock)."""
+    """A loaded model as ``Loaded`` drives it: at most ``parallel`` calls and streams at once (``Loaded`` counts)."""
 
     @property
     def backend(self) -> str:
@@ -43,6 +43,10 @@ class Session(Protocol):
     @property
     def raw_text(self) -> bool:
         """True when the backend continues raw text without a chat template (``generate(prompt=...)``)."""
+
+    @property
+    def parallel(self) -> int:
+        """How many streams (and ``run`` calls) the backend serves at once on this model."""
 
     def start(self, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk]:
         """Begin a generation; errors the backend finds before streaming are raised here."""
@@ -79,6 +83,11 @@ class InProcessSession:
     def raw_text(self) -> bool:
         """True when the handle declares ``raw_text``."""
         return raw_text_of(self._handle)
+
+    @property
+    def parallel(self) -> int:
+        """The handle's ``parallel`` (1 when it declares none)."""
+        return parallel_of(self._handle)
 
     def start(self, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk]:
         """Call the owning backend's generate hook."""

@@ -87,6 +87,7 @@ class PacedHandle:
         self.task = task
         self.ref = ref
         self.disposed = False
+        self.parallel = 1
 
     def dispose(self) -> None:
         self.disposed = True
@@ -127,6 +128,7 @@ class PacedBackend:
         if backend != self.name:
             return None
         handle = PacedHandle(self.name, request.task or "text-generation", model.ref)
+        handle.parallel = int(request.options.get("parallel", 1))  # its streams share nothing: any number run
         self.handles.append(handle)
         return handle
 

@@ -82,6 +82,30 @@ def test_a_full_queue_answers_503_with_retry_after(paced_server: Any, model_fold
     assert waiting and waiting[0].status == 200  # the queued one ran once the stream was gone
 
 
+def test_the_queue_feeds_every_slot_of_a_parallel_model(paced_server: Any, model_folders: Any) -> None:
+    url, backend, _pool = paced_server(queue_size=1, parallel=3)
+    model = model_folders("p")
+    # Three streams run at once (each answers its headers once its first chunk came): the model's three slots.
+    streams = [open_stream(url, chat(model, max_tokens=100_000)) for _ in range(3)]
+    assert backend.handles[0].parallel == 3 and len(backend.handles) == 1
+    waiting: list[Any] = []
+    waiter = threading.Thread(
+        target=lambda: waiting.append(plain_request("POST", f"{url}/v1/chat/completions", chat(model, max_tokens=3)))
+    )
+    waiter.start()
+    try:
+        time.sleep(0.3)  # the fourth request waits in the queue for a slot
+        assert not waiting
+        overflow = plain_request("POST", f"{url}/v1/chat/completions", chat(model, max_tokens=3))
+        assert overflow.status == 503 and overflow.json()["error"]["code"] == "BUSY"
+        streams[0][0].close()  # one slot frees: the queued request takes it
+        waiter.join(10)
+        assert waiting and waiting[0].status == 200
+    finally:
+        for connection, _response in streams:
+            connection.close()
+
+
 def test_a_crashed_engine_is_a_500_and_the_next_request_reloads(paced_server: Any, model_folders: Any) -> None:
     url, backend, _pool = paced_server()
     model = model_folders("a")

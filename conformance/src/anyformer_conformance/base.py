@@ -1044,6 +1044,8 @@ class BackendConformance:
         ``Loaded`` raises ``BUSY``; if you built your own queueing, the second call must block
         until the first stream ends, then produce the same text it would alone.
         """
+        if loaded_model.parallel > 1:
+            pytest.skip("the backend serves several streams at once: the parallel tests check it")
         limit = self.max_new_tokens_for_tests
         where = "generate(A) open, then generate(B) from another thread"
         alone = {which: self._greedy_text(loaded_model, which) for which in (0, 1)}
@@ -1074,6 +1076,115 @@ class BackendConformance:
             checks.check_same_text(outcome["chunks"][-1].text, alone[1], "the waiting call's text", where)
         checks.check_stream(first_chunks, limit, where)
         checks.check_same_text(first_chunks[-1].text, alone[0], "the open stream's text", where)
+
+    # ---- several streams at once (a handle that declares parallel > 1) ----------------------------
+
+    def _parallel_model(self, loaded: anyformer.Loaded) -> anyformer.Loaded:
+        if loaded.parallel <= 1:
+            pytest.skip("the backend serves one stream at a time (parallel is 1)")
+        return loaded
+
+    def test_parallel_streams_interleaved_give_the_texts_they_give_alone(self, loaded_model: anyformer.Loaded) -> None:
+        """Two streams open at once, read in turns, give each the greedy text it gives alone.
+
+        Troubleshooting: each stream needs its own state (its KV region or cache slot, its
+        detokenizer, its token count); nothing one stream does may show in another. An engine
+        that batches several sequences in one step must keep each sequence's positions and
+        logits apart.
+        """
+        loaded = self._parallel_model(loaded_model)
+        limit = self.max_new_tokens_for_tests
+        where = "generate(A) and generate(B) open together, read in turns"
+        alone = [self._greedy_text(loaded, which) for which in (0, 1)]
+        streams = [loaded.generate(self._messages(which), max_new_tokens=limit) for which in (0, 1)]
+        chunks: list[list[Chunk]] = [[], []]
+        pending = {0, 1}
+        while pending:
+            for which in sorted(pending):
+                try:
+                    chunks[which].append(next(streams[which]))
+                except StopIteration:
+                    pending.discard(which)
+        for which in (0, 1):
+            checks.check_stream(chunks[which], limit, where)
+            checks.check_same_text(chunks[which][-1].text, alone[which], f"stream {'AB'[which]}'s text", where)
+
+    def test_one_stream_more_than_parallel_is_busy(self, loaded_model: anyformer.Loaded) -> None:
+        """With ``parallel`` streams open, one more ``generate`` raises ``BUSY``; once one closes, it runs.
+
+        Troubleshooting: declare as ``parallel`` the number of streams your handle really serves
+        at once; the core counts the open ones and refuses the next with ``BUSY``.
+        """
+        loaded = self._parallel_model(loaded_model)
+        where = f"{loaded.parallel} streams open, then one more generate"
+        streams = [loaded.generate(self._messages(0), max_new_tokens=10_000) for _ in range(loaded.parallel)]
+        try:
+            for stream in streams:
+                next(stream)
+            with pytest.raises(AnyformerError) as caught:
+                loaded.generate(self._messages(1), max_new_tokens=2).close()
+            checks.check_error_code(caught.value, ErrorCode.BUSY, where)
+            streams.pop().close()
+            chunks = self._stream(loaded, self._messages(1), max_new_tokens=2)
+            checks.check_stream(chunks, 2, "generate after one of the open streams closed")
+        finally:
+            for stream in streams:
+                stream.close()
+
+    def test_cancelling_one_parallel_stream_leaves_the_other_running(self, loaded_model: anyformer.Loaded) -> None:
+        """Cancelling one of two open streams ends it with ``cancelled``; the other ends with the text it has alone.
+
+        Troubleshooting: each stream must check its own ``options.cancel`` only; a cancel must
+        free that stream's slot and leave the other sequences of a shared batch alone.
+        """
+        loaded = self._parallel_model(loaded_model)
+        limit = self.max_new_tokens_for_tests
+        where = "generate(A) and generate(B) open, A cancelled after its first chunk"
+        alone = self._greedy_text(loaded, 1)
+        cancel = threading.Event()
+        stopped = loaded.generate(self._messages(0), max_new_tokens=10_000, cancel=cancel)
+        running = loaded.generate(self._messages(1), max_new_tokens=limit)
+        first = [next(stopped)]
+        kept = [next(running)]
+        cancel.set()
+        first.extend(stopped)
+        kept.extend(running)
+        if first[-1].finish_reason != "cancelled":
+            checks.fail(f"the cancelled stream ended with {first[-1].finish_reason!r}, expected 'cancelled'", where)
+        checks.check_stream(kept, limit, where)
+        checks.check_same_text(kept[-1].text, alone, "the stream left running", where)
+
+    def test_dispose_ends_every_open_parallel_stream(
+        self,
+        described_sample: Model | None,
+        plugin_manager: anyformer.PluginManager,
+        caps: Caps,
+        loaded_model: anyformer.Loaded,
+    ) -> None:
+        """``dispose()`` with ``parallel`` streams open ends them all and frees the model; the streams stop.
+
+        Troubleshooting: your handle's ``dispose`` must stop every sequence in flight (or wait
+        for them) before it frees the engine; the core cancels and closes each open stream first.
+        """
+        self._parallel_model(loaded_model)
+        assert described_sample is not None
+        options = {"backend": self.backend_id, "plugins": plugin_manager, "caps": caps, **self.load_kwargs}
+        loaded = anyformer.load(described_sample, **options)
+        where = f"dispose() with {loaded.parallel} streams open"
+        streams = [loaded.generate(self._messages(0), max_new_tokens=10_000) for _ in range(loaded.parallel)]
+        for stream in streams:
+            next(stream)
+        loaded.dispose()
+        for index, stream in enumerate(streams):
+            rest = list(stream)
+            if rest and rest[-1].finish_reason != "cancelled":
+                checks.fail(f"stream {index} went on to {rest[-1].finish_reason!r} after dispose", where)
+        try:
+            self._stream(loaded, self._messages(0), max_new_tokens=2)
+        except AnyformerError:
+            pass
+        else:
+            checks.fail("generate on the disposed model streamed, expected an AnyformerError", where)
 
     @pytest.mark.parametrize("kind", sorted(MALFORMED_MESSAGES))
     def test_malformed_messages_are_bad_request_before_any_chunk(

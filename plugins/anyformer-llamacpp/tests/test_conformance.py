@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -85,3 +86,16 @@ class TestTinyLlamaWithProjectorConformance(_LlamaCppKit):
         write_tiny_llama(folder / "tiny-llama-F32.gguf")
         write_tiny_mmproj(folder / "mmproj-tiny-f32.gguf")
         return anyformer.describe(folder)
+
+
+class TestTinyLlamaParallelConformance(_LlamaCppKit):
+    """The tiny llama loaded with ``parallel=2``: two streams batched in one context (the kit's parallel tests run)."""
+
+    @property
+    def load_kwargs(self) -> dict[str, Any]:
+        return {"options": {"parallel": 2}, "context": 512}
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def sample_model(cls, tmp_path_factory: pytest.TempPathFactory) -> Model:
+        return anyformer.describe(write_tiny_llama(tmp_path_factory.mktemp("tiny") / "tiny-llama-F32.gguf"))

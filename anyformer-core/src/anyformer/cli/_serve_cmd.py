@@ -76,6 +76,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--queue", type=int, default=8, help="requests that may wait for one busy model (default 8)")
     parser.add_argument("--context", type=int, help="context length in tokens for text models")
     parser.add_argument(
+        "--parallel",
+        type=int,
+        default=None,
+        metavar="N",
+        help="requests one model serves at once, batched in one decode step, where its backend can "
+        "(llama.cpp; each stream gets the whole context); 1 serves one at a time (default 4)",
+    )
+    parser.add_argument(
         "--in-process",
         action="store_true",
         help="run engines in the server's process rather than one worker process each (less overhead; "
@@ -96,6 +104,11 @@ def run(args: argparse.Namespace) -> int:
     from anyformer.contract._sizes import parse_size
     from anyformer.rpc._endpoints import RPC_ENV, parse_endpoints
     from anyformer.server import serve
+    from anyformer.server._pool import DEFAULT_PARALLEL
+
+    parallel = DEFAULT_PARALLEL if args.parallel is None else args.parallel
+    if parallel < 1:
+        raise AnyformerError(ErrorCode.BAD_REQUEST, f"--parallel must be 1 or more, got {parallel}")
 
     rpc = parse_endpoints(args.rpc)
     if rpc:
@@ -118,6 +131,7 @@ def run(args: argparse.Namespace) -> int:
         api_key=args.api_key,
         queue_size=args.queue,
         context=args.context,
+        parallel=parallel,
         isolate=False if args.in_process else None,
         models=args.models,
         allow_paths=args.allow_paths,

@@ -9,12 +9,14 @@ the parent chose, so only that plugin is imported here.
 fd 1 is the protocol's and nobody else's: it is moved to a private descriptor and fd 1 then points
 at stderr, so an engine that prints to stdout cannot corrupt a frame. stdin carries commands; a
 reader thread hands ``cancel`` and ``more`` to the generation in progress at once and queues the
-rest for the main thread, which runs one command at a time. When stdin ends (the parent died or
-let go) the model is disposed and the worker exits; if the main thread is stuck in an engine call
-or a template, the worker ends itself after :data:`ORPHAN_GRACE_SECONDS`. A watchdog thread does
-the same when the parent process is gone (the worker is re-parented), so no worker outlives its
-parent, whatever it is doing. Ctrl-C is the parent's to handle: the worker ignores SIGINT, and
-faulthandler writes a Python traceback to stderr if the engine crashes.
+rest for the main thread, which runs one command at a time. A handle that declares ``parallel`` > 1
+has each generation run in a thread of its own instead, up to that many at once, their frames told
+apart by the generation's ``id``; ``dispose`` stops them all and waits for them. When stdin ends
+(the parent died or let go) the model is disposed and the worker exits; if the main thread is stuck
+in an engine call or a template, the worker ends itself after :data:`ORPHAN_GRACE_SECONDS`. A
+watchdog thread does the same when the parent process is gone (the worker is re-parented), so no
+worker outlives its parent, whatever it is doing. Ctrl-C is the parent's to handle: the worker
+ignores SIGINT, and faulthandler writes a Python traceback to stderr if the engine crashes.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from anyformer._backend import BackendModel, raw_text_of, run_of
+from anyformer._backend import BackendModel, parallel_of, raw_text_of, run_of
 from anyformer._chat_template import STOP_PROCESS, cancelled_by, enable_hard_stop
 from anyformer._entry_points import EntryPointRecord
 from anyformer._plugins import ENTRY_POINT_GROUP, PluginManager
@@ -111,7 +113,9 @@ class Worker:
         self._out = replies_fd
         self._write_lock = threading.Lock()
         self._commands: queue.Queue[dict[str, Any]] = queue.Queue()
-        self._generation: _Generation | None = None
+        # The generations in progress, by id (one at a time unless the handle declares ``parallel``).
+        self._generations: dict[int, _Generation] = {}
+        self._threads: list[threading.Thread] = []
         self._manager = PluginManager()
         self._handle: BackendModel | None = None
         self._backend = "?"
@@ -132,9 +136,10 @@ class Worker:
                 if frame is None:
                     break
                 op = frame["op"]
-                generation = self._generation
+                ident = frame.get("id")
+                generation = self._generations.get(ident) if isinstance(ident, int) else None
                 if op in ("cancel", "more"):
-                    if generation is not None and frame.get("id") == generation.ident:
+                    if generation is not None:
                         if op == "cancel":
                             generation.stop()
                         else:
@@ -143,8 +148,8 @@ class Worker:
                 self._commands.put(frame)
         except Exception as exc:  # a broken pipe or frame: end as if the parent let go
             print(f"anyformer worker: reading commands failed: {exc}", file=sys.stderr)
-        if self._generation is not None:
-            self._generation.stop()
+        for generation in list(self._generations.values()):
+            generation.stop()
         self._commands.put(_STDIN_CLOSED)
         _end_if_stuck(self.finished)
 
@@ -157,11 +162,14 @@ class Worker:
             command = self._commands.get()
             op = command["op"]
             if op == "dispose":
+                self._stop_generations()
                 self._dispose()
                 if command is not _STDIN_CLOSED:
                     self.send({"op": "disposed"})
                 return 0
-            if op == "generate":
+            if op == "generate" and self._handle is not None and parallel_of(self._handle) > 1:
+                self._generate_in_thread(command)
+            elif op == "generate":
                 self._generate(command)
             elif op == "run":
                 self._run(command)
@@ -194,6 +202,7 @@ class Worker:
                 "task": self._handle.task,
                 "has_run": run_of(self._handle) is not None,
                 "raw_text": raw_text_of(self._handle),
+                "parallel": parallel_of(self._handle),
             }
         )
         return True
@@ -212,15 +221,43 @@ class Worker:
     # ---- work -----------------------------------------------------------------------------------
 
     def _generate(self, command: Mapping[str, Any]) -> None:
+        self._run_generation(self._register(command), command)
+
+    def _register(self, command: Mapping[str, Any]) -> _Generation:
+        """Make the generation a command starts known to the stdin thread (its cancel and more)."""
         # The parent numbers its generations; a command without a number answers as generation 0.
         ident = command.get("id")
         generation = _Generation(ident if isinstance(ident, int) else 0, int(command.get("window", 1)))
-        self._generation = generation
+        self._generations[generation.ident] = generation
+        return generation
+
+    def _run_generation(self, generation: _Generation, command: Mapping[str, Any]) -> None:
         try:
             with cancelled_by(generation.cancel):  # a cancel stops a chat template mid-render too
                 self._stream(command, generation)
         finally:
-            self._generation = None
+            self._generations.pop(generation.ident, None)
+
+    def _generate_in_thread(self, command: Mapping[str, Any]) -> None:
+        """Run a generation beside the others (a handle with ``parallel`` > 1); the main thread reads on."""
+        self._threads = [thread for thread in self._threads if thread.is_alive()]
+        generation = self._register(command)  # before the thread starts: a cancel sent at once finds it
+        thread = threading.Thread(
+            target=self._run_generation,
+            args=(generation, command),
+            name=f"anyformer-worker-generation-{generation.ident}",
+            daemon=True,
+        )
+        self._threads.append(thread)
+        thread.start()
+
+    def _stop_generations(self) -> None:
+        """Cancel every generation in progress and wait for their threads (before the model is disposed)."""
+        for generation in list(self._generations.values()):
+            generation.stop()
+        for thread in self._threads:
+            thread.join()
+        self._threads = []
 
     def _stream(self, command: Mapping[str, Any], generation: _Generation) -> None:
         ident = generation.ident

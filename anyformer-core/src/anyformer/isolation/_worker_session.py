@@ -13,11 +13,14 @@ Why a plain subprocess with a pipe protocol, and not ``multiprocessing`` with th
   an abort, a segfault or an OOM kill becomes ``BACKEND_CRASHED`` (or ``OUT_OF_MEMORY`` while
   loading) with the signal and the last stderr lines, and out of memory is recognised from them.
 
-A reader thread turns the worker's stdout into a queue of frames (EOF: the worker died), another
-keeps the last lines of its stderr. Chunks stream under a credit window: the worker runs at most
-:data:`WINDOW` chunks ahead of the caller, so a cancel or a closed iterator stops the engine
-within a few tokens; ``cancel`` is a message, and a closed iterator sends one too. A cancelled
-generation is settled (its remaining frames drained) lazily, before the next command.
+A reader thread hands the worker's stdout frames out (EOF: the worker died): those of a
+generation to that generation's own queue (by its ``id``), the rest to the session's; another
+thread keeps the last lines of its stderr. Several generations may stream at once over the one
+pipe when the worker's handle declares ``parallel`` > 1. Chunks stream under a credit window per
+generation: the worker runs at most :data:`WINDOW` chunks ahead of the caller, so a cancel or a
+closed iterator stops the engine within a few tokens; ``cancel`` is a message, and a closed
+iterator sends one too. The frames a cancelled generation still sends are dropped by the reader;
+a new generation waits (at most :data:`SETTLE_SECONDS`) until the worker has a free slot again.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ import subprocess
 import threading
 import time
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from anyformer._backend import BackendModel
@@ -71,18 +74,18 @@ _STDERR_LINE_BYTES = 4096
 _EOF = object()
 
 
-def _read_replies(fd: int, frames: queue.Queue[Any]) -> None:
-    """The stdout thread: every frame into the queue, then a protocol error if any, then ``_EOF``."""
+def _read_replies(fd: int, deliver: Callable[[Any], None]) -> None:
+    """The stdout thread: every frame to ``deliver``, then a protocol error if any, then ``_EOF``."""
     try:
         while True:
             frame = read_frame(fd)
             if frame is None:
                 break
-            frames.put(frame)
+            deliver(frame)
     except (ProtocolError, OSError, ValueError) as exc:
-        frames.put(ProtocolError(str(exc)))
+        deliver(ProtocolError(str(exc)))
     finally:
-        frames.put(_EOF)
+        deliver(_EOF)
 
 
 def _read_stderr(stream: Any, tail: collections.deque[str]) -> None:
@@ -98,6 +101,66 @@ def _copy(error: AnyformerError) -> AnyformerError:
     return AnyformerError(error.code, error.message, need=error.need)
 
 
+class _Router:
+    """Hands the worker's frames out: a generation's to that generation's queue, the rest to the session's.
+
+    A separate object, so the reader thread holds no reference to the session (a dropped session
+    must still be collected and end its worker).
+    """
+
+    def __init__(self) -> None:
+        self.frames: queue.Queue[Any] = queue.Queue()
+        # The generations the worker still runs, each with the queue its frames go to; the abandoned
+        # ones (cancelled or closed by the caller) have theirs dropped until their end. The condition
+        # wakes a generation waiting for a free slot and dispose waiting for the last one.
+        self.routes: dict[int, queue.Queue[Any]] = {}
+        self.abandoned: set[int] = set()
+        self.changed = threading.Condition()
+        self.ended: Any = None  # the reader's last item (_EOF or a ProtocolError) once it stopped
+        self._count = 0
+
+    def deliver(self, item: Any) -> None:
+        """The reader thread's hand-out: a generation's frames to its queue, the rest to the session's."""
+        with self.changed:
+            if item is _EOF or isinstance(item, ProtocolError):
+                if self.ended is None or item is not _EOF:
+                    self.ended = item
+                for frames in (self.frames, *self.routes.values()):
+                    frames.put(item)
+                self.changed.notify_all()
+                return
+            ident, op = item.get("id"), item["op"]
+            route = self.routes.get(ident) if isinstance(ident, int) else None
+            if route is None or op not in ("started", "chunks", "end", "error"):
+                self.frames.put(item)
+                return
+            if ident not in self.abandoned:
+                route.put(item)
+            if op in ("end", "error"):  # the worker is done with it: its slot is free
+                del self.routes[ident]
+                self.abandoned.discard(ident)
+                self.changed.notify_all()
+
+    def route(self) -> tuple[int, queue.Queue[Any]]:
+        """Number a new generation and open the queue its frames will go to."""
+        frames: queue.Queue[Any] = queue.Queue()
+        with self.changed:
+            self._count += 1
+            ident = self._count
+            self.routes[ident] = frames
+            if self.ended is not None:  # the worker is gone already: the reader will not say so again
+                frames.put(self.ended)
+        return ident, frames
+
+    def abandon(self, ident: int) -> bool:
+        """Drop a generation's further frames; True when the worker still runs it (tell it to stop)."""
+        with self.changed:
+            if ident not in self.routes:
+                return False
+            self.abandoned.add(ident)
+            return True
+
+
 class WorkerSession:
     """A model loaded by a backend in a worker process (see the module docstring)."""
 
@@ -107,21 +170,22 @@ class WorkerSession:
         self.task = ""
         self._has_run = False
         self._raw_text = False
+        self._parallel = 1
         self._oom_before = oom_kill_count()
-        self._frames: queue.Queue[Any] = queue.Queue()
+        self._router = _Router()
+        self._frames = self._router.frames
         self._stderr: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL_LINES)
         self._write_lock = threading.Lock()
         self._dead: AnyformerError | None = None
         #: The RPC servers the load spans: a death is explained by the ones that stopped answering.
         self._rpc: tuple[str, ...] = ()
         self._disposed = False
-        self._generations = 0
-        self._pending: int | None = None  # a generation whose end has not been read yet
+        self._run_lock = threading.Lock()  # one run() at a time: its reply comes on the session's queue
         assert process.stdin is not None and process.stdout is not None and process.stderr is not None
         self._threads = [
             threading.Thread(
                 target=_read_replies,
-                args=(process.stdout.fileno(), self._frames),
+                args=(process.stdout.fileno(), self._router.deliver),
                 name=f"anyformer-{backend}-worker-replies",
                 daemon=True,
             ),
@@ -189,6 +253,10 @@ class WorkerSession:
             raise self._broken(f"a malformed loaded frame {dict(frame)!r:.200}", "loading")
         self.task, self._has_run = task, has_run
         self._raw_text = frame.get("raw_text") is True
+        parallel = frame.get("parallel", 1)
+        self._parallel = (
+            parallel if isinstance(parallel, int) and not isinstance(parallel, bool) and parallel > 0 else 1
+        )
 
     # ---- what Loaded reads ----------------------------------------------------------------------
 
@@ -216,6 +284,11 @@ class WorkerSession:
         """True when the worker's handle declares ``raw_text``."""
         return self._raw_text
 
+    @property
+    def parallel(self) -> int:
+        """How many generations the worker's handle runs at once (its ``parallel``)."""
+        return self._parallel
+
     # ---- talking to the worker ------------------------------------------------------------------
 
     def _write(self, frame: bytes, stage: str) -> None:
@@ -234,8 +307,14 @@ class WorkerSession:
         self._write(encode_frame(message), stage)
 
     def _next(
-        self, stage: str, *, cancel: Any = None, timeout: float | None = None
+        self,
+        stage: str,
+        *,
+        cancel: Any = None,
+        timeout: float | None = None,
+        frames: queue.Queue[Any] | None = None,
     ) -> dict[str, Any] | None:  # None only when ``cancel`` is set while waiting
+        source = self._frames if frames is None else frames
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             wait = _POLL_SECONDS if cancel is not None else None
@@ -243,7 +322,7 @@ class WorkerSession:
                 left = max(deadline - time.monotonic(), 0.0)
                 wait = left if wait is None else min(wait, left)
             try:
-                item = self._frames.get(timeout=wait)
+                item = source.get(timeout=wait)
             except queue.Empty:
                 if cancel is not None and cancel.is_set():
                     return None
@@ -251,7 +330,7 @@ class WorkerSession:
                     raise TimeoutError(stage) from None
                 continue
             if item is _EOF:
-                self._frames.put(_EOF)  # every later reader sees the end too
+                source.put(_EOF)  # every later reader sees the end too
                 raise self._crashed(stage)
             if isinstance(item, ProtocolError):
                 raise self._broken(str(item), stage)
@@ -289,37 +368,41 @@ class WorkerSession:
             )
         return _copy(self._dead)
 
-    def _settle(self) -> None:
-        """Drain a cancelled generation's remaining frames before the next command."""
+    def _settle(self, limit: int | None = None) -> None:
+        """Wait until the worker runs fewer than ``limit`` generations (default: ``parallel``).
+
+        Generations the caller cancelled or closed still hold a slot in the worker until it has
+        stopped them; one that does not stop within :data:`SETTLE_SECONDS` ends the worker.
+        """
         if self._dead is not None:
             raise _copy(self._dead)
-        ident = self._pending
-        if ident is None:
-            return
-        deadline = time.monotonic() + SETTLE_SECONDS
-        while True:
-            try:
-                frame = self._next("stopping a cancelled generation", timeout=max(deadline - time.monotonic(), 0.0))
-            except TimeoutError:
-                _end_process(self._process)
-                self._dead = AnyformerError(
-                    ErrorCode.BACKEND_CRASHED,
-                    f"the {self.backend} engine's worker process (pid {self.pid}) did not stop within "
-                    f"{SETTLE_SECONDS:g} s of a cancel and was ended; load the model again",
-                )
-                raise _copy(self._dead) from None
-            assert frame is not None
-            if frame["op"] in ("end", "error") and frame.get("id") == ident:
-                self._pending = None
-                return
+        limit = self._parallel if limit is None else limit
+        router = self._router
+        with router.changed:
+            settled = router.changed.wait_for(
+                lambda: len(router.routes) < limit or router.ended is not None, timeout=SETTLE_SECONDS
+            )
+            ended = router.ended
+        if ended is not None:
+            raise (
+                self._broken(str(ended), "generating")
+                if isinstance(ended, ProtocolError)
+                else self._crashed("generating")
+            )
+        if not settled:
+            _end_process(self._process)
+            self._dead = AnyformerError(
+                ErrorCode.BACKEND_CRASHED,
+                f"the {self.backend} engine's worker process (pid {self.pid}) did not stop within "
+                f"{SETTLE_SECONDS:g} s of a cancel and was ended; load the model again",
+            )
+            raise _copy(self._dead)
 
     # ---- the session ----------------------------------------------------------------------------
 
     def start(self, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk]:
         """Send the generation to the worker; errors it finds before streaming are raised here."""
         self._settle()
-        self._generations += 1
-        ident = self._generations
         settings = {
             **options.extra,
             "max_new_tokens": options.max_new_tokens,
@@ -334,6 +417,7 @@ class WorkerSession:
             settings["logprobs"] = options.logprobs
         if options.suffix is not None:
             settings["suffix"] = options.suffix
+        ident, frames = self._router.route()
         try:
             frame = encode_frame(
                 {
@@ -344,25 +428,26 @@ class WorkerSession:
                     "options": encode_value(settings),
                 }
             )
-        except TypeError as exc:
-            raise AnyformerError(ErrorCode.BAD_REQUEST, f"{exc}; load with isolate=False to pass it") from None
-        except ValueError as exc:  # over the frame limit
+        except (TypeError, ValueError) as exc:
+            with self._router.changed:
+                self._router.routes.pop(ident, None)
+            if isinstance(exc, TypeError):
+                raise AnyformerError(ErrorCode.BAD_REQUEST, f"{exc}; load with isolate=False to pass it") from None
             raise AnyformerError(ErrorCode.BAD_REQUEST, f"the request is too large for a worker: {exc}") from None
         self._write(frame, "generating")
         try:
-            reply = self._next("generating", cancel=options.cancel)
+            reply = self._next("generating", cancel=options.cancel, frames=frames)
         except ProtocolError as exc:  # pragma: no cover - _next turns these into errors
             raise self._broken(str(exc), "generating") from None
-        if reply is None:  # cancelled while the engine prepares the prompt: it is told, and settled later
-            self._pending = ident
-            self._send({"op": "cancel", "id": ident}, "generating")
+        if reply is None:  # cancelled while the engine prepares the prompt: it is told; its frames are dropped
+            if self._router.abandon(ident):
+                self._send({"op": "cancel", "id": ident}, "generating")
             return iter(())
-        if reply["op"] == "error" and reply.get("id") == ident:
+        if reply["op"] == "error":
             raise self._checked_error(reply, "generating")
-        if reply["op"] != "started" or reply.get("id") != ident:
+        if reply["op"] != "started":
             raise self._broken(f"expected started, got {reply['op']!r}", "generating")
-        self._pending = ident
-        return self._chunks(ident, options)
+        return self._chunks(ident, options, frames)
 
     def _checked_error(self, frame: Mapping[str, Any], stage: str) -> AnyformerError:
         try:
@@ -370,16 +455,14 @@ class WorkerSession:
         except ProtocolError as exc:
             return self._broken(str(exc), stage)
 
-    def _chunks(self, ident: int, options: GenerateOptions) -> Iterator[Chunk]:
+    def _chunks(self, ident: int, options: GenerateOptions, frames: queue.Queue[Any]) -> Iterator[Chunk]:
         taken = 0
         try:
             while True:
-                frame = self._next("generating", cancel=options.cancel)
+                frame = self._next("generating", cancel=options.cancel, frames=frames)
                 if frame is None:
                     return  # cancelled while the engine works: the finally tells the worker
                 op = frame["op"]
-                if frame.get("id") != ident:
-                    raise self._broken(f"a {op!r} frame of another generation", "generating")
                 if op == "chunks":
                     for chunk in self._checked_chunks(frame):
                         yield chunk
@@ -388,15 +471,13 @@ class WorkerSession:
                             self._send({"op": "more", "id": ident, "count": taken}, "generating")
                             taken = 0
                 elif op == "end":
-                    self._pending = None
                     return
                 elif op == "error":
-                    self._pending = None
                     raise self._checked_error(frame, "generating")
                 else:
                     raise self._broken(f"unexpected {op!r} while generating", "generating")
         finally:
-            if self._pending == ident and self._dead is None:
+            if self._dead is None and self._router.abandon(ident):
                 try:
                     self._send({"op": "cancel", "id": ident}, "generating")
                 except AnyformerError:
@@ -437,6 +518,10 @@ class WorkerSession:
 
     def run(self, input: Any, options: dict[str, Any]) -> Any:
         """Send ``input`` to the handle's ``run`` in the worker and return its result."""
+        with self._run_lock:
+            return self._run(input, options)
+
+    def _run(self, input: Any, options: dict[str, Any]) -> Any:
         self._settle()
         try:
             frame = encode_frame({"op": "run", "input": encode_value(input), "options": encode_value(options)})
@@ -463,7 +548,7 @@ class WorkerSession:
         self._disposed = True
         try:
             if self._dead is None:
-                self._settle()
+                self._settle(limit=1)  # every generation stopped: nothing streams while the model is freed
                 self._send({"op": "dispose"}, "disposing")
                 deadline = time.monotonic() + DISPOSE_SECONDS
                 while True:

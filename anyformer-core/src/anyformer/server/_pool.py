@@ -1,6 +1,9 @@
 """The model pool: models load on first use, stay loaded while they fit, and leave least recently used first.
 
-Each model runs one request at a time; others wait in a bounded queue (past it, ``BUSY`` → 503).
+Each model runs as many requests at once as its backend serves (``Loaded.parallel``: llama.cpp
+batches ``parallel`` streams, asked for with the pool's ``parallel`` load option; most backends
+serve one); the others wait in a bounded queue (past it, ``BUSY`` → 503) and take the slots in
+the order they came.
 Before a model loads, the policy's chosen verdict says what it takes (``gpu_bytes`` against the
 accelerator budget, ``ram_bytes`` against host memory); idle models are unloaded, least recently
 used first, until it fits, as Ollama does. Engines run in isolated worker processes when
@@ -29,8 +32,11 @@ from anyformer.contract._errors import AnyformerError, ErrorCode
 from anyformer.contract._messages import Message
 from anyformer.contract._sizes import format_size, parse_size
 
-#: Requests that may wait for one model while it serves another.
+#: Requests that may wait for one model while it serves others.
 DEFAULT_QUEUE_SIZE = 8
+#: Streams per model the server asks backends for (the ``parallel`` load option): llama-server's own
+#: default, and on 2 CPU cores the batch where one decode step's aggregate gain is most of its 8-stream one.
+DEFAULT_PARALLEL = 4
 _END = object()
 
 
@@ -45,13 +51,45 @@ def _normalised(ref: str) -> str:
     return os.path.abspath(expanded) if os.path.exists(expanded) else ref
 
 
+class _Slots:
+    """How many requests may use one model at once: one until it is loaded, then what it serves.
+
+    Waiters are served in the order they came (an ``asyncio.Condition`` wakes them in FIFO order).
+    """
+
+    def __init__(self) -> None:
+        self.capacity = 1
+        self.active = 0
+        self._changed = asyncio.Condition()
+
+    async def acquire(self) -> None:
+        """Wait for a free slot and take it."""
+        async with self._changed:
+            await self._changed.wait_for(lambda: self.active < self.capacity)
+            self.active += 1
+
+    def release(self) -> None:
+        """Give a slot back (from the event loop's thread)."""
+        self.active -= 1
+        asyncio.get_running_loop().create_task(self._wake())
+
+    def resize(self, capacity: int) -> None:
+        """Serve ``capacity`` requests at once from now on (the model loaded, or was unloaded)."""
+        self.capacity = max(1, capacity)
+        asyncio.get_running_loop().create_task(self._wake())
+
+    async def _wake(self) -> None:
+        async with self._changed:
+            self._changed.notify_all()
+
+
 @dataclasses.dataclass(eq=False)
 class _Entry:
     """One model in the pool: its loaded handle (or None), what it takes, and who uses or awaits it."""
 
     ref: str
     task: str | None
-    slot: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
+    slot: _Slots = dataclasses.field(default_factory=_Slots)
     loaded: Loaded | None = None
     gpu_bytes: int = 0
     ram_bytes: int = 0
@@ -117,7 +155,9 @@ class ModelPool:
     ``budget`` is the accelerator memory all loaded models may use together (default: what the
     probe found), host memory is what the probe found available when the pool was made;
     ``isolate`` runs each engine in its own process (None: whenever ``anyformer.load`` can);
-    ``queue_size`` is how many requests may wait for one busy model; ``plugins`` and ``caps``
+    ``queue_size`` is how many requests may wait for one busy model; ``parallel`` is the
+    ``parallel`` load option (streams per model, for backends that batch; 1: one at a time);
+    ``plugins`` and ``caps``
     replace the installed backends and the probe (tests, embedding apps).
     """
 
@@ -128,6 +168,7 @@ class ModelPool:
         isolate: bool | None = None,
         queue_size: int = DEFAULT_QUEUE_SIZE,
         context: int | None = None,
+        parallel: int = 1,
         caps: Caps | None = None,
         plugins: PluginManager | None = None,
     ) -> None:
@@ -139,6 +180,11 @@ class ModelPool:
             raise AnyformerError(ErrorCode.BAD_REQUEST, "this anyformer has no isolated workers (load(isolate=...))")
         self.isolate = supported if isolate is None else isolate
         self.queue_size = queue_size
+        if isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 1:
+            raise AnyformerError(
+                ErrorCode.BAD_REQUEST, f"parallel must be a positive number of streams, got {parallel!r}"
+            )
+        self.parallel = parallel
         self._context = context
         #: The plugin manager models load through (None: the installed backends).
         self.plugins = plugins
@@ -255,7 +301,7 @@ class ModelPool:
         entry = self._entries.get(key)
         if entry is None:
             entry = self._entries[key] = _Entry(ref=ref, task=task)
-        if entry.users > self.queue_size:
+        if entry.users >= self.queue_size + entry.slot.capacity:
             raise AnyformerError(
                 ErrorCode.BUSY,
                 f"{ref} is busy and {self.queue_size} requests already wait for it; retry shortly",
@@ -269,6 +315,7 @@ class ModelPool:
         try:
             if entry.loaded is None:
                 await self._load(entry, key)
+                entry.slot.resize(entry.loaded.parallel if entry.loaded is not None else 1)
         except BaseException:
             self._release(entry)
             raise
@@ -305,6 +352,8 @@ class ModelPool:
 
     def _load_blocking(self, model: anyformer.Model, task: str | None) -> Loaded:
         extra: dict[str, Any] = {"isolate": self.isolate} if load_supports_isolation() else {}
+        if self.parallel > 1:
+            extra["options"] = {"parallel": self.parallel}
         return anyformer.load(
             model,
             task=task,
@@ -336,6 +385,7 @@ class ModelPool:
 
     async def _unload(self, entry: _Entry) -> None:
         loaded, entry.loaded = entry.loaded, None
+        entry.slot.resize(1)
         if loaded is not None:
             await asyncio.to_thread(_dispose_quietly, loaded)
         if entry.users == 0:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from anyformer.server._app import DEFAULT_MAX_BODY_BYTES, create_app
-from anyformer.server._pool import DEFAULT_QUEUE_SIZE, ModelPool
+from anyformer.server._pool import DEFAULT_PARALLEL, DEFAULT_QUEUE_SIZE, ModelPool
 
 
 def serve(
@@ -17,6 +17,7 @@ def serve(
     api_key: str | None = None,
     queue_size: int = DEFAULT_QUEUE_SIZE,
     context: int | None = None,
+    parallel: int = DEFAULT_PARALLEL,
     isolate: bool | None = None,
     log_level: str = "info",
     models: Sequence[str] = (),
@@ -28,12 +29,13 @@ def serve(
 ) -> None:
     """Serve until interrupted: the pool within ``budget``, ``preload`` loaded at start-up.
 
-    ``isolate`` runs each engine in its own worker process (None: whenever ``anyformer.load`` can).
+    ``isolate`` runs each engine in its own worker process (None: whenever ``anyformer.load`` can);
+    ``parallel`` is how many requests one model serves at once where its backend batches (llama.cpp).
     What clients may name and which browsers may call: see :func:`create_app`.
     """
     import uvicorn
 
-    pool = ModelPool(budget=budget, queue_size=queue_size, context=context, isolate=isolate)
+    pool = ModelPool(budget=budget, queue_size=queue_size, context=context, parallel=parallel, isolate=isolate)
     app = create_app(
         pool,
         api_key=api_key,

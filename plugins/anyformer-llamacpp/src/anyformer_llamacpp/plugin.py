@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from anyformer.plugin import (
+    AnyformerError,
     Caps,
     Chunk,
     Estimate,
@@ -22,9 +23,11 @@ from anyformer.plugin import (
     files_to_download,
     format_size,
     hookimpl,
+    host_ram_available,
 )
 from anyformer_llamacpp import BACKEND_ID
-from anyformer_llamacpp.estimate import BATCH, context_for, footprint, measured_speed
+from anyformer_llamacpp._slots import parallel_option, streams_that_fit
+from anyformer_llamacpp.estimate import BATCH, Footprint, context_for, footprint, measured_speed
 from anyformer_llamacpp.file_choice import choose_gguf, projector_for
 from anyformer_llamacpp.runtime import (
     INSTALL_HINT,
@@ -75,23 +78,31 @@ def can_run(model: Model, caps: Caps, request: Request) -> Verdict:
         files = tuple(f.name for f in choice.files) + mmproj_files
         return _can_run_over_rpc(caps, request, facts, choice.size, files, mmproj_bytes, gpu_library)
     budget = request.budget_or(caps.gpu_bytes)
-    plan = footprint(
-        facts,
-        choice.size,
-        context=context_for(facts, request.context),
-        budget=budget,
-        gpu_offload=gpu_library is not None,
-    )
+    # With parallel=N every stream has a KV region of the whole context: N of them are counted (a bad
+    # value is load's to refuse, with BAD_REQUEST). Image and embedding models are loaded one-stream.
+    try:
+        asked = parallel_option(request.options) if mmproj is None and task != "feature-extraction" else 1
+    except AnyformerError:
+        asked = 1
+
+    def plan_for(streams: int) -> Footprint:
+        context = context_for(facts, request.context) * streams
+        return footprint(facts, choice.size, context=context, budget=budget, gpu_offload=gpu_library is not None)
+
+    # As many of the streams asked for as host memory holds (load makes the same choice).
+    parallel = streams_that_fit(asked, caps.ram_bytes, lambda n: plan_for(n).ram_bytes + mmproj_bytes)
+    plan = plan_for(parallel)
     # The projector sits in host memory beside the model: the check counts it as the estimate does.
     host_bytes = plan.ram_bytes + mmproj_bytes
     if host_bytes > caps.ram_bytes:
         where = f"{plan.gpu_layers} layers on the GPU and the rest" if plan.gpu_layers else "the model"
         projector = f", projector {format_size(mmproj_bytes)}" if mmproj_bytes else ""
+        streams = f" ({parallel} streams)" if parallel > 1 else ""
         return Verdict.refuse(
             BACKEND_ID,
             Refusal.MEMORY,
             f"{choice.first.name}: {where} needs {format_size(host_bytes)} of host memory at {plan.context} tokens "
-            f"of context (weights {format_size(plan.weights_bytes)}, KV cache {format_size(plan.kv_bytes)}"
+            f"of context{streams} (weights {format_size(plan.weights_bytes)}, KV cache {format_size(plan.kv_bytes)}"
             f"{projector}); {format_size(caps.ram_bytes)} available",
             need=host_bytes,
         )
@@ -109,7 +120,8 @@ def can_run(model: Model, caps: Caps, request: Request) -> Verdict:
                 "file": choice.first.name,
                 "quant": choice.quant,
                 "shards": len(choice.files),
-                "context": plan.context,
+                "context": plan.context // parallel,
+                "parallel": parallel,
                 "gpu_layers": plan.gpu_layers,
                 "layers": plan.layers,
                 "offload": gpu_library or "none (CPU build)",
@@ -201,7 +213,33 @@ def load(backend: str, model: Model, request: Request, progress: ProgressCallbac
     """Fetch and validate the chosen GGUF, then open it with llama.cpp (called only when llamacpp was chosen)."""
     from anyformer_llamacpp.engine import LlamaCppModel  # imports llama_cpp
 
+    # parallel=N serves N streams batched in one context; image and embedding models serve one.
+    parallel = parallel_option(request.options)
+    one_stream = (request.task or model.task) == "feature-extraction" or projector_for(model) is not None
+    if parallel > 1 and not one_stream:
+        parallel = _streams_that_fit_now(model, request, parallel)
+        if parallel > 1:
+            from anyformer_llamacpp._parallel_model import ParallelLlamaCppModel
+
+            return ParallelLlamaCppModel.open_parallel(model, request, progress, parallel)
     return LlamaCppModel.open(model, request, progress)
+
+
+def _streams_that_fit_now(model: Model, request: Request, asked: int) -> int:
+    """How many of the ``asked`` streams the host memory available now holds (as ``can_run`` reckons it)."""
+    choice = choose_gguf(model)
+    if choice is None:
+        return 1  # LlamaCppModel.open refuses it
+    facts = dict(model.metadata.get("gguf") or {})
+    gpu_offload = gpu_offload_library() is not None
+
+    def host_bytes(streams: int) -> int:
+        context = context_for(facts, request.context) * streams
+        return footprint(
+            facts, choice.size, context=context, budget=request.budget or 0, gpu_offload=gpu_offload
+        ).ram_bytes
+
+    return streams_that_fit(asked, host_ram_available(), host_bytes)
 
 
 @hookimpl

@@ -1,0 +1,309 @@
+"""Continuous batching: one llama.cpp context, N sequences, one ``llama_decode`` per step for all of them.
+
+A scheduler thread owns the context. Each step it
+
+1. admits waiting prompts to free slots (``_slots.choose_slot``: the slot whose cache holds the
+   longest part of the prompt), cutting that slot's cache back to the prefix it keeps;
+2. drops the streams whose callers cancelled or left (their slot's cache is kept for reuse);
+3. runs one ``llama_decode`` of a ``llama_batch`` holding the last token of every decoding
+   sequence (each with its own ``seq_id`` and position), and picks each one's next token;
+4. evaluates prompt blocks of the sequences still reading their prompt, at the same fixed
+   positions as the one-stream engine (``prompt_blocks``) and each in a decode of its own (so its
+   numbers never depend on what the other streams do), at most :data:`PREFILL_TOKENS_PER_STEP`
+   positions while others decode: a long prompt is read over several steps instead of stalling
+   every other stream, and each of those steps still advances every decoding stream by a token.
+
+Tokens go back to each stream's queue as ids (with a log-probability entry when asked for); the
+stream's own thread turns them into text. The context uses ``kv_unified = false``: each sequence
+has a KV region of its own, filled from its own cell 0, so a sequence's attention sums run over the
+same cells in the same order whether it decodes alone or beside others.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import llama_cpp
+import numpy as np
+
+from anyformer.plugin import AnyformerError, ErrorCode, GenerateOptions, TokenLogprob
+from anyformer_llamacpp._slots import Slot, choose_slot
+from anyformer_llamacpp.prompt_blocks import BLOCK, blocks
+
+#: Prompt tokens one step reads while other sequences decode (a multiple of the block): a long
+#: prompt takes several steps, and each of them still advances every decoding stream by one token.
+PREFILL_TOKENS_PER_STEP = 4 * BLOCK
+#: How long an idle scheduler sleeps before it looks again (a submit or a close wakes it at once).
+_IDLE_SECONDS = 1.0
+
+#: Picks a token from logits: ``(logits, options, rng) -> token``.
+Chooser = Callable[[np.ndarray, GenerateOptions, "np.random.Generator | None"], int]
+#: The log-probability entry of a chosen token: ``(logits, token, top) -> TokenLogprob``.
+Scorer = Callable[[np.ndarray, int, int], TokenLogprob]
+
+
+@dataclasses.dataclass(eq=False)
+class Ticket:
+    """One stream's request to the scheduler, and the queue its tokens come back on.
+
+    The queue carries ``(token, logprob entry or None)`` pairs, then one finish reason (``stop``,
+    ``length``, ``cancelled``) or an :class:`AnyformerError`.
+    """
+
+    prompt: list[int]
+    options: GenerateOptions
+    budget: int
+    replies: queue.SimpleQueue[Any] = dataclasses.field(default_factory=queue.SimpleQueue)
+    #: Set by the stream when its caller is done with it (closed, cancelled, disposed).
+    abandoned: threading.Event = dataclasses.field(default_factory=threading.Event)
+    #: Prompt positions evaluated (the rest came from the slot's cache); known once the prompt is read.
+    evaluated: int = 0
+    rng: np.random.Generator | None = None
+    # Scheduler-side state.
+    slot: Slot | None = None
+    position: int = 0  # the next prompt position to read
+    generated: int = 0
+    next_token: int | None = None  # the token to feed at the next step, once the prompt is read
+    logits_at: int = -1  # its row in the last decode's batch
+
+    def stop_wanted(self) -> bool:
+        """The caller cancelled or left."""
+        return self.abandoned.is_set() or self.options.cancel.is_set()
+
+
+class BatchEngine:
+    """The scheduler and the context it owns (see the module docstring)."""
+
+    def __init__(
+        self,
+        llama: Any,
+        *,
+        parallel: int,
+        context: int,
+        choose: Chooser,
+        score: Scorer,
+        is_end: Callable[[int], bool],
+    ) -> None:
+        self._lib = llama_cpp
+        self._n_vocab = llama.n_vocab()
+        self._choose = choose
+        self._score = score
+        self._is_end = is_end
+        params = llama.context_params
+        # A copy of the load's settings (threads, batch, offload), with one KV region per sequence.
+        params = type(params).from_buffer_copy(params)
+        params.n_seq_max = parallel
+        params.kv_unified = False
+        params.n_ctx = context * parallel  # n_ctx is shared out: each sequence gets n_ctx / n_seq_max
+        # A step holds every decoding stream's token and a prompt's share; with nobody decoding, a
+        # prompt is read up to 512 positions a step (llama.cpp's default batch).
+        params.n_batch = max(512, PREFILL_TOKENS_PER_STEP + parallel)
+        params.n_ubatch = params.n_batch
+        self._n_batch = int(params.n_batch)
+        self._ctx = llama_cpp.llama_init_from_model(llama._model.model, params)
+        if not self._ctx:
+            raise AnyformerError(
+                ErrorCode.OUT_OF_MEMORY,
+                f"llama.cpp could not make a context of {parallel} sequences of {context} tokens; "
+                "load with a smaller parallel or context",
+            )
+        self._memory = llama_cpp.llama_get_memory(self._ctx)
+        self._batch = llama_cpp.llama_batch_init(self._n_batch, 0, 1)
+        self.slots = [Slot(seq_id) for seq_id in range(parallel)]
+        self._waiting: list[Ticket] = []
+        self._active: list[Ticket] = []
+        self._changed = threading.Condition()
+        self._closing = False
+        self._steps = 0
+        self._thread = threading.Thread(target=self._run, name="anyformer-llamacpp-batch", daemon=True)
+        self._thread.start()
+
+    # ---- what streams call ------------------------------------------------------------------------
+
+    def submit(self, prompt: list[int], options: GenerateOptions, budget: int) -> Ticket:
+        """Queue a prompt; its tokens come back on the ticket's queue."""
+        rng = np.random.default_rng(options.seed) if options.temperature > 0 else None
+        ticket = Ticket(prompt=prompt, options=options, budget=budget, rng=rng)
+        with self._changed:
+            if self._closing:
+                raise AnyformerError(ErrorCode.BAD_REQUEST, "the model was disposed")
+            self._waiting.append(ticket)
+            self._changed.notify()
+        return ticket
+
+    def wake(self) -> None:
+        """Have the scheduler look at the streams now (one was cancelled)."""
+        with self._changed:
+            self._changed.notify()
+
+    def close(self) -> None:
+        """Stop the scheduler (streams still queued end with ``cancelled``) and free the context."""
+        with self._changed:
+            self._closing = True
+            self._changed.notify()
+        self._thread.join()
+        for ticket in self._waiting + self._active:
+            ticket.replies.put("cancelled")
+        self._waiting, self._active = [], []
+        if self._batch is not None:
+            self._lib.llama_batch_free(self._batch)
+            self._batch = None
+        if self._ctx:
+            self._lib.llama_free(self._ctx)
+            self._ctx = None
+
+    # ---- the scheduler ------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            with self._changed:
+                while not self._closing and not self._waiting and not self._active:
+                    self._changed.wait(_IDLE_SECONDS)
+                if self._closing:
+                    return
+                self._admit()
+            self._drop_abandoned()
+            if not self._active:
+                continue
+            try:
+                self._step()
+            except Exception as exc:  # a failing step ends the streams in it, with the cause named
+                error = (
+                    exc
+                    if isinstance(exc, AnyformerError)
+                    else AnyformerError(ErrorCode.PLUGIN_ERROR, f"llamacpp: a batched decode step failed: {exc}")
+                )
+                for ticket in list(self._active):
+                    self._forget(ticket.slot)
+                    self._finish(ticket, error)
+
+    def _admit(self) -> None:
+        """Give waiting prompts the free slots (called with the condition held)."""
+        while self._waiting:
+            ticket = self._waiting[0]
+            if ticket.stop_wanted():
+                self._waiting.pop(0)
+                ticket.replies.put("cancelled")
+                continue
+            chosen = choose_slot(self.slots, ticket.prompt)
+            if chosen is None:
+                return
+            slot, prefix = chosen
+            self._waiting.pop(0)
+            self._lib.llama_memory_seq_rm(self._memory, slot.seq_id, prefix, -1)
+            slot.cut_back(prefix)
+            slot.busy = True
+            slot.last_used = self._steps
+            ticket.slot = slot
+            ticket.position = prefix
+            self._active.append(ticket)
+
+    def _drop_abandoned(self) -> None:
+        for ticket in list(self._active):
+            if ticket.stop_wanted():
+                self._finish(ticket, "cancelled")
+
+    def _forget(self, slot: Slot | None) -> None:
+        """Empty a slot's cache: after a failed step its bookkeeping may name cells that were never filled."""
+        if slot is not None:
+            self._lib.llama_memory_seq_rm(self._memory, slot.seq_id, -1, -1)
+            slot.cut_back(0)
+
+    def _finish(self, ticket: Ticket, end: str | AnyformerError) -> None:
+        """End a stream: its last reply, and its slot free again (its cache kept for the next prompt)."""
+        if ticket in self._active:
+            self._active.remove(ticket)
+        if ticket.slot is not None:
+            ticket.slot.busy = False
+        ticket.replies.put(end)
+
+    def _add(self, token: int, position: int, seq_id: int, logits: bool) -> int:
+        batch = self._batch
+        index = int(batch.n_tokens)
+        batch.token[index] = token
+        batch.pos[index] = position
+        batch.n_seq_id[index] = 1
+        batch.seq_id[index][0] = seq_id
+        batch.logits[index] = logits
+        batch.n_tokens = index + 1
+        return index
+
+    def _step(self) -> None:
+        """One step: a ``llama_decode`` of every decoding stream's next token, then a share of the prompts' blocks."""
+        decoding = [ticket for ticket in self._active if ticket.next_token is not None]
+        reading = [ticket for ticket in self._active if ticket.next_token is None]
+        if decoding:
+            self._batch.n_tokens = 0
+            for ticket in decoding:
+                slot, token = ticket.slot, ticket.next_token
+                assert slot is not None and token is not None
+                ticket.logits_at = self._add(token, len(slot.tokens), slot.seq_id, True)
+                slot.tokens.append(token)
+                ticket.next_token = None
+            self._decode()
+            for ticket in decoding:
+                self._pick(ticket)  # before the next decode: it overwrites the logits
+        room = PREFILL_TOKENS_PER_STEP if decoding else self._n_batch
+        for ticket in reading:
+            room = self._read_prompt(ticket, room)
+            if room < BLOCK:
+                break
+        self._steps += 1
+
+    def _decode(self) -> None:
+        status = self._lib.llama_decode(self._ctx, self._batch)
+        if status != 0:
+            raise AnyformerError(
+                ErrorCode.OUT_OF_MEMORY if status == 1 else ErrorCode.PLUGIN_ERROR,
+                f"llama.cpp could not decode a batch of {self._batch.n_tokens} tokens (status {status})",
+            )
+
+    def _read_prompt(self, ticket: Ticket, room: int) -> int:
+        """Evaluate the next blocks of a prompt, as far as ``room`` allows; returns the room left.
+
+        Each block is a ``llama_decode`` of its own, as the one-stream engine evaluates it: a block's
+        numbers then never depend on what other streams were doing (llama.cpp's depend on the batch
+        shape), so a cached block is always the one a fresh evaluation computes.
+        """
+        slot = ticket.slot
+        assert slot is not None
+        prompt = ticket.prompt
+        for first, stop in blocks(ticket.position, len(prompt)):
+            if stop - first > room or ticket.stop_wanted():  # a cancel stops a long prompt within a block
+                break
+            self._batch.n_tokens = 0
+            for position in range(first, stop):
+                self._add(prompt[position], position, slot.seq_id, position == len(prompt) - 1)
+            self._decode()
+            slot.tokens.extend(prompt[first:stop])
+            if stop - first == BLOCK and first == slot.full_blocks_end:
+                slot.full_blocks_end = stop
+            ticket.evaluated += stop - first
+            ticket.position = stop
+            room -= stop - first
+            if stop == len(prompt):
+                ticket.logits_at = stop - first - 1
+                self._pick(ticket)
+        return room
+
+    def _pick(self, ticket: Ticket) -> None:
+        """Choose a sequence's next token from its logits and send it to the stream."""
+        pointer = self._lib.llama_get_logits_ith(self._ctx, ticket.logits_at)
+        logits = np.ctypeslib.as_array(ctypes.cast(pointer, ctypes.POINTER(ctypes.c_float)), shape=(self._n_vocab,))
+        options = ticket.options
+        token = self._choose(logits, options, ticket.rng)
+        if self._is_end(token):
+            self._finish(ticket, "stop")
+            return
+        ticket.generated += 1
+        entry = None if options.logprobs is None else self._score(logits, token, options.logprobs)
+        ticket.replies.put((token, entry))
+        if ticket.generated >= ticket.budget:
+            self._finish(ticket, "length")
+            return
+        ticket.next_token = token

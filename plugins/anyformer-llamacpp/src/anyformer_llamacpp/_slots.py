@@ -1,0 +1,85 @@
+"""The sequences of a batched llama.cpp context: one KV region per slot, and which slot a new prompt takes.
+
+A context made with ``n_seq_max = N`` and ``kv_unified = false`` keeps N separate KV regions, one
+per sequence id, each filled from its own cell 0 in position order. A slot is one of them, with
+the token ids it holds, so that a new prompt goes to the free slot that already holds the longest
+part of it: its own earlier turns, or a system prompt another request left there. The cache is
+reused up to the last full prompt block they share, as the one-stream engine does
+(``prompt_blocks``), so the logits of a reused prefix are those a fresh evaluation computes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from anyformer.plugin import AnyformerError, ErrorCode
+from anyformer_llamacpp.prompt_blocks import reusable_prefix
+
+#: The most streams one loaded model serves at once (llama.cpp's own limit is 256 sequences).
+MAX_PARALLEL = 64
+
+
+@dataclasses.dataclass(eq=False)
+class Slot:
+    """One sequence of the context: the token ids its KV region holds, and where their full blocks end."""
+
+    seq_id: int
+    tokens: list[int] = dataclasses.field(default_factory=list)
+    full_blocks_end: int = 0
+    #: When it was last given a prompt (a step count): the least recently used free slot is reused first.
+    last_used: int = -1
+    busy: bool = False
+
+    def shared_prefix(self, prompt: Sequence[int]) -> int:
+        """How many leading positions of ``prompt`` this slot's cache may keep (a multiple of the block)."""
+        if not self.tokens:
+            return 0
+        return reusable_prefix(np.asarray(self.tokens, dtype=np.int64), self.full_blocks_end, prompt, None)
+
+    def cut_back(self, prefix: int) -> None:
+        """Forget what the cache holds past ``prefix`` (the caller removes those cells from the context)."""
+        del self.tokens[prefix:]
+        self.full_blocks_end = min(self.full_blocks_end, prefix)
+
+
+def choose_slot(slots: Sequence[Slot], prompt: Sequence[int]) -> tuple[Slot, int] | None:
+    """The free slot for ``prompt`` and the prefix it keeps: the longest reuse, else the least recently used.
+
+    None when every slot is busy.
+    """
+    free = [slot for slot in slots if not slot.busy]
+    if not free:
+        return None
+    best = max(free, key=lambda slot: (slot.shared_prefix(prompt), -slot.last_used))
+    return best, best.shared_prefix(prompt)
+
+
+def parallel_option(options: dict[str, object]) -> int:
+    """The ``parallel`` load option: how many streams to serve at once (1 when absent).
+
+    ``BAD_REQUEST`` for anything but a whole number from 1 to :data:`MAX_PARALLEL`.
+    """
+    value = options.get("parallel", 1)
+    if value is None:
+        return 1
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_PARALLEL:
+        raise AnyformerError(
+            ErrorCode.BAD_REQUEST,
+            f"the parallel option must be a whole number of streams from 1 to {MAX_PARALLEL}, got {value!r}",
+        )
+    return value
+
+
+def streams_that_fit(requested: int, ram_bytes: int, host_bytes_for: Callable[[int], int]) -> int:
+    """The most streams, up to ``requested`` and at least 1, whose host memory (``host_bytes_for(n)``) fits.
+
+    Each stream has a KV region of the whole context, so a server's default of several streams
+    must not refuse a model that one stream runs: it gets as many as the memory holds.
+    """
+    streams = requested
+    while streams > 1 and host_bytes_for(streams) > ram_bytes:
+        streams -= 1
+    return streams

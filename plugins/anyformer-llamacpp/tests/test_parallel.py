@@ -1,0 +1,217 @@
+"""Several streams batched in one llama.cpp context (``options={"parallel": N}``), on the real SmolLM2.
+
+The reference for every text is the same model's reply to the same prompt alone. The kit's
+parallel tests run on the tiny llama in ``test_conformance.py``; these check what needs a real
+model: greedy texts under load, chunked prompts, per-slot prefix reuse, the isolated worker.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import anyformer
+from anyformer import AnyformerError, ErrorCode
+from anyformer_llamacpp._batch import PREFILL_TOKENS_PER_STEP
+from anyformer_llamacpp.estimate import kv_cache_bytes
+from anyformer_llamacpp.plugin import can_run
+
+#: A fixed set of prompts: every one's greedy reply among three others must be its reply alone.
+PROMPTS = (
+    "Name three colours.",
+    "Hello, who are you?",
+    "Write a haiku about the sea.",
+    "What is 2+2?",
+    "Tell me a story about a dragon.",
+    "List some fruits.",
+    "Explain gravity in one sentence.",
+    "What is Python?",
+)
+TOKENS = 32
+SYSTEM = "You are a helpful assistant who answers briefly. " * 12  # over two prompt blocks of shared prefix
+
+
+@pytest.fixture(scope="module")
+def batched(smollm2_path: Path) -> Iterator[anyformer.Loaded]:
+    """SmolLM2 serving four streams at once."""
+    with anyformer.load(smollm2_path, backend="llamacpp", context=2048, options={"parallel": 4}) as loaded:
+        yield loaded
+
+
+def _together(loaded: anyformer.Loaded, requests: list[dict[str, Any]]) -> list[Any]:
+    """Run every request in its own thread, all streams open at once; the last chunk of each."""
+    results: list[Any] = [None] * len(requests)
+    opened = threading.Barrier(len(requests))
+
+    def one(index: int) -> None:
+        options = dict(requests[index])
+        messages = options.pop("messages")
+        stream = loaded.generate(messages, **options)
+        opened.wait(timeout=30)
+        for chunk in stream:
+            results[index] = chunk
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(requests))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=300)
+    return results
+
+
+def test_the_handle_declares_its_streams(batched: anyformer.Loaded) -> None:
+    assert batched.parallel == 4
+    assert type(batched.handle).__name__ == "ParallelLlamaCppModel"
+
+
+def test_concurrent_greedy_replies_are_the_replies_alone(batched: anyformer.Loaded) -> None:
+    alone = [batched.complete(prompt, max_new_tokens=TOKENS).text for prompt in PROMPTS]
+    together: list[str] = []
+    for start in range(0, len(PROMPTS), 4):
+        group = [{"messages": prompt, "max_new_tokens": TOKENS} for prompt in PROMPTS[start : start + 4]]
+        together += [chunk.text for chunk in _together(batched, group)]
+    flipped = [prompt for prompt, a, b in zip(PROMPTS, alone, together, strict=True) if a != b]
+    # On the CPU build every sequence has a KV region of its own, so its sums run in the same order
+    # beside others as alone: no near-tie flips here (docs/backends/llamacpp.md says so).
+    assert not flipped, f"replies changed under load: {flipped}"
+
+
+def test_stop_strings_and_limits_belong_to_each_stream(batched: anyformer.Loaded) -> None:
+    alone = batched.complete(PROMPTS[0], max_new_tokens=TOKENS).text
+    cut_at = alone.split()[3]
+    ends = _together(
+        batched,
+        [
+            {"messages": PROMPTS[0], "max_new_tokens": TOKENS, "stop": cut_at},
+            {"messages": PROMPTS[1], "max_new_tokens": 3},
+            {"messages": PROMPTS[2], "max_new_tokens": 9},
+            {"messages": PROMPTS[3], "max_new_tokens": TOKENS},
+        ],
+    )
+    assert ends[0].text == alone[: alone.index(cut_at)] and ends[0].finish_reason == "stop"
+    assert (ends[1].tokens, ends[1].finish_reason) == (3, "length")
+    assert (ends[2].tokens, ends[2].finish_reason) == (9, "length")
+    assert ends[3].text == batched.complete(PROMPTS[3], max_new_tokens=TOKENS).text
+
+
+def test_a_long_prompt_is_read_in_steps_beside_a_decoding_stream(batched: anyformer.Loaded) -> None:
+    long_prompt = "Summarise: " + "the quick brown fox jumps over the lazy dog. " * 60
+    alone = [batched.complete(p, max_new_tokens=16).text for p in (PROMPTS[0], long_prompt)]
+    ends = _together(
+        batched, [{"messages": PROMPTS[0], "max_new_tokens": 16}, {"messages": long_prompt, "max_new_tokens": 16}]
+    )
+    assert ends[1].prompt_tokens > 2 * PREFILL_TOKENS_PER_STEP
+    assert [chunk.text for chunk in ends] == alone
+
+
+def test_cancel_of_one_stream_leaves_the_others(batched: anyformer.Loaded) -> None:
+    alone = batched.complete(PROMPTS[1], max_new_tokens=TOKENS).text
+    cancel = threading.Event()
+    stopped = batched.generate(PROMPTS[0], max_new_tokens=1000, cancel=cancel)
+    running = batched.generate(PROMPTS[1], max_new_tokens=TOKENS)
+    next(stopped)
+    first = next(running)
+    cancel.set()
+    assert list(stopped)[-1].finish_reason == "cancelled"
+    assert [first, *running][-1].text == alone
+
+
+def test_a_slot_keeps_its_prefix_for_the_next_prompt(batched: anyformer.Loaded) -> None:
+    def ask(question: str) -> list[dict[str, str]]:
+        return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]
+
+    first = batched.complete(ask("Name a colour."), max_new_tokens=4)
+    cold = batched.handle.last_prompt_evaluated
+    second = batched.complete(ask("Name a fruit."), max_new_tokens=4)
+    warm = batched.handle.last_prompt_evaluated
+    assert first.prompt_tokens is not None and cold == first.prompt_tokens
+    assert warm < cold - 64, f"the shared system prompt was evaluated again ({warm} of {second.prompt_tokens})"
+    fresh = batched.complete(ask("Name a fruit."), max_new_tokens=4)
+    assert fresh.text == second.text
+
+
+def test_dispose_with_streams_open_ends_them(smollm2_path: Path) -> None:
+    loaded = anyformer.load(smollm2_path, backend="llamacpp", context=512, options={"parallel": 2})
+    streams = [loaded.generate(prompt, max_new_tokens=1000) for prompt in PROMPTS[:2]]
+    for stream in streams:
+        next(stream)
+    loaded.dispose()
+    for stream in streams:
+        assert list(stream) == []  # closed by dispose: nothing more comes
+    with pytest.raises(AnyformerError) as caught:
+        loaded.generate("hi")
+    assert caught.value.code is ErrorCode.BAD_REQUEST
+
+
+@pytest.mark.parametrize("value", [0, -1, "4", 2.5, True, 65])
+def test_a_bad_parallel_option_is_bad_request(smollm2_path: Path, value: Any) -> None:
+    with pytest.raises(AnyformerError) as caught:
+        anyformer.load(smollm2_path, backend="llamacpp", context=512, options={"parallel": value})
+    assert caught.value.code is ErrorCode.BAD_REQUEST and "parallel" in caught.value.message
+
+
+def test_the_estimate_counts_a_kv_region_per_stream(smollm2_path: Path) -> None:
+    model = anyformer.describe(smollm2_path)
+    caps = anyformer.Caps(ram_bytes=16 * 2**30)
+
+    def estimate(options: dict[str, Any]) -> Any:
+        verdict = can_run(model, caps, anyformer.Request.build(context=2048, options=options))
+        assert verdict.ok and verdict.estimate is not None
+        return verdict.estimate
+
+    one, four = estimate({}), estimate({"parallel": 4})
+    kv = kv_cache_bytes(dict(model.metadata["gguf"]), 2048, 0)
+    assert four.ram_bytes - one.ram_bytes == 3 * kv > 0
+    assert (one.details["parallel"], four.details["parallel"]) == (1, 4)
+    assert one.details["context"] == four.details["context"] == 2048
+    # Where four streams do not fit the host memory, as many as fit are planned (never a refusal one stream avoids).
+    two = can_run(
+        model,
+        anyformer.Caps(ram_bytes=one.ram_bytes + kv + kv // 2),
+        anyformer.Request.build(context=2048, options={"parallel": 4}),
+    )
+    assert two.ok and two.estimate is not None and two.estimate.details["parallel"] == 2
+
+
+def test_streams_in_an_isolated_worker(smollm2_path: Path, batched: anyformer.Loaded) -> None:
+    alone = [batched.complete(prompt, max_new_tokens=12).text for prompt in PROMPTS[:2]]
+    with anyformer.load(
+        smollm2_path, backend="llamacpp", context=2048, options={"parallel": 2}, isolate=True
+    ) as isolated:
+        assert isolated.isolated and isolated.parallel == 2
+        ends = _together(isolated, [{"messages": prompt, "max_new_tokens": 12} for prompt in PROMPTS[:2]])
+        assert [chunk.text for chunk in ends] == alone
+        streams = [isolated.generate(prompt, max_new_tokens=1000) for prompt in PROMPTS[:2]]
+        with pytest.raises(AnyformerError) as caught:
+            isolated.generate(PROMPTS[2])
+        assert caught.value.code is ErrorCode.BUSY
+        for stream in streams:
+            stream.close()
+
+
+def test_a_failed_decode_step_ends_its_streams_and_the_next_one_works(smollm2_path: Path) -> None:
+    with anyformer.load(smollm2_path, backend="llamacpp", context=512, options={"parallel": 2}) as loaded:
+        alone = loaded.complete(PROMPTS[0], max_new_tokens=6).text
+        engine = loaded.handle._engine
+        real = engine._lib
+
+        class FailingDecode:
+            """llama_cpp, except that every decode fails as a broken context would."""
+
+            def __getattr__(self, name: str) -> Any:
+                return getattr(real, name)
+
+            @staticmethod
+            def llama_decode(context: Any, batch: Any) -> int:
+                return 2
+
+        engine._lib = FailingDecode()
+        with pytest.raises(AnyformerError) as caught:
+            loaded.complete(PROMPTS[0], max_new_tokens=6)
+        assert caught.value.code is ErrorCode.PLUGIN_ERROR and "status 2" in caught.value.message
+        engine._lib = real
+        assert loaded.complete(PROMPTS[0], max_new_tokens=6).text == alone  # the slot's cache was emptied
