@@ -33,7 +33,7 @@ import numpy as np
 
 from anyformer.plugin import AnyformerError, ErrorCode, GenerateOptions, TokenLogprob
 from anyformer_llamacpp._slots import Slot, choose_slot
-from anyformer_llamacpp.prompt_blocks import BLOCK, blocks
+from anyformer_llamacpp.prompt_blocks import BLOCK, batches, plan
 
 #: Prompt tokens one step reads while other sequences decode (a multiple of the block): a long
 #: prompt takes several steps, and each of them still advances every decoding stream by one token.
@@ -273,7 +273,7 @@ class BatchEngine:
         slot = ticket.slot
         assert slot is not None
         prompt = ticket.prompt
-        for first, stop in blocks(ticket.position, len(prompt)):
+        for first, stop in batches(plan(len(prompt)), ticket.position, len(prompt)):
             if stop - first > room or ticket.stop_wanted():  # a cancel stops a long prompt within a block
                 break
             self._batch.n_tokens = 0

@@ -59,11 +59,24 @@ class ParallelLlamaCppModel(LlamaCppModel):
 
     @staticmethod
     def _open_llama(
-        path: Path, context: int, gpu_layers: int, request: Any, *, embedding: bool = False, mean: bool = True
+        path: Path,
+        context: int,
+        gpu_layers: int,
+        request: Any,
+        *,
+        embedding: bool = False,
+        mean: bool = True,
+        tensor_split: list[float] | None = None,
     ) -> Any:
         # The one-stream open, with a token-sized context: the batched engine makes the context that decodes.
         llama = LlamaCppModel._open_llama(
-            path, min(context, _TOKENIZER_CONTEXT), gpu_layers, request, embedding=embedding, mean=mean
+            path,
+            min(context, _TOKENIZER_CONTEXT),
+            gpu_layers,
+            request,
+            embedding=embedding,
+            mean=mean,
+            tensor_split=tensor_split,
         )
         # What the prompt builders read as the batch size (infill cuts its prefix by it): the one-stream value.
         llama.n_batch = min(512, context)
@@ -77,7 +90,11 @@ class ParallelLlamaCppModel(LlamaCppModel):
 
     # ---- generation ---------------------------------------------------------------------------------
 
-    def _decode(self, segments: Segments, options: GenerateOptions, chunks: Chunks | None = None) -> Iterator[Chunk]:
+    def _decode(
+        self, segments: Segments, options: GenerateOptions, chunks: Chunks | None = None, marks: list[int] | None = None
+    ) -> Iterator[Chunk]:
+        # ``marks`` (where each message's text begins) are not used: a slot's prompts are cut on the block
+        # grid alone, so every slot's cache follows one rule (see _slots).
         if chunks is not None:  # no projector is loaded in parallel mode, so no prompt has images
             chunks.close()
         prompt: list[int] = []

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from anyformer.plugin import AnyformerError, ErrorCode
-from anyformer_llamacpp.prompt_blocks import reusable_prefix
+from anyformer_llamacpp.prompt_blocks import BLOCK, plan, reusable_prefix
 
 #: The most streams one loaded model serves at once (llama.cpp's own limit is 256 sequences).
 MAX_PARALLEL = 64
@@ -37,7 +37,11 @@ class Slot:
         """How many leading positions of ``prompt`` this slot's cache may keep (a multiple of the block)."""
         if not self.tokens:
             return 0
-        return reusable_prefix(np.asarray(self.tokens, dtype=np.int64), self.full_blocks_end, prompt, None)
+        # A slot's prompts are evaluated on the block grid alone (no message marks), so its batches
+        # ended at every multiple of the block up to its full blocks' end.
+        cached_ends = list(range(BLOCK, self.full_blocks_end + 1, BLOCK))
+        cached = np.asarray(self.tokens, dtype=np.int64)
+        return reusable_prefix(cached, cached_ends, prompt, plan(len(prompt)), None)
 
     def cut_back(self, prefix: int) -> None:
         """Forget what the cache holds past ``prefix`` (the caller removes those cells from the context)."""
