@@ -13,7 +13,9 @@ class BackendModel(Protocol):
     own handles); ``task`` what it runs. ``dispose`` frees its memory and must be safe to call
     twice. Handles for non-generation tasks also have ``run(input, **options)``. A handle whose
     backend continues raw text without a chat template (``generate(prompt=...)``) sets
-    ``raw_text = True``; the core refuses raw prompts for every other handle.
+    ``raw_text = True``; the core refuses raw prompts for every other handle. One that also reports
+    the prompt's own tokens' log-probabilities (``generate(prompt_logprobs=True)``) sets
+    ``prompt_logprobs = True``.
     """
 
     backend: str
@@ -32,3 +34,8 @@ def run_of(handle: Any) -> Any:
 def raw_text_of(handle: Any) -> bool:
     """True when the handle declares it continues raw text (``raw_text = True``)."""
     return getattr(handle, "raw_text", False) is True
+
+
+def prompt_logprobs_of(handle: Any) -> bool:
+    """True when the handle declares it scores a raw prompt's tokens (``prompt_logprobs = True``)."""
+    return raw_text_of(handle) and getattr(handle, "prompt_logprobs", False) is True

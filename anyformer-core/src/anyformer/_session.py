@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
-from anyformer._backend import BackendModel, raw_text_of, run_of
+from anyformer._backend import BackendModel, prompt_logprobs_of, raw_text_of, run_of
 from anyformer.contract._chunk import Chunk, GenerateOptions
 from anyformer.contract._messages import Message
 
@@ -43,6 +43,10 @@ class Session(Protocol):
     @property
     def raw_text(self) -> bool:
         """True when the backend continues raw text without a chat template (``generate(prompt=...)``)."""
+
+    @property
+    def prompt_logprobs(self) -> bool:
+        """True when the backend reports a raw prompt's tokens' log-probabilities."""
 
     def start(self, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk]:
         """Begin a generation; errors the backend finds before streaming are raised here."""
@@ -79,6 +83,11 @@ class InProcessSession:
     def raw_text(self) -> bool:
         """True when the handle declares ``raw_text``."""
         return raw_text_of(self._handle)
+
+    @property
+    def prompt_logprobs(self) -> bool:
+        """True when the handle declares ``prompt_logprobs``."""
+        return prompt_logprobs_of(self._handle)
 
     def start(self, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk]:
         """Call the owning backend's generate hook."""
