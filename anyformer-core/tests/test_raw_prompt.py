@@ -98,3 +98,46 @@ def test_malformed_logprobs_from_a_backend_are_a_plugin_error(load_scripted: Any
     with pytest.raises(AnyformerError) as caught:
         loaded.complete(prompt="x", logprobs=0)
     assert caught.value.code == ErrorCode.PLUGIN_ERROR
+
+
+def _scored_prompt() -> tuple[TokenLogprob, ...]:
+    return (TokenLogprob("Once", None), TokenLogprob(" upon", -1.5, ((" upon", -1.5),)), TokenLogprob(" a", -0.25))
+
+
+def test_prompt_logprobs_need_a_backend_that_declares_them(load_scripted: Any) -> None:
+    loaded, backend = load_scripted([Chunk(delta=" time", tokens=1)])
+    loaded.handle.raw_text = True  # type: ignore[attr-defined]
+    assert not loaded.prompt_logprobs
+    with pytest.raises(AnyformerError) as caught:
+        loaded.complete(prompt="Once upon a", logprobs=1, prompt_logprobs=True)
+    assert caught.value.code == ErrorCode.BAD_REQUEST
+    assert "prompt's log-probabilities" in caught.value.message
+    assert backend.started == 0
+
+
+def test_prompt_logprobs_ride_on_the_first_chunk_placed_in_the_prompt(load_scripted: Any) -> None:
+    loaded, backend = load_scripted([Chunk(tokens=0, prompt_logprobs=_scored_prompt()), *_with_logprobs(" time")])
+    loaded.handle.raw_text = True  # type: ignore[attr-defined]
+    loaded.handle.prompt_logprobs = True  # type: ignore[attr-defined]
+    chunks = list(loaded.generate(prompt="Once upon a", logprobs=1, prompt_logprobs=True))
+    assert backend.last_options.prompt_logprobs is True
+    assert [(e.token, e.logprob, e.offset) for e in chunks[0].prompt_logprobs] == [
+        ("Once", None, 0),
+        (" upon", -1.5, 4),
+        (" a", -0.25, 9),
+    ]
+    assert all(not c.prompt_logprobs for c in chunks[1:])
+    assert chunks[-1].text == " time"
+
+
+def test_max_new_tokens_zero_scores_the_prompt_alone(load_scripted: Any) -> None:
+    loaded, _ = load_scripted([Chunk(tokens=0, prompt_logprobs=_scored_prompt()), *_with_logprobs(" time")])
+    loaded.handle.raw_text = True  # type: ignore[attr-defined]
+    loaded.handle.prompt_logprobs = True  # type: ignore[attr-defined]
+    chunks = list(loaded.generate(prompt="Once upon a", max_new_tokens=0, logprobs=0, prompt_logprobs=True))
+    assert len(chunks) == 1
+    assert chunks[0].text == "" and chunks[0].tokens == 0 and chunks[0].finish_reason == "length"
+    assert len(chunks[0].prompt_logprobs) == 3
+    with pytest.raises(AnyformerError) as caught:
+        loaded.complete(prompt="Once upon a", max_new_tokens=0, logprobs=0)
+    assert caught.value.code == ErrorCode.BAD_REQUEST

@@ -13,9 +13,11 @@ class BackendModel(Protocol):
     own handles); ``task`` what it runs. ``dispose`` frees its memory and must be safe to call
     twice. Handles for non-generation tasks also have ``run(input, **options)``. A handle whose
     backend continues raw text without a chat template (``generate(prompt=...)``) sets
-    ``raw_text = True``; the core refuses raw prompts for every other handle. A handle that serves
-    several streams at once (its ``generate`` and ``run`` are safe to call from several threads)
-    sets ``parallel`` to how many; without it the core allows one at a time.
+    ``raw_text = True``; the core refuses raw prompts for every other handle. One that also reports
+    the prompt's own tokens' log-probabilities (``generate(prompt_logprobs=True)``) sets
+    ``prompt_logprobs = True``. A handle that serves several streams at once (its ``generate``
+    and ``run`` are safe to call from several threads) sets ``parallel`` to how many; without it
+    the core allows one at a time.
     """
 
     backend: str
@@ -42,3 +44,8 @@ def parallel_of(handle: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         return 1
     return value
+
+
+def prompt_logprobs_of(handle: Any) -> bool:
+    """True when the handle declares it scores a raw prompt's tokens (``prompt_logprobs = True``)."""
+    return raw_text_of(handle) and getattr(handle, "prompt_logprobs", False) is True

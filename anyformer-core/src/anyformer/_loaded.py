@@ -102,6 +102,11 @@ class Loaded:
         """True when the backend continues raw text without a chat template (``generate(prompt=...)``)."""
         return self._session.raw_text
 
+    @property
+    def prompt_logprobs(self) -> bool:
+        """True when the backend scores a raw prompt's own tokens (``generate(prompt_logprobs=True)``)."""
+        return self._session.prompt_logprobs
+
     def generate(
         self,
         messages: list[Message] | str | None = None,
@@ -118,7 +123,9 @@ class Loaded:
 
         With ``prompt`` instead of ``messages`` the text is continued as written, with no chat
         template (a raw completion); only backends that declare it (:attr:`raw_text`) take one,
-        the others raise ``BAD_REQUEST``.
+        the others raise ``BAD_REQUEST``. ``prompt_logprobs=True`` with ``logprobs=N`` also reports
+        the prompt's tokens (on the first chunk; ``max_new_tokens=0`` scores the prompt alone), on a
+        backend that declares it (:attr:`prompt_logprobs`).
 
         Malformed messages or options raise ``BAD_REQUEST`` here, before any work; a call while
         :attr:`parallel` streams are open raises ``BUSY``. Closing the iterator or setting
@@ -132,6 +139,10 @@ class Loaded:
                 raise AnyformerError(
                     ErrorCode.BAD_REQUEST,
                     f"{self.backend} does not continue raw text; send messages (the chat template applies)",
+                )
+            if extra.get("prompt_logprobs") is True and not self._session.prompt_logprobs:
+                raise AnyformerError(
+                    ErrorCode.BAD_REQUEST, f"{self.backend} does not report the prompt's log-probabilities"
                 )
             checked: list[Message] = []
         else:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
-from anyformer._backend import BackendModel, parallel_of, raw_text_of, run_of
+from anyformer._backend import BackendModel, parallel_of, prompt_logprobs_of, raw_text_of, run_of
 from anyformer.contract._chunk import Chunk, GenerateOptions
 from anyformer.contract._messages import Message
 
@@ -47,6 +47,10 @@ class Session(Protocol):
     @property
     def parallel(self) -> int:
         """How many streams (and ``run`` calls) the backend serves at once on this model."""
+
+    @property
+    def prompt_logprobs(self) -> bool:
+        """True when the backend reports a raw prompt's tokens' log-probabilities."""
 
     def start(self, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk]:
         """Begin a generation; errors the backend finds before streaming are raised here."""
@@ -88,6 +92,11 @@ class InProcessSession:
     def parallel(self) -> int:
         """The handle's ``parallel`` (1 when it declares none)."""
         return parallel_of(self._handle)
+
+    @property
+    def prompt_logprobs(self) -> bool:
+        """True when the handle declares ``prompt_logprobs``."""
+        return prompt_logprobs_of(self._handle)
 
     def start(self, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk]:
         """Call the owning backend's generate hook."""

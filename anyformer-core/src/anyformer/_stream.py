@@ -88,6 +88,7 @@ class _StreamState:
         self._prompt_tokens: int | None = None  # the backend's count, once it reports one
         self._cut = False  # a stop string cut the text
         self._logprobs: list[TokenLogprob] = []  # those not yet passed on, each placed at its offset in the text
+        self._prompt_logprobs: tuple[TokenLogprob, ...] = ()  # the prompt's, until a chunk carries them
 
     def cancel(self) -> None:
         """Set the stream's cancel event: the backend stops at its next check."""
@@ -112,6 +113,7 @@ class _StreamState:
         end = upto if finish is not None and not self._cut else upto - 1
         ready = [entry for entry in self._logprobs if entry.offset <= end]
         self._logprobs = [] if finish else self._logprobs[len(ready) :]
+        prompt_logprobs, self._prompt_logprobs = self._prompt_logprobs, ()
         return Chunk(
             text=self._text[:upto],
             delta=delta,
@@ -120,15 +122,32 @@ class _StreamState:
             prompt_tokens=self._prompt_tokens,
             preview=preview,
             logprobs=tuple(ready),
+            prompt_logprobs=prompt_logprobs,
         )
+
+    def _checked_entries(self, entries: Any, field: str) -> tuple[TokenLogprob, ...]:
+        if not isinstance(entries, tuple) or not all(isinstance(e, TokenLogprob) for e in entries):
+            raise AnyformerError(
+                ErrorCode.PLUGIN_ERROR, f"{self._backend}: Chunk.{field} must be a tuple of TokenLogprob"
+            )
+        return entries
+
+    def _take_prompt_logprobs(self, raw: Chunk) -> None:
+        """Keep the prompt's token entries (the first chunk that has them), each placed where its text
+        begins in the prompt (its tokens' pieces in order, never past the prompt's end)."""
+        entries = self._checked_entries(raw.prompt_logprobs, "prompt_logprobs")
+        if not entries or self._prompt_logprobs:
+            return
+        prompt = self._options.prompt or ""
+        placed, offset = [], 0
+        for entry in entries:
+            placed.append(dataclasses.replace(entry, offset=min(offset, len(prompt))))
+            offset += len(entry.token)
+        self._prompt_logprobs = tuple(placed)
 
     def _take_logprobs(self, raw: Chunk) -> None:
         """Keep a chunk's token entries, placed where their text begins (its tokens' pieces in order)."""
-        entries = raw.logprobs
-        if not isinstance(entries, tuple) or not all(isinstance(e, TokenLogprob) for e in entries):
-            raise AnyformerError(
-                ErrorCode.PLUGIN_ERROR, f"{self._backend}: Chunk.logprobs must be a tuple of TokenLogprob"
-            )
+        entries = self._checked_entries(raw.logprobs, "logprobs")
         offset = len(self._text)
         for entry in entries:
             self._logprobs.append(dataclasses.replace(entry, offset=min(offset, len(self._text) + len(raw.delta))))
@@ -167,6 +186,8 @@ class _StreamState:
                     )
                 if options.logprobs is not None:
                     self._take_logprobs(raw)
+                if options.prompt_logprobs:
+                    self._take_prompt_logprobs(raw)
                 self._text += raw.delta
                 if self._prompt_tokens is None and isinstance(raw.prompt_tokens, int) and raw.prompt_tokens >= 0:
                     self._prompt_tokens = raw.prompt_tokens
@@ -192,7 +213,7 @@ class _StreamState:
                     break
                 visible = len(self._text) - _held_back(self._text, options.stop)
                 preview = raw.preview if isinstance(raw.preview, str) else None
-                if visible > self._emitted or raw.tokens or preview is not None:
+                if visible > self._emitted or raw.tokens or preview is not None or self._prompt_logprobs:
                     yield self._chunk(max(visible, self._emitted), None, preview)
             if options.cancel.is_set() and finish is None:
                 finish = FinishReason.CANCELLED

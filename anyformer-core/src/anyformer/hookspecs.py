@@ -87,7 +87,9 @@ def generate(loaded: BackendModel, messages: list[Message], options: GenerateOpt
     :param options: validated options: ``max_new_tokens``, ``temperature`` (0 is greedy and
         repeatable), ``seed``, ``thinking``, ``stop`` and ``cancel`` (a ``threading.Event``).
         ``options.prompt`` is the raw text to continue with no chat template; the core sends one
-        only to a handle that sets ``raw_text = True``.
+        only to a handle that sets ``raw_text = True``; ``options.prompt_logprobs`` (score the prompt's
+        own tokens on the first chunk; ``max_new_tokens`` may then be 0) only to one that also sets
+        ``prompt_logprobs = True``.
     :returns: an iterable of :class:`anyformer.Chunk` whose ``delta`` is the new text and
         ``tokens`` the count generated so far (never decreasing, at most ``max_new_tokens``); the
         last may carry ``finish_reason`` (the core supplies one when it does not). Check

@@ -7,14 +7,14 @@ import json
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
-from anyformer import Caps
+from anyformer import Caps, Chunk, hookimpl
 
-from .server_support import CRASH_PROMPT, DRAFT_PROMPT, PacedBackend, plain_request
+from .server_support import CRASH_PROMPT, DRAFT_PROMPT, PacedBackend, PacedHandle, plain_request
 
 
 def chat(model: str, text: str = "hello", **extra: Any) -> dict[str, Any]:
@@ -245,3 +245,34 @@ def test_malformed_requests_are_400_naming_the_field(paced_server: Any, body: di
     assert reply.status == 400
     assert reply.json()["error"]["param"] == param
     assert not backend.handles  # refused before any model was loaded
+
+
+class _RawPacedBackend(PacedBackend):
+    """Continues raw text but does not score a prompt's tokens."""
+
+    @hookimpl
+    def load(self, backend: str, model: Any, request: Any) -> PacedHandle | None:
+        handle = super().load(backend, model, request)
+        if handle is not None:
+            handle.raw_text = True  # type: ignore[attr-defined]
+        return handle
+
+    @hookimpl
+    def generate(self, loaded: Any, messages: Any, options: Any) -> Iterator[Chunk] | None:
+        if loaded.backend != self.name:
+            return None
+        return self._words(options.prompt, options)
+
+
+def test_echo_with_logprobs_on_a_backend_that_cannot_score_the_prompt_is_a_400(
+    paced_server: Any, model_folders: Any
+) -> None:
+    url, backend, _pool = paced_server(backend=_RawPacedBackend())
+    model = model_folders("a")
+    body = {"model": model, "prompt": "hi", "max_tokens": 2, "logprobs": 1}
+    assert plain_request("POST", f"{url}/v1/completions", {**body, "logprobs": None}).status == 200
+    reply = plain_request("POST", f"{url}/v1/completions", {**body, "echo": True, "max_tokens": 0})
+    assert reply.status == 400
+    assert reply.json()["error"]["code"] == "BAD_REQUEST"
+    assert "log-probabilities" in reply.json()["error"]["message"]
+    assert backend.finished == ["length"]  # the refused request never reached the backend

@@ -191,11 +191,75 @@ def test_completions_suffix_on_a_model_without_fim_tokens_is_a_clear_400(
     assert "fill-in-the-middle" in str(caught.value)
 
 
-def test_completions_refuse_logprobs_with_echo(real_server: tuple[str, Any], smollm2_path: Path) -> None:
-    body = {"model": str(smollm2_path), "prompt": "hi", "max_tokens": 2, "logprobs": 1, "echo": True}
+def _prompt_scores(path: Path, prompt: str) -> tuple[list[str], list[float]]:
+    """Each prompt token's text and log-probability from llama.cpp's logits at every position."""
+    import numpy as np
+    from llama_cpp import Llama
+
+    reference = Llama(model_path=str(path), n_ctx=2048, n_threads=2, verbose=False, logits_all=True)
+    try:
+        tokens = reference.tokenize(prompt.encode(), add_bos=True, special=True)
+        reference.eval(tokens)
+        rows = Llama.logits_to_logprobs(reference.scores[: len(tokens)].astype(np.float64))
+        texts = [reference.detokenize([t]).decode("utf-8", "ignore") for t in tokens]
+        return texts, [float(rows[i][tokens[i + 1]]) for i in range(len(tokens) - 1)]
+    finally:
+        reference.close()
+
+
+def test_completions_score_the_prompt_with_echo_and_logprobs(real_server: tuple[str, Any], smollm2_path: Path) -> None:
+    """lm-evaluation-harness's loglikelihood request: echo, logprobs and max_tokens=0, streamed and not."""
+    prompt = "The capital of France is Paris"
+    texts, values = _prompt_scores(smollm2_path, prompt)
+    client = client_for(real_server)
+    got = client.completions.create(model=str(smollm2_path), prompt=prompt, echo=True, logprobs=2, max_tokens=0)
+    choice = got.choices[0]
+    assert choice.text == prompt and choice.finish_reason == "length"
+    assert choice.logprobs.tokens == texts
+    assert choice.logprobs.token_logprobs[0] is None and choice.logprobs.top_logprobs[0] is None
+    assert choice.logprobs.token_logprobs[1:] == pytest.approx(values, abs=1e-4)
+    assert choice.logprobs.text_offset == [len("".join(texts[:i])) for i in range(len(texts))]
+    assert all(len(top) >= 2 for top in choice.logprobs.top_logprobs[1:])
+    assert got.usage.prompt_tokens == len(texts) and got.usage.completion_tokens == 0
+    pieces = list(
+        client.completions.create(
+            model=str(smollm2_path), prompt=prompt, echo=True, logprobs=2, max_tokens=0, stream=True
+        )
+    )
+    assert "".join(p.choices[0].text for p in pieces) == prompt
+    assert [t for p in pieces for t in (p.choices[0].logprobs.tokens if p.choices[0].logprobs else [])] == texts
+    streamed = [v for p in pieces if p.choices[0].logprobs for v in p.choices[0].logprobs.token_logprobs]
+    assert streamed == choice.logprobs.token_logprobs
+
+
+def test_completions_echo_logprobs_carry_the_reply_after_the_prompt(
+    real_server: tuple[str, Any], smollm2_path: Path
+) -> None:
+    client = client_for(real_server)
+    prompt = "Once upon a time"
+    plain = client.completions.create(model=str(smollm2_path), prompt=prompt, max_tokens=3, logprobs=1).choices[0]
+    both = client.completions.create(model=str(smollm2_path), prompt=prompt, max_tokens=3, logprobs=1, echo=True)
+    scored = both.choices[0].logprobs
+    count = len(scored.tokens) - len(plain.logprobs.tokens)
+    assert both.choices[0].text == prompt + plain.text
+    assert scored.tokens[count:] == plain.logprobs.tokens
+    assert scored.token_logprobs[count:] == pytest.approx(plain.logprobs.token_logprobs, abs=1e-6)
+    assert scored.text_offset[count:] == plain.logprobs.text_offset
+    assert "".join(scored.tokens[:count]) == prompt
+
+
+def test_completions_echo_logprobs_refuse_a_suffix(real_server: tuple[str, Any], smollm2_path: Path) -> None:
+    body = {"model": str(smollm2_path), "prompt": "hi", "max_tokens": 0, "logprobs": 1, "echo": True, "suffix": "x"}
     reply = plain_request("POST", f"{real_server[0]}/v1/completions", body)
     assert reply.status == 400
-    assert reply.json()["error"]["param"] == "logprobs"
+    assert reply.json()["error"]["param"] == "suffix"
+
+
+def test_completions_max_tokens_zero_needs_echo_and_logprobs(real_server: tuple[str, Any], smollm2_path: Path) -> None:
+    body = {"model": str(smollm2_path), "prompt": "hi", "max_tokens": 0, "echo": True}
+    reply = plain_request("POST", f"{real_server[0]}/v1/completions", body)
+    assert reply.status == 400
+    assert reply.json()["error"]["param"] == "max_tokens"
 
 
 @pytest.mark.parametrize(

@@ -1261,11 +1261,49 @@ class BackendConformance:
             checks.fail(f"{len(entries)} logprobs entries for {scored[-1].tokens} tokens, expected one a token", where)
         for entry in entries:
             values = [value for _, value in entry.top]
-            if not entry.logprob <= 0 or len(values) < 2 or values[:2] != sorted(values[:2], reverse=True):
+            if (
+                entry.logprob is None
+                or not entry.logprob <= 0
+                or len(values) < 2
+                or values[:2] != sorted(values[:2], reverse=True)
+            ):
                 checks.fail(
                     f"{entry!r}: a logprob must be ≤ 0, with the 2 likeliest alternatives first, likeliest first",
                     where,
                 )
+
+    def test_prompt_logprobs_follow_the_declaration(self, loaded_model: anyformer.Loaded) -> None:
+        """``generate(prompt=..., logprobs=2, prompt_logprobs=True)`` scores the prompt's tokens when the
+        handle declares ``prompt_logprobs = True``; otherwise it is ``BAD_REQUEST`` before any work.
+
+        Troubleshooting: declare ``prompt_logprobs = True`` (with ``raw_text``) only if, with
+        ``options.prompt_logprobs`` set, your first chunk's ``prompt_logprobs`` holds a ``TokenLogprob``
+        for each token of the prompt, their texts spelling the prompt, the first with ``logprob``
+        None, and ``max_new_tokens=0`` ends after it with ``length``.
+        """
+        prompt = self.prompts[0]
+        where = f"generate(prompt={prompt!r}, logprobs=2, prompt_logprobs=True, max_new_tokens=0)"
+        if not loaded_model.raw_text:
+            return  # raw prompts are refused altogether (test_raw_prompts_follow_raw_text)
+        if not loaded_model.prompt_logprobs:
+            try:
+                loaded_model.generate(prompt=prompt, max_new_tokens=1, logprobs=2, prompt_logprobs=True)
+            except Exception as exc:
+                checks.check_error_code(exc, ErrorCode.BAD_REQUEST, where)
+                return
+            checks.fail("prompt logprobs streamed on a handle without prompt_logprobs", where)
+        chunks = list(loaded_model.generate(prompt=prompt, max_new_tokens=0, logprobs=2, prompt_logprobs=True))
+        entries = chunks[0].prompt_logprobs
+        if chunks[-1].finish_reason != "length" or chunks[-1].tokens != 0 or chunks[-1].text:
+            checks.fail(f"max_new_tokens=0 must end at once with length and no text, got {chunks[-1]!r}", where)
+        if not entries or "".join(e.token for e in entries) != prompt:
+            checks.fail(f"the first chunk's prompt_logprobs must spell the prompt, got {entries!r:.300}", where)
+        if entries[0].logprob is not None:
+            checks.fail(f"the prompt's first token has no logprob (None), got {entries[0]!r}", where)
+        for entry in entries[1:]:
+            values = [value for _, value in entry.top]
+            if entry.logprob is None or not entry.logprob <= 0 or len(values) < 2:
+                checks.fail(f"{entry!r}: a logprob must be ≤ 0, with the 2 likeliest alternatives", where)
 
     def test_the_sample_streams_in_an_isolated_worker(
         self,

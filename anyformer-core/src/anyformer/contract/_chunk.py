@@ -47,17 +47,18 @@ class FinishReason(str, enum.Enum):
 
 @dataclasses.dataclass(frozen=True)
 class TokenLogprob:
-    """One generated token's log-probability (``generate(logprobs=N)``).
+    """One token's log-probability (``generate(logprobs=N)``; the prompt's with ``prompt_logprobs=True``).
 
     ``token`` is the token's text, ``logprob`` its natural-log probability under the model's
     distribution before sampling (a log-softmax of the logits), and ``top`` the ``N`` likeliest
     tokens there with theirs, most likely first (the chosen token is added when it is not among
     them). ``offset`` is where the token's text begins in the stream's ``text``; backends leave
-    it 0 and the core fills it.
+    it 0 and the core fills it. The prompt's first token has nothing before it to be predicted
+    from: its ``logprob`` is None and ``top`` empty, as OpenAI reports it.
     """
 
     token: str
-    logprob: float
+    logprob: float | None
     top: tuple[tuple[str, float], ...] = ()
     offset: int = 0
 
@@ -78,6 +79,8 @@ class Chunk:
 
     ``logprobs`` (only with ``generate(logprobs=N)``) holds a :class:`TokenLogprob` for each token
     whose text begins in this chunk's ``delta``; tokens past a stop string are dropped.
+    ``prompt_logprobs`` (only with ``generate(prompt_logprobs=True)``) holds one for each token of
+    the prompt, on the first chunk; their ``offset`` is where their text begins in the prompt.
     """
 
     text: str = ""
@@ -87,6 +90,7 @@ class Chunk:
     prompt_tokens: int | None = None
     preview: str | None = None
     logprobs: tuple[TokenLogprob, ...] = ()
+    prompt_logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,6 +109,8 @@ class GenerateOptions:
     logprobs: int | None = None
     #: With a raw prompt: the text after the gap, for fill-in-the-middle (the prompt is the text before it).
     suffix: str | None = None
+    #: With a raw prompt and ``logprobs``: report the prompt's tokens too (scoring; ``max_new_tokens`` may be 0).
+    prompt_logprobs: bool = False
     #: Backend-specific settings passed through unchanged (``top_p``, ``repeat_penalty``…).
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
 
@@ -121,12 +127,18 @@ class GenerateOptions:
         prompt: str | None = None,
         logprobs: int | None = None,
         suffix: str | None = None,
+        prompt_logprobs: bool = False,
         **extra: Any,
     ) -> GenerateOptions:
         """Validate user options; anything malformed raises ``BAD_REQUEST`` before any work."""
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        if not isinstance(prompt_logprobs, bool):
             raise AnyformerError(
-                ErrorCode.BAD_REQUEST, f"max_new_tokens must be an integer ≥ 1, got {max_new_tokens!r}"
+                ErrorCode.BAD_REQUEST, f"prompt_logprobs must be True or False, got {prompt_logprobs!r}"
+            )
+        least = 0 if prompt_logprobs else 1  # scoring a prompt alone generates nothing
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < least:
+            raise AnyformerError(
+                ErrorCode.BAD_REQUEST, f"max_new_tokens must be an integer ≥ {least}, got {max_new_tokens!r}"
             )
         if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not 0 <= temperature <= 100:
             raise AnyformerError(
@@ -172,6 +184,10 @@ class GenerateOptions:
                 )
             if prompt is None:
                 raise AnyformerError(ErrorCode.BAD_REQUEST, "suffix fills the middle after a raw prompt (prompt=...)")
+        if prompt_logprobs and (logprobs is None or suffix is not None):
+            raise AnyformerError(
+                ErrorCode.BAD_REQUEST, "prompt_logprobs scores a raw prompt: it takes logprobs=N and no suffix"
+            )
         _check_sampling(extra)
         if cancel is not None and not (hasattr(cancel, "is_set") and hasattr(cancel, "set")):
             raise AnyformerError(ErrorCode.BAD_REQUEST, "cancel must be a threading.Event")
@@ -185,5 +201,6 @@ class GenerateOptions:
             prompt=prompt,
             logprobs=logprobs,
             suffix=suffix,
+            prompt_logprobs=prompt_logprobs,
             extra=extra,
         )

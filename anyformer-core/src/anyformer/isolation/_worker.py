@@ -32,7 +32,7 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from anyformer._backend import BackendModel, parallel_of, raw_text_of, run_of
+from anyformer._backend import BackendModel, parallel_of, prompt_logprobs_of, raw_text_of, run_of
 from anyformer._chat_template import STOP_PROCESS, cancelled_by, enable_hard_stop
 from anyformer._entry_points import EntryPointRecord
 from anyformer._plugins import ENTRY_POINT_GROUP, PluginManager
@@ -203,6 +203,7 @@ class Worker:
                 "has_run": run_of(self._handle) is not None,
                 "raw_text": raw_text_of(self._handle),
                 "parallel": parallel_of(self._handle),
+                "prompt_logprobs": prompt_logprobs_of(self._handle),
             }
         )
         return True
@@ -279,8 +280,10 @@ class Worker:
                     break
                 preview = raw.preview if isinstance(raw.preview, str) else None
                 item = [raw.delta, raw.tokens, raw.finish_reason, raw.prompt_tokens, preview]
-                if raw.logprobs:
+                if raw.logprobs or raw.prompt_logprobs:
                     item.append([[e.token, e.logprob, [list(pair) for pair in e.top]] for e in raw.logprobs])
+                if raw.prompt_logprobs:
+                    item.append([[e.token, e.logprob, [list(pair) for pair in e.top]] for e in raw.prompt_logprobs])
                 self.send({"op": "chunks", "id": ident, "items": [item]})
         except Exception as exc:
             failure = exception_to_error(self._backend, "generate", exc)

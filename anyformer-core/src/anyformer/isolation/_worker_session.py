@@ -171,6 +171,7 @@ class WorkerSession:
         self._has_run = False
         self._raw_text = False
         self._parallel = 1
+        self._prompt_logprobs = False
         self._oom_before = oom_kill_count()
         self._router = _Router()
         self._frames = self._router.frames
@@ -257,6 +258,7 @@ class WorkerSession:
         self._parallel = (
             parallel if isinstance(parallel, int) and not isinstance(parallel, bool) and parallel > 0 else 1
         )
+        self._prompt_logprobs = frame.get("prompt_logprobs") is True
 
     # ---- what Loaded reads ----------------------------------------------------------------------
 
@@ -288,6 +290,11 @@ class WorkerSession:
     def parallel(self) -> int:
         """How many generations the worker's handle runs at once (its ``parallel``)."""
         return self._parallel
+
+    @property
+    def prompt_logprobs(self) -> bool:
+        """True when the worker's handle declares ``prompt_logprobs``."""
+        return self._prompt_logprobs
 
     # ---- talking to the worker ------------------------------------------------------------------
 
@@ -418,6 +425,8 @@ class WorkerSession:
         if options.suffix is not None:
             settings["suffix"] = options.suffix
         ident, frames = self._router.route()
+        if options.prompt_logprobs:
+            settings["prompt_logprobs"] = True
         try:
             frame = encode_frame(
                 {
@@ -488,11 +497,12 @@ class WorkerSession:
         chunks = []
         if isinstance(items, list):
             for item in items:
-                if not (isinstance(item, list) and len(item) in (5, 6)):
+                if not (isinstance(item, list) and len(item) in (5, 6, 7)):
                     break
                 delta, tokens, finish, prompt, preview = item[:5]
-                logprobs = _token_logprobs(item[5]) if len(item) == 6 else ()
-                if logprobs is None:
+                logprobs = _token_logprobs(item[5]) if len(item) >= 6 else ()
+                prompt_logprobs = _token_logprobs(item[6]) if len(item) == 7 else ()
+                if logprobs is None or prompt_logprobs is None:
                     break
                 if preview is not None and not isinstance(preview, str):
                     break
@@ -510,6 +520,7 @@ class WorkerSession:
                         prompt_tokens=prompt,
                         preview=preview,
                         logprobs=logprobs,
+                        prompt_logprobs=prompt_logprobs,
                     )
                 )
             else:
@@ -590,14 +601,17 @@ def _token_logprobs(raw: Any) -> tuple[TokenLogprob, ...] | None:
         return None
     entries = []
     for entry in raw:
-        if not (isinstance(entry, list) and len(entry) == 3 and isinstance(entry[0], str) and _is_number(entry[1])):
+        if not (isinstance(entry, list) and len(entry) == 3 and isinstance(entry[0], str)):
+            return None
+        if not (_is_number(entry[1]) or entry[1] is None):  # None: a prompt's first token
             return None
         top = entry[2]
         if not isinstance(top, list) or not all(
             isinstance(p, list) and len(p) == 2 and isinstance(p[0], str) and _is_number(p[1]) for p in top
         ):
             return None
-        entries.append(TokenLogprob(entry[0], float(entry[1]), tuple((t, float(v)) for t, v in top)))
+        logprob = None if entry[1] is None else float(entry[1])
+        entries.append(TokenLogprob(entry[0], logprob, tuple((t, float(v)) for t, v in top)))
     return tuple(entries)
 
 

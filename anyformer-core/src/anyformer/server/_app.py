@@ -162,13 +162,16 @@ class _Api:
             generation = await _until_disconnect(request, self._start_raw(resolved, parsed, index, gone), gone)
             text, finish, tokens = "", None, 0
             entries: list[TokenLogprob] = []
+            prompt_entries: list[TokenLogprob] = []
             try:
                 async for chunk in _watching(request, generation):
                     text, finish, tokens = chunk.text, chunk.finish_reason, chunk.tokens
                     entries.extend(chunk.logprobs)
+                    prompt_entries.extend(chunk.prompt_logprobs)
             finally:
                 generation.cancel()
-            logprobs = completion_logprobs(entries, len(prompt)) if "logprobs" in parsed.options else None
+            scored = "logprobs" in parsed.options
+            logprobs = completion_logprobs(entries, len(prompt), prompt_entries) if scored else None
             choices.append(completion_choice(index, prompt + text if parsed.echo else text, finish, logprobs))
             completion_tokens += tokens
             counted = generation.prompt_tokens
@@ -197,10 +200,17 @@ class _Api:
                 if generation is None:
                     generation = await self._start_raw(resolved, parsed, index)
                 tokens = 0
+                # With logprobs the echoed prompt waits for the first chunk: it carries the prompt's scores.
+                echoing = parsed.echo and (bool(prompt) or scored)
                 try:
-                    if parsed.echo and prompt:
+                    if echoing and not scored:
                         yield event(text_completion(rid, model, prompt, None, None, index=index))
+                        echoing = False
                     async for chunk in generation:
+                        if echoing:
+                            echoing = False
+                            scores = completion_logprobs((), 0, chunk.prompt_logprobs)
+                            yield event(text_completion(rid, model, prompt, None, None, index=index, logprobs=scores))
                         tokens = chunk.tokens
                         if chunk.delta or chunk.finish_reason or chunk.logprobs:
                             logprobs = completion_logprobs(chunk.logprobs, len(prompt)) if scored else None

@@ -121,7 +121,7 @@ def _messages_of(raw: Any) -> list[Message]:
         raise bad_request(exc.message, "messages") from None
 
 
-def _options_of(body: dict[str, Any]) -> dict[str, Any]:
+def _options_of(body: dict[str, Any], scoring: bool = False) -> dict[str, Any]:
     if body.get("n", 1) != 1:
         raise bad_request("only n=1 is supported: one reply per request (list several prompts instead)", "n")
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
@@ -135,7 +135,11 @@ def _options_of(body: dict[str, Any]) -> dict[str, Any]:
         if body.get(name) is not None:
             options[name] = body[name]
     try:
-        GenerateOptions.build(**options)  # the core's own checks, before any model is loaded
+        # The core's own checks, before any model is loaded; scoring a prompt (echo + logprobs) takes max_tokens=0.
+        checked: dict[str, Any] = (
+            {**options, "prompt": "", "logprobs": 0, "prompt_logprobs": True} if scoring else options
+        )
+        GenerateOptions.build(**checked)
     except AnyformerError as exc:
         core_name = next((name for name in _PARAMS if exc.message.startswith(name)), None)
         message = exc.message.replace("max_new_tokens", "max_tokens")
@@ -197,14 +201,19 @@ def parse_completion(body: Any) -> GenerationRequest:
     echo = body.get("echo", False)
     if not isinstance(echo, bool):
         raise bad_request("'echo' must be true or false", "echo")
-    options = _options_of(body)
     logprobs = body.get("logprobs")
+    if logprobs is not None and (
+        isinstance(logprobs, bool) or not isinstance(logprobs, int) or not 0 <= logprobs <= MAX_LOGPROBS
+    ):
+        raise bad_request(f"'logprobs' must be an integer in [0, {MAX_LOGPROBS}]", "logprobs")
+    scoring = echo and logprobs is not None  # the prompt's own tokens are scored too (lm-eval's loglikelihood)
+    if scoring and body.get("suffix") is not None:
+        raise bad_request("'echo' with 'logprobs' scores the prompt; it takes no 'suffix'", "suffix")
+    options = _options_of(body, scoring)
     if logprobs is not None:
-        if isinstance(logprobs, bool) or not isinstance(logprobs, int) or not 0 <= logprobs <= MAX_LOGPROBS:
-            raise bad_request(f"'logprobs' must be an integer in [0, {MAX_LOGPROBS}]", "logprobs")
-        if echo:
-            raise bad_request("'logprobs' with 'echo' is not supported: the prompt's tokens are not scored", "logprobs")
         options["logprobs"] = logprobs
+    if scoring:
+        options["prompt_logprobs"] = True
     suffix = body.get("suffix")
     if suffix is not None:
         if not isinstance(suffix, str):
@@ -292,14 +301,21 @@ def chat_chunk(
     return chunk
 
 
-def completion_logprobs(entries: Sequence[TokenLogprob], start: int) -> dict[str, Any]:
-    """OpenAI's completions ``logprobs`` object; ``start`` is where the reply begins in prompt + reply."""
+def completion_logprobs(
+    entries: Sequence[TokenLogprob], start: int, prompt_entries: Sequence[TokenLogprob] = ()
+) -> dict[str, Any]:
+    """OpenAI's completions ``logprobs`` object; ``start`` is where the reply begins in prompt + reply.
+
+    ``prompt_entries`` (``echo`` with ``logprobs``) are the prompt's tokens, placed before the reply's;
+    the prompt's first token has a null log-probability and null alternatives, as OpenAI gives it.
+    """
+    both = [(e, e.offset) for e in prompt_entries] + [(e, start + e.offset) for e in entries]
     return {
-        "tokens": [e.token for e in entries],
-        "token_logprobs": [e.logprob for e in entries],
+        "tokens": [e.token for e, _ in both],
+        "token_logprobs": [e.logprob for e, _ in both],
         # A dict, as OpenAI and llama.cpp give it: two alternatives with the same text keep the later.
-        "top_logprobs": [dict(e.top) for e in entries],
-        "text_offset": [start + e.offset for e in entries],
+        "top_logprobs": [None if e.logprob is None else dict(e.top) for e, _ in both],
+        "text_offset": [offset for _, offset in both],
     }
 
 

@@ -120,6 +120,8 @@ class LlamaCppModel:
     backend = BACKEND_ID
     #: Raw completions: ``generate(prompt=...)`` continues the text as written, with no chat template.
     raw_text = True
+    #: ``generate(prompt=..., logprobs=N, prompt_logprobs=True)`` reports the prompt's tokens too.
+    prompt_logprobs = True
     #: The multimodal projector that reads image blocks, when the repo has one (set by ``open``).
     _projector: Projector | None = None
     #: The most UTF-8 bytes one token stands for (its vocabulary string bounds it); None when unknown.
@@ -513,6 +515,38 @@ class LlamaCppModel:
             position = end
         return True
 
+    def _score_prompt(
+        self, tokens: list[int], ends: list[int], top: int, stopped: Callable[[], bool]
+    ) -> tuple[TokenLogprob, ...] | None:
+        """Evaluate a raw prompt from position 0 with logits at every position, and return each
+        token's log-probability under the positions before it (the first has none: None).
+
+        The cache is not reused for such a prompt: the reused positions' logits are gone. The
+        batches still end on the plan ``ends``, so a later prompt reuses this one's as usual.
+        A BOS the tokenizer added gets no entry (it is not in the prompt's text). None when
+        ``stopped()`` said stop.
+        """
+        llama, ctx = self._llama, self._llama._ctx
+        llama.n_tokens = 0
+        self._batch_ends = []
+        bos = 1 if tokens[0] == llama.token_bos() else 0
+        entries = [] if bos else [TokenLogprob(self._token_text(tokens[0]), None)]
+        for first, stop in batches(ends, 0, len(tokens)):
+            if stopped():
+                return None
+            piece = tokens[first:stop]
+            ctx.kv_cache_seq_rm(-1, first, -1)
+            llama._batch.set_batch(batch=piece, n_past=first, logits_all=True)
+            ctx.decode(llama._batch)
+            llama.input_ids[first:stop] = piece
+            llama.n_tokens = stop
+            self.last_prompt_evaluated += stop - first
+            self._batch_ends.append(stop)
+            rows = np.ctypeslib.as_array(self._lib.llama_get_logits(ctx.ctx), shape=(stop - first, self._n_vocab))
+            for row, position in enumerate(range(first, min(stop, len(tokens) - 1))):
+                entries.append(self._token_logprob(rows[row], tokens[position + 1], top))
+        return tuple(entries)
+
     def _last_logits(self) -> np.ndarray:
         # llama.cpp keeps the last token's logits at one address while the output buffer is not
         # reallocated; wrapping it in numpy costs ~50 µs, so the view is made again only when it moves.
@@ -629,9 +663,18 @@ class LlamaCppModel:
                 flat.extend(segment)
             marks.append(len(flat))
         ends = plan(len(flat), marks)
-        prefix = self._cut_back(flat, ends, first_image)
         self.last_prompt_evaluated = 0
-        finished = self._eval_prompt(segments, prefix, ends, stopped)
+        if options.prompt_logprobs and options.logprobs is not None and chunks is None:
+            scored = self._score_prompt(flat, ends, options.logprobs, stopped)
+            finished = scored is not None
+            if scored is not None:
+                yield Chunk(tokens=0, prompt_tokens=prompt, prompt_logprobs=scored)
+                if budget == 0:  # scoring alone (max_new_tokens=0)
+                    yield Chunk(tokens=0, finish_reason="length", prompt_tokens=prompt)
+                    return
+        else:
+            prefix = self._cut_back(flat, ends, first_image)
+            finished = self._eval_prompt(segments, prefix, ends, stopped)
         if chunks is not None:
             chunks.close()  # the images are in the cache now
         count = 0
