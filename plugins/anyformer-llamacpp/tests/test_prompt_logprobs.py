@@ -94,3 +94,22 @@ def test_an_isolated_worker_carries_prompt_logprobs(smollm2, smollm2_path) -> No
     assert [c.prompt_logprobs for c in there] == [c.prompt_logprobs for c in here]
     assert [c.logprobs for c in there] == [c.logprobs for c in here]
     assert there[-1].text == here[-1].text
+
+
+def test_a_model_serving_several_streams_scores_prompts_as_one_stream_does(smollm2, smollm2_path) -> None:  # type: ignore[no-untyped-def]
+    """``parallel=N`` (the server's default) has its own scheduler: it must give the same entries and reply."""
+    import anyformer
+
+    def run(loaded: Any, prompt: str, max_tokens: int) -> tuple[list[Any], str]:
+        chunks = list(loaded.generate(prompt=prompt, max_new_tokens=max_tokens, logprobs=TOP, prompt_logprobs=True))
+        return [e for chunk in chunks for e in chunk.prompt_logprobs], "".join(c.text for c in chunks)
+
+    with anyformer.load(smollm2_path, backend="llamacpp", context=512, options={"parallel": 2}) as batched:
+        assert batched.prompt_logprobs
+        for prompt, max_tokens in [(PROMPTS[0], 0), (PROMPTS[1], 4), (PROMPTS[0], 3)]:
+            alone, alone_text = run(smollm2, prompt, max_tokens)
+            together, together_text = run(batched, prompt, max_tokens)
+            assert [e.token for e in together] == [e.token for e in alone]
+            assert together[0].logprob is None
+            assert np.allclose([e.logprob for e in together[1:]], [e.logprob for e in alone[1:]], atol=1e-4, rtol=0)
+            assert together_text == alone_text

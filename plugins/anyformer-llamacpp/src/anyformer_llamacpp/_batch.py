@@ -47,6 +47,13 @@ Chooser = Callable[[np.ndarray, GenerateOptions, "np.random.Generator | None"], 
 Scorer = Callable[[np.ndarray, int, int], TokenLogprob]
 
 
+@dataclasses.dataclass(frozen=True)
+class PromptScores:
+    """The reply that carries a scored prompt's entries (each token after the first, under the ones before it)."""
+
+    entries: tuple[TokenLogprob, ...]
+
+
 @dataclasses.dataclass(eq=False)
 class Ticket:
     """One stream's request to the scheduler, and the queue its tokens come back on.
@@ -70,6 +77,9 @@ class Ticket:
     generated: int = 0
     next_token: int | None = None  # the token to feed at the next step, once the prompt is read
     logits_at: int = -1  # its row in the last decode's batch
+    #: ``generate(prompt_logprobs=True)``: every prompt position's logits are read, and the cache is not reused.
+    score_prompt: bool = False
+    prompt_entries: list[TokenLogprob] = dataclasses.field(default_factory=list)
 
     def stop_wanted(self) -> bool:
         """The caller cancelled or left."""
@@ -129,6 +139,7 @@ class BatchEngine:
         """Queue a prompt; its tokens come back on the ticket's queue."""
         rng = np.random.default_rng(options.seed) if options.temperature > 0 else None
         ticket = Ticket(prompt=prompt, options=options, budget=budget, rng=rng)
+        ticket.score_prompt = bool(options.prompt_logprobs) and options.logprobs is not None
         with self._changed:
             if self._closing:
                 raise AnyformerError(ErrorCode.BAD_REQUEST, "the model was disposed")
@@ -194,6 +205,8 @@ class BatchEngine:
             if chosen is None:
                 return
             slot, prefix = chosen
+            if ticket.score_prompt:
+                prefix = 0  # the reused positions' logits are gone: a scored prompt is evaluated whole
             self._waiting.pop(0)
             self._lib.llama_memory_seq_rm(self._memory, slot.seq_id, prefix, -1)
             slot.cut_back(prefix)
@@ -278,8 +291,13 @@ class BatchEngine:
                 break
             self._batch.n_tokens = 0
             for position in range(first, stop):
-                self._add(prompt[position], position, slot.seq_id, position == len(prompt) - 1)
+                wanted = ticket.score_prompt or position == len(prompt) - 1
+                self._add(prompt[position], position, slot.seq_id, wanted)
             self._decode()
+            if ticket.score_prompt:
+                top = ticket.options.logprobs or 0
+                for row, position in enumerate(range(first, min(stop, len(prompt) - 1))):
+                    ticket.prompt_entries.append(self._score(self._logits(row), prompt[position + 1], top))
             slot.tokens.extend(prompt[first:stop])
             if stop - first == BLOCK and first == slot.full_blocks_end:
                 slot.full_blocks_end = stop
@@ -287,14 +305,23 @@ class BatchEngine:
             ticket.position = stop
             room -= stop - first
             if stop == len(prompt):
+                if ticket.score_prompt:
+                    ticket.replies.put(PromptScores(tuple(ticket.prompt_entries)))
+                    if ticket.budget <= 0:  # scoring alone (max_new_tokens=0)
+                        self._finish(ticket, "length")
+                        return room
                 ticket.logits_at = stop - first - 1
                 self._pick(ticket)
         return room
 
+    def _logits(self, row: int) -> np.ndarray:
+        """The logits of row ``row`` of the last decode's batch (valid until the next decode)."""
+        pointer = self._lib.llama_get_logits_ith(self._ctx, row)
+        return np.ctypeslib.as_array(ctypes.cast(pointer, ctypes.POINTER(ctypes.c_float)), shape=(self._n_vocab,))
+
     def _pick(self, ticket: Ticket) -> None:
         """Choose a sequence's next token from its logits and send it to the stream."""
-        pointer = self._lib.llama_get_logits_ith(self._ctx, ticket.logits_at)
-        logits = np.ctypeslib.as_array(ctypes.cast(pointer, ctypes.POINTER(ctypes.c_float)), shape=(self._n_vocab,))
+        logits = self._logits(ticket.logits_at)
         options = ticket.options
         token = self._choose(logits, options, ticket.rng)
         if self._is_end(token):

@@ -17,8 +17,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from anyformer.plugin import Chunk, GenerateOptions, Model, ProgressCallback, Request
-from anyformer_llamacpp._batch import BatchEngine, Ticket
+from anyformer.plugin import Chunk, GenerateOptions, Model, ProgressCallback, Request, TokenLogprob
+from anyformer_llamacpp._batch import BatchEngine, PromptScores, Ticket
 from anyformer_llamacpp.engine import LlamaCppModel, Segments
 from anyformer_llamacpp.vision import Chunks, ImageChunk
 
@@ -142,6 +142,15 @@ class ParallelLlamaCppModel(LlamaCppModel):
                     prompt_tokens=prompt,
                     logprobs=() if entry is None else (entry,),
                 )
+                continue
+            if isinstance(reply, PromptScores):
+                # The first token has no entry (nothing before it), as OpenAI's echo shows it; a BOS the
+                # tokenizer added is not in the prompt's text and gets none at all (the one-stream rule).
+                tokens = ticket.prompt
+                first = (
+                    [] if tokens[0] == self._llama.token_bos() else [TokenLogprob(self._token_text(tokens[0]), None)]
+                )
+                yield Chunk(tokens=0, prompt_tokens=prompt, prompt_logprobs=(*first, *reply.entries))
                 continue
             if isinstance(reply, BaseException):
                 raise reply
