@@ -219,7 +219,7 @@ class LlamaCppModel:
         chat_template = template if isinstance(template, str) else None
         loaded = cls(llama, chat_template, choice.first.name, context, gpu_layers, task)
         loaded._projector = projector
-        loaded._token_bytes = _longest_token_bytes(first.get("tokenizer.ggml.tokens"))
+        loaded._token_bytes = _longest_token_bytes(first.kv.get("tokenizer.ggml.tokens"))
         if mmproj is not None and mmproj.note:
             loaded._no_images = mmproj.note
         return loaded
