@@ -20,6 +20,9 @@ Groups, in the order a backend meets them:
   :data:`GGML_TYPES`, :func:`read_safetensors_header`, :class:`SafetensorsHeader`,
   :func:`read_onnx_summary`, :func:`check_onnx_external_data`, :class:`OnnxSummary`,
   :func:`read_config_json`;
+- images and audio a request hands over, with the bounds every backend applies:
+  :func:`read_media_file`, :func:`check_image_size`, :func:`rgb_pixels`, :data:`MAX_IMAGE_PIXELS`,
+  :data:`MAX_IMAGE_SIDE`, :data:`MAX_MEDIA_FILE_BYTES`;
 - the store: :func:`fetch_files` (verified downloads into the Hub cache), :func:`files_to_download`
   (what a load would download, for a ``store`` refusal), :func:`anyformer_home`
   (where derived files go);
@@ -52,6 +55,14 @@ from anyformer.files._gguf_header import (
     read_gguf_header,
     split_set_members,
 )
+from anyformer.files._media_input import (
+    MAX_IMAGE_PIXELS,
+    MAX_IMAGE_SIDE,
+    MAX_MEDIA_FILE_BYTES,
+    check_image_size,
+    read_media_file,
+    rgb_pixels,
+)
 from anyformer.files._onnx_external import OnnxSummary, check_onnx_external_data, read_onnx_summary
 from anyformer.files._safetensors_header import SafetensorsHeader, read_safetensors_header
 from anyformer.hookspecs import hookimpl
@@ -64,6 +75,9 @@ from anyformer.store._store import fetch_files, files_to_download
 __all__ = [
     "CHATML_TEMPLATE",
     "GGML_TYPES",
+    "MAX_IMAGE_PIXELS",
+    "MAX_IMAGE_SIDE",
+    "MAX_MEDIA_FILE_BYTES",
     "AnyformerError",
     "BackendModel",
     "Caps",
@@ -92,6 +106,7 @@ __all__ = [
     "TokenLogprob",
     "Verdict",
     "anyformer_home",
+    "check_image_size",
     "check_onnx_external_data",
     "check_split_set",
     "fetch_files",
@@ -104,9 +119,11 @@ __all__ = [
     "probe_rpc_server",
     "read_config_json",
     "read_gguf_header",
+    "read_media_file",
     "read_onnx_summary",
     "read_safetensors_header",
     "render_chat",
+    "rgb_pixels",
     "split_set_members",
     "text_of",
     "usable_cpu_count",

@@ -119,7 +119,7 @@ _TONE = (0.2 * np.sin(np.arange(8000) / 5)).astype(np.float32)
         (np.zeros(0, dtype=np.float32), {}, "no samples"),
         (np.zeros((2, 800), dtype=np.float32), {}, "mono"),
         (np.zeros(800, dtype=np.int32), {}, "int32"),
-        ("/no/such/clip.wav", {}, "not a file"),
+        ("/no/such/clip.wav", {}, "cannot read"),
         (_TONE, {"language": "xx"}, "'xx'"),
         (_TONE, {"task": "summarize"}, "task"),
         (_TONE, {"return_timestamps": True}, "timestamps"),

@@ -83,7 +83,7 @@ def _giant_png_header(side: int) -> bytes:
         (_giant_png_header(100_000), "megapixels"),  # over Pillow's too
         (np.zeros((8, 8, 3), dtype=np.float32), "uint8"),
         (np.zeros((8, 8, 2), dtype=np.uint8), "shape"),
-        ("/no/such/image.png", "not a file"),
+        ("/no/such/image.png", "cannot read"),
         ("https://example.com/cat.png", "URL"),
         (12, "int"),
         ([], "non-empty"),

@@ -9,19 +9,9 @@ so a few bytes cannot claim a gigapixel canvas; video decoding is switched off w
 from __future__ import annotations
 
 import struct
-from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from anyformer import AnyformerError, ErrorCode
-
-#: Most pixels one image may have (a 8192x8192 canvas): a decoded RGB copy is at most 192 MiB.
-MAX_PIXELS = 8192 * 8192
-#: Longest side accepted.
-MAX_SIDE = 1 << 15
-#: Largest encoded image file read from a path.
-MAX_FILE_BYTES = 64 * 1024 * 1024
+from anyformer.plugin import AnyformerError, ErrorCode, check_image_size, read_media_file
 
 FORMATS = "PNG, JPEG, GIF or BMP"
 
@@ -88,13 +78,6 @@ _SNIFFERS = (
 )
 
 
-def _check_size(what: str, width: int, height: int) -> None:
-    if width < 1 or height < 1:
-        raise _bad(f"{what} is {width}x{height} pixels: an image needs at least one")
-    if width > MAX_SIDE or height > MAX_SIDE or width * height > MAX_PIXELS:
-        raise _bad(f"{what} is {width}x{height} pixels; at most {MAX_PIXELS // 2**20} megapixels are read")
-
-
 def sniff(data: bytes, what: str = "the image") -> str:
     """The format of an encoded image (``PNG``…), after its stated size is checked; else ``BAD_REQUEST``."""
     for magic, name, size_of in _SNIFFERS:
@@ -102,40 +85,13 @@ def sniff(data: bytes, what: str = "the image") -> str:
             size = size_of(data)
             if size is None:
                 raise _bad(f"{what} starts like a {name} but its header is cut short or malformed")
-            _check_size(f"{what} ({name})", *size)
+            check_image_size(f"{what} ({name})", *size)
             return name
     raise _bad(f"{what} is not an image llama.cpp reads ({FORMATS})")
 
 
 def encoded_bytes(image: Any, what: str = "the image") -> bytes:
     """The bytes of an image block given as bytes or a path, checked by :func:`sniff`."""
-    if isinstance(image, str):
-        path = Path(image)
-        try:
-            size = path.stat().st_size
-            if not path.is_file():
-                raise _bad(f"{what}: {image} is not a file")
-            if size > MAX_FILE_BYTES:
-                raise _bad(f"{what}: {image} is {size} bytes; image files up to {MAX_FILE_BYTES // 2**20} MiB are read")
-            data = path.read_bytes()
-        except OSError as exc:
-            raise _bad(f"{what}: cannot read {image} ({exc.strerror or exc})") from None
-    else:
-        data = bytes(image)
+    data = read_media_file(image, what) if isinstance(image, str) else bytes(image)
     sniff(data, what)
     return data
-
-
-def rgb_array(image: Any, what: str = "the image") -> np.ndarray:
-    """An image array as a C-contiguous HxWx3 uint8 array (HxW grey and HxWx4 RGBA are converted)."""
-    array = np.asarray(image)
-    if array.dtype != np.uint8:
-        raise _bad(f"{what} is an array of {array.dtype}; send uint8 pixels (HxWx3 RGB)")
-    if array.ndim == 2:
-        array = np.repeat(array[:, :, None], 3, axis=2)
-    elif array.ndim == 3 and array.shape[2] == 4:
-        array = array[:, :, :3]
-    elif not (array.ndim == 3 and array.shape[2] == 3):
-        raise _bad(f"{what} is an array of shape {array.shape}; send HxWx3 RGB (or HxW grey, HxWx4 RGBA)")
-    _check_size(what, array.shape[1], array.shape[0])
-    return np.ascontiguousarray(array)

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from anyformer import AnyformerError, ErrorCode, Model, ProgressCallback, ProgressEvent
-from anyformer.plugin import fetch_files, read_gguf_header
+from anyformer.plugin import fetch_files, read_gguf_header, rgb_pixels
 from anyformer_llamacpp import BACKEND_ID, images
 from anyformer_llamacpp.file_choice import projector_for
 from anyformer_llamacpp.projector_checks import check_projector
@@ -162,7 +162,7 @@ class Projector:
     def _bitmap(self, image: Any, what: str) -> int:
         mtmd = self._mtmd
         if hasattr(image, "shape") and hasattr(image, "__array__"):
-            pixels = images.rgb_array(image, what)
+            pixels = rgb_pixels(image, what)
             height, width = pixels.shape[:2]
             # llama.cpp copies the pixels; a read-only array is fine.
             bitmap = mtmd.mtmd_bitmap_init(width, height, pixels.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)))

@@ -16,10 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from anyformer.plugin import AnyformerError, ErrorCode
-
-#: Largest audio file read from a path (a 30 s 48 kHz 32-bit stereo WAV is ~11 MiB).
-MAX_FILE_BYTES = 64 * 2**20
+from anyformer.plugin import AnyformerError, ErrorCode, read_media_file
 
 
 def _bad(message: str, cause: BaseException | None = None) -> AnyformerError:
@@ -65,19 +62,6 @@ def decode_wav(data: bytes, what: str = "the audio") -> tuple[np.ndarray, int]:
     return samples.reshape(-1, channels).mean(axis=1).astype(np.float32), rate
 
 
-def _read_path(value: str | Path, what: str) -> bytes:
-    path = Path(value)
-    try:
-        if not path.is_file():
-            raise _bad(f"{what}: {value} is not a file")
-        size = path.stat().st_size
-        if size > MAX_FILE_BYTES:
-            raise _bad(f"{what}: {value} is {size} bytes; audio files up to {MAX_FILE_BYTES // 2**20} MiB are read")
-        return path.read_bytes()
-    except OSError as exc:
-        raise _bad(f"{what}: cannot read {value} ({exc.strerror or exc})", exc) from None
-
-
 def load_audio(value: Any, rate: int, max_seconds: float, what: str = "the audio") -> np.ndarray:
     """Mono float32 samples at ``rate`` from any accepted form (module docstring); ``BAD_REQUEST`` otherwise."""
     given: int | None = None
@@ -90,7 +74,7 @@ def load_audio(value: Any, rate: int, max_seconds: float, what: str = "the audio
     elif isinstance(value, str) and value.startswith(("http://", "https://")):
         raise _bad(f"{what}: URLs are not fetched; pass a path, the file's bytes or an array")
     elif isinstance(value, (str, Path)):
-        audio, given = decode_wav(_read_path(value, what), what)
+        audio, given = decode_wav(read_media_file(value, what, "audio"), what)
     elif isinstance(value, (bytes, bytearray, memoryview)):
         audio, given = decode_wav(bytes(value), what)
     elif isinstance(value, (np.ndarray, list)):

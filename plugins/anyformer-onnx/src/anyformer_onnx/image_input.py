@@ -15,14 +15,15 @@ from typing import Any
 
 import numpy as np
 
-from anyformer.plugin import AnyformerError, ErrorCode
+from anyformer.plugin import (
+    MAX_IMAGE_PIXELS,
+    AnyformerError,
+    ErrorCode,
+    check_image_size,
+    read_media_file,
+    rgb_pixels,
+)
 
-#: Most pixels one image may have (8192x8192): a decoded RGB copy is at most 192 MiB.
-MAX_PIXELS = 8192 * 8192
-#: Longest side accepted.
-MAX_SIDE = 1 << 15
-#: Largest encoded image file read from a path.
-MAX_FILE_BYTES = 64 * 2**20
 #: Magic bytes of the formats read, and Pillow's name for each.
 _MAGIC = (
     (b"\x89PNG\r\n\x1a\n", "PNG"),
@@ -38,13 +39,6 @@ def _bad(message: str, cause: BaseException | None = None) -> AnyformerError:
     return AnyformerError(ErrorCode.BAD_REQUEST, message, cause=cause)
 
 
-def _check_size(what: str, width: int, height: int) -> None:
-    if width < 1 or height < 1:
-        raise _bad(f"{what} is {width}x{height} pixels: an image needs at least one")
-    if width > MAX_SIDE or height > MAX_SIDE or width * height > MAX_PIXELS:
-        raise _bad(f"{what} is {width}x{height} pixels; at most {MAX_PIXELS // 2**20} megapixels are read")
-
-
 def image_format(data: bytes) -> str | None:
     """Pillow's name for the format ``data`` starts like (``PNG``…), None for anything else."""
     for magic, name in _MAGIC:
@@ -53,19 +47,6 @@ def image_format(data: bytes) -> str | None:
     if len(data) >= 12 and data[:4] == b"RIFF" and data[8:12] == b"WEBP":
         return "WEBP"
     return None
-
-
-def _read_path(value: str | Path, what: str) -> bytes:
-    path = Path(value)
-    try:
-        if not path.is_file():
-            raise _bad(f"{what}: {value} is not a file")
-        size = path.stat().st_size
-        if size > MAX_FILE_BYTES:
-            raise _bad(f"{what}: {value} is {size} bytes; image files up to {MAX_FILE_BYTES // 2**20} MiB are read")
-        return path.read_bytes()
-    except OSError as exc:
-        raise _bad(f"{what}: cannot read {value} ({exc.strerror or exc})", exc) from None
 
 
 def decode_image(data: bytes, what: str = "the image") -> Any:
@@ -78,10 +59,10 @@ def decode_image(data: bytes, what: str = "the image") -> Any:
     try:
         image = Image.open(io.BytesIO(data), formats=[name])  # reads the header only
     except Image.DecompressionBombError as exc:  # Pillow's own bound, far above ours
-        raise _bad(f"{what} ({name}) claims a canvas over {MAX_PIXELS // 2**20} megapixels", exc) from None
+        raise _bad(f"{what} ({name}) claims a canvas over {MAX_IMAGE_PIXELS // 2**20} megapixels", exc) from None
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
         raise _bad(f"{what} starts like a {name} but its header is malformed", exc) from None
-    _check_size(f"{what} ({name})", *image.size)
+    check_image_size(f"{what} ({name})", *image.size)
     try:
         image.load()
         # As transformers' load_image: the camera's orientation applied, then RGB.
@@ -93,17 +74,7 @@ def decode_image(data: bytes, what: str = "the image") -> Any:
 def _from_array(value: Any, what: str) -> Any:
     from PIL import Image
 
-    array = np.asarray(value)
-    if array.dtype != np.uint8:
-        raise _bad(f"{what} is an array of {array.dtype}; send uint8 pixels (HxWx3 RGB)")
-    if array.ndim == 2:
-        array = np.repeat(array[:, :, None], 3, axis=2)
-    elif array.ndim == 3 and array.shape[2] == 4:
-        array = array[:, :, :3]
-    elif not (array.ndim == 3 and array.shape[2] == 3):
-        raise _bad(f"{what} is an array of shape {array.shape}; send HxWx3 RGB (or HxW grey, HxWx4 RGBA)")
-    _check_size(what, array.shape[1], array.shape[0])
-    return Image.fromarray(np.ascontiguousarray(array), mode="RGB")
+    return Image.fromarray(rgb_pixels(value, what), mode="RGB")
 
 
 def load_image(value: Any, what: str = "the image") -> Any:
@@ -111,12 +82,12 @@ def load_image(value: Any, what: str = "the image") -> Any:
     from PIL import Image
 
     if isinstance(value, Image.Image):
-        _check_size(what, *value.size)
+        check_image_size(what, *value.size)
         return value.convert("RGB")
     if isinstance(value, str) and value.startswith(("http://", "https://")):
         raise _bad(f"{what}: URLs are not fetched; pass a path, the file's bytes or an array")
     if isinstance(value, (str, Path)):
-        return decode_image(_read_path(value, what), what)
+        return decode_image(read_media_file(value, what), what)
     if isinstance(value, (bytes, bytearray, memoryview)):
         return decode_image(bytes(value), what)
     if isinstance(value, np.ndarray):
