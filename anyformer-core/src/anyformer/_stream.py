@@ -9,6 +9,7 @@ closed, so its ``finally`` puts the model back in order.
 from __future__ import annotations
 
 import dataclasses
+import threading
 from collections.abc import Callable, Generator, Iterator
 from types import TracebackType
 from typing import Any
@@ -42,26 +43,41 @@ class CoreStream(Generator[Chunk, None, None]):
     def __init__(self, backend: str, source: Iterator[Chunk], options: GenerateOptions, release: Callable[[], None]):
         self._state = _StreamState(backend, source, options, release)
         self._iterator: Generator[Chunk, None, None] = self._state.run()
+        # Held while the generator runs: a close() from another thread (dispose) must not step into
+        # it mid-read, and a read must not start while a close is under way (it then finds the end).
+        self._running = threading.Lock()
 
     def __iter__(self) -> CoreStream:
         return self
 
     def __next__(self) -> Chunk:
-        return next(self._iterator)
+        with self._running:
+            return next(self._iterator)
 
     def send(self, value: None) -> Chunk:
         """Resume the stream (only ``None`` is sent): the next chunk."""
-        return self._iterator.send(value)
+        with self._running:
+            return self._iterator.send(value)
 
     def throw(self, typ: Any, val: Any = None, tb: TracebackType | None = None) -> Chunk:
         """Raise an exception inside the stream; the backend's iterator is closed on the way out."""
-        if val is None and tb is None:
-            return self._iterator.throw(typ)
-        return self._iterator.throw(typ, val, tb)
+        with self._running:
+            if val is None and tb is None:
+                return self._iterator.throw(typ)
+            return self._iterator.throw(typ, val, tb)
 
     def close(self) -> None:
-        """Stop the stream: the backend's iterator is closed and the model is free again."""
-        self._iterator.close()
+        """Stop the stream: the backend's iterator is closed and the model is free again.
+
+        ``ValueError`` while another thread is reading it, as a generator raises (``cancel()`` that
+        reader instead: it stops at the next token).
+        """
+        if not self._running.acquire(blocking=False):
+            raise ValueError("the stream is being read in another thread; cancel() it instead")
+        try:
+            self._iterator.close()
+        finally:
+            self._running.release()
         self._state.finish()
 
     def cancel(self) -> None:
