@@ -8,7 +8,6 @@ would share.
 
 from __future__ import annotations
 
-import importlib.metadata
 import importlib.util
 
 from anyformer.plugin import Caps
@@ -27,6 +26,9 @@ def onnxruntime_installed() -> bool:
 
 
 def _has_distribution(name: str) -> bool:
+    # Imported here, only on a machine with a GPU: importlib.metadata costs every command ~13 ms at plugin import.
+    import importlib.metadata
+
     try:
         importlib.metadata.version(name)
     except importlib.metadata.PackageNotFoundError:

@@ -8,7 +8,6 @@ CUDA provider). ``load`` asks onnxruntime itself (:func:`available_providers`).
 from __future__ import annotations
 
 import functools
-import importlib.metadata
 import importlib.util
 from collections.abc import Sequence
 
@@ -31,6 +30,9 @@ def expected_provider(gpu: bool) -> str:
     """The provider a load will pick on a machine with (``gpu``) or without a GPU, from the distribution name."""
     if not gpu:
         return CPU
+    # Imported here, only on a machine with a GPU: importlib.metadata costs every command ~13 ms at plugin import.
+    import importlib.metadata
+
     for name in ("onnxruntime-gpu", "onnxruntime-gpu-cuda12", "onnxruntime-gpu-cuda13"):
         try:
             importlib.metadata.distribution(name)
