@@ -7,11 +7,14 @@ compiles from source; it is built once into a wheelhouse that every session inst
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import nox
 
@@ -134,7 +137,30 @@ def install(session: nox.Session, *folders: str, extra: list[str] | None = None)
         session.install("--no-deps", *ONNX_TEST_MODELS)
 
 
+def discard_venv_in_ci(func: Callable[..., None]) -> Callable[..., None]:
+    """In CI (``CI`` set), delete the session's virtualenv once the session ends, pass or fail.
+
+    A full run makes some 20 virtualenvs (the ONNX and kohra ones carry torch, ~1.5 GB each):
+    kept, they need ~12 GB of disk at once, and a CI machine with less free space fails midway
+    with "No space left on device". Discarded, the run needs about the largest one. Locally
+    they are kept (``reuse_existing_virtualenvs``), so a second run starts at once.
+    """
+
+    @functools.wraps(func)
+    def run(session: nox.Session, **params: Any) -> None:
+        try:
+            func(session, **params)
+        finally:
+            location = getattr(session.virtualenv, "location", None)
+            if os.environ.get("CI") and location and Path(location).resolve().is_relative_to((ROOT / ".nox").resolve()):
+                session.log(f"CI: removing {location} (disk)")
+                shutil.rmtree(location, ignore_errors=True)
+
+    return run
+
+
 @nox.session
+@discard_venv_in_ci
 def lint(session: nox.Session) -> None:
     """Check style and common mistakes with ruff."""
     session.install("ruff>=0.6")
@@ -142,6 +168,7 @@ def lint(session: nox.Session) -> None:
 
 
 @nox.session
+@discard_venv_in_ci
 def mypy(session: nox.Session) -> None:
     """Type-check the core, the conformance kit and every plugins/*/src (settings in pyproject.toml)."""
     install(session, CORE, CONFORMANCE, *ALL_PLUGIN_FOLDERS, extra=["mypy>=1.10", f"{ROOT / CORE}[serve]"])
@@ -151,6 +178,7 @@ def mypy(session: nox.Session) -> None:
 
 @nox.session
 @nox.parametrize("package", list(PACKAGES))
+@discard_venv_in_ci
 def tests(session: nox.Session, package: str) -> None:
     """Run one package's own tests (the conformance kit runs in its own session)."""
     folder = PACKAGES[package]
@@ -174,6 +202,7 @@ def tests(session: nox.Session, package: str) -> None:
 
 @nox.session
 @nox.parametrize("plugin", list(PLUGINS))
+@discard_venv_in_ci
 def conformance(session: nox.Session, plugin: str) -> None:
     """Run the conformance kit against one backend, installed the way users install it."""
     folder = PLUGINS[plugin]
@@ -182,6 +211,7 @@ def conformance(session: nox.Session, plugin: str) -> None:
 
 
 @nox.session
+@discard_venv_in_ci
 def build(session: nox.Session) -> None:
     """Build the wheel and sdist of every distribution into dist/, then check them with twine."""
     session.install("build>=1.2", "twine>=5")
