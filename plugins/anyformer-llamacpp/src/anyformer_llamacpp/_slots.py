@@ -11,15 +11,11 @@ reused up to the last full prompt block they share, as the one-stream engine doe
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
-from anyformer.plugin import AnyformerError, ErrorCode
 from anyformer_llamacpp.prompt_blocks import BLOCK, plan, reusable_prefix
-
-#: The most streams one loaded model serves at once (llama.cpp's own limit is 256 sequences).
-MAX_PARALLEL = 64
 
 
 @dataclasses.dataclass(eq=False)
@@ -59,31 +55,3 @@ def choose_slot(slots: Sequence[Slot], prompt: Sequence[int]) -> tuple[Slot, int
         return None
     best = max(free, key=lambda slot: (slot.shared_prefix(prompt), -slot.last_used))
     return best, best.shared_prefix(prompt)
-
-
-def parallel_option(options: dict[str, object]) -> int:
-    """The ``parallel`` load option: how many streams to serve at once (1 when absent).
-
-    ``BAD_REQUEST`` for anything but a whole number from 1 to :data:`MAX_PARALLEL`.
-    """
-    value = options.get("parallel", 1)
-    if value is None:
-        return 1
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_PARALLEL:
-        raise AnyformerError(
-            ErrorCode.BAD_REQUEST,
-            f"the parallel option must be a whole number of streams from 1 to {MAX_PARALLEL}, got {value!r}",
-        )
-    return value
-
-
-def streams_that_fit(requested: int, ram_bytes: int, host_bytes_for: Callable[[int], int]) -> int:
-    """The most streams, up to ``requested`` and at least 1, whose host memory (``host_bytes_for(n)``) fits.
-
-    Each stream has a KV region of the whole context, so a server's default of several streams
-    must not refuse a model that one stream runs: it gets as many as the memory holds.
-    """
-    streams = requested
-    while streams > 1 and host_bytes_for(streams) > ram_bytes:
-        streams -= 1
-    return streams

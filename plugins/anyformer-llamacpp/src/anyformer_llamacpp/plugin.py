@@ -26,9 +26,9 @@ from anyformer.plugin import (
     host_ram_available,
 )
 from anyformer_llamacpp import BACKEND_ID
-from anyformer_llamacpp._slots import parallel_option, streams_that_fit
 from anyformer_llamacpp.estimate import BATCH, Footprint, context_for, footprint, measured_speed
 from anyformer_llamacpp.file_choice import choose_gguf, projector_for
+from anyformer_llamacpp.parallel_option import parallel_option, streams_that_fit
 from anyformer_llamacpp.runtime import (
     INSTALL_HINT,
     gpu_offload_library,
