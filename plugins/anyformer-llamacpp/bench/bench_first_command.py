@@ -7,7 +7,9 @@ all three, in a rotating order, so that load on the machine hits them alike):
 - a plain script: ``Llama(model_path=...)`` and ``create_chat_completion(max_tokens=16)``, the
   same context and threads as anyformer picks (``--threads N`` sets both, through
   ``ANYFORMER_LLAMACPP_THREADS``: on a machine shared by many processes one thread is far steadier).
-The figure is each command's median wall time over the plain script's (goal: at most 1.3x isolated).
+The figure is each command's median wall time over the plain script's (goal: at most 1.3x isolated),
+and its median CPU time (user + system, the worker's included) over the plain script's: on a machine
+shared with other work, CPU seconds vary far less than wall time.
 
     python plugins/anyformer-llamacpp/bench/bench_first_command.py [--rounds 7] [--model PATH] [--threads N]
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -36,13 +39,22 @@ print(reply["choices"][0]["message"]["content"])
 """
 
 
-def _wall(command: list[str], env: dict[str, str]) -> float:
+def _cpu_of_children() -> float:
+    """User + system seconds of every ended child process and of the processes they waited for."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _timed(command: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """Run ``command``: its wall seconds and its CPU seconds (a worker it waited for included)."""
+    cpu = _cpu_of_children()
     start = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
     elapsed = time.perf_counter() - start
+    cpu = _cpu_of_children() - cpu
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(command[:3])}... failed ({done.returncode}): {done.stderr.strip()[-500:]}")
-    return elapsed
+    return elapsed, cpu
 
 
 def main() -> None:
@@ -79,19 +91,32 @@ def main() -> None:
     }
     names = list(commands)
     times: dict[str, list[float]] = {name: [] for name in names}
+    cpu_times: dict[str, list[float]] = {name: [] for name in names}
     for name in names:
-        _wall(commands[name], env)  # warm the page cache and the bytecode caches once
+        _timed(commands[name], env)  # warm the page cache and the bytecode caches once
     for round_index in range(args.rounds):
         order = names[round_index % len(names) :] + names[: round_index % len(names)]
         for name in order:
-            times[name].append(_wall(commands[name], env))
+            wall, cpu = _timed(commands[name], env)
+            times[name].append(wall)
+            cpu_times[name].append(cpu)
     plain = times["plain llama-cpp-python"]
-    print(f"whole first command, {path}, {threads} threads, median of {args.rounds} paired rounds:")
+    plain_cpu = cpu_times["plain llama-cpp-python"]
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    print(
+        f"whole first command, {path}, {threads} threads, median of {args.rounds} paired rounds "
+        f"(load average {load:.2f} at the end):"
+    )
     for name in names:
         median = statistics.median(times[name])
         ratio = median / statistics.median(plain)
         paired = statistics.median(t / p for t, p in zip(times[name], plain, strict=True))
-        print(f"  {name:>28}: {median:.3f} s  {ratio:.2f}x plain (paired median {paired:.2f}x)")
+        cpu = statistics.median(cpu_times[name])
+        cpu_ratio = cpu / statistics.median(plain_cpu)
+        print(
+            f"  {name:>28}: {median:.3f} s  {ratio:.2f}x plain (paired median {paired:.2f}x);"
+            f"  CPU {cpu:.3f} s  {cpu_ratio:.2f}x plain"
+        )
 
 
 if __name__ == "__main__":
