@@ -554,8 +554,8 @@ def started_workers(monkeypatch: pytest.MonkeyPatch) -> list[subprocess.Popen[by
     started: list[subprocess.Popen[bytes]] = []
     real = _worker_session.start_worker_process
 
-    def record(describe: str | None = None) -> subprocess.Popen[bytes]:
-        started.append(real(describe))
+    def record() -> subprocess.Popen[bytes]:
+        started.append(real())
         return started[-1]
 
     monkeypatch.setattr(_worker_session, "start_worker_process", record)
@@ -584,36 +584,40 @@ def test_a_load_that_fails_before_the_worker_is_used_ends_it(
     assert started_workers[0].poll() is not None  # ended and reaped before load raised
 
 
-def test_a_local_model_is_described_by_the_worker_ahead_so_its_header_is_cached(tmp_path: Path) -> None:
+def test_the_worker_takes_the_parents_validated_headers_into_its_cache(tmp_path: Path) -> None:
     from hostile_files import valid_gguf
 
     from anyformer import _api
     from anyformer.files import _gguf_header
+    from anyformer.files._gguf_share import shared_headers
     from anyformer.isolation._worker import prepare
 
     model = tmp_path / "m.gguf"
     model.write_bytes(valid_gguf())
     assert _api._local_path(str(model)) == str(model)
     assert _api._local_path(tmp_path / "missing.gguf") is None
-    assert _api._local_path("org/name") is None  # a Hub repo id: the worker does not go online ahead
+    assert _api._local_path("org/name") is None  # a Hub repo id: nothing local to share
     _gguf_header._HEADER_CACHE.clear()
-    prepare({"describe": str(model)})
+    parsed = _gguf_header.read_gguf_header(model)
+    entries, attachment = shared_headers(str(model))
+    assert [entry["path"] for entry in entries] == [str(model)]
+    assert shared_headers(str(tmp_path / "other.gguf")) == ([], b"")
+    _gguf_header._HEADER_CACHE.clear()
+    prepare({"headers": entries, "attachment": attachment})
     assert [key[0] for key in _gguf_header._HEADER_CACHE] == [str(model)]
-    hostile = tmp_path / "bad.gguf"
-    hostile.write_bytes(b"GGUF" + b"\xff" * 64)
-    prepare({"describe": str(hostile)})  # the parent reports it: here nothing is raised
-    prepare({"describe": None})
+    assert _gguf_header._HEADER_CACHE[next(iter(_gguf_header._HEADER_CACHE))][0] == parsed
+    prepare({"headers": None})
     prepare({})
 
 
-def test_a_model_given_as_a_description_is_not_described_ahead(
+def test_a_model_given_as_a_description_shares_no_headers(
     load_isolated: Any, started_workers: list[Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from anyformer import _api
 
     seen: list[str | None] = []
-    real = _api._start_worker
-    monkeypatch.setattr(_api, "_start_worker", lambda describe=None: seen.append(describe) or real(describe))
+    real = _api._share_headers
+    monkeypatch.setattr(_api, "_share_headers", lambda process, path: seen.append(path) or real(process, path))
     load_isolated("steady")
     assert seen == [None] and len(started_workers) == 1
 
@@ -666,8 +670,8 @@ def test_a_run_refused_before_loading_ends_its_prestarted_worker(monkeypatch: py
     started: list[subprocess.Popen[bytes]] = []
     real = _worker_start.start_worker_process
 
-    def record(describe: str | None = None) -> subprocess.Popen[bytes]:
-        started.append(real(describe))
+    def record() -> subprocess.Popen[bytes]:
+        started.append(real())
         return started[-1]
 
     monkeypatch.setattr(_worker_start, "start_worker_process", record)

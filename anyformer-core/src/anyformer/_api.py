@@ -120,7 +120,7 @@ def load(
     )
     isolate = isolate or bool(asked.rpc)
     # The worker's interpreter starts and imports anyformer while this process describes and selects.
-    worker = _start_worker(_local_path(model)) if isolate else None
+    worker = _start_worker() if isolate else None
     try:
         manager = plugins or get_plugin_manager()
         if backend is not None:
@@ -136,6 +136,8 @@ def load(
         chosen = raise_if_none(select(verdicts, request.prefer), description.ref, description.formats)
         if chosen.code is Refusal.RUNTIME:  # pragma: no cover - select never chooses a refusal
             raise AnyformerError("PLUGIN_ERROR", chosen.reason)
+        if worker is not None:
+            _share_headers(worker, _local_path(model))
     except BaseException:
         if worker is not None:
             _end_worker(worker)
@@ -167,15 +169,23 @@ def _local_path(model: ModelRef) -> str | None:
     return path if os.path.exists(path) else None
 
 
-def _start_worker(describe: str | None = None) -> Any:
+def _start_worker() -> Any:
     from anyformer.isolation._worker_start import take_prestarted  # subprocess only when isolating
 
-    process = take_prestarted(describe)  # the `anyformer` command started one as it began
+    process = take_prestarted()  # the `anyformer` command started one as it began
     if process is not None:
         return process
     from anyformer.isolation._worker_session import start_worker_process
 
-    return start_worker_process(describe)
+    return start_worker_process()
+
+
+def _share_headers(process: Any, path: str | None) -> None:
+    """Hand the worker the headers this process validated while describing the local model ``path``."""
+    if path is not None:
+        from anyformer.isolation._worker_start import share_headers
+
+        share_headers(process, path)
 
 
 def _end_worker(process: Any) -> None:

@@ -61,6 +61,10 @@ class LazyArray(Sequence[Any]):
             self._strings = self._cut_strings()
         return self._strings
 
+    def shared_state(self) -> tuple[bytes, int, str]:
+        """The validated bytes, the element count and the struct code ("" for strings): what rebuilds it."""
+        return self._raw, self._count, self._format
+
     def _cut_strings(self) -> list[bytes]:
         raw, unpack = self._raw, _U64.unpack_from
         out: list[bytes] = []

@@ -321,22 +321,17 @@ def _until_done(source: Iterator[Chunk], options: GenerateOptions, generation: _
 
 def prepare(frame: Mapping[str, Any]) -> None:
     """Work the worker can do before it knows its backend: import the module every backend imports
-    (``anyformer.plugin``), and describe a local model the parent named.
-
-    The parent describes it too (and reports what is wrong with it); here a failure is ignored.
-    What this warms is the header cache: the backend's ``load`` reads the same headers again.
+    (``anyformer.plugin``), and take the validated headers the parent sent (``headers``, their long
+    arrays in the frame's ``attachment``) into the header cache, so that the backend's ``load``
+    parses none of them again.
     """
     import anyformer.plugin  # noqa: F401  (the helpers every backend imports with its entry point)
 
-    path = frame.get("describe")
-    if not isinstance(path, str) or not os.path.exists(path):
-        return
-    from anyformer._describe import describe
+    headers, attachment = frame.get("headers"), frame.get("attachment")
+    if isinstance(headers, list) and isinstance(attachment, bytes):
+        from anyformer.files._gguf_share import adopt_shared_headers
 
-    try:
-        describe(path)
-    except Exception:  # the parent's describe says what is wrong, in its own words
-        pass
+        adopt_shared_headers(headers, attachment)
 
 
 def main(load: Mapping[str, Any]) -> int:

@@ -5,7 +5,8 @@ the worker runs an engine on files from strangers, and a worker taken over by a 
 not be able to run code in the parent by what it sends back (unpickling runs code). Every frame
 is bounded (:data:`MAX_FRAME_BYTES`) and every field the parent reads is type-checked.
 
-Parent to worker: ``prepare`` (the first frame: the parent's ``sys_path``), ``load``, ``generate`` (with a
+Parent to worker: ``prepare`` (the first frame: the parent's ``sys_path``; a later one may carry the
+model's validated ``headers``), ``load``, ``generate`` (with a
 generation ``id`` and a ``window`` of chunks it may send ahead), ``more`` (more window),
 ``cancel``, ``run``, ``dispose``. Worker to parent: ``progress``, ``loaded``, ``started``,
 ``chunks`` (a list of ``[delta, tokens, finish_reason, prompt_tokens, preview]``), ``end``, ``result``,

@@ -16,23 +16,28 @@ import sys
 from anyformer.isolation._worker_protocol import encode_frame
 
 #: The worker's first lines: take the parent's sys.path from the first frame, import the worker
-#: (anyformer) while the parent still describes and selects, do what each ``prepare`` frame asks,
-#: then read the ``load`` frame and run.
+#: (anyformer) while the parent still describes and selects, do what each ``prepare`` frame asks
+#: (:func:`share_headers`), then read the ``load`` frame and run. A ``prepare`` frame may be followed by
+#: raw bytes, its ``attachment`` (their count in the frame), which the worker reads with it.
 #: When the worker is done (the model freed, or never loaded) it ends without the interpreter's
 #: teardown: unloading numpy, torch or an engine's modules takes tens of ms that the parent's
 #: ``dispose`` would wait for, and nothing is left to flush but stderr.
 BOOTSTRAP = """\
 import json, os, struct, sys
 def _read(n):
-    data = b""
-    while len(data) < n:
-        part = os.read(0, n - len(data))
+    parts = []
+    while n:
+        part = os.read(0, n)
         if not part:
             sys.exit(0)
-        data += part
-    return data
+        parts.append(part)
+        n -= len(part)
+    return b"".join(parts)
 def _frame():
-    return json.loads(_read(struct.unpack(">I", _read(4))[0]))
+    frame = json.loads(_read(struct.unpack(">I", _read(4))[0]))
+    if "attachment" in frame:
+        frame["attachment"] = _read(frame["attachment"])
+    return frame
 _next = _frame()
 sys.path[:] = _next["sys_path"]
 from anyformer.isolation._worker import main, prepare
@@ -52,13 +57,11 @@ def end_process(process: subprocess.Popen[bytes]) -> None:
         process.wait()
 
 
-def start_worker_process(describe: str | None = None) -> subprocess.Popen[bytes]:
+def start_worker_process() -> subprocess.Popen[bytes]:
     """Start a worker interpreter and send it this process's ``sys.path``: it imports anyformer at once.
 
     The caller describes the model and selects a backend meanwhile, then hands the process to
     :meth:`WorkerSession.spawn` (or to :func:`end_worker_process` when it does not need it).
-    ``describe`` is a local model path the worker describes meanwhile too, so the headers its
-    backend reads again while loading come from the worker's own header cache.
     """
     # ggml attaches gdb to print a backtrace before it aborts: seconds of work whose output
     # would bury the assertion line the crash message quotes. The worker's faulthandler says
@@ -75,7 +78,7 @@ def start_worker_process(describe: str | None = None) -> subprocess.Popen[bytes]
     )
     assert process.stdin is not None
     try:
-        prepare = {"op": "prepare", "sys_path": list(sys.path), "describe": describe}
+        prepare = {"op": "prepare", "sys_path": list(sys.path)}
         os.write(process.stdin.fileno(), encode_frame(prepare))
     except OSError:
         pass  # the worker is already gone: the load that follows reports how it died
@@ -101,17 +104,35 @@ def prestart() -> None:
         atexit.register(discard_prestarted)
 
 
-def take_prestarted(describe: str | None = None) -> subprocess.Popen[bytes] | None:
-    """The prestarted worker, once (None when there is none); ``describe`` is passed on as in
-    :func:`start_worker_process`."""
+def take_prestarted() -> subprocess.Popen[bytes] | None:
+    """The prestarted worker, once (None when there is none)."""
     global _prestarted
     process, _prestarted = _prestarted, None
-    if process is not None and describe is not None and process.stdin is not None:
-        try:
-            os.write(process.stdin.fileno(), encode_frame({"op": "prepare", "describe": describe}))
-        except OSError:
-            pass  # it is gone: the load reports how it died
     return process
+
+
+def share_headers(process: subprocess.Popen[bytes], path: str) -> None:
+    """Send a worker the validated headers this process has cached for the local model ``path``.
+
+    The worker's backend reads them again to load the model; with them in its header cache it
+    parses none (see ``anyformer.files._gguf_share``). Sent once the parent has chosen a backend,
+    just before the load: the write waits until the worker has imported anyformer and reads it.
+    """
+    from anyformer.files._gguf_share import shared_headers
+
+    entries, attachment = shared_headers(path)
+    if not entries or process.stdin is None:
+        return
+    try:
+        head = encode_frame({"op": "prepare", "headers": entries, "attachment": len(attachment)})
+    except ValueError:
+        return  # over the frame limit: the worker reads the headers itself
+    frame = memoryview(head + attachment)
+    try:
+        while frame:
+            frame = frame[os.write(process.stdin.fileno(), frame) :]
+    except OSError:
+        pass  # the worker is gone: the load that follows reports how it died
 
 
 def discard_prestarted() -> None:

@@ -1,0 +1,135 @@
+"""Validated GGUF headers handed to a worker (``_gguf_share``): the same header, used only while the file agrees."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hostile_files import F32, I32, STRING, U32, Tensor, kv, kv_array, make_gguf
+
+from anyformer.files import _gguf_header, _gguf_share
+from anyformer.files._gguf_header import LAZY_ARRAY_ELEMENTS, LazyArray, read_gguf_header
+from anyformer.files._gguf_share import adopt_shared_headers, shared_headers
+
+LONG = LAZY_ARRAY_ELEMENTS + 44
+
+
+def _gguf(name: str = "tiny") -> bytes:
+    """A GGUF with every kind of value: long string, float and int arrays (lazy), short ones, NaN."""
+    return make_gguf(
+        [Tensor("token_embd.weight", (32, 4), 0), Tensor("output_norm.weight", (8,), 0)],
+        [
+            kv("general.architecture", STRING, "llama"),
+            kv("general.name", STRING, name),
+            kv("llama.block_count", U32, 2),
+            kv("llama.rope.freq_base", F32, float("nan")),
+            kv("tokenizer.ggml.add_bos_token", 7, True),
+            kv_array("general.languages", STRING, ["en", "fr"]),
+            kv_array("tokenizer.ggml.tokens", STRING, [f"tok{i}é" * (i % 7) for i in range(LONG)]),
+            kv_array("tokenizer.ggml.scores", F32, [float(-i) for i in range(LONG)]),
+            kv_array("tokenizer.ggml.token_type", I32, [i % 5 for i in range(LONG)]),
+        ],
+    )
+
+
+@pytest.fixture(autouse=True)
+def empty_cache() -> Iterator[None]:
+    _gguf_header._HEADER_CACHE.clear()
+    yield
+    _gguf_header._HEADER_CACHE.clear()
+
+
+def _through_a_frame(path: Path | str) -> tuple[list[dict[str, object]], bytes]:
+    """What the worker receives: the entries through JSON (as a frame carries them), the bytes as they are."""
+    entries, attachment = shared_headers(path)
+    return json.loads(json.dumps(entries)), attachment
+
+
+def _no_parsing(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(cursor: object) -> None:
+        raise AssertionError("the header was parsed again")
+
+    monkeypatch.setattr(_gguf_header, "_parse", refuse)
+
+
+def test_an_adopted_header_is_the_parsed_one_and_is_not_parsed_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = tmp_path / "m.gguf"
+    model.write_bytes(_gguf())
+    parsed = read_gguf_header(model)
+    assert isinstance(parsed.kv["tokenizer.ggml.tokens"], LazyArray)
+    entries, attachment = _through_a_frame(model)
+    _gguf_header._HEADER_CACHE.clear()
+    assert adopt_shared_headers(entries, attachment) == 1
+    _no_parsing(monkeypatch)
+    adopted = read_gguf_header(model)
+    nan_key = "llama.rope.freq_base"  # NaN equals nothing, itself included
+    assert {k: v for k, v in adopted.kv.items() if k != nan_key} == {k: v for k, v in parsed.kv.items() if k != nan_key}
+    assert adopted.get("tokenizer.ggml.tokens") == parsed.get("tokenizer.ggml.tokens")
+    assert adopted.kv["tokenizer.ggml.tokens"].raw_strings() == parsed.kv["tokenizer.ggml.tokens"].raw_strings()
+    assert adopted.get("tokenizer.ggml.scores") == [float(-i) for i in range(LONG)]
+    assert adopted.get("general.languages") == ["en", "fr"]
+    assert adopted.get("tokenizer.ggml.add_bos_token") is True
+    assert isinstance(adopted.get("llama.block_count"), int)
+    assert math.isnan(adopted.get("llama.rope.freq_base"))
+    assert adopted.tensors == parsed.tensors and adopted.data_offset == parsed.data_offset
+
+
+def test_a_header_whose_digest_the_file_does_not_match_is_parsed_anew(tmp_path: Path) -> None:
+    model = tmp_path / "m.gguf"
+    model.write_bytes(_gguf())
+    read_gguf_header(model)
+    entries, attachment = _through_a_frame(model)
+    _gguf_header._HEADER_CACHE.clear()
+    entries[0]["digest"] = "00" * 32  # not the hash of the file's header bytes
+    entries[0]["header"]["kv"]["general.name"] = "not what the file says"  # type: ignore[index]
+    adopt_shared_headers(entries, attachment)
+    assert read_gguf_header(model).get("general.name") == "tiny"
+
+
+def test_a_file_rewritten_after_sharing_is_read_anew(tmp_path: Path) -> None:
+    model = tmp_path / "m.gguf"
+    model.write_bytes(_gguf("tiny"))
+    read_gguf_header(model)
+    entries, attachment = _through_a_frame(model)
+    _gguf_header._HEADER_CACHE.clear()
+    model.write_bytes(_gguf("tina"))  # the same size, another name
+    assert adopt_shared_headers(entries, attachment) == 1
+    assert read_gguf_header(model).get("general.name") == "tina"
+
+
+def test_only_the_models_files_are_shared_and_a_missing_file_is_skipped(tmp_path: Path) -> None:
+    folder = tmp_path / "model"
+    folder.mkdir()
+    inside, beside = folder / "a.gguf", tmp_path / "model2.gguf"  # beside shares the folder's name as a prefix
+    inside.write_bytes(_gguf())
+    beside.write_bytes(_gguf())
+    read_gguf_header(inside)
+    read_gguf_header(beside)
+    assert [entry["path"] for entry in shared_headers(folder)[0]] == [str(inside)]
+    assert [entry["path"] for entry in shared_headers(inside)[0]] == [str(inside)]
+    entries, attachment = _through_a_frame(folder)
+    inside.unlink()
+    _gguf_header._HEADER_CACHE.clear()
+    assert adopt_shared_headers(entries, attachment) == 0 and not _gguf_header._HEADER_CACHE
+
+
+def test_headers_over_the_size_limit_are_left_to_the_worker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    model = tmp_path / "m.gguf"
+    model.write_bytes(_gguf())
+    read_gguf_header(model)
+    monkeypatch.setattr(_gguf_share, "MAX_SHARED_BYTES", 100)
+    assert shared_headers(model) == ([], b"")
+
+
+def test_an_array_outside_the_attachment_is_refused(tmp_path: Path) -> None:
+    model = tmp_path / "m.gguf"
+    model.write_bytes(_gguf())
+    read_gguf_header(model)
+    entries, attachment = _through_a_frame(model)
+    with pytest.raises(ValueError, match="outside the attachment"):
+        adopt_shared_headers(entries, attachment[:-1])
