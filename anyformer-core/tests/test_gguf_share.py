@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hostile_files import F32, I32, STRING, U32, Tensor, kv, kv_array, make_gguf
 
-from anyformer.files import _gguf_header, _gguf_share
+from anyformer.files import _gguf_header
 from anyformer.files._gguf_header import LAZY_ARRAY_ELEMENTS, LazyArray, read_gguf_header
 from anyformer.files._gguf_share import adopt_shared_headers, shared_headers
 
@@ -42,10 +44,10 @@ def empty_cache() -> Iterator[None]:
     _gguf_header._HEADER_CACHE.clear()
 
 
-def _through_a_frame(path: Path | str) -> tuple[list[dict[str, object]], bytes]:
-    """What the worker receives: the entries through JSON (as a frame carries them), the bytes as they are."""
-    entries, attachment = shared_headers(path)
-    return json.loads(json.dumps(entries)), attachment
+def _through_a_frame(path: Path | str) -> list[dict[str, Any]]:
+    """What the worker receives: the entries through JSON, as a frame carries them."""
+    entries: list[dict[str, Any]] = json.loads(json.dumps(shared_headers(path)))
+    return entries
 
 
 def _no_parsing(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -62,9 +64,9 @@ def test_an_adopted_header_is_the_parsed_one_and_is_not_parsed_again(
     model.write_bytes(_gguf())
     parsed = read_gguf_header(model)
     assert isinstance(parsed.kv["tokenizer.ggml.tokens"], LazyArray)
-    entries, attachment = _through_a_frame(model)
+    entries = _through_a_frame(model)
     _gguf_header._HEADER_CACHE.clear()
-    assert adopt_shared_headers(entries, attachment) == 1
+    assert adopt_shared_headers(entries) == 1
     _no_parsing(monkeypatch)
     adopted = read_gguf_header(model)
     nan_key = "llama.rope.freq_base"  # NaN equals nothing, itself included
@@ -83,11 +85,11 @@ def test_a_header_whose_digest_the_file_does_not_match_is_parsed_anew(tmp_path: 
     model = tmp_path / "m.gguf"
     model.write_bytes(_gguf())
     read_gguf_header(model)
-    entries, attachment = _through_a_frame(model)
+    entries = _through_a_frame(model)
     _gguf_header._HEADER_CACHE.clear()
     entries[0]["digest"] = "00" * 32  # not the hash of the file's header bytes
-    entries[0]["header"]["kv"]["general.name"] = "not what the file says"  # type: ignore[index]
-    adopt_shared_headers(entries, attachment)
+    entries[0]["header"]["kv"]["general.name"] = "not what the file says"
+    assert adopt_shared_headers(entries) == 0
     assert read_gguf_header(model).get("general.name") == "tiny"
 
 
@@ -95,10 +97,21 @@ def test_a_file_rewritten_after_sharing_is_read_anew(tmp_path: Path) -> None:
     model = tmp_path / "m.gguf"
     model.write_bytes(_gguf("tiny"))
     read_gguf_header(model)
-    entries, attachment = _through_a_frame(model)
+    entries = _through_a_frame(model)
     _gguf_header._HEADER_CACHE.clear()
     model.write_bytes(_gguf("tina"))  # the same size, another name
-    assert adopt_shared_headers(entries, attachment) == 1
+    assert adopt_shared_headers(entries) == 0  # its header bytes no longer match the digest
+    assert read_gguf_header(model).get("general.name") == "tina"
+
+
+def test_a_file_rewritten_after_adoption_is_read_anew(tmp_path: Path) -> None:
+    model = tmp_path / "m.gguf"
+    model.write_bytes(_gguf("tiny"))
+    read_gguf_header(model)
+    entries = _through_a_frame(model)
+    _gguf_header._HEADER_CACHE.clear()
+    assert adopt_shared_headers(entries) == 1
+    model.write_bytes(_gguf("tina"))
     assert read_gguf_header(model).get("general.name") == "tina"
 
 
@@ -110,26 +123,33 @@ def test_only_the_models_files_are_shared_and_a_missing_file_is_skipped(tmp_path
     beside.write_bytes(_gguf())
     read_gguf_header(inside)
     read_gguf_header(beside)
-    assert [entry["path"] for entry in shared_headers(folder)[0]] == [str(inside)]
-    assert [entry["path"] for entry in shared_headers(inside)[0]] == [str(inside)]
-    entries, attachment = _through_a_frame(folder)
+    assert [entry["path"] for entry in shared_headers(folder)] == [str(inside)]
+    assert [entry["path"] for entry in shared_headers(inside)] == [str(inside)]
+    entries = _through_a_frame(folder)
     inside.unlink()
     _gguf_header._HEADER_CACHE.clear()
-    assert adopt_shared_headers(entries, attachment) == 0 and not _gguf_header._HEADER_CACHE
+    assert adopt_shared_headers(entries) == 0 and not _gguf_header._HEADER_CACHE
 
 
-def test_headers_over_the_size_limit_are_left_to_the_worker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_header_whose_arrays_have_no_place_in_the_file_is_not_shared(tmp_path: Path) -> None:
+    """Only a header whose arrays' place in the file is known can be rebuilt from the file."""
     model = tmp_path / "m.gguf"
     model.write_bytes(_gguf())
     read_gguf_header(model)
-    monkeypatch.setattr(_gguf_share, "MAX_SHARED_BYTES", 100)
-    assert shared_headers(model) == ([], b"")
+    key = next(iter(_gguf_header._HEADER_CACHE))
+    cached, digest = _gguf_header._HEADER_CACHE[key]
+    lazy = cached.kv["tokenizer.ggml.tokens"]
+    kv = {**cached.kv, "tokenizer.ggml.tokens": LazyArray(lazy._raw, len(lazy), "")}
+    _gguf_header._HEADER_CACHE[key] = (dataclasses.replace(cached, kv=kv), digest)
+    assert shared_headers(model) == []
 
 
-def test_an_array_outside_the_attachment_is_refused(tmp_path: Path) -> None:
+def test_an_array_outside_the_header_is_refused(tmp_path: Path) -> None:
     model = tmp_path / "m.gguf"
     model.write_bytes(_gguf())
     read_gguf_header(model)
-    entries, attachment = _through_a_frame(model)
-    with pytest.raises(ValueError, match="outside the attachment"):
-        adopt_shared_headers(entries, attachment[:-1])
+    entries = _through_a_frame(model)
+    _gguf_header._HEADER_CACHE.clear()
+    entries[0]["header"]["kv"]["tokenizer.ggml.tokens"]["lazy"][2] = 1 << 40
+    with pytest.raises(ValueError, match="outside the header"):
+        adopt_shared_headers(entries)

@@ -599,11 +599,11 @@ def test_the_worker_takes_the_parents_validated_headers_into_its_cache(tmp_path:
     assert _api._local_path("org/name") is None  # a Hub repo id: nothing local to share
     _gguf_header._HEADER_CACHE.clear()
     parsed = _gguf_header.read_gguf_header(model)
-    entries, attachment = shared_headers(str(model))
+    entries = shared_headers(str(model))
     assert [entry["path"] for entry in entries] == [str(model)]
-    assert shared_headers(str(tmp_path / "other.gguf")) == ([], b"")
+    assert shared_headers(str(tmp_path / "other.gguf")) == []
     _gguf_header._HEADER_CACHE.clear()
-    prepare({"headers": entries, "attachment": attachment})
+    prepare({"headers": entries})
     assert [key[0] for key in _gguf_header._HEADER_CACHE] == [str(model)]
     assert _gguf_header._HEADER_CACHE[next(iter(_gguf_header._HEADER_CACHE))][0] == parsed
     prepare({"headers": None})

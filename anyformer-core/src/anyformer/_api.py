@@ -126,6 +126,8 @@ def load(
         if backend is not None:
             manager.require_backend(backend)
         description = describe(model)
+        if worker is not None:
+            _share_headers(worker, _local_path(model))  # the worker takes them in while this process selects
         refuse_pickle_only(description)
         machine = caps or probe()
         request = _request_with_budget(asked, machine)
@@ -136,8 +138,6 @@ def load(
         chosen = raise_if_none(select(verdicts, request.prefer), description.ref, description.formats)
         if chosen.code is Refusal.RUNTIME:  # pragma: no cover - select never chooses a refusal
             raise AnyformerError("PLUGIN_ERROR", chosen.reason)
-        if worker is not None:
-            _share_headers(worker, _local_path(model))
     except BaseException:
         if worker is not None:
             _end_worker(worker)

@@ -25,13 +25,15 @@ ASCII_PREFIX_LIMIT = 128
 class LazyArray(Sequence[Any]):
     """A GGUF array whose elements are decoded from its bytes on first use; compares equal to a list."""
 
-    __slots__ = ("_count", "_decoded", "_format", "_raw", "_strings")
+    __slots__ = ("_count", "_decoded", "_format", "_offset", "_raw", "_strings")
 
-    def __init__(self, raw: bytes, count: int, element_format: str) -> None:
-        """``raw``: the array's bytes after its count; ``element_format``: a struct code, or "" for strings."""
+    def __init__(self, raw: bytes, count: int, element_format: str, offset: int = -1) -> None:
+        """``raw``: the array's bytes after its count; ``element_format``: a struct code, or "" for strings;
+        ``offset``: where ``raw`` begins in the file (-1 when unknown)."""
         self._raw = raw
         self._count = count
         self._format = element_format
+        self._offset = offset
         self._decoded: list[Any] | None = None
         self._strings: list[bytes] | None = None
 
@@ -61,9 +63,10 @@ class LazyArray(Sequence[Any]):
             self._strings = self._cut_strings()
         return self._strings
 
-    def shared_state(self) -> tuple[bytes, int, str]:
-        """The validated bytes, the element count and the struct code ("" for strings): what rebuilds it."""
-        return self._raw, self._count, self._format
+    def shared_state(self) -> tuple[int, int, int, str]:
+        """Where its bytes lie in the file (offset, or -1, and length), the element count and the struct
+        code ("" for strings): what rebuilds it from the same file."""
+        return self._offset, len(self._raw), self._count, self._format
 
     def _cut_strings(self) -> list[bytes]:
         raw, unpack = self._raw, _U64.unpack_from

@@ -390,7 +390,7 @@ class _Cursor:
             self.pos = start
             self.string_array(count, what)  # raises, naming the element
         self.pos = pos
-        return LazyArray(raw, count, "")
+        return LazyArray(raw, count, "", start)
 
     def string_array(self, count: int, what: str) -> list[str]:
         """``count`` strings; the hot loop of a vocabulary, so it keeps the buffer in locals."""
@@ -470,9 +470,10 @@ def _read_array(cur: _Cursor, key: str) -> list[Any] | LazyArray:
         if lazy:
             return cur.string_array_bytes(count, f"array {key!r}")
         return cur.string_array(count, f"array {key!r}")
+    start = cur.pos
     raw = cur.take(count * elem_size, f"array {key!r}")
     if lazy:
-        return LazyArray(raw, count, fmt)
+        return LazyArray(raw, count, fmt, start)
     return list(struct.unpack_from(f"<{count}{fmt}", raw))
 
 

@@ -4,18 +4,20 @@ The parent reads a local model's headers to describe it; the worker's backend re
 headers again to load it. Rather than parse them twice (tens of ms each for a 49k-token
 vocabulary, on the worker's path to its first token), the parent sends the worker what its header
 cache holds for the model (:func:`shared_headers`) and the worker puts it in its own cache
-(:func:`adopt_shared_headers`). The facts travel as JSON; the long arrays' validated bytes travel
-as they are, in one attachment after the frame (base64 and JSON would cost more than a parse).
+(:func:`adopt_shared_headers`).
 
-Nothing is trusted that the file does not confirm: an adopted header is used only while the file
-has the identity the worker itself sees (place, inode, size, times) *and* its header bytes hash to
-the digest the parent computed over the very bytes it validated; :func:`read_gguf_header` checks
-both on every use, as it does for a header it parsed itself, and parses anew when either differs.
-No pickle: frames to a worker are JSON, whichever way they go (see ``_worker_protocol``).
+What travels is small: the facts as JSON, and for each long array only where its bytes lie in the
+file. The worker reads the header's bytes from the file once, checks that they hash to the digest
+the parent computed over the very bytes it validated, and takes the arrays from them; a file that
+changed in between fails the check and is parsed anew when the backend asks. Sending the arrays
+themselves through the pipe (~2 MB for SmolLM2) took longer than parsing on a busy machine.
+The cache also checks the file's identity and digest on every later use, as for a header it
+parsed itself. No pickle: frames to a worker are JSON, whichever way they go (``_worker_protocol``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -30,60 +32,59 @@ from anyformer.files._gguf_header import (
     _file_identity,
 )
 
-#: Headers whose arrays take more than this are not sent: the worker parses them itself.
-MAX_SHARED_BYTES = 32 * 1024 * 1024
 
-
-def shared_headers(path: str | os.PathLike[str]) -> tuple[list[dict[str, Any]], bytes]:
-    """The cached headers of the GGUF file ``path``, or of the files under the folder ``path``.
-
-    Returns JSON-ready entries and the attachment their long arrays point into (offset, length).
-    """
+def shared_headers(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The cached headers of the GGUF file ``path``, or of the files under the folder ``path``, as JSON-ready dicts."""
     root = os.path.abspath(os.fspath(path))
     entries: list[dict[str, Any]] = []
-    pieces: list[bytes] = []
-    size = 0
     for identity, (header, digest) in list(_HEADER_CACHE.items()):
         file_path = identity[0]
         if file_path != root and not file_path.startswith(root.rstrip(os.sep) + os.sep):
             continue
-        arrays = [value.shared_state()[0] for value in header.kv.values() if isinstance(value, LazyArray)]
-        if size + sum(len(raw) for raw in arrays) > MAX_SHARED_BYTES:
-            continue
-        encoded = _encode_header(header, size)
-        pieces.extend(arrays)
-        size += sum(len(raw) for raw in arrays)
-        entries.append({"path": file_path, "digest": digest.hex(), "header": encoded})
-    return entries, b"".join(pieces)
+        encoded = _encode_header(header)
+        if encoded is not None:
+            entries.append({"path": file_path, "digest": digest.hex(), "header": encoded})
+    return entries
 
 
-def adopt_shared_headers(entries: Iterable[Mapping[str, Any]], attachment: bytes) -> int:
+def adopt_shared_headers(entries: Iterable[Mapping[str, Any]]) -> int:
     """Put headers from :func:`shared_headers` in this process's header cache; returns how many.
 
-    An entry whose file is gone is skipped; a malformed entry raises (it can only come from a
-    broken parent). The cache checks the file's identity and header digest on every use.
+    An entry is skipped when its file is gone or its header bytes no longer hash to the entry's
+    digest; a malformed entry raises (it can only come from a broken parent).
     """
     adopted = 0
     for entry in entries:
         identity = _file_identity(Path(entry["path"]))
         if identity is None or identity[0] != entry["path"]:
             continue
-        _HEADER_CACHE[identity] = (_decode_header(entry["header"], attachment), bytes.fromhex(entry["digest"]))
+        data = entry["header"]
+        length = int(data["data_offset"])
+        digest = bytes.fromhex(entry["digest"])
+        try:
+            with open(entry["path"], "rb") as file:
+                head = file.read(length)
+        except OSError:
+            continue
+        if len(head) != length or hashlib.blake2b(head, digest_size=32).digest() != digest:
+            continue  # changed since the parent read it: the backend's read parses it anew
+        _HEADER_CACHE[identity] = (_decode_header(data, head), digest)
         adopted += 1
     while len(_HEADER_CACHE) > _HEADER_CACHE_SIZE:
         del _HEADER_CACHE[next(iter(_HEADER_CACHE))]
     return adopted
 
 
-def _encode_header(header: GGUFHeader, offset: int) -> dict[str, Any]:
-    """``header`` as JSON; each long array as ``{"lazy": [count, format, offset, length]}`` into the
-    attachment, whose first ``offset`` bytes belong to the headers before."""
+def _encode_header(header: GGUFHeader) -> dict[str, Any] | None:
+    """``header`` as JSON, each long array as ``{"lazy": [count, format, offset, length]}`` in the file;
+    None when an array's place in the file is not known."""
     kv: dict[str, Any] = {}
     for key, value in header.kv.items():
         if isinstance(value, LazyArray):
-            raw, count, element_format = value.shared_state()
-            kv[key] = {"lazy": [count, element_format, offset, len(raw)]}
-            offset += len(raw)
+            offset, length, count, element_format = value.shared_state()
+            if offset < 0:
+                return None
+            kv[key] = {"lazy": [count, element_format, offset, length]}
         else:
             kv[key] = value  # str, int, float (NaN included: the frames allow it), bool, or a short list
     return {
@@ -97,14 +98,15 @@ def _encode_header(header: GGUFHeader, offset: int) -> dict[str, Any]:
     }
 
 
-def _decode_header(data: Mapping[str, Any], attachment: bytes) -> GGUFHeader:
+def _decode_header(data: Mapping[str, Any], head: bytes) -> GGUFHeader:
+    """The header ``data`` describes, its long arrays taken from ``head`` (the file's header bytes)."""
     kv: dict[str, Any] = {}
     for key, value in data["kv"].items():
         if isinstance(value, dict):
             count, element_format, offset, length = value["lazy"]
-            if offset < 0 or length < 0 or offset + length > len(attachment):
-                raise ValueError(f"shared header array {key!r} lies outside the attachment")
-            kv[key] = LazyArray(attachment[offset : offset + length], int(count), str(element_format))
+            if offset < 0 or length < 0 or offset + length > len(head):
+                raise ValueError(f"shared header array {key!r} lies outside the header")
+            kv[key] = LazyArray(head[offset : offset + length], int(count), str(element_format), offset)
         else:
             kv[key] = value
     return GGUFHeader(

@@ -321,17 +321,16 @@ def _until_done(source: Iterator[Chunk], options: GenerateOptions, generation: _
 
 def prepare(frame: Mapping[str, Any]) -> None:
     """Work the worker can do before it knows its backend: import the module every backend imports
-    (``anyformer.plugin``), and take the validated headers the parent sent (``headers``, their long
-    arrays in the frame's ``attachment``) into the header cache, so that the backend's ``load``
-    parses none of them again.
+    (``anyformer.plugin``), and take the validated headers the parent sent (``headers``) into the
+    header cache, so that the backend's ``load`` parses none of them again.
     """
     import anyformer.plugin  # noqa: F401  (the helpers every backend imports with its entry point)
 
-    headers, attachment = frame.get("headers"), frame.get("attachment")
-    if isinstance(headers, list) and isinstance(attachment, bytes):
+    headers = frame.get("headers")
+    if isinstance(headers, list):
         from anyformer.files._gguf_share import adopt_shared_headers
 
-        adopt_shared_headers(headers, attachment)
+        adopt_shared_headers(headers)
 
 
 def main(load: Mapping[str, Any]) -> int:

@@ -17,27 +17,22 @@ from anyformer.isolation._worker_protocol import encode_frame
 
 #: The worker's first lines: take the parent's sys.path from the first frame, import the worker
 #: (anyformer) while the parent still describes and selects, do what each ``prepare`` frame asks
-#: (:func:`share_headers`), then read the ``load`` frame and run. A ``prepare`` frame may be followed by
-#: raw bytes, its ``attachment`` (their count in the frame), which the worker reads with it.
+#: (:func:`share_headers`), then read the ``load`` frame and run.
 #: When the worker is done (the model freed, or never loaded) it ends without the interpreter's
 #: teardown: unloading numpy, torch or an engine's modules takes tens of ms that the parent's
 #: ``dispose`` would wait for, and nothing is left to flush but stderr.
 BOOTSTRAP = """\
 import json, os, struct, sys
 def _read(n):
-    parts = []
-    while n:
-        part = os.read(0, n)
+    data = b""
+    while len(data) < n:
+        part = os.read(0, n - len(data))
         if not part:
             sys.exit(0)
-        parts.append(part)
-        n -= len(part)
-    return b"".join(parts)
+        data += part
+    return data
 def _frame():
-    frame = json.loads(_read(struct.unpack(">I", _read(4))[0]))
-    if "attachment" in frame:
-        frame["attachment"] = _read(frame["attachment"])
-    return frame
+    return json.loads(_read(struct.unpack(">I", _read(4))[0]))
 _next = _frame()
 sys.path[:] = _next["sys_path"]
 from anyformer.isolation._worker import main, prepare
@@ -116,18 +111,17 @@ def share_headers(process: subprocess.Popen[bytes], path: str) -> None:
 
     The worker's backend reads them again to load the model; with them in its header cache it
     parses none (see ``anyformer.files._gguf_share``). Sent once the parent has chosen a backend,
-    just before the load: the write waits until the worker has imported anyformer and reads it.
+    just before the load.
     """
     from anyformer.files._gguf_share import shared_headers
 
-    entries, attachment = shared_headers(path)
+    entries = shared_headers(path)
     if not entries or process.stdin is None:
         return
     try:
-        head = encode_frame({"op": "prepare", "headers": entries, "attachment": len(attachment)})
+        frame = memoryview(encode_frame({"op": "prepare", "headers": entries}))
     except ValueError:
-        return  # over the frame limit: the worker reads the headers itself
-    frame = memoryview(head + attachment)
+        return  # over the frame limit (a huge chat template): the worker reads the headers itself
     try:
         while frame:
             frame = frame[os.write(process.stdin.fileno(), frame) :]
