@@ -206,3 +206,42 @@ def test_a_hostile_file_is_refused_every_time(tmp_path: Path) -> None:
         with pytest.raises(AnyformerError) as info:
             read_gguf_header(path)
         assert info.value.code is ErrorCode.BAD_MODEL
+
+
+# The prefixes are walked in one buffer read ahead when the array fits in it, else across refills: the same result.
+
+
+@pytest.mark.parametrize("long_every", [0, 7, 1])
+def test_a_vocabulary_is_walked_in_one_buffer_and_reads_as_the_refilling_walk(
+    long_every: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from anyformer.files import _gguf_header
+
+    tokens = random_tokens(random.Random(long_every), 3000, long_every)
+    data = make_gguf([Tensor("w")], [kv_array("tokenizer.ggml.tokens", STRING, tokens), kv("general.k", 4, 1)])
+
+    def refuse(self: object, count: int, what: str) -> None:
+        raise AssertionError("the refilling walk was taken")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(_gguf_header._Cursor, "_walk_across_buffers", refuse)
+        fast = read(data)
+    with monkeypatch.context() as patch:
+        patch.setattr(_gguf_header._Cursor, "_walk_in_buffer", lambda self, count, what: None)
+        careful = read(data)
+    with monkeypatch.context() as patch:
+        patch.setattr(_gguf_header, "_MAX_LOOKAHEAD", 64)  # the buffer walk starts, then leaves it to the other
+        short_ahead = read(data)
+    assert fast.kv == careful.kv == short_ahead.kv
+    assert fast.data_offset == careful.data_offset == short_ahead.data_offset
+    assert fast.get("tokenizer.ggml.tokens") == tokens and fast.get("general.k") == 1
+
+
+@pytest.mark.parametrize("length", [500, 2**40, MAX_STRING_BYTES + 1, 2**64 - 1])
+def test_a_bound_the_buffer_walk_cannot_settle_is_refused_by_the_refilling_walk(length: int) -> None:
+    """An element past the read-ahead, or over the length limit, leaves the walk to the careful one,
+    which names it; nothing is read past the file."""
+    items = [b"t"] * 3 + [b"x" * 200] + [b"t"] * (LONG - 4)  # a long element the walk checks on its way
+    payload = strings_payload(items)[:-9] + gguf_str(b"b", length=length)  # the last one's length replaced
+    message = bad(make_gguf(kvs=[kv_raw("tokenizer.ggml.tokens", ARRAY, payload)]), f"element {LONG - 1}")
+    assert "truncated" in message or "limit" in message

@@ -70,14 +70,13 @@ class LazyArray(Sequence[Any]):
 
     def _cut_strings(self) -> list[bytes]:
         raw, unpack = self._raw, _U64.unpack_from
-        out: list[bytes] = []
-        append = out.append
+        out: list[bytes] = [b""] * self._count
         pos = 0
-        for _ in range(self._count):
-            n = unpack(raw, pos)[0]
-            pos += 8
-            append(raw[pos : pos + n])
-            pos += n
+        for index in range(self._count):
+            (n,) = unpack(raw, pos)
+            first = pos + 8
+            pos = first + n
+            out[index] = raw[first:pos]
         return out
 
     def __len__(self) -> int:

@@ -55,6 +55,10 @@ MAX_TENSOR_BYTES = 1 << 50
 #: Arrays longer than this are kept as validated bytes and decoded on first use (:class:`LazyArray`):
 #: a description needs a vocabulary's length, not its strings.
 LAZY_ARRAY_ELEMENTS = 256
+#: How many bytes a string array is read ahead, per element (a vocabulary's tokens average under 16)
+#: and at most, so that its length prefixes are walked in one buffer.
+_LOOKAHEAD_PER_STRING = 32
+_MAX_LOOKAHEAD = 16 * 1024 * 1024
 #: Largest ``general.alignment`` accepted.
 MAX_ALIGNMENT = 1 << 16
 #: ggml's GGML_MAX_DIMS.
@@ -352,9 +356,60 @@ class _Cursor:
     def string_array_bytes(self, count: int, what: str) -> LazyArray:
         """``count`` strings kept as bytes: every length checked, UTF-8 checked in bulk, nothing decoded.
 
-        The hot loop of a vocabulary, so it only walks the length prefixes; on a UTF-8 fault the
-        array is read again element by element, for a message that names the element.
+        The hot loop of a vocabulary, so it only walks the length prefixes: in one buffer when the
+        array fits in what it likely spans (:meth:`_walk_in_buffer`), else element by element across
+        buffer refills. On a UTF-8 fault the array is read again element by element, for a message
+        that names the element.
         """
+        start = self.pos
+        walked = self._walk_in_buffer(count, what)
+        if walked is None:
+            raw, long_prefixes = self._walk_across_buffers(count, what)
+        else:
+            raw, long_prefixes = walked
+        if has_invalid_utf8(raw, long_prefixes):
+            self.pos = start
+            self.string_array(count, what)  # raises, naming the element
+        self.pos = start + len(raw)
+        return LazyArray(raw, count, "", start)
+
+    def _walk_in_buffer(self, count: int, what: str) -> tuple[bytes, list[int]] | None:
+        """The array's bytes and its long elements' prefixes, when all of it lies in one buffer read
+        with a lookahead; None when it does not (or an element is long enough to need a closer look),
+        with ``pos`` unchanged: the element-by-element walk then decides.
+
+        Every bound still holds: an element of :data:`ASCII_PREFIX_LIMIT` bytes or more is checked
+        against :data:`MAX_STRING_BYTES` here, and the walk ends inside the buffer, which lies inside
+        the file, or it is not taken.
+        """
+        start = self.pos
+        ahead = min(count * _LOOKAHEAD_PER_STRING, _MAX_LOOKAHEAD, self.left())
+        if ahead < 8:
+            return None
+        off = self.fill(ahead, what)
+        buf = self.buf
+        unpack_len = _U64.unpack_from
+        limit = ASCII_PREFIX_LIMIT
+        long_prefixes: list[int] = []
+        pos = off
+        try:
+            for _ in range(count):
+                (n,) = unpack_len(buf, pos)
+                if n >= limit:
+                    if n > MAX_STRING_BYTES:
+                        return None
+                    long_prefixes.append(pos - off)
+                pos += 8 + n
+        except struct.error:  # a length prefix past the buffer's end
+            return None
+        if pos > len(buf):  # the last element runs past it
+            return None
+        self.pos = start
+        return buf[off:pos], long_prefixes
+
+    def _walk_across_buffers(self, count: int, what: str) -> tuple[bytes, list[int]]:
+        """The element-by-element walk of :meth:`string_array_bytes`: refills the buffer as it goes and
+        names the element whose length breaks a bound."""
         start = self.pos
         parts: list[bytes] = []
         long_prefixes: list[int] = []
@@ -385,12 +440,8 @@ class _Cursor:
                 buf, base = self.buf, self.buf_start
                 piece = pos - n - base
         parts.append(buf[piece : pos - base])
-        raw = b"".join(parts)
-        if has_invalid_utf8(raw, long_prefixes):
-            self.pos = start
-            self.string_array(count, what)  # raises, naming the element
-        self.pos = pos
-        return LazyArray(raw, count, "", start)
+        self.pos = start
+        return b"".join(parts), long_prefixes
 
     def string_array(self, count: int, what: str) -> list[str]:
         """``count`` strings; the hot loop of a vocabulary, so it keeps the buffer in locals."""
