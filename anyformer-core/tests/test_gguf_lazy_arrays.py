@@ -208,11 +208,11 @@ def test_a_hostile_file_is_refused_every_time(tmp_path: Path) -> None:
         assert info.value.code is ErrorCode.BAD_MODEL
 
 
-# The prefixes are walked in one buffer read ahead when the array fits in it, else across refills: the same result.
+# The prefixes are walked in a tight loop per buffer, and element by element only for a file that breaks a bound.
 
 
 @pytest.mark.parametrize("long_every", [0, 7, 1])
-def test_a_vocabulary_is_walked_in_one_buffer_and_reads_as_the_refilling_walk(
+def test_the_quick_walk_reads_what_the_element_by_element_walk_reads(
     long_every: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from anyformer.files import _gguf_header
@@ -221,25 +221,25 @@ def test_a_vocabulary_is_walked_in_one_buffer_and_reads_as_the_refilling_walk(
     data = make_gguf([Tensor("w")], [kv_array("tokenizer.ggml.tokens", STRING, tokens), kv("general.k", 4, 1)])
 
     def refuse(self: object, count: int, what: str) -> None:
-        raise AssertionError("the refilling walk was taken")
+        raise AssertionError("the element-by-element walk was taken")
 
     with monkeypatch.context() as patch:
-        patch.setattr(_gguf_header._Cursor, "_walk_across_buffers", refuse)
-        fast = read(data)
+        patch.setattr(_gguf_header._Cursor, "_walk_element_by_element", refuse)
+        quick = read(data)
+        # Buffers of 64 bytes: prefixes and elements (long ones too) cut by a buffer's end, again and again.
+        patch.setattr(_gguf_header, "_BLOCK", 64)
+        quick_small_buffers = read(data)
     with monkeypatch.context() as patch:
-        patch.setattr(_gguf_header._Cursor, "_walk_in_buffer", lambda self, count, what: None)
+        patch.setattr(_gguf_header._Cursor, "_walk_fast", lambda self, count, what: None)
         careful = read(data)
-    with monkeypatch.context() as patch:
-        patch.setattr(_gguf_header, "_MAX_LOOKAHEAD", 64)  # the buffer walk starts, then leaves it to the other
-        short_ahead = read(data)
-    assert fast.kv == careful.kv == short_ahead.kv
-    assert fast.data_offset == careful.data_offset == short_ahead.data_offset
-    assert fast.get("tokenizer.ggml.tokens") == tokens and fast.get("general.k") == 1
+    assert quick.kv == quick_small_buffers.kv == careful.kv
+    assert quick.data_offset == quick_small_buffers.data_offset == careful.data_offset
+    assert quick.get("tokenizer.ggml.tokens") == tokens and quick.get("general.k") == 1
 
 
 @pytest.mark.parametrize("length", [500, 2**40, MAX_STRING_BYTES + 1, 2**64 - 1])
-def test_a_bound_the_buffer_walk_cannot_settle_is_refused_by_the_refilling_walk(length: int) -> None:
-    """An element past the read-ahead, or over the length limit, leaves the walk to the careful one,
+def test_a_bound_the_quick_walk_meets_is_refused_naming_the_element(length: int) -> None:
+    """An element over the length limit or past the file leaves the walk to the element-by-element one,
     which names it; nothing is read past the file."""
     items = [b"t"] * 3 + [b"x" * 200] + [b"t"] * (LONG - 4)  # a long element the walk checks on its way
     payload = strings_payload(items)[:-9] + gguf_str(b"b", length=length)  # the last one's length replaced

@@ -55,10 +55,6 @@ MAX_TENSOR_BYTES = 1 << 50
 #: Arrays longer than this are kept as validated bytes and decoded on first use (:class:`LazyArray`):
 #: a description needs a vocabulary's length, not its strings.
 LAZY_ARRAY_ELEMENTS = 256
-#: How many bytes a string array is read ahead, per element (a vocabulary's tokens average under 16)
-#: and at most, so that its length prefixes are walked in one buffer.
-_LOOKAHEAD_PER_STRING = 32
-_MAX_LOOKAHEAD = 16 * 1024 * 1024
 #: Largest ``general.alignment`` accepted.
 MAX_ALIGNMENT = 1 << 16
 #: ggml's GGML_MAX_DIMS.
@@ -356,15 +352,14 @@ class _Cursor:
     def string_array_bytes(self, count: int, what: str) -> LazyArray:
         """``count`` strings kept as bytes: every length checked, UTF-8 checked in bulk, nothing decoded.
 
-        The hot loop of a vocabulary, so it only walks the length prefixes: in one buffer when the
-        array fits in what it likely spans (:meth:`_walk_in_buffer`), else element by element across
-        buffer refills. On a UTF-8 fault the array is read again element by element, for a message
-        that names the element.
+        The hot loop of a vocabulary, so it only walks the length prefixes, in a tight loop per
+        buffer (:meth:`_walk_fast`); a file that breaks a bound is walked again element by
+        element, for a message that names the element, and so is an array with a UTF-8 fault.
         """
         start = self.pos
-        walked = self._walk_in_buffer(count, what)
+        walked = self._walk_fast(count, what)
         if walked is None:
-            raw, long_prefixes = self._walk_across_buffers(count, what)
+            raw, long_prefixes = self._walk_element_by_element(count, what)
         else:
             raw, long_prefixes = walked
         if has_invalid_utf8(raw, long_prefixes):
@@ -373,41 +368,60 @@ class _Cursor:
         self.pos = start + len(raw)
         return LazyArray(raw, count, "", start)
 
-    def _walk_in_buffer(self, count: int, what: str) -> tuple[bytes, list[int]] | None:
-        """The array's bytes and its long elements' prefixes, when all of it lies in one buffer read
-        with a lookahead; None when it does not (or an element is long enough to need a closer look),
-        with ``pos`` unchanged: the element-by-element walk then decides.
+    def _walk_fast(self, count: int, what: str) -> tuple[bytes, list[int]] | None:
+        """The array's bytes and its long elements' prefixes, walked in a tight loop through each
+        buffer it spans; None, with ``pos`` unchanged, when an element breaks a bound or runs past
+        the file: the element-by-element walk then names it.
 
         Every bound still holds: an element of :data:`ASCII_PREFIX_LIMIT` bytes or more is checked
-        against :data:`MAX_STRING_BYTES` here, and the walk ends inside the buffer, which lies inside
-        the file, or it is not taken.
+        against :data:`MAX_STRING_BYTES` here, and every byte kept was read from the file.
         """
-        start = self.pos
-        ahead = min(count * _LOOKAHEAD_PER_STRING, _MAX_LOOKAHEAD, self.left())
-        if ahead < 8:
-            return None
-        off = self.fill(ahead, what)
-        buf = self.buf
+        start = pos = self.pos
+        size = self.size
         unpack_len = _U64.unpack_from
         limit = ASCII_PREFIX_LIMIT
+        parts: list[bytes] = []
         long_prefixes: list[int] = []
-        pos = off
-        try:
-            for _ in range(count):
-                (n,) = unpack_len(buf, pos)
-                if n >= limit:
-                    if n > MAX_STRING_BYTES:
-                        return None
-                    long_prefixes.append(pos - off)
-                pos += 8 + n
-        except struct.error:  # a length prefix past the buffer's end
-            return None
-        if pos > len(buf):  # the last element runs past it
-            return None
+        index = 0
+        while index < count:
+            if size - pos < 8:
+                self.pos = start
+                return None
+            self.pos = pos
+            off = self.fill(8, what)
+            buf, base = self.buf, self.buf_start
+            at = off  # the next length prefix's index in ``buf``
+            reached = index
+            try:
+                for reached in range(index, count):  # noqa: B007  (where it stopped is read below)
+                    (n,) = unpack_len(buf, at)
+                    if n >= limit:
+                        if n > MAX_STRING_BYTES:
+                            self.pos = start
+                            return None
+                        long_prefixes.append(base + at - start)
+                    at += 8 + n
+                reached = count
+            except struct.error:  # this length prefix is not wholly in the buffer
+                pass
+            index = reached
+            end = len(buf)
+            pos = base + at
+            if at <= end:
+                parts.append(buf[off:at])
+                continue
+            # The last element walked runs past the buffer: keep what it has, read the rest.
+            if pos > size:
+                self.pos = start
+                return None
+            parts.append(buf[off:end])
+            self.pos = base + end
+            rest = self.fill(at - end, what)
+            parts.append(self.buf[rest : rest + at - end])
         self.pos = start
-        return buf[off:pos], long_prefixes
+        return b"".join(parts), long_prefixes
 
-    def _walk_across_buffers(self, count: int, what: str) -> tuple[bytes, list[int]]:
+    def _walk_element_by_element(self, count: int, what: str) -> tuple[bytes, list[int]]:
         """The element-by-element walk of :meth:`string_array_bytes`: refills the buffer as it goes and
         names the element whose length breaks a bound."""
         start = self.pos
