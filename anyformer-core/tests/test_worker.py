@@ -610,6 +610,16 @@ def test_the_worker_takes_the_parents_validated_headers_into_its_cache(tmp_path:
     prepare({})
 
 
+def test_an_isolated_load_of_a_local_gguf_hands_the_worker_its_headers(engines: Any, tmp_path: Path) -> None:
+    from hostile_files import valid_gguf
+
+    model = tmp_path / "m.gguf"
+    model.write_bytes(valid_gguf())
+    with anyformer.load(str(model), backend="steady", caps=Caps(ram_bytes=16 * 2**30), isolate=True) as loaded:
+        # The test backend never reads the file: the header is in the worker's cache because it was handed over.
+        assert loaded.run("cached headers") == [str(model)]
+
+
 def test_a_model_given_as_a_description_shares_no_headers(
     load_isolated: Any, started_workers: list[Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -49,6 +49,10 @@ class Handle:
     def run(self, input: Any, **options: Any) -> Any:
         if input == "stats":
             return {"made": self.made, "closed": self.closed, "peak": self.peak, "pid": os.getpid()}
+        if input == "cached headers":  # the GGUF headers this process holds without having read them here
+            from anyformer.files import _gguf_header
+
+            return [identity[0] for identity in _gguf_header._HEADER_CACHE]
         return {"input": input, "options": options}
 
     def dispose(self) -> None:

@@ -110,8 +110,8 @@ def share_headers(process: subprocess.Popen[bytes], path: str) -> None:
     """Send a worker the validated headers this process has cached for the local model ``path``.
 
     The worker's backend reads them again to load the model; with them in its header cache it
-    parses none (see ``anyformer.files._gguf_share``). Sent once the parent has chosen a backend,
-    just before the load.
+    parses none (see ``anyformer.files._gguf_share``). Sent as soon as the parent has described
+    the model, so the worker takes them in while the parent chooses a backend.
     """
     from anyformer.files._gguf_share import shared_headers
 
@@ -120,8 +120,8 @@ def share_headers(process: subprocess.Popen[bytes], path: str) -> None:
         return
     try:
         frame = memoryview(encode_frame({"op": "prepare", "headers": entries}))
-    except ValueError:
-        return  # over the frame limit (a huge chat template): the worker reads the headers itself
+    except (TypeError, ValueError):
+        return  # over the frame limit (a huge chat template), or not JSON: the worker reads the headers itself
     try:
         while frame:
             frame = frame[os.write(process.stdin.fileno(), frame) :]
