@@ -607,6 +607,7 @@ def test_the_worker_takes_the_parents_validated_headers_into_its_cache(tmp_path:
     assert [key[0] for key in _gguf_header._HEADER_CACHE] == [str(model)]
     assert _gguf_header._HEADER_CACHE[next(iter(_gguf_header._HEADER_CACHE))][0] == parsed
     prepare({"headers": None})
+    prepare({"headers": [{"path": str(model)}]})  # malformed: nothing adopted, nothing raised
     prepare({})
 
 

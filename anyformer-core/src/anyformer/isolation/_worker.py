@@ -330,7 +330,10 @@ def prepare(frame: Mapping[str, Any]) -> None:
     if isinstance(headers, list):
         from anyformer.files._gguf_share import adopt_shared_headers
 
-        adopt_shared_headers(headers)
+        try:
+            adopt_shared_headers(headers)
+        except Exception:  # a malformed hand-over costs only the parse it would have saved
+            pass
 
 
 def main(load: Mapping[str, Any]) -> int:
