@@ -14,6 +14,14 @@ sys.path.insert(0, str(Path(__file__).parent))
 import onnx_exports  # the folder above is put on the path first
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _fused_graph_home() -> Any:
+    """ANYFORMER_HOME beside the fixtures: fused decoder graphs are made once per machine, like the exports."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("ANYFORMER_HOME", str(onnx_exports.cache_root() / "anyformer-home"))
+        yield
+
+
 def _reference(folder: Path) -> dict[str, Any]:
     data: dict[str, Any] = json.loads((folder / "reference.json").read_text(encoding="utf-8"))
     return data

@@ -1,0 +1,247 @@
+"""A decoder graph with its attention fused, made once on the first load, proven, and kept in anyformer's cache.
+
+The rewrite itself is :mod:`attention_fusion`. Here: where the result lives, when it is made again,
+and the proof that it computes what the exported graph computes.
+
+- Where: ``ANYFORMER_HOME/onnx/<org>/<name>/fused/<key>/`` for a Hub model (``anyformer rm``
+  removes it with the model), ``ANYFORMER_HOME/onnx/local/fused/<key>/`` for a local folder;
+  never the model's own folder. ``model.onnx`` with its weights in ``model.onnx.data``, and
+  ``fusion.json`` saying what was done or why not (a graph that cannot be fused is not read again
+  on every load).
+- Key: the graph file's and its external data files' resolved path, size, modification time and
+  inode, config.json, the onnxruntime version and :data:`FUSION_VERSION`: a changed model or a
+  new rewrite makes a new folder.
+- Atomic: written into a ``.partial`` folder of this process and renamed into place when complete;
+  a reader never sees half a graph, and two processes loading at once both end with one folder.
+- Proof: the exported graph and the fused one run the same probe (a prompt of seeded token ids,
+  then decode steps fed the exported graph's choices) with every ``MatMulNBits`` node at accuracy
+  level 1 (fp32 arithmetic; level 4 quantises activations to int8, which turns the last bits of
+  any reordering into visible noise). The fused graph is used only when every logit is within
+  :data:`TOLERANCE` of the exported graph's (relative to the largest logit); otherwise the
+  exported graph is, and ``fusion.json`` records the difference.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from anyformer.plugin import ProgressCallback, ProgressEvent, anyformer_home, read_onnx_summary
+from anyformer_onnx import BACKEND_ID
+from anyformer_onnx.attention_fusion import NotFusable, attention_shape, fuse_attention
+
+#: Bumped when the rewrite changes, so graphs fused by an older one are made again.
+FUSION_VERSION = 1
+#: Largest |fused − exported| logit allowed, relative to the largest |logit| (fp32 graphs). The
+#: rewrite reorders fp32 sums (softmax and the two attention products): measured on SmolLM2 2.5e-5
+#: on logits of ~28 (1e-6 relative). A wrong rotary table, scale or mask moves logits by a good
+#: fraction of their size, so 1e-3 tells the two apart with margin on both sides.
+TOLERANCE = 1e-3
+#: The same for graphs computing in float16 (a 10-bit mantissa: ~1e-3 per rounding).
+TOLERANCE_FP16 = 2e-2
+#: Graphs whose weights are larger than this are not rewritten: the proof builds sessions from
+#: protobufs in memory, which protobuf caps at 2 GiB.
+MAX_BYTES = 1_900_000_000
+#: Tokens of the probe prompt, and decode steps after it.
+PROBE_PROMPT, PROBE_STEPS = 7, 3
+GRAPH_NAME, DATA_NAME, RECORD_NAME = "model.onnx", "model.onnx.data", "fusion.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class PreparedGraph:
+    """The graph to open and what was done to it (``note`` goes to the estimate's details)."""
+
+    path: Path
+    fused: bool
+    note: str
+
+
+def _identity(path: Path) -> dict[str, Any]:
+    resolved = path.resolve()
+    stat = resolved.stat()
+    return {"path": str(resolved), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "inode": stat.st_ino}
+
+
+def _sources(graph: Path) -> list[Path]:
+    """The graph file and the external data files it names (already validated by the caller)."""
+    locations = read_onnx_summary(graph).external_locations
+    return [graph, *sorted({graph.parent / location for location in locations})]
+
+
+def cache_key(graph: Path, config: Mapping[str, Any]) -> str:
+    """The cache folder's name for ``graph``: a hash of its files' identity, config, onnxruntime and the rewrite."""
+    import onnxruntime
+
+    facts = {
+        "files": [_identity(p) for p in _sources(graph)],
+        "config": dict(config),
+        "onnxruntime": onnxruntime.__version__,
+        "fusion": FUSION_VERSION,
+    }
+    return hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
+def cache_folder(repo: str | None, key: str) -> Path:
+    """``ANYFORMER_HOME/onnx/<org>/<name>/fused/<key>`` for a Hub repo, ``…/onnx/local/fused/<key>`` otherwise."""
+    base = anyformer_home() / BACKEND_ID
+    owner = Path(*repo.split("/")) if repo else Path("local")
+    return base / owner / "fused" / key
+
+
+def prepare_decoder(
+    graph: Path,
+    config: Mapping[str, Any],
+    *,
+    repo: str | None,
+    context: int,
+    progress: ProgressCallback,
+    label: str,
+) -> PreparedGraph:
+    """The fused graph for ``graph`` (made and proven on the first load), or ``graph`` itself with the reason."""
+    try:
+        shape = attention_shape(config)
+    except NotFusable as exc:
+        return PreparedGraph(graph, False, f"as exported ({exc})")
+    if context > shape.positions:
+        return PreparedGraph(graph, False, f"as exported (context {context} > {shape.positions} rotary positions)")
+    size = sum(p.stat().st_size for p in _sources(graph))
+    if size > MAX_BYTES:
+        return PreparedGraph(graph, False, "as exported (over 1.9 GB: the rewrite is not proven in memory)")
+    folder = cache_folder(repo, cache_key(graph, config))
+    record = _read_record(folder)
+    if record is None:
+        home = anyformer_home()
+        home.mkdir(parents=True, exist_ok=True)
+        if shutil.disk_usage(home).free < 2 * size:
+            return PreparedGraph(graph, False, f"as exported (less than {2 * size} bytes free under {home})")
+        progress(ProgressEvent(stage="load", backend=BACKEND_ID, file=graph.name, message="fusing attention (once)"))
+        record = _build(graph, config, folder, label)
+        progress(ProgressEvent(stage="load", backend=BACKEND_ID, file=graph.name, message=record["note"]))
+    if record.get("fused") and (folder / GRAPH_NAME).is_file():
+        return PreparedGraph(folder / GRAPH_NAME, True, str(record["note"]))
+    return PreparedGraph(graph, False, str(record.get("note", "as exported")))
+
+
+def _read_record(folder: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads((folder / RECORD_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _build(graph: Path, config: Mapping[str, Any], folder: Path, label: str) -> dict[str, Any]:
+    """Fuse, prove and write ``folder`` (atomically); returns its record."""
+    import onnx
+
+    started = time.monotonic()
+    model = onnx.load(str(graph))
+    levels = _exact_matmuls(model)
+    record: dict[str, Any]
+    try:
+        reference = _probe(model, config)
+        report = fuse_attention(model, config)
+        fused = _probe(model, config)
+    except NotFusable as exc:
+        record = {"fused": False, "note": f"as exported ({exc})"}
+    except Exception as exc:  # onnxruntime refusing the rewritten graph: keep the exported one
+        text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        record = {"fused": False, "note": f"as exported (the fused graph failed: {text[:200]})"}
+    else:
+        scale = max(1.0, max(float(np.abs(r).max()) for r in reference))
+        difference = max(float(np.abs(a - b).max()) for a, b in zip(reference, fused, strict=True))
+        limit = (TOLERANCE_FP16 if _half(model) else TOLERANCE) * scale
+        if difference <= limit and all(a.argmax() == b.argmax() for a, b in zip(reference, fused, strict=True)):
+            note = (
+                f"attention fused into GroupQueryAttention ({report.layers} layers, "
+                f"{report.nodes_before} → {report.nodes_after} nodes; logits within {difference:.1e} of the export)"
+            )
+            record = {"fused": True, "note": note, "difference": difference, "limit": limit}
+        else:
+            record = {
+                "fused": False,
+                "note": f"as exported (the fused graph's logits differ by {difference:.3g} > {limit:.3g})",
+                "difference": difference,
+                "limit": limit,
+            }
+    record.update(seconds=round(time.monotonic() - started, 1), source=str(graph), label=label)
+    partial = folder.with_name(f".{folder.name}.{os.getpid()}.partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    try:
+        if record["fused"]:
+            _restore(model, levels)
+            onnx.save_model(
+                model,
+                str(partial / GRAPH_NAME),
+                save_as_external_data=True,
+                all_tensors_to_one_file=True,
+                location=DATA_NAME,
+                size_threshold=1024,
+            )
+        (partial / RECORD_NAME).write_text(json.dumps(record, indent=1), encoding="utf-8")
+        with contextlib.suppress(OSError):  # another process put the same folder in place first
+            os.replace(partial, folder)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+    return _read_record(folder) or record
+
+
+def _exact_matmuls(model: Any) -> dict[str, int]:
+    """Set every MatMulNBits to accuracy level 1 (fp32 compute) for the probe; returns the levels it had."""
+    levels: dict[str, int] = {}
+    for node in model.graph.node:
+        if node.op_type != "MatMulNBits":
+            continue
+        for attribute in node.attribute:
+            if attribute.name == "accuracy_level":
+                levels[node.name] = attribute.i
+                attribute.i = 1
+    return levels
+
+
+def _restore(model: Any, levels: dict[str, int]) -> None:
+    """Put the accuracy levels back on the (possibly rewritten) graph's MatMulNBits nodes, by name."""
+    for node in model.graph.node:
+        if node.op_type == "MatMulNBits" and node.name in levels:
+            for attribute in node.attribute:
+                if attribute.name == "accuracy_level":
+                    attribute.i = levels[node.name]
+
+
+def _half(model: Any) -> bool:
+    return any(i.name.startswith("past_key_values.") and i.type.tensor_type.elem_type == 10 for i in model.graph.input)
+
+
+def _probe(model: Any, config: Mapping[str, Any]) -> list[np.ndarray]:
+    """The last-position logits of a seeded prompt and of the decode steps after it (greedy on the first graph)."""
+    import onnxruntime
+
+    from anyformer_onnx.decoder import DecodeLoop, DecoderGraph
+
+    options = onnxruntime.SessionOptions()
+    options.log_severity_level = 3
+    session = onnxruntime.InferenceSession(
+        model.SerializeToString(), sess_options=options, providers=["CPUExecutionProvider"]
+    )
+    loop = DecodeLoop(DecoderGraph(session, config, "probe"), "cpu")
+    vocabulary = config.get("vocab_size")
+    vocabulary = vocabulary if isinstance(vocabulary, int) and vocabulary > 1 else 2
+    ids = [int(i) for i in np.random.default_rng(0).integers(0, vocabulary, PROBE_PROMPT)]
+    rows, cache, total = [], loop.empty_cache(), 0
+    for _ in range(PROBE_STEPS + 1):
+        total += len(ids)
+        row, cache = loop.step(ids, total, cache)
+        rows.append(row)
+        ids = [int(row.argmax())]
+    return rows
