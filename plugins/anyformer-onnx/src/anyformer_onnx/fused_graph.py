@@ -125,7 +125,10 @@ def prepare_decoder(
         if shutil.disk_usage(home).free < 2 * size:
             return PreparedGraph(graph, False, f"as exported (less than {2 * size} bytes free under {home})")
         progress(ProgressEvent(stage="load", backend=BACKEND_ID, file=graph.name, message="fusing attention (once)"))
-        record = _build(graph, config, folder, label)
+        try:
+            record = _build(graph, config, folder, label)
+        except OSError as exc:  # a full disk or a read-only home: the export still runs
+            return PreparedGraph(graph, False, f"as exported (the fused graph could not be written: {exc})")
         progress(ProgressEvent(stage="load", backend=BACKEND_ID, file=graph.name, message=record["note"]))
     if record.get("fused") and (folder / GRAPH_NAME).is_file():
         return PreparedGraph(folder / GRAPH_NAME, True, str(record["note"]))

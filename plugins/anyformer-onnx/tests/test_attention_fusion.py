@@ -1,0 +1,223 @@
+"""The GroupQueryAttention rewrite of traced decoders: what it changes, that it computes the same, and its cache.
+
+The reference for "the same" is the exported graph itself on onnxruntime (logits on a prompt and
+decode steps), and torch for the greedy replies (the fixtures' recorded replies); the rotary tables
+are compared with transformers' own rope initialisers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnxruntime
+import pytest
+
+import anyformer
+from anyformer_onnx import fused_graph
+from anyformer_onnx.attention_fusion import NotFusable, attention_shape, fuse_attention, inverse_frequencies
+from anyformer_onnx.chat_model import OnnxChatModel
+from anyformer_onnx.decoder import DecodeLoop, DecoderGraph
+from anyformer_onnx.fused_graph import prepare_decoder
+from anyformer_onnx.sampling import Sampler
+
+
+def _config(folder: Path) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((folder / "config.json").read_text())
+    return data
+
+
+def _logits(model: onnx.ModelProto, config: dict[str, Any], ids: list[int], steps: int) -> list[np.ndarray]:
+    """Last-position logits of ``ids`` then of ``steps`` greedy tokens, on onnxruntime."""
+    session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    loop = DecodeLoop(DecoderGraph(session, config, "test"), "cpu")
+    rows, cache, total = [], loop.empty_cache(), 0
+    for _ in range(steps + 1):
+        total += len(ids)
+        row, cache = loop.step(ids, total, cache)
+        rows.append(row)
+        ids = [int(row.argmax())]
+    return rows
+
+
+def _no_progress(_event: Any) -> None:
+    return None
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    folder = tmp_path / "anyformer-home"
+    monkeypatch.setenv("ANYFORMER_HOME", str(folder))
+    return folder
+
+
+def test_rewrite_replaces_each_layers_attention_and_computes_the_same(tiny_llama_dir: Path) -> None:
+    config = _config(tiny_llama_dir)
+    exported = onnx.load(str(tiny_llama_dir / "onnx" / "model.onnx"))
+    fused = onnx.load(str(tiny_llama_dir / "onnx" / "model.onnx"))
+    report = fuse_attention(fused, config)
+    kinds = [n.op_type for n in fused.graph.node]
+    assert report.layers == 2 and kinds.count("GroupQueryAttention") == 2
+    assert report.nodes_after == len(kinds) < report.nodes_before / 3
+    # The rotary slices, the mask and the repeated key/value heads are gone; the interface is kept
+    # except position_ids, which GroupQueryAttention no longer reads.
+    assert "Neg" not in kinds and "Expand" not in kinds and "Softmax" not in kinds
+    assert [o.name for o in fused.graph.output] == [o.name for o in exported.graph.output]
+    assert {i.name for i in exported.graph.input} - {i.name for i in fused.graph.input} == {"position_ids"}
+    onnx.checker.check_model(fused)
+    ids = [5, 17, 42, 8, 63, 21, 9, 30]
+    for want, got in zip(_logits(exported, config, ids, 6), _logits(fused, config, ids, 6), strict=True):
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * max(1.0, float(np.abs(want).max())))
+        assert got.argmax() == want.argmax()
+
+
+def test_rotary_frequencies_equal_transformers() -> None:
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    cases = [
+        ({"rope_type": "default", "rope_theta": 500000.0}, "default"),
+        ({"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0}, "linear"),
+        (
+            {
+                "rope_type": "llama3",
+                "rope_theta": 500000.0,
+                "factor": 32.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 8192,
+            },
+            "llama3",
+        ),
+    ]
+    for parameters, kind in cases:
+        config = LlamaConfig(hidden_size=512, num_attention_heads=8, max_position_embeddings=131072)
+        config.rope_parameters = dict(parameters)
+        ours = inverse_frequencies(config.to_dict(), 64)
+        if kind == "default":
+            want = 1.0 / (parameters["rope_theta"] ** (np.arange(0, 64, 2) / 64))
+        else:
+            want = ROPE_INIT_FUNCTIONS[kind](config, "cpu")[0].numpy()
+        np.testing.assert_allclose(ours, want, rtol=1e-6)
+    # transformers 4's spelling reads the same
+    old_style = {"rope_theta": 500000.0, "rope_scaling": dict(cases[2][0], rope_type="llama3")}
+    np.testing.assert_allclose(
+        inverse_frequencies(old_style, 64), inverse_frequencies({"rope_parameters": cases[2][0]}, 64)
+    )
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        ({"model_type": "gpt2"}, "model_type"),
+        ({"model_type": "mistral", "sliding_window": 4096}, "sliding-window"),
+        ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0}}, "rotary type"),
+        ({"partial_rotary_factor": 0.5}, "partial rotary"),
+        ({"num_key_value_heads": 3}, "head counts"),
+    ],
+)
+def test_configs_it_does_not_compute_are_refused(tiny_llama_dir: Path, change: dict[str, Any], reason: str) -> None:
+    config = _config(tiny_llama_dir) | change
+    with pytest.raises(NotFusable, match=reason):
+        attention_shape(config)
+
+
+def test_graph_without_the_projection_names_is_left_alone(tiny_llama_dir: Path) -> None:
+    model = onnx.load(str(tiny_llama_dir / "onnx" / "model.onnx"))
+    for index, node in enumerate(model.graph.node):
+        node.name = f"n{index}"
+    before = model.SerializeToString()
+    with pytest.raises(NotFusable, match="no q_proj nodes"):
+        fuse_attention(model, _config(tiny_llama_dir))
+    assert model.SerializeToString() == before
+
+
+def test_first_load_writes_the_cache_and_the_next_reads_it(tiny_llama_dir: Path, home: Path, tmp_path: Path) -> None:
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_llama_dir, folder)
+    graph = folder / "onnx" / "model.onnx"
+    before = sorted(p.name for p in folder.rglob("*"))
+    events: list[Any] = []
+    config = _config(folder)
+    first = prepare_decoder(graph, config, repo=None, context=512, progress=events.append, label="tiny")
+    assert first.fused and first.path.parent.parent == home / "onnx" / "local" / "fused"
+    assert events[0].message == "fusing attention (once)"
+    assert sorted(p.name for p in first.path.parent.iterdir()) == ["fusion.json", "model.onnx", "model.onnx.data"]
+    assert sorted(p.name for p in folder.rglob("*")) == before, "nothing is written into the model's folder"
+    assert not list(first.path.parent.parent.glob(".*partial"))
+
+    def never(*_args: Any) -> Any:
+        raise AssertionError("the cached graph was made again")
+
+    again = prepare_decoder(graph, config, repo=None, context=512, progress=never, label="tiny")
+    assert again == first
+    # A changed file is another source: the key follows the file's identity.
+    os.utime(graph, ns=(graph.stat().st_atime_ns, graph.stat().st_mtime_ns + 10**9))
+    changed = prepare_decoder(graph, config, repo=None, context=512, progress=_no_progress, label="tiny")
+    assert changed.fused and changed.path != first.path
+
+
+def test_hub_models_fuse_under_their_repo_folder(tiny_llama_dir: Path, home: Path) -> None:
+    graph = tiny_llama_dir / "onnx" / "model.onnx"
+    prepared = prepare_decoder(
+        graph, _config(tiny_llama_dir), repo="org/tiny", context=512, progress=_no_progress, label="t"
+    )
+    assert prepared.path.parents[2] == home / "onnx" / "org" / "tiny"
+
+
+def test_a_rewrite_the_proof_rejects_falls_back_and_is_remembered(
+    tiny_llama_dir: Path, home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A wrong rotary base in the table: the rewrite matches, its logits do not.
+    config = _config(tiny_llama_dir) | {"rope_parameters": {"rope_type": "default", "rope_theta": 77.0}}
+    graph = tiny_llama_dir / "onnx" / "model.onnx"
+    prepared = prepare_decoder(graph, config, repo=None, context=512, progress=_no_progress, label="t")
+    assert not prepared.fused and prepared.path == graph
+    assert "logits differ" in prepared.note
+    record = next(home.rglob("fusion.json"))
+    assert sorted(p.name for p in record.parent.iterdir()) == ["fusion.json"]
+    monkeypatch.setattr(fused_graph, "_build", lambda *_args: pytest.fail("the rejected rewrite was made again"))
+    assert prepare_decoder(graph, config, repo=None, context=512, progress=_no_progress, label="t") == prepared
+
+
+def test_a_context_past_the_rotary_table_uses_the_export(tiny_llama_dir: Path, home: Path) -> None:
+    graph = tiny_llama_dir / "onnx" / "model.onnx"
+    prepared = prepare_decoder(
+        graph, _config(tiny_llama_dir), repo=None, context=4096, progress=_no_progress, label="t"
+    )
+    assert not prepared.fused and "rotary positions" in prepared.note
+    assert not home.exists() or not list(home.rglob("fusion.json"))
+
+
+def test_a_failed_write_leaves_no_folder_and_uses_the_export(
+    tiny_llama_dir: Path, home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def full(*_args: Any, **_kwargs: Any) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(onnx, "save_model", full)
+    graph = tiny_llama_dir / "onnx" / "model.onnx"
+    prepared = prepare_decoder(graph, _config(tiny_llama_dir), repo=None, context=512, progress=_no_progress, label="t")
+    assert not prepared.fused and prepared.path == graph and "No space left" in prepared.note
+    assert not [p for p in home.rglob("*") if p.is_file() and "fused" in p.parts]
+
+
+def test_fuse_attention_false_loads_the_export_and_replies_equal_torch(tiny_llama_dir: Path, reference: Any) -> None:
+    with anyformer.load(str(tiny_llama_dir), backend="onnx", options={"fuse_attention": "false"}) as loaded:
+        handle = loaded.handle
+        assert isinstance(handle, OnnxChatModel)
+        assert "graph" not in handle.details
+        assert handle.loop.graph.has_positions  # the exported graph, position_ids and all
+        for reply in reference(tiny_llama_dir)["replies"]:
+            ids = handle.loop.tokens(
+                reply["prompt_ids"],
+                Sampler(0.0, 0, 1.0, None),
+                limit=len(reply["reply_ids"]),
+                stop_ids=handle.text.eos_ids,
+            )
+            assert list(ids) == reply["reply_ids"]
