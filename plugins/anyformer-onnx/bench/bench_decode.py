@@ -88,9 +88,9 @@ def decode_speed(stream: Callable[[], Any]) -> tuple[float, list[str]]:
 Engine = tuple[Callable[[], tuple[float, list[str]]], Callable[[], None]]
 
 
-def anyformer_engine(ref: str, backend: str, tokens: int, threads: int | None) -> Engine:
+def anyformer_engine(ref: str, backend: str, tokens: int, threads: int | None, **options: Any) -> Engine:
     """A greedy stream through anyformer's public API, and how to close the model."""
-    loaded = anyformer.load(ref, backend=backend, options={"threads": threads} if threads else None)
+    loaded = anyformer.load(ref, backend=backend, options={**options, **({"threads": threads} if threads else {})})
 
     def stream() -> Any:
         for chunk in loaded.generate(PROMPT, max_new_tokens=tokens):
@@ -271,6 +271,8 @@ def main() -> None:
         help="python of a venv with optimum-onnx and transformers 4.x (see optimum_decode.py); else optimum is skipped",
     )
     args = parser.parse_args()
+    # Fused decoder graphs (made on the first load) go beside the fixtures, as the tests keep them.
+    os.environ.setdefault("ANYFORMER_HOME", str(onnx_exports.cache_root() / "anyformer-home"))
     print(f"cpu cores usable: {len(os.sched_getaffinity(0))}, load average {os.getloadavg()[0]:.1f}", flush=True)
     source = onnx_exports.smollm2()
     engines: dict[str, Callable[[], Engine]] = {
@@ -280,6 +282,10 @@ def main() -> None:
         ),
         "anyformer onnx int4 acc4": lambda: anyformer_engine(
             str(int4_folder(source, 4)), "onnx", args.tokens, args.threads
+        ),
+        # The same graph as exported, without the attention rewrite (fused_graph.py): what the rewrite buys.
+        "anyformer onnx int4 acc4 unfused": lambda: anyformer_engine(
+            str(int4_folder(source, 4)), "onnx", args.tokens, args.threads, fuse_attention=False
         ),
         "llama.cpp Q4_1 (anyformer)": lambda: anyformer_engine(
             str(anyformer.default_model_path()), "llamacpp", args.tokens, args.threads
@@ -326,7 +332,7 @@ def main() -> None:
         )
     medians = {name: statistics.median(values) for name, values in speeds.items()}
     ours = medians.get("anyformer onnx int4 acc4")
-    for other in ("onnxruntime-genai int4", "optimum ORT int4 acc4 (same graph)"):
+    for other in ("onnxruntime-genai int4", "anyformer onnx int4 acc4 unfused", "optimum ORT int4 acc4 (same graph)"):
         if ours and medians.get(other):
             same = agreement(replies["anyformer onnx int4 acc4"], replies[other])
             print(

@@ -63,6 +63,7 @@ def test_rewrite_replaces_each_layers_attention_and_computes_the_same(tiny_llama
     report = fuse_attention(fused, config)
     kinds = [n.op_type for n in fused.graph.node]
     assert report.layers == 2 and kinds.count("GroupQueryAttention") == 2
+    assert report.packed_qkv == 2 and kinds.count("MatMul") == 2 * 5 + 1  # qkv, o, gate, up, down; lm_head
     assert report.nodes_after == len(kinds) < report.nodes_before / 3
     # The rotary slices, the mask and the repeated key/value heads are gone; the interface is kept
     # except position_ids, which GroupQueryAttention no longer reads.

@@ -163,6 +163,7 @@ class FusionReport:
     layers: int
     nodes_before: int
     nodes_after: int
+    packed_qkv: int = 0
 
 
 def fuse_attention(model: Any, config: Mapping[str, Any]) -> FusionReport:
@@ -214,7 +215,7 @@ def fuse_attention(model: Any, config: Mapping[str, Any]) -> FusionReport:
         present = (f"present.{layer}.key", f"present.{layer}.value")
         if not all(name in inputs for name in past) or not all(name in outputs for name in present):
             raise NotFusable(f"layer {layer}: no past_key_values/present pair")
-        plans.append((layer, projected, into_o[0], scopes["o"], past, present))
+        plans.append((layer, projected, into_o[0], scopes["o"], past, present, [scopes[p] for p in "qkv"]))
     if any(
         re.search(rf"layers\.{shape.layers}/", n.name) for n in nodes
     ):  # config.json and the graph disagree on depth
@@ -262,6 +263,7 @@ def fuse_attention(model: Any, config: Mapping[str, Any]) -> FusionReport:
     # The old attention's present tensors keep being made under another name until the sweep below
     # drops them; the graph outputs come from GroupQueryAttention.
     renamed = {name: f"{name}/unfused" for plan in plans for name in plan[5]}
+    initializers = {t.name: t for t in graph.initializer}
     for node in nodes:
         for position, name in enumerate(node.input):
             if name in renamed:
@@ -269,21 +271,23 @@ def fuse_attention(model: Any, config: Mapping[str, Any]) -> FusionReport:
         for position, name in enumerate(node.output):
             if name in renamed:
                 node.output[position] = renamed[name]
-    for layer, projected, attended, o_scope, past, present in plans:
+    packed_layers = 0
+    for layer, projected, attended, o_scope, past, present, qkv_scopes in plans:
         fused = f"{prefix}/layer{layer}/output"
+        qkv = [projected["q"], projected["k"], projected["v"]]
+        singles = [nodes[min(scope)] for scope in qkv_scopes if len(scope) == 1]
+        packed = _pack_projections(singles, initializers, f"{prefix}/layer{layer}/qkv_proj")
+        if packed is not None:
+            # One matmul for q, k and v (GroupQueryAttention splits the packed rows itself).
+            node, weights = packed
+            graph.initializer.extend(weights)
+            new_nodes.append(node)
+            qkv = [node.output[0], "", ""]
+            packed_layers += 1
         new_nodes.append(
             helper.make_node(
                 "GroupQueryAttention",
-                [
-                    projected["q"],
-                    projected["k"],
-                    projected["v"],
-                    *past,
-                    seqlens,
-                    total,
-                    f"{prefix}/cos_cache",
-                    f"{prefix}/sin_cache",
-                ],
+                [*qkv, *past, seqlens, total, f"{prefix}/cos_cache", f"{prefix}/sin_cache"],
                 [fused, *present],
                 domain=MS_DOMAIN,
                 name=f"{prefix}/layer{layer}",
@@ -318,7 +322,64 @@ def fuse_attention(model: Any, config: Mapping[str, Any]) -> FusionReport:
     graph.value_info.extend(live_info)
     if not any(o.domain == MS_DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(MS_DOMAIN, 1))
-    return FusionReport(layers=len(plans), nodes_before=before, nodes_after=len(kept))
+    return FusionReport(layers=len(plans), nodes_before=before, nodes_after=len(kept), packed_qkv=packed_layers)
+
+
+def _pack_projections(projections: list[Any], initializers: dict[str, Any], name: str) -> tuple[Any, list[Any]] | None:
+    """One node computing q, k and v side by side, when each is a single bias-free matmul of one input.
+
+    ``MatMulNBits`` (same K, block size, bits and accuracy level) concatenates its packed weights,
+    scales and zero points row by row (each output row is stored on its own); a plain ``MatMul``
+    concatenates its ``[K, N]`` weights along N. Anything else: None (the three stay apart).
+    """
+    from onnx import helper, numpy_helper
+
+    if len(projections) != 3 or len({n.op_type for n in projections}) != 1:
+        return None
+    if len({n.input[0] for n in projections}) != 1:
+        return None
+    first = projections[0]
+    if first.op_type == "MatMul":
+        weights: list[Any] = [initializers.get(n.input[1]) for n in projections]
+        if any(w is None or len(w.dims) != 2 for w in weights):
+            return None
+        weight = numpy_helper.from_array(
+            np.concatenate([numpy_helper.to_array(w) for w in weights], axis=1), f"{name}/weight"
+        )
+        return helper.make_node("MatMul", [first.input[0], weight.name], [f"{name}/output"], name=name), [weight]
+    if first.op_type != "MatMulNBits":
+        return None
+    attributes = [{a.name: helper.get_attribute_value(a) for a in n.attribute} for n in projections]
+    if any(
+        any(a.get(key) != attributes[0].get(key) for key in ("K", "bits", "block_size", "accuracy_level"))
+        for a in attributes
+    ):
+        return None
+    arity = {len([i for i in n.input if i]) for n in projections}
+    if arity not in ({3}, {4}) or any(len(n.input) > 4 for n in projections):
+        return None  # g_idx or bias: not packed
+    rows = [int(a["N"]) for a in attributes]
+    parts: list[Any] = []
+    for position in range(1, arity.pop()):  # B, scales and the zero points when there are any
+        tensors: list[Any] = [initializers.get(n.input[position]) for n in projections]
+        if any(t is None for t in tensors):
+            return None
+        arrays = [numpy_helper.to_array(t) for t in tensors]
+        if any(array.size % count for array, count in zip(arrays, rows, strict=True)):
+            return None
+        joined = np.concatenate([array.reshape(count, -1) for array, count in zip(arrays, rows, strict=True)])
+        shape = (sum(rows), *arrays[0].shape[1:]) if arrays[0].ndim > 1 else (joined.size,)
+        parts.append(numpy_helper.from_array(joined.reshape(shape), f"{name}/input{position}"))
+    merged = dict(attributes[0], N=sum(rows))
+    node = helper.make_node(
+        "MatMulNBits",
+        [first.input[0], *(p.name for p in parts)],
+        [f"{name}/output"],
+        name=name,
+        domain=first.domain,
+        **merged,
+    )
+    return node, parts
 
 
 def _insert_sorted(nodes: list[Any], new_nodes: list[Any]) -> list[Any]:

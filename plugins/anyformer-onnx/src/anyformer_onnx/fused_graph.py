@@ -41,7 +41,7 @@ from anyformer_onnx import BACKEND_ID
 from anyformer_onnx.attention_fusion import NotFusable, attention_shape, fuse_attention
 
 #: Bumped when the rewrite changes, so graphs fused by an older one are made again.
-FUSION_VERSION = 1
+FUSION_VERSION = 2
 #: Largest |fused − exported| logit allowed, relative to the largest |logit| (fp32 graphs). The
 #: rewrite reorders fp32 sums (softmax and the two attention products): measured on SmolLM2 2.5e-5
 #: on logits of ~28 (1e-6 relative). A wrong rotary table, scale or mask moves logits by a good
