@@ -306,7 +306,7 @@ def fuse_attention(model: Any, config: Mapping[str, Any]) -> FusionReport:
     # Each GroupQueryAttention goes right after the last producer of its inputs: the node list
     # stays topologically sorted, as ONNX requires.
     ordered = _insert_sorted(nodes, new_nodes)
-    kept = _live(ordered, outputs)
+    kept = live_nodes(ordered, outputs)
     del graph.node[:]
     graph.node.extend(kept)
     used = {name for n in kept for name in n.input}
@@ -392,7 +392,7 @@ def _insert_sorted(nodes: list[Any], new_nodes: list[Any]) -> list[Any]:
     return ordered
 
 
-def _live(nodes: list[Any], outputs: set[str]) -> list[Any]:
+def live_nodes(nodes: list[Any], outputs: set[str]) -> list[Any]:
     """The nodes the graph's outputs depend on, in their order (the old attention's nodes fall away)."""
     needed = set(outputs)
     kept = []

@@ -39,9 +39,10 @@ import numpy as np
 from anyformer.plugin import ProgressCallback, ProgressEvent, anyformer_home, read_onnx_summary
 from anyformer_onnx import BACKEND_ID
 from anyformer_onnx.attention_fusion import NotFusable, attention_shape, fuse_attention
+from anyformer_onnx.norm_fusion import fuse_norms
 
 #: Bumped when the rewrite changes, so graphs fused by an older one are made again.
-FUSION_VERSION = 2
+FUSION_VERSION = 3
 #: Largest |fused − exported| logit allowed, relative to the largest |logit| (fp32 graphs). The
 #: rewrite reorders fp32 sums (softmax and the two attention products): measured on SmolLM2 2.5e-5
 #: on logits of ~28 (1e-6 relative). A wrong rotary table, scale or mask moves logits by a good
@@ -154,6 +155,7 @@ def _build(graph: Path, config: Mapping[str, Any], folder: Path, label: str) -> 
     try:
         reference = _probe(model, config)
         report = fuse_attention(model, config)
+        norms = fuse_norms(model, config)
         fused = _probe(model, config)
     except NotFusable as exc:
         record = {"fused": False, "note": f"as exported ({exc})"}
@@ -166,8 +168,9 @@ def _build(graph: Path, config: Mapping[str, Any], folder: Path, label: str) -> 
         limit = (TOLERANCE_FP16 if _half(model) else TOLERANCE) * scale
         if difference <= limit and all(a.argmax() == b.argmax() for a, b in zip(reference, fused, strict=True)):
             note = (
-                f"attention fused into GroupQueryAttention ({report.layers} layers, "
-                f"{report.nodes_before} → {report.nodes_after} nodes; logits within {difference:.1e} of the export)"
+                f"attention fused into GroupQueryAttention ({report.layers} layers, q/k/v packed in "
+                f"{report.packed_qkv}, {norms} norms fused, {report.nodes_before} → {len(model.graph.node)} nodes; "
+                f"logits within {difference:.1e} of the export)"
             )
             record = {"fused": True, "note": note, "difference": difference, "limit": limit}
         else:
