@@ -152,7 +152,8 @@ def test_first_load_writes_the_cache_and_the_next_reads_it(tiny_llama_dir: Path,
     config = _config(folder)
     first = prepare_decoder(graph, config, repo=None, context=512, progress=events.append, label="tiny")
     assert first.fused and first.path.parent.parent == home / "onnx" / "local" / "fused"
-    assert events[0].message == "fusing attention (once)"
+    assert [(e.stage, e.done, e.total) for e in events] == [("fuse", 0, 1), ("fuse", 1, 1)]
+    assert events[0].message == fused_graph.FUSING and events[1].message == first.note
     assert sorted(p.name for p in first.path.parent.iterdir()) == ["fusion.json", "model.onnx", "model.onnx.data"]
     assert sorted(p.name for p in folder.rglob("*")) == before, "nothing is written into the model's folder"
     assert not list(first.path.parent.parent.glob(".*partial"))

@@ -36,7 +36,13 @@ from typing import Any
 
 import numpy as np
 
-from anyformer.plugin import ProgressCallback, ProgressEvent, anyformer_home, read_onnx_summary
+from anyformer.plugin import (
+    ProgressCallback,
+    ProgressEvent,
+    anyformer_home,
+    check_onnx_external_data,
+    read_onnx_summary,
+)
 from anyformer_onnx import BACKEND_ID
 from anyformer_onnx.attention_fusion import NotFusable, attention_shape, fuse_attention
 from anyformer_onnx.norm_fusion import fuse_norms
@@ -56,6 +62,8 @@ MAX_BYTES = 1_900_000_000
 #: Tokens of the probe prompt, and decode steps after it.
 PROBE_PROMPT, PROBE_STEPS = 7, 3
 GRAPH_NAME, DATA_NAME, RECORD_NAME = "model.onnx", "model.onnx.data", "fusion.json"
+#: The first load's progress message while the rewrite runs.
+FUSING = "fusing attention for the CPU (first load only)"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,8 +115,14 @@ def prepare_decoder(
     context: int,
     progress: ProgressCallback,
     label: str,
+    file: str | None = None,
 ) -> PreparedGraph:
-    """The fused graph for ``graph`` (made and proven on the first load), or ``graph`` itself with the reason."""
+    """The fused graph for ``graph`` (made and proven on the first load), or ``graph`` itself with the reason.
+
+    ``file`` names the graph in the progress events (stage ``fuse``, shown on the first load only).
+    Runs the core's ONNX validator on ``graph`` before anything reads it (``BAD_MODEL``).
+    """
+    check_onnx_external_data(graph)
     try:
         shape = attention_shape(config)
     except NotFusable as exc:
@@ -125,12 +139,16 @@ def prepare_decoder(
         home.mkdir(parents=True, exist_ok=True)
         if shutil.disk_usage(home).free < 2 * size:
             return PreparedGraph(graph, False, f"as exported (less than {2 * size} bytes free under {home})")
-        progress(ProgressEvent(stage="load", backend=BACKEND_ID, file=graph.name, message="fusing attention (once)"))
+        shown = file or graph.name
+        progress(ProgressEvent(stage="fuse", backend=BACKEND_ID, file=shown, total=1, message=FUSING))
         try:
             record = _build(graph, config, folder, label)
         except OSError as exc:  # a full disk or a read-only home: the export still runs
             return PreparedGraph(graph, False, f"as exported (the fused graph could not be written: {exc})")
-        progress(ProgressEvent(stage="load", backend=BACKEND_ID, file=graph.name, message=record["note"]))
+        except Exception as exc:  # a graph onnx cannot read: open_session reports it as BAD_MODEL
+            text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            return PreparedGraph(graph, False, f"as exported (not rewritten: {text[:200]})")
+        progress(ProgressEvent(stage="fuse", backend=BACKEND_ID, file=shown, done=1, total=1, message=record["note"]))
     if record.get("fused") and (folder / GRAPH_NAME).is_file():
         return PreparedGraph(folder / GRAPH_NAME, True, str(record["note"]))
     return PreparedGraph(graph, False, str(record.get("note", "as exported")))

@@ -147,6 +147,7 @@ def open_model(model: Model, request: Request, progress: ProgressCallback) -> Ba
             context=context_for(config, request.context),
             progress=progress,
             label=label,
+            file=choice.graph.name,
         )
         graph_path = prepared.path
         details["graph"] = prepared.note
