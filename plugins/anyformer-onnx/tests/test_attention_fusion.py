@@ -249,3 +249,30 @@ def test_qwen2_with_biased_projections_fuses_and_replies_equal_torch(tiny_qwen2_
                 stop_ids=handle.text.eos_ids,
             )
             assert list(ids) == reply["reply_ids"]
+
+
+def test_int8_dynamic_quantized_graph_fuses_through_its_quantize_node(
+    tiny_llama_dir: Path, home: Path, tmp_path: Path
+) -> None:
+    # transformers.js's int8 exports (model_quantized.onnx): quantize_dynamic puts a DynamicQuantizeLinear
+    # of the attention's output in front of o_proj; that node is what the fused attention feeds.
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    folder = tmp_path / "int8"
+    shutil.copytree(tiny_llama_dir, folder)
+    graph = folder / "onnx" / "model_quantized.onnx"
+    quantize_dynamic(
+        folder / "onnx" / "model.onnx", graph, weight_type=QuantType.QUInt8, op_types_to_quantize=["MatMul"]
+    )
+    (folder / "onnx" / "model.onnx").unlink()
+    exported = onnx.load(str(graph))
+    assert "DynamicQuantizeLinear" in {n.op_type for n in exported.graph.node}
+    prepared = prepare_decoder(graph, _config(folder), repo=None, context=512, progress=_no_progress, label="t")
+    assert prepared.fused, prepared.note
+    fused = onnx.load(str(prepared.path))
+    assert [n.op_type for n in fused.graph.node].count("GroupQueryAttention") == 2
+    config = _config(folder)
+    ids = [5, 17, 42, 8, 63, 21, 9, 30]
+    for want, got in zip(_logits(exported, config, ids, 4), _logits(fused, config, ids, 4), strict=True):
+        # int8 activations: the attention's last bits can flip a rounding of its quantized output.
+        np.testing.assert_allclose(got, want, rtol=0, atol=2e-2 * max(1.0, float(np.abs(want).max())))

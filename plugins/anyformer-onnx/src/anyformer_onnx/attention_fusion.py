@@ -209,13 +209,20 @@ def fuse_attention(model: Any, config: Mapping[str, Any]) -> FusionReport:
                 raise NotFusable(f"layer {layer}: {part}_proj has {len(out)} outputs")
             projected[part] = out[0]
         into_o = _scope_inputs(nodes, scopes["o"], producers, constants)
+        readers = scopes["o"]
+        quantizer = {producers.get(name, -1) for name in into_o}
+        if len(into_o) > 1 and len(quantizer) == 1 and nodes[min(quantizer)].op_type == "DynamicQuantizeLinear":
+            # An int8 graph (quantize_dynamic) quantizes the attention's output just before o_proj:
+            # that node is what reads the attention.
+            readers = quantizer
+            into_o = [nodes[min(quantizer)].input[0]]
         if len(into_o) != 1:
             raise NotFusable(f"layer {layer}: o_proj reads {len(into_o)} tensors")
         past = (f"past_key_values.{layer}.key", f"past_key_values.{layer}.value")
         present = (f"present.{layer}.key", f"present.{layer}.value")
         if not all(name in inputs for name in past) or not all(name in outputs for name in present):
             raise NotFusable(f"layer {layer}: no past_key_values/present pair")
-        plans.append((layer, projected, into_o[0], scopes["o"], past, present, [scopes[p] for p in "qkv"]))
+        plans.append((layer, projected, into_o[0], readers, past, present, [scopes[p] for p in "qkv"]))
     if any(
         re.search(rf"layers\.{shape.layers}/", n.name) for n in nodes
     ):  # config.json and the graph disagree on depth

@@ -48,7 +48,7 @@ from anyformer_onnx.attention_fusion import NotFusable, attention_shape, fuse_at
 from anyformer_onnx.norm_fusion import fuse_norms
 
 #: Bumped when the rewrite changes, so graphs fused by an older one are made again.
-FUSION_VERSION = 3
+FUSION_VERSION = 4
 #: Largest |fused − exported| logit allowed, relative to the largest |logit| (fp32 graphs). The
 #: rewrite reorders fp32 sums (softmax and the two attention products): measured on SmolLM2 2.5e-5
 #: on logits of ~28 (1e-6 relative). A wrong rotary table, scale or mask moves logits by a good
