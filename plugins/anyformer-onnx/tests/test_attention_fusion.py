@@ -169,6 +169,18 @@ def test_first_load_writes_the_cache_and_the_next_reads_it(tiny_llama_dir: Path,
     assert changed.fused and changed.path != first.path
 
 
+def test_an_interrupted_builds_leftovers_are_removed(tiny_llama_dir: Path, home: Path) -> None:
+    graph = tiny_llama_dir / "onnx" / "model.onnx"
+    config = _config(tiny_llama_dir)
+    folder = fused_graph.cache_folder(None, fused_graph.cache_key(graph, config))
+    stale, fresh = folder.with_name(f".{folder.name}.1.partial"), folder.with_name(f".{folder.name}.2.partial")
+    for leftover in (stale, fresh):
+        (leftover / "sub").mkdir(parents=True)
+    os.utime(stale, (0, 0))
+    assert prepare_decoder(graph, config, repo=None, context=512, progress=_no_progress, label="t").fused
+    assert not stale.exists() and fresh.exists()  # a build still running elsewhere is left alone
+
+
 def test_hub_models_fuse_under_their_repo_folder(tiny_llama_dir: Path, home: Path) -> None:
     graph = tiny_llama_dir / "onnx" / "model.onnx"
     prepared = prepare_decoder(

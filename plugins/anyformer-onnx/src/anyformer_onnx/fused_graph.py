@@ -62,6 +62,8 @@ MAX_BYTES = 1_900_000_000
 #: Tokens of the probe prompt, and decode steps after it.
 PROBE_PROMPT, PROBE_STEPS = 7, 3
 GRAPH_NAME, DATA_NAME, RECORD_NAME = "model.onnx", "model.onnx.data", "fusion.json"
+#: A ``.partial`` folder untouched this long is an interrupted build's (a running build writes within seconds).
+STALE_SECONDS = 3600
 #: The first load's progress message while the rewrite runs.
 FUSING = "fusing attention for the CPU (first load only)"
 
@@ -200,6 +202,7 @@ def _build(graph: Path, config: Mapping[str, Any], folder: Path, label: str) -> 
             }
     record.update(seconds=round(time.monotonic() - started, 1), source=str(graph), label=label)
     partial = folder.with_name(f".{folder.name}.{os.getpid()}.partial")
+    _remove_stale_partials(folder)
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
     try:
@@ -219,6 +222,16 @@ def _build(graph: Path, config: Mapping[str, Any], folder: Path, label: str) -> 
     finally:
         shutil.rmtree(partial, ignore_errors=True)
     return _read_record(folder) or record
+
+
+def _remove_stale_partials(folder: Path) -> None:
+    """Delete what an interrupted build of ``folder`` left (``.partial`` folders untouched for an hour)."""
+    if not folder.parent.is_dir():
+        return
+    for stale in folder.parent.glob(f".{folder.name}.*.partial"):
+        with contextlib.suppress(OSError):
+            if time.time() - stale.stat().st_mtime > STALE_SECONDS:
+                shutil.rmtree(stale, ignore_errors=True)
 
 
 def _exact_matmuls(model: Any) -> dict[str, int]:
