@@ -24,6 +24,7 @@ from anyformer_onnx.attention_fusion import NotFusable, attention_shape, fuse_at
 from anyformer_onnx.chat_model import OnnxChatModel
 from anyformer_onnx.decoder import DecodeLoop, DecoderGraph
 from anyformer_onnx.fused_graph import prepare_decoder
+from anyformer_onnx.fused_store import fused_entries
 from anyformer_onnx.norm_fusion import fuse_norms
 from anyformer_onnx.sampling import Sampler
 
@@ -181,12 +182,19 @@ def test_an_interrupted_builds_leftovers_are_removed(tiny_llama_dir: Path, home:
     assert not stale.exists() and fresh.exists()  # a build still running elsewhere is left alone
 
 
-def test_hub_models_fuse_under_their_repo_folder(tiny_llama_dir: Path, home: Path) -> None:
+def test_fused_graphs_are_kept_by_repo_and_listed_for_the_store(tiny_llama_dir: Path, home: Path) -> None:
     graph = tiny_llama_dir / "onnx" / "model.onnx"
     prepared = prepare_decoder(
         graph, _config(tiny_llama_dir), repo="org/tiny", context=512, progress=_no_progress, label="t"
     )
     assert prepared.path.parents[2] == home / "onnx" / "org" / "tiny"
+    local = prepare_decoder(graph, _config(tiny_llama_dir), repo=None, context=512, progress=_no_progress, label="t")
+    # A graph left as exported is recorded but is no stored model.
+    odd = _config(tiny_llama_dir) | {"rope_parameters": {"rope_type": "default", "rope_theta": 77.0}}
+    assert not prepare_decoder(graph, odd, repo=None, context=512, progress=_no_progress, label="t").fused
+    listed = {(e.repo, e.path) for e in fused_entries()}
+    assert listed == {("org/tiny", str(prepared.path.parent)), (str(graph), str(local.path.parent))}
+    assert all(e.bytes == sum(p.stat().st_size for p in Path(e.path).iterdir()) for e in fused_entries())
 
 
 def test_a_rewrite_the_proof_rejects_falls_back_and_is_remembered(

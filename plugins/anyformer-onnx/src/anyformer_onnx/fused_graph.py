@@ -45,6 +45,7 @@ from anyformer.plugin import (
 )
 from anyformer_onnx import BACKEND_ID
 from anyformer_onnx.attention_fusion import NotFusable, attention_shape, fuse_attention
+from anyformer_onnx.fused_store import DATA_NAME, GRAPH_NAME, RECORD_NAME, cache_folder
 from anyformer_onnx.norm_fusion import fuse_norms
 
 #: Bumped when the rewrite changes, so graphs fused by an older one are made again.
@@ -61,7 +62,6 @@ TOLERANCE_FP16 = 2e-2
 MAX_BYTES = 1_900_000_000
 #: Tokens of the probe prompt, and decode steps after it.
 PROBE_PROMPT, PROBE_STEPS = 7, 3
-GRAPH_NAME, DATA_NAME, RECORD_NAME = "model.onnx", "model.onnx.data", "fusion.json"
 #: A ``.partial`` folder untouched this long is an interrupted build's (a running build writes within seconds).
 STALE_SECONDS = 3600
 #: The first load's progress message while the rewrite runs.
@@ -100,13 +100,6 @@ def cache_key(graph: Path, config: Mapping[str, Any]) -> str:
         "fusion": FUSION_VERSION,
     }
     return hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()[:32]
-
-
-def cache_folder(repo: str | None, key: str) -> Path:
-    """``ANYFORMER_HOME/onnx/<org>/<name>/fused/<key>`` for a Hub repo, ``…/onnx/local/fused/<key>`` otherwise."""
-    base = anyformer_home() / BACKEND_ID
-    owner = Path(*repo.split("/")) if repo else Path("local")
-    return base / owner / "fused" / key
 
 
 def prepare_decoder(
