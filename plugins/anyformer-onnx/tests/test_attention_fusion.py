@@ -221,6 +221,16 @@ def test_a_context_past_the_rotary_table_uses_the_export(tiny_llama_dir: Path, h
     assert not home.exists() or not list(home.rglob("fusion.json"))
 
 
+def test_too_little_memory_uses_the_export_without_reading_it(
+    tiny_llama_dir: Path, home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(fused_graph, "host_ram_available", lambda: 1000)
+    monkeypatch.setattr(fused_graph, "_build", lambda *_args: pytest.fail("built without the memory for it"))
+    graph = tiny_llama_dir / "onnx" / "model.onnx"
+    prepared = prepare_decoder(graph, _config(tiny_llama_dir), repo=None, context=512, progress=_no_progress, label="t")
+    assert not prepared.fused and "memory" in prepared.note
+
+
 def test_a_failed_write_leaves_no_folder_and_uses_the_export(
     tiny_llama_dir: Path, home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -29,6 +29,7 @@ import hashlib
 import json
 import os
 import shutil
+import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -41,6 +42,8 @@ from anyformer.plugin import (
     ProgressEvent,
     anyformer_home,
     check_onnx_external_data,
+    format_size,
+    host_ram_available,
     read_onnx_summary,
 )
 from anyformer_onnx import BACKEND_ID
@@ -60,6 +63,8 @@ TOLERANCE_FP16 = 2e-2
 #: Graphs whose weights are larger than this are not rewritten: the proof builds sessions from
 #: protobufs in memory, which protobuf caps at 2 GiB.
 MAX_BYTES = 1_900_000_000
+#: Memory the first load needs to fuse, in graph sizes (the graph, its serialised copy, a session on it).
+BUILD_MEMORY_FACTOR = 4
 #: Tokens of the probe prompt, and decode steps after it.
 PROBE_PROMPT, PROBE_STEPS = 7, 3
 #: A ``.partial`` folder untouched this long is an interrupted build's (a running build writes within seconds).
@@ -134,6 +139,12 @@ def prepare_decoder(
         home.mkdir(parents=True, exist_ok=True)
         if shutil.disk_usage(home).free < 2 * size:
             return PreparedGraph(graph, False, f"as exported (less than {2 * size} bytes free under {home})")
+        available = host_ram_available()
+        if available and available < BUILD_MEMORY_FACTOR * size:
+            # The graph in memory, its serialised copy for the probe session, and that session.
+            return PreparedGraph(
+                graph, False, f"as exported ({format_size(available)} of memory free: too little to fuse)"
+            )
         shown = file or graph.name
         progress(ProgressEvent(stage="fuse", backend=BACKEND_ID, file=shown, total=1, message=FUSING))
         try:
@@ -194,7 +205,7 @@ def _build(graph: Path, config: Mapping[str, Any], folder: Path, label: str) -> 
                 "limit": limit,
             }
     record.update(seconds=round(time.monotonic() - started, 1), source=str(graph), label=label)
-    partial = folder.with_name(f".{folder.name}.{os.getpid()}.partial")
+    partial = folder.with_name(f".{folder.name}.{os.getpid()}.{threading.get_ident()}.partial")
     _remove_stale_partials(folder)
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
