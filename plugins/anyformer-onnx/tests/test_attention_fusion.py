@@ -17,6 +17,7 @@ import numpy as np
 import onnx
 import onnxruntime
 import pytest
+from onnx import helper
 
 import anyformer
 from anyformer_onnx import fused_graph
@@ -306,3 +307,38 @@ def test_int8_dynamic_quantized_graph_fuses_through_its_quantize_node(
     for want, got in zip(_logits(exported, config, ids, 4), _logits(fused, config, ids, 4), strict=True):
         # int8 activations: the attention's last bits can flip a rounding of its quantized output.
         np.testing.assert_allclose(got, want, rtol=0, atol=2e-2 * max(1.0, float(np.abs(want).max())))
+
+
+def test_int4_graph_packs_q_k_v_and_keeps_its_accuracy_level(tiny_llama_dir: Path, home: Path, tmp_path: Path) -> None:
+    # onnxruntime's MatMulNBits quantizer at accuracy level 4 (int8 compute), as the bench's int4 graphs.
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    folder = tmp_path / "int4"
+    shutil.copytree(tiny_llama_dir, folder)
+    quantizer = MatMulNBitsQuantizer(
+        onnx.load(str(folder / "onnx" / "model.onnx")), block_size=16, is_symmetric=True, accuracy_level=4
+    )
+    quantizer.process()
+    graph = folder / "onnx" / "model_q4.onnx"
+    quantizer.model.save_model_to_file(str(graph), use_external_data_format=False)
+    exported = onnx.load(str(graph))
+    prepared = prepare_decoder(graph, _config(folder), repo=None, context=512, progress=_no_progress, label="t")
+    assert prepared.fused, prepared.note
+    fused = onnx.load(str(prepared.path))
+    matmuls = [n for n in fused.graph.node if n.op_type == "MatMulNBits"]
+    assert len(matmuls) == 2 * 5 + 1 and sum("qkv_proj" in n.name for n in matmuls) == 2
+    # The proof ran every MatMulNBits at level 1; the graph that is kept computes as the export did.
+    levels = {a.i for n in matmuls for a in n.attribute if a.name == "accuracy_level"}
+    assert levels == {4}
+    packed = next(n for n in matmuls if "qkv_proj" in n.name)
+    assert {a.name: helper.get_attribute_value(a) for a in packed.attribute}["N"] == 4 * 16 + 2 * 2 * 16
+    # At level 1 the fused and exported graphs agree as the fp32 ones do (the same packed weights).
+    for model in (exported, fused):
+        for node in model.graph.node:
+            for attribute in node.attribute:
+                if node.op_type == "MatMulNBits" and attribute.name == "accuracy_level":
+                    attribute.i = 1
+    config = _config(folder)
+    ids = [5, 17, 42, 8, 63, 21, 9, 30]
+    for want, got in zip(_logits(exported, config, ids, 4), _logits(fused, config, ids, 4), strict=True):
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * max(1.0, float(np.abs(want).max())))

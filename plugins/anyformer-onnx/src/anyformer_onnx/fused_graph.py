@@ -52,7 +52,7 @@ from anyformer_onnx.fused_store import DATA_NAME, GRAPH_NAME, RECORD_NAME, cache
 from anyformer_onnx.norm_fusion import fuse_norms
 
 #: Bumped when the rewrite changes, so graphs fused by an older one are made again.
-FUSION_VERSION = 4
+FUSION_VERSION = 5
 #: Largest |fused − exported| logit allowed, relative to the largest |logit| (fp32 graphs). The
 #: rewrite reorders fp32 sums (softmax and the two attention products): measured on SmolLM2 2.5e-5
 #: on logits of ~28 (1e-6 relative). A wrong rotary table, scale or mask moves logits by a good
@@ -174,13 +174,12 @@ def _build(graph: Path, config: Mapping[str, Any], folder: Path, label: str) -> 
 
     started = time.monotonic()
     model = onnx.load(str(graph))
-    levels = _exact_matmuls(model)
     record: dict[str, Any]
     try:
-        reference = _probe(model, config)
+        reference = _exact_probe(model, config)
         report = fuse_attention(model, config)
         norms = fuse_norms(model, config)
-        fused = _probe(model, config)
+        fused = _exact_probe(model, config)
     except NotFusable as exc:
         record = {"fused": False, "note": f"as exported ({exc})"}
     except Exception as exc:  # onnxruntime refusing the rewritten graph: keep the exported one
@@ -211,7 +210,6 @@ def _build(graph: Path, config: Mapping[str, Any], folder: Path, label: str) -> 
     partial.mkdir(parents=True)
     try:
         if record["fused"]:
-            _restore(model, levels)
             onnx.save_model(
                 model,
                 str(partial / GRAPH_NAME),
@@ -238,26 +236,20 @@ def _remove_stale_partials(folder: Path) -> None:
                 shutil.rmtree(stale, ignore_errors=True)
 
 
-def _exact_matmuls(model: Any) -> dict[str, int]:
-    """Set every MatMulNBits to accuracy level 1 (fp32 compute) for the probe; returns the levels it had."""
-    levels: dict[str, int] = {}
+def _exact_probe(model: Any, config: Mapping[str, Any]) -> list[np.ndarray]:
+    """:func:`_probe` with every MatMulNBits at accuracy level 1 (fp32 compute), the levels put back after."""
+    changed = []
     for node in model.graph.node:
-        if node.op_type != "MatMulNBits":
-            continue
-        for attribute in node.attribute:
-            if attribute.name == "accuracy_level":
-                levels[node.name] = attribute.i
-                attribute.i = 1
-    return levels
-
-
-def _restore(model: Any, levels: dict[str, int]) -> None:
-    """Put the accuracy levels back on the (possibly rewritten) graph's MatMulNBits nodes, by name."""
-    for node in model.graph.node:
-        if node.op_type == "MatMulNBits" and node.name in levels:
+        if node.op_type == "MatMulNBits":
             for attribute in node.attribute:
-                if attribute.name == "accuracy_level":
-                    attribute.i = levels[node.name]
+                if attribute.name == "accuracy_level" and attribute.i != 1:
+                    changed.append((attribute, attribute.i))
+                    attribute.i = 1
+    try:
+        return _probe(model, config)
+    finally:
+        for attribute, level in changed:
+            attribute.i = level
 
 
 def _half(model: Any) -> bool:
