@@ -14,11 +14,13 @@ and the proof that it computes what the exported graph computes.
 - Atomic: written into a ``.partial`` folder of this process and renamed into place when complete;
   a reader never sees half a graph, and two processes loading at once both end with one folder.
 - Proof: the exported graph and the fused one run the same probe (a prompt of seeded token ids,
-  then decode steps fed the exported graph's choices) with every ``MatMulNBits`` node at accuracy
-  level 1 (fp32 arithmetic; level 4 quantises activations to int8, which turns the last bits of
-  any reordering into visible noise). The fused graph is used only when every logit is within
-  :data:`TOLERANCE` of the exported graph's (relative to the largest logit); otherwise the
-  exported graph is, and ``fusion.json`` records the difference.
+  then greedy decode steps) with every ``MatMulNBits`` node at accuracy level 1 (fp32 arithmetic;
+  level 4 quantises activations to int8, which turns the last bits of any reordering into visible
+  noise; the levels are put back before the graph is saved). The fused graph is used only when
+  every logit is within :data:`TOLERANCE` of the exported graph's (relative to the largest logit)
+  and every step picks the same token; otherwise the exported graph is, and ``fusion.json``
+  records the difference. (Graphs that quantise activations with ``DynamicQuantizeLinear`` run the
+  probe as they are: their proof is as close as the rounding of that quantisation allows.)
 """
 
 from __future__ import annotations
@@ -75,7 +77,7 @@ FUSING = "fusing attention for the CPU (first load only)"
 
 @dataclasses.dataclass(frozen=True)
 class PreparedGraph:
-    """The graph to open and what was done to it (``note`` goes to the estimate's details)."""
+    """The graph to open and what was done to it (``note`` goes to the loaded handle's details)."""
 
     path: Path
     fused: bool
@@ -182,9 +184,11 @@ def _build(graph: Path, config: Mapping[str, Any], folder: Path, label: str) -> 
         fused = _exact_probe(model, config)
     except NotFusable as exc:
         record = {"fused": False, "note": f"as exported ({exc})"}
-    except Exception as exc:  # onnxruntime refusing the rewritten graph: keep the exported one
+    except MemoryError:
+        raise  # not the graph's fault: nothing is recorded, a later load tries again
+    except Exception as exc:  # onnxruntime refusing a probe's graph: keep the exported one
         text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        record = {"fused": False, "note": f"as exported (the fused graph failed: {text[:200]})"}
+        record = {"fused": False, "note": f"as exported (the probe failed: {text[:200]})"}
     else:
         scale = max(1.0, max(float(np.abs(r).max()) for r in reference))
         difference = max(float(np.abs(a - b).max()) for a, b in zip(reference, fused, strict=True))
