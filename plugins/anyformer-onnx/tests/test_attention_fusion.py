@@ -127,6 +127,11 @@ def test_rotary_frequencies_equal_transformers() -> None:
         ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0}}, "rotary type"),
         ({"partial_rotary_factor": 0.5}, "partial rotary"),
         ({"num_key_value_heads": 3}, "head counts"),
+        ({"head_dim": 10**8}, "beyond"),
+        ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 1e4}}, "unreadable: KeyError"),
+        ({"rope_parameters": {"rope_type": "linear", "rope_theta": 1e4, "factor": 0}}, "unreadable"),
+        ({"rope_parameters": {"rope_type": "default", "rope_theta": "x"}}, "unreadable"),
+        ({"rope_parameters": {"rope_type": "default", "rope_theta": -5.0}}, "unreadable"),
     ],
 )
 def test_configs_it_does_not_compute_are_refused(tiny_llama_dir: Path, change: dict[str, Any], reason: str) -> None:

@@ -42,6 +42,8 @@ LLAMA_LIKE = frozenset({"llama", "mistral", "qwen2"})
 ROPE_TYPES = frozenset({"default", "linear", "llama3"})
 #: The most positions a cos/sin table is built for (2 × positions × head_dim/2 floats).
 MAX_TABLE_POSITIONS = 131072
+#: Bounds on config.json's shapes (a hostile config.json must not size a huge table).
+MAX_HEAD_DIM, MAX_HEADS = 1024, 1024
 MS_DOMAIN = "com.microsoft"
 _ELEMENT = {1: np.float32, 10: np.float16}  # TensorProto FLOAT, FLOAT16
 
@@ -80,29 +82,46 @@ def _rope(config: Mapping[str, Any]) -> tuple[float, dict[str, Any]]:
 
 def inverse_frequencies(config: Mapping[str, Any], head_dim: int) -> np.ndarray:
     """The rotary inverse frequencies transformers computes for this config (default, linear, llama3)."""
-    theta, scaling = _rope(config)
+    try:
+        theta, scaling = _rope(config)
+    except (TypeError, ValueError) as exc:
+        raise NotFusable(f"rope_theta unreadable: {exc}") from exc
     kind = scaling.get("rope_type", scaling.get("type", "default")) or "default"
     if kind not in ROPE_TYPES:
         raise NotFusable(f"rotary type {kind!r}")
     if config.get("partial_rotary_factor", 1.0) != 1.0:
         raise NotFusable("partial rotary")
-    inv = (1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / head_dim))).astype(
-        np.float32
-    )
-    if kind == "linear":
-        return (inv / float(scaling["factor"])).astype(np.float32)
-    if kind == "llama3":
-        # Frequencies with wavelengths longer than the original context are divided by the factor,
-        # short ones kept, the band between blended linearly in the inverse wavelength.
-        factor = float(scaling["factor"])
-        low, high = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
-        original = float(scaling["original_max_position_embeddings"])
-        wavelength = 2 * math.pi / inv
-        scaled = np.where(wavelength > original / low, inv / factor, inv)
-        blend = (original / wavelength - low) / (high - low)
-        blended = (1 - blend) * scaled / factor + blend * scaled
-        medium = (wavelength >= original / high) & (wavelength <= original / low)
-        return np.where(medium, blended, scaled).astype(np.float32)
+    try:
+        return _frequencies(kind, theta, scaling, head_dim)
+    except (KeyError, TypeError, ValueError, ZeroDivisionError, FloatingPointError) as exc:
+        raise NotFusable(f"rotary parameters of {kind!r} unreadable: {type(exc).__name__} {exc}") from exc
+
+
+def _frequencies(kind: str, theta: float, scaling: dict[str, Any], head_dim: int) -> np.ndarray:
+    if not theta > 0:
+        raise ValueError(f"rope_theta {theta}")
+    with np.errstate(all="raise"):
+        exponents = np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / head_dim
+        inv = (1.0 / (theta**exponents)).astype(np.float32)
+        if kind == "linear":
+            factor = float(scaling["factor"])
+            if not factor > 0:
+                raise ValueError(f"factor {factor}")
+            return (inv / factor).astype(np.float32)
+        if kind == "llama3":
+            # Frequencies with wavelengths longer than the original context are divided by the factor,
+            # short ones kept, the band between blended linearly in the inverse wavelength.
+            factor = float(scaling["factor"])
+            low, high = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
+            original = float(scaling["original_max_position_embeddings"])
+            if not (factor > 0 and 0 < low < high and original > 0):
+                raise ValueError(f"factor {factor}, low {low}, high {high}, original {original}")
+            wavelength = 2 * math.pi / inv
+            scaled = np.where(wavelength > original / low, inv / factor, inv)
+            blend = (original / wavelength - low) / (high - low)
+            blended = (1 - blend) * scaled / factor + blend * scaled
+            medium = (wavelength >= original / high) & (wavelength <= original / low)
+            return np.where(medium, blended, scaled).astype(np.float32)
     return inv
 
 
@@ -120,6 +139,8 @@ def attention_shape(config: Mapping[str, Any]) -> AttentionShape:
     positions = _positive(config, "max_position_embeddings")
     if not (heads and layers and kv_heads and head_dim and positions) or heads % kv_heads or head_dim % 2:
         raise NotFusable("config.json lacks consistent head counts, head size or max_position_embeddings")
+    if head_dim > MAX_HEAD_DIM or heads > MAX_HEADS:  # the rotary table is positions × head_dim / 2
+        raise NotFusable(f"{heads} heads of {head_dim}: beyond what this rewrite builds tables for")
     return AttentionShape(
         heads=heads,
         kv_heads=kv_heads,
