@@ -176,6 +176,12 @@ def test_first_load_writes_the_cache_and_the_next_reads_it(tiny_llama_dir: Path,
     assert changed.fused and changed.path != first.path
 
 
+def test_odd_repo_ids_stay_inside_the_backends_folder(home: Path) -> None:
+    for repo in ("../../etc", "a/../../b", "local/x", "a/b/c", "a\\b/c"):
+        assert fused_graph.cache_folder(repo, "k") == home / "onnx" / "local" / "fused" / "k"
+    assert fused_graph.cache_folder("org/name", "k") == home / "onnx" / "org" / "name" / "fused" / "k"
+
+
 def test_an_interrupted_builds_leftovers_are_removed(tiny_llama_dir: Path, home: Path) -> None:
     graph = tiny_llama_dir / "onnx" / "model.onnx"
     config = _config(tiny_llama_dir)

@@ -21,7 +21,10 @@ LOCAL = "local"
 
 def cache_folder(repo: str | None, key: str) -> Path:
     """``ANYFORMER_HOME/onnx/<org>/<name>/fused/<key>`` for a Hub repo, ``…/onnx/local/fused/<key>`` otherwise."""
-    owner = Path(*repo.split("/")) if repo else Path(LOCAL)
+    parts = repo.split("/") if repo else []
+    # A repo id is two plain names; anything else (never expected from the store) is kept with the locals.
+    plain = len(parts) == 2 and all(p not in ("", ".", "..", LOCAL) and "\\" not in p for p in parts)
+    owner = Path(*parts) if plain else Path(LOCAL)
     return anyformer_home() / BACKEND_ID / owner / FUSED / key
 
 
