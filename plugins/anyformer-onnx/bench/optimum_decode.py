@@ -29,6 +29,7 @@ class _Clock:
 
     def __init__(self) -> None:
         self.times: list[float] = []
+        self.cpu_times: list[float] = []
         self.prompt_seen = False
 
     def put(self, value: Any) -> None:
@@ -36,6 +37,7 @@ class _Clock:
             self.prompt_seen = True
             return
         self.times.append(time.perf_counter())
+        self.cpu_times.append(time.process_time())  # CPU time of this process, not waits for a core
 
     def end(self) -> None:
         """Nothing to flush."""
@@ -89,7 +91,10 @@ def main() -> None:
         new = out[0, ids.shape[1] :].tolist()
         times = clock.times
         speed = (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 and times[-1] > times[0] else 0.0
-        print(json.dumps({"speed": speed, "ids": new, "prompt_tokens": int(ids.shape[1])}), flush=True)
+        cpu = clock.cpu_times
+        cpu_speed = (len(cpu) - 1) / (cpu[-1] - cpu[0]) if len(cpu) > 1 and cpu[-1] > cpu[0] else 0.0
+        answer = {"speed": speed, "cpu_speed": cpu_speed, "ids": new, "prompt_tokens": int(ids.shape[1])}
+        print(json.dumps(answer), flush=True)
 
 
 if __name__ == "__main__":

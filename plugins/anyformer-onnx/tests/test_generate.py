@@ -63,13 +63,19 @@ def test_tiny_llama_greedy_equals_torch(tiny: anyformer.Loaded, tiny_llama_dir: 
 def test_smollm2_greedy_equals_torch(smol: anyformer.Loaded, smollm2_dir: Path, reference: Any) -> None:
     replies = reference(smollm2_dir)["replies"]
     assert len(replies) == 3
+    handle = smol.handle
+    assert isinstance(handle, OnnxChatModel)
+    # The graph that decodes is the rewritten one (fused_graph.py), 30 layers of GroupQueryAttention.
+    assert handle.details["graph"].startswith("attention fused into GroupQueryAttention (30 layers")
     _check_replies(smol, replies)
 
 
 def test_load_reports_file_precision_and_provider(tiny: anyformer.Loaded) -> None:
     handle = tiny.handle
     assert isinstance(handle, OnnxChatModel)
-    assert handle.details == {
+    details = dict(handle.details)
+    assert details.pop("graph").startswith("attention fused into GroupQueryAttention (2 layers")
+    assert details == {
         "file": "onnx/model.onnx",
         "precision": "fp32",
         "provider": "CPUExecutionProvider",

@@ -104,15 +104,18 @@ class DecodeLoop:
     def _value(self, array: np.ndarray) -> Any:
         return self._ort.OrtValue.ortvalue_from_numpy(array, self.device, 0)
 
-    def _empty_cache(self) -> dict[str, Any]:
+    def empty_cache(self) -> dict[str, Any]:
+        """The cache before the first step: every past key and value with zero positions."""
         heads, head_dim = self.graph.kv_shape
         empty = np.zeros((1, heads, 0, head_dim), dtype=self.graph.kv_dtype)
         return {name: self._value(empty) for name in self.graph.past_names}
 
-    def _step(
+    def step(
         self, ids: list[int], total: int, cache: dict[str, Any], embeds: np.ndarray | None = None
     ) -> tuple[np.ndarray, dict[str, Any]]:
         """Run the graph on ``ids`` (the last of ``total`` positions); return the last logits and the new cache.
+
+        ``cache`` is :meth:`empty_cache` for the first step, then the cache the step before returned.
 
         ``embeds`` [1, len(ids), hidden], when given, are fed for a graph that reads embeddings
         (a prompt whose image positions hold the vision encoder's features).
@@ -172,13 +175,13 @@ class DecodeLoop:
         """
         sequence = list(prompt)
         with_cache = bool(self.graph.past_names)
-        cache = self._empty_cache() if with_cache else {}
+        cache = self.empty_cache() if with_cache else {}
         pending = list(prompt)
         if prompt_embeds is not None and not with_cache:
             raise AnyformerError(ErrorCode.BAD_MODEL, f"{self.graph.label}: images need a decoder with a cache")
         for step in range(limit):
             feed = pending if with_cache else sequence
-            logits, cache = self._step(feed, len(sequence), cache, prompt_embeds if step == 0 else None)
+            logits, cache = self.step(feed, len(sequence), cache, prompt_embeds if step == 0 else None)
             apply_repetition_penalty(logits, sequence, penalty)
             token = sampler.choose(logits)
             yield token

@@ -30,6 +30,7 @@ from anyformer_onnx.decoder import DecoderGraph
 from anyformer_onnx.embedding_model import OnnxEmbeddingModel, pooling_of
 from anyformer_onnx.encoder import EncoderGraph
 from anyformer_onnx.estimate import context_for
+from anyformer_onnx.fused_graph import prepare_decoder
 from anyformer_onnx.graphs import (
     SPEECH_STEMS,
     VISION_CHAT_STEMS,
@@ -82,6 +83,16 @@ def _beside(graph: Path, names: list[str]) -> dict[str, Path]:
     return found
 
 
+def _fuse_option(request: Request) -> bool:
+    """The ``fuse_attention`` option (default True): rewrite a decoder's attention for the CPU."""
+    value = request.options.get("fuse_attention", True)
+    if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
+        return value.lower() in ("true", "1", "yes")
+    if not isinstance(value, bool):
+        raise AnyformerError(ErrorCode.BAD_REQUEST, f"the fuse_attention option must be true or false, got {value!r}")
+    return value
+
+
 def _option(request: Request, key: str) -> str | None:
     value = request.options.get(key)
     if value is not None and not isinstance(value, str):
@@ -126,11 +137,25 @@ def open_model(model: Model, request: Request, progress: ProgressCallback) -> Ba
     progress(ProgressEvent(stage="load", backend=BACKEND_ID, file=choice.graph.name, total=choice.size))
     label = f"{model.ref} ({choice.graph.name})"
     text = load_text_setup(paths, label)
+    details: dict[str, Any] = {"file": choice.graph.name, "precision": choice.precision}
+    if task in CHAT_TASKS and device == "cpu" and _fuse_option(request):
+        config = text.config or model.config
+        prepared = prepare_decoder(
+            graph_path,
+            config,
+            repo=model.repo if model.source == "hub" else None,
+            context=context_for(config, request.context),
+            progress=progress,
+            label=label,
+            file=choice.graph.name,
+        )
+        graph_path = prepared.path
+        details["graph"] = prepared.note
     session, actual = open_session(graph_path, provider=provider, threads=request.options.get("threads"))
     progress(
         ProgressEvent(stage="load", backend=BACKEND_ID, file=choice.graph.name, done=choice.size, total=choice.size)
     )
-    details: dict[str, Any] = {"file": choice.graph.name, "precision": choice.precision, "provider": actual}
+    details["provider"] = actual
     if task in CHAT_TASKS:
         config = text.config or model.config
         graph = DecoderGraph(session, config, label)

@@ -16,6 +16,7 @@ from anyformer.plugin import (
     Rank,
     Refusal,
     Request,
+    StoreEntry,
     Verdict,
     format_size,
     hookimpl,
@@ -208,6 +209,14 @@ def load(backend: str, model: Model, request: Request, progress: ProgressCallbac
     from anyformer_onnx.loading import open_model  # imports onnxruntime
 
     return open_model(model, request, progress)
+
+
+@hookimpl
+def store_list() -> list[StoreEntry]:
+    """The decoder graphs this backend fused on a first load, kept under ``ANYFORMER_HOME/onnx``."""
+    from anyformer_onnx.fused_store import fused_entries
+
+    return fused_entries()
 
 
 @hookimpl
