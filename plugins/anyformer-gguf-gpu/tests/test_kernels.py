@@ -291,15 +291,80 @@ def test_attention_is_causal_softmax_over_the_cache(gpu, kv_kernels, rng, n_head
             _close(got[t, h], want)
 
 
+def _attention_reference(qkv, kc, vc, pos0, tokens, n_head, n_kv, hd):
+    """Causal softmax attention in float64: [token, head, dim] for tokens at pos0.. over the caches."""
+    q_dim, group, scale = n_head * hd, n_head // n_kv, 1 / np.sqrt(hd)
+    out = np.zeros((tokens, n_head, hd))
+    for t in range(tokens):
+        n = pos0 + t + 1
+        for h in range(n_head):
+            span = slice((h // group) * hd, (h // group + 1) * hd)
+            scores = kc[:n, span].astype(np.float64) @ qkv[t, h * hd : (h + 1) * hd].astype(np.float64) * scale
+            p = np.exp(scores - scores.max())
+            out[t, h] = (p / p.sum()) @ vc[:n, span]
+    assert out.shape[2] * n_head == q_dim
+    return out
+
+
+@pytest.mark.parametrize(("n_head", "n_kv", "hd"), [(4, 2, 16), (6, 2, 12), (3, 3, 10)])
+@pytest.mark.parametrize(
+    ("pos0", "tokens", "ctx"),
+    [(0, 1, 300), (254, 3, 300), (600, 2, 703), (767, 1, 768)],
+    ids=["one-key", "across-a-chunk-edge", "odd-tail", "full-cache"],
+)
+def test_attention_split_along_the_sequence_matches_numpy(gpu, kv_kernels, rng, n_head, n_kv, hd, pos0, tokens, ctx):
+    """Flash-decoding: chunks of ATTENTION_CHUNK keys per workgroup, then the combine dispatch.
+
+    Lengths 1, 255..257 (a chunk edge), 601..602 (a short last chunk) and a whole cache of three
+    chunks; GQA and MHA; head widths a multiple of 4 (vec4 kernel) and not (10). Scores far apart
+    (q scaled up) make each chunk's max matter in the combine.
+    """
+    from anyformer_gguf_gpu.kernels import ATTENTION_CHUNK, attention_scratch_bytes
+
+    assert ATTENTION_CHUNK == 256  # the lengths above are chosen around this edge
+    kernels = kv_kernels
+    q_dim, kv_dim = n_head * hd, n_kv * hd
+    qkv = rng.standard_normal((tokens, q_dim + 2 * kv_dim)).astype(np.float32)
+    qkv[:, :q_dim] *= 3
+    kc = rng.standard_normal((ctx, kv_dim)).astype(np.float16).astype(np.float32)
+    vc = rng.standard_normal((ctx, kv_dim)).astype(np.float16).astype(np.float32)
+    out = gpu.buffer(tokens * q_dim * 4)
+    scores = gpu.buffer(attention_scratch_bytes(tokens + 1, n_head, ctx, hd))  # a larger step's scratch
+    state = _state(gpu, pos0, tokens)
+    dims = {"n_head": n_head, "head_dim": hd, "ctx": ctx, "tokens": tokens}
+    split = kernels.attention(
+        gpu.upload(qkv), _cache(gpu, kernels, kc), _cache(gpu, kernels, vc), out, scores, state,
+        n_kv=n_kv, scale=float(1 / np.sqrt(hd)), split=True, **dims,
+    )  # fmt: skip
+    assert split.groups == (n_head, tokens, -(-ctx // ATTENTION_CHUNK))
+    kernels.run([split, kernels.attention_combine(scores, out, state, **dims)])
+    got = gpu.read(out, np.float32, tokens * q_dim).reshape(tokens, n_head, hd)
+    _close(got, _attention_reference(qkv, kc, vc, pos0, tokens, n_head, n_kv, hd))
+
+
+def test_attention_split_refuses_a_scratch_without_room_for_partials(gpu, kv_kernels):
+    """A scratch sized for scores alone would have partial results overwrite another token's scores."""
+    buf = gpu.buffer(64)
+    with pytest.raises(ValueError, match="attention scratch"):
+        kv_kernels.attention(
+            buf, buf, buf, buf, gpu.buffer(2 * 300 * 4), buf,
+            n_head=2, n_kv=1, head_dim=8, ctx=300, scale=1.0, split=True,
+        )  # fmt: skip
+
+
 @pytest.mark.parametrize("neox", [False, True], ids=["normal", "neox"])
 @pytest.mark.parametrize("qk_norm", [False, True], ids=["plain", "qk-norm"])
 @pytest.mark.parametrize(("n_head", "n_kv", "hd", "n_rot"), [(4, 2, 16, 16), (3, 1, 24, 16)])
-def test_attention_can_rotate_and_store_the_token_itself(gpu, kv_kernels, rng, neox, qk_norm, n_head, n_kv, hd, n_rot):
-    """A one-token step with rope_store's work inside attention: the same output and cache as the two dispatches."""
-    from anyformer_gguf_gpu.kernels import AttentionRope
+@pytest.mark.parametrize(("pos", "ctx", "split"), [(37, 48, False), (300, 520, True)], ids=["whole", "split"])
+def test_attention_can_rotate_and_store_the_token_itself(
+    gpu, kv_kernels, rng, neox, qk_norm, n_head, n_kv, hd, n_rot, pos, ctx, split
+):
+    """A one-token step with rope_store's work inside attention: the same output and cache as the two dispatches
+    (also split along the sequence: only the chunk holding the token's own position stores its k, v)."""
+    from anyformer_gguf_gpu.kernels import AttentionRope, attention_scratch_bytes
 
     kernels = kv_kernels
-    pos, ctx, base, eps = 37, 48, 10000.0, 1e-6
+    base, eps = 10000.0, 1e-6
     q_dim, kv_dim = n_head * hd, n_kv * hd
     qkv = rng.standard_normal((1, q_dim + 2 * kv_dim)).astype(np.float32)
     norm = rng.standard_normal(2 * hd).astype(np.float32)
@@ -310,11 +375,13 @@ def test_attention_can_rotate_and_store_the_token_itself(gpu, kv_kernels, rng, n
     out = gpu.buffer(q_dim * 4)
     table, norm_buf = gpu.upload(cos_sin_table(ctx, n_rot, base)), gpu.upload(norm)
     rope = AttentionRope(table, norm_buf, n_rot, neox, qk_norm, eps)
+    scores, state = gpu.buffer(attention_scratch_bytes(1, n_head, ctx, hd)), _state(gpu, pos)
     dispatch = kernels.attention_with_rope(
-        rope, gpu.upload(qkv), k_cache, v_cache, out, gpu.buffer(n_head * ctx * 4), _state(gpu, pos),
-        n_head=n_head, n_kv=n_kv, head_dim=hd, ctx=ctx, scale=float(1 / np.sqrt(hd)),
+        rope, gpu.upload(qkv), k_cache, v_cache, out, scores, state,
+        n_head=n_head, n_kv=n_kv, head_dim=hd, ctx=ctx, scale=float(1 / np.sqrt(hd)), split=split,
     )  # fmt: skip
-    kernels.run([dispatch])
+    combine = [kernels.attention_combine(scores, out, state, n_head=n_head, head_dim=hd, ctx=ctx)] if split else []
+    kernels.run([dispatch, *combine])
     q = qkv[:, :q_dim].reshape(1, n_head, hd)
     k = qkv[:, q_dim : q_dim + kv_dim].reshape(1, n_kv, hd)
     if qk_norm:

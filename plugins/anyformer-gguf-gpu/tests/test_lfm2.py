@@ -226,3 +226,24 @@ def test_a_header_that_does_not_fit_is_bad_model(tmp_path, change, words):
     with pytest.raises(AnyformerError) as info:
         read_lfm2_config(dataclasses.replace(header, kv={**header.kv, **change}))
     assert info.value.code is ErrorCode.BAD_MODEL and words in str(info.value)
+
+
+def test_attention_split_along_the_sequence_keeps_the_logits(tmp_path, gpu):
+    """Past ``split_from`` keys the attention layers run as chunks of keys plus a combine: a 300-token
+    prompt (two chunks) gives float64 numpy's logits at every position, and one-token steps past the edge."""
+    path = str(tmp_path / "long.gguf")
+    write_random_lfm2_gguf(path, RandomLfm2(quant="F32", n_ctx=512, attention_layers=(0, 2)), seed=5)
+    prompt = [int(i) for i in np.random.default_rng(2).integers(1, 250, size=300)]
+    with GGUFFile(path) as gguf:
+        engine = open_engine(gpu, gguf, ctx=320, max_batch=64, kv_f16=False)
+    engine.split_from = 100
+    attention_layers = len(engine.lfm2.attention_layers)
+    assert len(engine.program(1, head=True, split=True)) == engine.dispatches_per_token + attention_layers
+    exact = forward(path, prompt)
+    assert np.abs(engine.all_logits(prompt) - exact).max() <= _bound(exact)
+    # One-token steps replay positions 256.. after the prompt: the conv state must start where it was.
+    engine.all_logits(prompt[:256])
+    for pos in (256, 257):
+        engine.submit_step(pos, 1, head=True, sample=False)
+        np.testing.assert_allclose(engine.read_logits()[0], exact[pos], rtol=0, atol=_bound(exact))
+    engine.release()

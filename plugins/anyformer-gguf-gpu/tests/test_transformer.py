@@ -188,3 +188,42 @@ def test_different_shapes_give_a_shape_error_not_garbage(tmp_path, gpu):
     with GGUFFile(path) as gguf, pytest.raises(AnyformerError) as info:
         TransformerEngine(gpu, gguf, ctx=16)
     assert info.value.code is ErrorCode.BAD_MODEL and "ffn_gate" in str(info.value)
+
+
+#: Long-context models for the split attention: 300 positions are two chunks of ATTENTION_CHUNK keys.
+LONG = {
+    "llama-gqa-tied-q8_0": RandomModel(n_ctx=512),
+    "qwen3-f16-one-kv-head": RandomModel(architecture="qwen3", quant="F16", n_kv=1, n_ctx=512),
+    "llama-headdim10-f32": RandomModel(quant="F32", head_dim=10, n_ctx=512),
+}
+
+
+@pytest.mark.parametrize("name", list(LONG))
+def test_attention_split_along_the_sequence_keeps_the_logits(tmp_path, gpu, name):
+    """Past ``split_from`` keys every attention layer runs as chunks of keys plus a combine dispatch.
+
+    A 300-token prompt (steps past 100 keys split; the last ones span two chunks) gives float64
+    numpy's logits at every position, one-token decode steps past the chunk edge too (qwen3's rotate
+    inside attention, head width 10 takes the scalar kernel), and llama.cpp's within its own rounding.
+    """
+    path = str(tmp_path / f"{name}.gguf")
+    write_random_gguf(path, LONG[name], seed=3)
+    prompt = [int(i) for i in np.random.default_rng(1).integers(1, 250, size=300)]
+    with GGUFFile(path) as gguf:
+        engine = TransformerEngine(gpu, gguf, ctx=320, max_batch=64, kv_f16=False)
+    engine.split_from = 100
+    n_layer = engine.config.n_layer
+    assert len(engine.program(1, head=True, split=True)) == engine.dispatches_per_token + n_layer
+    exact = forward(path, prompt)
+    ours = engine.all_logits(prompt)
+    assert np.abs(ours - exact).max() <= _bound(exact)
+    for pos in (255, 256, 299):  # the first key of the second chunk, and the last position
+        engine.submit_step(pos, 1, head=True, sample=False)
+        np.testing.assert_allclose(engine.read_logits()[0], exact[pos], rtol=0, atol=_bound(exact))
+    llama_cpp = pytest.importorskip("llama_cpp")
+    llm = llama_cpp.Llama(model_path=path, n_ctx=320, n_batch=320, logits_all=True, verbose=False, n_threads=2)
+    llm.eval(prompt)
+    theirs = np.array(llm.scores[: len(prompt)])
+    their_error = float(np.abs(theirs - exact).max())
+    assert np.abs(ours - theirs).max() <= 1.1 * their_error + _bound(exact)
+    engine.release()

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from anyformer_gguf_gpu.config import ATTENTION_CHUNK, attention_chunks, attention_scratch_bytes
 from anyformer_gguf_gpu.gpu import GPU, gpu_errors
 from anyformer_gguf_gpu.quants import FORMATS, QuantFormat
 
@@ -51,7 +52,16 @@ QUANT_KERNELS = ("matvec", "embed")
 #: The kernels that read or write the KV cache (its element type is a compile-time choice).
 KV_KERNELS = ("rope_store", "attention", "attention_vec4")
 #: The kernels that do not depend on a weight format.
-PLAIN_KERNELS = ("rmsnorm", "rope_store", "attention", "attention_vec4", "swiglu", "argmax", "sample")
+PLAIN_KERNELS = (
+    "rmsnorm",
+    "rope_store",
+    "attention",
+    "attention_vec4",
+    "attention_combine",
+    "swiglu",
+    "argmax",
+    "sample",
+)
 
 
 def attention_kernel(head_dim: int) -> str:
@@ -75,13 +85,15 @@ def kernel_source(
     kv_f16: bool = False,
     subgroups: bool = False,
     workgroup: int | None = None,
+    split: bool = False,
 ) -> str:
     """The full WGSL of ``kernel`` (with the byte readers and ``quant``'s decoder for weight kernels).
 
     ``threads_per_row``, ``tokens_per_thread``, ``swiglu``, ``norm`` and ``rope`` shape the matrix kernel
     (matvec.wgsl; ``rope`` adds the q/k/v epilogue of rope_epilogue.wgsl, which writes the KV cache);
     ``kv_f16`` makes the KV-cache kernels keep f16 (it needs the shader-f16 feature); ``subgroups`` makes the
-    matrix kernel reduce with subgroup shuffles; ``workgroup`` overrides the kernel's thread count (argmax).
+    matrix kernel reduce with subgroup shuffles; ``workgroup`` overrides the kernel's thread count (argmax);
+    ``split`` makes the attention kernels cover one chunk of keys each and leave partial results.
     """
     workgroup = workgroup or {
         "argmax": ARGMAX_WORKGROUP,
@@ -101,6 +113,10 @@ def kernel_source(
         parts.append(_NORM_W if norm else "fn norm_w(e: u32) -> f32 {\n    return 1.0;\n}\n")
         parts.append(_wgsl("rope_epilogue.wgsl") if rope else _NO_ROPE)
         parts.append(_LANES_SUM if subgroups and threads_per_row > 1 else _NO_LANES_SUM)
+    if kernel in ("attention", "attention_vec4"):
+        parts.append(_ATTENTION_SPLIT if split else _NO_ATTENTION_SPLIT)
+    if kernel == "attention_combine":
+        parts.append(f"const CHUNK: u32 = {ATTENTION_CHUNK}u;\n")
     if kernel == "attention_vec4":
         parts.append(f"const ROPE: bool = {'true' if rope else 'false'};\n")
         parts.append(_wgsl("attention_rope.wgsl") if rope else _NO_ATTENTION_ROPE)
@@ -125,8 +141,8 @@ def kernel_source(
 #: A buffer-to-buffer copy: (source, source offset, destination, destination offset, bytes).
 Copy = tuple[Any, int, Any, int, int]
 
-#: A pipeline variant: (kernel, quant, tokens_per_thread, swiglu, norm[, rope]), the arguments of
-#: :meth:`Kernels.pipeline` (an engine that never asks for the rope variants may list five).
+#: A pipeline variant: (kernel, quant, tokens_per_thread, swiglu, norm[, rope[, split]]), the arguments of
+#: :meth:`Kernels.pipeline` (an engine that never asks for the rope or split variants may list five).
 PipelineKey = tuple[Any, ...]
 
 
@@ -292,7 +308,7 @@ class Kernels:
         wanted: Iterable[PipelineKey],
         progress: Callable[[int, int], None] | None = None,
     ) -> None:
-        """Compile every (kernel, quant, tokens_per_thread, swiglu, norm, rope) pipeline in ``wanted`` now."""
+        """Compile every (kernel, quant, tokens_per_thread, swiglu, norm, rope[, split]) pipeline in ``wanted`` now."""
         todo = [key for key in dict.fromkeys(wanted) if key not in self._pipelines]
         for done, key in enumerate(todo, 1):
             self.pipeline(*key)
@@ -307,6 +323,7 @@ class Kernels:
         swiglu: bool = False,
         norm: bool = False,
         rope: bool = False,
+        split: bool = False,
     ) -> Any:
         """The compute pipeline of ``kernel`` (for ``quant`` where it decodes weights), compiled once."""
         matrix = kernel == "matvec"
@@ -317,6 +334,7 @@ class Kernels:
             swiglu and matrix,
             norm and matrix,
             rope and kernel in ("matvec", "attention_vec4"),
+            split and kernel in ("attention", "attention_vec4"),
         )
         found = self._pipelines.get(key)
         if found is None:
@@ -332,6 +350,7 @@ class Kernels:
                 kv_f16=self.kv_f16,
                 subgroups=self.subgroups,
                 workgroup=self.argmax_workgroup if kernel == "argmax" else None,
+                split=key[6],
             )
             with gpu_errors(f"compiling the {kernel} kernel"):
                 module = device.create_shader_module(code=source, label=f"{kernel}-{quant}")
@@ -506,13 +525,17 @@ class Kernels:
         ctx: int,
         scale: float,
         tokens: int = 1,
+        split: bool = False,
     ) -> Dispatch:
         """out[t, h*hd:(h+1)*hd] = causal softmax(q k^T * scale) v over the cache, for every head and token.
 
         Heads whose width is a multiple of 4 use the kernel that reads the caches a vec4 at a time.
+        ``scores`` holds :func:`attention_scratch_bytes` for the engine's largest step. With ``split``
+        each workgroup covers :data:`ATTENTION_CHUNK` keys of one head and leaves a partial result in
+        ``scores``; :meth:`attention_combine` (the next dispatch) writes ``out``.
         """
         dims = {"n_head": n_head, "n_kv": n_kv, "head_dim": head_dim, "ctx": ctx, "tokens": tokens}
-        return self._attention(qkv, k_cache, v_cache, out, scores, state, scale=scale, rope=None, **dims)
+        return self._attention(qkv, k_cache, v_cache, out, scores, state, scale=scale, rope=None, split=split, **dims)
 
     def attention_with_rope(
         self,
@@ -529,11 +552,12 @@ class Kernels:
         head_dim: int,
         ctx: int,
         scale: float,
+        split: bool = False,
     ) -> Dispatch:
         """:meth:`attention` of a one-token step that first norms and rotates q and k as rope_store does and
         stores k, v into the cache, in the same dispatch (heads a multiple of 4 wide)."""
         dims = {"n_head": n_head, "n_kv": n_kv, "head_dim": head_dim, "ctx": ctx, "tokens": 1}
-        return self._attention(qkv, k_cache, v_cache, out, scores, state, scale=scale, rope=rope, **dims)
+        return self._attention(qkv, k_cache, v_cache, out, scores, state, scale=scale, rope=rope, split=split, **dims)
 
     def _attention(
         self,
@@ -551,21 +575,46 @@ class Kernels:
         scale: float,
         tokens: int,
         rope: AttentionRope | None,
+        split: bool,
     ) -> Dispatch:
         q_dim, kv_dim = n_head * head_dim, n_kv * head_dim
         name = attention_kernel(head_dim)
-        extra: tuple[int | float, ...] = (0, 0, 0, 0.0, 0, q_dim, q_dim + kv_dim, 0)
+        part_off = _partials_offset(scores, tokens, n_head, ctx, head_dim) if split else 0
+        extra: tuple[int | float, ...] = (0, 0, 0, 0.0, 0, q_dim, q_dim + kv_dim, part_off)
         buffers = [qkv, k_cache, v_cache, out, scores, state]
         if rope is not None:
             if tokens != 1 or name != "attention_vec4" or head_dim > MAX_HEAD_DIM or rope.n_rot > head_dim:
                 raise ValueError("attention rotates q/k itself only in one-token steps of heads a multiple of 4 wide")
-            extra = (rope.n_rot, int(rope.neox), int(rope.qk_norm), float(rope.eps), head_dim, q_dim, q_dim + kv_dim, 0)
+            extra = (
+                rope.n_rot,
+                int(rope.neox),
+                int(rope.qk_norm),
+                float(rope.eps),
+                head_dim,
+                q_dim,
+                q_dim + kv_dim,
+                part_off,
+            )
             buffers += [rope.cos_sin, rope.norm]
         params = _u32s(n_head, n_kv, head_dim, q_dim + 2 * kv_dim, kv_dim, ctx, q_dim, float(scale), *extra)
         return self._dispatch(
             name,
-            self.pipeline(name, rope=rope is not None),
+            self.pipeline(name, rope=rope is not None, split=split),
             buffers,
+            params,
+            (n_head, tokens, attention_chunks(ctx) if split else 1),
+        )
+
+    def attention_combine(
+        self, scores: Any, out: Any, state: Any, *, n_head: int, head_dim: int, ctx: int, tokens: int = 1
+    ) -> Dispatch:
+        """out[t, h*hd:(h+1)*hd] from the partial results a ``split`` :meth:`attention` left in ``scores``."""
+        part_off = _partials_offset(scores, tokens, n_head, ctx, head_dim)
+        params = _u32s(n_head, head_dim, n_head * head_dim, ctx, part_off)
+        return self._dispatch(
+            "attention_combine",
+            self.pipeline("attention_combine"),
+            [scores, out, state],
             params,
             (n_head, tokens, 1),
         )
@@ -638,6 +687,45 @@ class Kernels:
         self.submissions += 1
 
 
+def _partials_offset(scores: Any, tokens: int, n_head: int, ctx: int, head_dim: int) -> int:
+    """Where the partial results start in the attention scratch (in floats): after every step token's scores.
+
+    The scratch holds attention_scratch_bytes(max_tokens, ...) for the engine's largest step; its size
+    says how many tokens that is.
+    """
+    per_token = attention_scratch_bytes(1, n_head, ctx, head_dim)
+    max_tokens = scores.size // per_token
+    if max_tokens < tokens:
+        raise ValueError(f"the attention scratch holds {scores.size} bytes, not {per_token} per token for {tokens}")
+    return max_tokens * n_head * ctx
+
+
+# The attention kernels' SPLIT variant: one chunk of keys per workgroup (z), partial results after the scores.
+_ATTENTION_SPLIT = f"""const SPLIT: bool = true;
+const CHUNK: u32 = {ATTENTION_CHUNK}u;
+
+fn partial_base(b: u32, h: u32, c: u32) -> u32 {{
+    let chunks = (P.ctx + CHUNK - 1u) / CHUNK;
+    return P.part_off + ((b * P.n_head + h) * chunks + c) * (P.head_dim + 2u);
+}}
+
+fn partial_out(i: u32, v: f32) {{
+    Sc[i] = v;
+}}
+"""
+
+# Without the split (SPLIT is false): one workgroup per head covers every key.
+_NO_ATTENTION_SPLIT = """const SPLIT: bool = false;
+const CHUNK: u32 = 4294967295u;
+
+fn partial_base(b: u32, h: u32, c: u32) -> u32 {
+    return 0u;
+}
+
+fn partial_out(i: u32, v: f32) {
+}
+"""
+
 # The matrix kernel's NORM variant: the norm weights' binding (after the uniform) and their reader.
 _NORM_W = """@group(0) @binding(4) var<storage, read> NormW: array<f32>;
 
@@ -686,6 +774,7 @@ _UNIFORM_SLOT = {
     "rope_store": 5,
     "attention": 5,
     "attention_vec4": 5,
+    "attention_combine": 2,
     "swiglu": 2,
     "argmax": 2,
 }

@@ -26,11 +26,12 @@ from typing import Any
 from anyformer.plugin import GGUFHeader
 from anyformer_gguf_gpu.gguf_file import GGUFFile
 from anyformer_gguf_gpu.gpu import GPU
-from anyformer_gguf_gpu.kernels import PLAIN_KERNELS, Dispatch, Kernels
+from anyformer_gguf_gpu.kernels import PLAIN_KERNELS, Dispatch, Kernels, PipelineKey, attention_scratch_bytes
 from anyformer_gguf_gpu.lfm2_config import MAX_CONV_TAPS, Lfm2Config, lfm2_footprint, read_lfm2_config
 from anyformer_gguf_gpu.shortconv import ShortConvKernel
 from anyformer_gguf_gpu.transformer import (
     DEFAULT_MAX_BATCH,
+    SPLIT_FROM,
     LoadProgress,
     TransformerEngine,
     Weight,
@@ -95,7 +96,8 @@ class Lfm2Engine(TransformerEngine):
         self.bcx = buf(b * 3 * c.n_embd * 4, label="conv-bcx")
         self.gate_up = buf(b * 2 * c.n_ff * 4, label="gate-up")
         self.logits = buf(b * c.n_vocab * 4, label="logits")
-        self.scores = buf(b * c.n_head * self.ctx * 4, label="scores")
+        self.scores = buf(attention_scratch_bytes(b, c.n_head, self.ctx, c.head_dim), label="scores")
+        self.split_from = SPLIT_FROM
         self.ids = buf((self.ctx + 1) * 4, label="ids")
         self.state = buf(16, label="state")
         self.sampling = buf(16, label="sampling")
@@ -106,22 +108,18 @@ class Lfm2Engine(TransformerEngine):
         self.conv_state = {i: buf((MAX_CONV_TAPS - 1) * c.n_embd * 4, label=f"conv{i}") for i in c.conv_layers}
         self.cos_sin = gpu.upload(cos_sin_table(self.ctx, c.n_rot, c.rope_base), label="rope")
         self._qk_norm = [self._qk_norm_buffer(gguf, i) for i in c.attention_layers]
-        self._programs: dict[tuple[int, bool, bool, bool, bool], list[Dispatch]] = {}
+        self._programs: dict[tuple[int, bool, bool, bool, bool, bool], list[Dispatch]] = {}
         self.gpu_bytes = self._held_bytes(gguf.header)
         self.kernels.compile(self._pipelines_needed(), lambda done, total: report("compile", done, total))
-        for stochastic in (False, True):
-            self.stochastic = stochastic
-            self.program(1, head=True)
-            self.program(self.max_batch, head=True)
-        self.stochastic = False
+        self._build_programs()
 
     def _held_bytes(self, header: GGUFHeader) -> int:
         """What this engine holds on the GPU, by the same arithmetic ``can_run`` estimates with."""
         return lfm2_footprint(header.summary(), self.ctx, self.max_batch, kv_f16=self.kernels.kv_f16).gpu_bytes
 
-    def _pipelines_needed(self) -> list[tuple[str, str | None, int, bool, bool]]:
-        """Every (kernel, quant, tokens_per_thread, swiglu, norm) pipeline the steps encode."""
-        wanted: list[tuple[str, str | None, int, bool, bool]] = [
+    def _pipelines_needed(self) -> list[PipelineKey]:
+        """Every (kernel, quant, tokens_per_thread, swiglu, norm[, rope, split]) pipeline the steps encode."""
+        wanted: list[PipelineKey] = [
             (k, None, 1, False, False) for k in PLAIN_KERNELS if k not in ("swiglu", "rmsnorm")
         ]
         for tb in {1, self.kernels.tokens_per_thread(self.max_batch)}:
@@ -131,7 +129,7 @@ class Lfm2Engine(TransformerEngine):
                 normed = not name.endswith(("ffn_down.weight", "attn_output.weight", "shortconv.out_proj.weight"))
                 wanted.append(("matvec", weight.fmt.name, tb, down, normed))
         wanted.append(("embed", self.weights["token_embd.weight"].fmt.name, 1, False, False))
-        return wanted
+        return wanted + self.split_variants()
 
     def release(self) -> None:
         """Free the engine's GPU memory now (not when Python collects it); the engine is unusable after."""
@@ -148,7 +146,7 @@ class Lfm2Engine(TransformerEngine):
         for buf in owned:
             buf.destroy()
 
-    def _build(self, n: int, head: bool, sample: bool, all_logits: bool) -> list[Dispatch]:
+    def _build(self, n: int, head: bool, sample: bool, all_logits: bool, split: bool = False) -> list[Dispatch]:
         c, k, w = self.lfm2, self.kernels, self.weights
         embd = w["token_embd.weight"]
         out: list[Dispatch] = [k.embed(embd.buffer, embd.fmt, embd.rows, embd.cols, self.ids, self.h, self.state, n)]
@@ -161,7 +159,7 @@ class Lfm2Engine(TransformerEngine):
             p = f"blk.{i}."
             op_norm = {"norm": self.norms[p + "attn_norm.weight"], "eps": c.eps}
             if c.is_attention(i):
-                out.extend(self._attention(i, n, mv, op_norm))
+                out.extend(self._attention(i, n, mv, op_norm, split))
             else:
                 out.append(mv(p + "shortconv.in_proj.weight", self.h, self.bcx, **op_norm))  # rows B, C, x
                 out.append(
@@ -211,7 +209,7 @@ class Lfm2Engine(TransformerEngine):
                 out.append(k.argmax(self.logits, self.ids, self.state, c.n_vocab, offset=last))
         return out
 
-    def _attention(self, layer: int, n: int, mv: Any, op_norm: dict[str, Any]) -> list[Dispatch]:
+    def _attention(self, layer: int, n: int, mv: Any, op_norm: dict[str, Any], split: bool) -> list[Dispatch]:
         """One attention layer's dispatches: q/k/v, q/k norm + RoPE + K/V store, attention, output projection."""
         c, k, w = self.lfm2, self.kernels, self.weights
         p = f"blk.{layer}."
@@ -255,7 +253,14 @@ class Lfm2Engine(TransformerEngine):
                 ctx=self.ctx,
                 scale=1.0 / math.sqrt(c.head_dim),
                 tokens=n,
+                split=split,
             )
         )
+        if split:
+            out.append(
+                k.attention_combine(
+                    self.scores, self.attn, self.state, n_head=c.n_head, head_dim=c.head_dim, ctx=self.ctx, tokens=n
+                )
+            )
         out.append(mv(p + "attn_output.weight", self.attn, self.h, accumulate=True))
         return out

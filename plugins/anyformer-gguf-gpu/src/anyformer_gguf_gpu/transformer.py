@@ -31,12 +31,18 @@ from anyformer_gguf_gpu.kernels import (
     PipelineKey,
     RopeStore,
     attention_kernel,
+    attention_scratch_bytes,
     sampling_block,
 )
 from anyformer_gguf_gpu.quants import QuantFormat, dequantize, format_of
 
 #: Most tokens one prefill step processes (the activation buffers are sized for this many).
 DEFAULT_MAX_BATCH = 64
+
+#: Keys a token attends to above which attention splits along the sequence (flash-decoding: chunks of
+#: ATTENTION_CHUNK keys per workgroup, then a combine dispatch). Below it one workgroup per head is
+#: quicker than two dispatches; above it that workgroup's walk over the keys is the step's longest.
+SPLIT_FROM = 1024
 
 #: Load progress callback: (what, done, total).
 LoadProgress = Callable[[str, int, int], None]
@@ -142,10 +148,12 @@ class TransformerEngine:
         self.attn = buf(b * c.q_dim * 4, label="attention")
         self.gate_up = buf(b * 2 * c.n_ff * 4, label="gate-up")
         self.logits = buf(b * c.n_vocab * 4, label="logits")
-        self.scores = buf(b * c.n_head * self.ctx * 4, label="scores")
+        self.scores = buf(attention_scratch_bytes(b, c.n_head, self.ctx, c.head_dim), label="scores")
         self.ids = buf((self.ctx + 1) * 4, label="ids")
         self.state = buf(16, label="state")
         self.sampling = buf(16, label="sampling")
+        #: Keys above which a step's attention splits along the sequence (see SPLIT_FROM).
+        self.split_from = SPLIT_FROM
         #: Whether steps that sample draw at a temperature (set_sampling) rather than take the argmax.
         self.stochastic = False
         kv_value = 2 if self.kernels.kv_f16 else 4
@@ -158,16 +166,36 @@ class TransformerEngine:
         self.cos_sin = gpu.upload(cos_sin_table(self.ctx, c.n_rot, c.rope_base, factors), label="rope")
         self._dummy_norm = gpu.buffer(16, label="no-qk-norm")
         self._qk_norm = [self._qk_norm_buffer(gguf, i) for i in range(c.n_layer)] if c.qk_norm else []
-        self._programs: dict[tuple[int, bool, bool, bool, bool], list[Dispatch]] = {}
+        self._programs: dict[tuple[int, bool, bool, bool, bool, bool], list[Dispatch]] = {}
         self.gpu_bytes = self._held_bytes(gguf.header)
         # Pipelines compiled (and bind groups built) now rather than on the first token: the steps of
         # one token and of max_batch tokens use every pipeline variant any step needs.
         self.kernels.compile(self._pipelines_needed(), lambda done, total: report("compile", done, total))
-        for stochastic in (False, True):
-            self.stochastic = stochastic
-            self.program(1, head=True)
-            self.program(self.max_batch, head=True)
+        self._build_programs()
+
+    def _build_programs(self) -> None:
+        """Build the steps' dispatch lists at load: one token and max_batch tokens, greedy and sampled,
+        split along the sequence too where the context is long enough to need it."""
+        for split in (False, True) if self.ctx > self.split_from else (False,):
+            for stochastic in (False, True):
+                self.stochastic = stochastic
+                self.program(1, head=True, split=split)
+                self.program(self.max_batch, head=True, split=split)
         self.stochastic = False
+
+    def split_attention(self, keys: int) -> bool:
+        """Whether a step whose last token attends to ``keys`` keys splits attention along the sequence."""
+        return keys > self.split_from
+
+    def split_variants(self) -> list[PipelineKey]:
+        """The split attention pipelines (and the combine) an engine with this context compiles at load."""
+        if self.ctx <= self.split_from:
+            return []
+        name = attention_kernel(self.config.head_dim)
+        wanted: list[PipelineKey] = [(name, None, 1, False, False, False, True)]
+        if name == "attention_vec4":
+            wanted.append((name, None, 1, False, False, True, True))  # one-token steps that rotate in attention
+        return wanted
 
     def _qk_norm_buffer(self, gguf: GGUFFile, layer: int) -> Any:
         q = dequantize(
@@ -194,6 +222,8 @@ class TransformerEngine:
     def _pipelines_needed(self) -> list[PipelineKey]:
         """Every (kernel, quant, tokens_per_thread, swiglu, norm, rope) pipeline the steps encode."""
         unused_attention = {"attention", "attention_vec4"} - {attention_kernel(self.config.head_dim)}
+        if self.ctx <= self.split_from:
+            unused_attention.add("attention_combine")
         skip = {"swiglu", "rmsnorm"} | unused_attention | ({"rope_store"} if self.rope_in_projection else set())
         wanted: list[PipelineKey] = [(k, None, 1, False, False, False) for k in PLAIN_KERNELS if k not in skip]
         if not self.rope_in_projection and attention_kernel(self.config.head_dim) == "attention_vec4":
@@ -205,7 +235,7 @@ class TransformerEngine:
                 rope = self.rope_in_projection and name.endswith("attn_qkv.weight")
                 wanted.append(("matvec", weight.fmt.name, tb, down, normed, rope))
         wanted.append(("embed", self.weights["token_embd.weight"].fmt.name, 1, False, False, False))
-        return wanted
+        return wanted + self.split_variants()
 
     def release(self) -> None:
         """Free the engine's GPU memory now (not when Python collects it); the engine is unusable after."""
@@ -230,21 +260,24 @@ class TransformerEngine:
         """How many kernel dispatches one decode step encodes."""
         return len(self.program(1, head=True))
 
-    def program(self, tokens: int, *, head: bool, sample: bool = True, all_logits: bool = False) -> list[Dispatch]:
+    def program(
+        self, tokens: int, *, head: bool, sample: bool = True, all_logits: bool = False, split: bool = False
+    ) -> list[Dispatch]:
         """The dispatches of one step over ``tokens`` tokens.
 
         ``head`` adds the final norm and output head (the last token's logits, or every token's with
         ``all_logits``); ``sample`` then adds sampling (the argmax, or a seeded draw after
-        :meth:`set_sampling`), which writes the next id after the step's tokens.
+        :meth:`set_sampling`), which writes the next id after the step's tokens. ``split`` makes each
+        attention split along the sequence (one more dispatch per attention layer: the combine).
         """
-        key = (tokens, head, head and sample, head and all_logits, self.stochastic)
+        key = (tokens, head, head and sample, head and all_logits, self.stochastic, split)
         found = self._programs.get(key)
         if found is None:
-            found = self._build(tokens, head, head and sample, head and all_logits)
+            found = self._build(tokens, head, head and sample, head and all_logits, split)
             self._programs[key] = found
         return found
 
-    def _build(self, n: int, head: bool, sample: bool, all_logits: bool) -> list[Dispatch]:
+    def _build(self, n: int, head: bool, sample: bool, all_logits: bool, split: bool = False) -> list[Dispatch]:
         c, k, w = self.config, self.kernels, self.weights
         qkv_stride = c.q_dim + 2 * c.kv_dim
         embd = w["token_embd.weight"]
@@ -298,9 +331,15 @@ class TransformerEngine:
             if rope_in_attention:
                 norm = self._qk_norm[i] if c.qk_norm else self._dummy_norm
                 rope = AttentionRope(self.cos_sin, norm, c.n_rot, c.rope_neox, c.qk_norm, c.eps)
-                out.append(k.attention_with_rope(rope, *attention_args, scale=scale, **dims))
+                out.append(k.attention_with_rope(rope, *attention_args, scale=scale, split=split, **dims))
             else:
-                out.append(k.attention(*attention_args, scale=scale, tokens=n, **dims))
+                out.append(k.attention(*attention_args, scale=scale, tokens=n, split=split, **dims))
+            if split:
+                out.append(
+                    k.attention_combine(
+                        self.scores, self.attn, self.state, n_head=c.n_head, head_dim=c.head_dim, ctx=self.ctx, tokens=n
+                    )
+                )
             out.append(mv(p + "attn_output.weight", self.attn, self.h, accumulate=True))
             ffn_norm = {"norm": self.norms[p + "ffn_norm.weight"], "eps": c.eps}
             if p + "ffn_gate_up.weight" in w:
@@ -376,7 +415,9 @@ class TransformerEngine:
         if pos + tokens > self.ctx:
             raise AnyformerError(ErrorCode.BAD_REQUEST, f"position {pos + tokens} is past the context of {self.ctx}")
         self.gpu.write(self.state, np.array([pos, tokens, 0, 0], dtype=np.uint32))
-        self.kernels.run(self.program(tokens, head=head, sample=sample, all_logits=all_logits), copies or [])
+        split = self.split_attention(pos + tokens)
+        program = self.program(tokens, head=head, sample=sample, all_logits=all_logits, split=split)
+        self.kernels.run(program, copies or [])
 
     @property
     def positions(self) -> Any:
@@ -399,9 +440,11 @@ class TransformerEngine:
         if pos + steps > self.ctx:
             raise AnyformerError(ErrorCode.BAD_REQUEST, f"position {pos + steps} is past the context of {self.ctx}")
         self.gpu.write(self.state, np.array([pos, 1, 0, 0], dtype=np.uint32))
-        program = self.program(1, head=True)
-        passes: list[tuple[Sequence[Copy], Sequence[Dispatch]]] = [((), program)]
+        passes: list[tuple[Sequence[Copy], Sequence[Dispatch]]] = [
+            ((), self.program(1, head=True, split=self.split_attention(pos + 1)))
+        ]
         for q in range(pos + 1, pos + steps):
+            program = self.program(1, head=True, split=self.split_attention(q + 1))
             passes.append((((self.positions, 4 * q, self.state, 0, 4),), program))
         self.kernels.run_passes(passes, copies)
 

@@ -9,6 +9,11 @@
 // bindings), uses them for the token's own position, and the first q head of each KV group stores
 // that k and v into the caches. Other workgroups never read the cache at that position, so no
 // workgroup waits for another's store.
+// SPLIT (a constant) splits the keys along the sequence (flash-decoding): workgroup (h, b, c) takes
+// keys c*CHUNK.. of its head and writes its chunk's max score, sum of exponentials and unnormalised
+// weighted sum of V to the scratch after the scores (partial_out); attention_combine.wgsl merges the
+// chunks. Chunks past the token's position have no keys and return at once. Without SPLIT, CHUNK
+// covers every key and the one workgroup per head writes the output.
 
 struct Params {
     n_head: u32,
@@ -26,7 +31,7 @@ struct Params {
     norm_k_off: u32,
     k_off: u32,
     v_off: u32,
-    pad0: u32,
+    part_off: u32,
 }
 
 @group(0) @binding(0) var<storage, read> QKV: array<f32>;
@@ -81,6 +86,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let h = wid.x;
     let b = wid.y;
     let n = S[0] + b + 1u;
+    // This workgroup's keys: j0..j1 (all of them without SPLIT).
+    let j0 = wid.z * CHUNK;
+    if (j0 >= n) {
+        return;
+    }
+    let j1 = min(n, j0 + CHUNK);
     let hd4 = P.head_dim / 4u;
     let kv4 = P.kv_dim / 4u;
     let kvh = h / (P.n_head / P.n_kv);
@@ -100,7 +111,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             kcur[d4] = vec4<f32>(cur[4u * d4], cur[4u * d4 + 1u], cur[4u * d4 + 2u], cur[4u * d4 + 3u]);
             let v = vo + 4u * d4;
             vcur[d4] = vec4<f32>(QKV[v], QKV[v + 1u], QKV[v + 2u], QKV[v + 3u]);
-            if (h % (P.n_head / P.n_kv) == 0u) {
+            if (h % (P.n_head / P.n_kv) == 0u && j1 == n) {
                 Kc[pos * kv4 + ko4 + d4] = vec4<kv_t>(kcur[d4]);
                 Vc[pos * kv4 + ko4 + d4] = vec4<kv_t>(vcur[d4]);
             }
@@ -113,7 +124,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
     workgroupBarrier();
     var m = -3.4e38;
-    for (var j = lid; j < n; j += WG) {
+    for (var j = j0 + lid; j < j1; j += WG) {
         var s4 = vec4<f32>(0.0);
         let kj = j * kv4 + ko4;
         if (ROPE && j == pos) {
@@ -131,12 +142,16 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
     let mx = reduce_max(m, lid);
     var total = 0.0;
-    for (var j = lid; j < n; j += WG) {
+    for (var j = j0 + lid; j < j1; j += WG) {
         let p = exp(Sc[so + j] - mx);
         Sc[so + j] = p;
         total += p;
     }
     let sum = reduce_sum(total, lid);
+    if (SPLIT && lid == 0u) {
+        partial_out(partial_base(b, h, wid.z), mx);
+        partial_out(partial_base(b, h, wid.z) + 1u, sum);
+    }
     storageBarrier();
     workgroupBarrier();
     let l = lid % TD;
@@ -145,7 +160,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         let d4 = base + l;
         var acc = vec4<f32>(0.0);
         if (d4 < hd4) {
-            for (var j = g; j < n; j += G) {
+            for (var j = j0 + g; j < j1; j += G) {
                 if (ROPE && j == pos) {
                     acc += Sc[so + j] * vcur[d4];
                 } else {
@@ -160,11 +175,19 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             for (var k = 0u; k < G; k++) {
                 t += red4[k * TD + l];
             }
-            let o = b * P.out_stride + h * P.head_dim + 4u * d4;
-            Out[o] = t.x / sum;
-            Out[o + 1u] = t.y / sum;
-            Out[o + 2u] = t.z / sum;
-            Out[o + 3u] = t.w / sum;
+            if (SPLIT) {
+                let pb = partial_base(b, h, wid.z) + 2u + 4u * d4;
+                partial_out(pb, t.x);
+                partial_out(pb + 1u, t.y);
+                partial_out(pb + 2u, t.z);
+                partial_out(pb + 3u, t.w);
+            } else {
+                let o = b * P.out_stride + h * P.head_dim + 4u * d4;
+                Out[o] = t.x / sum;
+                Out[o + 1u] = t.y / sum;
+                Out[o + 2u] = t.z / sum;
+                Out[o + 3u] = t.w / sum;
+            }
         }
         workgroupBarrier();
     }
