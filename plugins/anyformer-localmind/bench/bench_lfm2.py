@@ -19,6 +19,11 @@ import os
 import tempfile
 import time
 
+# llama-cpp-python before numpy (see bench_decode.py: its CUDA build crashed loading a model otherwise).
+try:
+    import llama_cpp  # noqa: F401
+except ImportError:
+    pass
 import numpy as np
 from bench_decode import bench_llama_cpp
 

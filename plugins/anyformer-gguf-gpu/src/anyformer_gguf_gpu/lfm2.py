@@ -9,7 +9,9 @@ embedding lookup, then per layer
   matrix kernel), the gated convolution (:mod:`anyformer_gguf_gpu.shortconv`; its rolling state of
   the last ``l_cache - 1`` inputs stays on the GPU per layer), out_proj added to the residual;
 - an attention layer: q/k/v of the normed residual, per-head q/k RMSNorm and NEOX RoPE with the
-  K/V store, attention over the cache, the output projection added to the residual;
+  K/V store (inside the attention dispatch in one-token steps), attention over the cache (split
+  along the sequence past ``split_from`` keys, then combined), the output projection added to the
+  residual;
 
 then the SwiGLU feed-forward (gate and up of the normed residual, down reading silu(gate) * up);
 after the last layer the final norm (``token_embd_norm``), the head and sampling.
@@ -26,7 +28,15 @@ from typing import Any
 from anyformer.plugin import GGUFHeader
 from anyformer_gguf_gpu.gguf_file import GGUFFile
 from anyformer_gguf_gpu.gpu import GPU
-from anyformer_gguf_gpu.kernels import PLAIN_KERNELS, Dispatch, Kernels, PipelineKey, attention_scratch_bytes
+from anyformer_gguf_gpu.kernels import (
+    PLAIN_KERNELS,
+    AttentionRope,
+    Dispatch,
+    Kernels,
+    PipelineKey,
+    attention_kernel,
+    attention_scratch_bytes,
+)
 from anyformer_gguf_gpu.lfm2_config import MAX_CONV_TAPS, Lfm2Config, lfm2_footprint, read_lfm2_config
 from anyformer_gguf_gpu.shortconv import ShortConvKernel
 from anyformer_gguf_gpu.transformer import (
@@ -129,6 +139,8 @@ class Lfm2Engine(TransformerEngine):
                 normed = not name.endswith(("ffn_down.weight", "attn_output.weight", "shortconv.out_proj.weight"))
                 wanted.append(("matvec", weight.fmt.name, tb, down, normed))
         wanted.append(("embed", self.weights["token_embd.weight"].fmt.name, 1, False, False))
+        if attention_kernel(self.lfm2.head_dim) == "attention_vec4":
+            wanted.append(("attention_vec4", None, 1, False, False, True))  # one-token steps rotate in attention
         return wanted + self.split_variants()
 
     def release(self) -> None:
@@ -210,7 +222,8 @@ class Lfm2Engine(TransformerEngine):
         return out
 
     def _attention(self, layer: int, n: int, mv: Any, op_norm: dict[str, Any], split: bool) -> list[Dispatch]:
-        """One attention layer's dispatches: q/k/v, q/k norm + RoPE + K/V store, attention, output projection."""
+        """One attention layer's dispatches: q/k/v, q/k norm + RoPE + K/V store, attention (+ the combine where
+        split), output projection."""
         c, k, w = self.lfm2, self.kernels, self.weights
         p = f"blk.{layer}."
         slot = c.attention_layers.index(layer)
@@ -221,41 +234,36 @@ class Lfm2Engine(TransformerEngine):
             stride = c.q_dim + 2 * c.kv_dim
             for name, off in (("attn_q", 0), ("attn_k", c.q_dim), ("attn_v", c.q_dim + c.kv_dim)):
                 out.append(mv(p + name + ".weight", self.h, self.qkv, y_off=off, y_stride=stride, **op_norm))
-        out.append(
-            k.rope_store(
-                self.qkv,
-                self.k_cache[slot],
-                self.v_cache[slot],
-                self.cos_sin,
-                self._qk_norm[slot],
-                self.state,
-                n_head=c.n_head,
-                n_kv=c.n_kv,
-                head_dim=c.head_dim,
-                n_rot=c.n_rot,
-                neox=c.rope_neox,
-                tokens=n,
-                qk_norm=True,
-                eps=c.eps,
+        # One-token steps norm, rotate and store q/k in the attention dispatch itself (heads a multiple of 4
+        # wide), as qwen3's do; steps of several tokens need the store done before any token attends.
+        rope_in_attention = n == 1 and attention_kernel(c.head_dim) == "attention_vec4"
+        if not rope_in_attention:
+            out.append(
+                k.rope_store(
+                    self.qkv,
+                    self.k_cache[slot],
+                    self.v_cache[slot],
+                    self.cos_sin,
+                    self._qk_norm[slot],
+                    self.state,
+                    n_head=c.n_head,
+                    n_kv=c.n_kv,
+                    head_dim=c.head_dim,
+                    n_rot=c.n_rot,
+                    neox=c.rope_neox,
+                    tokens=n,
+                    qk_norm=True,
+                    eps=c.eps,
+                )
             )
-        )
-        out.append(
-            k.attention(
-                self.qkv,
-                self.k_cache[slot],
-                self.v_cache[slot],
-                self.attn,
-                self.scores,
-                self.state,
-                n_head=c.n_head,
-                n_kv=c.n_kv,
-                head_dim=c.head_dim,
-                ctx=self.ctx,
-                scale=1.0 / math.sqrt(c.head_dim),
-                tokens=n,
-                split=split,
-            )
-        )
+        args = (self.qkv, self.k_cache[slot], self.v_cache[slot], self.attn, self.scores, self.state)
+        dims = {"n_head": c.n_head, "n_kv": c.n_kv, "head_dim": c.head_dim, "ctx": self.ctx}
+        scale = 1.0 / math.sqrt(c.head_dim)
+        if rope_in_attention:
+            rope = AttentionRope(self.cos_sin, self._qk_norm[slot], c.n_rot, c.rope_neox, True, c.eps)
+            out.append(k.attention_with_rope(rope, *args, scale=scale, split=split, **dims))
+        else:
+            out.append(k.attention(*args, scale=scale, tokens=n, split=split, **dims))
         if split:
             out.append(
                 k.attention_combine(
