@@ -355,54 +355,64 @@ def test_attention_split_refuses_a_scratch_without_room_for_partials(gpu, kv_ker
 @pytest.mark.parametrize("neox", [False, True], ids=["normal", "neox"])
 @pytest.mark.parametrize("qk_norm", [False, True], ids=["plain", "qk-norm"])
 @pytest.mark.parametrize(("n_head", "n_kv", "hd", "n_rot"), [(4, 2, 16, 16), (3, 1, 24, 16)])
-@pytest.mark.parametrize(("pos", "ctx", "split"), [(37, 48, False), (300, 520, True)], ids=["whole", "split"])
-def test_attention_can_rotate_and_store_the_token_itself(
-    gpu, kv_kernels, rng, neox, qk_norm, n_head, n_kv, hd, n_rot, pos, ctx, split
+@pytest.mark.parametrize(
+    ("pos", "tokens", "ctx", "split"),
+    [(37, 1, 48, False), (300, 1, 520, True), (30, 3, 48, False), (0, 2, 8, False), (254, 4, 520, True)],
+    ids=["decode", "decode-split", "prefill", "prefill-from-0", "prefill-split-across-a-chunk-edge"],
+)
+def test_attention_can_rotate_and_store_the_step_itself(
+    gpu, kv_kernels, rng, neox, qk_norm, n_head, n_kv, hd, n_rot, pos, tokens, ctx, split
 ):
-    """A one-token step with rope_store's work inside attention: the same output and cache as the two dispatches
-    (also split along the sequence: only the chunk holding the token's own position stores its k, v)."""
+    """rope_store's work inside attention, for a step of ``tokens`` tokens at pos..: the output and cache of the
+    two dispatches. The step's earlier keys are normed and rotated from the q/k/v rows (the cache at those
+    positions is being written by other workgroups); split along the sequence, only the chunk holding a token's
+    own position stores its k, v (the prefill-split case spans positions 254..257, across a chunk edge)."""
     from anyformer_gguf_gpu.kernels import AttentionRope, attention_scratch_bytes
 
     kernels = kv_kernels
     base, eps = 10000.0, 1e-6
     q_dim, kv_dim = n_head * hd, n_kv * hd
-    qkv = rng.standard_normal((1, q_dim + 2 * kv_dim)).astype(np.float32)
+    qkv = rng.standard_normal((tokens, q_dim + 2 * kv_dim)).astype(np.float32)
     norm = rng.standard_normal(2 * hd).astype(np.float32)
     kc = rng.standard_normal((ctx, kv_dim)).astype(np.float16).astype(np.float32)
     vc = rng.standard_normal((ctx, kv_dim)).astype(np.float16).astype(np.float32)
     kc[pos:], vc[pos:] = 0, 0
     k_cache, v_cache = _cache(gpu, kernels, kc), _cache(gpu, kernels, vc)
-    out = gpu.buffer(q_dim * 4)
+    out = gpu.buffer(tokens * q_dim * 4)
     table, norm_buf = gpu.upload(cos_sin_table(ctx, n_rot, base)), gpu.upload(norm)
     rope = AttentionRope(table, norm_buf, n_rot, neox, qk_norm, eps)
-    scores, state = gpu.buffer(attention_scratch_bytes(1, n_head, ctx, hd)), _state(gpu, pos)
+    scores, state = gpu.buffer(attention_scratch_bytes(tokens, n_head, ctx, hd)), _state(gpu, pos, tokens)
+    dims = {"n_head": n_head, "head_dim": hd, "ctx": ctx, "tokens": tokens}
     dispatch = kernels.attention_with_rope(
         rope, gpu.upload(qkv), k_cache, v_cache, out, scores, state,
-        n_head=n_head, n_kv=n_kv, head_dim=hd, ctx=ctx, scale=float(1 / np.sqrt(hd)), split=split,
+        n_kv=n_kv, scale=float(1 / np.sqrt(hd)), split=split, **dims,
     )  # fmt: skip
-    combine = [kernels.attention_combine(scores, out, state, n_head=n_head, head_dim=hd, ctx=ctx)] if split else []
+    combine = [kernels.attention_combine(scores, out, state, **dims)] if split else []
     kernels.run([dispatch, *combine])
-    q = qkv[:, :q_dim].reshape(1, n_head, hd)
-    k = qkv[:, q_dim : q_dim + kv_dim].reshape(1, n_kv, hd)
+    q = qkv[:, :q_dim].reshape(tokens, n_head, hd)
+    k = qkv[:, q_dim : q_dim + kv_dim].reshape(tokens, n_kv, hd)
+    v = qkv[:, q_dim + kv_dim :]
     if qk_norm:
         q, k = _rms(q, norm[:hd], eps), _rms(k, norm[hd:], eps)
-    at = np.array([pos], dtype=np.float64)
-    q, k = rope_reference(q, at, n_rot, base, neox)[0], rope_reference(k, at, n_rot, base, neox)[0]
+    at = np.arange(pos, pos + tokens, dtype=np.float64)
+    q, k = rope_reference(q, at, n_rot, base, neox), rope_reference(k, at, n_rot, base, neox)
     keys, values = kc.astype(np.float64), vc.astype(np.float64)
-    keys[pos], values[pos] = k.reshape(-1), qkv[0, q_dim + kv_dim :]
-    got = gpu.read(out, np.float32, q_dim).reshape(n_head, hd)
+    keys[pos : pos + tokens], values[pos : pos + tokens] = k.reshape(tokens, -1), v
+    got = gpu.read(out, np.float32, tokens * q_dim).reshape(tokens, n_head, hd)
     group = n_head // n_kv
-    for h in range(n_head):
-        span = slice((h // group) * hd, (h // group + 1) * hd)
-        scores = keys[: pos + 1, span] @ q[h] / np.sqrt(hd)
-        p = np.exp(scores - scores.max())
-        _close(got[h], (p / p.sum()) @ values[: pos + 1, span], rel=2e-4 if kernels.kv_f16 else 2e-5)
+    for t in range(tokens):
+        for h in range(n_head):
+            span = slice((h // group) * hd, (h // group + 1) * hd)
+            s = keys[: pos + t + 1, span] @ q[t, h] / np.sqrt(hd)
+            p = np.exp(s - s.max())
+            _close(got[t, h], (p / p.sum()) @ values[: pos + t + 1, span], rel=2e-4 if kernels.kv_f16 else 2e-5)
     cache_k = _read_cache(gpu, kernels, k_cache, ctx * kv_dim).reshape(ctx, kv_dim)
     cache_v = _read_cache(gpu, kernels, v_cache, ctx * kv_dim).reshape(ctx, kv_dim)
     tol = {"rtol": 1e-3, "atol": 1e-3} if kernels.kv_f16 else {"rtol": 0, "atol": 1e-5}
-    np.testing.assert_allclose(cache_k[pos], k.reshape(-1), **tol)
-    np.testing.assert_allclose(cache_v[pos], qkv[0, q_dim + kv_dim :], **tol)
+    np.testing.assert_allclose(cache_k[pos : pos + tokens], k.reshape(tokens, -1), **tol)
+    np.testing.assert_allclose(cache_v[pos : pos + tokens], v, **tol)
     np.testing.assert_array_equal(cache_k[:pos], kc[:pos])
+    np.testing.assert_array_equal(cache_k[pos + tokens :], kc[pos + tokens :])
 
 
 def test_swiglu(gpu, kernels, rng):

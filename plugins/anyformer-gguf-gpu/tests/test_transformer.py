@@ -141,11 +141,12 @@ def test_several_steps_in_one_submission_decode_the_same_ids(engine, monkeypatch
 
 
 def test_a_decode_step_is_five_dispatches_a_layer(engine):
-    """Rotary and the KV store ride in the q/k/v projection (llama) or in attention (qwen3, heads a multiple of 4)."""
+    """Rotary and the KV store ride in the q/k/v projection (llama) or in attention (qwen3, heads a multiple of 4),
+    in decode and prefill steps alike."""
     c = engine.config
     per_layer = 5 if engine.rope_in_projection or c.head_dim % 4 == 0 else 6
     assert engine.dispatches_per_token == per_layer * c.n_layer + 3  # + embedding, output head, argmax
-    assert len(engine.program(3, head=True)) == (5 if engine.rope_in_projection else 6) * c.n_layer + 3
+    assert len(engine.program(3, head=True)) == per_layer * c.n_layer + 3
 
 
 def test_native_encoding_gives_what_the_public_api_gives(engine):

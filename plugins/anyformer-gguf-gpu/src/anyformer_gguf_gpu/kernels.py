@@ -162,7 +162,7 @@ class RopeStore:
 
 @dataclasses.dataclass(frozen=True)
 class AttentionRope:
-    """What attention needs to do rope_store's work itself in a one-token step: the rope table and norms."""
+    """What attention needs to do rope_store's work itself: the rope table and the q/k norms."""
 
     cos_sin: Any
     norm: Any
@@ -552,11 +552,13 @@ class Kernels:
         head_dim: int,
         ctx: int,
         scale: float,
+        tokens: int = 1,
         split: bool = False,
     ) -> Dispatch:
-        """:meth:`attention` of a one-token step that first norms and rotates q and k as rope_store does and
-        stores k, v into the cache, in the same dispatch (heads a multiple of 4 wide)."""
-        dims = {"n_head": n_head, "n_kv": n_kv, "head_dim": head_dim, "ctx": ctx, "tokens": 1}
+        """:meth:`attention` that first norms and rotates q and k as rope_store does and stores k, v into the
+        cache, in the same dispatch (heads a multiple of 4 wide). The keys of the step's earlier tokens come
+        from the q/k/v rows (normed and rotated again where used), not from the cache being written."""
+        dims = {"n_head": n_head, "n_kv": n_kv, "head_dim": head_dim, "ctx": ctx, "tokens": tokens}
         return self._attention(qkv, k_cache, v_cache, out, scores, state, scale=scale, rope=rope, split=split, **dims)
 
     def _attention(
@@ -583,8 +585,8 @@ class Kernels:
         extra: tuple[int | float, ...] = (0, 0, 0, 0.0, 0, q_dim, q_dim + kv_dim, part_off)
         buffers = [qkv, k_cache, v_cache, out, scores, state]
         if rope is not None:
-            if tokens != 1 or name != "attention_vec4" or head_dim > MAX_HEAD_DIM or rope.n_rot > head_dim:
-                raise ValueError("attention rotates q/k itself only in one-token steps of heads a multiple of 4 wide")
+            if name != "attention_vec4" or head_dim > MAX_HEAD_DIM or rope.n_rot > head_dim:
+                raise ValueError("attention rotates q/k itself only for heads a multiple of 4 wide")
             extra = (
                 rope.n_rot,
                 int(rope.neox),
@@ -762,6 +764,10 @@ _NO_ROPE = """fn rope_epilogue(row: u32, local_row: u32, t: u32, token: u32, val
 _NO_ATTENTION_ROPE = """var<workgroup> cur: array<f32, 4>;
 
 fn rope_head(src: u32, norm_off: u32, pos: u32, lid: u32) {
+}
+
+fn step_key_dot(src: u32, pos: u32) -> f32 {
+    return 0.0;
 }
 """
 

@@ -9,7 +9,7 @@ embedding lookup, then per layer
   matrix kernel), the gated convolution (:mod:`anyformer_gguf_gpu.shortconv`; its rolling state of
   the last ``l_cache - 1`` inputs stays on the GPU per layer), out_proj added to the residual;
 - an attention layer: q/k/v of the normed residual, per-head q/k RMSNorm and NEOX RoPE with the
-  K/V store (inside the attention dispatch in one-token steps), attention over the cache (split
+  K/V store (inside the attention dispatch where heads are a multiple of 4 wide), attention over the cache (split
   along the sequence past ``split_from`` keys, then combined), the output projection added to the
   residual;
 
@@ -140,7 +140,7 @@ class Lfm2Engine(TransformerEngine):
                 wanted.append(("matvec", weight.fmt.name, tb, down, normed))
         wanted.append(("embed", self.weights["token_embd.weight"].fmt.name, 1, False, False))
         if attention_kernel(self.lfm2.head_dim) == "attention_vec4":
-            wanted.append(("attention_vec4", None, 1, False, False, True))  # one-token steps rotate in attention
+            wanted.append(("attention_vec4", None, 1, False, False, True))  # rotary inside attention
         return wanted + self.split_variants()
 
     def release(self) -> None:
@@ -234,9 +234,8 @@ class Lfm2Engine(TransformerEngine):
             stride = c.q_dim + 2 * c.kv_dim
             for name, off in (("attn_q", 0), ("attn_k", c.q_dim), ("attn_v", c.q_dim + c.kv_dim)):
                 out.append(mv(p + name + ".weight", self.h, self.qkv, y_off=off, y_stride=stride, **op_norm))
-        # One-token steps norm, rotate and store q/k in the attention dispatch itself (heads a multiple of 4
-        # wide), as qwen3's do; steps of several tokens need the store done before any token attends.
-        rope_in_attention = n == 1 and attention_kernel(c.head_dim) == "attention_vec4"
+        # Attention norms, rotates and stores q/k itself (heads a multiple of 4 wide), as qwen3's does.
+        rope_in_attention = attention_kernel(c.head_dim) == "attention_vec4"
         if not rope_in_attention:
             out.append(
                 k.rope_store(
@@ -261,7 +260,7 @@ class Lfm2Engine(TransformerEngine):
         scale = 1.0 / math.sqrt(c.head_dim)
         if rope_in_attention:
             rope = AttentionRope(self.cos_sin, self._qk_norm[slot], c.n_rot, c.rope_neox, True, c.eps)
-            out.append(k.attention_with_rope(rope, *args, scale=scale, split=split, **dims))
+            out.append(k.attention_with_rope(rope, *args, scale=scale, tokens=n, split=split, **dims))
         else:
             out.append(k.attention(*args, scale=scale, tokens=n, split=split, **dims))
         if split:

@@ -196,7 +196,7 @@ class TransformerEngine:
         name = attention_kernel(self.config.head_dim)
         wanted: list[PipelineKey] = [(name, None, 1, False, False, False, True)]
         if name == "attention_vec4":
-            wanted.append((name, None, 1, False, False, True, True))  # one-token steps that rotate in attention
+            wanted.append((name, None, 1, False, False, True, True))  # with the rotary inside attention
         return wanted
 
     def _qk_norm_buffer(self, gguf: GGUFFile, layer: int) -> Any:
@@ -226,10 +226,11 @@ class TransformerEngine:
         unused_attention = {"attention", "attention_vec4"} - {attention_kernel(self.config.head_dim)}
         if self.ctx <= self.split_from:
             unused_attention.add("attention_combine")
-        skip = {"swiglu", "rmsnorm"} | unused_attention | ({"rope_store"} if self.rope_in_projection else set())
+        rope_elsewhere = self.rope_in_projection or attention_kernel(self.config.head_dim) == "attention_vec4"
+        skip = {"swiglu", "rmsnorm"} | unused_attention | ({"rope_store"} if rope_elsewhere else set())
         wanted: list[PipelineKey] = [(k, None, 1, False, False, False) for k in PLAIN_KERNELS if k not in skip]
         if not self.rope_in_projection and attention_kernel(self.config.head_dim) == "attention_vec4":
-            wanted.append(("attention_vec4", None, 1, False, False, True))  # one-token steps rotate in attention
+            wanted.append(("attention_vec4", None, 1, False, False, True))  # rotary inside attention
         for tb in {1, self.kernels.tokens_per_thread(self.max_batch)}:
             for name, weight in self.weights.items():
                 down = name.endswith("ffn_down.weight")
@@ -304,10 +305,8 @@ class TransformerEngine:
             else:
                 for name, off in (("attn_q", 0), ("attn_k", c.q_dim), ("attn_v", c.q_dim + c.kv_dim)):
                     out.append(mv(p + name + ".weight", self.h, self.qkv, y_off=off, y_stride=qkv_stride, **attn_norm))
-            # One-token steps of the other models rotate and store in the attention dispatch itself.
-            rope_in_attention = (
-                n == 1 and not self.rope_in_projection and attention_kernel(c.head_dim) == "attention_vec4"
-            )
+            # The other models rotate and store in the attention dispatch itself (heads a multiple of 4 wide).
+            rope_in_attention = not self.rope_in_projection and attention_kernel(c.head_dim) == "attention_vec4"
             if not self.rope_in_projection and not rope_in_attention:
                 out.append(
                     k.rope_store(
@@ -333,7 +332,7 @@ class TransformerEngine:
             if rope_in_attention:
                 norm = self._qk_norm[i] if c.qk_norm else self._dummy_norm
                 rope = AttentionRope(self.cos_sin, norm, c.n_rot, c.rope_neox, c.qk_norm, c.eps)
-                out.append(k.attention_with_rope(rope, *attention_args, scale=scale, split=split, **dims))
+                out.append(k.attention_with_rope(rope, *attention_args, scale=scale, tokens=n, split=split, **dims))
             else:
                 out.append(k.attention(*attention_args, scale=scale, tokens=n, split=split, **dims))
             if split:

@@ -3,12 +3,13 @@
 // Scores: a thread per key, q held in workgroup memory as vec4s. Weighted sum of V: TD threads
 // cover 4 * TD dims of the head (4 each), G = WG / TD groups split the keys, and the groups are
 // summed in workgroup memory: each thread's chain of dependent loads is n / G vec4s long.
-// ROPE (a constant, for one-token decode steps of models whose rotary is not in the q/k/v
-// projection: NEOX, q/k norms) makes this kernel do rope_store's work for its heads first: it norms
-// and rotates its q head and its KV head's current k (rope_head, prepended by the host with its
-// bindings), uses them for the token's own position, and the first q head of each KV group stores
-// that k and v into the caches. Other workgroups never read the cache at that position, so no
-// workgroup waits for another's store.
+// ROPE (a constant, for models whose rotary is not in the q/k/v projection: NEOX, q/k norms) makes
+// this kernel do rope_store's work for its heads first: it norms and rotates its q head and its KV
+// head's current k (rope_head, prepended by the host with its bindings), uses them for the token's
+// own position, and the first q head of each KV group stores that k and v into the caches. The
+// keys of the step's earlier tokens (positions S[0].. before its own) are read from the q/k/v rows,
+// normed and rotated on the fly (step_key_dot), never from the cache, which other workgroups of the
+// same dispatch are writing: no workgroup waits for another's store, in prefill steps too.
 // SPLIT (a constant) splits the keys along the sequence (flash-decoding): workgroup (h, b, c) takes
 // keys c*CHUNK.. of its head and writes its chunk's max score, sum of exponentials and unnormalised
 // weighted sum of V to the scratch after the scores (partial_out); attention_combine.wgsl merges the
@@ -131,6 +132,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             for (var d4 = 0u; d4 < hd4; d4++) {
                 s4 += qs[d4] * kcur[d4];
             }
+        } else if (ROPE && j >= S[0]) {
+            s4.x = step_key_dot((j - S[0]) * P.qkv_stride + P.k_off + kvh * P.head_dim, j);
         } else {
             for (var d4 = 0u; d4 < hd4; d4++) {
                 s4 += qs[d4] * vec4<f32>(Kc[kj + d4]);
@@ -163,6 +166,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             for (var j = j0 + g; j < j1; j += G) {
                 if (ROPE && j == pos) {
                     acc += Sc[so + j] * vcur[d4];
+                } else if (ROPE && j >= S[0]) {
+                    let v = (j - S[0]) * P.qkv_stride + P.v_off + kvh * P.head_dim + 4u * d4;
+                    acc += Sc[so + j] * vec4<f32>(QKV[v], QKV[v + 1u], QKV[v + 2u], QKV[v + 3u]);
                 } else {
                     acc += Sc[so + j] * vec4<f32>(Vc[j * kv4 + ko4 + d4]);
                 }
