@@ -495,3 +495,31 @@ def test_sample_with_top_k_one_is_the_argmax(gpu, kernels, rng):
     block = gpu.upload(sampling_block(2.0, 1, 1.0, 99))
     kernels.run([kernels.sample(gpu.upload(logits), ids, _state(gpu, 0, 1), block, 777)])
     assert gpu.read(ids, np.uint32, 4)[1] == int(np.argmax(logits))
+
+
+@pytest.mark.parametrize("fmt", [Q4_1, F32], ids=lambda f: f.name)
+@pytest.mark.parametrize("sampler", ["argmax", "sample"])
+def test_samplers_can_embed_the_id_they_pick(gpu, kernels, rng, fmt, sampler):
+    """The next decode step's input, written by the sampler: the picked id's dequantised embedding row
+    (block rows and a float row whose length is not a multiple of 8), the rest of the buffer untouched."""
+    from anyformer_gguf_gpu.kernels import EmbedNext, sampling_block
+
+    rows, cols, n = 300, _cols_for(fmt, 3), 300
+    raw = random_blocks(fmt, rows * cols, rng)
+    table = dequantize(raw, fmt.ggml_type).reshape(rows, cols)
+    logits = rng.standard_normal(n).astype(np.float32)
+    start = rng.standard_normal(cols + 7).astype(np.float32)
+    ids, out = gpu.buffer(64), gpu.upload(start)
+    embed = EmbedNext(gpu.upload(raw), fmt, rows, cols, out)
+    state = _state(gpu, 5, 3)
+    if sampler == "argmax":
+        dispatch = kernels.argmax(gpu.upload(logits), ids, state, n, embed=embed)
+    else:
+        block = gpu.upload(sampling_block(0.8, 1, 1.0, 7))  # top-k 1: the argmax
+        dispatch = kernels.sample(gpu.upload(logits), ids, state, block, n, embed=embed)
+    kernels.run([dispatch])
+    picked = int(gpu.read(ids, np.uint32, 16)[8])
+    assert picked == int(np.argmax(logits))
+    got = gpu.read(out, np.float32, cols + 7)
+    np.testing.assert_array_equal(got[:cols], table[picked].astype(np.float32))
+    np.testing.assert_array_equal(got[cols:], start[cols:])

@@ -91,10 +91,11 @@ def test_the_registry_opens_the_lfm2_engine(engine):
     assert isinstance(engine, Lfm2Engine)
     c = engine.lfm2
     # Per conv layer 5 dispatches, per attention layer 5 (6 where heads are not a multiple of 4 wide:
-    # rotary then runs apart from attention), plus embedding, head and argmax; prefill steps too.
+    # rotary then runs apart from attention), plus head and argmax (which embeds the next id); prefill steps
+    # too, with their embedding lookup.
     per_attention = 5 if c.head_dim % 4 == 0 else 6
-    assert engine.dispatches_per_token == 5 * len(c.conv_layers) + per_attention * len(c.attention_layers) + 3
-    assert len(engine.program(3, head=True)) == engine.dispatches_per_token
+    assert engine.dispatches_per_token == 5 * len(c.conv_layers) + per_attention * len(c.attention_layers) + 2
+    assert len(engine.program(3, head=True)) == engine.dispatches_per_token + 1
 
 
 def test_logits_match_float64_numpy(engine, model_path):
@@ -241,7 +242,8 @@ def test_attention_split_along_the_sequence_keeps_the_logits(tmp_path, gpu):
         engine = open_engine(gpu, gguf, ctx=320, max_batch=64, kv_f16=False)
     engine.split_from = 100
     attention_layers = len(engine.lfm2.attention_layers)
-    assert len(engine.program(1, head=True, split=True)) == engine.dispatches_per_token + attention_layers
+    split = engine.program(1, head=True, split=True, chained=True)
+    assert len(split) == engine.dispatches_per_token + attention_layers
     exact = forward(path, prompt)
     assert np.abs(engine.all_logits(prompt) - exact).max() <= _bound(exact)
     # One-token steps replay positions 256.. after the prompt: the conv state must start where it was.

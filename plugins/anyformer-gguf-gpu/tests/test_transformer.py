@@ -145,8 +145,20 @@ def test_a_decode_step_is_five_dispatches_a_layer(engine):
     in decode and prefill steps alike."""
     c = engine.config
     per_layer = 5 if engine.rope_in_projection or c.head_dim % 4 == 0 else 6
-    assert engine.dispatches_per_token == per_layer * c.n_layer + 3  # + embedding, output head, argmax
-    assert len(engine.program(3, head=True)) == per_layer * c.n_layer + 3
+    # + output head and argmax: the argmax also embeds the next id, so a decode step has no embedding lookup.
+    assert engine.dispatches_per_token == per_layer * c.n_layer + 2
+    assert len(engine.program(3, head=True)) == per_layer * c.n_layer + 3  # + the prompt's embedding lookup
+
+
+def test_a_decode_step_embeds_its_id_itself_unless_the_step_before_did(engine):
+    """Decode steps take their input from the previous step's sampler; a submission after anything else
+    (here the prompt run without sampling, the next id written by the host) looks its first id up."""
+    want = list(greedy(engine, PROMPT, 5))
+    engine.all_logits(PROMPT)  # steps without a sampler: the residual holds the last layer's output
+    q = len(PROMPT)
+    engine.set_ids([want[0]], start=q)
+    engine.submit_decode(q, 4)
+    assert [engine.read_id(p) for p in range(q + 1, q + 5)] == want[1:]
 
 
 def test_native_encoding_gives_what_the_public_api_gives(engine):
@@ -214,7 +226,7 @@ def test_attention_split_along_the_sequence_keeps_the_logits(tmp_path, gpu, name
         engine = TransformerEngine(gpu, gguf, ctx=320, max_batch=64, kv_f16=False)
     engine.split_from = 100
     n_layer = engine.config.n_layer
-    assert len(engine.program(1, head=True, split=True)) == engine.dispatches_per_token + n_layer
+    assert len(engine.program(1, head=True, split=True, chained=True)) == engine.dispatches_per_token + n_layer
     exact = forward(path, prompt)
     ours = engine.all_logits(prompt)
     assert np.abs(ours - exact).max() <= _bound(exact)

@@ -49,6 +49,8 @@ _QUANT_FILES = {
 
 #: The kernels that decode weights, compiled once per quant type an engine uses.
 QUANT_KERNELS = ("matvec", "embed")
+#: The samplers, which can also write the picked id's embedding row (compiled per embedding quant type then).
+SAMPLERS = ("argmax", "sample")
 #: The kernels that read or write the KV cache (its element type is a compile-time choice).
 KV_KERNELS = ("rope_store", "attention", "attention_vec4")
 #: The kernels that do not depend on a weight format.
@@ -93,7 +95,8 @@ def kernel_source(
     (matvec.wgsl; ``rope`` adds the q/k/v epilogue of rope_epilogue.wgsl, which writes the KV cache);
     ``kv_f16`` makes the KV-cache kernels keep f16 (it needs the shader-f16 feature); ``subgroups`` makes the
     matrix kernel reduce with subgroup shuffles; ``workgroup`` overrides the kernel's thread count (argmax);
-    ``split`` makes the attention kernels cover one chunk of keys each and leave partial results.
+    ``split`` makes the attention kernels cover one chunk of keys each and leave partial results; a sampler
+    given ``quant`` (the embedding table's) also writes the picked id's embedding row.
     """
     workgroup = workgroup or {
         "argmax": ARGMAX_WORKGROUP,
@@ -122,7 +125,9 @@ def kernel_source(
         parts.append(_wgsl("attention_rope.wgsl") if rope else _NO_ATTENTION_ROPE)
     if kernel in KV_KERNELS or (kernel == "matvec" and rope):
         parts.insert(0, "enable f16;\nalias kv_t = f16;\n" if kv_f16 else "alias kv_t = f32;\n")
-    if kernel in QUANT_KERNELS:
+    if kernel in SAMPLERS:
+        parts.append(_SAMPLER_EMBED if quant is not None else _NO_SAMPLER_EMBED)
+    if kernel in QUANT_KERNELS or (kernel in SAMPLERS and quant is not None):
         if quant not in _QUANT_FILES:
             raise ValueError(f"no WGSL decoder for {quant}")
         parts.append(_wgsl("bytes.wgsl"))
@@ -170,6 +175,17 @@ class AttentionRope:
     neox: bool
     qk_norm: bool
     eps: float
+
+
+@dataclasses.dataclass(frozen=True)
+class EmbedNext:
+    """Where a sampler writes the embedding row of the id it picked: the next decode step's input (row 0)."""
+
+    weight: Any
+    fmt: QuantFormat
+    rows: int
+    cols: int
+    out: Any
 
 
 @dataclasses.dataclass(frozen=True)
@@ -329,7 +345,7 @@ class Kernels:
         matrix = kernel == "matvec"
         key: PipelineKey = (
             kernel,
-            quant if kernel in QUANT_KERNELS else None,
+            quant if kernel in QUANT_KERNELS or kernel in SAMPLERS else None,
             tokens_per_thread if matrix else 1,
             swiglu and matrix,
             norm and matrix,
@@ -628,18 +644,42 @@ class Kernels:
             "swiglu", self.pipeline("swiglu"), [gate_up, y], params, (math.ceil(n / WORKGROUP), tokens, 1)
         )
 
-    def argmax(self, logits: Any, ids: Any, state: Any, n: int, *, offset: int = 0) -> Dispatch:
-        """ids[pos + n_batch] = argmax(logits[offset : offset + n]), the lowest index on a tie."""
-        return self._dispatch("argmax", self.pipeline("argmax"), [logits, ids, state], _u32s(n, offset), (1, 1, 1))
+    def argmax(
+        self, logits: Any, ids: Any, state: Any, n: int, *, offset: int = 0, embed: EmbedNext | None = None
+    ) -> Dispatch:
+        """ids[pos + n_batch] = argmax(logits[offset : offset + n]), the lowest index on a tie.
 
-    def sample(self, logits: Any, ids: Any, state: Any, sampling: Any, n: int, *, offset: int = 0) -> Dispatch:
+        With ``embed`` the id's embedding row is also written to ``embed.out`` (the next step's input).
+        """
+        buffers = [logits, ids, state, *_embed_buffers(embed)]
+        return self._sampler("argmax", buffers, n, offset, embed)
+
+    def sample(
+        self,
+        logits: Any,
+        ids: Any,
+        state: Any,
+        sampling: Any,
+        n: int,
+        *,
+        offset: int = 0,
+        embed: EmbedNext | None = None,
+    ) -> Dispatch:
         """ids[pos + n_batch] = a top-k / top-p draw at a temperature from logits[offset : offset + n].
 
-        ``sampling`` holds (top_k, seed, temperature, top_p) as written by :func:`sampling_block`.
+        ``sampling`` holds (top_k, seed, temperature, top_p) as written by :func:`sampling_block`; ``embed``
+        as for :meth:`argmax`.
         """
-        return self._dispatch(
-            "sample", self.pipeline("sample"), [logits, ids, state, sampling], _u32s(n, offset), (1, 1, 1)
-        )
+        return self._sampler("sample", [logits, ids, state, sampling, *_embed_buffers(embed)[1:]], n, offset, embed)
+
+    def _sampler(self, name: str, buffers: list[Any], n: int, offset: int, embed: EmbedNext | None) -> Dispatch:
+        shape = (0, 0, 0, 0)
+        if embed is not None:
+            fmt = embed.fmt
+            row_bytes = fmt.row_bytes(embed.cols) if fmt.block_size > 1 else embed.cols * fmt.type_size
+            shape = (embed.cols, row_bytes, math.ceil(embed.cols / 8), embed.rows)
+        pipeline = self.pipeline(name, None if embed is None else embed.fmt.name)
+        return self._dispatch(name, pipeline, buffers, _u32s(n, offset, *shape), (1, 1, 1))
 
     def run(self, dispatches: Sequence[Dispatch], copies: Sequence[Copy] = ()) -> None:
         """Encode ``dispatches`` in one compute pass, then ``copies`` (src, src_off, dst, dst_off, n); submit once."""
@@ -725,6 +765,39 @@ fn partial_base(b: u32, h: u32, c: u32) -> u32 {
 }
 
 fn partial_out(i: u32, v: f32) {
+}
+"""
+
+
+def _embed_buffers(embed: EmbedNext | None) -> list[Any]:
+    """A sampler's bindings after its own: (none at 4 for argmax,) the embedding table at 5, its output at 6."""
+    return [] if embed is None else [None, embed.weight, embed.out]
+
+
+# A sampler's EMBED variant: the picked id's embedding row (decoded by the prepended quant reader) into Y.
+_SAMPLER_EMBED = """const EMBED: bool = true;
+@group(0) @binding(5) var<storage, read> W: array<u32>;
+@group(0) @binding(6) var<storage, read_write> Y: array<f32>;
+
+fn embed_row(id: u32, lid: u32) {
+    // An id out of range (never from the sampler itself) reads row 0 rather than past the table.
+    let rb = select(0u, id, id < P.e_rows) * P.e_row_bytes;
+    for (var u = lid; u < P.e_units; u += WG) {
+        let e0 = u * 8u;
+        let w = unit_w(rb, e0, P.e_cols);
+        for (var i = 0u; i < 8u; i++) {
+            if (e0 + i < P.e_cols) {
+                Y[e0 + i] = w[i / 4u][i % 4u];
+            }
+        }
+    }
+}
+"""
+
+# A sampler without it (EMBED is false; the function only has to exist).
+_NO_SAMPLER_EMBED = """const EMBED: bool = false;
+
+fn embed_row(id: u32, lid: u32) {
 }
 """
 

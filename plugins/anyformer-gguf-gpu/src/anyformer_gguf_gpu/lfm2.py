@@ -118,7 +118,8 @@ class Lfm2Engine(TransformerEngine):
         self.conv_state = {i: buf((MAX_CONV_TAPS - 1) * c.n_embd * 4, label=f"conv{i}") for i in c.conv_layers}
         self.cos_sin = gpu.upload(cos_sin_table(self.ctx, c.n_rot, c.rope_base), label="rope")
         self._qk_norm = [self._qk_norm_buffer(gguf, i) for i in c.attention_layers]
-        self._programs: dict[tuple[int, bool, bool, bool, bool, bool], list[Dispatch]] = {}
+        self._programs: dict[tuple[int, bool, bool, bool, bool, bool, bool], list[Dispatch]] = {}
+        self._embedded_for: int | None = None
         self.gpu_bytes = self._held_bytes(gguf.header)
         self.kernels.compile(self._pipelines_needed(), lambda done, total: report("compile", done, total))
         self._build_programs()
@@ -130,7 +131,7 @@ class Lfm2Engine(TransformerEngine):
     def _pipelines_needed(self) -> list[PipelineKey]:
         """Every (kernel, quant, tokens_per_thread, swiglu, norm[, rope, split]) pipeline the steps encode."""
         wanted: list[PipelineKey] = [
-            (k, None, 1, False, False) for k in PLAIN_KERNELS if k not in ("swiglu", "rmsnorm")
+            (k, None, 1, False, False) for k in PLAIN_KERNELS if k not in ("swiglu", "rmsnorm", "argmax", "sample")
         ]
         for tb in {1, self.kernels.tokens_per_thread(self.max_batch)}:
             for name, weight in self.weights.items():
@@ -138,7 +139,8 @@ class Lfm2Engine(TransformerEngine):
                 # Projections of the residual normalise it; the three that read an activation do not.
                 normed = not name.endswith(("ffn_down.weight", "attn_output.weight", "shortconv.out_proj.weight"))
                 wanted.append(("matvec", weight.fmt.name, tb, down, normed))
-        wanted.append(("embed", self.weights["token_embd.weight"].fmt.name, 1, False, False))
+        embedding = self.weights["token_embd.weight"].fmt.name
+        wanted += [(kernel, embedding, 1, False, False) for kernel in ("embed", "argmax", "sample")]
         if attention_kernel(self.lfm2.head_dim) == "attention_vec4":
             wanted.append(("attention_vec4", None, 1, False, False, True))  # rotary inside attention
         return wanted + self.split_variants()
@@ -214,11 +216,8 @@ class Lfm2Engine(TransformerEngine):
                 )
             )
         if sample:
-            last = (n - 1) * c.n_vocab if all_logits else 0
-            if self.stochastic:
-                out.append(k.sample(self.logits, self.ids, self.state, self.sampling, c.n_vocab, offset=last))
-            else:
-                out.append(k.argmax(self.logits, self.ids, self.state, c.n_vocab, offset=last))
+            # The last token's logits are the last row of what the head wrote.
+            out.append(self._sampler(n, all_logits))
         return out
 
     def _attention(self, layer: int, n: int, mv: Any, op_norm: dict[str, Any], split: bool) -> list[Dispatch]:

@@ -6,7 +6,9 @@ one list of dispatches encoded into one compute pass and one queue submission: e
 (the ids live on the GPU), then per layer RMSNorm, the q/k/v projections, RoPE with the K/V cache
 store, attention, the output projection added to the residual, RMSNorm, gate and up, SwiGLU, and
 the down projection added to the residual; then the final norm, the output head and greedy
-sampling, whose id is written where the next step's embedding lookup reads it.
+sampling, whose id is written where the next step's embedding lookup reads it. The sampler also
+writes that id's embedding row as the next step's input, so a decode step that follows a sampling
+step leaves its embedding lookup out (``chained``).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from anyformer_gguf_gpu.kernels import (
     AttentionRope,
     Copy,
     Dispatch,
+    EmbedNext,
     Kernels,
     PipelineKey,
     RopeStore,
@@ -168,7 +171,9 @@ class TransformerEngine:
         self.cos_sin = gpu.upload(cos_sin_table(self.ctx, c.n_rot, c.rope_base, factors), label="rope")
         self._dummy_norm = gpu.buffer(16, label="no-qk-norm")
         self._qk_norm = [self._qk_norm_buffer(gguf, i) for i in range(c.n_layer)] if c.qk_norm else []
-        self._programs: dict[tuple[int, bool, bool, bool, bool, bool], list[Dispatch]] = {}
+        self._programs: dict[tuple[int, bool, bool, bool, bool, bool, bool], list[Dispatch]] = {}
+        #: The position whose embedding the last sampling step left in the residual's first row (None: unknown).
+        self._embedded_for: int | None = None
         self.gpu_bytes = self._held_bytes(gguf.header)
         # Pipelines compiled (and bind groups built) now rather than on the first token: the steps of
         # one token and of max_batch tokens use every pipeline variant any step needs.
@@ -181,6 +186,7 @@ class TransformerEngine:
         for split in (False, True) if self.ctx > self.split_from else (False,):
             for stochastic in (False, True):
                 self.stochastic = stochastic
+                self.program(1, head=True, split=split, chained=True)
                 self.program(1, head=True, split=split)
                 self.program(self.max_batch, head=True, split=split)
         self.stochastic = False
@@ -227,7 +233,9 @@ class TransformerEngine:
         if self.ctx <= self.split_from:
             unused_attention.add("attention_combine")
         rope_elsewhere = self.rope_in_projection or attention_kernel(self.config.head_dim) == "attention_vec4"
-        skip = {"swiglu", "rmsnorm"} | unused_attention | ({"rope_store"} if rope_elsewhere else set())
+        # The samplers are compiled with the embedding's decoder (below): they also embed the next id.
+        skip = {"swiglu", "rmsnorm", "argmax", "sample"} | unused_attention
+        skip |= {"rope_store"} if rope_elsewhere else set()
         wanted: list[PipelineKey] = [(k, None, 1, False, False, False) for k in PLAIN_KERNELS if k not in skip]
         if not self.rope_in_projection and attention_kernel(self.config.head_dim) == "attention_vec4":
             wanted.append(("attention_vec4", None, 1, False, False, True))  # rotary inside attention
@@ -237,7 +245,8 @@ class TransformerEngine:
                 normed = not down and not name.endswith("attn_output.weight")  # projections of the residual
                 rope = self.rope_in_projection and name.endswith("attn_qkv.weight")
                 wanted.append(("matvec", weight.fmt.name, tb, down, normed, rope))
-        wanted.append(("embed", self.weights["token_embd.weight"].fmt.name, 1, False, False, False))
+        embedding = self.weights["token_embd.weight"].fmt.name
+        wanted += [(kernel, embedding, 1, False, False, False) for kernel in ("embed", "argmax", "sample")]
         return wanted + self.split_variants()
 
     def release(self) -> None:
@@ -260,11 +269,18 @@ class TransformerEngine:
 
     @property
     def dispatches_per_token(self) -> int:
-        """How many kernel dispatches one decode step encodes."""
-        return len(self.program(1, head=True))
+        """How many kernel dispatches one decode step encodes (its input embedded by the step before)."""
+        return len(self.program(1, head=True, chained=True))
 
     def program(
-        self, tokens: int, *, head: bool, sample: bool = True, all_logits: bool = False, split: bool = False
+        self,
+        tokens: int,
+        *,
+        head: bool,
+        sample: bool = True,
+        all_logits: bool = False,
+        split: bool = False,
+        chained: bool = False,
     ) -> list[Dispatch]:
         """The dispatches of one step over ``tokens`` tokens.
 
@@ -272,13 +288,37 @@ class TransformerEngine:
         ``all_logits``); ``sample`` then adds sampling (the argmax, or a seeded draw after
         :meth:`set_sampling`), which writes the next id after the step's tokens. ``split`` makes each
         attention split along the sequence (one more dispatch per attention layer: the combine).
+        The sampler also writes the next id's embedding into the residual's first row, so ``chained``
+        leaves out the embedding lookup: a one-token step right after a sampling step needs none.
         """
-        key = (tokens, head, head and sample, head and all_logits, self.stochastic, split)
+        key = (tokens, head, head and sample, head and all_logits, self.stochastic, split, chained and tokens == 1)
         found = self._programs.get(key)
         if found is None:
-            found = self._build(tokens, head, head and sample, head and all_logits, split)
+            if key[-1]:
+                whole = self.program(1, head=head, sample=sample, all_logits=all_logits, split=split)
+                if whole[0].name != "embed":
+                    raise RuntimeError("a step's first dispatch is its embedding lookup")
+                found = whole[1:]
+            else:
+                found = self._build(tokens, head, head and sample, head and all_logits, split)
             self._programs[key] = found
         return found
+
+    def _sampler(self, n: int, all_logits: bool) -> Dispatch:
+        """The step's sampling dispatch (argmax, or a seeded draw after :meth:`set_sampling`) over the last
+        token's logits, which also embeds the picked id for the next step."""
+        k, vocab = self.kernels, self.config.n_vocab
+        last = (n - 1) * vocab if all_logits else 0
+        if self.stochastic:
+            return k.sample(
+                self.logits, self.ids, self.state, self.sampling, vocab, offset=last, embed=self._embed_next()
+            )
+        return k.argmax(self.logits, self.ids, self.state, vocab, offset=last, embed=self._embed_next())
+
+    def _embed_next(self) -> EmbedNext:
+        """Where the samplers write the picked id's embedding: the residual's first row (the next step's input)."""
+        embd = self.weights["token_embd.weight"]
+        return EmbedNext(embd.buffer, embd.fmt, embd.rows, embd.cols, self.h)
 
     def _build(self, n: int, head: bool, sample: bool, all_logits: bool, split: bool = False) -> list[Dispatch]:
         c, k, w = self.config, self.kernels, self.weights
@@ -373,11 +413,7 @@ class TransformerEngine:
             )
         if sample:
             # The last token's logits are the last row of what the head wrote.
-            last = (n - 1) * c.n_vocab if all_logits else 0
-            if self.stochastic:
-                out.append(k.sample(self.logits, self.ids, self.state, self.sampling, c.n_vocab, offset=last))
-            else:
-                out.append(k.argmax(self.logits, self.ids, self.state, c.n_vocab, offset=last))
+            out.append(self._sampler(n, all_logits))
         return out
 
     # The host side of one step: where it starts and how many tokens it covers.
@@ -396,6 +432,7 @@ class TransformerEngine:
         if arr.size and int(arr.max()) >= self.config.n_vocab:
             raise AnyformerError(ErrorCode.BAD_REQUEST, f"token id {int(arr.max())} is outside the vocabulary")
         self.gpu.write(self.ids, arr, offset=4 * start)
+        self._embedded_for = None
 
     def submit_step(
         self,
@@ -418,7 +455,10 @@ class TransformerEngine:
         self.gpu.write(self.state, np.array([pos, tokens, 0, 0], dtype=np.uint32))
         split = self.split_attention(pos + tokens)
         program = self.program(tokens, head=head, sample=sample, all_logits=all_logits, split=split)
+        self._embedded_for = None
         self.kernels.run(program, copies or [])
+        if head and sample:
+            self._embedded_for = pos + tokens
 
     @property
     def positions(self) -> Any:
@@ -441,13 +481,15 @@ class TransformerEngine:
         if pos + steps > self.ctx:
             raise AnyformerError(ErrorCode.BAD_REQUEST, f"position {pos + steps} is past the context of {self.ctx}")
         self.gpu.write(self.state, np.array([pos, 1, 0, 0], dtype=np.uint32))
-        passes: list[tuple[Sequence[Copy], Sequence[Dispatch]]] = [
-            ((), self.program(1, head=True, split=self.split_attention(pos + 1)))
-        ]
+        # Each step's sampler embeds the next id, so only a first step not preceded by one looks its id up.
+        first = self.program(1, head=True, split=self.split_attention(pos + 1), chained=self._embedded_for == pos)
+        passes: list[tuple[Sequence[Copy], Sequence[Dispatch]]] = [((), first)]
         for q in range(pos + 1, pos + steps):
-            program = self.program(1, head=True, split=self.split_attention(q + 1))
+            program = self.program(1, head=True, split=self.split_attention(q + 1), chained=True)
             passes.append((((self.positions, 4 * q, self.state, 0, 4),), program))
+        self._embedded_for = None
         self.kernels.run_passes(passes, copies)
+        self._embedded_for = pos + steps
 
     def prefill(self, ids: list[int], start: int = 0) -> None:
         """Run ids (already at ``start``) through the model in steps of ``max_batch``; the last step samples."""
