@@ -65,7 +65,8 @@ def bench_localmind(path: str, depths: list[int], tokens: int) -> dict[int, dict
             engine.split_from = split_from
             row[f"{label}_tok_s"] = _timed_decode(engine, prompt[:depth], tokens)
         engine.split_from = default_split
-        row["dispatches"] = float(len(engine.program(1, head=True, split=engine.split_attention(depth + 1))))
+        split = engine.split_attention(depth + 1)
+        row["dispatches"] = float(len(engine.program(1, head=True, split=split, chained=True)))
         out[depth] = row
     engine.release()
     return out
