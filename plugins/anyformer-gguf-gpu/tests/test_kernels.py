@@ -291,51 +291,128 @@ def test_attention_is_causal_softmax_over_the_cache(gpu, kv_kernels, rng, n_head
             _close(got[t, h], want)
 
 
+def _attention_reference(qkv, kc, vc, pos0, tokens, n_head, n_kv, hd):
+    """Causal softmax attention in float64: [token, head, dim] for tokens at pos0.. over the caches."""
+    q_dim, group, scale = n_head * hd, n_head // n_kv, 1 / np.sqrt(hd)
+    out = np.zeros((tokens, n_head, hd))
+    for t in range(tokens):
+        n = pos0 + t + 1
+        for h in range(n_head):
+            span = slice((h // group) * hd, (h // group + 1) * hd)
+            scores = kc[:n, span].astype(np.float64) @ qkv[t, h * hd : (h + 1) * hd].astype(np.float64) * scale
+            p = np.exp(scores - scores.max())
+            out[t, h] = (p / p.sum()) @ vc[:n, span]
+    assert out.shape[2] * n_head == q_dim
+    return out
+
+
+@pytest.mark.parametrize(("n_head", "n_kv", "hd"), [(4, 2, 16), (6, 2, 12), (3, 3, 10)])
+@pytest.mark.parametrize(
+    ("pos0", "tokens", "ctx"),
+    [(0, 1, 300), (254, 3, 300), (600, 2, 703), (767, 1, 768)],
+    ids=["one-key", "across-a-chunk-edge", "odd-tail", "full-cache"],
+)
+def test_attention_split_along_the_sequence_matches_numpy(gpu, kv_kernels, rng, n_head, n_kv, hd, pos0, tokens, ctx):
+    """Flash-decoding: chunks of ATTENTION_CHUNK keys per workgroup, then the combine dispatch.
+
+    Lengths 1, 255..257 (a chunk edge), 601..602 (a short last chunk) and a whole cache of three
+    chunks; GQA and MHA; head widths a multiple of 4 (vec4 kernel) and not (10). Scores far apart
+    (q scaled up) make each chunk's max matter in the combine.
+    """
+    from anyformer_gguf_gpu.kernels import ATTENTION_CHUNK, attention_scratch_bytes
+
+    assert ATTENTION_CHUNK == 256  # the lengths above are chosen around this edge
+    kernels = kv_kernels
+    q_dim, kv_dim = n_head * hd, n_kv * hd
+    qkv = rng.standard_normal((tokens, q_dim + 2 * kv_dim)).astype(np.float32)
+    qkv[:, :q_dim] *= 3
+    kc = rng.standard_normal((ctx, kv_dim)).astype(np.float16).astype(np.float32)
+    vc = rng.standard_normal((ctx, kv_dim)).astype(np.float16).astype(np.float32)
+    out = gpu.buffer(tokens * q_dim * 4)
+    scores = gpu.buffer(attention_scratch_bytes(tokens + 1, n_head, ctx, hd))  # a larger step's scratch
+    state = _state(gpu, pos0, tokens)
+    dims = {"n_head": n_head, "head_dim": hd, "ctx": ctx, "tokens": tokens}
+    split = kernels.attention(
+        gpu.upload(qkv), _cache(gpu, kernels, kc), _cache(gpu, kernels, vc), out, scores, state,
+        n_kv=n_kv, scale=float(1 / np.sqrt(hd)), split=True, **dims,
+    )  # fmt: skip
+    assert split.groups == (n_head, tokens, -(-ctx // ATTENTION_CHUNK))
+    kernels.run([split, kernels.attention_combine(scores, out, state, **dims)])
+    got = gpu.read(out, np.float32, tokens * q_dim).reshape(tokens, n_head, hd)
+    _close(got, _attention_reference(qkv, kc, vc, pos0, tokens, n_head, n_kv, hd))
+
+
+def test_attention_split_refuses_a_scratch_without_room_for_partials(gpu, kv_kernels):
+    """A scratch sized for scores alone would have partial results overwrite another token's scores."""
+    buf = gpu.buffer(64)
+    with pytest.raises(ValueError, match="attention scratch"):
+        kv_kernels.attention(
+            buf, buf, buf, buf, gpu.buffer(2 * 300 * 4), buf,
+            n_head=2, n_kv=1, head_dim=8, ctx=300, scale=1.0, split=True,
+        )  # fmt: skip
+
+
 @pytest.mark.parametrize("neox", [False, True], ids=["normal", "neox"])
 @pytest.mark.parametrize("qk_norm", [False, True], ids=["plain", "qk-norm"])
 @pytest.mark.parametrize(("n_head", "n_kv", "hd", "n_rot"), [(4, 2, 16, 16), (3, 1, 24, 16)])
-def test_attention_can_rotate_and_store_the_token_itself(gpu, kv_kernels, rng, neox, qk_norm, n_head, n_kv, hd, n_rot):
-    """A one-token step with rope_store's work inside attention: the same output and cache as the two dispatches."""
-    from anyformer_gguf_gpu.kernels import AttentionRope
+@pytest.mark.parametrize(
+    ("pos", "tokens", "ctx", "split"),
+    [(37, 1, 48, False), (300, 1, 520, True), (30, 3, 48, False), (0, 2, 8, False), (254, 4, 520, True)],
+    ids=["decode", "decode-split", "prefill", "prefill-from-0", "prefill-split-across-a-chunk-edge"],
+)
+def test_attention_can_rotate_and_store_the_step_itself(
+    gpu, kv_kernels, rng, neox, qk_norm, n_head, n_kv, hd, n_rot, pos, tokens, ctx, split
+):
+    """rope_store's work inside attention, for a step of ``tokens`` tokens at pos..: the output and cache of the
+    two dispatches. The step's earlier keys are normed and rotated from the q/k/v rows (the cache at those
+    positions is being written by other workgroups); split along the sequence, only the chunk holding a token's
+    own position stores its k, v (the prefill-split case spans positions 254..257, across a chunk edge)."""
+    from anyformer_gguf_gpu.kernels import AttentionRope, attention_scratch_bytes
 
     kernels = kv_kernels
-    pos, ctx, base, eps = 37, 48, 10000.0, 1e-6
+    base, eps = 10000.0, 1e-6
     q_dim, kv_dim = n_head * hd, n_kv * hd
-    qkv = rng.standard_normal((1, q_dim + 2 * kv_dim)).astype(np.float32)
+    qkv = rng.standard_normal((tokens, q_dim + 2 * kv_dim)).astype(np.float32)
     norm = rng.standard_normal(2 * hd).astype(np.float32)
     kc = rng.standard_normal((ctx, kv_dim)).astype(np.float16).astype(np.float32)
     vc = rng.standard_normal((ctx, kv_dim)).astype(np.float16).astype(np.float32)
     kc[pos:], vc[pos:] = 0, 0
     k_cache, v_cache = _cache(gpu, kernels, kc), _cache(gpu, kernels, vc)
-    out = gpu.buffer(q_dim * 4)
+    out = gpu.buffer(tokens * q_dim * 4)
     table, norm_buf = gpu.upload(cos_sin_table(ctx, n_rot, base)), gpu.upload(norm)
     rope = AttentionRope(table, norm_buf, n_rot, neox, qk_norm, eps)
+    scores, state = gpu.buffer(attention_scratch_bytes(tokens, n_head, ctx, hd)), _state(gpu, pos, tokens)
+    dims = {"n_head": n_head, "head_dim": hd, "ctx": ctx, "tokens": tokens}
     dispatch = kernels.attention_with_rope(
-        rope, gpu.upload(qkv), k_cache, v_cache, out, gpu.buffer(n_head * ctx * 4), _state(gpu, pos),
-        n_head=n_head, n_kv=n_kv, head_dim=hd, ctx=ctx, scale=float(1 / np.sqrt(hd)),
+        rope, gpu.upload(qkv), k_cache, v_cache, out, scores, state,
+        n_kv=n_kv, scale=float(1 / np.sqrt(hd)), split=split, **dims,
     )  # fmt: skip
-    kernels.run([dispatch])
-    q = qkv[:, :q_dim].reshape(1, n_head, hd)
-    k = qkv[:, q_dim : q_dim + kv_dim].reshape(1, n_kv, hd)
+    combine = [kernels.attention_combine(scores, out, state, **dims)] if split else []
+    kernels.run([dispatch, *combine])
+    q = qkv[:, :q_dim].reshape(tokens, n_head, hd)
+    k = qkv[:, q_dim : q_dim + kv_dim].reshape(tokens, n_kv, hd)
+    v = qkv[:, q_dim + kv_dim :]
     if qk_norm:
         q, k = _rms(q, norm[:hd], eps), _rms(k, norm[hd:], eps)
-    at = np.array([pos], dtype=np.float64)
-    q, k = rope_reference(q, at, n_rot, base, neox)[0], rope_reference(k, at, n_rot, base, neox)[0]
+    at = np.arange(pos, pos + tokens, dtype=np.float64)
+    q, k = rope_reference(q, at, n_rot, base, neox), rope_reference(k, at, n_rot, base, neox)
     keys, values = kc.astype(np.float64), vc.astype(np.float64)
-    keys[pos], values[pos] = k.reshape(-1), qkv[0, q_dim + kv_dim :]
-    got = gpu.read(out, np.float32, q_dim).reshape(n_head, hd)
+    keys[pos : pos + tokens], values[pos : pos + tokens] = k.reshape(tokens, -1), v
+    got = gpu.read(out, np.float32, tokens * q_dim).reshape(tokens, n_head, hd)
     group = n_head // n_kv
-    for h in range(n_head):
-        span = slice((h // group) * hd, (h // group + 1) * hd)
-        scores = keys[: pos + 1, span] @ q[h] / np.sqrt(hd)
-        p = np.exp(scores - scores.max())
-        _close(got[h], (p / p.sum()) @ values[: pos + 1, span], rel=2e-4 if kernels.kv_f16 else 2e-5)
+    for t in range(tokens):
+        for h in range(n_head):
+            span = slice((h // group) * hd, (h // group + 1) * hd)
+            s = keys[: pos + t + 1, span] @ q[t, h] / np.sqrt(hd)
+            p = np.exp(s - s.max())
+            _close(got[t, h], (p / p.sum()) @ values[: pos + t + 1, span], rel=2e-4 if kernels.kv_f16 else 2e-5)
     cache_k = _read_cache(gpu, kernels, k_cache, ctx * kv_dim).reshape(ctx, kv_dim)
     cache_v = _read_cache(gpu, kernels, v_cache, ctx * kv_dim).reshape(ctx, kv_dim)
     tol = {"rtol": 1e-3, "atol": 1e-3} if kernels.kv_f16 else {"rtol": 0, "atol": 1e-5}
-    np.testing.assert_allclose(cache_k[pos], k.reshape(-1), **tol)
-    np.testing.assert_allclose(cache_v[pos], qkv[0, q_dim + kv_dim :], **tol)
+    np.testing.assert_allclose(cache_k[pos : pos + tokens], k.reshape(tokens, -1), **tol)
+    np.testing.assert_allclose(cache_v[pos : pos + tokens], v, **tol)
     np.testing.assert_array_equal(cache_k[:pos], kc[:pos])
+    np.testing.assert_array_equal(cache_k[pos + tokens :], kc[pos + tokens :])
 
 
 def test_swiglu(gpu, kernels, rng):
@@ -418,3 +495,31 @@ def test_sample_with_top_k_one_is_the_argmax(gpu, kernels, rng):
     block = gpu.upload(sampling_block(2.0, 1, 1.0, 99))
     kernels.run([kernels.sample(gpu.upload(logits), ids, _state(gpu, 0, 1), block, 777)])
     assert gpu.read(ids, np.uint32, 4)[1] == int(np.argmax(logits))
+
+
+@pytest.mark.parametrize("fmt", [Q4_1, F32], ids=lambda f: f.name)
+@pytest.mark.parametrize("sampler", ["argmax", "sample"])
+def test_samplers_can_embed_the_id_they_pick(gpu, kernels, rng, fmt, sampler):
+    """The next decode step's input, written by the sampler: the picked id's dequantised embedding row
+    (block rows and a float row whose length is not a multiple of 8), the rest of the buffer untouched."""
+    from anyformer_gguf_gpu.kernels import EmbedNext, sampling_block
+
+    rows, cols, n = 300, _cols_for(fmt, 3), 300
+    raw = random_blocks(fmt, rows * cols, rng)
+    table = dequantize(raw, fmt.ggml_type).reshape(rows, cols)
+    logits = rng.standard_normal(n).astype(np.float32)
+    start = rng.standard_normal(cols + 7).astype(np.float32)
+    ids, out = gpu.buffer(64), gpu.upload(start)
+    embed = EmbedNext(gpu.upload(raw), fmt, rows, cols, out)
+    state = _state(gpu, 5, 3)
+    if sampler == "argmax":
+        dispatch = kernels.argmax(gpu.upload(logits), ids, state, n, embed=embed)
+    else:
+        block = gpu.upload(sampling_block(0.8, 1, 1.0, 7))  # top-k 1: the argmax
+        dispatch = kernels.sample(gpu.upload(logits), ids, state, block, n, embed=embed)
+    kernels.run([dispatch])
+    picked = int(gpu.read(ids, np.uint32, 16)[8])
+    assert picked == int(np.argmax(logits))
+    got = gpu.read(out, np.float32, cols + 7)
+    np.testing.assert_array_equal(got[:cols], table[picked].astype(np.float32))
+    np.testing.assert_array_equal(got[cols:], start[cols:])

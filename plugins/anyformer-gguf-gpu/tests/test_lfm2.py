@@ -90,8 +90,12 @@ def _bound(exact: np.ndarray) -> float:
 def test_the_registry_opens_the_lfm2_engine(engine):
     assert isinstance(engine, Lfm2Engine)
     c = engine.lfm2
-    # Per conv layer 5 dispatches, per attention layer 6, plus embedding, head and argmax.
-    assert engine.dispatches_per_token == 5 * len(c.conv_layers) + 6 * len(c.attention_layers) + 3
+    # Per conv layer 5 dispatches, per attention layer 5 (6 where heads are not a multiple of 4 wide:
+    # rotary then runs apart from attention), plus head and argmax (which embeds the next id); prefill steps
+    # too, with their embedding lookup.
+    per_attention = 5 if c.head_dim % 4 == 0 else 6
+    assert engine.dispatches_per_token == 5 * len(c.conv_layers) + per_attention * len(c.attention_layers) + 2
+    assert len(engine.program(3, head=True)) == engine.dispatches_per_token + 1
 
 
 def test_logits_match_float64_numpy(engine, model_path):
@@ -226,3 +230,25 @@ def test_a_header_that_does_not_fit_is_bad_model(tmp_path, change, words):
     with pytest.raises(AnyformerError) as info:
         read_lfm2_config(dataclasses.replace(header, kv={**header.kv, **change}))
     assert info.value.code is ErrorCode.BAD_MODEL and words in str(info.value)
+
+
+def test_attention_split_along_the_sequence_keeps_the_logits(tmp_path, gpu):
+    """Past ``split_from`` keys the attention layers run as chunks of keys plus a combine: a 300-token
+    prompt (two chunks) gives float64 numpy's logits at every position, and one-token steps past the edge."""
+    path = str(tmp_path / "long.gguf")
+    write_random_lfm2_gguf(path, RandomLfm2(quant="F32", n_ctx=512, attention_layers=(0, 2)), seed=5)
+    prompt = [int(i) for i in np.random.default_rng(2).integers(1, 250, size=300)]
+    with GGUFFile(path) as gguf:
+        engine = open_engine(gpu, gguf, ctx=320, max_batch=64, kv_f16=False)
+    engine.split_from = 100
+    attention_layers = len(engine.lfm2.attention_layers)
+    split = engine.program(1, head=True, split=True, chained=True)
+    assert len(split) == engine.dispatches_per_token + attention_layers
+    exact = forward(path, prompt)
+    assert np.abs(engine.all_logits(prompt) - exact).max() <= _bound(exact)
+    # One-token steps replay positions 256.. after the prompt: the conv state must start where it was.
+    engine.all_logits(prompt[:256])
+    for pos in (256, 257):
+        engine.submit_step(pos, 1, head=True, sample=False)
+        np.testing.assert_allclose(engine.read_logits()[0], exact[pos], rtol=0, atol=_bound(exact))
+    engine.release()

@@ -141,11 +141,24 @@ def test_several_steps_in_one_submission_decode_the_same_ids(engine, monkeypatch
 
 
 def test_a_decode_step_is_five_dispatches_a_layer(engine):
-    """Rotary and the KV store ride in the q/k/v projection (llama) or in attention (qwen3, heads a multiple of 4)."""
+    """Rotary and the KV store ride in the q/k/v projection (llama) or in attention (qwen3, heads a multiple of 4),
+    in decode and prefill steps alike."""
     c = engine.config
     per_layer = 5 if engine.rope_in_projection or c.head_dim % 4 == 0 else 6
-    assert engine.dispatches_per_token == per_layer * c.n_layer + 3  # + embedding, output head, argmax
-    assert len(engine.program(3, head=True)) == (5 if engine.rope_in_projection else 6) * c.n_layer + 3
+    # + output head and argmax: the argmax also embeds the next id, so a decode step has no embedding lookup.
+    assert engine.dispatches_per_token == per_layer * c.n_layer + 2
+    assert len(engine.program(3, head=True)) == per_layer * c.n_layer + 3  # + the prompt's embedding lookup
+
+
+def test_a_decode_step_embeds_its_id_itself_unless_the_step_before_did(engine):
+    """Decode steps take their input from the previous step's sampler; a submission after anything else
+    (here the prompt run without sampling, the next id written by the host) looks its first id up."""
+    want = list(greedy(engine, PROMPT, 5))
+    engine.all_logits(PROMPT)  # steps without a sampler: the residual holds the last layer's output
+    q = len(PROMPT)
+    engine.set_ids([want[0]], start=q)
+    engine.submit_decode(q, 4)
+    assert [engine.read_id(p) for p in range(q + 1, q + 5)] == want[1:]
 
 
 def test_native_encoding_gives_what_the_public_api_gives(engine):
@@ -188,3 +201,42 @@ def test_different_shapes_give_a_shape_error_not_garbage(tmp_path, gpu):
     with GGUFFile(path) as gguf, pytest.raises(AnyformerError) as info:
         TransformerEngine(gpu, gguf, ctx=16)
     assert info.value.code is ErrorCode.BAD_MODEL and "ffn_gate" in str(info.value)
+
+
+#: Long-context models for the split attention: 300 positions are two chunks of ATTENTION_CHUNK keys.
+LONG = {
+    "llama-gqa-tied-q8_0": RandomModel(n_ctx=512),
+    "qwen3-f16-one-kv-head": RandomModel(architecture="qwen3", quant="F16", n_kv=1, n_ctx=512),
+    "llama-headdim10-f32": RandomModel(quant="F32", head_dim=10, n_ctx=512),
+}
+
+
+@pytest.mark.parametrize("name", list(LONG))
+def test_attention_split_along_the_sequence_keeps_the_logits(tmp_path, gpu, name):
+    """Past ``split_from`` keys every attention layer runs as chunks of keys plus a combine dispatch.
+
+    A 300-token prompt (steps past 100 keys split; the last ones span two chunks) gives float64
+    numpy's logits at every position, one-token decode steps past the chunk edge too (qwen3's rotate
+    inside attention, head width 10 takes the scalar kernel), and llama.cpp's within its own rounding.
+    """
+    path = str(tmp_path / f"{name}.gguf")
+    write_random_gguf(path, LONG[name], seed=3)
+    prompt = [int(i) for i in np.random.default_rng(1).integers(1, 250, size=300)]
+    with GGUFFile(path) as gguf:
+        engine = TransformerEngine(gpu, gguf, ctx=320, max_batch=64, kv_f16=False)
+    engine.split_from = 100
+    n_layer = engine.config.n_layer
+    assert len(engine.program(1, head=True, split=True, chained=True)) == engine.dispatches_per_token + n_layer
+    exact = forward(path, prompt)
+    ours = engine.all_logits(prompt)
+    assert np.abs(ours - exact).max() <= _bound(exact)
+    for pos in (255, 256, 299):  # the first key of the second chunk, and the last position
+        engine.submit_step(pos, 1, head=True, sample=False)
+        np.testing.assert_allclose(engine.read_logits()[0], exact[pos], rtol=0, atol=_bound(exact))
+    llama_cpp = pytest.importorskip("llama_cpp")
+    llm = llama_cpp.Llama(model_path=path, n_ctx=320, n_batch=320, logits_all=True, verbose=False, n_threads=2)
+    llm.eval(prompt)
+    theirs = np.array(llm.scores[: len(prompt)])
+    their_error = float(np.abs(theirs - exact).max())
+    assert np.abs(ours - theirs).max() <= 1.1 * their_error + _bound(exact)
+    engine.release()

@@ -19,6 +19,11 @@ import os
 import tempfile
 import time
 
+# llama-cpp-python before numpy (see bench_decode.py: its CUDA build crashed loading a model otherwise).
+try:
+    import llama_cpp  # noqa: F401
+except ImportError:
+    pass
 import numpy as np
 from bench_decode import bench_llama_cpp
 
@@ -65,7 +70,7 @@ def bench_lfm2(path: str, tokens: int, prompt_len: int) -> dict[str, float]:
     start = time.perf_counter()
     out = list(greedy(engine, prompt[:8], tokens))
     decode_s = time.perf_counter() - start
-    steps = max(1, kernels.submissions - 1)
+    steps = max(1, len(out))  # per token (a submission covers several decode steps)
     start = time.perf_counter()
     engine.prefill(prompt)
     engine.read_id(prompt_len)

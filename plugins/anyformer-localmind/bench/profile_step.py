@@ -46,7 +46,7 @@ def gpu_ms(engine: TransformerEngine, dispatches: Sequence[Dispatch], reps: int)
 
 def profile(engine: TransformerEngine, reps: int) -> None:
     """Print the step's GPU time, its split by kernel kind and the dispatch floor."""
-    step = engine.program(1, head=True)
+    step = engine.program(1, head=True, chained=True)  # a decode step: its input embedded by the step before
     gpu_ms(engine, step, 2)  # warm-up
     print(f"dispatches per step: {len(step)}")
     whole = min(gpu_ms(engine, step, reps) for _ in range(3))

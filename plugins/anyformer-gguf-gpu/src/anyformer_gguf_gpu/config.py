@@ -8,6 +8,7 @@ them is a ``BAD_MODEL`` before a byte is uploaded.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from typing import Any, Protocol
 
@@ -282,13 +283,28 @@ def _fact(summary: dict[str, Any], key: str) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
+#: Keys per workgroup of attention split along the sequence (one per thread of its scores loop).
+ATTENTION_CHUNK = 256
+
+
+def attention_chunks(ctx: int) -> int:
+    """How many chunks of :data:`ATTENTION_CHUNK` keys a cache of ``ctx`` positions splits into."""
+    return math.ceil(ctx / ATTENTION_CHUNK)
+
+
+def attention_scratch_bytes(tokens: int, n_head: int, ctx: int, head_dim: int) -> int:
+    """Bytes of the attention scratch for steps of up to ``tokens`` tokens: every head's scores over ``ctx``
+    keys, then room for each chunk's partial result (max, sum, head_dim values) when attention splits."""
+    return 4 * tokens * n_head * (ctx + attention_chunks(ctx) * (head_dim + 2))
+
+
 def footprint(summary: dict[str, Any], context: int, max_batch: int, *, kv_f16: bool = False) -> Footprint:
     """The engine's GPU bytes for a GGUF described by the header summary (``data_bytes``, dims, vocab).
 
     The same arithmetic as :class:`TransformerEngine` allocates: weights as stored (raw blocks), a K
     and V cache per layer (f16 with ``kv_f16``, else f32), activations for ``max_batch`` tokens,
-    logits, the attention scratch, the rope table and the id list. Unknown dims (a bare
-    description) count as zero.
+    logits, the attention scratch (scores and split partial results), the rope table and the id list.
+    Unknown dims (a bare description) count as zero.
     """
     layers = _fact(summary, "block_count") or 0
     embd = _fact(summary, "embedding_length") or 0
@@ -298,7 +314,8 @@ def footprint(summary: dict[str, Any], context: int, max_batch: int, *, kv_f16: 
     vocab = _fact(summary, "vocab_size") or 0
     ff = _fact(summary, "feed_forward_length") or 4 * embd
     q_dim, kv_dim = heads * head_dim, kv_heads * head_dim
-    activations = 4 * max_batch * (embd + q_dim + 2 * kv_dim + q_dim + 2 * ff + heads * context + vocab)
+    activations = 4 * max_batch * (embd + q_dim + 2 * kv_dim + q_dim + 2 * ff + vocab)
+    activations += attention_scratch_bytes(max_batch, heads, context, head_dim)
     tables = 4 * (context * (head_dim + 1) + 1)
     return Footprint(
         context=context,

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from anyformer_gguf_gpu.config import ATTENTION_CHUNK, attention_chunks, attention_scratch_bytes
 from anyformer_gguf_gpu.gpu import GPU, gpu_errors
 from anyformer_gguf_gpu.quants import FORMATS, QuantFormat
 
@@ -48,10 +49,21 @@ _QUANT_FILES = {
 
 #: The kernels that decode weights, compiled once per quant type an engine uses.
 QUANT_KERNELS = ("matvec", "embed")
+#: The samplers, which can also write the picked id's embedding row (compiled per embedding quant type then).
+SAMPLERS = ("argmax", "sample")
 #: The kernels that read or write the KV cache (its element type is a compile-time choice).
 KV_KERNELS = ("rope_store", "attention", "attention_vec4")
 #: The kernels that do not depend on a weight format.
-PLAIN_KERNELS = ("rmsnorm", "rope_store", "attention", "attention_vec4", "swiglu", "argmax", "sample")
+PLAIN_KERNELS = (
+    "rmsnorm",
+    "rope_store",
+    "attention",
+    "attention_vec4",
+    "attention_combine",
+    "swiglu",
+    "argmax",
+    "sample",
+)
 
 
 def attention_kernel(head_dim: int) -> str:
@@ -75,13 +87,16 @@ def kernel_source(
     kv_f16: bool = False,
     subgroups: bool = False,
     workgroup: int | None = None,
+    split: bool = False,
 ) -> str:
     """The full WGSL of ``kernel`` (with the byte readers and ``quant``'s decoder for weight kernels).
 
     ``threads_per_row``, ``tokens_per_thread``, ``swiglu``, ``norm`` and ``rope`` shape the matrix kernel
     (matvec.wgsl; ``rope`` adds the q/k/v epilogue of rope_epilogue.wgsl, which writes the KV cache);
     ``kv_f16`` makes the KV-cache kernels keep f16 (it needs the shader-f16 feature); ``subgroups`` makes the
-    matrix kernel reduce with subgroup shuffles; ``workgroup`` overrides the kernel's thread count (argmax).
+    matrix kernel reduce with subgroup shuffles; ``workgroup`` overrides the kernel's thread count (argmax);
+    ``split`` makes the attention kernels cover one chunk of keys each and leave partial results; a sampler
+    given ``quant`` (the embedding table's) also writes the picked id's embedding row.
     """
     workgroup = workgroup or {
         "argmax": ARGMAX_WORKGROUP,
@@ -101,12 +116,18 @@ def kernel_source(
         parts.append(_NORM_W if norm else "fn norm_w(e: u32) -> f32 {\n    return 1.0;\n}\n")
         parts.append(_wgsl("rope_epilogue.wgsl") if rope else _NO_ROPE)
         parts.append(_LANES_SUM if subgroups and threads_per_row > 1 else _NO_LANES_SUM)
+    if kernel in ("attention", "attention_vec4"):
+        parts.append(_ATTENTION_SPLIT if split else _NO_ATTENTION_SPLIT)
+    if kernel == "attention_combine":
+        parts.append(f"const CHUNK: u32 = {ATTENTION_CHUNK}u;\n")
     if kernel == "attention_vec4":
         parts.append(f"const ROPE: bool = {'true' if rope else 'false'};\n")
         parts.append(_wgsl("attention_rope.wgsl") if rope else _NO_ATTENTION_ROPE)
     if kernel in KV_KERNELS or (kernel == "matvec" and rope):
         parts.insert(0, "enable f16;\nalias kv_t = f16;\n" if kv_f16 else "alias kv_t = f32;\n")
-    if kernel in QUANT_KERNELS:
+    if kernel in SAMPLERS:
+        parts.append(_SAMPLER_EMBED if quant is not None else _NO_SAMPLER_EMBED)
+    if kernel in QUANT_KERNELS or (kernel in SAMPLERS and quant is not None):
         if quant not in _QUANT_FILES:
             raise ValueError(f"no WGSL decoder for {quant}")
         parts.append(_wgsl("bytes.wgsl"))
@@ -125,8 +146,8 @@ def kernel_source(
 #: A buffer-to-buffer copy: (source, source offset, destination, destination offset, bytes).
 Copy = tuple[Any, int, Any, int, int]
 
-#: A pipeline variant: (kernel, quant, tokens_per_thread, swiglu, norm[, rope]), the arguments of
-#: :meth:`Kernels.pipeline` (an engine that never asks for the rope variants may list five).
+#: A pipeline variant: (kernel, quant, tokens_per_thread, swiglu, norm[, rope[, split]]), the arguments of
+#: :meth:`Kernels.pipeline` (an engine that never asks for the rope or split variants may list five).
 PipelineKey = tuple[Any, ...]
 
 
@@ -146,7 +167,7 @@ class RopeStore:
 
 @dataclasses.dataclass(frozen=True)
 class AttentionRope:
-    """What attention needs to do rope_store's work itself in a one-token step: the rope table and norms."""
+    """What attention needs to do rope_store's work itself: the rope table and the q/k norms."""
 
     cos_sin: Any
     norm: Any
@@ -154,6 +175,17 @@ class AttentionRope:
     neox: bool
     qk_norm: bool
     eps: float
+
+
+@dataclasses.dataclass(frozen=True)
+class EmbedNext:
+    """Where a sampler writes the embedding row of the id it picked: the next decode step's input (row 0)."""
+
+    weight: Any
+    fmt: QuantFormat
+    rows: int
+    cols: int
+    out: Any
 
 
 @dataclasses.dataclass(frozen=True)
@@ -292,7 +324,7 @@ class Kernels:
         wanted: Iterable[PipelineKey],
         progress: Callable[[int, int], None] | None = None,
     ) -> None:
-        """Compile every (kernel, quant, tokens_per_thread, swiglu, norm, rope) pipeline in ``wanted`` now."""
+        """Compile every (kernel, quant, tokens_per_thread, swiglu, norm, rope[, split]) pipeline in ``wanted`` now."""
         todo = [key for key in dict.fromkeys(wanted) if key not in self._pipelines]
         for done, key in enumerate(todo, 1):
             self.pipeline(*key)
@@ -307,16 +339,18 @@ class Kernels:
         swiglu: bool = False,
         norm: bool = False,
         rope: bool = False,
+        split: bool = False,
     ) -> Any:
         """The compute pipeline of ``kernel`` (for ``quant`` where it decodes weights), compiled once."""
         matrix = kernel == "matvec"
         key: PipelineKey = (
             kernel,
-            quant if kernel in QUANT_KERNELS else None,
+            quant if kernel in QUANT_KERNELS or kernel in SAMPLERS else None,
             tokens_per_thread if matrix else 1,
             swiglu and matrix,
             norm and matrix,
             rope and kernel in ("matvec", "attention_vec4"),
+            split and kernel in ("attention", "attention_vec4"),
         )
         found = self._pipelines.get(key)
         if found is None:
@@ -332,6 +366,7 @@ class Kernels:
                 kv_f16=self.kv_f16,
                 subgroups=self.subgroups,
                 workgroup=self.argmax_workgroup if kernel == "argmax" else None,
+                split=key[6],
             )
             with gpu_errors(f"compiling the {kernel} kernel"):
                 module = device.create_shader_module(code=source, label=f"{kernel}-{quant}")
@@ -506,13 +541,17 @@ class Kernels:
         ctx: int,
         scale: float,
         tokens: int = 1,
+        split: bool = False,
     ) -> Dispatch:
         """out[t, h*hd:(h+1)*hd] = causal softmax(q k^T * scale) v over the cache, for every head and token.
 
         Heads whose width is a multiple of 4 use the kernel that reads the caches a vec4 at a time.
+        ``scores`` holds :func:`attention_scratch_bytes` for the engine's largest step. With ``split``
+        each workgroup covers :data:`ATTENTION_CHUNK` keys of one head and leaves a partial result in
+        ``scores``; :meth:`attention_combine` (the next dispatch) writes ``out``.
         """
         dims = {"n_head": n_head, "n_kv": n_kv, "head_dim": head_dim, "ctx": ctx, "tokens": tokens}
-        return self._attention(qkv, k_cache, v_cache, out, scores, state, scale=scale, rope=None, **dims)
+        return self._attention(qkv, k_cache, v_cache, out, scores, state, scale=scale, rope=None, split=split, **dims)
 
     def attention_with_rope(
         self,
@@ -529,11 +568,14 @@ class Kernels:
         head_dim: int,
         ctx: int,
         scale: float,
+        tokens: int = 1,
+        split: bool = False,
     ) -> Dispatch:
-        """:meth:`attention` of a one-token step that first norms and rotates q and k as rope_store does and
-        stores k, v into the cache, in the same dispatch (heads a multiple of 4 wide)."""
-        dims = {"n_head": n_head, "n_kv": n_kv, "head_dim": head_dim, "ctx": ctx, "tokens": 1}
-        return self._attention(qkv, k_cache, v_cache, out, scores, state, scale=scale, rope=rope, **dims)
+        """:meth:`attention` that first norms and rotates q and k as rope_store does and stores k, v into the
+        cache, in the same dispatch (heads a multiple of 4 wide). The keys of the step's earlier tokens come
+        from the q/k/v rows (normed and rotated again where used), not from the cache being written."""
+        dims = {"n_head": n_head, "n_kv": n_kv, "head_dim": head_dim, "ctx": ctx, "tokens": tokens}
+        return self._attention(qkv, k_cache, v_cache, out, scores, state, scale=scale, rope=rope, split=split, **dims)
 
     def _attention(
         self,
@@ -551,21 +593,46 @@ class Kernels:
         scale: float,
         tokens: int,
         rope: AttentionRope | None,
+        split: bool,
     ) -> Dispatch:
         q_dim, kv_dim = n_head * head_dim, n_kv * head_dim
         name = attention_kernel(head_dim)
-        extra: tuple[int | float, ...] = (0, 0, 0, 0.0, 0, q_dim, q_dim + kv_dim, 0)
+        part_off = _partials_offset(scores, tokens, n_head, ctx, head_dim) if split else 0
+        extra: tuple[int | float, ...] = (0, 0, 0, 0.0, 0, q_dim, q_dim + kv_dim, part_off)
         buffers = [qkv, k_cache, v_cache, out, scores, state]
         if rope is not None:
-            if tokens != 1 or name != "attention_vec4" or head_dim > MAX_HEAD_DIM or rope.n_rot > head_dim:
-                raise ValueError("attention rotates q/k itself only in one-token steps of heads a multiple of 4 wide")
-            extra = (rope.n_rot, int(rope.neox), int(rope.qk_norm), float(rope.eps), head_dim, q_dim, q_dim + kv_dim, 0)
+            if name != "attention_vec4" or head_dim > MAX_HEAD_DIM or rope.n_rot > head_dim:
+                raise ValueError("attention rotates q/k itself only for heads a multiple of 4 wide")
+            extra = (
+                rope.n_rot,
+                int(rope.neox),
+                int(rope.qk_norm),
+                float(rope.eps),
+                head_dim,
+                q_dim,
+                q_dim + kv_dim,
+                part_off,
+            )
             buffers += [rope.cos_sin, rope.norm]
         params = _u32s(n_head, n_kv, head_dim, q_dim + 2 * kv_dim, kv_dim, ctx, q_dim, float(scale), *extra)
         return self._dispatch(
             name,
-            self.pipeline(name, rope=rope is not None),
+            self.pipeline(name, rope=rope is not None, split=split),
             buffers,
+            params,
+            (n_head, tokens, attention_chunks(ctx) if split else 1),
+        )
+
+    def attention_combine(
+        self, scores: Any, out: Any, state: Any, *, n_head: int, head_dim: int, ctx: int, tokens: int = 1
+    ) -> Dispatch:
+        """out[t, h*hd:(h+1)*hd] from the partial results a ``split`` :meth:`attention` left in ``scores``."""
+        part_off = _partials_offset(scores, tokens, n_head, ctx, head_dim)
+        params = _u32s(n_head, head_dim, n_head * head_dim, ctx, part_off)
+        return self._dispatch(
+            "attention_combine",
+            self.pipeline("attention_combine"),
+            [scores, out, state],
             params,
             (n_head, tokens, 1),
         )
@@ -577,18 +644,42 @@ class Kernels:
             "swiglu", self.pipeline("swiglu"), [gate_up, y], params, (math.ceil(n / WORKGROUP), tokens, 1)
         )
 
-    def argmax(self, logits: Any, ids: Any, state: Any, n: int, *, offset: int = 0) -> Dispatch:
-        """ids[pos + n_batch] = argmax(logits[offset : offset + n]), the lowest index on a tie."""
-        return self._dispatch("argmax", self.pipeline("argmax"), [logits, ids, state], _u32s(n, offset), (1, 1, 1))
+    def argmax(
+        self, logits: Any, ids: Any, state: Any, n: int, *, offset: int = 0, embed: EmbedNext | None = None
+    ) -> Dispatch:
+        """ids[pos + n_batch] = argmax(logits[offset : offset + n]), the lowest index on a tie.
 
-    def sample(self, logits: Any, ids: Any, state: Any, sampling: Any, n: int, *, offset: int = 0) -> Dispatch:
+        With ``embed`` the id's embedding row is also written to ``embed.out`` (the next step's input).
+        """
+        buffers = [logits, ids, state, *_embed_buffers(embed)]
+        return self._sampler("argmax", buffers, n, offset, embed)
+
+    def sample(
+        self,
+        logits: Any,
+        ids: Any,
+        state: Any,
+        sampling: Any,
+        n: int,
+        *,
+        offset: int = 0,
+        embed: EmbedNext | None = None,
+    ) -> Dispatch:
         """ids[pos + n_batch] = a top-k / top-p draw at a temperature from logits[offset : offset + n].
 
-        ``sampling`` holds (top_k, seed, temperature, top_p) as written by :func:`sampling_block`.
+        ``sampling`` holds (top_k, seed, temperature, top_p) as written by :func:`sampling_block`; ``embed``
+        as for :meth:`argmax`.
         """
-        return self._dispatch(
-            "sample", self.pipeline("sample"), [logits, ids, state, sampling], _u32s(n, offset), (1, 1, 1)
-        )
+        return self._sampler("sample", [logits, ids, state, sampling, *_embed_buffers(embed)[1:]], n, offset, embed)
+
+    def _sampler(self, name: str, buffers: list[Any], n: int, offset: int, embed: EmbedNext | None) -> Dispatch:
+        shape = (0, 0, 0, 0)
+        if embed is not None:
+            fmt = embed.fmt
+            row_bytes = fmt.row_bytes(embed.cols) if fmt.block_size > 1 else embed.cols * fmt.type_size
+            shape = (embed.cols, row_bytes, math.ceil(embed.cols / 8), embed.rows)
+        pipeline = self.pipeline(name, None if embed is None else embed.fmt.name)
+        return self._dispatch(name, pipeline, buffers, _u32s(n, offset, *shape), (1, 1, 1))
 
     def run(self, dispatches: Sequence[Dispatch], copies: Sequence[Copy] = ()) -> None:
         """Encode ``dispatches`` in one compute pass, then ``copies`` (src, src_off, dst, dst_off, n); submit once."""
@@ -638,6 +729,78 @@ class Kernels:
         self.submissions += 1
 
 
+def _partials_offset(scores: Any, tokens: int, n_head: int, ctx: int, head_dim: int) -> int:
+    """Where the partial results start in the attention scratch (in floats): after every step token's scores.
+
+    The scratch holds attention_scratch_bytes(max_tokens, ...) for the engine's largest step; its size
+    says how many tokens that is.
+    """
+    per_token = attention_scratch_bytes(1, n_head, ctx, head_dim)
+    max_tokens = scores.size // per_token
+    if max_tokens < tokens:
+        raise ValueError(f"the attention scratch holds {scores.size} bytes, not {per_token} per token for {tokens}")
+    return max_tokens * n_head * ctx
+
+
+# The attention kernels' SPLIT variant: one chunk of keys per workgroup (z), partial results after the scores.
+_ATTENTION_SPLIT = f"""const SPLIT: bool = true;
+const CHUNK: u32 = {ATTENTION_CHUNK}u;
+
+fn partial_base(b: u32, h: u32, c: u32) -> u32 {{
+    let chunks = (P.ctx + CHUNK - 1u) / CHUNK;
+    return P.part_off + ((b * P.n_head + h) * chunks + c) * (P.head_dim + 2u);
+}}
+
+fn partial_out(i: u32, v: f32) {{
+    Sc[i] = v;
+}}
+"""
+
+# Without the split (SPLIT is false): one workgroup per head covers every key.
+_NO_ATTENTION_SPLIT = """const SPLIT: bool = false;
+const CHUNK: u32 = 4294967295u;
+
+fn partial_base(b: u32, h: u32, c: u32) -> u32 {
+    return 0u;
+}
+
+fn partial_out(i: u32, v: f32) {
+}
+"""
+
+
+def _embed_buffers(embed: EmbedNext | None) -> list[Any]:
+    """A sampler's bindings after its own: (none at 4 for argmax,) the embedding table at 5, its output at 6."""
+    return [] if embed is None else [None, embed.weight, embed.out]
+
+
+# A sampler's EMBED variant: the picked id's embedding row (decoded by the prepended quant reader) into Y.
+_SAMPLER_EMBED = """const EMBED: bool = true;
+@group(0) @binding(5) var<storage, read> W: array<u32>;
+@group(0) @binding(6) var<storage, read_write> Y: array<f32>;
+
+fn embed_row(id: u32, lid: u32) {
+    // An id out of range (never from the sampler itself) reads row 0 rather than past the table.
+    let rb = select(0u, id, id < P.e_rows) * P.e_row_bytes;
+    for (var u = lid; u < P.e_units; u += WG) {
+        let e0 = u * 8u;
+        let w = unit_w(rb, e0, P.e_cols);
+        for (var i = 0u; i < 8u; i++) {
+            if (e0 + i < P.e_cols) {
+                Y[e0 + i] = w[i / 4u][i % 4u];
+            }
+        }
+    }
+}
+"""
+
+# A sampler without it (EMBED is false; the function only has to exist).
+_NO_SAMPLER_EMBED = """const EMBED: bool = false;
+
+fn embed_row(id: u32, lid: u32) {
+}
+"""
+
 # The matrix kernel's NORM variant: the norm weights' binding (after the uniform) and their reader.
 _NORM_W = """@group(0) @binding(4) var<storage, read> NormW: array<f32>;
 
@@ -675,6 +838,10 @@ _NO_ATTENTION_ROPE = """var<workgroup> cur: array<f32, 4>;
 
 fn rope_head(src: u32, norm_off: u32, pos: u32, lid: u32) {
 }
+
+fn step_key_dot(src: u32, pos: u32) -> f32 {
+    return 0.0;
+}
 """
 
 # Where each kernel's uniform binding sits among its bindings (after the buffers it reads and writes).
@@ -686,6 +853,7 @@ _UNIFORM_SLOT = {
     "rope_store": 5,
     "attention": 5,
     "attention_vec4": 5,
+    "attention_combine": 2,
     "swiglu": 2,
     "argmax": 2,
 }

@@ -9,7 +9,9 @@ embedding lookup, then per layer
   matrix kernel), the gated convolution (:mod:`anyformer_gguf_gpu.shortconv`; its rolling state of
   the last ``l_cache - 1`` inputs stays on the GPU per layer), out_proj added to the residual;
 - an attention layer: q/k/v of the normed residual, per-head q/k RMSNorm and NEOX RoPE with the
-  K/V store, attention over the cache, the output projection added to the residual;
+  K/V store (inside the attention dispatch where heads are a multiple of 4 wide), attention over the cache (split
+  along the sequence past ``split_from`` keys, then combined), the output projection added to the
+  residual;
 
 then the SwiGLU feed-forward (gate and up of the normed residual, down reading silu(gate) * up);
 after the last layer the final norm (``token_embd_norm``), the head and sampling.
@@ -26,11 +28,20 @@ from typing import Any
 from anyformer.plugin import GGUFHeader
 from anyformer_gguf_gpu.gguf_file import GGUFFile
 from anyformer_gguf_gpu.gpu import GPU
-from anyformer_gguf_gpu.kernels import PLAIN_KERNELS, Dispatch, Kernels
+from anyformer_gguf_gpu.kernels import (
+    PLAIN_KERNELS,
+    AttentionRope,
+    Dispatch,
+    Kernels,
+    PipelineKey,
+    attention_kernel,
+    attention_scratch_bytes,
+)
 from anyformer_gguf_gpu.lfm2_config import MAX_CONV_TAPS, Lfm2Config, lfm2_footprint, read_lfm2_config
 from anyformer_gguf_gpu.shortconv import ShortConvKernel
 from anyformer_gguf_gpu.transformer import (
     DEFAULT_MAX_BATCH,
+    SPLIT_FROM,
     LoadProgress,
     TransformerEngine,
     Weight,
@@ -95,7 +106,8 @@ class Lfm2Engine(TransformerEngine):
         self.bcx = buf(b * 3 * c.n_embd * 4, label="conv-bcx")
         self.gate_up = buf(b * 2 * c.n_ff * 4, label="gate-up")
         self.logits = buf(b * c.n_vocab * 4, label="logits")
-        self.scores = buf(b * c.n_head * self.ctx * 4, label="scores")
+        self.scores = buf(attention_scratch_bytes(b, c.n_head, self.ctx, c.head_dim), label="scores")
+        self.split_from = SPLIT_FROM
         self.ids = buf((self.ctx + 1) * 4, label="ids")
         self.state = buf(16, label="state")
         self.sampling = buf(16, label="sampling")
@@ -106,23 +118,20 @@ class Lfm2Engine(TransformerEngine):
         self.conv_state = {i: buf((MAX_CONV_TAPS - 1) * c.n_embd * 4, label=f"conv{i}") for i in c.conv_layers}
         self.cos_sin = gpu.upload(cos_sin_table(self.ctx, c.n_rot, c.rope_base), label="rope")
         self._qk_norm = [self._qk_norm_buffer(gguf, i) for i in c.attention_layers]
-        self._programs: dict[tuple[int, bool, bool, bool, bool], list[Dispatch]] = {}
+        self._programs: dict[tuple[int, bool, bool, bool, bool, bool, bool], list[Dispatch]] = {}
+        self._embedded_for: int | None = None
         self.gpu_bytes = self._held_bytes(gguf.header)
         self.kernels.compile(self._pipelines_needed(), lambda done, total: report("compile", done, total))
-        for stochastic in (False, True):
-            self.stochastic = stochastic
-            self.program(1, head=True)
-            self.program(self.max_batch, head=True)
-        self.stochastic = False
+        self._build_programs()
 
     def _held_bytes(self, header: GGUFHeader) -> int:
         """What this engine holds on the GPU, by the same arithmetic ``can_run`` estimates with."""
         return lfm2_footprint(header.summary(), self.ctx, self.max_batch, kv_f16=self.kernels.kv_f16).gpu_bytes
 
-    def _pipelines_needed(self) -> list[tuple[str, str | None, int, bool, bool]]:
-        """Every (kernel, quant, tokens_per_thread, swiglu, norm) pipeline the steps encode."""
-        wanted: list[tuple[str, str | None, int, bool, bool]] = [
-            (k, None, 1, False, False) for k in PLAIN_KERNELS if k not in ("swiglu", "rmsnorm")
+    def _pipelines_needed(self) -> list[PipelineKey]:
+        """Every (kernel, quant, tokens_per_thread, swiglu, norm[, rope, split]) pipeline the steps encode."""
+        wanted: list[PipelineKey] = [
+            (k, None, 1, False, False) for k in PLAIN_KERNELS if k not in ("swiglu", "rmsnorm", "argmax", "sample")
         ]
         for tb in {1, self.kernels.tokens_per_thread(self.max_batch)}:
             for name, weight in self.weights.items():
@@ -130,8 +139,11 @@ class Lfm2Engine(TransformerEngine):
                 # Projections of the residual normalise it; the three that read an activation do not.
                 normed = not name.endswith(("ffn_down.weight", "attn_output.weight", "shortconv.out_proj.weight"))
                 wanted.append(("matvec", weight.fmt.name, tb, down, normed))
-        wanted.append(("embed", self.weights["token_embd.weight"].fmt.name, 1, False, False))
-        return wanted
+        embedding = self.weights["token_embd.weight"].fmt.name
+        wanted += [(kernel, embedding, 1, False, False) for kernel in ("embed", "argmax", "sample")]
+        if attention_kernel(self.lfm2.head_dim) == "attention_vec4":
+            wanted.append(("attention_vec4", None, 1, False, False, True))  # rotary inside attention
+        return wanted + self.split_variants()
 
     def release(self) -> None:
         """Free the engine's GPU memory now (not when Python collects it); the engine is unusable after."""
@@ -148,7 +160,7 @@ class Lfm2Engine(TransformerEngine):
         for buf in owned:
             buf.destroy()
 
-    def _build(self, n: int, head: bool, sample: bool, all_logits: bool) -> list[Dispatch]:
+    def _build(self, n: int, head: bool, sample: bool, all_logits: bool, split: bool = False) -> list[Dispatch]:
         c, k, w = self.lfm2, self.kernels, self.weights
         embd = w["token_embd.weight"]
         out: list[Dispatch] = [k.embed(embd.buffer, embd.fmt, embd.rows, embd.cols, self.ids, self.h, self.state, n)]
@@ -161,7 +173,7 @@ class Lfm2Engine(TransformerEngine):
             p = f"blk.{i}."
             op_norm = {"norm": self.norms[p + "attn_norm.weight"], "eps": c.eps}
             if c.is_attention(i):
-                out.extend(self._attention(i, n, mv, op_norm))
+                out.extend(self._attention(i, n, mv, op_norm, split))
             else:
                 out.append(mv(p + "shortconv.in_proj.weight", self.h, self.bcx, **op_norm))  # rows B, C, x
                 out.append(
@@ -204,15 +216,13 @@ class Lfm2Engine(TransformerEngine):
                 )
             )
         if sample:
-            last = (n - 1) * c.n_vocab if all_logits else 0
-            if self.stochastic:
-                out.append(k.sample(self.logits, self.ids, self.state, self.sampling, c.n_vocab, offset=last))
-            else:
-                out.append(k.argmax(self.logits, self.ids, self.state, c.n_vocab, offset=last))
+            # The last token's logits are the last row of what the head wrote.
+            out.append(self._sampler(n, all_logits))
         return out
 
-    def _attention(self, layer: int, n: int, mv: Any, op_norm: dict[str, Any]) -> list[Dispatch]:
-        """One attention layer's dispatches: q/k/v, q/k norm + RoPE + K/V store, attention, output projection."""
+    def _attention(self, layer: int, n: int, mv: Any, op_norm: dict[str, Any], split: bool) -> list[Dispatch]:
+        """One attention layer's dispatches: q/k/v, q/k norm + RoPE + K/V store, attention (+ the combine where
+        split), output projection."""
         c, k, w = self.lfm2, self.kernels, self.weights
         p = f"blk.{layer}."
         slot = c.attention_layers.index(layer)
@@ -223,39 +233,40 @@ class Lfm2Engine(TransformerEngine):
             stride = c.q_dim + 2 * c.kv_dim
             for name, off in (("attn_q", 0), ("attn_k", c.q_dim), ("attn_v", c.q_dim + c.kv_dim)):
                 out.append(mv(p + name + ".weight", self.h, self.qkv, y_off=off, y_stride=stride, **op_norm))
-        out.append(
-            k.rope_store(
-                self.qkv,
-                self.k_cache[slot],
-                self.v_cache[slot],
-                self.cos_sin,
-                self._qk_norm[slot],
-                self.state,
-                n_head=c.n_head,
-                n_kv=c.n_kv,
-                head_dim=c.head_dim,
-                n_rot=c.n_rot,
-                neox=c.rope_neox,
-                tokens=n,
-                qk_norm=True,
-                eps=c.eps,
+        # Attention norms, rotates and stores q/k itself (heads a multiple of 4 wide), as qwen3's does.
+        rope_in_attention = attention_kernel(c.head_dim) == "attention_vec4"
+        if not rope_in_attention:
+            out.append(
+                k.rope_store(
+                    self.qkv,
+                    self.k_cache[slot],
+                    self.v_cache[slot],
+                    self.cos_sin,
+                    self._qk_norm[slot],
+                    self.state,
+                    n_head=c.n_head,
+                    n_kv=c.n_kv,
+                    head_dim=c.head_dim,
+                    n_rot=c.n_rot,
+                    neox=c.rope_neox,
+                    tokens=n,
+                    qk_norm=True,
+                    eps=c.eps,
+                )
             )
-        )
-        out.append(
-            k.attention(
-                self.qkv,
-                self.k_cache[slot],
-                self.v_cache[slot],
-                self.attn,
-                self.scores,
-                self.state,
-                n_head=c.n_head,
-                n_kv=c.n_kv,
-                head_dim=c.head_dim,
-                ctx=self.ctx,
-                scale=1.0 / math.sqrt(c.head_dim),
-                tokens=n,
+        args = (self.qkv, self.k_cache[slot], self.v_cache[slot], self.attn, self.scores, self.state)
+        dims = {"n_head": c.n_head, "n_kv": c.n_kv, "head_dim": c.head_dim, "ctx": self.ctx}
+        scale = 1.0 / math.sqrt(c.head_dim)
+        if rope_in_attention:
+            rope = AttentionRope(self.cos_sin, self._qk_norm[slot], c.n_rot, c.rope_neox, True, c.eps)
+            out.append(k.attention_with_rope(rope, *args, scale=scale, tokens=n, split=split, **dims))
+        else:
+            out.append(k.attention(*args, scale=scale, tokens=n, split=split, **dims))
+        if split:
+            out.append(
+                k.attention_combine(
+                    self.scores, self.attn, self.state, n_head=c.n_head, head_dim=c.head_dim, ctx=self.ctx, tokens=n
+                )
             )
-        )
         out.append(mv(p + "attn_output.weight", self.attn, self.h, accumulate=True))
         return out

@@ -6,7 +6,9 @@ one list of dispatches encoded into one compute pass and one queue submission: e
 (the ids live on the GPU), then per layer RMSNorm, the q/k/v projections, RoPE with the K/V cache
 store, attention, the output projection added to the residual, RMSNorm, gate and up, SwiGLU, and
 the down projection added to the residual; then the final norm, the output head and greedy
-sampling, whose id is written where the next step's embedding lookup reads it.
+sampling, whose id is written where the next step's embedding lookup reads it. The sampler also
+writes that id's embedding row as the next step's input, so a decode step that follows a sampling
+step leaves its embedding lookup out (``chained``).
 """
 
 from __future__ import annotations
@@ -27,16 +29,25 @@ from anyformer_gguf_gpu.kernels import (
     AttentionRope,
     Copy,
     Dispatch,
+    EmbedNext,
     Kernels,
     PipelineKey,
     RopeStore,
     attention_kernel,
+    attention_scratch_bytes,
     sampling_block,
 )
 from anyformer_gguf_gpu.quants import QuantFormat, dequantize, format_of
 
 #: Most tokens one prefill step processes (the activation buffers are sized for this many).
 DEFAULT_MAX_BATCH = 64
+
+#: Keys a token attends to above which attention splits along the sequence (flash-decoding: chunks of
+#: ATTENTION_CHUNK keys per workgroup, then a combine dispatch). Below it one workgroup per head is
+#: quicker than two dispatches; above it that workgroup's walk over the keys is the step's longest.
+#: Measured on an H200 in SmolLM2's shapes (2026-12-01): equal at 256 keys (599 vs 603 tok/s), split
+#: ahead from 512 (575 vs 511) and 3.1x at 4096 (508 vs 163); at 8 keys it would cost 6 % (677 vs 720).
+SPLIT_FROM = 384
 
 #: Load progress callback: (what, done, total).
 LoadProgress = Callable[[str, int, int], None]
@@ -142,10 +153,12 @@ class TransformerEngine:
         self.attn = buf(b * c.q_dim * 4, label="attention")
         self.gate_up = buf(b * 2 * c.n_ff * 4, label="gate-up")
         self.logits = buf(b * c.n_vocab * 4, label="logits")
-        self.scores = buf(b * c.n_head * self.ctx * 4, label="scores")
+        self.scores = buf(attention_scratch_bytes(b, c.n_head, self.ctx, c.head_dim), label="scores")
         self.ids = buf((self.ctx + 1) * 4, label="ids")
         self.state = buf(16, label="state")
         self.sampling = buf(16, label="sampling")
+        #: Keys above which a step's attention splits along the sequence (see SPLIT_FROM).
+        self.split_from = SPLIT_FROM
         #: Whether steps that sample draw at a temperature (set_sampling) rather than take the argmax.
         self.stochastic = False
         kv_value = 2 if self.kernels.kv_f16 else 4
@@ -158,16 +171,39 @@ class TransformerEngine:
         self.cos_sin = gpu.upload(cos_sin_table(self.ctx, c.n_rot, c.rope_base, factors), label="rope")
         self._dummy_norm = gpu.buffer(16, label="no-qk-norm")
         self._qk_norm = [self._qk_norm_buffer(gguf, i) for i in range(c.n_layer)] if c.qk_norm else []
-        self._programs: dict[tuple[int, bool, bool, bool, bool], list[Dispatch]] = {}
+        self._programs: dict[tuple[int, bool, bool, bool, bool, bool, bool], list[Dispatch]] = {}
+        #: The position whose embedding the last sampling step left in the residual's first row (None: unknown).
+        self._embedded_for: int | None = None
         self.gpu_bytes = self._held_bytes(gguf.header)
         # Pipelines compiled (and bind groups built) now rather than on the first token: the steps of
         # one token and of max_batch tokens use every pipeline variant any step needs.
         self.kernels.compile(self._pipelines_needed(), lambda done, total: report("compile", done, total))
-        for stochastic in (False, True):
-            self.stochastic = stochastic
-            self.program(1, head=True)
-            self.program(self.max_batch, head=True)
+        self._build_programs()
+
+    def _build_programs(self) -> None:
+        """Build the steps' dispatch lists at load: one token and max_batch tokens, greedy and sampled,
+        split along the sequence too where the context is long enough to need it."""
+        for split in (False, True) if self.ctx > self.split_from else (False,):
+            for stochastic in (False, True):
+                self.stochastic = stochastic
+                self.program(1, head=True, split=split, chained=True)
+                self.program(1, head=True, split=split)
+                self.program(self.max_batch, head=True, split=split)
         self.stochastic = False
+
+    def split_attention(self, keys: int) -> bool:
+        """Whether a step whose last token attends to ``keys`` keys splits attention along the sequence."""
+        return keys > self.split_from
+
+    def split_variants(self) -> list[PipelineKey]:
+        """The split attention pipelines (and the combine) an engine with this context compiles at load."""
+        if self.ctx <= self.split_from:
+            return []
+        name = attention_kernel(self.config.head_dim)
+        wanted: list[PipelineKey] = [(name, None, 1, False, False, False, True)]
+        if name == "attention_vec4":
+            wanted.append((name, None, 1, False, False, True, True))  # with the rotary inside attention
+        return wanted
 
     def _qk_norm_buffer(self, gguf: GGUFFile, layer: int) -> Any:
         q = dequantize(
@@ -194,18 +230,24 @@ class TransformerEngine:
     def _pipelines_needed(self) -> list[PipelineKey]:
         """Every (kernel, quant, tokens_per_thread, swiglu, norm, rope) pipeline the steps encode."""
         unused_attention = {"attention", "attention_vec4"} - {attention_kernel(self.config.head_dim)}
-        skip = {"swiglu", "rmsnorm"} | unused_attention | ({"rope_store"} if self.rope_in_projection else set())
+        if self.ctx <= self.split_from:
+            unused_attention.add("attention_combine")
+        rope_elsewhere = self.rope_in_projection or attention_kernel(self.config.head_dim) == "attention_vec4"
+        # The samplers are compiled with the embedding's decoder (below): they also embed the next id.
+        skip = {"swiglu", "rmsnorm", "argmax", "sample"} | unused_attention
+        skip |= {"rope_store"} if rope_elsewhere else set()
         wanted: list[PipelineKey] = [(k, None, 1, False, False, False) for k in PLAIN_KERNELS if k not in skip]
         if not self.rope_in_projection and attention_kernel(self.config.head_dim) == "attention_vec4":
-            wanted.append(("attention_vec4", None, 1, False, False, True))  # one-token steps rotate in attention
+            wanted.append(("attention_vec4", None, 1, False, False, True))  # rotary inside attention
         for tb in {1, self.kernels.tokens_per_thread(self.max_batch)}:
             for name, weight in self.weights.items():
                 down = name.endswith("ffn_down.weight")
                 normed = not down and not name.endswith("attn_output.weight")  # projections of the residual
                 rope = self.rope_in_projection and name.endswith("attn_qkv.weight")
                 wanted.append(("matvec", weight.fmt.name, tb, down, normed, rope))
-        wanted.append(("embed", self.weights["token_embd.weight"].fmt.name, 1, False, False, False))
-        return wanted
+        embedding = self.weights["token_embd.weight"].fmt.name
+        wanted += [(kernel, embedding, 1, False, False, False) for kernel in ("embed", "argmax", "sample")]
+        return wanted + self.split_variants()
 
     def release(self) -> None:
         """Free the engine's GPU memory now (not when Python collects it); the engine is unusable after."""
@@ -227,24 +269,58 @@ class TransformerEngine:
 
     @property
     def dispatches_per_token(self) -> int:
-        """How many kernel dispatches one decode step encodes."""
-        return len(self.program(1, head=True))
+        """How many kernel dispatches one decode step encodes (its input embedded by the step before)."""
+        return len(self.program(1, head=True, chained=True))
 
-    def program(self, tokens: int, *, head: bool, sample: bool = True, all_logits: bool = False) -> list[Dispatch]:
+    def program(
+        self,
+        tokens: int,
+        *,
+        head: bool,
+        sample: bool = True,
+        all_logits: bool = False,
+        split: bool = False,
+        chained: bool = False,
+    ) -> list[Dispatch]:
         """The dispatches of one step over ``tokens`` tokens.
 
         ``head`` adds the final norm and output head (the last token's logits, or every token's with
         ``all_logits``); ``sample`` then adds sampling (the argmax, or a seeded draw after
-        :meth:`set_sampling`), which writes the next id after the step's tokens.
+        :meth:`set_sampling`), which writes the next id after the step's tokens. ``split`` makes each
+        attention split along the sequence (one more dispatch per attention layer: the combine).
+        The sampler also writes the next id's embedding into the residual's first row, so ``chained``
+        leaves out the embedding lookup: a one-token step right after a sampling step needs none.
         """
-        key = (tokens, head, head and sample, head and all_logits, self.stochastic)
+        key = (tokens, head, head and sample, head and all_logits, self.stochastic, split, chained and tokens == 1)
         found = self._programs.get(key)
         if found is None:
-            found = self._build(tokens, head, head and sample, head and all_logits)
+            if key[-1]:
+                whole = self.program(1, head=head, sample=sample, all_logits=all_logits, split=split)
+                if whole[0].name != "embed":
+                    raise RuntimeError("a step's first dispatch is its embedding lookup")
+                found = whole[1:]
+            else:
+                found = self._build(tokens, head, head and sample, head and all_logits, split)
             self._programs[key] = found
         return found
 
-    def _build(self, n: int, head: bool, sample: bool, all_logits: bool) -> list[Dispatch]:
+    def _sampler(self, n: int, all_logits: bool) -> Dispatch:
+        """The step's sampling dispatch (argmax, or a seeded draw after :meth:`set_sampling`) over the last
+        token's logits, which also embeds the picked id for the next step."""
+        k, vocab = self.kernels, self.config.n_vocab
+        last = (n - 1) * vocab if all_logits else 0
+        if self.stochastic:
+            return k.sample(
+                self.logits, self.ids, self.state, self.sampling, vocab, offset=last, embed=self._embed_next()
+            )
+        return k.argmax(self.logits, self.ids, self.state, vocab, offset=last, embed=self._embed_next())
+
+    def _embed_next(self) -> EmbedNext:
+        """Where the samplers write the picked id's embedding: the residual's first row (the next step's input)."""
+        embd = self.weights["token_embd.weight"]
+        return EmbedNext(embd.buffer, embd.fmt, embd.rows, embd.cols, self.h)
+
+    def _build(self, n: int, head: bool, sample: bool, all_logits: bool, split: bool = False) -> list[Dispatch]:
         c, k, w = self.config, self.kernels, self.weights
         qkv_stride = c.q_dim + 2 * c.kv_dim
         embd = w["token_embd.weight"]
@@ -269,10 +345,8 @@ class TransformerEngine:
             else:
                 for name, off in (("attn_q", 0), ("attn_k", c.q_dim), ("attn_v", c.q_dim + c.kv_dim)):
                     out.append(mv(p + name + ".weight", self.h, self.qkv, y_off=off, y_stride=qkv_stride, **attn_norm))
-            # One-token steps of the other models rotate and store in the attention dispatch itself.
-            rope_in_attention = (
-                n == 1 and not self.rope_in_projection and attention_kernel(c.head_dim) == "attention_vec4"
-            )
+            # The other models rotate and store in the attention dispatch itself (heads a multiple of 4 wide).
+            rope_in_attention = not self.rope_in_projection and attention_kernel(c.head_dim) == "attention_vec4"
             if not self.rope_in_projection and not rope_in_attention:
                 out.append(
                     k.rope_store(
@@ -298,9 +372,15 @@ class TransformerEngine:
             if rope_in_attention:
                 norm = self._qk_norm[i] if c.qk_norm else self._dummy_norm
                 rope = AttentionRope(self.cos_sin, norm, c.n_rot, c.rope_neox, c.qk_norm, c.eps)
-                out.append(k.attention_with_rope(rope, *attention_args, scale=scale, **dims))
+                out.append(k.attention_with_rope(rope, *attention_args, scale=scale, tokens=n, split=split, **dims))
             else:
-                out.append(k.attention(*attention_args, scale=scale, tokens=n, **dims))
+                out.append(k.attention(*attention_args, scale=scale, tokens=n, split=split, **dims))
+            if split:
+                out.append(
+                    k.attention_combine(
+                        self.scores, self.attn, self.state, n_head=c.n_head, head_dim=c.head_dim, ctx=self.ctx, tokens=n
+                    )
+                )
             out.append(mv(p + "attn_output.weight", self.attn, self.h, accumulate=True))
             ffn_norm = {"norm": self.norms[p + "ffn_norm.weight"], "eps": c.eps}
             if p + "ffn_gate_up.weight" in w:
@@ -333,11 +413,7 @@ class TransformerEngine:
             )
         if sample:
             # The last token's logits are the last row of what the head wrote.
-            last = (n - 1) * c.n_vocab if all_logits else 0
-            if self.stochastic:
-                out.append(k.sample(self.logits, self.ids, self.state, self.sampling, c.n_vocab, offset=last))
-            else:
-                out.append(k.argmax(self.logits, self.ids, self.state, c.n_vocab, offset=last))
+            out.append(self._sampler(n, all_logits))
         return out
 
     # The host side of one step: where it starts and how many tokens it covers.
@@ -356,6 +432,7 @@ class TransformerEngine:
         if arr.size and int(arr.max()) >= self.config.n_vocab:
             raise AnyformerError(ErrorCode.BAD_REQUEST, f"token id {int(arr.max())} is outside the vocabulary")
         self.gpu.write(self.ids, arr, offset=4 * start)
+        self._embedded_for = None
 
     def submit_step(
         self,
@@ -376,7 +453,12 @@ class TransformerEngine:
         if pos + tokens > self.ctx:
             raise AnyformerError(ErrorCode.BAD_REQUEST, f"position {pos + tokens} is past the context of {self.ctx}")
         self.gpu.write(self.state, np.array([pos, tokens, 0, 0], dtype=np.uint32))
-        self.kernels.run(self.program(tokens, head=head, sample=sample, all_logits=all_logits), copies or [])
+        split = self.split_attention(pos + tokens)
+        program = self.program(tokens, head=head, sample=sample, all_logits=all_logits, split=split)
+        self._embedded_for = None
+        self.kernels.run(program, copies or [])
+        if head and sample:
+            self._embedded_for = pos + tokens
 
     @property
     def positions(self) -> Any:
@@ -399,11 +481,15 @@ class TransformerEngine:
         if pos + steps > self.ctx:
             raise AnyformerError(ErrorCode.BAD_REQUEST, f"position {pos + steps} is past the context of {self.ctx}")
         self.gpu.write(self.state, np.array([pos, 1, 0, 0], dtype=np.uint32))
-        program = self.program(1, head=True)
-        passes: list[tuple[Sequence[Copy], Sequence[Dispatch]]] = [((), program)]
+        # Each step's sampler embeds the next id, so only a first step not preceded by one looks its id up.
+        first = self.program(1, head=True, split=self.split_attention(pos + 1), chained=self._embedded_for == pos)
+        passes: list[tuple[Sequence[Copy], Sequence[Dispatch]]] = [((), first)]
         for q in range(pos + 1, pos + steps):
+            program = self.program(1, head=True, split=self.split_attention(q + 1), chained=True)
             passes.append((((self.positions, 4 * q, self.state, 0, 4),), program))
+        self._embedded_for = None
         self.kernels.run_passes(passes, copies)
+        self._embedded_for = pos + steps
 
     def prefill(self, ids: list[int], start: int = 0) -> None:
         """Run ids (already at ``start``) through the model in steps of ``max_batch``; the last step samples."""

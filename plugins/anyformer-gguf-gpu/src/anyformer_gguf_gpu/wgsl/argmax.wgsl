@@ -1,11 +1,16 @@
 // Greedy sampling on the GPU: the index of the largest logit (the lowest index on a tie) is written
 // to Ids[pos + n_batch], where the next step's embedding lookup reads it: no read-back in the loop.
+// EMBED (a constant; the host prepends embed_row and the embedding's decoder) also writes that id's
+// embedding row as the next step's input, so a decode step needs no embedding dispatch of its own.
 
 struct Params {
     n: u32,
     offset: u32,
-    pad1: u32,
-    pad2: u32,
+    // The embedding table's shape (EMBED): columns, bytes a row, 8-value units a row, rows.
+    e_cols: u32,
+    e_row_bytes: u32,
+    e_units: u32,
+    e_rows: u32,
 }
 
 @group(0) @binding(0) var<storage, read> L: array<f32>;
@@ -44,5 +49,8 @@ fn main(@builtin(local_invocation_index) lid: u32) {
     }
     if (lid == 0u) {
         Ids[S[0] + S[1]] = best_i[0];
+    }
+    if (EMBED) {
+        embed_row(best_i[0], lid);
     }
 }

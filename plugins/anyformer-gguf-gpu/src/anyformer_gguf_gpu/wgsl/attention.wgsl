@@ -4,6 +4,8 @@
 // rope_store.wgsl). Query head h reads KV head h / (n_head / n_kv) (grouped-query attention).
 // The weighted sum splits the keys among G groups of TD threads (TD dims at a time, the groups
 // summed in workgroup memory), so each thread's chain of dependent loads is n / G long, not n.
+// SPLIT splits the keys along the sequence as attention_vec4.wgsl does (partial_out, then
+// attention_combine.wgsl).
 
 struct Params {
     n_head: u32,
@@ -14,6 +16,15 @@ struct Params {
     ctx: u32,
     out_stride: u32,
     scale: f32,
+    // Used by attention_vec4's rotary variant only (the host writes one layout for both kernels).
+    n_rot: u32,
+    neox: u32,
+    has_norm: u32,
+    eps: f32,
+    norm_k_off: u32,
+    k_off: u32,
+    v_off: u32,
+    part_off: u32,
 }
 
 @group(0) @binding(0) var<storage, read> QKV: array<f32>;
@@ -64,6 +75,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let h = wid.x;
     let b = wid.y;
     let n = S[0] + b + 1u;
+    // This workgroup's keys: j0..j1 (all of them without SPLIT).
+    let j0 = wid.z * CHUNK;
+    if (j0 >= n) {
+        return;
+    }
+    let j1 = min(n, j0 + CHUNK);
     let hd = P.head_dim;
     let kvh = h / (P.n_head / P.n_kv);
     let qo = b * P.qkv_stride + h * hd;
@@ -74,7 +91,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
     workgroupBarrier();
     var m = -3.4e38;
-    for (var j = lid; j < n; j += WG) {
+    for (var j = j0 + lid; j < j1; j += WG) {
         var s = 0.0;
         let kj = j * P.kv_dim + ko;
         for (var d = 0u; d < hd; d++) {
@@ -86,12 +103,16 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
     let mx = reduce_max(m, lid);
     var total = 0.0;
-    for (var j = lid; j < n; j += WG) {
+    for (var j = j0 + lid; j < j1; j += WG) {
         let p = exp(Sc[so + j] - mx);
         Sc[so + j] = p;
         total += p;
     }
     let sum = reduce_sum(total, lid);
+    if (SPLIT && lid == 0u) {
+        partial_out(partial_base(b, h, wid.z), mx);
+        partial_out(partial_base(b, h, wid.z) + 1u, sum);
+    }
     storageBarrier();
     workgroupBarrier();
     let l = lid % TD;
@@ -100,7 +121,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         let d = d0 + l;
         var acc = 0.0;
         if (d < hd) {
-            for (var j = g; j < n; j += G) {
+            for (var j = j0 + g; j < j1; j += G) {
                 acc += Sc[so + j] * f32(Vc[j * P.kv_dim + ko + d]);
             }
         }
@@ -111,7 +132,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             for (var k = 0u; k < G; k++) {
                 total_d += red[k * TD + l];
             }
-            Out[b * P.out_stride + h * hd + d] = total_d / sum;
+            if (SPLIT) {
+                partial_out(partial_base(b, h, wid.z) + 2u + d, total_d);
+            } else {
+                Out[b * P.out_stride + h * hd + d] = total_d / sum;
+            }
         }
         workgroupBarrier();
     }

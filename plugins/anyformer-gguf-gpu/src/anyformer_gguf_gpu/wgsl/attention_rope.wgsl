@@ -43,3 +43,46 @@ fn rope_head(src: u32, norm_off: u32, pos: u32, lid: u32) {
     }
     workgroupBarrier();
 }
+
+// q . k for a key of an earlier token of this step: k (at QKV[src..src+hd)) normed (where has_norm)
+// and rotated for its position pos, computed by one thread from the raw row, as rope_head would.
+// q is the workgroup's rotated query in qs (vec4s).
+fn step_key_dot(src: u32, pos: u32) -> f32 {
+    let hd = P.head_dim;
+    var r = 1.0;
+    if (P.has_norm != 0u) {
+        var acc = 0.0;
+        for (var d = 0u; d < hd; d++) {
+            acc += QKV[src + d] * QKV[src + d];
+        }
+        r = inverseSqrt(acc / f32(hd) + P.eps);
+    }
+    let half_rot = P.n_rot / 2u;
+    var s = 0.0;
+    for (var i = 0u; i < half_rot; i++) {
+        var a = 2u * i;
+        var c = 2u * i + 1u;
+        if (P.neox != 0u) {
+            a = i;
+            c = i + half_rot;
+        }
+        let cs = (pos * half_rot + i) * 2u;
+        let co = CS[cs];
+        let si = CS[cs + 1u];
+        let ka = key_value(src, a, r);
+        let kc = key_value(src, c, r);
+        s += qs[a / 4u][a % 4u] * (ka * co - kc * si) + qs[c / 4u][c % 4u] * (ka * si + kc * co);
+    }
+    for (var d = P.n_rot; d < hd; d++) {
+        s += qs[d / 4u][d % 4u] * key_value(src, d, r);
+    }
+    return s;
+}
+
+// Dim d of the raw k row at src, normed with its 1 / RMS r and k_norm's weight where has_norm.
+fn key_value(src: u32, d: u32, r: f32) -> f32 {
+    if (P.has_norm != 0u) {
+        return QKV[src + d] * r * NormW[P.norm_k_off + d];
+    }
+    return QKV[src + d];
+}

@@ -3,12 +3,18 @@
 // Scores: a thread per key, q held in workgroup memory as vec4s. Weighted sum of V: TD threads
 // cover 4 * TD dims of the head (4 each), G = WG / TD groups split the keys, and the groups are
 // summed in workgroup memory: each thread's chain of dependent loads is n / G vec4s long.
-// ROPE (a constant, for one-token decode steps of models whose rotary is not in the q/k/v
-// projection: NEOX, q/k norms) makes this kernel do rope_store's work for its heads first: it norms
-// and rotates its q head and its KV head's current k (rope_head, prepended by the host with its
-// bindings), uses them for the token's own position, and the first q head of each KV group stores
-// that k and v into the caches. Other workgroups never read the cache at that position, so no
-// workgroup waits for another's store.
+// ROPE (a constant, for models whose rotary is not in the q/k/v projection: NEOX, q/k norms) makes
+// this kernel do rope_store's work for its heads first: it norms and rotates its q head and its KV
+// head's current k (rope_head, prepended by the host with its bindings), uses them for the token's
+// own position, and the first q head of each KV group stores that k and v into the caches. The
+// keys of the step's earlier tokens (positions S[0].. before its own) are read from the q/k/v rows,
+// normed and rotated on the fly (step_key_dot), never from the cache, which other workgroups of the
+// same dispatch are writing: no workgroup waits for another's store, in prefill steps too.
+// SPLIT (a constant) splits the keys along the sequence (flash-decoding): workgroup (h, b, c) takes
+// keys c*CHUNK.. of its head and writes its chunk's max score, sum of exponentials and unnormalised
+// weighted sum of V to the scratch after the scores (partial_out); attention_combine.wgsl merges the
+// chunks. Chunks past the token's position have no keys and return at once. Without SPLIT, CHUNK
+// covers every key and the one workgroup per head writes the output.
 
 struct Params {
     n_head: u32,
@@ -26,7 +32,7 @@ struct Params {
     norm_k_off: u32,
     k_off: u32,
     v_off: u32,
-    pad0: u32,
+    part_off: u32,
 }
 
 @group(0) @binding(0) var<storage, read> QKV: array<f32>;
@@ -81,6 +87,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let h = wid.x;
     let b = wid.y;
     let n = S[0] + b + 1u;
+    // This workgroup's keys: j0..j1 (all of them without SPLIT).
+    let j0 = wid.z * CHUNK;
+    if (j0 >= n) {
+        return;
+    }
+    let j1 = min(n, j0 + CHUNK);
     let hd4 = P.head_dim / 4u;
     let kv4 = P.kv_dim / 4u;
     let kvh = h / (P.n_head / P.n_kv);
@@ -100,7 +112,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             kcur[d4] = vec4<f32>(cur[4u * d4], cur[4u * d4 + 1u], cur[4u * d4 + 2u], cur[4u * d4 + 3u]);
             let v = vo + 4u * d4;
             vcur[d4] = vec4<f32>(QKV[v], QKV[v + 1u], QKV[v + 2u], QKV[v + 3u]);
-            if (h % (P.n_head / P.n_kv) == 0u) {
+            if (h % (P.n_head / P.n_kv) == 0u && j1 == n) {
                 Kc[pos * kv4 + ko4 + d4] = vec4<kv_t>(kcur[d4]);
                 Vc[pos * kv4 + ko4 + d4] = vec4<kv_t>(vcur[d4]);
             }
@@ -113,13 +125,15 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
     workgroupBarrier();
     var m = -3.4e38;
-    for (var j = lid; j < n; j += WG) {
+    for (var j = j0 + lid; j < j1; j += WG) {
         var s4 = vec4<f32>(0.0);
         let kj = j * kv4 + ko4;
         if (ROPE && j == pos) {
             for (var d4 = 0u; d4 < hd4; d4++) {
                 s4 += qs[d4] * kcur[d4];
             }
+        } else if (ROPE && j >= S[0]) {
+            s4.x = step_key_dot((j - S[0]) * P.qkv_stride + P.k_off + kvh * P.head_dim, j);
         } else {
             for (var d4 = 0u; d4 < hd4; d4++) {
                 s4 += qs[d4] * vec4<f32>(Kc[kj + d4]);
@@ -131,12 +145,16 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
     let mx = reduce_max(m, lid);
     var total = 0.0;
-    for (var j = lid; j < n; j += WG) {
+    for (var j = j0 + lid; j < j1; j += WG) {
         let p = exp(Sc[so + j] - mx);
         Sc[so + j] = p;
         total += p;
     }
     let sum = reduce_sum(total, lid);
+    if (SPLIT && lid == 0u) {
+        partial_out(partial_base(b, h, wid.z), mx);
+        partial_out(partial_base(b, h, wid.z) + 1u, sum);
+    }
     storageBarrier();
     workgroupBarrier();
     let l = lid % TD;
@@ -145,9 +163,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         let d4 = base + l;
         var acc = vec4<f32>(0.0);
         if (d4 < hd4) {
-            for (var j = g; j < n; j += G) {
+            for (var j = j0 + g; j < j1; j += G) {
                 if (ROPE && j == pos) {
                     acc += Sc[so + j] * vcur[d4];
+                } else if (ROPE && j >= S[0]) {
+                    let v = (j - S[0]) * P.qkv_stride + P.v_off + kvh * P.head_dim + 4u * d4;
+                    acc += Sc[so + j] * vec4<f32>(QKV[v], QKV[v + 1u], QKV[v + 2u], QKV[v + 3u]);
                 } else {
                     acc += Sc[so + j] * vec4<f32>(Vc[j * kv4 + ko4 + d4]);
                 }
@@ -160,11 +181,19 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             for (var k = 0u; k < G; k++) {
                 t += red4[k * TD + l];
             }
-            let o = b * P.out_stride + h * P.head_dim + 4u * d4;
-            Out[o] = t.x / sum;
-            Out[o + 1u] = t.y / sum;
-            Out[o + 2u] = t.z / sum;
-            Out[o + 3u] = t.w / sum;
+            if (SPLIT) {
+                let pb = partial_base(b, h, wid.z) + 2u + 4u * d4;
+                partial_out(pb, t.x);
+                partial_out(pb + 1u, t.y);
+                partial_out(pb + 2u, t.z);
+                partial_out(pb + 3u, t.w);
+            } else {
+                let o = b * P.out_stride + h * P.head_dim + 4u * d4;
+                Out[o] = t.x / sum;
+                Out[o + 1u] = t.y / sum;
+                Out[o + 2u] = t.z / sum;
+                Out[o + 3u] = t.w / sum;
+            }
         }
         workgroupBarrier();
     }

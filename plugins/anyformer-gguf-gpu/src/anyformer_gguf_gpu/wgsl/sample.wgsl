@@ -5,14 +5,17 @@
 // 2. Thread 0: softmax of the picks / temperature, cut to the smallest prefix whose mass reaches
 //    top_p (at least one), and the pick where the cumulative mass passes u * kept mass, with u a
 //    uniform draw from a hash of (seed, position): the same seed gives the same text.
+// EMBED: the drawn id's embedding row is written as the next step's input too (see argmax.wgsl).
 
 const MAX_K: u32 = 64u;
 
 struct Params {
     n: u32,
     offset: u32,
-    pad0: u32,
-    pad1: u32,
+    e_cols: u32,
+    e_row_bytes: u32,
+    e_units: u32,
+    e_rows: u32,
 }
 
 struct Sampling {
@@ -32,6 +35,8 @@ var<workgroup> best_v: array<f32, WG>;
 var<workgroup> best_i: array<u32, WG>;
 var<workgroup> top_v: array<f32, MAX_K>;
 var<workgroup> top_i: array<u32, MAX_K>;
+// The drawn id, for every thread's share of the EMBED row.
+var<workgroup> chosen: u32;
 
 // Whether (v, i) ranks before (w, j): larger value, or the same value and a lower index.
 fn before(v: f32, i: u32, w: f32, j: u32) -> bool {
@@ -117,5 +122,10 @@ fn main(@builtin(local_invocation_index) lid: u32) {
             }
         }
         Ids[step] = pick;
+        chosen = pick;
+    }
+    workgroupBarrier();
+    if (EMBED) {
+        embed_row(chosen, lid);
     }
 }
