@@ -20,9 +20,9 @@ from anyformer_diskformer.expert_cache import ExpertCache
 from anyformer_diskformer.expert_reader import ExpertSlices
 from anyformer_diskformer.moe_config import MoEConfig
 from anyformer_diskformer.prefetch import likely_experts
+from anyformer_diskformer.quant_product import expert_ffn
 from anyformer_diskformer.trace import TraceWriter
 from anyformer_gguf_gpu.gguf_file import GGUFFile
-from anyformer_gguf_gpu.quants import dequantize
 from anyformer_gguf_gpu.transformer import cos_sin_table
 
 
@@ -139,11 +139,7 @@ class CpuMoEEngine:
         for expert in np.unique(chosen):
             rows, slot = np.nonzero(chosen == expert)
             e = self.cache.get(layer, int(expert))
-            gate = dequantize(e.gate, e.types[0]).reshape(c.n_ff_exp, c.n_embd)
-            up = dequantize(e.up, e.types[1]).reshape(c.n_ff_exp, c.n_embd)
-            down = dequantize(e.down, e.types[2]).reshape(c.n_embd, c.n_ff_exp)
-            xs = x[rows]
-            y = (_silu(xs @ gate.T) * (xs @ up.T)) @ down.T
+            y = expert_ffn(self._w.kernels, e, x[rows], c.n_embd, c.n_ff_exp)
             out[rows] += weights[rows, slot][:, None] * y
         if c.n_ff_shexp:
             p = f"blk.{layer}."
