@@ -40,13 +40,14 @@ def run(path: str, **options: object) -> tuple[np.ndarray, CacheStats, int]:
 @pytest.mark.parametrize("device", ["cpu", "gpu"])
 def test_prefetch_keeps_the_logits_and_raises_the_hit_rate(moe_top4, device):
     plan = plan_from_header(read_gguf_header(moe_top4), 64, device)
-    # Room for one layer's top-4 and the next layer's guessed top-4: the same budget both ways.
-    pool = plan.min_cache_bytes + 4 * plan.one_expert_bytes
-    # LRU: with a cache of two layers' top-4 over three layers it never hits, so every hit is prefetch's.
-    # (LRFU alone hits 34 % here, above LRU + prefetch's 29 % at this same budget: the read-ahead's share
-    # of so small a budget costs LRFU more than prefetch gains; the docs say so.)
-    plain, without, width = run(moe_top4, device=device, pool_bytes=pool, prefetch=0, cache_policy="lru")
+    # The same cache of one layer's top-4 both ways (under LRU over three layers it never hits, so every hit is
+    # prefetch's); with prefetch the pool also holds two layers' guessed top-4 (the guesses being taken and the
+    # next layer's), the read-ahead's own bytes.
+    plain, without, width = run(
+        moe_top4, device=device, pool_bytes=plan.min_cache_bytes, prefetch=0, cache_policy="lru"
+    )
     assert width == 0 and without.prefetched == 0 and without.prefetch_wasted == 0
+    pool = plan.min_cache_bytes + 8 * plan.one_expert_bytes
     ahead, with_, width = run(moe_top4, device=device, pool_bytes=pool, prefetch=4, cache_policy="lru")
     assert width == 4
     np.testing.assert_array_equal(ahead, plain)

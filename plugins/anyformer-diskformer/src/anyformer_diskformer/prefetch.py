@@ -4,15 +4,17 @@ The guess is the next layer's router applied to the current hidden state (the re
 changes little from one layer to the next, so its top-k is usually most of the true top-k). The
 engine asks for the guess before it computes the current layer's experts; the threads ``pread``
 (the GIL is released while they wait on the disk) into host memory. When the next layer looks an
-expert up, the cache takes it from here instead of reading it on demand. Guesses not taken by the
-time the engine guesses again are dropped and their bytes counted as wasted. At most ``width``
-experts are held here at once, bytes the load takes out of the expert cache's budget.
+expert up, the cache takes it from here instead of reading it on demand. The engine guesses layer
+``l + 1`` before it looks up layer ``l``'s experts (so the reads overlap that layer's compute): a new
+guess keeps the previous layer's guesses, which are about to be taken, and drops older ones not
+taken, their bytes counted as wasted. At most ``2 × width`` experts are held here at once, bytes the
+load takes out of the expert cache's budget.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-from collections.abc import Container
+from collections.abc import Callable, Container
 
 import numpy as np
 
@@ -49,14 +51,20 @@ class Prefetcher:
         self._pending: dict[Key, concurrent.futures.Future[ExpertSlices]] = {}
 
     def request(self, layer: int, experts: list[int], held: Container[Key]) -> None:
-        """Drop the guesses not taken, then start reading ``experts`` of ``layer`` not ``held`` (up to ``width``)."""
-        self._drop_all()
+        """Drop the guesses not taken except those of ``layer - 1`` (the layer about to look its experts up), then
+        start reading ``experts`` of ``layer`` not ``held`` (up to ``width``)."""
+        self._drop(lambda key: key[0] != layer - 1)
         if self._pool is None:
             return
         for expert in experts[: self.width]:
             key = (layer, expert)
             if key not in held:
                 self._pending[key] = self._pool.submit(self.reader.read, layer, expert)
+
+    def ready(self, key: Key) -> bool:
+        """Whether ``key`` was guessed and its read has finished (taking it will not wait)."""
+        future = self._pending.get(key)
+        return future is not None and future.done()
 
     def take(self, key: Key) -> ExpertSlices | None:
         """``key``'s slabs if they were guessed (waiting for the read if it is still running), else None."""
@@ -68,7 +76,11 @@ class Prefetcher:
         return slices
 
     def _drop_all(self) -> None:
-        for future in self._pending.values():
+        self._drop(lambda key: True)
+
+    def _drop(self, stale: Callable[[Key], bool]) -> None:
+        for key in [key for key in self._pending if stale(key)]:
+            future = self._pending.pop(key)
             if future.cancel():
                 continue  # never started: nothing was read
             try:
@@ -78,7 +90,6 @@ class Prefetcher:
                 continue
             self.stats.bytes_read += wasted
             self.stats.prefetch_wasted += wasted
-        self._pending.clear()
 
     def close(self) -> None:
         """Drop what is pending and stop the threads; safe to call twice."""
