@@ -68,13 +68,13 @@ class CpuMoEEngine:
             cache.take_accesses()  # start recording
         self.ctx = ctx
         # Held as stored and dequantised per use: float32 copies would take ~4x (Q4_K: ~7x) the memory.
-        self._w = DenseWeights(gguf)
+        self._runner = ExpertRunner(threads, config.n_embd, config.n_ff_exp)
+        self._w = DenseWeights(gguf, self._runner)
         self._head = "token_embd.weight" if config.tied_output else "output.weight"
         self._rope = cos_sin_table(ctx, config.n_rot, config.rope_base)
         shape = (config.n_layer, ctx, config.n_kv, config.head_dim)
         self._k = np.zeros(shape, dtype=np.float32)
         self._v = np.zeros(shape, dtype=np.float32)
-        self._runner = ExpertRunner(threads, config.n_embd, config.n_ff_exp)
 
     def release(self) -> None:
         """Stop the expert threads (the cache is closed by its owner); safe to call twice."""

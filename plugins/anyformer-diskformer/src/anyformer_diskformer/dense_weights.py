@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from anyformer_diskformer.moe_config import is_expert_tensor
-from anyformer_diskformer.quant_product import QuantProduct
+from anyformer_diskformer.quant_product import Products, QuantProduct
 from anyformer_gguf_gpu.gguf_file import GGUFFile
 from anyformer_gguf_gpu.quants import F32, dequantize, format_of
 
@@ -39,11 +39,11 @@ class _Stored:
 class DenseWeights:
     """Every non-expert tensor of a GGUF: vectors and F32 matrices as float32, other matrices as stored."""
 
-    def __init__(self, gguf: GGUFFile) -> None:
+    def __init__(self, gguf: GGUFFile, kernels: Products | None = None) -> None:
         self._plain: dict[str, np.ndarray] = {}
         self._stored: dict[str, _Stored] = {}
-        #: The stored-matrix products and their scratch, shared with the engine's expert products.
-        self.kernels = QuantProduct()
+        #: What computes the stored-matrix products (with its scratch): its own, or the engine's threads.
+        self.kernels: Products = kernels if kernels is not None else QuantProduct()
         for t in gguf.header.tensors:
             if is_expert_tensor(t.name):
                 continue

@@ -1,4 +1,5 @@
-"""A layer's routed experts on the CPU: each chosen expert's FFN on the tokens that chose it, on a few threads.
+"""A layer's routed experts on the CPU: each chosen expert's FFN on the tokens that chose it, on a few threads;
+and the dense products, a large matrix's rows split over the same threads.
 
 numpy releases the GIL in the conversions and BLAS products of
 :func:`~anyformer_diskformer.quant_product.expert_ffn`, so experts computed on ``threads`` threads run
@@ -11,13 +12,17 @@ calling thread, so the result does not depend on which thread finished first.
 from __future__ import annotations
 
 import concurrent.futures
+import itertools
 import threading
 
 import numpy as np
 
 from anyformer_diskformer.expert_cache import ExpertCache
 from anyformer_diskformer.expert_reader import ExpertSlices
-from anyformer_diskformer.quant_product import QuantProduct, expert_ffn
+from anyformer_diskformer.quant_product import BAND_ELEMENTS, QuantProduct, expert_ffn
+
+#: Matrices of at least this many weights are split over the threads; smaller ones cost less than a hand-over.
+PARALLEL_ELEMENTS = 2**19
 
 
 class ExpertRunner:
@@ -41,6 +46,27 @@ class ExpertRunner:
         if kernels is None:
             kernels = self._local.kernels = QuantProduct()
         return kernels
+
+    def product(
+        self, x: np.ndarray, raw: np.ndarray, ggml_type: int, rows: int, cols: int, band_elements: int = BAND_ELEMENTS
+    ) -> np.ndarray:
+        """``x @ W.T`` as :meth:`QuantProduct.product`, a large matrix's rows split over the threads (the dense
+        products: attention, router, output)."""
+        pool = self._pool
+        if pool is None or rows * cols < PARALLEL_ELEMENTS or rows < 2 * self.threads:
+            return self._kernels().product(x, raw, ggml_type, rows, cols, band_elements)
+        blocks = np.asarray(raw).reshape(rows, -1)
+        bounds = [rows * i // self.threads for i in range(self.threads + 1)]
+        parts = [
+            pool.submit(self._part, x, blocks[start:stop], ggml_type, stop - start, cols, band_elements)
+            for start, stop in itertools.pairwise(bounds)
+        ]
+        return np.concatenate([part.result() for part in parts], axis=-1)
+
+    def _part(
+        self, x: np.ndarray, blocks: np.ndarray, ggml_type: int, rows: int, cols: int, band_elements: int
+    ) -> np.ndarray:
+        return self._kernels().product(x, blocks, ggml_type, rows, cols, band_elements)
 
     def _one(self, expert: ExpertSlices, x: np.ndarray) -> np.ndarray:
         return expert_ffn(self._kernels(), expert, x, self.n_embd, self.n_ff)

@@ -19,6 +19,8 @@ rounding (about 1e-6 relative), not bit for bit.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import numpy as np
 
 from anyformer_diskformer.expert_reader import ExpertSlices
@@ -34,6 +36,15 @@ def _f16_words(raw: np.ndarray, start: int, width: int) -> np.ndarray:
     """Little-endian f16 fields at byte ``start`` (even) of every block of ``raw`` (blocks, block bytes: even, rows
     contiguous) as float32, read through a view of the blocks (a strided copy of a few bytes a block is slow)."""
     return raw.view("<f2")[:, start // 2 : start // 2 + width].astype(np.float32)
+
+
+class Products(Protocol):
+    """What computes ``x @ W.T`` for stored matrices: a :class:`QuantProduct`, or one that spreads it over threads."""
+
+    def product(
+        self, x: np.ndarray, raw: np.ndarray, ggml_type: int, rows: int, cols: int, band_elements: int = ...
+    ) -> np.ndarray:
+        """``x @ W.T`` for ``W`` of ``rows`` × ``cols`` stored in ``raw``."""
 
 
 class QuantProduct:
