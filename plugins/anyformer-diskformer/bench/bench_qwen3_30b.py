@@ -16,7 +16,7 @@ whichever is writable; without one, unlimited and labelled so):
 Usage (as root for the cgroup; under nice, the file deleted after):
 
     nice -n 10 python plugins/anyformer-diskformer/bench/bench_qwen3_30b.py [--layers 8] [--tokens 4]
-        [--device gpu|cpu] [--budgets 0.5,0.25,0.1] [--threads 2]
+        [--device gpu|cpu] [--budgets 0.5,0.25,0.1] [--threads 2] [--prefetch N] [--engines diskformer,llama]
 """
 
 from __future__ import annotations
@@ -213,7 +213,7 @@ def child_llama(path: str, tokens: int, threads: int, repack: bool) -> dict[str,
 
 
 def child_diskformer(
-    path: str, tokens: int, budget: int, device: str, trace: str, policy: str, threads: int
+    path: str, tokens: int, budget: int, device: str, trace: str, policy: str, threads: int, prefetch: int
 ) -> dict[str, object]:
     """The engine's decode tok/s with the expert cache the budget leaves, its counters and the slots it had."""
     import anyformer
@@ -226,7 +226,9 @@ def child_diskformer(
     plan = plan_from_header(read_gguf_header(path), 256, device)
     pool = budget - plan.fixed_bytes
     os.environ[TRACE_ENV] = trace
-    options = {"pool_bytes": pool, "device": device, "cache_policy": policy, "threads": threads}
+    options: dict[str, object] = {"pool_bytes": pool, "device": device, "cache_policy": policy, "threads": threads}
+    if prefetch >= 0:
+        options["prefetch"] = prefetch
     model = DiskformerModel.open(anyformer.describe(path), Request(context=256, options=options), lambda e: None)
     try:
         engine = model.engine
@@ -264,6 +266,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--folder", default=tempfile.gettempdir())
     parser.add_argument("--policy", default="reuse", choices=("reuse", "lru", "lrfu"), help="diskformer's cache policy")
+    parser.add_argument("--prefetch", type=int, default=-1, help="diskformer's prefetch width (default: its top-k)")
     parser.add_argument("--engines", default="diskformer,llama", help="which engines to run (comma-separated)")
     parser.add_argument("--child", nargs="*", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -272,9 +275,9 @@ def main() -> None:
         if kind == "llama":
             print(json.dumps(child_llama(path, int(rest[0]), int(rest[1]), rest[2] == "repack")))
         else:
-            print(
-                json.dumps(child_diskformer(path, int(rest[0]), int(rest[1]), rest[2], rest[3], rest[4], int(rest[5])))
-            )
+            numbers = int(rest[0]), int(rest[1])
+            result = child_diskformer(path, *numbers, rest[2], rest[3], rest[4], int(rest[5]), int(rest[6]))
+            print(json.dumps(result))
         return
 
     from anyformer.plugin import read_gguf_header
@@ -310,7 +313,7 @@ def main() -> None:
                     mine = run_child(
                         [
                             *("--child", "diskformer", path, str(args.tokens), str(budget), args.device, trace),
-                            *(args.policy, str(args.threads)),
+                            *(args.policy, str(args.threads), str(args.prefetch)),
                         ],
                         procs,
                     )
