@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 from diskformer_reference import PROMPT
@@ -11,8 +13,9 @@ from anyformer import AnyformerError, ErrorCode, Request
 from anyformer.plugin import read_gguf_header
 from anyformer_diskformer.engine import DiskformerModel
 from anyformer_diskformer.expert_cache import CacheStats
+from anyformer_diskformer.expert_reader import ExpertSlices
 from anyformer_diskformer.plan import plan_from_header
-from anyformer_diskformer.prefetch import likely_experts
+from anyformer_diskformer.prefetch import Prefetcher, likely_experts
 
 STEPS = 24
 
@@ -77,3 +80,47 @@ def test_likely_experts_ranks_each_tokens_top_k_by_probability():
     assert likely_experts(logits, 2, 8) == [2, 0, 1]  # 0.65, 0.5, then 0.3 + 0.15 for expert 1
     assert likely_experts(logits, 2, 2) == [2, 0]
     assert likely_experts(logits, 1, 8) == [2, 0]
+
+
+class CountingReader:
+    """A stand-in reader: each expert is 10 bytes, every read counted."""
+
+    def __init__(self) -> None:
+        self.reads: list[tuple[int, int]] = []
+
+    def read(self, layer: int, expert: int) -> ExpertSlices:
+        self.reads.append((layer, expert))
+        slab = np.full(10, expert, dtype=np.uint8)
+        return ExpertSlices(slab[:4], slab[4:7], slab[7:], (8, 8, 8))
+
+
+def wait_for(prefetcher: Prefetcher, *keys: tuple[int, int]) -> None:
+    """Wait (up to 10 s) until the reads of ``keys`` have finished."""
+    deadline = time.monotonic() + 10
+    while not all(prefetcher.ready(key) for key in keys):
+        assert time.monotonic() < deadline, "the prefetcher's reads did not finish"
+        time.sleep(0.001)
+
+
+def test_a_guess_keeps_the_previous_layers_guesses_until_that_layer_takes_them():
+    # The engine guesses layer l + 1 before layer l looks its experts up: layer l's guesses must survive it.
+    reader, stats = CountingReader(), CacheStats()
+    prefetcher = Prefetcher(reader, stats, width=2, threads=1)  # type: ignore[arg-type]
+    try:
+        prefetcher.request(1, [3, 5], held=set())
+        prefetcher.request(2, [7, 9], held={(2, 9)})  # layer 2's expert 9 is already cached: not read
+        taken = prefetcher.take((1, 3))
+        assert taken is not None and int(taken.gate[0]) == 3
+        assert stats.prefetch_wasted == 0
+        wait_for(prefetcher, (1, 5), (2, 7))  # read, so dropping one is wasted bytes (not a cancelled read)
+        # The guess for layer 3 drops what layer 1 did not take (expert 5) and keeps layer 2's.
+        prefetcher.request(3, [1], held=set())
+        assert stats.prefetch_wasted == 10
+        assert prefetcher.take((1, 5)) is None
+        assert prefetcher.take((2, 7)) is not None and prefetcher.take((2, 9)) is None
+        assert stats.bytes_read == 30  # taken or wasted so far; (3, 1) is counted when taken or dropped
+        wait_for(prefetcher, (3, 1))
+        assert sorted(reader.reads) == [(1, 3), (1, 5), (2, 7), (3, 1)]
+    finally:
+        prefetcher.close()
+    assert stats.bytes_read == 40 and stats.prefetch_wasted == 20
