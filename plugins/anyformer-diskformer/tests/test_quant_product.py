@@ -10,7 +10,7 @@ from anyformer_diskformer.quant_product import GROUPED_MAX_ROWS, QuantProduct, e
 from anyformer_gguf_gpu.quants import FORMATS, dequantize
 from anyformer_gguf_gpu.testing import random_blocks
 
-NAMES = ["Q4_0", "Q8_0", "Q4_K", "Q6_K", "Q5_K", "F16", "F32", "BF16"]
+NAMES = ["Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "F16", "F32", "BF16"]
 
 
 def fmt_named(name: str):
@@ -51,7 +51,7 @@ def test_leading_shape_is_kept():
     np.testing.assert_allclose(got[:, 0], reference(x[:, 0], raw, fmt.ggml_type, 8, 256), rtol=2e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("name", ["Q4_K", "Q8_0", "Q6_K"])
+@pytest.mark.parametrize("name", ["Q4_K", "Q5_K", "Q8_0", "Q6_K"])
 def test_expert_ffn_is_the_swiglu_of_the_dequantised_expert(name):
     fmt = fmt_named(name)
     rng = np.random.default_rng(11)

@@ -2,7 +2,7 @@
 
 For a few rows of ``x`` (decoding), a block format whose value is ``a * q - b`` within each group of
 ``gs`` elements (``q`` a small integer code, ``a`` and ``b`` one scale and offset a group: Q4_0,
-Q8_0, Q4_K, Q6_K) is multiplied group by group::
+Q4_1, Q8_0, Q4_K, Q5_K, Q6_K) is multiplied group by group::
 
     y[r] = sum_g a[r, g] * (q[r, g, :] . x[g, :])  -  sum_g b[r, g] * sum(x[g, :])
 
@@ -24,7 +24,7 @@ from typing import Protocol
 import numpy as np
 
 from anyformer_diskformer.expert_reader import ExpertSlices
-from anyformer_gguf_gpu.quants import Q4_0, Q4_K, Q6_K, Q8_0, dequantize, format_of
+from anyformer_gguf_gpu.quants import Q4_0, Q4_1, Q4_K, Q5_K, Q6_K, Q8_0, dequantize, format_of
 
 #: The most rows of ``x`` the grouped product takes; more share one dequantised band instead.
 GROUPED_MAX_ROWS = 8
@@ -57,6 +57,7 @@ class QuantProduct:
         self._float = np.empty(0, dtype=np.float32)
         self._low = np.empty(0, dtype=np.uint8)
         self._high = np.empty(0, dtype=np.uint8)
+        self._codes = np.empty(0, dtype=np.uint8)
 
     def _scratch(self, name: str, size: int, dtype: type) -> np.ndarray:
         buffer: np.ndarray = getattr(self, name)
@@ -74,7 +75,7 @@ class QuantProduct:
         flat = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, cols)
         blocks = np.asarray(raw, dtype=np.uint8).reshape(rows, -1)
         out = np.empty((flat.shape[0], rows), dtype=np.float32)
-        grouped = fmt in (Q4_0, Q8_0, Q4_K, Q6_K) and flat.shape[0] <= GROUPED_MAX_ROWS
+        grouped = fmt in (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K) and flat.shape[0] <= GROUPED_MAX_ROWS
         band = max(1, band_elements // cols)
         for start in range(0, rows, band):
             stop = min(rows, start + band)
@@ -92,6 +93,10 @@ class QuantProduct:
         b: np.ndarray | None
         if ggml_type == Q4_K.ggml_type:
             codes, a, b, gs = self._q4_k(blocks, cols)
+        elif ggml_type == Q5_K.ggml_type:
+            codes, a, b, gs = self._q5_k(blocks, cols)
+        elif ggml_type == Q4_1.ggml_type:
+            codes, a, b, gs = self._q4_1(blocks, cols)
         elif ggml_type == Q6_K.ggml_type:
             codes, a, b, gs = self._q6_k(blocks, cols)
         elif ggml_type == Q8_0.ggml_type:
@@ -131,6 +136,17 @@ class QuantProduct:
         np.copyto(codes[:, :, 1], high[:, 2:].reshape(rows, groups, 16).transpose(1, 0, 2), casting="unsafe")
         return codes.reshape(groups, rows, 32), d, 8.0 * d, 32
 
+    def _q4_1(self, blocks: np.ndarray, cols: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+        rows, groups = blocks.shape[0], cols // 32
+        raw = np.ascontiguousarray(blocks).reshape(rows * groups, 20)
+        dm = _f16_words(raw, 0, 2)  # (blocks, 2): d, m; an element is d * q + m
+        low, high = self._nibbles(raw)
+        codes = self._scratch("_float", rows * cols, np.float32).reshape(groups, rows, 2, 16)
+        # Byte i of a block holds element i (low nibble) and element i + 16 (high nibble), as in Q4_0.
+        np.copyto(codes[:, :, 0], low[:, 4:].reshape(rows, groups, 16).transpose(1, 0, 2), casting="unsafe")
+        np.copyto(codes[:, :, 1], high[:, 4:].reshape(rows, groups, 16).transpose(1, 0, 2), casting="unsafe")
+        return codes.reshape(groups, rows, 32), dm[:, 0].reshape(rows, groups), -dm[:, 1].reshape(rows, groups), 32
+
     def _q8_0(self, blocks: np.ndarray, cols: int) -> tuple[np.ndarray, np.ndarray, None, int]:
         rows, groups = blocks.shape[0], cols // 32
         raw = np.ascontiguousarray(blocks).reshape(rows, groups, 34)
@@ -142,6 +158,16 @@ class QuantProduct:
     def _q4_k(self, blocks: np.ndarray, cols: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
         rows, nb = blocks.shape[0], cols // 256
         raw = np.ascontiguousarray(blocks).reshape(rows * nb, 144)
+        a, b = self._k_scales(raw, rows, nb)
+        low, high = self._nibbles(raw)
+        codes = self._scratch("_float", rows * cols, np.float32).reshape(nb, 4, 2, rows, 32)
+        # Bytes 32j..32j+31 of the quants hold sub-block 2j (low nibbles) and 2j + 1 (high nibbles).
+        np.copyto(codes[:, :, 0], low[:, 16:].reshape(rows, nb, 4, 32).transpose(1, 2, 0, 3), casting="unsafe")
+        np.copyto(codes[:, :, 1], high[:, 16:].reshape(rows, nb, 4, 32).transpose(1, 2, 0, 3), casting="unsafe")
+        return codes.reshape(nb * 8, rows, 32), a, b, 32
+
+    def _k_scales(self, raw: np.ndarray, rows: int, nb: int) -> tuple[np.ndarray, np.ndarray]:
+        """Q4_K/Q5_K's per-sub-block (a, b), each (rows, nb * 8): a = d * scale, b = dmin * min."""
         dm = _f16_words(raw, 0, 2)  # (blocks, 2): d, dmin
         # The 12 scale bytes as three little-endian words: 6-bit scales and mins of sub-blocks 0-3 in the low six
         # bits of bytes 0-3 / 4-7, those of 4-7 in bytes 8-11's nibbles with two high bits from bytes 0-7's tops.
@@ -151,14 +177,25 @@ class QuantProduct:
         hi_mn = ((w[:, 2] >> 4) & 0x0F0F0F0F) | (((w[:, 1] >> 6) & 0x03030303) << 4)
         sc = np.stack([lo_sc, hi_sc], axis=1).view(np.uint8).astype(np.float32)  # (blocks, 8)
         mn = np.stack([lo_mn, hi_mn], axis=1).view(np.uint8).astype(np.float32)
-        a = (dm[:, :1] * sc).reshape(rows, nb * 8)
-        b = (dm[:, 1:] * mn).reshape(rows, nb * 8)
+        return (dm[:, :1] * sc).reshape(rows, nb * 8), (dm[:, 1:] * mn).reshape(rows, nb * 8)
+
+    def _q5_k(self, blocks: np.ndarray, cols: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+        rows, nb = blocks.shape[0], cols // 256
+        raw = np.ascontiguousarray(blocks).reshape(rows * nb, 176)
+        a, b = self._k_scales(raw, rows, nb)
         low, high = self._nibbles(raw)
-        codes = self._scratch("_float", rows * cols, np.float32).reshape(nb, 4, 2, rows, 32)
-        # Bytes 32j..32j+31 of the quants hold sub-block 2j (low nibbles) and 2j + 1 (high nibbles).
-        np.copyto(codes[:, :, 0], low[:, 16:].reshape(rows, nb, 4, 32).transpose(1, 2, 0, 3), casting="unsafe")
-        np.copyto(codes[:, :, 1], high[:, 16:].reshape(rows, nb, 4, 32).transpose(1, 2, 0, 3), casting="unsafe")
-        return codes.reshape(nb * 8, rows, 32), a, b, 32
+        # The 5-bit codes assembled as bytes first (one conversion to float32 after): the low four bits as in
+        # Q4_K (bytes 32j..32j+31 of the quants: sub-block 2j low nibbles, 2j + 1 high), the fifth is bit s
+        # of qh[l] for element l of sub-block s.
+        u8 = self._scratch("_codes", rows * cols, np.uint8).reshape(nb, 4, 2, rows, 32)
+        np.copyto(u8[:, :, 0], low[:, 48:].reshape(rows, nb, 4, 32).transpose(1, 2, 0, 3))
+        np.copyto(u8[:, :, 1], high[:, 48:].reshape(rows, nb, 4, 32).transpose(1, 2, 0, 3))
+        qh = raw[:, 16:48].reshape(rows, nb, 32).transpose(1, 0, 2)  # (nb, rows, 32)
+        for sub in range(8):
+            u8[:, sub // 2, sub % 2] |= ((qh >> sub) & 1) << 4
+        codes = self._scratch("_float", rows * cols, np.float32).reshape(nb * 8, rows, 32)
+        np.copyto(codes, u8.reshape(nb * 8, rows, 32), casting="unsafe")
+        return codes, a, b, 32
 
     def _q6_k(self, blocks: np.ndarray, cols: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
         rows, nb = blocks.shape[0], cols // 256
