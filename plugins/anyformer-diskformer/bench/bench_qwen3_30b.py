@@ -13,6 +13,9 @@ whichever is writable; without one, unlimited and labelled so):
   whole file sequentially with O_DIRECT, over the bytes read per token);
 - llama.cpp (llama-cpp-python, mmap, the page cache under the same cgroup): decode tok/s.
 
+Before each engine runs, the file's pages are written back and dropped from the page cache, so
+neither finds the model in memory that its cgroup was not charged for.
+
 Usage (as root for the cgroup; under nice, the file deleted after):
 
     nice -n 10 python plugins/anyformer-diskformer/bench/bench_qwen3_30b.py [--layers 8] [--tokens 4]
