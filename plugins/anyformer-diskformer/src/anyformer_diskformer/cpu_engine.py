@@ -59,7 +59,6 @@ class CpuMoEEngine:
         cache: ExpertCache[ExpertSlices],
         ctx: int,
         trace: TraceWriter | None = None,
-        threads: int = 1,
     ) -> None:
         self.config = config
         self.cache = cache
@@ -68,13 +67,21 @@ class CpuMoEEngine:
             cache.take_accesses()  # start recording
         self.ctx = ctx
         # Held as stored and dequantised per use: float32 copies would take ~4x (Q4_K: ~7x) the memory.
-        self._runner = ExpertRunner(threads, config.n_embd, config.n_ff_exp)
-        self._w = DenseWeights(gguf, self._runner)
+        self._w = DenseWeights(gguf)
         self._head = "token_embd.weight" if config.tied_output else "output.weight"
         self._rope = cos_sin_table(ctx, config.n_rot, config.rope_base)
         shape = (config.n_layer, ctx, config.n_kv, config.head_dim)
         self._k = np.zeros(shape, dtype=np.float32)
         self._v = np.zeros(shape, dtype=np.float32)
+        self._runner = ExpertRunner(1, config.n_embd, config.n_ff_exp)
+        self._w.kernels = self._runner
+
+    def set_threads(self, threads: int) -> None:
+        """Compute a layer's experts and the large dense products on ``threads`` threads (1, the default: this
+        thread)."""
+        self._runner.close()
+        self._runner = ExpertRunner(threads, self.config.n_embd, self.config.n_ff_exp)
+        self._w.kernels = self._runner
 
     def release(self) -> None:
         """Stop the expert threads (the cache is closed by its owner); safe to call twice."""

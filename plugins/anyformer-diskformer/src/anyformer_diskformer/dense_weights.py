@@ -1,4 +1,4 @@
-"""The CPU engine's dense tensors, held as stored in the GGUF and dequantised a slice at a time when used.
+"""The CPU engine's dense tensors, held as stored in the GGUF and multiplied a band of rows at a time when used.
 
 A quantised or F16 matrix is kept as its raw blocks (a copy of the file's bytes, so the file may
 close), a row of blocks per output row; a product ``x @ W.T`` goes through
@@ -39,11 +39,11 @@ class _Stored:
 class DenseWeights:
     """Every non-expert tensor of a GGUF: vectors and F32 matrices as float32, other matrices as stored."""
 
-    def __init__(self, gguf: GGUFFile, kernels: Products | None = None) -> None:
+    def __init__(self, gguf: GGUFFile) -> None:
         self._plain: dict[str, np.ndarray] = {}
         self._stored: dict[str, _Stored] = {}
-        #: What computes the stored-matrix products (with its scratch): its own, or the engine's threads.
-        self.kernels: Products = kernels if kernels is not None else QuantProduct()
+        #: What computes the stored-matrix products (with its scratch); the CPU engine puts its threads here.
+        self.kernels: Products = QuantProduct()
         for t in gguf.header.tensors:
             if is_expert_tensor(t.name):
                 continue

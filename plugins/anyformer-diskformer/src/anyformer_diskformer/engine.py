@@ -193,6 +193,7 @@ class DiskformerModel:
             if not isinstance(direct, bool):
                 raise AnyformerError(ErrorCode.BAD_REQUEST, f"direct_io must be true or false, not {direct!r}")
             width, threads = prefetch_options(request.options, config.n_expert_used)
+            threads_cpu = compute_threads(request.options)
             spans = expert_spans(gguf.header, config.n_layer, config.n_expert)
             trace = trace_writer_from_env()
             try:
@@ -209,7 +210,8 @@ class DiskformerModel:
                     )
                     attach_prefetcher(cache, width, threads, plan.min_cache_bytes)
                     try:
-                        engine = CpuMoEEngine(gguf, config, cache, context, trace, compute_threads(request.options))
+                        engine = CpuMoEEngine(gguf, config, cache, context, trace)
+                        engine.set_threads(threads_cpu)
                     except BaseException:
                         cache.close()
                         raise
