@@ -50,7 +50,7 @@ class Products(Protocol):
 class QuantProduct:
     """Products of float32 activations with stored matrices; holds the scratch buffers it reuses.
 
-    One instance is used from one thread at a time (the engine's compute thread).
+    One instance is used from one thread at a time: each of the engine's threads has its own.
     """
 
     def __init__(self) -> None:
