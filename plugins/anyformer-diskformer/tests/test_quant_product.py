@@ -65,3 +65,21 @@ def test_expert_ffn_is_the_swiglu_of_the_dequantised_expert(name):
     want = reference(g / (1 + np.exp(-g)) * u, down, fmt.ggml_type, n_embd, n_ff)
     got = expert_ffn(QuantProduct(), expert, x, n_embd, n_ff)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"])
+def test_decoding_products_never_dequantise_the_matrix(name, monkeypatch):
+    # The speed of the CPU engine rests on this: a few rows of x go group by group, with no float32 weights.
+    from anyformer_diskformer import quant_product
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("dequantize was called for a decoding product")
+
+    monkeypatch.setattr(quant_product, "dequantize", refuse)
+    fmt = fmt_named(name)
+    rng = np.random.default_rng(5)
+    raw = random_blocks(fmt, 16 * 512, rng)
+    x = rng.standard_normal((GROUPED_MAX_ROWS, 512)).astype(np.float32)
+    QuantProduct().product(x, raw, fmt.ggml_type, 16, 512)
+    with pytest.raises(AssertionError, match="dequantize"):  # a prompt's many rows share a dequantised band
+        QuantProduct().product(np.vstack([x, x]), raw, fmt.ggml_type, 16, 512)
