@@ -44,13 +44,12 @@ def run(path: str, **options: object) -> tuple[np.ndarray, CacheStats, int]:
 def test_prefetch_keeps_the_logits_and_raises_the_hit_rate(moe_top4, device):
     plan = plan_from_header(read_gguf_header(moe_top4), 64, device)
     # The same cache of one layer's top-4 both ways (under LRU over three layers it never hits, so every hit is
-    # prefetch's); with prefetch the pool also holds two layers' guessed top-4 (the guesses being taken and the
-    # next layer's), the read-ahead's own bytes.
+    # prefetch's); with prefetch the pool also holds the next layer's guessed top-4, the read-ahead's own bytes.
     plain, without, width = run(
         moe_top4, device=device, pool_bytes=plan.min_cache_bytes, prefetch=0, cache_policy="lru"
     )
     assert width == 0 and without.prefetched == 0 and without.prefetch_wasted == 0
-    pool = plan.min_cache_bytes + 8 * plan.one_expert_bytes
+    pool = plan.min_cache_bytes + 4 * plan.one_expert_bytes
     ahead, with_, width = run(moe_top4, device=device, pool_bytes=pool, prefetch=4, cache_policy="lru")
     assert width == 4
     np.testing.assert_array_equal(ahead, plain)
@@ -102,25 +101,31 @@ def wait_for(prefetcher: Prefetcher, *keys: tuple[int, int]) -> None:
         time.sleep(0.001)
 
 
-def test_a_guess_keeps_the_previous_layers_guesses_until_that_layer_takes_them():
-    # The engine guesses layer l + 1 before layer l looks its experts up: layer l's guesses must survive it.
+def test_reads_start_when_the_layer_before_has_its_experts():
+    # The engine guesses layer l + 1 before layer l looks its experts up; the reads wait for those lookups.
     reader, stats = CountingReader(), CacheStats()
     prefetcher = Prefetcher(reader, stats, width=2, threads=1)  # type: ignore[arg-type]
     try:
-        prefetcher.request(1, [3, 5], held=set())
-        prefetcher.request(2, [7, 9], held={(2, 9)})  # layer 2's expert 9 is already cached: not read
+        prefetcher.request(1, [4], held=set())
+        prefetcher.request(1, [3, 5, 6], held=set())  # replaces the guess not started; at most width 2
+        time.sleep(0.01)
+        assert reader.reads == []
+        prefetcher.start(0)
+        wait_for(prefetcher, (1, 3), (1, 5))
+        prefetcher.request(2, [7, 9], held={(2, 9)})  # layer 1 looks up next: its guesses stay
         taken = prefetcher.take((1, 3))
         assert taken is not None and int(taken.gate[0]) == 3
         assert stats.prefetch_wasted == 0
-        wait_for(prefetcher, (1, 5), (2, 7))  # read, so dropping one is wasted bytes (not a cancelled read)
-        # The guess for layer 3 drops what layer 1 did not take (expert 5) and keeps layer 2's.
-        prefetcher.request(3, [1], held=set())
-        assert stats.prefetch_wasted == 10
-        assert prefetcher.take((1, 5)) is None
-        assert prefetcher.take((2, 7)) is not None and prefetcher.take((2, 9)) is None
-        assert stats.bytes_read == 30  # taken or wasted so far; (3, 1) is counted when taken or dropped
-        wait_for(prefetcher, (3, 1))
-        assert sorted(reader.reads) == [(1, 3), (1, 5), (2, 7), (3, 1)]
+        # Layer 1's lookups end: what it did not take (expert 5) is wasted; layer 2's guess is read but for
+        # expert 9, which the cache holds.
+        prefetcher.start(1)
+        assert stats.prefetch_wasted == 10 and prefetcher.take((1, 5)) is None
+        assert prefetcher.take((2, 9)) is None
+        assert prefetcher.take((2, 7)) is not None
+        prefetcher.request(2, [1], held=set())
+        prefetcher.start(2)  # a guess for the layer that just finished is stale: not read
+        assert sorted(reader.reads) == [(1, 3), (1, 5), (2, 7)]
+        assert stats.bytes_read == 30
     finally:
         prefetcher.close()
-    assert stats.bytes_read == 40 and stats.prefetch_wasted == 20
+    assert stats.bytes_read == 30 and stats.prefetch_wasted == 10

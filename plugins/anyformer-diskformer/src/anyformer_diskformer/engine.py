@@ -117,15 +117,15 @@ def compute_threads(options: dict[str, object]) -> int:
 
 
 def attach_prefetcher(cache: ExpertCache[Any], width: int, threads: int, min_cache: int) -> None:
-    """Give ``cache`` a prefetcher of ``width`` experts a layer on ``threads`` threads, its read-ahead bytes (two
-    layers' guesses: the one being taken and the next) taken from the cache's budget.
+    """Give ``cache`` a prefetcher of ``width`` experts a layer on ``threads`` threads, its read-ahead bytes taken
+    from the cache's budget.
 
     Where the budget cannot spare them and still hold one layer's top-k, there is no prefetcher
     (``prefetch_width`` 0 on the model says so).
     """
     from anyformer_diskformer.prefetch import Prefetcher
 
-    staging = 2 * width * cache.expert_bytes
+    staging = width * cache.expert_bytes
     if width == 0 or threads == 0 or cache.capacity_bytes - staging < min_cache:
         return
     cache.capacity_bytes -= staging

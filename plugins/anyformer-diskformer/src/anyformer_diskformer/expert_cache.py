@@ -177,10 +177,11 @@ class ExpertCache(Generic[Entry]):
         return [entry for _, entry in self.fetch_each(layer, experts, held_first=False)]
 
     def fetch_each(
-        self, layer: int, experts: Sequence[int], held_first: bool = True, pin: bool = True
+        self, layer: int, experts: Sequence[int], held_first: bool = True, pin: bool = True, last: bool = True
     ) -> Iterator[tuple[int, Entry]]:
         """``(expert, entry)`` for each of ``experts`` of ``layer`` as it is got, those held (or prefetched) first
-        when ``held_first``, so the caller computes with them while the rest are read.
+        when ``held_first``, so the caller computes with them while the rest are read. When ``last`` (the layer's
+        final lookups) and the iteration ends, the prefetcher starts reading the next layer's guess.
 
         With ``pin`` none evicts another of the same call until the iteration ends (the capacity must hold
         ``len(experts)`` experts): a store that reuses an evicted entry's memory (GPU slots) needs that. Host
@@ -199,6 +200,8 @@ class ExpertCache(Generic[Entry]):
                 yield expert, entry
         finally:
             self._pinned.clear()
+        if last and self.prefetcher is not None:
+            self.prefetcher.start(layer)
 
     def _prefetched(self, layer: int, expert: int) -> bool:
         return self.prefetcher is not None and self.prefetcher.ready((layer, expert))

@@ -83,12 +83,15 @@ class ExpertRunner:
         # slabs are referenced here beyond what the cache holds (a slab evicted while in use stays valid).
         for begin in range(0, len(unique), k):
             results: dict[int, np.ndarray | concurrent.futures.Future[np.ndarray]] = {}
-            for expert, entry in cache.fetch_each(layer, unique[begin : begin + k], pin=False):
-                rows = np.nonzero(chosen == expert)[0]
-                if self._pool is None:
-                    results[expert] = self._one(entry, x[rows])
-                else:
-                    results[expert] = self._pool.submit(self._one, entry, x[rows])
+            batch = cache.fetch_each(layer, unique[begin : begin + k], pin=False, last=begin + k >= len(unique))
+            if self._pool is None:
+                # On one thread every expert is got first: the next layer's read-ahead, which starts when the
+                # lookups end, then overlaps this layer's compute.
+                for expert, entry in list(batch):
+                    results[expert] = self._one(entry, x[np.nonzero(chosen == expert)[0]])
+            else:
+                for expert, entry in batch:
+                    results[expert] = self._pool.submit(self._one, entry, x[np.nonzero(chosen == expert)[0]])
             for expert in sorted(results):
                 done = results[expert]
                 y = done.result() if isinstance(done, concurrent.futures.Future) else done

@@ -2,19 +2,19 @@
 
 The guess is the next layer's router applied to the current hidden state (the residual stream
 changes little from one layer to the next, so its top-k is usually most of the true top-k). The
-engine asks for the guess before it computes the current layer's experts; the threads ``pread``
+engine makes the guess for layer ``l + 1`` before layer ``l`` looks its experts up; the reads start
+once layer ``l`` has got all its experts (:meth:`Prefetcher.start`, called by the cache), so they
+never queue ahead of that layer's demand reads, and they overlap its compute. The threads ``pread``
 (the GIL is released while they wait on the disk) into host memory. When the next layer looks an
-expert up, the cache takes it from here instead of reading it on demand. The engine guesses layer
-``l + 1`` before it looks up layer ``l``'s experts (so the reads overlap that layer's compute): a new
-guess keeps the previous layer's guesses, which are about to be taken, and drops older ones not
-taken, their bytes counted as wasted. At most ``2 × width`` experts are held here at once, bytes the
-load takes out of the expert cache's budget.
+expert up, the cache takes it from here instead of reading it on demand; what that layer did not
+take is dropped when its lookups end, and the bytes are counted as wasted. At most ``width``
+experts are held here at once, bytes the load takes out of the expert cache's budget.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-from collections.abc import Callable, Container
+from collections.abc import Container
 
 import numpy as np
 
@@ -49,14 +49,23 @@ class Prefetcher:
             max_workers=threads, thread_name_prefix="diskformer-prefetch"
         )
         self._pending: dict[Key, concurrent.futures.Future[ExpertSlices]] = {}
+        #: The guess waiting for the layer before it to finish its lookups: (layer, experts, what is held).
+        self._deferred: tuple[int, list[int], Container[Key]] | None = None
 
     def request(self, layer: int, experts: list[int], held: Container[Key]) -> None:
-        """Drop the guesses not taken except those of ``layer - 1`` (the layer about to look its experts up), then
-        start reading ``experts`` of ``layer`` not ``held`` (up to ``width``)."""
-        self._drop(lambda key: key[0] != layer - 1)
-        if self._pool is None:
+        """Guess ``experts`` of ``layer`` (up to ``width``): read, when :meth:`start` says the layer before it has
+        got its experts, those not ``held`` then. A later request replaces one not started."""
+        self._deferred = (layer, list(experts[: self.width]), held)
+
+    def start(self, after_layer: int) -> None:
+        """``after_layer`` has got its experts: drop the guesses it did not take (wasted), then start reading the
+        requested guess if it is for a later layer (one for this layer or an earlier one is stale: dropped)."""
+        self._drop_all()
+        deferred, self._deferred = self._deferred, None
+        if deferred is None or self._pool is None or deferred[0] <= after_layer:
             return
-        for expert in experts[: self.width]:
+        layer, experts, held = deferred
+        for expert in experts:
             key = (layer, expert)
             if key not in held:
                 self._pending[key] = self._pool.submit(self.reader.read, layer, expert)
@@ -76,10 +85,7 @@ class Prefetcher:
         return slices
 
     def _drop_all(self) -> None:
-        self._drop(lambda key: True)
-
-    def _drop(self, stale: Callable[[Key], bool]) -> None:
-        for key in [key for key in self._pending if stale(key)]:
+        for key in list(self._pending):
             future = self._pending.pop(key)
             if future.cancel():
                 continue  # never started: nothing was read
