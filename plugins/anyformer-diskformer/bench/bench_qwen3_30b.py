@@ -13,10 +13,13 @@ whichever is writable; without one, unlimited and labelled so):
   whole file sequentially with O_DIRECT, over the bytes read per token);
 - llama.cpp (llama-cpp-python, mmap, the page cache under the same cgroup): decode tok/s.
 
+Before each engine runs, the file's pages are written back and dropped from the page cache, so
+neither finds the model in memory that its cgroup was not charged for.
+
 Usage (as root for the cgroup; under nice, the file deleted after):
 
     nice -n 10 python plugins/anyformer-diskformer/bench/bench_qwen3_30b.py [--layers 8] [--tokens 4]
-        [--device gpu|cpu] [--budgets 0.5,0.25,0.1] [--threads 2]
+        [--device gpu|cpu] [--budgets 0.5,0.25,0.1] [--threads 2] [--prefetch N] [--engines diskformer,llama]
 """
 
 from __future__ import annotations
@@ -124,6 +127,45 @@ def memory_cgroup(limit: int) -> Iterator[tuple[str | None, str]]:
     yield None, "no writable memory cgroup: NOT memory-limited"
 
 
+def drop_file_cache(path: str) -> None:
+    """Write back and drop the kernel's cached pages of ``path``, so the next engine reads it from the disk.
+
+    Without this llama.cpp's mmap would find the file in the page cache (just written, or read by the run
+    before), charged to no limited cgroup, and its speed would not be that of a model larger than memory.
+    """
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def cached_fraction(path: str) -> float:
+    """The fraction of ``path``'s pages in the page cache now (mincore over a read-only mapping)."""
+    import ctypes
+
+    size = os.path.getsize(path)
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        address = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        pages = (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE
+        vector = (ctypes.c_ubyte * pages)()
+        try:
+            if libc.mincore(ctypes.c_void_p(address), size, vector) != 0:
+                return float("nan")
+        finally:
+            libc.munmap(ctypes.c_void_p(address), size)
+    finally:
+        os.close(fd)
+    return sum(v & 1 for v in vector) / pages
+
+
 def run_child(args: list[str], procs: str | None) -> dict[str, object]:
     """Run this script as a child (joining the cgroup first) and return the JSON its last line prints."""
 
@@ -132,6 +174,7 @@ def run_child(args: list[str], procs: str | None) -> dict[str, object]:
             with open(procs, "w") as f:
                 f.write(str(os.getpid()))
 
+    drop_file_cache(args[2])  # every child starts with none of the model in the page cache
     out = subprocess.run(
         [sys.executable, __file__, *args], preexec_fn=join, capture_output=True, text=True, check=False
     )
@@ -172,7 +215,9 @@ def child_llama(path: str, tokens: int, threads: int, repack: bool) -> dict[str,
     return {"tok_per_sec": tokens / took}
 
 
-def child_diskformer(path: str, tokens: int, budget: int, device: str, trace: str, policy: str) -> dict[str, object]:
+def child_diskformer(
+    path: str, tokens: int, budget: int, device: str, trace: str, policy: str, threads: int, prefetch: int
+) -> dict[str, object]:
     """The engine's decode tok/s with the expert cache the budget leaves, its counters and the slots it had."""
     import anyformer
     from anyformer import Request
@@ -184,7 +229,9 @@ def child_diskformer(path: str, tokens: int, budget: int, device: str, trace: st
     plan = plan_from_header(read_gguf_header(path), 256, device)
     pool = budget - plan.fixed_bytes
     os.environ[TRACE_ENV] = trace
-    options = {"pool_bytes": pool, "device": device, "cache_policy": policy}
+    options: dict[str, object] = {"pool_bytes": pool, "device": device, "cache_policy": policy, "threads": threads}
+    if prefetch >= 0:
+        options["prefetch"] = prefetch
     model = DiskformerModel.open(anyformer.describe(path), Request(context=256, options=options), lambda e: None)
     try:
         engine = model.engine
@@ -222,6 +269,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--folder", default=tempfile.gettempdir())
     parser.add_argument("--policy", default="reuse", choices=("reuse", "lru", "lrfu"), help="diskformer's cache policy")
+    parser.add_argument("--prefetch", type=int, default=-1, help="diskformer's prefetch width (default: its top-k)")
     parser.add_argument("--engines", default="diskformer,llama", help="which engines to run (comma-separated)")
     parser.add_argument("--child", nargs="*", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -230,7 +278,9 @@ def main() -> None:
         if kind == "llama":
             print(json.dumps(child_llama(path, int(rest[0]), int(rest[1]), rest[2] == "repack")))
         else:
-            print(json.dumps(child_diskformer(path, int(rest[0]), int(rest[1]), rest[2], rest[3], rest[4])))
+            numbers = int(rest[0]), int(rest[1])
+            result = child_diskformer(path, *numbers, rest[2], rest[3], rest[4], int(rest[5]), int(rest[6]))
+            print(json.dumps(result))
         return
 
     from anyformer.plugin import read_gguf_header
@@ -250,6 +300,7 @@ def main() -> None:
             f"(experts {plan.expert_bytes_total / 1e9:.2f} GB, {plan.one_expert_bytes / 1e6:.2f} MB each; "
             f"dense + KV {plan.fixed_bytes / 1e6:.0f} MB); device {args.device}; {args.tokens} decode tokens"
         )
+        drop_file_cache(path)
         disk, how = disk_bandwidth(path)
         print(f"disk: {disk / 1e6:.0f} MB/s sequential ({how}, the whole file)")
         if args.device == "gpu":
@@ -263,16 +314,21 @@ def main() -> None:
             with memory_cgroup(budget + RUNTIME_ALLOWANCE) as (procs, limit_how):
                 if "diskformer" in engines:
                     mine = run_child(
-                        ["--child", "diskformer", path, str(args.tokens), str(budget), args.device, trace, args.policy],
+                        [
+                            *("--child", "diskformer", path, str(args.tokens), str(budget), args.device, trace),
+                            *(args.policy, str(args.threads), str(args.prefetch)),
+                        ],
                         procs,
                     )
                 if "llama" in engines:
                     for variant in ("repack", "no-repack"):
                         child = ["--child", "llama", path, str(args.tokens), str(args.threads), variant]
                         theirs[variant] = run_child(child, procs)
+            load = ", ".join(f"{v:.1f}" for v in os.getloadavg())
             print(
                 f"\nbudget {budget / 1e9:.2f} GB ({fraction:.0%} of the file; limit = budget + "
-                f"{RUNTIME_ALLOWANCE >> 20} MiB runtime, {limit_how})"
+                f"{RUNTIME_ALLOWANCE >> 20} MiB runtime, {limit_how}); machine load {load} on {os.cpu_count()} cores; "
+                f"the file's page cache dropped before each engine ({cached_fraction(path):.0%} cached now)"
             )
             if "error" in mine:
                 print(f"  diskformer: {mine['error']}")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 from diskformer_reference import PROMPT
@@ -11,8 +13,9 @@ from anyformer import AnyformerError, ErrorCode, Request
 from anyformer.plugin import read_gguf_header
 from anyformer_diskformer.engine import DiskformerModel
 from anyformer_diskformer.expert_cache import CacheStats
+from anyformer_diskformer.expert_reader import ExpertSlices
 from anyformer_diskformer.plan import plan_from_header
-from anyformer_diskformer.prefetch import likely_experts
+from anyformer_diskformer.prefetch import Prefetcher, likely_experts
 
 STEPS = 24
 
@@ -40,13 +43,13 @@ def run(path: str, **options: object) -> tuple[np.ndarray, CacheStats, int]:
 @pytest.mark.parametrize("device", ["cpu", "gpu"])
 def test_prefetch_keeps_the_logits_and_raises_the_hit_rate(moe_top4, device):
     plan = plan_from_header(read_gguf_header(moe_top4), 64, device)
-    # Room for one layer's top-4 and the next layer's guessed top-4: the same budget both ways.
-    pool = plan.min_cache_bytes + 4 * plan.one_expert_bytes
-    # LRU: with a cache of two layers' top-4 over three layers it never hits, so every hit is prefetch's.
-    # (LRFU alone hits 34 % here, above LRU + prefetch's 29 % at this same budget: the read-ahead's share
-    # of so small a budget costs LRFU more than prefetch gains; the docs say so.)
-    plain, without, width = run(moe_top4, device=device, pool_bytes=pool, prefetch=0, cache_policy="lru")
+    # The same cache of one layer's top-4 both ways (under LRU over three layers it never hits, so every hit is
+    # prefetch's); with prefetch the pool also holds the next layer's guessed top-4, the read-ahead's own bytes.
+    plain, without, width = run(
+        moe_top4, device=device, pool_bytes=plan.min_cache_bytes, prefetch=0, cache_policy="lru"
+    )
     assert width == 0 and without.prefetched == 0 and without.prefetch_wasted == 0
+    pool = plan.min_cache_bytes + 4 * plan.one_expert_bytes
     ahead, with_, width = run(moe_top4, device=device, pool_bytes=pool, prefetch=4, cache_policy="lru")
     assert width == 4
     np.testing.assert_array_equal(ahead, plain)
@@ -76,3 +79,53 @@ def test_likely_experts_ranks_each_tokens_top_k_by_probability():
     assert likely_experts(logits, 2, 8) == [2, 0, 1]  # 0.65, 0.5, then 0.3 + 0.15 for expert 1
     assert likely_experts(logits, 2, 2) == [2, 0]
     assert likely_experts(logits, 1, 8) == [2, 0]
+
+
+class CountingReader:
+    """A stand-in reader: each expert is 10 bytes, every read counted."""
+
+    def __init__(self) -> None:
+        self.reads: list[tuple[int, int]] = []
+
+    def read(self, layer: int, expert: int) -> ExpertSlices:
+        self.reads.append((layer, expert))
+        slab = np.full(10, expert, dtype=np.uint8)
+        return ExpertSlices(slab[:4], slab[4:7], slab[7:], (8, 8, 8))
+
+
+def wait_for(prefetcher: Prefetcher, *keys: tuple[int, int]) -> None:
+    """Wait (up to 10 s) until the reads of ``keys`` have finished."""
+    deadline = time.monotonic() + 10
+    while not all(prefetcher.ready(key) for key in keys):
+        assert time.monotonic() < deadline, "the prefetcher's reads did not finish"
+        time.sleep(0.001)
+
+
+def test_reads_start_when_the_layer_before_has_its_experts():
+    # The engine guesses layer l + 1 before layer l looks its experts up; the reads wait for those lookups.
+    reader, stats = CountingReader(), CacheStats()
+    prefetcher = Prefetcher(reader, stats, width=2, threads=1)  # type: ignore[arg-type]
+    try:
+        prefetcher.request(1, [4], held=set())
+        prefetcher.request(1, [3, 5, 6], held=set())  # replaces the guess not started; at most width 2
+        time.sleep(0.01)
+        assert reader.reads == []
+        prefetcher.start(0)
+        wait_for(prefetcher, (1, 3), (1, 5))
+        prefetcher.request(2, [7, 9], held={(2, 9)})  # layer 1 looks up next: its guesses stay
+        taken = prefetcher.take((1, 3))
+        assert taken is not None and int(taken.gate[0]) == 3
+        assert stats.prefetch_wasted == 0
+        # Layer 1's lookups end: what it did not take (expert 5) is wasted; layer 2's guess is read but for
+        # expert 9, which the cache holds.
+        prefetcher.start(1)
+        assert stats.prefetch_wasted == 10 and prefetcher.take((1, 5)) is None
+        assert prefetcher.take((2, 9)) is None
+        assert prefetcher.take((2, 7)) is not None
+        prefetcher.request(2, [1], held=set())
+        prefetcher.start(2)  # a guess for the layer that just finished is stale: not read
+        assert sorted(reader.reads) == [(1, 3), (1, 5), (2, 7)]
+        assert stats.bytes_read == 30
+    finally:
+        prefetcher.close()
+    assert stats.bytes_read == 30 and stats.prefetch_wasted == 10

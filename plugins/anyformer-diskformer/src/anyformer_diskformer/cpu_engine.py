@@ -17,12 +17,12 @@ import numpy as np
 from anyformer.plugin import AnyformerError, ErrorCode
 from anyformer_diskformer.dense_weights import DenseWeights
 from anyformer_diskformer.expert_cache import ExpertCache
+from anyformer_diskformer.expert_compute import ExpertRunner
 from anyformer_diskformer.expert_reader import ExpertSlices
 from anyformer_diskformer.moe_config import MoEConfig
 from anyformer_diskformer.prefetch import likely_experts
 from anyformer_diskformer.trace import TraceWriter
 from anyformer_gguf_gpu.gguf_file import GGUFFile
-from anyformer_gguf_gpu.quants import dequantize
 from anyformer_gguf_gpu.transformer import cos_sin_table
 
 
@@ -73,6 +73,19 @@ class CpuMoEEngine:
         shape = (config.n_layer, ctx, config.n_kv, config.head_dim)
         self._k = np.zeros(shape, dtype=np.float32)
         self._v = np.zeros(shape, dtype=np.float32)
+        self._runner = ExpertRunner(1, config.n_embd, config.n_ff_exp)
+        self._w.kernels = self._runner
+
+    def set_threads(self, threads: int) -> None:
+        """Compute a layer's experts and the large dense products on ``threads`` threads (1, the default: this
+        thread)."""
+        self._runner.close()
+        self._runner = ExpertRunner(threads, self.config.n_embd, self.config.n_ff_exp)
+        self._w.kernels = self._runner
+
+    def release(self) -> None:
+        """Stop the expert threads (the cache is closed by its owner); safe to call twice."""
+        self._runner.close()
 
     @property
     def held_bytes(self) -> int:
@@ -132,19 +145,8 @@ class CpuMoEEngine:
         router = self._w.product(x, f"blk.{layer}.ffn_gate_inp.weight")
         chosen, weights = route(router, c.n_expert_used, c.norm_topk)
         weights = weights * np.float32(c.weights_scale)
-        out = np.zeros_like(x)
         # Each expert the batch routes to is fetched once and applied to every token that chose it.
-        # A prompt's tokens may route to more experts than the cache holds: each is used as soon as it is
-        # got (the slabs are this function's reference), so none needs to stay pinned.
-        for expert in np.unique(chosen):
-            rows, slot = np.nonzero(chosen == expert)
-            e = self.cache.get(layer, int(expert))
-            gate = dequantize(e.gate, e.types[0]).reshape(c.n_ff_exp, c.n_embd)
-            up = dequantize(e.up, e.types[1]).reshape(c.n_ff_exp, c.n_embd)
-            down = dequantize(e.down, e.types[2]).reshape(c.n_embd, c.n_ff_exp)
-            xs = x[rows]
-            y = (_silu(xs @ gate.T) * (xs @ up.T)) @ down.T
-            out[rows] += weights[rows, slot][:, None] * y
+        out = self._runner.run(self.cache, layer, x, chosen, weights)
         if c.n_ff_shexp:
             p = f"blk.{layer}."
             gate_part = _silu(self._w.product(x, p + "ffn_gate_shexp.weight"))

@@ -1,11 +1,12 @@
-"""The CPU engine's dense tensors, held as stored in the GGUF and dequantised a slice at a time when used.
+"""The CPU engine's dense tensors, held as stored in the GGUF and multiplied a band of rows at a time when used.
 
 A quantised or F16 matrix is kept as its raw blocks (a copy of the file's bytes, so the file may
-close), a row of blocks per output row; a product ``x @ W.T`` dequantises a band of rows at a time
-(at most :data:`BAND_ELEMENTS` values, 16 MiB of float32) and multiplies it, so the float32 copy of
-a matrix never exists whole. An embedding lookup dequantises only the rows asked for. Vectors
+close), a row of blocks per output row; a product ``x @ W.T`` goes through
+:class:`~anyformer_diskformer.quant_product.QuantProduct` a band of rows at a time (at most
+:data:`BAND_ELEMENTS` values, 4 MiB of float32 scratch, reused), so the float32 copy of a matrix
+never exists whole. An embedding lookup dequantises only the rows asked for. Vectors
 (norms, biases) and F32 matrices are kept as float32. Dequantising gives the same float32 values a
-whole-tensor dequantisation gives, so the products are those of float32 weights.
+whole-tensor dequantisation gives; products agree with those of float32 weights to float32 rounding.
 """
 
 from __future__ import annotations
@@ -13,11 +14,12 @@ from __future__ import annotations
 import numpy as np
 
 from anyformer_diskformer.moe_config import is_expert_tensor
+from anyformer_diskformer.quant_product import Products, QuantProduct
 from anyformer_gguf_gpu.gguf_file import GGUFFile
 from anyformer_gguf_gpu.quants import F32, dequantize, format_of
 
-#: The most float32 values one band of a product dequantises at once (16 MiB).
-BAND_ELEMENTS = 4 * 2**20
+#: The most weights one band of a product converts to float32 at once (4 MiB).
+BAND_ELEMENTS = 2**20
 
 
 class _Stored:
@@ -40,6 +42,8 @@ class DenseWeights:
     def __init__(self, gguf: GGUFFile) -> None:
         self._plain: dict[str, np.ndarray] = {}
         self._stored: dict[str, _Stored] = {}
+        #: What computes the stored-matrix products (with its scratch); the CPU engine puts its threads here.
+        self.kernels: Products = QuantProduct()
         for t in gguf.header.tensors:
             if is_expert_tensor(t.name):
                 continue
@@ -81,9 +85,4 @@ class DenseWeights:
         if plain is not None:
             return x @ plain.T
         stored = self._stored[name]
-        out = np.empty((*x.shape[:-1], stored.rows), dtype=np.float32)
-        band = max(1, BAND_ELEMENTS // stored.cols)
-        for start in range(0, stored.rows, band):
-            stop = min(stored.rows, start + band)
-            out[..., start:stop] = x @ stored.dequantize_rows(start, stop).T
-        return out
+        return self.kernels.product(x, stored.blocks, stored.ggml_type, stored.rows, stored.cols, BAND_ELEMENTS)

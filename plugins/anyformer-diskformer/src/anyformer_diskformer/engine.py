@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -105,9 +106,19 @@ def prefetch_options(options: dict[str, object], top_k: int) -> tuple[int, int]:
     return _count_option(options, "prefetch", top_k), _count_option(options, "prefetch_threads", 2)
 
 
+def compute_threads(options: dict[str, object]) -> int:
+    """Threads the CPU engine computes a layer's experts on: the ``threads`` load option, else the machine's cores
+    up to 4 (experts are few per layer; more threads than that mostly wait)."""
+    default = max(1, min(4, os.cpu_count() or 1))
+    value = _count_option(options, "threads", default)
+    if value < 1:
+        raise AnyformerError(ErrorCode.BAD_REQUEST, "threads must be at least 1")
+    return value
+
+
 def attach_prefetcher(cache: ExpertCache[Any], width: int, threads: int, min_cache: int) -> None:
-    """Give ``cache`` a prefetcher of ``width`` experts a layer on ``threads`` threads, its read-ahead bytes
-    taken from the cache's budget.
+    """Give ``cache`` a prefetcher of ``width`` experts a layer on ``threads`` threads, its read-ahead bytes taken
+    from the cache's budget.
 
     Where the budget cannot spare them and still hold one layer's top-k, there is no prefetcher
     (``prefetch_width`` 0 on the model says so).
@@ -182,6 +193,7 @@ class DiskformerModel:
             if not isinstance(direct, bool):
                 raise AnyformerError(ErrorCode.BAD_REQUEST, f"direct_io must be true or false, not {direct!r}")
             width, threads = prefetch_options(request.options, config.n_expert_used)
+            threads_cpu = compute_threads(request.options)
             spans = expert_spans(gguf.header, config.n_layer, config.n_expert)
             trace = trace_writer_from_env()
             try:
@@ -199,6 +211,7 @@ class DiskformerModel:
                     attach_prefetcher(cache, width, threads, plan.min_cache_bytes)
                     try:
                         engine = CpuMoEEngine(gguf, config, cache, context, trace)
+                        engine.set_threads(threads_cpu)
                     except BaseException:
                         cache.close()
                         raise
@@ -262,8 +275,7 @@ class DiskformerModel:
         engine, self.engine = self.engine, None
         if engine is not None:
             engine.cache.close()
-            if not isinstance(engine, CpuMoEEngine):
-                engine.release()
+            engine.release()
             if engine.trace is not None:
                 engine.trace.close()
 

@@ -10,7 +10,7 @@ prefetcher (:mod:`anyformer_diskformer.prefetch`) may hand over experts it read 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
@@ -174,15 +174,37 @@ class ExpertCache(Generic[Entry]):
 
         The capacity must hold ``len(experts)`` experts (the smallest working cache is one layer's top-k).
         """
+        return [entry for _, entry in self.fetch_each(layer, experts, held_first=False)]
+
+    def fetch_each(
+        self, layer: int, experts: Sequence[int], held_first: bool = True, pin: bool = True, last: bool = True
+    ) -> Iterator[tuple[int, Entry]]:
+        """``(expert, entry)`` for each of ``experts`` of ``layer`` as it is got, those held (or prefetched) first
+        when ``held_first``, so the caller computes with them while the rest are read. When ``last`` (the layer's
+        final lookups) and the iteration ends, the prefetcher starts reading the next layer's guess.
+
+        With ``pin`` none evicts another of the same call until the iteration ends (the capacity must hold
+        ``len(experts)`` experts): a store that reuses an evicted entry's memory (GPU slots) needs that. Host
+        slabs stay valid while referenced, so the CPU engine does not pin, and the cache evicts exactly as a
+        replay of its accesses does.
+        """
+        order = list(experts)
+        if held_first:
+            order.sort(key=lambda e: (layer, e) not in self._entries and not self._prefetched(layer, e))
         self._pinned.clear()
         try:
-            out = []
-            for expert in experts:
-                out.append(self.get(layer, expert))
-                self._pinned.add((layer, expert))
-            return out
+            for expert in order:
+                entry = self.get(layer, expert)
+                if pin:
+                    self._pinned.add((layer, expert))
+                yield expert, entry
         finally:
             self._pinned.clear()
+        if last and self.prefetcher is not None:
+            self.prefetcher.start(layer)
+
+    def _prefetched(self, layer: int, expert: int) -> bool:
+        return self.prefetcher is not None and self.prefetcher.ready((layer, expert))
 
     def expect(self, layer: int, experts: Sequence[int]) -> None:
         """Tell the policy which experts of ``layer`` its router predicts (before the prefetcher reads them)."""

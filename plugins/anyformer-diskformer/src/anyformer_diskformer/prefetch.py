@@ -2,10 +2,12 @@
 
 The guess is the next layer's router applied to the current hidden state (the residual stream
 changes little from one layer to the next, so its top-k is usually most of the true top-k). The
-engine asks for the guess before it computes the current layer's experts; the threads ``pread``
+engine makes the guess for layer ``l + 1`` before layer ``l`` looks its experts up; the reads start
+once layer ``l`` has got all its experts (:meth:`Prefetcher.start`, called by the cache), so they
+never queue ahead of that layer's demand reads, and they overlap its compute. The threads ``pread``
 (the GIL is released while they wait on the disk) into host memory. When the next layer looks an
-expert up, the cache takes it from here instead of reading it on demand. Guesses not taken by the
-time the engine guesses again are dropped and their bytes counted as wasted. At most ``width``
+expert up, the cache takes it from here instead of reading it on demand; what that layer did not
+take is dropped when its lookups end, and the bytes are counted as wasted. At most ``width``
 experts are held here at once, bytes the load takes out of the expert cache's budget.
 """
 
@@ -47,16 +49,31 @@ class Prefetcher:
             max_workers=threads, thread_name_prefix="diskformer-prefetch"
         )
         self._pending: dict[Key, concurrent.futures.Future[ExpertSlices]] = {}
+        #: The guess waiting for the layer before it to finish its lookups: (layer, experts, what is held).
+        self._deferred: tuple[int, list[int], Container[Key]] | None = None
 
     def request(self, layer: int, experts: list[int], held: Container[Key]) -> None:
-        """Drop the guesses not taken, then start reading ``experts`` of ``layer`` not ``held`` (up to ``width``)."""
+        """Guess ``experts`` of ``layer`` (up to ``width``): read, when :meth:`start` says the layer before it has
+        got its experts, those not ``held`` then. A later request replaces one not started."""
+        self._deferred = (layer, list(experts[: self.width]), held)
+
+    def start(self, after_layer: int) -> None:
+        """``after_layer`` has got its experts: drop the guesses it did not take (wasted), then start reading the
+        requested guess if it is for a later layer (one for this layer or an earlier one is stale: dropped)."""
         self._drop_all()
-        if self._pool is None:
+        deferred, self._deferred = self._deferred, None
+        if deferred is None or self._pool is None or deferred[0] <= after_layer:
             return
-        for expert in experts[: self.width]:
+        layer, experts, held = deferred
+        for expert in experts:
             key = (layer, expert)
             if key not in held:
                 self._pending[key] = self._pool.submit(self.reader.read, layer, expert)
+
+    def ready(self, key: Key) -> bool:
+        """Whether ``key`` was guessed and its read has finished (taking it will not wait)."""
+        future = self._pending.get(key)
+        return future is not None and future.done()
 
     def take(self, key: Key) -> ExpertSlices | None:
         """``key``'s slabs if they were guessed (waiting for the read if it is still running), else None."""
@@ -68,7 +85,8 @@ class Prefetcher:
         return slices
 
     def _drop_all(self) -> None:
-        for future in self._pending.values():
+        for key in list(self._pending):
+            future = self._pending.pop(key)
             if future.cancel():
                 continue  # never started: nothing was read
             try:
@@ -78,7 +96,6 @@ class Prefetcher:
                 continue
             self.stats.bytes_read += wasted
             self.stats.prefetch_wasted += wasted
-        self._pending.clear()
 
     def close(self) -> None:
         """Drop what is pending and stop the threads; safe to call twice."""

@@ -4,11 +4,12 @@ A token runs every layer's top-k experts. Of those lookups the cache holds a fra
 routing taken as uniform (the cautious case: real routers favour some experts, which raises it),
 is the cache's share of all experts; the rest are read from disk. On the CPU a token costs
 
-    (layers × k + dense bytes / one expert's bytes) × (time to dequantise and apply one expert)
+    (layers × k + dense bytes / one expert's bytes) × (time to apply one expert on one thread)
     + layers × k × (1 − held share) × one expert's bytes / disk bandwidth
 
-(the dense weights are held as stored and dequantised per use, as the experts are, so they cost
-about what experts of the same bytes cost)
+(the dense weights are held as stored and multiplied by the same kernels as the experts, so they
+cost about what experts of the same bytes cost; the engine's threads and the overlap of reads with
+compute are left out: the cautious case on a busy machine)
 
 with the disk timed by reading up to :data:`DISK_SAMPLE` bytes of the file's experts (``O_DIRECT``
 where allowed, else after dropping them from the page cache), memory by a numpy copy, and one
@@ -88,9 +89,9 @@ def measure(path: str, size: int, mtime: float) -> Measured | None:
 
     Cached per (path, size, mtime): a second ``can_run`` on the same file costs nothing.
     """
-    from anyformer_diskformer.cpu_engine import _silu
     from anyformer_diskformer.expert_reader import ExpertReader, expert_spans
-    from anyformer_gguf_gpu.quants import dequantize
+    from anyformer_diskformer.quant_product import QuantProduct, expert_ffn
+    from anyformer_gguf_gpu.quants import format_of
 
     header = read_gguf_header(path)
     summary = header.summary()
@@ -107,12 +108,14 @@ def measure(path: str, size: int, mtime: float) -> Measured | None:
     finally:
         reader.close()
     embd = int(summary.get("embedding_length") or 1)
+    fmt = format_of(e.types[0])
+    n_ff = e.gate.nbytes // fmt.type_size * fmt.block_size // embd  # the gate slab is n_ff rows of embd
     x = np.ones((1, embd), dtype=np.float32)
+    kernels = QuantProduct()
     seconds = 0.0
-    for _ in range(2):  # the second run is timed: the first warms numpy's code paths
+    for _ in range(2):  # the second run is timed: the first warms numpy's code paths and the scratch
         began = time.perf_counter()
-        gate, up, down = (dequantize(raw, t) for raw, t in zip((e.gate, e.up, e.down), e.types, strict=True))
-        (_silu(x @ gate.reshape(-1, embd).T) * (x @ up.reshape(-1, embd).T)) @ down.reshape(embd, -1).T
+        expert_ffn(kernels, e, x, embd, n_ff)
         seconds = time.perf_counter() - began
     return Measured(disk, _time_memory(), seconds)
 
@@ -140,6 +143,6 @@ def tok_per_sec(path: str | None, plan: Plan, cache_bytes: int, device: str) -> 
     why = (
         f"CPU model: {lookups} expert uses a token at {found.expert_seconds * 1e3:.2f} ms each, "
         f"{(1 - held) * 100:.0f}% of them read at {found.disk_bytes_per_s / 1e6:.0f} MB/s (uniform routing), "
-        f"dense weights dequantised per use at the experts' cost a byte"
+        f"dense weights at the experts' cost a byte"
     )
     return (1.0 / seconds if seconds > 0 else None), why

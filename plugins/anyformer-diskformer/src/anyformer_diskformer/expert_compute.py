@@ -1,0 +1,106 @@
+"""A layer's routed experts on the CPU: each chosen expert's FFN on the tokens that chose it, on a few threads;
+and the dense products, a large matrix's rows split over the same threads.
+
+numpy releases the GIL in the conversions and BLAS products of
+:func:`~anyformer_diskformer.quant_product.expert_ffn`, so experts computed on ``threads`` threads run
+in parallel, and the compute thread reads the experts the cache misses while the workers compute
+those already held (:meth:`~anyformer_diskformer.expert_cache.ExpertCache.fetch_each` hands the
+held ones first). Each worker has its own scratch. The weighted sum is added in expert order on the
+calling thread, so the result does not depend on which thread finished first.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import itertools
+import threading
+
+import numpy as np
+
+from anyformer_diskformer.expert_cache import ExpertCache
+from anyformer_diskformer.expert_reader import ExpertSlices
+from anyformer_diskformer.quant_product import BAND_ELEMENTS, QuantProduct, expert_ffn
+
+#: Matrices of at least this many weights are split over the threads; smaller ones cost less than a hand-over.
+PARALLEL_ELEMENTS = 2**19
+
+
+class ExpertRunner:
+    """Runs routed experts on ``threads`` worker threads (1: on the calling thread)."""
+
+    def __init__(self, threads: int, n_embd: int, n_ff: int) -> None:
+        if threads < 1:
+            raise ValueError("threads must be at least 1")
+        self.threads = threads
+        self.n_embd = n_embd
+        self.n_ff = n_ff
+        self._local = threading.local()
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = (
+            concurrent.futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="diskformer-expert")
+            if threads > 1
+            else None
+        )
+
+    def _kernels(self) -> QuantProduct:
+        kernels: QuantProduct | None = getattr(self._local, "kernels", None)
+        if kernels is None:
+            kernels = self._local.kernels = QuantProduct()
+        return kernels
+
+    def product(
+        self, x: np.ndarray, raw: np.ndarray, ggml_type: int, rows: int, cols: int, band_elements: int = BAND_ELEMENTS
+    ) -> np.ndarray:
+        """``x @ W.T`` as :meth:`QuantProduct.product`, a large matrix's rows split over the threads (the dense
+        products: attention, router, output)."""
+        pool = self._pool
+        if pool is None or rows * cols < PARALLEL_ELEMENTS or rows < 2 * self.threads:
+            return self._kernels().product(x, raw, ggml_type, rows, cols, band_elements)
+        blocks = np.asarray(raw).reshape(rows, -1)
+        bounds = [rows * i // self.threads for i in range(self.threads + 1)]
+        parts = [
+            pool.submit(self._part, x, blocks[start:stop], ggml_type, stop - start, cols, band_elements)
+            for start, stop in itertools.pairwise(bounds)
+        ]
+        return np.concatenate([part.result() for part in parts], axis=-1)
+
+    def _part(
+        self, x: np.ndarray, blocks: np.ndarray, ggml_type: int, rows: int, cols: int, band_elements: int
+    ) -> np.ndarray:
+        return self._kernels().product(x, blocks, ggml_type, rows, cols, band_elements)
+
+    def _one(self, expert: ExpertSlices, x: np.ndarray) -> np.ndarray:
+        return expert_ffn(self._kernels(), expert, x, self.n_embd, self.n_ff)
+
+    def run(
+        self, cache: ExpertCache[ExpertSlices], layer: int, x: np.ndarray, chosen: np.ndarray, weights: np.ndarray
+    ) -> np.ndarray:
+        """The weighted sum of the chosen experts' outputs for ``x`` (tokens, n_embd); ``chosen`` and ``weights``
+        are (tokens, k): each token's experts and their weights."""
+        out = np.zeros_like(x)
+        unique = [int(e) for e in np.unique(chosen)]
+        k = max(1, chosen.shape[1])
+        # A prompt's tokens may route to more experts than the cache holds: they go k at a time, so at most k
+        # slabs are referenced here beyond what the cache holds (a slab evicted while in use stays valid).
+        for begin in range(0, len(unique), k):
+            results: dict[int, np.ndarray | concurrent.futures.Future[np.ndarray]] = {}
+            batch = cache.fetch_each(layer, unique[begin : begin + k], pin=False, last=begin + k >= len(unique))
+            if self._pool is None:
+                # On one thread every expert is got first: the next layer's read-ahead, which starts when the
+                # lookups end, then overlaps this layer's compute.
+                for expert, entry in list(batch):
+                    results[expert] = self._one(entry, x[np.nonzero(chosen == expert)[0]])
+            else:
+                for expert, entry in batch:
+                    results[expert] = self._pool.submit(self._one, entry, x[np.nonzero(chosen == expert)[0]])
+            for expert in sorted(results):
+                done = results[expert]
+                y = done.result() if isinstance(done, concurrent.futures.Future) else done
+                rows, slot = np.nonzero(chosen == expert)
+                out[rows] += weights[rows, slot][:, None] * y
+        return out
+
+    def close(self) -> None:
+        """Stop the worker threads; safe to call twice."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)

@@ -1,0 +1,85 @@
+"""Products with stored matrices (no dequantised copy) against numpy's product with the dequantised matrix."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from anyformer_diskformer.expert_reader import ExpertSlices
+from anyformer_diskformer.quant_product import GROUPED_MAX_ROWS, QuantProduct, expert_ffn
+from anyformer_gguf_gpu.quants import FORMATS, dequantize
+from anyformer_gguf_gpu.testing import random_blocks
+
+NAMES = ["Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "F16", "F32", "BF16"]
+
+
+def fmt_named(name: str):
+    return next(f for f in FORMATS.values() if f.name == name)
+
+
+def reference(x: np.ndarray, raw: np.ndarray, ggml_type: int, rows: int, cols: int) -> np.ndarray:
+    """``x @ W.T`` in float64 from the whole dequantised matrix."""
+    w = dequantize(raw, ggml_type).reshape(rows, cols).astype(np.float64)
+    return x.astype(np.float64) @ w.T
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("tokens", [1, 3, GROUPED_MAX_ROWS + 2])
+def test_product_equals_the_dequantised_product(name, tokens):
+    fmt = fmt_named(name)
+    rng = np.random.default_rng(len(name) * 7 + tokens)
+    rows, cols = 24, 512
+    raw = random_blocks(fmt, rows * cols, rng)
+    x = rng.standard_normal((tokens, cols)).astype(np.float32)
+    want = reference(x, raw, fmt.ggml_type, rows, cols)
+    kernels = QuantProduct()
+    # Bands of 5 rows (the last one shorter), so rows are assembled from several bands with the scratch reused.
+    got = kernels.product(x, raw, fmt.ggml_type, rows, cols, band_elements=5 * cols)
+    assert got.dtype == np.float32 and got.shape == (tokens, rows)
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5 * np.abs(want).max())
+    # A second product through the same scratch gives the same values (no state leaks between calls).
+    np.testing.assert_array_equal(kernels.product(x, raw, fmt.ggml_type, rows, cols, band_elements=5 * cols), got)
+
+
+def test_leading_shape_is_kept():
+    fmt = fmt_named("Q4_K")
+    rng = np.random.default_rng(3)
+    raw = random_blocks(fmt, 8 * 256, rng)
+    x = rng.standard_normal((2, 1, 256)).astype(np.float32)
+    got = QuantProduct().product(x, raw, fmt.ggml_type, 8, 256)
+    assert got.shape == (2, 1, 8)
+    np.testing.assert_allclose(got[:, 0], reference(x[:, 0], raw, fmt.ggml_type, 8, 256), rtol=2e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["Q4_K", "Q5_K", "Q8_0", "Q6_K"])
+def test_expert_ffn_is_the_swiglu_of_the_dequantised_expert(name):
+    fmt = fmt_named(name)
+    rng = np.random.default_rng(11)
+    n_embd, n_ff = 256, 512
+    # Small scales keep the gate's activations where SiLU is not saturated.
+    gate, up = (random_blocks(fmt, n_ff * n_embd, rng, scale=0.002) for _ in range(2))
+    down = random_blocks(fmt, n_embd * n_ff, rng, scale=0.002)
+    expert = ExpertSlices(gate, up, down, (fmt.ggml_type,) * 3)
+    x = rng.standard_normal((2, n_embd)).astype(np.float32)
+    g, u = reference(x, gate, fmt.ggml_type, n_ff, n_embd), reference(x, up, fmt.ggml_type, n_ff, n_embd)
+    want = reference(g / (1 + np.exp(-g)) * u, down, fmt.ggml_type, n_embd, n_ff)
+    got = expert_ffn(QuantProduct(), expert, x, n_embd, n_ff)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"])
+def test_decoding_products_never_dequantise_the_matrix(name, monkeypatch):
+    # The speed of the CPU engine rests on this: a few rows of x go group by group, with no float32 weights.
+    from anyformer_diskformer import quant_product
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("dequantize was called for a decoding product")
+
+    monkeypatch.setattr(quant_product, "dequantize", refuse)
+    fmt = fmt_named(name)
+    rng = np.random.default_rng(5)
+    raw = random_blocks(fmt, 16 * 512, rng)
+    x = rng.standard_normal((GROUPED_MAX_ROWS, 512)).astype(np.float32)
+    QuantProduct().product(x, raw, fmt.ggml_type, 16, 512)
+    with pytest.raises(AssertionError, match="dequantize"):  # a prompt's many rows share a dequantised band
+        QuantProduct().product(np.vstack([x, x]), raw, fmt.ggml_type, 16, 512)
