@@ -51,3 +51,39 @@ def bailingmoe_f32(tmp_path_factory: pytest.TempPathFactory) -> str:
     path = str(tmp_path_factory.mktemp("moe") / "tiny-bailingmoe-f32.gguf")
     write_tiny_moe(path, TinyMoE(architecture="bailingmoe", n_expert_used=4, quant="F32"), seed=5)
     return path
+
+
+@pytest.fixture(scope="session")
+def bailingmoe2_f32(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A 3-layer bailingmoe2 (Ling 2.0), the first layer dense, 16 experts, top-4 of 2 of 4 groups by sigmoid
+    probabilities plus a selection bias, renormalised and scaled by 2.5, one shared expert, rotary on half of
+    each head, and one multi-token-prediction layer after the three (never run); every weight F32."""
+    path = str(tmp_path_factory.mktemp("moe") / "tiny-bailingmoe2-f32.gguf")
+    spec = TinyMoE(
+        architecture="bailingmoe2",
+        n_layer=3,
+        n_expert=16,
+        n_expert_used=4,
+        quant="F32",
+        n_rot=8,
+        n_dense_lead=1,
+        gating=2,
+        n_group=4,
+        n_group_used=2,
+        probs_bias=True,
+        n_shared=1,
+        weights_scale=2.5,
+        nextn=1,
+    )
+    write_tiny_moe(path, spec, seed=7)
+    return path
+
+
+@pytest.fixture(scope="session")
+def bailingmoe2_f16(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A 2-layer bailingmoe2, 8 experts, top-2 by softmax, weights neither renormalised nor scaled, two shared
+    experts, F16 weights."""
+    path = str(tmp_path_factory.mktemp("moe") / "tiny-bailingmoe2-f16.gguf")
+    spec = TinyMoE(architecture="bailingmoe2", quant="F16", n_shared=2, weights_norm=False, weights_scale=1.0)
+    write_tiny_moe(path, spec, seed=8)
+    return path

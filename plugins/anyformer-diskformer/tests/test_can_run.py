@@ -73,6 +73,8 @@ def test_an_accelerator_budget_does_not_bound_the_cpu_engine():
         (moe_model(), {}, {"task": "feature-extraction"}, Refusal.TASK, "feature-extraction"),
         (moe_model(architecture="llama", expert_count=None), {}, {}, Refusal.MODEL, "'llama'"),
         (moe_model(architecture="deepseek2"), {}, {}, Refusal.MODEL, "'deepseek2'"),
+        (moe_model(architecture="gemma4"), {}, {}, Refusal.MODEL, "'gemma4'"),
+        (moe_model(architecture="qwen35moe"), {}, {}, Refusal.MODEL, "'qwen35moe'"),
         (moe_model(tensor_types={"F32": 1, "IQ4_XS": 9}), {}, {}, Refusal.MODEL, "IQ4_XS"),
         (moe_model(tokenizer_model="llama"), {}, {}, Refusal.MODEL, "tokenizer model 'llama'"),
         (moe_model(tokenizer_pre="deepseek-llm"), {}, {}, Refusal.MODEL, "deepseek-llm"),
@@ -157,3 +159,19 @@ def test_on_a_gpu_the_budget_bounds_dense_kv_and_the_cache_in_gpu_memory():
     tight = verdict(moe_model(), caps, budget=plan.need)
     assert tight.ok and tight.estimate.gpu_bytes == plan.need
     assert verdict(moe_model(), caps, options={"device": "cpu"}).estimate.details["device"] == "cpu"
+
+
+def test_a_bailingmoe2_file_counts_neither_its_dense_layer_nor_its_prediction_layer_as_experts(bailingmoe2_f32):
+    model = anyformer.describe(bailingmoe2_f32)
+    v = verdict(model)
+    assert v.ok, v.reason
+    reader = gguf.GGUFReader(bailingmoe2_f32)
+    # Layers 1 and 2 route; layer 0 is dense and layer 3 predicts the next token (nextn): never loaded.
+    routed = sum(int(t.n_bytes) for t in reader.tensors if re.match(r"blk\.[12]\.ffn_.*_exps\.weight$", t.name))
+    assert routed > 0 and v.estimate.details["experts_total"] == routed
+    dense = sum(
+        int(t.n_bytes) if len(t.shape) > 1 else 4 * int(t.n_elements)
+        for t in reader.tensors
+        if not t.name.endswith("_exps.weight") and not t.name.startswith("blk.3.")
+    )
+    assert v.estimate.details["dense_bytes"] == dense

@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 from diskformer_reference import CTX, PROMPT, STEPS, llama_steps
 
-from anyformer_diskformer.cpu_engine import CpuMoEEngine, route
+from anyformer_diskformer.cpu_engine import CpuMoEEngine
 from anyformer_diskformer.expert_cache import ExpertCache
 from anyformer_diskformer.moe_config import read_moe_config
+from anyformer_diskformer.routing import route
 from anyformer_gguf_gpu.gguf_file import GGUFFile
 
 
@@ -40,7 +41,15 @@ def engine_steps(path: str, experts_held: int | None) -> tuple[np.ndarray, list[
 
 
 @pytest.mark.parametrize(
-    ("fixture", "tolerance"), [("moe_f32", 1e-4), ("moe_top4", 5e-3), ("qwen2moe_f32", 1e-4), ("bailingmoe_f32", 1e-4)]
+    ("fixture", "tolerance"),
+    [
+        ("moe_f32", 1e-4),
+        ("moe_top4", 5e-3),
+        ("qwen2moe_f32", 1e-4),
+        ("bailingmoe_f32", 1e-4),
+        ("bailingmoe2_f32", 1e-4),
+        ("bailingmoe2_f16", 5e-3),
+    ],
 )
 @pytest.mark.parametrize("evicting", [False, True])
 def test_logits_and_greedy_text_match_llama_cpp(request, fixture, tolerance, evicting):
@@ -67,3 +76,18 @@ def test_the_router_normalises_the_top_k_softmax_weights():
     experts, weights = route(logits, 2, normalise=False)
     p = np.exp(logits[0]) / np.exp(logits[0]).sum()
     np.testing.assert_allclose(weights, [[p[1], p[3]]], rtol=1e-6)
+
+
+def test_the_sigmoid_router_chooses_by_biased_probability_in_the_best_groups_and_weights_unbiased():
+    logits = np.array([[2.0, 1.0, 0.0, -3.0, -1.0, 3.0, -2.0, 0.2]], dtype=np.float32)
+    p = 1.0 / (1.0 + np.exp(-logits[0]))
+    bias = np.array([0, 0, 0.6, 0, 0, 0, 0, 0], dtype=np.float32)
+    # Groups of two: (0,1) (2,3) (4,5) (6,7); sums of the two best biased probabilities pick (0,1) and (4,5)
+    # over (2,3), whose expert 2 alone would otherwise beat expert 1.
+    sums = [(p + bias)[g : g + 2].sum() for g in range(0, 8, 2)]
+    assert np.argsort(sums)[::-1][:2].tolist() == [0, 2]
+    experts, weights = route(logits, 3, normalise=False, gating="sigmoid", bias=bias, n_group=4, n_group_used=2)
+    assert experts.tolist() == [[5, 0, 1]]
+    np.testing.assert_allclose(weights, [[p[5], p[0], p[1]]], rtol=1e-6)
+    experts, _ = route(logits, 3, normalise=False, gating="sigmoid", bias=bias)
+    assert experts.tolist() == [[2, 5, 0]]  # without groups the bias lifts expert 2 to the top

@@ -43,10 +43,16 @@ class Span:
 
 
 def expert_spans(header: GGUFHeader, n_layer: int, n_expert: int) -> dict[tuple[int, str], Span]:
-    """Every layer's three expert tensors as spans; ``BAD_MODEL`` when one is not a tensor of ``n_expert`` slabs."""
+    """Every MoE layer's three expert tensors as spans; ``BAD_MODEL`` when one is not a tensor of ``n_expert`` slabs.
+
+    A layer with none of the three is a dense layer (Ling 2.0's leading ones) and has no spans; a file
+    with no expert at all is ``BAD_MODEL``.
+    """
     tensors = {t.name: t for t in header.tensors}
     spans: dict[tuple[int, str], Span] = {}
     for layer in range(n_layer):
+        if not any(f"blk.{layer}.{kind}.weight" in tensors for kind in EXPERT_TENSORS) and layer + 1 < n_layer:
+            continue
         for kind in EXPERT_TENSORS:
             info = tensors.get(f"blk.{layer}.{kind}.weight")
             if info is None or len(info.dims) != 3 or info.dims[2] != n_expert or info.nbytes % n_expert:
@@ -144,7 +150,7 @@ def open_reader(path: str, spans: dict[tuple[int, str], Span], direct: bool = Tr
             reason = f"the file system refused O_DIRECT ({exc.strerror})"
         else:
             try:
-                reader.read(0, 0)  # the file system may accept the flag and refuse the read
+                reader.read(min(spans)[0], 0)  # the file system may accept the flag and refuse the read
                 return reader
             except OSError as exc:
                 reader.close()

@@ -12,7 +12,7 @@ import os
 from typing import Any
 
 from anyformer.plugin import AnyformerError, GGUFHeader, read_gguf_header
-from anyformer_diskformer.moe_config import is_expert_tensor
+from anyformer_diskformer.moe_config import is_expert_tensor, layer_of
 
 #: Host memory the engine takes besides its weights and caches: tokenizer, Python objects, scratch.
 RAM_OVERHEAD = 64 * 10**6
@@ -93,7 +93,12 @@ def plan_from_header(header: GGUFHeader, context: int, device: str = "cpu") -> P
     dense = 0
     expert_bytes = 0
     per_layer: dict[str, int] = {}
+    # Multi-token-prediction layers (bailingmoe2's nextn) are never loaded.
+    nextn = header.kv.get(f"{header.architecture}.nextn_predict_layers", 0)
+    run = _fact(summary, "block_count") - (nextn if isinstance(nextn, int) and nextn > 0 else 0)
     for t in header.tensors:
+        if layer_of(t.name) >= run:
+            continue
         if is_expert_tensor(t.name):
             expert_bytes += t.nbytes
             layer = t.name.split(".")[1]
@@ -104,7 +109,10 @@ def plan_from_header(header: GGUFHeader, context: int, device: str = "cpu") -> P
     plan = _plan(summary, context, device, dense, expert_bytes, estimated=False)
     experts = _fact(summary, "expert_count")
     widest = max(per_layer.values(), default=0) // experts if experts else 0
-    return dataclasses.replace(plan, one_expert_bytes=max(plan.one_expert_bytes, widest))
+    # n_layer counts the layers that route (leading dense layers read no expert).
+    return dataclasses.replace(
+        plan, one_expert_bytes=max(plan.one_expert_bytes, widest), n_layer=len(per_layer) or plan.n_layer
+    )
 
 
 def plan_from_summary(summary: dict[str, Any], context: int, device: str = "cpu") -> Plan:

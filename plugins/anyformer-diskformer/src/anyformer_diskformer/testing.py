@@ -6,6 +6,8 @@ For tests and benchmarks; gguf is imported only when a file is written.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -46,12 +48,26 @@ class TinyMoE:
     scale: float = 0.08
     #: Type of the routed experts when it differs from ``quant`` (a K type gives random blocks, fast to make).
     expert_quant: str | None = None
+    #: bailingmoe2 (Ling 2.0): rotary width (None: the head's), leading dense layers of ``n_ff_dense``,
+    #: llama.cpp's gating function (1 softmax, 2 sigmoid), expert groups, a selection bias, and
+    #: multi-token-prediction layers after the model's own.
+    n_rot: int | None = None
+    n_dense_lead: int = 0
+    n_ff_dense: int = 96
+    gating: int = 1
+    n_group: int = 0
+    n_group_used: int = 0
+    probs_bias: bool = False
+    nextn: int = 0
 
 
 def write_tiny_moe(path: str, spec: TinyMoE, seed: int = 0) -> None:
     """Write a random MoE of ``spec``'s shape with a small byte-level BPE vocabulary."""
     import gguf
 
+    if spec.architecture == "bailingmoe2":
+        _write_bailingmoe2(path, spec, seed)
+        return
     rng = np.random.default_rng(seed)
     tokens = tiny_vocabulary()
     arch = spec.architecture
@@ -73,25 +89,8 @@ def write_tiny_moe(path: str, spec: TinyMoE, seed: int = 0) -> None:
     add_attention_keys(w, spec.n_head, spec.n_kv, spec.head_dim, 10000.0, 1e-6)
     add_tiny_tokenizer(w, tokens, "qwen2")
 
-    def weight(name: str, *shape: int, quant: str = spec.quant) -> None:
-        kind = gguf.GGMLQuantizationType[quant]
-        if quant in ("Q4_K", "Q5_K", "Q6_K"):
-            # Random raw blocks (gguf-py does not quantise K types); small f16 scales, as their 6-bit
-            # sub-scales multiply them.
-            fmt = next(f for f in FORMATS.values() if f.name == quant)
-            raw = random_blocks(fmt, int(np.prod(shape)), rng, scale=0.0005)
-            w.add_tensor(name, raw.reshape(*shape[:-1], shape[-1] // fmt.block_size * fmt.type_size), raw_dtype=kind)
-            return
-        values = (rng.standard_normal(shape) * spec.scale).astype(np.float32)
-        if quant == "F32":
-            w.add_tensor(name, values)
-        else:
-            w.add_tensor(name, gguf.quants.quantize(values, kind), raw_dtype=kind)
-
+    weight, vector = _tensor_writers(w, spec, rng)
     experts = spec.expert_quant or spec.quant
-
-    def vector(name: str, n: int) -> None:
-        w.add_tensor(name, (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32))
 
     q_dim, kv_dim = spec.n_head * spec.head_dim, spec.n_kv * spec.head_dim
     weight("token_embd.weight", len(tokens), spec.n_embd)
@@ -125,6 +124,111 @@ def write_tiny_moe(path: str, spec: TinyMoE, seed: int = 0) -> None:
             weight(p + "ffn_gate_shexp.weight", shared, spec.n_embd)
             weight(p + "ffn_up_shexp.weight", shared, spec.n_embd)
             weight(p + "ffn_down_shexp.weight", spec.n_embd, shared)
+    vector("output_norm.weight", spec.n_embd)
+    weight("output.weight", len(tokens), spec.n_embd)
+    finish_gguf(w)
+
+
+def _tensor_writers(
+    w: Any, spec: TinyMoE, rng: np.random.Generator
+) -> tuple[Callable[..., None], Callable[[str, int], None]]:
+    """(matrix, vector) writers of random tensors: a matrix of ``spec.quant`` (or ``quant=``) given rows
+    first, and a norm vector near 1."""
+    import gguf
+
+    def weight(name: str, *shape: int, quant: str = spec.quant) -> None:
+        kind = gguf.GGMLQuantizationType[quant]
+        if quant in ("Q4_K", "Q5_K", "Q6_K"):
+            # Random raw blocks (gguf-py does not quantise K types); small f16 scales, as their 6-bit
+            # sub-scales multiply them.
+            fmt = next(f for f in FORMATS.values() if f.name == quant)
+            raw = random_blocks(fmt, int(np.prod(shape)), rng, scale=0.0005)
+            w.add_tensor(name, raw.reshape(*shape[:-1], shape[-1] // fmt.block_size * fmt.type_size), raw_dtype=kind)
+            return
+        values = (rng.standard_normal(shape) * spec.scale).astype(np.float32)
+        if quant == "F32":
+            w.add_tensor(name, values)
+        else:
+            w.add_tensor(name, gguf.quants.quantize(values, kind), raw_dtype=kind)
+
+    def vector(name: str, n: int) -> None:
+        w.add_tensor(name, (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32))
+
+    return weight, vector
+
+
+def _write_bailingmoe2(path: str, spec: TinyMoE, seed: int) -> None:
+    """A random Ling 2.0 (bailingmoe2): fused q/k/v, q/k norms, partial NEOX rotary, leading dense layers,
+    routed experts with the spec's gating, groups and selection bias, ungated shared experts, and
+    ``spec.nextn`` multi-token-prediction layers after the model's own (written, never run)."""
+    import gguf
+
+    rng = np.random.default_rng(seed)
+    tokens = tiny_vocabulary()
+    arch = "bailingmoe2"
+    w = gguf.GGUFWriter(path, arch)
+    layers = spec.n_layer + spec.nextn
+    w.add_block_count(layers)
+    w.add_context_length(spec.n_ctx)
+    w.add_embedding_length(spec.n_embd)
+    w.add_feed_forward_length(spec.n_ff_dense)
+    w.add_expert_feed_forward_length(spec.n_ff_exp)
+    w.add_expert_count(spec.n_expert)
+    w.add_expert_used_count(spec.n_expert_used)
+    w.add_leading_dense_block_count(spec.n_dense_lead)
+    w.add_expert_shared_count(spec.n_shared)
+    w.add_expert_weights_scale(spec.weights_scale)
+    w.add_expert_weights_norm(spec.weights_norm)
+    w.add_uint32(f"{arch}.expert_gating_func", spec.gating)  # raw: the tests write values gguf-py has no name for
+    if spec.n_group:
+        w.add_expert_group_count(spec.n_group)
+        w.add_expert_group_used_count(spec.n_group_used)
+    if spec.nextn:
+        w.add_nextn_predict_layers(spec.nextn)
+    w.add_head_count(spec.n_head)
+    w.add_head_count_kv(spec.n_kv)
+    w.add_key_length(spec.head_dim)
+    w.add_value_length(spec.head_dim)
+    w.add_rope_dimension_count(spec.n_rot or spec.head_dim)
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-6)
+    add_tiny_tokenizer(w, tokens, "qwen2")
+    weight, vector = _tensor_writers(w, spec, rng)
+    experts = spec.expert_quant or spec.quant
+    q_dim, kv_dim = spec.n_head * spec.head_dim, spec.n_kv * spec.head_dim
+    shared = spec.n_shared * spec.n_ff_exp
+    weight("token_embd.weight", len(tokens), spec.n_embd)
+    for i in range(layers):
+        p = f"blk.{i}."
+        vector(p + "attn_norm.weight", spec.n_embd)
+        weight(p + "attn_qkv.weight", q_dim + 2 * kv_dim, spec.n_embd)
+        weight(p + "attn_output.weight", spec.n_embd, q_dim)
+        vector(p + "attn_q_norm.weight", spec.head_dim)
+        vector(p + "attn_k_norm.weight", spec.head_dim)
+        vector(p + "ffn_norm.weight", spec.n_embd)
+        if i < spec.n_dense_lead:
+            weight(p + "ffn_gate.weight", spec.n_ff_dense, spec.n_embd)
+            weight(p + "ffn_up.weight", spec.n_ff_dense, spec.n_embd)
+            weight(p + "ffn_down.weight", spec.n_embd, spec.n_ff_dense)
+        else:
+            # A sigmoid router saturates (and ties) on large logits: a smaller scale keeps them apart.
+            router_scale = 0.5 if spec.gating == 1 else 0.15
+            router = rng.standard_normal((spec.n_expert, spec.n_embd)) * router_scale
+            w.add_tensor(p + "ffn_gate_inp.weight", router.astype(np.float32))
+            if spec.probs_bias:
+                w.add_tensor(p + "exp_probs_b.bias", (0.1 * rng.standard_normal(spec.n_expert)).astype(np.float32))
+            weight(p + "ffn_gate_exps.weight", spec.n_expert, spec.n_ff_exp, spec.n_embd, quant=experts)
+            weight(p + "ffn_up_exps.weight", spec.n_expert, spec.n_ff_exp, spec.n_embd, quant=experts)
+            weight(p + "ffn_down_exps.weight", spec.n_expert, spec.n_embd, spec.n_ff_exp, quant=experts)
+            weight(p + "ffn_gate_shexp.weight", shared, spec.n_embd)
+            weight(p + "ffn_up_shexp.weight", shared, spec.n_embd)
+            weight(p + "ffn_down_shexp.weight", spec.n_embd, shared)
+        if i >= spec.n_layer:
+            # A multi-token-prediction layer's own tensors (llama.cpp loads and skips them, as the engine does).
+            weight(p + "nextn.eh_proj.weight", spec.n_embd, 2 * spec.n_embd)
+            vector(p + "nextn.enorm.weight", spec.n_embd)
+            vector(p + "nextn.hnorm.weight", spec.n_embd)
+            vector(p + "layer_output_norm.weight", spec.n_embd)
     vector("output_norm.weight", spec.n_embd)
     weight("output.weight", len(tokens), spec.n_embd)
     finish_gguf(w)

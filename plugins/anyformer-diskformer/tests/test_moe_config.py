@@ -1,0 +1,35 @@
+"""read_moe_config refuses a bailingmoe2 header the engines cannot run faithfully, with the reason."""
+
+from __future__ import annotations
+
+import pytest
+
+from anyformer import AnyformerError, ErrorCode
+from anyformer_diskformer.moe_config import read_moe_config
+from anyformer_diskformer.testing import TinyMoE, write_tiny_moe
+from anyformer_gguf_gpu.gguf_file import GGUFFile
+
+
+def test_the_bailingmoe2_fixture_reads_as_its_spec(bailingmoe2_f32):
+    c = read_moe_config(GGUFFile(bailingmoe2_f32).header)
+    assert (c.n_layer, c.n_dense_lead, c.n_ff, c.n_rot, c.head_dim) == (3, 1, 96, 8, 16)
+    assert (c.gating, c.probs_bias, c.n_group, c.n_group_used, c.fused_qkv) == ("sigmoid", True, 4, 2, True)
+    assert (c.norm_topk, c.weights_scale, c.n_ff_shexp, c.shexp_gated) == (True, 2.5, 32, False)
+    assert [c.is_moe_layer(i) for i in range(3)] == [False, True, True]
+
+
+@pytest.mark.parametrize(
+    ("change", "words"),
+    [
+        ({"gating": 3}, "gating function 3"),
+        ({"n_group": 3, "n_group_used": 1}, "8 experts in 3 groups"),
+        ({"n_group": 4, "n_group_used": 4}, "of which 4 are used"),
+        ({"n_layer": 2, "n_dense_lead": 2}, "2 layers of which 2 are dense"),
+    ],
+)
+def test_a_bailingmoe2_the_engines_cannot_run_faithfully_is_a_bad_model(tmp_path, change, words):
+    path = str(tmp_path / "bad.gguf")
+    write_tiny_moe(path, TinyMoE(architecture="bailingmoe2", quant="F32", n_expert=8, **change))
+    with pytest.raises(AnyformerError) as caught:
+        read_moe_config(GGUFFile(path).header)
+    assert caught.value.code is ErrorCode.BAD_MODEL and words in str(caught.value)
