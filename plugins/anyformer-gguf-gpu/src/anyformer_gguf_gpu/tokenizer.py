@@ -68,6 +68,10 @@ PRE_TOKENIZERS: dict[str, PreTokenizer] = {
     "lfm2": _LLAMA3_PRE,  # LFM2 / LFM2.5: llama.cpp splits them as llama3 (checked in test_tokenizer_lfm2.py)
     "qwen2": _QWEN2_PRE,
     "stablelm2": _QWEN2_PRE,
+    # Ling's expression is qwen2's with ``\s*[\r\n]`` for ``\s*[\r\n]+``: the greedy ``\s*`` already takes
+    # every newline but the last, so both split alike (checked in test_tokenizer_bailingmoe.py).
+    "bailingmoe": _QWEN2_PRE,
+    "bailingmoe2": _QWEN2_PRE,
 }
 
 # llama.cpp's token types (llama_token_type).
