@@ -30,6 +30,12 @@ _QWEN2 = (
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 
+# Qwen3.5/3.6: qwen2's with combining marks (\p{M}) counted with the letters.
+_QWEN35 = (
+    r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
+    r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
 
 @dataclasses.dataclass(frozen=True)
 class PreTokenizer:
@@ -72,6 +78,7 @@ PRE_TOKENIZERS: dict[str, PreTokenizer] = {
     # every newline but the last, so both split alike (checked in test_tokenizer_bailingmoe.py).
     "bailingmoe": _QWEN2_PRE,
     "bailingmoe2": _QWEN2_PRE,
+    "qwen35": PreTokenizer((_QWEN35,)),
 }
 
 # llama.cpp's token types (llama_token_type).
