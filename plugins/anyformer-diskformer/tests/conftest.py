@@ -87,3 +87,38 @@ def bailingmoe2_f16(tmp_path_factory: pytest.TempPathFactory) -> str:
     spec = TinyMoE(architecture="bailingmoe2", quant="F16", n_shared=2, weights_norm=False, weights_scale=1.0)
     write_tiny_moe(path, spec, seed=8)
     return path
+
+
+@pytest.fixture(scope="session")
+def qwen35moe_f32(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A 4-layer qwen35moe (Qwen3.5 MoE): three gated delta-net layers of 2 key and 4 value heads, then a gated
+    attention layer with rotary on half of each head in sections (1, 2, 1, 0) (the last pair does not turn);
+    8 experts, top-4, a gated shared expert; every weight F32."""
+    path = str(tmp_path_factory.mktemp("moe") / "tiny-qwen35moe-f32.gguf")
+    spec = TinyMoE(architecture="qwen35moe", n_layer=4, n_expert_used=4, quant="F32", n_rot=8)
+    write_tiny_moe(path, spec, seed=9)
+    return path
+
+
+@pytest.fixture(scope="session")
+def qwen35moe_alternating(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A 4-layer qwen35moe alternating delta-net and attention layers, 4 key and 4 value heads, 16 experts,
+    top-2, every weight F32.
+
+    Not F16: llama.cpp rounds activations to f16 before F16 products and the delta nets' states carry
+    that rounding on from token to token (measured up to 6.5e-3 on these logits, and one near-tie of the
+    router chosen the other way), so F32 weights are what tells the graph apart from its arithmetic.
+    """
+    path = str(tmp_path_factory.mktemp("moe") / "tiny-qwen35moe-alternating.gguf")
+    spec = TinyMoE(
+        architecture="qwen35moe",
+        n_layer=4,
+        n_expert=16,
+        quant="F32",
+        n_rot=8,
+        attention_interval=2,
+        ssm_k_heads=4,
+        rope_sections=(2, 1, 1, 0),
+    )
+    write_tiny_moe(path, spec, seed=10)
+    return path

@@ -14,6 +14,7 @@ import pytest
 from diskformer_reference import CTX, PROMPT, STEPS, llama_steps
 
 from anyformer_diskformer.cpu_engine import CpuMoEEngine
+from anyformer_diskformer.cpu_hybrid import HybridCpuEngine, imrope_turns
 from anyformer_diskformer.expert_cache import ExpertCache
 from anyformer_diskformer.moe_config import read_moe_config
 from anyformer_diskformer.routing import route
@@ -29,7 +30,7 @@ def engine_steps(path: str, experts_held: int | None) -> tuple[np.ndarray, list[
     capacity = probe.expert_bytes * (experts_held or total)
     probe.close()
     cache = ExpertCache(path, gguf.header, config.n_layer, config.n_expert, capacity)
-    engine = CpuMoEEngine(gguf, config, cache, CTX)
+    engine = (HybridCpuEngine if config.recurrent else CpuMoEEngine)(gguf, config, cache, CTX)
     gguf.close()
     rows = [engine.forward(PROMPT, 0)]
     tokens = []
@@ -49,6 +50,8 @@ def engine_steps(path: str, experts_held: int | None) -> tuple[np.ndarray, list[
         ("bailingmoe_f32", 1e-4),
         ("bailingmoe2_f32", 1e-4),
         ("bailingmoe2_f16", 5e-3),
+        ("qwen35moe_f32", 1e-4),
+        ("qwen35moe_alternating", 1e-4),
     ],
 )
 @pytest.mark.parametrize("evicting", [False, True])
@@ -91,3 +94,10 @@ def test_the_sigmoid_router_chooses_by_biased_probability_in_the_best_groups_and
     np.testing.assert_allclose(weights, [[p[5], p[0], p[1]]], rtol=1e-6)
     experts, _ = route(logits, 3, normalise=False, gating="sigmoid", bias=bias)
     assert experts.tolist() == [[2, 5, 0]]  # without groups the bias lifts expert 2 to the top
+
+
+def test_interleaved_sections_turn_the_pairs_of_the_first_three_sections_only():
+    # Sector i % 4 of sections (1, 2, 1, 0): 0 -> t, 1 -> h, 2 -> w, 3 -> t again but past t's one pair: no turn.
+    assert imrope_turns(4, (1, 2, 1, 0)).tolist() == [True, True, True, False]
+    # Qwen3.5's (11, 11, 10, 0) over 32 pairs: every pair turns.
+    assert imrope_turns(32, (11, 11, 10, 0)).all()

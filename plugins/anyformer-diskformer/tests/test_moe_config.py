@@ -33,3 +33,20 @@ def test_a_bailingmoe2_the_engines_cannot_run_faithfully_is_a_bad_model(tmp_path
     with pytest.raises(AnyformerError) as caught:
         read_moe_config(GGUFFile(path).header)
     assert caught.value.code is ErrorCode.BAD_MODEL and words in str(caught.value)
+
+
+def test_the_qwen35moe_fixture_reads_as_its_spec(qwen35moe_f32):
+    c = read_moe_config(GGUFFile(qwen35moe_f32).header)
+    assert c.recurrent == (True, True, True, False)
+    assert (c.ssm_conv, c.ssm_k_heads, c.ssm_v_heads, c.ssm_head) == (4, 2, 4, 16)
+    assert (c.attn_gated, c.ffn_norm, c.rope_sections, c.n_rot) == (True, "post_attention_norm", (1, 2, 1, 0), 8)
+    assert (c.norm_topk, c.n_ff_shexp, c.shexp_gated, c.qk_norm) == (True, 48, True, True)
+
+
+def test_qwen35moe_value_heads_that_do_not_tile_its_key_heads_are_a_bad_model(tmp_path):
+    path = str(tmp_path / "bad.gguf")
+    write_tiny_moe(path, TinyMoE(architecture="qwen35moe", n_layer=4, quant="F32", n_rot=8, ssm_v_heads=3))
+    with pytest.raises(AnyformerError) as caught:
+        read_moe_config(GGUFFile(path).header)
+    assert caught.value.code is ErrorCode.BAD_MODEL
+    assert "3 delta-net value heads of 16 over 2 key heads" in str(caught.value)

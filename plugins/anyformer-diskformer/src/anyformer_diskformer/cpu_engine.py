@@ -168,7 +168,7 @@ class CpuMoEEngine:
         if prefetcher is None or layer >= self.config.n_layer or not self.config.is_moe_layer(layer):
             return
         p = f"blk.{layer}."
-        x = _rms(h, self._w.vector(p + "ffn_norm.weight"), self.config.eps)
+        x = _rms(h, self._w.vector(p + self.config.ffn_norm + ".weight"), self.config.eps)
         logits = self._w.product(x, p + "ffn_gate_inp.weight")
         scores = selection_scores(self.config, logits, self._w.optional_vector(p + "exp_probs_b.bias"))
         guess = likely_experts(scores, self.config.n_expert_used, prefetcher.width)
@@ -187,7 +187,7 @@ class CpuMoEEngine:
         for layer in range(c.n_layer):
             p = f"blk.{layer}."
             h = h + self._attention(layer, _rms(h, self._w.vector(p + "attn_norm.weight"), c.eps), start)
-            x = _rms(h, self._w.vector(p + "ffn_norm.weight"), c.eps)
+            x = _rms(h, self._w.vector(p + c.ffn_norm + ".weight"), c.eps)
             self._guess(layer + 1, h)
             h = h + self._experts(layer, x)
         if self.trace is not None:

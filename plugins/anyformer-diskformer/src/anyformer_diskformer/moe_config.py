@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Sequence
 from typing import Any
 
 from anyformer.plugin import AnyformerError, ErrorCode, GGUFHeader, GGUFTensor
@@ -33,7 +34,11 @@ MOE_ARCHITECTURES: dict[str, bool | None] = {
     "qwen2moe": False,
     "bailingmoe": None,
     "bailingmoe2": None,
+    "qwen35moe": True,
 }
+
+#: Architectures only the CPU engine runs (the wgpu path has no gated delta-net layers).
+CPU_ONLY_ARCHITECTURES = frozenset({"qwen35moe"})
 
 #: llama.cpp's ``expert_gating_func`` values the engines implement: how router logits become probabilities.
 GATING_FUNCS = {1: "softmax", 2: "sigmoid"}
@@ -103,6 +108,26 @@ class MoEConfig(HeadWidths):
     #: The first layers are dense SwiGLU FFNs of ``n_ff`` (``leading_dense_block_count``, bailingmoe2).
     n_dense_lead: int = 0
     n_ff: int = 0
+
+    #: qwen35moe (Qwen3.5/3.6): which layers are gated delta-net (linear attention) layers, the rest being
+    #: full attention; the delta net's conv kernel width, key heads, value heads and head width (keys and
+    #: values alike).
+    recurrent: tuple[bool, ...] = ()
+    ssm_conv: int = 0
+    ssm_k_heads: int = 0
+    ssm_v_heads: int = 0
+    ssm_head: int = 0
+    #: The q projection gives each head's query and then its output gate (sigmoid) side by side (qwen35moe).
+    attn_gated: bool = False
+    #: The norm before the FFN: ``ffn_norm`` or ``post_attention_norm`` (qwen35moe).
+    ffn_norm: str = "ffn_norm"
+    #: Interleaved multi-section rotary (qwen35moe's IMROPE): the sections' pair counts (t, h, w, e); for text
+    #: the first three rotate by the position and the fourth by 0.
+    rope_sections: tuple[int, ...] = ()
+
+    def is_recurrent(self, layer: int) -> bool:
+        """Whether ``layer`` is a gated delta-net layer (qwen35moe) rather than attention."""
+        return bool(self.recurrent) and self.recurrent[layer]
 
     def is_moe_layer(self, layer: int) -> bool:
         """Whether ``layer`` routes to experts (the leading dense layers do not)."""
@@ -201,8 +226,63 @@ def read_moe_config(header: GGUFHeader) -> MoEConfig:
         n_dense_lead=dense_lead,
         n_ff=_int(kv, f"{arch}.feed_forward_length") if dense_lead else 0,
     )
+    if arch == "qwen35moe":
+        config = dataclasses.replace(config, qk_norm=True, **_qwen35_fields(kv, arch, n_layer))
     _check_shapes(config, tensors)
     return config
+
+
+def _qwen35_fields(kv: dict[str, Any], arch: str, n_layer: int) -> dict[str, Any]:
+    """qwen35moe's delta-net sizes, layer kinds and rotary sections, as llama.cpp reads them."""
+    layers = kv.get(f"{arch}.attention.recurrent_layers")
+    if layers is None:
+        # No list: every ``full_attention_interval``-th layer is attention, the others delta nets.
+        interval = _int(kv, f"{arch}.full_attention_interval", 4)
+        recurrent = tuple((i + 1) % interval != 0 for i in range(n_layer))
+    elif isinstance(layers, Sequence) and not isinstance(layers, str) and len(layers) >= n_layer:
+        recurrent = tuple(bool(v) for v in layers[:n_layer])
+    else:
+        raise AnyformerError(ErrorCode.BAD_MODEL, f"{arch}.attention.recurrent_layers does not list every layer")
+    k_heads, v_heads = _int(kv, f"{arch}.ssm.group_count"), _int(kv, f"{arch}.ssm.time_step_rank")
+    head, inner = _int(kv, f"{arch}.ssm.state_size"), _int(kv, f"{arch}.ssm.inner_size")
+    if v_heads % k_heads or inner != v_heads * head:
+        # llama.cpp's delta net needs value heads as wide as key heads, tiled over them.
+        raise AnyformerError(
+            ErrorCode.BAD_MODEL,
+            f"{v_heads} delta-net value heads of {inner / v_heads:g} over {k_heads} key heads of {head}, {_UNREAD}",
+        )
+    sections = kv.get(f"{arch}.rope.dimension_sections", [])
+    if not isinstance(sections, Sequence) or not all(isinstance(v, int) and v >= 0 for v in sections):
+        raise AnyformerError(ErrorCode.BAD_MODEL, f"{arch}.rope.dimension_sections is not a list of counts")
+    sections = [*sections, 0, 0, 0, 0][:4]
+    return {
+        "recurrent": recurrent,
+        "ssm_conv": _int(kv, f"{arch}.ssm.conv_kernel"),
+        "ssm_k_heads": k_heads,
+        "ssm_v_heads": v_heads,
+        "ssm_head": head,
+        "attn_gated": True,
+        "ffn_norm": "post_attention_norm",
+        "rope_sections": tuple(sections) if sum(sections) else (),
+    }
+
+
+def _delta_net_shapes(c: MoEConfig, p: str) -> dict[str, tuple[int, ...]]:
+    """A qwen35moe delta-net layer's tensors (ggml order) besides its FFN."""
+    keys, values = c.ssm_k_heads * c.ssm_head, c.ssm_v_heads * c.ssm_head
+    return {
+        p + "attn_norm.weight": (c.n_embd,),
+        p + "attn_qkv.weight": (c.n_embd, 2 * keys + values),
+        p + "attn_gate.weight": (c.n_embd, values),
+        p + "ssm_conv1d.weight": (c.ssm_conv, 2 * keys + values),
+        p + "ssm_dt.bias": (c.ssm_v_heads,),
+        p + "ssm_a": (c.ssm_v_heads,),
+        p + "ssm_beta.weight": (c.n_embd, c.ssm_v_heads),
+        p + "ssm_alpha.weight": (c.n_embd, c.ssm_v_heads),
+        p + "ssm_norm.weight": (c.ssm_head,),
+        p + "ssm_out.weight": (values, c.n_embd),
+        p + "post_attention_norm.weight": (c.n_embd,),
+    }
 
 
 def _int(kv: dict[str, Any], key: str, default: int | None = None) -> int:
@@ -238,7 +318,16 @@ def _check_shapes(c: MoEConfig, tensors: dict[str, GGUFTensor]) -> None:
             }
             if c.probs_bias:
                 ffn["exp_probs_b.bias"] = (c.n_expert,)
-        want.update(layer_shapes(c, p, ffn))
+        if c.is_recurrent(i):
+            want.update(_delta_net_shapes(c, p))
+            want.update({p + name: dims for name, dims in ffn.items()})
+        else:
+            want.update(layer_shapes(c, p, ffn))
+        if c.ffn_norm != "ffn_norm" and not c.is_recurrent(i):
+            del want[p + "ffn_norm.weight"]
+            want[p + c.ffn_norm + ".weight"] = (c.n_embd,)
+        if c.attn_gated and not c.is_recurrent(i):
+            want[p + "attn_q.weight"] = (c.n_embd, 2 * c.q_dim)
         if c.fused_qkv:
             for name in "qkv":
                 del want[p + f"attn_{name}.weight"]

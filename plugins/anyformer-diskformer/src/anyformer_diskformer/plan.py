@@ -12,7 +12,7 @@ import os
 from typing import Any
 
 from anyformer.plugin import AnyformerError, GGUFHeader, read_gguf_header
-from anyformer_diskformer.moe_config import is_expert_tensor, layer_of
+from anyformer_diskformer.moe_config import CPU_ONLY_ARCHITECTURES, is_expert_tensor, layer_of
 
 #: Host memory the engine takes besides its weights and caches: tokenizer, Python objects, scratch.
 RAM_OVERHEAD = 64 * 10**6
@@ -107,12 +107,28 @@ def plan_from_header(header: GGUFHeader, context: int, device: str = "cpu") -> P
             # The CPU engine keeps vectors as float32 (as are F32 tensors) and other matrices as stored.
             dense += 4 * t.n_elements if device == "cpu" and len(t.dims) == 1 else t.nbytes
     plan = _plan(summary, context, device, dense, expert_bytes, estimated=False)
+    if header.architecture in CPU_ONLY_ARCHITECTURES:
+        plan = dataclasses.replace(plan, kv_bytes=_hybrid_state_bytes(header, context))
     experts = _fact(summary, "expert_count")
     widest = max(per_layer.values(), default=0) // experts if experts else 0
     # n_layer counts the layers that route (leading dense layers read no expert).
     return dataclasses.replace(
         plan, one_expert_bytes=max(plan.one_expert_bytes, widest), n_layer=len(per_layer) or plan.n_layer
     )
+
+
+def _hybrid_state_bytes(header: GGUFHeader, context: int) -> int:
+    """qwen35moe's f32 state: K and V for its attention layers only, and each delta-net layer's convolution
+    inputs and state matrices (what :class:`~anyformer_diskformer.cpu_hybrid.HybridCpuEngine` holds, besides
+    the KV rows it allocates for every layer: counted too, as they are held)."""
+    from anyformer_diskformer.moe_config import read_moe_config
+
+    c = read_moe_config(header)
+    kv = 2 * c.n_layer * context * c.kv_dim * 4
+    delta = sum(c.recurrent) * (
+        (c.ssm_conv - 1) * (2 * c.ssm_k_heads + c.ssm_v_heads) * c.ssm_head + c.ssm_v_heads * c.ssm_head**2
+    )
+    return kv + 4 * delta
 
 
 def plan_from_summary(summary: dict[str, Any], context: int, device: str = "cpu") -> Plan:

@@ -59,6 +59,15 @@ class TinyMoE:
     n_group_used: int = 0
     probs_bias: bool = False
     nextn: int = 0
+    #: qwen35moe (Qwen3.5/3.6): every ``attention_interval``-th layer is full attention, the others gated delta
+    #: nets of ``ssm_k_heads`` key and ``ssm_v_heads`` value heads of ``ssm_head`` and a ``ssm_conv``-tap
+    #: convolution; interleaved multi-section rotary of ``rope_sections`` pairs.
+    attention_interval: int = 4
+    ssm_conv: int = 4
+    ssm_k_heads: int = 2
+    ssm_v_heads: int = 4
+    ssm_head: int = 16
+    rope_sections: tuple[int, ...] = (1, 2, 1, 0)
 
 
 def write_tiny_moe(path: str, spec: TinyMoE, seed: int = 0) -> None:
@@ -67,6 +76,9 @@ def write_tiny_moe(path: str, spec: TinyMoE, seed: int = 0) -> None:
 
     if spec.architecture == "bailingmoe2":
         _write_bailingmoe2(path, spec, seed)
+        return
+    if spec.architecture == "qwen35moe":
+        _write_qwen35moe(path, spec, seed)
         return
     rng = np.random.default_rng(seed)
     tokens = tiny_vocabulary()
@@ -229,6 +241,82 @@ def _write_bailingmoe2(path: str, spec: TinyMoE, seed: int) -> None:
             vector(p + "nextn.enorm.weight", spec.n_embd)
             vector(p + "nextn.hnorm.weight", spec.n_embd)
             vector(p + "layer_output_norm.weight", spec.n_embd)
+    vector("output_norm.weight", spec.n_embd)
+    weight("output.weight", len(tokens), spec.n_embd)
+    finish_gguf(w)
+
+
+def _write_qwen35moe(path: str, spec: TinyMoE, seed: int) -> None:
+    """A random Qwen3.5 MoE: gated delta-net layers and, every ``spec.attention_interval``-th, a gated
+    full-attention layer (q/k norms, partial interleaved multi-section rotary), each followed by routed
+    experts (softmax, renormalised) and a sigmoid-gated shared expert."""
+    import gguf
+
+    rng = np.random.default_rng(seed)
+    tokens = tiny_vocabulary()
+    arch = "qwen35moe"
+    w = gguf.GGUFWriter(path, arch)
+    w.add_block_count(spec.n_layer)
+    w.add_context_length(spec.n_ctx)
+    w.add_embedding_length(spec.n_embd)
+    w.add_feed_forward_length(spec.n_ff_shexp)
+    w.add_expert_feed_forward_length(spec.n_ff_exp)
+    w.add_expert_shared_feed_forward_length(spec.n_ff_shexp)
+    w.add_expert_count(spec.n_expert)
+    w.add_expert_used_count(spec.n_expert_used)
+    w.add_head_count(spec.n_head)
+    w.add_head_count_kv(spec.n_kv)
+    w.add_key_length(spec.head_dim)
+    w.add_value_length(spec.head_dim)
+    w.add_rope_dimension_count(spec.n_rot or spec.head_dim)
+    w.add_rope_dimension_sections(list(spec.rope_sections))
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_ssm_conv_kernel(spec.ssm_conv)
+    w.add_ssm_state_size(spec.ssm_head)
+    w.add_ssm_group_count(spec.ssm_k_heads)
+    w.add_ssm_time_step_rank(spec.ssm_v_heads)
+    w.add_ssm_inner_size(spec.ssm_v_heads * spec.ssm_head)
+    w.add_full_attention_interval(spec.attention_interval)
+    add_tiny_tokenizer(w, tokens, "qwen2")
+    weight, vector = _tensor_writers(w, spec, rng)
+    experts = spec.expert_quant or spec.quant
+    q_dim, kv_dim = spec.n_head * spec.head_dim, spec.n_kv * spec.head_dim
+    keys, values = spec.ssm_k_heads * spec.ssm_head, spec.ssm_v_heads * spec.ssm_head
+
+    def f32(name: str, values: np.ndarray) -> None:
+        w.add_tensor(name, values.astype(np.float32))
+
+    weight("token_embd.weight", len(tokens), spec.n_embd)
+    for i in range(spec.n_layer):
+        p = f"blk.{i}."
+        vector(p + "attn_norm.weight", spec.n_embd)
+        if (i + 1) % spec.attention_interval:
+            weight(p + "attn_qkv.weight", 2 * keys + values, spec.n_embd)
+            weight(p + "attn_gate.weight", values, spec.n_embd)
+            f32(p + "ssm_conv1d.weight", rng.standard_normal((2 * keys + values, spec.ssm_conv)) * 0.3)
+            f32(p + "ssm_dt.bias", rng.standard_normal(spec.ssm_v_heads) * 0.5)
+            f32(p + "ssm_a", -np.exp(rng.standard_normal(spec.ssm_v_heads) * 0.5))  # -exp(A_log), as converted
+            weight(p + "ssm_beta.weight", spec.ssm_v_heads, spec.n_embd)
+            weight(p + "ssm_alpha.weight", spec.ssm_v_heads, spec.n_embd)
+            vector(p + "ssm_norm.weight", spec.ssm_head)
+            weight(p + "ssm_out.weight", spec.n_embd, values)
+        else:
+            weight(p + "attn_q.weight", 2 * q_dim, spec.n_embd)  # each head's query, then its gate
+            weight(p + "attn_k.weight", kv_dim, spec.n_embd)
+            weight(p + "attn_v.weight", kv_dim, spec.n_embd)
+            weight(p + "attn_output.weight", spec.n_embd, q_dim)
+            vector(p + "attn_q_norm.weight", spec.head_dim)
+            vector(p + "attn_k_norm.weight", spec.head_dim)
+        vector(p + "post_attention_norm.weight", spec.n_embd)
+        f32(p + "ffn_gate_inp.weight", rng.standard_normal((spec.n_expert, spec.n_embd)) * 0.5)
+        weight(p + "ffn_gate_exps.weight", spec.n_expert, spec.n_ff_exp, spec.n_embd, quant=experts)
+        weight(p + "ffn_up_exps.weight", spec.n_expert, spec.n_ff_exp, spec.n_embd, quant=experts)
+        weight(p + "ffn_down_exps.weight", spec.n_expert, spec.n_embd, spec.n_ff_exp, quant=experts)
+        f32(p + "ffn_gate_inp_shexp.weight", rng.standard_normal(spec.n_embd) * 0.2)
+        weight(p + "ffn_gate_shexp.weight", spec.n_ff_shexp, spec.n_embd)
+        weight(p + "ffn_up_shexp.weight", spec.n_ff_shexp, spec.n_embd)
+        weight(p + "ffn_down_shexp.weight", spec.n_embd, spec.n_ff_shexp)
     vector("output_norm.weight", spec.n_embd)
     weight("output.weight", len(tokens), spec.n_embd)
     finish_gguf(w)
