@@ -122,3 +122,22 @@ def qwen35moe_alternating(tmp_path_factory: pytest.TempPathFactory) -> str:
     )
     write_tiny_moe(path, spec, seed=10)
     return path
+
+
+@pytest.fixture(scope="session")
+def gemma4_f32(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A 4-layer gemma4: sliding layers (window 4, heads of 16, 2 KV heads) around a full layer (heads of 32, one
+    KV head, a quarter of its pairs turning), a layer whose keys serve as values, 8 experts, top-2, per-expert
+    output scales, layer output scales, logits soft-capped at 3; every weight F32."""
+    path = str(tmp_path_factory.mktemp("moe") / "tiny-gemma4-f32.gguf")
+    write_tiny_moe(path, TinyMoE(architecture="gemma4", n_layer=4, quant="F32"), seed=11)
+    return path
+
+
+@pytest.fixture(scope="session")
+def gemma4_dense_layer(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A 4-layer gemma4 whose full layer has no router (its dense MLP alone), window 6, 16 experts, top-4, F32."""
+    path = str(tmp_path_factory.mktemp("moe") / "tiny-gemma4-dense-layer.gguf")
+    spec = TinyMoE(architecture="gemma4", n_layer=4, quant="F32", n_swa=6, dense_layer=2, n_expert=16, n_expert_used=4)
+    write_tiny_moe(path, spec, seed=11)
+    return path

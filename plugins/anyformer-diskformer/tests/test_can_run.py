@@ -73,7 +73,7 @@ def test_an_accelerator_budget_does_not_bound_the_cpu_engine():
         (moe_model(), {}, {"task": "feature-extraction"}, Refusal.TASK, "feature-extraction"),
         (moe_model(architecture="llama", expert_count=None), {}, {}, Refusal.MODEL, "'llama'"),
         (moe_model(architecture="deepseek2"), {}, {}, Refusal.MODEL, "'deepseek2'"),
-        (moe_model(architecture="gemma4"), {}, {}, Refusal.MODEL, "'gemma4'"),
+        (moe_model(architecture="gemma4", tokenizer_model="gemma4"), {}, {}, Refusal.MODEL, "tokenizer model 'gemma4'"),
         (moe_model(architecture="qwen3next"), {}, {}, Refusal.MODEL, "'qwen3next'"),
         (moe_model(tensor_types={"F32": 1, "IQ4_XS": 9}), {}, {}, Refusal.MODEL, "IQ4_XS"),
         (moe_model(tokenizer_model="llama"), {}, {}, Refusal.MODEL, "tokenizer model 'llama'"),
@@ -190,5 +190,17 @@ def test_a_qwen35moe_file_runs_on_the_cpu_whatever_the_probe_finds_and_counts_it
     # the three delta-net layers its last three inputs of 2 × 32 + 64 channels and 4 value heads' 16 × 16 states.
     assert sum(c.recurrent) == 3
     assert v.estimate.details["kv_cache"] == 2 * 4 * 64 * 32 * 4 + 4 * 3 * (3 * 128 + 4 * 16 * 16)
+    refused = verdict(model, gpu, options={"device": "gpu"})
+    assert not refused.ok and refused.code is Refusal.MODEL and "CPU engine only" in refused.reason
+
+
+def test_a_gemma4_file_runs_on_the_cpu_with_each_layers_kv_in_its_own_width(gemma4_f32):
+    model = anyformer.describe(gemma4_f32)
+    gpu = CAPS.replace(gpu=True, gpu_bytes=80 * 2**30)
+    v = verdict(model, gpu, context=64)
+    assert v.ok, v.reason
+    assert v.estimate.details["device"] == "cpu"
+    # Three sliding layers of 2 KV heads of 16 and one full layer of 1 KV head of 32, K and V in f32.
+    assert v.estimate.details["kv_cache"] == 2 * 64 * 4 * (3 * 2 * 16 + 1 * 32)
     refused = verdict(model, gpu, options={"device": "gpu"})
     assert not refused.ok and refused.code is Refusal.MODEL and "CPU engine only" in refused.reason

@@ -50,3 +50,26 @@ def test_qwen35moe_value_heads_that_do_not_tile_its_key_heads_are_a_bad_model(tm
         read_moe_config(GGUFFile(path).header)
     assert caught.value.code is ErrorCode.BAD_MODEL
     assert "3 delta-net value heads of 16 over 2 key heads" in str(caught.value)
+
+
+def test_the_gemma4_fixture_reads_as_its_spec(gemma4_f32):
+    c = read_moe_config(GGUFFile(gemma4_f32).header)
+    assert c.swa == (True, True, False, True) and c.n_swa == 4
+    assert c.head_dims == (16, 16, 32, 16) and c.kv_heads == (2, 2, 1, 2) and c.rots == (16, 16, 32, 16)
+    assert c.has_v == (True, False, True, True) and all(c.moe) and all(c.expert_scale) and c.softcap == 3.0
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "words"),
+    [("embedding_length_per_layer_input", 8, "per-layer embeddings"), ("attention.shared_kv_layers", 1, "KV shared")],
+)
+def test_gemma4_features_the_engine_does_not_run_are_a_bad_model(gemma4_f32, key, value, words):
+    import dataclasses
+
+    from anyformer.plugin import read_gguf_header
+
+    original = read_gguf_header(gemma4_f32)
+    header = dataclasses.replace(original, kv={**original.kv, f"gemma4.{key}": value})
+    with pytest.raises(AnyformerError) as caught:
+        read_moe_config(header)
+    assert caught.value.code is ErrorCode.BAD_MODEL and words in str(caught.value)

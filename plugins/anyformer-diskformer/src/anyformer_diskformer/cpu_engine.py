@@ -175,14 +175,18 @@ class CpuMoEEngine:
         self.cache.expect(layer, guess)
         prefetcher.request(layer, guess, self.cache)
 
+    def _check_step(self, ids: list[int], start: int) -> None:
+        """``BAD_REQUEST`` for positions past the context or ids outside the vocabulary."""
+        if start < 0 or start + len(ids) > self.ctx:
+            raise AnyformerError(ErrorCode.BAD_REQUEST, f"positions {start}..{start + len(ids)} exceed {self.ctx}")
+        if any(not 0 <= t < self.config.n_vocab for t in ids):
+            raise AnyformerError(ErrorCode.BAD_REQUEST, "a token id is outside the vocabulary")
+
     def forward(self, ids: list[int], start: int, *, every: bool = True) -> np.ndarray:
         """Logits for ``ids`` at positions ``start..`` (every token's rows, or the last's); their keys and values
         enter the cache."""
         c = self.config
-        if start < 0 or start + len(ids) > self.ctx:
-            raise AnyformerError(ErrorCode.BAD_REQUEST, f"positions {start}..{start + len(ids)} exceed {self.ctx}")
-        if any(not 0 <= t < c.n_vocab for t in ids):
-            raise AnyformerError(ErrorCode.BAD_REQUEST, "a token id is outside the vocabulary")
+        self._check_step(ids, start)
         h = self._w.rows("token_embd.weight", ids)
         for layer in range(c.n_layer):
             p = f"blk.{layer}."

@@ -79,6 +79,16 @@ def open_device(options: dict[str, object]) -> GPU | None:
         return None
 
 
+def cpu_engine_class(config: MoEConfig) -> type[CpuMoEEngine]:
+    """The CPU engine for ``config``'s architecture: Gemma 4's, the delta-net hybrid's (qwen35moe), or the MoE one."""
+    from anyformer_diskformer.cpu_gemma4 import Gemma4CpuEngine
+    from anyformer_diskformer.gemma4_config import Gemma4Config
+
+    if isinstance(config, Gemma4Config):
+        return Gemma4CpuEngine
+    return HybridCpuEngine if config.recurrent else CpuMoEEngine
+
+
 def shared_prefix(a: list[int], b: list[int]) -> int:
     """How many leading ids ``a`` and ``b`` have in common."""
     n = 0
@@ -222,8 +232,7 @@ class DiskformerModel:
                     )
                     attach_prefetcher(cache, width, threads, plan.min_cache_bytes)
                     try:
-                        engine_class = HybridCpuEngine if config.recurrent else CpuMoEEngine
-                        engine = engine_class(gguf, config, cache, context, trace)
+                        engine = cpu_engine_class(config)(gguf, config, cache, context, trace)
                     except BaseException:
                         cache.close()
                         raise

@@ -35,10 +35,11 @@ MOE_ARCHITECTURES: dict[str, bool | None] = {
     "bailingmoe": None,
     "bailingmoe2": None,
     "qwen35moe": True,
+    "gemma4": True,
 }
 
 #: Architectures only the CPU engine runs (the wgpu path has no gated delta-net layers).
-CPU_ONLY_ARCHITECTURES = frozenset({"qwen35moe"})
+CPU_ONLY_ARCHITECTURES = frozenset({"qwen35moe", "gemma4"})
 
 #: llama.cpp's ``expert_gating_func`` values the engines implement: how router logits become probabilities.
 GATING_FUNCS = {1: "softmax", 2: "sigmoid"}
@@ -147,6 +148,10 @@ def read_moe_config(header: GGUFHeader) -> MoEConfig:
     problem = moe_problem(header.summary())
     if problem is not None:
         raise AnyformerError(ErrorCode.BAD_MODEL, problem)
+    if header.architecture == "gemma4":
+        from anyformer_diskformer.gemma4_config import read_gemma4_config
+
+        return read_gemma4_config(header)
     kv = header.kv
     arch = str(header.architecture)
     # Per-layer arrays are refused here, as any non-integer: the MoE engine reads one value for all layers.

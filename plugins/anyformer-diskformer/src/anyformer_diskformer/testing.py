@@ -68,6 +68,15 @@ class TinyMoE:
     ssm_v_heads: int = 4
     ssm_head: int = 16
     rope_sections: tuple[int, ...] = (1, 2, 1, 0)
+    #: gemma4: which layers slide (window ``n_swa``), the full layers' head width and KV heads, and its
+    #: extras: a layer without a v projection, one without a router, the final soft-cap.
+    swa_pattern: tuple[bool, ...] = (True, True, False, True)
+    n_swa: int = 4
+    full_head_dim: int = 32
+    full_kv: int = 1
+    no_v_layer: int = 1
+    dense_layer: int = -1
+    softcap: float = 3.0
 
 
 def write_tiny_moe(path: str, spec: TinyMoE, seed: int = 0) -> None:
@@ -79,6 +88,9 @@ def write_tiny_moe(path: str, spec: TinyMoE, seed: int = 0) -> None:
         return
     if spec.architecture == "qwen35moe":
         _write_qwen35moe(path, spec, seed)
+        return
+    if spec.architecture == "gemma4":
+        _write_gemma4(path, spec, seed)
         return
     rng = np.random.default_rng(seed)
     tokens = tiny_vocabulary()
@@ -317,6 +329,87 @@ def _write_qwen35moe(path: str, spec: TinyMoE, seed: int) -> None:
         weight(p + "ffn_gate_shexp.weight", spec.n_ff_shexp, spec.n_embd)
         weight(p + "ffn_up_shexp.weight", spec.n_ff_shexp, spec.n_embd)
         weight(p + "ffn_down_shexp.weight", spec.n_embd, spec.n_ff_shexp)
+    vector("output_norm.weight", spec.n_embd)
+    weight("output.weight", len(tokens), spec.n_embd)
+    finish_gguf(w)
+
+
+def _write_gemma4(path: str, spec: TinyMoE, seed: int) -> None:
+    """A random Gemma 4 MoE: sliding and full layers of different head widths and KV heads, proportional
+    rotary factors on the full layers, a dense GELU MLP beside routed GELU experts with per-expert scales,
+    the norms around each, layer output scales and a soft-capped head."""
+    import gguf
+
+    rng = np.random.default_rng(seed)
+    tokens = tiny_vocabulary()
+    arch = "gemma4"
+    swa = list(spec.swa_pattern[: spec.n_layer])
+    w = gguf.GGUFWriter(path, arch)
+    w.add_block_count(spec.n_layer)
+    w.add_context_length(spec.n_ctx)
+    w.add_embedding_length(spec.n_embd)
+    w.add_embedding_length_per_layer_input(0)
+    w.add_shared_kv_layers(0)
+    w.add_feed_forward_length(spec.n_ff_shexp)
+    w.add_expert_feed_forward_length(spec.n_ff_exp)
+    w.add_expert_count(spec.n_expert)
+    w.add_expert_used_count(spec.n_expert_used)
+    w.add_head_count(spec.n_head)
+    w.add_head_count_kv([spec.n_kv if s else spec.full_kv for s in swa])
+    w.add_key_length(spec.full_head_dim)
+    w.add_value_length(spec.full_head_dim)
+    w.add_key_length_swa(spec.head_dim)
+    w.add_value_length_swa(spec.head_dim)
+    w.add_rope_dimension_count(spec.full_head_dim)
+    w.add_rope_dimension_count_swa(spec.n_rot or spec.head_dim)
+    w.add_rope_freq_base(1e6)
+    w.add_rope_freq_base_swa(10000.0)
+    w.add_sliding_window(spec.n_swa)
+    w.add_sliding_window_pattern(swa)
+    w.add_layer_norm_rms_eps(1e-6)
+    if spec.softcap:
+        w.add_final_logit_softcapping(spec.softcap)
+    add_tiny_tokenizer(w, tokens, "qwen2")
+    weight, vector = _tensor_writers(w, spec, rng)
+    experts = spec.expert_quant or spec.quant
+
+    def f32(name: str, values: np.ndarray) -> None:
+        w.add_tensor(name, values.astype(np.float32))
+
+    weight("token_embd.weight", len(tokens), spec.n_embd)
+    # Proportional rotary on the full layers: a quarter of the pairs turn, the rest have factors of 1e30.
+    turning = spec.full_head_dim // 8
+    f32("rope_freqs.weight", np.array([1.0] * turning + [1e30] * (spec.full_head_dim // 2 - turning)))
+    for i in range(spec.n_layer):
+        p = f"blk.{i}."
+        d = spec.head_dim if swa[i] else spec.full_head_dim
+        q_dim, kv_dim = spec.n_head * d, (spec.n_kv if swa[i] else spec.full_kv) * d
+        vector(p + "attn_norm.weight", spec.n_embd)
+        weight(p + "attn_q.weight", q_dim, spec.n_embd)
+        weight(p + "attn_k.weight", kv_dim, spec.n_embd)
+        if i != spec.no_v_layer:
+            weight(p + "attn_v.weight", kv_dim, spec.n_embd)
+        weight(p + "attn_output.weight", spec.n_embd, q_dim)
+        vector(p + "attn_q_norm.weight", d)
+        vector(p + "attn_k_norm.weight", d)
+        vector(p + "post_attention_norm.weight", spec.n_embd)
+        vector(p + "ffn_norm.weight", spec.n_embd)
+        weight(p + "ffn_gate.weight", spec.n_ff_shexp, spec.n_embd)
+        weight(p + "ffn_up.weight", spec.n_ff_shexp, spec.n_embd)
+        weight(p + "ffn_down.weight", spec.n_embd, spec.n_ff_shexp)
+        vector(p + "post_ffw_norm.weight", spec.n_embd)
+        f32(p + "layer_output_scale.weight", np.array([0.9 + 0.2 * rng.random()]))
+        if i == spec.dense_layer:
+            continue
+        f32(p + "ffn_gate_inp.weight", rng.standard_normal((spec.n_expert, spec.n_embd)) * 4.0)
+        vector(p + "ffn_gate_inp.scale", spec.n_embd)
+        vector(p + "pre_ffw_norm_2.weight", spec.n_embd)
+        vector(p + "post_ffw_norm_1.weight", spec.n_embd)
+        vector(p + "post_ffw_norm_2.weight", spec.n_embd)
+        weight(p + "ffn_gate_exps.weight", spec.n_expert, spec.n_ff_exp, spec.n_embd, quant=experts)
+        weight(p + "ffn_up_exps.weight", spec.n_expert, spec.n_ff_exp, spec.n_embd, quant=experts)
+        weight(p + "ffn_down_exps.weight", spec.n_expert, spec.n_embd, spec.n_ff_exp, quant=experts)
+        f32(p + "ffn_down_exps.scale", 0.5 + rng.random(spec.n_expert))
     vector("output_norm.weight", spec.n_embd)
     weight("output.weight", len(tokens), spec.n_embd)
     finish_gguf(w)
