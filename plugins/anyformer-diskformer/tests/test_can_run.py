@@ -73,6 +73,8 @@ def test_an_accelerator_budget_does_not_bound_the_cpu_engine():
         (moe_model(), {}, {"task": "feature-extraction"}, Refusal.TASK, "feature-extraction"),
         (moe_model(architecture="llama", expert_count=None), {}, {}, Refusal.MODEL, "'llama'"),
         (moe_model(architecture="deepseek2"), {}, {}, Refusal.MODEL, "'deepseek2'"),
+        (moe_model(architecture="gemma4", tokenizer_model="gemma4"), {}, {}, Refusal.MODEL, "tokenizer model 'gemma4'"),
+        (moe_model(architecture="qwen3next"), {}, {}, Refusal.MODEL, "'qwen3next'"),
         (moe_model(tensor_types={"F32": 1, "IQ4_XS": 9}), {}, {}, Refusal.MODEL, "IQ4_XS"),
         (moe_model(tokenizer_model="llama"), {}, {}, Refusal.MODEL, "tokenizer model 'llama'"),
         (moe_model(tokenizer_pre="deepseek-llm"), {}, {}, Refusal.MODEL, "deepseek-llm"),
@@ -157,3 +159,48 @@ def test_on_a_gpu_the_budget_bounds_dense_kv_and_the_cache_in_gpu_memory():
     tight = verdict(moe_model(), caps, budget=plan.need)
     assert tight.ok and tight.estimate.gpu_bytes == plan.need
     assert verdict(moe_model(), caps, options={"device": "cpu"}).estimate.details["device"] == "cpu"
+
+
+def test_a_bailingmoe2_file_counts_neither_its_dense_layer_nor_its_prediction_layer_as_experts(bailingmoe2_f32):
+    model = anyformer.describe(bailingmoe2_f32)
+    v = verdict(model)
+    assert v.ok, v.reason
+    reader = gguf.GGUFReader(bailingmoe2_f32)
+    # Layers 1 and 2 route; layer 0 is dense and layer 3 predicts the next token (nextn): never loaded.
+    routed = sum(int(t.n_bytes) for t in reader.tensors if re.match(r"blk\.[12]\.ffn_.*_exps\.weight$", t.name))
+    assert routed > 0 and v.estimate.details["experts_total"] == routed
+    dense = sum(
+        int(t.n_bytes) if len(t.shape) > 1 else 4 * int(t.n_elements)
+        for t in reader.tensors
+        if not t.name.endswith("_exps.weight") and not t.name.startswith("blk.3.")
+    )
+    assert v.estimate.details["dense_bytes"] == dense
+
+
+def test_a_qwen35moe_file_runs_on_the_cpu_whatever_the_probe_finds_and_counts_its_delta_net_states(qwen35moe_f32):
+    from anyformer_diskformer.moe_config import read_moe_config
+
+    model = anyformer.describe(qwen35moe_f32)
+    gpu = CAPS.replace(gpu=True, gpu_bytes=80 * 2**30)
+    v = verdict(model, gpu, context=64)
+    assert v.ok, v.reason
+    assert v.estimate.details["device"] == "cpu" and v.estimate.gpu_bytes == 0
+    c = read_moe_config(read_gguf_header(qwen35moe_f32))
+    # f32 K and V rows for every layer (held, though only the attention layer uses them), and for each of
+    # the three delta-net layers its last three inputs of 2 × 32 + 64 channels and 4 value heads' 16 × 16 states.
+    assert sum(c.recurrent) == 3
+    assert v.estimate.details["kv_cache"] == 2 * 4 * 64 * 32 * 4 + 4 * 3 * (3 * 128 + 4 * 16 * 16)
+    refused = verdict(model, gpu, options={"device": "gpu"})
+    assert not refused.ok and refused.code is Refusal.MODEL and "CPU engine only" in refused.reason
+
+
+def test_a_gemma4_file_runs_on_the_cpu_with_each_layers_kv_in_its_own_width(gemma4_f32):
+    model = anyformer.describe(gemma4_f32)
+    gpu = CAPS.replace(gpu=True, gpu_bytes=80 * 2**30)
+    v = verdict(model, gpu, context=64)
+    assert v.ok, v.reason
+    assert v.estimate.details["device"] == "cpu"
+    # Three sliding layers of 2 KV heads of 16 and one full layer of 1 KV head of 32, K and V in f32.
+    assert v.estimate.details["kv_cache"] == 2 * 64 * 4 * (3 * 2 * 16 + 1 * 32)
+    refused = verdict(model, gpu, options={"device": "gpu"})
+    assert not refused.ok and refused.code is Refusal.MODEL and "CPU engine only" in refused.reason

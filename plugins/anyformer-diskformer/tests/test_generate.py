@@ -116,3 +116,32 @@ def test_a_seeded_sampled_reply_repeats(moe_f32):
     finally:
         model.dispose()
     assert one == two and one != greedy
+
+
+def test_qwen35moe_replies_as_llama_cpp_on_the_cpu_even_where_a_gpu_is_found(qwen35moe_f32):
+    # device auto: the wgpu path has no delta-net layers, so the CPU engine runs it whatever the probe finds.
+    model = open_model(qwen35moe_f32)
+    try:
+        from anyformer_diskformer.cpu_hybrid import HybridCpuEngine
+
+        assert isinstance(model.engine, HybridCpuEngine)
+        ids = model.prompt_ids(MESSAGES, thinking=False)
+        text = "".join(c.delta for c in model.stream(MESSAGES, GenerateOptions(max_new_tokens=TOKENS)))
+        assert text == llama_greedy(qwen35moe_f32, ids)
+        # A second reply starts over: the delta nets' states do not carry the first conversation.
+        again = "".join(c.delta for c in model.stream(MESSAGES, GenerateOptions(max_new_tokens=TOKENS)))
+        assert again == text
+    finally:
+        model.dispose()
+
+
+def test_asking_for_the_gpu_for_qwen35moe_is_a_bad_model_with_the_reason(qwen35moe_f32):
+    from anyformer_gguf_gpu.gpu import GPU
+
+    try:
+        GPU()
+    except AnyformerError:
+        pytest.skip("no GPU adapter for wgpu: device gpu fails before the architecture is read")
+    with pytest.raises(AnyformerError) as caught:
+        open_model(qwen35moe_f32, device="gpu")
+    assert caught.value.code is ErrorCode.BAD_MODEL and "CPU engine only" in str(caught.value)

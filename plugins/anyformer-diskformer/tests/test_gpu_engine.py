@@ -54,7 +54,15 @@ def gpu_steps(engine: GpuMoEEngine) -> tuple[np.ndarray, list[int]]:
 
 
 @pytest.mark.parametrize(
-    ("fixture", "tolerance"), [("moe_f32", 1e-4), ("moe_top4", 5e-3), ("qwen2moe_f32", 1e-4), ("bailingmoe_f32", 1e-4)]
+    ("fixture", "tolerance"),
+    [
+        ("moe_f32", 1e-4),
+        ("moe_top4", 5e-3),
+        ("qwen2moe_f32", 1e-4),
+        ("bailingmoe_f32", 1e-4),
+        ("bailingmoe2_f32", 1e-4),
+        ("bailingmoe2_f16", 5e-3),
+    ],
 )
 @pytest.mark.parametrize("evicting", [False, True])
 def test_gpu_logits_and_greedy_text_match_llama_cpp(request, gpu, fixture, tolerance, evicting):

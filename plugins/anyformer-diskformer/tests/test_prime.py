@@ -56,3 +56,44 @@ def test_prime_needs_a_system_prompt(moe_f32):
         assert caught.value.code is ErrorCode.BAD_REQUEST
     finally:
         model.dispose()
+
+
+def test_a_primed_qwen35moe_resumes_only_from_the_whole_checkpoint_and_gives_the_same_text(qwen35moe_f32):
+    plain = open_model(qwen35moe_f32)
+    try:
+        want = reply(plain, CHAT)
+    finally:
+        plain.dispose()
+    primed = open_model(qwen35moe_f32, prime=SYSTEM)
+    try:
+        assert primed._primed is not None
+        kept = primed._primed[0]
+        ids = primed.prompt_ids(CHAT, thinking=False)
+        assert reply(primed, CHAT) == want
+        # A delta net's state is the sum of every token before it: the checkpoint serves a chat only when the
+        # chat's prompt starts with all of it; a shorter shared prefix is run again.
+        assert primed.reused_positions == (len(kept) if ids[: len(kept)] == kept else 0)
+        assert primed.reused_positions > 0  # the tiny template's system turn is a prefix of the chat's
+        reply(primed, OTHER)
+        assert reply(primed, CHAT) == want
+    finally:
+        primed.dispose()
+
+
+def test_a_primed_gemma4_gives_the_same_text_from_its_per_layer_kv_checkpoint(gemma4_f32):
+    plain = open_model(gemma4_f32)
+    try:
+        from anyformer_diskformer.cpu_gemma4 import Gemma4CpuEngine
+
+        assert isinstance(plain.engine, Gemma4CpuEngine)  # device auto: the CPU engine, whatever the probe finds
+        want = reply(plain, CHAT)
+    finally:
+        plain.dispose()
+    primed = open_model(gemma4_f32, prime=SYSTEM)
+    try:
+        assert reply(primed, CHAT) == want
+        assert primed.reused_positions > len(SYSTEM) // 4
+        reply(primed, OTHER)
+        assert reply(primed, CHAT) == want
+    finally:
+        primed.dispose()

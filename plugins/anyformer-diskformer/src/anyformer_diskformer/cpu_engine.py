@@ -1,5 +1,5 @@
-"""The qwen3moe / qwen2moe forward pass on the CPU in numpy: dense weights resident as stored, routed experts from
-the cache.
+"""The MoE forward pass (qwen3moe, qwen2moe, bailingmoe, bailingmoe2) on the CPU in numpy: dense weights resident
+as stored, routed experts from the cache.
 
 Per layer, as llama.cpp's graphs for these architectures: RMSNorm, q/k/v projections (with biases
 in qwen2moe), per-head RMSNorm of q and k (qwen3moe), NEOX rotary embedding, grouped-query causal
@@ -7,7 +7,9 @@ attention over the KV cache, the output projection added to the residual; then R
 (softmax over all experts, top-k, the k weights renormalised to sum to 1 where the architecture
 says so), each selected expert's SwiGLU FFN weighted and summed, plus the shared expert's SwiGLU
 scaled by sigmoid(x · gate_inp_shexp) where there is one (qwen2moe), added to the residual.
-Arithmetic is float32, as llama.cpp's CPU build.
+bailingmoe2 (Ling 2.0) reads q, k and v from one fused matrix, rotates part of each head, runs its
+leading layers as dense SwiGLU FFNs and routes as :mod:`anyformer_diskformer.routing` says (sigmoid
+probabilities, a selection bias, expert groups). Arithmetic is float32, as llama.cpp's CPU build.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from anyformer_diskformer.expert_compute import ExpertRunner
 from anyformer_diskformer.expert_reader import ExpertSlices
 from anyformer_diskformer.moe_config import MoEConfig
 from anyformer_diskformer.prefetch import likely_experts
+from anyformer_diskformer.routing import route_layer, selection_scores
 from anyformer_diskformer.trace import TraceWriter
 from anyformer_gguf_gpu.gguf_file import GGUFFile
 from anyformer_gguf_gpu.transformer import cos_sin_table
@@ -34,19 +37,11 @@ def _silu(x: np.ndarray) -> np.ndarray:
     return (x / (1.0 + np.exp(-x))).astype(np.float32)
 
 
-def route(logits: np.ndarray, k: int, normalise: bool) -> tuple[np.ndarray, np.ndarray]:
-    """(experts, weights) for each token's router logits: softmax, top-k, renormalised when ``normalise``.
-
-    Ties between equal probabilities go to the lower expert index (a stable sort), as ggml's argsort.
-    """
-    z = logits - logits.max(axis=-1, keepdims=True)
-    p = np.exp(z)
-    p /= p.sum(axis=-1, keepdims=True)
-    chosen = np.argsort(-p, axis=-1, kind="stable")[..., :k]
-    weights = np.take_along_axis(p, chosen, axis=-1)
-    if normalise:
-        weights = weights / weights.sum(axis=-1, keepdims=True)
-    return chosen, weights.astype(np.float32)
+def _swiglu(weights: DenseWeights, x: np.ndarray, prefix: str, suffix: str) -> np.ndarray:
+    """A resident SwiGLU FFN: down(silu(gate(x)) * up(x)) of tensors ``{prefix}ffn_{part}{suffix}.weight``."""
+    gate = _silu(weights.product(x, f"{prefix}ffn_gate{suffix}.weight"))
+    hidden = gate * weights.product(x, f"{prefix}ffn_up{suffix}.weight")
+    return weights.product(hidden, f"{prefix}ffn_down{suffix}.weight")
 
 
 class CpuMoEEngine:
@@ -67,7 +62,7 @@ class CpuMoEEngine:
             cache.take_accesses()  # start recording
         self.ctx = ctx
         # Held as stored and dequantised per use: float32 copies would take ~4x (Q4_K: ~7x) the memory.
-        self._w = DenseWeights(gguf)
+        self._w = DenseWeights(gguf, config.n_layer)
         self._head = "token_embd.weight" if config.tied_output else "output.weight"
         self._rope = cos_sin_table(ctx, config.n_rot, config.rope_base)
         shape = (config.n_layer, ctx, config.n_kv, config.head_dim)
@@ -118,7 +113,11 @@ class CpuMoEEngine:
     def _attention(self, layer: int, x: np.ndarray, start: int) -> np.ndarray:
         c, p = self.config, f"blk.{layer}."
         n = x.shape[0]
-        q, k, v = (self._project(p + f"attn_{name}", x) for name in "qkv")
+        if c.fused_qkv:
+            qkv = self._w.product(x, p + "attn_qkv.weight")
+            q, k, v = np.split(qkv, [c.q_dim, c.q_dim + c.kv_dim], axis=-1)
+        else:
+            q, k, v = (self._project(p + f"attn_{name}", x) for name in "qkv")
         q, k = q.reshape(n, c.n_head, c.head_dim), k.reshape(n, c.n_kv, c.head_dim)
         v = v.reshape(n, c.n_kv, c.head_dim)
         if c.qk_norm:
@@ -141,17 +140,15 @@ class CpuMoEEngine:
         return self._w.product(out.reshape(n, -1), p + "attn_output.weight")
 
     def _experts(self, layer: int, x: np.ndarray) -> np.ndarray:
-        c = self.config
-        router = self._w.product(x, f"blk.{layer}.ffn_gate_inp.weight")
-        chosen, weights = route(router, c.n_expert_used, c.norm_topk)
-        weights = weights * np.float32(c.weights_scale)
+        c, p = self.config, f"blk.{layer}."
+        if not c.is_moe_layer(layer):
+            return _swiglu(self._w, x, p, "")
+        router = self._w.product(x, p + "ffn_gate_inp.weight")
+        chosen, weights = route_layer(c, router, self._w.optional_vector(p + "exp_probs_b.bias"))
         # Each expert the batch routes to is fetched once and applied to every token that chose it.
         out = self._runner.run(self.cache, layer, x, chosen, weights)
         if c.n_ff_shexp:
-            p = f"blk.{layer}."
-            gate_part = _silu(self._w.product(x, p + "ffn_gate_shexp.weight"))
-            hidden = gate_part * self._w.product(x, p + "ffn_up_shexp.weight")
-            shared = self._w.product(hidden, p + "ffn_down_shexp.weight")
+            shared = _swiglu(self._w, x, p, "_shexp")
             if c.shexp_gated:
                 gate = 1.0 / (1.0 + np.exp(-(x @ self._w.vector(p + "ffn_gate_inp_shexp.weight"))))
                 shared = gate[:, None].astype(np.float32) * shared
@@ -170,28 +167,33 @@ class CpuMoEEngine:
     def _guess(self, layer: int, h: np.ndarray) -> None:
         """Have the prefetcher read ``layer``'s likely experts: its router on the current residual."""
         prefetcher = self.cache.prefetcher
-        if prefetcher is None or layer >= self.config.n_layer:
+        if prefetcher is None or layer >= self.config.n_layer or not self.config.is_moe_layer(layer):
             return
         p = f"blk.{layer}."
-        x = _rms(h, self._w.vector(p + "ffn_norm.weight"), self.config.eps)
+        x = _rms(h, self._w.vector(p + self.config.ffn_norm + ".weight"), self.config.eps)
         logits = self._w.product(x, p + "ffn_gate_inp.weight")
-        guess = likely_experts(logits, self.config.n_expert_used, prefetcher.width)
+        scores = selection_scores(self.config, logits, self._w.optional_vector(p + "exp_probs_b.bias"))
+        guess = likely_experts(scores, self.config.n_expert_used, prefetcher.width)
         self.cache.expect(layer, guess)
         prefetcher.request(layer, guess, self.cache)
+
+    def _check_step(self, ids: list[int], start: int) -> None:
+        """``BAD_REQUEST`` for positions past the context or ids outside the vocabulary."""
+        if start < 0 or start + len(ids) > self.ctx:
+            raise AnyformerError(ErrorCode.BAD_REQUEST, f"positions {start}..{start + len(ids)} exceed {self.ctx}")
+        if any(not 0 <= t < self.config.n_vocab for t in ids):
+            raise AnyformerError(ErrorCode.BAD_REQUEST, "a token id is outside the vocabulary")
 
     def forward(self, ids: list[int], start: int, *, every: bool = True) -> np.ndarray:
         """Logits for ``ids`` at positions ``start..`` (every token's rows, or the last's); their keys and values
         enter the cache."""
         c = self.config
-        if start < 0 or start + len(ids) > self.ctx:
-            raise AnyformerError(ErrorCode.BAD_REQUEST, f"positions {start}..{start + len(ids)} exceed {self.ctx}")
-        if any(not 0 <= t < c.n_vocab for t in ids):
-            raise AnyformerError(ErrorCode.BAD_REQUEST, "a token id is outside the vocabulary")
+        self._check_step(ids, start)
         h = self._w.rows("token_embd.weight", ids)
         for layer in range(c.n_layer):
             p = f"blk.{layer}."
             h = h + self._attention(layer, _rms(h, self._w.vector(p + "attn_norm.weight"), c.eps), start)
-            x = _rms(h, self._w.vector(p + "ffn_norm.weight"), c.eps)
+            x = _rms(h, self._w.vector(p + c.ffn_norm + ".weight"), c.eps)
             self._guess(layer + 1, h)
             h = h + self._experts(layer, x)
         if self.trace is not None:

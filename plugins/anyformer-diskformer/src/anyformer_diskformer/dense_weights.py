@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from anyformer_diskformer.moe_config import is_expert_tensor
+from anyformer_diskformer.moe_config import is_expert_tensor, layer_of
 from anyformer_diskformer.quant_product import Products, QuantProduct
 from anyformer_gguf_gpu.gguf_file import GGUFFile
 from anyformer_gguf_gpu.quants import F32, dequantize, format_of
@@ -39,13 +39,15 @@ class _Stored:
 class DenseWeights:
     """Every non-expert tensor of a GGUF: vectors and F32 matrices as float32, other matrices as stored."""
 
-    def __init__(self, gguf: GGUFFile) -> None:
+    def __init__(self, gguf: GGUFFile, n_layer: int | None = None) -> None:
+        """Every non-expert tensor; with ``n_layer``, none of a layer at or past it (multi-token-prediction
+        layers the engine does not run)."""
         self._plain: dict[str, np.ndarray] = {}
         self._stored: dict[str, _Stored] = {}
         #: What computes the stored-matrix products (with its scratch); the CPU engine puts its threads here.
         self.kernels: Products = QuantProduct()
         for t in gguf.header.tensors:
-            if is_expert_tensor(t.name):
+            if is_expert_tensor(t.name) or (n_layer is not None and layer_of(t.name) >= n_layer):
                 continue
             raw = gguf.raw(t.name)
             if len(t.dims) == 1 or format_of(t.ggml_type) is F32:

@@ -12,9 +12,10 @@ from anyformer import AnyformerError, Chunk, ErrorCode, FinishReason, GenerateOp
 from anyformer.plugin import ProgressCallback, ProgressEvent, format_size
 from anyformer_diskformer import BACKEND_ID
 from anyformer_diskformer.cpu_engine import CpuMoEEngine
+from anyformer_diskformer.cpu_hybrid import HybridCpuEngine
 from anyformer_diskformer.expert_cache import CacheStats, ExpertCache
 from anyformer_diskformer.expert_reader import ExpertSlices, expert_spans, open_reader
-from anyformer_diskformer.moe_config import read_moe_config
+from anyformer_diskformer.moe_config import CPU_ONLY_ARCHITECTURES, MoEConfig, read_moe_config
 from anyformer_diskformer.plan import context_for, plan_from_header
 from anyformer_diskformer.policies import EvictionPolicy, make_policy
 from anyformer_diskformer.trace import trace_writer_from_env
@@ -77,6 +78,38 @@ def open_device(options: dict[str, object]) -> GPU | None:
         if wanted == "gpu":
             raise
         return None
+
+
+def cpu_engine_class(config: MoEConfig) -> type[CpuMoEEngine]:
+    """The CPU engine for ``config``'s architecture: Gemma 4's, the delta-net hybrid's (qwen35moe), or the MoE one."""
+    from anyformer_diskformer.cpu_gemma4 import Gemma4CpuEngine
+    from anyformer_diskformer.gemma4_config import Gemma4Config
+
+    if isinstance(config, Gemma4Config):
+        return Gemma4CpuEngine
+    return HybridCpuEngine if config.recurrent else CpuMoEEngine
+
+
+def shared_prefix(a: list[int], b: list[int]) -> int:
+    """How many leading ids ``a`` and ``b`` have in common."""
+    n = 0
+    for x, y in zip(a, b):  # noqa: B905 - the shorter one bounds the common prefix
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def cpu_only_fallback(config: MoEConfig, options: dict[str, object], gpu: GPU | None) -> GPU | None:
+    """None (the CPU) for an architecture the wgpu path does not run, else ``gpu``; asking for ``device``
+    ``gpu`` for one is ``BAD_MODEL`` with the reason."""
+    if gpu is None or config.architecture not in CPU_ONLY_ARCHITECTURES:
+        return gpu
+    if options.get("device") == "gpu":
+        raise AnyformerError(
+            ErrorCode.BAD_MODEL, f"{config.architecture} runs on the CPU engine only (device cpu or auto)"
+        )
+    return None
 
 
 def device_limit(request: Request, gpu: GPU | None) -> int | None:
@@ -181,6 +214,7 @@ class DiskformerModel:
         gguf = GGUFFile(path)
         try:
             config = read_moe_config(gguf.header)
+            gpu = cpu_only_fallback(config, request.options, gpu)
             tokenizer = GGUFTokenizer(gguf.kv)
             context = context_for(gguf.header.summary(), request.context)
             plan = plan_from_header(gguf.header, context, "cpu" if gpu is None else "gpu")
@@ -210,7 +244,7 @@ class DiskformerModel:
                     )
                     attach_prefetcher(cache, width, threads, plan.min_cache_bytes)
                     try:
-                        engine = CpuMoEEngine(gguf, config, cache, context, trace)
+                        engine = cpu_engine_class(config)(gguf, config, cache, context, trace)
                         engine.set_threads(threads_cpu)
                     except BaseException:
                         cache.close()
@@ -290,7 +324,15 @@ class DiskformerModel:
             raise AnyformerError(ErrorCode.BAD_REQUEST, "the model was disposed; load it again")
         if not isinstance(system, str) or not system:
             raise AnyformerError(ErrorCode.BAD_REQUEST, "prime takes a non-empty system prompt")
-        ids = self.prompt_ids([{"role": "system", "content": system}], thinking=False)
+        turn: Message = {"role": "system", "content": system}
+        ids = self.prompt_ids([turn], thinking=False)
+        if getattr(engine, "resumes_only_whole", False):
+            # A delta net's state cannot be rewound, so keep only what every chat with this system prompt shares:
+            # the tokens the system turn alone and the system turn followed by a user turn have in common.
+            chat = self.prompt_ids([turn, {"role": "user", "content": "?"}], thinking=False)
+            ids = ids[: shared_prefix(ids, chat)]
+            if not ids:
+                raise AnyformerError(ErrorCode.BAD_REQUEST, "the chat template shares no tokens between chats")
         check_prompt_fits(ids, engine.ctx)
         engine.forward(ids, 0, every=False)
         self._forget_primed()
@@ -307,12 +349,10 @@ class DiskformerModel:
         if self._primed is None:
             return 0
         primed, saved = self._primed
-        common = 0
-        for a, b in zip(ids, primed):  # noqa: B905 - the shorter one bounds the common prefix
-            if a != b:
-                break
-            common += 1
-        common = min(common, len(ids) - 1)  # the last prompt token is always run: its logits pick the first reply
+        # The last prompt token is always run: its logits pick the first reply.
+        common = min(shared_prefix(ids, primed), len(ids) - 1)
+        if getattr(engine, "resumes_only_whole", False) and common != len(primed):
+            common = 0  # a delta net's state cannot be rewound to a shorter prefix
         if common > 0:
             engine.restore(saved, common)
         return max(0, common)

@@ -104,7 +104,8 @@ class ExpertCache(Generic[Entry]):
         self.reader = reader if reader is not None else ExpertReader(path, expert_spans(header, n_layer, n_expert))
         spans = self.reader.spans
         #: Bytes of one expert (all three slabs), the largest over the layers (quant mixes differ by layer).
-        self.expert_bytes = max(sum(spans[layer, k].stride for k in EXPERT_TENSORS) for layer in range(n_layer))
+        layers = {layer for layer, _ in spans}  # the MoE layers (dense ones have no experts)
+        self.expert_bytes = max(sum(spans[layer, k].stride for k in EXPERT_TENSORS) for layer in layers)
         if capacity_bytes < self.expert_bytes:
             self.reader.close()
             raise AnyformerError(

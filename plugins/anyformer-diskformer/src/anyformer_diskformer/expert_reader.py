@@ -43,10 +43,16 @@ class Span:
 
 
 def expert_spans(header: GGUFHeader, n_layer: int, n_expert: int) -> dict[tuple[int, str], Span]:
-    """Every layer's three expert tensors as spans; ``BAD_MODEL`` when one is not a tensor of ``n_expert`` slabs."""
+    """Every MoE layer's three expert tensors as spans; ``BAD_MODEL`` when one is not a tensor of ``n_expert`` slabs.
+
+    A layer with none of the three is a dense layer (Ling 2.0's leading ones, Gemma 4's without a router)
+    and has no spans; a file with no expert at all is ``BAD_MODEL``.
+    """
     tensors = {t.name: t for t in header.tensors}
     spans: dict[tuple[int, str], Span] = {}
     for layer in range(n_layer):
+        if not any(f"blk.{layer}.{kind}.weight" in tensors for kind in EXPERT_TENSORS):
+            continue
         for kind in EXPERT_TENSORS:
             info = tensors.get(f"blk.{layer}.{kind}.weight")
             if info is None or len(info.dims) != 3 or info.dims[2] != n_expert or info.nbytes % n_expert:
@@ -54,6 +60,10 @@ def expert_spans(header: GGUFHeader, n_layer: int, n_expert: int) -> dict[tuple[
                     ErrorCode.BAD_MODEL, f"blk.{layer}.{kind}.weight is not a tensor of {n_expert} experts"
                 )
             spans[layer, kind] = Span(header.data_offset + info.offset, info.nbytes // n_expert, info.ggml_type)
+    if not spans:
+        raise AnyformerError(
+            ErrorCode.BAD_MODEL, "no layer has routed experts (ffn_gate_exps, ffn_up_exps, ffn_down_exps)"
+        )
     return spans
 
 
@@ -144,7 +154,7 @@ def open_reader(path: str, spans: dict[tuple[int, str], Span], direct: bool = Tr
             reason = f"the file system refused O_DIRECT ({exc.strerror})"
         else:
             try:
-                reader.read(0, 0)  # the file system may accept the flag and refuse the read
+                reader.read(min(spans)[0], 0)  # the file system may accept the flag and refuse the read
                 return reader
             except OSError as exc:
                 reader.close()

@@ -1,4 +1,5 @@
-"""The qwen3moe / qwen2moe forward pass on wgpu: dense weights, the KV cache and the expert cache's slots on the GPU.
+"""The MoE forward pass (qwen3moe, qwen2moe, bailingmoe, bailingmoe2) on wgpu: dense weights, the KV cache and the
+expert cache's slots on the GPU.
 
 Every matrix product is the gguf-gpu library's quantised matrix kernel reading raw GGUF blocks (no
 dequantised copy), dense tensors uploaded once at load, routed experts uploaded into GPU buffer
@@ -13,7 +14,8 @@ architecture says so), has the cache make the chosen experts resident (pinned, s
 another), and queues each expert's three products: gate and up normalise the copied residual
 themselves, and the router weight w is folded into up's norm weights (RMSNorm(x) · (norm · w)),
 so silu(gate) · w·up is the weighted activation the down product adds straight into the residual.
-qwen2moe's shared expert is three products more, its sigmoid gate folded the same way. The KV cache
+qwen2moe's shared expert is three products more, its sigmoid gate folded the same way. A leading
+dense layer (bailingmoe2) queues its SwiGLU FFN the same way with nothing read back. The KV cache
 is f32, as the checks against llama.cpp's f32 cache want.
 """
 
@@ -27,11 +29,11 @@ from typing import Any
 import numpy as np
 
 from anyformer.plugin import AnyformerError, ErrorCode
-from anyformer_diskformer.cpu_engine import route
 from anyformer_diskformer.expert_cache import ExpertCache
 from anyformer_diskformer.expert_reader import ExpertSlices, expert_spans
 from anyformer_diskformer.moe_config import EXPERT_TENSORS, MoEConfig
 from anyformer_diskformer.prefetch import likely_experts
+from anyformer_diskformer.routing import route_layer, selection_scores
 from anyformer_diskformer.trace import TraceWriter
 from anyformer_gguf_gpu.gguf_file import GGUFFile
 from anyformer_gguf_gpu.gpu import GPU
@@ -163,7 +165,7 @@ class GpuMoEEngine:
         c, ctx, trace = self.config, self.ctx, self.trace
         self._load_weights(gguf)
         spans = expert_spans(gguf.header, c.n_layer, c.n_expert)
-        slab = tuple(max(spans[i, kind].stride for i in range(c.n_layer)) for kind in EXPERT_TENSORS)
+        slab = tuple(max(span.stride for (_, k), span in spans.items() if k == kind) for kind in EXPERT_TENSORS)
         self.slots = GpuSlots(self, (slab[0], slab[1], slab[2]))
         #: The expert cache, its store the GPU slots.
         self.cache = make_cache(self.slots)
@@ -174,7 +176,7 @@ class GpuMoEEngine:
         self.h_ffn = buf(4 * c.n_embd, "expert-input")
         self.qkv = buf(4 * (c.q_dim + 2 * c.kv_dim), "qkv")
         self.attn = buf(4 * c.q_dim, "attention")
-        self.gate_up = buf(8 * max(c.n_ff_exp, c.n_ff_shexp), "gate-up")
+        self.gate_up = buf(8 * max(c.n_ff_exp, c.n_ff_shexp, c.n_ff), "gate-up")
         # This layer's router logits (and the shared expert's gate), then the next layer's router on this
         # layer's residual: the prefetcher's guess.
         self.router = buf(8 * (c.n_expert + 1), "router")
@@ -190,7 +192,9 @@ class GpuMoEEngine:
         self.cos_sin = self._upload(cos_sin_table(ctx, c.n_rot, c.rope_base), "rope")
         self._embed = self._embed_dispatch()
         self._layers = [self._layer_dispatches(i) for i in range(c.n_layer)]
-        self._shared = [self._shared_dispatches(i) for i in range(c.n_layer)] if c.n_ff_shexp else []
+        shared = c.n_ff_shexp > 0
+        self._shared = [self._shared_dispatches(i) if shared and c.is_moe_layer(i) else [] for i in range(c.n_layer)]
+        self._dense = [self._dense_dispatches(i) for i in range(c.n_dense_lead)]
         head = self._weights["token_embd.weight" if c.tied_output else "output.weight"]
         self._head = self._mv(head, self.h, self.logits, norm=self._norms["output_norm.weight"], eps=c.eps)
 
@@ -214,11 +218,16 @@ class GpuMoEEngine:
         for i in range(c.n_layer):
             p = f"blk.{i}."
             qkv = [p + f"attn_{n}.weight" for n in "qkv"]
-            if Weight.can_stack(self.gpu, gguf, qkv):
+            if c.fused_qkv:
+                matrices.append((p + "attn_qkv.weight", [p + "attn_qkv.weight"]))
+            elif Weight.can_stack(self.gpu, gguf, qkv):
                 matrices.append((p + "attn_qkv.weight", qkv))
             else:
                 matrices += [(n, [n]) for n in qkv]
             matrices.append((p + "attn_output.weight", [p + "attn_output.weight"]))
+            if not c.is_moe_layer(i):
+                matrices += [(p + f"ffn_{n}.weight", [p + f"ffn_{n}.weight"]) for n in ("gate", "up", "down")]
+                continue
             router = [p + "ffn_gate_inp.weight"]
             if c.n_ff_shexp:
                 matrices += [
@@ -238,7 +247,11 @@ class GpuMoEEngine:
             self._weights[name] = weight
         self._norms: dict[str, Any] = {}
         self._host_norms: dict[str, np.ndarray] = {}
+        #: Each MoE layer's expert-selection bias (exp_probs_b), used on the host where it routes.
+        self._probs_bias: dict[int, np.ndarray] = {}
         for t in gguf.header.tensors:
+            if t.name.endswith("exp_probs_b.bias"):
+                self._probs_bias[int(t.name.split(".")[1])] = dequantize(gguf.raw(t.name), t.ggml_type)
             if t.name.endswith("norm.weight"):
                 values = dequantize(gguf.raw(t.name), t.ggml_type).astype(np.float32)
                 self._host_norms[t.name] = values
@@ -327,6 +340,8 @@ class GpuMoEEngine:
             )
         )
         out.append(self._mv(self._weights[p + "attn_output.weight"], self.attn, self.h, accumulate=True))
+        if not c.is_moe_layer(i):
+            return out  # a dense layer: no router; its FFN is queued by the step
         ffn_norm = {"norm": self._norms[p + "ffn_norm.weight"], "eps": c.eps}
         out.append(self._mv(self._weights[p + "router"], self.h, self.router, **ffn_norm))
         separate = self._weights.get(p + "ffn_gate_inp_shexp.weight")
@@ -349,6 +364,17 @@ class GpuMoEEngine:
             k.matvec(up, up_fmt, n_ff, c.n_embd, self.h_ffn, self.gate_up, y_off=n_ff, norm=up_norm, eps=c.eps),
             k.matvec(down[0], down[1], c.n_embd, n_ff, self.gate_up, self.h, accumulate=True, swiglu=True),
         ]
+
+    def _dense_dispatches(self, i: int) -> list[Dispatch]:
+        """A leading dense layer's SwiGLU FFN (its up product normalises with the layer's own ffn_norm)."""
+        p = f"blk.{i}."
+        gate, up, down = (self._weights[p + f"ffn_{n}.weight"] for n in ("gate", "up", "down"))
+        return self.ffn_dispatches(
+            [(gate.buffer, gate.fmt), (up.buffer, up.fmt)],
+            (down.buffer, down.fmt),
+            self._norms[p + "ffn_norm.weight"],
+            self.config.n_ff,
+        )
 
     def _shared_dispatches(self, i: int) -> list[Dispatch]:
         p = f"blk.{i}."
@@ -391,18 +417,23 @@ class GpuMoEEngine:
         copy = [(self.h, 0, self.h_ffn, 0, 4 * c.n_embd)]
         for layer in range(c.n_layer):
             self.kernels.run(pending + self._layers[layer], copy)
+            norm = self._host_norms[f"blk.{layer}.ffn_norm.weight"]
+            if not c.is_moe_layer(layer):
+                # A leading dense layer: nothing to route, so nothing to read back.
+                gpu.write(self.gate_norm, norm)
+                pending = list(self._dense[layer])
+                continue
             prefetcher = self.cache.prefetcher
             guessing = prefetcher is not None and layer + 1 < c.n_layer
             logits = gpu.read(self.router, np.float32, 2 * c.n_expert + 1 if guessing else c.n_expert + 1)
             if prefetcher is not None and guessing:
                 guess = logits[None, c.n_expert + 1 : 2 * c.n_expert + 1]
-                likely = likely_experts(guess, c.n_expert_used, prefetcher.width)
+                scores = selection_scores(c, guess, self._probs_bias.get(layer + 1))
+                likely = likely_experts(scores, c.n_expert_used, prefetcher.width)
                 self.cache.expect(layer + 1, likely)
                 prefetcher.request(layer + 1, likely, self.cache)
-            chosen, weights = route(logits[None, : c.n_expert], c.n_expert_used, c.norm_topk)
-            weights = weights * np.float32(c.weights_scale)
+            chosen, weights = route_layer(c, logits[None, : c.n_expert], self._probs_bias.get(layer))
             slots = self.cache.fetch(layer, [int(e) for e in chosen[0]])
-            norm = self._host_norms[f"blk.{layer}.ffn_norm.weight"]
             gpu.write(self.gate_norm, norm)
             pending = []
             for slot, weight in zip(slots, weights[0], strict=True):

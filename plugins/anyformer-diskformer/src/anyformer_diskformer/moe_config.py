@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Sequence
 from typing import Any
 
 from anyformer.plugin import AnyformerError, ErrorCode, GGUFHeader, GGUFTensor
@@ -26,8 +27,22 @@ from anyformer_gguf_gpu.config import (
 #: weights for each: qwen3moe renormalises the selected softmax weights to sum to 1, qwen2moe keeps
 #: them as they are (and adds a shared expert behind a sigmoid gate); bailingmoe (Ling) says so in
 #: its header (``expert_weights_norm``), scales them (``expert_weights_scale``) and adds ungated
-#: shared experts (None: from the header).
-MOE_ARCHITECTURES: dict[str, bool | None] = {"qwen3moe": True, "qwen2moe": False, "bailingmoe": None}
+#: shared experts (None: from the header); bailingmoe2 (Ling 2.0) likewise, with its gating function,
+#: expert groups and selection bias from the header too.
+MOE_ARCHITECTURES: dict[str, bool | None] = {
+    "qwen3moe": True,
+    "qwen2moe": False,
+    "bailingmoe": None,
+    "bailingmoe2": None,
+    "qwen35moe": True,
+    "gemma4": True,
+}
+
+#: Architectures only the CPU engine runs (the wgpu path has no gated delta-net layers).
+CPU_ONLY_ARCHITECTURES = frozenset({"qwen35moe", "gemma4"})
+
+#: llama.cpp's ``expert_gating_func`` values the engines implement: how router logits become probabilities.
+GATING_FUNCS = {1: "softmax", 2: "sigmoid"}
 
 #: The three routed-expert tensors of a layer (ggml dims: cols, rows, experts).
 EXPERT_TENSORS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
@@ -41,6 +56,12 @@ _EXPERT_NAME = re.compile(r"^blk\.\d+\.ffn_(gate|up|down)_exps\.weight$")
 def is_expert_tensor(name: str) -> bool:
     """Whether ``name`` is a routed-expert tensor (streamed from disk, never resident)."""
     return _EXPERT_NAME.match(name) is not None
+
+
+def layer_of(name: str) -> int:
+    """The layer a ``blk.N.*`` tensor belongs to; -1 for tensors of no layer (embeddings, output)."""
+    parts = name.split(".", 2)
+    return int(parts[1]) if len(parts) > 2 and parts[0] == "blk" and parts[1].isdigit() else -1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,6 +96,43 @@ class MoEConfig(HeadWidths):
     weights_scale: float = 1.0
     #: NEOX rotary (pairs i, i + n_rot/2: the qwen MoEs) or the original one (adjacent pairs: bailingmoe).
     rope_neox: bool = True
+    #: How router logits become the experts' probabilities: "softmax" or "sigmoid" (bailingmoe2).
+    gating: str = "softmax"
+    #: A per-layer bias added to the probabilities to choose the experts, not to weight them (``exp_probs_b``).
+    probs_bias: bool = False
+    #: Expert groups (0: none): only the ``n_group_used`` groups with the highest sums of their two best
+    #: biased probabilities take part in the top-k (bailingmoe2, as DeepSeek V3).
+    n_group: int = 0
+    n_group_used: int = 0
+    #: q, k and v as one ``attn_qkv`` matrix (bailingmoe2) instead of three.
+    fused_qkv: bool = False
+    #: The first layers are dense SwiGLU FFNs of ``n_ff`` (``leading_dense_block_count``, bailingmoe2).
+    n_dense_lead: int = 0
+    n_ff: int = 0
+
+    #: qwen35moe (Qwen3.5/3.6): which layers are gated delta-net (linear attention) layers, the rest being
+    #: full attention; the delta net's conv kernel width, key heads, value heads and head width (keys and
+    #: values alike).
+    recurrent: tuple[bool, ...] = ()
+    ssm_conv: int = 0
+    ssm_k_heads: int = 0
+    ssm_v_heads: int = 0
+    ssm_head: int = 0
+    #: The q projection gives each head's query and then its output gate (sigmoid) side by side (qwen35moe).
+    attn_gated: bool = False
+    #: The norm before the FFN: ``ffn_norm`` or ``post_attention_norm`` (qwen35moe).
+    ffn_norm: str = "ffn_norm"
+    #: Interleaved multi-section rotary (qwen35moe's IMROPE): the sections' pair counts (t, h, w, e); for text
+    #: the first three rotate by the position and the fourth by 0.
+    rope_sections: tuple[int, ...] = ()
+
+    def is_recurrent(self, layer: int) -> bool:
+        """Whether ``layer`` is a gated delta-net layer (qwen35moe) rather than attention."""
+        return bool(self.recurrent) and self.recurrent[layer]
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """Whether ``layer`` routes to experts (the leading dense layers do not)."""
+        return layer >= self.n_dense_lead
 
 
 def moe_problem(summary: dict[str, Any]) -> str | None:
@@ -90,6 +148,10 @@ def read_moe_config(header: GGUFHeader) -> MoEConfig:
     problem = moe_problem(header.summary())
     if problem is not None:
         raise AnyformerError(ErrorCode.BAD_MODEL, problem)
+    if header.architecture == "gemma4":
+        from anyformer_diskformer.gemma4_config import read_gemma4_config
+
+        return read_gemma4_config(header)
     kv = header.kv
     arch = str(header.architecture)
     # Per-layer arrays are refused here, as any non-integer: the MoE engine reads one value for all layers.
@@ -105,8 +167,21 @@ def read_moe_config(header: GGUFHeader) -> MoEConfig:
     norm = MOE_ARCHITECTURES[arch]
     if norm is None:
         norm = bool(kv.get(f"{arch}.expert_weights_norm", False))
-    has_shared = "blk.0.ffn_up_shexp.weight" in tensors
-    if arch == "bailingmoe":
+    # Ling 2.0's leading dense layers have no shared expert: look at the first MoE layer.
+    dense_lead = _count(kv, f"{arch}.leading_dense_block_count") if arch == "bailingmoe2" else 0
+    first_moe = f"blk.{dense_lead}."
+    has_shared = first_moe + "ffn_up_shexp.weight" in tensors
+    gating = "softmax"
+    if arch == "bailingmoe2":
+        func = kv.get(f"{arch}.expert_gating_func")
+        if func not in GATING_FUNCS:
+            raise AnyformerError(ErrorCode.BAD_MODEL, f"expert gating function {func!r}, {_UNREAD}")
+        gating = GATING_FUNCS[func]  # type: ignore[index]
+        shared_each = _count(kv, f"{arch}.expert_shared_feed_forward_length") or _int(
+            kv, f"{arch}.expert_feed_forward_length"
+        )
+        shared_width = _int(kv, f"{arch}.expert_shared_count") * shared_each
+    elif arch == "bailingmoe":
         if dims.n_rot != dims.head_dim:
             raise AnyformerError(
                 ErrorCode.BAD_MODEL, f"bailingmoe with a rotary width other than the head's, {_UNREAD}"
@@ -115,9 +190,18 @@ def read_moe_config(header: GGUFHeader) -> MoEConfig:
     else:
         shared_width = _int(kv, f"{arch}.expert_shared_feed_forward_length") if has_shared else 0
     scale = kv.get(f"{arch}.expert_weights_scale", 1.0)
+    n_group, n_group_used = _count(kv, f"{arch}.expert_group_count"), _count(kv, f"{arch}.expert_group_used_count")
+    if n_group > 1 and (n_expert % n_group or not 0 < n_group_used < n_group or n_expert // n_group < 2):
+        raise AnyformerError(
+            ErrorCode.BAD_MODEL, f"{n_expert} experts in {n_group} groups of which {n_group_used} are used"
+        )
+    # Multi-token-prediction layers (nextn) come after the model's own and are not run.
+    n_layer = _int(kv, f"{arch}.block_count") - _count(kv, f"{arch}.nextn_predict_layers")
+    if not 0 < n_layer or dense_lead >= n_layer:
+        raise AnyformerError(ErrorCode.BAD_MODEL, f"{n_layer} layers of which {dense_lead} are dense")
     config = MoEConfig(
         architecture=arch,
-        n_layer=_int(kv, f"{arch}.block_count"),
+        n_layer=n_layer,
         n_embd=dims.n_embd,
         n_head=dims.n_head,
         n_kv=dims.n_kv,
@@ -132,20 +216,90 @@ def read_moe_config(header: GGUFHeader) -> MoEConfig:
         n_ff_exp=_int(kv, f"{arch}.expert_feed_forward_length"),
         norm_topk=norm,
         tied_output="output.weight" not in tensors,
-        qk_norm="blk.0.attn_q_norm.weight" in tensors,
+        qk_norm="blk.0.attn_q_norm.weight" in tensors or arch == "bailingmoe2",
         qkv_bias="blk.0.attn_q.bias" in tensors,
         n_ff_shexp=shared_width if has_shared else 0,
-        shexp_gated="blk.0.ffn_gate_inp_shexp.weight" in tensors,
+        shexp_gated=first_moe + "ffn_gate_inp_shexp.weight" in tensors,
         # 0 means "no scaling" to llama.cpp.
         weights_scale=float(scale) if isinstance(scale, (int, float)) and scale else 1.0,
         rope_neox=arch != "bailingmoe",
+        gating=gating,
+        probs_bias=first_moe + "exp_probs_b.bias" in tensors,
+        n_group=n_group if n_group > 1 else 0,
+        n_group_used=n_group_used if n_group > 1 else 0,
+        fused_qkv=arch == "bailingmoe2",
+        n_dense_lead=dense_lead,
+        n_ff=_int(kv, f"{arch}.feed_forward_length") if dense_lead else 0,
     )
+    if arch == "qwen35moe":
+        config = dataclasses.replace(config, qk_norm=True, **_qwen35_fields(kv, arch, n_layer))
     _check_shapes(config, tensors)
     return config
 
 
+def _qwen35_fields(kv: dict[str, Any], arch: str, n_layer: int) -> dict[str, Any]:
+    """qwen35moe's delta-net sizes, layer kinds and rotary sections, as llama.cpp reads them."""
+    layers = kv.get(f"{arch}.attention.recurrent_layers")
+    if layers is None:
+        # No list: every ``full_attention_interval``-th layer is attention, the others delta nets.
+        interval = _int(kv, f"{arch}.full_attention_interval", 4)
+        recurrent = tuple((i + 1) % interval != 0 for i in range(n_layer))
+    elif isinstance(layers, Sequence) and not isinstance(layers, str) and len(layers) >= n_layer:
+        recurrent = tuple(bool(v) for v in layers[:n_layer])
+    else:
+        raise AnyformerError(ErrorCode.BAD_MODEL, f"{arch}.attention.recurrent_layers does not list every layer")
+    k_heads, v_heads = _int(kv, f"{arch}.ssm.group_count"), _int(kv, f"{arch}.ssm.time_step_rank")
+    head, inner = _int(kv, f"{arch}.ssm.state_size"), _int(kv, f"{arch}.ssm.inner_size")
+    if v_heads % k_heads or inner != v_heads * head:
+        # llama.cpp's delta net needs value heads as wide as key heads, tiled over them.
+        raise AnyformerError(
+            ErrorCode.BAD_MODEL,
+            f"{v_heads} delta-net value heads of {inner / v_heads:g} over {k_heads} key heads of {head}, {_UNREAD}",
+        )
+    sections = kv.get(f"{arch}.rope.dimension_sections", [])
+    if not isinstance(sections, Sequence) or not all(isinstance(v, int) and v >= 0 for v in sections):
+        raise AnyformerError(ErrorCode.BAD_MODEL, f"{arch}.rope.dimension_sections is not a list of counts")
+    sections = [*sections, 0, 0, 0, 0][:4]
+    return {
+        "recurrent": recurrent,
+        "ssm_conv": _int(kv, f"{arch}.ssm.conv_kernel"),
+        "ssm_k_heads": k_heads,
+        "ssm_v_heads": v_heads,
+        "ssm_head": head,
+        "attn_gated": True,
+        "ffn_norm": "post_attention_norm",
+        "rope_sections": tuple(sections) if sum(sections) else (),
+    }
+
+
+def _delta_net_shapes(c: MoEConfig, p: str) -> dict[str, tuple[int, ...]]:
+    """A qwen35moe delta-net layer's tensors (ggml order) besides its FFN."""
+    keys, values = c.ssm_k_heads * c.ssm_head, c.ssm_v_heads * c.ssm_head
+    return {
+        p + "attn_norm.weight": (c.n_embd,),
+        p + "attn_qkv.weight": (c.n_embd, 2 * keys + values),
+        p + "attn_gate.weight": (c.n_embd, values),
+        p + "ssm_conv1d.weight": (c.ssm_conv, 2 * keys + values),
+        p + "ssm_dt.bias": (c.ssm_v_heads,),
+        p + "ssm_a": (c.ssm_v_heads,),
+        p + "ssm_beta.weight": (c.n_embd, c.ssm_v_heads),
+        p + "ssm_alpha.weight": (c.n_embd, c.ssm_v_heads),
+        p + "ssm_norm.weight": (c.ssm_head,),
+        p + "ssm_out.weight": (values, c.n_embd),
+        p + "post_attention_norm.weight": (c.n_embd,),
+    }
+
+
 def _int(kv: dict[str, Any], key: str, default: int | None = None) -> int:
     return header_int(kv, key, default, uniform_list=False)
+
+
+def _count(kv: dict[str, Any], key: str) -> int:
+    """An optional count that may be 0 (absent: 0); ``BAD_MODEL`` for anything but a whole number."""
+    value = kv.get(key, 0)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise AnyformerError(ErrorCode.BAD_MODEL, f"{key} is not a whole number ({value!r})")
+    return value
 
 
 def _check_shapes(c: MoEConfig, tensors: dict[str, GGUFTensor]) -> None:
@@ -153,13 +307,38 @@ def _check_shapes(c: MoEConfig, tensors: dict[str, GGUFTensor]) -> None:
     want = embedding_shapes(c)
     for i in range(c.n_layer):
         p = f"blk.{i}."
-        ffn = {
-            "ffn_gate_inp.weight": (c.n_embd, c.n_expert),
-            "ffn_gate_exps.weight": (c.n_embd, c.n_ff_exp, c.n_expert),
-            "ffn_up_exps.weight": (c.n_embd, c.n_ff_exp, c.n_expert),
-            "ffn_down_exps.weight": (c.n_ff_exp, c.n_embd, c.n_expert),
-        }
-        want.update(layer_shapes(c, p, ffn))
+        ffn: dict[str, tuple[int, ...]]
+        if not c.is_moe_layer(i):
+            ffn = {
+                "ffn_gate.weight": (c.n_embd, c.n_ff),
+                "ffn_up.weight": (c.n_embd, c.n_ff),
+                "ffn_down.weight": (c.n_ff, c.n_embd),
+            }
+        else:
+            ffn = {
+                "ffn_gate_inp.weight": (c.n_embd, c.n_expert),
+                "ffn_gate_exps.weight": (c.n_embd, c.n_ff_exp, c.n_expert),
+                "ffn_up_exps.weight": (c.n_embd, c.n_ff_exp, c.n_expert),
+                "ffn_down_exps.weight": (c.n_ff_exp, c.n_embd, c.n_expert),
+            }
+            if c.probs_bias:
+                ffn["exp_probs_b.bias"] = (c.n_expert,)
+        if c.is_recurrent(i):
+            want.update(_delta_net_shapes(c, p))
+            want.update({p + name: dims for name, dims in ffn.items()})
+        else:
+            want.update(layer_shapes(c, p, ffn))
+        if c.ffn_norm != "ffn_norm" and not c.is_recurrent(i):
+            del want[p + "ffn_norm.weight"]
+            want[p + c.ffn_norm + ".weight"] = (c.n_embd,)
+        if c.attn_gated and not c.is_recurrent(i):
+            want[p + "attn_q.weight"] = (c.n_embd, 2 * c.q_dim)
+        if c.fused_qkv:
+            for name in "qkv":
+                del want[p + f"attn_{name}.weight"]
+            want[p + "attn_qkv.weight"] = (c.n_embd, c.q_dim + 2 * c.kv_dim)
+        if not c.is_moe_layer(i):
+            continue
         if c.qkv_bias:
             want.update({p + "attn_q.bias": (c.q_dim,), p + "attn_k.bias": (c.kv_dim,), p + "attn_v.bias": (c.kv_dim,)})
         if c.n_ff_shexp:

@@ -12,7 +12,7 @@ import os
 from typing import Any
 
 from anyformer.plugin import AnyformerError, GGUFHeader, read_gguf_header
-from anyformer_diskformer.moe_config import is_expert_tensor
+from anyformer_diskformer.moe_config import CPU_ONLY_ARCHITECTURES, is_expert_tensor, layer_of
 
 #: Host memory the engine takes besides its weights and caches: tokenizer, Python objects, scratch.
 RAM_OVERHEAD = 64 * 10**6
@@ -93,7 +93,12 @@ def plan_from_header(header: GGUFHeader, context: int, device: str = "cpu") -> P
     dense = 0
     expert_bytes = 0
     per_layer: dict[str, int] = {}
+    # Multi-token-prediction layers (bailingmoe2's nextn) are never loaded.
+    nextn = header.kv.get(f"{header.architecture}.nextn_predict_layers", 0)
+    run = _fact(summary, "block_count") - (nextn if isinstance(nextn, int) and nextn > 0 else 0)
     for t in header.tensors:
+        if layer_of(t.name) >= run:
+            continue
         if is_expert_tensor(t.name):
             expert_bytes += t.nbytes
             layer = t.name.split(".")[1]
@@ -102,9 +107,32 @@ def plan_from_header(header: GGUFHeader, context: int, device: str = "cpu") -> P
             # The CPU engine keeps vectors as float32 (as are F32 tensors) and other matrices as stored.
             dense += 4 * t.n_elements if device == "cpu" and len(t.dims) == 1 else t.nbytes
     plan = _plan(summary, context, device, dense, expert_bytes, estimated=False)
+    if header.architecture in CPU_ONLY_ARCHITECTURES:
+        plan = dataclasses.replace(plan, kv_bytes=_hybrid_state_bytes(header, context))
     experts = _fact(summary, "expert_count")
     widest = max(per_layer.values(), default=0) // experts if experts else 0
-    return dataclasses.replace(plan, one_expert_bytes=max(plan.one_expert_bytes, widest))
+    # n_layer counts the layers that route (leading dense layers read no expert).
+    return dataclasses.replace(
+        plan, one_expert_bytes=max(plan.one_expert_bytes, widest), n_layer=len(per_layer) or plan.n_layer
+    )
+
+
+def _hybrid_state_bytes(header: GGUFHeader, context: int) -> int:
+    """The f32 state of a CPU-only architecture: Gemma 4's K and V per layer in that layer's widths; qwen35moe's
+    K and V rows for every layer (:class:`~anyformer_diskformer.cpu_hybrid.HybridCpuEngine` allocates them all,
+    though only its attention layers use them) and each delta-net layer's convolution inputs and state matrices."""
+    from anyformer_diskformer.gemma4_config import Gemma4Config
+    from anyformer_diskformer.moe_config import read_moe_config
+
+    c = read_moe_config(header)
+    if isinstance(c, Gemma4Config):
+        # Gemma 4's layers differ in KV heads and head width: a K and V array each, in its own width.
+        return sum(2 * context * c.kv_heads[i] * c.head_dims[i] * 4 for i in range(c.n_layer))
+    kv = 2 * c.n_layer * context * c.kv_dim * 4
+    delta = sum(c.recurrent) * (
+        (c.ssm_conv - 1) * (2 * c.ssm_k_heads + c.ssm_v_heads) * c.ssm_head + c.ssm_v_heads * c.ssm_head**2
+    )
+    return kv + 4 * delta
 
 
 def plan_from_summary(summary: dict[str, Any], context: int, device: str = "cpu") -> Plan:

@@ -30,6 +30,12 @@ _QWEN2 = (
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 
+# Qwen3.5/3.6: qwen2's with combining marks (\p{M}) counted with the letters.
+_QWEN35 = (
+    r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
+    r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
 
 @dataclasses.dataclass(frozen=True)
 class PreTokenizer:
@@ -68,6 +74,11 @@ PRE_TOKENIZERS: dict[str, PreTokenizer] = {
     "lfm2": _LLAMA3_PRE,  # LFM2 / LFM2.5: llama.cpp splits them as llama3 (checked in test_tokenizer_lfm2.py)
     "qwen2": _QWEN2_PRE,
     "stablelm2": _QWEN2_PRE,
+    # Ling's expression is qwen2's with ``\s*[\r\n]`` for ``\s*[\r\n]+``: the greedy ``\s*`` already takes
+    # every newline but the last, so both split alike (checked in test_tokenizer_bailingmoe.py).
+    "bailingmoe": _QWEN2_PRE,
+    "bailingmoe2": _QWEN2_PRE,
+    "qwen35": PreTokenizer((_QWEN35,)),
 }
 
 # llama.cpp's token types (llama_token_type).
