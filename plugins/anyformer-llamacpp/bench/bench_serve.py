@@ -14,7 +14,13 @@ second and the p50/p99 time to the first token, for:
 Servers alternate for ``--rounds`` rounds so drift on a shared machine hits all; the figures are
 medians over rounds. Target: at 4 clients the batched aggregate ≥ 1.6× the serialised one.
 
+Each row also gives the CPU time the server spent per generated token (``CPU ms/tok``): user and
+system time of the server process and every process under it (an isolated worker), read from
+``/proc`` before and after the load. On a machine shared with other work that figure is far
+steadier than tokens per second, which drop whenever another process takes the cores.
+
     python plugins/anyformer-llamacpp/bench/bench_serve.py [--rounds 3] [--threads 1] [--parallel 4]
+        [--clients 4] [--in-process] [--only SUBSTRING ...]
 """
 
 from __future__ import annotations
@@ -54,9 +60,34 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+def _cpu_seconds(root: int) -> float:
+    """User and system CPU seconds of process ``root`` and every process under it, from ``/proc``."""
+    children: dict[int, list[int]] = {}
+    times: dict[int, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # it ended meanwhile
+        # After the command name: state, ppid, ... utime (11th) and stime (12th).
+        pid, ppid = int(entry), int(fields[1])
+        children.setdefault(ppid, []).append(pid)
+        times[pid] = (int(fields[11]) + int(fields[12])) / tick
+    total, todo = 0.0, [root]
+    while todo:
+        pid = todo.pop()
+        total += times.get(pid, 0.0)
+        todo.extend(children.get(pid, ()))
+    return total
+
+
 @contextlib.contextmanager
-def _server(command: list[str], port: int, env: dict[str, str]) -> Iterator[None]:
-    """Run a server until the block ends; ready once ``/v1/models`` answers."""
+def _server(command: list[str], port: int, env: dict[str, str]) -> Iterator[int]:
+    """Run a server until the block ends (its pid is yielded); ready once ``/v1/models`` answers."""
     process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 240
@@ -71,7 +102,7 @@ def _server(command: list[str], port: int, env: dict[str, str]) -> Iterator[None
             if process.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"{' '.join(command[:3])} did not start")
             time.sleep(0.2)
-        yield
+        yield process.pid
     finally:
         process.send_signal(signal.SIGINT)
         try:
@@ -110,8 +141,9 @@ def _stream_once(port: int, model: str, prompt: str, max_tokens: int) -> tuple[f
     return (first if first is not None else float("nan")), chunks
 
 
-def _load(port: int, model: str, clients: int, requests: int, max_tokens: int) -> dict[str, float]:
-    """``clients`` streaming at once; aggregate tokens per second over the wall time, TTFT percentiles."""
+def _load(port: int, pid: int, model: str, clients: int, requests: int, max_tokens: int) -> dict[str, float]:
+    """``clients`` streaming at once: aggregate tokens per second over the wall time, TTFT percentiles, and
+    the server's (``pid`` and the processes under it) CPU milliseconds per generated token."""
     results: list[tuple[float, int]] = []
     lock = threading.Lock()
 
@@ -121,6 +153,7 @@ def _load(port: int, model: str, clients: int, requests: int, max_tokens: int) -
             with lock:
                 results.append(outcome)
 
+    cpu_before = _cpu_seconds(pid)
     started = time.perf_counter()
     threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
     for thread in threads:
@@ -128,9 +161,12 @@ def _load(port: int, model: str, clients: int, requests: int, max_tokens: int) -
     for thread in threads:
         thread.join()
     wall = time.perf_counter() - started
+    cpu = _cpu_seconds(pid) - cpu_before
     ttfts = sorted(r[0] for r in results)
+    tokens = sum(r[1] for r in results)
     return {
-        "tok_per_sec": sum(r[1] for r in results) / wall,
+        "tok_per_sec": tokens / wall,
+        "cpu_ms_per_tok": 1000 * cpu / max(tokens, 1),
         "ttft_p50": statistics.median(ttfts),
         "ttft_p99": ttfts[min(len(ttfts) - 1, round(0.99 * (len(ttfts) - 1)))],
     }
@@ -151,6 +187,11 @@ def _has_llama_cpp_server() -> bool:
     return subprocess.run([sys.executable, "-c", probe], capture_output=True).returncode == 0
 
 
+def _load_average() -> str:
+    """The 1, 5 and 15 minute load averages (other work on a shared machine)."""
+    return " ".join(f"{value:.1f}" for value in os.getloadavg())
+
+
 def main() -> None:
     """Run every server in alternating rounds and print the medians and the batched/serialised ratios."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -161,7 +202,13 @@ def main() -> None:
     parser.add_argument("--parallel", type=int, default=4, help="streams per model of the batched servers")
     parser.add_argument("--threads", type=int, help="decode threads for every server (default: every usable core)")
     parser.add_argument("--llama-server", help="path of llama.cpp's llama-server binary")
+    parser.add_argument("--clients", type=int, nargs="+", default=list(CLIENTS), help="concurrent clients per load")
+    parser.add_argument(
+        "--in-process", action="store_true", help="also run the batched server with its engine in-process"
+    )
+    parser.add_argument("--only", nargs="+", help="run only the servers whose name holds one of these strings")
     args = parser.parse_args()
+    clients_list = tuple(args.clients)
 
     import anyformer
     from anyformer.plugin import usable_cpu_count
@@ -171,14 +218,16 @@ def main() -> None:
     env = {**os.environ, "ANYFORMER_LLAMACPP_THREADS": threads}
     port = _free_port()
 
-    def anyformer_serve(parallel: int) -> list[str]:
+    def anyformer_serve(parallel: int, *more: str) -> list[str]:
         command = [sys.executable, "-m", "anyformer", "serve", "--port", str(port), "--preload", model]
-        return [*command, "--context", str(args.context), "--parallel", str(parallel)]
+        return [*command, "--context", str(args.context), "--parallel", str(parallel), *more]
 
     servers = {
         "anyformer --parallel 1": anyformer_serve(1),
         f"anyformer --parallel {args.parallel}": anyformer_serve(args.parallel),
     }
+    if args.in_process:
+        servers[f"anyformer --parallel {args.parallel} --in-process"] = anyformer_serve(args.parallel, "--in-process")
     notes = []
     if _has_llama_cpp_server():
         servers["llama_cpp.server"] = [
@@ -196,14 +245,17 @@ def main() -> None:
         ]
     else:
         notes.append("llama-server: no build found under the wheelhouse's llama-cpp-tools-*; left out")
+    if args.only:
+        servers = {name: command for name, command in servers.items() if any(part in name for part in args.only)}
 
     figures: dict[tuple[str, int], list[dict[str, float]]] = {}
+    load_before = _load_average()
     for _round in range(args.rounds):
         for name, command in servers.items():
-            with _server(command, port, env):
+            with _server(command, port, env) as pid:
                 _stream_once(port, model, PROMPTS[0], 8)  # warm up: first evaluation, caches
-                for clients in CLIENTS:
-                    outcome = _load(port, model, clients, args.requests, args.max_tokens)
+                for clients in clients_list:
+                    outcome = _load(port, pid, model, clients, args.requests, args.max_tokens)
                     figures.setdefault((name, clients), []).append(outcome)
 
     def median(name: str, clients: int, key: str) -> float:
@@ -213,23 +265,32 @@ def main() -> None:
         f"SmolLM2-135M-Instruct Q4_1, {threads} threads, {args.requests} requests × {args.max_tokens} max tokens "
         f"per client, context {args.context} per stream, medians of {args.rounds} rounds"
     )
-    print(f"{'server':30} {'clients':>7} {'tok/s':>8} {'TTFT p50':>9} {'TTFT p99':>9}")
+    print(f"load average before / after: {load_before} / {_load_average()}")
+    print(f"{'server':40} {'clients':>7} {'tok/s':>8} {'TTFT p50':>9} {'TTFT p99':>9} {'CPU ms/tok':>10}")
     for name in servers:
-        for clients in CLIENTS:
+        for clients in clients_list:
             print(
-                f"{name:30} {clients:7d} {median(name, clients, 'tok_per_sec'):8.1f} "
-                f"{median(name, clients, 'ttft_p50') * 1000:7.0f}ms {median(name, clients, 'ttft_p99') * 1000:7.0f}ms"
+                f"{name:40} {clients:7d} {median(name, clients, 'tok_per_sec'):8.1f} "
+                f"{median(name, clients, 'ttft_p50') * 1000:7.0f}ms {median(name, clients, 'ttft_p99') * 1000:7.0f}ms "
+                f"{median(name, clients, 'cpu_ms_per_tok'):10.2f}"
             )
     serial, batched = "anyformer --parallel 1", f"anyformer --parallel {args.parallel}"
-    for clients in CLIENTS:
-        gain = median(batched, clients, "tok_per_sec") / median(serial, clients, "tok_per_sec")
-        target = " (target ≥ 1.6)" if clients == 4 else ""
-        print(f"{clients} clients: batched / serialised aggregate tok/s {gain:.2f}{target}")
     peer = f"llama-server --parallel {args.parallel}"
-    if peer in servers:
-        for clients in CLIENTS:
-            ratio = median(batched, clients, "tok_per_sec") / median(peer, clients, "tok_per_sec")
-            print(f"{clients} clients: anyformer / llama-server aggregate tok/s {ratio:.2f} (target ≥ 0.90)")
+    for clients in clients_list:
+        if serial in servers and batched in servers:
+            gain = median(batched, clients, "tok_per_sec") / median(serial, clients, "tok_per_sec")
+            target = " (target ≥ 1.6)" if clients == 4 else ""
+            print(f"{clients} clients: batched / serialised aggregate tok/s {gain:.2f}{target}")
+    for name in (batched, f"{batched} --in-process"):
+        if name not in servers or peer not in servers:
+            continue
+        for clients in clients_list:
+            ratio = median(name, clients, "tok_per_sec") / median(peer, clients, "tok_per_sec")
+            cpu = median(name, clients, "cpu_ms_per_tok") / median(peer, clients, "cpu_ms_per_tok")
+            print(
+                f"{clients} clients: {name} / llama-server aggregate tok/s {ratio:.2f} (target ≥ 0.90), "
+                f"CPU per token {cpu:.2f}×"
+            )
     for note in notes:
         print(note)
 

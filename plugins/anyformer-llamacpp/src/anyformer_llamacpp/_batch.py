@@ -248,7 +248,12 @@ class BatchEngine:
 
     def _step(self) -> None:
         """One step: a ``llama_decode`` of every decoding stream's next token, then a share of the prompts' blocks."""
-        decoding = [ticket for ticket in self._active if ticket.next_token is not None]
+        # In ascending sequence order: with a KV region per sequence, llama.cpp computes a batch whose
+        # sequences come out of order ~20 % slower (measured on SmolLM2 with 4 streams, 1 thread).
+        decoding = sorted(
+            (ticket for ticket in self._active if ticket.next_token is not None),
+            key=lambda ticket: ticket.slot.seq_id if ticket.slot is not None else 0,
+        )
         reading = [ticket for ticket in self._active if ticket.next_token is None]
         if decoding:
             self._batch.n_tokens = 0
