@@ -61,12 +61,12 @@ def run(args: argparse.Namespace) -> int:
     binary = find_rpc_server()
     if binary is None:
         raise AnyformerError(ErrorCode.NO_BACKEND, f"llama.cpp's rpc-server is not installed: {build_hint()}")
-    if args.host not in _LOOPBACK:
-        print(NO_AUTH_WARNING.format(host=args.host), file=sys.stderr, flush=True)
+    # Printed once SIGTERM is handled: a supervisor that stops the server on seeing it ends it cleanly.
+    warning = NO_AUTH_WARNING.format(host=args.host) if args.host not in _LOOPBACK else None
     threads = ["-t", str(args.threads)] if args.threads else []
     if cap is None:
         command = [str(binary), "-H", args.host, "-p", str(args.port), *threads]
-        return _run_until_signal(command, lambda process: None, f"{args.host}:{args.port}", None)
+        return _run_until_signal(command, lambda process: None, f"{args.host}:{args.port}", None, warning)
     # With --mem, llama.cpp listens on a private loopback port and the relay takes the public one.
     listen = _listen(args.host, args.port)
     inner = _free_loopback_port()
@@ -83,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
         thread.start()
 
     try:
-        return _run_until_signal(command, relay, f"{args.host}:{args.port}", cap)
+        return _run_until_signal(command, relay, f"{args.host}:{args.port}", cap, warning)
     finally:
         listen.close()
 
@@ -130,9 +130,15 @@ def _parent_death_signal() -> None:
 
 
 def _run_until_signal(
-    command: list[str], started: Callable[[subprocess.Popen[bytes]], None], where: str, cap: int | None
+    command: list[str],
+    started: Callable[[subprocess.Popen[bytes]], None],
+    where: str,
+    cap: int | None,
+    warning: str | None = None,
 ) -> int:
-    """Run the server; SIGTERM and Ctrl-C end it; returns its exit status (0 when ended by a signal)."""
+    """Run the server; SIGTERM and Ctrl-C end it; returns its exit status (0 when ended by a signal).
+
+    ``warning`` goes to stderr once SIGTERM is handled, before the server starts listening."""
     process = subprocess.Popen(command, preexec_fn=_parent_death_signal if sys.platform == "linux" else None)
     ended = threading.Event()
 
@@ -142,6 +148,8 @@ def _run_until_signal(
 
     previous = signal.signal(signal.SIGTERM, end)
     try:
+        if warning is not None:
+            print(warning, file=sys.stderr, flush=True)
         started(process)
         lent = f", lending at most {format_size(cap)}" if cap is not None else ""
         print(f"anyformer rpc-server: listening on {where}{lent}", file=sys.stderr, flush=True)
