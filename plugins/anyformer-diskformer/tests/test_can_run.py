@@ -73,7 +73,6 @@ def test_an_accelerator_budget_does_not_bound_the_cpu_engine():
         (moe_model(), {}, {"task": "feature-extraction"}, Refusal.TASK, "feature-extraction"),
         (moe_model(architecture="llama", expert_count=None), {}, {}, Refusal.MODEL, "'llama'"),
         (moe_model(architecture="deepseek2"), {}, {}, Refusal.MODEL, "'deepseek2'"),
-        (moe_model(architecture="gemma4", tokenizer_model="gemma4"), {}, {}, Refusal.MODEL, "tokenizer model 'gemma4'"),
         (moe_model(architecture="qwen3next"), {}, {}, Refusal.MODEL, "'qwen3next'"),
         (moe_model(tensor_types={"F32": 1, "IQ4_XS": 9}), {}, {}, Refusal.MODEL, "IQ4_XS"),
         (moe_model(tokenizer_model="llama"), {}, {}, Refusal.MODEL, "tokenizer model 'llama'"),
@@ -204,3 +203,9 @@ def test_a_gemma4_file_runs_on_the_cpu_with_each_layers_kv_in_its_own_width(gemm
     assert v.estimate.details["kv_cache"] == 2 * 64 * 4 * (3 * 2 * 16 + 1 * 32)
     refused = verdict(model, gpu, options={"device": "gpu"})
     assert not refused.ok and refused.code is Refusal.MODEL and "CPU engine only" in refused.reason
+
+
+def test_a_gemma4_description_with_its_own_tokenizer_model_is_accepted_on_the_cpu():
+    v = verdict(moe_model(architecture="gemma4", tokenizer_model="gemma4", tokenizer_pre=None))
+    assert v.ok, v.reason
+    assert v.estimate.details["device"] == "cpu" and v.estimate.details["estimated"] is True

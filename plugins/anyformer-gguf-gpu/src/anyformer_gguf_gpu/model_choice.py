@@ -57,12 +57,14 @@ def choose_gguf(model: Model) -> GgufChoice | str:
 
 
 def tokenizer_problem(summary: dict[str, object]) -> str | None:
-    """Why the shared byte-level BPE tokenizer does not read this GGUF's vocabulary, or None."""
+    """Why the shared tokenizer (byte-level BPE, or Gemma 4's) does not read this GGUF's vocabulary, or None."""
     from anyformer_gguf_gpu.tokenizer import PRE_TOKENIZERS
 
     model, pre = summary.get("tokenizer_model"), summary.get("tokenizer_pre")
+    if model == "gemma4":
+        return None  # its own split; the pre-tokenizer name is not read
     if model != "gpt2":
-        return f"tokenizer model {model!r} (only byte-level BPE, 'gpt2', is read)"
+        return f"tokenizer model {model!r} (only byte-level BPE, 'gpt2', and Gemma 4's 'gemma4' are read)"
     if pre not in PRE_TOKENIZERS:
         return f"pre-tokenizer {pre!r} is not one this engine splits like llama.cpp"
     return None

@@ -96,10 +96,10 @@ def _as_list(value: Any) -> list[Any]:
 def tokenizer_problem(kv: Mapping[str, Any]) -> str | None:
     """Why this GGUF's tokenizer cannot be built here (a one-line reason), or None when it can."""
     model = kv.get("tokenizer.ggml.model")
-    if model != "gpt2":
-        return f"tokenizer model {model!r} (only byte-level BPE, 'gpt2', is read)"
+    if model not in ("gpt2", "gemma4"):
+        return f"tokenizer model {model!r} (only byte-level BPE, 'gpt2', and Gemma 4's 'gemma4' are read)"
     pre = kv.get("tokenizer.ggml.pre", "default")
-    if pre not in PRE_TOKENIZERS:
+    if model == "gpt2" and pre not in PRE_TOKENIZERS:
         return f"pre-tokenizer {pre!r} is not one this engine splits like llama.cpp"
     tokens, merges = kv.get("tokenizer.ggml.tokens"), kv.get("tokenizer.ggml.merges")
     if not isinstance(tokens, (list, LazyArray)) or not tokens or not isinstance(merges, (list, LazyArray)):
@@ -123,28 +123,37 @@ class GGUFTokenizer:
             if isinstance(merge, str) and " " in merge:
                 left, right = merge.split(" ", 1)
                 merges.append((left, right))
-        pre = PRE_TOKENIZERS[kv.get("tokenizer.ggml.pre", "default")]
         vocab = {text: index for index, text in enumerate(tokens)}
-        bpe = models.BPE(vocab=vocab, merges=merges, ignore_merges=pre.ignore_merges, fuse_unk=False)
-        tok = Tokenizer(bpe)
-        splits = [pre_tokenizers.Split(Regex(expr), behavior="isolated") for expr in pre.expressions]
-        tok.pre_tokenizer = pre_tokenizers.Sequence(
-            [*splits, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
-        )
-        tok.decoder = decoders.ByteLevel()
+        gemma4 = kv.get("tokenizer.ggml.model") == "gemma4"
+        if gemma4:
+            pre = _GEMMA4_PRE
+            tok = _gemma4_tokenizer(vocab, merges)
+        else:
+            pre = PRE_TOKENIZERS[kv.get("tokenizer.ggml.pre", "default")]
+            bpe = models.BPE(vocab=vocab, merges=merges, ignore_merges=pre.ignore_merges, fuse_unk=False)
+            tok = Tokenizer(bpe)
+            splits = [pre_tokenizers.Split(Regex(expr), behavior="isolated") for expr in pre.expressions]
+            tok.pre_tokenizer = pre_tokenizers.Sequence(
+                [*splits, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+            )
+            tok.decoder = decoders.ByteLevel()
         added = [
             AddedToken(tokens[i], special=types[i] == _CONTROL, normalized=False, lstrip=False, rstrip=False)
             for i in range(min(len(tokens), len(types)))
             if types[i] in (_CONTROL, _USER_DEFINED)
         ]
         tok.add_tokens(added)
+        #: Gemma 4: the newline-run tokens by text (llama.cpp takes a whole run as one token where there is one).
+        self._newline_runs = {t: i for i, t in enumerate(tokens) if t and set(t) == {"\n"}} if gemma4 else {}
         self._tok = tok
         self.vocab_size = len(tokens)
         self.control_ids = frozenset(i for i in range(min(len(tokens), len(types))) if types[i] == _CONTROL)
         self.bos_id = _int_or_none(kv.get("tokenizer.ggml.bos_token_id"))
         self.eos_id = _int_or_none(kv.get("tokenizer.ggml.eos_token_id"))
         self.eot_id = _int_or_none(kv.get("tokenizer.ggml.eot_token_id"))
-        self.add_bos = bool(kv.get("tokenizer.ggml.add_bos_token", pre.add_bos)) and self.bos_id is not None
+        # llama.cpp adds BOS for Gemma 4 whatever the header says.
+        wants_bos = gemma4 or bool(kv.get("tokenizer.ggml.add_bos_token", pre.add_bos))
+        self.add_bos = wants_bos and self.bos_id is not None
         self.add_eos = bool(kv.get("tokenizer.ggml.add_eos_token", False)) and self.eos_id is not None
         self.chat_template = kv.get("tokenizer.chat_template")
         self.tokens = tokens
@@ -158,15 +167,52 @@ class GGUFTokenizer:
         """Token ids of ``text``: as llama.cpp's ``tokenize(text, add_special, parse_special)``."""
         self._tok.encode_special_tokens = not parse_special
         ids: list[int] = self._tok.encode(text, add_special_tokens=False).ids
+        if self._newline_runs:
+            ids = self._whole_newline_runs(ids)
         if add_special and self.add_bos:
             ids = [int(self.bos_id), *ids]  # type: ignore[arg-type]
         if add_special and self.add_eos:
             ids = [*ids, int(self.eos_id)]  # type: ignore[arg-type]
         return ids
 
+    def _whole_newline_runs(self, ids: list[int]) -> list[int]:
+        """Each run of newline tokens (one split piece: the pre-tokenizer isolates newline runs) replaced by the
+        run's own token where the vocabulary has one, as llama.cpp's Gemma 4 tokenizer does before merging."""
+        runs = set(self._newline_runs.values())
+        out: list[int] = []
+        i = 0
+        while i < len(ids):
+            j = i
+            while j < len(ids) and ids[j] in runs:
+                j += 1
+            if j == i:
+                out.append(ids[i])
+                i += 1
+                continue
+            whole = self._newline_runs.get("".join(self.tokens[k] for k in ids[i:j]))
+            out += [whole] if whole is not None else ids[i:j]
+            i = j
+        return out
+
     def decode(self, ids: Sequence[int]) -> str:
         """The text of ``ids``; control tokens render as nothing, as in a chat reply."""
         return str(self._tok.decode([i for i in ids if i not in self.control_ids], skip_special_tokens=False))
+
+
+#: Gemma 4 splits raw text only into lines and newline runs (its merges run over whole lines).
+_GEMMA4_PRE = PreTokenizer(("[^\n]+|[\n]+",), add_bos=True)
+
+
+def _gemma4_tokenizer(vocab: dict[str, int], merges: list[tuple[str, str]]) -> Any:
+    """Gemma 4's SentencePiece-style BPE as llama.cpp runs it: spaces written as ▁, lines and newline runs merged
+    over raw UTF-8 characters, a character outside the vocabulary as its ``<0xXX>`` byte tokens."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, byte_fallback=True, fuse_unk=False))
+    tok.normalizer = normalizers.Replace(" ", "\u2581")
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(_GEMMA4_PRE.expressions[0]), behavior="isolated")
+    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()])
+    return tok
 
 
 def _int_or_none(value: Any) -> int | None:
