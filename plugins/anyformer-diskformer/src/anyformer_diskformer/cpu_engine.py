@@ -14,6 +14,8 @@ probabilities, a selection bias, expert groups). Arithmetic is float32, as llama
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from anyformer.plugin import AnyformerError, ErrorCode
@@ -68,14 +70,18 @@ class CpuMoEEngine:
         shape = (config.n_layer, ctx, config.n_kv, config.head_dim)
         self._k = np.zeros(shape, dtype=np.float32)
         self._v = np.zeros(shape, dtype=np.float32)
-        self._runner = ExpertRunner(1, config.n_embd, config.n_ff_exp)
+        self._runner = ExpertRunner(1, config.n_embd, config.n_ff_exp, self._expert_activation())
         self._w.kernels = self._runner
+
+    def _expert_activation(self) -> Callable[[np.ndarray], np.ndarray] | None:
+        """The routed experts' gate activation (None: SiLU); an architecture with another overrides this."""
+        return None
 
     def set_threads(self, threads: int) -> None:
         """Compute a layer's experts and the large dense products on ``threads`` threads (1, the default: this
         thread)."""
         self._runner.close()
-        self._runner = ExpertRunner(threads, self.config.n_embd, self.config.n_ff_exp)
+        self._runner = ExpertRunner(threads, self.config.n_embd, self.config.n_ff_exp, self._expert_activation())
         self._w.kernels = self._runner
 
     def release(self) -> None:

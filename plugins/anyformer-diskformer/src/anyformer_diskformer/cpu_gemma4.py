@@ -16,6 +16,8 @@ are soft-capped by tanh where the header says so. GELU is the tanh form.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from anyformer_diskformer.cpu_engine import CpuMoEEngine, _rms
@@ -26,7 +28,6 @@ from anyformer_diskformer.prefetch import likely_experts
 from anyformer_diskformer.routing import route
 from anyformer_diskformer.trace import TraceWriter
 from anyformer_gguf_gpu.gguf_file import GGUFFile
-from anyformer_gguf_gpu.quants import dequantize
 from anyformer_gguf_gpu.transformer import cos_sin_table
 
 
@@ -114,6 +115,9 @@ class Gemma4CpuEngine(CpuMoEEngine):
             out[:, h] = (s / s.sum(axis=1, keepdims=True)) @ values[:, h // group]
         return self._w.product(out.reshape(n, -1), p + "attn_output.weight")
 
+    def _expert_activation(self) -> Callable[[np.ndarray], np.ndarray] | None:
+        return gelu  # Gemma 4's experts gate with GELU (ggml's tanh form)
+
     def _mlp(self, layer: int, x: np.ndarray) -> np.ndarray:
         p = f"blk.{layer}."
         hidden = gelu(self._w.product(x, p + "ffn_gate.weight")) * self._w.product(x, p + "ffn_up.weight")
@@ -128,19 +132,7 @@ class Gemma4CpuEngine(CpuMoEEngine):
         c = self.config
         chosen, weights = route(logits, c.n_expert_used, True)
         scale = self._w.optional_vector(f"blk.{layer}.ffn_down_exps.scale")
-        out = np.zeros_like(x)
-        for expert in np.unique(chosen):
-            rows, slot = np.nonzero(chosen == expert)
-            e = self.cache.get(layer, int(expert))
-            gate = dequantize(e.gate, e.types[0]).reshape(c.n_ff_exp, c.n_embd)
-            up = dequantize(e.up, e.types[1]).reshape(c.n_ff_exp, c.n_embd)
-            down = dequantize(e.down, e.types[2]).reshape(c.n_embd, c.n_ff_exp)
-            xs = x[rows]
-            y = (gelu(xs @ gate.T) * (xs @ up.T)) @ down.T
-            if scale is not None:
-                y = y * scale[int(expert)]
-            out[rows] += weights[rows, slot][:, None] * y
-        return out
+        return self._runner.run(self.cache, layer, x, chosen, weights, scale)
 
     def _guess(self, layer: int, h: np.ndarray) -> None:
         """Have the prefetcher read ``layer``'s likely experts: its router on the current residual."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 import concurrent.futures
 import itertools
 import threading
+from collections.abc import Callable
 
 import numpy as np
 
@@ -26,14 +27,18 @@ PARALLEL_ELEMENTS = 2**19
 
 
 class ExpertRunner:
-    """Runs routed experts on ``threads`` worker threads (1: on the calling thread)."""
+    """Runs routed experts on ``threads`` worker threads (1: on the calling thread); each expert's gate goes
+    through ``activation`` (SiLU when None)."""
 
-    def __init__(self, threads: int, n_embd: int, n_ff: int) -> None:
+    def __init__(
+        self, threads: int, n_embd: int, n_ff: int, activation: Callable[[np.ndarray], np.ndarray] | None = None
+    ) -> None:
         if threads < 1:
             raise ValueError("threads must be at least 1")
         self.threads = threads
         self.n_embd = n_embd
         self.n_ff = n_ff
+        self.activation = activation
         self._local = threading.local()
         self._pool: concurrent.futures.ThreadPoolExecutor | None = (
             concurrent.futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="diskformer-expert")
@@ -69,13 +74,20 @@ class ExpertRunner:
         return self._kernels().product(x, blocks, ggml_type, rows, cols, band_elements)
 
     def _one(self, expert: ExpertSlices, x: np.ndarray) -> np.ndarray:
-        return expert_ffn(self._kernels(), expert, x, self.n_embd, self.n_ff)
+        return expert_ffn(self._kernels(), expert, x, self.n_embd, self.n_ff, self.activation)
 
     def run(
-        self, cache: ExpertCache[ExpertSlices], layer: int, x: np.ndarray, chosen: np.ndarray, weights: np.ndarray
+        self,
+        cache: ExpertCache[ExpertSlices],
+        layer: int,
+        x: np.ndarray,
+        chosen: np.ndarray,
+        weights: np.ndarray,
+        scales: np.ndarray | None = None,
     ) -> np.ndarray:
         """The weighted sum of the chosen experts' outputs for ``x`` (tokens, n_embd); ``chosen`` and ``weights``
-        are (tokens, k): each token's experts and their weights."""
+        are (tokens, k): each token's experts and their weights; ``scales``, where given, one factor per expert
+        on its output (Gemma 4's ``ffn_down_exps.scale``)."""
         out = np.zeros_like(x)
         unique = [int(e) for e in np.unique(chosen)]
         k = max(1, chosen.shape[1])
@@ -95,6 +107,8 @@ class ExpertRunner:
             for expert in sorted(results):
                 done = results[expert]
                 y = done.result() if isinstance(done, concurrent.futures.Future) else done
+                if scales is not None:
+                    y = y * scales[expert]
                 rows, slot = np.nonzero(chosen == expert)
                 out[rows] += weights[rows, slot][:, None] * y
         return out

@@ -19,6 +19,7 @@ rounding (about 1e-6 relative), not bit for bit.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 import numpy as np
@@ -215,10 +216,21 @@ class QuantProduct:
         return codes.reshape(nb * 16, rows, 16), a, 32.0 * a, 16
 
 
-def expert_ffn(kernels: QuantProduct, expert: ExpertSlices, x: np.ndarray, n_embd: int, n_ff: int) -> np.ndarray:
-    """One routed expert's SwiGLU FFN on ``x`` (tokens, n_embd), straight from its stored slabs."""
+def expert_ffn(
+    kernels: QuantProduct,
+    expert: ExpertSlices,
+    x: np.ndarray,
+    n_embd: int,
+    n_ff: int,
+    activation: Callable[[np.ndarray], np.ndarray] | None = None,
+) -> np.ndarray:
+    """One routed expert's gated FFN on ``x`` (tokens, n_embd), straight from its stored slabs:
+    ``down(act(gate(x)) * up(x))``, ``act`` SiLU unless ``activation`` is given (Gemma 4: GELU)."""
     gate = kernels.product(x, expert.gate, expert.types[0], n_ff, n_embd)
     up = kernels.product(x, expert.up, expert.types[1], n_ff, n_embd)
-    with np.errstate(over="ignore"):  # exp(-gate) overflows to inf for very negative gates: SiLU's limit, 0
-        hidden = (gate / (1.0 + np.exp(-gate))).astype(np.float32) * up
+    if activation is not None:
+        hidden = activation(gate).astype(np.float32) * up
+    else:
+        with np.errstate(over="ignore"):  # exp(-gate) overflows to inf for very negative gates: SiLU's limit, 0
+            hidden = (gate / (1.0 + np.exp(-gate))).astype(np.float32) * up
     return kernels.product(hidden, expert.down, expert.types[2], n_embd, n_ff)
