@@ -3,7 +3,8 @@ itself cannot travel (the GPU machine takes 64 MiB at a time). Decode speed does
 weight values.
 
     python random_gguf.py export-tokenizer REAL.gguf tokenizer.json     # here: the tokenizer alone
-    python random_gguf.py write tokenizer.json OUT.gguf [--quant Q4_1]   # there: SmolLM2-135M's shapes
+    python random_gguf.py write tokenizer.json OUT.gguf [--quant Q4_1] [--shape 135m|1.7b]
+                                                                     # there: SmolLM2's shapes
 """
 
 from __future__ import annotations
@@ -24,6 +25,17 @@ SMOLLM2_135M = {
     "context_length": 8192,
     "rope.dimension_count": 64,
 }
+# SmolLM2-1.7B-Instruct's: a model ~12x larger, in the same vocabulary (bench_rpc's larger model).
+SMOLLM2_1_7B = {
+    "block_count": 24,
+    "embedding_length": 2048,
+    "feed_forward_length": 8192,
+    "attention.head_count": 32,
+    "attention.head_count_kv": 32,
+    "context_length": 8192,
+    "rope.dimension_count": 64,
+}
+SHAPES = {"135m": SMOLLM2_135M, "1.7b": SMOLLM2_1_7B}
 _TOKENIZER_KEYS = (
     "tokenizer.ggml.model",
     "tokenizer.ggml.pre",
@@ -46,20 +58,20 @@ def export_tokenizer(real: Path, out: Path) -> None:
     out.write_text(json.dumps({k: header.get(k) for k in _TOKENIZER_KEYS if header.get(k) is not None}))
 
 
-def write(tokenizer: Path, out: Path, quant: str) -> None:
-    """Write a random llama GGUF in SmolLM2-135M's shapes with the exported tokenizer."""
+def write(tokenizer: Path, out: Path, quant: str, shape: dict[str, int] = SMOLLM2_135M) -> None:
+    """Write a random llama GGUF in ``shape`` (SmolLM2-135M's by default) with the exported tokenizer."""
     import gguf
 
     keys = json.loads(tokenizer.read_text())
     tokens = keys["tokenizer.ggml.tokens"]
-    n_vocab, n_embd, n_ff = len(tokens), SMOLLM2_135M["embedding_length"], SMOLLM2_135M["feed_forward_length"]
-    heads, kv_heads = SMOLLM2_135M["attention.head_count"], SMOLLM2_135M["attention.head_count_kv"]
+    n_vocab, n_embd, n_ff = len(tokens), shape["embedding_length"], shape["feed_forward_length"]
+    heads, kv_heads = shape["attention.head_count"], shape["attention.head_count_kv"]
     head_dim = n_embd // heads
     qtype = getattr(gguf.GGMLQuantizationType, quant)
     rng = np.random.default_rng(0)
     writer = gguf.GGUFWriter(str(out), "llama")
-    writer.add_name("random SmolLM2-135M shapes")
-    for key, value in SMOLLM2_135M.items():
+    writer.add_name(f"random llama, {shape['block_count']} layers of width {n_embd}")
+    for key, value in shape.items():
         writer.add_uint32(f"llama.{key}", value)
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_rope_freq_base(100000.0)
@@ -82,7 +94,7 @@ def write(tokenizer: Path, out: Path, quant: str) -> None:
         writer.add_tensor(name, np.ones(size, dtype=np.float32))
 
     matrix("token_embd.weight", n_vocab, n_embd)
-    for i in range(SMOLLM2_135M["block_count"]):
+    for i in range(shape["block_count"]):
         vector(f"blk.{i}.attn_norm.weight", n_embd)
         matrix(f"blk.{i}.attn_q.weight", heads * head_dim, n_embd)
         matrix(f"blk.{i}.attn_k.weight", kv_heads * head_dim, n_embd)
@@ -110,11 +122,12 @@ def main() -> None:
     make.add_argument("tokenizer", type=Path)
     make.add_argument("out", type=Path)
     make.add_argument("--quant", default="Q4_1")
+    make.add_argument("--shape", choices=sorted(SHAPES), default="135m", help="SmolLM2-135M's or SmolLM2-1.7B's")
     args = parser.parse_args()
     if args.step == "export-tokenizer":
         export_tokenizer(args.real, args.out)
     else:
-        write(args.tokenizer, args.out, args.quant)
+        write(args.tokenizer, args.out, args.quant, SHAPES[args.shape])
 
 
 if __name__ == "__main__":

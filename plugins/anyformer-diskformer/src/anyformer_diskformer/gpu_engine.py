@@ -334,9 +334,11 @@ class GpuMoEEngine:
                 self.attn,
                 self.scores,
                 self.state,
+                n_head=c.n_head,
+                n_kv=c.n_kv,
+                head_dim=c.head_dim,
                 ctx=self.ctx,
                 scale=1.0 / math.sqrt(c.head_dim),
-                **heads,
             )
         )
         out.append(self._mv(self._weights[p + "attn_output.weight"], self.attn, self.h, accumulate=True))
