@@ -146,5 +146,38 @@ def test_rm_of_a_model_not_in_the_store_is_model_not_found(fake_hub: FakeHub, ho
         plan_removal("org/never-pulled", manager_with())
     assert missing.value.code is ErrorCode.MODEL_NOT_FOUND
     with pytest.raises(AnyformerError) as bad:
-        plan_removal("../etc", manager_with())
+        plan_removal("../no-such-folder/x", manager_with())
     assert bad.value.code is ErrorCode.BAD_REQUEST
+
+
+@pytest.mark.safety("D9")
+def test_rm_of_a_local_path_removes_only_what_backends_derived_from_it(
+    home: pathlib.Path, tmp_path: pathlib.Path
+) -> None:
+    local = tmp_path / "my-model"
+    (local / "onnx").mkdir(parents=True)
+    (local / "onnx" / "model.onnx").write_bytes(b"\x02" * 300)
+    other = tmp_path / "other-model"
+    other.mkdir()
+    derived = home / "storetest" / "local" / "fused" / "k1"
+    kept = home / "storetest" / "local" / "fused" / "k2"
+    for folder in (derived, kept):
+        folder.mkdir(parents=True)
+        (folder / "model.onnx").write_bytes(b"\x01" * 700)
+    outside = tmp_path / "outside-home"
+    outside.mkdir()
+    backend = StoreBackend()
+    backend.stored = [
+        StoreEntry("storetest", str(local / "onnx" / "model.onnx"), None, str(derived), 700),
+        StoreEntry("storetest", str(other), None, str(kept), 700),
+        StoreEntry("storetest", str(local), None, str(outside), 1),  # a path outside ANYFORMER_HOME is never removed
+    ]
+    manager = manager_with(backend)
+    with pytest.raises(AnyformerError) as nothing:
+        plan_removal(str(tmp_path / "outside-home"), manager)
+    assert nothing.value.code is ErrorCode.MODEL_NOT_FOUND and "local model" in nothing.value.message
+    plan = plan_removal(str(local), manager)
+    assert plan.paths == (derived,) and plan.bytes == 700
+    assert plan.execute() == 700
+    assert not derived.exists() and kept.exists() and outside.exists()
+    assert (local / "onnx" / "model.onnx").read_bytes() == b"\x02" * 300  # the local model itself stays

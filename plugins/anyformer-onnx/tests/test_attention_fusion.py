@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -207,6 +209,25 @@ def test_fused_graphs_are_kept_by_repo_and_listed_for_the_store(tiny_llama_dir: 
     listed = {(e.repo, e.path) for e in fused_entries()}
     assert listed == {("org/tiny", str(prepared.path.parent)), (str(graph), str(local.path.parent))}
     assert all(e.bytes == sum(p.stat().st_size for p in Path(e.path).iterdir()) for e in fused_entries())
+
+
+def test_rm_of_a_local_model_removes_its_fused_graphs_and_keeps_its_files(tiny_llama_dir: Path, home: Path) -> None:
+    graph = tiny_llama_dir / "onnx" / "model.onnx"
+    before = graph.read_bytes()
+    local = prepare_decoder(graph, _config(tiny_llama_dir), repo=None, context=512, progress=_no_progress, label="t")
+    hub = prepare_decoder(
+        graph, _config(tiny_llama_dir), repo="org/tiny", context=512, progress=_no_progress, label="t"
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "anyformer", "rm", str(tiny_llama_dir), "-y"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert not local.path.parent.exists() and hub.path.exists()  # the Hub repo's graph is not the local model's
+    assert graph.read_bytes() == before
+    assert [e.repo for e in fused_entries()] == ["org/tiny"]
 
 
 def test_a_rewrite_the_proof_rejects_falls_back_and_is_remembered(

@@ -17,10 +17,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="remove a stored model and print the bytes freed",
         description=(
             "Remove org/name (every cached revision) or org/name@revision from the Hugging Face cache, with "
-            "the files backends derived from it under ANYFORMER_HOME. Asks first unless -y is given."
+            "the files backends derived from it under ANYFORMER_HOME; for a local model's path, only the files "
+            "backends derived from it (its own files stay). Asks first unless -y is given."
         ),
     )
-    parser.add_argument("model", help="Hub repo id, org/name[@revision]")
+    parser.add_argument("model", help="Hub repo id, org/name[@revision], or a local model's path")
     parser.add_argument("-y", "--yes", action="store_true", help="remove without asking")
     parser.set_defaults(handler=run)
 

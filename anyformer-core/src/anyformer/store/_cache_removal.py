@@ -4,7 +4,9 @@ Hub cache revisions go with huggingface_hub's own delete strategy (``scan_cache_
 refs and snapshot links before blobs, a blob kept while another revision still links it). A repo
 folder the scan calls corrupted is removed whole. Backend-derived files are the plugins' store
 entries for the repo, and ``ANYFORMER_HOME/<backend>/<org>/<name>``; nothing outside
-``ANYFORMER_HOME`` is touched there.
+``ANYFORMER_HOME`` is touched there. A local model (a file or folder path) is never removed itself:
+``rm PATH`` removes only what backends derived from it (store entries whose repo is that path or a
+file inside that folder).
 """
 
 from __future__ import annotations
@@ -49,11 +51,14 @@ class Removal:
 
 
 def plan_removal(ref: str, plugins: PluginManager | None = None) -> Removal:
-    """What ``anyformer rm REF`` would delete: ``org/name`` (every revision) or ``org/name@revision``."""
+    """What ``anyformer rm REF`` would delete: ``org/name`` (every revision), ``org/name@revision``, or the files
+    backends derived from a local model at the path ``REF`` (never the local model's own files)."""
     from anyformer.store._cache_layout import RepoCache
-    from anyformer.store._hub import check_repo_id
+    from anyformer.store._hub import check_repo_id, looks_like_repo_id
 
     repo_id, _, revision = ref.partition("@")
+    if os.path.exists(ref) and not (looks_like_repo_id(ref) and RepoCache.of(ref).root.is_dir()):
+        return _plan_local_removal(ref, plugins or get_plugin_manager())
     check_repo_id(repo_id)
     revision_or_none = revision or None
     cache = RepoCache.of(repo_id)
@@ -112,6 +117,31 @@ def _hub_strategy(root: Path, repo_id: str, revision: str | None) -> tuple[Any, 
     if strategy.repos:  # the whole folder goes, partial downloads with it
         freed += sum(f.size_on_disk for f in info.incomplete_files if Path(f.file_path).parent.parent == repo.repo_path)
     return strategy, commits, freed
+
+
+def _plan_local_removal(path: str, manager: PluginManager) -> Removal:
+    """What backends derived from the local model at ``path`` (store entries naming it, or a file inside it)."""
+    source = Path(os.path.abspath(path))
+    home = anyformer_home().resolve()
+    entries, _problems = manager.store_list()
+    folders: list[Path] = []
+    for entry in entries:
+        # Only entries that name a local path: a Hub id is relative and never matches a folder by accident.
+        if not os.path.isabs(entry.repo):
+            continue
+        named = Path(os.path.abspath(entry.repo))
+        target = Path(os.path.abspath(entry.path))
+        if (named == source or source in named.parents) and home in target.parents and os.path.lexists(target):
+            if target not in folders:
+                folders.append(target)
+    if not folders:
+        raise AnyformerError(
+            ErrorCode.MODEL_NOT_FOUND,
+            f"no files derived from the local model {path!r:.200} are stored (`anyformer ls` lists what is; "
+            "rm never removes a local model's own files)",
+        )
+    freed = sum(bytes_on_disk(folder) for folder in folders)
+    return Removal(str(source), None, (), tuple(folders), freed, None, tuple(folders))
 
 
 def _derived_paths(repo_id: str, revision: str | None, manager: PluginManager) -> list[Path]:

@@ -43,9 +43,14 @@ _COMMIT = re.compile(r"^[0-9a-f]{40}\Z")
 _SHA256 = re.compile(r"^[0-9a-f]{64}\Z")
 
 
+def looks_like_repo_id(text: str) -> bool:
+    """True when ``text`` has the form of a Hub model id (``org/name`` or ``name``)."""
+    return isinstance(text, str) and bool(_REPO_ID.match(text)) and "--" not in text and ".." not in text
+
+
 def check_repo_id(repo_id: str) -> str:
     """Return ``repo_id`` if it is a Hub model id (``org/name`` or ``name``), else raise ``BAD_REQUEST``."""
-    if not isinstance(repo_id, str) or not _REPO_ID.match(repo_id) or "--" in repo_id or ".." in repo_id:
+    if not looks_like_repo_id(repo_id):
         raise AnyformerError(ErrorCode.BAD_REQUEST, f"{repo_id!r:.200} is not a Hub repo id (org/name or name)")
     return repo_id
 

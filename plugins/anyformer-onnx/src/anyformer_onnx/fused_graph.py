@@ -207,7 +207,7 @@ def _build(graph: Path, config: Mapping[str, Any], folder: Path, label: str) -> 
                 "difference": difference,
                 "limit": limit,
             }
-    record.update(seconds=round(time.monotonic() - started, 1), source=str(graph), label=label)
+    record.update(seconds=round(time.monotonic() - started, 1), source=os.path.abspath(graph), label=label)
     partial = folder.with_name(f".{folder.name}.{os.getpid()}.{threading.get_ident()}.partial")
     _remove_stale_partials(folder)
     shutil.rmtree(partial, ignore_errors=True)
