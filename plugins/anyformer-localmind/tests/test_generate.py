@@ -8,7 +8,7 @@ import pytest
 
 import anyformer
 from anyformer import AnyformerError, ErrorCode
-from anyformer_gguf_gpu.testing import RandomModel, write_random_gguf
+from anyformer_gguf_gpu.testing import RandomModel, compiles_counted, write_random_gguf
 from anyformer_gguf_gpu.testing_lfm2 import RandomLfm2, write_random_lfm2_gguf
 
 COUNT = [{"role": "user", "content": "Count from 1 to 20, separated by commas."}]
@@ -81,6 +81,25 @@ def test_sampling_is_seeded(tiny):
         c = _last(loaded.generate(msgs, max_new_tokens=8, temperature=1.0, seed=8))
     assert a.text == b.text
     assert a.text != c.text or a.tokens != c.tokens
+
+
+def test_the_kernels_compile_at_load_and_not_on_the_first_tokens(tiny, monkeypatch):
+    """The load reports its compilation (``load`` events with message ``compile``, to the end); greedy and
+    sampled replies (top-k, top-p; past 16 keys attention splits) then create no shader or pipeline."""
+    from anyformer_gguf_gpu import transformer
+
+    monkeypatch.setattr(transformer, "SPLIT_FROM", 16)  # the engine reads it at load: the replies cross it
+    events: list[anyformer.ProgressEvent] = []
+    with anyformer.load(tiny, backend="localmind", context=64, progress=events.append) as loaded:
+        compiles = [e for e in events if e.stage == "load" and e.message == "compile"]
+        assert compiles and compiles[-1].done == compiles[-1].total
+        engine = loaded.handle.engine
+        assert engine.split_from == 16
+        msgs = [{"role": "user", "content": "hi"}]
+        with compiles_counted(engine.gpu.device) as made:
+            _last(loaded.generate(msgs, max_new_tokens=12))
+            _last(loaded.generate(msgs, max_new_tokens=12, temperature=0.9, seed=3, top_k=20, top_p=0.9))
+    assert made == []
 
 
 def test_an_lfm2_reply_matches_the_llama_cpp_backend(tmp_path):

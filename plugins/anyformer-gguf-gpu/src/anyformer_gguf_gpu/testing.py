@@ -6,8 +6,9 @@ only inside the functions that write files).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -206,3 +207,38 @@ def write_random_gguf(path: str, spec: RandomModel, seed: int = 0) -> None:
     if not spec.tied:
         matrix("output.weight", n_vocab, spec.n_embd)
     finish_gguf(w)
+
+
+#: The wgpu device methods that compile WGSL (a shader module) or build a compute pipeline from one.
+COMPILERS = ("create_shader_module", "create_compute_pipeline", "create_compute_pipeline_async")
+
+
+@contextlib.contextmanager
+def compiles_counted(device: Any) -> Iterator[list[str]]:
+    """Inside the block, record each :data:`COMPILERS` call on ``device``'s class as ``method(label)``.
+
+    The class is patched (and restored after), so a device reached through any reference is counted:
+    the check that an engine compiles everything at load and nothing on its first tokens.
+    """
+    made: list[str] = []
+    cls = type(device)
+    originals = {name: getattr(cls, name) for name in COMPILERS if hasattr(cls, name)}
+    own = {name: cls.__dict__[name] for name in originals if name in cls.__dict__}  # the others are inherited
+
+    def counting(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+        def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
+            made.append(f"{name}({kwargs.get('label', '')})")
+            return original(self, *args, **kwargs)
+
+        return counted
+
+    try:
+        for name, original in originals.items():
+            setattr(cls, name, counting(name, original))
+        yield made
+    finally:
+        for name in originals:
+            if name in own:
+                setattr(cls, name, own[name])
+            else:
+                delattr(cls, name)
