@@ -88,6 +88,12 @@ def whisper_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+def whisper_timestamps_dir() -> Path:
+    """A tiny random Whisper with timestamp tokens, with transformers' pipeline output on long and short clips."""
+    return onnx_exports.tiny_whisper_timestamps()
+
+
+@pytest.fixture(scope="session")
 def segformer_dir() -> Path:
     """A tiny random SegFormer exported to ONNX, with transformers' pipeline masks."""
     return onnx_exports.tiny_segformer()

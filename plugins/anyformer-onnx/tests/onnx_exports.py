@@ -1027,6 +1027,167 @@ def tiny_whisper() -> Path:
     return cached("tiny-whisper", build_tiny_whisper, _whisper_tokenizer, _clips, export_whisper, extra=SPEECH_CLIPS)
 
 
+#: Long-form clips (seconds, base frequency in Hz) transcribed by transformers' pipeline in 30 s chunks.
+LONG_CLIPS = ((52.0, 180.0), (4.5, 523.0), (71.0, 300.0))
+#: Tokens each chunk's transcription runs to in the long-form references.
+LONG_TOKENS = 24
+
+
+def _whisper_timestamp_tokenizer(folder: Path) -> dict[str, int]:
+    """:func:`_whisper_tokenizer` plus Whisper's 1501 timestamp tokens ``<|0.00|>``…``<|30.00|>`` (not special).
+
+    ``tokenizer_config.json`` names the class ``WhisperTokenizer`` and the special tokens, as the
+    Hub's Whisper folders do, so that transformers' pipeline decodes with Whisper's timestamp logic.
+    """
+    from tokenizers import AddedToken, Tokenizer
+
+    vocab = _whisper_tokenizer(folder)
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    stamps = [f"<|{i * 0.02:.2f}|>" for i in range(1501)]
+    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in stamps])
+    tokenizer.save(str(folder / "tokenizer.json"))
+    for token in stamps:
+        vocab[token] = len(vocab)
+    end = "<|endoftext|>"
+    _write_json(
+        folder / "tokenizer_config.json",
+        {
+            "tokenizer_class": "WhisperTokenizer",
+            "bos_token": end,
+            "eos_token": end,
+            "pad_token": end,
+            "unk_token": end,
+            "additional_special_tokens": list(_WHISPER_SPECIALS),
+            "model_max_length": 1024,
+        },
+    )
+    return vocab
+
+
+def _long_clip(seconds: float, base: float, seed: int) -> Any:
+    """A seeded mono float32 waveform: a slow glide with harmonics, pauses and noise."""
+    import numpy as np
+
+    generator = np.random.default_rng(seed)
+    t = np.arange(int(seconds * 16000)) / 16000
+    glide = base * (1 + 0.3 * np.sin(2 * np.pi * t / 7.0))
+    phase = 2 * np.pi * np.cumsum(glide) / 16000
+    envelope = (np.sin(2 * np.pi * t / 3.1) > -0.6).astype(np.float64)
+    signal = envelope * (0.4 * np.sin(phase) + 0.2 * np.sin(3 * phase) * np.sin(2 * np.pi * 2 * t))
+    return np.clip(signal + 0.03 * generator.normal(size=t.size), -1, 1).astype(np.float32)
+
+
+def build_tiny_whisper_timestamps(folder: Path) -> None:
+    """A random 2-layer Whisper with timestamp tokens; transformers' pipeline output on long and short clips.
+
+    The references are ``pipeline("automatic-speech-recognition", chunk_length_s=30)`` (the default
+    stride, 5 s each side) with greedy decoding, with and without ``return_timestamps=True``, and the
+    short clip also without chunking; the clips are saved as ``long{i}.npy``.
+    """
+    import numpy as np
+    import torch
+    from transformers import (
+        AutoTokenizer,
+        GenerationConfig,
+        WhisperConfig,
+        WhisperFeatureExtractor,
+        WhisperForConditionalGeneration,
+        pipeline,
+    )
+
+    vocab = _whisper_timestamp_tokenizer(folder)
+    end, start = vocab["<|endoftext|>"], vocab["<|startoftranscript|>"]
+    torch.manual_seed(1)
+    config = WhisperConfig(
+        vocab_size=len(vocab),
+        d_model=64,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=128,
+        decoder_ffn_dim=128,
+        num_mel_bins=80,
+        max_source_positions=1500,
+        max_target_positions=448,
+        init_std=0.3,
+        decoder_start_token_id=start,
+        eos_token_id=end,
+        pad_token_id=end,
+        bos_token_id=end,
+        suppress_tokens=[],
+        begin_suppress_tokens=[],
+        architectures=["WhisperForConditionalGeneration"],
+        attn_implementation="eager",
+    )
+    model = WhisperForConditionalGeneration(config).eval()
+    config.save_pretrained(folder)
+    generation = {
+        "decoder_start_token_id": start,
+        "eos_token_id": end,
+        "pad_token_id": end,
+        "bos_token_id": end,
+        "max_length": 448,
+        "is_multilingual": True,
+        "lang_to_id": {f"<|{code}|>": vocab[f"<|{code}|>"] for code in ("en", "fr", "de")},
+        "task_to_id": {"transcribe": vocab["<|transcribe|>"], "translate": vocab["<|translate|>"]},
+        "no_timestamps_token_id": vocab["<|notimestamps|>"],
+        "max_initial_timestamp_index": 50,
+        # As the Hub's Whisper configs: the language detected, then transcribe (generate adds no task token without).
+        "forced_decoder_ids": [[1, None], [2, vocab["<|transcribe|>"]]],
+        "suppress_tokens": [vocab["<|startoflm|>"], vocab["<|startofprev|>"], vocab["<|nocaptions|>"], *range(0, 40)],
+        "begin_suppress_tokens": [end, *range(40, 80)],
+    }
+    _write_json(folder / "generation_config.json", generation)
+    WhisperFeatureExtractor(feature_size=80).save_pretrained(folder)
+    model.generation_config = GenerationConfig.from_pretrained(str(folder))
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    extractor = WhisperFeatureExtractor.from_pretrained(str(folder))
+    records = []
+    with _quiet(), torch.no_grad():
+        recognizer = pipeline(
+            "automatic-speech-recognition", model=model, tokenizer=tokenizer, feature_extractor=extractor
+        )
+        greedy = {"num_beams": 1, "do_sample": False, "max_new_tokens": LONG_TOKENS}
+        for index, (seconds, base) in enumerate(LONG_CLIPS):
+            audio = _long_clip(seconds, base, index)
+            name = f"long{index}.npy"
+            np.save(folder / name, audio)
+            record: dict[str, Any] = {"clip": name}
+            for key, options in (
+                ("chunked", {"chunk_length_s": 30}),
+                ("chunked_timestamps", {"chunk_length_s": 30, "return_timestamps": True}),
+                ("chunked_fr", {"chunk_length_s": 30, "generate_kwargs": {**greedy, "language": "fr"}}),
+            ):
+                out = recognizer(audio.copy(), **{"generate_kwargs": greedy, **options})
+                record[key] = {
+                    "text": out["text"],
+                    "chunks": [[c["text"], *c["timestamp"]] for c in out.get("chunks", [])],
+                }
+            if seconds <= 30:
+                out = recognizer(audio.copy(), return_timestamps=True, generate_kwargs=greedy)
+                record["timestamps"] = {
+                    "text": out["text"],
+                    "chunks": [[c["text"], *c["timestamp"]] for c in out["chunks"]],
+                }
+            records.append(record)
+    export_whisper(model, folder)
+    _write_json(folder / "reference.json", {"clips": records, "tokens": LONG_TOKENS})
+
+
+def tiny_whisper_timestamps() -> Path:
+    """The cached tiny Whisper with timestamp tokens and the pipeline's long-form and timestamp references."""
+    return cached(
+        "tiny-whisper-timestamps",
+        build_tiny_whisper_timestamps,
+        _whisper_tokenizer,
+        _whisper_timestamp_tokenizer,
+        _long_clip,
+        export_whisper,
+        extra=LONG_CLIPS,
+    )
+
+
 # ---- multimodal chat -------------------------------------------------------------------------------
 
 #: The image token the tiny LLaVA's prompts carry.
@@ -1249,6 +1410,7 @@ if __name__ == "__main__":
         "tiny_vit",
         "tiny_yolos",
         "tiny_whisper",
+        "tiny_whisper_timestamps",
         "smollm2",
     ]
     for recipe in sys.argv[1:] or defaults:

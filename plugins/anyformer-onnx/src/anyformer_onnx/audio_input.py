@@ -88,5 +88,8 @@ def load_audio(value: Any, rate: int, max_seconds: float, what: str = "the audio
     if not np.isfinite(audio).all():
         raise _bad(f"{what} has NaN or infinite samples")
     if audio.size > max_seconds * rate:
-        raise _bad(f"{what} lasts {audio.size / rate:.1f} s; at most {max_seconds:g} s are transcribed in one call")
+        raise _bad(
+            f"{what} lasts {audio.size / rate:.1f} s; at most {max_seconds:g} s are transcribed in one call"
+            " (the max_duration_s option)"
+        )
     return audio

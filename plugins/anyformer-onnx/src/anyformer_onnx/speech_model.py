@@ -10,10 +10,17 @@ the cross-attention keys and values are computed once, by the first step.
 
 The prompt is ``generation_config.json``'s: the start token; on a multilingual model the language
 (the ``language`` option, else detected as transformers does: the likeliest language token after
-the start token) and the task (``transcribe`` or ``translate``); then ``<|notimestamps|>``
-(timestamps are not produced). Each step suppresses ``suppress_tokens``, the first also
-``begin_suppress_tokens``; the reply ends at ``eos_token_id`` or after ``max_new_tokens`` (default:
-``max_length`` less the prompt).
+the start token) and the task (``transcribe`` or ``translate``); then ``<|notimestamps|>`` unless
+timestamps are asked for. Each step suppresses ``suppress_tokens``, the first also
+``begin_suppress_tokens``, and with timestamps Whisper's timestamp rules apply
+(:func:`~anyformer_onnx.whisper_longform.timestamp_rules`); a reply ends at ``eos_token_id`` or after
+``max_new_tokens`` (default: ``max_length`` less the prompt).
+
+As transformers' pipeline with ``chunk_length_s=30``: a clip is cut into windows of 30 s overlapping
+by 5 s on each inner side; each window is decoded as Whisper's ``generate`` decodes one (resuming
+after the last pair of timestamps until the window's end) and the windows' tokens are merged where
+they overlap into the text and, with ``return_timestamps=True``, segments
+``{"text", "timestamp": (start, end)}`` (:mod:`anyformer_onnx.whisper_longform`).
 """
 
 from __future__ import annotations
@@ -29,11 +36,15 @@ from anyformer.plugin import AnyformerError, ErrorCode
 from anyformer_onnx import BACKEND_ID
 from anyformer_onnx.audio_input import load_audio
 from anyformer_onnx.log_mel import LogMel
+from anyformer_onnx.whisper_longform import chunk_spans, merge_windows, split_segments, timestamp_rules
 
 _PAST = re.compile(r"^past_key_values\.(\d+)\.(decoder|encoder)\.(key|value)$")
 #: The most clips one call takes.
 MAX_CLIPS = 64
 TASKS = ("transcribe", "translate")
+#: The longest audio one call transcribes unless ``max_duration_s`` says otherwise, and the most it may say.
+DEFAULT_MAX_SECONDS = 1800.0
+MAX_SECONDS_CEILING = 4 * 3600.0
 
 
 def _int_ids(value: Any) -> list[int]:
@@ -124,6 +135,16 @@ class OnnxSpeechRecognizerModel:
         self.tasks = {str(k): v for k, v in tasks.items() if isinstance(v, int)} if isinstance(tasks, Mapping) else {}
         no_timestamps = _int_ids(generation.get("no_timestamps_token_id"))
         self.no_timestamps = no_timestamps[0] if no_timestamps else None
+        #: The first timestamp token (``<|0.00|>``): right after ``<|notimestamps|>`` in Whisper's vocabularies.
+        self.timestamp_begin = self.no_timestamps + 1 if self.no_timestamps is not None else None
+        initial = generation.get("max_initial_timestamp_index")
+        self.max_initial = initial if isinstance(initial, int) and not isinstance(initial, bool) else None
+        self.eos_first = _int_ids(generation.get("eos_token_id"))[0]
+        added = tokenizer.get_added_tokens_decoder() if hasattr(tokenizer, "get_added_tokens_decoder") else {}
+        limit = self.timestamp_begin if self.timestamp_begin is not None else float("inf")
+        self.special = {int(i) for i, token in added.items() if getattr(token, "special", False) and i < limit}
+        vocabulary = tokenizer.get_vocab_size(with_added_tokens=True) if hasattr(tokenizer, "get_vocab_size") else 0
+        self.has_timestamps = self.timestamp_begin is not None and vocabulary > self.timestamp_begin
         max_length = generation.get("max_length")
         self.max_length = max_length if isinstance(max_length, int) and max_length > 0 else 448
         if front_end.samples // front_end.hop != graphs.frames and isinstance(graphs.frames, int):
@@ -150,8 +171,8 @@ class OnnxSpeechRecognizerModel:
             raise AnyformerError(ErrorCode.BAD_REQUEST, f"language {language!r} is not one of this model's: {known}")
         return self.languages[token]
 
-    def prompt(self, states: Any, language: Any, task: Any) -> list[int]:
-        """The decoder's prompt for one clip (see the module docstring); detects the language when needed."""
+    def prompt(self, states: Any, language: Any, task: Any, timestamps: bool = False) -> list[int]:
+        """The decoder's prompt for one window (see the module docstring); detects the language when needed."""
         if task not in TASKS:
             raise AnyformerError(ErrorCode.BAD_REQUEST, f"task must be one of {TASKS}, got {task!r}")
         chosen = self._language_id(language)
@@ -165,7 +186,7 @@ class OnnxSpeechRecognizerModel:
                 ids.append(self.tasks[task])
         elif task != "transcribe":
             raise AnyformerError(ErrorCode.BAD_REQUEST, "this model only transcribes (it has no task tokens)")
-        if self.no_timestamps is not None:
+        if self.no_timestamps is not None and not timestamps:
             ids.append(self.no_timestamps)
         return ids
 
@@ -184,38 +205,49 @@ class OnnxSpeechRecognizerModel:
         past = {name: by_name[name.replace("past_key_values", "present")] for name in self.graphs.past_names}
         return logits, past
 
-    def _pick(self, logits: np.ndarray, first: bool) -> int:
+    def _pick(self, logits: np.ndarray, reply: list[int], timestamps: bool) -> int:
         scores = logits.astype(np.float32).copy()
         for token in self.suppress:
             if 0 <= token < scores.shape[0]:
                 scores[token] = -np.inf
-        if first:
+        if not reply:
             for token in self.begin_suppress:
                 if 0 <= token < scores.shape[0]:
                     scores[token] = -np.inf
+        if timestamps and self.timestamp_begin is not None and self.no_timestamps is not None:
+            timestamp_rules(
+                scores,
+                reply,
+                timestamp_begin=self.timestamp_begin,
+                no_timestamps=self.no_timestamps,
+                eos=self.eos_first,
+                max_initial=self.max_initial,
+            )
         return int(np.argmax(scores))
 
-    def decode(self, audio: np.ndarray, *, language: Any, task: Any, max_new_tokens: int | None) -> list[int]:
-        """Greedy token ids (the end token left out) for one clip of mono samples."""
+    def _encode(self, features: np.ndarray) -> Any:
         import onnxruntime
 
         graphs = self.graphs
         if graphs.encoder is None:
             raise AnyformerError(ErrorCode.BAD_REQUEST, f"{graphs.label} was disposed")
-        features = self.front_end(audio)[None]
         (states,) = graphs.encoder.run_with_ort_values(
-            ["last_hidden_state"], {"input_features": onnxruntime.OrtValue.ortvalue_from_numpy(features)}
+            ["last_hidden_state"], {"input_features": onnxruntime.OrtValue.ortvalue_from_numpy(features[None])}
         )
-        prompt = self.prompt(states, language, task)
-        room = self.max_length - len(prompt)
-        budget = room if max_new_tokens is None else min(max_new_tokens, room)
+        return states
+
+    def _greedy(self, states: Any, prompt: list[int], budget: int, timestamps: bool) -> list[int]:
+        """Greedy token ids after ``prompt`` (the end token left out), at most ``budget`` of them."""
+        import onnxruntime
+
+        graphs = self.graphs
         if budget <= 0:
             return []
         logits, past = self._first_step(states, prompt)
         reply: list[int] = []
         own_outputs = ["logits", *(name.replace("past_key_values", "present") for name in graphs.own)]
         while True:
-            token = self._pick(logits, first=not reply)
+            token = self._pick(logits, reply, timestamps)
             if token in self.eos:
                 break
             reply.append(token)
@@ -228,6 +260,114 @@ class OnnxSpeechRecognizerModel:
                 past[name] = value
         return reply
 
+    def decode(
+        self, audio: np.ndarray, *, language: Any, task: Any, max_new_tokens: int | None, timestamps: bool = False
+    ) -> tuple[list[int], float]:
+        """Token ids for one window of mono samples, and the seconds one timestamp step stands for.
+
+        As Whisper's ``generate`` does for a window: the language (when detected) and the prompt come
+        from the whole window; after each reply decoding resumes at the first timestamp of its last
+        pair of consecutive timestamps (:func:`split_segments`), on the features from there on padded
+        with zeros, until the window's end; the replies are concatenated.
+        """
+        features = self.front_end(audio)
+        frames = features.shape[1]
+        states = self._encode(features)
+        positions = int(states.shape()[1])
+        stride = max(1, frames // positions) if positions else 2
+        precision = self.front_end.seconds / positions if positions else 0.02
+        prompt = self.prompt(states, language, task, timestamps)
+        room = self.max_length - len(prompt)
+        budget = room if max_new_tokens is None else min(max_new_tokens, room)
+        ids: list[int] = []
+        seek = 0
+        while seek < frames:
+            if seek:
+                window = np.zeros_like(features)
+                window[:, : frames - seek] = features[:, seek:]
+                states = self._encode(window)
+            reply = self._greedy(states, prompt, budget, timestamps)
+            if self.timestamp_begin is None:
+                ids.extend(reply)
+                break
+            kept, advance = split_segments(reply, self.timestamp_begin, stride)
+            ids.extend(kept)
+            # transformers would decode the same frames again when a reply's last pair starts at 0.00 (only
+            # possible without the timestamp rules): the window ends there instead.
+            if advance is None or advance <= 0:
+                break
+            seek += advance
+        return ids, precision
+
+    def _options(self, chunk_length_s: Any, stride_length_s: Any, max_duration_s: Any) -> tuple[int, int, int, float]:
+        """Chunk and stride lengths in samples and the longest audio in seconds, checked."""
+
+        def number(value: Any, name: str) -> float:
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value):
+                raise AnyformerError(ErrorCode.BAD_REQUEST, f"{name} must be a number of seconds, got {value!r}")
+            return float(value)
+
+        rate, window = self.front_end.rate, self.front_end.seconds
+        chunk = window if chunk_length_s is None else number(chunk_length_s, "chunk_length_s")
+        if not 0 < chunk <= window:
+            raise AnyformerError(
+                ErrorCode.BAD_REQUEST, f"chunk_length_s must be more than 0 and at most {window:g} (one window)"
+            )
+        if stride_length_s is None:
+            strides = (chunk / 6, chunk / 6)
+        elif isinstance(stride_length_s, (list, tuple)) and len(stride_length_s) == 2:
+            strides = (number(stride_length_s[0], "stride_length_s"), number(stride_length_s[1], "stride_length_s"))
+        else:
+            strides = (number(stride_length_s, "stride_length_s"),) * 2
+        chunk_samples = round(chunk * rate)
+        left, right = (round(s * rate) for s in strides)
+        if left < 0 or right < 0 or left + right >= chunk_samples:
+            raise AnyformerError(
+                ErrorCode.BAD_REQUEST, "stride_length_s must be ≥ 0 and the two strides shorter than the chunk"
+            )
+        longest = DEFAULT_MAX_SECONDS if max_duration_s is None else number(max_duration_s, "max_duration_s")
+        if not 0 < longest <= MAX_SECONDS_CEILING:
+            raise AnyformerError(
+                ErrorCode.BAD_REQUEST, f"max_duration_s must be more than 0 and at most {MAX_SECONDS_CEILING:g}"
+            )
+        return chunk_samples, left, right, longest
+
+    def transcribe(
+        self,
+        audio: np.ndarray,
+        *,
+        spans: tuple[int, int, int],
+        language: Any,
+        task: Any,
+        max_new_tokens: int | None,
+        timestamps: bool,
+    ) -> tuple[dict[str, Any], list[int]]:
+        """One clip in overlapping windows (:func:`chunk_spans`), merged as the pipeline merges them."""
+        rate = self.front_end.rate
+        chunk, left, right = spans
+        windows = []
+        one_window: list[int] = []
+        precision = 0.02
+        for start, end, stride_left, stride_right in chunk_spans(audio.size, chunk, left, right):
+            ids, precision = self.decode(
+                audio[start:end], language=language, task=task, max_new_tokens=max_new_tokens, timestamps=timestamps
+            )
+            windows.append((ids, ((end - start) / rate, stride_left / rate, stride_right / rate)))
+            one_window = ids
+        text, segments, merged = merge_windows(
+            windows,
+            timestamp_begin=self.timestamp_begin if self.timestamp_begin is not None else 1 << 62,
+            precision=precision,
+            special=self.special,
+            languages={v: k.strip("<|>") for k, v in self.languages.items()},
+            timestamps=timestamps,
+            decode=lambda ids: self.tokenizer.decode(ids, skip_special_tokens=False),
+        )
+        result: dict[str, Any] = {"text": text}
+        if timestamps:
+            result["chunks"] = segments
+        return result, one_window if len(windows) == 1 else merged
+
     def run(
         self,
         input: Any,
@@ -237,31 +377,54 @@ class OnnxSpeechRecognizerModel:
         max_new_tokens: Any = None,
         return_timestamps: Any = False,
         return_token_ids: Any = False,
+        chunk_length_s: Any = None,
+        stride_length_s: Any = None,
+        max_duration_s: Any = None,
         **rest: Any,
     ) -> Any:
-        """Transcribe a clip, or a list of clips: ``{"text"}`` each (``token_ids`` too when asked), as the pipeline."""
+        """Transcribe a clip, or a list of clips: ``{"text"}`` each (``chunks`` and ``token_ids`` when asked)."""
         if rest:
             raise AnyformerError(ErrorCode.BAD_REQUEST, f"unknown option {sorted(rest)[0]!r} for {self.task}")
-        if return_timestamps:
-            raise AnyformerError(ErrorCode.BAD_REQUEST, "timestamps are not produced by this backend")
+        if return_timestamps not in (False, True, None):
+            raise AnyformerError(
+                ErrorCode.BAD_REQUEST,
+                f"return_timestamps must be True or False (segment timestamps), got {return_timestamps!r}; "
+                "word timestamps are not produced",
+            )
+        timestamps = bool(return_timestamps)
+        if timestamps and not self.has_timestamps:
+            raise AnyformerError(
+                ErrorCode.BAD_REQUEST, f"{self.graphs.label} has no timestamp tokens: timestamps cannot be produced"
+            )
         if max_new_tokens is not None and (
             isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1
         ):
             raise AnyformerError(
                 ErrorCode.BAD_REQUEST, f"max_new_tokens must be an integer ≥ 1, got {max_new_tokens!r}"
             )
+        chunk, left, right, longest = self._options(chunk_length_s, stride_length_s, max_duration_s)
         # A list of clips holds arrays, dicts, paths or bytes; a list of numbers is one clip's samples.
         clip_types = (list, tuple, np.ndarray, dict, str, bytes, bytearray, memoryview, Path)
         single = not (isinstance(input, list) and input and isinstance(input[0], clip_types))
         clips = [input] if single else input
         if len(clips) > MAX_CLIPS:
             raise AnyformerError(ErrorCode.BAD_REQUEST, f"{len(clips)} clips in one call; at most {MAX_CLIPS}")
-        rate, seconds = self.front_end.rate, self.front_end.seconds
+        audios = [
+            load_audio(clip, self.front_end.rate, longest, "the audio" if single else f"clip {index}")
+            for index, clip in enumerate(clips)
+        ]
+        if self.graphs.encoder is None:
+            raise AnyformerError(ErrorCode.BAD_REQUEST, f"{self.graphs.label} was disposed")
         results = []
-        for index, clip in enumerate(clips):
-            audio = load_audio(clip, rate, seconds, "the audio" if single else f"clip {index}")
-            ids = self.decode(audio, language=language, task=task, max_new_tokens=max_new_tokens)
-            result: dict[str, Any] = {"text": self.tokenizer.decode(ids, skip_special_tokens=True)}
+        for audio in audios:
+            result, ids = self.transcribe(
+                audio,
+                spans=(chunk, left, right),
+                language=language,
+                task=task,
+                max_new_tokens=max_new_tokens,
+                timestamps=timestamps,
+            )
             if return_token_ids:
                 result["token_ids"] = ids
             results.append(result)
