@@ -11,9 +11,12 @@ over local. All three share the machine's cores (the servers compute what the lo
 
     python plugins/anyformer-llamacpp/bench/bench_rpc.py [--rounds 3] [--tokens 64] [--model PATH] [--threads N]
 
-Figures (2 shared cores, SmolLM2-135M Q4_1, context 512, 48 tokens, median of 3 rounds, 2026-11-30):
-local 55.7 tok/s; two servers 54.1 (0.97x, +0.54 ms per token); through the relay 52.2 (0.94x,
-+1.20 ms per token); 1.0 request that waits for a reply per token and server.
+Figures (2 shared cores, 1 thread each, median of 3 rounds, 2026-12-01; docs/rpc.md has the table):
+SmolLM2-135M Q4_1, 48 tokens: local 137.3 tok/s, two servers 105.3 (0.77x), through the relay 121.8
+(0.89x). Random weights in SmolLM2-1.7B's shapes (``random_gguf.py write --shape 1.7b``), 32 tokens:
+Q4_1 12.3 / 12.2 / 12.3 tok/s (0.99x, 1.00x); Q4_0 19.1 / 14.5 / 15.0 (0.76x, 0.79x: most likely the host's
+repacked Q4_0 kernels, which an RPC server does not use). 1.0 request that waits for a reply per
+token and server.
 """
 
 from __future__ import annotations
