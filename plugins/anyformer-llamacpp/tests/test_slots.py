@@ -38,11 +38,11 @@ def test_cut_back_forgets_the_cuts_past_the_prefix() -> None:
 
 def test_the_slot_with_the_longest_reuse_is_chosen_else_the_least_recently_used() -> None:
     header = list(range(10))
-    reusing = _holding(1, header + [50], plan(11, [10]), last_used=5)
+    reusing = _holding(1, [*header, 50], plan(11, [10]), last_used=5)
     older = _holding(2, [70, 71], plan(2), last_used=1)
-    busy = _holding(0, header + [50], plan(11, [10]))
+    busy = _holding(0, [*header, 50], plan(11, [10]))
     busy.busy = True
-    prompt = header + [60, 61]
+    prompt = [*header, 60, 61]
     assert choose_slot([busy, reusing, older], prompt, plan(len(prompt), [10])) == (reusing, 10)
     assert choose_slot([busy, reusing, older], [5, 6, 7], plan(3)) == (older, 0)
     reusing.busy = older.busy = True
