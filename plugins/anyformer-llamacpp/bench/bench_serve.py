@@ -16,8 +16,10 @@ medians over rounds. Target: at 4 clients the batched aggregate ≥ 1.6× the se
 
 Each row also gives the CPU time the server spent per generated token (``CPU ms/tok``): user and
 system time of the server process and every process under it (an isolated worker), read from
-``/proc`` before and after the load. On a machine shared with other work that figure is far
-steadier than tokens per second, which drop whenever another process takes the cores.
+``/proc`` before and after the load, and the part of it the server process itself spent (``server
+ms``: HTTP, SSE, and with an isolated worker the frames it reads; the rest is the worker's). On a
+machine shared with other work that figure is far steadier than tokens per second, which drop
+whenever another process takes the cores.
 
     python plugins/anyformer-llamacpp/bench/bench_serve.py [--rounds 3] [--threads 1] [--parallel 4]
         [--clients 4] [--in-process] [--only SUBSTRING ...]
@@ -60,8 +62,8 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def _cpu_seconds(root: int) -> float:
-    """User and system CPU seconds of process ``root`` and every process under it, from ``/proc``."""
+def _cpu_seconds(root: int) -> tuple[float, float]:
+    """User and system CPU seconds of process ``root`` alone, and of it with every process under it, from ``/proc``."""
     children: dict[int, list[int]] = {}
     times: dict[int, float] = {}
     tick = os.sysconf("SC_CLK_TCK")
@@ -82,7 +84,7 @@ def _cpu_seconds(root: int) -> float:
         pid = todo.pop()
         total += times.get(pid, 0.0)
         todo.extend(children.get(pid, ()))
-    return total
+    return times.get(root, 0.0), total
 
 
 @contextlib.contextmanager
@@ -161,12 +163,14 @@ def _load(port: int, pid: int, model: str, clients: int, requests: int, max_toke
     for thread in threads:
         thread.join()
     wall = time.perf_counter() - started
-    cpu = _cpu_seconds(pid) - cpu_before
+    cpu_after = _cpu_seconds(pid)
+    own, cpu = (after - before for after, before in zip(cpu_after, cpu_before, strict=True))
     ttfts = sorted(r[0] for r in results)
     tokens = sum(r[1] for r in results)
     return {
         "tok_per_sec": tokens / wall,
         "cpu_ms_per_tok": 1000 * cpu / max(tokens, 1),
+        "server_cpu_ms_per_tok": 1000 * own / max(tokens, 1),
         "ttft_p50": statistics.median(ttfts),
         "ttft_p99": ttfts[min(len(ttfts) - 1, round(0.99 * (len(ttfts) - 1)))],
     }
@@ -266,13 +270,15 @@ def main() -> None:
         f"per client, context {args.context} per stream, medians of {args.rounds} rounds"
     )
     print(f"load average before / after: {load_before} / {_load_average()}")
-    print(f"{'server':40} {'clients':>7} {'tok/s':>8} {'TTFT p50':>9} {'TTFT p99':>9} {'CPU ms/tok':>10}")
+    print(
+        f"{'server':40} {'clients':>7} {'tok/s':>8} {'TTFT p50':>9} {'TTFT p99':>9} {'CPU ms/tok':>10} {'server ms':>9}"
+    )
     for name in servers:
         for clients in clients_list:
             print(
                 f"{name:40} {clients:7d} {median(name, clients, 'tok_per_sec'):8.1f} "
                 f"{median(name, clients, 'ttft_p50') * 1000:7.0f}ms {median(name, clients, 'ttft_p99') * 1000:7.0f}ms "
-                f"{median(name, clients, 'cpu_ms_per_tok'):10.2f}"
+                f"{median(name, clients, 'cpu_ms_per_tok'):10.2f} {median(name, clients, 'server_cpu_ms_per_tok'):9.2f}"
             )
     serial, batched = "anyformer --parallel 1", f"anyformer --parallel {args.parallel}"
     peer = f"llama-server --parallel {args.parallel}"

@@ -134,6 +134,23 @@ def test_a_slot_keeps_its_prefix_for_the_next_prompt(batched: anyformer.Loaded) 
     assert fresh.text == second.text
 
 
+def test_a_slot_keeps_a_short_system_prompt_up_to_the_new_question(batched: anyformer.Loaded, smollm2) -> None:  # type: ignore[no-untyped-def]
+    """A prefix shorter than a block is kept up to where the question's text begins (the prompt's marks), as
+    the one-stream engine keeps it, and the greedy text is the one-stream engine's."""
+
+    def ask(question: str) -> list[dict[str, str]]:
+        return [{"role": "system", "content": "Be brief."}, {"role": "user", "content": question}]
+
+    batched.complete(ask("Name a colour."), max_new_tokens=4)
+    smollm2.complete(ask("Name a colour."), max_new_tokens=4)
+    second = batched.complete(ask("Name a fruit."), max_new_tokens=8)
+    warm = batched.handle.last_prompt_evaluated
+    alone = smollm2.complete(ask("Name a fruit."), max_new_tokens=8)
+    assert second.prompt_tokens is not None and second.prompt_tokens < 32  # within the first block
+    assert warm == smollm2.handle.last_prompt_evaluated < second.prompt_tokens - 8
+    assert second.text == alone.text
+
+
 def test_dispose_with_streams_open_ends_them(smollm2_path: Path) -> None:
     loaded = anyformer.load(smollm2_path, backend="llamacpp", context=512, options={"parallel": 2})
     streams = [loaded.generate(prompt, max_new_tokens=1000) for prompt in PROMPTS[:2]]

@@ -3,15 +3,17 @@
 A scheduler thread owns the context. Each step it
 
 1. admits waiting prompts to free slots (``_slots.choose_slot``: the slot whose cache holds the
-   longest part of the prompt), cutting that slot's cache back to the prefix it keeps;
+   longest part of the prompt, up to a cut of both prompts' plans), cutting that slot's cache back
+   to the prefix it keeps;
 2. drops the streams whose callers cancelled or left (their slot's cache is kept for reuse);
 3. runs one ``llama_decode`` of a ``llama_batch`` holding the last token of every decoding
    sequence (each with its own ``seq_id`` and position), and picks each one's next token;
-4. evaluates prompt blocks of the sequences still reading their prompt, at the same fixed
-   positions as the one-stream engine (``prompt_blocks``) and each in a decode of its own (so its
-   numbers never depend on what the other streams do), at most :data:`PREFILL_TOKENS_PER_STEP`
-   positions while others decode: a long prompt is read over several steps instead of stalling
-   every other stream, and each of those steps still advances every decoding stream by a token.
+4. evaluates prompt blocks of the sequences still reading their prompt, cut where the one-stream
+   engine cuts them (``prompt_blocks``: the block grid and where each message's text begins) and
+   each in a decode of its own (so its numbers never depend on what the other streams do), at most
+   :data:`PREFILL_TOKENS_PER_STEP` positions while others decode: a long prompt is read over several
+   steps instead of stalling every other stream, and each of those steps still advances every
+   decoding stream by a token.
 
 Tokens go back to each stream's queue as ids (with a log-probability entry when asked for); the
 stream's own thread turns them into text. The context uses ``kv_unified = false``: each sequence
@@ -25,7 +27,7 @@ import ctypes
 import dataclasses
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import llama_cpp
@@ -65,6 +67,8 @@ class Ticket:
     prompt: list[int]
     options: GenerateOptions
     budget: int
+    #: Where the prompt's batches end (``prompt_blocks.plan``: the block grid, the marks, the end).
+    ends: list[int]
     replies: queue.SimpleQueue[Any] = dataclasses.field(default_factory=queue.SimpleQueue)
     #: Set by the stream when its caller is done with it (closed, cancelled, disposed).
     abandoned: threading.Event = dataclasses.field(default_factory=threading.Event)
@@ -135,10 +139,15 @@ class BatchEngine:
 
     # ---- what streams call ------------------------------------------------------------------------
 
-    def submit(self, prompt: list[int], options: GenerateOptions, budget: int) -> Ticket:
-        """Queue a prompt; its tokens come back on the ticket's queue."""
+    def submit(self, prompt: list[int], options: GenerateOptions, budget: int, marks: Sequence[int] = ()) -> Ticket:
+        """Queue a prompt; its tokens come back on the ticket's queue.
+
+        ``marks`` are where each message's text begins: the prompt is cut there too, as the
+        one-stream engine cuts it, so a slot holding the same system prompt keeps it up to the new
+        question.
+        """
         rng = np.random.default_rng(options.seed) if options.temperature > 0 else None
-        ticket = Ticket(prompt=prompt, options=options, budget=budget, rng=rng)
+        ticket = Ticket(prompt=prompt, options=options, budget=budget, ends=plan(len(prompt), marks), rng=rng)
         ticket.score_prompt = bool(options.prompt_logprobs) and options.logprobs is not None
         with self._changed:
             if self._closing:
@@ -201,7 +210,7 @@ class BatchEngine:
                 self._waiting.pop(0)
                 ticket.replies.put("cancelled")
                 continue
-            chosen = choose_slot(self.slots, ticket.prompt)
+            chosen = choose_slot(self.slots, ticket.prompt, ticket.ends)
             if chosen is None:
                 return
             slot, prefix = chosen
@@ -291,7 +300,7 @@ class BatchEngine:
         slot = ticket.slot
         assert slot is not None
         prompt = ticket.prompt
-        for first, stop in batches(plan(len(prompt)), ticket.position, len(prompt)):
+        for first, stop in batches(ticket.ends, ticket.position, len(prompt)):
             if stop - first > room or ticket.stop_wanted():  # a cancel stops a long prompt within a block
                 break
             self._batch.n_tokens = 0
@@ -304,8 +313,7 @@ class BatchEngine:
                 for row, position in enumerate(range(first, min(stop, len(prompt) - 1))):
                     ticket.prompt_entries.append(self._score(self._logits(row), prompt[position + 1], top))
             slot.tokens.extend(prompt[first:stop])
-            if stop - first == BLOCK and first == slot.full_blocks_end:
-                slot.full_blocks_end = stop
+            slot.ends.append(stop)
             ticket.evaluated += stop - first
             ticket.position = stop
             room -= stop - first

@@ -93,19 +93,21 @@ class ParallelLlamaCppModel(LlamaCppModel):
     def _decode(
         self, segments: Segments, options: GenerateOptions, chunks: Chunks | None = None, marks: list[int] | None = None
     ) -> Iterator[Chunk]:
-        # ``marks`` (where each message's text begins) are not used: a slot's prompts are cut on the block
-        # grid alone, so every slot's cache follows one rule (see _slots).
         if chunks is not None:  # no projector is loaded in parallel mode, so no prompt has images
             chunks.close()
+        # Cut where each message's text begins and where each segment ends, as the one-stream engine cuts
+        # a prompt: a slot holding the same system prompt keeps it up to the new question (see _slots).
+        cuts = list(marks or [])
         prompt: list[int] = []
         for segment in segments:
             assert not isinstance(segment, ImageChunk)
             prompt.extend(segment)
+            cuts.append(len(prompt))
         with self._using():
             engine = self._engine
             assert engine is not None
             budget = min(options.max_new_tokens, self.context - len(prompt))
-            ticket = engine.submit(prompt, options, budget)
+            ticket = engine.submit(prompt, options, budget, cuts)
             try:
                 yield from self._replies(ticket, len(prompt))
             finally:
