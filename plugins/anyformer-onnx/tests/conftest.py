@@ -100,6 +100,12 @@ def segformer_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+def mask2former_dir() -> Path:
+    """A tiny random Mask2Former exported to ONNX, with transformers' pipeline segments (three subtasks)."""
+    return onnx_exports.tiny_mask2former()
+
+
+@pytest.fixture(scope="session")
 def dpt_dir() -> Path:
     """A tiny random DPT depth estimator exported to ONNX, with transformers' pipeline depth maps."""
     return onnx_exports.tiny_dpt()

@@ -687,6 +687,96 @@ def tiny_segformer() -> Path:
     return cached("tiny-segformer", build_tiny_segformer, _test_images, export_vision, extra=VISION_IMAGES)
 
 
+def _segments(rows: Any) -> list[list[dict[str, Any]]]:
+    """The image-segmentation pipeline's segments per image, masks as 0/1 rows."""
+    import numpy as np
+
+    return [
+        [{"score": s["score"], "label": s["label"], "mask": (np.asarray(s["mask"]) // 255).tolist()} for s in row]
+        for row in rows
+    ]
+
+
+def build_tiny_mask2former(folder: Path) -> None:
+    """A random Mask2Former (Swin backbone, 64x64 pixels, 12 queries, 64 labels); the pipeline's segments.
+
+    64 labels: from 64 on, torch's unsorted ``topk`` (instance segmentation) returns the pairs best first.
+    """
+    import torch
+    from transformers import (
+        AutoImageProcessor,
+        Mask2FormerConfig,
+        Mask2FormerForUniversalSegmentation,
+        Mask2FormerImageProcessorPil,
+        SwinConfig,
+        pipeline,
+    )
+
+    labels = [f"thing{i}" for i in range(64)]
+    torch.manual_seed(0)
+    backbone = SwinConfig(
+        image_size=64,
+        patch_size=4,
+        embed_dim=16,
+        depths=[1, 1, 1, 1],
+        num_heads=[1, 1, 2, 2],
+        window_size=2,
+        out_features=["stage1", "stage2", "stage3", "stage4"],
+    )
+    config = Mask2FormerConfig(
+        backbone_config=backbone,
+        use_pretrained_backbone=False,
+        feature_size=32,
+        mask_feature_size=32,
+        hidden_dim=32,
+        encoder_feedforward_dim=64,
+        dim_feedforward=64,
+        encoder_layers=1,
+        decoder_layers=2,
+        num_attention_heads=2,
+        num_queries=12,
+        id2label=dict(enumerate(labels)),
+        label2id={label: i for i, label in enumerate(labels)},
+        architectures=["Mask2FormerForUniversalSegmentation"],
+    )
+    model = Mask2FormerForUniversalSegmentation(config).eval()
+    with torch.no_grad():  # confident classes and masks that differ from query to query
+        model.class_predictor.weight.normal_(0, 0.8)
+        model.model.transformer_module.queries_features.weight.normal_(0, 1)
+        model.model.transformer_module.queries_embedder.weight.normal_(0, 1)
+        embedder = model.model.transformer_module.decoder.mask_predictor.mask_embedder
+        for index in range(3):
+            embedder.get_submodule(f"{index}.0").weight.normal_(0, 0.15)
+        model.model.pixel_level_module.decoder.mask_projection.weight.normal_(0, 0.15)
+    config.save_pretrained(folder)
+    Mask2FormerImageProcessorPil(size={"height": 64, "width": 64}).save_pretrained(folder)
+    images = _test_images(folder)
+    with _quiet():
+        runner = pipeline(
+            "image-segmentation", model=model, image_processor=AutoImageProcessor.from_pretrained(str(folder))
+        )
+        paths = [str(folder / name) for name in images]
+        reference = {
+            "images": images,
+            "panoptic": _segments(runner(paths)),
+            "panoptic_low": _segments(runner(paths, subtask="panoptic", threshold=0.5)),
+            "panoptic_options": _segments(
+                runner(paths, threshold=0.5, mask_threshold=0.6, overlap_mask_area_threshold=0.3)
+            ),
+            "instance": _segments(runner(paths, subtask="instance", threshold=0.2)),
+            "semantic": _segments(runner(paths, subtask="semantic")),
+        }
+    export_vision(model, folder / "onnx" / "model.onnx", (64, 64), ["class_queries_logits", "masks_queries_logits"])
+    _write_json(folder / "reference.json", reference)
+
+
+def tiny_mask2former() -> Path:
+    """The cached tiny Mask2Former (a few seconds to export)."""
+    return cached(
+        "tiny-mask2former", build_tiny_mask2former, _test_images, export_vision, _segments, extra=VISION_IMAGES
+    )
+
+
 def build_tiny_dpt(folder: Path) -> None:
     """A random 4-layer DPT depth estimator (32x32 pixels); transformers' pipeline depth maps."""
     import numpy as np

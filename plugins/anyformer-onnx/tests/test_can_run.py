@@ -285,9 +285,24 @@ def test_a_ctc_speech_model_is_model() -> None:
 
 @pytest.mark.parametrize(
     ("architecture", "refusal"),
-    [("SegformerForSemanticSegmentation", None), ("Mask2FormerForUniversalSegmentation", Refusal.MODEL)],
+    [
+        ("SegformerForSemanticSegmentation", None),
+        ("Mask2FormerForUniversalSegmentation", None),
+        ("MaskFormerForInstanceSegmentation", Refusal.MODEL),
+        ("OneFormerForUniversalSegmentation", Refusal.MODEL),
+        ("DetrForSegmentation", Refusal.MODEL),
+    ],
 )
-def test_image_segmentation_reads_semantic_heads_only(architecture: str, refusal: Refusal | None) -> None:
+def test_image_segmentation_reads_semantic_heads_and_mask2former(architecture: str, refusal: Refusal | None) -> None:
     files = [("onnx/model.onnx", 10**6), ("preprocessor_config.json", 10)]
     model = _model(files, config={"architectures": [architecture]})
-    assert _refusal(_verdict(model, task="image-segmentation")) == refusal
+    verdict = _verdict(model, task="image-segmentation")
+    assert _refusal(verdict) == refusal
+    if refusal is not None:
+        assert architecture in verdict.reason  # the refusal names the head it does not read
+
+
+def test_universal_segmentation_heads_mean_image_segmentation() -> None:
+    files = [("onnx/model.onnx", 10**6), ("preprocessor_config.json", 10)]
+    model = _model(files, config={"architectures": ["Mask2FormerForUniversalSegmentation"]})
+    assert _verdict(model).estimate.details["task"] == "image-segmentation"

@@ -37,6 +37,10 @@ def _processor(kind: str) -> Any:
             return DPTImageProcessor(
                 size={"height": 42, "width": 42}, keep_aspect_ratio=True, ensure_multiple_of=14, resample=3
             )
+        if kind == "mask2former":  # shortest and longest edge, each side rounded up to a multiple of 32
+            from transformers import Mask2FormerImageProcessorPil
+
+            return Mask2FormerImageProcessorPil(size={"shortest_edge": 40, "longest_edge": 80})
         if kind == "convnext":  # a short side under 384: resized to shortest_edge / crop_pct, centre crop
             from transformers import ConvNextImageProcessor
 
@@ -50,7 +54,7 @@ def _processor(kind: str) -> Any:
         return ViTImageProcessor(size={"height": 24, "width": 40}, resample=1, do_normalize=False)
 
 
-@pytest.mark.parametrize("kind", ["clip", "detr", "vit", "dpt", "convnext", "convnext-large"])
+@pytest.mark.parametrize("kind", ["clip", "detr", "vit", "dpt", "convnext", "convnext-large", "mask2former"])
 def test_pixels_equal_transformers(kind: str) -> None:
     reference = _processor(kind)
     ours = ImagePreprocessor.from_config(json.loads(reference.to_json_string()), "test")

@@ -1,8 +1,9 @@
-"""image-classification and object-detection through ``loaded.run``, against transformers' pipelines.
+"""Vision tasks through ``loaded.run``, against transformers' pipelines.
 
 The fixtures recorded ``transformers.pipeline(task)`` (its Pillow image processors) on tiny random
-ViT and YOLOS models, for images of other sizes than the model's, before exporting them. Here the
-exported graphs run through the backend on the same files: labels and boxes equal, scores within 1e-4.
+ViT, YOLOS, SegFormer, Mask2Former and DPT models, for images of other sizes than the model's,
+before exporting them. Here the exported graphs run through the backend on the same files: labels,
+boxes and masks equal, scores within 1e-4.
 """
 
 from __future__ import annotations
@@ -127,6 +128,64 @@ def test_image_segmentation_equals_the_pipeline(segformer_dir: Path, reference: 
             assert np.array_equal(mask // 255, np.asarray(wanted["mask"], dtype=np.uint8))
             labels.add(segment["label"])
     assert len(labels) > 2, "the fixture should find several classes"
+
+
+def _same_segments(got: list[list[dict[str, Any]]], want: list[list[dict[str, Any]]]) -> int:
+    """Labels and masks equal, scores within 1e-4 (None for None); the number of non-empty segments."""
+    found = 0
+    assert len(got) == len(want)
+    for row, wanted_row in zip(got, want, strict=True):
+        assert [s["label"] for s in row] == [s["label"] for s in wanted_row]
+        for segment, wanted in zip(row, wanted_row, strict=True):
+            if wanted["score"] is None:
+                assert segment["score"] is None
+            else:
+                assert segment["score"] == pytest.approx(wanted["score"], abs=1e-4)
+            mask = segment["mask"]
+            assert mask.dtype == np.uint8 and set(np.unique(mask)) <= {0, 255}
+            assert np.array_equal(mask // 255, np.asarray(wanted["mask"], dtype=np.uint8))
+            found += bool(mask.any())
+    return found
+
+
+@pytest.mark.parametrize(
+    ("case", "options"),
+    [
+        ("panoptic", {}),
+        ("panoptic_low", {"subtask": "panoptic", "threshold": 0.5}),
+        ("panoptic_options", {"threshold": 0.5, "mask_threshold": 0.6, "overlap_mask_area_threshold": 0.3}),
+        ("instance", {"subtask": "instance", "threshold": 0.2}),
+        ("semantic", {"subtask": "semantic"}),
+    ],
+)
+def test_mask2former_segmentation_equals_the_pipeline(
+    mask2former_dir: Path, reference: Any, case: str, options: dict[str, Any]
+) -> None:
+    expected = reference(mask2former_dir)
+    paths = [str(mask2former_dir / name) for name in expected["images"]]
+    with anyformer.load(str(mask2former_dir), backend="onnx") as loaded:
+        assert loaded.task == "image-segmentation"
+        got = loaded.run(paths, **options)
+        assert _masks_equal(loaded.run(paths[2], **options), got[2])
+    found = _same_segments(got, expected[case])
+    labels = {s["label"] for row in expected[case] for s in row}
+    # Not a trivial comparison: segments of several labels, more than one in some image.
+    assert found >= 3 and len(labels) >= 2 and max(len(row) for row in expected[case]) >= 2
+
+
+def test_mask2former_bad_options_are_bad_request(mask2former_dir: Path) -> None:
+    image = str(mask2former_dir / "image0.png")
+    with anyformer.load(str(mask2former_dir), backend="onnx") as loaded:
+        for bad in (
+            {"subtask": "amodal"},
+            {"threshold": 1.5},
+            {"mask_threshold": "half"},
+            {"overlap_mask_area_threshold": -0.1},
+            {"top_k": 3},
+        ):
+            with pytest.raises(AnyformerError) as caught:
+                loaded.run(image, **bad)
+            assert caught.value.code == ErrorCode.BAD_REQUEST
 
 
 def _masks_equal(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> bool:

@@ -8,7 +8,9 @@ Done with Pillow and numpy, in the order transformers' image processors apply th
   a square. ``resample`` is Pillow's filter number (bilinear when absent).
   DPT's processors add ``keep_aspect_ratio`` (scale both sides by the factor nearer 1) and
   ``ensure_multiple_of`` (each side rounded to a multiple); ConvNeXt's ``crop_pct`` resizes a
-  short side under 384 to ``shortest_edge / crop_pct`` and crops the centre square.
+  short side under 384 to ``shortest_edge / crop_pct`` and crops the centre square. MaskFormer's
+  and Mask2Former's add ``size_divisor`` (default 32: each side of the resized image rounded up to
+  a multiple; one image is never padded further).
 - ``do_center_crop`` with ``crop_size`` (``{"height", "width"}``).
 - ``do_rescale`` by ``rescale_factor`` (1/255), then ``do_normalize`` with ``image_mean`` and
   ``image_std`` (ImageNet's when absent), channels first.
@@ -59,6 +61,7 @@ class ImagePreprocessor:
     keep_aspect: bool = False
     multiple: int = 1
     crop_pct: float | None = None
+    divisor: int = 0
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any], label: str) -> ImagePreprocessor:
@@ -94,12 +97,14 @@ class ImagePreprocessor:
         mean = _triple(config.get("image_mean"), IMAGENET_MEAN, "image_mean", label) if normalize else None
         std = _triple(config.get("image_std"), IMAGENET_STD, "image_std", label) if normalize else None
         kind = str(config.get("image_processor_type") or "")
-        keep_aspect, multiple, crop_pct = False, 1, None
+        keep_aspect, multiple, crop_pct, divisor = False, 1, None, 0
         if kind.startswith("DPT"):
             if config.get("do_pad"):
                 raise AnyformerError(ErrorCode.BAD_MODEL, f"{label}: DPT's padding (do_pad) is not implemented")
             keep_aspect = bool(config.get("keep_aspect_ratio"))
             multiple = _positive_int(config.get("ensure_multiple_of")) or 1
+        if kind.startswith(("MaskFormer", "Mask2Former")) and size is not None:
+            divisor = _positive_int(config.get("size_divisor", 32)) or 0
         if kind.startswith("ConvNext") and size is not None and "shortest_edge" in size:
             pct = config.get("crop_pct", 224 / 256)
             crop_pct = float(pct) if isinstance(pct, (int, float)) and 0 < pct <= 1 else 224 / 256
@@ -113,10 +118,18 @@ class ImagePreprocessor:
             keep_aspect=keep_aspect,
             multiple=multiple,
             crop_pct=crop_pct,
+            divisor=divisor,
         )
 
     def target_size(self, height: int, width: int) -> tuple[int, int]:
         """The (height, width) an image of this size is resized to."""
+        new_height, new_width = self._resized(height, width)
+        if self.divisor:
+            new_height = -(-new_height // self.divisor) * self.divisor
+            new_width = -(-new_width // self.divisor) * self.divisor
+        return new_height, new_width
+
+    def _resized(self, height: int, width: int) -> tuple[int, int]:
         if self.size is None:
             return height, width
         if "height" in self.size and "width" in self.size:

@@ -63,6 +63,7 @@ from anyformer_onnx.text_setup import TEXT_FILES, load_text_setup, load_tokenize
 from anyformer_onnx.vision_models import (
     OnnxDepthEstimatorModel,
     OnnxImageClassifierModel,
+    OnnxMaskSegmenterModel,
     OnnxObjectDetectorModel,
     OnnxSegmenterModel,
     VisionGraph,
@@ -236,6 +237,8 @@ def _open_vision_model(
     if task == IMAGE_CLASSIFICATION:
         return OnnxImageClassifierModel(graph, config=config, details=details)
     if task == IMAGE_SEGMENTATION:
+        if "class_queries_logits" in graph.outputs:
+            return OnnxMaskSegmenterModel(graph, config=config, details=details)
         return OnnxSegmenterModel(graph, config=config, details=details)
     if task == DEPTH_ESTIMATION:
         return OnnxDepthEstimatorModel(graph, details=details)

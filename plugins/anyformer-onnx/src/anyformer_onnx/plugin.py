@@ -41,6 +41,7 @@ from anyformer_onnx.tasks import (
     IMAGE_SEGMENTATION,
     IMAGE_TASKS,
     IMAGE_TEXT_TO_TEXT,
+    MASK_SEGMENTATION_HEADS,
     OBJECT_DETECTION,
     SPEECH_RECOGNITION,
     TASKS,
@@ -79,8 +80,13 @@ def task_problem(model: Model, task: str) -> tuple[Refusal, str] | None:
     if task == IMAGE_SEGMENTATION:
         architectures = model.config.get("architectures")
         names = [a for a in architectures if isinstance(a, str)] if isinstance(architectures, list) else []
-        if not any(name.endswith("ForSemanticSegmentation") for name in names):
-            return Refusal.MODEL, "image-segmentation reads semantic heads (…ForSemanticSegmentation) only"
+        if not any(name.endswith("ForSemanticSegmentation") or name in MASK_SEGMENTATION_HEADS for name in names):
+            head = f"head {names[0]!r}" if names else "a model without config.json architectures"
+            return (
+                Refusal.MODEL,
+                f"image-segmentation of {head}: this backend reads semantic heads (…ForSemanticSegmentation) "
+                f"and {', '.join(MASK_SEGMENTATION_HEADS)} only",
+            )
     if task == OBJECT_DETECTION:
         kind = model.config.get("model_type")
         if kind not in DETR_STYLE:

@@ -39,6 +39,9 @@ WHISPER_STYLE = ("whisper",)
 #: Detection heads (config.json ``model_type``) whose output is read: a softmax over the classes and
 #: a last "no object" class, with normalised centre/size boxes.
 DETR_STYLE = ("detr", "yolos", "table-transformer")
+#: Segmentation heads (config.json ``architectures``) whose output is read besides ``…ForSemanticSegmentation``:
+#: per query, class logits and mask logits, post-processed as Mask2Former's image processor does.
+MASK_SEGMENTATION_HEADS = ("Mask2FormerForUniversalSegmentation",)
 #: Tasks whose graph is an encoder giving one vector per token, pooled into embeddings.
 EMBEDDING_TASKS = (FEATURE_EXTRACTION, SENTENCE_SIMILARITY)
 #: Tasks whose graph is an encoder with a classification head (``logits``).
@@ -53,6 +56,8 @@ _ARCHITECTURE_TASKS = (
     ("ForImageClassification", IMAGE_CLASSIFICATION),
     ("ForObjectDetection", OBJECT_DETECTION),
     ("ForSemanticSegmentation", IMAGE_SEGMENTATION),
+    ("ForUniversalSegmentation", IMAGE_SEGMENTATION),
+    ("ForInstanceSegmentation", IMAGE_SEGMENTATION),
     ("ForDepthEstimation", DEPTH_ESTIMATION),
     ("WhisperForConditionalGeneration", SPEECH_RECOGNITION),
     ("ForSpeechSeq2Seq", SPEECH_RECOGNITION),

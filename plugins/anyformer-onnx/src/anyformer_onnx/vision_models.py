@@ -1,4 +1,4 @@
-"""Vision graphs (``pixel_values`` in): image-classification and object-detection.
+"""Vision graphs (``pixel_values`` in): classification, detection, segmentation and depth estimation.
 
 Outputs are shaped as transformers' pipelines return them:
 
@@ -15,6 +15,27 @@ Outputs are shaped as transformers' pipelines return them:
   class per pixel; per image, one ``{"score": None, "label", "mask"}`` per class present, in class
   order, ``mask`` a uint8 [height, width] array of 0 and 255 (the pipeline's Pillow ``L`` image as
   an array).
+- image-segmentation (Mask2Former heads: ``class_queries_logits`` [queries, classes + "no object"],
+  ``masks_queries_logits`` [queries, h, w]): as Mask2Former's image processor, the mask logits are
+  first resized bilinearly to 384x384, then per ``subtask``:
+
+  - ``panoptic`` (the default): each query's best class over the classes and "no object"; queries
+    whose best is a real class scoring above ``threshold`` (default 0.9) keep their mask
+    probabilities (sigmoid), resized to the image bilinearly and weighted by that score; each pixel
+    goes to the query weighing most there; a query's pixels are a segment when there are some and
+    they are more than ``overlap_mask_area_threshold`` (default 0.5) of its pixels weighing at least
+    ``mask_threshold`` (default 0.5). Segments in query order.
+  - ``instance``: the best ``queries`` (query, class) pairs by class probability, best first; each
+    pair's mask is the query's logits above 0, scored by the class probability times the mean mask
+    probability inside the mask, resized to the image by nearest neighbour; a non-empty mask scoring
+    at least ``threshold`` is a segment, later segments taking the pixels they share with earlier
+    ones. (The pipeline takes the same pairs in torch's unsorted ``topk`` order, which is best first
+    for 64 classes or more and differs for fewer.)
+  - ``semantic``: per pixel, the class with the highest sum over queries of class probability times
+    mask probability, as for semantic heads (``score`` None).
+
+  Per image a list of ``{"score", "label", "mask"}``, scores rounded to 6 digits, masks as for
+  semantic heads.
 - depth-estimation (``predicted_depth`` [h, w]): per image ``{"predicted_depth", "depth"}``, the
   first resized to the original image bicubically (as torch's ``interpolate`` with
   ``align_corners=False``), a float32 [height, width] array; the second that map scaled to 0-255
@@ -286,3 +307,154 @@ class OnnxObjectDetectorModel:
                 )
             results.append(found)
         return results[0] if single else results
+
+
+#: Mask2Former's image processor resizes the mask logits to this square before anything else.
+MASK2FORMER_MASK_SIDE = 384
+SUBTASKS = ("panoptic", "instance", "semantic")
+
+
+def _fraction(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        raise AnyformerError(ErrorCode.BAD_REQUEST, f"{name} must be a number from 0 to 1, got {value!r}")
+    return float(value)
+
+
+def sigmoid(values: np.ndarray) -> np.ndarray:
+    """The logistic function, float32."""
+    return (1 / (1 + np.exp(-values.astype(np.float32)))).astype(np.float32)
+
+
+def resize_nearest(maps: np.ndarray, height: int, width: int) -> np.ndarray:
+    """[channels, h, w] maps resized to [channels, height, width] as torch's ``nearest`` (float32 scale, floored)."""
+
+    def index(length: int, size: int) -> np.ndarray:
+        scale = np.float32(length) / np.float32(size)
+        source = np.floor(np.arange(size, dtype=np.float32) * scale).astype(np.int64)
+        return np.minimum(source, length - 1)
+
+    return maps[:, index(maps.shape[1], height)][:, :, index(maps.shape[2], width)]
+
+
+def _masks(found: list[tuple[float | None, str, np.ndarray]]) -> list[dict[str, Any]]:
+    return [
+        {"score": score, "label": label, "mask": np.where(mask, 255, 0).astype(np.uint8)}
+        for score, label, mask in found
+    ]
+
+
+class OnnxMaskSegmenterModel:
+    """A loaded Mask2Former: per query, class logits (the last "no object") and mask logits."""
+
+    backend = BACKEND_ID
+    task = "image-segmentation"
+    outputs = ("class_queries_logits", "masks_queries_logits")
+
+    def __init__(self, graph: VisionGraph, *, config: Mapping[str, Any], details: dict[str, Any]) -> None:
+        missing = [name for name in self.outputs if name not in graph.outputs]
+        if missing:
+            raise AnyformerError(ErrorCode.BAD_MODEL, f"{graph.label}: a Mask2Former graph needs a {missing[0]} output")
+        self.graph = graph
+        self.details = details
+        self.labels = labels_of(config)
+
+    def dispose(self) -> None:
+        """Drop the session; safe to call twice."""
+        self.graph.close()
+
+    def _label(self, index: int) -> str:
+        return self.labels.get(index, f"LABEL_{index}")
+
+    def run(
+        self,
+        input: Any,
+        *,
+        subtask: Any = None,
+        threshold: Any = 0.9,
+        mask_threshold: Any = 0.5,
+        overlap_mask_area_threshold: Any = 0.5,
+        **rest: Any,
+    ) -> Any:
+        """Segment an image or a list of images (the output shape is in the module docstring)."""
+        _unknown(self.task, rest)
+        if subtask is not None and subtask not in SUBTASKS:
+            raise AnyformerError(ErrorCode.BAD_REQUEST, f"subtask must be one of {SUBTASKS}, got {subtask!r}")
+        score_floor = _fraction("threshold", threshold)
+        mask_floor = _fraction("mask_threshold", mask_threshold)
+        overlap = _fraction("overlap_mask_area_threshold", overlap_mask_area_threshold)
+        images, single = images_of(input, self.task)
+        results = []
+        for image in images:
+            classes, masks = self.graph.run(image, list(self.outputs))
+            if classes.ndim != 3 or masks.ndim != 4 or classes.shape[1] != masks.shape[1]:
+                raise AnyformerError(
+                    ErrorCode.BAD_MODEL, f"{self.graph.label}: outputs of shapes {classes.shape} and {masks.shape}"
+                )
+            side = MASK2FORMER_MASK_SIDE
+            logits = resize_bilinear(masks[0], side, side)
+            probabilities = softmax(classes[0].astype(np.float32))
+            size = (image.size[1], image.size[0])
+            if subtask == "instance":
+                found = self._instances(probabilities, logits, size, score_floor)
+            elif subtask == "semantic":
+                found = self._semantic(probabilities, logits, size)
+            else:
+                found = self._panoptic(probabilities, logits, size, score_floor, mask_floor, overlap)
+            results.append(_masks(found))
+        return results[0] if single else results
+
+    def _panoptic(
+        self,
+        probabilities: np.ndarray,
+        logits: np.ndarray,
+        size: tuple[int, int],
+        score_floor: float,
+        mask_floor: float,
+        overlap: float,
+    ) -> list[tuple[float | None, str, np.ndarray]]:
+        best = probabilities.argmax(axis=-1)
+        scores = probabilities.max(axis=-1)
+        keep = np.nonzero((best != probabilities.shape[-1] - 1) & (scores > score_floor))[0]
+        if keep.size == 0:
+            return []
+        weighted = resize_bilinear(sigmoid(logits[keep]), *size) * scores[keep][:, None, None]
+        owner = weighted.argmax(axis=0)
+        found: list[tuple[float | None, str, np.ndarray]] = []
+        for k, query in enumerate(keep):
+            mask = owner == k
+            area, whole = int(mask.sum()), int((weighted[k] >= mask_floor).sum())
+            if area > 0 and whole > 0 and area / whole > overlap:
+                found.append((round(float(scores[query]), 6), self._label(int(best[query])), mask))
+        return found
+
+    def _instances(
+        self, probabilities: np.ndarray, logits: np.ndarray, size: tuple[int, int], score_floor: float
+    ) -> list[tuple[float | None, str, np.ndarray]]:
+        scores = probabilities[:, :-1]
+        queries, classes = scores.shape
+        flat = scores.reshape(-1)
+        order = np.argsort(-flat, kind="stable")[:queries]
+        chosen = logits[order // classes]
+        inside = chosen > 0
+        mean = (sigmoid(chosen) * inside).reshape(queries, -1).sum(axis=1) / (
+            inside.reshape(queries, -1).sum(axis=1) + np.float32(1e-6)
+        )
+        final = flat[order] * mean.astype(np.float32)
+        binary = resize_nearest(inside, *size)
+        segmentation = np.full(size, -1, dtype=np.int64)
+        kept: list[int] = []
+        for j in range(queries):
+            if binary[j].any() and float(final[j]) >= score_floor:
+                segmentation[binary[j]] = len(kept)
+                kept.append(j)
+        return [
+            (round(float(final[j]), 6), self._label(int(order[j] % classes)), segmentation == index)
+            for index, j in enumerate(kept)
+        ]
+
+    def _semantic(
+        self, probabilities: np.ndarray, logits: np.ndarray, size: tuple[int, int]
+    ) -> list[tuple[float | None, str, np.ndarray]]:
+        per_class = np.einsum("qc,qhw->chw", probabilities[:, :-1], sigmoid(logits))
+        owner = resize_bilinear(per_class, *size).argmax(axis=0)
+        return [(None, self._label(int(index)), owner == index) for index in np.unique(owner)]
