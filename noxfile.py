@@ -284,8 +284,12 @@ def fuzz(session: nox.Session) -> None:
 
 @nox.session
 def bench_onnx(session: nox.Session) -> None:
-    """The ONNX backend's decode and embedding speed against llama.cpp, onnxruntime-genai and torch (not CI)."""
+    """The ONNX backend's decode and embedding speed against llama.cpp, genai and sentence-transformers (not CI)."""
     install(session, CORE, PLUGINS["llamacpp"], PLUGINS["onnx"], extra=["onnx-ir>=1.0"])
     # onnxruntime-genai's builder makes the int4 graph it runs; without its dependencies (it pins onnxruntime).
     session.install("--no-deps", "onnxruntime-genai>=0.18")
+    # The embeddings' baseline: sentence-transformers itself, without letting its dependencies move torch or
+    # transformers (it imports scipy and scikit-learn at the top).
+    session.install("--no-deps", "sentence-transformers>=5")
+    session.install("scipy", "scikit-learn")
     session.run("python", "plugins/anyformer-onnx/bench/bench_decode.py", *session.posargs)

