@@ -130,6 +130,13 @@ class CpuMoEEngine:
             q = _rms(q, self._w.vector(p + "attn_q_norm.weight"), c.eps)
             k = _rms(k, self._w.vector(p + "attn_k_norm.weight"), c.eps)
         q, k = self._rotate(q, start), self._rotate(k, start)
+        out = self._causal_attention(layer, q, k, v, start)
+        return self._w.product(out.reshape(n, -1), p + "attn_output.weight")
+
+    def _causal_attention(self, layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int) -> np.ndarray:
+        """Store ``k``, ``v`` (tokens, n_kv, head_dim) at ``start`` in ``layer``'s cache and return each query's
+        softmax(q k^T / sqrt(head_dim)) v over the cached keys it may see, (tokens, n_head, head_dim)."""
+        c, n = self.config, q.shape[0]
         end = start + n
         self._k[layer, start:end] = k
         self._v[layer, start:end] = v
@@ -143,7 +150,7 @@ class CpuMoEEngine:
             s = (q[:, h] @ keys[:, h // group].T) * scale + mask
             s = np.exp(s - s.max(axis=1, keepdims=True))
             out[:, h] = (s / s.sum(axis=1, keepdims=True)) @ values[:, h // group]
-        return self._w.product(out.reshape(n, -1), p + "attn_output.weight")
+        return out
 
     def _experts(self, layer: int, x: np.ndarray) -> np.ndarray:
         c, p = self.config, f"blk.{layer}."

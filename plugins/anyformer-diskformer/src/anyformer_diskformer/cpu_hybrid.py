@@ -99,19 +99,7 @@ class HybridCpuEngine(CpuMoEEngine):
         v = self._w.product(x, p + "attn_v.weight").reshape(n, c.n_kv, c.head_dim)
         q = self._rotate(_rms(q, self._w.vector(p + "attn_q_norm.weight"), c.eps), start)
         k = self._rotate(_rms(k, self._w.vector(p + "attn_k_norm.weight"), c.eps), start)
-        end = start + n
-        self._k[layer, start:end] = k
-        self._v[layer, start:end] = v
-        keys, values = self._k[layer, :end], self._v[layer, :end]
-        group = c.n_head // c.n_kv
-        mask = np.where(np.arange(end)[None, :] > (start + np.arange(n))[:, None], -np.inf, 0.0).astype(np.float32)
-        out = np.empty((n, c.n_head, c.head_dim), dtype=np.float32)
-        scale = np.float32(1.0 / np.sqrt(c.head_dim))
-        for h in range(c.n_head):
-            s = (q[:, h] @ keys[:, h // group].T) * scale + mask
-            s = np.exp(s - s.max(axis=1, keepdims=True))
-            out[:, h] = (s / s.sum(axis=1, keepdims=True)) @ values[:, h // group]
-        out = out * (1.0 / (1.0 + np.exp(-gate)))
+        out = self._causal_attention(layer, q, k, v, start) * (1.0 / (1.0 + np.exp(-gate)))
         return self._w.product(out.reshape(n, -1).astype(np.float32), p + "attn_output.weight")
 
     def _delta_net(self, layer: int, x: np.ndarray, start: int) -> np.ndarray:
