@@ -1013,24 +1013,13 @@ def export_whisper(model: Any, folder: Path) -> None:
         )
 
 
-def build_tiny_whisper(folder: Path) -> None:
-    """A random 2-layer Whisper over a byte vocabulary; torch's greedy transcriptions of the clips."""
-    import wave
-
-    import numpy as np
+def _random_whisper(vocab: dict[str, int], seed: int) -> Any:
+    """A random 2-layer Whisper (width 64, eager attention) over ``vocab``, its weights drawn after ``seed``."""
     import torch
-    from transformers import (
-        AutoTokenizer,
-        GenerationConfig,
-        WhisperConfig,
-        WhisperFeatureExtractor,
-        WhisperForConditionalGeneration,
-    )
-    from transformers.generation import GenerationMixin
+    from transformers import WhisperConfig, WhisperForConditionalGeneration
 
-    vocab = _whisper_tokenizer(folder)
     end, start = vocab["<|endoftext|>"], vocab["<|startoftranscript|>"]
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     config = WhisperConfig(
         vocab_size=len(vocab),
         d_model=64,
@@ -1053,23 +1042,47 @@ def build_tiny_whisper(folder: Path) -> None:
         architectures=["WhisperForConditionalGeneration"],
         attn_implementation="eager",
     )
-    model = WhisperForConditionalGeneration(config).eval()
-    config.save_pretrained(folder)
-    languages = {f"<|{code}|>": vocab[f"<|{code}|>"] for code in ("en", "fr", "de")}
-    generation = {
+    return WhisperForConditionalGeneration(config).eval()
+
+
+def _whisper_generation(vocab: dict[str, int]) -> dict[str, Any]:
+    """generation_config.json of the tiny Whispers: Whisper's special tokens, three languages, suppressed tokens."""
+    end, start = vocab["<|endoftext|>"], vocab["<|startoftranscript|>"]
+    return {
         "decoder_start_token_id": start,
         "eos_token_id": end,
         "pad_token_id": end,
         "bos_token_id": end,
         "max_length": 448,
         "is_multilingual": True,
-        "lang_to_id": languages,
+        "lang_to_id": {f"<|{code}|>": vocab[f"<|{code}|>"] for code in ("en", "fr", "de")},
         "task_to_id": {"transcribe": vocab["<|transcribe|>"], "translate": vocab["<|translate|>"]},
         "no_timestamps_token_id": vocab["<|notimestamps|>"],
         # Byte tokens too, so the test sees suppression change the reply.
         "suppress_tokens": [vocab["<|startoflm|>"], vocab["<|startofprev|>"], vocab["<|nocaptions|>"], *range(0, 40)],
         "begin_suppress_tokens": [end, *range(40, 80)],
     }
+
+
+def build_tiny_whisper(folder: Path) -> None:
+    """A random 2-layer Whisper over a byte vocabulary; torch's greedy transcriptions of the clips."""
+    import wave
+
+    import numpy as np
+    import torch
+    from transformers import (
+        AutoTokenizer,
+        GenerationConfig,
+        WhisperFeatureExtractor,
+    )
+    from transformers.generation import GenerationMixin
+
+    vocab = _whisper_tokenizer(folder)
+    end, start = vocab["<|endoftext|>"], vocab["<|startoftranscript|>"]
+    model = _random_whisper(vocab, seed=0)
+    model.config.save_pretrained(folder)
+    generation = _whisper_generation(vocab)
+    languages = generation["lang_to_id"]
     _write_json(folder / "generation_config.json", generation)
     extractor = WhisperFeatureExtractor(feature_size=80)
     extractor.save_pretrained(folder)
@@ -1114,7 +1127,16 @@ def build_tiny_whisper(folder: Path) -> None:
 
 def tiny_whisper() -> Path:
     """The cached tiny Whisper (encoder, first-step decoder, decoder with past; under a minute to export)."""
-    return cached("tiny-whisper", build_tiny_whisper, _whisper_tokenizer, _clips, export_whisper, extra=SPEECH_CLIPS)
+    return cached(
+        "tiny-whisper",
+        build_tiny_whisper,
+        _random_whisper,
+        _whisper_generation,
+        _whisper_tokenizer,
+        _clips,
+        export_whisper,
+        extra=SPEECH_CLIPS,
+    )
 
 
 #: Long-form clips (seconds, base frequency in Hz) transcribed by transformers' pipeline in 30 s chunks.
@@ -1179,54 +1201,18 @@ def build_tiny_whisper_timestamps(folder: Path) -> None:
     from transformers import (
         AutoTokenizer,
         GenerationConfig,
-        WhisperConfig,
         WhisperFeatureExtractor,
-        WhisperForConditionalGeneration,
         pipeline,
     )
 
     vocab = _whisper_timestamp_tokenizer(folder)
-    end, start = vocab["<|endoftext|>"], vocab["<|startoftranscript|>"]
-    torch.manual_seed(1)
-    config = WhisperConfig(
-        vocab_size=len(vocab),
-        d_model=64,
-        encoder_layers=2,
-        decoder_layers=2,
-        encoder_attention_heads=4,
-        decoder_attention_heads=4,
-        encoder_ffn_dim=128,
-        decoder_ffn_dim=128,
-        num_mel_bins=80,
-        max_source_positions=1500,
-        max_target_positions=448,
-        init_std=0.3,
-        decoder_start_token_id=start,
-        eos_token_id=end,
-        pad_token_id=end,
-        bos_token_id=end,
-        suppress_tokens=[],
-        begin_suppress_tokens=[],
-        architectures=["WhisperForConditionalGeneration"],
-        attn_implementation="eager",
-    )
-    model = WhisperForConditionalGeneration(config).eval()
-    config.save_pretrained(folder)
+    model = _random_whisper(vocab, seed=1)
+    model.config.save_pretrained(folder)
     generation = {
-        "decoder_start_token_id": start,
-        "eos_token_id": end,
-        "pad_token_id": end,
-        "bos_token_id": end,
-        "max_length": 448,
-        "is_multilingual": True,
-        "lang_to_id": {f"<|{code}|>": vocab[f"<|{code}|>"] for code in ("en", "fr", "de")},
-        "task_to_id": {"transcribe": vocab["<|transcribe|>"], "translate": vocab["<|translate|>"]},
-        "no_timestamps_token_id": vocab["<|notimestamps|>"],
+        **_whisper_generation(vocab),
         "max_initial_timestamp_index": 50,
         # As the Hub's Whisper configs: the language detected, then transcribe (generate adds no task token without).
         "forced_decoder_ids": [[1, None], [2, vocab["<|transcribe|>"]]],
-        "suppress_tokens": [vocab["<|startoflm|>"], vocab["<|startofprev|>"], vocab["<|nocaptions|>"], *range(0, 40)],
-        "begin_suppress_tokens": [end, *range(40, 80)],
     }
     _write_json(folder / "generation_config.json", generation)
     WhisperFeatureExtractor(feature_size=80).save_pretrained(folder)
@@ -1270,6 +1256,8 @@ def tiny_whisper_timestamps() -> Path:
     return cached(
         "tiny-whisper-timestamps",
         build_tiny_whisper_timestamps,
+        _random_whisper,
+        _whisper_generation,
         _whisper_tokenizer,
         _whisper_timestamp_tokenizer,
         _long_clip,
