@@ -2,12 +2,38 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 from llama_cpp import Llama
 
 PROMPT = [1, 60, 75, 82, 9, 100, 71, 12]
 STEPS = 32
 CTX = 64
+#: The fixtures both engines are checked on, with their logit tolerances (test_cpu_engine says why: F32 weights differ
+#: from llama.cpp only in summation order, F16 ones by llama.cpp rounding activations to f16).
+WGPU_CASES = [
+    ("moe_f32", 1e-4),
+    ("moe_top4", 5e-3),
+    ("qwen2moe_f32", 1e-4),
+    ("bailingmoe_f32", 1e-4),
+    ("bailingmoe2_f32", 1e-4),
+    ("bailingmoe2_f16", 5e-3),
+]
+#: The CPU engine's: those, and the architectures it alone runs.
+CPU_CASES = [*WGPU_CASES, ("qwen35moe_f32", 1e-4), ("qwen35moe_alternating", 1e-4)]
+
+
+def greedy_steps(forward: Callable[[list[int], int], np.ndarray], steps: int = STEPS) -> tuple[np.ndarray, list[int]]:
+    """An engine's logits (``forward(ids, start)``) for the prompt and each of ``steps`` greedy tokens, and those
+    tokens: the steps :func:`llama_steps` takes."""
+    rows = [forward(PROMPT, 0)]
+    tokens = []
+    for step in range(steps):
+        token = int(np.argmax(rows[-1][-1]))
+        tokens.append(token)
+        rows.append(forward([token], len(PROMPT) + step))
+    return np.concatenate(rows), tokens
 
 
 def llama_steps(path: str) -> tuple[np.ndarray, list[int]]:

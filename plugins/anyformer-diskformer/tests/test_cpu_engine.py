@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from diskformer_reference import CTX, PROMPT, STEPS, llama_steps
+from diskformer_reference import CPU_CASES, CTX, STEPS, greedy_steps, llama_steps
 
 from anyformer_diskformer.cpu_gemma4 import gelu as exact_gelu
 from anyformer_diskformer.cpu_hybrid import imrope_turns
@@ -33,28 +33,11 @@ def engine_steps(path: str, experts_held: int | None) -> tuple[np.ndarray, list[
     cache = ExpertCache(path, gguf.header, config.n_layer, config.n_expert, capacity)
     engine = cpu_engine_class(config)(gguf, config, cache, CTX)
     gguf.close()
-    rows = [engine.forward(PROMPT, 0)]
-    tokens = []
-    for step in range(STEPS):
-        token = int(np.argmax(rows[-1][-1]))
-        tokens.append(token)
-        rows.append(engine.forward([token], len(PROMPT) + step))
-    return np.concatenate(rows), tokens, cache
+    logits, tokens = greedy_steps(engine.forward)
+    return logits, tokens, cache
 
 
-@pytest.mark.parametrize(
-    ("fixture", "tolerance"),
-    [
-        ("moe_f32", 1e-4),
-        ("moe_top4", 5e-3),
-        ("qwen2moe_f32", 1e-4),
-        ("bailingmoe_f32", 1e-4),
-        ("bailingmoe2_f32", 1e-4),
-        ("bailingmoe2_f16", 5e-3),
-        ("qwen35moe_f32", 1e-4),
-        ("qwen35moe_alternating", 1e-4),
-    ],
-)
+@pytest.mark.parametrize(("fixture", "tolerance"), CPU_CASES)
 @pytest.mark.parametrize("evicting", [False, True])
 def test_logits_and_greedy_text_match_llama_cpp(request, fixture, tolerance, evicting):
     path = request.getfixturevalue(fixture)

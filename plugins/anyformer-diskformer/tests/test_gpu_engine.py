@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from diskformer_reference import CTX, PROMPT, STEPS, llama_steps
+from diskformer_reference import CTX, PROMPT, STEPS, WGPU_CASES, greedy_steps, llama_steps
 
 from anyformer import AnyformerError
 from anyformer_diskformer.expert_cache import ExpertCache
@@ -43,27 +43,7 @@ def gpu_engine(gpu, path: str, experts_held: int | None) -> GpuMoEEngine:
         gguf.close()
 
 
-def gpu_steps(engine: GpuMoEEngine) -> tuple[np.ndarray, list[int]]:
-    rows = [engine.forward(PROMPT, 0)]
-    tokens = []
-    for step in range(STEPS):
-        token = int(np.argmax(rows[-1][-1]))
-        tokens.append(token)
-        rows.append(engine.forward([token], len(PROMPT) + step))
-    return np.concatenate(rows), tokens
-
-
-@pytest.mark.parametrize(
-    ("fixture", "tolerance"),
-    [
-        ("moe_f32", 1e-4),
-        ("moe_top4", 5e-3),
-        ("qwen2moe_f32", 1e-4),
-        ("bailingmoe_f32", 1e-4),
-        ("bailingmoe2_f32", 1e-4),
-        ("bailingmoe2_f16", 5e-3),
-    ],
-)
+@pytest.mark.parametrize(("fixture", "tolerance"), WGPU_CASES)
 @pytest.mark.parametrize("evicting", [False, True])
 def test_gpu_logits_and_greedy_text_match_llama_cpp(request, gpu, fixture, tolerance, evicting):
     path = request.getfixturevalue(fixture)
@@ -71,7 +51,7 @@ def test_gpu_logits_and_greedy_text_match_llama_cpp(request, gpu, fixture, toler
     config = read_moe_config(GGUFFile(path).header)
     engine = gpu_engine(gpu, path, config.n_expert_used if evicting else None)
     try:
-        got, tokens = gpu_steps(engine)
+        got, tokens = greedy_steps(engine.forward)
         stats = engine.cache.stats
         assert got.shape == want.shape
         assert np.abs(got - want).max() < tolerance

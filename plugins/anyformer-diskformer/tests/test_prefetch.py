@@ -6,7 +6,7 @@ import time
 
 import numpy as np
 import pytest
-from diskformer_reference import PROMPT
+from diskformer_reference import greedy_steps
 
 import anyformer
 from anyformer import AnyformerError, ErrorCode, Request
@@ -31,13 +31,11 @@ def run(path: str, **options: object) -> tuple[np.ndarray, CacheStats, int]:
     try:
         engine = model.engine
         assert engine is not None
-        rows = [engine.forward(PROMPT, 0)]
-        for step in range(STEPS):
-            rows.append(engine.forward([int(np.argmax(rows[-1][-1]))], len(PROMPT) + step))
+        logits, _ = greedy_steps(engine.forward, STEPS)
         stats, width = engine.cache.stats, model.prefetch_width
     finally:
         model.dispose()
-    return np.concatenate(rows), stats, width
+    return logits, stats, width
 
 
 @pytest.mark.parametrize("device", ["cpu", "gpu"])
