@@ -44,6 +44,17 @@ def empty_cache() -> Iterator[None]:
     _gguf_header._HEADER_CACHE.clear()
 
 
+def _shared_and_forgotten(tmp_path: Path, name: str = "tiny") -> tuple[Path, list[dict[str, Any]]]:
+    """A GGUF written and read here, its headers through a frame, then this process's header cache emptied: the
+    worker's position."""
+    model = tmp_path / "m.gguf"
+    model.write_bytes(_gguf(name))
+    read_gguf_header(model)
+    entries = _through_a_frame(model)
+    _gguf_header._HEADER_CACHE.clear()
+    return model, entries
+
+
 def _through_a_frame(path: Path | str) -> list[dict[str, Any]]:
     """What the worker receives: the entries through JSON, as a frame carries them."""
     entries: list[dict[str, Any]] = json.loads(json.dumps(shared_headers(path)))
@@ -82,11 +93,7 @@ def test_an_adopted_header_is_the_parsed_one_and_is_not_parsed_again(
 
 
 def test_a_header_whose_digest_the_file_does_not_match_is_parsed_anew(tmp_path: Path) -> None:
-    model = tmp_path / "m.gguf"
-    model.write_bytes(_gguf())
-    read_gguf_header(model)
-    entries = _through_a_frame(model)
-    _gguf_header._HEADER_CACHE.clear()
+    model, entries = _shared_and_forgotten(tmp_path)
     entries[0]["digest"] = "00" * 32  # not the hash of the file's header bytes
     entries[0]["header"]["kv"]["general.name"] = "not what the file says"
     assert adopt_shared_headers(entries) == 0
@@ -94,22 +101,14 @@ def test_a_header_whose_digest_the_file_does_not_match_is_parsed_anew(tmp_path: 
 
 
 def test_a_file_rewritten_after_sharing_is_read_anew(tmp_path: Path) -> None:
-    model = tmp_path / "m.gguf"
-    model.write_bytes(_gguf("tiny"))
-    read_gguf_header(model)
-    entries = _through_a_frame(model)
-    _gguf_header._HEADER_CACHE.clear()
+    model, entries = _shared_and_forgotten(tmp_path, "tiny")
     model.write_bytes(_gguf("tina"))  # the same size, another name
     assert adopt_shared_headers(entries) == 0  # its header bytes no longer match the digest
     assert read_gguf_header(model).get("general.name") == "tina"
 
 
 def test_a_file_rewritten_after_adoption_is_read_anew(tmp_path: Path) -> None:
-    model = tmp_path / "m.gguf"
-    model.write_bytes(_gguf("tiny"))
-    read_gguf_header(model)
-    entries = _through_a_frame(model)
-    _gguf_header._HEADER_CACHE.clear()
+    model, entries = _shared_and_forgotten(tmp_path, "tiny")
     assert adopt_shared_headers(entries) == 1
     model.write_bytes(_gguf("tina"))
     assert read_gguf_header(model).get("general.name") == "tina"
@@ -145,11 +144,7 @@ def test_a_header_whose_arrays_have_no_place_in_the_file_is_not_shared(tmp_path:
 
 
 def test_an_array_outside_the_header_is_refused(tmp_path: Path) -> None:
-    model = tmp_path / "m.gguf"
-    model.write_bytes(_gguf())
-    read_gguf_header(model)
-    entries = _through_a_frame(model)
-    _gguf_header._HEADER_CACHE.clear()
+    _, entries = _shared_and_forgotten(tmp_path)
     entries[0]["header"]["kv"]["tokenizer.ggml.tokens"]["lazy"][2] = 1 << 40
     with pytest.raises(ValueError, match="outside the header"):
         adopt_shared_headers(entries)
