@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 from test_tokenizer_lfm2 import CORPUS, MERGES, _kv, _tokens
+from vocab_gguf import vocab_only_llama
 
 from anyformer_gguf_gpu.testing import byte_level_alphabet
 from anyformer_gguf_gpu.tokenizer import GGUFTokenizer
@@ -26,35 +27,19 @@ LING_CORPUS = [*CORPUS, "a \n \n\n b", "x\n\n\ny", " \r\n \n", "e\u0301t\u00e9 (
 
 @pytest.fixture(scope="module", params=["bailingmoe", "bailingmoe2", "qwen35"])
 def llama(request, tmp_path_factory):
-    """llama.cpp on a vocabulary-only GGUF whose pre-tokenizer is ``request.param``."""
-    llama_cpp = pytest.importorskip("llama_cpp")
-    gguf = pytest.importorskip("gguf")
-    path = str(tmp_path_factory.mktemp("ling-vocab") / "vocab.gguf")
-    tokens = _mark_tokens()
-    w = gguf.GGUFWriter(path, "lfm2")  # the architecture does not matter to a vocabulary-only load
-    w.add_block_count(1)
-    w.add_context_length(64)
-    w.add_embedding_length(8)
-    w.add_head_count(1)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre(request.param)
-    w.add_token_list(tokens)
-    w.add_token_types([3, 3, 3] + [1] * (len(tokens) - 3))
-    w.add_token_merges(MARK_MERGES)
-    w.add_bos_token_id(0)
-    w.add_eos_token_id(2)
-    w.add_add_bos_token(False)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return request.param, llama_cpp.Llama(model_path=path, n_ctx=64, vocab_only=True, verbose=False)
+    """llama.cpp on a vocabulary-only GGUF whose pre-tokenizer is ``request.param`` (the architecture does not
+    matter to a vocabulary-only load)."""
+    kv = {**_ling_kv(request.param), "tokenizer.ggml.add_bos_token": False}
+    return request.param, vocab_only_llama(tmp_path_factory.mktemp("ling-vocab"), kv)
+
+
+def _ling_kv(pre: str) -> dict[str, object]:
+    return {**_kv(_mark_tokens()), "tokenizer.ggml.merges": MARK_MERGES, "tokenizer.ggml.pre": pre}
 
 
 def test_ling_and_qwen35_split_like_llama_cpp(llama):
     pre, llm = llama
-    kv = {**_kv(_mark_tokens()), "tokenizer.ggml.merges": MARK_MERGES, "tokenizer.ggml.pre": pre}
-    ours = GGUFTokenizer({**kv, "tokenizer.ggml.add_bos_token": False})
+    ours = GGUFTokenizer({**_ling_kv(pre), "tokenizer.ggml.add_bos_token": False})
     for text in LING_CORPUS:
         expected = llm.tokenize(text.encode(), add_bos=False, special=False)
         assert ours.encode(text, add_special=False, parse_special=False) == expected, repr(text)

@@ -4,6 +4,7 @@ vocabulary built to exercise it: ▁ for spaces, merges across them, newline run
 from __future__ import annotations
 
 import pytest
+from vocab_gguf import vocab_only_llama
 
 from anyformer_gguf_gpu.tokenizer import GGUFTokenizer, StreamDecoder
 
@@ -52,28 +53,8 @@ def _kv() -> dict[str, object]:
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory):
     """llama.cpp on a vocabulary-only GGUF with the ``gemma4`` tokenizer model."""
-    llama_cpp = pytest.importorskip("llama_cpp")
-    gguf = pytest.importorskip("gguf")
-    path = str(tmp_path_factory.mktemp("gemma4-vocab") / "vocab.gguf")
-    tokens = _tokens()
-    w = gguf.GGUFWriter(path, "gemma4")
-    w.add_block_count(1)
-    w.add_context_length(64)
-    w.add_embedding_length(8)
-    w.add_head_count(1)
-    w.add_tokenizer_model("gemma4")
-    w.add_token_list(tokens)
-    w.add_token_scores([0.0] * len(tokens))
-    w.add_token_types(_types(tokens))
-    w.add_token_merges(MERGES)
-    w.add_bos_token_id(2)
-    w.add_eos_token_id(1)
-    w.add_add_bos_token(False)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return llama_cpp.Llama(model_path=path, n_ctx=64, vocab_only=True, verbose=False)
+    kv = {**_kv(), "tokenizer.ggml.scores": [0.0] * len(_tokens())}
+    return vocab_only_llama(tmp_path_factory.mktemp("gemma4-vocab"), kv, "gemma4")
 
 
 @pytest.mark.parametrize("add_special", [True, False], ids=["bos", "no-bos"])

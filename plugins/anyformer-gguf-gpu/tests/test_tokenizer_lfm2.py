@@ -9,6 +9,7 @@ token reachable by no merge (taken whole only where whole words skip the merges)
 from __future__ import annotations
 
 import pytest
+from vocab_gguf import vocab_only_llama
 
 from anyformer_gguf_gpu.testing import byte_level_alphabet
 from anyformer_gguf_gpu.tokenizer import PRE_TOKENIZERS, GGUFTokenizer
@@ -54,31 +55,14 @@ def _kv(tokens: list[str]) -> dict[str, object]:
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory):
     """llama.cpp on a vocabulary-only lfm2 GGUF (no add_bos key: llama.cpp's default for lfm2 applies)."""
-    llama_cpp = pytest.importorskip("llama_cpp")
-    gguf = pytest.importorskip("gguf")
-    path = str(tmp_path_factory.mktemp("lfm2-vocab") / "vocab.gguf")
-    tokens = _tokens()
-    w = gguf.GGUFWriter(path, "lfm2")
-    w.add_block_count(1)
-    w.add_context_length(64)
-    w.add_embedding_length(8)
-    w.add_feed_forward_length(8)
-    w.add_head_count(1)
-    w.add_head_count_kv([1])
-    w.add_layer_norm_rms_eps(1e-5)
-    w.add_shortconv_l_cache(3)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("lfm2")
-    w.add_token_list(tokens)
-    w.add_token_types([3, 3, 3] + [1] * (len(tokens) - 3))
-    w.add_token_merges(MERGES)
-    w.add_bos_token_id(0)
-    w.add_eos_token_id(2)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return llama_cpp.Llama(model_path=path, n_ctx=64, vocab_only=True, verbose=False)
+
+    def lfm2_keys(w):
+        w.add_feed_forward_length(8)
+        w.add_head_count_kv([1])
+        w.add_layer_norm_rms_eps(1e-5)
+        w.add_shortconv_l_cache(3)
+
+    return vocab_only_llama(tmp_path_factory.mktemp("lfm2-vocab"), _kv(_tokens()), "lfm2", lfm2_keys)
 
 
 @pytest.mark.parametrize("add_special", [True, False], ids=["bos", "no-bos"])
