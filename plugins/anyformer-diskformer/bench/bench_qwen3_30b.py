@@ -36,6 +36,12 @@ import tempfile
 import time
 from collections.abc import Iterator
 
+# llama-cpp-python before numpy: a CUDA build of it made on the H200 machine segfaults while loading a model
+# if the image's numpy was imported first (seen 2026-11-30 and 2026-12-01; cause not established).
+try:
+    import llama_cpp  # noqa: F401
+except ImportError:
+    pass
 import numpy as np
 
 PROMPT = [1, 60, 75, 82]
