@@ -33,6 +33,8 @@ struct Params {
     k_off: u32,
     v_off: u32,
     part_off: u32,
+    // Sliding-window attention: a token sees its last window keys (0: every key before it).
+    window: u32,
 }
 
 @group(0) @binding(0) var<storage, read> QKV: array<f32>;
@@ -88,11 +90,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let b = wid.y;
     let n = S[0] + b + 1u;
     // This workgroup's keys: j0..j1 (all of them without SPLIT).
-    let j0 = wid.z * CHUNK;
-    if (j0 >= n) {
+    let c0 = wid.z * CHUNK;
+    if (c0 >= n) {
         return;
     }
-    let j1 = min(n, j0 + CHUNK);
+    let j1 = min(n, c0 + CHUNK);
+    // Keys before the window are not seen: a chunk wholly before it leaves an empty partial (max
+    // -3.4e38, sum 0), which the combine weights by 0.
+    let j0 = max(c0, select(0u, n - P.window, P.window != 0u && n > P.window));
     let hd4 = P.head_dim / 4u;
     let kv4 = P.kv_dim / 4u;
     let kvh = h / (P.n_head / P.n_kv);
