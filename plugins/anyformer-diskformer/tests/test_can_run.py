@@ -193,16 +193,18 @@ def test_a_qwen35moe_file_runs_on_the_cpu_whatever_the_probe_finds_and_counts_it
     assert not refused.ok and refused.code is Refusal.MODEL and "CPU engine only" in refused.reason
 
 
-def test_a_gemma4_file_runs_on_the_cpu_with_each_layers_kv_in_its_own_width(gemma4_f32):
+@pytest.mark.parametrize("options", [{}, {"device": "gpu"}], ids=["auto", "gpu"])
+def test_a_gemma4_file_runs_on_the_gpu_with_each_layers_kv_in_its_own_width(gemma4_f32, options):
     model = anyformer.describe(gemma4_f32)
     gpu = CAPS.replace(gpu=True, gpu_bytes=80 * 2**30)
-    v = verdict(model, gpu, context=64)
+    v = verdict(model, gpu, context=64, options=options)
     assert v.ok, v.reason
-    assert v.estimate.details["device"] == "cpu"
+    assert v.estimate.details["device"] == "gpu" and v.estimate.gpu_bytes > 0
     # Three sliding layers of 2 KV heads of 16 and one full layer of 1 KV head of 32, K and V in f32.
     assert v.estimate.details["kv_cache"] == 2 * 64 * 4 * (3 * 2 * 16 + 1 * 32)
-    refused = verdict(model, gpu, options={"device": "gpu"})
-    assert not refused.ok and refused.code is Refusal.MODEL and "CPU engine only" in refused.reason
+    on_cpu = verdict(model, CAPS, context=64)
+    assert on_cpu.ok and on_cpu.estimate.details["device"] == "cpu"
+    assert on_cpu.estimate.details["kv_cache"] == v.estimate.details["kv_cache"]
 
 
 def test_a_gemma4_description_with_its_own_tokenizer_model_is_accepted_on_the_cpu():

@@ -60,6 +60,20 @@ def test_prefetch_keeps_the_logits_and_raises_the_hit_rate(moe_top4, device):
     assert with_.bytes_read == (with_.misses + with_.prefetched) * plan.one_expert_bytes + with_.prefetch_wasted
 
 
+@pytest.mark.parametrize("device", ["cpu", "gpu"])
+def test_gemma4_prefetch_keeps_the_logits_and_reads_ahead_through_the_next_router(gemma4_f32, device):
+    """Gemma 4's guess is the next layer's own router (its scale, its weightless norm) on the residual after
+    attention; on the GPU that router is one more product in the layer's submission, read back with the logits."""
+    plan = plan_from_header(read_gguf_header(gemma4_f32), 64, device)
+    plain, without, _ = run(gemma4_f32, device=device, pool_bytes=plan.min_cache_bytes, prefetch=0, cache_policy="lru")
+    pool = plan.min_cache_bytes + 2 * plan.one_expert_bytes
+    ahead, with_, width = run(gemma4_f32, device=device, pool_bytes=pool, prefetch=2, cache_policy="lru")
+    assert width == 2
+    np.testing.assert_array_equal(ahead, plain)
+    assert with_.lookups == without.lookups and with_.prefetched > 0
+    assert with_.hit_rate > without.hit_rate + 0.15, (with_, without)
+
+
 def test_prefetch_is_off_when_the_budget_cannot_spare_it(moe_top4):
     plan = plan_from_header(read_gguf_header(moe_top4), 64)
     _, stats, width = run(moe_top4, device="cpu", pool_bytes=plan.min_cache_bytes, prefetch=4)

@@ -69,7 +69,9 @@ def test_rmsnorm_can_add_to_a_residual_and_scale_the_sum(gpu, kernels, rng, scal
     w = rng.standard_normal(n).astype(np.float32)
     residual = rng.standard_normal((tokens, n)).astype(np.float32)
     y = gpu.upload(residual)
-    kernels.run([kernels.rmsnorm(gpu.upload(x), gpu.upload(w), y, n, eps, tokens=tokens, x_off=n, accumulate=True, scale=scale)])
+    kernels.run(
+        [kernels.rmsnorm(gpu.upload(x), gpu.upload(w), y, n, eps, tokens=tokens, x_off=n, accumulate=True, scale=scale)]
+    )
     want = (residual + _rms(x[1:], w, eps)) * scale
     _close(gpu.read(y, np.float32, tokens * n).reshape(tokens, n), want)
 
@@ -136,7 +138,9 @@ def _window_reference(qkv, kc, vc, pos0, tokens, n_head, n_kv, hd, window, scale
     ],
     ids=["window-inside", "window-past-the-start", "window-of-one", "split-last-chunk-only", "split-across-chunks"],
 )
-def test_attention_sees_only_its_sliding_window(gpu, kv_kernels, rng, n_head, n_kv, hd, pos0, tokens, ctx, window, split):
+def test_attention_sees_only_its_sliding_window(
+    gpu, kv_kernels, rng, n_head, n_kv, hd, pos0, tokens, ctx, window, split
+):
     """Sliding-window attention at scale 1 (Gemma 4's): windows shorter than the sequence, longer than the
     positions so far, of a single key; split along the sequence, chunks wholly before the window leave empty
     partials (the 300-key window spans chunks 1 and 2 of 256 keys, chunk 0 is out)."""

@@ -103,13 +103,23 @@ def shared_prefix(a: list[int], b: list[int]) -> int:
 def cpu_only_fallback(config: MoEConfig, options: dict[str, object], gpu: GPU | None) -> GPU | None:
     """None (the CPU) for an architecture the wgpu path does not run, else ``gpu``; asking for ``device``
     ``gpu`` for one is ``BAD_MODEL`` with the reason."""
-    if gpu is None or config.architecture not in CPU_ONLY_ARCHITECTURES:
+    why = CPU_ONLY_ARCHITECTURES.get(config.architecture)
+    if gpu is None or why is None:
         return gpu
     if options.get("device") == "gpu":
         raise AnyformerError(
-            ErrorCode.BAD_MODEL, f"{config.architecture} runs on the CPU engine only (device cpu or auto)"
+            ErrorCode.BAD_MODEL, f"{config.architecture} runs on the CPU engine only ({why}; device cpu or auto)"
         )
     return None
+
+
+def gpu_engine_class(config: MoEConfig) -> type[GpuMoEEngine]:
+    """The wgpu engine for ``config``'s architecture: Gemma 4's, or the MoE one."""
+    from anyformer_diskformer.gemma4_config import Gemma4Config
+    from anyformer_diskformer.gpu_engine import GpuMoEEngine
+    from anyformer_diskformer.gpu_gemma4 import Gemma4GpuEngine
+
+    return Gemma4GpuEngine if isinstance(config, Gemma4Config) else GpuMoEEngine
 
 
 def device_limit(request: Request, gpu: GPU | None) -> int | None:
@@ -250,7 +260,7 @@ class DiskformerModel:
                         cache.close()
                         raise
                 else:
-                    from anyformer_diskformer.gpu_engine import GpuMoEEngine, GpuSlots
+                    from anyformer_diskformer.gpu_engine import GpuSlots
 
                     def make_cache(slots: GpuSlots) -> ExpertCache[int]:
                         made = ExpertCache(
@@ -266,7 +276,7 @@ class DiskformerModel:
                         attach_prefetcher(made, width, threads, plan.min_cache_bytes)
                         return made
 
-                    engine = GpuMoEEngine(gpu, gguf, config, make_cache, context, trace)
+                    engine = gpu_engine_class(config)(gpu, gguf, config, make_cache, context, trace)
             except BaseException:
                 if trace is not None:
                     trace.close()

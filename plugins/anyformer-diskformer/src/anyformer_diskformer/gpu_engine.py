@@ -310,7 +310,6 @@ class GpuMoEEngine:
                 out.append(self._mv(w, self.h, self.qkv, y_off=off, y_stride=qkv_stride, **norm))
         if c.qkv_bias:
             out.append(k.matvec(self._bias[i], F32, qkv_stride, 1, self.ones, self.qkv, accumulate=True))
-        heads = {"n_head": c.n_head, "n_kv": c.n_kv, "head_dim": c.head_dim}
         out.append(
             k.rope_store(
                 self.qkv,
@@ -323,7 +322,9 @@ class GpuMoEEngine:
                 neox=c.rope_neox,
                 qk_norm=c.qk_norm,
                 eps=c.eps,
-                **heads,
+                n_head=c.n_head,
+                n_kv=c.n_kv,
+                head_dim=c.head_dim,
             )
         )
         out.append(
