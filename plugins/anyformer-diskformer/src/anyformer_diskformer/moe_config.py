@@ -38,9 +38,6 @@ MOE_ARCHITECTURES: dict[str, bool | None] = {
     "gemma4": True,
 }
 
-#: Architectures only the CPU engine runs, with the reason the wgpu engine does not.
-CPU_ONLY_ARCHITECTURES: dict[str, str] = {"qwen35moe": "the wgpu engine has no gated delta-net layers"}
-
 #: Architectures whose KV (and recurrent) state is not one width for every layer: sized per layer.
 PER_LAYER_STATE_ARCHITECTURES = frozenset({"qwen35moe", "gemma4"})
 

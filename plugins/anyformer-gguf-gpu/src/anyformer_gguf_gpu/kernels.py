@@ -63,6 +63,7 @@ PLAIN_KERNELS = (
     "swiglu",
     "argmax",
     "sample",
+    "delta_rule",
 )
 
 
@@ -124,6 +125,8 @@ def kernel_source(
         parts.append(_ATTENTION_SPLIT if split else _NO_ATTENTION_SPLIT)
     if kernel == "attention_combine":
         parts.append(f"const CHUNK: u32 = {ATTENTION_CHUNK}u;\n")
+    if kernel == "delta_rule":
+        parts.append(f"const MAX_HEAD: u32 = {MAX_HEAD_DIM}u;\n")
     if kernel == "attention_vec4":
         parts.append(f"const ROPE: bool = {'true' if rope else 'false'};\n")
         parts.append(_wgsl("attention_rope.wgsl") if rope else _NO_ATTENTION_ROPE)
@@ -529,14 +532,20 @@ class Kernels:
         qk_norm: bool = False,
         eps: float = 1e-6,
         v_norm: bool = False,
+        q_stride: int | None = None,
     ) -> Dispatch:
         """Rotate q and k in the packed [q | k | v] rows (optionally RMS-norming each head first) and store k, v.
 
-        With ``v_norm`` each v head is RMS-normalised (no weight: Gemma 4's) before it is stored.
+        With ``v_norm`` each v head is RMS-normalised (no weight: Gemma 4's) before it is stored. Query head h
+        starts at h * ``q_stride`` (head_dim by default; 2 head_dim where each query is followed by its output
+        gate, qwen35moe's), so the q part of a row is n_head * q_stride wide.
         """
         if head_dim > MAX_HEAD_DIM:
             raise ValueError(f"head_dim {head_dim} is over {MAX_HEAD_DIM}")
-        q_dim, kv_dim = n_head * head_dim, n_kv * head_dim
+        q_stride = head_dim if q_stride is None else q_stride
+        if q_stride < head_dim:
+            raise ValueError(f"q_stride {q_stride} is below head_dim {head_dim}")
+        q_dim, kv_dim = n_head * q_stride, n_kv * head_dim
         params = _u32s(
             n_head,
             n_kv,
@@ -551,6 +560,7 @@ class Kernels:
             float(eps),
             head_dim,
             int(v_norm),
+            q_stride,
         )
         return self._dispatch(
             "rope_store",
@@ -577,6 +587,7 @@ class Kernels:
         tokens: int = 1,
         split: bool = False,
         window: int = 0,
+        gated: bool = False,
     ) -> Dispatch:
         """out[t, h*hd:(h+1)*hd] = causal softmax(q k^T * scale) v over the cache, for every head and token.
 
@@ -584,10 +595,14 @@ class Kernels:
         ``scores`` holds :func:`attention_scratch_bytes` for the engine's largest step. With ``split``
         each workgroup covers :data:`ATTENTION_CHUNK` keys of one head and leaves a partial result in
         ``scores``; :meth:`attention_combine` (the next dispatch) writes ``out``. A ``window`` above 0
-        is sliding-window attention: the token at position p sees keys p - window + 1 .. p only.
+        is sliding-window attention: the token at position p sees keys p - window + 1 .. p only. With
+        ``gated`` each query head is followed by its output gate in the q/k/v rows (q heads 2 head_dim
+        apart, qwen35moe's) and the output is scaled by sigmoid(gate) (not with ``split``).
         """
         dims = {"n_head": n_head, "n_kv": n_kv, "head_dim": head_dim, "ctx": ctx, "tokens": tokens, "window": window}
-        return self._attention(qkv, k_cache, v_cache, out, scores, state, scale=scale, rope=None, split=split, **dims)
+        return self._attention(
+            qkv, k_cache, v_cache, out, scores, state, scale=scale, rope=None, split=split, gated=gated, **dims
+        )
 
     def attention_with_rope(
         self,
@@ -612,7 +627,9 @@ class Kernels:
         cache, in the same dispatch (heads a multiple of 4 wide). The keys of the step's earlier tokens come
         from the q/k/v rows (normed and rotated again where used), not from the cache being written."""
         dims = {"n_head": n_head, "n_kv": n_kv, "head_dim": head_dim, "ctx": ctx, "tokens": tokens, "window": window}
-        return self._attention(qkv, k_cache, v_cache, out, scores, state, scale=scale, rope=rope, split=split, **dims)
+        return self._attention(
+            qkv, k_cache, v_cache, out, scores, state, scale=scale, rope=rope, split=split, gated=False, **dims
+        )
 
     def _attention(
         self,
@@ -632,8 +649,12 @@ class Kernels:
         rope: AttentionRope | None,
         split: bool,
         window: int,
+        gated: bool,
     ) -> Dispatch:
-        q_dim, kv_dim = n_head * head_dim, n_kv * head_dim
+        if gated and split:
+            raise ValueError("the output gate is applied by the unsplit attention kernel only")
+        q_stride = 2 * head_dim if gated else head_dim
+        q_dim, kv_dim = n_head * q_stride, n_kv * head_dim
         name = attention_kernel(head_dim)
         part_off = _partials_offset(scores, tokens, n_head, ctx, head_dim) if split else 0
         extra: tuple[int | float, ...] = (0, 0, 0, 0.0, 0, q_dim, q_dim + kv_dim, part_off)
@@ -654,7 +675,11 @@ class Kernels:
             buffers += [rope.cos_sin, rope.norm]
         if window < 0:
             raise ValueError(f"window must be 0 (none) or positive, not {window}")
-        params = _u32s(n_head, n_kv, head_dim, q_dim + 2 * kv_dim, kv_dim, ctx, q_dim, float(scale), *extra, window)
+        out_stride = n_head * head_dim
+        params = _u32s(
+            n_head, n_kv, head_dim, q_dim + 2 * kv_dim, kv_dim, ctx, out_stride, float(scale), *extra, window,
+            q_stride, int(gated),
+        )  # fmt: skip
         return self._dispatch(
             name,
             self.pipeline(name, rope=rope is not None, split=split),
@@ -675,6 +700,41 @@ class Kernels:
             [scores, out, state],
             params,
             (n_head, tokens, 1),
+        )
+
+    def delta_rule(
+        self,
+        x: Any,
+        proj: Any,
+        vecs: Any,
+        state: Any,
+        out: Any,
+        pos_state: Any,
+        *,
+        k_heads: int,
+        v_heads: int,
+        head_dim: int,
+        z_off: int,
+        beta_off: int,
+        alpha_off: int,
+        eps: float,
+    ) -> Dispatch:
+        """One token of a gated delta net (see ``wgsl/delta_rule.wgsl``), a workgroup per value head.
+
+        ``x`` holds the convolved [q | k | v] channels; ``proj`` the output gate z, beta and alpha at the given
+        float offsets; ``vecs`` dt (v_heads), a (v_heads) and the per-head norm weights (head_dim); ``state``
+        v_heads state matrices of head_dim × head_dim f32, updated in place (zeros at position 0); ``out``
+        the normalised, gated output (v_heads × head_dim).
+        """
+        if head_dim > MAX_HEAD_DIM or v_heads % k_heads:
+            raise ValueError(f"delta-net heads of {head_dim} (at most {MAX_HEAD_DIM}), {v_heads} over {k_heads}")
+        params = _u32s(k_heads, v_heads, head_dim, z_off, beta_off, alpha_off, float(eps), 0)
+        return self._dispatch(
+            "delta_rule",
+            self.pipeline("delta_rule"),
+            [x, proj, vecs, state, out, pos_state],
+            params,
+            (v_heads, 1, 1),
         )
 
     def swiglu(self, gate_up: Any, y: Any, n: int, *, tokens: int = 1) -> Dispatch:
@@ -896,6 +956,7 @@ _UNIFORM_SLOT = {
     "attention_combine": 2,
     "swiglu": 2,
     "argmax": 2,
+    "delta_rule": 5,
 }
 
 assert set(_UNIFORM_SLOT) == set(QUANT_KERNELS) | set(PLAIN_KERNELS)

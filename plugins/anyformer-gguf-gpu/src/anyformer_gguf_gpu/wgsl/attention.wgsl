@@ -27,6 +27,10 @@ struct Params {
     part_off: u32,
     // Sliding-window attention: a token sees its last window keys (0: every key before it).
     window: u32,
+    // Where head h's query starts (h * q_stride: head_dim, or 2 head_dim where each query is followed by
+    // its output gate), and whether the output is scaled by sigmoid(gate) (qwen35moe's gated attention).
+    q_stride: u32,
+    gated: u32,
 }
 
 @group(0) @binding(0) var<storage, read> QKV: array<f32>;
@@ -72,6 +76,14 @@ fn reduce_sum(v: f32, lid: u32) -> f32 {
     return out;
 }
 
+// sigmoid of the output gate beside query head h's values (1 where the attention is not gated).
+fn out_gate(qo: u32, d: u32) -> f32 {
+    if (P.gated == 0u) {
+        return 1.0;
+    }
+    return 1.0 / (1.0 + exp(-QKV[qo + P.head_dim + d]));
+}
+
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let h = wid.x;
@@ -88,7 +100,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let j0 = max(c0, select(0u, n - P.window, P.window != 0u && n > P.window));
     let hd = P.head_dim;
     let kvh = h / (P.n_head / P.n_kv);
-    let qo = b * P.qkv_stride + h * hd;
+    let qo = b * P.qkv_stride + h * P.q_stride;
     let ko = kvh * hd;
     let so = (b * P.n_head + h) * P.ctx;
     for (var d = lid; d < hd; d += WG) {
@@ -140,7 +152,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             if (SPLIT) {
                 partial_out(partial_base(b, h, wid.z) + 2u + d, total_d);
             } else {
-                Out[b * P.out_stride + h * hd + d] = total_d / sum;
+                Out[b * P.out_stride + h * hd + d] = total_d / sum * out_gate(qo, d);
             }
         }
         workgroupBarrier();

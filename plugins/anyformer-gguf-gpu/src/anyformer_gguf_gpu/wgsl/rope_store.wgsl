@@ -20,6 +20,8 @@ struct Params {
     eps: f32,
     norm_k_off: u32,
     v_norm: u32,
+    // Query head h starts at h * q_stride (head_dim, or 2 head_dim where each query is followed by its gate).
+    q_stride: u32,
 }
 
 @group(0) @binding(0) var<storage, read_write> QKV: array<f32>;
@@ -51,7 +53,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let pos = S[0] + b;
     let hd = P.head_dim;
     var kind = 0u;
-    var src = b * P.qkv_stride + h * hd;
+    var src = b * P.qkv_stride + h * P.q_stride;
     var dst = 0u;
     if (h >= P.n_head + P.n_kv) {
         kind = 2u;
