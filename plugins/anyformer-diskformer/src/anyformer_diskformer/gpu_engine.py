@@ -1,5 +1,6 @@
 """The MoE forward pass (qwen3moe, qwen2moe, bailingmoe, bailingmoe2) on wgpu: dense weights, the KV cache and the
-expert cache's slots on the GPU.
+expert cache's slots on the GPU. Gemma 4 (:mod:`~anyformer_diskformer.gpu_gemma4`) and qwen35moe
+(:mod:`~anyformer_diskformer.gpu_hybrid`) are subclasses that replace the attention and FFN dispatches.
 
 Every matrix product is the gguf-gpu library's quantised matrix kernel reading raw GGUF blocks (no
 dequantised copy), dense tensors uploaded once at load, routed experts uploaded into GPU buffer
@@ -133,7 +134,7 @@ class GpuSlots:
 
 
 class GpuMoEEngine:
-    """A loaded qwen3moe or qwen2moe model on one GPU, the routed experts in a cache of GPU slots."""
+    """A loaded qwen3moe, qwen2moe or bailingmoe(2) model on one GPU, the routed experts in a cache of GPU slots."""
 
     def __init__(
         self,
