@@ -63,6 +63,7 @@ PLAIN_KERNELS = (
     "swiglu",
     "argmax",
     "sample",
+    "delta_rule",
 )
 
 
@@ -88,6 +89,7 @@ def kernel_source(
     subgroups: bool = False,
     workgroup: int | None = None,
     split: bool = False,
+    gelu: bool = False,
 ) -> str:
     """The full WGSL of ``kernel`` (with the byte readers and ``quant``'s decoder for weight kernels).
 
@@ -95,8 +97,10 @@ def kernel_source(
     (matvec.wgsl; ``rope`` adds the q/k/v epilogue of rope_epilogue.wgsl, which writes the KV cache);
     ``kv_f16`` makes the KV-cache kernels keep f16 (it needs the shader-f16 feature); ``subgroups`` makes the
     matrix kernel reduce with subgroup shuffles; ``workgroup`` overrides the kernel's thread count (argmax);
-    ``split`` makes the attention kernels cover one chunk of keys each and leave partial results; a sampler
-    given ``quant`` (the embedding table's) also writes the picked id's embedding row.
+    ``split`` makes the attention kernels cover one chunk of keys each and leave partial results; ``gelu``
+    makes the matrix kernel's ``swiglu`` input gelu(gate) * up (GELU in its tanh form) instead of
+    silu(gate) * up; a sampler given ``quant`` (the embedding table's) also writes the picked id's
+    embedding row.
     """
     workgroup = workgroup or {
         "argmax": ARGMAX_WORKGROUP,
@@ -109,6 +113,7 @@ def kernel_source(
         parts.append(
             f"const TPR: u32 = {threads_per_row}u;\nconst TB: u32 = {tokens_per_thread}u;\n"
             f"const SWIGLU: bool = {'true' if swiglu else 'false'};\n"
+            f"const GELU: bool = {'true' if gelu and swiglu else 'false'};\n"
             f"const NORM: bool = {'true' if norm else 'false'};\n"
             f"const ROPE: bool = {'true' if rope else 'false'};\n"
             f"const SUBGROUPS: bool = {'true' if subgroups and threads_per_row > 1 else 'false'};\n"
@@ -120,6 +125,8 @@ def kernel_source(
         parts.append(_ATTENTION_SPLIT if split else _NO_ATTENTION_SPLIT)
     if kernel == "attention_combine":
         parts.append(f"const CHUNK: u32 = {ATTENTION_CHUNK}u;\n")
+    if kernel == "delta_rule":
+        parts.append(f"const MAX_HEAD: u32 = {MAX_HEAD_DIM}u;\n")
     if kernel == "attention_vec4":
         parts.append(f"const ROPE: bool = {'true' if rope else 'false'};\n")
         parts.append(_wgsl("attention_rope.wgsl") if rope else _NO_ATTENTION_ROPE)
@@ -146,8 +153,8 @@ def kernel_source(
 #: A buffer-to-buffer copy: (source, source offset, destination, destination offset, bytes).
 Copy = tuple[Any, int, Any, int, int]
 
-#: A pipeline variant: (kernel, quant, tokens_per_thread, swiglu, norm[, rope[, split]]), the arguments of
-#: :meth:`Kernels.pipeline` (an engine that never asks for the rope or split variants may list five).
+#: A pipeline variant: (kernel, quant, tokens_per_thread, swiglu, norm[, rope[, split[, gelu]]]), the arguments
+#: of :meth:`Kernels.pipeline` (an engine that never asks for the rope, split or gelu variants may list five).
 PipelineKey = tuple[Any, ...]
 
 
@@ -327,7 +334,8 @@ class Kernels:
         wanted: Iterable[PipelineKey],
         progress: Callable[[int, int], None] | None = None,
     ) -> None:
-        """Compile every (kernel, quant, tokens_per_thread, swiglu, norm, rope[, split]) pipeline in ``wanted`` now."""
+        """Compile every (kernel, quant, tokens_per_thread, swiglu, norm, rope[, split[, gelu]]) pipeline in
+        ``wanted`` now."""
         todo = [key for key in dict.fromkeys(wanted) if key not in self._pipelines]
         for done, key in enumerate(todo, 1):
             self.pipeline(*key)
@@ -343,6 +351,7 @@ class Kernels:
         norm: bool = False,
         rope: bool = False,
         split: bool = False,
+        gelu: bool = False,
     ) -> Any:
         """The compute pipeline of ``kernel`` (for ``quant`` where it decodes weights), compiled once."""
         matrix = kernel == "matvec"
@@ -354,6 +363,7 @@ class Kernels:
             norm and matrix,
             rope and kernel in ("matvec", "attention_vec4"),
             split and kernel in ("attention", "attention_vec4"),
+            gelu and swiglu and matrix,
         )
         found = self._pipelines.get(key)
         if found is None:
@@ -370,6 +380,7 @@ class Kernels:
                 subgroups=self.subgroups,
                 workgroup=self.argmax_workgroup if kernel == "argmax" else None,
                 split=key[6],
+                gelu=key[7],
             )
             with gpu_errors(f"compiling the {kernel} kernel"):
                 module = device.create_shader_module(code=source, label=f"{kernel}-{quant}")
@@ -412,6 +423,7 @@ class Kernels:
         y_stride: int | None = None,
         accumulate: bool = False,
         swiglu: bool = False,
+        gelu: bool = False,
         norm: Any = None,
         eps: float = 1e-5,
         rope: RopeStore | None = None,
@@ -419,11 +431,14 @@ class Kernels:
         """y[t, :rows] (+)= W @ x[t, :cols] for ``tokens`` tokens; offsets and strides count floats.
 
         With ``swiglu`` each input row is [gate | up] (2 × cols floats, the default stride) and the
-        vector multiplied is silu(gate) * up. With ``norm`` (a buffer of cols f32 weights) it is
+        vector multiplied is silu(gate) * up (with ``gelu`` too, gelu(gate) * up, GELU's tanh form,
+        Gemma's). With ``norm`` (a buffer of cols f32 weights) it is
         RMSNorm(x) * norm, computed in the same dispatch. With ``rope`` the rows are a stacked
         [q | k | v] projection: q and k are rotated (adjacent pairs) and k, v stored into the cache
         at position state[0] + t, in the same dispatch (not with ``accumulate``).
         """
+        if gelu and not swiglu:
+            raise ValueError("gelu is the gate activation of a swiglu input: it needs swiglu")
         tb = self.tokens_per_thread(tokens)
         rows_per_group = WORKGROUP // self.rows_threads(tb)
         if rope is not None:
@@ -453,18 +468,29 @@ class Kernels:
             buffers.pop()
         return self._dispatch(
             "matvec",
-            self.pipeline("matvec", fmt.name, tb, swiglu, norm is not None, rope is not None),
+            self.pipeline("matvec", fmt.name, tb, swiglu, norm is not None, rope is not None, gelu=gelu),
             buffers,
             params,
             _groups_for_rows(math.ceil(rows / rows_per_group), math.ceil(tokens / tb)),
         )
 
     def embed(
-        self, weight: Any, fmt: QuantFormat, rows: int, cols: int, ids: Any, y: Any, state: Any, tokens: int
+        self,
+        weight: Any,
+        fmt: QuantFormat,
+        rows: int,
+        cols: int,
+        ids: Any,
+        y: Any,
+        state: Any,
+        tokens: int,
+        *,
+        scale: float = 1.0,
     ) -> Dispatch:
-        """y[t, :] = the dequantised row ids[pos + t] of the embedding table, for ``tokens`` tokens."""
+        """y[t, :] = the dequantised row ids[pos + t] of the embedding table times ``scale`` (Gemma's
+        sqrt(n_embd)), for ``tokens`` tokens."""
         row_bytes = fmt.row_bytes(cols) if fmt.block_size > 1 else cols * fmt.type_size
-        params = _u32s(cols, row_bytes, math.ceil(cols / 8), rows)
+        params = _u32s(cols, row_bytes, math.ceil(cols / 8), rows, float(scale))
         return self._dispatch(
             "embed", self.pipeline("embed", fmt.name), [weight, ids, y, state], params, (tokens, 1, 1)
         )
@@ -480,9 +506,15 @@ class Kernels:
         tokens: int = 1,
         x_off: int = 0,
         x_stride: int | None = None,
+        accumulate: bool = False,
+        scale: float = 1.0,
     ) -> Dispatch:
-        """y[t, :n] = RMSNorm(x[t, :n]) * weight for ``tokens`` rows (y is packed, stride n)."""
-        params = _u32s(n, n if x_stride is None else x_stride, n, float(eps), x_off)
+        """y[t, :n] = RMSNorm(x[t, :n]) * weight for ``tokens`` rows (y is packed, stride n).
+
+        With ``accumulate`` the norm is added to y (a residual: Gemma's post-attention and post-FFN
+        norms), and the sum is then multiplied by ``scale`` (Gemma 4's layer output scale).
+        """
+        params = _u32s(n, n if x_stride is None else x_stride, n, float(eps), x_off, int(accumulate), float(scale))
         return self._dispatch("rmsnorm", self.pipeline("rmsnorm"), [x, weight, y], params, (tokens, 1, 1))
 
     def rope_store(
@@ -502,11 +534,21 @@ class Kernels:
         tokens: int = 1,
         qk_norm: bool = False,
         eps: float = 1e-6,
+        v_norm: bool = False,
+        q_stride: int | None = None,
     ) -> Dispatch:
-        """Rotate q and k in the packed [q | k | v] rows (optionally RMS-norming each head first) and store k, v."""
+        """Rotate q and k in the packed [q | k | v] rows (optionally RMS-norming each head first) and store k, v.
+
+        With ``v_norm`` each v head is RMS-normalised (no weight: Gemma 4's) before it is stored. Query head h
+        starts at h * ``q_stride`` (head_dim by default; 2 head_dim where each query is followed by its output
+        gate, qwen35moe's), so the q part of a row is n_head * q_stride wide.
+        """
         if head_dim > MAX_HEAD_DIM:
             raise ValueError(f"head_dim {head_dim} is over {MAX_HEAD_DIM}")
-        q_dim, kv_dim = n_head * head_dim, n_kv * head_dim
+        q_stride = head_dim if q_stride is None else q_stride
+        if q_stride < head_dim:
+            raise ValueError(f"q_stride {q_stride} is below head_dim {head_dim}")
+        q_dim, kv_dim = n_head * q_stride, n_kv * head_dim
         params = _u32s(
             n_head,
             n_kv,
@@ -520,6 +562,8 @@ class Kernels:
             int(qk_norm),
             float(eps),
             head_dim,
+            int(v_norm),
+            q_stride,
         )
         return self._dispatch(
             "rope_store",
@@ -545,16 +589,23 @@ class Kernels:
         scale: float,
         tokens: int = 1,
         split: bool = False,
+        window: int = 0,
+        gated: bool = False,
     ) -> Dispatch:
         """out[t, h*hd:(h+1)*hd] = causal softmax(q k^T * scale) v over the cache, for every head and token.
 
         Heads whose width is a multiple of 4 use the kernel that reads the caches a vec4 at a time.
         ``scores`` holds :func:`attention_scratch_bytes` for the engine's largest step. With ``split``
         each workgroup covers :data:`ATTENTION_CHUNK` keys of one head and leaves a partial result in
-        ``scores``; :meth:`attention_combine` (the next dispatch) writes ``out``.
+        ``scores``; :meth:`attention_combine` (the next dispatch) writes ``out``. A ``window`` above 0
+        is sliding-window attention: the token at position p sees keys p - window + 1 .. p only. With
+        ``gated`` each query head is followed by its output gate in the q/k/v rows (q heads 2 head_dim
+        apart, qwen35moe's) and the output is scaled by sigmoid(gate) (not with ``split``).
         """
-        dims = {"n_head": n_head, "n_kv": n_kv, "head_dim": head_dim, "ctx": ctx, "tokens": tokens}
-        return self._attention(qkv, k_cache, v_cache, out, scores, state, scale=scale, rope=None, split=split, **dims)
+        dims = {"n_head": n_head, "n_kv": n_kv, "head_dim": head_dim, "ctx": ctx, "tokens": tokens, "window": window}
+        return self._attention(
+            qkv, k_cache, v_cache, out, scores, state, scale=scale, rope=None, split=split, gated=gated, **dims
+        )
 
     def attention_with_rope(
         self,
@@ -573,12 +624,15 @@ class Kernels:
         scale: float,
         tokens: int = 1,
         split: bool = False,
+        window: int = 0,
     ) -> Dispatch:
         """:meth:`attention` that first norms and rotates q and k as rope_store does and stores k, v into the
         cache, in the same dispatch (heads a multiple of 4 wide). The keys of the step's earlier tokens come
         from the q/k/v rows (normed and rotated again where used), not from the cache being written."""
-        dims = {"n_head": n_head, "n_kv": n_kv, "head_dim": head_dim, "ctx": ctx, "tokens": tokens}
-        return self._attention(qkv, k_cache, v_cache, out, scores, state, scale=scale, rope=rope, split=split, **dims)
+        dims = {"n_head": n_head, "n_kv": n_kv, "head_dim": head_dim, "ctx": ctx, "tokens": tokens, "window": window}
+        return self._attention(
+            qkv, k_cache, v_cache, out, scores, state, scale=scale, rope=rope, split=split, gated=False, **dims
+        )
 
     def _attention(
         self,
@@ -597,8 +651,13 @@ class Kernels:
         tokens: int,
         rope: AttentionRope | None,
         split: bool,
+        window: int,
+        gated: bool,
     ) -> Dispatch:
-        q_dim, kv_dim = n_head * head_dim, n_kv * head_dim
+        if gated and split:
+            raise ValueError("the output gate is applied by the unsplit attention kernel only")
+        q_stride = 2 * head_dim if gated else head_dim
+        q_dim, kv_dim = n_head * q_stride, n_kv * head_dim
         name = attention_kernel(head_dim)
         part_off = _partials_offset(scores, tokens, n_head, ctx, head_dim) if split else 0
         extra: tuple[int | float, ...] = (0, 0, 0, 0.0, 0, q_dim, q_dim + kv_dim, part_off)
@@ -617,7 +676,13 @@ class Kernels:
                 part_off,
             )
             buffers += [rope.cos_sin, rope.norm]
-        params = _u32s(n_head, n_kv, head_dim, q_dim + 2 * kv_dim, kv_dim, ctx, q_dim, float(scale), *extra)
+        if window < 0:
+            raise ValueError(f"window must be 0 (none) or positive, not {window}")
+        out_stride = n_head * head_dim
+        params = _u32s(
+            n_head, n_kv, head_dim, q_dim + 2 * kv_dim, kv_dim, ctx, out_stride, float(scale), *extra, window,
+            q_stride, int(gated),
+        )  # fmt: skip
         return self._dispatch(
             name,
             self.pipeline(name, rope=rope is not None, split=split),
@@ -638,6 +703,41 @@ class Kernels:
             [scores, out, state],
             params,
             (n_head, tokens, 1),
+        )
+
+    def delta_rule(
+        self,
+        x: Any,
+        proj: Any,
+        vecs: Any,
+        state: Any,
+        out: Any,
+        pos_state: Any,
+        *,
+        k_heads: int,
+        v_heads: int,
+        head_dim: int,
+        z_off: int,
+        beta_off: int,
+        alpha_off: int,
+        eps: float,
+    ) -> Dispatch:
+        """One token of a gated delta net (see ``wgsl/delta_rule.wgsl``), a workgroup per value head.
+
+        ``x`` holds the convolved [q | k | v] channels; ``proj`` the output gate z, beta and alpha at the given
+        float offsets; ``vecs`` dt (v_heads), a (v_heads) and the per-head norm weights (head_dim); ``state``
+        v_heads state matrices of head_dim × head_dim f32, updated in place (zeros at position 0); ``out``
+        the normalised, gated output (v_heads × head_dim).
+        """
+        if head_dim > MAX_HEAD_DIM or v_heads % k_heads:
+            raise ValueError(f"delta-net heads of {head_dim} (at most {MAX_HEAD_DIM}), {v_heads} over {k_heads}")
+        params = _u32s(k_heads, v_heads, head_dim, z_off, beta_off, alpha_off, float(eps), 0)
+        return self._dispatch(
+            "delta_rule",
+            self.pipeline("delta_rule"),
+            [x, proj, vecs, state, out, pos_state],
+            params,
+            (v_heads, 1, 1),
         )
 
     def swiglu(self, gate_up: Any, y: Any, n: int, *, tokens: int = 1) -> Dispatch:
@@ -859,6 +959,7 @@ _UNIFORM_SLOT = {
     "attention_combine": 2,
     "swiglu": 2,
     "argmax": 2,
+    "delta_rule": 5,
 }
 
 assert set(_UNIFORM_SLOT) == set(QUANT_KERNELS) | set(PLAIN_KERNELS)
