@@ -213,3 +213,41 @@ def test_models_without_an_audio_encoder_refuse_audio(llava_dir: Path, tiny_llam
                 list(loaded.generate(messages, max_new_tokens=2, temperature=0))
             assert caught.value.code == ErrorCode.BAD_REQUEST
             assert "audio" in str(caught.value)
+
+
+def test_a_repo_with_both_encoders_splices_each_blocks_rows_in_order(
+    qwen2_audio_dir: Path, llava_dir: Path, tmp_path: Path
+) -> None:
+    # Gemma 4's layout: embed_tokens, decoder_model_merged, vision_encoder and audio_encoder side by side.
+    # The tiny LLaVA's vision encoder gives rows of the tiny Qwen2-Audio's width (64); its image token is
+    # stood in for by <unk>, a special token no text encodes to.
+    both = tmp_path / "both"
+    shutil.copytree(qwen2_audio_dir, both)
+    shutil.copy(llava_dir / "onnx" / "vision_encoder.onnx", both / "onnx")
+    shutil.copy(llava_dir / "preprocessor_config.json", both)
+    config = json.loads((both / "config.json").read_text())
+    (both / "config.json").write_text(json.dumps({**config, "image_token_index": 0}))
+    image = str(llava_dir / json.loads((llava_dir / "reference.json").read_text())["replies"][0]["image"])
+    clip = _samples(qwen2_audio_dir / "clip0.wav")
+    content = [
+        {"type": "image", "image": image},
+        {"type": "audio", "audio": clip},
+        {"type": "text", "text": "and"},
+        {"type": "image", "image": image},
+    ]
+    with anyformer.load(str(both), backend="onnx") as loaded:
+        assert loaded.task == "image-text-to-text" and loaded.audio_input
+        media = loaded.handle.media
+        ids, embeds = media.prompt([{"role": "user", "content": content}], False)
+        rows = {kind: media.kinds[kind].encode(value, kind) for kind, value in (("image", image), ("audio", clip))}
+        assert rows["image"].shape[0] == 16 and rows["audio"].shape[0] == 50
+        token = _audio_token(qwen2_audio_dir)
+        runs = []  # (kind, start) of each run of media tokens, in prompt order
+        for i, t in enumerate(ids):
+            if t in (0, token) and (i == 0 or ids[i - 1] != t):
+                runs.append(("image" if t == 0 else "audio", i))
+        assert [kind for kind, _ in runs] == ["image", "audio", "image"]
+        for kind, start in runs:
+            np.testing.assert_allclose(embeds[0, start : start + rows[kind].shape[0]], rows[kind], atol=1e-6)
+        reply = loaded.complete([{"role": "user", "content": content}], max_new_tokens=4)
+        assert reply.prompt_tokens == len(ids) and reply.tokens >= 1
