@@ -1291,6 +1291,33 @@ IMAGE_TOKEN = "<image>"
 VISION_PROMPTS = ((0, "What is in the picture?"), (2, "Describe it."), (None, "Hello there"))
 
 
+def _media_tokenizer(folder: Path, tokens: tuple[str, ...]) -> Any:
+    """The character tokenizer with a multimodal model's media tokens added as special tokens."""
+    from tokenizers import AddedToken, Tokenizer
+
+    _char_tokenizer(folder)
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in tokens])
+    tokenizer.save(str(folder / "tokenizer.json"))
+    return tokenizer
+
+
+def _tiny_text_config(config_class: Any, vocab_size: int, **extra: Any) -> Any:
+    """A multimodal model's 2-layer decoder config (width 64, 4 heads over 2 KV heads), ending at id 2."""
+    return config_class(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        bos_token_id=None,
+        eos_token_id=2,
+        pad_token_id=2,
+        **extra,
+    )
+
+
 def export_text_modules(model: Any, onnx: Path) -> None:
     """Export a multimodal model's ``embed_tokens`` and its decoder reading ``inputs_embeds`` (with a KV cache)."""
     import torch
@@ -1402,7 +1429,6 @@ def build_tiny_llava(folder: Path) -> None:
     """A random LLaVA (2-layer CLIP vision tower, 2-layer llama) over a character vocabulary; torch's replies."""
     import torch
     from PIL import Image
-    from tokenizers import AddedToken, Tokenizer
     from transformers import (
         AutoTokenizer,
         CLIPImageProcessor,
@@ -1412,27 +1438,13 @@ def build_tiny_llava(folder: Path) -> None:
         LlavaForConditionalGeneration,
     )
 
-    _char_tokenizer(folder)
-    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
-    tokenizer.add_special_tokens([AddedToken(IMAGE_TOKEN, special=True, normalized=False)])
-    tokenizer.save(str(folder / "tokenizer.json"))
+    tokenizer = _media_tokenizer(folder, (IMAGE_TOKEN,))
     image_id = tokenizer.token_to_id(IMAGE_TOKEN)
     torch.manual_seed(0)
     vision = CLIPVisionConfig(
         hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, image_size=32, patch_size=8
     )
-    text = LlamaConfig(
-        vocab_size=tokenizer.get_vocab_size(),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        bos_token_id=None,
-        eos_token_id=2,
-        pad_token_id=2,
-    )
+    text = _tiny_text_config(LlamaConfig, tokenizer.get_vocab_size(), max_position_embeddings=512)
     config = LlavaConfig(
         vision_config=vision,
         text_config=text,
@@ -1479,6 +1491,8 @@ def tiny_llava() -> Path:
         "tiny-llava",
         build_tiny_llava,
         _char_tokenizer,
+        _media_tokenizer,
+        _tiny_text_config,
         _test_images,
         export_multimodal,
         export_text_modules,
@@ -1565,7 +1579,6 @@ def build_tiny_qwen2_audio(folder: Path) -> None:
 
     import numpy as np
     import torch
-    from tokenizers import AddedToken, Tokenizer
     from transformers import (
         AutoTokenizer,
         Qwen2AudioConfig,
@@ -1576,27 +1589,13 @@ def build_tiny_qwen2_audio(folder: Path) -> None:
         WhisperFeatureExtractor,
     )
 
-    _char_tokenizer(folder)
-    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
-    tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in AUDIO_TOKENS])
-    tokenizer.save(str(folder / "tokenizer.json"))
+    tokenizer = _media_tokenizer(folder, AUDIO_TOKENS)
     audio_id = tokenizer.token_to_id(AUDIO_TOKENS[1])
     torch.manual_seed(4)
     audio = Qwen2AudioEncoderConfig(
         num_mel_bins=128, encoder_layers=2, encoder_attention_heads=2, encoder_ffn_dim=64, d_model=32
     )
-    text = Qwen2Config(
-        vocab_size=tokenizer.get_vocab_size(),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=1024,
-        bos_token_id=None,
-        eos_token_id=2,
-        pad_token_id=2,
-    )
+    text = _tiny_text_config(Qwen2Config, tokenizer.get_vocab_size(), max_position_embeddings=1024)
     config = Qwen2AudioConfig(
         audio_config=audio,
         text_config=text,
@@ -1647,6 +1646,8 @@ def tiny_qwen2_audio() -> Path:
         "tiny-qwen2-audio",
         build_tiny_qwen2_audio,
         _char_tokenizer,
+        _media_tokenizer,
+        _tiny_text_config,
         _clips,
         _decoder_input,
         export_audio_encoder,
