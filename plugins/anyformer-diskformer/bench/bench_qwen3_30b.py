@@ -291,6 +291,7 @@ def child_diskformer(
     threads: int,
     prefetch: int,
     direct_io: bool = True,
+    prefetch_threads: int = 0,
 ) -> dict[str, object]:
     """The engine's decode tok/s with the expert cache the budget leaves, its counters and the slots it had."""
     import anyformer
@@ -312,6 +313,8 @@ def child_diskformer(
     }
     if prefetch >= 0:
         options["prefetch"] = prefetch
+    if prefetch_threads > 0:
+        options["prefetch_threads"] = prefetch_threads
     model = DiskformerModel.open(anyformer.describe(path), Request(context=256, options=options), lambda e: None)
     try:
         engine = model.engine
@@ -353,6 +356,9 @@ def main() -> None:
     )
     parser.add_argument("--policy", default="reuse", choices=("reuse", "lru", "lrfu"), help="diskformer's cache policy")
     parser.add_argument("--prefetch", type=int, default=-1, help="diskformer's prefetch width (default: its top-k)")
+    parser.add_argument(
+        "--prefetch-threads", type=int, default=0, help="diskformer's reader threads (default: the engine's own)"
+    )
     parser.add_argument("--engines", default="diskformer,llama", help="which engines to run (comma-separated)")
     parser.add_argument(
         "--llama-cuda",
@@ -377,7 +383,10 @@ def main() -> None:
         else:
             numbers = int(rest[0]), int(rest[1])
             direct = rest[7] == "direct" if len(rest) > 7 else True
-            result = child_diskformer(path, *numbers, rest[2], rest[3], rest[4], int(rest[5]), int(rest[6]), direct)
+            readers = int(rest[8]) if len(rest) > 8 else 0
+            result = child_diskformer(
+                path, *numbers, rest[2], rest[3], rest[4], int(rest[5]), int(rest[6]), direct, readers
+            )
             print(json.dumps(result))
         return
 
@@ -419,6 +428,7 @@ def main() -> None:
                             *("--child", "diskformer", path, str(args.tokens), str(budget), args.device, trace),
                             *(args.policy, str(args.threads), str(args.prefetch)),
                             "page-cache" if args.page_cache else "direct",
+                            str(args.prefetch_threads),
                         ],
                         procs,
                         drop=not args.page_cache,
