@@ -2,17 +2,20 @@
 
 A :class:`Dispatch` is everything one ``dispatch_workgroups`` needs, made when the engine is built,
 so encoding a token is three calls per dispatch (set pipeline, set bind group, dispatch) and no
-allocation. Shapes travel in a small uniform buffer per dispatch; the one value that changes per
+allocation. Shapes travel in a uniform block per dispatch (its own small buffer, or a slice of one
+buffer an engine's step shares: :mod:`anyformer_gguf_gpu.programs`); the one value that changes per
 token (the position) lives in a 16-byte state buffer the host writes before each submission.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import math
 import struct
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from importlib import resources
 from typing import Any
 
@@ -190,7 +193,7 @@ class EmbedNext:
 
 @dataclasses.dataclass(frozen=True)
 class Dispatch:
-    """One compute dispatch, ready to encode."""
+    """One compute dispatch, ready to encode (or, made inside :meth:`Kernels.unbound`, not bound yet)."""
 
     name: str
     pipeline: Any
@@ -198,6 +201,15 @@ class Dispatch:
     groups: tuple[int, int, int]
     #: The native pipeline and bind group handles wgpu-py keeps (``_internal``), where it has them.
     handles: tuple[Any, Any] | None = None
+    #: The uniform block (shapes, offsets) and the storage buffers bound around it (None: a binding left out).
+    params: bytes = b""
+    buffers: tuple[Any, ...] = ()
+    #: The binding number of the uniform block among the buffers.
+    uniform_slot: int = 0
+
+
+#: A buffer range's keys in a bind group entry.
+_RANGE = ("buffer", "offset", "size")
 
 
 def _handles(pipeline: Any, group: Any) -> tuple[Any, Any] | None:
@@ -307,6 +319,8 @@ class Kernels:
         self.submit_seconds = 0.0
         self.submissions = 0
         self._pipelines: dict[PipelineKey, Any] = {}
+        #: Inside :meth:`unbound`: the kernel methods return dispatches without a bind group or uniform buffer.
+        self._unbound = 0
         #: wgpu-native's pass functions, called directly when encoding (None: wgpu-py's public API).
         self.native_calls = _native_pass_calls()
 
@@ -323,13 +337,31 @@ class Kernels:
         self,
         wanted: Iterable[PipelineKey],
         progress: Callable[[int, int], None] | None = None,
+        *,
+        also: Sequence[Callable[[], Any]] = (),
     ) -> None:
-        """Compile every (kernel, quant, tokens_per_thread, swiglu, norm, rope[, split]) pipeline in ``wanted`` now."""
-        todo = [key for key in dict.fromkeys(wanted) if key not in self._pipelines]
-        for done, key in enumerate(todo, 1):
-            self.pipeline(*key)
+        """Compile every (kernel, quant, tokens_per_thread, swiglu, norm, rope[, split]) pipeline in ``wanted`` now.
+
+        ``also`` are other pipelines' compilations (a kernel of an engine's own, as lfm2's convolution),
+        run first and counted in the same progress.
+        """
+        todo: list[Callable[[], Any]] = list(also)
+        todo += [functools.partial(self.pipeline, *key) for key in dict.fromkeys(wanted) if key not in self._pipelines]
+        for done, job in enumerate(todo, 1):
+            job()
             if progress is not None:
                 progress(done, len(todo))
+
+    @contextlib.contextmanager
+    def unbound(self) -> Iterator[None]:
+        """Inside the block the kernel methods return dispatches with no bind group and no uniform buffer of
+        their own (their ``params`` and ``buffers`` kept), for :class:`~anyformer_gguf_gpu.programs.BoundProgram`
+        to bind once at load, or to take a step's shape from."""
+        self._unbound += 1
+        try:
+            yield
+        finally:
+            self._unbound -= 1
 
     def pipeline(
         self,
@@ -376,22 +408,43 @@ class Kernels:
             self._pipelines[key] = found
         return found
 
-    def _dispatch(
-        self, name: str, pipeline: Any, buffers: Sequence[Any], params: bytes, groups: tuple[int, int, int]
+    def dispatch(
+        self,
+        name: str,
+        pipeline: Any,
+        buffers: Sequence[Any],
+        params: bytes,
+        groups: tuple[int, int, int],
+        uniform_slot: int | None = None,
     ) -> Dispatch:
+        """A dispatch of ``pipeline`` over ``buffers`` with the uniform block ``params`` at binding ``uniform_slot``
+        (the kernel's own slot by default); None in ``buffers`` marks a binding a variant does not declare.
+
+        Bound now with a uniform buffer of its own, or left unbound inside :meth:`unbound`.
+        """
+        slot = _UNIFORM_SLOT[name] if uniform_slot is None else uniform_slot
+        spec = Dispatch(name, pipeline, None, groups, None, params, tuple(buffers), slot)
+        if self._unbound:
+            return spec
         uniform = self.gpu.upload(np.frombuffer(params, dtype=np.uint8), label=f"{name}-params", uniform=True)
+        return self.bind(spec, uniform, 0)
+
+    def bind(self, spec: Dispatch, uniform: Any, offset: int) -> Dispatch:
+        """``spec`` bound: its buffers, and its uniform block read from ``uniform`` at byte ``offset``."""
         entries: list[Any] = []
-        # The uniform sits at the binding after the kernel's first storage buffers (see each .wgsl);
-        # None marks a binding number a variant does not declare.
-        slots = list(buffers)
-        slots.insert(_UNIFORM_SLOT[name], uniform)
+        # The uniform sits at the binding after the kernel's first storage buffers (see each .wgsl).
+        slots: list[Any] = list(spec.buffers)
+        slots.insert(spec.uniform_slot, (uniform, offset, len(spec.params)))
         for index, buf in enumerate(slots):
             if buf is None:
                 continue
-            entries.append({"binding": index, "resource": {"buffer": buf, "offset": 0, "size": buf.size}})
-        with gpu_errors(f"binding the {name} kernel"):
+            whole = not isinstance(buf, tuple)
+            where = {"buffer": buf, "offset": 0, "size": buf.size} if whole else dict(zip(_RANGE, buf, strict=True))
+            entries.append({"binding": index, "resource": where})
+        pipeline = spec.pipeline
+        with gpu_errors(f"binding the {spec.name} kernel"):
             group = self.gpu.device.create_bind_group(layout=pipeline.get_bind_group_layout(0), entries=entries)
-        return Dispatch(name, pipeline, group, groups, _handles(pipeline, group))
+        return dataclasses.replace(spec, bind_group=group, handles=_handles(pipeline, group))
 
     def matvec(
         self,
@@ -448,7 +501,7 @@ class Kernels:
             buffers += [rope.k_cache, rope.v_cache, rope.cos_sin, rope.state]
         while buffers[-1] is None:
             buffers.pop()
-        return self._dispatch(
+        return self.dispatch(
             "matvec",
             self.pipeline("matvec", fmt.name, tb, swiglu, norm is not None, rope is not None),
             buffers,
@@ -462,9 +515,7 @@ class Kernels:
         """y[t, :] = the dequantised row ids[pos + t] of the embedding table, for ``tokens`` tokens."""
         row_bytes = fmt.row_bytes(cols) if fmt.block_size > 1 else cols * fmt.type_size
         params = _u32s(cols, row_bytes, math.ceil(cols / 8), rows)
-        return self._dispatch(
-            "embed", self.pipeline("embed", fmt.name), [weight, ids, y, state], params, (tokens, 1, 1)
-        )
+        return self.dispatch("embed", self.pipeline("embed", fmt.name), [weight, ids, y, state], params, (tokens, 1, 1))
 
     def rmsnorm(
         self,
@@ -480,7 +531,7 @@ class Kernels:
     ) -> Dispatch:
         """y[t, :n] = RMSNorm(x[t, :n]) * weight for ``tokens`` rows (y is packed, stride n)."""
         params = _u32s(n, n if x_stride is None else x_stride, n, float(eps), x_off)
-        return self._dispatch("rmsnorm", self.pipeline("rmsnorm"), [x, weight, y], params, (tokens, 1, 1))
+        return self.dispatch("rmsnorm", self.pipeline("rmsnorm"), [x, weight, y], params, (tokens, 1, 1))
 
     def rope_store(
         self,
@@ -518,7 +569,7 @@ class Kernels:
             float(eps),
             head_dim,
         )
-        return self._dispatch(
+        return self.dispatch(
             "rope_store",
             self.pipeline("rope_store"),
             [qkv, k_cache, v_cache, cos_sin, norm, state],
@@ -615,7 +666,7 @@ class Kernels:
             )
             buffers += [rope.cos_sin, rope.norm]
         params = _u32s(n_head, n_kv, head_dim, q_dim + 2 * kv_dim, kv_dim, ctx, q_dim, float(scale), *extra)
-        return self._dispatch(
+        return self.dispatch(
             name,
             self.pipeline(name, rope=rope is not None, split=split),
             buffers,
@@ -629,7 +680,7 @@ class Kernels:
         """out[t, h*hd:(h+1)*hd] from the partial results a ``split`` :meth:`attention` left in ``scores``."""
         part_off = _partials_offset(scores, tokens, n_head, ctx, head_dim)
         params = _u32s(n_head, head_dim, n_head * head_dim, ctx, part_off)
-        return self._dispatch(
+        return self.dispatch(
             "attention_combine",
             self.pipeline("attention_combine"),
             [scores, out, state],
@@ -640,7 +691,7 @@ class Kernels:
     def swiglu(self, gate_up: Any, y: Any, n: int, *, tokens: int = 1) -> Dispatch:
         """y[t, i] = silu(gate_up[t, i]) * gate_up[t, n + i]."""
         params = _u32s(n, tokens)
-        return self._dispatch(
+        return self.dispatch(
             "swiglu", self.pipeline("swiglu"), [gate_up, y], params, (math.ceil(n / WORKGROUP), tokens, 1)
         )
 
@@ -679,7 +730,7 @@ class Kernels:
             row_bytes = fmt.row_bytes(embed.cols) if fmt.block_size > 1 else embed.cols * fmt.type_size
             shape = (embed.cols, row_bytes, math.ceil(embed.cols / 8), embed.rows)
         pipeline = self.pipeline(name, None if embed is None else embed.fmt.name)
-        return self._dispatch(name, pipeline, buffers, _u32s(n, offset, *shape), (1, 1, 1))
+        return self.dispatch(name, pipeline, buffers, _u32s(n, offset, *shape), (1, 1, 1))
 
     def run(self, dispatches: Sequence[Dispatch], copies: Sequence[Copy] = ()) -> None:
         """Encode ``dispatches`` in one compute pass, then ``copies`` (src, src_off, dst, dst_off, n); submit once."""
