@@ -217,26 +217,51 @@ def _handles(pipeline: Any, group: Any) -> tuple[Any, Any] | None:
     return None if native_pipeline is None or native_group is None else (native_pipeline, native_group)
 
 
-def _native_pass_calls() -> tuple[Any, Any, Any, Any] | None:
-    """wgpu-native's set-pipeline, set-bind-group and dispatch functions and cffi's NULL, where importable.
+@dataclasses.dataclass(frozen=True)
+class NativePass:
+    """wgpu-native's compute-pass functions as cffi exposes them, cffi's NULL, and wgpu-py's error handler."""
 
-    Encoding is the host's share of every token (~150 dispatches): calling these directly skips
-    wgpu-py's per-call wrappers (argument checks, a cffi array for dynamic offsets) and cuts the
-    host's encode time by about a quarter. This reaches into wgpu-py's backend module, so anything
-    unexpected there means the public API is used instead.
+    set_pipeline: Any
+    set_bind_group: Any
+    dispatch: Any
+    null: Any
+    #: Collects what wgpu-native reports during the calls (capture / release), as wgpu-py's wrappers do per call.
+    errors: Any
+
+
+def _native_pass_calls() -> NativePass | None:
+    """wgpu-native's set-pipeline, set-bind-group and dispatch functions, where importable.
+
+    Encoding is the host's share of every token (~150 dispatches). wgpu-py's public methods check
+    their arguments, build a cffi array for dynamic offsets and wrap each native call in an error
+    capture (a thread-local stack push and pop, ~0.4 us a call); the raw functions skip all of that,
+    and the encoder takes one error capture for a whole pass instead (:meth:`Kernels.encode`). This
+    reaches into wgpu-py's backend module, so anything unexpected there means the public API is used.
     """
     try:
         from wgpu.backends.wgpu_native import _api as native  # type: ignore[import-untyped]
 
-        lib = native.libf
-        return (
+        lib, errors = native.lib, native.error_handler
+        if not (callable(getattr(errors, "capture", None)) and callable(getattr(errors, "release", None))):
+            return None
+        return NativePass(
             lib.wgpuComputePassEncoderSetPipeline,
             lib.wgpuComputePassEncoderSetBindGroup,
             lib.wgpuComputePassEncoderDispatchWorkgroups,
             native.ffi.NULL,
+            errors,
         )
     except (ImportError, AttributeError):
         return None
+
+
+def _reported(kind: str, message: str) -> Exception:
+    """The wgpu exception for an error wgpu-native reported (its kind as wgpu-py's error handler names it)."""
+    import wgpu  # type: ignore[import-untyped]
+
+    if kind == "OutOfMemory":
+        return wgpu.GPUOutOfMemoryError(message)
+    return wgpu.GPUValidationError(message) if kind == "Validation" else wgpu.GPUError(message)
 
 
 def _groups_for_rows(rows: int, z: int = 1) -> tuple[int, int, int]:
@@ -743,41 +768,55 @@ class Kernels:
 
         Several decode steps go in one submission this way, each pass preceded by the copy that sets its position.
         """
-        device = self.gpu.device
         start = time.perf_counter()
         with gpu_errors("running the kernels"):
-            encoder = device.create_command_encoder()
-            for before, dispatches in passes:
-                for src, src_off, dst, dst_off, n in before:
-                    encoder.copy_buffer_to_buffer(src, src_off, dst, dst_off, n)
-                compute = encoder.begin_compute_pass()
-                native = getattr(compute, "_internal", None) if self.native_calls is not None else None
-                if native is not None and self.native_calls is not None:
-                    set_pipeline, set_group, dispatch, null = self.native_calls
-                    for d in dispatches:
-                        handles = d.handles
-                        if handles is None:
-                            compute.set_pipeline(d.pipeline)
-                            compute.set_bind_group(0, d.bind_group)
-                            compute.dispatch_workgroups(*d.groups)
-                            continue
-                        set_pipeline(native, handles[0])
-                        set_group(native, 0, handles[1], 0, null)
-                        dispatch(native, *d.groups)
-                else:
-                    for d in dispatches:
-                        compute.set_pipeline(d.pipeline)
-                        compute.set_bind_group(0, d.bind_group)
-                        compute.dispatch_workgroups(*d.groups)
-                compute.end()
-            for src, src_off, dst, dst_off, n in copies:
-                encoder.copy_buffer_to_buffer(src, src_off, dst, dst_off, n)
-            commands = encoder.finish()
+            commands = self.encode(passes, copies)
             encoded = time.perf_counter()
-            device.queue.submit([commands])
+            self.gpu.device.queue.submit([commands])
         self.encode_seconds += encoded - start
         self.submit_seconds += time.perf_counter() - encoded
         self.submissions += 1
+
+    def encode(self, passes: Sequence[tuple[Sequence[Copy], Sequence[Dispatch]]], copies: Sequence[Copy] = ()) -> Any:
+        """The command buffer :meth:`run_passes` submits (wgpu's exceptions are the caller's to turn)."""
+        encoder = self.gpu.device.create_command_encoder()
+        for before, dispatches in passes:
+            for src, src_off, dst, dst_off, n in before:
+                encoder.copy_buffer_to_buffer(src, src_off, dst, dst_off, n)
+            compute = encoder.begin_compute_pass()
+            native = getattr(compute, "_internal", None) if self.native_calls is not None else None
+            if native is not None and self.native_calls is not None:
+                _encode_native(self.native_calls, compute, native, dispatches)
+            else:
+                for d in dispatches:
+                    compute.set_pipeline(d.pipeline)
+                    compute.set_bind_group(0, d.bind_group)
+                    compute.dispatch_workgroups(*d.groups)
+            compute.end()
+        for src, src_off, dst, dst_off, n in copies:
+            encoder.copy_buffer_to_buffer(src, src_off, dst, dst_off, n)
+        return encoder.finish()
+
+
+def _encode_native(calls: NativePass, compute: Any, native: Any, dispatches: Sequence[Dispatch]) -> None:
+    """Encode ``dispatches`` into the pass through wgpu-native's functions, under one error capture."""
+    set_pipeline, set_group, dispatch, null = calls.set_pipeline, calls.set_bind_group, calls.dispatch, calls.null
+    calls.errors.capture("anyformer-encode")
+    try:
+        for d in dispatches:
+            handles = d.handles
+            if handles is None:
+                compute.set_pipeline(d.pipeline)
+                compute.set_bind_group(0, d.bind_group)
+                compute.dispatch_workgroups(*d.groups)
+                continue
+            set_pipeline(native, handles[0])
+            set_group(native, 0, handles[1], 0, null)
+            dispatch(native, *d.groups)
+    finally:
+        failed = calls.errors.release("anyformer-encode")
+    if failed is not None:
+        raise _reported(*failed)
 
 
 def _partials_offset(scores: Any, tokens: int, n_head: int, ctx: int, head_dim: int) -> int:
