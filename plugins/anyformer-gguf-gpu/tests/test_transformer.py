@@ -187,8 +187,8 @@ def test_a_wrong_binding_encoded_natively_is_an_error_not_a_log_line(engine):
     step = engine.program(1, head=True, sample=False)
     matvec = next(d for d in step if d.name == "matvec")
     other = next(d for d in step if d.pipeline is not matvec.pipeline and d.name != "embed")
-    assert matvec.handles is not None and other.handles is not None
-    wrong = dataclasses.replace(matvec, bind_group=other.bind_group, handles=(matvec.handles[0], other.handles[1]))
+    wrong = dataclasses.replace(matvec, bind_group=other.bind_group)
+    assert wrong.native is not None and wrong.native[1] is other.native[1]  # encoded natively, with the wrong group
     with pytest.raises(AnyformerError) as caught:
         kernels.run([wrong])
     assert caught.value.code == ErrorCode.BACKEND_CRASHED

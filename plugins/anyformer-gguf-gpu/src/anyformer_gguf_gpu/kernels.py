@@ -199,22 +199,23 @@ class Dispatch:
     pipeline: Any
     bind_group: Any
     groups: tuple[int, int, int]
-    #: The native pipeline and bind group handles wgpu-py keeps (``_internal``), where it has them.
-    handles: tuple[Any, Any] | None = None
     #: The uniform block (shapes, offsets) and the storage buffers bound around it (None: a binding left out).
     params: bytes = b""
     buffers: tuple[Any, ...] = ()
     #: The binding number of the uniform block among the buffers.
     uniform_slot: int = 0
+    #: What the native encoder passes (set from the fields above): the pipeline's and bind group's native
+    #: handles (wgpu-py's ``_internal``) and the workgroup counts, or None where a handle is missing.
+    native: tuple[Any, Any, int, int, int] | None = dataclasses.field(default=None, init=False, compare=False)
+
+    def __post_init__(self) -> None:
+        pipeline, group = getattr(self.pipeline, "_internal", None), getattr(self.bind_group, "_internal", None)
+        native = None if pipeline is None or group is None else (pipeline, group, *self.groups)
+        object.__setattr__(self, "native", native)
 
 
 #: A buffer range's keys in a bind group entry.
 _RANGE = ("buffer", "offset", "size")
-
-
-def _handles(pipeline: Any, group: Any) -> tuple[Any, Any] | None:
-    native_pipeline, native_group = getattr(pipeline, "_internal", None), getattr(group, "_internal", None)
-    return None if native_pipeline is None or native_group is None else (native_pipeline, native_group)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -448,7 +449,7 @@ class Kernels:
         Bound now with a uniform buffer of its own, or left unbound inside :meth:`unbound`.
         """
         slot = _UNIFORM_SLOT[name] if uniform_slot is None else uniform_slot
-        spec = Dispatch(name, pipeline, None, groups, None, params, tuple(buffers), slot)
+        spec = Dispatch(name, pipeline, None, groups, params, tuple(buffers), slot)
         if self._unbound:
             return spec
         uniform = self.gpu.upload(np.frombuffer(params, dtype=np.uint8), label=f"{name}-params", uniform=True)
@@ -469,7 +470,7 @@ class Kernels:
         pipeline = spec.pipeline
         with gpu_errors(f"binding the {spec.name} kernel"):
             group = self.gpu.device.create_bind_group(layout=pipeline.get_bind_group_layout(0), entries=entries)
-        return dataclasses.replace(spec, bind_group=group, handles=_handles(pipeline, group))
+        return dataclasses.replace(spec, bind_group=group)
 
     def matvec(
         self,
@@ -804,15 +805,17 @@ def _encode_native(calls: NativePass, compute: Any, native: Any, dispatches: Seq
     calls.errors.capture("anyformer-encode")
     try:
         for d in dispatches:
-            handles = d.handles
+            handles = d.native
             if handles is None:
                 compute.set_pipeline(d.pipeline)
                 compute.set_bind_group(0, d.bind_group)
                 compute.dispatch_workgroups(*d.groups)
                 continue
-            set_pipeline(native, handles[0])
-            set_group(native, 0, handles[1], 0, null)
-            dispatch(native, *d.groups)
+            # One tuple per dispatch, unpacked: indexing and a starred call cost a third of this loop.
+            pipeline, group, x, y, z = handles
+            set_pipeline(native, pipeline)
+            set_group(native, 0, group, 0, null)
+            dispatch(native, x, y, z)
     finally:
         failed = calls.errors.release("anyformer-encode")
     if failed is not None:
