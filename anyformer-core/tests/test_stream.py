@@ -302,6 +302,10 @@ def test_busy_from_another_thread_never_interleaves(load_scripted: Any) -> None:
         [{"role": "user", "content": [{"type": "text"}]}],
         [{"role": "user", "content": [{"type": "image", "image": ""}]}],
         [{"role": "user", "content": [{"type": "image", "image": 3.5}]}],
+        [{"role": "user", "content": [{"type": "audio", "audio": ""}]}],
+        [{"role": "user", "content": [{"type": "audio", "audio": 3.5}]}],
+        [{"role": "user", "content": [{"type": "audio", "audio": {"raw": [0.0], "sampling_rate": "16k"}}]}],
+        [{"role": "user", "content": [{"type": "audio", "audio": {"sampling_rate": 16000}}]}],
         ["hi"],
     ],
     ids=lambda m: repr(m)[:40],
@@ -351,6 +355,21 @@ def test_content_blocks_pass_through_validated(load_scripted: Any) -> None:
     loaded, backend = load_scripted(chunks("ok"))
     blocks = [{"type": "text", "text": "what is it?"}, {"type": "image", "image": b"\x89PNG"}]
     messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": blocks}]
+    loaded.complete(messages)
+    assert backend.last_messages == messages
+
+
+def test_audio_blocks_reach_only_a_handle_that_reads_audio(load_scripted: Any) -> None:
+    loaded, backend = load_scripted(chunks("ok"))
+    clip = {"raw": [0.0, 0.5], "sampling_rate": 16000}
+    messages = [{"role": "user", "content": [{"type": "audio", "audio": clip}, {"type": "text", "text": "?"}]}]
+    assert not loaded.audio_input
+    with pytest.raises(AnyformerError) as caught:
+        loaded.generate(messages)
+    assert caught.value.code is ErrorCode.BAD_REQUEST and "audio" in caught.value.message
+    assert backend.started == 0
+    loaded.handle.audio_input = True  # type: ignore[attr-defined]
+    assert loaded.audio_input
     loaded.complete(messages)
     assert backend.last_messages == messages
 

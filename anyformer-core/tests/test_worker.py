@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import worker_engines
 
@@ -106,6 +107,23 @@ def test_messages_with_bytes_reach_the_worker_intact(load_isolated: Any) -> None
     blocks = [{"type": "text", "text": "what is it?"}, {"type": "image", "image": b"\x89PNG\x00\xff"}]
     text = loaded.complete([{"role": "user", "content": blocks}]).text
     assert "b'\\x89PNG\\x00\\xff'" in text and "what is it?" in text
+
+
+def test_audio_blocks_reach_a_worker_whose_handle_reads_audio(load_isolated: Any) -> None:
+    loaded = load_isolated("echo")
+    assert loaded.audio_input
+    samples = np.linspace(-0.5, 0.5, 5, dtype=np.float32)
+    blocks = [{"type": "audio", "audio": {"raw": samples, "sampling_rate": 16000}}, {"type": "text", "text": "?"}]
+    text = loaded.complete([{"role": "user", "content": blocks}]).text
+    assert "'sampling_rate': 16000" in text and "-0.5" in text and "0.25" in text
+
+
+def test_audio_blocks_are_refused_for_a_worker_whose_handle_reads_none(load_isolated: Any) -> None:
+    loaded = load_isolated("steady")
+    assert not loaded.audio_input
+    with pytest.raises(AnyformerError) as caught:
+        loaded.complete([{"role": "user", "content": [{"type": "audio", "audio": b"RIFF"}]}])
+    assert caught.value.code is ErrorCode.BAD_REQUEST and "audio" in caught.value.message
 
 
 def test_progress_of_the_load_reaches_the_caller(engines: Any, model_description: dict[str, Any]) -> None:

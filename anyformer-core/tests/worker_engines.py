@@ -25,10 +25,11 @@ BAD_ALLOC = "terminate called after throwing an instance of 'std::bad_alloc'\n  
 class Handle:
     """A loaded model of :class:`Engine`: counts what the engine did."""
 
-    def __init__(self, backend: str, parallel: int = 1) -> None:
+    def __init__(self, backend: str, parallel: int = 1, audio_input: bool = False) -> None:
         self.backend = backend
         self.task = "text-generation"
         self.parallel = parallel
+        self.audio_input = audio_input
         self.made = 0
         self.closed = 0
         self.disposed = 0
@@ -82,13 +83,20 @@ class Engine:
     """One backend: ``fault`` names what goes wrong and ``at`` when (``load`` or ``generate``)."""
 
     def __init__(
-        self, name: str, fault: str | None = None, at: str = "generate", delay: float = 0.0, parallel: int = 1
+        self,
+        name: str,
+        fault: str | None = None,
+        at: str = "generate",
+        delay: float = 0.0,
+        parallel: int = 1,
+        audio_input: bool = False,
     ) -> None:
         self.name = name
         self.fault = fault
         self.at = at
         self.delay = delay
         self.parallel = parallel
+        self.audio_input = audio_input  # its handles read audio blocks
 
     @hookimpl
     def can_run(self, model: Any) -> Verdict:
@@ -104,7 +112,7 @@ class Engine:
                 raise KeyError("blk.0.attn_q")
             _die_of(self.fault or "")
         progress(ProgressEvent(stage="load", backend=self.name, file="weights", done=2, total=2))
-        return Handle(self.name, self.parallel)
+        return Handle(self.name, self.parallel, self.audio_input)
 
     @hookimpl
     def generate(self, loaded: Handle, messages: list[Any], options: Any) -> Iterator[Chunk]:
@@ -150,7 +158,7 @@ steady = Engine("steady")
 slow = Engine("slow", delay=0.01)
 #: Serves three streams at once (``parallel = 3``), each reply written with its prompt's first letter.
 triple = Engine("triple", delay=0.002, parallel=3)
-echo = Engine("echo", "echo")
+echo = Engine("echo", "echo", audio_input=True)
 previews = Engine("previews", "previews")
 aborts = Engine("aborts", "abort")
 segfaults = Engine("segfaults", "segfault")

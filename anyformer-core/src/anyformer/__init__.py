@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from anyformer.contract._caps import Caps, probe
     from anyformer.contract._chunk import Chunk, FinishReason, GenerateOptions, TokenLogprob
     from anyformer.contract._errors import AnyformerError, ErrorCode
-    from anyformer.contract._messages import Message, has_images, text_of, validate_messages
+    from anyformer.contract._messages import Message, has_audio, has_images, text_of, validate_messages
     from anyformer.contract._model import Model, ModelFile
     from anyformer.contract._progress import ProgressCallback, ProgressEvent
     from anyformer.contract._request import Request
@@ -62,6 +62,7 @@ _EXPORTS = {
     "AnyformerError": "anyformer.contract._errors",
     "ErrorCode": "anyformer.contract._errors",
     "Message": "anyformer.contract._messages",
+    "has_audio": "anyformer.contract._messages",
     "has_images": "anyformer.contract._messages",
     "text_of": "anyformer.contract._messages",
     "validate_messages": "anyformer.contract._messages",
@@ -117,6 +118,7 @@ __all__ = [
     "fetch_files",
     "format_size",
     "get_plugin_manager",
+    "has_audio",
     "has_images",
     "hookimpl",
     "load",

@@ -15,9 +15,10 @@ class BackendModel(Protocol):
     backend continues raw text without a chat template (``generate(prompt=...)``) sets
     ``raw_text = True``; the core refuses raw prompts for every other handle. One that also reports
     the prompt's own tokens' log-probabilities (``generate(prompt_logprobs=True)``) sets
-    ``prompt_logprobs = True``. A handle that serves several streams at once (its ``generate``
-    and ``run`` are safe to call from several threads) sets ``parallel`` to how many; without it
-    the core allows one at a time.
+    ``prompt_logprobs = True``. A handle that reads audio blocks in chat messages sets
+    ``audio_input = True``; the core refuses messages with audio for every other handle. A handle
+    that serves several streams at once (its ``generate`` and ``run`` are safe to call from several
+    threads) sets ``parallel`` to how many; without it the core allows one at a time.
     """
 
     backend: str
@@ -36,6 +37,11 @@ def run_of(handle: Any) -> Any:
 def raw_text_of(handle: Any) -> bool:
     """True when the handle declares it continues raw text (``raw_text = True``)."""
     return getattr(handle, "raw_text", False) is True
+
+
+def audio_input_of(handle: Any) -> bool:
+    """True when the handle declares it reads audio blocks in messages (``audio_input = True``)."""
+    return getattr(handle, "audio_input", False) is True
 
 
 def parallel_of(handle: Any) -> int:

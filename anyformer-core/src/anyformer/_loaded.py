@@ -12,7 +12,7 @@ from anyformer._chat_template import cancelled_by
 from anyformer._stream import CoreStream
 from anyformer.contract._chunk import Chunk, GenerateOptions
 from anyformer.contract._errors import AnyformerError, ErrorCode
-from anyformer.contract._messages import Message, validate_messages
+from anyformer.contract._messages import Message, has_audio, validate_messages
 from anyformer.contract._model import Model
 from anyformer.contract._verdict import Verdict
 
@@ -103,6 +103,11 @@ class Loaded:
         return self._session.raw_text
 
     @property
+    def audio_input(self) -> bool:
+        """True when the backend reads audio blocks in chat messages (others are refused with ``BAD_REQUEST``)."""
+        return self._session.audio_input
+
+    @property
     def prompt_logprobs(self) -> bool:
         """True when the backend scores a raw prompt's own tokens (``generate(prompt_logprobs=True)``)."""
         return self._session.prompt_logprobs
@@ -147,6 +152,11 @@ class Loaded:
             checked: list[Message] = []
         else:
             checked = validate_messages(messages)
+            if has_audio(checked) and not self._session.audio_input:
+                raise AnyformerError(
+                    ErrorCode.BAD_REQUEST,
+                    f"{self.model.ref} on {self.backend} does not read audio: send no audio blocks",
+                )
         options = GenerateOptions.build(
             max_new_tokens=max_new_tokens,
             temperature=temperature,

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
-from anyformer._backend import BackendModel, parallel_of, prompt_logprobs_of, raw_text_of, run_of
+from anyformer._backend import BackendModel, audio_input_of, parallel_of, prompt_logprobs_of, raw_text_of, run_of
 from anyformer.contract._chunk import Chunk, GenerateOptions
 from anyformer.contract._messages import Message
 
@@ -43,6 +43,10 @@ class Session(Protocol):
     @property
     def raw_text(self) -> bool:
         """True when the backend continues raw text without a chat template (``generate(prompt=...)``)."""
+
+    @property
+    def audio_input(self) -> bool:
+        """True when the backend reads audio blocks in chat messages."""
 
     @property
     def parallel(self) -> int:
@@ -87,6 +91,11 @@ class InProcessSession:
     def raw_text(self) -> bool:
         """True when the handle declares ``raw_text``."""
         return raw_text_of(self._handle)
+
+    @property
+    def audio_input(self) -> bool:
+        """True when the handle declares ``audio_input``."""
+        return audio_input_of(self._handle)
 
     @property
     def parallel(self) -> int:

@@ -12,8 +12,8 @@ Groups, in the order a backend meets them:
   :class:`Verdict`, :class:`Estimate`, :class:`Rank`, :class:`Refusal`, :class:`Chunk`, :class:`TokenLogprob`,
   :class:`GenerateOptions`, :class:`FinishReason`, :class:`StoreEntry`, :class:`ProgressEvent`,
   :data:`ProgressCallback`, :class:`BackendModel`, :class:`AnyformerError`, :class:`ErrorCode`;
-- messages and chat: :data:`Message`, :func:`validate_messages`, :func:`has_images`, :func:`text_of`,
-  :func:`render_chat` (jinja2's sandbox), :data:`CHATML_TEMPLATE`;
+- messages and chat: :data:`Message`, :func:`validate_messages`, :func:`has_images`, :func:`has_audio`,
+  :func:`text_of`, :func:`render_chat` (jinja2's sandbox), :data:`CHATML_TEMPLATE`;
 - files, read with hard limits before any engine sees them: :func:`read_gguf_header`,
   :func:`check_split_set`, :func:`split_set_members`, :class:`GGUFHeader`, :class:`GGUFTensor`,
   :class:`LazyArray` (a long GGUF array in ``GGUFHeader.kv``, decoded on first use),
@@ -38,7 +38,7 @@ from anyformer._chat_template import CHATML_TEMPLATE, render_chat
 from anyformer.contract._caps import Caps, host_ram_available, usable_cpu_count
 from anyformer.contract._chunk import Chunk, FinishReason, GenerateOptions, TokenLogprob
 from anyformer.contract._errors import AnyformerError, ErrorCode
-from anyformer.contract._messages import Message, has_images, text_of, validate_messages
+from anyformer.contract._messages import Message, has_audio, has_images, text_of, validate_messages
 from anyformer.contract._model import Model, ModelFile
 from anyformer.contract._progress import ProgressCallback, ProgressEvent
 from anyformer.contract._request import Request
@@ -112,6 +112,7 @@ __all__ = [
     "fetch_files",
     "files_to_download",
     "format_size",
+    "has_audio",
     "has_images",
     "hookimpl",
     "host_ram_available",

@@ -237,6 +237,22 @@ def test_a_wrong_api_key_is_401_and_the_right_one_passes(paced_server: Any, mode
             },
             "messages[0].content[0]",
         ),
+        (
+            {
+                "model": "m",
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [{"type": "input_audio", "input_audio": {"data": "AA==", "format": "mp3"}}],
+                    }
+                ],
+            },
+            "messages[0].content[0]",
+        ),
+        (
+            {"model": "m", "messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": "x"}]}]},
+            "messages[0].content[0]",
+        ),
     ],
 )
 def test_malformed_requests_are_400_naming_the_field(paced_server: Any, body: dict[str, Any], param: str) -> None:
@@ -245,6 +261,20 @@ def test_malformed_requests_are_400_naming_the_field(paced_server: Any, body: di
     assert reply.status == 400
     assert reply.json()["error"]["param"] == param
     assert not backend.handles  # refused before any model was loaded
+
+
+def test_input_audio_parts_reach_the_backend_as_audio_blocks_of_the_files_bytes() -> None:
+    import base64
+
+    from anyformer.server._schemas import parse_chat
+
+    wav = b"RIFF\x24\x00\x00\x00WAVEfmt "
+    part = {"type": "input_audio", "input_audio": {"data": base64.b64encode(wav).decode(), "format": "wav"}}
+    body = {"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "?"}, part]}]}
+    request = parse_chat(body)
+    assert request.messages == [
+        {"role": "user", "content": [{"type": "text", "text": "?"}, {"type": "audio", "audio": wav}]}
+    ]
 
 
 class _RawPacedBackend(PacedBackend):

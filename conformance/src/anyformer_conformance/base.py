@@ -145,7 +145,8 @@ MALFORMED_MESSAGES: dict[str, Any] = {
     "bad role": [{"role": "wizard", "content": "hello"}],
     "missing content": [{"role": "user"}],
     "content an int": [{"role": "user", "content": 42}],
-    "unknown block type": [{"role": "user", "content": [{"type": "audio", "audio": "speech.wav"}]}],
+    "unknown block type": [{"role": "user", "content": [{"type": "video", "video": "clip.mp4"}]}],
+    "audio block of a number": [{"role": "user", "content": [{"type": "audio", "audio": 42}]}],
     "text block without text": [{"role": "user", "content": [{"type": "text"}]}],
 }
 

@@ -36,6 +36,12 @@ import tempfile
 import time
 from collections.abc import Iterator
 
+# llama-cpp-python before numpy: a CUDA build of it made on the H200 machine segfaults while loading a model
+# if the image's numpy was imported first (seen 2026-11-30 and 2026-12-01; cause not established).
+try:
+    import llama_cpp  # noqa: F401
+except ImportError:
+    pass
 import numpy as np
 
 PROMPT = [1, 60, 75, 82]
@@ -166,15 +172,23 @@ def cached_fraction(path: str) -> float:
     return sum(v & 1 for v in vector) / pages
 
 
-def run_child(args: list[str], procs: str | None) -> dict[str, object]:
-    """Run this script as a child (joining the cgroup first) and return the JSON its last line prints."""
+def run_child(args: list[str], procs: str | None, drop: bool = True) -> dict[str, object]:
+    """Run this script as a child (joining the cgroup first) and return the JSON its last line prints.
+
+    With ``drop`` the file's pages leave the page cache first; without, the file is read once so it is all there.
+    """
 
     def join() -> None:
         if procs is not None:
             with open(procs, "w") as f:
                 f.write(str(os.getpid()))
 
-    drop_file_cache(args[2])  # every child starts with none of the model in the page cache
+    if drop:
+        drop_file_cache(args[2])  # every child starts with none of the model in the page cache
+    else:
+        with open(args[2], "rb") as f:  # every child starts with all of it there
+            while f.read(CHUNK):
+                pass
     out = subprocess.run(
         [sys.executable, __file__, *args], preexec_fn=join, capture_output=True, text=True, check=False
     )
@@ -215,8 +229,68 @@ def child_llama(path: str, tokens: int, threads: int, repack: bool) -> dict[str,
     return {"tok_per_sec": tokens / took}
 
 
+#: The buffer-type overrides handed to llama.cpp: kept alive for as long as the model is loaded.
+_OVERRIDES: list[object] = []
+
+
+def experts_on_cpu(params: object) -> None:
+    """Set ``params.tensor_buft_overrides`` so every routed expert tensor stays in host memory.
+
+    This is what llama.cpp's ``--n-cpu-moe`` / ``-ot "exps=CPU"`` do: the dense layers on the GPU, the
+    experts' products run by the CPU from the mmapped file. llama-cpp-python has no argument for it,
+    so the NULL-terminated array is built here from the CPU backend's buffer type.
+    """
+    import ctypes
+
+    import llama_cpp.llama_cpp as native
+
+    class Override(ctypes.Structure):
+        _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]
+
+    cpu = ctypes.CDLL(os.path.join(str(native._base_path), "libggml-cpu.so"))
+    cpu.ggml_backend_cpu_buffer_type.restype = ctypes.c_void_p
+    table = (Override * 2)(
+        Override(rb"ffn_(up|down|gate)_exps", cpu.ggml_backend_cpu_buffer_type()), Override(None, None)
+    )
+    _OVERRIDES.append(table)
+    params.tensor_buft_overrides = ctypes.cast(table, ctypes.c_void_p)  # type: ignore[attr-defined]
+
+
+def child_llama_cuda(path: str, tokens: int, threads: int) -> dict[str, object]:
+    """llama.cpp CUDA's decode tok/s on ``path``: every layer offloaded, the routed experts kept on the CPU."""
+    import llama_cpp.llama_cpp as native
+    from llama_cpp import Llama
+
+    default = native.llama_model_default_params
+
+    def cpu_experts() -> object:
+        params = default()
+        experts_on_cpu(params)
+        return params
+
+    native.llama_model_default_params = cpu_experts
+    llm = Llama(path, n_ctx=256, n_gpu_layers=-1, n_threads=threads, use_mmap=True, flash_attn=True, verbose=False)
+    llm.eval(PROMPT)
+    token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+    began = time.perf_counter()
+    for _ in range(tokens):
+        llm.eval([token])
+        token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+    took = time.perf_counter() - began
+    llm.close()
+    return {"tok_per_sec": tokens / took}
+
+
 def child_diskformer(
-    path: str, tokens: int, budget: int, device: str, trace: str, policy: str, threads: int, prefetch: int
+    path: str,
+    tokens: int,
+    budget: int,
+    device: str,
+    trace: str,
+    policy: str,
+    threads: int,
+    prefetch: int,
+    direct_io: bool = True,
 ) -> dict[str, object]:
     """The engine's decode tok/s with the expert cache the budget leaves, its counters and the slots it had."""
     import anyformer
@@ -229,7 +303,13 @@ def child_diskformer(
     plan = plan_from_header(read_gguf_header(path), 256, device)
     pool = budget - plan.fixed_bytes
     os.environ[TRACE_ENV] = trace
-    options: dict[str, object] = {"pool_bytes": pool, "device": device, "cache_policy": policy, "threads": threads}
+    options: dict[str, object] = {
+        "pool_bytes": pool,
+        "device": device,
+        "cache_policy": policy,
+        "threads": threads,
+        "direct_io": direct_io,
+    }
     if prefetch >= 0:
         options["prefetch"] = prefetch
     model = DiskformerModel.open(anyformer.describe(path), Request(context=256, options=options), lambda e: None)
@@ -268,18 +348,36 @@ def main() -> None:
     parser.add_argument("--budgets", default="0.5,0.25,0.1", help="budgets as fractions of the file's size")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--folder", default=tempfile.gettempdir())
+    parser.add_argument(
+        "--model", help="the GGUF to use: written there first when missing, and kept (default: a temporary file)"
+    )
     parser.add_argument("--policy", default="reuse", choices=("reuse", "lru", "lrfu"), help="diskformer's cache policy")
     parser.add_argument("--prefetch", type=int, default=-1, help="diskformer's prefetch width (default: its top-k)")
     parser.add_argument("--engines", default="diskformer,llama", help="which engines to run (comma-separated)")
+    parser.add_argument(
+        "--llama-cuda",
+        action="store_true",
+        help="llama.cpp as a CUDA build with every layer on the GPU and the experts on the CPU (n_cpu_moe), instead "
+        "of its CPU build",
+    )
+    parser.add_argument(
+        "--page-cache",
+        action="store_true",
+        help="keep the file in the page cache (host memory) for every engine, no memory cgroup, and diskformer reads "
+        "through it (direct_io off): experts from host memory rather than from the disk",
+    )
     parser.add_argument("--child", nargs="*", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         kind, path, *rest = args.child
         if kind == "llama":
             print(json.dumps(child_llama(path, int(rest[0]), int(rest[1]), rest[2] == "repack")))
+        elif kind == "llamacuda":
+            print(json.dumps(child_llama_cuda(path, int(rest[0]), int(rest[1]))))
         else:
             numbers = int(rest[0]), int(rest[1])
-            result = child_diskformer(path, *numbers, rest[2], rest[3], rest[4], int(rest[5]), int(rest[6]))
+            direct = rest[7] == "direct" if len(rest) > 7 else True
+            result = child_diskformer(path, *numbers, rest[2], rest[3], rest[4], int(rest[5]), int(rest[6]), direct)
             print(json.dumps(result))
         return
 
@@ -291,8 +389,10 @@ def main() -> None:
 
     folder = tempfile.mkdtemp(prefix="anyformer-diskformer-bench-", dir=args.folder)
     try:
-        path = os.path.join(folder, "qwen3-30b-a3b-shapes.gguf")
-        write_tiny_moe(path, qwen3_30b_shapes(args.layers))  # type: ignore[arg-type]
+        path = args.model or os.path.join(folder, "qwen3-30b-a3b-shapes.gguf")
+        if not os.path.exists(path):
+            write_tiny_moe(path, qwen3_30b_shapes(args.layers))  # type: ignore[arg-type]
+        args.layers = int(read_gguf_header(path).kv.get("qwen3moe.block_count", args.layers))
         size = os.path.getsize(path)
         plan = plan_from_header(read_gguf_header(path), 256, args.device)
         print(
@@ -311,16 +411,22 @@ def main() -> None:
             engines = args.engines.split(",")
             mine: dict[str, object] = {"error": "not run"}
             theirs: dict[str, dict[str, object]] = {}
-            with memory_cgroup(budget + RUNTIME_ALLOWANCE) as (procs, limit_how):
+            limit = contextlib.nullcontext((None, "no memory cgroup (--page-cache)"))
+            with limit if args.page_cache else memory_cgroup(budget + RUNTIME_ALLOWANCE) as (procs, limit_how):
                 if "diskformer" in engines:
                     mine = run_child(
                         [
                             *("--child", "diskformer", path, str(args.tokens), str(budget), args.device, trace),
                             *(args.policy, str(args.threads), str(args.prefetch)),
+                            "page-cache" if args.page_cache else "direct",
                         ],
                         procs,
+                        drop=not args.page_cache,
                     )
-                if "llama" in engines:
+                if "llama" in engines and args.llama_cuda:
+                    child = ["--child", "llamacuda", path, str(args.tokens), str(args.threads)]
+                    theirs["cuda"] = run_child(child, procs, drop=not args.page_cache)
+                elif "llama" in engines:
                     for variant in ("repack", "no-repack"):
                         child = ["--child", "llama", path, str(args.tokens), str(args.threads), variant]
                         theirs[variant] = run_child(child, procs)
@@ -328,7 +434,8 @@ def main() -> None:
             print(
                 f"\nbudget {budget / 1e9:.2f} GB ({fraction:.0%} of the file; limit = budget + "
                 f"{RUNTIME_ALLOWANCE >> 20} MiB runtime, {limit_how}); machine load {load} on {os.cpu_count()} cores; "
-                f"the file's page cache dropped before each engine ({cached_fraction(path):.0%} cached now)"
+                f"the file's page cache {'filled' if args.page_cache else 'dropped'} before each engine "
+                f"({cached_fraction(path):.0%} cached now)"
             )
             if "error" in mine:
                 print(f"  diskformer: {mine['error']}")
@@ -359,7 +466,11 @@ def main() -> None:
                     f"fraction {speed / bound if bound != float('inf') else 0:.2f}"
                 )
             for variant, result in theirs.items():
-                label = "default, Q4_K repacked into its own buffers" if variant == "repack" else "use_extra_bufts off"
+                label = {
+                    "repack": "default, Q4_K repacked into its own buffers",
+                    "no-repack": "use_extra_bufts off",
+                    "cuda": "CUDA, every layer on the GPU, experts on the CPU (n_cpu_moe), flash attention",
+                }[variant]
                 if "error" in result:
                     killed = " (killed: over the memory limit)" if "exit -9" in str(result["error"]) else ""
                     print(f"  llama.cpp (mmap, {label}): {result['error']}{killed}")

@@ -19,9 +19,17 @@ WGPU_CASES = [
     ("bailingmoe_f32", 1e-4),
     ("bailingmoe2_f32", 1e-4),
     ("bailingmoe2_f16", 5e-3),
+    ("qwen35moe_f32", 1e-4),
+    ("qwen35moe_alternating", 1e-4),
 ]
-#: The CPU engine's: those, and the architectures it alone runs.
-CPU_CASES = [*WGPU_CASES, ("qwen35moe_f32", 1e-4), ("qwen35moe_alternating", 1e-4)]
+#: The CPU engine's: the same.
+CPU_CASES = WGPU_CASES
+#: The Gemma 4 fixtures both engines are checked on (against llama.cpp with its f16 GELU table reproduced on the
+#: CPU; on wgpu against the CPU engine and llama.cpp, see test_gpu_engine).
+GEMMA4_CASES = ["gemma4_f32", "gemma4_dense_layer"]
+#: How far the engines' exact GELU leaves the logits from llama.cpp's CPU build, which looks GELU up in a table of
+#: f16 results by the input rounded to f16 (measured 3.3e-3 on gemma4_f32, 6.9e-3 on gemma4_dense_layer).
+EXACT_GELU_TOLERANCE = 1e-2
 
 
 def greedy_steps(forward: Callable[[list[int], int], np.ndarray], steps: int = STEPS) -> tuple[np.ndarray, list[int]]:

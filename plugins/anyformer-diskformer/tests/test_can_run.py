@@ -176,33 +176,37 @@ def test_a_bailingmoe2_file_counts_neither_its_dense_layer_nor_its_prediction_la
     assert v.estimate.details["dense_bytes"] == dense
 
 
-def test_a_qwen35moe_file_runs_on_the_cpu_whatever_the_probe_finds_and_counts_its_delta_net_states(qwen35moe_f32):
+@pytest.mark.parametrize("options", [{}, {"device": "gpu"}], ids=["auto", "gpu"])
+def test_a_qwen35moe_file_runs_on_the_gpu_and_counts_its_delta_net_states(qwen35moe_f32, options):
     from anyformer_diskformer.moe_config import read_moe_config
 
     model = anyformer.describe(qwen35moe_f32)
     gpu = CAPS.replace(gpu=True, gpu_bytes=80 * 2**30)
-    v = verdict(model, gpu, context=64)
+    v = verdict(model, gpu, context=64, options=options)
     assert v.ok, v.reason
-    assert v.estimate.details["device"] == "cpu" and v.estimate.gpu_bytes == 0
+    assert v.estimate.details["device"] == "gpu" and v.estimate.gpu_bytes > 0
     c = read_moe_config(read_gguf_header(qwen35moe_f32))
     # f32 K and V rows for every layer (held, though only the attention layer uses them), and for each of
     # the three delta-net layers its last three inputs of 2 × 32 + 64 channels and 4 value heads' 16 × 16 states.
     assert sum(c.recurrent) == 3
     assert v.estimate.details["kv_cache"] == 2 * 4 * 64 * 32 * 4 + 4 * 3 * (3 * 128 + 4 * 16 * 16)
-    refused = verdict(model, gpu, options={"device": "gpu"})
-    assert not refused.ok and refused.code is Refusal.MODEL and "CPU engine only" in refused.reason
+    on_cpu = verdict(model, CAPS, context=64)
+    assert on_cpu.ok and on_cpu.estimate.details["device"] == "cpu"
+    assert on_cpu.estimate.details["kv_cache"] == v.estimate.details["kv_cache"]
 
 
-def test_a_gemma4_file_runs_on_the_cpu_with_each_layers_kv_in_its_own_width(gemma4_f32):
+@pytest.mark.parametrize("options", [{}, {"device": "gpu"}], ids=["auto", "gpu"])
+def test_a_gemma4_file_runs_on_the_gpu_with_each_layers_kv_in_its_own_width(gemma4_f32, options):
     model = anyformer.describe(gemma4_f32)
     gpu = CAPS.replace(gpu=True, gpu_bytes=80 * 2**30)
-    v = verdict(model, gpu, context=64)
+    v = verdict(model, gpu, context=64, options=options)
     assert v.ok, v.reason
-    assert v.estimate.details["device"] == "cpu"
+    assert v.estimate.details["device"] == "gpu" and v.estimate.gpu_bytes > 0
     # Three sliding layers of 2 KV heads of 16 and one full layer of 1 KV head of 32, K and V in f32.
     assert v.estimate.details["kv_cache"] == 2 * 64 * 4 * (3 * 2 * 16 + 1 * 32)
-    refused = verdict(model, gpu, options={"device": "gpu"})
-    assert not refused.ok and refused.code is Refusal.MODEL and "CPU engine only" in refused.reason
+    on_cpu = verdict(model, CAPS, context=64)
+    assert on_cpu.ok and on_cpu.estimate.details["device"] == "cpu"
+    assert on_cpu.estimate.details["kv_cache"] == v.estimate.details["kv_cache"]
 
 
 def test_a_gemma4_description_with_its_own_tokenizer_model_is_accepted_on_the_cpu():

@@ -60,6 +60,26 @@ def test_prefetch_keeps_the_logits_and_raises_the_hit_rate(moe_top4, device):
     assert with_.bytes_read == (with_.misses + with_.prefetched) * plan.one_expert_bytes + with_.prefetch_wasted
 
 
+@pytest.mark.parametrize("fixture", ["gemma4_f32", "qwen35moe_alternating"])
+@pytest.mark.parametrize("device", ["cpu", "gpu"])
+def test_prefetch_keeps_the_logits_of_the_architectures_with_engines_of_their_own(request, fixture, device):
+    """Gemma 4's guess is the next layer's own router (its scale, its weightless norm) on the residual after
+    attention, qwen35moe's the next router after ``post_attention_norm``; on the GPU that router is one more
+    product in the layer's submission, read back with the logits."""
+    from anyformer_diskformer.moe_config import read_moe_config
+
+    path = request.getfixturevalue(fixture)
+    header = read_gguf_header(path)
+    plan, k = plan_from_header(header, 64, device), read_moe_config(header).n_expert_used
+    plain, without, _ = run(path, device=device, pool_bytes=plan.min_cache_bytes, prefetch=0, cache_policy="lru")
+    pool = plan.min_cache_bytes + k * plan.one_expert_bytes
+    ahead, with_, width = run(path, device=device, pool_bytes=pool, prefetch=k, cache_policy="lru")
+    assert width == k
+    np.testing.assert_array_equal(ahead, plain)
+    assert with_.lookups == without.lookups and with_.prefetched > 0
+    assert with_.hit_rate > without.hit_rate + 0.15, (with_, without)
+
+
 def test_prefetch_is_off_when_the_budget_cannot_spare_it(moe_top4):
     plan = plan_from_header(read_gguf_header(moe_top4), 64)
     _, stats, width = run(moe_top4, device="cpu", pool_bytes=plan.min_cache_bytes, prefetch=4)

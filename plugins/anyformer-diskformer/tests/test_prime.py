@@ -58,13 +58,18 @@ def test_prime_needs_a_system_prompt(moe_f32):
         model.dispose()
 
 
-def test_a_primed_qwen35moe_resumes_only_from_the_whole_checkpoint_and_gives_the_same_text(qwen35moe_f32):
-    plain = open_model(qwen35moe_f32)
+@pytest.mark.parametrize("device", ["cpu", "gpu"])
+def test_a_primed_qwen35moe_resumes_only_from_the_whole_checkpoint_and_gives_the_same_text(qwen35moe_f32, device):
+    from anyformer_diskformer.cpu_hybrid import HybridCpuEngine
+    from anyformer_diskformer.gpu_hybrid import HybridGpuEngine
+
+    plain = open_model(qwen35moe_f32, device=device)
     try:
+        assert isinstance(plain.engine, HybridGpuEngine if device == "gpu" else HybridCpuEngine)
         want = reply(plain, CHAT)
     finally:
         plain.dispose()
-    primed = open_model(qwen35moe_f32, prime=SYSTEM)
+    primed = open_model(qwen35moe_f32, device=device, prime=SYSTEM)
     try:
         assert primed._primed is not None
         kept = primed._primed[0]
@@ -80,16 +85,18 @@ def test_a_primed_qwen35moe_resumes_only_from_the_whole_checkpoint_and_gives_the
         primed.dispose()
 
 
-def test_a_primed_gemma4_gives_the_same_text_from_its_per_layer_kv_checkpoint(gemma4_f32):
-    plain = open_model(gemma4_f32)
-    try:
-        from anyformer_diskformer.cpu_gemma4 import Gemma4CpuEngine
+@pytest.mark.parametrize("device", ["cpu", "gpu"])
+def test_a_primed_gemma4_gives_the_same_text_from_its_per_layer_kv_checkpoint(gemma4_f32, device):
+    from anyformer_diskformer.cpu_gemma4 import Gemma4CpuEngine
+    from anyformer_diskformer.gpu_gemma4 import Gemma4GpuEngine
 
-        assert isinstance(plain.engine, Gemma4CpuEngine)  # device auto: the CPU engine, whatever the probe finds
+    plain = open_model(gemma4_f32, device=device)
+    try:
+        assert isinstance(plain.engine, Gemma4GpuEngine if device == "gpu" else Gemma4CpuEngine)
         want = reply(plain, CHAT)
     finally:
         plain.dispose()
-    primed = open_model(gemma4_f32, prime=SYSTEM)
+    primed = open_model(gemma4_f32, device=device, prime=SYSTEM)
     try:
         assert reply(primed, CHAT) == want
         assert primed.reused_positions > len(SYSTEM) // 4

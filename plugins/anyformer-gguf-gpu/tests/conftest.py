@@ -40,6 +40,14 @@ def matrix_kernels(gpu: GPU, request: pytest.FixtureRequest) -> Kernels:
     return Kernels(gpu, threads_per_row=tpr, subgroups=subgroups)
 
 
+@pytest.fixture(scope="session", params=[False, True], ids=["f32-cache", "f16-cache"])
+def kv_kernels(gpu: GPU, request: pytest.FixtureRequest) -> Kernels:
+    """Kernels with an f32 and (where the adapter has shader-f16) an f16 KV cache."""
+    if request.param and not gpu.has_f16:
+        pytest.skip("the adapter has no shader-f16")
+    return Kernels(gpu, kv_f16=request.param)
+
+
 @pytest.fixture
 def rng() -> np.random.Generator:
     """A seeded generator, so a failure reproduces."""

@@ -151,14 +151,6 @@ def _rms(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     return x / np.sqrt((x.astype(np.float64) ** 2).mean(axis=-1, keepdims=True) + eps) * w
 
 
-@pytest.fixture(scope="session", params=[False, True], ids=["f32-cache", "f16-cache"])
-def kv_kernels(gpu, request) -> Kernels:
-    """Kernels with an f32 and (where the adapter has shader-f16) an f16 KV cache."""
-    if request.param and not gpu.has_f16:
-        pytest.skip("the adapter has no shader-f16")
-    return Kernels(gpu, kv_f16=request.param)
-
-
 def _cache(gpu, kernels, values: np.ndarray):
     return gpu.upload(values.astype(np.float16 if kernels.kv_f16 else np.float32))
 

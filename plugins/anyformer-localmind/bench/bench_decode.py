@@ -84,7 +84,9 @@ def bench_localmind(path: str, tokens: int, prompt_len: int, peak_gbps: float | 
     return result
 
 
-def bench_llama_cpp(path: str, tokens: int, prompt_len: int, on_gpu: bool) -> dict[str, float]:
+def bench_llama_cpp(
+    path: str, tokens: int, prompt_len: int, on_gpu: bool, flash_attn: bool = False
+) -> dict[str, float]:
     import llama_cpp  # only when asked for: the GPU machine may have no llama-cpp-python
 
     threads = os.cpu_count() or 2
@@ -95,6 +97,7 @@ def bench_llama_cpp(path: str, tokens: int, prompt_len: int, on_gpu: bool) -> di
         n_threads=threads,
         n_threads_batch=threads,
         n_gpu_layers=-1 if on_gpu else 0,
+        flash_attn=flash_attn,
         verbose=False,
     )
     prompt = _prompt(prompt_len, llm.n_vocab())
@@ -121,6 +124,9 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--prompt", type=int, default=512)
     parser.add_argument("--reference", choices=["cpu", "gpu", "none"], default="cpu")
+    parser.add_argument(
+        "--flash-attn", action="store_true", help="llama.cpp with its flash-attention kernels on (off by default)"
+    )
     parser.add_argument("--peak-gbps", type=float, default=None, help="the GPU's memory bandwidth in GB/s")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -135,7 +141,7 @@ def main() -> None:
         for key, value in ours.items():
             print(f"localmind {key}: {value:.3f}")
         if args.reference != "none":
-            theirs = bench_llama_cpp(path, args.tokens, args.prompt, args.reference == "gpu")
+            theirs = bench_llama_cpp(path, args.tokens, args.prompt, args.reference == "gpu", args.flash_attn)
             for key, value in theirs.items():
                 print(f"llama.cpp ({args.reference}) {key}: {value:.3f}")
             print(f"decode ratio localmind / llama.cpp: {ours['decode_tok_s'] / theirs['decode_tok_s']:.3f}")

@@ -93,6 +93,9 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--prompt", type=int, default=512)
     parser.add_argument("--reference", choices=["cpu", "gpu", "none"], default="cpu")
+    parser.add_argument(
+        "--flash-attn", action="store_true", help="llama.cpp with its flash-attention kernels on (off by default)"
+    )
     args = parser.parse_args()
     spec = SMALL_SHAPES if args.small else LFM2_350M_SHAPES
     with tempfile.TemporaryDirectory() as tmp:
@@ -104,7 +107,7 @@ def main() -> None:
         for key, value in ours.items():
             print(f"localmind lfm2 {key}: {value:.3f}")
         if args.reference != "none":
-            theirs = bench_llama_cpp(path, args.tokens, args.prompt, args.reference == "gpu")
+            theirs = bench_llama_cpp(path, args.tokens, args.prompt, args.reference == "gpu", args.flash_attn)
             for key, value in theirs.items():
                 print(f"llama.cpp ({args.reference}) {key}: {value:.3f}")
             print(f"decode ratio localmind / llama.cpp: {ours['decode_tok_s'] / theirs['decode_tok_s']:.3f}")

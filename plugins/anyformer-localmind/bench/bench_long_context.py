@@ -72,7 +72,9 @@ def bench_localmind(path: str, depths: list[int], tokens: int) -> dict[int, dict
     return out
 
 
-def bench_llama_cpp(path: str, depths: list[int], tokens: int, on_gpu: bool) -> dict[int, float]:
+def bench_llama_cpp(
+    path: str, depths: list[int], tokens: int, on_gpu: bool, flash_attn: bool = False
+) -> dict[int, float]:
     import llama_cpp
 
     threads = os.cpu_count() or 2
@@ -83,6 +85,7 @@ def bench_llama_cpp(path: str, depths: list[int], tokens: int, on_gpu: bool) -> 
         n_threads=threads,
         n_threads_batch=threads,
         n_gpu_layers=-1 if on_gpu else 0,
+        flash_attn=flash_attn,
         verbose=False,
     )
     prompt = _prompt(max(depths), llm.n_vocab())
@@ -106,6 +109,9 @@ def main() -> None:
     parser.add_argument("--depths", default="8,1024,2048,4096", help="prompt lengths to decode after")
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--reference", choices=["cpu", "gpu", "none"], default="none")
+    parser.add_argument(
+        "--flash-attn", action="store_true", help="llama.cpp with its flash-attention kernels on (off by default)"
+    )
     args = parser.parse_args()
     depths = [int(d) for d in args.depths.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
@@ -117,7 +123,11 @@ def main() -> None:
         print(f"model: {path}")
         ours = bench_localmind(path, depths, args.tokens)
         print(f"adapter: {GPU().name}")
-        theirs = bench_llama_cpp(path, depths, args.tokens, args.reference == "gpu") if args.reference != "none" else {}
+        theirs = (
+            bench_llama_cpp(path, depths, args.tokens, args.reference == "gpu", args.flash_attn)
+            if args.reference != "none"
+            else {}
+        )
         for depth in depths:
             row = ours[depth]
             line = (

@@ -10,7 +10,7 @@ printf '*\n' > .gl/.gitignore
 python -m pip download -q --only-binary=:all: --python-version 3.12 --no-deps -d .gl/wheels \
     --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
     wgpu cffi pycparser gguf pluggy pyyaml tqdm requests huggingface_hub jinja2 markupsafe rich \
-    filelock fsspec packaging typing_extensions pygments markdown-it-py mdurl diskcache
+    filelock fsspec packaging typing_extensions pygments markdown-it-py mdurl diskcache tokenizers pytest iniconfig pluggy
 o='-oAPT::Architecture=amd64 -oAPT::Architectures=amd64 -oDir::State::Lists=/tmp/amd64'
 apt-get $o update >/dev/null
 (cd .gl && apt-get $o download libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2)

@@ -115,3 +115,9 @@ def dpt_dir() -> Path:
 def llava_dir() -> Path:
     """A tiny random LLaVA exported with one graph per module, with torch's greedy replies."""
     return onnx_exports.tiny_llava()
+
+
+@pytest.fixture(scope="session")
+def qwen2_audio_dir() -> Path:
+    """A tiny random Qwen2-Audio exported with one graph per module, with torch's greedy replies."""
+    return onnx_exports.tiny_qwen2_audio()

@@ -874,6 +874,23 @@ def _whisper_tokenizer(folder: Path) -> dict[str, int]:
     return vocab
 
 
+def wav_bytes(samples: Any, rate: int = 16000, width: int = 2, channels: int = 1) -> bytes:
+    """A PCM WAV file of float ``samples`` in [-1, 1] (``width`` bytes a sample, the same on every channel)."""
+    import io
+    import wave
+
+    import numpy as np
+
+    buffer = io.BytesIO()
+    with wave.open(buffer, "wb") as writer:
+        writer.setnchannels(channels)
+        writer.setsampwidth(width)
+        writer.setframerate(rate)
+        scale = 2 ** (8 * width - 1) - 1
+        writer.writeframes((np.repeat(samples, channels) * scale).astype(f"<i{width}").tobytes())
+    return buffer.getvalue()
+
+
 def _clips(folder: Path) -> list[str]:
     """Write seeded 16 kHz 16-bit mono WAV clips (a gliding tone with harmonics and noise); their names."""
     import wave
@@ -1274,27 +1291,41 @@ IMAGE_TOKEN = "<image>"
 VISION_PROMPTS = ((0, "What is in the picture?"), (2, "Describe it."), (None, "Hello there"))
 
 
-def export_multimodal(model: Any, folder: Path) -> None:
-    """Export one graph per module, as transformers.js lays them out: vision_encoder, embed_tokens, decoder."""
+def _media_tokenizer(folder: Path, tokens: tuple[str, ...]) -> Any:
+    """The character tokenizer with a multimodal model's media tokens added as special tokens."""
+    from tokenizers import AddedToken, Tokenizer
+
+    _char_tokenizer(folder)
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in tokens])
+    tokenizer.save(str(folder / "tokenizer.json"))
+    return tokenizer
+
+
+def _tiny_text_config(config_class: Any, vocab_size: int, **extra: Any) -> Any:
+    """A multimodal model's 2-layer decoder config (width 64, 4 heads over 2 KV heads), ending at id 2."""
+    return config_class(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        bos_token_id=None,
+        eos_token_id=2,
+        pad_token_id=2,
+        **extra,
+    )
+
+
+def export_text_modules(model: Any, onnx: Path) -> None:
+    """Export a multimodal model's ``embed_tokens`` and its decoder reading ``inputs_embeds`` (with a KV cache)."""
     import torch
     from transformers import DynamicCache
 
     config = model.config.text_config
     layers, kv_heads = config.num_hidden_layers, config.num_key_value_heads
     head_dim = config.hidden_size // config.num_attention_heads
-    strategy = model.config.vision_feature_select_strategy
-    layer = model.config.vision_feature_layer
-
-    class Vision(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.model = model
-
-        def forward(self, pixel_values: Any) -> Any:
-            out = self.model.get_image_features(
-                pixel_values=pixel_values, vision_feature_layer=layer, vision_feature_select_strategy=strategy
-            )
-            return torch.stack(list(out.pooler_output))
 
     class Embed(torch.nn.Module):
         def __init__(self) -> None:
@@ -1322,7 +1353,6 @@ def export_multimodal(model: Any, folder: Path) -> None:
             present = [t for item in out.past_key_values.layers for t in (item.keys, item.values)]
             return (self.head(out.last_hidden_state), *present)
 
-    onnx = folder / "onnx"
     onnx.mkdir(parents=True, exist_ok=True)
     kv = [f"{i}.{part}" for i in range(layers) for part in ("key", "value")]
     axes: dict[str, dict[int, str]] = {
@@ -1334,18 +1364,7 @@ def export_multimodal(model: Any, folder: Path) -> None:
     for n in kv:
         axes[f"past_key_values.{n}"] = {0: "batch", 2: "past"}
         axes[f"present.{n}"] = {0: "batch", 2: "total"}
-    size = model.config.vision_config.image_size
     with _quiet(), torch.no_grad():
-        torch.onnx.export(
-            Vision().eval(),
-            (torch.zeros(1, 3, size, size),),
-            str(onnx / "vision_encoder.onnx"),
-            input_names=["pixel_values"],
-            output_names=["image_features"],
-            dynamic_axes={"pixel_values": {0: "batch"}, "image_features": {0: "batch"}},
-            opset_version=17,
-            dynamo=False,
-        )
         torch.onnx.export(
             Embed().eval(),
             (torch.tensor([[1, 2, 3]]),),
@@ -1371,11 +1390,45 @@ def export_multimodal(model: Any, folder: Path) -> None:
         )
 
 
+def export_multimodal(model: Any, folder: Path) -> None:
+    """Export one graph per module, as transformers.js lays them out: vision_encoder, embed_tokens, decoder."""
+    import torch
+
+    strategy = model.config.vision_feature_select_strategy
+    layer = model.config.vision_feature_layer
+
+    class Vision(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, pixel_values: Any) -> Any:
+            out = self.model.get_image_features(
+                pixel_values=pixel_values, vision_feature_layer=layer, vision_feature_select_strategy=strategy
+            )
+            return torch.stack(list(out.pooler_output))
+
+    onnx = folder / "onnx"
+    onnx.mkdir(parents=True, exist_ok=True)
+    size = model.config.vision_config.image_size
+    with _quiet(), torch.no_grad():
+        torch.onnx.export(
+            Vision().eval(),
+            (torch.zeros(1, 3, size, size),),
+            str(onnx / "vision_encoder.onnx"),
+            input_names=["pixel_values"],
+            output_names=["image_features"],
+            dynamic_axes={"pixel_values": {0: "batch"}, "image_features": {0: "batch"}},
+            opset_version=17,
+            dynamo=False,
+        )
+    export_text_modules(model, onnx)
+
+
 def build_tiny_llava(folder: Path) -> None:
     """A random LLaVA (2-layer CLIP vision tower, 2-layer llama) over a character vocabulary; torch's replies."""
     import torch
     from PIL import Image
-    from tokenizers import AddedToken, Tokenizer
     from transformers import (
         AutoTokenizer,
         CLIPImageProcessor,
@@ -1385,27 +1438,13 @@ def build_tiny_llava(folder: Path) -> None:
         LlavaForConditionalGeneration,
     )
 
-    _char_tokenizer(folder)
-    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
-    tokenizer.add_special_tokens([AddedToken(IMAGE_TOKEN, special=True, normalized=False)])
-    tokenizer.save(str(folder / "tokenizer.json"))
+    tokenizer = _media_tokenizer(folder, (IMAGE_TOKEN,))
     image_id = tokenizer.token_to_id(IMAGE_TOKEN)
     torch.manual_seed(0)
     vision = CLIPVisionConfig(
         hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, image_size=32, patch_size=8
     )
-    text = LlamaConfig(
-        vocab_size=tokenizer.get_vocab_size(),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        bos_token_id=None,
-        eos_token_id=2,
-        pad_token_id=2,
-    )
+    text = _tiny_text_config(LlamaConfig, tokenizer.get_vocab_size(), max_position_embeddings=512)
     config = LlavaConfig(
         vision_config=vision,
         text_config=text,
@@ -1452,9 +1491,168 @@ def tiny_llava() -> Path:
         "tiny-llava",
         build_tiny_llava,
         _char_tokenizer,
+        _media_tokenizer,
+        _tiny_text_config,
         _test_images,
         export_multimodal,
+        export_text_modules,
         extra=[VISION_IMAGES, VISION_PROMPTS, IMAGE_TOKEN],
+    )
+
+
+#: Qwen2-Audio's audio placeholder and the tokens its chat template writes around it.
+AUDIO_TOKENS = ("<|audio_bos|>", "<|AUDIO|>", "<|audio_eos|>")
+#: Questions the audio chat fixture records torch's greedy replies to: (clip index or None, text).
+AUDIO_PROMPTS = ((0, "What is this sound?"), (1, "Describe it."), (None, "Hello there"))
+
+
+def export_audio_encoder(model: Any, folder: Path) -> None:
+    """Export Qwen2-Audio's audio tower and projector as ``audio_encoder``: only the clip's own rows come out.
+
+    Inputs ``input_features`` [1, mel bins, frames] and ``feature_attention_mask`` [1, frames] (the
+    feature extractor's mask of real frames); output ``audio_features`` [1, rows, hidden], one row
+    per audio token the processor writes. The encoder's attention skips the padded frames as
+    ``Qwen2AudioModel`` builds its mask, and the rows past the clip are dropped in the graph.
+    """
+    import torch
+
+    tower, projector = model.model.audio_tower, model.model.multi_modal_projector
+    frames = 2 * tower.config.max_source_positions
+
+    class Audio(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.tower, self.projector = tower, projector
+
+        def forward(self, input_features: Any, feature_attention_mask: Any) -> Any:
+            conv_lengths, _ = self.tower._get_feat_extract_output_lengths(feature_attention_mask.sum(-1))
+            # The model's (c - 2) // 2 + 1 rows, written as c // 2 (equal under floor division): the
+            # exported integer division truncates, which differs from floor for c = 1 (a clip of one frame).
+            out_lengths = conv_lengths // 2
+            positions = torch.arange(frames // 2, dtype=conv_lengths.dtype)[None, :]
+            # An additive mask over the keys, as the model's eager attention reads it: padding at -inf.
+            padding = (positions >= conv_lengths[:, None]).to(input_features.dtype)
+            additive = (padding * torch.finfo(input_features.dtype).min)[:, None, None, :]
+            hidden = self.tower(input_features, attention_mask=additive).last_hidden_state
+            rows = torch.arange(out_lengths[0])  # a Range on the traced length, not a constant
+            return self.projector(hidden).index_select(1, rows)
+
+    onnx = folder / "onnx"
+    onnx.mkdir(parents=True, exist_ok=True)
+    mask = torch.zeros(1, frames, dtype=torch.int64)
+    mask[:, :777] = 1
+    with _quiet(), torch.no_grad():
+        torch.onnx.export(
+            Audio().eval(),
+            (torch.randn(1, tower.config.num_mel_bins, frames), mask),
+            str(onnx / "audio_encoder.onnx"),
+            input_names=["input_features", "feature_attention_mask"],
+            output_names=["audio_features"],
+            dynamic_axes={"audio_features": {1: "rows"}},
+            opset_version=17,
+            dynamo=False,
+        )
+
+
+def _decoder_input(model: Any, inputs: Any) -> Any:
+    """The ``inputs_embeds`` a forward pass hands the language model (media rows spliced in), as numpy."""
+    seen: list[Any] = []
+    hook = model.model.language_model.register_forward_pre_hook(
+        lambda _, args, kwargs: seen.append(kwargs["inputs_embeds"]), with_kwargs=True
+    )
+    try:
+        model(**inputs)
+    finally:
+        hook.remove()
+    return seen[0][0].numpy()
+
+
+def build_tiny_qwen2_audio(folder: Path) -> None:
+    """A random Qwen2-Audio (2-layer Whisper-style audio tower, 2-layer Qwen2) over a character vocabulary.
+
+    Writes the processor's files (Whisper's feature extractor with 128 mel bins, the tokenizer with
+    the audio tokens, Qwen2-Audio's own chat template), torch's greedy replies to questions about
+    the seeded clips, the prompt expanded by ``Qwen2AudioProcessor`` itself, and one question
+    without audio; then exports ``audio_encoder``, ``embed_tokens`` and ``decoder_model_merged``.
+    """
+    import wave
+
+    import numpy as np
+    import torch
+    from transformers import (
+        AutoTokenizer,
+        Qwen2AudioConfig,
+        Qwen2AudioEncoderConfig,
+        Qwen2AudioForConditionalGeneration,
+        Qwen2AudioProcessor,
+        Qwen2Config,
+        WhisperFeatureExtractor,
+    )
+
+    tokenizer = _media_tokenizer(folder, AUDIO_TOKENS)
+    audio_id = tokenizer.token_to_id(AUDIO_TOKENS[1])
+    torch.manual_seed(4)
+    audio = Qwen2AudioEncoderConfig(
+        num_mel_bins=128, encoder_layers=2, encoder_attention_heads=2, encoder_ffn_dim=64, d_model=32
+    )
+    text = _tiny_text_config(Qwen2Config, tokenizer.get_vocab_size(), max_position_embeddings=1024)
+    config = Qwen2AudioConfig(
+        audio_config=audio,
+        text_config=text,
+        audio_token_index=audio_id,
+        architectures=["Qwen2AudioForConditionalGeneration"],
+    )
+    config._attn_implementation = "eager"
+    model = Qwen2AudioForConditionalGeneration(config).eval()
+    config.save_pretrained(folder)
+    _write_json(folder / "generation_config.json", {"eos_token_id": 2, "pad_token_id": 2})
+    extractor = WhisperFeatureExtractor(feature_size=128)
+    processor = Qwen2AudioProcessor(feature_extractor=extractor, tokenizer=AutoTokenizer.from_pretrained(str(folder)))
+    processor.save_pretrained(folder)
+    clips = _clips(folder)
+    replies = []
+    with _quiet(), torch.no_grad():
+        for clip, question in AUDIO_PROMPTS:
+            # Audio blocks reach the template as the audio tokens on a line of their own, before the text.
+            content = question if clip is None else f"{''.join(AUDIO_TOKENS)}\n{question}"
+            prompt = processor.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True)
+            samples = None
+            if clip is not None:
+                with wave.open(str(folder / clips[clip])) as reader:
+                    pcm = reader.readframes(reader.getnframes())
+                samples = np.frombuffer(pcm, "<i2").astype(np.float32) / 32768
+            inputs = processor(text=prompt, audio=samples, sampling_rate=16000, return_tensors="pt")
+            if clip == 0:  # the decoder's input, the clip's rows in place: the prompt the backend must build
+                np.save(folder / "prompt_embeds.npy", _decoder_input(model, inputs))
+            out = model.generate(**inputs, max_new_tokens=CHAT_TOKENS, do_sample=False, eos_token_id=2, pad_token_id=2)
+            size = inputs["input_ids"].shape[1]
+            replies.append(
+                {
+                    "clip": None if clip is None else clips[clip],
+                    "question": question,
+                    "prompt_ids": [int(t) for t in inputs["input_ids"][0]],
+                    "audio_tokens": int((inputs["input_ids"][0] == audio_id).sum()),
+                    "reply_ids": [int(t) for t in out[0, size:]],
+                }
+            )
+    export_audio_encoder(model, folder)
+    export_text_modules(model, folder / "onnx")
+    _write_json(folder / "reference.json", {"replies": replies})
+
+
+def tiny_qwen2_audio() -> Path:
+    """The cached tiny Qwen2-Audio, one graph per module (about half a minute to export)."""
+    return cached(
+        "tiny-qwen2-audio",
+        build_tiny_qwen2_audio,
+        _char_tokenizer,
+        _media_tokenizer,
+        _tiny_text_config,
+        _clips,
+        _decoder_input,
+        export_audio_encoder,
+        export_text_modules,
+        extra=[SPEECH_CLIPS, AUDIO_PROMPTS, AUDIO_TOKENS],
     )
 
 

@@ -9,6 +9,7 @@ import pytest
 from anyformer.plugin import Caps, Model, Rank, Refusal, Request, Verdict
 from anyformer_onnx import plugin, runtime
 from anyformer_onnx.graphs import choose_graph
+from anyformer_onnx.tasks import task_of
 
 CAPS = Caps(ram_bytes=16 * 10**9, store=True, cpu_count=2)
 _CHAT_CONFIG = {
@@ -123,13 +124,71 @@ def test_per_module_graphs_are_image_chat() -> None:
         (_MODULES[1:], None, Refusal.MODEL, "embed_tokens"),
         (_MODULES[:4], None, Refusal.FORMAT, "preprocessor_config.json"),
         (_MODULES, "feature-extraction", Refusal.MODEL, "chat only"),
-        ([("onnx/audio_encoder.onnx", 10), *_MODULES[2:]], None, Refusal.MODEL, "audio"),
+        ([("onnx/speech_encoder.onnx", 10), _MODULES[0], *_MODULES[2:]], None, Refusal.MODEL, "speech_encoder"),
+        ([("onnx/audio_encoder.onnx", 10), *_MODULES[2:]], None, Refusal.MODEL, "embed_tokens"),
     ],
 )
 def test_per_module_graphs_missing_a_part_are_refused(
     files: list[tuple[str, int]], task: str | None, refusal: Refusal, words: str
 ) -> None:
     verdict = _verdict(_model(files, config=_LLAVA), **({"task": task} if task else {}))
+    assert _refusal(verdict) == refusal
+    assert words in verdict.reason
+
+
+_AUDIO_MODULES = [
+    ("onnx/embed_tokens.onnx", 10**6),
+    ("onnx/audio_encoder.onnx", 2 * 10**6),
+    ("onnx/decoder_model_merged.onnx", 3 * 10**6),
+    ("onnx/embed_tokens_q4.onnx", 10**6),
+    ("onnx/decoder_model_merged_q4.onnx", 10**6),
+    ("processor_config.json", 10),
+]
+_QWEN2_AUDIO = {
+    "architectures": ["Qwen2AudioForConditionalGeneration"],
+    "text_config": {"num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 64},
+}
+
+
+def test_per_module_graphs_with_an_audio_encoder_are_audio_chat() -> None:
+    verdict = _verdict(_model(_AUDIO_MODULES, config=_QWEN2_AUDIO))
+    assert verdict.ok, verdict.reason
+    assert verdict.estimate.details["task"] == "audio-text-to-text"
+    assert verdict.estimate.details["inputs"] == ["text", "audio"]
+    # q4 lacks its audio_encoder: the fp32 set is read, every encoder the repo has in it.
+    assert set(verdict.estimate.files) == {name for name, _ in _AUDIO_MODULES[:3]}
+    assert verdict.estimate.details["precision"] == "fp32"
+    # A repo with no graphs yet still reads as audio chat from its architecture.
+    assert task_of(_model([("onnx/model.onnx", 10)], config=_QWEN2_AUDIO), None) == "audio-text-to-text"
+
+
+def test_a_repo_with_both_encoders_reads_both() -> None:
+    files = [*_MODULES[:3], _AUDIO_MODULES[1], ("preprocessor_config.json", 10)]
+    verdict = _verdict(_model(files, config=_LLAVA))
+    assert verdict.ok, verdict.reason
+    assert verdict.estimate.details["task"] == "image-text-to-text"
+    assert verdict.estimate.details["inputs"] == ["text", "image", "audio"]
+    assert set(verdict.estimate.files) == {name for name, _ in files[:4]}
+    assert _verdict(_model(files, config=_LLAVA), task="audio-text-to-text").ok
+
+
+def test_inputs_of_text_and_image_chat() -> None:
+    assert _verdict(_model(_MODULES, config=_LLAVA)).estimate.details["inputs"] == ["text", "image"]
+    text = _verdict(_model([("onnx/model.onnx", 10**6), ("tokenizer.json", 10)], config=_CHAT_CONFIG))
+    assert text.estimate.details["inputs"] == ["text"]
+
+
+@pytest.mark.parametrize(
+    ("files", "task", "refusal", "words"),
+    [
+        (_AUDIO_MODULES[:5], None, Refusal.FORMAT, "feature extractor"),
+        (_AUDIO_MODULES, "image-text-to-text", Refusal.MODEL, "vision_encoder"),
+        (_MODULES, "audio-text-to-text", Refusal.MODEL, "audio_encoder"),
+        ([("onnx/model.onnx", 10**6)], "audio-text-to-text", Refusal.MODEL, "audio_encoder"),
+    ],
+)
+def test_audio_chat_refusals(files: list[tuple[str, int]], task: str | None, refusal: Refusal, words: str) -> None:
+    verdict = _verdict(_model(files, config=_QWEN2_AUDIO), **({"task": task} if task else {}))
     assert _refusal(verdict) == refusal
     assert words in verdict.reason
 

@@ -93,3 +93,12 @@ class TestTinyLlavaConformance(_OnnxKit):
     @classmethod
     def sample_model(cls, llava_dir: Path) -> Model:
         return anyformer.describe(llava_dir)
+
+
+class TestTinyQwen2AudioConformance(_OnnxKit):
+    """A tiny random Qwen2-Audio exported with one graph per module: text chat through its decoder, images refused."""
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def sample_model(cls, qwen2_audio_dir: Path) -> Model:
+        return anyformer.describe(qwen2_audio_dir)

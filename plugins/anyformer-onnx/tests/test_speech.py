@@ -19,21 +19,11 @@ from typing import Any
 
 import numpy as np
 import pytest
+from onnx_exports import wav_bytes
 
 import anyformer
 from anyformer.plugin import AnyformerError, ErrorCode
 from anyformer_onnx.log_mel import LogMel
-
-
-def _wav(samples: np.ndarray, rate: int = 16000, width: int = 2, channels: int = 1) -> bytes:
-    buffer = io.BytesIO()
-    with wave.open(buffer, "wb") as writer:
-        writer.setnchannels(channels)
-        writer.setsampwidth(width)
-        writer.setframerate(rate)
-        scale = 2 ** (8 * width - 1) - 1
-        writer.writeframes((np.repeat(samples, channels) * scale).astype(f"<i{width}").tobytes())
-    return buffer.getvalue()
 
 
 def test_transcriptions_equal_torch(whisper_dir: Path, reference: Any) -> None:
@@ -109,11 +99,11 @@ _TONE = (0.2 * np.sin(np.arange(8000) / 5)).astype(np.float32)
 @pytest.mark.parametrize(
     ("bad", "options", "words"),
     [
-        (_wav(_TONE, rate=8000), {}, "8000 Hz"),
+        (wav_bytes(_TONE, rate=8000), {}, "8000 Hz"),
         ({"raw": _TONE, "sampling_rate": 44100}, {}, "44100 Hz"),
         ({"raw": _TONE}, {}, "sampling_rate"),
         (b"ID3\x04\x00 an mp3 file", {}, "not a WAV"),
-        (_wav(_TONE)[:30], {}, "PCM WAV"),
+        (wav_bytes(_TONE)[:30], {}, "PCM WAV"),
         (np.zeros(16000 * 31, dtype=np.float32), {"max_duration_s": 30}, "31.0 s"),
         (_TONE, {"max_duration_s": -1}, "max_duration_s"),
         (_TONE, {"max_duration_s": float("nan")}, "max_duration_s"),
@@ -168,7 +158,7 @@ def test_wav_forms_decode_to_the_same_samples() -> None:
                     writer.writeframes((np.repeat(tone, channels) * 127 + 128).astype(np.uint8).tobytes())
                 data = buffer.getvalue()
             else:
-                data = _wav(tone, width=width, channels=channels)
+                data = wav_bytes(tone, width=width, channels=channels)
             samples, rate = decode_wav(data)
             assert rate == 16000 and samples.shape == tone.shape
             np.testing.assert_allclose(samples, tone, atol=2 / 2 ** (8 * width - 1) + 1e-6)

@@ -29,13 +29,34 @@ def _check_block(index: int, position: int, block: Any) -> dict[str, Any]:
         return {"type": "text", "text": text}
     if kind == "image":
         image = block.get("image")
-        is_array = hasattr(image, "shape") and hasattr(image, "__array__")
-        if not (isinstance(image, (str, bytes, bytearray, memoryview)) or is_array):
+        if not (isinstance(image, (str, bytes, bytearray, memoryview)) or _is_array(image)):
             raise _bad(index, f"content[{position}] is an image block whose 'image' is not a path, bytes or array")
         if isinstance(image, (str, bytes, bytearray)) and not image:
             raise _bad(index, f"content[{position}] is an image block with an empty 'image'")
         return {"type": "image", "image": image}
-    raise _bad(index, f"content[{position}] has unknown type {kind!r} (text or image)")
+    if kind == "audio":
+        return {"type": "audio", "audio": _check_audio(index, position, block.get("audio"))}
+    raise _bad(index, f"content[{position}] has unknown type {kind!r} (text, image or audio)")
+
+
+def _is_array(value: Any) -> bool:
+    return hasattr(value, "shape") and hasattr(value, "__array__")
+
+
+def _check_audio(index: int, position: int, audio: Any) -> Any:
+    """An audio block's ``audio``: a path, a file's bytes, an array of samples, or ``{"raw", "sampling_rate"}``."""
+    if isinstance(audio, Mapping):
+        samples = audio.get("raw", audio.get("array"))
+        rate = audio.get("sampling_rate")
+        if not (_is_array(samples) or isinstance(samples, list)) or isinstance(rate, bool) or not isinstance(rate, int):
+            why = "is an audio block whose dict needs 'raw' samples and an int 'sampling_rate'"
+            raise _bad(index, f"content[{position}] {why}")
+        return {"raw": samples, "sampling_rate": rate}
+    if not (isinstance(audio, (str, bytes, bytearray, memoryview)) or _is_array(audio)):
+        raise _bad(index, f"content[{position}] is an audio block whose 'audio' is not a path, bytes, array or dict")
+    if isinstance(audio, (str, bytes, bytearray)) and not audio:
+        raise _bad(index, f"content[{position}] is an audio block with an empty 'audio'")
+    return audio
 
 
 def validate_messages(messages: Any) -> list[Message]:
@@ -73,6 +94,11 @@ def validate_messages(messages: Any) -> list[Message]:
 def has_images(messages: Sequence[Message]) -> bool:
     """True when any message carries an image block."""
     return any(isinstance(m["content"], list) and any(b["type"] == "image" for b in m["content"]) for m in messages)
+
+
+def has_audio(messages: Sequence[Message]) -> bool:
+    """True when any message carries an audio block."""
+    return any(isinstance(m["content"], list) and any(b["type"] == "audio" for b in m["content"]) for m in messages)
 
 
 def text_of(content: str | list[dict[str, Any]]) -> str:

@@ -32,7 +32,7 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from anyformer._backend import BackendModel, parallel_of, prompt_logprobs_of, raw_text_of, run_of
+from anyformer._backend import BackendModel, audio_input_of, parallel_of, prompt_logprobs_of, raw_text_of, run_of
 from anyformer._chat_template import STOP_PROCESS, cancelled_by, enable_hard_stop
 from anyformer._entry_points import EntryPointRecord
 from anyformer._plugins import ENTRY_POINT_GROUP, PluginManager
@@ -202,6 +202,7 @@ class Worker:
                 "task": self._handle.task,
                 "has_run": run_of(self._handle) is not None,
                 "raw_text": raw_text_of(self._handle),
+                "audio_input": audio_input_of(self._handle),
                 "parallel": parallel_of(self._handle),
                 "prompt_logprobs": prompt_logprobs_of(self._handle),
             }

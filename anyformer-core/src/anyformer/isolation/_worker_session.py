@@ -170,6 +170,7 @@ class WorkerSession:
         self.task = ""
         self._has_run = False
         self._raw_text = False
+        self._audio_input = False
         self._parallel = 1
         self._prompt_logprobs = False
         self._oom_before = oom_kill_count()
@@ -254,6 +255,7 @@ class WorkerSession:
             raise self._broken(f"a malformed loaded frame {dict(frame)!r:.200}", "loading")
         self.task, self._has_run = task, has_run
         self._raw_text = frame.get("raw_text") is True
+        self._audio_input = frame.get("audio_input") is True
         parallel = frame.get("parallel", 1)
         self._parallel = (
             parallel if isinstance(parallel, int) and not isinstance(parallel, bool) and parallel > 0 else 1
@@ -285,6 +287,11 @@ class WorkerSession:
     def raw_text(self) -> bool:
         """True when the worker's handle declares ``raw_text``."""
         return self._raw_text
+
+    @property
+    def audio_input(self) -> bool:
+        """True when the worker's handle declares ``audio_input``."""
+        return self._audio_input
 
     @property
     def parallel(self) -> int:

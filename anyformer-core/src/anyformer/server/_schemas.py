@@ -84,8 +84,24 @@ def _image_bytes(url: Any, where: str) -> bytes:
     return data
 
 
+def _audio_bytes(part: Any, where: str) -> bytes:
+    """An ``input_audio`` part's file bytes: ``{"data": base64, "format": "wav"}`` (WAV is what backends decode)."""
+    audio = part.get("input_audio")
+    if not isinstance(audio, dict) or not isinstance(audio.get("data"), str):
+        raise bad_request(f"{where}: an input_audio part needs {{'data': base64, 'format': 'wav'}}", where)
+    if audio.get("format", "wav") != "wav":
+        raise bad_request(f"{where}: audio format {audio.get('format')!r}; send WAV ('format': 'wav')", where)
+    try:
+        data = base64.b64decode(audio["data"], validate=True)
+    except (binascii.Error, ValueError):
+        raise bad_request(f"{where}: the audio data is not valid base64", where) from None
+    if not data:
+        raise bad_request(f"{where}: the audio is empty", where)
+    return data
+
+
 def _content_of(content: Any, index: int) -> Any:
-    """OpenAI content parts as anyformer blocks: text stays text, data-URL images become image bytes."""
+    """OpenAI content parts as anyformer blocks: text stays text, data-URL images and input audio become bytes."""
     if content is None:
         return ""
     if not isinstance(content, list):
@@ -98,10 +114,12 @@ def _content_of(content: Any, index: int) -> Any:
             image = part.get("image_url")
             url = image.get("url") if isinstance(image, dict) else image
             blocks.append({"type": "image", "image": _image_bytes(url, where)})
+        elif kind == "input_audio":
+            blocks.append({"type": "audio", "audio": _audio_bytes(part, where)})
         elif kind in ("text", "input_text"):
             blocks.append({"type": "text", "text": part.get("text")})
         else:
-            raise bad_request(f"{where}: unknown part type {kind!r} (text or image_url)", "messages")
+            raise bad_request(f"{where}: unknown part type {kind!r} (text, image_url or input_audio)", "messages")
     return blocks
 
 

@@ -15,7 +15,7 @@ from anyformer_diskformer.cpu_engine import CpuMoEEngine
 from anyformer_diskformer.cpu_hybrid import HybridCpuEngine
 from anyformer_diskformer.expert_cache import CacheStats, ExpertCache
 from anyformer_diskformer.expert_reader import ExpertSlices, expert_spans, open_reader
-from anyformer_diskformer.moe_config import CPU_ONLY_ARCHITECTURES, MoEConfig, read_moe_config
+from anyformer_diskformer.moe_config import MoEConfig, read_moe_config
 from anyformer_diskformer.plan import context_for, plan_from_header
 from anyformer_diskformer.policies import EvictionPolicy, make_policy
 from anyformer_diskformer.trace import trace_writer_from_env
@@ -100,16 +100,17 @@ def shared_prefix(a: list[int], b: list[int]) -> int:
     return n
 
 
-def cpu_only_fallback(config: MoEConfig, options: dict[str, object], gpu: GPU | None) -> GPU | None:
-    """None (the CPU) for an architecture the wgpu path does not run, else ``gpu``; asking for ``device``
-    ``gpu`` for one is ``BAD_MODEL`` with the reason."""
-    if gpu is None or config.architecture not in CPU_ONLY_ARCHITECTURES:
-        return gpu
-    if options.get("device") == "gpu":
-        raise AnyformerError(
-            ErrorCode.BAD_MODEL, f"{config.architecture} runs on the CPU engine only (device cpu or auto)"
-        )
-    return None
+def gpu_engine_class(config: MoEConfig) -> type[GpuMoEEngine]:
+    """The wgpu engine for ``config``'s architecture: Gemma 4's, the delta-net hybrid's (qwen35moe), or the MoE
+    one."""
+    from anyformer_diskformer.gemma4_config import Gemma4Config
+    from anyformer_diskformer.gpu_engine import GpuMoEEngine
+    from anyformer_diskformer.gpu_gemma4 import Gemma4GpuEngine
+    from anyformer_diskformer.gpu_hybrid import HybridGpuEngine
+
+    if isinstance(config, Gemma4Config):
+        return Gemma4GpuEngine
+    return HybridGpuEngine if config.recurrent else GpuMoEEngine
 
 
 def device_limit(request: Request, gpu: GPU | None) -> int | None:
@@ -214,7 +215,6 @@ class DiskformerModel:
         gguf = GGUFFile(path)
         try:
             config = read_moe_config(gguf.header)
-            gpu = cpu_only_fallback(config, request.options, gpu)
             tokenizer = GGUFTokenizer(gguf.kv)
             context = context_for(gguf.header.summary(), request.context)
             plan = plan_from_header(gguf.header, context, "cpu" if gpu is None else "gpu")
@@ -250,7 +250,7 @@ class DiskformerModel:
                         cache.close()
                         raise
                 else:
-                    from anyformer_diskformer.gpu_engine import GpuMoEEngine, GpuSlots
+                    from anyformer_diskformer.gpu_engine import GpuSlots
 
                     def make_cache(slots: GpuSlots) -> ExpertCache[int]:
                         made = ExpertCache(
@@ -266,7 +266,7 @@ class DiskformerModel:
                         attach_prefetcher(made, width, threads, plan.min_cache_bytes)
                         return made
 
-                    engine = GpuMoEEngine(gpu, gguf, config, make_cache, context, trace)
+                    engine = gpu_engine_class(config)(gpu, gguf, config, make_cache, context, trace)
             except BaseException:
                 if trace is not None:
                     trace.close()

@@ -1,5 +1,6 @@
 """The MoE forward pass (qwen3moe, qwen2moe, bailingmoe, bailingmoe2) on wgpu: dense weights, the KV cache and the
-expert cache's slots on the GPU.
+expert cache's slots on the GPU. Gemma 4 (:mod:`~anyformer_diskformer.gpu_gemma4`) and qwen35moe
+(:mod:`~anyformer_diskformer.gpu_hybrid`) are subclasses that replace the attention and FFN dispatches.
 
 Every matrix product is the gguf-gpu library's quantised matrix kernel reading raw GGUF blocks (no
 dequantised copy), dense tensors uploaded once at load, routed experts uploaded into GPU buffer
@@ -133,7 +134,7 @@ class GpuSlots:
 
 
 class GpuMoEEngine:
-    """A loaded qwen3moe or qwen2moe model on one GPU, the routed experts in a cache of GPU slots."""
+    """A loaded qwen3moe, qwen2moe or bailingmoe(2) model on one GPU, the routed experts in a cache of GPU slots."""
 
     def __init__(
         self,
@@ -174,7 +175,7 @@ class GpuMoEEngine:
         buf = self._buffer
         self.h = buf(4 * c.n_embd, "residual")
         self.h_ffn = buf(4 * c.n_embd, "expert-input")
-        self.qkv = buf(4 * (c.q_dim + 2 * c.kv_dim), "qkv")
+        self.qkv = buf(4 * self._qkv_floats(), "qkv")
         self.attn = buf(4 * c.q_dim, "attention")
         self.gate_up = buf(8 * max(c.n_ff_exp, c.n_ff_shexp, c.n_ff), "gate-up")
         # This layer's router logits (and the shared expert's gate), then the next layer's router on this
@@ -189,7 +190,7 @@ class GpuMoEEngine:
         self.ones = self._upload(np.ones(1, dtype=np.float32), "ones")
         self.k_cache = [buf(4 * ctx * c.kv_dim, f"k{i}") for i in range(c.n_layer)]
         self.v_cache = [buf(4 * ctx * c.kv_dim, f"v{i}") for i in range(c.n_layer)]
-        self.cos_sin = self._upload(cos_sin_table(ctx, c.n_rot, c.rope_base), "rope")
+        self.cos_sin = self._upload(self._rope_table(), "rope")
         self._embed = self._embed_dispatch()
         self._layers = [self._layer_dispatches(i) for i in range(c.n_layer)]
         shared = c.n_ff_shexp > 0
@@ -197,6 +198,14 @@ class GpuMoEEngine:
         self._dense = [self._dense_dispatches(i) for i in range(c.n_dense_lead)]
         head = self._weights["token_embd.weight" if c.tied_output else "output.weight"]
         self._head = self._mv(head, self.h, self.logits, norm=self._norms["output_norm.weight"], eps=c.eps)
+
+    def _qkv_floats(self) -> int:
+        """Floats of the q/k/v rows of a token (the widest layer's)."""
+        return self.config.q_dim + 2 * self.config.kv_dim
+
+    def _rope_table(self) -> np.ndarray:
+        """The rotary table the layers read: (cos, sin) per position and pair."""
+        return cos_sin_table(self.ctx, self.config.n_rot, self.config.rope_base)
 
     # Load: weights as raw blocks, norms as f32.
 
@@ -217,14 +226,7 @@ class GpuMoEEngine:
             matrices.append(("output.weight", ["output.weight"]))
         for i in range(c.n_layer):
             p = f"blk.{i}."
-            qkv = [p + f"attn_{n}.weight" for n in "qkv"]
-            if c.fused_qkv:
-                matrices.append((p + "attn_qkv.weight", [p + "attn_qkv.weight"]))
-            elif Weight.can_stack(self.gpu, gguf, qkv):
-                matrices.append((p + "attn_qkv.weight", qkv))
-            else:
-                matrices += [(n, [n]) for n in qkv]
-            matrices.append((p + "attn_output.weight", [p + "attn_output.weight"]))
+            matrices += self._attention_matrices(gguf, i)
             if not c.is_moe_layer(i):
                 matrices += [(p + f"ffn_{n}.weight", [p + f"ffn_{n}.weight"]) for n in ("gate", "up", "down")]
                 continue
@@ -263,7 +265,7 @@ class GpuMoEEngine:
                 ),
                 f"qk-norm{i}",
             )
-            if c.qk_norm
+            if c.qk_norm and f"blk.{i}.attn_q_norm.weight" in self._host_norms
             else self._upload(np.zeros(4, dtype=np.float32), "no-qk-norm")
             for i in range(c.n_layer)
         ]
@@ -287,6 +289,17 @@ class GpuMoEEngine:
             else []
         )
 
+    def _attention_matrices(self, gguf: GGUFFile, i: int) -> list[tuple[str, list[str]]]:
+        """Layer ``i``'s attention matrices to upload, (name, stacked tensors): q/k/v stacked where they can be."""
+        p = f"blk.{i}."
+        qkv = [p + f"attn_{n}.weight" for n in "qkv"]
+        out = [(p + "attn_output.weight", [p + "attn_output.weight"])]
+        if self.config.fused_qkv:
+            return [(p + "attn_qkv.weight", [p + "attn_qkv.weight"]), *out]
+        if Weight.can_stack(self.gpu, gguf, qkv):
+            return [(p + "attn_qkv.weight", qkv), *out]
+        return [*((n, [n]) for n in qkv), *out]
+
     # Dispatches, built once.
 
     def _mv(self, w: Weight, x: Any, y: Any, **kw: Any) -> Dispatch:
@@ -298,6 +311,23 @@ class GpuMoEEngine:
 
     def _layer_dispatches(self, i: int) -> list[Dispatch]:
         """Layer ``i``'s attention added to the residual, then its router's logits of the normalised residual."""
+        c, p = self.config, f"blk.{i}."
+        out = self._attention_dispatches(i)
+        if not c.is_moe_layer(i):
+            return out  # a dense layer: no router; its FFN is queued by the step
+        ffn_norm = {"norm": self._norms[p + c.ffn_norm + ".weight"], "eps": c.eps}
+        out.append(self._mv(self._weights[p + "router"], self.h, self.router, **ffn_norm))
+        separate = self._weights.get(p + "ffn_gate_inp_shexp.weight")
+        if separate is not None:
+            out.append(self._mv(separate, self.h, self.router, y_off=c.n_expert, **ffn_norm))
+        if self.cache.prefetcher is not None and i + 1 < c.n_layer:
+            q = f"blk.{i + 1}."
+            next_norm = {"norm": self._norms[q + c.ffn_norm + ".weight"], "eps": c.eps}
+            out.append(self._mv(self._weights[q + "router"], self.h, self.router, y_off=c.n_expert + 1, **next_norm))
+        return out
+
+    def _attention_dispatches(self, i: int) -> list[Dispatch]:
+        """Layer ``i``'s attention (RMSNorm fused into q/k/v, rope and KV store, attention, output) added to h."""
         c, p, k = self.config, f"blk.{i}.", self.kernels
         qkv_stride = c.q_dim + 2 * c.kv_dim
         norm = {"norm": self._norms[p + "attn_norm.weight"], "eps": c.eps}
@@ -310,7 +340,6 @@ class GpuMoEEngine:
                 out.append(self._mv(w, self.h, self.qkv, y_off=off, y_stride=qkv_stride, **norm))
         if c.qkv_bias:
             out.append(k.matvec(self._bias[i], F32, qkv_stride, 1, self.ones, self.qkv, accumulate=True))
-        heads = {"n_head": c.n_head, "n_kv": c.n_kv, "head_dim": c.head_dim}
         out.append(
             k.rope_store(
                 self.qkv,
@@ -323,7 +352,9 @@ class GpuMoEEngine:
                 neox=c.rope_neox,
                 qk_norm=c.qk_norm,
                 eps=c.eps,
-                **heads,
+                n_head=c.n_head,
+                n_kv=c.n_kv,
+                head_dim=c.head_dim,
             )
         )
         out.append(
@@ -342,17 +373,6 @@ class GpuMoEEngine:
             )
         )
         out.append(self._mv(self._weights[p + "attn_output.weight"], self.attn, self.h, accumulate=True))
-        if not c.is_moe_layer(i):
-            return out  # a dense layer: no router; its FFN is queued by the step
-        ffn_norm = {"norm": self._norms[p + "ffn_norm.weight"], "eps": c.eps}
-        out.append(self._mv(self._weights[p + "router"], self.h, self.router, **ffn_norm))
-        separate = self._weights.get(p + "ffn_gate_inp_shexp.weight")
-        if separate is not None:
-            out.append(self._mv(separate, self.h, self.router, y_off=c.n_expert, **ffn_norm))
-        if self.cache.prefetcher is not None and i + 1 < c.n_layer:
-            q = f"blk.{i + 1}."
-            next_norm = {"norm": self._norms[q + "ffn_norm.weight"], "eps": c.eps}
-            out.append(self._mv(self._weights[q + "router"], self.h, self.router, y_off=c.n_expert + 1, **next_norm))
         return out
 
     def ffn_dispatches(
@@ -374,7 +394,7 @@ class GpuMoEEngine:
         return self.ffn_dispatches(
             [(gate.buffer, gate.fmt), (up.buffer, up.fmt)],
             (down.buffer, down.fmt),
-            self._norms[p + "ffn_norm.weight"],
+            self._norms[p + self.config.ffn_norm + ".weight"],
             self.config.n_ff,
         )
 
@@ -419,7 +439,7 @@ class GpuMoEEngine:
         copy = [(self.h, 0, self.h_ffn, 0, 4 * c.n_embd)]
         for layer in range(c.n_layer):
             self.kernels.run(pending + self._layers[layer], copy)
-            norm = self._host_norms[f"blk.{layer}.ffn_norm.weight"]
+            norm = self._host_norms[f"blk.{layer}.{c.ffn_norm}.weight"]
             if not c.is_moe_layer(layer):
                 # A leading dense layer: nothing to route, so nothing to read back.
                 gpu.write(self.gate_norm, norm)

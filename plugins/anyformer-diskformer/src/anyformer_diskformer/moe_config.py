@@ -38,8 +38,8 @@ MOE_ARCHITECTURES: dict[str, bool | None] = {
     "gemma4": True,
 }
 
-#: Architectures only the CPU engine runs (the wgpu path has no gated delta-net layers).
-CPU_ONLY_ARCHITECTURES = frozenset({"qwen35moe", "gemma4"})
+#: Architectures whose KV (and recurrent) state is not one width for every layer: sized per layer.
+PER_LAYER_STATE_ARCHITECTURES = frozenset({"qwen35moe", "gemma4"})
 
 #: llama.cpp's ``expert_gating_func`` values the engines implement: how router logits become probabilities.
 GATING_FUNCS = {1: "softmax", 2: "sigmoid"}

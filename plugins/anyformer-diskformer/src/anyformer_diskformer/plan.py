@@ -12,7 +12,7 @@ import os
 from typing import Any
 
 from anyformer.plugin import AnyformerError, GGUFHeader, read_gguf_header
-from anyformer_diskformer.moe_config import CPU_ONLY_ARCHITECTURES, is_expert_tensor, layer_of
+from anyformer_diskformer.moe_config import PER_LAYER_STATE_ARCHITECTURES, is_expert_tensor, layer_of
 
 #: Host memory the engine takes besides its weights and caches: tokenizer, Python objects, scratch.
 RAM_OVERHEAD = 64 * 10**6
@@ -107,7 +107,7 @@ def plan_from_header(header: GGUFHeader, context: int, device: str = "cpu") -> P
             # The CPU engine keeps vectors as float32 (as are F32 tensors) and other matrices as stored.
             dense += 4 * t.n_elements if device == "cpu" and len(t.dims) == 1 else t.nbytes
     plan = _plan(summary, context, device, dense, expert_bytes, estimated=False)
-    if header.architecture in CPU_ONLY_ARCHITECTURES:
+    if header.architecture in PER_LAYER_STATE_ARCHITECTURES:
         plan = dataclasses.replace(plan, kv_bytes=_hybrid_state_bytes(header, context))
     experts = _fact(summary, "expert_count")
     widest = max(per_layer.values(), default=0) // experts if experts else 0

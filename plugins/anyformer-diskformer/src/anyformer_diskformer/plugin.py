@@ -54,14 +54,7 @@ def can_run(model: Model, caps: Caps, request: Request) -> Verdict:
     from anyformer_diskformer.plan import RAM_OVERHEAD, context_for, plan_for
 
     wanted = request.options.get("device", "auto")
-    from anyformer_diskformer.moe_config import CPU_ONLY_ARCHITECTURES
-
-    cpu_only = summary.get("architecture") in CPU_ONLY_ARCHITECTURES
-    if cpu_only and wanted == "gpu":
-        return Verdict.refuse(
-            BACKEND_ID, Refusal.MODEL, f"{file.name}: {summary.get('architecture')} runs on the CPU engine only"
-        )
-    device = "gpu" if caps.gpu and wanted in ("auto", "gpu") and not cpu_only else "cpu"
+    device = "gpu" if caps.gpu and wanted in ("auto", "gpu") else "cpu"
     context = context_for(summary, request.context)
     plan = plan_for(file.path, summary, context, device)
     how = " (estimated from the architecture and the file size: the header's tensors were not read)"

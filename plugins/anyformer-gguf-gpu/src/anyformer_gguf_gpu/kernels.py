@@ -66,6 +66,7 @@ PLAIN_KERNELS = (
     "swiglu",
     "argmax",
     "sample",
+    "delta_rule",
 )
 
 
@@ -91,6 +92,7 @@ def kernel_source(
     subgroups: bool = False,
     workgroup: int | None = None,
     split: bool = False,
+    gelu: bool = False,
 ) -> str:
     """The full WGSL of ``kernel`` (with the byte readers and ``quant``'s decoder for weight kernels).
 
@@ -98,8 +100,10 @@ def kernel_source(
     (matvec.wgsl; ``rope`` adds the q/k/v epilogue of rope_epilogue.wgsl, which writes the KV cache);
     ``kv_f16`` makes the KV-cache kernels keep f16 (it needs the shader-f16 feature); ``subgroups`` makes the
     matrix kernel reduce with subgroup shuffles; ``workgroup`` overrides the kernel's thread count (argmax);
-    ``split`` makes the attention kernels cover one chunk of keys each and leave partial results; a sampler
-    given ``quant`` (the embedding table's) also writes the picked id's embedding row.
+    ``split`` makes the attention kernels cover one chunk of keys each and leave partial results; ``gelu``
+    makes the matrix kernel's ``swiglu`` input gelu(gate) * up (GELU in its tanh form) instead of
+    silu(gate) * up; a sampler given ``quant`` (the embedding table's) also writes the picked id's
+    embedding row.
     """
     workgroup = workgroup or {
         "argmax": ARGMAX_WORKGROUP,
@@ -112,6 +116,7 @@ def kernel_source(
         parts.append(
             f"const TPR: u32 = {threads_per_row}u;\nconst TB: u32 = {tokens_per_thread}u;\n"
             f"const SWIGLU: bool = {'true' if swiglu else 'false'};\n"
+            f"const GELU: bool = {'true' if gelu and swiglu else 'false'};\n"
             f"const NORM: bool = {'true' if norm else 'false'};\n"
             f"const ROPE: bool = {'true' if rope else 'false'};\n"
             f"const SUBGROUPS: bool = {'true' if subgroups and threads_per_row > 1 else 'false'};\n"
@@ -123,6 +128,8 @@ def kernel_source(
         parts.append(_ATTENTION_SPLIT if split else _NO_ATTENTION_SPLIT)
     if kernel == "attention_combine":
         parts.append(f"const CHUNK: u32 = {ATTENTION_CHUNK}u;\n")
+    if kernel == "delta_rule":
+        parts.append(f"const MAX_HEAD: u32 = {MAX_HEAD_DIM}u;\n")
     if kernel == "attention_vec4":
         parts.append(f"const ROPE: bool = {'true' if rope else 'false'};\n")
         parts.append(_wgsl("attention_rope.wgsl") if rope else _NO_ATTENTION_ROPE)
@@ -149,8 +156,8 @@ def kernel_source(
 #: A buffer-to-buffer copy: (source, source offset, destination, destination offset, bytes).
 Copy = tuple[Any, int, Any, int, int]
 
-#: A pipeline variant: (kernel, quant, tokens_per_thread, swiglu, norm[, rope[, split]]), the arguments of
-#: :meth:`Kernels.pipeline` (an engine that never asks for the rope or split variants may list five).
+#: A pipeline variant: (kernel, quant, tokens_per_thread, swiglu, norm[, rope[, split[, gelu]]]), the arguments
+#: of :meth:`Kernels.pipeline` (an engine that never asks for the rope, split or gelu variants may list five).
 PipelineKey = tuple[Any, ...]
 
 
@@ -299,7 +306,10 @@ def _u32s(*values: int | float) -> bytes:
 
 
 #: Tokens each thread of the matrix kernel applies a decoded weight to, when a step covers several tokens.
-PREFILL_TOKENS_PER_THREAD = 8
+#: 4, not 8: on an H200 (2026-12-01, 512-token prompts, threads a row 1-16 by tokens a thread 4/8/16) four
+#: gave the fastest prefill at every width, 6010 against 4221 tok/s in SmolLM2's shapes and 2335 against
+#: 1674 in Qwen3-0.6B's: fewer accumulators a thread leave room for more threads in flight.
+PREFILL_TOKENS_PER_THREAD = 4
 #: Most threads per row in the tiled (several-token) matrix kernel: its workgroup stages the tokens'
 #: inputs once for all its rows, so it wants more rows per workgroup than decoding does.
 PREFILL_THREADS_PER_ROW = 4
@@ -366,7 +376,8 @@ class Kernels:
         *,
         also: Sequence[Callable[[], Any]] = (),
     ) -> None:
-        """Compile every (kernel, quant, tokens_per_thread, swiglu, norm, rope[, split]) pipeline in ``wanted`` now.
+        """Compile every (kernel, quant, tokens_per_thread, swiglu, norm, rope[, split[, gelu]]) pipeline in
+        ``wanted`` now.
 
         ``also`` are other pipelines' compilations (a kernel of an engine's own, as lfm2's convolution),
         run first and counted in the same progress.
@@ -398,6 +409,7 @@ class Kernels:
         norm: bool = False,
         rope: bool = False,
         split: bool = False,
+        gelu: bool = False,
     ) -> Any:
         """The compute pipeline of ``kernel`` (for ``quant`` where it decodes weights), compiled once."""
         matrix = kernel == "matvec"
@@ -409,6 +421,7 @@ class Kernels:
             norm and matrix,
             rope and kernel in ("matvec", "attention_vec4"),
             split and kernel in ("attention", "attention_vec4"),
+            gelu and swiglu and matrix,
         )
         found = self._pipelines.get(key)
         if found is None:
@@ -425,6 +438,7 @@ class Kernels:
                 subgroups=self.subgroups,
                 workgroup=self.argmax_workgroup if kernel == "argmax" else None,
                 split=key[6],
+                gelu=key[7],
             )
             with gpu_errors(f"compiling the {kernel} kernel"):
                 module = device.create_shader_module(code=source, label=f"{kernel}-{quant}")
@@ -488,6 +502,7 @@ class Kernels:
         y_stride: int | None = None,
         accumulate: bool = False,
         swiglu: bool = False,
+        gelu: bool = False,
         norm: Any = None,
         eps: float = 1e-5,
         rope: RopeStore | None = None,
@@ -495,11 +510,14 @@ class Kernels:
         """y[t, :rows] (+)= W @ x[t, :cols] for ``tokens`` tokens; offsets and strides count floats.
 
         With ``swiglu`` each input row is [gate | up] (2 × cols floats, the default stride) and the
-        vector multiplied is silu(gate) * up. With ``norm`` (a buffer of cols f32 weights) it is
+        vector multiplied is silu(gate) * up (with ``gelu`` too, gelu(gate) * up, GELU's tanh form,
+        Gemma's). With ``norm`` (a buffer of cols f32 weights) it is
         RMSNorm(x) * norm, computed in the same dispatch. With ``rope`` the rows are a stacked
         [q | k | v] projection: q and k are rotated (adjacent pairs) and k, v stored into the cache
         at position state[0] + t, in the same dispatch (not with ``accumulate``).
         """
+        if gelu and not swiglu:
+            raise ValueError("gelu is the gate activation of a swiglu input: it needs swiglu")
         tb = self.tokens_per_thread(tokens)
         rows_per_group = WORKGROUP // self.rows_threads(tb)
         if rope is not None:
@@ -529,18 +547,29 @@ class Kernels:
             buffers.pop()
         return self.dispatch(
             "matvec",
-            self.pipeline("matvec", fmt.name, tb, swiglu, norm is not None, rope is not None),
+            self.pipeline("matvec", fmt.name, tb, swiglu, norm is not None, rope is not None, gelu=gelu),
             buffers,
             params,
             _groups_for_rows(math.ceil(rows / rows_per_group), math.ceil(tokens / tb)),
         )
 
     def embed(
-        self, weight: Any, fmt: QuantFormat, rows: int, cols: int, ids: Any, y: Any, state: Any, tokens: int
+        self,
+        weight: Any,
+        fmt: QuantFormat,
+        rows: int,
+        cols: int,
+        ids: Any,
+        y: Any,
+        state: Any,
+        tokens: int,
+        *,
+        scale: float = 1.0,
     ) -> Dispatch:
-        """y[t, :] = the dequantised row ids[pos + t] of the embedding table, for ``tokens`` tokens."""
+        """y[t, :] = the dequantised row ids[pos + t] of the embedding table times ``scale`` (Gemma's
+        sqrt(n_embd)), for ``tokens`` tokens."""
         row_bytes = fmt.row_bytes(cols) if fmt.block_size > 1 else cols * fmt.type_size
-        params = _u32s(cols, row_bytes, math.ceil(cols / 8), rows)
+        params = _u32s(cols, row_bytes, math.ceil(cols / 8), rows, float(scale))
         return self.dispatch("embed", self.pipeline("embed", fmt.name), [weight, ids, y, state], params, (tokens, 1, 1))
 
     def rmsnorm(
@@ -554,9 +583,15 @@ class Kernels:
         tokens: int = 1,
         x_off: int = 0,
         x_stride: int | None = None,
+        accumulate: bool = False,
+        scale: float = 1.0,
     ) -> Dispatch:
-        """y[t, :n] = RMSNorm(x[t, :n]) * weight for ``tokens`` rows (y is packed, stride n)."""
-        params = _u32s(n, n if x_stride is None else x_stride, n, float(eps), x_off)
+        """y[t, :n] = RMSNorm(x[t, :n]) * weight for ``tokens`` rows (y is packed, stride n).
+
+        With ``accumulate`` the norm is added to y (a residual: Gemma's post-attention and post-FFN
+        norms), and the sum is then multiplied by ``scale`` (Gemma 4's layer output scale).
+        """
+        params = _u32s(n, n if x_stride is None else x_stride, n, float(eps), x_off, int(accumulate), float(scale))
         return self.dispatch("rmsnorm", self.pipeline("rmsnorm"), [x, weight, y], params, (tokens, 1, 1))
 
     def rope_store(
@@ -576,11 +611,21 @@ class Kernels:
         tokens: int = 1,
         qk_norm: bool = False,
         eps: float = 1e-6,
+        v_norm: bool = False,
+        q_stride: int | None = None,
     ) -> Dispatch:
-        """Rotate q and k in the packed [q | k | v] rows (optionally RMS-norming each head first) and store k, v."""
+        """Rotate q and k in the packed [q | k | v] rows (optionally RMS-norming each head first) and store k, v.
+
+        With ``v_norm`` each v head is RMS-normalised (no weight: Gemma 4's) before it is stored. Query head h
+        starts at h * ``q_stride`` (head_dim by default; 2 head_dim where each query is followed by its output
+        gate, qwen35moe's), so the q part of a row is n_head * q_stride wide.
+        """
         if head_dim > MAX_HEAD_DIM:
             raise ValueError(f"head_dim {head_dim} is over {MAX_HEAD_DIM}")
-        q_dim, kv_dim = n_head * head_dim, n_kv * head_dim
+        q_stride = head_dim if q_stride is None else q_stride
+        if q_stride < head_dim:
+            raise ValueError(f"q_stride {q_stride} is below head_dim {head_dim}")
+        q_dim, kv_dim = n_head * q_stride, n_kv * head_dim
         params = _u32s(
             n_head,
             n_kv,
@@ -594,6 +639,8 @@ class Kernels:
             int(qk_norm),
             float(eps),
             head_dim,
+            int(v_norm),
+            q_stride,
         )
         return self.dispatch(
             "rope_store",
@@ -619,16 +666,23 @@ class Kernels:
         scale: float,
         tokens: int = 1,
         split: bool = False,
+        window: int = 0,
+        gated: bool = False,
     ) -> Dispatch:
         """out[t, h*hd:(h+1)*hd] = causal softmax(q k^T * scale) v over the cache, for every head and token.
 
         Heads whose width is a multiple of 4 use the kernel that reads the caches a vec4 at a time.
         ``scores`` holds :func:`attention_scratch_bytes` for the engine's largest step. With ``split``
         each workgroup covers :data:`ATTENTION_CHUNK` keys of one head and leaves a partial result in
-        ``scores``; :meth:`attention_combine` (the next dispatch) writes ``out``.
+        ``scores``; :meth:`attention_combine` (the next dispatch) writes ``out``. A ``window`` above 0
+        is sliding-window attention: the token at position p sees keys p - window + 1 .. p only. With
+        ``gated`` each query head is followed by its output gate in the q/k/v rows (q heads 2 head_dim
+        apart, qwen35moe's) and the output is scaled by sigmoid(gate) (not with ``split``).
         """
-        dims = {"n_head": n_head, "n_kv": n_kv, "head_dim": head_dim, "ctx": ctx, "tokens": tokens}
-        return self._attention(qkv, k_cache, v_cache, out, scores, state, scale=scale, rope=None, split=split, **dims)
+        dims = {"n_head": n_head, "n_kv": n_kv, "head_dim": head_dim, "ctx": ctx, "tokens": tokens, "window": window}
+        return self._attention(
+            qkv, k_cache, v_cache, out, scores, state, scale=scale, rope=None, split=split, gated=gated, **dims
+        )
 
     def attention_with_rope(
         self,
@@ -647,12 +701,15 @@ class Kernels:
         scale: float,
         tokens: int = 1,
         split: bool = False,
+        window: int = 0,
     ) -> Dispatch:
         """:meth:`attention` that first norms and rotates q and k as rope_store does and stores k, v into the
         cache, in the same dispatch (heads a multiple of 4 wide). The keys of the step's earlier tokens come
         from the q/k/v rows (normed and rotated again where used), not from the cache being written."""
-        dims = {"n_head": n_head, "n_kv": n_kv, "head_dim": head_dim, "ctx": ctx, "tokens": tokens}
-        return self._attention(qkv, k_cache, v_cache, out, scores, state, scale=scale, rope=rope, split=split, **dims)
+        dims = {"n_head": n_head, "n_kv": n_kv, "head_dim": head_dim, "ctx": ctx, "tokens": tokens, "window": window}
+        return self._attention(
+            qkv, k_cache, v_cache, out, scores, state, scale=scale, rope=rope, split=split, gated=False, **dims
+        )
 
     def _attention(
         self,
@@ -671,8 +728,13 @@ class Kernels:
         tokens: int,
         rope: AttentionRope | None,
         split: bool,
+        window: int,
+        gated: bool,
     ) -> Dispatch:
-        q_dim, kv_dim = n_head * head_dim, n_kv * head_dim
+        if gated and split:
+            raise ValueError("the output gate is applied by the unsplit attention kernel only")
+        q_stride = 2 * head_dim if gated else head_dim
+        q_dim, kv_dim = n_head * q_stride, n_kv * head_dim
         name = attention_kernel(head_dim)
         part_off = _partials_offset(scores, tokens, n_head, ctx, head_dim) if split else 0
         extra: tuple[int | float, ...] = (0, 0, 0, 0.0, 0, q_dim, q_dim + kv_dim, part_off)
@@ -691,7 +753,13 @@ class Kernels:
                 part_off,
             )
             buffers += [rope.cos_sin, rope.norm]
-        params = _u32s(n_head, n_kv, head_dim, q_dim + 2 * kv_dim, kv_dim, ctx, q_dim, float(scale), *extra)
+        if window < 0:
+            raise ValueError(f"window must be 0 (none) or positive, not {window}")
+        out_stride = n_head * head_dim
+        params = _u32s(
+            n_head, n_kv, head_dim, q_dim + 2 * kv_dim, kv_dim, ctx, out_stride, float(scale), *extra, window,
+            q_stride, int(gated),
+        )  # fmt: skip
         return self.dispatch(
             name,
             self.pipeline(name, rope=rope is not None, split=split),
@@ -712,6 +780,41 @@ class Kernels:
             [scores, out, state],
             params,
             (n_head, tokens, 1),
+        )
+
+    def delta_rule(
+        self,
+        x: Any,
+        proj: Any,
+        vecs: Any,
+        state: Any,
+        out: Any,
+        pos_state: Any,
+        *,
+        k_heads: int,
+        v_heads: int,
+        head_dim: int,
+        z_off: int,
+        beta_off: int,
+        alpha_off: int,
+        eps: float,
+    ) -> Dispatch:
+        """One token of a gated delta net (see ``wgsl/delta_rule.wgsl``), a workgroup per value head.
+
+        ``x`` holds the convolved [q | k | v] channels; ``proj`` the output gate z, beta and alpha at the given
+        float offsets; ``vecs`` dt (v_heads), a (v_heads) and the per-head norm weights (head_dim); ``state``
+        v_heads state matrices of head_dim × head_dim f32, updated in place (zeros at position 0); ``out``
+        the normalised, gated output (v_heads × head_dim).
+        """
+        if head_dim > MAX_HEAD_DIM or v_heads % k_heads:
+            raise ValueError(f"delta-net heads of {head_dim} (at most {MAX_HEAD_DIM}), {v_heads} over {k_heads}")
+        params = _u32s(k_heads, v_heads, head_dim, z_off, beta_off, alpha_off, float(eps), 0)
+        return self.dispatch(
+            "delta_rule",
+            self.pipeline("delta_rule"),
+            [x, proj, vecs, state, out, pos_state],
+            params,
+            (v_heads, 1, 1),
         )
 
     def swiglu(self, gate_up: Any, y: Any, n: int, *, tokens: int = 1) -> Dispatch:
@@ -949,6 +1052,7 @@ _UNIFORM_SLOT = {
     "attention_combine": 2,
     "swiglu": 2,
     "argmax": 2,
+    "delta_rule": 5,
 }
 
 assert set(_UNIFORM_SLOT) == set(QUANT_KERNELS) | set(PLAIN_KERNELS)

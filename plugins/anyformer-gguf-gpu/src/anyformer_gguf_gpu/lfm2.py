@@ -258,7 +258,18 @@ class Lfm2Engine(TransformerEngine):
             rope = AttentionRope(self.cos_sin, self._qk_norm[slot], c.n_rot, c.rope_neox, True, c.eps)
             out.append(k.attention_with_rope(rope, *args, scale=scale, tokens=n, split=split, **dims))
         else:
-            out.append(k.attention(*args, scale=scale, tokens=n, split=split, **dims))
+            out.append(
+                k.attention(
+                    *args,
+                    scale=scale,
+                    tokens=n,
+                    split=split,
+                    ctx=self.ctx,
+                    n_head=c.n_head,
+                    n_kv=c.n_kv,
+                    head_dim=c.head_dim,
+                )
+            )
         if split:
             out.append(
                 k.attention_combine(

@@ -461,7 +461,18 @@ class TransformerEngine:
                 rope = AttentionRope(self.cos_sin, norm, c.n_rot, c.rope_neox, c.qk_norm, c.eps)
                 out.append(k.attention_with_rope(rope, *attention_args, scale=scale, tokens=n, split=split, **dims))
             else:
-                out.append(k.attention(*attention_args, scale=scale, tokens=n, split=split, **dims))
+                out.append(
+                    k.attention(
+                        *attention_args,
+                        scale=scale,
+                        tokens=n,
+                        split=split,
+                        ctx=self.ctx,
+                        n_head=c.n_head,
+                        n_kv=c.n_kv,
+                        head_dim=c.head_dim,
+                    )
+                )
             if split:
                 out.append(
                     k.attention_combine(

@@ -1,4 +1,4 @@
-"""Audio given to ``run``: one mono waveform of float samples at the model's sampling rate, checked.
+"""Audio given to ``run`` or in chat messages: one mono waveform of float samples at the model's sampling rate, checked.
 
 Accepted: a 1-D float array (samples in [-1, 1]) or int16 array at the model's rate;
 ``{"raw" | "array": samples, "sampling_rate": n}`` as transformers' pipeline takes it; or a WAV
@@ -62,8 +62,17 @@ def decode_wav(data: bytes, what: str = "the audio") -> tuple[np.ndarray, int]:
     return samples.reshape(-1, channels).mean(axis=1).astype(np.float32), rate
 
 
-def load_audio(value: Any, rate: int, max_seconds: float, what: str = "the audio") -> np.ndarray:
-    """Mono float32 samples at ``rate`` from any accepted form (module docstring); ``BAD_REQUEST`` otherwise."""
+#: Why a clip is too long, for ``run`` on a speech model.
+TRANSCRIBED = "are transcribed in one call (the max_duration_s option)"
+
+
+def load_audio(
+    value: Any, rate: int, max_seconds: float, what: str = "the audio", limit: str = TRANSCRIBED
+) -> np.ndarray:
+    """Mono float32 samples at ``rate`` from any accepted form (module docstring); ``BAD_REQUEST`` otherwise.
+
+    ``limit`` ends the message for a clip over ``max_seconds`` ("at most N s <limit>").
+    """
     given: int | None = None
     if isinstance(value, dict):
         samples = value.get("raw", value.get("array"))
@@ -88,8 +97,5 @@ def load_audio(value: Any, rate: int, max_seconds: float, what: str = "the audio
     if not np.isfinite(audio).all():
         raise _bad(f"{what} has NaN or infinite samples")
     if audio.size > max_seconds * rate:
-        raise _bad(
-            f"{what} lasts {audio.size / rate:.1f} s; at most {max_seconds:g} s are transcribed in one call"
-            " (the max_duration_s option)"
-        )
+        raise _bad(f"{what} lasts {audio.size / rate:.1f} s; at most {max_seconds:g} s {limit}")
     return audio

@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from anyformer.plugin import AnyformerError, Chunk, ErrorCode, GenerateOptions, Message, has_images
+from anyformer.plugin import AnyformerError, Chunk, ErrorCode, GenerateOptions, Message, has_audio, has_images
 from anyformer_onnx import BACKEND_ID
 from anyformer_onnx.decoder import DecodeLoop, DecoderGraph
 from anyformer_onnx.detokenizer import IncrementalDetokenizer
-from anyformer_onnx.multimodal import ImagePrompter
+from anyformer_onnx.multimodal import MediaPrompter
 from anyformer_onnx.sampling import Sampler
 from anyformer_onnx.tasks import TEXT_GENERATION
 from anyformer_onnx.text_setup import TextSetup
@@ -29,14 +29,16 @@ class OnnxChatModel:
         device: str,
         context: int,
         details: dict[str, Any],
-        images: ImagePrompter | None = None,
+        media: MediaPrompter | None = None,
         task: str = TEXT_GENERATION,
     ):
         self.task = task
         self._graph: DecoderGraph | None = graph
-        #: What reads image blocks (a multimodal export); None for a text-only model.
-        self.images = images
-        self._loop: DecodeLoop | None = DecodeLoop(graph, device, images.embed if images else None)
+        #: What reads image and audio blocks (a multimodal export); None for a text-only model.
+        self.media = media
+        #: The core hands this handle messages with audio blocks only when its model has an audio encoder.
+        self.audio_input = media is not None and media.reads_audio
+        self._loop: DecodeLoop | None = DecodeLoop(graph, device, media.embed if media else None)
         self.text = text
         self.context = context
         #: What was loaded: file, precision, provider (shown by ``anyformer run --verbose`` and tests).
@@ -53,8 +55,8 @@ class OnnxChatModel:
         """Drop the session (onnxruntime frees it with the last reference); safe to call twice."""
         self._loop = None
         self._graph = None
-        if self.images is not None:
-            self.images.close()
+        if self.media is not None:
+            self.media.close()
 
     def sampler(self, options: GenerateOptions) -> Sampler:
         """The sampler for one call: the model's top-k and top-p unless ``options.extra`` overrides them."""
@@ -77,11 +79,11 @@ class OnnxChatModel:
         """Check the request (``BAD_REQUEST`` before any work), then return the chunk stream."""
         loop = self.loop
         embeds = None
-        if self.images is not None:
-            prompt, embeds = self.images.prompt(messages, options.thinking)
-        elif has_images(messages):
+        if self.media is not None:
+            prompt, embeds = self.media.prompt(messages, options.thinking)
+        elif has_images(messages) or has_audio(messages):
             raise AnyformerError(
-                ErrorCode.BAD_REQUEST, f"{self.details.get('file')} is a text-only model: no image blocks"
+                ErrorCode.BAD_REQUEST, f"{self.details.get('file')} is a text-only model: no image or audio blocks"
             )
         else:
             prompt = self.text.prompt_ids(messages, options.thinking)

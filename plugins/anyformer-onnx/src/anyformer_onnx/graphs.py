@@ -39,9 +39,11 @@ DECODER_STEMS = ("model", "decoder_model_merged")
 ENCODER_STEMS = ("model",)
 #: The graphs of a speech encoder-decoder in optimum's split layout, all three needed, in this order.
 SPEECH_STEMS = ("encoder_model", "decoder_model", "decoder_with_past_model")
-#: The graphs of a multimodal chat export with one graph per module, all needed, of one precision.
-VISION_CHAT_STEMS = ("embed_tokens", "decoder_model_merged", "vision_encoder")
-#: Graphs of a repo with one graph per module (a multimodal chat model); not read by this version.
+#: The text graphs of a multimodal chat export with one graph per module, both needed.
+CHAT_MODULE_STEMS = ("embed_tokens", "decoder_model_merged")
+#: The media encoders such an export may have beside them: at least one; every one the repo has is read.
+MEDIA_ENCODER_STEMS = ("vision_encoder", "audio_encoder")
+#: Graphs of a repo with one graph per module (a multimodal chat model); ``speech_encoder`` is not read.
 MODULE_STEMS = ("embed_tokens", "vision_encoder", "audio_encoder", "speech_encoder")
 
 #: Graph names that are one part of a split export, never a whole model on their own.
@@ -182,6 +184,16 @@ def choose_graph_set(model: Model, stems: Sequence[str], device: str, wanted: st
             if len(graphs) == len(stems):
                 return GraphSet(tuple(GraphChoice(f, external_data_of(model, f), PRECISIONS[suffix]) for f in graphs))
     return None
+
+
+def media_encoders(model: Model) -> tuple[str, ...]:
+    """The media encoder stems (``vision_encoder``, ``audio_encoder``) the repo has a graph for, at any precision."""
+    return tuple(stem for stem in MEDIA_ENCODER_STEMS if candidates(model, [stem]))
+
+
+def media_chat_stems(model: Model) -> tuple[str, ...]:
+    """The graphs a multimodal chat load opens, in this order: embed_tokens, the decoder, then each encoder."""
+    return (*CHAT_MODULE_STEMS, *media_encoders(model))
 
 
 def module_graphs(model: Model) -> list[str]:

@@ -5,7 +5,7 @@ Imported by the ``load`` hook only: it imports onnxruntime (through :mod:`ort_se
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ from anyformer.plugin import (
     read_config_json,
 )
 from anyformer_onnx import BACKEND_ID
+from anyformer_onnx.audio_encoder import AudioGraph, feature_extractor_config
 from anyformer_onnx.chat_model import OnnxChatModel
 from anyformer_onnx.classifier_model import OnnxClassifierModel
 from anyformer_onnx.decoder import DecoderGraph
@@ -33,18 +34,18 @@ from anyformer_onnx.estimate import context_for
 from anyformer_onnx.fused_graph import prepare_decoder
 from anyformer_onnx.graphs import (
     SPEECH_STEMS,
-    VISION_CHAT_STEMS,
     GraphChoice,
     GraphSet,
     choose_graph,
     choose_graph_set,
+    media_chat_stems,
     module_graphs,
 )
 from anyformer_onnx.image_preprocessing import ImagePreprocessor
 from anyformer_onnx.log_mel import LogMel
-from anyformer_onnx.multimodal import ImagePrompter, image_token_id
+from anyformer_onnx.multimodal import MediaPrompter, audio_kind, audio_token_id, image_kind, image_token_id
 from anyformer_onnx.ort_session import open_session
-from anyformer_onnx.plugin import PREPROCESSOR_CONFIG, SPEECH_FILES, stems_for
+from anyformer_onnx.plugin import PREPROCESSOR_CONFIG, PROCESSOR_CONFIG, SPEECH_FILES, stems_for
 from anyformer_onnx.runtime import CUDA, available_providers, choose_provider
 from anyformer_onnx.speech_model import OnnxSpeechRecognizerModel, WhisperGraphs
 from anyformer_onnx.tasks import (
@@ -70,6 +71,8 @@ from anyformer_onnx.vision_models import (
 )
 
 POOLING_CONFIG = "1_Pooling/config.json"
+#: ``Qwen2AudioProcessor``'s ``audio_bos_token`` and ``audio_eos_token`` defaults.
+QWEN2_AUDIO_WRAPPERS = ("<|audio_bos|>", "<|audio_eos|>")
 
 
 def _beside(graph: Path, names: list[str]) -> dict[str, Path]:
@@ -117,11 +120,12 @@ def open_model(model: Model, request: Request, progress: ProgressCallback) -> Ba
             )
         return _open_speech_model(model, request, progress, graphs, provider)
     if task in CHAT_TASKS and module_graphs(model):
-        modules = choose_graph_set(model, VISION_CHAT_STEMS, device, _option(request, "precision"))
-        if modules is None:
-            wanted = ", ".join(VISION_CHAT_STEMS)
+        stems = media_chat_stems(model)
+        modules = choose_graph_set(model, stems, device, _option(request, "precision"))
+        if modules is None or len(stems) < 3:
+            wanted = ", ".join(stems) if len(stems) > 2 else "embed_tokens, decoder_model_merged and an encoder"
             raise AnyformerError(ErrorCode.NO_BACKEND, f"{model.ref}: no {wanted} graphs of one precision")
-        return _open_vision_chat(model, request, progress, modules, provider, task)
+        return _open_media_chat(model, request, progress, modules, provider, task)
     choice = choose_graph(model, stems_for(task), device, _option(request, "precision"))
     if choice is None:
         raise AnyformerError(ErrorCode.NO_BACKEND, f"{model.ref}: no {task} graph at a known path")
@@ -171,37 +175,70 @@ def open_model(model: Model, request: Request, progress: ProgressCallback) -> Ba
     return OnnxEmbeddingModel(encoder, task=task, pooling=pooling, details=details)
 
 
-def _open_vision_chat(
+def _processor_configs(paths: dict[str, Path], label: str) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """preprocessor_config.json and processor_config.json, each None when the repo has none."""
+    found = []
+    for name in (PREPROCESSOR_CONFIG, PROCESSOR_CONFIG):
+        found.append(read_config_json(paths[name], f"{name} of {label}") if name in paths else None)
+    return found[0], found[1]
+
+
+def _audio_wrappers(config: Mapping[str, Any], processor: dict[str, Any] | None) -> tuple[str, str]:
+    """The processor's ``audio_bos_token`` and ``audio_eos_token`` ("" where it has none).
+
+    processor_config.json names them (transformers 5 saves a processor's attributes there); a
+    Qwen2-Audio repo without one gets ``Qwen2AudioProcessor``'s defaults, as transformers does.
+    """
+    defaults = QWEN2_AUDIO_WRAPPERS if config.get("model_type") == "qwen2_audio" else ("", "")
+    found = []
+    for key, default in zip(("audio_bos_token", "audio_eos_token"), defaults, strict=True):
+        value = processor.get(key) if processor else None
+        found.append(value if isinstance(value, str) else default)
+    return found[0], found[1]
+
+
+def _open_media_chat(
     model: Model, request: Request, progress: ProgressCallback, graphs: GraphSet, provider: str, task: str
 ) -> BackendModel:
-    """Open a multimodal chat export: embed_tokens, a decoder reading embeddings, a vision encoder."""
-    if model.file(PREPROCESSOR_CONFIG) is None:
-        raise AnyformerError(ErrorCode.BAD_MODEL, f"{model.ref}: image chat needs {PREPROCESSOR_CONFIG}")
-    extra = [*present_text_files(model), PREPROCESSOR_CONFIG]
+    """Open a multimodal chat export: embed_tokens, a decoder reading embeddings, a vision and/or audio encoder."""
+    stems = media_chat_stems(model)
+    extra = [*present_text_files(model), *(n for n in (PREPROCESSOR_CONFIG, PROCESSOR_CONFIG) if model.file(n))]
     paths = fetch_files(model, [*graphs.files, *extra], progress, backend=BACKEND_ID)
     label = f"{model.ref} ({graphs.graph.name})"
     text = load_text_setup(paths, label)
     config = text.config or dict(model.config)
-    token = image_token_id(config)
-    if token is None:
-        raise AnyformerError(ErrorCode.BAD_MODEL, f"{label}: config.json names no image_token_index")
-    preprocessor = ImagePreprocessor.from_config(
-        read_config_json(paths[PREPROCESSOR_CONFIG], f"{PREPROCESSOR_CONFIG} of {label}"), label
-    )
+    preprocessor, processor = _processor_configs(paths, label)
     progress(ProgressEvent(stage="load", backend=BACKEND_ID, file=graphs.graph.name, total=graphs.size))
     threads = request.options.get("threads")
-    sessions = []
+    sessions = {}
     actual = provider
-    for part in graphs.parts:
-        session, actual = open_session(paths[part.graph.name], provider=provider, threads=threads)
-        sessions.append(session)
+    for stem, part in zip(stems, graphs.parts, strict=True):
+        sessions[stem], actual = open_session(paths[part.graph.name], provider=provider, threads=threads)
     done = ProgressEvent(stage="load", backend=BACKEND_ID, file=graphs.graph.name, done=graphs.size, total=graphs.size)
     progress(done)
-    embed, decoder, vision = sessions  # in VISION_CHAT_STEMS' order
+    kinds = []
+    encoders: list[Any] = []
+    if "vision_encoder" in sessions:
+        token = image_token_id(config)
+        if token is None or preprocessor is None:
+            missing = "config.json's image_token_index" if token is None else PREPROCESSOR_CONFIG
+            raise AnyformerError(ErrorCode.BAD_MODEL, f"{label}: image chat needs {missing}")
+        vision = VisionGraph(sessions["vision_encoder"], ImagePreprocessor.from_config(preprocessor, label), label)
+        encoders.append(vision)
+        kinds.append(image_kind(vision, text, token, label))
+    if "audio_encoder" in sessions:
+        token = audio_token_id(config)
+        settings = feature_extractor_config(preprocessor, processor)
+        if token is None or settings is None:
+            missing = "config.json's audio_token_index" if token is None else "a feature extractor config"
+            raise AnyformerError(ErrorCode.BAD_MODEL, f"{label}: audio chat needs {missing}")
+        audio = AudioGraph(sessions["audio_encoder"], LogMel.from_config(settings, label), label)
+        encoders.append(audio)
+        kinds.append(audio_kind(audio, text, token, _audio_wrappers(config, processor), label))
     text_config = config.get("text_config")
     decoder_config = text_config if isinstance(text_config, dict) else config
-    graph = DecoderGraph(decoder, decoder_config, label)
-    images = ImagePrompter(VisionGraph(vision, preprocessor, label), embed, text, token, label)
+    graph = DecoderGraph(sessions["decoder_model_merged"], decoder_config, label)
+    media = MediaPrompter(sessions["embed_tokens"], text, kinds, encoders, label)
     context = context_for(decoder_config, request.context)
     details: dict[str, Any] = {
         "files": list(graphs.files),
@@ -210,7 +247,7 @@ def _open_vision_chat(
         "context": context,
     }
     device = "cuda" if actual == CUDA else "cpu"
-    return OnnxChatModel(graph, text, device=device, context=context, details=details, images=images, task=task)
+    return OnnxChatModel(graph, text, device=device, context=context, details=details, media=media, task=task)
 
 
 def _open_vision_model(

@@ -1,17 +1,22 @@
-"""Image blocks in chat messages for a multimodal export with one graph per module (LLaVA-style).
+"""Image and audio blocks in chat messages for a multimodal export with one graph per module.
 
-The repo holds ``vision_encoder`` (``pixel_values`` → ``image_features`` [images, n, hidden], the
-projector included), ``embed_tokens`` (``input_ids`` → ``inputs_embeds``) and a decoder reading
-``inputs_embeds``. Each image block becomes the model's image token (config.json's
-``image_token_index`` or ``image_token_id``) as a text block, so the chat template renders it where
-the block was; the rendered prompt's image token is then repeated once per feature row the vision
-encoder gives, as transformers' processors expand it, and the embeddings at those positions are the
-image's features. A template that drops or repeats an image is ``BAD_REQUEST``.
+The repo holds ``embed_tokens`` (``input_ids`` → ``inputs_embeds``), a decoder reading
+``inputs_embeds``, and a ``vision_encoder`` (``pixel_values`` → ``image_features`` [images, n,
+hidden], the projector included; LLaVA-style), an ``audio_encoder`` (log-mel ``input_features`` →
+``audio_features`` [1, n, hidden]; Qwen2-Audio-style, :mod:`audio_encoder`) or both. Each media
+block becomes its kind's stand-in text as a text block, so the chat template renders it where the
+block was: the image token (config.json's ``image_token_index`` or ``image_token_id``), the audio
+token (``audio_token_index`` or ``audio_token_id``) between the processor's ``audio_bos_token`` and
+``audio_eos_token`` when it has them. The rendered prompt's media token is then repeated once per
+feature row its encoder gives, as transformers' processors expand it, and the embeddings at those
+positions are the block's features. A template that drops or repeats a block, or a media token
+typed in a message, is ``BAD_REQUEST``; so is a block of a kind the model has no encoder for.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import dataclasses
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -19,98 +24,178 @@ import numpy as np
 from anyformer.plugin import AnyformerError, ErrorCode, Message
 from anyformer_onnx.image_input import load_image
 from anyformer_onnx.text_setup import TextSetup
-from anyformer_onnx.vision_models import VisionGraph
 
 #: The most images one conversation may carry.
 MAX_IMAGES = 16
+#: The most audio clips one conversation may carry.
+MAX_CLIPS = 16
+#: What each block kind is called in messages, for refusals.
+_NOUNS = {"image": "images", "audio": "audio clips"}
 
 
-def image_token_id(config: Mapping[str, Any]) -> int | None:
-    """config.json's image token id (``image_token_index`` or ``image_token_id``), None when it names none."""
-    for key in ("image_token_index", "image_token_id"):
+def _token_id(config: Mapping[str, Any], keys: tuple[str, ...]) -> int | None:
+    for key in keys:
         value = config.get(key)
         if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
             return value
     return None
 
 
-class ImagePrompter:
-    """Turns messages with image blocks into prompt ids and embeddings, the images' features spliced in."""
+def image_token_id(config: Mapping[str, Any]) -> int | None:
+    """config.json's image token id (``image_token_index`` or ``image_token_id``), None when it names none."""
+    return _token_id(config, ("image_token_index", "image_token_id"))
 
-    def __init__(self, vision: VisionGraph, embed_session: Any, text: TextSetup, token_id: int, label: str) -> None:
+
+def audio_token_id(config: Mapping[str, Any]) -> int | None:
+    """config.json's audio token id (``audio_token_index`` or ``audio_token_id``), None when it names none."""
+    return _token_id(config, ("audio_token_index", "audio_token_id"))
+
+
+@dataclasses.dataclass(frozen=True)
+class MediaKind:
+    """One kind of media block a model reads: its prompt token, the text a block becomes, its encoder."""
+
+    #: The block type in messages: ``image`` or ``audio``.
+    block: str
+    token_id: int
+    #: The text a block of this kind becomes before the template renders it (holds the token once).
+    stand_in: str
+    #: The block's value and a name for messages → its feature rows [n, hidden].
+    encode: Callable[[Any, str], np.ndarray]
+    limit: int
+
+
+def image_kind(vision: Any, text: TextSetup, token_id: int, label: str) -> MediaKind:
+    """Image blocks read by a vision graph with an ``image_features`` output."""
+    if "image_features" not in vision.outputs:
+        raise AnyformerError(ErrorCode.BAD_MODEL, f"{label}: the vision encoder has no image_features output")
+
+    def encode(value: Any, what: str) -> np.ndarray:
+        (rows,) = vision.run(load_image(value, what), ["image_features"])
+        return np.asarray(rows).reshape(-1, rows.shape[-1])
+
+    return MediaKind("image", token_id, _token_text(text, token_id, "image", label), encode, MAX_IMAGES)
+
+
+def audio_kind(audio: Any, text: TextSetup, token_id: int, wrappers: tuple[str, str], label: str) -> MediaKind:
+    """Audio blocks read by an :class:`~anyformer_onnx.audio_encoder.AudioGraph`.
+
+    ``wrappers`` are the processor's ``audio_bos_token`` and ``audio_eos_token`` (empty when it has
+    none): Qwen2-Audio's template writes ``<|audio_bos|><|AUDIO|><|audio_eos|>`` for a clip.
+    """
+    token = _token_text(text, token_id, "audio", label)
+    for wrapper in wrappers:
+        if wrapper and text.tokenizer.token_to_id(wrapper) is None:
+            raise AnyformerError(ErrorCode.BAD_MODEL, f"{label}: the processor's {wrapper!r} is not in tokenizer.json")
+    return MediaKind("audio", token_id, f"{wrappers[0]}{token}{wrappers[1]}", audio.encode, MAX_CLIPS)
+
+
+def _token_text(text: TextSetup, token_id: int, kind: str, label: str) -> str:
+    token = text.tokenizer.id_to_token(token_id)
+    if token is None:
+        raise AnyformerError(ErrorCode.BAD_MODEL, f"{label}: {kind} token id {token_id} is not in tokenizer.json")
+    return str(token)
+
+
+class MediaPrompter:
+    """Turns messages with media blocks into prompt ids and embeddings, each block's features spliced in."""
+
+    def __init__(self, embed_session: Any, text: TextSetup, kinds: list[MediaKind], closers: list[Any], label: str):
         names = [i.name for i in embed_session.get_inputs()]
         if names != ["input_ids"]:
             raise AnyformerError(ErrorCode.BAD_MODEL, f"{label}: embed_tokens takes {names}, not input_ids alone")
-        if "image_features" not in vision.outputs:
-            raise AnyformerError(ErrorCode.BAD_MODEL, f"{label}: the vision encoder has no image_features output")
-        token = text.tokenizer.id_to_token(token_id)
-        if token is None:
-            raise AnyformerError(ErrorCode.BAD_MODEL, f"{label}: image token id {token_id} is not in tokenizer.json")
-        self.vision = vision
         self.embed_session: Any = embed_session
         self.embed_output = embed_session.get_outputs()[0].name
         self.text = text
-        self.token = str(token)
-        self.token_id = token_id
+        self.kinds = {kind.block: kind for kind in kinds}
+        self.label = label
+        self._closers = closers
+
+    @property
+    def reads_audio(self) -> bool:
+        """True when the model has an audio encoder."""
+        return "audio" in self.kinds
 
     def close(self) -> None:
         """Drop the sessions."""
-        self.vision.close()
+        for graph in self._closers:
+            graph.close()
         self.embed_session = None
 
     def embed(self, ids: list[int]) -> np.ndarray:
         """``inputs_embeds`` [1, len(ids), hidden] for token ids."""
         if self.embed_session is None:
-            raise AnyformerError(ErrorCode.BAD_REQUEST, f"{self.vision.label} was disposed")
+            raise AnyformerError(ErrorCode.BAD_REQUEST, f"{self.label} was disposed")
         (embeds,) = self.embed_session.run([self.embed_output], {"input_ids": np.asarray([ids], dtype=np.int64)})
         return np.asarray(embeds)
 
-    def prompt(self, messages: list[Message], thinking: bool) -> tuple[list[int], np.ndarray | None]:
-        """The prompt's token ids (image tokens expanded) and its embeddings; None for a prompt without images."""
-        pictures: list[Any] = []
+    def _marked(self, messages: list[Message]) -> tuple[list[Message], dict[str, list[Any]]]:
+        """The messages with each media block as its stand-in text, and the blocks' values by kind."""
+        found: dict[str, list[Any]] = {block: [] for block in self.kinds}
 
         def swap(block: dict[str, Any]) -> dict[str, Any]:
-            if block["type"] != "image":
+            if block["type"] == "text":
                 return block
-            pictures.append(block["image"])
-            return {"type": "text", "text": self.token}
+            kind = self.kinds.get(block["type"])
+            if kind is None:
+                have, missing = " and ".join(sorted(self.kinds)) or "no media", block["type"]
+                raise AnyformerError(
+                    ErrorCode.BAD_REQUEST,
+                    f"{self.label} reads {have} blocks: it has no {missing} encoder, so no {missing} blocks",
+                )
+            found[kind.block].append(block[kind.block])
+            return {"type": "text", "text": kind.stand_in}
 
         marked: list[Message] = []
         for message in messages:
             content = message["content"]
             marked.append({**message, "content": content if isinstance(content, str) else [swap(b) for b in content]})
-        if len(pictures) > MAX_IMAGES:
-            raise AnyformerError(
-                ErrorCode.BAD_REQUEST, f"{len(pictures)} images; at most {MAX_IMAGES} per conversation"
-            )
+        for block, values in found.items():
+            if len(values) > self.kinds[block].limit:
+                raise AnyformerError(
+                    ErrorCode.BAD_REQUEST,
+                    f"{len(values)} {_NOUNS[block]}; at most {self.kinds[block].limit} per conversation",
+                )
+        return marked, found
+
+    def prompt(self, messages: list[Message], thinking: bool) -> tuple[list[int], np.ndarray | None]:
+        """The prompt's token ids (media tokens expanded) and its embeddings; None for a prompt without media."""
+        marked, found = self._marked(messages)
         ids = list(self.text.tokenizer.encode(self.text.render(marked, thinking), add_special_tokens=False).ids)
-        placed = ids.count(self.token_id)
-        if placed != len(pictures):
-            raise AnyformerError(
-                ErrorCode.BAD_REQUEST,
-                f"the prompt holds {placed} image tokens for {len(pictures)} images (a template that drops or "
-                f"repeats an image, or the text {self.token!r} typed in a message)",
-            )
-        if not pictures:
+        by_token = {kind.token_id: kind for kind in self.kinds.values()}
+        for kind in self.kinds.values():
+            placed = ids.count(kind.token_id)
+            if placed != len(found[kind.block]):
+                raise AnyformerError(
+                    ErrorCode.BAD_REQUEST,
+                    f"the prompt holds {placed} {kind.block} tokens for {len(found[kind.block])} {_NOUNS[kind.block]} "
+                    f"(a template that drops or repeats one, or the text {kind.stand_in!r} typed in a message)",
+                )
+        if not any(found.values()):
             return ids, None
-        features = []
-        for index, picture in enumerate(pictures):
-            (rows,) = self.vision.run(load_image(picture, f"image {index}"), ["image_features"])
-            features.append(rows.reshape(-1, rows.shape[-1]))
+        # Each block's features, in prompt order (the template keeps the messages' order).
+        features = {
+            block: [self.kinds[block].encode(value, f"{block} {index}") for index, value in enumerate(values)]
+            for block, values in found.items()
+        }
         expanded: list[int] = []
-        starts: list[int] = []
+        spliced: list[tuple[int, np.ndarray]] = []
+        used = dict.fromkeys(found, 0)
         for token in ids:
-            if token == self.token_id:
-                starts.append(len(expanded))
-                expanded.extend([token] * features[len(starts) - 1].shape[0])
-            else:
+            media = by_token.get(token)
+            if media is None:
                 expanded.append(token)
+                continue
+            rows = features[media.block][used[media.block]]
+            used[media.block] += 1
+            spliced.append((len(expanded), rows))
+            expanded.extend([token] * rows.shape[0])
         embeds = self.embed(expanded).copy()
-        for start, rows in zip(starts, features, strict=True):
+        for start, rows in spliced:
             if rows.shape[-1] != embeds.shape[-1]:
                 raise AnyformerError(
                     ErrorCode.BAD_MODEL,
-                    f"{self.vision.label}: image features of width {rows.shape[-1]}, embeddings of {embeds.shape[-1]}",
+                    f"{self.label}: media features of width {rows.shape[-1]}, embeddings of {embeds.shape[-1]}",
                 )
             embeds[0, start : start + rows.shape[0]] = rows.astype(embeds.dtype)
         return expanded, embeds

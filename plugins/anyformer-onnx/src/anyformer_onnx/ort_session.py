@@ -7,6 +7,9 @@ onnxruntime's own loader has followed external data out of the folder before (SA
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import io
 import os
 from pathlib import Path
 from typing import Any
@@ -28,6 +31,27 @@ def pick_threads(requested: Any = None) -> int:
     return usable_cpu_count()
 
 
+@functools.cache
+def preload_cuda_libraries() -> None:
+    """Load CUDA's and cuDNN's libraries from the ``nvidia-*`` wheels, where they came so, before a session.
+
+    ``pip install onnxruntime-gpu[cuda,cudnn]`` puts them in site-packages, where the dynamic loader does not
+    look; onnxruntime's ``preload_dlls`` (1.21 and later) loads them from there, and does nothing harmful where
+    they come from the system instead. What it prints on a miss is swallowed: the session then falls back to
+    the CPU and the provider it really runs on is what the estimate reports.
+    """
+    import onnxruntime
+
+    preload = getattr(onnxruntime, "preload_dlls", None)
+    if preload is None:
+        return
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        try:
+            preload()
+        except Exception:  # a missing or mismatched wheel only means the system's libraries are used
+            pass
+
+
 def open_session(path: Path, *, provider: str | None = None, threads: int | None = None) -> tuple[Any, str]:
     """Validate ``path`` and its external data, then open an ``InferenceSession``; returns it and its provider.
 
@@ -44,6 +68,8 @@ def open_session(path: Path, *, provider: str | None = None, threads: int | None
     options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.log_severity_level = 3  # errors only: optimizer notes would reach the user's terminal
     providers = [chosen, CPU] if chosen == CUDA else [CPU]
+    if chosen == CUDA:
+        preload_cuda_libraries()
     try:
         session = onnxruntime.InferenceSession(str(path), sess_options=options, providers=providers)
     except MemoryError as exc:

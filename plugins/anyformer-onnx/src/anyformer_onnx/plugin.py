@@ -27,15 +27,17 @@ from anyformer_onnx.graphs import (
     DECODER_STEMS,
     ENCODER_STEMS,
     SPEECH_STEMS,
-    VISION_CHAT_STEMS,
     GraphChoice,
     GraphSet,
     choose_graph,
     choose_graph_set,
+    media_chat_stems,
+    media_encoders,
     module_graphs,
 )
 from anyformer_onnx.runtime import CUDA, INSTALL_HINT, expected_provider, onnxruntime_installed
 from anyformer_onnx.tasks import (
+    AUDIO_TEXT_TO_TEXT,
     CHAT_TASKS,
     DETR_STYLE,
     IMAGE_SEGMENTATION,
@@ -51,6 +53,8 @@ from anyformer_onnx.tasks import (
 
 #: The file every vision task reads its resize, crop and normalisation from.
 PREPROCESSOR_CONFIG = "preprocessor_config.json"
+#: A processor's settings as transformers 5 saves them: its feature extractor nested inside.
+PROCESSOR_CONFIG = "processor_config.json"
 
 #: What speech recognition reads beside its graphs: the log-mel settings, the tokenizer, the prompt tokens.
 SPEECH_FILES = (PREPROCESSOR_CONFIG, "tokenizer.json", "generation_config.json")
@@ -94,12 +98,29 @@ def task_problem(model: Model, task: str) -> tuple[Refusal, str] | None:
     return None
 
 
+#: What a multimodal chat model reads beside text, by encoder graph.
+MEDIA_INPUTS = {"vision_encoder": "image", "audio_encoder": "audio"}
+
+
+def media_problem(model: Model, task: str, encoders: tuple[str, ...]) -> tuple[Refusal, str] | None:
+    """Why a chat task does not fit the repo's media encoders and their processor files (None when it does)."""
+    if task == IMAGE_TEXT_TO_TEXT and "vision_encoder" not in encoders:
+        return Refusal.MODEL, "image-text-to-text needs a vision_encoder graph beside embed_tokens and a decoder"
+    if task == AUDIO_TEXT_TO_TEXT and "audio_encoder" not in encoders:
+        return Refusal.MODEL, "audio-text-to-text needs an audio_encoder graph beside embed_tokens and a decoder"
+    if "vision_encoder" in encoders and model.file(PREPROCESSOR_CONFIG) is None:
+        return Refusal.FORMAT, f"image chat needs {PREPROCESSOR_CONFIG}, absent here"
+    if "audio_encoder" in encoders and model.file(PREPROCESSOR_CONFIG) is None and model.file(PROCESSOR_CONFIG) is None:
+        return Refusal.FORMAT, f"audio chat needs the feature extractor's {PREPROCESSOR_CONFIG} (or {PROCESSOR_CONFIG})"
+    return None
+
+
 def choose_graphs(model: Model, task: str, device: str, wanted: str | None) -> GraphChoice | GraphSet | None:
     """The graph (or, for speech, the set of graphs) a load of ``task`` reads; None when none is at a known path."""
     if task == SPEECH_RECOGNITION:
         return choose_graph_set(model, SPEECH_STEMS, device, wanted)
     if task in CHAT_TASKS and module_graphs(model):
-        return choose_graph_set(model, VISION_CHAT_STEMS, device, wanted)
+        return choose_graph_set(model, media_chat_stems(model), device, wanted)
     return choose_graph(model, stems_for(task), device, wanted)
 
 
@@ -129,23 +150,15 @@ def can_run(model: Model, caps: Caps, request: Request) -> Verdict:
     modules = module_graphs(model)
     if modules and task not in CHAT_TASKS:
         return Verdict.refuse(BACKEND_ID, Refusal.MODEL, f"one graph per module ({modules[0]}…): read for chat only")
-    if modules and choice is None:
-        needed = ", ".join(VISION_CHAT_STEMS)
+    encoders = media_encoders(model)
+    if modules and (choice is None or not encoders):
         return Verdict.refuse(
             BACKEND_ID,
             Refusal.MODEL,
-            f"one graph per module ({', '.join(modules)}): this backend reads {needed} of one precision "
-            "(audio and speech encoders are not read)",
+            f"one graph per module ({', '.join(modules)}): this backend reads embed_tokens, decoder_model_merged "
+            "and a vision_encoder, an audio_encoder or both, all of one precision (a speech_encoder is not read)",
         )
-    if modules and model.file(PREPROCESSOR_CONFIG) is None:
-        return Verdict.refuse(BACKEND_ID, Refusal.FORMAT, f"image chat needs {PREPROCESSOR_CONFIG}, absent here")
-    if task == IMAGE_TEXT_TO_TEXT and not modules:
-        return Verdict.refuse(
-            BACKEND_ID,
-            Refusal.MODEL,
-            "image-text-to-text needs a vision_encoder graph beside embed_tokens and a decoder",
-        )
-    problem = task_problem(model, task)
+    problem = media_problem(model, task, encoders) or task_problem(model, task)
     if problem is not None:
         return Verdict.refuse(BACKEND_ID, *problem)
     if choice is None:
@@ -172,6 +185,7 @@ def can_run(model: Model, caps: Caps, request: Request) -> Verdict:
     }
     if chat:
         details["context"] = context
+        details["inputs"] = ["text", *(MEDIA_INPUTS[stem] for stem in encoders)]
     if on_gpu:
         budget = request.budget_or(caps.gpu_bytes)
         if need > budget:

@@ -15,11 +15,13 @@ SPEECH_RECOGNITION = "automatic-speech-recognition"
 IMAGE_SEGMENTATION = "image-segmentation"
 DEPTH_ESTIMATION = "depth-estimation"
 IMAGE_TEXT_TO_TEXT = "image-text-to-text"
+AUDIO_TEXT_TO_TEXT = "audio-text-to-text"
 
 #: Tasks this version runs: chat through ``generate``; the others through ``run``.
 TASKS = (
     TEXT_GENERATION,
     IMAGE_TEXT_TO_TEXT,
+    AUDIO_TEXT_TO_TEXT,
     FEATURE_EXTRACTION,
     SENTENCE_SIMILARITY,
     TEXT_CLASSIFICATION,
@@ -30,8 +32,8 @@ TASKS = (
     DEPTH_ESTIMATION,
     SPEECH_RECOGNITION,
 )
-#: Tasks that chat through ``generate``: a text-only decoder, or one graph per module with a vision encoder.
-CHAT_TASKS = (TEXT_GENERATION, IMAGE_TEXT_TO_TEXT)
+#: Tasks that chat through ``generate``: a text-only decoder, or one graph per module with a vision or audio encoder.
+CHAT_TASKS = (TEXT_GENERATION, IMAGE_TEXT_TO_TEXT, AUDIO_TEXT_TO_TEXT)
 #: Tasks whose graph takes ``pixel_values``, prepared as ``preprocessor_config.json`` says.
 IMAGE_TASKS = (IMAGE_CLASSIFICATION, OBJECT_DETECTION, IMAGE_SEGMENTATION, DEPTH_ESTIMATION)
 #: Speech models (config.json ``model_type``) whose encoder-decoder export and log-mel front end are read.
@@ -62,6 +64,7 @@ _ARCHITECTURE_TASKS = (
     ("WhisperForConditionalGeneration", SPEECH_RECOGNITION),
     ("ForSpeechSeq2Seq", SPEECH_RECOGNITION),
     ("ForCTC", SPEECH_RECOGNITION),
+    ("AudioForConditionalGeneration", AUDIO_TEXT_TO_TEXT),  # Qwen2-Audio
     ("ForConditionalGeneration", IMAGE_TEXT_TO_TEXT),
     ("Model", FEATURE_EXTRACTION),
 )
@@ -77,8 +80,11 @@ def task_of(model: Model, requested: str | None) -> str:
         return FEATURE_EXTRACTION
     if model.config.get("model_type") in WHISPER_STYLE:  # its repos hold a decoder_model_merged too
         return SPEECH_RECOGNITION
-    if any(f.name.rsplit("/", 1)[-1].startswith("vision_encoder") for f in model.files):
-        return IMAGE_TEXT_TO_TEXT  # one graph per module with a vision encoder: chat with images
+    stems = [f.name.rsplit("/", 1)[-1] for f in model.files]
+    if any(stem.startswith("vision_encoder") for stem in stems):
+        return IMAGE_TEXT_TO_TEXT  # one graph per module with a vision encoder: chat with images (and audio)
+    if any(stem.startswith("audio_encoder") for stem in stems):
+        return AUDIO_TEXT_TO_TEXT  # one graph per module with an audio encoder only: chat with audio
     if any("decoder_model_merged" in f.name for f in model.files):
         return TEXT_GENERATION
     architectures = model.config.get("architectures")

@@ -25,6 +25,12 @@ struct Params {
     k_off: u32,
     v_off: u32,
     part_off: u32,
+    // Sliding-window attention: a token sees its last window keys (0: every key before it).
+    window: u32,
+    // Where head h's query starts (h * q_stride: head_dim, or 2 head_dim where each query is followed by
+    // its output gate), and whether the output is scaled by sigmoid(gate) (qwen35moe's gated attention).
+    q_stride: u32,
+    gated: u32,
 }
 
 @group(0) @binding(0) var<storage, read> QKV: array<f32>;
@@ -70,20 +76,31 @@ fn reduce_sum(v: f32, lid: u32) -> f32 {
     return out;
 }
 
+// sigmoid of the output gate beside query head h's values (1 where the attention is not gated).
+fn out_gate(qo: u32, d: u32) -> f32 {
+    if (P.gated == 0u) {
+        return 1.0;
+    }
+    return 1.0 / (1.0 + exp(-QKV[qo + P.head_dim + d]));
+}
+
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let h = wid.x;
     let b = wid.y;
     let n = S[0] + b + 1u;
     // This workgroup's keys: j0..j1 (all of them without SPLIT).
-    let j0 = wid.z * CHUNK;
-    if (j0 >= n) {
+    let c0 = wid.z * CHUNK;
+    if (c0 >= n) {
         return;
     }
-    let j1 = min(n, j0 + CHUNK);
+    let j1 = min(n, c0 + CHUNK);
+    // Keys before the window are not seen: a chunk wholly before it leaves an empty partial (max
+    // -3.4e38, sum 0), which the combine weights by 0.
+    let j0 = max(c0, select(0u, n - P.window, P.window != 0u && n > P.window));
     let hd = P.head_dim;
     let kvh = h / (P.n_head / P.n_kv);
-    let qo = b * P.qkv_stride + h * hd;
+    let qo = b * P.qkv_stride + h * P.q_stride;
     let ko = kvh * hd;
     let so = (b * P.n_head + h) * P.ctx;
     for (var d = lid; d < hd; d += WG) {
@@ -135,7 +152,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             if (SPLIT) {
                 partial_out(partial_base(b, h, wid.z) + 2u + d, total_d);
             } else {
-                Out[b * P.out_stride + h * hd + d] = total_d / sum;
+                Out[b * P.out_stride + h * hd + d] = total_d / sum * out_gate(qo, d);
             }
         }
         workgroupBarrier();

@@ -1,4 +1,5 @@
-// Embedding lookup: y[b, :] = the dequantised row Ids[pos + b] of W (quant_*.wgsl prepended).
+// Embedding lookup: y[b, :] = the dequantised row Ids[pos + b] of W (quant_*.wgsl prepended) times
+// scale (1, or Gemma's sqrt(n_embd)).
 // The ids live on the GPU (the sampler writes the next one there), so decoding reads none back.
 
 struct Params {
@@ -6,6 +7,7 @@ struct Params {
     row_bytes: u32,
     units: u32,
     rows: u32,
+    scale: f32,
 }
 
 @group(0) @binding(0) var<storage, read> W: array<u32>;
@@ -25,7 +27,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         let w = unit_w(rb, e0, P.cols);
         for (var i = 0u; i < 8u; i++) {
             if (e0 + i < P.cols) {
-                Y[b * P.cols + e0 + i] = w[i / 4u][i % 4u];
+                Y[b * P.cols + e0 + i] = w[i / 4u][i % 4u] * P.scale;
             }
         }
     }

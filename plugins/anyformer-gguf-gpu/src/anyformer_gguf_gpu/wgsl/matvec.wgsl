@@ -5,7 +5,8 @@
 // Each thread applies every decoded unit to TB tokens: the weights are read once per TB tokens
 // (TB = 1 for decoding, more for prefill, where this is the tiled matrix-matrix product).
 // Workgroups past 65535 spill into wid.y; wid.z picks the group of TB tokens. SWIGLU (a constant)
-// makes the input silu(gate) * up of a [gate | up] row (see x_at); NORM makes it RMSNorm(x) * NormW:
+// makes the input silu(gate) * up of a [gate | up] row (see x_at), GELU with it gelu(gate) * up
+// (Gemma's tanh form); NORM makes it RMSNorm(x) * NormW:
 // the threads of a row see every input of the token while they walk the row, so they sum its
 // squares on the way and the row's dot product is scaled by 1 / RMS at the end (norm_w, defined by
 // the host: the NormW binding exists only in that variant): no separate normalisation pass.
@@ -63,7 +64,12 @@ fn x_at(xo: u32, e: u32) -> f32 {
     // down projection reads the feed-forward's activation without a separate SwiGLU dispatch.
     let i = xo + min(e, P.cols - 1u);
     var v = X[i];
-    if (SWIGLU) {
+    if (SWIGLU && GELU) {
+        // 0.5 v (1 + tanh(u)) is v * sigmoid(2u): exp saturates to 0 or inf where tanh's quotient
+        // form would give inf / inf.
+        let u = 0.7978845608028654 * (v + 0.044715 * v * v * v);
+        v = v / (1.0 + exp(-2.0 * u)) * X[i + P.cols];
+    } else if (SWIGLU) {
         v = v / (1.0 + exp(-v)) * X[i + P.cols];
     }
     return select(0.0, v, e < P.cols);

@@ -1,4 +1,6 @@
 // RMSNorm: y[b, i] = x[b, i] / sqrt(mean(x[b]^2) + eps) * w[i], one workgroup per token.
+// With accumulate, y[b, i] = (y[b, i] + that) * scale: a normalised branch added to the residual and
+// the layer's output scaled (Gemma's post-attention and post-FFN norms, Gemma 4's layer scale).
 
 struct Params {
     n: u32,
@@ -6,8 +8,8 @@ struct Params {
     y_stride: u32,
     eps: f32,
     x_off: u32,
-    pad0: u32,
-    pad1: u32,
+    accumulate: u32,
+    scale: f32,
     pad2: u32,
 }
 
@@ -37,6 +39,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
     let r = inverseSqrt(partial[0] / f32(P.n) + P.eps);
     for (var i = lid; i < P.n; i += WG) {
-        Y[yo + i] = X[xo + i] * r * Wn[i];
+        var v = X[xo + i] * r * Wn[i];
+        if (P.accumulate != 0u) {
+            v = (Y[yo + i] + v) * P.scale;
+        }
+        Y[yo + i] = v;
     }
 }

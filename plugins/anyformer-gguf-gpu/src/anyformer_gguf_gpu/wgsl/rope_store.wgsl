@@ -4,6 +4,7 @@
 // float64 (CS[pos][i] = cos, sin of pos * base^(-2i/n_rot)), so no large-argument sin/cos on the GPU.
 // The caches hold kv_t: f16 where the adapter has shader-f16 (half the memory and traffic), else f32.
 // neox = 0 rotates pairs (2i, 2i+1) (llama), neox = 1 pairs (i, i + n_rot/2) (qwen3, lfm2).
+// v_norm RMS-normalises each v head (no weight) before it is stored (Gemma 4).
 
 struct Params {
     n_head: u32,
@@ -18,6 +19,9 @@ struct Params {
     has_norm: u32,
     eps: f32,
     norm_k_off: u32,
+    v_norm: u32,
+    // Query head h starts at h * q_stride (head_dim, or 2 head_dim where each query is followed by its gate).
+    q_stride: u32,
 }
 
 @group(0) @binding(0) var<storage, read_write> QKV: array<f32>;
@@ -49,7 +53,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let pos = S[0] + b;
     let hd = P.head_dim;
     var kind = 0u;
-    var src = b * P.qkv_stride + h * hd;
+    var src = b * P.qkv_stride + h * P.q_stride;
     var dst = 0u;
     if (h >= P.n_head + P.n_kv) {
         kind = 2u;
@@ -64,7 +68,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         buf[d] = QKV[src + d];
     }
     workgroupBarrier();
-    if (P.has_norm != 0u && kind < 2u) {
+    if ((P.has_norm != 0u && kind < 2u) || (P.v_norm != 0u && kind == 2u)) {
         var acc = 0.0;
         for (var d = lid; d < hd; d += WG) {
             acc += buf[d] * buf[d];
@@ -81,7 +85,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         let wo = select(0u, P.norm_k_off, kind == 1u);
         workgroupBarrier();
         for (var d = lid; d < hd; d += WG) {
-            buf[d] = buf[d] * r * NormW[wo + d];
+            buf[d] = buf[d] * r * select(NormW[wo + d], 1.0, kind == 2u);
         }
         workgroupBarrier();
     }

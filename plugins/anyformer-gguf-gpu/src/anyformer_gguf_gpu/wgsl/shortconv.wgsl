@@ -5,7 +5,9 @@
 // The taps - 1 inputs before the step's first token come from State (rows oldest first), which the
 // thread rewrites with the last taps - 1 inputs when it is done: the state stays on the GPU between
 // steps. A step at position 0 starts from zeros (a new sequence), whatever State held.
-// MAX_TAPS (the window's size) and WG are prepended by the host. Each thread walks its channel's
+// Without GATED (a constant; qwen35moe's delta nets) the input is x alone, the row's first n values,
+// and y = silu(conv(x)).
+// MAX_TAPS (the window's size), GATED and WG are prepended by the host. Each thread walks its channel's
 // tokens in order, so reading and rewriting State never race.
 
 struct Params {
@@ -41,12 +43,20 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     }
     for (var t = 0u; t < P.tokens; t++) {
         let row = t * P.bcx_stride;
-        win[keep] = BCX[row + c] * BCX[row + 2u * P.n + c];
+        if (GATED) {
+            win[keep] = BCX[row + c] * BCX[row + 2u * P.n + c];
+        } else {
+            win[keep] = BCX[row + c];
+        }
         var acc = 0.0;
         for (var j = 0u; j <= keep; j++) {
             acc += Taps[c * P.taps + j] * win[j];
         }
-        Y[t * P.y_stride + c] = BCX[row + P.n + c] * acc;
+        if (GATED) {
+            Y[t * P.y_stride + c] = BCX[row + P.n + c] * acc;
+        } else {
+            Y[t * P.y_stride + c] = acc / (1.0 + exp(-acc));
+        }
         for (var j = 0u; j < keep; j++) {
             win[j] = win[j + 1u];
         }

@@ -1,0 +1,319 @@
+"""Gemma 4's MoE (``gemma4``) on wgpu: the graph of :mod:`~anyformer_diskformer.cpu_gemma4` with the GPU engine's
+dense weights, KV cache and expert slots.
+
+Per layer, in one submission: q, k and v (k's weights again in v's place where the layer has no v
+projection) with the attention norm fused into the product; rope_store norms q and k with their
+weights, rotates them (NEOX, over the layer's rotary width, from the sliding or the full layers'
+table) and stores k and v, v RMS-normalised without a weight; attention at scale 1, a sliding layer
+seeing its last ``n_swa`` keys; the output product into a buffer of its own whose RMSNorm
+(``post_attention_norm``) is added to the residual. Then the dense GELU MLP (``ffn_norm`` fused into
+gate and up) and, on a MoE layer, the router: its input normalised without weight, times
+``ffn_gate_inp.scale`` / sqrt(n_embd), folded into the product's norm weights; the next layer's
+router on the same residual is the prefetcher's guess. The host routes as the CPU engine (softmax,
+top-k, renormalised), and the chosen experts run at the start of the next submission: gate and up
+normalise the residual with ``pre_ffw_norm_2`` themselves, the router weight and the expert's
+``ffn_down_exps.scale`` folded into up's norm weights, and each down product (GELU-gated) adds into
+a buffer zeroed for the layer. Three RMSNorms finish the layer: the MLP's (``post_ffw_norm_1``) plus
+the experts' (``post_ffw_norm_2``), then that sum's (``post_ffw_norm``) added to the residual and
+scaled by ``layer_output_scale``. A layer without a router adds its MLP's norm alone, with nothing
+read back. The embeddings are scaled by sqrt(n_embd) in the lookup, and the final soft-cap (a tanh
+over the vocabulary) is applied to the logits as they are read back.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from anyformer_diskformer.expert_cache import ExpertCache
+from anyformer_diskformer.expert_reader import expert_spans
+from anyformer_diskformer.gemma4_config import Gemma4Config
+from anyformer_diskformer.gpu_engine import GpuMoEEngine, GpuSlots
+from anyformer_diskformer.moe_config import EXPERT_TENSORS
+from anyformer_diskformer.prefetch import likely_experts
+from anyformer_diskformer.routing import route
+from anyformer_gguf_gpu.gguf_file import GGUFFile
+from anyformer_gguf_gpu.kernels import Dispatch
+from anyformer_gguf_gpu.quants import QuantFormat, dequantize
+from anyformer_gguf_gpu.transformer import Weight, cos_sin_table
+
+
+class Gemma4GpuEngine(GpuMoEEngine):
+    """A loaded Gemma 4 MoE on one GPU: a KV cache per layer in that layer's head width, experts in GPU slots."""
+
+    config: Gemma4Config
+
+    def _build(self, gguf: GGUFFile, make_cache: Callable[[GpuSlots], ExpertCache[int]]) -> None:
+        c, ctx = self.config, self.ctx
+        self._load_gemma4(gguf)
+        spans = expert_spans(gguf.header, c.n_layer, c.n_expert)
+        slab = tuple(max(span.stride for (_, k), span in spans.items() if k == kind) for kind in EXPERT_TENSORS)
+        self.slots = GpuSlots(self, (slab[0], slab[1], slab[2]))
+        #: The expert cache, its store the GPU slots.
+        self.cache = make_cache(self.slots)
+        if self.trace is not None:
+            self.cache.take_accesses()  # start recording
+        buf, e = self._buffer, 4 * c.n_embd
+        widest = max(c.heads[i] * c.head_dims[i] + 2 * c.kv_heads[i] * c.head_dims[i] for i in range(c.n_layer))
+        self.h = buf(e, "residual")
+        self.qkv = buf(4 * widest, "qkv")
+        self.attn = buf(4 * max(h * d for h, d in zip(c.heads, c.head_dims, strict=True)), "attention")
+        self.attn_out = buf(e, "attention-output")
+        self.gate_up = buf(8 * max(c.n_ff_exp, *c.ffs), "gate-up")
+        self.mlp = buf(e, "mlp")
+        self.routed = buf(e, "experts")
+        self.ffn_sum = buf(e, "ffn")
+        self.zeros = self._upload(np.zeros(c.n_embd, dtype=np.float32), "zeros")
+        # This layer's router logits, then the next layer's router on this layer's residual: the prefetcher's guess.
+        self.router = buf(8 * c.n_expert, "router")
+        self.logits = buf(4 * c.n_vocab, "logits")
+        self.scores = buf(4 * max(c.heads) * ctx, "scores")
+        self.ids = buf(4 * (ctx + 1), "ids")
+        self.state = buf(16, "state")
+        self.gate_norm = buf(e, "gate-norm")
+        self.k_cache = [buf(4 * ctx * c.kv_heads[i] * c.head_dims[i], f"k{i}") for i in range(c.n_layer)]
+        self.v_cache = [buf(4 * ctx * c.kv_heads[i] * c.head_dims[i], f"v{i}") for i in range(c.n_layer)]
+        factors = self._host.get("rope_freqs.weight")
+        swa_rot = max((c.rots[i] for i in range(c.n_layer) if c.swa[i]), default=2)
+        self._tables = {
+            True: self._upload(cos_sin_table(ctx, swa_rot, c.rope_base_swa), "rope-swa"),
+            False: self._upload(
+                cos_sin_table(ctx, c.n_rot, c.rope_base, None if factors is None else factors[: c.n_rot // 2]),
+                "rope-full",
+            ),
+        }
+        embd = self._weights["token_embd.weight"]
+        self._embed = self.kernels.embed(
+            embd.buffer, embd.fmt, embd.rows, embd.cols, self.ids, self.h, self.state, 1, scale=math.sqrt(c.n_embd)
+        )
+        self._layers = [self._attention_dispatches(i) + self._mlp_dispatches(i) for i in range(c.n_layer)]
+        self._routers = [self._router_dispatches(i) if c.moe[i] else [] for i in range(c.n_layer)]
+        self._finish = [self._finish_dispatches(i) for i in range(c.n_layer)]
+        head = self._weights["token_embd.weight" if c.tied_output else "output.weight"]
+        self._head = self._mv(head, self.h, self.logits, norm=self._norms["output_norm.weight"], eps=c.eps)
+
+    def _load_gemma4(self, gguf: GGUFFile) -> None:
+        """Matrices as stored (q/k/v and gate/up stacked where they can be), vectors as f32 on the GPU and host."""
+        c = self.config
+        matrices: list[tuple[str, list[str]]] = [("token_embd.weight", ["token_embd.weight"])]
+        if not c.tied_output:
+            matrices.append(("output.weight", ["output.weight"]))
+        for i in range(c.n_layer):
+            p = f"blk.{i}."
+            # A layer without v takes its keys as values: k's product again, in v's place.
+            qkv = [p + "attn_q.weight", p + "attn_k.weight", p + ("attn_v.weight" if c.has_v[i] else "attn_k.weight")]
+            if Weight.can_stack(self.gpu, gguf, qkv):
+                matrices.append((p + "attn_qkv", qkv))
+            else:
+                matrices += [(p + f"attn_{n}", [name]) for n, name in zip("qkv", qkv, strict=True)]
+            gate_up = [p + "ffn_gate.weight", p + "ffn_up.weight"]
+            if Weight.can_stack(self.gpu, gguf, gate_up):
+                matrices.append((p + "ffn_gate_up", gate_up))
+            else:
+                matrices += [(p + "ffn_gate", gate_up[:1]), (p + "ffn_up", gate_up[1:])]
+            names = ["attn_output.weight", "ffn_down.weight"] + (["ffn_gate_inp.weight"] if c.moe[i] else [])
+            matrices += [(p + n, [p + n]) for n in names]
+        for name, parts in matrices:
+            weight = Weight(self.gpu, gguf, parts)
+            self._owned.append(weight.buffer)
+            self._weights[name] = weight
+        #: Every vector (norms, scales, rotary factors) as f32 on the host; norms on the GPU too.
+        self._host: dict[str, np.ndarray] = {}
+        self._norms: dict[str, Any] = {}
+        for t in gguf.header.tensors:
+            if len(t.dims) == 1:
+                values = dequantize(gguf.raw(t.name), t.ggml_type).astype(np.float32)
+                self._host[t.name] = values
+                if "norm" in t.name:
+                    self._norms[t.name] = self._upload(values, t.name)
+        self._qk_norms = [
+            self._upload(
+                np.concatenate([self._host[f"blk.{i}.attn_q_norm.weight"], self._host[f"blk.{i}.attn_k_norm.weight"]]),
+                f"qk-norm{i}",
+            )
+            for i in range(c.n_layer)
+        ]
+        # The router reads the residual normalised without weight, over sqrt(n_embd), times its scale: one
+        # weight vector for the product's fused norm.
+        inv = np.float32(1.0 / np.sqrt(c.n_embd))
+        self._router_norms = {
+            i: self._upload(self._host[f"blk.{i}.ffn_gate_inp.scale"] * inv, f"router-norm{i}")
+            for i in range(c.n_layer)
+            if c.moe[i]
+        }
+
+    # Dispatches, built once.
+
+    def _attention_dispatches(self, i: int) -> list[Dispatch]:
+        """Layer ``i``'s attention, its normalised output added to the residual."""
+        c, p, k = self.config, f"blk.{i}.", self.kernels
+        heads, kv_heads, d = c.heads[i], c.kv_heads[i], c.head_dims[i]
+        q_dim, kv_dim = heads * d, kv_heads * d
+        norm = {"norm": self._norms[p + "attn_norm.weight"], "eps": c.eps}
+        out: list[Dispatch] = []
+        if p + "attn_qkv" in self._weights:
+            out.append(self._mv(self._weights[p + "attn_qkv"], self.h, self.qkv, **norm))
+        else:
+            for name, off in (("attn_q", 0), ("attn_k", q_dim), ("attn_v", q_dim + kv_dim)):
+                w = self._weights[p + name]
+                out.append(self._mv(w, self.h, self.qkv, y_off=off, y_stride=q_dim + 2 * kv_dim, **norm))
+        out.append(
+            k.rope_store(
+                self.qkv,
+                self.k_cache[i],
+                self.v_cache[i],
+                self._tables[c.swa[i]],
+                self._qk_norms[i],
+                self.state,
+                n_head=heads,
+                n_kv=kv_heads,
+                head_dim=d,
+                n_rot=c.rots[i],
+                neox=True,
+                qk_norm=True,
+                eps=c.eps,
+                v_norm=True,
+            )
+        )
+        out.append(
+            k.attention(
+                self.qkv,
+                self.k_cache[i],
+                self.v_cache[i],
+                self.attn,
+                self.scores,
+                self.state,
+                n_head=heads,
+                n_kv=kv_heads,
+                head_dim=d,
+                ctx=self.ctx,
+                scale=1.0,  # Gemma 4 scales its scores by 1
+                window=c.n_swa if c.swa[i] else 0,
+            )
+        )
+        out.append(self._mv(self._weights[p + "attn_output.weight"], self.attn, self.attn_out))
+        norm_w = self._norms[p + "post_attention_norm.weight"]
+        out.append(k.rmsnorm(self.attn_out, norm_w, self.h, c.n_embd, c.eps, accumulate=True))
+        return out
+
+    def _mlp_dispatches(self, i: int) -> list[Dispatch]:
+        """Layer ``i``'s dense GELU MLP of the residual (``ffn_norm`` fused into gate and up) into ``mlp``."""
+        c, p = self.config, f"blk.{i}."
+        n_ff, norm = c.ffs[i], {"norm": self._norms[p + "ffn_norm.weight"], "eps": c.eps}
+        if p + "ffn_gate_up" in self._weights:
+            out = [self._mv(self._weights[p + "ffn_gate_up"], self.h, self.gate_up, **norm)]
+        else:
+            out = [
+                self._mv(self._weights[p + "ffn_gate"], self.h, self.gate_up, **norm),
+                self._mv(self._weights[p + "ffn_up"], self.h, self.gate_up, y_off=n_ff, **norm),
+            ]
+        out.append(self._mv(self._weights[p + "ffn_down.weight"], self.gate_up, self.mlp, swiglu=True, gelu=True))
+        return out
+
+    def _router_dispatches(self, i: int) -> list[Dispatch]:
+        """Layer ``i``'s router logits, and the next MoE layer's on the same residual where a prefetcher guesses."""
+        c = self.config
+        out = [self._mv(self._weights[f"blk.{i}.ffn_gate_inp.weight"], self.h, self.router, **self._router_norm(i))]
+        if self.cache.prefetcher is not None and i + 1 < c.n_layer and c.moe[i + 1]:
+            w = self._weights[f"blk.{i + 1}.ffn_gate_inp.weight"]
+            out.append(self._mv(w, self.h, self.router, y_off=c.n_expert, **self._router_norm(i + 1)))
+        return out
+
+    def _router_norm(self, i: int) -> dict[str, Any]:
+        return {"norm": self._router_norms[i], "eps": self.config.eps}
+
+    def _finish_dispatches(self, i: int) -> list[Dispatch]:
+        """The layer's FFN output normalised into the residual, scaled by the layer's output scale."""
+        c, p, k = self.config, f"blk.{i}.", self.kernels
+        scale = float(self._host[p + "layer_output_scale.weight"][0]) if c.out_scale[i] else 1.0
+        post = self._norms[p + "post_ffw_norm.weight"]
+        if not c.moe[i]:
+            return [k.rmsnorm(self.mlp, post, self.h, c.n_embd, c.eps, accumulate=True, scale=scale)]
+        return [
+            k.rmsnorm(self.mlp, self._norms[p + "post_ffw_norm_1.weight"], self.ffn_sum, c.n_embd, c.eps),
+            k.rmsnorm(
+                self.routed, self._norms[p + "post_ffw_norm_2.weight"], self.ffn_sum, c.n_embd, c.eps, accumulate=True
+            ),
+            k.rmsnorm(self.ffn_sum, post, self.h, c.n_embd, c.eps, accumulate=True, scale=scale),
+        ]
+
+    def ffn_dispatches(
+        self, gate_up: list[tuple[Any, QuantFormat]], down: tuple[Any, QuantFormat], up_norm: Any, n_ff: int
+    ) -> list[Dispatch]:
+        """One GELU expert of the residual: gate (``pre_ffw_norm_2``), up (``up_norm``), down added to the experts'
+        sum."""
+        c, k = self.config, self.kernels
+        (gate, gate_fmt), (up, up_fmt) = gate_up
+        return [
+            k.matvec(gate, gate_fmt, n_ff, c.n_embd, self.h, self.gate_up, norm=self.gate_norm, eps=c.eps),
+            k.matvec(up, up_fmt, n_ff, c.n_embd, self.h, self.gate_up, y_off=n_ff, norm=up_norm, eps=c.eps),
+            k.matvec(
+                down[0], down[1], c.n_embd, n_ff, self.gate_up, self.routed, accumulate=True, swiglu=True, gelu=True
+            ),
+        ]
+
+    # Steps.
+
+    def _step(self, pos: int, *, head: bool) -> np.ndarray | None:
+        c, gpu = self.config, self.gpu
+        gpu.write(self.state, np.array([pos, 1, 0, 0], dtype=np.uint32))
+        pending = [self._embed]
+        for layer in range(c.n_layer):
+            pending += self._layers[layer]
+            if not c.moe[layer]:
+                pending += self._finish[layer]  # nothing to route: nothing read back
+                continue
+            # The experts' sum starts from zero: the copy runs after this submission's dispatches.
+            self.kernels.run(pending + self._routers[layer], [(self.zeros, 0, self.routed, 0, 4 * c.n_embd)])
+            prefetcher = self.cache.prefetcher
+            guessing = prefetcher is not None and len(self._routers[layer]) > 1
+            logits = gpu.read(self.router, np.float32, 2 * c.n_expert if guessing else c.n_expert)
+            if prefetcher is not None and guessing:
+                likely = likely_experts(logits[None, c.n_expert :], c.n_expert_used, prefetcher.width)
+                self.cache.expect(layer + 1, likely)
+                prefetcher.request(layer + 1, likely, self.cache)
+            chosen, weights = route(logits[None, : c.n_expert], c.n_expert_used, True)
+            experts = [int(e) for e in chosen[0]]
+            slots = self.cache.fetch(layer, experts)
+            p = f"blk.{layer}."
+            norm = self._host[p + "pre_ffw_norm_2.weight"]
+            scales = self._host.get(p + "ffn_down_exps.scale")
+            gpu.write(self.gate_norm, norm)
+            pending = []
+            for slot, expert, weight in zip(slots, experts, weights[0], strict=True):
+                # The router weight and the expert's output scale, folded into up's norm weights (both linear).
+                factor = weight * (scales[expert] if scales is not None else np.float32(1.0))
+                pending += self.slots.dispatches(slot, norm * np.float32(factor))
+            pending += self._finish[layer]
+        if not head:
+            self.kernels.run(pending)
+            return None
+        self.kernels.run([*pending, self._head])
+        logits = gpu.read(self.logits, np.float32, c.n_vocab)
+        if c.softcap:
+            cap = np.float32(c.softcap)
+            logits = (np.tanh(logits / cap) * cap).astype(np.float32)
+        return logits
+
+    def _kv_bytes(self, n: int) -> list[int]:
+        c = self.config
+        return [4 * n * c.kv_heads[i] * c.head_dims[i] for i in range(c.n_layer)]
+
+    def checkpoint(self, n: int) -> list[Any]:
+        """GPU copies of every layer's keys and values of positions 0..n-1 (see :meth:`restore`)."""
+        sizes = self._kv_bytes(n) * 2
+        saved = [self._buffer(max(4, size), "kv-checkpoint") for size in sizes]
+        caches = self.k_cache + self.v_cache
+        copies = [(cache, 0, copy, 0, size) for cache, copy, size in zip(caches, saved, sizes, strict=True) if size]
+        self.kernels.run([], copies)
+        return saved
+
+    def restore(self, saved: list[Any], n: int) -> None:
+        """Put back the first ``n`` positions of a :meth:`checkpoint` (queued before the next step)."""
+        sizes = self._kv_bytes(n) * 2
+        caches = self.k_cache + self.v_cache
+        copies = [(copy, 0, cache, 0, size) for cache, copy, size in zip(caches, saved, sizes, strict=True) if size]
+        self.kernels.run([], copies)
