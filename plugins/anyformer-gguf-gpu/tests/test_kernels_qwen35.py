@@ -88,7 +88,7 @@ def test_ungated_shortconv_is_silu_of_the_causal_convolution(gpu, rng, n, n_taps
     at position 0."""
     from anyformer_gguf_gpu.kernels import Kernels
 
-    conv = ShortConvKernel(gpu, gated=False)
+    conv = ShortConvKernel(Kernels(gpu), gated=False)
     stride = n + 5
     total = sum(steps)
     rows = rng.standard_normal((total, stride)).astype(np.float32)

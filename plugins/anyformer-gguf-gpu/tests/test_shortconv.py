@@ -12,20 +12,20 @@ from anyformer_gguf_gpu.shortconv import ShortConvKernel
 
 @pytest.fixture(scope="module")
 def conv(gpu) -> ShortConvKernel:
-    return ShortConvKernel(gpu)
+    from anyformer_gguf_gpu.kernels import Kernels
+
+    return ShortConvKernel(Kernels(gpu))
 
 
 def _run(gpu, conv, bcx: np.ndarray, taps: np.ndarray, state, pos: int) -> np.ndarray:
     """One step over bcx's rows at ``pos``; returns y (the state buffer is updated in place)."""
-    from anyformer_gguf_gpu.kernels import Kernels
-
     tokens, n = bcx.shape[0], bcx.shape[1] // 3
     bcx_buf = gpu.upload(bcx.astype(np.float32))
     taps_buf = gpu.upload(taps.astype(np.float32))
     y = gpu.buffer(tokens * n * 4)
     pos_state = gpu.upload(np.array([pos, tokens, 0, 0], dtype=np.uint32))
     d = conv.dispatch(bcx_buf, taps_buf, state, y, pos_state, n=n, n_taps=taps.shape[1], tokens=tokens)
-    Kernels(gpu).run([d])
+    conv.kernels.run([d])
     return gpu.read(y, np.float32, tokens * n).reshape(tokens, n)
 
 

@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 from numpy_reference import forward
 
+from anyformer.plugin import AnyformerError, ErrorCode
 from anyformer_gguf_gpu.decode import greedy
 from anyformer_gguf_gpu.gguf_file import GGUFFile
 from anyformer_gguf_gpu.testing import RandomModel, write_random_gguf
@@ -174,6 +175,24 @@ def test_native_encoding_gives_what_the_public_api_gives(engine):
         kernels.native_calls = calls
     np.testing.assert_array_equal(native[0], public[0])
     assert native[1] == public[1]
+
+
+def test_a_wrong_binding_encoded_natively_is_an_error_not_a_log_line(engine):
+    """The native encoder calls wgpu-native's functions without wgpu-py's per-call error capture (one capture
+    covers the pass; wgpu-native may also report at the pass's end): a bind group that does not fit its
+    pipeline still fails the run as a BACKEND_CRASHED error rather than a logged line, and the engine runs on."""
+    kernels = engine.kernels
+    if kernels.native_calls is None:
+        pytest.skip("wgpu-py's native backend functions are not reachable here")
+    step = engine.program(1, head=True, sample=False)
+    matvec = next(d for d in step if d.name == "matvec")
+    other = next(d for d in step if d.pipeline is not matvec.pipeline and d.name != "embed")
+    wrong = dataclasses.replace(matvec, bind_group=other.bind_group)
+    assert wrong.native is not None and wrong.native[1] is other.native[1]  # encoded natively, with the wrong group
+    with pytest.raises(AnyformerError) as caught:
+        kernels.run([wrong])
+    assert caught.value.code == ErrorCode.BACKEND_CRASHED
+    assert len(list(greedy(engine, PROMPT, 3))) == 3
 
 
 def test_sampling_on_the_gpu_is_seeded_and_top_k_one_is_greedy(engine):

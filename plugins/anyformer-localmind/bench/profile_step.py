@@ -5,13 +5,17 @@ Measured on the adapter wgpu picks, over a GGUF (``--model``) or random weights 
 - the same steps as separate submissions with one wait at the end (what the GPU sustains when never waited on);
 - GPU time of each kernel kind alone (its dispatches of one step, repeated), and of as many dispatches as a
   step has of the cheapest kind (the per-dispatch floor: launch plus the barrier between dispatches);
-- host time to encode one step without submitting it;
+- host time to encode one step as the engine does (its submissions waited for every 8 steps), and through
+  wgpu-py's public API without submitting it;
 - the greedy loop at several read-back lags and decode steps per submission, with the time spent encoding,
   submitting and waiting for read-backs.
 
 Kernels repeated out of order write garbage into the KV cache and residual; only the timings matter here.
+``--encode-only`` leaves out the GPU timings and runs the greedy loop at its defaults only: the host's
+figures, which hardly depend on the GPU, on a software adapter (lavapipe) in reasonable time.
 
     python plugins/anyformer-localmind/bench/profile_step.py [--model PATH | --random-smollm2] [--reps 50]
+        [--tokens 256] [--encode-only]
 """
 
 from __future__ import annotations
@@ -48,7 +52,6 @@ def profile(engine: TransformerEngine, reps: int) -> None:
     """Print the step's GPU time, its split by kernel kind and the dispatch floor."""
     step = engine.program(1, head=True, chained=True)  # a decode step: its input embedded by the step before
     gpu_ms(engine, step, 2)  # warm-up
-    print(f"dispatches per step: {len(step)}")
     whole = min(gpu_ms(engine, step, reps) for _ in range(3))
     print(f"GPU time per step ({reps} steps in one submission): {whole:.3f} ms")
     engine.read_id(0)
@@ -70,6 +73,21 @@ def profile(engine: TransformerEngine, reps: int) -> None:
     _, cheapest, ds = min(rows, key=lambda row: row[0] / len(row[2]))
     floor = gpu_ms(engine, [ds[0]] * len(step), reps)
     print(f"  {len(step)} x one '{cheapest}' dispatch: {floor:.3f} ms (per-dispatch floor)")
+    encode_cost(engine, reps)
+
+
+def encode_cost(engine: TransformerEngine, reps: int) -> None:
+    """Print the host's time to encode one decode step: as the engine encodes it, and through wgpu-py's public API."""
+    step = engine.program(1, head=True, chained=True)
+    kernels = engine.kernels
+    engine.read_id(0)
+    kernels.encode_seconds = 0.0
+    for i in range(reps):
+        kernels.run(step)
+        if i % 8 == 7:
+            engine.read_id(0)  # a few submissions in flight at most, as in decoding
+    engine.read_id(0)
+    print(f"host encode of one step as the engine encodes it: {1e3 * kernels.encode_seconds / reps:.3f} ms")
     start = time.perf_counter()
     for _ in range(reps):
         encoder = engine.gpu.device.create_command_encoder()
@@ -80,10 +98,13 @@ def profile(engine: TransformerEngine, reps: int) -> None:
             compute.dispatch_workgroups(*d.groups)
         compute.end()
         encoder.finish()
-    print(f"host encode of one step, not submitted: {1e3 * (time.perf_counter() - start) / reps:.3f} ms")
+    public = 1e3 * (time.perf_counter() - start) / reps
+    print(f"host encode of one step, wgpu-py's public API, not submitted: {public:.3f} ms")
 
 
-def lag_sweep(engine: TransformerEngine, prompt: list[int], tokens: int) -> None:
+def lag_sweep(
+    engine: TransformerEngine, prompt: list[int], tokens: int, shapes: Sequence[tuple[int, int]] = ()
+) -> None:
     """Run the greedy loop at several read-back lags and steps per submission, timing the read-back waits."""
     read = decode._Staging.read
     waited = [0.0]
@@ -98,7 +119,7 @@ def lag_sweep(engine: TransformerEngine, prompt: list[int], tokens: int) -> None
     decode._Staging.read = timed_read  # type: ignore[method-assign]
     kernels = engine.kernels
     try:
-        for lag, steps in ((1, 1), (2, 1), (2, 2), (2, 4), (2, 8), (3, 4)):
+        for lag, steps in shapes or ((1, 1), (2, 1), (2, 2), (2, 4), (2, 8), (3, 4)):
             decode.LAG, decode.STEPS = lag, steps
             kernels.encode_seconds = kernels.submit_seconds = waited[0] = 0.0
             start = time.perf_counter()
@@ -121,6 +142,7 @@ def main() -> None:
     parser.add_argument("--random-smollm2", action="store_true", help="random weights in SmolLM2's shapes (Q4_1)")
     parser.add_argument("--reps", type=int, default=50)
     parser.add_argument("--tokens", type=int, default=256)
+    parser.add_argument("--encode-only", action="store_true", help="the host's figures only (for a CPU adapter)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         path = args.model
@@ -134,8 +156,13 @@ def main() -> None:
         vocab = engine.config.n_vocab
         prompt = [int(i) for i in np.random.default_rng(0).integers(0, min(vocab, 30000), size=64)]
         list(decode.greedy(engine, prompt, 8))  # warm-up; leaves the cache 72 positions deep
-        profile(engine, args.reps)
-        lag_sweep(engine, prompt[:8], args.tokens)
+        print(f"dispatches per step: {engine.dispatches_per_token}")
+        if args.encode_only:
+            encode_cost(engine, args.reps)
+            lag_sweep(engine, prompt[:8], args.tokens, [(decode.LAG, decode.STEPS)])
+        else:
+            profile(engine, args.reps)
+            lag_sweep(engine, prompt[:8], args.tokens)
         engine.release()
 
 

@@ -8,7 +8,7 @@ import pytest
 
 import anyformer
 from anyformer import AnyformerError, ErrorCode
-from anyformer_gguf_gpu.testing import RandomModel, compiles_counted, write_random_gguf
+from anyformer_gguf_gpu.testing import BINDERS, COMPILERS, RandomModel, compiles_counted, write_random_gguf
 from anyformer_gguf_gpu.testing_lfm2 import RandomLfm2, write_random_lfm2_gguf
 
 COUNT = [{"role": "user", "content": "Count from 1 to 20, separated by commas."}]
@@ -85,7 +85,8 @@ def test_sampling_is_seeded(tiny):
 
 def test_the_kernels_compile_at_load_and_not_on_the_first_tokens(tiny, monkeypatch):
     """The load reports its compilation (``load`` events with message ``compile``, to the end); greedy and
-    sampled replies (top-k, top-p; past 16 keys attention splits) then create no shader or pipeline."""
+    sampled replies (top-k, top-p; past 16 keys attention splits) then create no shader, pipeline, bind group or
+    buffer."""
     from anyformer_gguf_gpu import transformer
 
     monkeypatch.setattr(transformer, "SPLIT_FROM", 16)  # the engine reads it at load: the replies cross it
@@ -96,7 +97,7 @@ def test_the_kernels_compile_at_load_and_not_on_the_first_tokens(tiny, monkeypat
         engine = loaded.handle.engine
         assert engine.split_from == 16
         msgs = [{"role": "user", "content": "hi"}]
-        with compiles_counted(engine.gpu.device) as made:
+        with compiles_counted(engine.gpu.device, (*COMPILERS, *BINDERS)) as made:
             _last(loaded.generate(msgs, max_new_tokens=12))
             _last(loaded.generate(msgs, max_new_tokens=12, temperature=0.9, seed=3, top_k=20, top_p=0.9))
     assert made == []

@@ -50,7 +50,8 @@ class HybridGpuEngine(GpuMoEEngine):
         #: The delta nets' widths: convolution channels ([q | k | v]), output values, projection row.
         self._channels, self._values = 2 * keys + values, values
         self._proj_floats = self._channels + values + 2 * c.ssm_v_heads
-        self._conv_kernel = ShortConvKernel(self.gpu, gated=False)
+        self._conv_kernel = ShortConvKernel(self.kernels, gated=False)
+        self._conv_kernel.compile()
         buf = self._buffer
         self.proj = buf(4 * self._proj_floats, "delta-projections")
         self.conv_out = buf(4 * self._channels, "delta-conv")

@@ -21,11 +21,12 @@ import collections
 import secrets
 import threading
 from collections.abc import Generator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from anyformer_gguf_gpu.transformer import TransformerEngine
+if TYPE_CHECKING:  # the engine imports this module's constants (it makes the read-back ring at load)
+    from anyformer_gguf_gpu.transformer import TransformerEngine
 
 #: Submissions in flight before the host reads ids back (2: the GPU runs one while the host reads the other's).
 LAG = 2
@@ -36,12 +37,12 @@ STEPS = 4
 
 
 class _Staging:
-    """A ring of small host-mappable buffers for ids read back late."""
+    """A ring of small host-mappable buffers for ids read back late (the engine's, made at load)."""
 
     def __init__(self, engine: TransformerEngine, slots: int, nbytes: int) -> None:
         self.engine = engine
         self.nbytes = nbytes
-        self.slots = [engine.gpu.staging(nbytes, label=f"readback{i}") for i in range(slots)]
+        self.slots = engine.readback(slots, nbytes)
         self.next = 0
 
     def take(self) -> Any:

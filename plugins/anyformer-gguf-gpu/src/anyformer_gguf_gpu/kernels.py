@@ -2,17 +2,20 @@
 
 A :class:`Dispatch` is everything one ``dispatch_workgroups`` needs, made when the engine is built,
 so encoding a token is three calls per dispatch (set pipeline, set bind group, dispatch) and no
-allocation. Shapes travel in a small uniform buffer per dispatch; the one value that changes per
+allocation. Shapes travel in a uniform block per dispatch (its own small buffer, or a slice of one
+buffer an engine's step shares: :mod:`anyformer_gguf_gpu.programs`); the one value that changes per
 token (the position) lives in a 16-byte state buffer the host writes before each submission.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import math
 import struct
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from importlib import resources
 from typing import Any
 
@@ -197,41 +200,76 @@ class EmbedNext:
 
 @dataclasses.dataclass(frozen=True)
 class Dispatch:
-    """One compute dispatch, ready to encode."""
+    """One compute dispatch, ready to encode (or, made inside :meth:`Kernels.unbound`, not bound yet)."""
 
     name: str
     pipeline: Any
     bind_group: Any
     groups: tuple[int, int, int]
-    #: The native pipeline and bind group handles wgpu-py keeps (``_internal``), where it has them.
-    handles: tuple[Any, Any] | None = None
+    #: The uniform block (shapes, offsets) and the storage buffers bound around it (None: a binding left out).
+    params: bytes = b""
+    buffers: tuple[Any, ...] = ()
+    #: The binding number of the uniform block among the buffers.
+    uniform_slot: int = 0
+    #: What the native encoder passes (set from the fields above): the pipeline's and bind group's native
+    #: handles (wgpu-py's ``_internal``) and the workgroup counts, or None where a handle is missing.
+    native: tuple[Any, Any, int, int, int] | None = dataclasses.field(default=None, init=False, compare=False)
+
+    def __post_init__(self) -> None:
+        pipeline, group = getattr(self.pipeline, "_internal", None), getattr(self.bind_group, "_internal", None)
+        native = None if pipeline is None or group is None else (pipeline, group, *self.groups)
+        object.__setattr__(self, "native", native)
 
 
-def _handles(pipeline: Any, group: Any) -> tuple[Any, Any] | None:
-    native_pipeline, native_group = getattr(pipeline, "_internal", None), getattr(group, "_internal", None)
-    return None if native_pipeline is None or native_group is None else (native_pipeline, native_group)
+#: A buffer range's keys in a bind group entry.
+_RANGE = ("buffer", "offset", "size")
 
 
-def _native_pass_calls() -> tuple[Any, Any, Any, Any] | None:
-    """wgpu-native's set-pipeline, set-bind-group and dispatch functions and cffi's NULL, where importable.
+@dataclasses.dataclass(frozen=True)
+class NativePass:
+    """wgpu-native's compute-pass functions as cffi exposes them, cffi's NULL, and wgpu-py's error handler."""
 
-    Encoding is the host's share of every token (~150 dispatches): calling these directly skips
-    wgpu-py's per-call wrappers (argument checks, a cffi array for dynamic offsets) and cuts the
-    host's encode time by about a quarter. This reaches into wgpu-py's backend module, so anything
-    unexpected there means the public API is used instead.
+    set_pipeline: Any
+    set_bind_group: Any
+    dispatch: Any
+    null: Any
+    #: Collects what wgpu-native reports during the calls (capture / release), as wgpu-py's wrappers do per call.
+    errors: Any
+
+
+def _native_pass_calls() -> NativePass | None:
+    """wgpu-native's set-pipeline, set-bind-group and dispatch functions, where importable.
+
+    Encoding is the host's share of every token (~150 dispatches). wgpu-py's public methods check
+    their arguments, build a cffi array for dynamic offsets and wrap each native call in an error
+    capture (a thread-local stack push and pop, ~0.4 us a call); the raw functions skip all of that,
+    and the encoder takes one error capture for a whole pass instead (:meth:`Kernels.encode`). This
+    reaches into wgpu-py's backend module, so anything unexpected there means the public API is used.
     """
     try:
         from wgpu.backends.wgpu_native import _api as native  # type: ignore[import-untyped]
 
-        lib = native.libf
-        return (
+        lib, errors = native.lib, native.error_handler
+        if not (callable(getattr(errors, "capture", None)) and callable(getattr(errors, "release", None))):
+            return None
+        return NativePass(
             lib.wgpuComputePassEncoderSetPipeline,
             lib.wgpuComputePassEncoderSetBindGroup,
             lib.wgpuComputePassEncoderDispatchWorkgroups,
             native.ffi.NULL,
+            errors,
         )
     except (ImportError, AttributeError):
         return None
+
+
+def _reported(kind: str, message: str) -> Exception:
+    """The wgpu exception for an error wgpu-native reported (its kind as wgpu-py's error handler names it)."""
+    import wgpu  # type: ignore[import-untyped]
+
+    if kind == "OutOfMemory":
+        return wgpu.GPUOutOfMemoryError(message)
+    return wgpu.GPUValidationError(message) if kind == "Validation" else wgpu.GPUError(message)
 
 
 def _groups_for_rows(rows: int, z: int = 1) -> tuple[int, int, int]:
@@ -317,6 +355,8 @@ class Kernels:
         self.submit_seconds = 0.0
         self.submissions = 0
         self._pipelines: dict[PipelineKey, Any] = {}
+        #: Inside :meth:`unbound`: the kernel methods return dispatches without a bind group or uniform buffer.
+        self._unbound = 0
         #: wgpu-native's pass functions, called directly when encoding (None: wgpu-py's public API).
         self.native_calls = _native_pass_calls()
 
@@ -333,14 +373,32 @@ class Kernels:
         self,
         wanted: Iterable[PipelineKey],
         progress: Callable[[int, int], None] | None = None,
+        *,
+        also: Sequence[Callable[[], Any]] = (),
     ) -> None:
         """Compile every (kernel, quant, tokens_per_thread, swiglu, norm, rope[, split[, gelu]]) pipeline in
-        ``wanted`` now."""
-        todo = [key for key in dict.fromkeys(wanted) if key not in self._pipelines]
-        for done, key in enumerate(todo, 1):
-            self.pipeline(*key)
+        ``wanted`` now.
+
+        ``also`` are other pipelines' compilations (a kernel of an engine's own, as lfm2's convolution),
+        run first and counted in the same progress.
+        """
+        todo: list[Callable[[], Any]] = list(also)
+        todo += [functools.partial(self.pipeline, *key) for key in dict.fromkeys(wanted) if key not in self._pipelines]
+        for done, job in enumerate(todo, 1):
+            job()
             if progress is not None:
                 progress(done, len(todo))
+
+    @contextlib.contextmanager
+    def unbound(self) -> Iterator[None]:
+        """Inside the block the kernel methods return dispatches with no bind group and no uniform buffer of
+        their own (their ``params`` and ``buffers`` kept), for :class:`~anyformer_gguf_gpu.programs.BoundProgram`
+        to bind once at load, or to take a step's shape from."""
+        self._unbound += 1
+        try:
+            yield
+        finally:
+            self._unbound -= 1
 
     def pipeline(
         self,
@@ -390,22 +448,43 @@ class Kernels:
             self._pipelines[key] = found
         return found
 
-    def _dispatch(
-        self, name: str, pipeline: Any, buffers: Sequence[Any], params: bytes, groups: tuple[int, int, int]
+    def dispatch(
+        self,
+        name: str,
+        pipeline: Any,
+        buffers: Sequence[Any],
+        params: bytes,
+        groups: tuple[int, int, int],
+        uniform_slot: int | None = None,
     ) -> Dispatch:
+        """A dispatch of ``pipeline`` over ``buffers`` with the uniform block ``params`` at binding ``uniform_slot``
+        (the kernel's own slot by default); None in ``buffers`` marks a binding a variant does not declare.
+
+        Bound now with a uniform buffer of its own, or left unbound inside :meth:`unbound`.
+        """
+        slot = _UNIFORM_SLOT[name] if uniform_slot is None else uniform_slot
+        spec = Dispatch(name, pipeline, None, groups, params, tuple(buffers), slot)
+        if self._unbound:
+            return spec
         uniform = self.gpu.upload(np.frombuffer(params, dtype=np.uint8), label=f"{name}-params", uniform=True)
+        return self.bind(spec, uniform, 0)
+
+    def bind(self, spec: Dispatch, uniform: Any, offset: int) -> Dispatch:
+        """``spec`` bound: its buffers, and its uniform block read from ``uniform`` at byte ``offset``."""
         entries: list[Any] = []
-        # The uniform sits at the binding after the kernel's first storage buffers (see each .wgsl);
-        # None marks a binding number a variant does not declare.
-        slots = list(buffers)
-        slots.insert(_UNIFORM_SLOT[name], uniform)
+        # The uniform sits at the binding after the kernel's first storage buffers (see each .wgsl).
+        slots: list[Any] = list(spec.buffers)
+        slots.insert(spec.uniform_slot, (uniform, offset, len(spec.params)))
         for index, buf in enumerate(slots):
             if buf is None:
                 continue
-            entries.append({"binding": index, "resource": {"buffer": buf, "offset": 0, "size": buf.size}})
-        with gpu_errors(f"binding the {name} kernel"):
+            whole = not isinstance(buf, tuple)
+            where = {"buffer": buf, "offset": 0, "size": buf.size} if whole else dict(zip(_RANGE, buf, strict=True))
+            entries.append({"binding": index, "resource": where})
+        pipeline = spec.pipeline
+        with gpu_errors(f"binding the {spec.name} kernel"):
             group = self.gpu.device.create_bind_group(layout=pipeline.get_bind_group_layout(0), entries=entries)
-        return Dispatch(name, pipeline, group, groups, _handles(pipeline, group))
+        return dataclasses.replace(spec, bind_group=group)
 
     def matvec(
         self,
@@ -466,7 +545,7 @@ class Kernels:
             buffers += [rope.k_cache, rope.v_cache, rope.cos_sin, rope.state]
         while buffers[-1] is None:
             buffers.pop()
-        return self._dispatch(
+        return self.dispatch(
             "matvec",
             self.pipeline("matvec", fmt.name, tb, swiglu, norm is not None, rope is not None, gelu=gelu),
             buffers,
@@ -491,9 +570,7 @@ class Kernels:
         sqrt(n_embd)), for ``tokens`` tokens."""
         row_bytes = fmt.row_bytes(cols) if fmt.block_size > 1 else cols * fmt.type_size
         params = _u32s(cols, row_bytes, math.ceil(cols / 8), rows, float(scale))
-        return self._dispatch(
-            "embed", self.pipeline("embed", fmt.name), [weight, ids, y, state], params, (tokens, 1, 1)
-        )
+        return self.dispatch("embed", self.pipeline("embed", fmt.name), [weight, ids, y, state], params, (tokens, 1, 1))
 
     def rmsnorm(
         self,
@@ -515,7 +592,7 @@ class Kernels:
         norms), and the sum is then multiplied by ``scale`` (Gemma 4's layer output scale).
         """
         params = _u32s(n, n if x_stride is None else x_stride, n, float(eps), x_off, int(accumulate), float(scale))
-        return self._dispatch("rmsnorm", self.pipeline("rmsnorm"), [x, weight, y], params, (tokens, 1, 1))
+        return self.dispatch("rmsnorm", self.pipeline("rmsnorm"), [x, weight, y], params, (tokens, 1, 1))
 
     def rope_store(
         self,
@@ -565,7 +642,7 @@ class Kernels:
             int(v_norm),
             q_stride,
         )
-        return self._dispatch(
+        return self.dispatch(
             "rope_store",
             self.pipeline("rope_store"),
             [qkv, k_cache, v_cache, cos_sin, norm, state],
@@ -683,7 +760,7 @@ class Kernels:
             n_head, n_kv, head_dim, q_dim + 2 * kv_dim, kv_dim, ctx, out_stride, float(scale), *extra, window,
             q_stride, int(gated),
         )  # fmt: skip
-        return self._dispatch(
+        return self.dispatch(
             name,
             self.pipeline(name, rope=rope is not None, split=split),
             buffers,
@@ -697,7 +774,7 @@ class Kernels:
         """out[t, h*hd:(h+1)*hd] from the partial results a ``split`` :meth:`attention` left in ``scores``."""
         part_off = _partials_offset(scores, tokens, n_head, ctx, head_dim)
         params = _u32s(n_head, head_dim, n_head * head_dim, ctx, part_off)
-        return self._dispatch(
+        return self.dispatch(
             "attention_combine",
             self.pipeline("attention_combine"),
             [scores, out, state],
@@ -732,7 +809,7 @@ class Kernels:
         if head_dim > MAX_HEAD_DIM or v_heads % k_heads:
             raise ValueError(f"delta-net heads of {head_dim} (at most {MAX_HEAD_DIM}), {v_heads} over {k_heads}")
         params = _u32s(k_heads, v_heads, head_dim, z_off, beta_off, alpha_off, float(eps), 0)
-        return self._dispatch(
+        return self.dispatch(
             "delta_rule",
             self.pipeline("delta_rule"),
             [x, proj, vecs, state, out, pos_state],
@@ -743,7 +820,7 @@ class Kernels:
     def swiglu(self, gate_up: Any, y: Any, n: int, *, tokens: int = 1) -> Dispatch:
         """y[t, i] = silu(gate_up[t, i]) * gate_up[t, n + i]."""
         params = _u32s(n, tokens)
-        return self._dispatch(
+        return self.dispatch(
             "swiglu", self.pipeline("swiglu"), [gate_up, y], params, (math.ceil(n / WORKGROUP), tokens, 1)
         )
 
@@ -782,7 +859,7 @@ class Kernels:
             row_bytes = fmt.row_bytes(embed.cols) if fmt.block_size > 1 else embed.cols * fmt.type_size
             shape = (embed.cols, row_bytes, math.ceil(embed.cols / 8), embed.rows)
         pipeline = self.pipeline(name, None if embed is None else embed.fmt.name)
-        return self._dispatch(name, pipeline, buffers, _u32s(n, offset, *shape), (1, 1, 1))
+        return self.dispatch(name, pipeline, buffers, _u32s(n, offset, *shape), (1, 1, 1))
 
     def run(self, dispatches: Sequence[Dispatch], copies: Sequence[Copy] = ()) -> None:
         """Encode ``dispatches`` in one compute pass, then ``copies`` (src, src_off, dst, dst_off, n); submit once."""
@@ -795,41 +872,57 @@ class Kernels:
 
         Several decode steps go in one submission this way, each pass preceded by the copy that sets its position.
         """
-        device = self.gpu.device
         start = time.perf_counter()
         with gpu_errors("running the kernels"):
-            encoder = device.create_command_encoder()
-            for before, dispatches in passes:
-                for src, src_off, dst, dst_off, n in before:
-                    encoder.copy_buffer_to_buffer(src, src_off, dst, dst_off, n)
-                compute = encoder.begin_compute_pass()
-                native = getattr(compute, "_internal", None) if self.native_calls is not None else None
-                if native is not None and self.native_calls is not None:
-                    set_pipeline, set_group, dispatch, null = self.native_calls
-                    for d in dispatches:
-                        handles = d.handles
-                        if handles is None:
-                            compute.set_pipeline(d.pipeline)
-                            compute.set_bind_group(0, d.bind_group)
-                            compute.dispatch_workgroups(*d.groups)
-                            continue
-                        set_pipeline(native, handles[0])
-                        set_group(native, 0, handles[1], 0, null)
-                        dispatch(native, *d.groups)
-                else:
-                    for d in dispatches:
-                        compute.set_pipeline(d.pipeline)
-                        compute.set_bind_group(0, d.bind_group)
-                        compute.dispatch_workgroups(*d.groups)
-                compute.end()
-            for src, src_off, dst, dst_off, n in copies:
-                encoder.copy_buffer_to_buffer(src, src_off, dst, dst_off, n)
-            commands = encoder.finish()
+            commands = self.encode(passes, copies)
             encoded = time.perf_counter()
-            device.queue.submit([commands])
+            self.gpu.device.queue.submit([commands])
         self.encode_seconds += encoded - start
         self.submit_seconds += time.perf_counter() - encoded
         self.submissions += 1
+
+    def encode(self, passes: Sequence[tuple[Sequence[Copy], Sequence[Dispatch]]], copies: Sequence[Copy] = ()) -> Any:
+        """The command buffer :meth:`run_passes` submits (wgpu's exceptions are the caller's to turn)."""
+        encoder = self.gpu.device.create_command_encoder()
+        for before, dispatches in passes:
+            for src, src_off, dst, dst_off, n in before:
+                encoder.copy_buffer_to_buffer(src, src_off, dst, dst_off, n)
+            compute = encoder.begin_compute_pass()
+            native = getattr(compute, "_internal", None) if self.native_calls is not None else None
+            if native is not None and self.native_calls is not None:
+                _encode_native(self.native_calls, compute, native, dispatches)
+            else:
+                for d in dispatches:
+                    compute.set_pipeline(d.pipeline)
+                    compute.set_bind_group(0, d.bind_group)
+                    compute.dispatch_workgroups(*d.groups)
+            compute.end()
+        for src, src_off, dst, dst_off, n in copies:
+            encoder.copy_buffer_to_buffer(src, src_off, dst, dst_off, n)
+        return encoder.finish()
+
+
+def _encode_native(calls: NativePass, compute: Any, native: Any, dispatches: Sequence[Dispatch]) -> None:
+    """Encode ``dispatches`` into the pass through wgpu-native's functions, under one error capture."""
+    set_pipeline, set_group, dispatch, null = calls.set_pipeline, calls.set_bind_group, calls.dispatch, calls.null
+    calls.errors.capture("anyformer-encode")
+    try:
+        for d in dispatches:
+            handles = d.native
+            if handles is None:
+                compute.set_pipeline(d.pipeline)
+                compute.set_bind_group(0, d.bind_group)
+                compute.dispatch_workgroups(*d.groups)
+                continue
+            # One tuple per dispatch, unpacked: indexing and a starred call cost a third of this loop.
+            pipeline, group, x, y, z = handles
+            set_pipeline(native, pipeline)
+            set_group(native, 0, group, 0, null)
+            dispatch(native, x, y, z)
+    finally:
+        failed = calls.errors.release("anyformer-encode")
+    if failed is not None:
+        raise _reported(*failed)
 
 
 def _partials_offset(scores: Any, tokens: int, n_head: int, ctx: int, head_dim: int) -> int:

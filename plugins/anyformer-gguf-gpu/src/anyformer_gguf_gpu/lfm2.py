@@ -2,7 +2,7 @@
 
 Built as the llama-family engine is (:mod:`anyformer_gguf_gpu.transformer`, whose host side it
 inherits: ids on the GPU, steps, prefill, read-back, sampling): every weight uploaded as its raw
-GGUF blocks, every pipeline compiled and every bind group built at load. A step's dispatches:
+GGUF blocks, every pipeline compiled and every bind group and buffer a step uses made at load. A step's dispatches:
 embedding lookup, then per layer
 
 - a convolution layer: in_proj of the normed residual into [B | C | x] (RMSNorm fused into the
@@ -70,7 +70,7 @@ class Lfm2Engine(TransformerEngine):
         self.ctx = max(1, min(ctx, c.n_ctx_train))
         self.max_batch = max(1, max_batch)
         self.kernels = Kernels(gpu, kv_f16=gpu.has_f16 if kv_f16 is None else kv_f16)
-        self.conv = ShortConvKernel(gpu)
+        self.conv = ShortConvKernel(self.kernels)
         report = progress or (lambda what, done, total: None)
 
         # Weights: raw blocks; q/k/v and gate/up stacked into one matrix where they can be.
@@ -107,22 +107,19 @@ class Lfm2Engine(TransformerEngine):
         self.gate_up = buf(b * 2 * c.n_ff * 4, label="gate-up")
         self.logits = buf(b * c.n_vocab * 4, label="logits")
         self.scores = buf(attention_scratch_bytes(b, c.n_head, self.ctx, c.head_dim), label="scores")
+        self._step_buffers()
         self.split_from = SPLIT_FROM
-        self.ids = buf((self.ctx + 1) * 4, label="ids")
-        self.state = buf(16, label="state")
-        self.sampling = buf(16, label="sampling")
-        self.stochastic = False
         kv_value = 2 if self.kernels.kv_f16 else 4
         self.k_cache = [buf(self.ctx * c.kv_dim * kv_value, label=f"k{i}") for i in c.attention_layers]
         self.v_cache = [buf(self.ctx * c.kv_dim * kv_value, label=f"v{i}") for i in c.attention_layers]
         self.conv_state = {i: buf((MAX_CONV_TAPS - 1) * c.n_embd * 4, label=f"conv{i}") for i in c.conv_layers}
         self.cos_sin = gpu.upload(cos_sin_table(self.ctx, c.n_rot, c.rope_base), label="rope")
         self._qk_norm = [self._qk_norm_buffer(gguf, i) for i in c.attention_layers]
-        self._programs: dict[tuple[int, bool, bool, bool, bool, bool, bool], list[Dispatch]] = {}
-        self._embedded_for: int | None = None
         self.gpu_bytes = self._held_bytes(gguf.header)
-        self.kernels.compile(self._pipelines_needed(), lambda done, total: report("compile", done, total))
-        self._build_programs()
+        # The convolution's pipeline is the engine's own: compiled first, in the same progress count.
+        compiled = self.kernels.compile
+        compiled(self._pipelines_needed(), lambda done, total: report("compile", done, total), also=[self.conv.compile])
+        self._bind_programs(report)
 
     def _held_bytes(self, header: GGUFHeader) -> int:
         """What this engine holds on the GPU, by the same arithmetic ``can_run`` estimates with."""
@@ -150,8 +147,8 @@ class Lfm2Engine(TransformerEngine):
         owned = [w.buffer for w in self.weights.values()] + list(self.norms.values()) + list(self.taps.values())
         owned += self.k_cache + self.v_cache + list(self.conv_state.values())
         owned += [self.h, self.qkv, self.attn, self.bcx, self.gate_up, self.logits, self.scores]
-        owned += [self.ids, self.state, self.sampling, self.cos_sin, *self._qk_norm]
-        self._programs.clear()
+        owned += [self.ids, self.state, self.sampling, self.positions, self.cos_sin, *self._qk_norm]
+        self._release_programs()
         self.weights.clear()
         self.norms.clear()
         self.taps.clear()

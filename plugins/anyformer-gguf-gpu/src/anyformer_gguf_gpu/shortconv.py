@@ -2,8 +2,8 @@
 
 One thread per channel walks the step's tokens in order: u = B * x, a causal depthwise convolution
 of u over the layer's ``taps`` taps (the inputs before the step kept on the GPU in a rolling state),
-gated by C. The pipeline is compiled once per engine; each layer gets its own bind group. Ungated
-(qwen35moe's delta nets) the input is x alone and the output silu of the convolution.
+gated by C; ungated (qwen35moe's delta nets) the input is x alone and the output silu of the
+convolution. The pipeline is compiled once per engine (at load, in its compile progress).
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import struct
 from importlib import resources
 from typing import Any
 
-from anyformer_gguf_gpu.gpu import GPU, gpu_errors
-from anyformer_gguf_gpu.kernels import MAX_GROUPS, WORKGROUP, Dispatch
+from anyformer_gguf_gpu.gpu import gpu_errors
+from anyformer_gguf_gpu.kernels import MAX_GROUPS, WORKGROUP, Dispatch, Kernels
 from anyformer_gguf_gpu.lfm2_config import MAX_CONV_TAPS as MAX_TAPS
 
 
@@ -26,19 +26,33 @@ def shortconv_source(gated: bool = True) -> str:
     return f"const WG: u32 = {WORKGROUP}u;\nconst MAX_TAPS: u32 = {MAX_TAPS}u;\nconst GATED: bool = {flag};\n{body}"
 
 
-class ShortConvKernel:
-    """The compiled convolution pipeline on one GPU; :meth:`dispatch` binds it to one layer's buffers."""
+#: The binding number of the kernel's uniform block (after the four buffers it reads and writes).
+UNIFORM_SLOT = 4
 
-    def __init__(self, gpu: GPU, *, gated: bool = True) -> None:
-        self.gpu = gpu
+
+class ShortConvKernel:
+    """The convolution pipeline on one GPU; :meth:`dispatch` binds it to one layer's buffers.
+
+    The pipeline is compiled by :meth:`compile` (an engine passes it to ``Kernels.compile`` so that the
+    load's progress counts it) or on the first dispatch.
+    """
+
+    def __init__(self, kernels: Kernels, *, gated: bool = True) -> None:
+        self.kernels = kernels
         #: LFM2's gated convolution (rows [B | C | x]), or the ungated one with SiLU after (rows start with x).
         self.gated = gated
-        device = gpu.device
-        with gpu_errors("compiling the shortconv kernel"):
-            module = device.create_shader_module(code=shortconv_source(gated), label="shortconv")
-            self.pipeline = device.create_compute_pipeline(
-                layout="auto", compute={"module": module, "entry_point": "main"}, label="shortconv"
-            )
+        self._pipeline: Any = None
+
+    def compile(self) -> Any:
+        """The compute pipeline, compiled now if it is not yet."""
+        if self._pipeline is None:
+            device = self.kernels.gpu.device
+            with gpu_errors("compiling the shortconv kernel"):
+                module = device.create_shader_module(code=shortconv_source(self.gated), label="shortconv")
+                self._pipeline = device.create_compute_pipeline(
+                    layout="auto", compute={"module": module, "entry_point": "main"}, label="shortconv"
+                )
+        return self._pipeline
 
     def dispatch(
         self,
@@ -65,13 +79,13 @@ class ShortConvKernel:
             raise ValueError(f"the kernel holds 2..{MAX_TAPS} taps, not {n_taps}")
         row = (3 * n if self.gated else n) if x_stride is None else x_stride
         params = struct.pack("<8I", n, n_taps, tokens, row, n if y_stride is None else y_stride, 0, 0, 0)
-        uniform = self.gpu.upload(params, label="shortconv-params", uniform=True)
-        buffers = [bcx, taps, state, y, uniform, pos_state]
-        entries = [
-            {"binding": i, "resource": {"buffer": b, "offset": 0, "size": b.size}} for i, b in enumerate(buffers)
-        ]
-        with gpu_errors("binding the shortconv kernel"):
-            group = self.gpu.device.create_bind_group(layout=self.pipeline.get_bind_group_layout(0), entries=entries)
         groups = math.ceil(n / WORKGROUP)
         x = min(groups, MAX_GROUPS)
-        return Dispatch("shortconv", self.pipeline, group, (x, math.ceil(groups / x), 1))
+        return self.kernels.dispatch(
+            "shortconv",
+            self.compile(),
+            [bcx, taps, state, y, pos_state],
+            params,
+            (x, math.ceil(groups / x), 1),
+            uniform_slot=UNIFORM_SLOT,
+        )

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -211,18 +211,21 @@ def write_random_gguf(path: str, spec: RandomModel, seed: int = 0) -> None:
 
 #: The wgpu device methods that compile WGSL (a shader module) or build a compute pipeline from one.
 COMPILERS = ("create_shader_module", "create_compute_pipeline", "create_compute_pipeline_async")
+#: The wgpu device methods that make what a step binds: bind groups and buffers (uniform blocks among them).
+BINDERS = ("create_bind_group", "create_buffer")
 
 
 @contextlib.contextmanager
-def compiles_counted(device: Any) -> Iterator[list[str]]:
-    """Inside the block, record each :data:`COMPILERS` call on ``device``'s class as ``method(label)``.
+def compiles_counted(device: Any, methods: Sequence[str] = COMPILERS) -> Iterator[list[str]]:
+    """Inside the block, record each call of ``methods`` (:data:`COMPILERS` by default; add :data:`BINDERS`
+    for bind groups and buffers) on ``device``'s class as ``method(label)``.
 
     The class is patched (and restored after), so a device reached through any reference is counted:
-    the check that an engine compiles everything at load and nothing on its first tokens.
+    the check that an engine compiles and binds everything at load and nothing on its first tokens.
     """
     made: list[str] = []
     cls = type(device)
-    originals = {name: getattr(cls, name) for name in COMPILERS if hasattr(cls, name)}
+    originals = {name: getattr(cls, name) for name in methods if hasattr(cls, name)}
     own = {name: cls.__dict__[name] for name in originals if name in cls.__dict__}  # the others are inherited
 
     def counting(name: str, original: Callable[..., Any]) -> Callable[..., Any]:

@@ -1,7 +1,10 @@
 """The llama-family engine (llama, qwen3): the whole model resident on the GPU, one submission per step.
 
 At load every weight is uploaded as its raw GGUF blocks (no dequantised copy), every pipeline is
-compiled and every bind group is built. A step over ``n`` tokens at positions ``pos..pos+n-1`` is
+compiled and every bind group and buffer a step can use is made: a step of one token and one of
+several (``max_batch`` at load; another count rewrites its uniform blocks, see
+:mod:`anyformer_gguf_gpu.programs`), greedy and sampled, split along the sequence where the context
+reaches that. Generating creates nothing on the GPU. A step over ``n`` tokens at positions ``pos..pos+n-1`` is
 one list of dispatches encoded into one compute pass and one queue submission: embedding lookup
 (the ids live on the GPU), then per layer RMSNorm, the q/k/v projections, RoPE with the K/V cache
 store, attention, the output projection added to the residual, RMSNorm, gate and up, SwiGLU, and
@@ -21,6 +24,7 @@ import numpy as np
 
 from anyformer.plugin import AnyformerError, ErrorCode, GGUFHeader
 from anyformer_gguf_gpu.config import ModelConfig, footprint, read_config
+from anyformer_gguf_gpu.decode import LAG, STEPS
 from anyformer_gguf_gpu.gguf_file import GGUFFile
 from anyformer_gguf_gpu.gpu import GPU
 from anyformer_gguf_gpu.kernels import (
@@ -37,6 +41,7 @@ from anyformer_gguf_gpu.kernels import (
     attention_scratch_bytes,
     sampling_block,
 )
+from anyformer_gguf_gpu.programs import BoundProgram
 from anyformer_gguf_gpu.quants import QuantFormat, dequantize, format_of
 
 #: Most tokens one prefill step processes (the activation buffers are sized for this many).
@@ -154,13 +159,7 @@ class TransformerEngine:
         self.gate_up = buf(b * 2 * c.n_ff * 4, label="gate-up")
         self.logits = buf(b * c.n_vocab * 4, label="logits")
         self.scores = buf(attention_scratch_bytes(b, c.n_head, self.ctx, c.head_dim), label="scores")
-        self.ids = buf((self.ctx + 1) * 4, label="ids")
-        self.state = buf(16, label="state")
-        self.sampling = buf(16, label="sampling")
-        #: Keys above which a step's attention splits along the sequence (see SPLIT_FROM).
-        self.split_from = SPLIT_FROM
-        #: Whether steps that sample draw at a temperature (set_sampling) rather than take the argmax.
-        self.stochastic = False
+        self._step_buffers()
         kv_value = 2 if self.kernels.kv_f16 else 4
         self.k_cache = [buf(self.ctx * c.kv_dim * kv_value, label=f"k{i}") for i in range(c.n_layer)]
         self.v_cache = [buf(self.ctx * c.kv_dim * kv_value, label=f"v{i}") for i in range(c.n_layer)]
@@ -171,25 +170,81 @@ class TransformerEngine:
         self.cos_sin = gpu.upload(cos_sin_table(self.ctx, c.n_rot, c.rope_base, factors), label="rope")
         self._dummy_norm = gpu.buffer(16, label="no-qk-norm")
         self._qk_norm = [self._qk_norm_buffer(gguf, i) for i in range(c.n_layer)] if c.qk_norm else []
-        self._programs: dict[tuple[int, bool, bool, bool, bool, bool, bool], list[Dispatch]] = {}
-        #: The position whose embedding the last sampling step left in the residual's first row (None: unknown).
-        self._embedded_for: int | None = None
         self.gpu_bytes = self._held_bytes(gguf.header)
         # Pipelines compiled (and bind groups built) now rather than on the first token: the steps of
         # one token and of max_batch tokens use every pipeline variant any step needs.
         self.kernels.compile(self._pipelines_needed(), lambda done, total: report("compile", done, total))
-        self._build_programs()
+        self._bind_programs(report)
 
-    def _build_programs(self) -> None:
-        """Build the steps' dispatch lists at load: one token and max_batch tokens, greedy and sampled,
-        split along the sequence too where the context is long enough to need it."""
-        for split in (False, True) if self.ctx > self.split_from else (False,):
-            for stochastic in (False, True):
-                self.stochastic = stochastic
-                self.program(1, head=True, split=split, chained=True)
-                self.program(1, head=True, split=split)
-                self.program(self.max_batch, head=True, split=split)
+    def _step_buffers(self) -> None:
+        """The host side's small buffers (ids, step state, sampling, positions, read-back ring) and step state."""
+        buf = self.gpu.buffer
+        self.ids = buf((self.ctx + 1) * 4, label="ids")
+        self.state = buf(16, label="state")
+        self.sampling = buf(16, label="sampling")
+        #: Every position as a u32: decode steps sharing one submission copy theirs into state[0] in turn.
+        self.positions = self.gpu.upload(np.arange(self.ctx + 1, dtype=np.uint32), label="positions")
+        self._readback: list[Any] = []
+        self.readback(LAG + 1, 4 * STEPS)
+        #: The steps bound at load, by (several tokens, split); see program().
+        self._bound: dict[tuple[bool, bool], BoundProgram] = {}
+        self.split_from = SPLIT_FROM
+        #: Whether steps that sample draw at a temperature (set_sampling) rather than take the argmax.
         self.stochastic = False
+        self._one_token: dict[tuple[bool, bool, bool, bool, bool], list[Dispatch]] = {}
+        #: The position whose embedding the last sampling step left in the residual's first row (None: unknown).
+        self._embedded_for: int | None = None
+
+    @property
+    def split_from(self) -> int:
+        """Keys above which a step's attention splits along the sequence (see SPLIT_FROM)."""
+        return self._split_from
+
+    @split_from.setter
+    def split_from(self, keys: int) -> None:
+        # Lowered after load below the context: the split steps are compiled and bound now, not on a token.
+        self._split_from = keys
+        if self._bound and self.ctx > keys and (False, True) not in self._bound:
+            self.kernels.compile(self.split_variants())
+            self._bind_programs(lambda what, done, total: None)
+
+    def readback(self, slots: int, nbytes: int) -> list[Any]:
+        """``slots`` host-mappable buffers of at least ``nbytes`` (the decode loop's ring for ids read back late).
+
+        Made at load for the loop's defaults; a caller asking for more or larger ones gets new ones.
+        """
+        if len(self._readback) < slots or self._readback[0].size < nbytes:
+            self._readback = [self.gpu.staging(nbytes, label=f"readback{i}") for i in range(slots)]
+        return self._readback[:slots]
+
+    def _bind_programs(self, report: LoadProgress) -> None:
+        """Bind the steps at load: of one token and of several, split along the sequence too where the context
+        is long enough to need it. Each holds the step's layers, then the alternatives of its end (the
+        head over the last token and over every token, the argmax and the sampler): every step is a
+        choice among these (see :meth:`program`)."""
+        wanted = [
+            (several, split)
+            for split in ((False, True) if self.ctx > self.split_from else (False,))
+            for several in ((False, True) if self.max_batch > 1 else (False,))
+        ]
+        for done, (several, split) in enumerate(wanted, 1):
+            if (several, split) in self._bound:
+                continue
+            n = self.max_batch if several else 1
+            *layers, head, argmax = self._unbound(n, True, True, False, split)
+            every_head = self._unbound(n, True, False, True, split)[-1]
+            self.stochastic = True
+            sampler = self._unbound(n, True, True, False, split)[-1]
+            self.stochastic = False
+            label = f"{'prefill' if several else 'decode'}{'-split' if split else ''}"
+            specs = [*layers, head, every_head, argmax, sampler]
+            self._bound[(several, split)] = BoundProgram(self.kernels, specs, label=label)
+            report("bind", done, len(wanted))
+
+    def _unbound(self, n: int, head: bool, sample: bool, all_logits: bool, split: bool) -> list[Dispatch]:
+        """A step's dispatches, not bound (see :meth:`Kernels.unbound`)."""
+        with self.kernels.unbound():
+            return self._build(n, head, sample, all_logits, split)
 
     def split_attention(self, keys: int) -> bool:
         """Whether a step whose last token attends to ``keys`` keys splits attention along the sequence."""
@@ -253,15 +308,19 @@ class TransformerEngine:
         """Free the engine's GPU memory now (not when Python collects it); the engine is unusable after."""
         owned = [w.buffer for w in self.weights.values()] + list(self.norms.values()) + self.k_cache + self.v_cache
         owned += [self.h, self.qkv, self.attn, self.gate_up, self.logits, self.scores]
-        owned += [self.ids, self.state, self.sampling, self.cos_sin, self._dummy_norm, *self._qk_norm]
-        if "_positions" in self.__dict__:
-            owned.append(self.__dict__.pop("_positions"))
-        self._programs.clear()
+        owned += [self.ids, self.state, self.sampling, self.positions, self.cos_sin, self._dummy_norm, *self._qk_norm]
+        self._release_programs()
         self.weights.clear()
         self.norms.clear()
         self.k_cache, self.v_cache = [], []
         for buf in owned:
             buf.destroy()
+
+    def _release_programs(self) -> None:
+        for bound in self._bound.values():
+            bound.release()
+        self._bound.clear()
+        self._one_token.clear()
 
     def _held_bytes(self, header: GGUFHeader) -> int:
         """What this engine holds on the GPU, by the same arithmetic ``can_run`` estimates with."""
@@ -290,19 +349,47 @@ class TransformerEngine:
         attention split along the sequence (one more dispatch per attention layer: the combine).
         The sampler also writes the next id's embedding into the residual's first row, so ``chained``
         leaves out the embedding lookup: a one-token step right after a sampling step needs none.
+
+        Every step is made of the bind groups made at load; a step of several tokens writes its uniform
+        blocks into the bound step's buffer (so call this right before submitting what it returns).
         """
-        key = (tokens, head, head and sample, head and all_logits, self.stochastic, split, chained and tokens == 1)
-        found = self._programs.get(key)
+        if not 1 <= tokens <= self.max_batch:
+            raise ValueError(f"a step covers 1..{self.max_batch} tokens, not {tokens}")
+        sample = head and sample
+        several = tokens > 1
+        every = head and all_logits and several  # one token's logits are every token's
+        bound = self._bound.get((several, split))
+        if bound is None:
+            raise RuntimeError(f"no {'split ' if split else ''}step was bound at load for this context")
+        stochastic = self.stochastic and sample
+        if several:
+            key = (tokens, head, sample, every, stochastic)
+            return bound.shaped(
+                key,
+                lambda: (self._slots(bound, head, every, sample), self._unbound(tokens, head, sample, every, split)),
+            )
+        one = (head, sample, stochastic, split, chained)
+        found = self._one_token.get(one)
         if found is None:
-            if key[-1]:
-                whole = self.program(1, head=head, sample=sample, all_logits=all_logits, split=split)
-                if whole[0].name != "embed":
+            slots = self._slots(bound, head, False, sample)
+            if chained:
+                if bound.dispatches[slots[0]].name != "embed":
                     raise RuntimeError("a step's first dispatch is its embedding lookup")
-                found = whole[1:]
-            else:
-                found = self._build(tokens, head, head and sample, head and all_logits, split)
-            self._programs[key] = found
+                slots = slots[1:]
+            found = [bound.dispatches[i] for i in slots]
+            self._one_token[one] = found
         return found
+
+    def _slots(self, bound: BoundProgram, head: bool, every: bool, sample: bool) -> list[int]:
+        """Which of a bound step's dispatches a step encodes: its layers, then the head over the last token (or
+        every token) and the argmax (or the sampler, at a temperature); see :meth:`_bind_programs`."""
+        layers = len(bound.dispatches) - 4
+        slots = list(range(layers))
+        if head:
+            slots.append(layers + every)
+        if sample:
+            slots.append(layers + 2 + self.stochastic)
+        return slots
 
     def _sampler(self, n: int, all_logits: bool) -> Dispatch:
         """The step's sampling dispatch (argmax, or a seeded draw after :meth:`set_sampling`) over the last
@@ -470,16 +557,6 @@ class TransformerEngine:
         self.kernels.run(program, copies or [])
         if head and sample:
             self._embedded_for = pos + tokens
-
-    @property
-    def positions(self) -> Any:
-        """Every position as a u32 (made on first use, also by engines built on this one's steps): decode
-        steps sharing one submission copy theirs into state[0] in turn."""
-        found = self.__dict__.get("_positions")
-        if found is None:
-            found = self.gpu.upload(np.arange(self.ctx + 1, dtype=np.uint32), label="positions")
-            self.__dict__["_positions"] = found
-        return found
 
     def submit_decode(self, pos: int, steps: int, *, copies: Sequence[Copy] = ()) -> None:
         """Queue ``steps`` one-token decode steps at positions pos.. as one submission (each samples the next id).
