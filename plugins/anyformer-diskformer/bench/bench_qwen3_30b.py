@@ -198,6 +198,19 @@ def run_child(args: list[str], procs: str | None, drop: bool = True) -> dict[str
     return json.loads(lines[-1])
 
 
+def greedy_speed(llm: object, tokens: int) -> dict[str, object]:
+    """Decode tok/s of ``tokens`` greedy steps after the prompt, through ``Llama.eval``; closes ``llm``."""
+    llm.eval(PROMPT)  # type: ignore[attr-defined]
+    token = int(np.argmax(llm.scores[llm.n_tokens - 1]))  # type: ignore[attr-defined]
+    began = time.perf_counter()
+    for _ in range(tokens):
+        llm.eval([token])  # type: ignore[attr-defined]
+        token = int(np.argmax(llm.scores[llm.n_tokens - 1]))  # type: ignore[attr-defined]
+    took = time.perf_counter() - began
+    llm.close()  # type: ignore[attr-defined]
+    return {"tok_per_sec": tokens / took}
+
+
 def child_llama(path: str, tokens: int, threads: int, repack: bool) -> dict[str, object]:
     """llama.cpp's decode tok/s on ``path`` (mmap), greedy after the prompt.
 
@@ -218,15 +231,7 @@ def child_llama(path: str, tokens: int, threads: int, repack: bool) -> dict[str,
 
         native.llama_model_default_params = no_repack
     llm = Llama(path, n_ctx=256, n_threads=threads, type_k=0, type_v=0, use_mmap=True, verbose=False)
-    llm.eval(PROMPT)
-    token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
-    began = time.perf_counter()
-    for _ in range(tokens):
-        llm.eval([token])
-        token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
-    took = time.perf_counter() - began
-    llm.close()
-    return {"tok_per_sec": tokens / took}
+    return greedy_speed(llm, tokens)
 
 
 #: The buffer-type overrides handed to llama.cpp: kept alive for as long as the model is loaded.
@@ -270,15 +275,7 @@ def child_llama_cuda(path: str, tokens: int, threads: int) -> dict[str, object]:
 
     native.llama_model_default_params = cpu_experts
     llm = Llama(path, n_ctx=256, n_gpu_layers=-1, n_threads=threads, use_mmap=True, flash_attn=True, verbose=False)
-    llm.eval(PROMPT)
-    token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
-    began = time.perf_counter()
-    for _ in range(tokens):
-        llm.eval([token])
-        token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
-    took = time.perf_counter() - began
-    llm.close()
-    return {"tok_per_sec": tokens / took}
+    return greedy_speed(llm, tokens)
 
 
 def child_diskformer(
