@@ -686,7 +686,7 @@ class Kernels:
 
     def attention_with_rope(
         self,
-        rope: AttentionRope,
+        rope: AttentionRope | None,
         qkv: Any,
         k_cache: Any,
         v_cache: Any,
@@ -705,7 +705,8 @@ class Kernels:
     ) -> Dispatch:
         """:meth:`attention` that first norms and rotates q and k as rope_store does and stores k, v into the
         cache, in the same dispatch (heads a multiple of 4 wide). The keys of the step's earlier tokens come
-        from the q/k/v rows (normed and rotated again where used), not from the cache being written."""
+        from the q/k/v rows (normed and rotated again where used), not from the cache being written. With
+        ``rope`` None it is :meth:`attention` (q and k rotated and stored by an earlier dispatch)."""
         dims = {"n_head": n_head, "n_kv": n_kv, "head_dim": head_dim, "ctx": ctx, "tokens": tokens, "window": window}
         return self._attention(
             qkv, k_cache, v_cache, out, scores, state, scale=scale, rope=rope, split=split, gated=False, **dims

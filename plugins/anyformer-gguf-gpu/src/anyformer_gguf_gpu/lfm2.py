@@ -254,22 +254,12 @@ class Lfm2Engine(TransformerEngine):
         args = (self.qkv, self.k_cache[slot], self.v_cache[slot], self.attn, self.scores, self.state)
         dims = {"n_head": c.n_head, "n_kv": c.n_kv, "head_dim": c.head_dim, "ctx": self.ctx}
         scale = 1.0 / math.sqrt(c.head_dim)
-        if rope_in_attention:
-            rope = AttentionRope(self.cos_sin, self._qk_norm[slot], c.n_rot, c.rope_neox, True, c.eps)
-            out.append(k.attention_with_rope(rope, *args, scale=scale, tokens=n, split=split, **dims))
-        else:
-            out.append(
-                k.attention(
-                    *args,
-                    scale=scale,
-                    tokens=n,
-                    split=split,
-                    ctx=self.ctx,
-                    n_head=c.n_head,
-                    n_kv=c.n_kv,
-                    head_dim=c.head_dim,
-                )
+        rope = AttentionRope(self.cos_sin, self._qk_norm[slot], c.n_rot, c.rope_neox, True, c.eps)
+        out.append(
+            k.attention_with_rope(
+                rope if rope_in_attention else None, *args, scale=scale, tokens=n, split=split, **dims
             )
+        )
         if split:
             out.append(
                 k.attention_combine(

@@ -456,23 +456,11 @@ class TransformerEngine:
             attention_args = (self.qkv, self.k_cache[i], self.v_cache[i], self.attn, self.scores, self.state)
             dims = {"n_head": c.n_head, "n_kv": c.n_kv, "head_dim": c.head_dim, "ctx": self.ctx}
             scale = 1.0 / math.sqrt(c.head_dim)
+            rope = None
             if rope_in_attention:
                 norm = self._qk_norm[i] if c.qk_norm else self._dummy_norm
                 rope = AttentionRope(self.cos_sin, norm, c.n_rot, c.rope_neox, c.qk_norm, c.eps)
-                out.append(k.attention_with_rope(rope, *attention_args, scale=scale, tokens=n, split=split, **dims))
-            else:
-                out.append(
-                    k.attention(
-                        *attention_args,
-                        scale=scale,
-                        tokens=n,
-                        split=split,
-                        ctx=self.ctx,
-                        n_head=c.n_head,
-                        n_kv=c.n_kv,
-                        head_dim=c.head_dim,
-                    )
-                )
+            out.append(k.attention_with_rope(rope, *attention_args, scale=scale, tokens=n, split=split, **dims))
             if split:
                 out.append(
                     k.attention_combine(
