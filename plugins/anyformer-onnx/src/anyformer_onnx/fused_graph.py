@@ -54,7 +54,7 @@ from anyformer_onnx.fused_store import DATA_NAME, GRAPH_NAME, RECORD_NAME, cache
 from anyformer_onnx.norm_fusion import fuse_norms
 
 #: Bumped when the rewrite changes, so graphs fused by an older one are made again.
-FUSION_VERSION = 5
+FUSION_VERSION = 6
 #: Largest |fused − exported| logit allowed, relative to the largest |logit| (fp32 graphs). The
 #: rewrite reorders fp32 sums (softmax and the two attention products): measured on SmolLM2 2.5e-5
 #: on logits of ~28 (1e-6 relative). A wrong rotary table, scale or mask moves logits by a good
