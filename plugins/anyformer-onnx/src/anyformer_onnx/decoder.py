@@ -134,6 +134,8 @@ class DecodeLoop:
         if graph.logits_to_keep:
             feeds[graph.logits_to_keep] = np.asarray(1, dtype=np.int64)
         if graph.has_cache_branch:
+            # False only on the first step, whose past has zero positions: cache_branch relies on
+            # this to run a merged decoder as its with-past branch alone.
             feeds["use_cache_branch"] = np.asarray([total > len(ids)], dtype=np.bool_)
         if self.device == "cpu":
             # One call with OrtValues in and out: the presents come back as OrtValues that feed the

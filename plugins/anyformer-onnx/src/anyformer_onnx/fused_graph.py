@@ -50,6 +50,7 @@ from anyformer.plugin import (
 )
 from anyformer_onnx import BACKEND_ID
 from anyformer_onnx.attention_fusion import NotFusable, attention_shape, fuse_attention
+from anyformer_onnx.cache_branch import reduce_to_with_past
 from anyformer_onnx.fused_store import DATA_NAME, GRAPH_NAME, RECORD_NAME, cache_folder
 from anyformer_onnx.norm_fusion import fuse_norms
 
@@ -179,6 +180,7 @@ def _build(graph: Path, config: Mapping[str, Any], folder: Path, label: str) -> 
     record: dict[str, Any]
     try:
         reference = _exact_probe(model, config)
+        reduced = reduce_to_with_past(model)
         report = fuse_attention(model, config)
         norms = fuse_norms(model, config)
         fused = _exact_probe(model, config)
@@ -195,7 +197,8 @@ def _build(graph: Path, config: Mapping[str, Any], folder: Path, label: str) -> 
         limit = (TOLERANCE_FP16 if _half(model) else TOLERANCE) * scale
         if difference <= limit and all(a.argmax() == b.argmax() for a, b in zip(reference, fused, strict=True)):
             note = (
-                f"attention fused into GroupQueryAttention ({report.layers} layers, q/k/v packed in "
+                ("merged decoder reduced to its with-past branch, " if reduced else "")
+                + f"attention fused into GroupQueryAttention ({report.layers} layers, q/k/v packed in "
                 f"{report.packed_qkv}, {norms} norms fused, {report.nodes_before} → {len(model.graph.node)} nodes; "
                 f"logits within {difference:.1e} of the export)"
             )
