@@ -46,6 +46,12 @@ def tiny_qwen3_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_phi3_dir() -> Path:
+    """A random 2-layer Phi-3 (fused qkv_proj) exported with optimum's names, with torch's greedy replies."""
+    return onnx_exports.tiny_phi3()
+
+
+@pytest.fixture(scope="session")
 def tiny_llama_merged_dir() -> Path:
     """A random 2-layer llama as optimum's merged decoder (an If on use_cache_branch), with torch's replies."""
     return onnx_exports.tiny_llama_merged()

@@ -330,6 +330,39 @@ def build_tiny_qwen3(folder: Path) -> None:
     _write_json(folder / "reference.json", {"replies": replies})
 
 
+def build_tiny_phi3(folder: Path) -> None:
+    """A random 2-layer Phi-3 (one fused qkv_proj, one gate_up_proj), exported with its KV cache."""
+    import torch
+    from transformers import Phi3Config, Phi3ForCausalLM
+
+    torch.manual_seed(4)
+    tokenizer = _char_tokenizer(folder)
+    config = Phi3Config(
+        vocab_size=tokenizer.get_vocab_size(),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        original_max_position_embeddings=256,
+        rope_theta=10000.0,
+        sliding_window=None,
+        bos_token_id=None,
+        eos_token_id=2,
+        pad_token_id=2,
+        tie_word_embeddings=False,
+        attn_implementation="eager",
+    )
+    model = Phi3ForCausalLM(config).eval()
+    config.architectures = ["Phi3ForCausalLM"]
+    config.save_pretrained(folder)
+    _write_json(folder / "generation_config.json", {"eos_token_id": 2, "pad_token_id": 2})
+    replies = _chat_references(model, folder, [2], CHAT_TOKENS)
+    export_decoder(model, folder / "onnx" / "model.onnx")
+    _write_json(folder / "reference.json", {"replies": replies})
+
+
 def export_no_past_decoder(model: Any, path: Path) -> None:
     """Export a causal LM without past inputs (optimum's ``decoder_model.onnx``): the presents are the prompt's."""
     import torch
@@ -1835,6 +1868,11 @@ def tiny_qwen2() -> Path:
 def tiny_qwen3() -> Path:
     """The cached tiny Qwen3 folder (exported on first use, a few seconds)."""
     return cached("tiny-qwen3", build_tiny_qwen3, _char_tokenizer, _chat_references, greedy, export_decoder)
+
+
+def tiny_phi3() -> Path:
+    """The cached tiny Phi-3 folder (exported on first use, a few seconds)."""
+    return cached("tiny-phi3", build_tiny_phi3, _char_tokenizer, _chat_references, greedy, export_decoder)
 
 
 def tiny_llama_merged() -> Path:

@@ -443,8 +443,8 @@ def test_qwen3_layouts_it_does_not_compute_are_refused(
     assert model.SerializeToString() == before
 
 
-def _quantized_qwen3(folder: Path, kind: str) -> Path:
-    """``folder`` holding the tiny Qwen3's graph as int8 (quantize_dynamic) or int4 (MatMulNBits, level 4)."""
+def _quantized(folder: Path, kind: str) -> Path:
+    """``folder`` holding its graph as int8 (quantize_dynamic) or int4 (MatMulNBits, level 4)."""
     source = folder / "onnx" / "model.onnx"
     if kind == "int8":
         from onnxruntime.quantization import QuantType, quantize_dynamic
@@ -462,20 +462,22 @@ def _quantized_qwen3(folder: Path, kind: str) -> Path:
     return graph
 
 
+@pytest.mark.parametrize("fixture", ["tiny_qwen3_dir", "tiny_phi3_dir"])
 @pytest.mark.parametrize(("kind", "tolerance"), [("int8", 2e-2), ("int4", 1e-5)])
-def test_quantized_qwen3_graphs_fuse_and_compute_as_exported(
-    tiny_qwen3_dir: Path, home: Path, tmp_path: Path, kind: str, tolerance: float
+def test_quantized_qwen3_and_phi3_graphs_fuse_and_compute_as_exported(
+    request: pytest.FixtureRequest, home: Path, tmp_path: Path, fixture: str, kind: str, tolerance: float
 ) -> None:
     folder = tmp_path / kind
-    shutil.copytree(tiny_qwen3_dir, folder)
-    graph = _quantized_qwen3(folder, kind)
+    shutil.copytree(request.getfixturevalue(fixture), folder)
+    graph = _quantized(folder, kind)
     exported = onnx.load(str(graph))
     config = _config(folder)
     prepared = prepare_decoder(graph, config, repo=None, context=256, progress=_no_progress, label="t")
     assert prepared.fused, prepared.note
     fused = onnx.load(str(prepared.path))
     kinds = [n.op_type for n in fused.graph.node]
-    assert kinds.count("GroupQueryAttention") == 2 and kinds.count("SimplifiedLayerNormalization") == 4
+    qk_norms = 4 if fixture == "tiny_qwen3_dir" else 0
+    assert kinds.count("GroupQueryAttention") == 2 and kinds.count("SimplifiedLayerNormalization") == qk_norms
     for model in (exported, fused):  # int4: compare at level 1 (fp32 compute), as the proof does
         for node in model.graph.node:
             for attribute in node.attribute:
@@ -560,3 +562,60 @@ def test_merged_decoders_of_another_layout_are_refused_untouched(
     with pytest.raises(NotFusable, match=reason):
         reduce_to_with_past(model)
     assert model.SerializeToString() == before
+
+
+def test_phi3_feeds_its_fused_qkv_projection_to_the_attention_and_replies_equal_torch(
+    tiny_phi3_dir: Path, reference: Any, home: Path
+) -> None:
+    config = _config(tiny_phi3_dir)
+    exported = onnx.load(str(tiny_phi3_dir / "onnx" / "model.onnx"))
+    fused = onnx.load(str(tiny_phi3_dir / "onnx" / "model.onnx"))
+    report = fuse_attention(fused, config)
+    assert report.layers == 2 and report.packed_qkv == 2 and report.nodes_after < report.nodes_before / 4
+    attention = [n for n in fused.graph.node if n.op_type == "GroupQueryAttention"]
+    # The export's own qkv_proj output, whole: GroupQueryAttention splits q, k and v in Phi-3's order.
+    assert [list(n.input[:3]) for n in attention] == [
+        [f"/model/model/layers.{i}/self_attn/qkv_proj/MatMul_output_0", "", ""] for i in range(2)
+    ]
+    onnx.checker.check_model(fused)
+    ids = [5, 17, 42, 8, 63, 21, 9, 30]
+    for want, got in zip(_logits(exported, config, ids, 6), _logits(fused, config, ids, 6), strict=True):
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * max(1.0, float(np.abs(want).max())))
+        assert got.argmax() == want.argmax()
+    with anyformer.load(str(tiny_phi3_dir), backend="onnx") as loaded:
+        handle = loaded.handle
+        assert isinstance(handle, OnnxChatModel)
+        assert handle.details["graph"].startswith(
+            "attention fused into GroupQueryAttention (2 layers, q/k/v packed in 2"
+        )
+        for reply in reference(tiny_phi3_dir)["replies"]:
+            ids = handle.loop.tokens(
+                reply["prompt_ids"],
+                Sampler(0.0, 0, 1.0, None),
+                limit=len(reply["reply_ids"]),
+                stop_ids=handle.text.eos_ids,
+            )
+            assert list(ids) == reply["reply_ids"]
+
+
+def test_partial_rotary_inside_rope_parameters_is_refused(tiny_phi3_dir: Path) -> None:
+    # transformers 5 writes Phi-3's partial_rotary_factor into rope_parameters, not at the top level.
+    config = _config(tiny_phi3_dir)
+    config["rope_parameters"] = dict(config["rope_parameters"], partial_rotary_factor=0.5)
+    with pytest.raises(NotFusable, match="partial rotary"):
+        attention_shape(config)
+
+
+def test_a_sliding_window_fuses_only_when_the_context_fits_in_it(tiny_phi3_dir: Path, home: Path) -> None:
+    # Phi-3 and Mistral window their attention whenever sliding_window is set; with no more
+    # positions than the window, no key is ever outside it and full attention is the same.
+    config = _config(tiny_phi3_dir) | {"sliding_window": 128}
+    with pytest.raises(NotFusable, match="sliding-window attention"):
+        attention_shape(config)
+    graph = tiny_phi3_dir / "onnx" / "model.onnx"
+    wide = prepare_decoder(graph, config, repo=None, context=129, progress=_no_progress, label="t")
+    assert not wide.fused and "sliding-window attention (window 128, context 129)" in wide.note
+    fits = prepare_decoder(graph, config, repo=None, context=128, progress=_no_progress, label="t")
+    assert fits.fused, fits.note
+    # The fused graph, once made, is still not used for a context past the window.
+    assert not prepare_decoder(graph, config, repo=None, context=129, progress=_no_progress, label="t").fused

@@ -41,9 +41,12 @@ import numpy as np
 
 #: model_type values whose attention is the Llama one: q/k/v projections (bias allowed), rotate-half
 #: rotary on the full head, causal softmax scaled by 1/sqrt(head_dim), grouped-query heads.
-LLAMA_LIKE = frozenset({"llama", "mistral", "qwen2", "qwen3"})
+LLAMA_LIKE = frozenset({"llama", "mistral", "qwen2", "qwen3", "phi3"})
 #: model_type values whose q and k heads are RMS-normed (over the head size) before the rotary.
 QK_NORMED = frozenset({"qwen3"})
+#: model_type values whose attention is windowed whenever config.json sets ``sliding_window``
+#: (the others only with ``use_sliding_window`` true).
+ALWAYS_WINDOWED = frozenset({"mistral", "phi3"})
 #: Rotary variants whose cos/sin table this module computes (transformers' rope_type names).
 ROPE_TYPES = frozenset({"default", "linear", "llama3"})
 #: The most positions a cos/sin table is built for (2 × positions × head_dim/2 floats).
@@ -96,7 +99,8 @@ def inverse_frequencies(config: Mapping[str, Any], head_dim: int) -> np.ndarray:
     kind = scaling.get("rope_type", scaling.get("type", "default")) or "default"
     if kind not in ROPE_TYPES:
         raise NotFusable(f"rotary type {kind!r}")
-    if config.get("partial_rotary_factor", 1.0) != 1.0:
+    # transformers 5 keeps the factor inside rope_parameters (Phi-3), 4 at the top level.
+    if config.get("partial_rotary_factor", scaling.get("partial_rotary_factor", 1.0)) not in (1, 1.0, None):
         raise NotFusable("partial rotary")
     try:
         return _frequencies(kind, theta, scaling, head_dim)
@@ -132,13 +136,21 @@ def _frequencies(kind: str, theta: float, scaling: dict[str, Any], head_dim: int
     return inv
 
 
-def attention_shape(config: Mapping[str, Any]) -> AttentionShape:
-    """Read the attention's shape from config.json; :class:`NotFusable` when it is not a plain Llama one."""
+def attention_shape(config: Mapping[str, Any], context: int | None = None) -> AttentionShape:
+    """Read the attention's shape from config.json; :class:`NotFusable` when it is not a plain Llama one.
+
+    A sliding window is refused unless ``context`` (the most positions the loop will hold) fits in
+    it: then no position is ever outside any query's window, and windowed attention is full attention.
+    """
     kind = config.get("model_type")
     if kind not in LLAMA_LIKE:
         raise NotFusable(f"model_type {kind!r} is not one of {sorted(LLAMA_LIKE)}")
-    if config.get("sliding_window") and config.get("use_sliding_window", kind == "mistral"):
-        raise NotFusable("sliding-window attention")
+    window = config.get("sliding_window")
+    if window and config.get("use_sliding_window", kind in ALWAYS_WINDOWED):
+        # transformers masks key j for query i when i - j >= window: with at most `context`
+        # positions, i - j <= context - 1 < window.
+        if not (isinstance(window, int) and context is not None and 0 < context <= window):
+            raise NotFusable(f"sliding-window attention (window {window}, context {context})")
     layer_types = config.get("layer_types")
     if layer_types is not None and (
         not isinstance(layer_types, list) or any(t != "full_attention" for t in layer_types)
@@ -205,11 +217,14 @@ class FusionReport:
     packed_qkv: int = 0
 
 
-def fuse_attention(model: Any, config: Mapping[str, Any]) -> FusionReport:
-    """Rewrite ``model`` (an ``onnx.ModelProto``) in place; :class:`NotFusable` (model untouched) when it cannot."""
+def fuse_attention(model: Any, config: Mapping[str, Any], context: int | None = None) -> FusionReport:
+    """Rewrite ``model`` (an ``onnx.ModelProto``) in place; :class:`NotFusable` (model untouched) when it cannot.
+
+    ``context``: the most positions the decode loop will hold (see :func:`attention_shape`).
+    """
     from onnx import TensorProto, helper, numpy_helper
 
-    shape = attention_shape(config)
+    shape = attention_shape(config, context)
     graph = model.graph
     nodes = list(graph.node)
     inputs = {i.name: i for i in graph.input}
@@ -240,13 +255,17 @@ def fuse_attention(model: Any, config: Mapping[str, Any]) -> FusionReport:
     plans = []
     for layer in range(shape.layers):
         scopes: dict[str, set[int]] = {}
-        for part in ("q", "k", "v", "o"):
+        for part in ("q", "k", "v", "o", "qkv"):
             marker = re.compile(rf"layers\.{layer}/self_attn/{part}_proj/")
             scopes[part] = {i for i, n in enumerate(nodes) if marker.search(n.name)}
+        # Phi-3 exports one qkv_proj whose output is q, k and v side by side, in the order packed
+        # GroupQueryAttention reads; the others one projection each.
+        parts = ("qkv",) if scopes["qkv"] and not (scopes["q"] or scopes["k"] or scopes["v"]) else ("q", "k", "v")
+        for part in (*parts, "o"):
             if not scopes[part]:
                 raise NotFusable(f"layer {layer}: no {part}_proj nodes")
         projected = {}
-        for part in ("q", "k", "v"):
+        for part in parts:
             out = _scope_outputs(nodes, scopes[part], consumers, outputs)
             if len(out) != 1:
                 raise NotFusable(f"layer {layer}: {part}_proj has {len(out)} outputs")
@@ -266,7 +285,7 @@ def fuse_attention(model: Any, config: Mapping[str, Any]) -> FusionReport:
         present = (f"present.{layer}.key", f"present.{layer}.value")
         if not all(name in inputs for name in past) or not all(name in outputs for name in present):
             raise NotFusable(f"layer {layer}: no past_key_values/present pair")
-        plans.append((layer, projected, into_o[0], readers, past, present, [scopes[p] for p in "qkv"], norms))
+        plans.append((layer, projected, into_o[0], readers, past, present, [scopes[p] for p in parts], norms))
     if any(
         re.search(rf"layers\.{shape.layers}/", n.name) for n in nodes
     ):  # config.json and the graph disagree on depth
@@ -332,9 +351,17 @@ def fuse_attention(model: Any, config: Mapping[str, Any]) -> FusionReport:
         )
     for layer, projected, attended, o_scope, past, present, qkv_scopes, norms in plans:
         fused = f"{prefix}/layer{layer}/output"
-        qkv = [projected["q"], projected["k"], projected["v"]]
+        if "qkv" in projected:  # packed by the export: nothing to pack or norm
+            qkv = [projected["qkv"], "", ""]
+            packed_layers += 1
+        else:
+            qkv = [projected["q"], projected["k"], projected["v"]]
         singles = [nodes[min(scope)] for scope in qkv_scopes if len(scope) == 1]
-        packed = None if norms else _pack_projections(singles, initializers, f"{prefix}/layer{layer}/qkv_proj")
+        packed = (
+            None
+            if norms or "qkv" in projected
+            else _pack_projections(singles, initializers, f"{prefix}/layer{layer}/qkv_proj")
+        )
         for position, part in enumerate("qk"):
             if norms:
                 # [batch, sequence, heads × head_dim] → heads → RMSNorm over head_dim → back: what

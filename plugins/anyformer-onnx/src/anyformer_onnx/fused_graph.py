@@ -127,7 +127,7 @@ def prepare_decoder(
     """
     check_onnx_external_data(graph)
     try:
-        shape = attention_shape(config)
+        shape = attention_shape(config, context)
     except NotFusable as exc:
         return PreparedGraph(graph, False, f"as exported ({exc})")
     if context > shape.positions:
@@ -151,7 +151,7 @@ def prepare_decoder(
         shown = file or graph.name
         progress(ProgressEvent(stage="fuse", backend=BACKEND_ID, file=shown, total=1, message=FUSING))
         try:
-            record = _build(graph, config, folder, label)
+            record = _build(graph, config, folder, label, context)
         except OSError as exc:  # a full disk or a read-only home: the export still runs
             return PreparedGraph(graph, False, f"as exported (the fused graph could not be written: {exc})")
         except Exception as exc:  # a graph onnx cannot read: open_session reports it as BAD_MODEL
@@ -171,7 +171,7 @@ def _read_record(folder: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def _build(graph: Path, config: Mapping[str, Any], folder: Path, label: str) -> dict[str, Any]:
+def _build(graph: Path, config: Mapping[str, Any], folder: Path, label: str, context: int) -> dict[str, Any]:
     """Fuse, prove and write ``folder`` (atomically); returns its record."""
     import onnx
 
@@ -181,7 +181,7 @@ def _build(graph: Path, config: Mapping[str, Any], folder: Path, label: str) -> 
     try:
         reference = _exact_probe(model, config)
         reduced = reduce_to_with_past(model)
-        report = fuse_attention(model, config)
+        report = fuse_attention(model, config, context)
         norms = fuse_norms(model, config)
         fused = _exact_probe(model, config)
     except NotFusable as exc:
