@@ -7,7 +7,11 @@ attention rewrite, and onnxruntime-genai's graph when its builder has made one),
 token, and the operators that take the most time. Absolute times swing with the machine's load;
 the kernel counts do not.
 
-    python plugins/anyformer-onnx/bench/kernels_per_token.py [--steps 16] [--top 12]
+``--model`` picks a test fixture instead (``tiny_qwen3``, ``tiny_phi3``, ``tiny_llama_merged``,
+``tiny_llama``, ``tiny_qwen2``: their fp32 graph as exported and fused), for the layouts SmolLM2
+does not have; their kernel counts are what carries over to a real model of the same layout.
+
+    python plugins/anyformer-onnx/bench/kernels_per_token.py [--steps 16] [--top 12] [--model tiny_qwen3]
 """
 
 from __future__ import annotations
@@ -27,6 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_decode  # the int4 and genai folders, cached beside the fixtures
 import onnx_exports
 
+#: Test fixtures (tests/onnx_exports.py) this script can profile instead of SmolLM2.
+FIXTURES = ("tiny_qwen3", "tiny_phi3", "tiny_llama_merged", "tiny_llama", "tiny_qwen2")
+
 
 def profile(graph: Path, config: dict[str, Any], steps: int, top: int) -> None:
     """Print kernels, kernel time and step time per decode token of ``graph``, and its costliest operators."""
@@ -42,7 +49,8 @@ def profile(graph: Path, config: dict[str, Any], steps: int, top: int) -> None:
         options.log_severity_level = 3
         session = onnxruntime.InferenceSession(str(graph), options, providers=["CPUExecutionProvider"])
         loop = DecodeLoop(DecoderGraph(session, config, graph.name), "cpu")
-        ids, cache, total = list(range(100, 120)), loop.empty_cache(), 0
+        vocabulary = int(config.get("vocab_size") or 120)  # the tiny fixtures' is 99
+        ids, cache, total = [i % vocabulary for i in range(100, 120)], loop.empty_cache(), 0
         for _ in range(steps + 1):
             total += len(ids)
             row, cache = loop.step(ids, total, cache)
@@ -74,11 +82,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--top", type=int, default=12)
+    parser.add_argument("--model", choices=[*FIXTURES, "smollm2"], default="smollm2")
     args = parser.parse_args()
     os.environ.setdefault("ANYFORMER_HOME", str(onnx_exports.cache_root() / "anyformer-home"))
     from anyformer_onnx.fused_graph import prepare_decoder
 
     print(f"load average {os.getloadavg()[0]:.1f}")
+    if args.model in FIXTURES:
+        folder = getattr(onnx_exports, args.model)()
+        config = json.loads((folder / "config.json").read_text())
+        exported = next(
+            p for p in (folder / "onnx" / "model.onnx", folder / "decoder_model_merged.onnx") if p.is_file()
+        )
+        fused = prepare_decoder(exported, config, repo=None, context=256, progress=lambda _e: None, label="bench")
+        for name, graph in {f"{args.model}, as exported": exported, f"{args.model}, {fused.note}": fused.path}.items():
+            print(name)
+            profile(graph, config, args.steps, args.top)
+        return
     source = onnx_exports.smollm2()
     folder = bench_decode.int4_folder(source, 4)
     config = json.loads((folder / "config.json").read_text())
