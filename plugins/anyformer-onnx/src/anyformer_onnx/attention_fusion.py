@@ -11,17 +11,18 @@ onnxruntime's contrib operator ``com.microsoft.GroupQueryAttention`` does all of
 outputs and returning the tensor the output projection reads and the new cache.
 
 The rewrite is structural and checked, never guessed: per layer it needs exactly one tensor out of
-each of the ``q_proj``/``k_proj``/``v_proj`` name scopes (the projection, bias included), exactly
-one non-constant tensor into ``o_proj``, and the layer's ``past_key_values.N.*`` and
+each of the ``q_proj``/``k_proj``/``v_proj`` name scopes (the projection, bias included) or of
+one ``qkv_proj`` scope (Phi-3: q, k and v side by side, as packed GroupQueryAttention reads them),
+exactly one non-constant tensor into ``o_proj``, and the layer's ``past_key_values.N.*`` and
 ``present.N.*``. Qwen3's per-head RMSNorm on q and k (``q_norm``/``k_norm`` scopes, reading the
 projection reshaped to heads) is kept in front of the attention as one
 ``SimplifiedLayerNormalization`` each over the head size: GroupQueryAttention has no such norm, but
 rotates what it is given, and the norm comes before the rotary in Qwen3. Anything else (a merged
-decoder with ``use_cache_branch``, an attention that is already fused, a q/k norm on another
-model_type, partial or scaled rotary this module does not compute, a sliding window) leaves the
-graph as it is, with the reason. The nodes that only fed the old attention are
-then dropped. The caller proves the result (:mod:`graph_cache` compares logits with the original
-graph) before using it.
+decoder with ``use_cache_branch`` that :mod:`cache_branch` has not reduced, an attention that is
+already fused, a q/k norm on another model_type, partial or scaled rotary this module does not
+compute, a sliding window the context does not fit in) leaves the graph as it is, with the reason.
+The nodes that only fed the old attention are then dropped. The caller proves the result
+(:mod:`fused_graph` compares logits with the original graph) before using it.
 
 Semantics kept: the cache layout (``[batch, kv_heads, positions, head_dim]``, past in, past plus
 new out, so the decode loop is unchanged) and the inputs' names. What the fused graph assumes and
