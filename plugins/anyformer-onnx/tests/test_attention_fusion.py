@@ -29,6 +29,7 @@ from anyformer_onnx.chat_model import OnnxChatModel
 from anyformer_onnx.decoder import DecodeLoop, DecoderGraph
 from anyformer_onnx.fused_graph import prepare_decoder
 from anyformer_onnx.fused_store import fused_entries
+from anyformer_onnx.mlp_fusion import split_gate_up
 from anyformer_onnx.norm_fusion import fuse_norms
 from anyformer_onnx.sampling import Sampler
 
@@ -478,6 +479,8 @@ def test_quantized_qwen3_and_phi3_graphs_fuse_and_compute_as_exported(
     kinds = [n.op_type for n in fused.graph.node]
     qk_norms = 4 if fixture == "tiny_qwen3_dir" else 0
     assert kinds.count("GroupQueryAttention") == 2 and kinds.count("SimplifiedLayerNormalization") == qk_norms
+    # Phi-3's gate_up chunk becomes a Split where the projection's width is readable (int4: N).
+    assert kinds.count("Split") == (2 if fixture == "tiny_phi3_dir" and kind == "int4" else 0)
     for model in (exported, fused):  # int4: compare at level 1 (fp32 compute), as the proof does
         for node in model.graph.node:
             for attribute in node.attribute:
@@ -577,6 +580,11 @@ def test_phi3_feeds_its_fused_qkv_projection_to_the_attention_and_replies_equal_
     assert [list(n.input[:3]) for n in attention] == [
         [f"/model/model/layers.{i}/self_attn/qkv_proj/MatMul_output_0", "", ""] for i in range(2)
     ]
+    # The MLP's chunk of gate_up_proj, spelled out with the size read at run time, is one Split.
+    assert split_gate_up(fused, config | {"intermediate_size": 64}) == 0  # not the projection's halves
+    assert split_gate_up(fused, config) == 2
+    kinds = [n.op_type for n in fused.graph.node]
+    assert kinds.count("Split") == 2 and "Slice" not in kinds
     onnx.checker.check_model(fused)
     ids = [5, 17, 42, 8, 63, 21, 9, 30]
     for want, got in zip(_logits(exported, config, ids, 6), _logits(fused, config, ids, 6), strict=True):

@@ -52,10 +52,11 @@ from anyformer_onnx import BACKEND_ID
 from anyformer_onnx.attention_fusion import NotFusable, attention_shape, fuse_attention
 from anyformer_onnx.cache_branch import reduce_to_with_past
 from anyformer_onnx.fused_store import DATA_NAME, GRAPH_NAME, RECORD_NAME, cache_folder
+from anyformer_onnx.mlp_fusion import split_gate_up
 from anyformer_onnx.norm_fusion import fuse_norms
 
 #: Bumped when the rewrite changes, so graphs fused by an older one are made again.
-FUSION_VERSION = 6
+FUSION_VERSION = 7
 #: Largest |fused − exported| logit allowed, relative to the largest |logit| (fp32 graphs). The
 #: rewrite reorders fp32 sums (softmax and the two attention products): measured on SmolLM2 2.5e-5
 #: on logits of ~28 (1e-6 relative). A wrong rotary table, scale or mask moves logits by a good
@@ -183,6 +184,7 @@ def _build(graph: Path, config: Mapping[str, Any], folder: Path, label: str, con
         reduced = reduce_to_with_past(model)
         report = fuse_attention(model, config, context)
         norms = fuse_norms(model, config)
+        splits = split_gate_up(model, config)
         fused = _exact_probe(model, config)
     except NotFusable as exc:
         record = {"fused": False, "note": f"as exported ({exc})"}
@@ -199,7 +201,9 @@ def _build(graph: Path, config: Mapping[str, Any], folder: Path, label: str, con
             note = (
                 ("merged decoder reduced to its with-past branch, " if reduced else "")
                 + f"attention fused into GroupQueryAttention ({report.layers} layers, q/k/v packed in "
-                f"{report.packed_qkv}, {norms} norms fused, {report.nodes_before} → {len(model.graph.node)} nodes; "
+                f"{report.packed_qkv}, {norms} norms fused, "
+                + (f"gate/up chunk split in {splits}, " if splits else "")
+                + f"{report.nodes_before} → {len(model.graph.node)} nodes; "
                 f"logits within {difference:.1e} of the export)"
             )
             record = {"fused": True, "note": note, "difference": difference, "limit": limit}
