@@ -627,3 +627,11 @@ def test_a_sliding_window_fuses_only_when_the_context_fits_in_it(tiny_phi3_dir: 
     assert fits.fused, fits.note
     # The fused graph, once made, is still not used for a context past the window.
     assert not prepare_decoder(graph, config, repo=None, context=129, progress=_no_progress, label="t").fused
+
+
+def test_a_qwen3_config_on_a_graph_without_q_k_norms_is_refused(tiny_llama_dir: Path) -> None:
+    # config.json says the heads are normed; a graph that does not norm them is not what it says.
+    model = onnx.load(str(tiny_llama_dir / "onnx" / "model.onnx"))
+    config = _config(tiny_llama_dir) | {"model_type": "qwen3", "rms_norm_eps": 1e-6}
+    with pytest.raises(NotFusable, match="no q_norm and k_norm nodes"):
+        fuse_attention(model, config)
