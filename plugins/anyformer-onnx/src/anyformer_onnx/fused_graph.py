@@ -1,8 +1,8 @@
 """A decoder graph with its attention fused, made once on the first load, proven, and kept in anyformer's cache.
 
 The rewrite itself is :mod:`attention_fusion` (after :mod:`cache_branch` reduces optimum's merged
-decoder to its with-past branch; then :mod:`norm_fusion` and :mod:`mlp_fusion`). Here: where the result lives, when it is made again,
-and the proof that it computes what the exported graph computes.
+decoder to its with-past branch; then :mod:`norm_fusion` and :mod:`mlp_fusion`). Here: where the
+result lives, when it is made again, and the proof that it computes what the exported graph computes.
 
 - Where: ``ANYFORMER_HOME/onnx/<org>/<name>/fused/<key>/`` for a Hub model (``anyformer rm``
   removes it with the model), ``ANYFORMER_HOME/onnx/local/fused/<key>/`` for a local folder;
