@@ -9,11 +9,13 @@ from typing import TYPE_CHECKING, Any
 
 from anyformer._backend import BackendModel
 from anyformer._chat_template import cancelled_by
+from anyformer._run_progress import cancelled, check_run_controls
 from anyformer._stream import CoreStream
 from anyformer.contract._chunk import Chunk, GenerateOptions
 from anyformer.contract._errors import AnyformerError, ErrorCode
 from anyformer.contract._messages import Message, has_audio, validate_messages
 from anyformer.contract._model import Model
+from anyformer.contract._progress import ProgressCallback
 from anyformer.contract._verdict import Verdict
 
 if TYPE_CHECKING:
@@ -227,19 +229,45 @@ class Loaded:
             cancel.set()
             await asyncio.to_thread(worker.join)
 
-    def run(self, input: Any, **options: Any) -> Any:
-        """Run a non-generation task (embeddings, classification…) on ``input``."""
+    @property
+    def run_progress(self) -> bool:
+        """True when the backend's ``run`` reports progress and can be cancelled part way (``run(progress=, cancel=)``)."""
+        return self._session.run_progress
+
+    def run(
+        self,
+        input: Any,
+        progress: ProgressCallback | None = None,
+        cancel: threading.Event | None = None,
+        **options: Any,
+    ) -> Any:
+        """Run a non-generation task (embeddings, classification, speech recognition…) on ``input``.
+
+        On a backend that declares it (:attr:`run_progress`), ``progress`` gets a
+        :class:`ProgressEvent` after each unit of work (a batch, a 30 s window of audio: ``stage``,
+        ``done`` of ``total``), and setting ``cancel`` (a ``threading.Event``) stops the work at the
+        next unit. Elsewhere ``progress`` gets nothing and the work runs to its end. Either way a
+        run whose ``cancel`` is set before it returns raises ``AnyformerError(CANCELLED)`` and
+        returns nothing, never a partial result; the model stays usable.
+        """
         self._check_open()
         if not self._session.has_run:
             raise AnyformerError(
                 ErrorCode.BAD_REQUEST,
                 f"{self.backend} loaded {self.model.ref} for {self.task}; it has no run(), use generate()",
             )
+        check_run_controls(progress, cancel)
+        if cancel is not None and cancel.is_set():
+            raise cancelled(self.backend)
         self._acquire()
         try:
-            return self._session.run(input, options)
+            result = self._session.run(input, options, progress, cancel)
         finally:
             self._release()
+        # A backend without run_progress ran to its end; the caller said stop meanwhile, so no result.
+        if cancel is not None and cancel.is_set():
+            raise cancelled(self.backend)
+        return result
 
     def _acquire(self) -> None:
         """Take one of the model's ``parallel`` slots, or raise ``BUSY`` (``BAD_REQUEST`` once disposed)."""
