@@ -211,8 +211,16 @@ def test_a_correct_backend_passes_every_kit_test(pytester: pytest.Pytester) -> N
             "entry.backend is 'other', expected 'echo'",
         ),
         ("dispose-twice-raises", "test_dispose_twice_and_the_with_block", "second dispose() raised"),
-        ("progress-overshoots", "test_run_progress_events_are_well_formed", "has done=3 of total=2, expected done <= total"),
-        ("swallows-cancel", "test_run_cancelled_after_the_first_event", "expected the AnyformerError(CANCELLED) to propagate"),
+        (
+            "progress-overshoots",
+            "test_run_progress_events_are_well_formed",
+            "has done=3 of total=2, expected done <= total",
+        ),
+        (
+            "swallows-cancel",
+            "test_run_cancelled_after_the_first_event",
+            "expected the AnyformerError(CANCELLED) to propagate",
+        ),
     ],
 )
 def test_a_broken_backend_fails_the_kit_test_for_its_defect(

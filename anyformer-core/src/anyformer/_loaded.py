@@ -231,7 +231,7 @@ class Loaded:
 
     @property
     def run_progress(self) -> bool:
-        """True when the backend's ``run`` reports progress and can be cancelled part way (``run(progress=, cancel=)``)."""
+        """True when the backend's ``run`` reports progress and can be cancelled part way."""
         return self._session.run_progress
 
     def run(

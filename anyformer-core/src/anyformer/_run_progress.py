@@ -33,9 +33,7 @@ def cancelled(backend: str, what: str = "run") -> AnyformerError:
     return AnyformerError(ErrorCode.CANCELLED, f"{backend}: the {what} was cancelled; no result was produced")
 
 
-def run_reporter(
-    backend: str, progress: ProgressCallback | None, cancel: threading.Event | None
-) -> ProgressCallback:
+def run_reporter(backend: str, progress: ProgressCallback | None, cancel: threading.Event | None) -> ProgressCallback:
     """The ``progress`` callable a handle's ``run`` gets: passes events on and raises ``CANCELLED`` on cancel.
 
     The event is delivered before the cancel is looked at again, so a caller that decides to stop on

@@ -6,8 +6,8 @@ and BUSY, CoreStream), so both kinds of session only start work, run it and free
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 import threading
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
 from anyformer._backend import (

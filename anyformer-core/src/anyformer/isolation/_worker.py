@@ -327,7 +327,9 @@ class Worker:
                         control.take()  # the parent's answer: more, or a cancel the reporter then raises
 
                 cancel = control.cancel if control is not None else None
-                value = run(decode_value(command["input"]), progress=run_reporter(self._backend, forward, cancel), **options)
+                value = run(
+                    decode_value(command["input"]), progress=run_reporter(self._backend, forward, cancel), **options
+                )
             else:
                 value = run(decode_value(command["input"]), **options)
             self.send({"op": "result", **reply_id, "value": encode_value(value)})

@@ -21,6 +21,8 @@ generation: the worker runs at most :data:`WINDOW` chunks ahead of the caller, s
 closed iterator stops the engine within a few tokens; ``cancel`` is a message, and a closed
 iterator sends one too. The frames a cancelled generation still sends are dropped by the reader;
 a new generation waits (at most :data:`SETTLE_SECONDS`) until the worker has a free slot again.
+A ``run`` is numbered and routed the same way; its progress events come back one at a time, the
+worker waiting for each to be taken (``more``) or refused (``cancel``) before its next unit.
 """
 
 from __future__ import annotations
