@@ -154,3 +154,27 @@ def test_malformed_controls_are_bad_request(load: Any, progress: Any, cancel: An
     with pytest.raises(AnyformerError) as caught:
         loaded.run({"units": 1}, progress=progress, cancel=cancel)
     assert caught.value.code is ErrorCode.BAD_REQUEST
+
+
+def test_dispose_cancels_a_run_in_another_thread(load: Any) -> None:
+    loaded = load("counts")
+    events: list[ProgressEvent] = []
+    outcome: list[BaseException | Any] = []
+
+    def work() -> None:
+        try:
+            outcome.append(loaded.run({"units": 1000, "delay": 0.01}, progress=events.append))
+        except BaseException as exc:
+            outcome.append(exc)
+
+    worker = threading.Thread(target=work)
+    worker.start()
+    deadline = time.monotonic() + 10
+    while not events and time.monotonic() < deadline:
+        time.sleep(0.01)
+    began = time.monotonic()
+    loaded.dispose()
+    worker.join(timeout=10)
+    assert time.monotonic() - began < 5.0  # not the 10 s the whole run takes
+    assert isinstance(outcome[0], AnyformerError) and outcome[0].code is ErrorCode.CANCELLED
+    assert 0 < len(events) < 1000

@@ -49,6 +49,8 @@ class Loaded:
         self._free_lock = threading.Lock()
         # The streams now open: dispose stops them before freeing the model under them.
         self._open_streams: weakref.WeakSet[CoreStream] = weakref.WeakSet()
+        # The cancel events of the runs in progress: dispose sets them, as it cancels open streams.
+        self._running: list[threading.Event] = []
         #: The description the model was loaded from.
         self.model = model
         #: The chosen backend's verdict, with its estimate (None when the backend was named and not asked).
@@ -247,8 +249,8 @@ class Loaded:
         :class:`ProgressEvent` after each unit of work (a batch, a 30 s window of audio: ``stage``,
         ``done`` of ``total``), and setting ``cancel`` (a ``threading.Event``) stops the work at the
         next unit. Elsewhere ``progress`` gets nothing and the work runs to its end. Either way a
-        run whose ``cancel`` is set before it returns raises ``AnyformerError(CANCELLED)`` and
-        returns nothing, never a partial result; the model stays usable.
+        run whose ``cancel`` is set before it returns (or that :meth:`dispose` cancels) raises
+        ``AnyformerError(CANCELLED)`` and returns nothing, never a partial result; the model stays usable.
         """
         self._check_open()
         if not self._session.has_run:
@@ -259,13 +261,18 @@ class Loaded:
         check_run_controls(progress, cancel)
         if cancel is not None and cancel.is_set():
             raise cancelled(self.backend)
+        stop = cancel if cancel is not None else threading.Event()  # dispose sets it
         self._acquire()
+        with self._slots:
+            self._running.append(stop)
         try:
-            result = self._session.run(input, options, progress, cancel)
+            result = self._session.run(input, options, progress, stop)
         finally:
+            with self._slots:
+                self._running.remove(stop)
             self._release()
         # A backend without run_progress ran to its end; the caller said stop meanwhile, so no result.
-        if cancel is not None and cancel.is_set():
+        if stop.is_set():
             raise cancelled(self.backend)
         return result
 
@@ -306,7 +313,8 @@ class Loaded:
     def dispose(self) -> None:
         """Free the model's memory. Safe to call twice; called on ``__exit__``.
 
-        Every open stream is cancelled and closed first. Generations running in other threads get
+        Every open stream is cancelled and closed first, and every run in progress cancelled (it raises
+        ``CANCELLED``). Generations and runs in other threads get
         ``_DISPOSE_WAIT_SECONDS`` (together) to stop; if an engine call has not returned by then,
         the model is freed when the last stream ends, never while one still runs on it.
         """
@@ -315,8 +323,11 @@ class Loaded:
                 return
             self._disposed = True
             streams = list(self._open_streams)
+            runs = list(self._running)
         for stream in streams:
             stream.cancel()
+        for stop in runs:
+            stop.set()  # a run_progress backend stops at its next unit; the others run to their end
         for stream in streams:
             try:
                 stream.close()
