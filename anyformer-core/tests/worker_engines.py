@@ -54,10 +54,37 @@ class Handle:
             from anyformer.files import _gguf_header
 
             return [identity[0] for identity in _gguf_header._HEADER_CACHE]
+        if input == "sleep":  # a run long enough for a cancel to arrive while it works
+            time.sleep(0.4)
         return {"input": input, "options": options}
 
     def dispose(self) -> None:
         self.disposed += 1
+
+
+class ProgressHandle(Handle):
+    """A handle whose ``run`` declares ``run_progress``: ``{"units": n}`` works through n units, reporting each."""
+
+    run_progress = True
+
+    def __init__(self, backend: str) -> None:
+        super().__init__(backend)
+        self.task = "feature-extraction"
+        self.units = 0  # units of work done, over every run
+
+    def run(self, input: Any, progress: Any = None, **options: Any) -> Any:
+        if not isinstance(input, dict):
+            return {**super().run(input, **options), "units": self.units}
+        total = int(input["units"])
+        done = []
+        for unit in range(total):
+            time.sleep(float(input.get("delay", 0.0)))
+            done.append(unit)
+            self.units += 1
+            if input.get("malformed"):
+                progress((unit + 1, total))  # a backend bug: not a ProgressEvent
+            progress(ProgressEvent(stage="units", done=unit + 1, total=total))
+        return {"done": done}
 
 
 def _die_of(fault: str) -> None:
@@ -90,8 +117,10 @@ class Engine:
         delay: float = 0.0,
         parallel: int = 1,
         audio_input: bool = False,
+        run_progress: bool = False,
     ) -> None:
         self.name = name
+        self.run_progress = run_progress  # its handles report run()'s progress and stop when cancelled
         self.fault = fault
         self.at = at
         self.delay = delay
@@ -112,6 +141,8 @@ class Engine:
                 raise KeyError("blk.0.attn_q")
             _die_of(self.fault or "")
         progress(ProgressEvent(stage="load", backend=self.name, file="weights", done=2, total=2))
+        if self.run_progress:
+            return ProgressHandle(self.name)
         return Handle(self.name, self.parallel, self.audio_input)
 
     @hookimpl
@@ -155,6 +186,8 @@ class Engine:
 
 
 steady = Engine("steady")
+#: Its run() reports each unit of work and stops between units when cancelled.
+counts = Engine("counts", run_progress=True)
 slow = Engine("slow", delay=0.01)
 #: Serves three streams at once (``parallel = 3``), each reply written with its prompt's first letter.
 triple = Engine("triple", delay=0.002, parallel=3)

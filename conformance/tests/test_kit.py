@@ -16,7 +16,7 @@ import socket
 
 import anyformer
 import pytest
-from anyformer import AnyformerError, Chunk, Estimate, Refusal, StoreEntry, Verdict, hookimpl
+from anyformer import AnyformerError, Chunk, Estimate, ProgressEvent, Refusal, StoreEntry, Verdict, hookimpl
 from anyformer.plugin import anyformer_home
 from anyformer_conformance import BackendConformance, RefusalCase
 
@@ -27,11 +27,27 @@ LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
 
 class EchoHandle:
+    run_progress = True
+
     def __init__(self):
         self.backend = "echo"
         self.task = "text-generation"
         self.calls = 0
         self.disposed = False
+
+    def run(self, input, progress=None, **options):
+        # Upper-cases the texts one by one, reporting each (a run with progress and cancel).
+        done = []
+        total = len(input) - 1 if "progress-overshoots" in BROKEN else len(input)
+        for text in input:
+            done.append(text.upper())
+            try:
+                progress(ProgressEvent(stage="echo", done=len(done), total=total))
+            except AnyformerError:
+                if "swallows-cancel" not in BROKEN:
+                    raise
+                break
+        return done
 
     def dispose(self):
         if self.disposed and "dispose-twice-raises" in BROKEN:
@@ -118,6 +134,11 @@ class TestEcho(BackendConformance):
         (folder / "echo.txt").write_text("hello", encoding="utf-8")
         return anyformer.describe(folder)
 
+    @pytest.fixture(scope="class")
+    @classmethod
+    def run_sample(cls):
+        return (["a", "b", "c"], {{}})
+
     @pytest.fixture
     def stored_model(self, empty_anyformer_home):
         target = empty_anyformer_home / "echo" / "stored" / "echo.txt"
@@ -190,6 +211,16 @@ def test_a_correct_backend_passes_every_kit_test(pytester: pytest.Pytester) -> N
             "entry.backend is 'other', expected 'echo'",
         ),
         ("dispose-twice-raises", "test_dispose_twice_and_the_with_block", "second dispose() raised"),
+        (
+            "progress-overshoots",
+            "test_run_progress_events_are_well_formed",
+            "has done=3 of total=2, expected done <= total",
+        ),
+        (
+            "swallows-cancel",
+            "test_run_cancelled_after_the_first_event",
+            "expected the AnyformerError(CANCELLED) to propagate",
+        ),
     ],
 )
 def test_a_broken_backend_fails_the_kit_test_for_its_defect(

@@ -18,7 +18,11 @@ class BackendModel(Protocol):
     ``prompt_logprobs = True``. A handle that reads audio blocks in chat messages sets
     ``audio_input = True``; the core refuses messages with audio for every other handle. A handle
     that serves several streams at once (its ``generate`` and ``run`` are safe to call from several
-    threads) sets ``parallel`` to how many; without it the core allows one at a time.
+    threads) sets ``parallel`` to how many; without it the core allows one at a time. A handle whose
+    ``run`` reports progress and stops when cancelled sets ``run_progress = True``: the core then
+    always calls ``run(input, progress=report, **options)``, ``report`` being a callable to call
+    with a :class:`ProgressEvent` after each unit of work, which raises ``AnyformerError(CANCELLED)``
+    once the caller cancelled (``anyformer._run_progress``); other handles' ``run`` never gets it.
     """
 
     backend: str
@@ -55,3 +59,8 @@ def parallel_of(handle: Any) -> int:
 def prompt_logprobs_of(handle: Any) -> bool:
     """True when the handle declares it scores a raw prompt's tokens (``prompt_logprobs = True``)."""
     return raw_text_of(handle) and getattr(handle, "prompt_logprobs", False) is True
+
+
+def run_progress_of(handle: Any) -> bool:
+    """True when the handle's ``run`` takes the core's ``progress`` callable (``run_progress = True``)."""
+    return run_of(handle) is not None and getattr(handle, "run_progress", False) is True

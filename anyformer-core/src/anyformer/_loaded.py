@@ -9,11 +9,13 @@ from typing import TYPE_CHECKING, Any
 
 from anyformer._backend import BackendModel
 from anyformer._chat_template import cancelled_by
+from anyformer._run_progress import cancelled, check_run_controls
 from anyformer._stream import CoreStream
 from anyformer.contract._chunk import Chunk, GenerateOptions
 from anyformer.contract._errors import AnyformerError, ErrorCode
 from anyformer.contract._messages import Message, has_audio, validate_messages
 from anyformer.contract._model import Model
+from anyformer.contract._progress import ProgressCallback
 from anyformer.contract._verdict import Verdict
 
 if TYPE_CHECKING:
@@ -47,6 +49,8 @@ class Loaded:
         self._free_lock = threading.Lock()
         # The streams now open: dispose stops them before freeing the model under them.
         self._open_streams: weakref.WeakSet[CoreStream] = weakref.WeakSet()
+        # The cancel events of the runs in progress: dispose sets them, as it cancels open streams.
+        self._running: list[threading.Event] = []
         #: The description the model was loaded from.
         self.model = model
         #: The chosen backend's verdict, with its estimate (None when the backend was named and not asked).
@@ -227,19 +231,50 @@ class Loaded:
             cancel.set()
             await asyncio.to_thread(worker.join)
 
-    def run(self, input: Any, **options: Any) -> Any:
-        """Run a non-generation task (embeddings, classification…) on ``input``."""
+    @property
+    def run_progress(self) -> bool:
+        """True when the backend's ``run`` reports progress and can be cancelled part way."""
+        return self._session.run_progress
+
+    def run(
+        self,
+        input: Any,
+        progress: ProgressCallback | None = None,
+        cancel: threading.Event | None = None,
+        **options: Any,
+    ) -> Any:
+        """Run a non-generation task (embeddings, classification, speech recognition…) on ``input``.
+
+        On a backend that declares it (:attr:`run_progress`), ``progress`` gets a
+        :class:`ProgressEvent` after each unit of work (a batch, a 30 s window of audio: ``stage``,
+        ``done`` of ``total``), and setting ``cancel`` (a ``threading.Event``) stops the work at the
+        next unit. Elsewhere ``progress`` gets nothing and the work runs to its end. Either way a
+        run whose ``cancel`` is set before it returns (or that :meth:`dispose` cancels) raises
+        ``AnyformerError(CANCELLED)`` and returns nothing, never a partial result; the model stays usable.
+        """
         self._check_open()
         if not self._session.has_run:
             raise AnyformerError(
                 ErrorCode.BAD_REQUEST,
                 f"{self.backend} loaded {self.model.ref} for {self.task}; it has no run(), use generate()",
             )
+        check_run_controls(progress, cancel)
+        if cancel is not None and cancel.is_set():
+            raise cancelled(self.backend)
+        stop = cancel if cancel is not None else threading.Event()  # dispose sets it
         self._acquire()
+        with self._slots:
+            self._running.append(stop)
         try:
-            return self._session.run(input, options)
+            result = self._session.run(input, options, progress, stop)
         finally:
+            with self._slots:
+                self._running.remove(stop)
             self._release()
+        # A backend without run_progress ran to its end; the caller said stop meanwhile, so no result.
+        if stop.is_set():
+            raise cancelled(self.backend)
+        return result
 
     def _acquire(self) -> None:
         """Take one of the model's ``parallel`` slots, or raise ``BUSY`` (``BAD_REQUEST`` once disposed)."""
@@ -278,7 +313,8 @@ class Loaded:
     def dispose(self) -> None:
         """Free the model's memory. Safe to call twice; called on ``__exit__``.
 
-        Every open stream is cancelled and closed first. Generations running in other threads get
+        Every open stream is cancelled and closed first, and every run in progress cancelled (it raises
+        ``CANCELLED``). Generations and runs in other threads get
         ``_DISPOSE_WAIT_SECONDS`` (together) to stop; if an engine call has not returned by then,
         the model is freed when the last stream ends, never while one still runs on it.
         """
@@ -287,8 +323,11 @@ class Loaded:
                 return
             self._disposed = True
             streams = list(self._open_streams)
+            runs = list(self._running)
         for stream in streams:
             stream.cancel()
+        for stop in runs:
+            stop.set()  # a run_progress backend stops at its next unit; the others run to their end
         for stream in streams:
             try:
                 stream.close()

@@ -6,12 +6,23 @@ and BUSY, CoreStream), so both kinds of session only start work, run it and free
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
-from anyformer._backend import BackendModel, audio_input_of, parallel_of, prompt_logprobs_of, raw_text_of, run_of
+from anyformer._backend import (
+    BackendModel,
+    audio_input_of,
+    parallel_of,
+    prompt_logprobs_of,
+    raw_text_of,
+    run_of,
+    run_progress_of,
+)
+from anyformer._run_progress import run_reporter
 from anyformer.contract._chunk import Chunk, GenerateOptions
 from anyformer.contract._messages import Message
+from anyformer.contract._progress import ProgressCallback
 
 if TYPE_CHECKING:
     from anyformer._plugins import PluginManager
@@ -45,6 +56,10 @@ class Session(Protocol):
         """True when the backend continues raw text without a chat template (``generate(prompt=...)``)."""
 
     @property
+    def run_progress(self) -> bool:
+        """True when the backend's ``run`` reports progress and stops between units when cancelled."""
+
+    @property
     def audio_input(self) -> bool:
         """True when the backend reads audio blocks in chat messages."""
 
@@ -59,8 +74,15 @@ class Session(Protocol):
     def start(self, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk]:
         """Begin a generation; errors the backend finds before streaming are raised here."""
 
-    def run(self, input: Any, options: dict[str, Any]) -> Any:
-        """Run a non-generation task on ``input``."""
+    def run(
+        self,
+        input: Any,
+        options: dict[str, Any],
+        progress: ProgressCallback | None = None,
+        cancel: threading.Event | None = None,
+    ) -> Any:
+        """Run a non-generation task on ``input``; a ``run_progress`` backend reports to ``progress`` and
+        raises ``CANCELLED`` between units once ``cancel`` is set."""
 
     def dispose(self) -> None:
         """Free the model; a second call does nothing."""
@@ -93,6 +115,11 @@ class InProcessSession:
         return raw_text_of(self._handle)
 
     @property
+    def run_progress(self) -> bool:
+        """True when the handle declares ``run_progress``."""
+        return run_progress_of(self._handle)
+
+    @property
     def audio_input(self) -> bool:
         """True when the handle declares ``audio_input``."""
         return audio_input_of(self._handle)
@@ -111,9 +138,18 @@ class InProcessSession:
         """Call the owning backend's generate hook."""
         return self._manager.generate(self._handle, messages, options)
 
-    def run(self, input: Any, options: dict[str, Any]) -> Any:
-        """Call the handle's ``run``."""
-        return run_of(self._handle)(input, **options)
+    def run(
+        self,
+        input: Any,
+        options: dict[str, Any],
+        progress: ProgressCallback | None = None,
+        cancel: threading.Event | None = None,
+    ) -> Any:
+        """Call the handle's ``run``, with the core's ``progress`` callable when it declares ``run_progress``."""
+        run = run_of(self._handle)
+        if run_progress_of(self._handle):
+            return run(input, progress=run_reporter(self.backend, progress, cancel), **options)
+        return run(input, **options)
 
     def dispose(self) -> None:
         """Call the handle's ``dispose`` (``Loaded`` calls this once)."""

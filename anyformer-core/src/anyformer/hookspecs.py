@@ -71,8 +71,10 @@ def load(backend: str, model: Model, request: Request, progress: ProgressCallbac
     :param request: the task, budget and context length the model is loaded for.
     :param progress: call it with :class:`anyformer.ProgressEvent` during long steps.
     :returns: a handle with ``backend`` (this id), ``task``, ``dispose()`` (and ``run()`` for
-        non-generation tasks). Raise ``AnyformerError`` (``BAD_MODEL``, ``OUT_OF_MEMORY``,
-        ``BUDGET_TOO_SMALL``…) for failures a person can act on. Returning anything else
+        non-generation tasks; ``run_progress = True`` when ``run`` takes the core's ``progress``
+        callable, reports each unit of work to it and lets the ``CANCELLED`` it raises propagate).
+        Raise ``AnyformerError`` (``BAD_MODEL``, ``OUT_OF_MEMORY``, ``BUDGET_TOO_SMALL``…) for
+        failures a person can act on. Returning anything else
         (None included) is a ``PLUGIN_ERROR``.
     """
 

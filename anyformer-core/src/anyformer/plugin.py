@@ -11,7 +11,7 @@ Groups, in the order a backend meets them:
 - the contract's types: :class:`Model`, :class:`ModelFile`, :class:`Caps`, :class:`Request`,
   :class:`Verdict`, :class:`Estimate`, :class:`Rank`, :class:`Refusal`, :class:`Chunk`, :class:`TokenLogprob`,
   :class:`GenerateOptions`, :class:`FinishReason`, :class:`StoreEntry`, :class:`ProgressEvent`,
-  :data:`ProgressCallback`, :class:`BackendModel`, :class:`AnyformerError`, :class:`ErrorCode`;
+  :data:`ProgressCallback`, :func:`no_progress`, :class:`BackendModel`, :class:`AnyformerError`, :class:`ErrorCode`;
 - messages and chat: :data:`Message`, :func:`validate_messages`, :func:`has_images`, :func:`has_audio`,
   :func:`text_of`, :func:`render_chat` (jinja2's sandbox), :data:`CHATML_TEMPLATE`;
 - files, read with hard limits before any engine sees them: :func:`read_gguf_header`,
@@ -40,7 +40,7 @@ from anyformer.contract._chunk import Chunk, FinishReason, GenerateOptions, Toke
 from anyformer.contract._errors import AnyformerError, ErrorCode
 from anyformer.contract._messages import Message, has_audio, has_images, text_of, validate_messages
 from anyformer.contract._model import Model, ModelFile
-from anyformer.contract._progress import ProgressCallback, ProgressEvent
+from anyformer.contract._progress import ProgressCallback, ProgressEvent, no_progress
 from anyformer.contract._request import Request
 from anyformer.contract._sizes import format_size, parse_size
 from anyformer.contract._store_entry import StoreEntry
@@ -116,6 +116,7 @@ __all__ = [
     "has_images",
     "hookimpl",
     "host_ram_available",
+    "no_progress",
     "parse_size",
     "probe_rpc_server",
     "read_config_json",

@@ -22,7 +22,7 @@ from typing import Any
 
 import uvicorn
 
-from anyformer import AnyformerError, Chunk, Estimate, Rank, Refusal, StoreEntry, Verdict, hookimpl
+from anyformer import AnyformerError, Chunk, Estimate, ProgressEvent, Rank, Refusal, StoreEntry, Verdict, hookimpl
 
 #: Seconds between the paced backend's tokens.
 PACE = 0.01
@@ -88,12 +88,27 @@ class PacedHandle:
         self.ref = ref
         self.disposed = False
         self.parallel = 1
+        self.runs: list[tuple[str, int]] = []  # how each run() ended, and the texts it had embedded
 
     def dispose(self) -> None:
         self.disposed = True
 
-    def run(self, input: Any, **options: Any) -> dict[str, Any]:
-        vectors = [[b / 255 for b in hashlib.sha256(text.encode()).digest()[:8]] for text in input]
+    #: run() reports each text and stops between texts when cancelled; each input "slow" takes 50 ms.
+    run_progress = True
+
+    def run(self, input: Any, progress: Any = None, **options: Any) -> dict[str, Any]:
+        vectors = []
+        try:
+            for text in input:
+                if text == "slow":
+                    time.sleep(0.05)
+                vectors.append([b / 255 for b in hashlib.sha256(text.encode()).digest()[:8]])
+                if progress is not None:
+                    progress(ProgressEvent(stage="embed", done=len(vectors), total=len(input)))
+        except AnyformerError as exc:
+            self.runs.append((exc.code.value, len(vectors)))
+            raise
+        self.runs.append(("done", len(vectors)))
         return {"embeddings": vectors, "tokens": sum(len(text.split()) for text in input)}
 
 

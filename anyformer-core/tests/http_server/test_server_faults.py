@@ -206,6 +206,25 @@ def test_embeddings_go_through_run_on_a_model_loaded_for_feature_extraction(
     assert isinstance(encoded["data"][0]["embedding"], str)
 
 
+def test_an_embeddings_client_that_disconnects_cancels_its_run(paced_server: Any, model_folders: Any) -> None:
+    url, backend, _pool = paced_server()
+    model = model_folders("embedder")
+    parts = urllib.parse.urlsplit(url)
+    connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
+    body = {"model": model, "input": ["slow"] * 400}  # 20 s of work
+    connection.request("POST", "/v1/embeddings", json.dumps(body).encode(), {"Content-Type": "application/json"})
+    wait_for(lambda: bool(backend.handles) and backend.handles[-1].task == "feature-extraction")
+    time.sleep(0.3)
+    connection.sock.shutdown(2)  # type: ignore[union-attr]
+    connection.close()
+    handle = backend.handles[-1]
+    wait_for(lambda: bool(handle.runs))
+    code, embedded = handle.runs[0]
+    assert code == "CANCELLED" and 0 < embedded < 400
+    reply = plain_request("POST", f"{url}/v1/embeddings", {"model": model, "input": ["a b"]})
+    assert reply.status == 200, reply.body  # the model is free again at once
+
+
 def test_a_wrong_api_key_is_401_and_the_right_one_passes(paced_server: Any, model_folders: Any) -> None:
     url, _backend, _pool = paced_server(api_key="s3cret")
     model = model_folders("a")

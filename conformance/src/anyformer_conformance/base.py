@@ -75,6 +75,12 @@ MIN_TOKENS_FOR_TESTS = 4
 PLUGIN_MODULE = "anyformer_conformance.plugin"
 
 
+def _handle_run(loaded: anyformer.Loaded) -> Any:
+    """The backend's own handle's ``run``, called with nothing of the core in between."""
+    handle: Any = loaded.handle
+    return handle.run
+
+
 class _MissingBackendId(LookupError):
     """Raised by the default ``backend_id``: a subclass must name the backend it tests."""
 
@@ -260,6 +266,11 @@ class BackendConformance:
         return FOREIGN_MODEL
 
     @property
+    def run_time_limit_s(self) -> float:
+        """How long the kit waits for one ``run`` of ``run_sample``, in seconds. Default 120."""
+        return 120.0
+
+    @property
     def can_run_time_limit_s(self) -> float:
         """How long one ``can_run`` may take, in seconds: it runs on every ``anyformer check``. Default 5."""
         return 5.0
@@ -366,6 +377,28 @@ class BackendConformance:
             pytest.skip("no sample_model: this backend supplies none that runs here")
         if not self.supports_generate:
             pytest.skip("supports_generate is False")
+        loaded = anyformer.load(
+            described_sample, backend=self.backend_id, plugins=plugin_manager, caps=caps, **self.load_kwargs
+        )
+        yield loaded
+        loaded.dispose()
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def run_sample(cls) -> tuple[Any, dict[str, Any]] | None:
+        """An input and options for the sample's ``run`` (a non-generation sample), long enough for two
+        units of work (two batches, two windows). None (the default): the ``run`` tests skip."""
+        return None
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def run_model(
+        cls, described_sample: Model | None, plugin_manager: anyformer.PluginManager, caps: Caps, run_sample: Any
+    ) -> Iterator[anyformer.Loaded]:
+        """The sample loaded for the ``run`` tests (any task), once for the class."""
+        self = cls()
+        if described_sample is None or run_sample is None:
+            pytest.skip("no sample_model and run_sample: the run tests need both")
         loaded = anyformer.load(
             described_sample, backend=self.backend_id, plugins=plugin_manager, caps=caps, **self.load_kwargs
         )
@@ -1340,6 +1373,81 @@ class BackendConformance:
             isolated.dispose()
         checks.check_stream(chunks, limit, where)
         checks.check_same_text(chunks[-1].text, expected, "the isolated worker's greedy text", where)
+
+    # ---- progress and cancel of run ---------------------------------------------------------------
+
+    def test_run_progress_events_are_well_formed(self, run_model: anyformer.Loaded, run_sample: Any) -> None:
+        """A handle declaring ``run_progress`` reports well-formed events from its own ``run`` and through the core.
+
+        Troubleshooting: call the ``progress`` the core passes (``run(input, progress=..., **options)``)
+        with an ``anyformer.ProgressEvent(stage=..., done=..., total=...)`` after each unit of work
+        (a batch, a window): ``done`` never above ``total``, never decreasing, ``total`` the same
+        for the whole run. A handle whose ``run`` cannot report leaves ``run_progress`` unset.
+        """
+        if not run_model.run_progress:
+            pytest.skip("the handle does not declare run_progress")
+        input, options = run_sample
+        raw: list[Any] = []
+        where = f"the handle's run(progress=..., **{options!r})"
+        try:
+            _handle_run(run_model)(input, progress=raw.append, **options)
+        except Exception as exc:
+            checks.fail(f"raised {type(exc).__name__}: {exc}, expected a result", where)
+        checks.check_run_progress(raw, self.backend_id, where)
+        events: list[anyformer.ProgressEvent] = []
+        started = time.monotonic()
+        run_model.run(input, progress=events.append, **options)
+        if time.monotonic() - started > self.run_time_limit_s:
+            checks.fail(f"the run took over {self.run_time_limit_s:g} s (run_time_limit_s)", "loaded.run")
+        checks.check_run_progress(events, self.backend_id, "loaded.run(progress=...)")
+        if len(events) < 2:
+            checks.fail(
+                f"run_sample made {len(events)} event, expected at least 2 (make it two units of work long)",
+                "loaded.run(progress=...)",
+            )
+
+    def test_run_cancelled_after_the_first_event_raises_and_the_model_stays_usable(
+        self, run_model: anyformer.Loaded, run_sample: Any
+    ) -> None:
+        """A cancel set at the first progress event ends ``run`` with ``CANCELLED`` at once, with no result.
+
+        Troubleshooting: let the ``AnyformerError(CANCELLED)`` that the core's ``progress`` raises
+        propagate out of your ``run`` (do not catch it, or wrap it in another error), and free what
+        the unfinished work held in ``finally`` blocks, so the next call starts clean.
+        """
+        if not run_model.run_progress:
+            pytest.skip("the handle does not declare run_progress")
+        input, options = run_sample
+        cancel = threading.Event()
+        events: list[anyformer.ProgressEvent] = []
+
+        def stop_at_first(event: anyformer.ProgressEvent) -> None:
+            events.append(event)
+            cancel.set()
+
+        def raise_at_first(event: Any) -> None:  # what the core's progress does once the caller cancelled
+            raise AnyformerError(ErrorCode.CANCELLED, "cancelled by the conformance kit")
+
+        where = "the handle's run(progress=...) whose progress raises CANCELLED at the first event"
+        try:
+            result = _handle_run(run_model)(input, progress=raise_at_first, **options)
+        except AnyformerError as exc:
+            checks.check_error_code(exc, ErrorCode.CANCELLED, where)
+        else:
+            checks.fail(f"returned {result!r:.200}, expected the AnyformerError(CANCELLED) to propagate", where)
+        where = "loaded.run(progress=..., cancel=...) with cancel set at the first event"
+        try:
+            result = run_model.run(input, progress=stop_at_first, cancel=cancel, **options)
+        except AnyformerError as exc:
+            checks.check_error_code(exc, ErrorCode.CANCELLED, where)
+        else:
+            checks.fail(f"returned {result!r:.200} after a cancel, expected AnyformerError(CANCELLED)", where)
+        if len(events) != 1:
+            checks.fail(f"{len(events)} events reached the caller after the cancel, expected 1", where)
+        try:
+            run_model.run(input, **options)
+        except AnyformerError as exc:
+            checks.fail(f"the next run raised {exc}, expected the model to stay usable", "loaded.run after a cancel")
 
     # ---- load and dispose -------------------------------------------------------------------------
 

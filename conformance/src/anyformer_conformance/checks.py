@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from itertools import pairwise
 from typing import Any, NoReturn
 
-from anyformer import AnyformerError, Chunk, ErrorCode, Estimate, Rank, Refusal, StoreEntry, Verdict
+from anyformer import AnyformerError, Chunk, ErrorCode, Estimate, ProgressEvent, Rank, Refusal, StoreEntry, Verdict
 
 __all__ = [
     "FINISH_REASONS",
@@ -25,6 +25,7 @@ __all__ = [
     "check_error_code",
     "check_need",
     "check_refusal_code",
+    "check_run_progress",
     "check_same_text",
     "check_store_entry",
     "check_stream",
@@ -317,6 +318,35 @@ def check_error_code(error: BaseException | None, expected: ErrorCode | str, whe
 
 
 # ---- the store ------------------------------------------------------------------------------------
+
+
+def check_run_progress(events: Sequence[Any], backend_id: str, where: str) -> None:
+    """A ``run``'s progress events: at least one, each a ``ProgressEvent`` of this backend with a stage,
+    ``0 <= done <= total`` (when ``total`` is known), ``done`` never decreasing within a stage and
+    ``total`` fixed within it (docs/contract.md, "Progress and cancel of a run")."""
+    __tracebackhide__ = True
+    if not events:
+        fail("the run declared run_progress but reported no event, expected one after each unit of work", where)
+    last: dict[str, tuple[int, int | None]] = {}
+    for index, event in enumerate(events):
+        if not isinstance(event, ProgressEvent):
+            fail(f"event {index} is {type(event).__name__}, expected anyformer.ProgressEvent", where)
+        if event.backend not in (None, backend_id):
+            fail(f"event {index} names backend {event.backend!r}, expected {backend_id!r} (or None)", where)
+        if not isinstance(event.stage, str) or not event.stage:
+            fail(f"event {index} has stage {event.stage!r}, expected a word such as 'embed'", where)
+        done, total = event.done, event.total
+        if isinstance(done, bool) or not isinstance(done, int) or done < 0:
+            fail(f"event {index} has done={done!r}, expected an int >= 0", where)
+        if total is not None and (isinstance(total, bool) or not isinstance(total, int) or done > total):
+            fail(f"event {index} has done={done} of total={total!r}, expected done <= total", where)
+        if event.stage in last:
+            before, before_total = last[event.stage]
+            if done < before:
+                fail(f"{event.stage!r} went {before} -> {done}, but done must never decrease", where)
+            if total != before_total:
+                fail(f"{event.stage!r} changed its total {before_total} -> {total} within one run", where)
+        last[event.stage] = (done, total)
 
 
 def check_store_entry(entry: Any, backend_id: str, where: str) -> None:

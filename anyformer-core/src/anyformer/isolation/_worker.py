@@ -32,10 +32,19 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from anyformer._backend import BackendModel, audio_input_of, parallel_of, prompt_logprobs_of, raw_text_of, run_of
+from anyformer._backend import (
+    BackendModel,
+    audio_input_of,
+    parallel_of,
+    prompt_logprobs_of,
+    raw_text_of,
+    run_of,
+    run_progress_of,
+)
 from anyformer._chat_template import STOP_PROCESS, cancelled_by, enable_hard_stop
 from anyformer._entry_points import EntryPointRecord
 from anyformer._plugins import ENTRY_POINT_GROUP, PluginManager
+from anyformer._run_progress import run_reporter
 from anyformer.contract._chunk import Chunk, GenerateOptions
 from anyformer.contract._errors import AnyformerError, ErrorCode
 from anyformer.contract._model import Model
@@ -205,6 +214,7 @@ class Worker:
                 "audio_input": audio_input_of(self._handle),
                 "parallel": parallel_of(self._handle),
                 "prompt_logprobs": prompt_logprobs_of(self._handle),
+                "run_progress": run_progress_of(self._handle),
             }
         )
         return True
@@ -298,14 +308,36 @@ class Worker:
         self.send({**error_frame(failure), "id": ident} if failure else {"op": "end", "id": ident})
 
     def _run(self, command: Mapping[str, Any]) -> None:
+        """Run the handle's ``run``; a ``run_progress`` handle's events go back as ``progress`` frames with the
+        run's ``id``, and the parent's ``cancel`` for that id makes its next event raise ``CANCELLED``."""
         run = run_of(self._handle)
+        ident = command.get("id")
+        # Registered like a generation so that the stdin thread's cancel reaches it at once.
+        control = self._register(command) if isinstance(ident, int) else None
+        reply_id = {"id": ident} if control is not None else {}
         try:
             if run is None:
                 raise AnyformerError(ErrorCode.BAD_REQUEST, f"{self._backend}: the loaded model has no run()")
-            value = run(decode_value(command["input"]), **decode_value(command["options"]))
-            self.send({"op": "result", "value": encode_value(value)})
+            options = decode_value(command["options"])
+            if run_progress_of(self._handle):
+
+                def forward(event: ProgressEvent) -> None:
+                    self.send({"op": "progress", **reply_id, **dataclasses.asdict(event)})
+                    if control is not None:
+                        control.take()  # the parent's answer: more, or a cancel the reporter then raises
+
+                cancel = control.cancel if control is not None else None
+                value = run(
+                    decode_value(command["input"]), progress=run_reporter(self._backend, forward, cancel), **options
+                )
+            else:
+                value = run(decode_value(command["input"]), **options)
+            self.send({"op": "result", **reply_id, "value": encode_value(value)})
         except Exception as exc:
-            self.send(error_frame(exception_to_error(self._backend, "run", exc)))
+            self.send({**error_frame(exception_to_error(self._backend, "run", exc)), **reply_id})
+        finally:
+            if control is not None:
+                self._generations.pop(control.ident, None)
 
 
 def _until_done(source: Iterator[Chunk], options: GenerateOptions, generation: _Generation) -> Iterator[Any]:

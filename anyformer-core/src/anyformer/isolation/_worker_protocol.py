@@ -8,9 +8,12 @@ is bounded (:data:`MAX_FRAME_BYTES`) and every field the parent reads is type-ch
 Parent to worker: ``prepare`` (the first frame: the parent's ``sys_path``; a later one may carry the
 model's validated ``headers``), ``load``, ``generate`` (with a
 generation ``id`` and a ``window`` of chunks it may send ahead), ``more`` (more window),
-``cancel``, ``run``, ``dispose``. Worker to parent: ``progress``, ``loaded``, ``started``,
-``chunks`` (a list of ``[delta, tokens, finish_reason, prompt_tokens, preview]``), ``end``, ``result``,
-``disposed``, and ``error`` (a code and message), which ends the command or generation it answers.
+``cancel``, ``run`` (numbered with an ``id`` as a generation is, its window 0), ``dispose``. Worker
+to parent: ``progress`` (while loading; with a run's ``id``, one unit of that run, after which the
+worker waits for ``more`` or ``cancel``), ``loaded`` (with the handle's declarations: ``has_run``,
+``run_progress``…), ``started``, ``chunks`` (a list of ``[delta, tokens, finish_reason,
+prompt_tokens, preview]``), ``end``, ``result``, ``disposed``, and ``error`` (a code and message),
+which ends the command, generation or run it answers.
 """
 
 from __future__ import annotations

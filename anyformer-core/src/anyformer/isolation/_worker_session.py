@@ -21,6 +21,8 @@ generation: the worker runs at most :data:`WINDOW` chunks ahead of the caller, s
 closed iterator stops the engine within a few tokens; ``cancel`` is a message, and a closed
 iterator sends one too. The frames a cancelled generation still sends are dropped by the reader;
 a new generation waits (at most :data:`SETTLE_SECONDS`) until the worker has a free slot again.
+A ``run`` is numbered and routed the same way; its progress events come back one at a time, the
+worker waiting for each to be taken (``more``) or refused (``cancel``) before its next unit.
 """
 
 from __future__ import annotations
@@ -131,12 +133,12 @@ class _Router:
                 return
             ident, op = item.get("id"), item["op"]
             route = self.routes.get(ident) if isinstance(ident, int) else None
-            if route is None or op not in ("started", "chunks", "end", "error"):
+            if route is None or op not in ("started", "chunks", "progress", "end", "result", "error"):
                 self.frames.put(item)
                 return
             if ident not in self.abandoned:
                 route.put(item)
-            if op in ("end", "error"):  # the worker is done with it: its slot is free
+            if op in ("end", "result", "error"):  # the worker is done with it: its slot is free
                 del self.routes[ident]
                 self.abandoned.discard(ident)
                 self.changed.notify_all()
@@ -173,6 +175,7 @@ class WorkerSession:
         self._audio_input = False
         self._parallel = 1
         self._prompt_logprobs = False
+        self._run_progress = False
         self._oom_before = oom_kill_count()
         self._router = _Router()
         self._frames = self._router.frames
@@ -261,6 +264,7 @@ class WorkerSession:
             parallel if isinstance(parallel, int) and not isinstance(parallel, bool) and parallel > 0 else 1
         )
         self._prompt_logprobs = frame.get("prompt_logprobs") is True
+        self._run_progress = has_run and frame.get("run_progress") is True
 
     # ---- what Loaded reads ----------------------------------------------------------------------
 
@@ -302,6 +306,11 @@ class WorkerSession:
     def prompt_logprobs(self) -> bool:
         """True when the worker's handle declares ``prompt_logprobs``."""
         return self._prompt_logprobs
+
+    @property
+    def run_progress(self) -> bool:
+        """True when the worker's handle declares ``run_progress``."""
+        return self._run_progress
 
     # ---- talking to the worker ------------------------------------------------------------------
 
@@ -534,30 +543,91 @@ class WorkerSession:
                 return chunks
         raise self._broken("a malformed chunks frame", "generating")
 
-    def run(self, input: Any, options: dict[str, Any]) -> Any:
-        """Send ``input`` to the handle's ``run`` in the worker and return its result."""
-        with self._run_lock:
-            return self._run(input, options)
+    def run(
+        self,
+        input: Any,
+        options: dict[str, Any],
+        progress: ProgressCallback | None = None,
+        cancel: threading.Event | None = None,
+    ) -> Any:
+        """Send ``input`` to the handle's ``run`` in the worker and return its result.
 
-    def _run(self, input: Any, options: dict[str, Any]) -> Any:
+        The run is numbered like a generation: its ``progress`` frames come back on its own queue
+        and go to ``progress``, and the worker waits for a ``more`` after each one (a window of
+        none ahead), so a cancel set on seeing an event stops it at that unit, as in-process. When
+        ``cancel`` is set (or ``progress`` raises) a ``cancel`` frame for it is sent and the call
+        waits for the worker to stop at its next unit, so the model is free again when this returns.
+        """
+        with self._run_lock:
+            return self._run(input, options, progress, cancel)
+
+    def _run(
+        self, input: Any, options: dict[str, Any], progress: ProgressCallback | None, cancel: threading.Event | None
+    ) -> Any:
         self._settle()
+        ident, frames = self._router.route()
         try:
-            frame = encode_frame({"op": "run", "input": encode_value(input), "options": encode_value(options)})
-        except TypeError as exc:
-            raise AnyformerError(ErrorCode.BAD_REQUEST, f"{exc}; load with isolate=False to pass it") from None
-        except ValueError as exc:  # over the frame limit
+            frame = encode_frame(
+                {"op": "run", "id": ident, "window": 0, "input": encode_value(input), "options": encode_value(options)}
+            )
+        except (TypeError, ValueError) as exc:
+            with self._router.changed:
+                self._router.routes.pop(ident, None)
+            if isinstance(exc, TypeError):
+                raise AnyformerError(ErrorCode.BAD_REQUEST, f"{exc}; load with isolate=False to pass it") from None
             raise AnyformerError(ErrorCode.BAD_REQUEST, f"the input is too large for a worker: {exc}") from None
         self._write(frame, "running")
-        reply = self._next("running")
-        assert reply is not None
-        if reply["op"] == "error":
-            raise self._checked_error(reply, "running")
-        if reply["op"] != "result":
-            raise self._broken(f"expected a result, got {reply['op']!r}", "running")
+        stopping = False  # a cancel frame was sent: wait for the worker's last word on this run
+        failure: BaseException | None = None  # what the caller's progress callback raised
+        finished = False
         try:
-            return decode_value(reply.get("value"))
-        except ProtocolError as exc:
-            raise self._broken(str(exc), "running") from None
+            while True:
+                # Only a backend that stops part way is told to; another's run ends in its own time.
+                watch = cancel if self._run_progress and not stopping else None
+                reply = self._next("running", cancel=watch, frames=frames)
+                if reply is None:
+                    self._send({"op": "cancel", "id": ident}, "running")
+                    stopping = True
+                    continue
+                op = reply["op"]
+                if op == "progress":
+                    if stopping:
+                        continue
+                    try:
+                        event = _progress_event(reply)
+                    except ProtocolError as exc:
+                        raise self._broken(str(exc), "running") from None
+                    try:
+                        if progress is not None:
+                            progress(event)
+                    except BaseException as exc:  # re-raised once the worker has stopped
+                        failure = exc
+                    # The worker waits for this answer after each event, so a cancel the callback sets
+                    # stops it at the same unit as in-process.
+                    stopping = failure is not None or (cancel is not None and cancel.is_set())
+                    self._send({"op": "cancel" if stopping else "more", "id": ident, "count": 1}, "running")
+                    continue
+                finished = True
+                if op == "error":
+                    error = self._checked_error(reply, "running")
+                    if failure is not None:
+                        raise failure
+                    raise error
+                if op != "result":
+                    raise self._broken(f"expected a result, got {op!r}", "running")
+                if failure is not None:
+                    raise failure
+                try:
+                    return decode_value(reply.get("value"))
+                except ProtocolError as exc:
+                    raise self._broken(str(exc), "running") from None
+        finally:
+            # Left early (Ctrl-C, a dead worker): the worker is told to stop; a later call waits for it (_settle).
+            if not finished and self._dead is None and self._router.abandon(ident):
+                try:
+                    self._send({"op": "cancel", "id": ident}, "running")
+                except AnyformerError:
+                    pass
 
     def dispose(self) -> None:
         """Have the worker free the model and exit; end it if it does not within :data:`DISPOSE_SECONDS`."""

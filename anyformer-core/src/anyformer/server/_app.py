@@ -239,7 +239,8 @@ class _Api:
         body = await _json_body(request, self.max_body)
         model, inputs = parse_embeddings(body)
         resolved = await self._resolve(model)
-        result = await _until_disconnect(request, self.pool.run(resolved, EMBEDDING_TASK, inputs))
+        gone = threading.Event()  # set when the client leaves: a backend with run_progress stops at its next batch
+        result = await _until_disconnect(request, self.pool.run(resolved, EMBEDDING_TASK, inputs, cancel=gone), gone)
         vectors, tokens = _embeddings_of(result, len(inputs))
         return JSONResponse(embeddings_list(model, vectors, body.get("encoding_format", "float"), tokens))
 

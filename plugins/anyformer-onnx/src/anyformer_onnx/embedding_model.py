@@ -2,7 +2,8 @@
 
 The pooling is the model's own (sentence-transformers' ``1_Pooling/config.json``: mean, CLS or
 max over the tokens), mean when it names none; padding is masked out, so a text's vector does not
-depend on the batch it came in.
+depend on the batch it came in. The handle declares ``run_progress``: an ``embed`` event after each
+batch (``done`` of ``total`` texts), where a cancelled run stops.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from anyformer.plugin import AnyformerError, ErrorCode
+from anyformer.plugin import AnyformerError, ErrorCode, ProgressCallback, ProgressEvent, no_progress
 from anyformer_onnx import BACKEND_ID
 from anyformer_onnx.encoder import EncoderGraph, texts_of
 from anyformer_onnx.tasks import SENTENCE_SIMILARITY
@@ -44,6 +45,8 @@ class OnnxEmbeddingModel:
     """A loaded encoder graph with its tokenizer, for ``feature-extraction`` and ``sentence-similarity``."""
 
     backend = BACKEND_ID
+    #: ``run`` reports each batch embedded and stops between batches when cancelled (the core's contract).
+    run_progress = True
 
     def __init__(self, encoder: EncoderGraph, *, task: str, pooling: str, details: dict[str, Any]) -> None:
         self.task = task
@@ -56,8 +59,15 @@ class OnnxEmbeddingModel:
         """Drop the session; safe to call twice."""
         self.encoder.close()
 
-    def embed(self, texts: list[str], *, normalize: bool = True, pooling: str | None = None) -> tuple[np.ndarray, int]:
-        """Vectors [len(texts), width] for ``texts`` and the number of tokens read."""
+    def embed(
+        self,
+        texts: list[str],
+        *,
+        normalize: bool = True,
+        pooling: str | None = None,
+        progress: ProgressCallback = no_progress,
+    ) -> tuple[np.ndarray, int]:
+        """Vectors [len(texts), width] for ``texts`` and the number of tokens read; ``progress`` after each batch."""
         how = pooling or self.pooling
         if how not in POOLINGS:
             raise AnyformerError(ErrorCode.BAD_REQUEST, f"pooling must be one of {', '.join(POOLINGS)}, got {how!r}")
@@ -67,13 +77,26 @@ class OnnxEmbeddingModel:
             # A 2-D output is a graph that pools itself (a sentence_embedding output).
             vectors.append(hidden.astype(np.float32) if hidden.ndim == 2 else pool(hidden, mask, how))
             tokens += int(mask.sum())
+            done = sum(len(v) for v in vectors)
+            progress(ProgressEvent(stage="embed", backend=self.backend, done=done, total=len(texts), message="texts"))
         matrix = np.concatenate(vectors)
         if normalize:
             matrix = matrix / np.clip(np.linalg.norm(matrix, axis=1, keepdims=True), 1e-12, None)
         return matrix, tokens
 
-    def run(self, input: Any, *, normalize: bool = True, pooling: str | None = None, **options: Any) -> Any:
+    def run(
+        self,
+        input: Any,
+        *,
+        normalize: bool = True,
+        pooling: str | None = None,
+        progress: ProgressCallback = no_progress,
+        **options: Any,
+    ) -> Any:
         """Embed texts, or score sentences against a source sentence.
+
+        ``progress`` (the core's reporter) gets an event after each batch; it raises ``CANCELLED`` when
+        the caller cancelled, which ends the call with no result.
 
         ``feature-extraction``: a text or a list of texts → ``{"embeddings": [vector, ...], "tokens": n}``.
         ``sentence-similarity``: ``{"source_sentence": text, "sentences": [text, ...]}`` → the cosine
@@ -88,8 +111,8 @@ class OnnxEmbeddingModel:
             if not isinstance(source, str):
                 raise AnyformerError(ErrorCode.BAD_REQUEST, "sentence-similarity needs a string 'source_sentence'")
             others, _ = texts_of(sentences, self.task)
-            matrix, _ = self.embed([source, *others], normalize=True, pooling=pooling)
+            matrix, _ = self.embed([source, *others], normalize=True, pooling=pooling, progress=progress)
             return [float(x) for x in matrix[1:] @ matrix[0]]
         texts, _ = texts_of(input, self.task)
-        matrix, tokens = self.embed(texts, normalize=normalize, pooling=pooling)
+        matrix, tokens = self.embed(texts, normalize=normalize, pooling=pooling, progress=progress)
         return {"embeddings": matrix.tolist(), "tokens": tokens}

@@ -21,6 +21,11 @@ by 5 s on each inner side; each window is decoded as Whisper's ``generate`` deco
 after the last pair of timestamps until the window's end) and the windows' tokens are merged where
 they overlap into the text and, with ``return_timestamps=True``, segments
 ``{"text", "timestamp": (start, end)}`` (:mod:`anyformer_onnx.whisper_longform`).
+
+The handle declares ``run_progress``: ``run`` reports a ``transcribe`` (or ``translate``) event after
+each window, ``done`` of ``total`` windows over every clip of the call (a clip of 30 s or less is
+one window), and the core's reporter raises ``CANCELLED`` there once the caller cancelled, so a long
+transcription stops between two windows and returns nothing.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from anyformer.plugin import AnyformerError, ErrorCode
+from anyformer.plugin import AnyformerError, ErrorCode, ProgressCallback, ProgressEvent, no_progress
 from anyformer_onnx import BACKEND_ID
 from anyformer_onnx.audio_input import load_audio
 from anyformer_onnx.log_mel import LogMel
@@ -106,6 +111,8 @@ class OnnxSpeechRecognizerModel:
 
     backend = BACKEND_ID
     task = "automatic-speech-recognition"
+    #: ``run`` reports each window decoded and stops between windows when cancelled (the core's contract).
+    run_progress = True
 
     def __init__(
         self,
@@ -341,8 +348,12 @@ class OnnxSpeechRecognizerModel:
         task: Any,
         max_new_tokens: int | None,
         timestamps: bool,
+        window_done: Any = None,
     ) -> tuple[dict[str, Any], list[int]]:
-        """One clip in overlapping windows (:func:`chunk_spans`), merged as the pipeline merges them."""
+        """One clip in overlapping windows (:func:`chunk_spans`), merged as the pipeline merges them.
+
+        ``window_done`` is called after each window is decoded (where a cancel stops the clip).
+        """
         rate = self.front_end.rate
         chunk, left, right = spans
         windows = []
@@ -354,6 +365,8 @@ class OnnxSpeechRecognizerModel:
             )
             windows.append((ids, ((end - start) / rate, stride_left / rate, stride_right / rate)))
             one_window = ids
+            if window_done is not None:
+                window_done()
         text, segments, merged = merge_windows(
             windows,
             timestamp_begin=self.timestamp_begin if self.timestamp_begin is not None else 1 << 62,
@@ -380,9 +393,14 @@ class OnnxSpeechRecognizerModel:
         chunk_length_s: Any = None,
         stride_length_s: Any = None,
         max_duration_s: Any = None,
+        progress: ProgressCallback = no_progress,
         **rest: Any,
     ) -> Any:
-        """Transcribe a clip, or a list of clips: ``{"text"}`` each (``chunks`` and ``token_ids`` when asked)."""
+        """Transcribe a clip, or a list of clips: ``{"text"}`` each (``chunks`` and ``token_ids`` when asked).
+
+        ``progress`` (the core's reporter) gets an event after each window, ``done`` of ``total`` windows of
+        the whole call; it raises ``CANCELLED`` when the caller cancelled, which ends the call with no result.
+        """
         if rest:
             raise AnyformerError(ErrorCode.BAD_REQUEST, f"unknown option {sorted(rest)[0]!r} for {self.task}")
         if return_timestamps not in (False, True, None):
@@ -415,6 +433,15 @@ class OnnxSpeechRecognizerModel:
         ]
         if self.graphs.encoder is None:
             raise AnyformerError(ErrorCode.BAD_REQUEST, f"{self.graphs.label} was disposed")
+        total = sum(len(chunk_spans(audio.size, chunk, left, right)) for audio in audios)
+        stage = task if task in TASKS else "transcribe"
+        done = 0
+
+        def window_done() -> None:
+            nonlocal done
+            done += 1
+            progress(ProgressEvent(stage=stage, backend=self.backend, done=done, total=total, message="windows"))
+
         results = []
         for audio in audios:
             result, ids = self.transcribe(
@@ -424,6 +451,7 @@ class OnnxSpeechRecognizerModel:
                 task=task,
                 max_new_tokens=max_new_tokens,
                 timestamps=timestamps,
+                window_done=window_done,
             )
             if return_token_ids:
                 result["token_ids"] = ids
