@@ -76,8 +76,23 @@ def test_concurrent_greedy_replies_are_the_replies_alone(batched: anyformer.Load
         together += [chunk.text for chunk in _together(batched, group)]
     flipped = [prompt for prompt, a, b in zip(PROMPTS, alone, together, strict=True) if a != b]
     # On the CPU build every sequence has a KV region of its own, so its sums run in the same order
-    # beside others as alone: no near-tie flips here (docs/backends/llamacpp.md says so).
+    # beside others as alone, with flash attention (the default) as without: no near-tie flips here
+    # (docs/backends/llamacpp.md says so).
     assert not flipped, f"replies changed under load: {flipped}"
+
+
+def test_flash_attention_off_reaches_the_batched_context(smollm2_path: Path, smollm2: anyformer.Loaded) -> None:
+    """The batched context takes the load's flash attention setting, so under load as alone a stream gets the
+    one-stream engine's reply of the same setting (a question whose replies differ between the settings)."""
+    question, tokens = "Name three colours.", 64
+    on = smollm2.complete(question, max_new_tokens=tokens).text
+    off_options = {"flash_attention": False}
+    with anyformer.load(smollm2_path, backend="llamacpp", context=2048, options=off_options) as one:
+        off = one.complete(question, max_new_tokens=tokens).text
+    assert off != on
+    with anyformer.load(smollm2_path, backend="llamacpp", context=2048, options={**off_options, "parallel": 2}) as two:
+        group = [{"messages": question, "max_new_tokens": tokens}, {"messages": PROMPTS[1], "max_new_tokens": tokens}]
+        assert _together(two, group)[0].text == off
 
 
 def test_stop_strings_and_limits_belong_to_each_stream(batched: anyformer.Loaded) -> None:

@@ -62,6 +62,7 @@ from anyformer_llamacpp import BACKEND_ID
 from anyformer_llamacpp.estimate import BATCH, context_for, footprint
 from anyformer_llamacpp.file_choice import choose_gguf
 from anyformer_llamacpp.header_checks import check_architecture_numbers, check_vocabulary
+from anyformer_llamacpp.parallel_option import flash_attention
 from anyformer_llamacpp.prompt_blocks import batches, plan, reusable_prefix
 from anyformer_llamacpp.prompt_marks import text_starts, token_marks
 from anyformer_llamacpp.runtime import gpu_offload_library
@@ -254,6 +255,7 @@ class LlamaCppModel:
                     n_threads_batch=threads,
                     n_gpu_layers=gpu_layers,
                     n_batch=min(BATCH, context),
+                    flash_attn=flash_attention(request.options),
                     verbose=False,
                     **extra,
                 )

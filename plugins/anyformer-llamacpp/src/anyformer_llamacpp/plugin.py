@@ -28,7 +28,7 @@ from anyformer.plugin import (
 from anyformer_llamacpp import BACKEND_ID
 from anyformer_llamacpp.estimate import BATCH, Footprint, context_for, footprint, measured_speed
 from anyformer_llamacpp.file_choice import choose_gguf, projector_for
-from anyformer_llamacpp.parallel_option import parallel_option, streams_that_fit
+from anyformer_llamacpp.parallel_option import flash_attention, parallel_option, streams_that_fit
 from anyformer_llamacpp.runtime import (
     INSTALL_HINT,
     gpu_offload_library,
@@ -215,6 +215,7 @@ def load(backend: str, model: Model, request: Request, progress: ProgressCallbac
 
     # parallel=N serves N streams batched in one context; image and embedding models serve one.
     parallel = parallel_option(request.options)
+    flash_attention(request.options)  # a bad value is refused before any file is fetched
     one_stream = (request.task or model.task) == "feature-extraction" or projector_for(model) is not None
     if parallel > 1 and not one_stream:
         parallel = _streams_that_fit_now(model, request, parallel)
