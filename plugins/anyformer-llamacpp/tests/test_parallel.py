@@ -8,6 +8,7 @@ model: greedy texts under load, chunked prompts, per-slot prefix reuse, the isol
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -121,6 +122,23 @@ def test_a_long_prompt_is_read_in_steps_beside_a_decoding_stream(batched: anyfor
     )
     assert ends[1].prompt_tokens > 2 * PREFILL_TOKENS_PER_STEP
     assert [chunk.text for chunk in ends] == alone
+
+
+def test_tokens_waiting_for_a_slow_reader_come_as_one_chunk(batched: anyformer.Loaded) -> None:
+    prompt = "Once upon a time, in a small village by the sea,"
+    read_at_once = list(batched.generate(prompt=prompt, max_new_tokens=TOKENS, logprobs=1))
+    stream = batched.generate(prompt=prompt, max_new_tokens=TOKENS, logprobs=1)
+    chunks = [next(stream)]
+    time.sleep(2.0)  # the scheduler runs on: the tokens wait in the stream's queue
+    chunks += list(stream)
+    assert len(chunks) < TOKENS // 2, f"{len(chunks)} chunks for {TOKENS} tokens: nothing was gathered"
+    assert chunks[-1].text == read_at_once[-1].text and chunks[-1].tokens == read_at_once[-1].tokens == TOKENS
+
+    def entries(stream: list[Any]) -> list[tuple[str, float | None]]:
+        return [(entry.token, entry.logprob) for chunk in stream for entry in chunk.logprobs]
+
+    assert len(entries(chunks)) == TOKENS and entries(chunks) == entries(read_at_once)
+    assert [chunk.tokens for chunk in chunks] == sorted({chunk.tokens for chunk in chunks})  # counts only grow
 
 
 def test_cancel_of_one_stream_leaves_the_others(batched: anyformer.Loaded) -> None:
