@@ -88,6 +88,8 @@ class PacedHandle:
         self.ref = ref
         self.disposed = False
         self.parallel = 1
+        #: The ``parallel`` load option it was loaded with (1 when absent).
+        self.asked_parallel: Any = 1
 
     def dispose(self) -> None:
         self.disposed = True
@@ -128,7 +130,9 @@ class PacedBackend:
         if backend != self.name:
             return None
         handle = PacedHandle(self.name, request.task or "text-generation", model.ref)
-        handle.parallel = int(request.options.get("parallel", 1))  # its streams share nothing: any number run
+        handle.asked_parallel = request.options.get("parallel", 1)
+        # Its streams share nothing: any number run; "auto" (the server's default) is 2 here.
+        handle.parallel = 2 if handle.asked_parallel == "auto" else int(handle.asked_parallel)
         self.handles.append(handle)
         return handle
 
