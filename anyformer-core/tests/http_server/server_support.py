@@ -82,14 +82,15 @@ def serve_in_thread(app: Any) -> Iterator[str]:
 class PacedHandle:
     """A model of :class:`PacedBackend`."""
 
+    #: The ``parallel`` load option it was loaded with (1 when absent).
+    asked_parallel: Any = 1
+
     def __init__(self, backend: str, task: str, ref: str) -> None:
         self.backend = backend
         self.task = task
         self.ref = ref
         self.disposed = False
         self.parallel = 1
-        #: The ``parallel`` load option it was loaded with (1 when absent).
-        self.asked_parallel: Any = 1
 
     def dispose(self) -> None:
         self.disposed = True
