@@ -82,6 +82,9 @@ def serve_in_thread(app: Any) -> Iterator[str]:
 class PacedHandle:
     """A model of :class:`PacedBackend`."""
 
+    #: The ``parallel`` load option it was loaded with (1 when absent).
+    asked_parallel: Any = 1
+
     def __init__(self, backend: str, task: str, ref: str) -> None:
         self.backend = backend
         self.task = task
@@ -143,7 +146,9 @@ class PacedBackend:
         if backend != self.name:
             return None
         handle = PacedHandle(self.name, request.task or "text-generation", model.ref)
-        handle.parallel = int(request.options.get("parallel", 1))  # its streams share nothing: any number run
+        handle.asked_parallel = request.options.get("parallel", 1)
+        # Its streams share nothing: any number run; "auto" (the server's default) is 2 here.
+        handle.parallel = 2 if handle.asked_parallel == "auto" else int(handle.asked_parallel)
         self.handles.append(handle)
         return handle
 

@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from anyformer import Caps, Chunk, hookimpl
+from anyformer import AnyformerError, Caps, Chunk, ErrorCode, hookimpl
+from anyformer.server._pool import ModelPool
 
 from .server_support import CRASH_PROMPT, DRAFT_PROMPT, PacedBackend, PacedHandle, plain_request
 
@@ -104,6 +105,35 @@ def test_the_queue_feeds_every_slot_of_a_parallel_model(paced_server: Any, model
     finally:
         for connection, _response in streams:
             connection.close()
+
+
+def test_parallel_auto_is_the_backends_to_decide(paced_server: Any, model_folders: Any) -> None:
+    url, backend, _pool = paced_server(parallel="auto")
+    streams = [open_stream(url, chat(model_folders("p"), max_tokens=100_000)) for _ in range(2)]
+    try:
+        # The pool asked for "auto" and gives the model as many slots as the backend chose (2 here).
+        assert [(h.asked_parallel, h.parallel) for h in backend.handles] == [("auto", 2)]
+    finally:
+        for connection, _response in streams:
+            connection.close()
+
+
+@pytest.mark.parametrize("value", [0, "4", "many", True])
+def test_a_bad_parallel_is_bad_request(value: Any) -> None:
+    with pytest.raises(AnyformerError) as caught:
+        ModelPool(parallel=value, isolate=False)
+    assert caught.value.code is ErrorCode.BAD_REQUEST and "parallel" in caught.value.message
+
+
+def test_the_serve_command_reads_parallel() -> None:
+    from anyformer.cli._serve_cmd import _parallel
+    from anyformer.server._pool import DEFAULT_PARALLEL
+
+    assert DEFAULT_PARALLEL == "auto" and _parallel(None, DEFAULT_PARALLEL) == "auto"
+    assert (_parallel("auto", 4), _parallel("3", "auto")) == ("auto", 3)
+    for bad in ("0", "-1", "x"):
+        with pytest.raises(AnyformerError):
+            _parallel(bad, "auto")
 
 
 def test_a_crashed_engine_is_a_500_and_the_next_request_reloads(paced_server: Any, model_folders: Any) -> None:

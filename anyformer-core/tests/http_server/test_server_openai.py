@@ -99,7 +99,7 @@ def _create_completion(path: Path, prompt: str, max_tokens: int) -> str:
     """llama-cpp-python's own greedy raw completion of ``prompt`` on the same GGUF."""
     from llama_cpp import Llama
 
-    reference = Llama(model_path=str(path), n_ctx=2048, n_threads=2, verbose=False)
+    reference = Llama(model_path=str(path), n_ctx=2048, n_threads=2, flash_attn=True, verbose=False)
     try:
         reply = reference.create_completion(prompt, temperature=0.0, top_k=1, max_tokens=max_tokens)
         return str(reply["choices"][0]["text"])  # type: ignore[index]
@@ -160,7 +160,9 @@ def test_completions_logprobs_equal_llama_cpp_python_streamed_and_not(
     from llama_cpp import Llama
 
     prompt = "The capital of France is"
-    reference = Llama(model_path=str(smollm2_path), n_ctx=2048, n_threads=2, verbose=False, logits_all=True)
+    reference = Llama(
+        model_path=str(smollm2_path), n_ctx=2048, n_threads=2, verbose=False, logits_all=True, flash_attn=True
+    )
     try:
         expected = reference.create_completion(prompt, temperature=0.0, top_k=1, max_tokens=6, logprobs=2)
     finally:
@@ -196,7 +198,7 @@ def _prompt_scores(path: Path, prompt: str) -> tuple[list[str], list[float]]:
     import numpy as np
     from llama_cpp import Llama
 
-    reference = Llama(model_path=str(path), n_ctx=2048, n_threads=2, verbose=False, logits_all=True)
+    reference = Llama(model_path=str(path), n_ctx=2048, n_threads=2, verbose=False, logits_all=True, flash_attn=True)
     try:
         tokens = reference.tokenize(prompt.encode(), add_bos=True, special=True)
         reference.eval(tokens)

@@ -6,7 +6,7 @@ same threads and per-stream context. At 1, 4 and 8 concurrent streaming clients 
 second and the p50/p99 time to the first token, for:
 
 - ``anyformer --parallel 1``: today's serialised server (one stream per model, the rest queue);
-- ``anyformer --parallel N``: the batched server (``--parallel``, default 4, the serve default);
+- ``anyformer --parallel N``: the batched server (``--parallel``, default 4: what serve's auto gives 2 threads);
 - ``llama_cpp.server``: llama-cpp-python's server (serialises; only when its extras are installed);
 - ``llama-server --parallel N``: llama.cpp's own server, when a build of it is found (``--llama-server``,
   else the newest ``llama-server`` under ``~/.cache/anyformer-wheelhouse/llama-cpp-tools-*``).
@@ -19,7 +19,9 @@ system time of the server process and every process under it (an isolated worker
 ``/proc`` before and after the load, and the part of it the server process itself spent (``server
 ms``: HTTP, SSE, and with an isolated worker the frames it reads; the rest is the worker's). On a
 machine shared with other work that figure is far steadier than tokens per second, which drop
-whenever another process takes the cores.
+whenever another process takes the cores; ``best`` is the round with the most tokens per second,
+the nearest to what a quiet machine gives, and the load line says how often a task waited for a
+CPU during the last minute (Linux's ``/proc/pressure/cpu``).
 
     python plugins/anyformer-llamacpp/bench/bench_serve.py [--rounds 3] [--threads 1] [--parallel 4]
         [--clients 4] [--in-process] [--only SUBSTRING ...]
@@ -192,8 +194,16 @@ def _has_llama_cpp_server() -> bool:
 
 
 def _load_average() -> str:
-    """The 1, 5 and 15 minute load averages (other work on a shared machine)."""
-    return " ".join(f"{value:.1f}" for value in os.getloadavg())
+    """The 1, 5 and 15 minute load averages (other work on a shared machine), and where the kernel reports
+    it, the share of the last 60 s in which some task waited for a CPU (``/proc/pressure/cpu``)."""
+    averages = " ".join(f"{value:.1f}" for value in os.getloadavg())
+    try:
+        with open("/proc/pressure/cpu", encoding="ascii") as pressure:
+            some = pressure.readline().split()
+        waited = dict(field.split("=") for field in some[1:])["avg60"]
+        return f"{averages} (CPU waited {waited} %)"
+    except (OSError, KeyError, ValueError):
+        return averages
 
 
 def main() -> None:
@@ -271,12 +281,14 @@ def main() -> None:
     )
     print(f"load average before / after: {load_before} / {_load_average()}")
     print(
-        f"{'server':40} {'clients':>7} {'tok/s':>8} {'TTFT p50':>9} {'TTFT p99':>9} {'CPU ms/tok':>10} {'server ms':>9}"
+        f"{'server':40} {'clients':>7} {'tok/s':>8} {'best':>6} {'TTFT p50':>9} {'TTFT p99':>9} {'CPU ms/tok':>10} "
+        f"{'server ms':>9}"
     )
     for name in servers:
         for clients in clients_list:
             print(
                 f"{name:40} {clients:7d} {median(name, clients, 'tok_per_sec'):8.1f} "
+                f"{max(f['tok_per_sec'] for f in figures[(name, clients)]):6.1f} "
                 f"{median(name, clients, 'ttft_p50') * 1000:7.0f}ms {median(name, clients, 'ttft_p99') * 1000:7.0f}ms "
                 f"{median(name, clients, 'cpu_ms_per_tok'):10.2f} {median(name, clients, 'server_cpu_ms_per_tok'):9.2f}"
             )

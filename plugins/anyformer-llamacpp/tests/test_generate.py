@@ -14,10 +14,10 @@ from anyformer import AnyformerError, ErrorCode
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 
-def _reference_llama(path: Path, context: int):  # type: ignore[no-untyped-def]
+def _reference_llama(path: Path, context: int, flash: bool = True):  # type: ignore[no-untyped-def]
     from llama_cpp import Llama
 
-    return Llama(model_path=str(path), n_ctx=context, n_threads=2, verbose=False)
+    return Llama(model_path=str(path), n_ctx=context, n_threads=2, flash_attn=flash, verbose=False)
 
 
 def test_smollm2_greedy_text_equals_llama_cpp_python_chat_completion(smollm2, smollm2_path) -> None:  # type: ignore[no-untyped-def]
@@ -29,6 +29,34 @@ def test_smollm2_greedy_text_equals_llama_cpp_python_chat_completion(smollm2, sm
     ours = smollm2.complete(QUESTION, max_new_tokens=24)
     assert ours.text == expected["choices"][0]["message"]["content"]
     assert ours.tokens == expected["usage"]["completion_tokens"]
+
+
+@pytest.mark.parametrize("flash", [True, False])
+def test_the_flash_attention_option_reaches_llama_cpp(smollm2, smollm2_path, flash: bool) -> None:  # type: ignore[no-untyped-def]
+    """Flash attention is on unless ``flash_attention=False``; each setting's greedy text is llama-cpp-python's
+    with the same setting, on a question whose 64-token replies differ between the two (a near-tie)."""
+    question = [{"role": "user", "content": "Name three colours."}]
+    replies = {}
+    for setting in (True, False):
+        reference = _reference_llama(smollm2_path, 2048, setting)
+        try:
+            reply = reference.create_chat_completion(question, temperature=0.0, top_k=1, max_tokens=64)
+        finally:
+            reference.close()
+        replies[setting] = reply["choices"][0]["message"]["content"]
+    assert replies[True] != replies[False]  # else this question could not tell the settings apart
+    if flash:  # the default
+        assert smollm2.complete(question, max_new_tokens=64).text == replies[True]
+        return
+    with anyformer.load(smollm2_path, backend="llamacpp", context=2048, options={"flash_attention": False}) as off:
+        assert off.complete(question, max_new_tokens=64).text == replies[False]
+
+
+@pytest.mark.parametrize("value", [1, 0, "on"])
+def test_a_bad_flash_attention_option_is_bad_request(smollm2_path, value) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(AnyformerError) as caught:
+        anyformer.load(smollm2_path, backend="llamacpp", context=512, options={"flash_attention": value})
+    assert caught.value.code is ErrorCode.BAD_REQUEST and "flash_attention" in caught.value.message
 
 
 def test_tiny_greedy_tokens_equal_a_raw_eval_argmax_loop(tiny, tiny_gguf) -> None:  # type: ignore[no-untyped-def]

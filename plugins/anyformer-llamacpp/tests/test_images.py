@@ -52,7 +52,7 @@ def _reference_reply(folder: Path, image_bytes: bytes, text: str, max_tokens: in
     prompt = anyformer.render_chat(
         CHATML_WITH_THINKING, [{"role": "user", "content": f"{text}\n{marker}"}], enable_thinking=False
     )
-    llama = Llama(model_path=str(folder / LANGUAGE_MODEL), n_ctx=512, n_threads=2, verbose=False)
+    llama = Llama(model_path=str(folder / LANGUAGE_MODEL), n_ctx=512, n_threads=2, flash_attn=True, verbose=False)
     params = mtmd_cpp.mtmd_context_params_default()
     params.use_gpu = False
     params.print_timings = False

@@ -43,9 +43,10 @@ class LlamaServer:
         self.port = free_port()
         command = [str(llama_server_binary()), "-m", str(model), "--host", "127.0.0.1", "--port", str(self.port)]
         command += ["-c", str(CONTEXT), "-b", str(BATCH), "-ub", str(BATCH), "-t", "2", "-np", "1", "--no-webui"]
-        # llama-cpp-python loads without flash attention (llama-server's "auto" turns it on for the CPU):
-        # the same kernels on both sides, or near-ties in the logits may break differently.
-        command += ["--flash-attn", "off"]
+        # anyformer loads with flash attention (the flash_attention option's default), as llama-server's
+        # "auto" does on the CPU: said explicitly, so the same kernels run on both sides whatever "auto"
+        # decides, or near-ties in the logits may break differently.
+        command += ["--flash-attn", "on"]
         self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         deadline = time.monotonic() + 60
         while True:

@@ -8,6 +8,7 @@ model: greedy texts under load, chunked prompts, per-slot prefix reuse, the isol
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -76,8 +77,23 @@ def test_concurrent_greedy_replies_are_the_replies_alone(batched: anyformer.Load
         together += [chunk.text for chunk in _together(batched, group)]
     flipped = [prompt for prompt, a, b in zip(PROMPTS, alone, together, strict=True) if a != b]
     # On the CPU build every sequence has a KV region of its own, so its sums run in the same order
-    # beside others as alone: no near-tie flips here (docs/backends/llamacpp.md says so).
+    # beside others as alone, with flash attention (the default) as without: no near-tie flips here
+    # (docs/backends/llamacpp.md says so).
     assert not flipped, f"replies changed under load: {flipped}"
+
+
+def test_flash_attention_off_reaches_the_batched_context(smollm2_path: Path, smollm2: anyformer.Loaded) -> None:
+    """The batched context takes the load's flash attention setting, so under load as alone a stream gets the
+    one-stream engine's reply of the same setting (a question whose replies differ between the settings)."""
+    question, tokens = "Name three colours.", 64
+    on = smollm2.complete(question, max_new_tokens=tokens).text
+    off_options = {"flash_attention": False}
+    with anyformer.load(smollm2_path, backend="llamacpp", context=2048, options=off_options) as one:
+        off = one.complete(question, max_new_tokens=tokens).text
+    assert off != on
+    with anyformer.load(smollm2_path, backend="llamacpp", context=2048, options={**off_options, "parallel": 2}) as two:
+        group = [{"messages": question, "max_new_tokens": tokens}, {"messages": PROMPTS[1], "max_new_tokens": tokens}]
+        assert _together(two, group)[0].text == off
 
 
 def test_stop_strings_and_limits_belong_to_each_stream(batched: anyformer.Loaded) -> None:
@@ -106,6 +122,23 @@ def test_a_long_prompt_is_read_in_steps_beside_a_decoding_stream(batched: anyfor
     )
     assert ends[1].prompt_tokens > 2 * PREFILL_TOKENS_PER_STEP
     assert [chunk.text for chunk in ends] == alone
+
+
+def test_tokens_waiting_for_a_slow_reader_come_as_one_chunk(batched: anyformer.Loaded) -> None:
+    prompt = "Once upon a time, in a small village by the sea,"
+    read_at_once = list(batched.generate(prompt=prompt, max_new_tokens=TOKENS, logprobs=1))
+    stream = batched.generate(prompt=prompt, max_new_tokens=TOKENS, logprobs=1)
+    chunks = [next(stream)]
+    time.sleep(2.0)  # the scheduler runs on: the tokens wait in the stream's queue
+    chunks += list(stream)
+    assert len(chunks) < TOKENS // 2, f"{len(chunks)} chunks for {TOKENS} tokens: nothing was gathered"
+    assert chunks[-1].text == read_at_once[-1].text and chunks[-1].tokens == read_at_once[-1].tokens == TOKENS
+
+    def entries(stream: list[Any]) -> list[tuple[str, float | None]]:
+        return [(entry.token, entry.logprob) for chunk in stream for entry in chunk.logprobs]
+
+    assert len(entries(chunks)) == TOKENS and entries(chunks) == entries(read_at_once)
+    assert [chunk.tokens for chunk in chunks] == sorted({chunk.tokens for chunk in chunks})  # counts only grow
 
 
 def test_cancel_of_one_stream_leaves_the_others(batched: anyformer.Loaded) -> None:
@@ -164,7 +197,7 @@ def test_dispose_with_streams_open_ends_them(smollm2_path: Path) -> None:
     assert caught.value.code is ErrorCode.BAD_REQUEST
 
 
-@pytest.mark.parametrize("value", [0, -1, "4", 2.5, True, 65])
+@pytest.mark.parametrize("value", [0, -1, "4", "Auto", 2.5, True, 65])
 def test_a_bad_parallel_option_is_bad_request(smollm2_path: Path, value: Any) -> None:
     with pytest.raises(AnyformerError) as caught:
         anyformer.load(smollm2_path, backend="llamacpp", context=512, options={"parallel": value})

@@ -20,7 +20,7 @@ def _reference(path: Path, prompt: str, max_tokens: int) -> tuple[list[str], lis
     position, and the greedy continuation's ``max_tokens`` tokens after them."""
     from llama_cpp import Llama
 
-    llama = Llama(model_path=str(path), n_ctx=2048, n_threads=2, logits_all=True, verbose=False)
+    llama = Llama(model_path=str(path), n_ctx=2048, n_threads=2, logits_all=True, flash_attn=True, verbose=False)
     try:
         tokens = llama.tokenize(prompt.encode(), add_bos=True, special=True)
         continuation = ""

@@ -18,7 +18,7 @@ PROMPT = "The capital of France is"
 def _create_completion(path: Path, context: int, prompt: str, max_tokens: int) -> dict:  # type: ignore[type-arg]
     from llama_cpp import Llama
 
-    reference = Llama(model_path=str(path), n_ctx=context, n_threads=2, verbose=False)
+    reference = Llama(model_path=str(path), n_ctx=context, n_threads=2, flash_attn=True, verbose=False)
     try:
         return reference.create_completion(prompt, temperature=0.0, top_k=1, max_tokens=max_tokens)  # type: ignore[return-value]
     finally:
@@ -141,7 +141,7 @@ def test_cli_run_raw_without_a_prompt_or_with_a_system_prompt_is_refused(smollm2
 def _reference_logprobs(path: Path, context: int, prompt: str, max_tokens: int, top: int) -> dict:  # type: ignore[type-arg]
     from llama_cpp import Llama
 
-    reference = Llama(model_path=str(path), n_ctx=context, n_threads=2, verbose=False, logits_all=True)
+    reference = Llama(model_path=str(path), n_ctx=context, n_threads=2, verbose=False, logits_all=True, flash_attn=True)
     try:
         reply = reference.create_completion(prompt, temperature=0.0, top_k=1, max_tokens=max_tokens, logprobs=top)
         return reply["choices"][0]  # type: ignore[index,return-value]
@@ -242,7 +242,7 @@ def test_fim_greedy_equals_create_completion_of_the_same_tokens(fim, fim_gguf) -
 
     prefix, suffix = "x = 1\ny = ", "\nprint(x + y)"
     tokens = fim.handle.infill_tokens(prefix, suffix, 12)
-    reference = Llama(model_path=str(fim_gguf), n_ctx=2048, n_threads=2, verbose=False)
+    reference = Llama(model_path=str(fim_gguf), n_ctx=2048, n_threads=2, flash_attn=True, verbose=False)
     try:
         expected = reference.create_completion(tokens, temperature=0.0, top_k=1, max_tokens=12)
     finally:

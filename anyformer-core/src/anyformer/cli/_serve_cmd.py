@@ -6,6 +6,7 @@ import argparse
 import importlib.util
 import os
 import sys
+from typing import Literal
 
 from anyformer.cli._common import add_rpc_argument
 from anyformer.contract._errors import AnyformerError, ErrorCode
@@ -77,11 +78,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--context", type=int, help="context length in tokens for text models")
     parser.add_argument(
         "--parallel",
-        type=int,
         default=None,
         metavar="N",
         help="requests one model serves at once, batched in one decode step, where its backend can "
-        "(llama.cpp; each stream gets the whole context); 1 serves one at a time (default 4)",
+        "(llama.cpp; each stream gets the whole context); 1 serves one at a time; default auto: as many "
+        "as suit the machine (llama.cpp: 2 per decode thread, 2 to 16, as many as half the memory holds)",
     )
     parser.add_argument(
         "--in-process",
@@ -106,9 +107,7 @@ def run(args: argparse.Namespace) -> int:
     from anyformer.server import serve
     from anyformer.server._pool import DEFAULT_PARALLEL
 
-    parallel = DEFAULT_PARALLEL if args.parallel is None else args.parallel
-    if parallel < 1:
-        raise AnyformerError(ErrorCode.BAD_REQUEST, f"--parallel must be 1 or more, got {parallel}")
+    parallel = _parallel(args.parallel, DEFAULT_PARALLEL)
 
     rpc = parse_endpoints(args.rpc)
     if rpc:
@@ -141,3 +140,14 @@ def run(args: argparse.Namespace) -> int:
         max_body=parse_size(args.max_body),
     )
     return 0
+
+
+def _parallel(value: str | None, default: int | Literal["auto"]) -> int | Literal["auto"]:
+    """``--parallel``: ``auto`` or a whole number of streams from 1 (``default`` when not given)."""
+    if value is None:
+        return default
+    if value == "auto":
+        return "auto"
+    if not value.isdigit() or int(value) < 1:
+        raise AnyformerError(ErrorCode.BAD_REQUEST, f"--parallel must be auto or a number from 1, got {value}")
+    return int(value)

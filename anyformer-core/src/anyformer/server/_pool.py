@@ -21,7 +21,7 @@ import os
 import threading
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Literal
 
 import anyformer
 from anyformer._loaded import Loaded
@@ -34,9 +34,10 @@ from anyformer.contract._sizes import format_size, parse_size
 
 #: Requests that may wait for one model while it serves others.
 DEFAULT_QUEUE_SIZE = 8
-#: Streams per model the server asks backends for (the ``parallel`` load option): llama-server's own
-#: default, and on 2 CPU cores the batch where one decode step's aggregate gain is most of its 8-stream one.
-DEFAULT_PARALLEL = 4
+#: Streams per model the server asks backends for (the ``parallel`` load option) unless told: "auto", as
+#: many as suit the machine, which a backend that batches decides from its cores, memory and context
+#: (llama.cpp: 2 per decode thread, 2 to 16, cut to what half the host memory holds; docs/server.md).
+DEFAULT_PARALLEL: int | Literal["auto"] = "auto"
 _END = object()
 
 
@@ -156,7 +157,8 @@ class ModelPool:
     probe found), host memory is what the probe found available when the pool was made;
     ``isolate`` runs each engine in its own process (None: whenever ``anyformer.load`` can);
     ``queue_size`` is how many requests may wait for one busy model; ``parallel`` is the
-    ``parallel`` load option (streams per model, for backends that batch; 1: one at a time);
+    ``parallel`` load option (streams per model, for backends that batch; 1: one at a time; "auto":
+    as many as the backend finds suit the machine);
     ``plugins`` and ``caps``
     replace the installed backends and the probe (tests, embedding apps).
     """
@@ -168,7 +170,7 @@ class ModelPool:
         isolate: bool | None = None,
         queue_size: int = DEFAULT_QUEUE_SIZE,
         context: int | None = None,
-        parallel: int = 1,
+        parallel: int | Literal["auto"] = 1,
         caps: Caps | None = None,
         plugins: PluginManager | None = None,
     ) -> None:
@@ -180,9 +182,9 @@ class ModelPool:
             raise AnyformerError(ErrorCode.BAD_REQUEST, "this anyformer has no isolated workers (load(isolate=...))")
         self.isolate = supported if isolate is None else isolate
         self.queue_size = queue_size
-        if isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 1:
+        if parallel != "auto" and (isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 1):
             raise AnyformerError(
-                ErrorCode.BAD_REQUEST, f"parallel must be a positive number of streams, got {parallel!r}"
+                ErrorCode.BAD_REQUEST, f'parallel must be "auto" or a positive number of streams, got {parallel!r}'
             )
         self.parallel = parallel
         self._context = context
@@ -352,7 +354,7 @@ class ModelPool:
 
     def _load_blocking(self, model: anyformer.Model, task: str | None) -> Loaded:
         extra: dict[str, Any] = {"isolate": self.isolate} if load_supports_isolation() else {}
-        if self.parallel > 1:
+        if self.parallel != 1:
             extra["options"] = {"parallel": self.parallel}
         return anyformer.load(
             model,

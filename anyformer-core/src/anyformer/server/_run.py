@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Literal
 
 from anyformer.server._app import DEFAULT_MAX_BODY_BYTES, create_app
 from anyformer.server._pool import DEFAULT_PARALLEL, DEFAULT_QUEUE_SIZE, ModelPool
@@ -17,7 +18,7 @@ def serve(
     api_key: str | None = None,
     queue_size: int = DEFAULT_QUEUE_SIZE,
     context: int | None = None,
-    parallel: int = DEFAULT_PARALLEL,
+    parallel: int | Literal["auto"] = DEFAULT_PARALLEL,
     isolate: bool | None = None,
     log_level: str = "info",
     models: Sequence[str] = (),

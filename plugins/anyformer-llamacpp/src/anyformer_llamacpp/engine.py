@@ -56,12 +56,12 @@ from anyformer.plugin import (
     has_images,
     read_gguf_header,
     render_chat,
-    usable_cpu_count,
 )
 from anyformer_llamacpp import BACKEND_ID
 from anyformer_llamacpp.estimate import BATCH, context_for, footprint
 from anyformer_llamacpp.file_choice import choose_gguf
 from anyformer_llamacpp.header_checks import check_architecture_numbers, check_vocabulary
+from anyformer_llamacpp.parallel_option import flash_attention, pick_threads
 from anyformer_llamacpp.prompt_blocks import batches, plan, reusable_prefix
 from anyformer_llamacpp.prompt_marks import text_starts, token_marks
 from anyformer_llamacpp.runtime import gpu_offload_library
@@ -95,19 +95,6 @@ def _quiet_native_stderr() -> Iterator[None]:
     finally:
         os.dup2(saved, 2)
         os.close(saved)
-
-
-def pick_threads() -> int:
-    """Threads for decoding: every core this process may use.
-
-    Measured on the 2-core machine with SmolLM2-135M: 1 thread ~75 tok/s (llama-cpp-python's
-    default of half the cores), 2 threads ~94 tok/s; on the 16-core H200 host 16 threads beat 2
-    by 3x. ``ANYFORMER_LLAMACPP_THREADS`` overrides.
-    """
-    override = os.environ.get("ANYFORMER_LLAMACPP_THREADS")
-    if override and override.isdigit() and int(override) > 0:
-        return int(override)
-    return usable_cpu_count()
 
 
 class LlamaCppModel:
@@ -237,7 +224,7 @@ class LlamaCppModel:
     ) -> Any:
         from llama_cpp import Llama
 
-        threads = int(request.options.get("threads") or pick_threads())
+        threads = pick_threads(request.options)
         extra: dict[str, Any] = {}
         if embedding:
             extra["embedding"] = True
@@ -254,6 +241,7 @@ class LlamaCppModel:
                     n_threads_batch=threads,
                     n_gpu_layers=gpu_layers,
                     n_batch=min(BATCH, context),
+                    flash_attn=flash_attention(request.options),
                     verbose=False,
                     **extra,
                 )

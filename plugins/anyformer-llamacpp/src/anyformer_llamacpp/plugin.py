@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -28,7 +29,7 @@ from anyformer.plugin import (
 from anyformer_llamacpp import BACKEND_ID
 from anyformer_llamacpp.estimate import BATCH, Footprint, context_for, footprint, measured_speed
 from anyformer_llamacpp.file_choice import choose_gguf, projector_for
-from anyformer_llamacpp.parallel_option import parallel_option, streams_that_fit
+from anyformer_llamacpp.parallel_option import flash_attention, parallel_option, pick_threads, streams_for
 from anyformer_llamacpp.runtime import (
     INSTALL_HINT,
     gpu_offload_library,
@@ -78,19 +79,23 @@ def can_run(model: Model, caps: Caps, request: Request) -> Verdict:
         files = tuple(f.name for f in choice.files) + mmproj_files
         return _can_run_over_rpc(caps, request, facts, choice.size, files, mmproj_bytes, gpu_library)
     budget = request.budget_or(caps.gpu_bytes)
-    # With parallel=N every stream has a KV region of the whole context: N of them are counted (a bad
-    # value is load's to refuse, with BAD_REQUEST). Image and embedding models are loaded one-stream.
-    try:
-        asked = parallel_option(request.options) if mmproj is None and task != "feature-extraction" else 1
-    except AnyformerError:
-        asked = 1
 
     def plan_for(streams: int) -> Footprint:
         context = context_for(facts, request.context) * streams
         return footprint(facts, choice.size, context=context, budget=budget, gpu_offload=gpu_library is not None)
 
-    # As many of the streams asked for as host memory holds (load makes the same choice).
-    parallel = streams_that_fit(asked, caps.ram_bytes, lambda n: plan_for(n).ram_bytes + mmproj_bytes)
+    # With parallel=N every stream has a KV region of the whole context: as many of them as host memory
+    # holds are counted, as load counts them (a bad value is load's to refuse, with BAD_REQUEST). Image
+    # and embedding models are loaded one-stream.
+    parallel = 1
+    if mmproj is None and task != "feature-extraction":
+        with contextlib.suppress(AnyformerError):
+            parallel = streams_for(
+                request.options,
+                caps.ram_bytes,
+                lambda n: plan_for(n).ram_bytes + mmproj_bytes,
+                pick_threads(request.options),
+            )
     plan = plan_for(parallel)
     # The projector sits in host memory beside the model: the check counts it as the estimate does.
     host_bytes = plan.ram_bytes + mmproj_bytes
@@ -214,10 +219,11 @@ def load(backend: str, model: Model, request: Request, progress: ProgressCallbac
     from anyformer_llamacpp.engine import LlamaCppModel  # imports llama_cpp
 
     # parallel=N serves N streams batched in one context; image and embedding models serve one.
-    parallel = parallel_option(request.options)
+    asked = parallel_option(request.options)
+    flash_attention(request.options)  # a bad value is refused before any file is fetched
     one_stream = (request.task or model.task) == "feature-extraction" or projector_for(model) is not None
-    if parallel > 1 and not one_stream:
-        parallel = _streams_that_fit_now(model, request, parallel)
+    if asked != 1 and not one_stream:
+        parallel = _streams_that_fit_now(model, request)
         if parallel > 1:
             from anyformer_llamacpp._parallel_model import ParallelLlamaCppModel
 
@@ -225,8 +231,9 @@ def load(backend: str, model: Model, request: Request, progress: ProgressCallbac
     return LlamaCppModel.open(model, request, progress)
 
 
-def _streams_that_fit_now(model: Model, request: Request, asked: int) -> int:
-    """How many of the ``asked`` streams the host memory available now holds (as ``can_run`` reckons it)."""
+def _streams_that_fit_now(model: Model, request: Request) -> int:
+    """How many of the streams the ``parallel`` option asks for the host memory available now holds (as
+    ``can_run`` reckons it)."""
     choice = choose_gguf(model)
     if choice is None:
         return 1  # LlamaCppModel.open refuses it
@@ -239,7 +246,7 @@ def _streams_that_fit_now(model: Model, request: Request, asked: int) -> int:
             facts, choice.size, context=context, budget=request.budget or 0, gpu_offload=gpu_offload
         ).ram_bytes
 
-    return streams_that_fit(asked, host_ram_available(), host_bytes)
+    return streams_for(request.options, host_ram_available(), host_bytes, pick_threads(request.options))
 
 
 @hookimpl
