@@ -5,8 +5,9 @@ numpy releases the GIL in the conversions and BLAS products of
 :func:`~anyformer_diskformer.quant_product.expert_ffn`, so experts computed on ``threads`` threads run
 in parallel, and the compute thread reads the experts the cache misses while the workers compute
 those already held (:meth:`~anyformer_diskformer.expert_cache.ExpertCache.fetch_each` hands the
-held ones first; the prefetcher's reader threads read the next misses meanwhile). Each worker has its own scratch. The weighted sum is added in expert order on the
-calling thread, so the result does not depend on which thread finished first.
+held ones first; the prefetcher's reader threads read the next misses meanwhile). Each worker has
+its own scratch. The weighted sum is added in expert order on the calling thread, so the result
+does not depend on which thread finished first.
 """
 
 from __future__ import annotations
