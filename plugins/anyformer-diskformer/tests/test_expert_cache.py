@@ -130,7 +130,7 @@ def test_a_layers_misses_are_read_side_by_side_and_still_count_as_misses(moe_f32
 
         cache.reader.read = recording_read  # type: ignore[method-assign]
         cache.prefetcher = Prefetcher(cache.reader, cache.stats, width=2, threads=2)
-        got = dict(cache.fetch_each(0, [5, 1, 2, 3, 4], pin=False))
+        got = dict(cache.fetch_each(0, [5, 1, 2, 3, 4], pin=False, read_ahead=True))
         for expert, slabs in got.items():
             data = np.asarray(want["blk.0.ffn_gate_exps.weight"].data[expert]).reshape(-1)
             np.testing.assert_array_equal(slabs.gate.view(np.float32), data)

@@ -181,7 +181,13 @@ class ExpertCache(Generic[Entry]):
         return [entry for _, entry in self.fetch_each(layer, experts, held_first=False)]
 
     def fetch_each(
-        self, layer: int, experts: Sequence[int], held_first: bool = True, pin: bool = True, last: bool = True
+        self,
+        layer: int,
+        experts: Sequence[int],
+        held_first: bool = True,
+        pin: bool = True,
+        last: bool = True,
+        read_ahead: bool = False,
     ) -> Iterator[tuple[int, Entry]]:
         """``(expert, entry)`` for each of ``experts`` of ``layer`` as it is got, those held (or prefetched) first
         when ``held_first``, so the caller computes with them while the rest are read. When ``last`` (the layer's
@@ -191,12 +197,16 @@ class ExpertCache(Generic[Entry]):
         ``len(experts)`` experts): a store that reuses an evicted entry's memory (GPU slots) needs that. Host
         slabs stay valid while referenced, so the CPU engine does not pin, and the cache evicts exactly as a
         replay of its accesses does.
+
+        With ``read_ahead`` (and a prefetcher), while this thread reads a miss the prefetcher's threads read the
+        next ones: the CPU engine on one thread, which gets every expert of a layer before computing, asks for it
+        (on two threads, where the workers compute while this thread reads, it measured slower on 2 cores).
         """
         order = list(experts)
         if held_first:
             order.sort(key=lambda e: (layer, e) not in self._entries and not self._prefetched(layer, e))
         self._pinned.clear()
-        prefetcher = self.prefetcher
+        prefetcher = self.prefetcher if read_ahead else None
         # The misses, in the order they will be read: while this thread reads one, the reader threads read the
         # next few (as many as there are of them), so the disk has several requests at once.
         misses = [
