@@ -43,9 +43,12 @@ def llama_tok_per_sec(path: str, tokens: int, threads: int) -> float:
     return tokens / elapsed
 
 
-def diskformer_tok_per_sec(path: str, tokens: int, pool: int | None) -> tuple[float, float]:
-    """The engine's greedy decode speed after the prompt, and its cache's hit rate while decoding."""
-    options = {"pool_bytes": pool} if pool else {}
+def diskformer_tok_per_sec(path: str, tokens: int, pool: int | None, threads: int) -> tuple[float, float]:
+    """The engine's greedy decode speed on ``threads`` threads after the prompt, and its cache's hit rate while
+    decoding."""
+    options: dict[str, object] = {"threads": threads}
+    if pool:
+        options["pool_bytes"] = pool
     model = DiskformerModel.open(anyformer.describe(path), Request(context=256, options=options), lambda e: None)
     try:
         engine = model.engine
@@ -70,7 +73,8 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--embd", type=int, default=1024)
     parser.add_argument("--experts", type=int, default=64)
-    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="both engines' threads")
+    parser.add_argument("--skip-llama", action="store_true", help="time the diskformer only")
     args = parser.parse_args()
     spec = TinyMoE(
         n_layer=args.layers,
@@ -89,13 +93,13 @@ def main() -> None:
         write_tiny_moe(path, spec)
         plan = plan_from_header(read_gguf_header(path), 256)
         print(f"model: {os.path.getsize(path) / 1e6:.0f} MB, experts {plan.expert_bytes_total / 1e6:.0f} MB")
-        reference = llama_tok_per_sec(path, args.tokens, args.threads)
+        reference = float("nan") if args.skip_llama else llama_tok_per_sec(path, args.tokens, args.threads)
         print(f"llama.cpp ({args.threads} threads): {reference:.1f} tok/s")
         for label, pool in (("every expert cached", None), ("two layers' top-k", 2 * plan.min_cache_bytes)):
-            speed, hit_rate = diskformer_tok_per_sec(path, args.tokens, pool)
+            speed, hit_rate = diskformer_tok_per_sec(path, args.tokens, pool, args.threads)
             print(
-                f"diskformer, {label}: {speed:.1f} tok/s, ratio {speed / reference:.3f} of llama.cpp, "
-                f"decode hit rate {hit_rate:.0%}"
+                f"diskformer ({args.threads} threads), {label}: {speed:.1f} tok/s, "
+                f"ratio {speed / reference:.3f} of llama.cpp, decode hit rate {hit_rate:.0%}"
             )
 
 

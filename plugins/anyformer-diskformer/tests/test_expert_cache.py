@@ -110,3 +110,33 @@ def test_the_o_direct_reader_reads_the_same_bytes_or_says_why_not(moe_top4):
         direct.close()
         plain.close()
     assert open_reader(moe_top4, spans, direct=False).method == "pread+fadvise"
+
+
+def test_a_layers_misses_are_read_side_by_side_and_still_count_as_misses(moe_f32):
+    import threading
+
+    from anyformer_diskformer.prefetch import Prefetcher
+
+    reader = gguf.GGUFReader(moe_f32)
+    want = {t.name: t for t in reader.tensors}
+    with open_cache(moe_f32, 100) as cache:
+        cache.get(0, 1)  # held: a hit, handed out first
+        read_by: dict[int, str] = {}
+        plain_read = cache.reader.read
+
+        def recording_read(layer: int, expert: int):
+            read_by[expert] = threading.current_thread().name
+            return plain_read(layer, expert)
+
+        cache.reader.read = recording_read  # type: ignore[method-assign]
+        cache.prefetcher = Prefetcher(cache.reader, cache.stats, width=2, threads=2)
+        got = dict(cache.fetch_each(0, [5, 1, 2, 3, 4], pin=False, read_ahead=True))
+        for expert, slabs in got.items():
+            data = np.asarray(want["blk.0.ffn_gate_exps.weight"].data[expert]).reshape(-1)
+            np.testing.assert_array_equal(slabs.gate.view(np.float32), data)
+        # The first miss is read here; the reader threads read the next ones meanwhile.
+        assert read_by[5] == threading.current_thread().name
+        assert all(read_by[e].startswith("diskformer-prefetch") for e in (2, 3, 4))
+        # Five misses (expert 1's first lookup and these four), none counted as prefetched.
+        assert (cache.stats.hits, cache.stats.misses, cache.stats.prefetched) == (1, 5, 0)
+        assert cache.stats.bytes_read == 5 * cache.expert_bytes and cache.stats.prefetch_wasted == 0

@@ -19,6 +19,7 @@ from collections.abc import Callable
 import numpy as np
 
 from anyformer.plugin import AnyformerError, ErrorCode
+from anyformer_diskformer.blas_threads import one_blas_thread
 from anyformer_diskformer.dense_weights import DenseWeights
 from anyformer_diskformer.expert_cache import ExpertCache
 from anyformer_diskformer.expert_compute import ExpertRunner
@@ -200,6 +201,12 @@ class CpuMoEEngine:
     def forward(self, ids: list[int], start: int, *, every: bool = True) -> np.ndarray:
         """Logits for ``ids`` at positions ``start..`` (every token's rows, or the last's); their keys and values
         enter the cache."""
+        # The engine's threads split the work; BLAS threads on top of them only contend (see blas_threads).
+        with one_blas_thread():
+            return self._step(ids, start, every)
+
+    def _step(self, ids: list[int], start: int, every: bool) -> np.ndarray:
+        """:meth:`forward`'s computation (an architecture with another layer overrides this)."""
         c = self.config
         self._check_step(ids, start)
         h = self._w.rows("token_embd.weight", ids)

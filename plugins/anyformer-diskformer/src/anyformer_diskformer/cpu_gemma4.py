@@ -143,7 +143,7 @@ class Gemma4CpuEngine(CpuMoEEngine):
         self.cache.expect(layer, guess)
         prefetcher.request(layer, guess, self.cache)
 
-    def forward(self, ids: list[int], start: int, *, every: bool = True) -> np.ndarray:
+    def _step(self, ids: list[int], start: int, every: bool) -> np.ndarray:
         """Logits for ``ids`` at positions ``start..`` (every token's rows, or the last's)."""
         c = self.config
         self._check_step(ids, start)

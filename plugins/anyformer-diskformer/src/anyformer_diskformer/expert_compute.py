@@ -5,8 +5,9 @@ numpy releases the GIL in the conversions and BLAS products of
 :func:`~anyformer_diskformer.quant_product.expert_ffn`, so experts computed on ``threads`` threads run
 in parallel, and the compute thread reads the experts the cache misses while the workers compute
 those already held (:meth:`~anyformer_diskformer.expert_cache.ExpertCache.fetch_each` hands the
-held ones first). Each worker has its own scratch. The weighted sum is added in expert order on the
-calling thread, so the result does not depend on which thread finished first.
+held ones first; on one thread the prefetcher's reader threads read the next misses meanwhile). Each
+worker has its own scratch. The weighted sum is added in expert order on the calling thread, so the result
+does not depend on which thread finished first.
 """
 
 from __future__ import annotations
@@ -95,7 +96,13 @@ class ExpertRunner:
         # slabs are referenced here beyond what the cache holds (a slab evicted while in use stays valid).
         for begin in range(0, len(unique), k):
             results: dict[int, np.ndarray | concurrent.futures.Future[np.ndarray]] = {}
-            batch = cache.fetch_each(layer, unique[begin : begin + k], pin=False, last=begin + k >= len(unique))
+            batch = cache.fetch_each(
+                layer,
+                unique[begin : begin + k],
+                pin=False,
+                last=begin + k >= len(unique),
+                read_ahead=self._pool is None,  # one thread gets every expert first: read its misses side by side
+            )
             if self._pool is None:
                 # On one thread every expert is got first: the next layer's read-ahead, which starts when the
                 # lookups end, then overlaps this layer's compute.

@@ -9,6 +9,11 @@ never queue ahead of that layer's demand reads, and they overlap its compute. Th
 expert up, the cache takes it from here instead of reading it on demand; what that layer did not
 take is dropped when its lookups end, and the bytes are counted as wasted. At most ``width``
 experts are held here at once, bytes the load takes out of the expert cache's budget.
+
+The same threads also read a layer's misses early (:meth:`Prefetcher.read_ahead`, called by
+:meth:`~anyformer_diskformer.expert_cache.ExpertCache.fetch_each`): while the compute thread reads
+one miss, they read the next ones (as many as there are threads), so the disk has several requests
+at once. Those few slabs are held outside the cache until their lookup takes them.
 """
 
 from __future__ import annotations
@@ -49,6 +54,9 @@ class Prefetcher:
             max_workers=threads, thread_name_prefix="diskformer-prefetch"
         )
         self._pending: dict[Key, concurrent.futures.Future[ExpertSlices]] = {}
+        #: Of the pending reads, those a lookup already asked for (:meth:`read_ahead`): misses, not guesses.
+        self._demand: set[Key] = set()
+        self.threads = threads
         #: The guess waiting for the layer before it to finish its lookups: (layer, experts, what is held).
         self._deferred: tuple[int, list[int], Container[Key]] | None = None
 
@@ -70,6 +78,26 @@ class Prefetcher:
             if key not in held:
                 self._pending[key] = self._pool.submit(self.reader.read, layer, expert)
 
+    def read_ahead(self, layer: int, experts: list[int], held: Container[Key]) -> None:
+        """Start reading ``experts`` of ``layer`` that are neither ``held`` nor being read: a layer's misses, which
+        its lookups will take next. The caller reads one itself meanwhile, so the disk serves several requests
+        at once instead of one after another. They count as misses, not as prefetched, when taken."""
+        if self._pool is None:
+            return
+        for expert in experts:
+            key = (layer, expert)
+            if key not in held and key not in self._pending:
+                self._pending[key] = self._pool.submit(self.reader.read, layer, expert)
+                self._demand.add(key)
+
+    def reading(self, key: Key) -> bool:
+        """Whether ``key`` is being (or has been) read here and not yet taken."""
+        return key in self._pending
+
+    def demanded(self, key: Key) -> bool:
+        """Whether ``key``'s pending read was started by :meth:`read_ahead` (a miss read early) rather than guessed."""
+        return key in self._demand
+
     def ready(self, key: Key) -> bool:
         """Whether ``key`` was guessed and its read has finished (taking it will not wait)."""
         future = self._pending.get(key)
@@ -78,6 +106,7 @@ class Prefetcher:
     def take(self, key: Key) -> ExpertSlices | None:
         """``key``'s slabs if they were guessed (waiting for the read if it is still running), else None."""
         future = self._pending.pop(key, None)
+        self._demand.discard(key)
         if future is None:
             return None
         slices = future.result()  # a failed read raises here, as a demand read would
@@ -85,6 +114,7 @@ class Prefetcher:
         return slices
 
     def _drop_all(self) -> None:
+        self._demand.clear()
         for key in list(self._pending):
             future = self._pending.pop(key)
             if future.cancel():
