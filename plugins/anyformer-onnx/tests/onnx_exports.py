@@ -226,6 +226,16 @@ def _chat_references(model: Any, folder: Path, eos: list[int], tokens: int) -> l
     return replies
 
 
+def _save_chat_fixture(model: Any, config: Any, folder: Path, architecture: str) -> None:
+    """Config, generation config, torch's greedy chat replies and the exported decoder of a tiny chat model."""
+    config.architectures = [architecture]
+    config.save_pretrained(folder)
+    _write_json(folder / "generation_config.json", {"eos_token_id": 2, "pad_token_id": 2})
+    replies = _chat_references(model, folder, [2], CHAT_TOKENS)
+    export_decoder(model, folder / "onnx" / "model.onnx")
+    _write_json(folder / "reference.json", {"replies": replies})
+
+
 def build_tiny_llama(folder: Path) -> None:
     """A random 2-layer llama over a character vocabulary, exported with its KV cache."""
     import torch
@@ -249,12 +259,7 @@ def build_tiny_llama(folder: Path) -> None:
     # The initialiser's weights: greedy replies wander over the vocabulary (no early loop), and the
     # top two logits stay ~1e-3 apart, far above the ~1e-6 by which onnxruntime and torch differ.
     model = LlamaForCausalLM(config).eval()
-    config.architectures = ["LlamaForCausalLM"]
-    config.save_pretrained(folder)
-    _write_json(folder / "generation_config.json", {"eos_token_id": 2, "pad_token_id": 2})
-    replies = _chat_references(model, folder, [2], CHAT_TOKENS)
-    export_decoder(model, folder / "onnx" / "model.onnx")
-    _write_json(folder / "reference.json", {"replies": replies})
+    _save_chat_fixture(model, config, folder, "LlamaForCausalLM")
 
 
 def build_tiny_qwen2(folder: Path) -> None:
@@ -284,12 +289,7 @@ def build_tiny_qwen2(folder: Path) -> None:
         for layer in model.model.layers:
             for projection in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
                 projection.bias.normal_(0.0, 0.5)
-    config.architectures = ["Qwen2ForCausalLM"]
-    config.save_pretrained(folder)
-    _write_json(folder / "generation_config.json", {"eos_token_id": 2, "pad_token_id": 2})
-    replies = _chat_references(model, folder, [2], CHAT_TOKENS)
-    export_decoder(model, folder / "onnx" / "model.onnx")
-    _write_json(folder / "reference.json", {"replies": replies})
+    _save_chat_fixture(model, config, folder, "Qwen2ForCausalLM")
 
 
 def build_tiny_qwen3(folder: Path) -> None:
@@ -322,12 +322,7 @@ def build_tiny_qwen3(folder: Path) -> None:
         for layer in model.model.layers:
             for norm in (layer.self_attn.q_norm, layer.self_attn.k_norm):
                 norm.weight.uniform_(0.5, 1.5)
-    config.architectures = ["Qwen3ForCausalLM"]
-    config.save_pretrained(folder)
-    _write_json(folder / "generation_config.json", {"eos_token_id": 2, "pad_token_id": 2})
-    replies = _chat_references(model, folder, [2], CHAT_TOKENS)
-    export_decoder(model, folder / "onnx" / "model.onnx")
-    _write_json(folder / "reference.json", {"replies": replies})
+    _save_chat_fixture(model, config, folder, "Qwen3ForCausalLM")
 
 
 def build_tiny_phi3(folder: Path) -> None:
@@ -355,12 +350,7 @@ def build_tiny_phi3(folder: Path) -> None:
         attn_implementation="eager",
     )
     model = Phi3ForCausalLM(config).eval()
-    config.architectures = ["Phi3ForCausalLM"]
-    config.save_pretrained(folder)
-    _write_json(folder / "generation_config.json", {"eos_token_id": 2, "pad_token_id": 2})
-    replies = _chat_references(model, folder, [2], CHAT_TOKENS)
-    export_decoder(model, folder / "onnx" / "model.onnx")
-    _write_json(folder / "reference.json", {"replies": replies})
+    _save_chat_fixture(model, config, folder, "Phi3ForCausalLM")
 
 
 def export_no_past_decoder(model: Any, path: Path) -> None:
@@ -1857,22 +1847,30 @@ def tiny_qwen2_audio() -> Path:
 
 def tiny_llama() -> Path:
     """The cached tiny llama folder (exported on first use, a few seconds)."""
-    return cached("tiny-llama", build_tiny_llama, _char_tokenizer, _chat_references, greedy, export_decoder)
+    return cached(
+        "tiny-llama", build_tiny_llama, _char_tokenizer, _save_chat_fixture, _chat_references, greedy, export_decoder
+    )
 
 
 def tiny_qwen2() -> Path:
     """The cached tiny Qwen2 folder (exported on first use, a few seconds)."""
-    return cached("tiny-qwen2", build_tiny_qwen2, _char_tokenizer, _chat_references, greedy, export_decoder)
+    return cached(
+        "tiny-qwen2", build_tiny_qwen2, _char_tokenizer, _save_chat_fixture, _chat_references, greedy, export_decoder
+    )
 
 
 def tiny_qwen3() -> Path:
     """The cached tiny Qwen3 folder (exported on first use, a few seconds)."""
-    return cached("tiny-qwen3", build_tiny_qwen3, _char_tokenizer, _chat_references, greedy, export_decoder)
+    return cached(
+        "tiny-qwen3", build_tiny_qwen3, _char_tokenizer, _save_chat_fixture, _chat_references, greedy, export_decoder
+    )
 
 
 def tiny_phi3() -> Path:
     """The cached tiny Phi-3 folder (exported on first use, a few seconds)."""
-    return cached("tiny-phi3", build_tiny_phi3, _char_tokenizer, _chat_references, greedy, export_decoder)
+    return cached(
+        "tiny-phi3", build_tiny_phi3, _char_tokenizer, _save_chat_fixture, _chat_references, greedy, export_decoder
+    )
 
 
 def tiny_llama_merged() -> Path:
