@@ -80,6 +80,49 @@ def test_prefetch_keeps_the_logits_of_the_architectures_with_engines_of_their_ow
     assert with_.hit_rate > without.hit_rate + 0.15, (with_, without)
 
 
+@pytest.mark.parametrize("device", ["cpu", "gpu"])
+def test_gemma4_guesses_the_moe_layer_after_a_dense_layer(gemma4_dense_layer, device):
+    """Layer 2 has no router: its residual goes through layer 3's router, and the reads of that guess start
+    then (no lookup of layer 2 would start them), so some of layer 3's lookups are prefetched; the logits stay
+    those without prefetch (which test_gpu_engine checks against the CPU engine and llama.cpp)."""
+    from anyformer_diskformer.moe_config import read_moe_config
+
+    path = gemma4_dense_layer
+    header = read_gguf_header(path)
+    config = read_moe_config(header)
+    assert not config.is_moe_layer(2) and config.is_moe_layer(3)
+    plan, k = plan_from_header(header, 64, device), config.n_expert_used
+    plain, _, _ = run(path, device=device, pool_bytes=plan.min_cache_bytes, prefetch=0, cache_policy="lru")
+    try:
+        options = {"device": device, "pool_bytes": plan.min_cache_bytes + k * plan.one_expert_bytes, "prefetch": k}
+        model = DiskformerModel.open(anyformer.describe(path), Request(context=64, options=options), lambda e: None)
+    except AnyformerError as exc:
+        if device == "gpu" and exc.code is ErrorCode.BACKEND_CRASHED:
+            pytest.skip(f"no GPU adapter for wgpu: {exc}")
+        raise
+    try:
+        engine = model.engine
+        assert engine is not None and model.prefetch_width == k
+        cache, prefetched = engine.cache, dict.fromkeys(range(config.n_layer), 0)
+        get = cache.get
+
+        def counting_get(layer: int, expert: int):  # type: ignore[no-untyped-def]
+            before = cache.stats.prefetched
+            entry = get(layer, expert)
+            prefetched[layer] += cache.stats.prefetched - before
+            return entry
+
+        cache.get = counting_get  # type: ignore[method-assign]
+        ahead, _ = greedy_steps(engine.forward, STEPS)
+    finally:
+        model.dispose()
+    np.testing.assert_array_equal(ahead, plain)
+    # Layer 0 is never guessed, layer 2 has no experts; layer 3's guess comes from the dense layer 2.
+    assert prefetched[0] == prefetched[2] == 0
+    assert prefetched[3] > 0, prefetched
+    assert prefetched[1] > 0, prefetched
+
+
 def test_prefetch_is_off_when_the_budget_cannot_spare_it(moe_top4):
     plan = plan_from_header(read_gguf_header(moe_top4), 64)
     _, stats, width = run(moe_top4, device="cpu", pool_bytes=plan.min_cache_bytes, prefetch=4)

@@ -142,6 +142,10 @@ class Gemma4CpuEngine(CpuMoEEngine):
         guess = likely_experts(self._router_logits(layer, h), self.config.n_expert_used, prefetcher.width)
         self.cache.expect(layer, guess)
         prefetcher.request(layer, guess, self.cache)
+        if not self.config.is_moe_layer(layer - 1):
+            # A dense layer looks no experts up, so nothing would start the reads before ``layer``'s own
+            # lookups (by then the guess is stale): start them now, overlapping the dense MLP.
+            prefetcher.start(layer - 1)
 
     def _step(self, ids: list[int], start: int, every: bool) -> np.ndarray:
         """Logits for ``ids`` at positions ``start..`` (every token's rows, or the last's)."""

@@ -9,7 +9,8 @@ seeing its last ``n_swa`` keys; the output product into a buffer of its own whos
 (``post_attention_norm``) is added to the residual. Then the dense GELU MLP (``ffn_norm`` fused into
 gate and up) and, on a MoE layer, the router: its input normalised without weight, times
 ``ffn_gate_inp.scale`` / sqrt(n_embd), folded into the product's norm weights; the next layer's
-router on the same residual is the prefetcher's guess. The host routes as the CPU engine (softmax,
+router on the same residual is the prefetcher's guess (a dense layer before a MoE layer submits and reads
+back that guess alone, and starts its reads). The host routes as the CPU engine (softmax,
 top-k, renormalised), and the chosen experts run at the start of the next submission: gate and up
 normalise the residual with ``pre_ffw_norm_2`` themselves, the router weight and the expert's
 ``ffn_down_exps.scale`` folded into up's norm weights, and each down product (GELU-gated) adds into
@@ -90,7 +91,7 @@ class Gemma4GpuEngine(GpuMoEEngine):
             embd.buffer, embd.fmt, embd.rows, embd.cols, self.ids, self.h, self.state, 1, scale=math.sqrt(c.n_embd)
         )
         self._layers = [self._attention_dispatches(i) + self._mlp_dispatches(i) for i in range(c.n_layer)]
-        self._routers = [self._router_dispatches(i) if c.moe[i] else [] for i in range(c.n_layer)]
+        self._routers = [self._router_dispatches(i) for i in range(c.n_layer)]
         self._finish = [self._finish_dispatches(i) for i in range(c.n_layer)]
         head = self._weights["token_embd.weight" if c.tied_output else "output.weight"]
         self._head = self._mv(head, self.h, self.logits, norm=self._norms["output_norm.weight"], eps=c.eps)
@@ -214,9 +215,13 @@ class Gemma4GpuEngine(GpuMoEEngine):
         return out
 
     def _router_dispatches(self, i: int) -> list[Dispatch]:
-        """Layer ``i``'s router logits, and the next MoE layer's on the same residual where a prefetcher guesses."""
+        """Layer ``i``'s router logits (a MoE layer), and the next MoE layer's on the same residual where a
+        prefetcher guesses: a dense layer before a MoE layer guesses too, as the CPU engine does."""
         c = self.config
-        out = [self._mv(self._weights[f"blk.{i}.ffn_gate_inp.weight"], self.h, self.router, **self._router_norm(i))]
+        out: list[Dispatch] = []
+        if c.moe[i]:
+            w = self._weights[f"blk.{i}.ffn_gate_inp.weight"]
+            out.append(self._mv(w, self.h, self.router, **self._router_norm(i)))
         if self.cache.prefetcher is not None and i + 1 < c.n_layer and c.moe[i + 1]:
             w = self._weights[f"blk.{i + 1}.ffn_gate_inp.weight"]
             out.append(self._mv(w, self.h, self.router, y_off=c.n_expert, **self._router_norm(i + 1)))
@@ -263,18 +268,25 @@ class Gemma4GpuEngine(GpuMoEEngine):
         pending = [self._embed]
         for layer in range(c.n_layer):
             pending += self._layers[layer]
-            if not c.moe[layer]:
-                pending += self._finish[layer]  # nothing to route: nothing read back
+            guessing = len(self._routers[layer]) > int(c.moe[layer])
+            if not c.moe[layer] and not guessing:
+                pending += self._finish[layer]  # nothing to route or guess: nothing read back
                 continue
             # The experts' sum starts from zero: the copy runs after this submission's dispatches.
-            self.kernels.run(pending + self._routers[layer], [(self.zeros, 0, self.routed, 0, 4 * c.n_embd)])
+            zero = [(self.zeros, 0, self.routed, 0, 4 * c.n_embd)] if c.moe[layer] else []
+            self.kernels.run(pending + self._routers[layer], zero)
             prefetcher = self.cache.prefetcher
-            guessing = prefetcher is not None and len(self._routers[layer]) > 1
             logits = gpu.read(self.router, np.float32, 2 * c.n_expert if guessing else c.n_expert)
             if prefetcher is not None and guessing:
                 likely = likely_experts(logits[None, c.n_expert :], c.n_expert_used, prefetcher.width)
                 self.cache.expect(layer + 1, likely)
                 prefetcher.request(layer + 1, likely, self.cache)
+            if not c.moe[layer]:
+                if prefetcher is not None:
+                    # No lookups here to start the reads after: start them now, overlapping this layer's MLP.
+                    prefetcher.start(layer)
+                pending = list(self._finish[layer])
+                continue
             chosen, weights = route(logits[None, : c.n_expert], c.n_expert_used, True)
             experts = [int(e) for e in chosen[0]]
             slots = self.cache.fetch(layer, experts)
