@@ -4,9 +4,10 @@ The engine's products are many small BLAS calls (a band's rows times one group o
 few hundred thousand multiply-adds each) made from the engine's own worker threads. OpenBLAS,
 left at its default, hands each call big enough to its own pool of one thread a core: it wakes
 those threads for a call that takes microseconds and serialises callers from different threads on
-its pool, so the engine's threads wait on each other instead of computing side by side (measured on
-2 cores: 2 engine threads decoded no faster than 1 until BLAS was limited to 1 thread; 1.5× after).
-The limit is process-wide while it is held (threadpoolctl sets the library's thread count), so it is
+its pool, so the engine's threads wait on each other instead of computing side by side. Measured on
+2 cores (bench/results/cpu-2026-12-01.md): one such call takes as long with 2 BLAS threads as with 1
+while burning 1.76 cores instead of 1; decode speed with and without the limit was within the noise
+there; with 16 engine threads on 16 cores each BLAS call would wake 16 more. The limit is process-wide while it is held (threadpoolctl sets the library's thread count), so it is
 held for one step and put back after.
 """
 
