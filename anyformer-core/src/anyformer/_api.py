@@ -61,12 +61,14 @@ def check(
     context: int | None = None,
     plugins: PluginManager | None = None,
     rpc: str | Sequence[str] | None = None,
+    options: dict[str, Any] | None = None,
 ) -> tuple[Model, Selection]:
     """Ask every installed backend (or only ``backend``) whether it can run ``model``; nothing is loaded.
 
     Returns the description and the :class:`Selection`: every verdict in policy order and the
     chosen one, or None when nothing can run it. A model whose only weights are pickle raises
-    ``UNSAFE_FORMAT``, as :func:`load` does. ``rpc`` is as for :func:`load`.
+    ``UNSAFE_FORMAT``, as :func:`load` does. ``rpc`` and ``options`` are as for :func:`load`: the
+    backends size their estimates for those load options (``parallel=4``: four streams' KV cache).
     """
     from anyformer._describe import describe
 
@@ -74,7 +76,9 @@ def check(
     if backend is not None:
         manager.require_backend(backend)
     # Bad options first.
-    asked = Request.build(task=task, budget=budget, prefer=prefer, context=context, rpc=_rpc_or_env(rpc))
+    asked = Request.build(
+        task=task, budget=budget, prefer=prefer, context=context, options=options, rpc=_rpc_or_env(rpc)
+    )
     description = describe(model)
     refuse_pickle_only(description)
     request = _request_with_budget(asked, caps or probe())

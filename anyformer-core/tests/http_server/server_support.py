@@ -120,8 +120,11 @@ class PacedBackend:
 
     name = "paced"
 
-    def __init__(self, ram_bytes: int = 10**6, refuse: dict[str, str] | None = None) -> None:
+    def __init__(self, ram_bytes: int = 10**6, refuse: dict[str, str] | None = None, stream_bytes: int = 0) -> None:
         self.ram_bytes = ram_bytes
+        #: Host memory each stream adds (a KV region per stream, as llama.cpp's estimate counts it).
+        self.stream_bytes = stream_bytes
+        self.checked_options: list[dict[str, Any]] = []  # the options of every can_run, in order
         #: Model folder name -> the refusal code this backend answers for it (``budget`` carries a need).
         self.refuse = refuse or {}
         self.handles: list[PacedHandle] = []
@@ -135,7 +138,19 @@ class PacedBackend:
             return Verdict.refuse(self.name, Refusal.BUDGET, "needs 5 GB of GPU memory", need=5 * 10**9)
         if code is not None:
             return Verdict.refuse(self.name, code, f"refused on cue ({code})")
-        return Verdict.accept(self.name, Estimate(ram_bytes=self.ram_bytes, tok_per_sec=100.0, rank=Rank.GENERAL))
+        self.checked_options.append(dict(request.options))
+        # An int parallel is counted before load; "auto" is resolved only by load (2 here), so the estimate
+        # counts one stream and does not claim to know the number.
+        asked = request.options.get("parallel", 1)
+        streams = asked if isinstance(asked, int) else 1
+        details = {"parallel": streams} if isinstance(asked, int) else {}
+        estimate = Estimate(
+            ram_bytes=self.ram_bytes + streams * self.stream_bytes,
+            tok_per_sec=100.0,
+            rank=Rank.GENERAL,
+            details=details,
+        )
+        return Verdict.accept(self.name, estimate)
 
     @hookimpl
     def store_list(self) -> list[StoreEntry]:

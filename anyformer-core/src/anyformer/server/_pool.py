@@ -6,8 +6,12 @@ serve one); the others wait in a bounded queue (past it, ``BUSY`` → 503) and t
 the order they came.
 Before a model loads, the policy's chosen verdict says what it takes (``gpu_bytes`` against the
 accelerator budget, ``ram_bytes`` against host memory); idle models are unloaded, least recently
-used first, until it fits, as Ollama does. Engines run in isolated worker processes when
-``anyformer.load`` offers ``isolate``: a crash fails that one request and the next one reloads.
+used first, until it fits, as Ollama does. The check asks with the load's own options (``parallel``,
+``context``), so a batching backend's estimate already holds every stream's KV cache; when the
+model serves more streams than its estimate counted (``"auto"`` resolved only at load), the backend is
+asked again for that many and the pool makes room for the difference, or unloads the newcomer.
+Engines run in isolated worker processes when ``anyformer.load`` offers ``isolate``: a crash fails
+that one request and the next one reloads.
 Generations run in worker threads; the slot is freed when the backend lets go of the model, not
 when the client leaves, so the next request never finds the model half-stopped.
 """
@@ -214,7 +218,13 @@ class ModelPool:
     def check(self, ref: str, task: str | None = None) -> tuple[anyformer.Model, anyformer.Selection]:
         """Every backend's verdict on ``ref`` against the pool's budget (blocking; run it in a thread)."""
         return anyformer.check(
-            _normalised(ref), task=task, budget=self.gpu_limit, caps=self._caps, plugins=self.plugins
+            _normalised(ref),
+            task=task,
+            budget=self.gpu_limit,
+            caps=self._caps,
+            context=self._context,
+            options=self._load_options(),
+            plugins=self.plugins,
         )
 
     # ---- using a model --------------------------------------------------------------------------
@@ -346,16 +356,66 @@ class ModelPool:
                 entry.ram_bytes = selection.chosen.estimate.ram_bytes
                 await self._make_room(entry)
             entry.loaded = await asyncio.to_thread(self._load_blocking, model, entry.task)
+            await self._count_every_stream(entry, model, selection)
+
+    async def _count_every_stream(self, entry: _Entry, model: anyformer.Model, selection: anyformer.Selection) -> None:
+        """Size a just-loaded model for the streams it serves when its estimate counted fewer.
+
+        A backend that resolves ``parallel="auto"`` only while loading cannot count those streams'
+        KV cache in its estimate: the estimate names the streams it counted (``details["parallel"]``,
+        1 when absent), the handle the streams it serves. When the handle serves more, the backend is
+        asked again with that number, and idle models leave to make room; when they cannot, the
+        newcomer is unloaded and ``BUSY`` raised rather than host memory over-committed.
+        """
+        loaded, chosen = entry.loaded, selection.chosen
+        if loaded is None or chosen is None or chosen.estimate is None:
+            return
+        counted = chosen.estimate.details.get("parallel", 1)
+        if not isinstance(counted, int) or loaded.parallel <= counted:
+            return
+        again = await asyncio.to_thread(
+            self._check_described, model, entry.task, {**self._load_options(), "parallel": loaded.parallel}
+        )
+        estimate = next(
+            (v.estimate for v in again.verdicts if v.backend == loaded.backend and v.ok and v.estimate is not None),
+            None,
+        )
+        if estimate is None:  # the backend refuses that many streams now: keep what it said before
+            return
+        entry.gpu_bytes = max(entry.gpu_bytes, estimate.gpu_bytes)
+        entry.ram_bytes = max(entry.ram_bytes, estimate.ram_bytes)
+        try:
+            await self._make_room(entry)
+        except AnyformerError:
+            await self._unload(entry)
+            raise
+
+    def _load_options(self) -> dict[str, Any]:
+        """The backend options every load asks for; every check asks with them too, so estimates count them."""
+        return {"parallel": self.parallel} if self.parallel != 1 else {}
 
     def _describe_and_check(self, ref: str, task: str | None) -> tuple[anyformer.Model, anyformer.Selection]:
         model = anyformer.describe(ref)
-        _, selection = anyformer.check(model, task=task, budget=self.gpu_limit, caps=self._caps, plugins=self.plugins)
-        return model, selection
+        return model, self._check_described(model, task, self._load_options())
+
+    def _check_described(
+        self, model: anyformer.Model, task: str | None, options: dict[str, Any]
+    ) -> anyformer.Selection:
+        _, selection = anyformer.check(
+            model,
+            task=task,
+            budget=self.gpu_limit,
+            caps=self._caps,
+            context=self._context,
+            options=options,
+            plugins=self.plugins,
+        )
+        return selection
 
     def _load_blocking(self, model: anyformer.Model, task: str | None) -> Loaded:
         extra: dict[str, Any] = {"isolate": self.isolate} if load_supports_isolation() else {}
-        if self.parallel != 1:
-            extra["options"] = {"parallel": self.parallel}
+        if self._load_options():
+            extra["options"] = self._load_options()
         return anyformer.load(
             model,
             task=task,
