@@ -63,6 +63,18 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return folder
 
 
+def _assert_greedy_ids_equal_torch(handle: OnnxChatModel, replies: list[dict[str, Any]]) -> None:
+    """Token ids in, token ids out: each reference prompt's greedy continuation equals torch's ids."""
+    for reply in replies:
+        ids = handle.loop.tokens(
+            reply["prompt_ids"],
+            Sampler(0.0, 0, 1.0, None),
+            limit=len(reply["reply_ids"]),
+            stop_ids=handle.text.eos_ids,
+        )
+        assert list(ids) == reply["reply_ids"]
+
+
 def test_rewrite_replaces_each_layers_attention_and_computes_the_same(tiny_llama_dir: Path) -> None:
     config = _config(tiny_llama_dir)
     exported = onnx.load(str(tiny_llama_dir / "onnx" / "model.onnx"))
@@ -285,14 +297,7 @@ def test_fuse_attention_false_loads_the_export_and_replies_equal_torch(tiny_llam
         assert isinstance(handle, OnnxChatModel)
         assert "graph" not in handle.details
         assert handle.loop.graph.has_positions  # the exported graph, position_ids and all
-        for reply in reference(tiny_llama_dir)["replies"]:
-            ids = handle.loop.tokens(
-                reply["prompt_ids"],
-                Sampler(0.0, 0, 1.0, None),
-                limit=len(reply["reply_ids"]),
-                stop_ids=handle.text.eos_ids,
-            )
-            assert list(ids) == reply["reply_ids"]
+        _assert_greedy_ids_equal_torch(handle, reference(tiny_llama_dir)["replies"])
 
 
 def test_qwen2_with_biased_projections_fuses_and_replies_equal_torch(tiny_qwen2_dir: Path, reference: Any) -> None:
@@ -306,14 +311,7 @@ def test_qwen2_with_biased_projections_fuses_and_replies_equal_torch(tiny_qwen2_
         assert not handle.loop.graph.has_positions
         # Token ids in, token ids out: the numerics of the graph (torch's tokenizer class for Qwen2
         # splits the character vocabulary's chat prompt otherwise, which is not what is tested here).
-        for reply in reference(tiny_qwen2_dir)["replies"]:
-            ids = handle.loop.tokens(
-                reply["prompt_ids"],
-                Sampler(0.0, 0, 1.0, None),
-                limit=len(reply["reply_ids"]),
-                stop_ids=handle.text.eos_ids,
-            )
-            assert list(ids) == reply["reply_ids"]
+        _assert_greedy_ids_equal_torch(handle, reference(tiny_qwen2_dir)["replies"])
 
 
 def test_int8_dynamic_quantized_graph_fuses_through_its_quantize_node(
@@ -403,14 +401,7 @@ def test_qwen3_fuses_on_load_and_replies_equal_torch(tiny_qwen3_dir: Path, refer
         assert isinstance(handle, OnnxChatModel)
         assert handle.details["graph"].startswith("attention fused into GroupQueryAttention (2 layers")
         assert not handle.loop.graph.has_positions
-        for reply in reference(tiny_qwen3_dir)["replies"]:
-            ids = handle.loop.tokens(
-                reply["prompt_ids"],
-                Sampler(0.0, 0, 1.0, None),
-                limit=len(reply["reply_ids"]),
-                stop_ids=handle.text.eos_ids,
-            )
-            assert list(ids) == reply["reply_ids"]
+        _assert_greedy_ids_equal_torch(handle, reference(tiny_qwen3_dir)["replies"])
 
 
 def test_the_proof_rejects_a_qwen3_rewrite_without_its_q_k_norms(
@@ -525,14 +516,7 @@ def test_a_merged_decoder_fuses_on_load_and_replies_equal_torch(
             "merged decoder reduced to its with-past branch, attention fused into GroupQueryAttention (2 layers"
         )
         assert not handle.loop.graph.has_cache_branch
-        for reply in reference(tiny_llama_merged_dir)["replies"]:
-            ids = handle.loop.tokens(
-                reply["prompt_ids"],
-                Sampler(0.0, 0, 1.0, None),
-                limit=len(reply["reply_ids"]),
-                stop_ids=handle.text.eos_ids,
-            )
-            assert list(ids) == reply["reply_ids"]
+        _assert_greedy_ids_equal_torch(handle, reference(tiny_llama_merged_dir)["replies"])
 
 
 def _swap_branches(model: onnx.ModelProto) -> None:
@@ -596,14 +580,7 @@ def test_phi3_feeds_its_fused_qkv_projection_to_the_attention_and_replies_equal_
         assert handle.details["graph"].startswith(
             "attention fused into GroupQueryAttention (2 layers, q/k/v packed in 2"
         )
-        for reply in reference(tiny_phi3_dir)["replies"]:
-            ids = handle.loop.tokens(
-                reply["prompt_ids"],
-                Sampler(0.0, 0, 1.0, None),
-                limit=len(reply["reply_ids"]),
-                stop_ids=handle.text.eos_ids,
-            )
-            assert list(ids) == reply["reply_ids"]
+        _assert_greedy_ids_equal_torch(handle, reference(tiny_phi3_dir)["replies"])
 
 
 def test_partial_rotary_inside_rope_parameters_is_refused(tiny_phi3_dir: Path) -> None:
