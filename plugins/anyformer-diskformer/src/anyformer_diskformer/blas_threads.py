@@ -7,8 +7,9 @@ those threads for a call that takes microseconds and serialises callers from dif
 its pool, so the engine's threads wait on each other instead of computing side by side. Measured on
 2 cores (bench/results/cpu-2026-12-01.md): one such call takes as long with 2 BLAS threads as with 1
 while burning 1.76 cores instead of 1; decode speed with and without the limit was within the noise
-there; with 16 engine threads on 16 cores each BLAS call would wake 16 more. The limit is process-wide while it is held (threadpoolctl sets the library's thread count), so it is
-held for one step and put back after.
+there; with 16 engine threads on 16 cores each BLAS call would wake 16 more. The limit is
+process-wide while it is held (threadpoolctl sets the library's thread count), so it is held for
+one step and put back after.
 """
 
 from __future__ import annotations
