@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from anyformer_gguf_gpu import lfm2, transformer
+from anyformer_gguf_gpu import kernels, lfm2, transformer
 from anyformer_gguf_gpu.decode import greedy, sampled
 from anyformer_gguf_gpu.engines import open_engine
 from anyformer_gguf_gpu.gguf_file import GGUFFile
@@ -33,6 +33,9 @@ MODELS: dict[str, Callable[[str], None]] = {
     "llama-headdim10-f32": lambda path: write_random_gguf(path, RandomModel(quant="F32", head_dim=10)),
     "qwen3": lambda path: write_random_gguf(path, RandomModel(architecture="qwen3")),
     "lfm2": lambda path: write_random_lfm2_gguf(path, RandomLfm2()),
+    # A GPU's one-token products take a layout per matrix (forced on lavapipe in _load), the head's own too.
+    "llama@gpu-layouts": lambda path: write_random_gguf(path, RandomModel(n_vocab=kernels.WIDE_ROWS + 5)),
+    "lfm2@gpu-layouts": lambda path: write_random_lfm2_gguf(path, RandomLfm2()),
 }
 #: What generating must not call: compilers, and the constructors of bind groups and buffers.
 MADE = (*COMPILERS, *BINDERS)
@@ -59,6 +62,8 @@ def _load(
     MODELS[kind](path)
     monkeypatch.setattr(transformer, "SPLIT_FROM", split_at)
     monkeypatch.setattr(lfm2, "SPLIT_FROM", split_at)
+    if kind.endswith("@gpu-layouts"):
+        monkeypatch.setattr(kernels, "default_threads_per_row", lambda gpu: 32)
     events: Events = []
     with compiles_counted(gpu.device) as made:
 

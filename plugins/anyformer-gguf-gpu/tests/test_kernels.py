@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from anyformer_gguf_gpu.kernels import Kernels, RopeStore
-from anyformer_gguf_gpu.quants import F16, F32, FORMATS, Q4_0, Q4_1, Q6_K, dequantize
+from anyformer_gguf_gpu.kernels import Kernels, RopeStore, decode_layout
+from anyformer_gguf_gpu.quants import F16, F32, FORMATS, Q4_0, Q4_1, Q4_K, Q6_K, Q8_0, dequantize
 from anyformer_gguf_gpu.testing import random_blocks
 
 
@@ -90,6 +90,58 @@ def test_matvec_can_normalise_its_input(gpu, matrix_kernels, rng, fmt):
     xs = x[1:].astype(np.float64)
     normed = xs / np.sqrt((xs**2).mean(axis=1, keepdims=True) + eps) * norm
     _close(gpu.read(y, np.float32, tokens * rows).reshape(tokens, rows), normed @ weights.T)
+
+
+@pytest.mark.parametrize(
+    ("fmt", "cols", "x_off", "swiglu"), [(Q4_1, 96, 1, False), (F32, 77, 0, True), (Q6_K, 256, 2, True)]
+)
+def test_matvec_decoding_reads_inputs_at_any_offset(gpu, rng, fmt, cols, x_off, swiglu):
+    """One token's product with its input at an odd offset, a [gate | up] row whose up half is not 4-aligned,
+    and rows whose units are not a multiple of the threads a row, at 32 threads a row (a GPU's shape) and at 1
+    (a CPU adapter's)."""
+    rows = 11
+    raw = random_blocks(fmt, rows * cols, rng)
+    weights = dequantize(raw, fmt.ggml_type).reshape(rows, cols).astype(np.float64)
+    width = 2 * cols if swiglu else cols
+    x = rng.standard_normal(x_off + width).astype(np.float32)
+    row = x[x_off:].astype(np.float64)
+    vector = row[:cols] / (1 + np.exp(-row[:cols])) * row[cols:] if swiglu else row
+    for tpr in (1, 32):
+        kernels = Kernels(gpu, threads_per_row=tpr, subgroups=False)
+        y = gpu.buffer(rows * 4)
+        kernels.run([kernels.matvec(gpu.upload(raw), fmt, rows, cols, gpu.upload(x), y, x_off=x_off, swiglu=swiglu)])
+        _close(gpu.read(y, np.float32, rows), weights @ vector)
+
+
+def test_decode_layout_picks_the_shape_per_matrix():
+    """The rule measured on an H200: heads get 256 threads, 8 a row; 3072-6144 rows 16 a row; up to ~1500 rows 64
+    a row, in a 128-thread workgroup when the rope epilogue needs row pairs."""
+    assert decode_layout(49152) == decode_layout(151936) == (256, 8)
+    assert decode_layout(3072) == decode_layout(4096) == decode_layout(6144) == (64, 16)
+    assert decode_layout(576) == decode_layout(1024) == decode_layout(960) == (64, 64)
+    assert decode_layout(960, rope=True) == (128, 64)
+    assert decode_layout(2048) == (64, 32)
+
+
+@pytest.mark.parametrize("fmt", [Q4_1, Q4_K, Q8_0, F16], ids=lambda f: f.name)
+@pytest.mark.parametrize(("rows", "layout"), [(16390, (256, 8)), (3000, (64, 16)), (2000, (64, 32)), (300, (64, 64))])
+def test_matvec_per_matrix_layouts_match_numpy(gpu, rng, fmt, rows, layout):
+    """One token's product in each layout a GPU picks per matrix (row counts not a multiple of the workgroup's
+    rows), with a normalised input and with a SwiGLU input, against numpy."""
+    kernels = Kernels(gpu, threads_per_row=32, layout_per_matrix=True)
+    assert kernels.matrix_layout(rows, 1) == layout
+    cols, eps = _cols_for(fmt, 2), 1e-5
+    raw = random_blocks(fmt, rows * cols, rng)
+    weights = dequantize(raw, fmt.ggml_type).reshape(rows, cols).astype(np.float64)
+    w_buf = gpu.upload(raw)
+    x = rng.standard_normal(2 * cols).astype(np.float32)
+    norm = rng.standard_normal(cols).astype(np.float32)
+    y = gpu.buffer(rows * 4)
+    kernels.run([kernels.matvec(w_buf, fmt, rows, cols, gpu.upload(x), y, norm=gpu.upload(norm), eps=eps)])
+    _close(gpu.read(y, np.float32, rows), weights @ _rms(x[None, :cols], norm, eps)[0])
+    kernels.run([kernels.matvec(w_buf, fmt, rows, cols, gpu.upload(x), y, swiglu=True)])
+    g, u = x[:cols].astype(np.float64), x[cols:]
+    _close(gpu.read(y, np.float32, rows), weights @ (g / (1 + np.exp(-g)) * u))
 
 
 def test_matvec_more_rows_than_one_dispatch_dimension(gpu, rng):
@@ -198,19 +250,20 @@ def test_rope_store_rotates_q_and_fills_the_cache(gpu, kv_kernels, rng, neox, qk
 
 @pytest.mark.parametrize("fmt", [Q4_1, Q6_K, F16], ids=lambda f: f.name)
 @pytest.mark.parametrize(
-    ("tpr", "subgroups"),
-    [(1, False), (32, False), (32, True), (4, True)],
-    ids=["1", "32", "32-subgroups", "4-subgroups"],
+    ("tpr", "subgroups", "per_matrix"),
+    [(1, False, False), (32, False, False), (32, True, False), (4, True, False), (32, True, True)],
+    ids=["1", "32", "32-subgroups", "4-subgroups", "per-matrix"],
 )
 @pytest.mark.parametrize("kv_f16", [False, True], ids=["f32-cache", "f16-cache"])
 @pytest.mark.parametrize("tokens", [1, 3])
-def test_matvec_rope_epilogue_rotates_and_fills_the_cache(gpu, rng, fmt, tpr, subgroups, kv_f16, tokens):
-    """The stacked q/k/v projection with rope fused: normed input, rotated q and k, k and v in the cache."""
+def test_matvec_rope_epilogue_rotates_and_fills_the_cache(gpu, rng, fmt, tpr, subgroups, per_matrix, kv_f16, tokens):
+    """The stacked q/k/v projection with rope fused: normed input, rotated q and k, k and v in the cache (with
+    ``per_matrix``, one token's 80 rows take a GPU's layout for them: 128 threads, 64 a row, two rows)."""
     if kv_f16 and not gpu.has_f16:
         pytest.skip("the adapter has no shader-f16")
     if subgroups and not gpu.has_subgroups:
         pytest.skip("the adapter has no subgroups")
-    kernels = Kernels(gpu, threads_per_row=tpr, kv_f16=kv_f16, subgroups=subgroups)
+    kernels = Kernels(gpu, threads_per_row=tpr, kv_f16=kv_f16, subgroups=subgroups, layout_per_matrix=per_matrix)
     n_head, n_kv, hd, n_rot, pos0, ctx, base, eps = 4, 2, 10, 6, 5, 12, 10000.0, 1e-5
     q_dim, kv_dim = n_head * hd, n_kv * hd
     rows, cols = q_dim + 2 * kv_dim, _cols_for(fmt, 1)

@@ -24,6 +24,7 @@ import pytest
 from numpy_reference import forward
 
 from anyformer.plugin import AnyformerError, ErrorCode
+from anyformer_gguf_gpu import kernels as kernels_module
 from anyformer_gguf_gpu.decode import greedy
 from anyformer_gguf_gpu.gguf_file import GGUFFile
 from anyformer_gguf_gpu.testing import RandomModel, write_random_gguf
@@ -89,6 +90,24 @@ def test_one_token_steps_match_batched_steps(engine):
     for pos in range(6):
         engine.submit_step(pos, 1, head=True, sample=False)
         np.testing.assert_allclose(engine.read_logits()[0], batched[pos], rtol=0, atol=_bound(batched))
+
+
+@pytest.mark.parametrize("name", ["llama-q4_1-mha", "qwen3-q6_k"])
+def test_one_token_steps_in_a_gpus_matrix_layouts_match_float64_numpy(name, tmp_path, gpu, monkeypatch):
+    """On a GPU one-token products take a shape per matrix (kernels.decode_layout; lavapipe keeps one thread a
+    row): forced here, with a vocabulary wide enough for the head's own layout, every step's logits stay exact."""
+    monkeypatch.setattr(kernels_module, "default_threads_per_row", lambda gpu: 32)
+    path = str(tmp_path / f"{name}.gguf")
+    write_random_gguf(path, dataclasses.replace(MODELS[name], n_vocab=kernels_module.WIDE_ROWS + 17), seed=3)
+    with GGUFFile(path) as gguf:
+        engine = TransformerEngine(gpu, gguf, ctx=64, max_batch=4, kv_f16=False)
+    assert engine.kernels.layout_per_matrix
+    exact = forward(path, PROMPT[:6])
+    engine.set_ids(PROMPT[:6])
+    for pos in range(6):
+        engine.submit_step(pos, 1, head=True, sample=False)
+        np.testing.assert_allclose(engine.read_logits()[0], exact[pos], rtol=0, atol=_bound(exact))
+    engine.release()
 
 
 def test_logits_match_llama_cpp_within_its_own_rounding(engine, model_path):

@@ -156,8 +156,9 @@ def kernel_source(
 #: A buffer-to-buffer copy: (source, source offset, destination, destination offset, bytes).
 Copy = tuple[Any, int, Any, int, int]
 
-#: A pipeline variant: (kernel, quant, tokens_per_thread, swiglu, norm[, rope[, split[, gelu]]]), the arguments
-#: of :meth:`Kernels.pipeline` (an engine that never asks for the rope, split or gelu variants may list five).
+#: A pipeline variant: (kernel, quant, tokens_per_thread, swiglu, norm[, rope[, split[, gelu[, layout]]]]), the
+#: arguments of :meth:`Kernels.pipeline` (an engine that never asks for the later ones may leave them out; matrix
+#: keys come from :meth:`Kernels.matrix_key`, which knows the layout a matrix gets).
 PipelineKey = tuple[Any, ...]
 
 
@@ -315,6 +316,30 @@ PREFILL_TOKENS_PER_THREAD = 4
 PREFILL_THREADS_PER_ROW = 4
 
 
+#: A matrix with at least this many rows (a vocabulary's head) is multiplied, one token at a time on a GPU, by
+#: workgroups of 256 threads with 8 threads a row (32 rows a workgroup): on an H200 (2026-12-01,
+#: ``bench/bench_matvec.py``) that took SmolLM2's 49152 x 576 Q4_1 head from 220 to 42 us and Qwen3-0.6B's
+#: 151936 x 1024 one from 371 to 165 us, against 64 threads with 32 a row (Q4_K and Q8_0 alike).
+WIDE_ROWS = 16384
+#: Threads one token's product aims for on a GPU below WIDE_ROWS: a row gets the power of two of threads
+#: nearest DECODE_THREADS / rows, from 16 to 64. Measured on the H200 the same day: 16 a row best for
+#: 3072-6144 rows (gate|up, Qwen3's q/k/v: 17-20 % faster than 32), 64 for 576-1024 rows (the output and down
+#: projections: 2-14 % faster); wall-clock a dispatch there is 9-25 us, most of it the dispatch's fixed cost.
+DECODE_THREADS = 65536
+
+
+def decode_layout(rows: int, *, rope: bool = False) -> tuple[int, int]:
+    """(threads a workgroup, threads a row) of a one-token product over ``rows`` rows on a GPU.
+
+    A workgroup always holds an even number of rows with ``rope`` (the epilogue rotates row pairs).
+    """
+    if rows >= WIDE_ROWS:
+        return 256, 8
+    tpr = 2 ** round(math.log2(DECODE_THREADS / max(1, rows)))
+    tpr = min(64, max(16, tpr))
+    return (128 if rope and tpr == WORKGROUP else WORKGROUP), tpr
+
+
 def default_threads_per_row(gpu: GPU) -> int:
     """1 on a CPU adapter (no barriers: lavapipe runs each workgroup on one core), 32 on a GPU."""
     from anyformer_gguf_gpu.gpu import is_software
@@ -326,7 +351,13 @@ class Kernels:
     """Compiles the kernels on one GPU and builds dispatches over an engine's buffers."""
 
     def __init__(
-        self, gpu: GPU, *, threads_per_row: int | None = None, kv_f16: bool = False, subgroups: bool | None = None
+        self,
+        gpu: GPU,
+        *,
+        threads_per_row: int | None = None,
+        kv_f16: bool = False,
+        subgroups: bool | None = None,
+        layout_per_matrix: bool | None = None,
     ) -> None:
         self.gpu = gpu
         if kv_f16 and not gpu.has_f16:
@@ -337,6 +368,10 @@ class Kernels:
         if tpr < 1 or tpr > WORKGROUP or tpr & (tpr - 1):
             raise ValueError(f"threads_per_row must be a power of two up to {WORKGROUP}, not {tpr}")
         self.threads_per_row = tpr
+        #: Whether one-token products pick their shape per matrix (decode_layout): by default on a GPU unless the
+        #: caller fixed the threads a row. A CPU adapter keeps one thread a row (no barriers).
+        per_matrix = threads_per_row is None and tpr > 1
+        self.layout_per_matrix = per_matrix if layout_per_matrix is None else layout_per_matrix
         #: Threads per row of the tiled matrix kernel (steps of several tokens).
         self.prefill_threads_per_row = min(tpr, PREFILL_THREADS_PER_ROW)
         if subgroups and not gpu.has_subgroups:
@@ -361,8 +396,23 @@ class Kernels:
         self.native_calls = _native_pass_calls()
 
     def rows_threads(self, tokens_per_thread: int) -> int:
-        """Threads per row of the matrix kernel's variant for ``tokens_per_thread``."""
+        """Threads per row of the matrix kernel's variant for ``tokens_per_thread`` (where the shape is not
+        chosen per matrix: see :meth:`matrix_layout`)."""
         return self.threads_per_row if tokens_per_thread == 1 else self.prefill_threads_per_row
+
+    def matrix_layout(self, rows: int, tokens_per_thread: int, *, rope: bool = False) -> tuple[int, int]:
+        """(threads a workgroup, threads a row) of the matrix kernel over ``rows`` rows: chosen per matrix for
+        one-token products on a GPU (:func:`decode_layout`), fixed otherwise."""
+        if tokens_per_thread == 1 and self.layout_per_matrix:
+            return decode_layout(rows, rope=rope)
+        return WORKGROUP, self.rows_threads(tokens_per_thread)
+
+    def matrix_key(
+        self, quant: str, rows: int, tokens: int, *, swiglu: bool = False, norm: bool = False, rope: bool = False
+    ) -> PipelineKey:
+        """The pipeline key :meth:`matvec` compiles for these arguments (for an engine's list compiled at load)."""
+        tb = self.tokens_per_thread(tokens)
+        return ("matvec", quant, tb, swiglu, norm, rope, False, False, self.matrix_layout(rows, tb, rope=rope))
 
     @staticmethod
     def tokens_per_thread(tokens: int) -> int:
@@ -410,9 +460,16 @@ class Kernels:
         rope: bool = False,
         split: bool = False,
         gelu: bool = False,
+        layout: tuple[int, int] | None = None,
     ) -> Any:
-        """The compute pipeline of ``kernel`` (for ``quant`` where it decodes weights), compiled once."""
+        """The compute pipeline of ``kernel`` (for ``quant`` where it decodes weights), compiled once.
+
+        ``layout`` is the matrix kernel's (threads a workgroup, threads a row); by default the fixed one for
+        ``tokens_per_thread`` (:meth:`rows_threads`).
+        """
         matrix = kernel == "matvec"
+        if matrix and layout is None:
+            layout = (WORKGROUP, self.rows_threads(tokens_per_thread))
         key: PipelineKey = (
             kernel,
             quant if kernel in QUANT_KERNELS or kernel in SAMPLERS else None,
@@ -422,6 +479,7 @@ class Kernels:
             rope and kernel in ("matvec", "attention_vec4"),
             split and kernel in ("attention", "attention_vec4"),
             gelu and swiglu and matrix,
+            layout if matrix else None,
         )
         found = self._pipelines.get(key)
         if found is None:
@@ -429,14 +487,14 @@ class Kernels:
             source = kernel_source(
                 key[0],
                 key[1],
-                threads_per_row=self.rows_threads(key[2]),
+                threads_per_row=layout[1] if layout is not None else 1,
                 tokens_per_thread=key[2],
                 swiglu=key[3],
                 norm=key[4],
                 rope=key[5],
                 kv_f16=self.kv_f16,
                 subgroups=self.subgroups,
-                workgroup=self.argmax_workgroup if kernel == "argmax" else None,
+                workgroup=self.argmax_workgroup if kernel == "argmax" else (layout[0] if layout else None),
                 split=key[6],
                 gelu=key[7],
             )
@@ -519,7 +577,8 @@ class Kernels:
         if gelu and not swiglu:
             raise ValueError("gelu is the gate activation of a swiglu input: it needs swiglu")
         tb = self.tokens_per_thread(tokens)
-        rows_per_group = WORKGROUP // self.rows_threads(tb)
+        layout = self.matrix_layout(rows, tb, rope=rope is not None)
+        rows_per_group = layout[0] // layout[1]
         if rope is not None:
             if accumulate or rows_per_group % 2 or rope.head_dim % 2 or rope.n_rot % 2 or rope.n_rot > rope.head_dim:
                 raise ValueError("the rope epilogue needs row pairs in a workgroup, even head_dim and n_rot")
@@ -547,7 +606,7 @@ class Kernels:
             buffers.pop()
         return self.dispatch(
             "matvec",
-            self.pipeline("matvec", fmt.name, tb, swiglu, norm is not None, rope is not None, gelu=gelu),
+            self.pipeline("matvec", fmt.name, tb, swiglu, norm is not None, rope is not None, gelu=gelu, layout=layout),
             buffers,
             params,
             _groups_for_rows(math.ceil(rows / rows_per_group), math.ceil(tokens / tb)),

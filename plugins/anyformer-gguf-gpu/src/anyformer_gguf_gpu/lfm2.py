@@ -130,12 +130,12 @@ class Lfm2Engine(TransformerEngine):
         wanted: list[PipelineKey] = [
             (k, None, 1, False, False) for k in PLAIN_KERNELS if k not in ("swiglu", "rmsnorm", "argmax", "sample")
         ]
-        for tb in {1, self.kernels.tokens_per_thread(self.max_batch)}:
+        for tokens in {1, self.max_batch}:
             for name, weight in self.weights.items():
                 down = name.endswith("ffn_down.weight")
                 # Projections of the residual normalise it; the three that read an activation do not.
                 normed = not name.endswith(("ffn_down.weight", "attn_output.weight", "shortconv.out_proj.weight"))
-                wanted.append(("matvec", weight.fmt.name, tb, down, normed))
+                wanted.append(self.kernels.matrix_key(weight.fmt.name, weight.rows, tokens, swiglu=down, norm=normed))
         embedding = self.weights["token_embd.weight"].fmt.name
         wanted += [(kernel, embedding, 1, False, False) for kernel in ("embed", "argmax", "sample")]
         if attention_kernel(self.lfm2.head_dim) == "attention_vec4":

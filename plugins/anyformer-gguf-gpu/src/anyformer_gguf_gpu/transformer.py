@@ -29,7 +29,6 @@ from anyformer_gguf_gpu.gguf_file import GGUFFile
 from anyformer_gguf_gpu.gpu import GPU
 from anyformer_gguf_gpu.kernels import (
     PLAIN_KERNELS,
-    WORKGROUP,
     AttentionRope,
     Copy,
     Dispatch,
@@ -278,7 +277,9 @@ class TransformerEngine:
         """
         c = self.config
         k = self.kernels
-        pairs = all((WORKGROUP // k.rows_threads(tb)) % 2 == 0 for tb in (1, k.tokens_per_thread(self.max_batch)))
+        rows = c.n_head * c.head_dim + 2 * c.n_kv * c.head_dim
+        layouts = [k.matrix_layout(rows, k.tokens_per_thread(n), rope=True) for n in (1, self.max_batch)]
+        pairs = all((group // per_row) % 2 == 0 for group, per_row in layouts)
         stacked = all(f"blk.{i}.attn_qkv.weight" in self.weights for i in range(c.n_layer))
         return pairs and stacked and not c.rope_neox and not c.qk_norm and c.head_dim % 2 == 0 and c.n_rot % 2 == 0
 
@@ -294,12 +295,13 @@ class TransformerEngine:
         wanted: list[PipelineKey] = [(k, None, 1, False, False, False) for k in PLAIN_KERNELS if k not in skip]
         if not self.rope_in_projection and attention_kernel(self.config.head_dim) == "attention_vec4":
             wanted.append(("attention_vec4", None, 1, False, False, True))  # rotary inside attention
-        for tb in {1, self.kernels.tokens_per_thread(self.max_batch)}:
+        for tokens in {1, self.max_batch}:
             for name, weight in self.weights.items():
                 down = name.endswith("ffn_down.weight")
                 normed = not down and not name.endswith("attn_output.weight")  # projections of the residual
                 rope = self.rope_in_projection and name.endswith("attn_qkv.weight")
-                wanted.append(("matvec", weight.fmt.name, tb, down, normed, rope))
+                key = self.kernels.matrix_key(weight.fmt.name, weight.rows, tokens, swiglu=down, norm=normed, rope=rope)
+                wanted.append(key)
         embedding = self.weights["token_embd.weight"].fmt.name
         wanted += [(kernel, embedding, 1, False, False, False) for kernel in ("embed", "argmax", "sample")]
         return wanted + self.split_variants()
