@@ -147,19 +147,38 @@ def test_prompts_equal_the_processors(qwen2_vl: Any, qwen2_vl_dir: Path, referen
         assert (prepared.positions is None) == (not reply["images"])
 
 
+class _Teacher(Sampler):
+    """Records each step's logits and answers with torch's token: the loop runs torch's reply, image or not."""
+
+    def __init__(self, tokens: list[int]) -> None:
+        super().__init__(0.0, 0, 1.0, None)
+        self.tokens = iter(tokens)
+        self.logits: list[np.ndarray] = []
+
+    def choose(self, logits: np.ndarray) -> int:
+        self.logits.append(logits.copy())
+        return next(self.tokens)
+
+
 def test_step_logits_equal_torch(qwen2_vl: Any, qwen2_vl_dir: Path, reference: Any) -> None:
-    """Each step's logits (the prompt with images and M-RoPE rows, then the reply token by token) equal torch's."""
-    loop = qwen2_vl.handle.loop
+    """Each step's logits (the prompt with images on their M-RoPE rows, then the reply token by token) equal torch's.
+
+    Through the decode loop itself, so the rows after the prompt (plain position + rope delta) are
+    the loop's own.
+    """
     for reply in reference(qwen2_vl_dir)["replies"]:
-        prepared = qwen2_vl.handle.media.prepare(_messages(qwen2_vl_dir, reply), False)
-        delta = 0 if prepared.positions is None else int(prepared.positions.max()) + 1 - len(prepared.ids)
-        cache = loop.empty_cache()
-        logits, cache = loop.step(prepared.ids, len(prepared.ids), cache, prepared.embeds, prepared.positions)
-        total = len(prepared.ids)
-        for index, token in enumerate(reply["reply_ids"]):
-            np.testing.assert_allclose(logits, reply["logits"][index], atol=2e-4, err_msg=f"step {index}")
-            total += 1
-            logits, cache = loop.step([token], total, cache, delta=delta)
+        teacher = _Teacher(reply["reply_ids"])
+        tokens = qwen2_vl.handle.loop.tokens(
+            reply["prompt_ids"],
+            teacher,
+            limit=len(reply["reply_ids"]),
+            stop_ids=frozenset({2}),
+            **_prompt_inputs(qwen2_vl, _messages(qwen2_vl_dir, reply)),
+        )
+        assert list(tokens) == reply["reply_ids"]
+        assert len(teacher.logits) == len(reply["logits"])
+        for index, (got, want) in enumerate(zip(teacher.logits, reply["logits"], strict=True)):
+            np.testing.assert_allclose(got, want, atol=2e-4, err_msg=f"{reply['question']} step {index}")
 
 
 def test_greedy_replies_equal_torch(qwen2_vl: Any, qwen2_vl_dir: Path, reference: Any) -> None:

@@ -312,12 +312,13 @@ def _qwen_vision(
 
 def _vision_wrappers(config: Mapping[str, Any], label: str) -> tuple[int, int]:
     """config.json's ``vision_start_token_id`` and ``vision_end_token_id``; ``BAD_MODEL`` without them."""
-    found = [config.get(key) for key in ("vision_start_token_id", "vision_end_token_id")]
-    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in found):
-        raise AnyformerError(
-            ErrorCode.BAD_MODEL, f"{label}: Qwen2-VL image chat needs config.json's vision_start/end_token_id"
-        )
-    return int(found[0]), int(found[1])  # type: ignore[arg-type]
+    found: list[int] = []
+    for key in ("vision_start_token_id", "vision_end_token_id"):
+        value = config.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise AnyformerError(ErrorCode.BAD_MODEL, f"{label}: Qwen2-VL image chat needs config.json's {key}")
+        found.append(value)
+    return found[0], found[1]
 
 
 def _open_vision_model(

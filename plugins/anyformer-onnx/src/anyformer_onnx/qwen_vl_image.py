@@ -61,12 +61,6 @@ def _floats(value: Any, default: tuple[float, ...], key: str, label: str) -> tup
     raise AnyformerError(ErrorCode.BAD_MODEL, f"{label}: preprocessor_config.json's {key} is not 3 numbers")
 
 
-def is_qwen_vl_processor(config: Mapping[str, Any]) -> bool:
-    """True when ``preprocessor_config.json`` describes a Qwen2-VL-style processor (patches and a merge size)."""
-    kind = str(config.get("image_processor_type") or "")
-    return kind.startswith(("Qwen2VL", "Qwen2_5_VL")) or ("merge_size" in config and "temporal_patch_size" in config)
-
-
 @dataclasses.dataclass(frozen=True)
 class QwenVLImageProcessor:
     """The patches and grid one Qwen2-VL-family model asks for (see the module docstring)."""
