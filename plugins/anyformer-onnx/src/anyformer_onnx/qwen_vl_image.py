@@ -174,6 +174,8 @@ class QwenVisionGraph:
         self.processor = processor
         self.grid_input = grids[0]
         self.grid_type: Any = np.int32 if inputs[self.grid_input].type == "tensor(int32)" else np.int64
+        # An fp16 export may read fp16 pixels; every other precision's encoder reads float32.
+        self.pixel_type: Any = np.float16 if inputs["pixel_values"].type == "tensor(float16)" else np.float32
         self.label = label
 
     def close(self) -> None:
@@ -185,9 +187,19 @@ class QwenVisionGraph:
         if self.session is None:
             raise AnyformerError(ErrorCode.BAD_REQUEST, f"{self.label} was disposed")
         pixels, grid = self.processor(load_image(value, what), what)
-        feeds = {"pixel_values": pixels, self.grid_input: np.asarray([grid], dtype=self.grid_type)}
-        (rows,) = self.session.run(["image_features"], feeds)
-        rows = np.asarray(rows).reshape(-1, np.asarray(rows).shape[-1])
+        feeds = {
+            "pixel_values": pixels.astype(self.pixel_type),
+            self.grid_input: np.asarray([grid], dtype=self.grid_type),
+        }
+        try:
+            (rows,) = self.session.run(["image_features"], feeds)
+        except Exception as exc:  # onnxruntime's own error types: a grid the graph was not exported for
+            text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise AnyformerError(
+                ErrorCode.BAD_REQUEST, f"{self.label}: the graph refused {what}'s grid {grid}: {text}"
+            ) from exc
+        rows = np.asarray(rows)
+        rows = rows.reshape(-1, rows.shape[-1])
         tokens = grid[0] * grid[1] * grid[2] // self.processor.merge**2
         if rows.shape[0] != tokens:
             raise AnyformerError(
