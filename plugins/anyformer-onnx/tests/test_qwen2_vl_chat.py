@@ -48,12 +48,38 @@ def torch_model(qwen2_vl_dir: Path) -> Any:
     return Qwen2VLForConditionalGeneration(AutoConfig.from_pretrained(str(qwen2_vl_dir))).eval()
 
 
+@pytest.fixture(scope="module")
+def family(torch_model: Any) -> list[Any]:
+    """Qwen2-VL's, Qwen2.5-VL's and Qwen3-VL's transformers models (tiny, same vision token ids): their rope indices."""
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLModel, Qwen3VLConfig, Qwen3VLModel
+
+    config = torch_model.config
+    ids = {key: getattr(config, key) for key in ("image_token_id", "video_token_id")}
+    ids.update(vision_start_token_id=config.vision_start_token_id, vision_end_token_id=config.vision_end_token_id)
+    text = {
+        "vocab_size": config.text_config.vocab_size,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "head_dim": 16,
+        "eos_token_id": 2,
+    }
+    vision = {"depth": 1, "hidden_size": 16, "out_hidden_size": 32, "num_heads": 2, "intermediate_size": 32}
+    others = [
+        model_class(config_class(text_config=text, vision_config=vision, **ids)).eval()
+        for config_class, model_class in ((Qwen2_5_VLConfig, Qwen2_5_VLModel), (Qwen3VLConfig, Qwen3VLModel))
+    ]
+    return [torch_model.model, *others]
+
+
 def _transformers_index(model: Any, ids: list[int], grids: list[tuple[int, int, int]]) -> tuple[np.ndarray, int]:
     import torch
 
     image = model.config.image_token_id
     tensor = torch.tensor([ids])
-    positions, delta = model.model.get_rope_index(
+    positions, delta = model.get_rope_index(
         tensor,
         mm_token_type_ids=(tensor == image).int(),
         image_grid_thw=torch.tensor(grids) if grids else None,
@@ -62,7 +88,10 @@ def _transformers_index(model: Any, ids: list[int], grids: list[tuple[int, int, 
     return positions[:, 0].numpy(), int(delta[0, 0])
 
 
-def test_rope_index_equals_transformers(torch_model: Any, qwen2_vl_dir: Path, reference: Any) -> None:
+def test_rope_index_equals_transformers(
+    torch_model: Any, family: list[Any], qwen2_vl_dir: Path, reference: Any
+) -> None:
+    """Our index against Qwen2-VL's get_rope_index, and Qwen2.5-VL's and Qwen3-VL's (the same rule for images)."""
     config = torch_model.config
     image, start, end = config.image_token_id, config.vision_start_token_id, config.vision_end_token_id
 
@@ -78,10 +107,11 @@ def test_rope_index_equals_transformers(torch_model: Any, qwen2_vl_dir: Path, re
     ]
     assert any(g for _, g in cases) and any(not g for _, g in cases)
     for ids, grids in cases:
-        want, want_delta = _transformers_index(torch_model, ids, grids)
         got, delta = rope_index(ids, image, grids, 2)
-        np.testing.assert_array_equal(got, want)
-        assert delta == want_delta, (ids, grids)
+        for model in family:
+            want, want_delta = _transformers_index(model, ids, grids)
+            np.testing.assert_array_equal(got, want, err_msg=type(model).__name__)
+            assert delta == want_delta, (type(model).__name__, ids, grids)
 
 
 def test_decode_positions_continue_as_transformers(torch_model: Any) -> None:
