@@ -139,3 +139,9 @@ def llava_dir() -> Path:
 def qwen2_audio_dir() -> Path:
     """A tiny random Qwen2-Audio exported with one graph per module, with torch's greedy replies."""
     return onnx_exports.tiny_qwen2_audio()
+
+
+@pytest.fixture(scope="session")
+def qwen2_vl_dir() -> Path:
+    """A tiny random Qwen2-VL (M-RoPE) exported with one graph per module, with torch's replies and logits."""
+    return onnx_exports.tiny_qwen2_vl()

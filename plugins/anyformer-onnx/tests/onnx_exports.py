@@ -1507,8 +1507,11 @@ def _tiny_text_config(config_class: Any, vocab_size: int, **extra: Any) -> Any:
     )
 
 
-def export_text_modules(model: Any, onnx: Path) -> None:
-    """Export a multimodal model's ``embed_tokens`` and its decoder reading ``inputs_embeds`` (with a KV cache)."""
+def export_text_modules(model: Any, onnx: Path, mrope: bool = False) -> None:
+    """Export a multimodal model's ``embed_tokens`` and its decoder reading ``inputs_embeds`` (with a KV cache).
+
+    ``mrope``: the decoder takes ``position_ids`` [3, batch, sequence] (Qwen2-VL's M-RoPE rows).
+    """
     import torch
     from transformers import DynamicCache
 
@@ -1547,7 +1550,7 @@ def export_text_modules(model: Any, onnx: Path) -> None:
     axes: dict[str, dict[int, str]] = {
         "inputs_embeds": {0: "batch", 1: "sequence"},
         "attention_mask": {0: "batch", 1: "total"},
-        "position_ids": {0: "batch", 1: "sequence"},
+        "position_ids": {1: "batch", 2: "sequence"} if mrope else {0: "batch", 1: "sequence"},
         "logits": {0: "batch", 1: "sequence"},
     }
     for n in kv:
@@ -1566,7 +1569,8 @@ def export_text_modules(model: Any, onnx: Path) -> None:
         )
         # Traced with 3 cached and 2 new positions so that neither length is a constant in the graph.
         past = [torch.randn(1, kv_heads, 3, head_dim) for _ in kv]
-        example = (torch.randn(1, 2, config.hidden_size), torch.ones(1, 5, dtype=torch.int64), torch.tensor([[3, 4]]))
+        positions = torch.tensor([[[3, 4]]] * 3) if mrope else torch.tensor([[3, 4]])
+        example = (torch.randn(1, 2, config.hidden_size), torch.ones(1, 5, dtype=torch.int64), positions)
         torch.onnx.export(
             Decoder().eval(),
             (*example, *past),
@@ -1842,6 +1846,185 @@ def tiny_qwen2_audio() -> Path:
         export_audio_encoder,
         export_text_modules,
         extra=[SPEECH_CLIPS, AUDIO_PROMPTS, AUDIO_TOKENS],
+    )
+
+
+#: Qwen2-VL's image placeholder and the tokens its chat template writes around it (and the video one).
+QWEN_VL_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
+#: Questions the Qwen2-VL fixture records torch's replies (and logits) to: (image indices, text).
+QWEN_VL_PROMPTS = (((0,), "What is in the picture?"), ((2, 0), "Compare them."), ((), "Hello there"))
+#: Tokens each recorded Qwen2-VL reply runs to.
+QWEN_VL_TOKENS_OUT = 12
+#: The tiny processor's pixel bounds: a few dozen patches per test image.
+QWEN_VL_PIXELS = (56 * 56, 28 * 28 * 16)
+
+
+def export_qwen2_vl_vision(model: Any, onnx: Path) -> None:
+    """Export Qwen2-VL's vision tower and merger as ``vision_encoder`` (``pixel_values``, ``grid_thw``).
+
+    One image per call (the backend encodes each image on its own, t = 1). transformers computes
+    the patches' rotary rows and the attention segments from the grid with Python loops, which a
+    trace would freeze at the example's grid; here they come from tensor arithmetic on the grid
+    and the patch count, and each block's attention spans all patches (one segment), so one graph
+    serves every grid. Weights and layers are the model's own; the test compares against torch.
+    """
+    import torch
+    from transformers.models.qwen2_vl.modeling_qwen2_vl import apply_rotary_pos_emb_vision
+
+    visual = model.model.visual
+    merge = visual.spatial_merge_size
+
+    class Vision(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.visual = visual
+
+        def forward(self, pixel_values: Any, grid_thw: Any) -> Any:
+            count = pixel_values.shape[0]
+            index = torch.arange(count)
+            # Patches run in merge blocks: block-major (rows of blocks), then row and column inside a block.
+            blocks_per_row = grid_thw[0, 2] // merge
+            block, inside = index // (merge * merge), index % (merge * merge)
+            rows = (block // blocks_per_row) * merge + inside // merge
+            cols = (block % blocks_per_row) * merge + inside % merge
+            hidden = self.visual.patch_embed(pixel_values)
+            cos, sin = self.visual.rotary_pos_emb(hidden, torch.stack([rows, cols], dim=-1))
+            for layer in self.visual.blocks:
+                attention = layer.attn
+                qkv = attention.qkv(layer.norm1(hidden)).reshape(count, 3, attention.num_heads, -1)
+                query, key, value = qkv.permute(1, 0, 2, 3).unbind(0)
+                query, key = apply_rotary_pos_emb_vision(query, key, cos, sin)
+                out = torch.nn.functional.scaled_dot_product_attention(
+                    query.transpose(0, 1), key.transpose(0, 1), value.transpose(0, 1)
+                )
+                hidden = hidden + attention.proj(out.transpose(0, 1).reshape(count, -1))
+                hidden = hidden + layer.mlp(layer.norm2(hidden))
+            return self.visual.merger(hidden)
+
+    onnx.mkdir(parents=True, exist_ok=True)
+    config = model.config.vision_config
+    width = config.in_channels * config.temporal_patch_size * config.patch_size**2
+    with _quiet(), torch.no_grad():
+        torch.onnx.export(
+            Vision().eval(),
+            (torch.randn(4 * 6, width), torch.tensor([[1, 4, 6]])),
+            str(onnx / "vision_encoder.onnx"),
+            input_names=["pixel_values", "grid_thw"],
+            output_names=["image_features"],
+            dynamic_axes={"pixel_values": {0: "patches"}, "image_features": {0: "tokens"}},
+            opset_version=17,
+            dynamo=False,
+        )
+
+
+def build_tiny_qwen2_vl(folder: Path) -> None:
+    """A random Qwen2-VL (2-layer vision tower, 2-layer M-RoPE decoder) over a character vocabulary.
+
+    reference.json holds, per prompt of :data:`QWEN_VL_PROMPTS`: the expanded prompt ids (each
+    image's ``<|image_pad|>`` repeated once per merged patch, as the processor writes them),
+    torch's greedy reply and the logits of every step of it (``generate`` on the same weights,
+    with transformers' own image processor and rope index).
+    """
+    import torch
+    from PIL import Image
+    from transformers import AutoTokenizer, Qwen2VLConfig, Qwen2VLForConditionalGeneration
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    tokenizer = _media_tokenizer(folder, QWEN_VL_TOKENS)
+    start, end, image_id, video_id = (tokenizer.token_to_id(t) for t in QWEN_VL_TOKENS)
+    torch.manual_seed(0)
+    text = _tiny_text_config(
+        dict,
+        tokenizer.get_vocab_size(),
+        max_position_embeddings=512,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]},
+    )
+    vision = {
+        "depth": 2,
+        "embed_dim": 32,
+        "num_heads": 2,
+        "mlp_ratio": 2,
+        "hidden_size": 64,
+        "patch_size": 14,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
+    }
+    config = Qwen2VLConfig(
+        text_config=text,
+        vision_config=vision,
+        image_token_id=image_id,
+        video_token_id=video_id,
+        vision_start_token_id=start,
+        vision_end_token_id=end,
+        architectures=["Qwen2VLForConditionalGeneration"],
+    )
+    model = Qwen2VLForConditionalGeneration(config).eval()
+    config.save_pretrained(folder)
+    _write_json(folder / "generation_config.json", {"eos_token_id": 2, "pad_token_id": 2})
+    processor = Qwen2VLImageProcessorPil(min_pixels=QWEN_VL_PIXELS[0], max_pixels=QWEN_VL_PIXELS[1])
+    processor.save_pretrained(folder)
+    images = _test_images(folder)
+    chat = AutoTokenizer.from_pretrained(str(folder))
+    stand_in = f"{QWEN_VL_TOKENS[0]}{QWEN_VL_TOKENS[2]}{QWEN_VL_TOKENS[1]}"  # start, image pad, end
+    replies = []
+    with _quiet(), torch.no_grad():
+        for pictures, question in QWEN_VL_PROMPTS:
+            # Each image block reaches the template as its stand-in text block; blocks join with newlines.
+            content = "\n".join([stand_in] * len(pictures) + [question])
+            rendered = chat.apply_chat_template(
+                [{"role": "user", "content": content}], add_generation_prompt=True, tokenize=True, return_dict=True
+            )
+            ids = [int(t) for t in rendered["input_ids"]]
+            inputs: dict[str, Any] = {}
+            grids: list[list[int]] = []
+            if pictures:
+                found = processor(
+                    images=[Image.open(folder / images[i]).convert("RGB") for i in pictures], return_tensors="pt"
+                )
+                inputs = {"pixel_values": found["pixel_values"], "image_grid_thw": found["image_grid_thw"]}
+                grids = found["image_grid_thw"].tolist()
+            counts = iter([t * h * w // 4 for t, h, w in grids])
+            expanded = [t for i in ids for t in ([i] * next(counts) if i == image_id else [i])]
+            input_ids = torch.tensor([expanded])
+            inputs.update(input_ids=input_ids, attention_mask=torch.ones_like(input_ids))
+            if pictures:
+                inputs["mm_token_type_ids"] = (input_ids == image_id).int()
+            out = model.generate(
+                **inputs,
+                max_new_tokens=QWEN_VL_TOKENS_OUT,
+                do_sample=False,
+                eos_token_id=2,
+                pad_token_id=2,
+                output_logits=True,
+                return_dict_in_generate=True,
+            )
+            replies.append(
+                {
+                    "images": [images[i] for i in pictures],
+                    "question": question,
+                    "prompt_ids": expanded,
+                    "grids": grids,
+                    "reply_ids": [int(t) for t in out.sequences[0, len(expanded) :]],
+                    "logits": [row[0].tolist() for row in out.logits],
+                }
+            )
+    export_qwen2_vl_vision(model, folder / "onnx")
+    export_text_modules(model, folder / "onnx", mrope=True)
+    _write_json(folder / "reference.json", {"replies": replies})
+
+
+def tiny_qwen2_vl() -> Path:
+    """The cached tiny Qwen2-VL, one graph per module (seconds to export)."""
+    return cached(
+        "tiny-qwen2-vl",
+        build_tiny_qwen2_vl,
+        _char_tokenizer,
+        _media_tokenizer,
+        _tiny_text_config,
+        _test_images,
+        export_qwen2_vl_vision,
+        export_text_modules,
+        extra=[VISION_IMAGES, QWEN_VL_PROMPTS, QWEN_VL_TOKENS, QWEN_VL_TOKENS_OUT, QWEN_VL_PIXELS],
     )
 
 

@@ -365,3 +365,43 @@ def test_universal_segmentation_heads_mean_image_segmentation() -> None:
     files = [("onnx/model.onnx", 10**6), ("preprocessor_config.json", 10)]
     model = _model(files, config={"architectures": ["Mask2FormerForUniversalSegmentation"]})
     assert _verdict(model).estimate.details["task"] == "image-segmentation"
+
+
+#: A Qwen2-VL config.json as transformers 5 writes it: M-RoPE sections under text_config.
+_QWEN2_VL = {
+    "architectures": ["Qwen2VLForConditionalGeneration"],
+    "image_token_id": 7,
+    "vision_start_token_id": 5,
+    "vision_end_token_id": 6,
+    "text_config": {
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "hidden_size": 64,
+        "rope_parameters": {"rope_type": "default", "mrope_section": [2, 3, 3]},
+    },
+}
+
+
+def test_qwen2_vl_modules_are_image_chat() -> None:
+    verdict = _verdict(_model(_MODULES, config=_QWEN2_VL))
+    assert verdict.ok, verdict.reason
+    assert verdict.estimate.details["task"] == "image-text-to-text"
+    assert verdict.estimate.details["inputs"] == ["text", "image"]
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        _QWEN2_VL,
+        # Older configs keep the sections in a flat rope_scaling; Qwen2.5-Omni nests them in its thinker.
+        {"architectures": ["X"], "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]}},
+        {"thinker_config": {"text_config": {"rope_scaling": {"mrope_section": [16, 24, 24]}}}},
+    ],
+)
+def test_audio_with_m_rope_is_model(config: dict[str, Any]) -> None:
+    files = [*_AUDIO_MODULES[:3], ("preprocessor_config.json", 10)]
+    verdict = _verdict(_model(files, config=config))
+    assert _refusal(verdict) == Refusal.MODEL
+    assert "M-RoPE" in verdict.reason
+    # The same repo without the M-RoPE sections is audio chat.
+    assert _verdict(_model(files, config=_QWEN2_AUDIO)).ok

@@ -78,9 +78,10 @@ class OnnxChatModel:
     def stream(self, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk]:
         """Check the request (``BAD_REQUEST`` before any work), then return the chunk stream."""
         loop = self.loop
-        embeds = None
+        embeds = positions = None
         if self.media is not None:
-            prompt, embeds = self.media.prompt(messages, options.thinking)
+            prepared = self.media.prepare(messages, options.thinking)
+            prompt, embeds, positions = prepared.ids, prepared.embeds, prepared.positions
         elif has_images(messages) or has_audio(messages):
             raise AnyformerError(
                 ErrorCode.BAD_REQUEST, f"{self.details.get('file')} is a text-only model: no image or audio blocks"
@@ -95,7 +96,7 @@ class OnnxChatModel:
         sampler = self.sampler(options)
         penalty = self.penalty(options)
         limit = min(options.max_new_tokens, self.context - len(prompt))
-        return self._chunks(loop, prompt, sampler, penalty, limit, options, embeds)
+        return self._chunks(loop, prompt, sampler, penalty, limit, options, embeds, positions)
 
     def _chunks(
         self,
@@ -106,12 +107,19 @@ class OnnxChatModel:
         limit: int,
         options: GenerateOptions,
         embeds: Any = None,
+        positions: Any = None,
     ) -> Iterator[Chunk]:
         text = IncrementalDetokenizer(self.text.tokenizer)
         size = len(prompt)
         count = 0
         tokens = loop.tokens(
-            prompt, sampler, limit=limit, stop_ids=self.text.eos_ids, penalty=penalty, prompt_embeds=embeds
+            prompt,
+            sampler,
+            limit=limit,
+            stop_ids=self.text.eos_ids,
+            penalty=penalty,
+            prompt_embeds=embeds,
+            prompt_positions=positions,
         )
         try:
             while not options.cancel.is_set():

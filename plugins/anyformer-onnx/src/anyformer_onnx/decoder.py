@@ -9,6 +9,10 @@ OrtValues as the next step's ``past`` (on the CPU in one ``run_with_ort_values``
 through IO binding), so the cache never round-trips through numpy (on CUDA it never leaves the
 GPU); only the last row of logits is copied out. The graph
 itself still concatenates each new position onto the past (that is how these exports are built).
+
+A Qwen2-VL-family decoder takes ``position_ids`` of shape [3, batch, seq] (M-RoPE, :mod:`mrope`):
+the prompt's rows come with the prompt when it holds images, and every later token's plain
+position plus the prompt's rope delta fills all three rows.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from anyformer.plugin import AnyformerError, ErrorCode
+from anyformer_onnx.mrope import step_positions
 from anyformer_onnx.sampling import Sampler, apply_repetition_penalty
 
 _PAST = re.compile(r"^past_key_values\.(\d+)\.(key|value)$")
@@ -56,6 +61,8 @@ class DecoderGraph:
             )
         self.has_mask = "attention_mask" in inputs
         self.has_positions = "position_ids" in inputs
+        #: position_ids [3, batch, seq]: M-RoPE's temporal, height and width rows (Qwen2-VL family).
+        self.mrope = self.has_positions and len(inputs["position_ids"].shape) == 3
         self.logits_to_keep = next((name for name in _LOGITS_TO_KEEP if name in inputs), None)
         self.has_cache_branch = "use_cache_branch" in inputs
         known = {"input_ids", "inputs_embeds", "attention_mask", "position_ids", "use_cache_branch", *_LOGITS_TO_KEEP}
@@ -111,7 +118,13 @@ class DecodeLoop:
         return {name: self._value(empty) for name in self.graph.past_names}
 
     def step(
-        self, ids: list[int], total: int, cache: dict[str, Any], embeds: np.ndarray | None = None
+        self,
+        ids: list[int],
+        total: int,
+        cache: dict[str, Any],
+        embeds: np.ndarray | None = None,
+        positions: np.ndarray | None = None,
+        delta: int = 0,
     ) -> tuple[np.ndarray, dict[str, Any]]:
         """Run the graph on ``ids`` (the last of ``total`` positions); return the last logits and the new cache.
 
@@ -119,6 +132,9 @@ class DecodeLoop:
 
         ``embeds`` [1, len(ids), hidden], when given, are fed for a graph that reads embeddings
         (a prompt whose image positions hold the vision encoder's features).
+
+        For an M-RoPE graph, ``positions`` [3, len(ids)] are the step's rows when given (a prompt
+        with images); otherwise each row is the plain positions plus ``delta``, the prompt's rope delta.
         """
         graph = self.graph
         feeds: dict[str, np.ndarray] = {}
@@ -129,7 +145,11 @@ class DecodeLoop:
             feeds["input_ids"] = np.asarray([ids], dtype=np.int64)
         if graph.has_mask:
             feeds["attention_mask"] = np.ones((1, total), dtype=np.int64)
-        if graph.has_positions:
+        if graph.mrope:
+            first = total - len(ids)
+            given = None if positions is None else np.ascontiguousarray(positions, dtype=np.int64)[:, None, :]
+            feeds["position_ids"] = step_positions(first, len(ids), delta) if given is None else given
+        elif graph.has_positions:
             feeds["position_ids"] = np.arange(total - len(ids), total, dtype=np.int64)[None, :]
         if graph.logits_to_keep:
             feeds[graph.logits_to_keep] = np.asarray(1, dtype=np.int64)
@@ -168,12 +188,14 @@ class DecodeLoop:
         stop_ids: frozenset[int],
         penalty: float = 1.0,
         prompt_embeds: np.ndarray | None = None,
+        prompt_positions: np.ndarray | None = None,
     ) -> Generator[int, None, None]:
         """Yield up to ``limit`` new token ids; an id in ``stop_ids`` is yielded and ends the loop.
 
         ``prompt_embeds`` replaces the embeddings of the prompt's tokens (images spliced in); it
         needs a graph with a cache. A graph without past inputs is run on the whole sequence each
-        step (slower, still correct).
+        step (slower, still correct). ``prompt_positions`` [3, len(prompt)] are an M-RoPE graph's
+        prompt positions (images placed on their grids); the tokens after it continue from them.
         """
         sequence = list(prompt)
         with_cache = bool(self.graph.past_names)
@@ -181,9 +203,23 @@ class DecodeLoop:
         pending = list(prompt)
         if prompt_embeds is not None and not with_cache:
             raise AnyformerError(ErrorCode.BAD_MODEL, f"{self.graph.label}: images need a decoder with a cache")
+        if prompt_positions is not None and not (with_cache and self.graph.mrope):
+            raise AnyformerError(
+                ErrorCode.BAD_MODEL, f"{self.graph.label}: M-RoPE positions need a decoder with a cache reading them"
+            )
+        # The rope delta: how far the prompt's largest M-RoPE index falls short of its length.
+        delta = 0 if prompt_positions is None else int(prompt_positions.max()) + 1 - len(prompt)
         for step in range(limit):
             feed = pending if with_cache else sequence
-            logits, cache = self.step(feed, len(sequence), cache, prompt_embeds if step == 0 else None)
+            first = step == 0
+            logits, cache = self.step(
+                feed,
+                len(sequence),
+                cache,
+                prompt_embeds if first else None,
+                prompt_positions if first else None,
+                delta,
+            )
             apply_repetition_penalty(logits, sequence, penalty)
             token = sampler.choose(logits)
             yield token

@@ -43,9 +43,18 @@ from anyformer_onnx.graphs import (
 )
 from anyformer_onnx.image_preprocessing import ImagePreprocessor
 from anyformer_onnx.log_mel import LogMel
-from anyformer_onnx.multimodal import MediaPrompter, audio_kind, audio_token_id, image_kind, image_token_id
+from anyformer_onnx.multimodal import (
+    MediaKind,
+    MediaPrompter,
+    audio_kind,
+    audio_token_id,
+    image_kind,
+    image_token_id,
+    qwen_image_kind,
+)
 from anyformer_onnx.ort_session import open_session
 from anyformer_onnx.plugin import PREPROCESSOR_CONFIG, PROCESSOR_CONFIG, SPEECH_FILES, stems_for
+from anyformer_onnx.qwen_vl_image import GRID_INPUTS, QwenVisionGraph, QwenVLImageProcessor
 from anyformer_onnx.runtime import CUDA, available_providers, choose_provider
 from anyformer_onnx.speech_model import OnnxSpeechRecognizerModel, WhisperGraphs
 from anyformer_onnx.tasks import (
@@ -216,17 +225,34 @@ def _open_media_chat(
         sessions[stem], actual = open_session(paths[part.graph.name], provider=provider, threads=threads)
     done = ProgressEvent(stage="load", backend=BACKEND_ID, file=graphs.graph.name, done=graphs.size, total=graphs.size)
     progress(done)
-    kinds = []
+    text_config = config.get("text_config")
+    decoder_config = text_config if isinstance(text_config, dict) else config
+    graph = DecoderGraph(sessions["decoder_model_merged"], decoder_config, label)
+    kinds: list[MediaKind] = []
     encoders: list[Any] = []
+    mrope_merge = None
     if "vision_encoder" in sessions:
         token = image_token_id(config)
         if token is None or preprocessor is None:
             missing = "config.json's image_token_index" if token is None else PREPROCESSOR_CONFIG
             raise AnyformerError(ErrorCode.BAD_MODEL, f"{label}: image chat needs {missing}")
-        vision = VisionGraph(sessions["vision_encoder"], ImagePreprocessor.from_config(preprocessor, label), label)
-        encoders.append(vision)
-        kinds.append(image_kind(vision, text, token, label))
+        vision_inputs = {i.name for i in sessions["vision_encoder"].get_inputs()}
+        if graph.mrope or vision_inputs & set(GRID_INPUTS):
+            qwen = _qwen_vision(sessions["vision_encoder"], graph, config, preprocessor, label)
+            mrope_merge = qwen.processor.merge
+            encoders.append(qwen)
+            kinds.append(qwen_image_kind(qwen, text, token, _vision_wrappers(config, label), label))
+        else:
+            vision = VisionGraph(sessions["vision_encoder"], ImagePreprocessor.from_config(preprocessor, label), label)
+            encoders.append(vision)
+            kinds.append(image_kind(vision, text, token, label))
     if "audio_encoder" in sessions:
+        if graph.mrope:
+            raise AnyformerError(
+                ErrorCode.BAD_MODEL,
+                f"{label}: audio with an M-RoPE decoder (position_ids [3, batch, seq], Qwen2.5-Omni-style) "
+                "is not implemented",
+            )
         token = audio_token_id(config)
         settings = feature_extractor_config(preprocessor, processor)
         if token is None or settings is None:
@@ -235,10 +261,7 @@ def _open_media_chat(
         audio = AudioGraph(sessions["audio_encoder"], LogMel.from_config(settings, label), label)
         encoders.append(audio)
         kinds.append(audio_kind(audio, text, token, _audio_wrappers(config, processor), label))
-    text_config = config.get("text_config")
-    decoder_config = text_config if isinstance(text_config, dict) else config
-    graph = DecoderGraph(sessions["decoder_model_merged"], decoder_config, label)
-    media = MediaPrompter(sessions["embed_tokens"], text, kinds, encoders, label)
+    media = MediaPrompter(sessions["embed_tokens"], text, kinds, encoders, label, mrope_merge)
     context = context_for(decoder_config, request.context)
     details: dict[str, Any] = {
         "files": list(graphs.files),
@@ -248,6 +271,54 @@ def _open_media_chat(
     }
     device = "cuda" if actual == CUDA else "cpu"
     return OnnxChatModel(graph, text, device=device, context=context, details=details, media=media, task=task)
+
+
+def _qwen_vision(
+    session: Any,
+    graph: DecoderGraph,
+    config: Mapping[str, Any],
+    preprocessor: Mapping[str, Any],
+    label: str,
+) -> QwenVisionGraph:
+    """The Qwen2-VL-family vision encoder beside an M-RoPE decoder.
+
+    ``BAD_MODEL`` for the halves that do not fit: a vision encoder taking a patch grid beside a
+    decoder without M-RoPE positions, or the other way round (LLaVA-style pixels for a decoder
+    that places images on their grids), and a merge size config.json and the processor disagree on.
+    """
+    inputs = {i.name for i in session.get_inputs()}
+    if not graph.mrope:
+        raise AnyformerError(
+            ErrorCode.BAD_MODEL,
+            f"{label}: the vision encoder takes an image grid but the decoder's position_ids are not "
+            "M-RoPE's [3, batch, seq]",
+        )
+    if not inputs & set(GRID_INPUTS):
+        raise AnyformerError(
+            ErrorCode.BAD_MODEL,
+            f"{label}: an M-RoPE decoder (position_ids [3, batch, seq]) with a vision encoder that takes no "
+            f"image grid ({' or '.join(GRID_INPUTS)}): this backend places images by their grid only",
+        )
+    processor = QwenVLImageProcessor.from_config(preprocessor, label)
+    vision_config = config.get("vision_config")
+    merge = vision_config.get("spatial_merge_size", 2) if isinstance(vision_config, Mapping) else 2
+    if merge != processor.merge:
+        raise AnyformerError(
+            ErrorCode.BAD_MODEL,
+            f"{label}: config.json's spatial_merge_size {merge!r} is not the processor's merge_size {processor.merge}",
+        )
+    return QwenVisionGraph(session, processor, label)
+
+
+def _vision_wrappers(config: Mapping[str, Any], label: str) -> tuple[int, int]:
+    """config.json's ``vision_start_token_id`` and ``vision_end_token_id``; ``BAD_MODEL`` without them."""
+    found: list[int] = []
+    for key in ("vision_start_token_id", "vision_end_token_id"):
+        value = config.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise AnyformerError(ErrorCode.BAD_MODEL, f"{label}: Qwen2-VL image chat needs config.json's {key}")
+        found.append(value)
+    return found[0], found[1]
 
 
 def _open_vision_model(

@@ -11,6 +11,10 @@ token (``audio_token_index`` or ``audio_token_id``) between the processor's ``au
 feature row its encoder gives, as transformers' processors expand it, and the embeddings at those
 positions are the block's features. A template that drops or repeats a block, or a media token
 typed in a message, is ``BAD_REQUEST``; so is a block of a kind the model has no encoder for.
+
+A Qwen2-VL-family export (:mod:`qwen_vl_image`) writes an image as
+``<|vision_start|><|image_pad|><|vision_end|>``; its encoder also returns each image's patch grid,
+from which the prompt's M-RoPE positions [3, seq] are computed (:mod:`mrope`).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import numpy as np
 
 from anyformer.plugin import AnyformerError, ErrorCode, Message
 from anyformer_onnx.image_input import load_image
+from anyformer_onnx.mrope import Grid, rope_index
 from anyformer_onnx.text_setup import TextSetup
 
 #: The most images one conversation may carry.
@@ -60,9 +65,21 @@ class MediaKind:
     token_id: int
     #: The text a block of this kind becomes before the template renders it (holds the token once).
     stand_in: str
-    #: The block's value and a name for messages → its feature rows [n, hidden].
-    encode: Callable[[Any, str], np.ndarray]
+    #: The block's value and a name for messages → its feature rows [n, hidden], or the rows and
+    #: the image's patch grid (an encoder whose decoder places images by M-RoPE).
+    encode: Callable[[Any, str], np.ndarray | tuple[np.ndarray, Grid]]
     limit: int
+
+
+@dataclasses.dataclass(frozen=True)
+class PreparedPrompt:
+    """A multimodal prompt: token ids (media tokens expanded), embeddings, and M-RoPE positions."""
+
+    ids: list[int]
+    #: ``inputs_embeds`` [1, len(ids), hidden] with the media features spliced in; None without media.
+    embeds: np.ndarray | None
+    #: ``position_ids`` rows [3, len(ids)] for an M-RoPE decoder given images; None otherwise (plain positions).
+    positions: np.ndarray | None = None
 
 
 def image_kind(vision: Any, text: TextSetup, token_id: int, label: str) -> MediaKind:
@@ -90,6 +107,17 @@ def audio_kind(audio: Any, text: TextSetup, token_id: int, wrappers: tuple[str, 
     return MediaKind("audio", token_id, f"{wrappers[0]}{token}{wrappers[1]}", audio.encode, MAX_CLIPS)
 
 
+def qwen_image_kind(vision: Any, text: TextSetup, token_id: int, wrappers: tuple[int, int], label: str) -> MediaKind:
+    """Image blocks of a Qwen2-VL-family export: a :class:`~anyformer_onnx.qwen_vl_image.QwenVisionGraph`.
+
+    ``wrappers`` are config.json's ``vision_start_token_id`` and ``vision_end_token_id``: an image
+    is written ``<|vision_start|><|image_pad|><|vision_end|>``, as the model's chat template does.
+    """
+    start, end = (_token_text(text, wrapper, "vision start/end", label) for wrapper in wrappers)
+    token = _token_text(text, token_id, "image", label)
+    return MediaKind("image", token_id, f"{start}{token}{end}", vision.encode, MAX_IMAGES)
+
+
 def _token_text(text: TextSetup, token_id: int, kind: str, label: str) -> str:
     token = text.tokenizer.id_to_token(token_id)
     if token is None:
@@ -100,7 +128,15 @@ def _token_text(text: TextSetup, token_id: int, kind: str, label: str) -> str:
 class MediaPrompter:
     """Turns messages with media blocks into prompt ids and embeddings, each block's features spliced in."""
 
-    def __init__(self, embed_session: Any, text: TextSetup, kinds: list[MediaKind], closers: list[Any], label: str):
+    def __init__(
+        self,
+        embed_session: Any,
+        text: TextSetup,
+        kinds: list[MediaKind],
+        closers: list[Any],
+        label: str,
+        mrope_merge: int | None = None,
+    ):
         names = [i.name for i in embed_session.get_inputs()]
         if names != ["input_ids"]:
             raise AnyformerError(ErrorCode.BAD_MODEL, f"{label}: embed_tokens takes {names}, not input_ids alone")
@@ -110,6 +146,8 @@ class MediaPrompter:
         self.kinds = {kind.block: kind for kind in kinds}
         self.label = label
         self._closers = closers
+        #: The vision encoder's spatial merge size when the decoder reads M-RoPE positions, else None.
+        self.mrope_merge = mrope_merge
 
     @property
     def reads_audio(self) -> bool:
@@ -160,6 +198,11 @@ class MediaPrompter:
 
     def prompt(self, messages: list[Message], thinking: bool) -> tuple[list[int], np.ndarray | None]:
         """The prompt's token ids (media tokens expanded) and its embeddings; None for a prompt without media."""
+        prepared = self.prepare(messages, thinking)
+        return prepared.ids, prepared.embeds
+
+    def prepare(self, messages: list[Message], thinking: bool) -> PreparedPrompt:
+        """The prompt's ids (media tokens expanded), embeddings and, for an M-RoPE decoder with images, positions."""
         marked, found = self._marked(messages)
         ids = list(self.text.tokenizer.encode(self.text.render(marked, thinking), add_special_tokens=False).ids)
         by_token = {kind.token_id: kind for kind in self.kinds.values()}
@@ -172,12 +215,17 @@ class MediaPrompter:
                     f"(a template that drops or repeats one, or the text {kind.stand_in!r} typed in a message)",
                 )
         if not any(found.values()):
-            return ids, None
+            return PreparedPrompt(ids, None)
         # Each block's features, in prompt order (the template keeps the messages' order).
-        features = {
-            block: [self.kinds[block].encode(value, f"{block} {index}") for index, value in enumerate(values)]
-            for block, values in found.items()
-        }
+        features: dict[str, list[np.ndarray]] = {block: [] for block in found}
+        grids: list[Grid] = []
+        for block, values in found.items():
+            for index, value in enumerate(values):
+                encoded = self.kinds[block].encode(value, f"{block} {index}")
+                if isinstance(encoded, tuple):
+                    encoded, grid = encoded
+                    grids.append(grid)
+                features[block].append(encoded)
         expanded: list[int] = []
         spliced: list[tuple[int, np.ndarray]] = []
         used = dict.fromkeys(found, 0)
@@ -198,4 +246,7 @@ class MediaPrompter:
                     f"{self.label}: media features of width {rows.shape[-1]}, embeddings of {embeds.shape[-1]}",
                 )
             embeds[0, start : start + rows.shape[0]] = rows.astype(embeds.dtype)
-        return expanded, embeds
+        positions = None
+        if self.mrope_merge is not None and "image" in self.kinds:
+            positions, _ = rope_index(expanded, self.kinds["image"].token_id, grids, self.mrope_merge)
+        return PreparedPrompt(expanded, embeds, positions)

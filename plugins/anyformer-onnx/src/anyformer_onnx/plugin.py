@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 from anyformer.plugin import (
     BackendModel,
@@ -102,12 +103,29 @@ def task_problem(model: Model, task: str) -> tuple[Refusal, str] | None:
 MEDIA_INPUTS = {"vision_encoder": "image", "audio_encoder": "audio"}
 
 
+def uses_mrope(config: Mapping[str, Any]) -> bool:
+    """True when config.json gives the decoder M-RoPE (an ``mrope_section``: Qwen2-VL, Qwen2.5-VL, Qwen2.5-Omni…)."""
+    found: list[Any] = [config]
+    for key in ("thinker_config", "text_config"):
+        found += [nested.get(key) for nested in list(found) if isinstance(nested, Mapping)]
+    for part in found:
+        if not isinstance(part, Mapping):
+            continue
+        for key in ("rope_scaling", "rope_parameters"):
+            rope = part.get(key)
+            if isinstance(rope, Mapping) and "mrope_section" in rope:
+                return True
+    return False
+
+
 def media_problem(model: Model, task: str, encoders: tuple[str, ...]) -> tuple[Refusal, str] | None:
     """Why a chat task does not fit the repo's media encoders and their processor files (None when it does)."""
     if task == IMAGE_TEXT_TO_TEXT and "vision_encoder" not in encoders:
         return Refusal.MODEL, "image-text-to-text needs a vision_encoder graph beside embed_tokens and a decoder"
     if task == AUDIO_TEXT_TO_TEXT and "audio_encoder" not in encoders:
         return Refusal.MODEL, "audio-text-to-text needs an audio_encoder graph beside embed_tokens and a decoder"
+    if "audio_encoder" in encoders and uses_mrope(model.config):
+        return Refusal.MODEL, "audio with an M-RoPE decoder (Qwen2.5-Omni-style positions) is not implemented"
     if "vision_encoder" in encoders and model.file(PREPROCESSOR_CONFIG) is None:
         return Refusal.FORMAT, f"image chat needs {PREPROCESSOR_CONFIG}, absent here"
     if "audio_encoder" in encoders and model.file(PREPROCESSOR_CONFIG) is None and model.file(PROCESSOR_CONFIG) is None:
