@@ -111,3 +111,61 @@ def test_embeddings_cancelled_after_the_first_batch_raise(minilm: Any) -> None:
     assert caught.value.code is ErrorCode.CANCELLED
     assert [e.done for e in events] == [BATCH]
     assert len(minilm.run(["a text"])["embeddings"]) == 1
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["in-process", "isolated"])
+def text_classifier(request: Any, text_classifier_dir: Path) -> Iterator[anyformer.Loaded]:
+    with anyformer.load(str(text_classifier_dir), backend="onnx", isolate=request.param) as loaded:
+        yield loaded
+
+
+def test_text_classification_reports_each_batch(text_classifier: Any) -> None:
+    texts = [f"a review, number {i}" for i in range(BATCH + 3)]
+    events: list[ProgressEvent] = []
+    got = text_classifier.run(texts, top_k=None, progress=events.append)
+    assert text_classifier.run_progress is True
+    assert [(e.stage, e.backend, e.done, e.total) for e in events] == [
+        ("classify", "onnx", BATCH, len(texts)),
+        ("classify", "onnx", len(texts), len(texts)),
+    ]
+    assert got == text_classifier.run(texts, top_k=None)  # the same answer as without progress
+
+
+def test_text_classification_cancelled_after_the_first_batch_raises(text_classifier: Any) -> None:
+    cancel = threading.Event()
+    events: list[ProgressEvent] = []
+    with pytest.raises(AnyformerError) as caught:
+        text_classifier.run(["a text"] * (2 * BATCH), progress=_stop_after(1, events, cancel), cancel=cancel)
+    assert caught.value.code is ErrorCode.CANCELLED
+    assert [e.done for e in events] == [BATCH]
+    assert len(text_classifier.run(["a text", "another"])) == 2
+
+
+def test_token_classification_reports_each_batch(token_classifier_dir: Path) -> None:
+    texts = [f"Ada met Bob in Paris on day {i}" for i in range(BATCH + 1)]
+    events: list[ProgressEvent] = []
+    with anyformer.load(str(token_classifier_dir), backend="onnx") as loaded:
+        got = loaded.run(texts, progress=events.append)
+        assert got == loaded.run(texts)
+    assert [(e.stage, e.done, e.total) for e in events] == [("tag", BATCH, len(texts)), ("tag", len(texts), len(texts))]
+
+
+@pytest.mark.parametrize(("fixture", "stage"), [("vit_dir", "classify"), ("yolos_dir", "detect")])
+def test_vision_tasks_report_each_image_and_stop_when_cancelled(
+    request: Any, reference: Any, fixture: str, stage: str
+) -> None:
+    folder = request.getfixturevalue(fixture)
+    paths = [str(folder / name) for name in reference(folder)["images"]]
+    assert len(paths) >= 2
+    events: list[ProgressEvent] = []
+    with anyformer.load(str(folder), backend="onnx") as loaded:
+        assert loaded.run_progress is True
+        got = loaded.run(paths, progress=events.append)
+        assert got == loaded.run(paths)
+        assert [(e.stage, e.done, e.total) for e in events] == [(stage, n, len(paths)) for n in range(1, len(paths) + 1)]
+        cancel = threading.Event()
+        stopped: list[ProgressEvent] = []
+        with pytest.raises(AnyformerError) as caught:
+            loaded.run(paths, progress=_stop_after(1, stopped, cancel), cancel=cancel)
+        assert caught.value.code is ErrorCode.CANCELLED
+        assert [e.done for e in stopped] == [1]

@@ -11,16 +11,20 @@ Outputs are shaped as transformers' pipelines return them, so code written again
   ignored (``ignore_labels``, default ``["O"]``): ``entity``, ``score``, ``index`` (the token's
   position), ``word`` (the token), ``start``/``end`` (character offsets in the text). Special
   tokens are skipped.
+
+The handle declares ``run_progress``: ``run`` reports a ``classify`` (text-classification) or ``tag``
+(token-classification) event after each batch of texts, ``done`` of ``total`` texts, and stops there
+when the caller cancelled (the core's reporter raises ``CANCELLED``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from anyformer.plugin import AnyformerError, ErrorCode
+from anyformer.plugin import AnyformerError, ErrorCode, ProgressCallback, ProgressEvent, no_progress
 from anyformer_onnx import BACKEND_ID
 from anyformer_onnx.encoder import EncoderGraph, texts_of
 from anyformer_onnx.tasks import TEXT_CLASSIFICATION
@@ -62,6 +66,8 @@ class OnnxClassifierModel:
     """A loaded encoder with a classification head and its labels."""
 
     backend = BACKEND_ID
+    #: ``run`` reports each batch and stops between batches when cancelled (the core's contract).
+    run_progress = True
 
     def __init__(self, encoder: EncoderGraph, *, task: str, config: Mapping[str, Any], details: dict[str, Any]):
         self.task = task
@@ -88,15 +94,31 @@ class OnnxClassifierModel:
             raise AnyformerError(ErrorCode.BAD_REQUEST, f"function_to_apply must be one of {FUNCTIONS}, got {value!r}")
         return str(function)
 
-    def run(self, input: Any, **options: Any) -> Any:
-        """Classify a text or a list of texts (the task's output shape is in the module docstring)."""
+    def run(self, input: Any, *, progress: ProgressCallback = no_progress, **options: Any) -> Any:
+        """Classify a text or a list of texts (the task's output shape is in the module docstring); ``progress``
+        gets an event after each batch."""
         texts, single = texts_of(input, self.task)
         if self.task == TEXT_CLASSIFICATION:
-            return self._classify(texts, single, **options)
-        return self._tag(texts, single, **options)
+            return self._classify(texts, single, progress, **options)
+        return self._tag(texts, single, progress, **options)
+
+    def _batches(self, texts: list[str], stage: str, progress: ProgressCallback) -> Iterator[tuple[Any, np.ndarray]]:
+        """(encodings, logits) of each batch; ``progress`` hears of a batch once the caller is done with it."""
+        done = 0
+        for encodings, _, logits in self.encoder.batches(texts, self._output):
+            yield encodings, logits
+            done += len(logits)
+            progress(ProgressEvent(stage=stage, backend=self.backend, done=done, total=len(texts), message="texts"))
 
     def _classify(
-        self, texts: list[str], single: bool, *, top_k: Any = _UNSET, function_to_apply: Any = None, **rest: Any
+        self,
+        texts: list[str],
+        single: bool,
+        progress: ProgressCallback,
+        *,
+        top_k: Any = _UNSET,
+        function_to_apply: Any = None,
+        **rest: Any,
     ) -> Any:
         if rest:
             raise AnyformerError(ErrorCode.BAD_REQUEST, f"unknown option {sorted(rest)[0]!r} for {self.task}")
@@ -108,7 +130,7 @@ class OnnxClassifierModel:
             raise AnyformerError(ErrorCode.BAD_REQUEST, f"top_k must be an integer ≥ 1 or None, got {top_k!r}")
         function = self._function(function_to_apply)
         results: list[Any] = []
-        for _, _, logits in self.encoder.batches(texts, self._output):
+        for _, logits in self._batches(texts, "classify", progress):
             for row in apply_function(logits, function):
                 order = sorted(range(row.shape[0]), key=lambda i: (-row[i], i))
                 ranked = [{"label": self._label(i), "score": float(row[i])} for i in order]
@@ -120,14 +142,22 @@ class OnnxClassifierModel:
             return results[:1] if single else results
         return results[0] if single else results
 
-    def _tag(self, texts: list[str], single: bool, *, ignore_labels: Sequence[str] = ("O",), **rest: Any) -> Any:
+    def _tag(
+        self,
+        texts: list[str],
+        single: bool,
+        progress: ProgressCallback,
+        *,
+        ignore_labels: Sequence[str] = ("O",),
+        **rest: Any,
+    ) -> Any:
         if rest:
             raise AnyformerError(ErrorCode.BAD_REQUEST, f"unknown option {sorted(rest)[0]!r} for {self.task}")
         if isinstance(ignore_labels, str) or not all(isinstance(label, str) for label in ignore_labels):
             raise AnyformerError(ErrorCode.BAD_REQUEST, "ignore_labels must be a list of label names")
         ignored = set(ignore_labels)
         results: list[list[dict[str, Any]]] = []
-        for encodings, _, logits in self.encoder.batches(texts, self._output):
+        for encodings, logits in self._batches(texts, "tag", progress):
             for encoding, rows in zip(encodings, softmax(logits.astype(np.float64)), strict=True):
                 entities = []
                 for index, row in enumerate(rows):

@@ -40,20 +40,32 @@ Outputs are shaped as transformers' pipelines return them:
   first resized to the original image bicubically (as torch's ``interpolate`` with
   ``align_corners=False``), a float32 [height, width] array; the second that map scaled to 0-255
   as uint8 (the pipeline's Pillow image as an array).
+
+Each handle declares ``run_progress``: ``run`` reports an event after each image (``classify``,
+``detect``, ``segment`` or ``estimate``; ``done`` of ``total`` images) and stops there when the caller
+cancelled (the core's reporter raises ``CANCELLED``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
 
-from anyformer.plugin import AnyformerError, ErrorCode
+from anyformer.plugin import AnyformerError, ErrorCode, ProgressCallback, ProgressEvent, no_progress
 from anyformer_onnx import BACKEND_ID
 from anyformer_onnx.classifier_model import FUNCTIONS, apply_function, labels_of, softmax
 from anyformer_onnx.image_input import images_of
 from anyformer_onnx.image_preprocessing import ImagePreprocessor
+
+
+def reported(images: list[Any], stage: str, progress: ProgressCallback) -> Iterator[Any]:
+    """The images one by one; ``progress`` hears of each once the caller is done with it (``done`` of ``total``
+    images), and its ``CANCELLED`` (the core's reporter, when the caller cancelled) ends the loop there."""
+    for done, image in enumerate(images, 1):
+        yield image
+        progress(ProgressEvent(stage=stage, backend=BACKEND_ID, done=done, total=len(images), message="images"))
 
 
 class VisionGraph:
@@ -101,6 +113,8 @@ class OnnxImageClassifierModel:
     """A loaded image classifier: a vision graph with a ``logits`` output and config.json's labels."""
 
     backend = BACKEND_ID
+    #: ``run`` reports each image and stops between images when cancelled (the core's contract).
+    run_progress = True
     task = "image-classification"
 
     def __init__(self, graph: VisionGraph, *, config: Mapping[str, Any], details: dict[str, Any]) -> None:
@@ -120,7 +134,15 @@ class OnnxImageClassifierModel:
         """Drop the session; safe to call twice."""
         self.graph.close()
 
-    def run(self, input: Any, *, top_k: Any = 5, function_to_apply: Any = None, **rest: Any) -> Any:
+    def run(
+        self,
+        input: Any,
+        *,
+        top_k: Any = 5,
+        function_to_apply: Any = None,
+        progress: ProgressCallback = no_progress,
+        **rest: Any,
+    ) -> Any:
         """Classify an image or a list of images (the output shape is in the module docstring)."""
         _unknown(self.task, rest)
         if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
@@ -132,7 +154,7 @@ class OnnxImageClassifierModel:
             )
         images, single = images_of(input, self.task)
         results = []
-        for image in images:
+        for image in reported(images, "classify", progress):
             (logits,) = self.graph.run(image, [self._output])
             row = apply_function(logits.reshape(-1), str(function))
             order = sorted(range(row.shape[0]), key=lambda i: (-row[i], i))[:top_k]
@@ -201,6 +223,8 @@ class OnnxDepthEstimatorModel:
     """A loaded depth estimator: a ``predicted_depth`` map per image."""
 
     backend = BACKEND_ID
+    #: ``run`` reports each image and stops between images when cancelled (the core's contract).
+    run_progress = True
     task = "depth-estimation"
 
     def __init__(self, graph: VisionGraph, *, details: dict[str, Any]) -> None:
@@ -212,12 +236,18 @@ class OnnxDepthEstimatorModel:
         """Drop the session; safe to call twice."""
         self.graph.close()
 
-    def run(self, input: Any, **rest: Any) -> Any:
+    def run(
+        self,
+        input: Any,
+        *,
+        progress: ProgressCallback = no_progress,
+        **rest: Any,
+    ) -> Any:
         """Estimate depth for an image or a list of images (the output shape is in the module docstring)."""
         _unknown(self.task, rest)
         images, single = images_of(input, self.task)
         results = []
-        for image in images:
+        for image in reported(images, "estimate", progress):
             (raw,) = self.graph.run(image, [self._output])
             if raw.ndim < 2 or raw.size != raw.shape[-1] * raw.shape[-2]:
                 raise AnyformerError(ErrorCode.BAD_MODEL, f"{self.graph.label}: a depth output of shape {raw.shape}")
@@ -232,6 +262,8 @@ class OnnxSegmenterModel:
     """A loaded semantic segmentation model: per-pixel class logits and config.json's labels."""
 
     backend = BACKEND_ID
+    #: ``run`` reports each image and stops between images when cancelled (the core's contract).
+    run_progress = True
     task = "image-segmentation"
 
     def __init__(self, graph: VisionGraph, *, config: Mapping[str, Any], details: dict[str, Any]) -> None:
@@ -244,14 +276,14 @@ class OnnxSegmenterModel:
         """Drop the session; safe to call twice."""
         self.graph.close()
 
-    def run(self, input: Any, *, subtask: Any = None, **rest: Any) -> Any:
+    def run(self, input: Any, *, subtask: Any = None, progress: ProgressCallback = no_progress, **rest: Any) -> Any:
         """Segment an image or a list of images (the output shape is in the module docstring)."""
         _unknown(self.task, rest)
         if subtask not in (None, "semantic"):
             raise AnyformerError(ErrorCode.BAD_REQUEST, f"subtask {subtask!r}: this model segments semantically only")
         images, single = images_of(input, self.task)
         results = []
-        for image in images:
+        for image in reported(images, "segment", progress):
             (logits,) = self.graph.run(image, [self._output])
             if logits.ndim != 4:
                 raise AnyformerError(ErrorCode.BAD_MODEL, f"{self.graph.label}: logits of shape {logits.shape}")
@@ -268,6 +300,8 @@ class OnnxObjectDetectorModel:
     """A loaded DETR-style detector: ``logits`` over the classes and "no object", ``pred_boxes``."""
 
     backend = BACKEND_ID
+    #: ``run`` reports each image and stops between images when cancelled (the core's contract).
+    run_progress = True
     task = "object-detection"
 
     def __init__(self, graph: VisionGraph, *, config: Mapping[str, Any], details: dict[str, Any]) -> None:
@@ -282,14 +316,14 @@ class OnnxObjectDetectorModel:
         """Drop the session; safe to call twice."""
         self.graph.close()
 
-    def run(self, input: Any, *, threshold: Any = 0.5, **rest: Any) -> Any:
+    def run(self, input: Any, *, threshold: Any = 0.5, progress: ProgressCallback = no_progress, **rest: Any) -> Any:
         """Detect objects in an image or a list of images (the output shape is in the module docstring)."""
         _unknown(self.task, rest)
         if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0 <= threshold <= 1:
             raise AnyformerError(ErrorCode.BAD_REQUEST, f"threshold must be a number from 0 to 1, got {threshold!r}")
         images, single = images_of(input, self.task)
         results = []
-        for image in images:
+        for image in reported(images, "detect", progress):
             logits, boxes = self.graph.run(image, ["logits", "pred_boxes"])
             probabilities = softmax(logits[0].astype(np.float32))[:, :-1]  # the last class is "no object"
             best = probabilities.argmax(axis=-1)
@@ -347,6 +381,8 @@ class OnnxMaskSegmenterModel:
     """A loaded Mask2Former: per query, class logits (the last "no object") and mask logits."""
 
     backend = BACKEND_ID
+    #: ``run`` reports each image and stops between images when cancelled (the core's contract).
+    run_progress = True
     task = "image-segmentation"
     outputs = ("class_queries_logits", "masks_queries_logits")
 
@@ -373,6 +409,7 @@ class OnnxMaskSegmenterModel:
         threshold: Any = 0.9,
         mask_threshold: Any = 0.5,
         overlap_mask_area_threshold: Any = 0.5,
+        progress: ProgressCallback = no_progress,
         **rest: Any,
     ) -> Any:
         """Segment an image or a list of images (the output shape is in the module docstring)."""
@@ -384,7 +421,7 @@ class OnnxMaskSegmenterModel:
         overlap = _fraction("overlap_mask_area_threshold", overlap_mask_area_threshold)
         images, single = images_of(input, self.task)
         results = []
-        for image in images:
+        for image in reported(images, "segment", progress):
             classes, masks = self.graph.run(image, list(self.outputs))
             if classes.ndim != 3 or masks.ndim != 4 or classes.shape[1] != masks.shape[1]:
                 raise AnyformerError(
