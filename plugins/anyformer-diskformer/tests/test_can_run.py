@@ -186,10 +186,10 @@ def test_a_qwen35moe_file_runs_on_the_gpu_and_counts_its_delta_net_states(qwen35
     assert v.ok, v.reason
     assert v.estimate.details["device"] == "gpu" and v.estimate.gpu_bytes > 0
     c = read_moe_config(read_gguf_header(qwen35moe_f32))
-    # f32 K and V rows for every layer (held, though only the attention layer uses them), and for each of
-    # the three delta-net layers its last three inputs of 2 × 32 + 64 channels and 4 value heads' 16 × 16 states.
+    # f32 K and V rows for the one attention layer only, and for each of the three delta-net layers its last
+    # three inputs of 2 × 32 + 64 channels and 4 value heads' 16 × 16 states.
     assert sum(c.recurrent) == 3
-    assert v.estimate.details["kv_cache"] == 2 * 4 * 64 * 32 * 4 + 4 * 3 * (3 * 128 + 4 * 16 * 16)
+    assert v.estimate.details["kv_cache"] == 2 * 1 * 64 * 32 * 4 + 4 * 3 * (3 * 128 + 4 * 16 * 16)
     on_cpu = verdict(model, CAPS, context=64)
     assert on_cpu.ok and on_cpu.estimate.details["device"] == "cpu"
     assert on_cpu.estimate.details["kv_cache"] == v.estimate.details["kv_cache"]

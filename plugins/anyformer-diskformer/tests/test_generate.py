@@ -130,7 +130,16 @@ def test_qwen35moe_replies_as_llama_cpp(qwen35moe_f32, device):
             pytest.skip(f"no GPU adapter for wgpu: {exc}")
         raise
     try:
-        assert isinstance(model.engine, HybridGpuEngine if device == "gpu" else HybridCpuEngine)
+        engine = model.engine
+        assert isinstance(engine, HybridGpuEngine if device == "gpu" else HybridCpuEngine)
+        # KV rows for the one attention layer only (the three delta nets keep states): 2 x 128 positions x 32 floats.
+        kv_bytes = 2 * 128 * engine.config.kv_dim * 4
+        if isinstance(engine, HybridGpuEngine):
+            assert [b is not None for b in engine.k_cache] == [False, False, False, True]
+            held = sum(int(b.size) for b in engine._kv_buffers())
+            assert kv_bytes <= held <= kv_bytes + 2 * 32  # GPU buffers are padded to 16 bytes past a spare word
+        else:
+            assert engine._k.nbytes + engine._v.nbytes == kv_bytes
         ids = model.prompt_ids(MESSAGES, thinking=False)
         text = "".join(c.delta for c in model.stream(MESSAGES, GenerateOptions(max_new_tokens=TOKENS)))
         assert text == llama_greedy(qwen35moe_f32, ids)

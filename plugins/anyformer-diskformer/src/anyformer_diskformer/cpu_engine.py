@@ -68,7 +68,11 @@ class CpuMoEEngine:
         self._w = DenseWeights(gguf, config.n_layer)
         self._head = "token_embd.weight" if config.tied_output else "output.weight"
         self._rope = cos_sin_table(ctx, config.n_rot, config.rope_base)
-        shape = (config.n_layer, ctx, config.n_kv, config.head_dim)
+        # KV rows for the layers that attend only (qwen35moe's delta nets keep states instead).
+        attending = [i for i in range(config.n_layer) if not config.is_recurrent(i)]
+        #: Each attending layer's row in the KV arrays.
+        self._kv_row = {layer: row for row, layer in enumerate(attending)}
+        shape = (len(attending), ctx, config.n_kv, config.head_dim)
         self._k = np.zeros(shape, dtype=np.float32)
         self._v = np.zeros(shape, dtype=np.float32)
         self._runner = ExpertRunner(1, config.n_embd, config.n_ff_exp, self._expert_activation())
@@ -139,9 +143,10 @@ class CpuMoEEngine:
         softmax(q k^T / sqrt(head_dim)) v over the cached keys it may see, (tokens, n_head, head_dim)."""
         c, n = self.config, q.shape[0]
         end = start + n
-        self._k[layer, start:end] = k
-        self._v[layer, start:end] = v
-        keys, values = self._k[layer, :end], self._v[layer, :end]
+        row = self._kv_row[layer]
+        self._k[row, start:end] = k
+        self._v[row, start:end] = v
+        keys, values = self._k[row, :end], self._v[row, :end]
         group = c.n_head // c.n_kv
         # Query i sits at position start + i and sees keys 0 .. start + i.
         mask = np.where(np.arange(end)[None, :] > (start + np.arange(n))[:, None], -np.inf, 0.0).astype(np.float32)

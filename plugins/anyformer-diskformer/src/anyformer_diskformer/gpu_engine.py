@@ -188,8 +188,10 @@ class GpuMoEEngine:
         self.gate_norm = buf(4 * c.n_embd, "gate-norm")
         self.shexp_norm = buf(4 * c.n_embd, "shared-up-norm")
         self.ones = self._upload(np.ones(1, dtype=np.float32), "ones")
-        self.k_cache = [buf(4 * ctx * c.kv_dim, f"k{i}") for i in range(c.n_layer)]
-        self.v_cache = [buf(4 * ctx * c.kv_dim, f"v{i}") for i in range(c.n_layer)]
+        # KV rows for the layers that attend only (qwen35moe's delta nets keep states instead): None elsewhere.
+        attending = [not c.is_recurrent(i) for i in range(c.n_layer)]
+        self.k_cache = [buf(4 * ctx * c.kv_dim, f"k{i}") if on else None for i, on in enumerate(attending)]
+        self.v_cache = [buf(4 * ctx * c.kv_dim, f"v{i}") if on else None for i, on in enumerate(attending)]
         self.cos_sin = self._upload(self._rope_table(), "rope")
         self._embed = self._embed_dispatch()
         self._layers = [self._layer_dispatches(i) for i in range(c.n_layer)]
@@ -473,15 +475,19 @@ class GpuMoEEngine:
     def checkpoint(self, n: int) -> list[Any]:
         """GPU copies of every layer's keys and values of positions 0..n-1 (see :meth:`restore`)."""
         nbytes = 4 * n * self.config.kv_dim
-        saved = [self._buffer(nbytes, "kv-checkpoint") for _ in range(2 * self.config.n_layer)]
-        caches = self.k_cache + self.v_cache
+        caches = self._kv_buffers()
+        saved = [self._buffer(nbytes, "kv-checkpoint") for _ in caches]
         self.kernels.run([], [(cache, 0, copy, 0, nbytes) for cache, copy in zip(caches, saved, strict=True)])
         return saved
+
+    def _kv_buffers(self) -> list[Any]:
+        """The K then the V buffers of the layers that attend."""
+        return [b for b in self.k_cache + self.v_cache if b is not None]
 
     def restore(self, saved: list[Any], n: int) -> None:
         """Put back the first ``n`` positions of a :meth:`checkpoint` (queued before the next step)."""
         nbytes = 4 * n * self.config.kv_dim
-        caches = self.k_cache + self.v_cache
+        caches = self._kv_buffers()
         self.kernels.run([], [(copy, 0, cache, 0, nbytes) for cache, copy in zip(caches, saved, strict=True)])
 
     def forget(self, saved: list[Any]) -> None:

@@ -118,9 +118,9 @@ def plan_from_header(header: GGUFHeader, context: int, device: str = "cpu") -> P
 
 
 def _hybrid_state_bytes(header: GGUFHeader, context: int) -> int:
-    """The f32 state of a CPU-only architecture: Gemma 4's K and V per layer in that layer's widths; qwen35moe's
-    K and V rows for every layer (:class:`~anyformer_diskformer.cpu_hybrid.HybridCpuEngine` allocates them all,
-    though only its attention layers use them) and each delta-net layer's convolution inputs and state matrices."""
+    """The f32 state of an architecture whose layers differ: Gemma 4's K and V per layer in that layer's widths;
+    qwen35moe's K and V rows for its attention layers and each delta-net layer's convolution inputs and state
+    matrices."""
     from anyformer_diskformer.gemma4_config import Gemma4Config
     from anyformer_diskformer.moe_config import read_moe_config
 
@@ -128,7 +128,7 @@ def _hybrid_state_bytes(header: GGUFHeader, context: int) -> int:
     if isinstance(c, Gemma4Config):
         # Gemma 4's layers differ in KV heads and head width: a K and V array each, in its own width.
         return sum(2 * context * c.kv_heads[i] * c.head_dims[i] * 4 for i in range(c.n_layer))
-    kv = 2 * c.n_layer * context * c.kv_dim * 4
+    kv = 2 * (c.n_layer - sum(c.recurrent)) * context * c.kv_dim * 4
     delta = sum(c.recurrent) * (
         (c.ssm_conv - 1) * (2 * c.ssm_k_heads + c.ssm_v_heads) * c.ssm_head + c.ssm_v_heads * c.ssm_head**2
     )
