@@ -337,11 +337,14 @@ def _beside_a_decoding_stream(loaded: anyformer.Loaded, **options: Any) -> tuple
     return chunks, recorder
 
 
-def test_a_prompt_admitted_while_another_stream_decodes_shares_its_decode(batched: anyformer.Loaded) -> None:
+def test_a_prompt_admitted_while_another_stream_decodes_shares_its_decode(
+    batched: anyformer.Loaded, smollm2: anyformer.Loaded
+) -> None:
     """The prompt's blocks go into the step's one ``llama_decode`` beside the decoding stream's token (as llama-server
-    batches them), every block of the plan whole, and the reply is the reply alone."""
-    long_prompt = "Summarise: " + "the quick brown fox jumps over the lazy dog. " * 12  # several blocks
-    alone = [batched.complete(prompt, max_new_tokens=12).text for prompt in (PROMPTS[2], long_prompt)]
+    batches them), every block of the plan whole, and the reply is the one-stream engine's (which the batched engine
+    has not cached: its slots hold no more of the long prompt than the chat header)."""
+    long_prompt = "Count these, please: " + "one two three four five six seven eight nine ten. " * 12  # several blocks
+    alone = [smollm2.complete(prompt, max_new_tokens=12).text for prompt in (PROMPTS[2], long_prompt)]
     for prompt, text in zip((PROMPTS[2], long_prompt), alone, strict=True):
         chunks, recorder = _beside_a_decoding_stream(batched, messages=prompt, max_new_tokens=12)
         assert chunks[-1].text == text
