@@ -295,3 +295,112 @@ def test_a_failed_decode_step_ends_its_streams_and_the_next_one_works(smollm2_pa
         assert caught.value.code is ErrorCode.PLUGIN_ERROR and "status 2" in caught.value.message
         engine._lib = real
         assert loaded.complete(PROMPTS[0], max_new_tokens=6).text == alone  # the slot's cache was emptied
+
+
+class _Recorder:
+    """llama_cpp with ``llama_decode`` recorded: the ``(seq_id, position)`` of every row of each decoded batch."""
+
+    def __init__(self, real: Any) -> None:
+        self._real = real
+        self.batches: list[list[tuple[int, int]]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+    def llama_decode(self, context: Any, batch: Any) -> int:
+        self.batches.append([(batch.seq_id[i][0], batch.pos[i]) for i in range(batch.n_tokens)])
+        return int(self._real.llama_decode(context, batch))
+
+
+def _mixed(batches: list[list[tuple[int, int]]]) -> list[list[tuple[int, int]]]:
+    """The decoded batches holding several sequences, one of them with more than one row (a prompt block)."""
+    found = []
+    for rows in batches:
+        counts = [sum(1 for seq, _ in rows if seq == one) for one in {seq for seq, _ in rows}]
+        if len(counts) > 1 and max(counts) > 1:
+            found.append(rows)
+    return found
+
+
+def _beside_a_decoding_stream(loaded: anyformer.Loaded, **options: Any) -> tuple[list[Any], _Recorder]:
+    """Open a long stream, and once it decodes, run ``options`` (a second request) to its end; record the decodes."""
+    engine = loaded.handle._engine
+    recorder = _Recorder(engine._lib)
+    engine._lib = recorder
+    try:
+        running = loaded.generate(PROMPTS[4], max_new_tokens=1000)
+        next(running)  # it decodes: the next prompt is admitted beside it
+        chunks = list(loaded.generate(**options))
+        running.close()
+    finally:
+        engine._lib = recorder._real
+    return chunks, recorder
+
+
+def test_a_prompt_admitted_while_another_stream_decodes_shares_its_decode(
+    batched: anyformer.Loaded, smollm2: anyformer.Loaded
+) -> None:
+    """The prompt's blocks go into the step's one ``llama_decode`` beside the decoding stream's token (as llama-server
+    batches them), every block of the plan whole, and the reply is the one-stream engine's (which the batched engine
+    has not cached: its slots hold no more of the long prompt than the chat header)."""
+    long_prompt = "Count these, please: " + "one two three four five six seven eight nine ten. " * 12  # several blocks
+    alone = [smollm2.complete(prompt, max_new_tokens=12).text for prompt in (PROMPTS[2], long_prompt)]
+    for prompt, text in zip((PROMPTS[2], long_prompt), alone, strict=True):
+        chunks, recorder = _beside_a_decoding_stream(batched, messages=prompt, max_new_tokens=12)
+        assert chunks[-1].text == text
+        mixed = _mixed(recorder.batches)
+        assert mixed and batched.handle._engine.merge_prompts, recorder.batches
+        # One decode per step: while both streams run, no batch holds prompt rows alone.
+        first_mixed = recorder.batches.index(mixed[0])
+        alone_blocks = [rows for rows in recorder.batches[first_mixed:] if len({seq for seq, _ in rows}) == 1]
+        assert all(len(rows) == 1 for rows in alone_blocks), alone_blocks
+    # The long prompt (over 4 blocks) was read beside the other stream: every position past the slot's reused
+    # prefix once, in order, up to the last, several blocks a step.
+    reader = max({seq for rows in mixed for seq, _ in rows}, key=lambda seq: sum(s == seq for s, _ in mixed[0]))
+    positions = [pos for rows in mixed for seq, pos in rows if seq == reader]
+    end = chunks[-1].prompt_tokens
+    assert positions[: positions.index(end - 1) + 1] == list(range(positions[0], end)) and end - positions[0] > 4 * 32
+    assert max(sum(seq == reader for seq, _ in rows) for rows in mixed) > 32
+
+
+def test_a_scored_prompt_beside_a_decoding_stream_scores_as_alone(batched: anyformer.Loaded) -> None:
+    prompt = "The capital of France is Paris, and the capital of Italy is Rome. " * 3
+    options: dict[str, Any] = {"prompt": prompt, "max_new_tokens": 6, "logprobs": 3, "prompt_logprobs": True}
+
+    def scored(chunks: list[Any]) -> list[Any]:
+        return [(e.token, e.logprob, e.top) for chunk in chunks for e in chunk.prompt_logprobs]
+
+    alone = list(batched.generate(**options))
+    chunks, recorder = _beside_a_decoding_stream(batched, **options)
+    assert _mixed(recorder.batches), recorder.batches
+    assert len(scored(chunks)) == chunks[-1].prompt_tokens > 32  # every prompt token (the first without a value)
+    assert scored(chunks) == scored(alone)
+    assert chunks[-1].text == alone[-1].text
+
+
+def test_a_prompt_cancelled_while_read_beside_a_decoding_stream_ends_and_leaves_the_other(
+    batched: anyformer.Loaded,
+) -> None:
+    long_prompt = "Summarise: " + "the quick brown fox jumps over the lazy dog. " * 150  # ~1,500 positions
+    alone = batched.complete(PROMPTS[1], max_new_tokens=TOKENS).text
+    cancel = threading.Event()
+    running = batched.generate(PROMPTS[1], max_new_tokens=TOKENS)
+    first = next(running)
+    stopped = batched.generate(long_prompt, max_new_tokens=8, cancel=cancel)
+    threading.Timer(0.05, cancel.set).start()  # within the prompt's first steps
+    ends = list(stopped)
+    assert ends[-1].finish_reason == "cancelled" and ends[-1].tokens == 0
+    assert batched.handle.last_prompt_evaluated < ends[-1].prompt_tokens
+    assert [first, *running][-1].text == alone
+
+
+def test_with_flash_attention_off_prompt_blocks_are_decoded_apart(smollm2_path: Path) -> None:
+    """There a row's numbers depend on the batch shape (bench/bench_merge.py): each block keeps a decode of its own,
+    and the reply under load is the one-stream engine's."""
+    options = {"flash_attention": False}
+    with anyformer.load(smollm2_path, backend="llamacpp", context=1024, options=options) as one:
+        wanted = one.complete(PROMPTS[2], max_new_tokens=12).text
+    with anyformer.load(smollm2_path, backend="llamacpp", context=1024, options={**options, "parallel": 2}) as two:
+        assert not two.handle._engine.merge_prompts
+        chunks, recorder = _beside_a_decoding_stream(two, messages=PROMPTS[2], max_new_tokens=12)
+    assert not _mixed(recorder.batches) and chunks[-1].text == wanted

@@ -6,14 +6,20 @@ A scheduler thread owns the context. Each step it
    longest part of the prompt, up to a cut of both prompts' plans), cutting that slot's cache back
    to the prefix it keeps;
 2. drops the streams whose callers cancelled or left (their slot's cache is kept for reuse);
-3. runs one ``llama_decode`` of a ``llama_batch`` holding the last token of every decoding
-   sequence (each with its own ``seq_id`` and position), and picks each one's next token;
-4. evaluates prompt blocks of the sequences still reading their prompt, cut where the one-stream
-   engine cuts them (``prompt_blocks``: the block grid and where each message's text begins) and
-   each in a decode of its own (so its numbers never depend on what the other streams do), at most
-   :data:`PREFILL_TOKENS_PER_STEP` positions while others decode: a long prompt is read over several
-   steps instead of stalling every other stream, and each of those steps still advances every
-   decoding stream by a token.
+3. builds one ``llama_batch`` holding the last token of every decoding sequence (each with its own
+   ``seq_id`` and position) and the prompt blocks of the sequences still reading their prompt, cut
+   where the one-stream engine cuts them (``prompt_blocks``: the block grid and where each
+   message's text begins), at most :data:`PREFILL_TOKENS_PER_STEP` positions while others decode:
+   a long prompt is read over several steps instead of stalling every other stream, and each of
+   those steps still advances every decoding stream by a token;
+4. runs one ``llama_decode`` of it, picks each decoding sequence's next token, and records each
+   block's end in its slot (the cache's cuts stay the plan's).
+
+Prompt blocks share the step's decode only where a row's numbers do not depend on the batch around
+it (:func:`merges_prompts`): on llama.cpp's CPU kernels with flash attention, where a block beside
+other streams' tokens came out bitwise equal to the block alone, and every decode token beside a
+block equal to the token without it. Elsewhere (flash attention off, a GPU) each block is a
+``llama_decode`` of its own, so a cached block is always the one a fresh evaluation computes.
 
 Tokens go back to each stream's queue as ids (with a log-probability entry when asked for); the
 stream's own thread turns them into text. The context uses ``kv_unified = false``: each sequence
@@ -90,6 +96,23 @@ class Ticket:
         return self.abandoned.is_set() or self.options.cancel.is_set()
 
 
+def merges_prompts(*, on_cpu: bool, flash_attention: bool) -> bool:
+    """Whether prompt blocks go into the step's decode beside the other streams' tokens.
+
+    Only where a row's numbers were measured not to depend on the batch around it: llama.cpp's CPU
+    kernels with flash attention (each row's quantised products and its attention run alone;
+    ``bench/bench_merge.py``: 128 of 128 block shapes bitwise equal, merged or apart). With flash
+    attention off the attention products take another kernel for some batch shapes (4 of 128 differ,
+    by up to 11 in a logit), and a GPU's kernels change with the batch shape: there each block is
+    decoded alone, so a cached block is what a fresh evaluation computes.
+    """
+    return on_cpu and flash_attention
+
+
+def _seq_id(ticket: Ticket) -> int:
+    return ticket.slot.seq_id if ticket.slot is not None else 0
+
+
 class BatchEngine:
     """The scheduler and the context it owns (see the module docstring)."""
 
@@ -102,7 +125,10 @@ class BatchEngine:
         choose: Chooser,
         score: Scorer,
         is_end: Callable[[int], bool],
+        on_cpu: bool = False,
     ) -> None:
+        """``on_cpu``: every layer and every product runs on llama.cpp's CPU kernels (no GPU build, nothing
+        offloaded), which with flash attention lets prompt blocks share the step's decode (:func:`merges_prompts`)."""
         self._lib = llama_cpp
         self._n_vocab = llama.n_vocab()
         self._choose = choose
@@ -119,6 +145,7 @@ class BatchEngine:
         params.n_batch = max(512, PREFILL_TOKENS_PER_STEP + parallel)
         params.n_ubatch = params.n_batch
         self._n_batch = int(params.n_batch)
+        self.merge_prompts = merges_prompts(on_cpu=on_cpu, flash_attention=params.flash_attn_type == 1)
         self._ctx = llama_cpp.llama_init_from_model(llama._model.model, params)
         if not self._ctx:
             raise AnyformerError(
@@ -256,31 +283,79 @@ class BatchEngine:
         return index
 
     def _step(self) -> None:
-        """One step: a ``llama_decode`` of every decoding stream's next token, then a share of the prompts' blocks."""
-        # In ascending sequence order: with a KV region per sequence, llama.cpp computes a batch whose
-        # sequences come out of order ~20 % slower (measured on SmolLM2 with 4 streams, 1 thread).
-        decoding = sorted(
-            (ticket for ticket in self._active if ticket.next_token is not None),
-            key=lambda ticket: ticket.slot.seq_id if ticket.slot is not None else 0,
-        )
+        """One step: every decoding stream's next token and a share of the prompts' blocks (the module docstring)."""
+        decoding = [ticket for ticket in self._active if ticket.next_token is not None]
         reading = [ticket for ticket in self._active if ticket.next_token is None]
-        if decoding:
+        blocks = self._blocks(reading, PREFILL_TOKENS_PER_STEP if decoding else self._n_batch)
+        if self.merge_prompts:
             self._batch.n_tokens = 0
+            rows: dict[int, int] = {}  # each block's first row, by the block's id
+            # In ascending sequence order: with a KV region per sequence, llama.cpp computes a batch whose
+            # sequences come out of order ~20 % slower (measured on SmolLM2 with 4 streams, 1 thread).
+            for ticket in sorted((*decoding, *reading), key=_seq_id):
+                if ticket.next_token is not None:
+                    self._add_next(ticket)
+                for block in blocks:
+                    if block[0] is ticket:
+                        rows[id(block)] = self._add_block(*block)
+            if self._batch.n_tokens:
+                self._decode()
             for ticket in decoding:
-                slot, token = ticket.slot, ticket.next_token
-                assert slot is not None and token is not None
-                ticket.logits_at = self._add(token, len(slot.tokens), slot.seq_id, True)
-                slot.tokens.append(token)
-                ticket.next_token = None
-            self._decode()
-            for ticket in decoding:
-                self._pick(ticket)  # before the next decode: it overwrites the logits
-        room = PREFILL_TOKENS_PER_STEP if decoding else self._n_batch
+                self._pick(ticket)
+            for block in blocks:
+                self._absorb(*block, rows[id(block)])
+        else:
+            if decoding:
+                self._batch.n_tokens = 0
+                for ticket in sorted(decoding, key=_seq_id):
+                    self._add_next(ticket)
+                self._decode()
+                for ticket in decoding:
+                    self._pick(ticket)  # before the next decode: it overwrites the logits
+            for block in blocks:
+                if block[0].stop_wanted():  # a cancel stops a long prompt within a block
+                    continue
+                self._batch.n_tokens = 0
+                row = self._add_block(*block)
+                self._decode()
+                self._absorb(*block, row)
+        self._steps += 1
+
+    def _blocks(self, reading: list[Ticket], room: int) -> list[tuple[Ticket, int, int]]:
+        """The prompt blocks this step reads, as ``(ticket, first, stop)``: whole blocks of the plan, at most ``room``
+        positions in all (a prompt's blocks in order; the next prompt's when the first is read or its block is too big).
+        """
+        chosen: list[tuple[Ticket, int, int]] = []
         for ticket in reading:
-            room = self._read_prompt(ticket, room)
+            if ticket.stop_wanted():
+                continue
+            for first, stop in batches(ticket.ends, ticket.position, len(ticket.prompt)):
+                if stop - first > room:
+                    break
+                chosen.append((ticket, first, stop))
+                room -= stop - first
             if room < BLOCK:
                 break
-        self._steps += 1
+        return chosen
+
+    def _add_next(self, ticket: Ticket) -> None:
+        """Put a decoding stream's next token in the batch, its logits wanted."""
+        slot, token = ticket.slot, ticket.next_token
+        assert slot is not None and token is not None
+        ticket.logits_at = self._add(token, len(slot.tokens), slot.seq_id, True)
+        slot.tokens.append(token)
+        ticket.next_token = None
+
+    def _add_block(self, ticket: Ticket, first: int, stop: int) -> int:
+        """Put a prompt block in the batch; returns the row of its first position."""
+        slot = ticket.slot
+        assert slot is not None
+        prompt = ticket.prompt
+        row = int(self._batch.n_tokens)
+        for position in range(first, stop):
+            wanted = ticket.score_prompt or position == len(prompt) - 1
+            self._add(prompt[position], position, slot.seq_id, wanted)
+        return row
 
     def _decode(self) -> None:
         status = self._lib.llama_decode(self._ctx, self._batch)
@@ -290,42 +365,28 @@ class BatchEngine:
                 f"llama.cpp could not decode a batch of {self._batch.n_tokens} tokens (status {status})",
             )
 
-    def _read_prompt(self, ticket: Ticket, room: int) -> int:
-        """Evaluate the next blocks of a prompt, as far as ``room`` allows; returns the room left.
-
-        Each block is a ``llama_decode`` of its own, as the one-stream engine evaluates it: a block's
-        numbers then never depend on what other streams were doing (llama.cpp's depend on the batch
-        shape), so a cached block is always the one a fresh evaluation computes.
-        """
+    def _absorb(self, ticket: Ticket, first: int, stop: int, row: int) -> None:
+        """Take in a decoded prompt block whose first position was batch row ``row``: its scores, the slot's record
+        of it (the plan's cut), and the first reply token once the prompt is read."""
         slot = ticket.slot
         assert slot is not None
         prompt = ticket.prompt
-        for first, stop in batches(ticket.ends, ticket.position, len(prompt)):
-            if stop - first > room or ticket.stop_wanted():  # a cancel stops a long prompt within a block
-                break
-            self._batch.n_tokens = 0
-            for position in range(first, stop):
-                wanted = ticket.score_prompt or position == len(prompt) - 1
-                self._add(prompt[position], position, slot.seq_id, wanted)
-            self._decode()
+        if ticket.score_prompt:
+            top = ticket.options.logprobs or 0
+            for offset, position in enumerate(range(first, min(stop, len(prompt) - 1))):
+                ticket.prompt_entries.append(self._score(self._logits(row + offset), prompt[position + 1], top))
+        slot.tokens.extend(prompt[first:stop])
+        slot.ends.append(stop)
+        ticket.evaluated += stop - first
+        ticket.position = stop
+        if stop == len(prompt):
             if ticket.score_prompt:
-                top = ticket.options.logprobs or 0
-                for row, position in enumerate(range(first, min(stop, len(prompt) - 1))):
-                    ticket.prompt_entries.append(self._score(self._logits(row), prompt[position + 1], top))
-            slot.tokens.extend(prompt[first:stop])
-            slot.ends.append(stop)
-            ticket.evaluated += stop - first
-            ticket.position = stop
-            room -= stop - first
-            if stop == len(prompt):
-                if ticket.score_prompt:
-                    ticket.replies.put(PromptScores(tuple(ticket.prompt_entries)))
-                    if ticket.budget <= 0:  # scoring alone (max_new_tokens=0)
-                        self._finish(ticket, "length")
-                        return room
-                ticket.logits_at = stop - first - 1
-                self._pick(ticket)
-        return room
+                ticket.replies.put(PromptScores(tuple(ticket.prompt_entries)))
+                if ticket.budget <= 0:  # scoring alone (max_new_tokens=0)
+                    self._finish(ticket, "length")
+                    return
+            ticket.logits_at = row + stop - first - 1
+            self._pick(ticket)
 
     def _logits(self, row: int) -> np.ndarray:
         """The logits of row ``row`` of the last decode's batch (valid until the next decode)."""

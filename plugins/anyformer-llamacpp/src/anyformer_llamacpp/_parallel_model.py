@@ -20,6 +20,7 @@ from typing import Any
 from anyformer.plugin import Chunk, GenerateOptions, Model, ProgressCallback, Request, TokenLogprob
 from anyformer_llamacpp._batch import BatchEngine, PromptScores, Ticket
 from anyformer_llamacpp.engine import LlamaCppModel, Segments
+from anyformer_llamacpp.runtime import gpu_offload_library
 from anyformer_llamacpp.vision import Chunks, ImageChunk
 
 #: The context the ``Llama`` object itself is made with: the batched engine has the real one.
@@ -52,6 +53,9 @@ class ParallelLlamaCppModel(LlamaCppModel):
                 choose=loaded._choose,
                 score=loaded._token_logprob,
                 is_end=lambda token: bool(loaded._lib.llama_vocab_is_eog(loaded._vocab, token)),
+                # No GPU library and no layer offloaded: every product runs on the CPU kernels (with a GPU
+                # build, llama.cpp may send a large batch's products to the GPU even with no layer there).
+                on_cpu=loaded.gpu_layers == 0 and gpu_offload_library() is None,
             )
         except BaseException:
             loaded.dispose()
