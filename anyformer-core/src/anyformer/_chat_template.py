@@ -305,11 +305,16 @@ def render_chat(
     eos_token: str = "",
     max_chars: int | None = None,
     time_limit: float = RENDER_SECONDS,
+    blocks: bool = False,
     **variables: Any,
 ) -> str:
     """Render ``messages`` with a model's chat template (ChatML when it has none), in the bounded sandbox.
 
-    Text blocks are joined into a string for templates that expect string content. Extra
+    Text blocks are joined into a string for templates that expect string content. With ``blocks``, a
+    message whose content is a list of blocks reaches the template as that list, as transformers'
+    processors pass it to a multimodal template: text blocks as ``{"type": "text", "text": ...}``, any
+    other block as ``{"type": kind}`` alone (its data never enters the sandbox), so the template writes
+    its own placeholder for each image or clip where it sits. Extra
     ``variables`` (``enable_thinking`` and the like) are passed to the template. ``max_chars`` is
     the caller's cap on the prompt (what its context can hold at the most): rendering stops as soon
     as the output passes it, with ``BAD_REQUEST``, before anything is tokenized. A template that
@@ -323,8 +328,8 @@ def render_chat(
     if len(source) > MAX_TEMPLATE_CHARS:
         raise AnyformerError(ErrorCode.BAD_MODEL, f"the model's chat template is {len(source)} characters; refused")
     compiled = _compile(source)
-    plain = [{"role": m["role"], "content": text_of(m["content"])} for m in messages]
-    given = sum(len(m["content"]) for m in plain if isinstance(m["content"], str))
+    plain = [{"role": m["role"], "content": _content(m["content"], blocks)} for m in messages]
+    given = sum(len(text_of(m["content"])) for m in messages)
     limit = max(MAX_RENDERED_CHARS, 2 * given + 65536)
     budget = _Budget(time_limit, limit)
     token = _BUDGET.set(budget)
@@ -368,6 +373,13 @@ def render_chat(
         if timer is not None:
             timer.cancel()
         _BUDGET.reset(token)
+
+
+def _content(content: str | list[dict[str, Any]], blocks: bool) -> str | list[dict[str, str]]:
+    """A message's content as the template sees it: its text, or (``blocks``) its blocks without their data."""
+    if not blocks or isinstance(content, str):
+        return text_of(content)
+    return [{"type": "text", "text": b["text"]} if b["type"] == "text" else {"type": b["type"]} for b in content]
 
 
 def _render(

@@ -1806,8 +1806,11 @@ def build_tiny_qwen2_audio(folder: Path) -> None:
     replies = []
     with _quiet(), torch.no_grad():
         for clip, question in AUDIO_PROMPTS:
-            # Audio blocks reach the template as the audio tokens on a line of their own, before the text.
-            content = question if clip is None else f"{''.join(AUDIO_TOKENS)}\n{question}"
+            # The messages as transformers' processor takes them: Qwen2-Audio's own template writes each clip
+            # ("Audio 1: <|audio_bos|><|AUDIO|><|audio_eos|>" and a newline) where its block sits.
+            content: Any = question
+            if clip is not None:
+                content = [{"type": "audio", "audio_url": clips[clip]}, {"type": "text", "text": question}]
             prompt = processor.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True)
             samples = None
             if clip is not None:

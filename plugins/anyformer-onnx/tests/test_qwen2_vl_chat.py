@@ -177,6 +177,52 @@ def test_prompts_equal_the_processors(qwen2_vl: Any, qwen2_vl_dir: Path, referen
         assert (prepared.positions is None) == (not reply["images"])
 
 
+#: A chat template that walks each message's blocks, as Qwen2-VL's own does (an image as its three tokens, with no
+#: newline around it): the backend gives it the blocks themselves, and the prompt is transformers' own.
+BLOCK_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for block in message['content'] %}"
+    "{% if block['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif block['type'] == 'text' %}{{ block['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def test_a_block_template_renders_the_prompt_transformers_renders(
+    qwen2_vl_dir: Path, reference: Any, tmp_path: Path
+) -> None:
+    """With a template that reads blocks, each image is placed by the template itself (no stand-in, no newline
+    between blocks): the prompt equals transformers' rendering of the same messages, each ``<|image_pad|>``
+    repeated for its image's merged patches as Qwen2VLProcessor repeats it (grid from transformers' processor)."""
+    from PIL import Image
+    from transformers import AutoImageProcessor, AutoTokenizer
+
+    folder = tmp_path / "qwen2-vl-blocks"
+    shutil.copytree(qwen2_vl_dir, folder)
+    (folder / "chat_template.jinja").write_text(BLOCK_TEMPLATE, encoding="utf-8")
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    images = AutoImageProcessor.from_pretrained(str(folder))
+    merge = json.loads((folder / "config.json").read_text())["vision_config"]["spatial_merge_size"]
+    pad = tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    replies = [r for r in reference(qwen2_vl_dir)["replies"] if r["images"]]
+    assert any(len(r["images"]) > 1 for r in replies)
+    with anyformer.load(str(folder), backend="onnx") as loaded:
+        for reply in replies:
+            messages = _messages(folder, reply)
+            text = tokenizer.apply_chat_template(
+                messages, add_generation_prompt=True, tokenize=False, chat_template=BLOCK_TEMPLATE
+            )
+            pictures = [Image.open(folder / name).convert("RGB") for name in reply["images"]]
+            counts = iter(int(np.prod(g)) // merge**2 for g in images(images=pictures)["image_grid_thw"])
+            ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+            want = [t for i in ids for t in ([i] * next(counts) if i == pad else [i])]
+            got = loaded.handle.media.prepare(messages, False).ids
+            assert got == want, reply["question"]
+            assert got != reply["prompt_ids"]  # the stand-in rendering put newlines between the blocks
+
+
 class _Teacher(Sampler):
     """Records each step's logits and answers with torch's token: the loop runs torch's reply, image or not."""
 

@@ -4,9 +4,13 @@ The repo holds ``embed_tokens`` (``input_ids`` → ``inputs_embeds``), a decoder
 ``inputs_embeds``, and a ``vision_encoder`` (``pixel_values`` → ``image_features`` [images, n,
 hidden], the projector included; LLaVA-style), an ``audio_encoder`` (log-mel ``input_features`` →
 ``audio_features`` [1, n, hidden]; Qwen2-Audio-style, :mod:`audio_encoder`) or both. Each media
-block becomes its kind's stand-in text as a text block, so the chat template renders it where the
-block was: the image token (config.json's ``image_token_index`` or ``image_token_id``), the audio
-token (``audio_token_index`` or ``audio_token_id``) between the processor's ``audio_bos_token`` and
+block is first given to the chat template as a block of its kind (``render_chat(blocks=True)``, as
+transformers' processors give it): a multimodal template writes its own placeholder where the block
+sits, and that rendering is kept when it holds each kind's token once per block — the prompt
+transformers renders. Otherwise (a template for text only, ChatML) each block becomes its kind's
+stand-in text as a text block, so the chat template renders it where the block was: the image
+token (config.json's ``image_token_index`` or ``image_token_id``), the audio token
+(``audio_token_index`` or ``audio_token_id``) between the processor's ``audio_bos_token`` and
 ``audio_eos_token`` when it has them. The rendered prompt's media token is then repeated once per
 feature row its encoder gives, as transformers' processors expand it, and the embeddings at those
 positions are the block's features. A template that drops or repeats a block, or a media token
@@ -201,10 +205,25 @@ class MediaPrompter:
         prepared = self.prepare(messages, thinking)
         return prepared.ids, prepared.embeds
 
+    def _rendered_ids(
+        self, messages: list[Message], marked: list[Message], found: dict[str, list[Any]], thinking: bool
+    ) -> list[int]:
+        """The rendered prompt's ids: the template given the blocks themselves where it writes each kind's token
+        once per block (a multimodal template), else the messages with each block's stand-in text."""
+
+        def encoded(text: str) -> list[int]:
+            return list(self.text.tokenizer.encode(text, add_special_tokens=False).ids)
+
+        if any(found.values()):
+            ids = encoded(self.text.render(messages, thinking, blocks=True))
+            if all(ids.count(kind.token_id) == len(found[kind.block]) for kind in self.kinds.values()):
+                return ids
+        return encoded(self.text.render(marked, thinking))
+
     def prepare(self, messages: list[Message], thinking: bool) -> PreparedPrompt:
         """The prompt's ids (media tokens expanded), embeddings and, for an M-RoPE decoder with images, positions."""
         marked, found = self._marked(messages)
-        ids = list(self.text.tokenizer.encode(self.text.render(marked, thinking), add_special_tokens=False).ids)
+        ids = self._rendered_ids(messages, marked, found, thinking)
         by_token = {kind.token_id: kind for kind in self.kinds.values()}
         for kind in self.kinds.values():
             placed = ids.count(kind.token_id)

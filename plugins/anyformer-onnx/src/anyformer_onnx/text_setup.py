@@ -80,14 +80,16 @@ class TextSetup:
     top_p: float
     config: Mapping[str, Any]
 
-    def render(self, messages: list[Message], thinking: bool = False) -> str:
-        """The chat template rendered in the core's sandbox (ChatML when the model has none)."""
+    def render(self, messages: list[Message], thinking: bool = False, *, blocks: bool = False) -> str:
+        """The chat template rendered in the core's sandbox (ChatML when the model has none); with ``blocks``
+        the template sees list content as its blocks (``render_chat(blocks=True)``), as a multimodal one expects."""
         return render_chat(
             self.template,
             messages,
             add_generation_prompt=True,
             bos_token=self.bos_token,
             eos_token=self.eos_token,
+            blocks=blocks,
             enable_thinking=thinking,
         )
 
