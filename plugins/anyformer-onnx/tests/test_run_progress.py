@@ -162,7 +162,8 @@ def test_vision_tasks_report_each_image_and_stop_when_cancelled(
         assert loaded.run_progress is True
         got = loaded.run(paths, progress=events.append)
         assert got == loaded.run(paths)
-        assert [(e.stage, e.done, e.total) for e in events] == [(stage, n, len(paths)) for n in range(1, len(paths) + 1)]
+        want = [(stage, n, len(paths)) for n in range(1, len(paths) + 1)]
+        assert [(e.stage, e.done, e.total) for e in events] == want
         cancel = threading.Event()
         stopped: list[ProgressEvent] = []
         with pytest.raises(AnyformerError) as caught:
