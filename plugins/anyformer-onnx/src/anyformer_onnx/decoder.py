@@ -10,6 +10,10 @@ through IO binding), so the cache never round-trips through numpy (on CUDA it ne
 GPU); only the last row of logits is copied out. The graph
 itself still concatenates each new position onto the past (that is how these exports are built).
 
+A decoder with per-layer inputs (Gemma 3n, Gemma 4's small models; :mod:`per_layer`) also takes
+``per_layer_inputs``, which ``embed_tokens`` returns beside ``inputs_embeds``: each step feeds both
+outputs for its own tokens.
+
 A Qwen2-VL-family decoder takes ``position_ids`` of shape [3, batch, seq] (M-RoPE, :mod:`mrope`):
 the prompt's rows come with the prompt when it holds images, and every later token's plain
 position plus the prompt's rope delta fills all three rows.
@@ -25,6 +29,7 @@ import numpy as np
 
 from anyformer.plugin import AnyformerError, ErrorCode
 from anyformer_onnx.mrope import step_positions
+from anyformer_onnx.per_layer import FAMILY, PER_LAYER_INPUTS
 from anyformer_onnx.sampling import Sampler, apply_repetition_penalty
 
 _PAST = re.compile(r"^past_key_values\.(\d+)\.(key|value)$")
@@ -65,7 +70,21 @@ class DecoderGraph:
         self.mrope = self.has_positions and len(inputs["position_ids"].shape) == 3
         self.logits_to_keep = next((name for name in _LOGITS_TO_KEEP if name in inputs), None)
         self.has_cache_branch = "use_cache_branch" in inputs
-        known = {"input_ids", "inputs_embeds", "attention_mask", "position_ids", "use_cache_branch", *_LOGITS_TO_KEEP}
+        #: The graph reads ``per_layer_inputs`` beside the embeddings (Gemma 3n, Gemma 4's small models).
+        self.per_layer = PER_LAYER_INPUTS in inputs
+        if self.per_layer and not self.takes_embeds:
+            raise AnyformerError(
+                ErrorCode.BAD_MODEL, f"{label}: {FAMILY} that reads input_ids: no embed_tokens graph to feed it"
+            )
+        known = {
+            "input_ids",
+            "inputs_embeds",
+            "attention_mask",
+            "position_ids",
+            "use_cache_branch",
+            PER_LAYER_INPUTS,
+            *_LOGITS_TO_KEEP,
+        }
         unknown = [name for name in inputs if name not in known and name not in self.past_names]
         if unknown:
             raise AnyformerError(
@@ -97,13 +116,19 @@ class DecoderGraph:
 class DecodeLoop:
     """Runs one generation: the prompt in one step, then one token per step, the cache bound in place."""
 
-    def __init__(self, graph: DecoderGraph, device: str, embed: Callable[[list[int]], np.ndarray] | None = None):
+    def __init__(
+        self,
+        graph: DecoderGraph,
+        device: str,
+        embed: Callable[[list[int]], Mapping[str, np.ndarray]] | None = None,
+    ):
         import onnxruntime
 
         self._ort = onnxruntime
         self.graph = graph
         self.device = device  # "cpu" or "cuda"
-        #: Token ids to embeddings [1, n, hidden], for a graph that reads ``inputs_embeds``.
+        #: Token ids to the embed_tokens graph's outputs by name: ``inputs_embeds`` [1, n, hidden] and,
+        #: where it has them, ``per_layer_inputs`` [1, n, layers, width]; for a graph reading embeddings.
         self.embed = embed
         if graph.takes_embeds and embed is None:
             raise AnyformerError(ErrorCode.BAD_MODEL, f"{graph.label}: reads inputs_embeds and no embed_tokens graph")
@@ -140,7 +165,15 @@ class DecodeLoop:
         feeds: dict[str, np.ndarray] = {}
         if graph.takes_embeds:
             assert self.embed is not None
-            feeds["inputs_embeds"] = self.embed(ids) if embeds is None else embeds
+            # The prompt's own embeddings (media spliced in) replace inputs_embeds only; per-layer
+            # inputs always come from the tokens (a media position reads the table's row 0).
+            embedded = self.embed(ids) if embeds is None or graph.per_layer else {}
+            feeds["inputs_embeds"] = embedded["inputs_embeds"] if embeds is None else embeds
+            if graph.per_layer:
+                if PER_LAYER_INPUTS not in embedded:
+                    what = f"{graph.label}: the decoder reads {PER_LAYER_INPUTS}; embed_tokens returns none"
+                    raise AnyformerError(ErrorCode.BAD_MODEL, what)
+                feeds[PER_LAYER_INPUTS] = embedded[PER_LAYER_INPUTS]
         else:
             feeds["input_ids"] = np.asarray([ids], dtype=np.int64)
         if graph.has_mask:
