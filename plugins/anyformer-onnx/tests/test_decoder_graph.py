@@ -77,3 +77,46 @@ def test_graphs_the_loop_cannot_feed_are_bad_model(inputs: list[_Arg], outputs: 
         DecoderGraph(_Session(inputs, outputs), {}, "g")
     assert caught.value.code == ErrorCode.BAD_MODEL
     assert fault in caught.value.message
+
+
+def test_each_cache_entry_keeps_its_own_head_size() -> None:
+    """Gemma 4: full-attention layers have a wider head; the graph's dims, else config's global_head_dim."""
+    from anyformer_onnx.decoder import DecodeLoop
+
+    inputs = [_Arg("inputs_embeds"), _Arg("per_layer_inputs")]
+    inputs += [_Arg(f"past_key_values.0.{p}", ["b", 1, "p", 256], "tensor(float)") for p in ("key", "value")]
+    inputs += [_Arg(f"past_key_values.1.{p}", ["b", 1, "p", 512], "tensor(float)") for p in ("key", "value")]
+    inputs += [_Arg(f"past_key_values.2.{p}", ["b", "h", "p", "d"], "tensor(float)") for p in ("key", "value")]
+    config = {
+        "num_key_value_heads": 1,
+        "head_dim": 256,
+        "global_head_dim": 512,
+        "layer_types": ["sliding_attention", "full_attention", "full_attention"],
+    }
+    graph = DecoderGraph(_Session(inputs, ["logits", *_presents(3)]), config, "g")
+    assert graph.per_layer
+    assert [graph.kv_shapes[f"past_key_values.{i}.key"] for i in range(3)] == [(1, 256), (1, 512), (1, 512)]
+    cache = DecodeLoop(graph, "cpu", lambda ids: {}).empty_cache()
+    assert [tuple(cache[f"past_key_values.{i}.value"].shape()) for i in range(3)] == [
+        (1, 1, 0, 256),
+        (1, 1, 0, 512),
+        (1, 1, 0, 512),
+    ]
+
+
+@pytest.mark.parametrize("state", ["past_conv.0", "past_recurrent.2", "past_ssm.1"])
+def test_linear_attention_states_are_refused_by_name(state: str) -> None:
+    """Qwen3.5 / Qwen3-Next (past_conv, past_recurrent) and Mamba hybrids (past_ssm): BAD_MODEL naming the state."""
+    inputs = [_Arg("input_ids"), *_kv(1), _Arg(state, ["b", 8, 4], "tensor(float)")]
+    with pytest.raises(AnyformerError) as caught:
+        DecoderGraph(_Session(inputs, ["logits", *_presents(1)]), {}, "g")
+    assert caught.value.code == ErrorCode.BAD_MODEL
+    assert state in caught.value.message and "linear-attention" in caught.value.message
+
+
+def test_per_layer_inputs_need_an_embeddings_graph() -> None:
+    inputs = [_Arg("input_ids"), _Arg("per_layer_inputs"), *_kv(1)]
+    with pytest.raises(AnyformerError) as caught:
+        DecoderGraph(_Session(inputs, ["logits", *_presents(1)]), {}, "g")
+    assert caught.value.code == ErrorCode.BAD_MODEL
+    assert "per-layer inputs" in caught.value.message

@@ -33,6 +33,9 @@ from anyformer_onnx.per_layer import FAMILY, PER_LAYER_INPUTS
 from anyformer_onnx.sampling import Sampler, apply_repetition_penalty
 
 _PAST = re.compile(r"^past_key_values\.(\d+)\.(key|value)$")
+#: Cache states beside the KV cache, as transformers.js names them (``past_conv.N``, ``past_recurrent.N``,
+#: ``past_ssm.N``): linear-attention and state-space layers; refused by name.
+_STATE = re.compile(r"^past_(conv|recurrent|ssm)\.")
 _ELEMENT_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(bfloat16)": np.float32}
 #: Inputs that say how many positions of logits to return; fed 1 (only the last is needed).
 _LOGITS_TO_KEEP = ("num_logits_to_keep", "logits_to_keep")
@@ -40,6 +43,28 @@ _LOGITS_TO_KEEP = ("num_logits_to_keep", "logits_to_keep")
 
 def _dim(value: Any) -> int | None:
     return value if isinstance(value, int) and value > 0 else None
+
+
+def _kv_shape(shape: list[Any], layer: int, config: Mapping[str, Any], label: str) -> tuple[int, int]:
+    """Layer ``layer``'s past entry's (heads, head size): the graph's static dims, else config.json's.
+
+    From config.json, a full-attention layer of a model with a ``global_head_dim`` (Gemma 4) has
+    that head size, the others ``head_dim``.
+    """
+    heads = _dim(shape[1]) if len(shape) == 4 else None
+    head_dim = _dim(shape[3]) if len(shape) == 4 else None
+    heads = heads or _dim(config.get("num_key_value_heads")) or _dim(config.get("num_attention_heads"))
+    hidden, all_heads = _dim(config.get("hidden_size")), _dim(config.get("num_attention_heads"))
+    types = config.get("layer_types")
+    if not head_dim and isinstance(types, list) and layer < len(types) and types[layer] == "full_attention":
+        head_dim = _dim(config.get("global_head_dim"))
+    head_dim = head_dim or _dim(config.get("head_dim")) or (hidden // all_heads if hidden and all_heads else None)
+    if not (heads and head_dim):
+        raise AnyformerError(
+            ErrorCode.BAD_MODEL,
+            f"{label}: the cache's head count and size are neither in the graph nor config.json",
+        )
+    return heads, head_dim
 
 
 class DecoderGraph:
@@ -87,30 +112,28 @@ class DecoderGraph:
         }
         unknown = [name for name in inputs if name not in known and name not in self.past_names]
         if unknown:
-            raise AnyformerError(
-                ErrorCode.BAD_MODEL, f"{label}: the graph wants an input this loop does not feed: {unknown[0]}"
+            state = _STATE.match(unknown[0])
+            what = (
+                f"a linear-attention or state-space cache state ({unknown[0]}; Qwen3.5, Qwen3-Next, LFM2 and "
+                "Mamba hybrids keep one beside the KV cache), which this loop does not carry"
+                if state
+                else f"an input this loop does not feed: {unknown[0]}"
             )
-        self.kv_shape: tuple[int, int] = (0, 0)
+            raise AnyformerError(ErrorCode.BAD_MODEL, f"{label}: the graph wants {what}")
         self.kv_dtype: Any = np.float32
+        #: Each past entry's (heads, head size): read per entry, since layers may differ (Gemma 4's
+        #: full-attention layers have a wider head than its sliding ones).
+        self.kv_shapes: dict[str, tuple[int, int]] = {}
         if self.past_names:
             first = inputs[self.past_names[0]]
             self.kv_dtype = _ELEMENT_TYPES.get(first.type)
             if self.kv_dtype is None:
                 raise AnyformerError(ErrorCode.BAD_MODEL, f"{label}: past key values of type {first.type}")
-            shape = list(first.shape)
-            heads = _dim(shape[1]) if len(shape) == 4 else None
-            head_dim = _dim(shape[3]) if len(shape) == 4 else None
-            heads = heads or _dim(config.get("num_key_value_heads")) or _dim(config.get("num_attention_heads"))
-            hidden, all_heads = _dim(config.get("hidden_size")), _dim(config.get("num_attention_heads"))
-            head_dim = (
-                head_dim or _dim(config.get("head_dim")) or (hidden // all_heads if hidden and all_heads else None)
-            )
-            if not (heads and head_dim):
-                raise AnyformerError(
-                    ErrorCode.BAD_MODEL,
-                    f"{label}: the cache's head count and size are neither in the graph nor config.json",
-                )
-            self.kv_shape = (heads, head_dim)
+            self.kv_shapes = {
+                m.group(0): _kv_shape(list(inputs[m.group(0)].shape), int(m.group(1)), config, label) for m in past
+            }
+        #: The first entry's (heads, head size); (0, 0) without a cache.
+        self.kv_shape: tuple[int, int] = self.kv_shapes[self.past_names[0]] if self.past_names else (0, 0)
 
 
 class DecodeLoop:
@@ -138,9 +161,11 @@ class DecodeLoop:
 
     def empty_cache(self) -> dict[str, Any]:
         """The cache before the first step: every past key and value with zero positions."""
-        heads, head_dim = self.graph.kv_shape
-        empty = np.zeros((1, heads, 0, head_dim), dtype=self.graph.kv_dtype)
-        return {name: self._value(empty) for name in self.graph.past_names}
+        dtype = self.graph.kv_dtype
+        return {
+            name: self._value(np.zeros((1, heads, 0, head_dim), dtype=dtype))
+            for name, (heads, head_dim) in self.graph.kv_shapes.items()
+        }
 
     def step(
         self,
