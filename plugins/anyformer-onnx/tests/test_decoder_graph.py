@@ -104,14 +104,38 @@ def test_each_cache_entry_keeps_its_own_head_size() -> None:
     ]
 
 
-@pytest.mark.parametrize("state", ["past_conv.0", "past_recurrent.2", "past_ssm.1"])
-def test_linear_attention_states_are_refused_by_name(state: str) -> None:
-    """Qwen3.5 / Qwen3-Next (past_conv, past_recurrent) and Mamba hybrids (past_ssm): BAD_MODEL naming the state."""
+@pytest.mark.parametrize("state", ["past_ssm.1", "past_conv.0.key"])
+def test_states_the_loop_does_not_carry_are_refused_by_name(state: str) -> None:
+    """Mamba hybrids' past_ssm, OLMo-hybrid's split convolution states: BAD_MODEL naming the state."""
     inputs = [_Arg("input_ids"), *_kv(1), _Arg(state, ["b", 8, 4], "tensor(float)")]
     with pytest.raises(AnyformerError) as caught:
         DecoderGraph(_Session(inputs, ["logits", *_presents(1)]), {}, "g")
     assert caught.value.code == ErrorCode.BAD_MODEL
-    assert state in caught.value.message and "linear-attention" in caught.value.message
+    assert state in caught.value.message and "cache state this loop does not carry" in caught.value.message
+
+
+def test_linear_attention_states_are_carried_with_config_shapes() -> None:
+    """Qwen3.5's past_conv.i / past_recurrent.i: paired with their presents, zeros of config.json's sizes."""
+    inputs = [_Arg("input_ids"), _Arg("past_conv.0", ["b", "c", "k"], "tensor(float)")]
+    inputs += [_Arg("past_recurrent.0", ["b", "h", "dk", "dv"], "tensor(float16)"), *_kv(1)]
+    config = {
+        "linear_num_key_heads": 2,
+        "linear_key_head_dim": 16,
+        "linear_num_value_heads": 4,
+        "linear_value_head_dim": 8,
+        "linear_conv_kernel_dim": 4,
+    }
+    outputs = ["logits", "present_conv.0", "present_recurrent.0", *_presents(1)]
+    graph = DecoderGraph(_Session(inputs, outputs), config, "g")
+    assert graph.carried == ["past_key_values.0.key", "past_key_values.0.value", "past_conv.0", "past_recurrent.0"]
+    assert graph.returned == ["present.0.key", "present.0.value", "present_conv.0", "present_recurrent.0"]
+    assert [(s.shape, s.dtype) for s in graph.states] == [((1, 96, 4), np.float32), ((1, 4, 16, 8), np.float16)]
+    with pytest.raises(AnyformerError) as caught:  # sizes neither in the graph nor in config.json
+        DecoderGraph(_Session(inputs, outputs), {}, "g")
+    assert "past_conv.0" in caught.value.message
+    with pytest.raises(AnyformerError) as caught:  # a state with nothing to carry it on
+        DecoderGraph(_Session(inputs, outputs[:2] + outputs[3:]), config, "g")
+    assert "present_recurrent.0" in caught.value.message
 
 
 def test_per_layer_inputs_need_an_embeddings_graph() -> None:

@@ -167,7 +167,7 @@ def test_an_embed_tokens_without_per_layer_inputs_is_bad_model(
 
 
 def test_a_decoder_state_it_does_not_feed_is_still_bad_model(gemma3n_dir: Path, tmp_path: Path) -> None:
-    """A decoder with another extra input (here a linear-attention state, Qwen3.5-style) stays refused, named."""
+    """A decoder with another extra input (here a Mamba hybrid's state) stays refused, named."""
     import onnx
     from onnx import TensorProto, helper
 
@@ -175,12 +175,12 @@ def test_a_decoder_state_it_does_not_feed_is_still_bad_model(gemma3n_dir: Path, 
     shutil.copytree(gemma3n_dir, folder)
     path = folder / "onnx" / "decoder_model_merged.onnx"
     graph = onnx.load(str(path))
-    graph.graph.input.append(helper.make_tensor_value_info("past_conv.0", TensorProto.FLOAT, [1, 8, 3]))
+    graph.graph.input.append(helper.make_tensor_value_info("past_ssm.0", TensorProto.FLOAT, [1, 8, 3]))
     onnx.save(graph, str(path))
     with pytest.raises(AnyformerError) as caught:
         anyformer.load(str(folder), backend="onnx")
     assert caught.value.code == ErrorCode.BAD_MODEL
-    assert "past_conv.0" in str(caught.value)
+    assert "past_ssm.0" in str(caught.value)
 
 
 # ---- can_run on descriptions alone ---------------------------------------------------------------

@@ -14,6 +14,10 @@ A decoder with per-layer inputs (Gemma 3n, Gemma 4's small models; :mod:`per_lay
 ``per_layer_inputs``, which ``embed_tokens`` returns beside ``inputs_embeds``: each step feeds both
 outputs for its own tokens.
 
+A hybrid decoder (Qwen3.5, Qwen3-Next; :mod:`cache_state`) also carries its linear-attention
+layers' ``past_conv.i`` / ``past_recurrent.i`` states: zeros at first, then each step's
+``present_conv.i`` / ``present_recurrent.i``, fed back like the KV cache.
+
 A Qwen2-VL-family decoder takes ``position_ids`` of shape [3, batch, seq] (M-RoPE, :mod:`mrope`):
 the prompt's rows come with the prompt when it holds images, and every later token's plain
 position plus the prompt's rope delta fills all three rows.
@@ -28,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from anyformer.plugin import AnyformerError, ErrorCode
+from anyformer_onnx.cache_state import state_entries
 from anyformer_onnx.mrope import step_positions
 from anyformer_onnx.per_layer import FAMILY, PER_LAYER_INPUTS
 from anyformer_onnx.sampling import Sampler, apply_repetition_penalty
@@ -35,7 +40,7 @@ from anyformer_onnx.sampling import Sampler, apply_repetition_penalty
 _PAST = re.compile(r"^past_key_values\.(\d+)\.(key|value)$")
 #: Cache states beside the KV cache, as transformers.js names them (``past_conv.N``, ``past_recurrent.N``,
 #: ``past_ssm.N``): linear-attention and state-space layers; refused by name.
-_STATE = re.compile(r"^past_(conv|recurrent|ssm)\.")
+_STATE = re.compile(r"^past_(conv|recurrent|ssm)\.")  # those cache_state does not carry reach the refusal
 _ELEMENT_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(bfloat16)": np.float32}
 #: Inputs that say how many positions of logits to return; fed 1 (only the last is needed).
 _LOGITS_TO_KEEP = ("num_logits_to_keep", "logits_to_keep")
@@ -110,12 +115,17 @@ class DecoderGraph:
             PER_LAYER_INPUTS,
             *_LOGITS_TO_KEEP,
         }
-        unknown = [name for name in inputs if name not in known and name not in self.past_names]
+        #: Fixed-size states of linear-attention layers (Qwen3.5, Qwen3-Next; :mod:`cache_state`).
+        self.states = state_entries(inputs, outputs, config, label)
+        #: Everything each step feeds back, and the outputs it comes from: the KV cache, then the states.
+        self.carried = [*self.past_names, *(entry.name for entry in self.states)]
+        self.returned = [*self.present_names, *(entry.present for entry in self.states)]
+        unknown = [name for name in inputs if name not in known and name not in self.carried]
         if unknown:
             state = _STATE.match(unknown[0])
             what = (
-                f"a linear-attention or state-space cache state ({unknown[0]}; Qwen3.5, Qwen3-Next, LFM2 and "
-                "Mamba hybrids keep one beside the KV cache), which this loop does not carry"
+                f"a cache state this loop does not carry ({unknown[0]}: only Qwen3.5 / Qwen3-Next's "
+                "past_conv.N and past_recurrent.N are; LFM2's, the Mamba hybrids' and others' are not)"
                 if state
                 else f"an input this loop does not feed: {unknown[0]}"
             )
@@ -160,12 +170,14 @@ class DecodeLoop:
         return self._ort.OrtValue.ortvalue_from_numpy(array, self.device, 0)
 
     def empty_cache(self) -> dict[str, Any]:
-        """The cache before the first step: every past key and value with zero positions."""
+        """The cache before the first step: every past key and value with zero positions, every state zeros."""
         dtype = self.graph.kv_dtype
-        return {
+        cache = {
             name: self._value(np.zeros((1, heads, 0, head_dim), dtype=dtype))
             for name, (heads, head_dim) in self.graph.kv_shapes.items()
         }
+        cache.update((entry.name, self._value(entry.initial())) for entry in self.graph.states)
+        return cache
 
     def step(
         self,
@@ -220,22 +232,22 @@ class DecodeLoop:
             # next step as they are, without the per-name binding calls (a tenth of a step on a
             # fused graph).
             values = {name: self._ort.OrtValue.ortvalue_from_numpy(array) for name, array in feeds.items()}
-            values.update((name, cache[name]) for name in graph.past_names)
-            outputs = graph.session.run_with_ort_values(["logits", *graph.present_names], values)
+            values.update((name, cache[name]) for name in graph.carried)
+            outputs = graph.session.run_with_ort_values(["logits", *graph.returned], values)
         else:
             binding = graph.session.io_binding()
             for name, array in feeds.items():
                 binding.bind_cpu_input(name, array)
-            for name in graph.past_names:
+            for name in graph.carried:
                 binding.bind_ortvalue_input(name, cache[name])
             binding.bind_output("logits", "cpu")
-            for name in graph.present_names:
+            for name in graph.returned:
                 binding.bind_output(name, self.device)
             graph.session.run_with_iobinding(binding)
             outputs = binding.get_outputs()
         logits = outputs[0].numpy()
         row = np.array(logits[0, -1], dtype=np.float32)
-        return row, dict(zip(graph.past_names, outputs[1:], strict=True))
+        return row, dict(zip(graph.carried, outputs[1:], strict=True))
 
     def tokens(
         self,
@@ -256,7 +268,7 @@ class DecodeLoop:
         prompt positions (images placed on their grids); the tokens after it continue from them.
         """
         sequence = list(prompt)
-        with_cache = bool(self.graph.past_names)
+        with_cache = bool(self.graph.carried)
         cache = self.empty_cache() if with_cache else {}
         pending = list(prompt)
         if prompt_embeds is not None and not with_cache:
