@@ -77,3 +77,70 @@ def test_graphs_the_loop_cannot_feed_are_bad_model(inputs: list[_Arg], outputs: 
         DecoderGraph(_Session(inputs, outputs), {}, "g")
     assert caught.value.code == ErrorCode.BAD_MODEL
     assert fault in caught.value.message
+
+
+def test_each_cache_entry_keeps_its_own_head_size() -> None:
+    """Gemma 4: full-attention layers have a wider head; the graph's dims, else config's global_head_dim."""
+    from anyformer_onnx.decoder import DecodeLoop
+
+    inputs = [_Arg("inputs_embeds"), _Arg("per_layer_inputs")]
+    inputs += [_Arg(f"past_key_values.0.{p}", ["b", 1, "p", 256], "tensor(float)") for p in ("key", "value")]
+    inputs += [_Arg(f"past_key_values.1.{p}", ["b", 1, "p", 512], "tensor(float)") for p in ("key", "value")]
+    inputs += [_Arg(f"past_key_values.2.{p}", ["b", "h", "p", "d"], "tensor(float)") for p in ("key", "value")]
+    config = {
+        "num_key_value_heads": 1,
+        "head_dim": 256,
+        "global_head_dim": 512,
+        "layer_types": ["sliding_attention", "full_attention", "full_attention"],
+    }
+    graph = DecoderGraph(_Session(inputs, ["logits", *_presents(3)]), config, "g")
+    assert graph.per_layer
+    assert [graph.kv_shapes[f"past_key_values.{i}.key"] for i in range(3)] == [(1, 256), (1, 512), (1, 512)]
+    cache = DecodeLoop(graph, "cpu", lambda ids: {}).empty_cache()
+    assert [tuple(cache[f"past_key_values.{i}.value"].shape()) for i in range(3)] == [
+        (1, 1, 0, 256),
+        (1, 1, 0, 512),
+        (1, 1, 0, 512),
+    ]
+
+
+@pytest.mark.parametrize("state", ["past_ssm.1", "past_conv.0.key"])
+def test_states_the_loop_does_not_carry_are_refused_by_name(state: str) -> None:
+    """Mamba hybrids' past_ssm, OLMo-hybrid's split convolution states: BAD_MODEL naming the state."""
+    inputs = [_Arg("input_ids"), *_kv(1), _Arg(state, ["b", 8, 4], "tensor(float)")]
+    with pytest.raises(AnyformerError) as caught:
+        DecoderGraph(_Session(inputs, ["logits", *_presents(1)]), {}, "g")
+    assert caught.value.code == ErrorCode.BAD_MODEL
+    assert state in caught.value.message and "cache state this loop does not carry" in caught.value.message
+
+
+def test_linear_attention_states_are_carried_with_config_shapes() -> None:
+    """Qwen3.5's past_conv.i / past_recurrent.i: paired with their presents, zeros of config.json's sizes."""
+    inputs = [_Arg("input_ids"), _Arg("past_conv.0", ["b", "c", "k"], "tensor(float)")]
+    inputs += [_Arg("past_recurrent.0", ["b", "h", "dk", "dv"], "tensor(float16)"), *_kv(1)]
+    config = {
+        "linear_num_key_heads": 2,
+        "linear_key_head_dim": 16,
+        "linear_num_value_heads": 4,
+        "linear_value_head_dim": 8,
+        "linear_conv_kernel_dim": 4,
+    }
+    outputs = ["logits", "present_conv.0", "present_recurrent.0", *_presents(1)]
+    graph = DecoderGraph(_Session(inputs, outputs), config, "g")
+    assert graph.carried == ["past_key_values.0.key", "past_key_values.0.value", "past_conv.0", "past_recurrent.0"]
+    assert graph.returned == ["present.0.key", "present.0.value", "present_conv.0", "present_recurrent.0"]
+    assert [(s.shape, s.dtype) for s in graph.states] == [((1, 96, 4), np.float32), ((1, 4, 16, 8), np.float16)]
+    with pytest.raises(AnyformerError) as caught:  # sizes neither in the graph nor in config.json
+        DecoderGraph(_Session(inputs, outputs), {}, "g")
+    assert "past_conv.0" in caught.value.message
+    with pytest.raises(AnyformerError) as caught:  # a state with nothing to carry it on
+        DecoderGraph(_Session(inputs, outputs[:2] + outputs[3:]), config, "g")
+    assert "present_recurrent.0" in caught.value.message
+
+
+def test_per_layer_inputs_need_an_embeddings_graph() -> None:
+    inputs = [_Arg("input_ids"), _Arg("per_layer_inputs"), *_kv(1)]
+    with pytest.raises(AnyformerError) as caught:
+        DecoderGraph(_Session(inputs, ["logits", *_presents(1)]), {}, "g")
+    assert caught.value.code == ErrorCode.BAD_MODEL
+    assert "per-layer inputs" in caught.value.message

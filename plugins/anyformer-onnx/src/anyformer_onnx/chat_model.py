@@ -38,7 +38,7 @@ class OnnxChatModel:
         self.media = media
         #: The core hands this handle messages with audio blocks only when its model has an audio encoder.
         self.audio_input = media is not None and media.reads_audio
-        self._loop: DecodeLoop | None = DecodeLoop(graph, device, media.embed if media else None)
+        self._loop: DecodeLoop | None = DecodeLoop(graph, device, media.embed_inputs if media else None)
         self.text = text
         self.context = context
         #: What was loaded: file, precision, provider (shown by ``anyformer run --verbose`` and tests).

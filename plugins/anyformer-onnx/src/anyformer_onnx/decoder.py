@@ -10,6 +10,14 @@ through IO binding), so the cache never round-trips through numpy (on CUDA it ne
 GPU); only the last row of logits is copied out. The graph
 itself still concatenates each new position onto the past (that is how these exports are built).
 
+A decoder with per-layer inputs (Gemma 3n, Gemma 4's small models; :mod:`per_layer`) also takes
+``per_layer_inputs``, which ``embed_tokens`` returns beside ``inputs_embeds``: each step feeds both
+outputs for its own tokens.
+
+A hybrid decoder (Qwen3.5, Qwen3-Next; :mod:`cache_state`) also carries its linear-attention
+layers' ``past_conv.i`` / ``past_recurrent.i`` states: zeros at first, then each step's
+``present_conv.i`` / ``present_recurrent.i``, fed back like the KV cache.
+
 A Qwen2-VL-family decoder takes ``position_ids`` of shape [3, batch, seq] (M-RoPE, :mod:`mrope`):
 the prompt's rows come with the prompt when it holds images, and every later token's plain
 position plus the prompt's rope delta fills all three rows.
@@ -24,10 +32,15 @@ from typing import Any
 import numpy as np
 
 from anyformer.plugin import AnyformerError, ErrorCode
+from anyformer_onnx.cache_state import state_entries
 from anyformer_onnx.mrope import step_positions
+from anyformer_onnx.per_layer import FAMILY, PER_LAYER_INPUTS
 from anyformer_onnx.sampling import Sampler, apply_repetition_penalty
 
 _PAST = re.compile(r"^past_key_values\.(\d+)\.(key|value)$")
+#: Cache states beside the KV cache, as transformers.js names them (``past_conv.N``, ``past_recurrent.N``,
+#: ``past_ssm.N``): linear-attention and state-space layers; refused by name.
+_STATE = re.compile(r"^past_(conv|recurrent|ssm)\.")  # those cache_state does not carry reach the refusal
 _ELEMENT_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(bfloat16)": np.float32}
 #: Inputs that say how many positions of logits to return; fed 1 (only the last is needed).
 _LOGITS_TO_KEEP = ("num_logits_to_keep", "logits_to_keep")
@@ -35,6 +48,28 @@ _LOGITS_TO_KEEP = ("num_logits_to_keep", "logits_to_keep")
 
 def _dim(value: Any) -> int | None:
     return value if isinstance(value, int) and value > 0 else None
+
+
+def _kv_shape(shape: list[Any], layer: int, config: Mapping[str, Any], label: str) -> tuple[int, int]:
+    """Layer ``layer``'s past entry's (heads, head size): the graph's static dims, else config.json's.
+
+    From config.json, a full-attention layer of a model with a ``global_head_dim`` (Gemma 4) has
+    that head size, the others ``head_dim``.
+    """
+    heads = _dim(shape[1]) if len(shape) == 4 else None
+    head_dim = _dim(shape[3]) if len(shape) == 4 else None
+    heads = heads or _dim(config.get("num_key_value_heads")) or _dim(config.get("num_attention_heads"))
+    hidden, all_heads = _dim(config.get("hidden_size")), _dim(config.get("num_attention_heads"))
+    types = config.get("layer_types")
+    if not head_dim and isinstance(types, list) and layer < len(types) and types[layer] == "full_attention":
+        head_dim = _dim(config.get("global_head_dim"))
+    head_dim = head_dim or _dim(config.get("head_dim")) or (hidden // all_heads if hidden and all_heads else None)
+    if not (heads and head_dim):
+        raise AnyformerError(
+            ErrorCode.BAD_MODEL,
+            f"{label}: the cache's head count and size are neither in the graph nor config.json",
+        )
+    return heads, head_dim
 
 
 class DecoderGraph:
@@ -65,45 +100,68 @@ class DecoderGraph:
         self.mrope = self.has_positions and len(inputs["position_ids"].shape) == 3
         self.logits_to_keep = next((name for name in _LOGITS_TO_KEEP if name in inputs), None)
         self.has_cache_branch = "use_cache_branch" in inputs
-        known = {"input_ids", "inputs_embeds", "attention_mask", "position_ids", "use_cache_branch", *_LOGITS_TO_KEEP}
-        unknown = [name for name in inputs if name not in known and name not in self.past_names]
-        if unknown:
+        #: The graph reads ``per_layer_inputs`` beside the embeddings (Gemma 3n, Gemma 4's small models).
+        self.per_layer = PER_LAYER_INPUTS in inputs
+        if self.per_layer and not self.takes_embeds:
             raise AnyformerError(
-                ErrorCode.BAD_MODEL, f"{label}: the graph wants an input this loop does not feed: {unknown[0]}"
+                ErrorCode.BAD_MODEL, f"{label}: {FAMILY} that reads input_ids: no embed_tokens graph to feed it"
             )
-        self.kv_shape: tuple[int, int] = (0, 0)
+        known = {
+            "input_ids",
+            "inputs_embeds",
+            "attention_mask",
+            "position_ids",
+            "use_cache_branch",
+            PER_LAYER_INPUTS,
+            *_LOGITS_TO_KEEP,
+        }
+        #: Fixed-size states of linear-attention layers (Qwen3.5, Qwen3-Next; :mod:`cache_state`).
+        self.states = state_entries(inputs, outputs, config, label)
+        #: Everything each step feeds back, and the outputs it comes from: the KV cache, then the states.
+        self.carried = [*self.past_names, *(entry.name for entry in self.states)]
+        self.returned = [*self.present_names, *(entry.present for entry in self.states)]
+        unknown = [name for name in inputs if name not in known and name not in self.carried]
+        if unknown:
+            state = _STATE.match(unknown[0])
+            what = (
+                f"a cache state this loop does not carry ({unknown[0]}: only Qwen3.5 / Qwen3-Next's "
+                "past_conv.N and past_recurrent.N are; LFM2's, the Mamba hybrids' and others' are not)"
+                if state
+                else f"an input this loop does not feed: {unknown[0]}"
+            )
+            raise AnyformerError(ErrorCode.BAD_MODEL, f"{label}: the graph wants {what}")
         self.kv_dtype: Any = np.float32
+        #: Each past entry's (heads, head size): read per entry, since layers may differ (Gemma 4's
+        #: full-attention layers have a wider head than its sliding ones).
+        self.kv_shapes: dict[str, tuple[int, int]] = {}
         if self.past_names:
             first = inputs[self.past_names[0]]
             self.kv_dtype = _ELEMENT_TYPES.get(first.type)
             if self.kv_dtype is None:
                 raise AnyformerError(ErrorCode.BAD_MODEL, f"{label}: past key values of type {first.type}")
-            shape = list(first.shape)
-            heads = _dim(shape[1]) if len(shape) == 4 else None
-            head_dim = _dim(shape[3]) if len(shape) == 4 else None
-            heads = heads or _dim(config.get("num_key_value_heads")) or _dim(config.get("num_attention_heads"))
-            hidden, all_heads = _dim(config.get("hidden_size")), _dim(config.get("num_attention_heads"))
-            head_dim = (
-                head_dim or _dim(config.get("head_dim")) or (hidden // all_heads if hidden and all_heads else None)
-            )
-            if not (heads and head_dim):
-                raise AnyformerError(
-                    ErrorCode.BAD_MODEL,
-                    f"{label}: the cache's head count and size are neither in the graph nor config.json",
-                )
-            self.kv_shape = (heads, head_dim)
+            self.kv_shapes = {
+                m.group(0): _kv_shape(list(inputs[m.group(0)].shape), int(m.group(1)), config, label) for m in past
+            }
+        #: The first entry's (heads, head size); (0, 0) without a cache.
+        self.kv_shape: tuple[int, int] = self.kv_shapes[self.past_names[0]] if self.past_names else (0, 0)
 
 
 class DecodeLoop:
     """Runs one generation: the prompt in one step, then one token per step, the cache bound in place."""
 
-    def __init__(self, graph: DecoderGraph, device: str, embed: Callable[[list[int]], np.ndarray] | None = None):
+    def __init__(
+        self,
+        graph: DecoderGraph,
+        device: str,
+        embed: Callable[[list[int]], Mapping[str, np.ndarray]] | None = None,
+    ):
         import onnxruntime
 
         self._ort = onnxruntime
         self.graph = graph
         self.device = device  # "cpu" or "cuda"
-        #: Token ids to embeddings [1, n, hidden], for a graph that reads ``inputs_embeds``.
+        #: Token ids to the embed_tokens graph's outputs by name: ``inputs_embeds`` [1, n, hidden] and,
+        #: where it has them, ``per_layer_inputs`` [1, n, layers, width]; for a graph reading embeddings.
         self.embed = embed
         if graph.takes_embeds and embed is None:
             raise AnyformerError(ErrorCode.BAD_MODEL, f"{graph.label}: reads inputs_embeds and no embed_tokens graph")
@@ -112,10 +170,14 @@ class DecodeLoop:
         return self._ort.OrtValue.ortvalue_from_numpy(array, self.device, 0)
 
     def empty_cache(self) -> dict[str, Any]:
-        """The cache before the first step: every past key and value with zero positions."""
-        heads, head_dim = self.graph.kv_shape
-        empty = np.zeros((1, heads, 0, head_dim), dtype=self.graph.kv_dtype)
-        return {name: self._value(empty) for name in self.graph.past_names}
+        """The cache before the first step: every past key and value with zero positions, every state zeros."""
+        dtype = self.graph.kv_dtype
+        cache = {
+            name: self._value(np.zeros((1, heads, 0, head_dim), dtype=dtype))
+            for name, (heads, head_dim) in self.graph.kv_shapes.items()
+        }
+        cache.update((entry.name, self._value(entry.initial())) for entry in self.graph.states)
+        return cache
 
     def step(
         self,
@@ -140,7 +202,15 @@ class DecodeLoop:
         feeds: dict[str, np.ndarray] = {}
         if graph.takes_embeds:
             assert self.embed is not None
-            feeds["inputs_embeds"] = self.embed(ids) if embeds is None else embeds
+            # The prompt's own embeddings (media spliced in) replace inputs_embeds only; per-layer
+            # inputs always come from the tokens (a media position reads the table's row 0).
+            embedded = self.embed(ids) if embeds is None or graph.per_layer else {}
+            feeds["inputs_embeds"] = embedded["inputs_embeds"] if embeds is None else embeds
+            if graph.per_layer:
+                if PER_LAYER_INPUTS not in embedded:
+                    what = f"{graph.label}: the decoder reads {PER_LAYER_INPUTS}; embed_tokens returns none"
+                    raise AnyformerError(ErrorCode.BAD_MODEL, what)
+                feeds[PER_LAYER_INPUTS] = embedded[PER_LAYER_INPUTS]
         else:
             feeds["input_ids"] = np.asarray([ids], dtype=np.int64)
         if graph.has_mask:
@@ -162,22 +232,22 @@ class DecodeLoop:
             # next step as they are, without the per-name binding calls (a tenth of a step on a
             # fused graph).
             values = {name: self._ort.OrtValue.ortvalue_from_numpy(array) for name, array in feeds.items()}
-            values.update((name, cache[name]) for name in graph.past_names)
-            outputs = graph.session.run_with_ort_values(["logits", *graph.present_names], values)
+            values.update((name, cache[name]) for name in graph.carried)
+            outputs = graph.session.run_with_ort_values(["logits", *graph.returned], values)
         else:
             binding = graph.session.io_binding()
             for name, array in feeds.items():
                 binding.bind_cpu_input(name, array)
-            for name in graph.past_names:
+            for name in graph.carried:
                 binding.bind_ortvalue_input(name, cache[name])
             binding.bind_output("logits", "cpu")
-            for name in graph.present_names:
+            for name in graph.returned:
                 binding.bind_output(name, self.device)
             graph.session.run_with_iobinding(binding)
             outputs = binding.get_outputs()
         logits = outputs[0].numpy()
         row = np.array(logits[0, -1], dtype=np.float32)
-        return row, dict(zip(graph.past_names, outputs[1:], strict=True))
+        return row, dict(zip(graph.carried, outputs[1:], strict=True))
 
     def tokens(
         self,
@@ -198,7 +268,7 @@ class DecodeLoop:
         prompt positions (images placed on their grids); the tokens after it continue from them.
         """
         sequence = list(prompt)
-        with_cache = bool(self.graph.past_names)
+        with_cache = bool(self.graph.carried)
         cache = self.empty_cache() if with_cache else {}
         pending = list(prompt)
         if prompt_embeds is not None and not with_cache:

@@ -14,6 +14,7 @@ import re
 from collections.abc import Sequence
 
 from anyformer.plugin import Model, ModelFile
+from anyformer_onnx.per_layer import declares_per_layer_inputs
 
 #: Precision suffixes of transformers.js exports, and what each means.
 PRECISIONS: dict[str, str] = {
@@ -187,7 +188,12 @@ def choose_graph_set(model: Model, stems: Sequence[str], device: str, wanted: st
 
 
 def media_encoders(model: Model) -> tuple[str, ...]:
-    """The media encoder stems (``vision_encoder``, ``audio_encoder``) the repo has a graph for, at any precision."""
+    """The media encoder stems (``vision_encoder``, ``audio_encoder``) the repo has a graph for, at any precision.
+
+    None for a decoder with per-layer inputs (:mod:`per_layer`): its encoders are not read.
+    """
+    if declares_per_layer_inputs(model.config):
+        return ()
     return tuple(stem for stem in MEDIA_ENCODER_STEMS if candidates(model, [stem]))
 
 

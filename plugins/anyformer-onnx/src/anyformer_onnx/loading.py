@@ -53,6 +53,7 @@ from anyformer_onnx.multimodal import (
     qwen_image_kind,
 )
 from anyformer_onnx.ort_session import open_session
+from anyformer_onnx.per_layer import FAMILY, PER_LAYER_INPUTS, declares_per_layer_inputs
 from anyformer_onnx.plugin import PREPROCESSOR_CONFIG, PROCESSOR_CONFIG, SPEECH_FILES, stems_for
 from anyformer_onnx.qwen_vl_image import GRID_INPUTS, QwenVisionGraph, QwenVLImageProcessor
 from anyformer_onnx.runtime import CUDA, available_providers, choose_provider
@@ -131,7 +132,8 @@ def open_model(model: Model, request: Request, progress: ProgressCallback) -> Ba
     if task in CHAT_TASKS and module_graphs(model):
         stems = media_chat_stems(model)
         modules = choose_graph_set(model, stems, device, _option(request, "precision"))
-        if modules is None or len(stems) < 3:
+        text_only = declares_per_layer_inputs(model.config)  # embed_tokens and the decoder alone
+        if modules is None or len(stems) < (2 if text_only else 3):
             wanted = ", ".join(stems) if len(stems) > 2 else "embed_tokens, decoder_model_merged and an encoder"
             raise AnyformerError(ErrorCode.NO_BACKEND, f"{model.ref}: no {wanted} graphs of one precision")
         return _open_media_chat(model, request, progress, modules, provider, task)
@@ -261,7 +263,14 @@ def _open_media_chat(
         audio = AudioGraph(sessions["audio_encoder"], LogMel.from_config(settings, label), label)
         encoders.append(audio)
         kinds.append(audio_kind(audio, text, token, _audio_wrappers(config, processor), label))
-    media = MediaPrompter(sessions["embed_tokens"], text, kinds, encoders, label, mrope_merge)
+    unread = None
+    if declares_per_layer_inputs(config):
+        unread = f"{FAMILY} is read for text chat; its vision and audio encoders are not"
+    media = MediaPrompter(sessions["embed_tokens"], text, kinds, encoders, label, mrope_merge, unread)
+    if graph.per_layer and not media.per_layer:
+        raise AnyformerError(
+            ErrorCode.BAD_MODEL, f"{label}: the decoder reads {PER_LAYER_INPUTS} and embed_tokens does not return them"
+        )
     context = context_for(decoder_config, request.context)
     details: dict[str, Any] = {
         "files": list(graphs.files),

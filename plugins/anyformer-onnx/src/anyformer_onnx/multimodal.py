@@ -32,6 +32,7 @@ import numpy as np
 from anyformer.plugin import AnyformerError, ErrorCode, Message
 from anyformer_onnx.image_input import load_image
 from anyformer_onnx.mrope import Grid, rope_index
+from anyformer_onnx.per_layer import PER_LAYER_INPUTS
 from anyformer_onnx.text_setup import TextSetup
 
 #: The most images one conversation may carry.
@@ -140,16 +141,23 @@ class MediaPrompter:
         closers: list[Any],
         label: str,
         mrope_merge: int | None = None,
+        unread: str | None = None,
     ):
         names = [i.name for i in embed_session.get_inputs()]
         if names != ["input_ids"]:
             raise AnyformerError(ErrorCode.BAD_MODEL, f"{label}: embed_tokens takes {names}, not input_ids alone")
         self.embed_session: Any = embed_session
-        self.embed_output = embed_session.get_outputs()[0].name
+        outputs = [o.name for o in embed_session.get_outputs()]
+        #: The embeddings output: ``inputs_embeds`` where the graph names it, else its first output.
+        self.embed_output = "inputs_embeds" if "inputs_embeds" in outputs else outputs[0]
+        #: Whether embed_tokens also returns ``per_layer_inputs`` (Gemma 3n, Gemma 4's small models).
+        self.per_layer = PER_LAYER_INPUTS in outputs
         self.text = text
         self.kinds = {kind.block: kind for kind in kinds}
         self.label = label
         self._closers = closers
+        #: Why the repo's media encoders are not read (a decoder with per-layer inputs), for refusals.
+        self.unread = unread
         #: The vision encoder's spatial merge size when the decoder reads M-RoPE positions, else None.
         self.mrope_merge = mrope_merge
 
@@ -166,10 +174,18 @@ class MediaPrompter:
 
     def embed(self, ids: list[int]) -> np.ndarray:
         """``inputs_embeds`` [1, len(ids), hidden] for token ids."""
+        return self._run(ids, [self.embed_output])[0]
+
+    def embed_inputs(self, ids: list[int]) -> dict[str, np.ndarray]:
+        """The decoder's inputs for ids: ``inputs_embeds`` and, where embed_tokens has it, ``per_layer_inputs``."""
+        names = [self.embed_output, *([PER_LAYER_INPUTS] if self.per_layer else [])]
+        return dict(zip(["inputs_embeds", *names[1:]], self._run(ids, names), strict=True))
+
+    def _run(self, ids: list[int], names: list[str]) -> list[np.ndarray]:
         if self.embed_session is None:
             raise AnyformerError(ErrorCode.BAD_REQUEST, f"{self.label} was disposed")
-        (embeds,) = self.embed_session.run([self.embed_output], {"input_ids": np.asarray([ids], dtype=np.int64)})
-        return np.asarray(embeds)
+        found = self.embed_session.run(names, {"input_ids": np.asarray([ids], dtype=np.int64)})
+        return [np.asarray(value) for value in found]
 
     def _marked(self, messages: list[Message]) -> tuple[list[Message], dict[str, list[Any]]]:
         """The messages with each media block as its stand-in text, and the blocks' values by kind."""
@@ -179,6 +195,8 @@ class MediaPrompter:
             if block["type"] == "text":
                 return block
             kind = self.kinds.get(block["type"])
+            if kind is None and self.unread:
+                raise AnyformerError(ErrorCode.BAD_REQUEST, f"{self.label}: no {block['type']} blocks: {self.unread}")
             if kind is None:
                 have, missing = " and ".join(sorted(self.kinds)) or "no media", block["type"]
                 raise AnyformerError(

@@ -36,6 +36,7 @@ from anyformer_onnx.graphs import (
     media_encoders,
     module_graphs,
 )
+from anyformer_onnx.per_layer import FAMILY, declares_per_layer_inputs
 from anyformer_onnx.runtime import CUDA, INSTALL_HINT, expected_provider, onnxruntime_installed
 from anyformer_onnx.tasks import (
     AUDIO_TEXT_TO_TEXT,
@@ -120,6 +121,8 @@ def uses_mrope(config: Mapping[str, Any]) -> bool:
 
 def media_problem(model: Model, task: str, encoders: tuple[str, ...]) -> tuple[Refusal, str] | None:
     """Why a chat task does not fit the repo's media encoders and their processor files (None when it does)."""
+    if task in (IMAGE_TEXT_TO_TEXT, AUDIO_TEXT_TO_TEXT) and declares_per_layer_inputs(model.config):
+        return Refusal.MODEL, f"{task} on {FAMILY} is not implemented: its encoders are not read (text chat only)"
     if task == IMAGE_TEXT_TO_TEXT and "vision_encoder" not in encoders:
         return Refusal.MODEL, "image-text-to-text needs a vision_encoder graph beside embed_tokens and a decoder"
     if task == AUDIO_TEXT_TO_TEXT and "audio_encoder" not in encoders:
@@ -169,7 +172,8 @@ def can_run(model: Model, caps: Caps, request: Request) -> Verdict:
     if modules and task not in CHAT_TASKS:
         return Verdict.refuse(BACKEND_ID, Refusal.MODEL, f"one graph per module ({modules[0]}…): read for chat only")
     encoders = media_encoders(model)
-    if modules and (choice is None or not encoders):
+    # A decoder with per-layer inputs is read for text alone: embed_tokens and the decoder suffice.
+    if modules and (choice is None or not (encoders or declares_per_layer_inputs(model.config))):
         return Verdict.refuse(
             BACKEND_ID,
             Refusal.MODEL,

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from anyformer.plugin import Model
+from anyformer_onnx.graphs import module_graphs
+from anyformer_onnx.per_layer import declares_per_layer_inputs
 
 TEXT_GENERATION = "text-generation"
 FEATURE_EXTRACTION = "feature-extraction"
@@ -74,6 +76,8 @@ def task_of(model: Model, requested: str | None) -> str:
     """The task to run: the request's, the model's own, else one read from its tags, files and config."""
     if requested:
         return requested
+    if declares_per_layer_inputs(model.config) and module_graphs(model):
+        return TEXT_GENERATION  # Gemma 3n / Gemma 4 small, one graph per module: text chat is what is read
     if model.task:
         return model.task
     if "sentence-transformers" in model.tags or any(f.name == "modules.json" for f in model.files):
