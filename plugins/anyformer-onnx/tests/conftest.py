@@ -145,3 +145,19 @@ def qwen2_audio_dir() -> Path:
 def qwen2_vl_dir() -> Path:
     """A tiny random Qwen2-VL (M-RoPE) exported with one graph per module, with torch's replies and logits."""
     return onnx_exports.tiny_qwen2_vl()
+
+
+@pytest.fixture(scope="session")
+def gemma3n_dir() -> Path:
+    """A tiny random Gemma 3n exported one graph per module, with torch's replies and step logits."""
+    import per_layer_exports
+
+    return per_layer_exports.tiny_gemma3n()
+
+
+@pytest.fixture(scope="session")
+def qwen35_dir() -> Path:
+    """A tiny random Qwen3.5 hybrid decoder exported as one graph, with torch's replies and step logits."""
+    import per_layer_exports
+
+    return per_layer_exports.tiny_qwen35()

@@ -28,14 +28,6 @@ from anyformer_onnx.sampling import Sampler
 TOLERANCE = 2e-4
 
 
-@pytest.fixture(scope="session")
-def qwen35_dir() -> Path:
-    """A tiny random Qwen3.5 hybrid decoder exported as one graph, with torch's replies and step logits."""
-    import per_layer_exports
-
-    return per_layer_exports.tiny_qwen35()
-
-
 @pytest.fixture(scope="module")
 def qwen35(qwen35_dir: Path) -> Iterator[Any]:
     with anyformer.load(str(qwen35_dir), backend="onnx") as loaded:

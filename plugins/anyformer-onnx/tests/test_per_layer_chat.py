@@ -28,14 +28,6 @@ from anyformer_onnx.sampling import Sampler
 from anyformer_onnx.tasks import TEXT_GENERATION, task_of
 
 
-@pytest.fixture(scope="session")
-def gemma3n_dir() -> Path:
-    """A tiny random Gemma 3n exported one graph per module, with torch's replies and step logits."""
-    import per_layer_exports
-
-    return per_layer_exports.tiny_gemma3n()
-
-
 @pytest.fixture(scope="module")
 def gemma3n(gemma3n_dir: Path) -> Iterator[Any]:
     """The tiny Gemma 3n loaded once."""

@@ -28,7 +28,13 @@ def context_for(config: Mapping[str, Any], requested: int | None) -> int:
 
 
 def kv_cache_bytes(config: Mapping[str, Any], context: int, element_bytes: int) -> int:
-    """Bytes of the KV cache at ``context`` tokens from config.json's shapes; 0 when it does not say."""
+    """Bytes of the KV cache at ``context`` tokens from config.json's shapes; 0 when it does not say.
+
+    Only the layers that keep keys and values count: where ``layer_types`` names them, the attention
+    layers (not Qwen3.5's ``linear_attention`` nor LFM2's ``conv`` layers, whose small states are not
+    counted); not the last ``num_kv_shared_layers`` (Gemma 3n / 4 reuse earlier layers' KV there). A
+    ``full_attention`` layer of a model with a ``global_head_dim`` (Gemma 4) has heads that wide.
+    """
     layers = _int(config, "num_hidden_layers")
     heads = _int(config, "num_attention_heads")
     kv_heads = _int(config, "num_key_value_heads") or heads
@@ -36,7 +42,16 @@ def kv_cache_bytes(config: Mapping[str, Any], context: int, element_bytes: int) 
     head_dim = _int(config, "head_dim") or (hidden // heads if hidden and heads else None)
     if not (layers and kv_heads and head_dim):
         return 0
-    return 2 * layers * kv_heads * head_dim * context * element_bytes
+    types = config.get("layer_types")
+    if not isinstance(types, list) or len(types) < layers:
+        types = ["attention"] * layers
+    holding = layers - min(layers, _int(config, "num_kv_shared_layers") or 0)
+    widths = [
+        (_int(config, "global_head_dim") or head_dim) if kind == "full_attention" else head_dim
+        for kind in types[:holding]
+        if isinstance(kind, str) and kind.endswith("attention") and not kind.startswith("linear")
+    ]
+    return 2 * kv_heads * sum(widths) * context * element_bytes
 
 
 def memory_need(weights_bytes: int, kv_bytes: int) -> int:
