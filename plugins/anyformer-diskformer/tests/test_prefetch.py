@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import numpy as np
 import pytest
@@ -80,6 +81,44 @@ def test_prefetch_keeps_the_logits_of_the_architectures_with_engines_of_their_ow
     assert with_.hit_rate > without.hit_rate + 0.15, (with_, without)
 
 
+def test_the_moe_layer_after_a_leading_dense_block_is_prefetched_on_the_cpu(bailingmoe2_f32):
+    """bailingmoe2's layer 0 is a dense block: the guess for layer 1 (its router on layer 0's residual) starts
+    reading during layer 0's MLP, so some of layer 1's lookups are prefetched; the logits stay those without."""
+    from anyformer_diskformer.moe_config import read_moe_config
+
+    header = read_gguf_header(bailingmoe2_f32)
+    config = read_moe_config(header)
+    assert not config.is_moe_layer(0) and config.is_moe_layer(1)
+    plan, k = plan_from_header(header, 64, "cpu"), config.n_expert_used
+    plain, _, _ = run(bailingmoe2_f32, device="cpu", pool_bytes=plan.min_cache_bytes, prefetch=0, cache_policy="lru")
+    options = {"device": "cpu", "pool_bytes": plan.min_cache_bytes + k * plan.one_expert_bytes, "prefetch": k}
+    model = DiskformerModel.open(anyformer.describe(bailingmoe2_f32), Request(context=64, options=options), print)
+    try:
+        engine = model.engine
+        assert engine is not None
+        ahead, prefetched = _greedy_counting_prefetches(engine, config.n_layer)
+    finally:
+        model.dispose()
+    np.testing.assert_array_equal(ahead, plain)
+    assert prefetched[0] == 0 and prefetched[1] > 0, prefetched
+
+
+def _greedy_counting_prefetches(engine: Any, n_layer: int) -> tuple[Any, dict[int, int]]:
+    """The greedy steps' logits and, per layer, how many lookups a prefetch served."""
+    cache, prefetched = engine.cache, dict.fromkeys(range(n_layer), 0)
+    get = cache.get
+
+    def counting_get(layer: int, expert: int):  # type: ignore[no-untyped-def]
+        before = cache.stats.prefetched
+        entry = get(layer, expert)
+        prefetched[layer] += cache.stats.prefetched - before
+        return entry
+
+    cache.get = counting_get
+    ahead, _ = greedy_steps(engine.forward, STEPS)
+    return ahead, prefetched
+
+
 @pytest.mark.parametrize("device", ["cpu", "gpu"])
 def test_gemma4_guesses_the_moe_layer_after_a_dense_layer(gemma4_dense_layer, device):
     """Layer 2 has no router: its residual goes through layer 3's router, and the reads of that guess start
@@ -103,17 +142,7 @@ def test_gemma4_guesses_the_moe_layer_after_a_dense_layer(gemma4_dense_layer, de
     try:
         engine = model.engine
         assert engine is not None and model.prefetch_width == k
-        cache, prefetched = engine.cache, dict.fromkeys(range(config.n_layer), 0)
-        get = cache.get
-
-        def counting_get(layer: int, expert: int):  # type: ignore[no-untyped-def]
-            before = cache.stats.prefetched
-            entry = get(layer, expert)
-            prefetched[layer] += cache.stats.prefetched - before
-            return entry
-
-        cache.get = counting_get  # type: ignore[method-assign]
-        ahead, _ = greedy_steps(engine.forward, STEPS)
+        ahead, prefetched = _greedy_counting_prefetches(engine, config.n_layer)
     finally:
         model.dispose()
     np.testing.assert_array_equal(ahead, plain)

@@ -195,6 +195,10 @@ class CpuMoEEngine:
         guess = likely_experts(scores, self.config.n_expert_used, prefetcher.width)
         self.cache.expect(layer, guess)
         prefetcher.request(layer, guess, self.cache)
+        if not self.config.is_moe_layer(layer - 1):
+            # A dense layer (a leading dense block) looks no experts up, so nothing would start the reads before
+            # ``layer``'s own lookups: start them now, overlapping the dense MLP.
+            prefetcher.start(layer - 1)
 
     def _check_step(self, ids: list[int], start: int) -> None:
         """``BAD_REQUEST`` for positions past the context or ids outside the vocabulary."""
