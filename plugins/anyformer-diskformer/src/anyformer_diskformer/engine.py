@@ -134,6 +134,17 @@ def _count_option(options: dict[str, object], name: str, default: int) -> int:
     return value
 
 
+def prompt_step_option(options: dict[str, object]) -> int:
+    """Most tokens a GPU prompt step covers: the ``prompt_step`` load option (default
+    :data:`~anyformer_diskformer.gpu_prompt.PROMPT_STEP`; 1 runs prompts a token a step)."""
+    from anyformer_diskformer.gpu_prompt import PROMPT_STEP
+
+    value = _count_option(options, "prompt_step", PROMPT_STEP)
+    if value < 1:
+        raise AnyformerError(ErrorCode.BAD_REQUEST, "prompt_step must be at least 1")
+    return value
+
+
 def prefetch_options(options: dict[str, object], top_k: int) -> tuple[int, int]:
     """(experts a layer to read ahead, reader threads) from the ``prefetch`` (default: the top-k; 0: none)
     and ``prefetch_threads`` (default 2) load options; ``BAD_REQUEST`` for anything but whole numbers."""
@@ -266,7 +277,8 @@ class DiskformerModel:
                         attach_prefetcher(made, width, threads, plan.min_cache_bytes)
                         return made
 
-                    engine = gpu_engine_class(config)(gpu, gguf, config, make_cache, context, trace)
+                    step = prompt_step_option(request.options)
+                    engine = gpu_engine_class(config)(gpu, gguf, config, make_cache, context, trace, step)
             except BaseException:
                 if trace is not None:
                     trace.close()
