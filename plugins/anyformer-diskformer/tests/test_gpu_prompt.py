@@ -10,7 +10,6 @@ from collections import Counter
 import numpy as np
 import pytest
 from diskformer_reference import CTX, PROMPT, greedy_steps, llama_steps
-from test_gpu_engine import gpu  # noqa: F401  (the module's GPU fixture)
 
 from anyformer import AnyformerError, ErrorCode
 from anyformer_diskformer.engine import gpu_engine_class
@@ -23,6 +22,16 @@ from anyformer_gguf_gpu.gguf_file import GGUFFile
 #: The fixtures checked (qwen3moe, qwen2moe with its gated shared expert and q/k/v biases, bailingmoe2 with a leading
 #: dense layer and expert groups) and llama.cpp tolerances, as test_gpu_engine's.
 CASES = [("moe_f32", 1e-4), ("qwen2moe_f32", 1e-4), ("bailingmoe2_f32", 1e-4)]
+
+
+@pytest.fixture(scope="module")
+def gpu():
+    from anyformer_gguf_gpu.gpu import GPU
+
+    try:
+        return GPU()
+    except AnyformerError as exc:
+        pytest.skip(f"no GPU adapter for wgpu: {exc}")
 
 
 def engine_for(gpu, path: str, slots: int | None, trace: TraceWriter | None = None, **kw: int) -> GpuMoEEngine:
@@ -56,7 +65,7 @@ def count_reads(engine: GpuMoEEngine) -> Counter:
 
 @pytest.mark.parametrize(("fixture", "tolerance"), CASES)
 @pytest.mark.parametrize("evicting", [False, True])
-def test_prompt_steps_of_three_tokens_match_llama_cpp(request, gpu, fixture, tolerance, evicting):  # noqa: F811
+def test_prompt_steps_of_three_tokens_match_llama_cpp(request, gpu, fixture, tolerance, evicting):
     """The 8-token prompt in steps of 3, 3 and 2 tokens: every prompt row and 32 greedy tokens as llama.cpp's, with
     every expert held and with a cache of one layer's top-k (smaller than a step's union: groups evict in a step)."""
     path = request.getfixturevalue(fixture)
@@ -81,11 +90,7 @@ def test_prompt_steps_of_three_tokens_match_llama_cpp(request, gpu, fixture, tol
 
 
 @pytest.mark.parametrize("fixture", ["moe_f32", "qwen2moe_f32"])
-def test_a_prompt_step_reads_each_expert_at_most_once_even_when_its_union_outgrows_the_cache(
-    request,
-    gpu,  # noqa: F811
-    fixture,
-):
+def test_a_prompt_step_reads_each_expert_at_most_once_even_when_its_union_outgrows_the_cache(request, gpu, fixture):
     """The 8-token prompt in one step with a cache of one layer's top-k: a layer's union is larger than the cache, yet
     each (layer, expert) is read once; one token a step reads again every expert a later token of the layer uses."""
     path = request.getfixturevalue(fixture)
@@ -101,7 +106,7 @@ def test_a_prompt_step_reads_each_expert_at_most_once_even_when_its_union_outgro
         engine.release()
 
 
-def test_a_prompt_longer_than_a_step_writes_one_trace_line_a_step_and_the_last_row_alone(gpu, moe_f32, tmp_path):  # noqa: F811
+def test_a_prompt_longer_than_a_step_writes_one_trace_line_a_step_and_the_last_row_alone(gpu, moe_f32, tmp_path):
     """Steps of 3 over 8 tokens: three trace lines (each step's lookups, an expert at most once a layer), and the last
     row alone (``every=False``) equal to the last of every row's."""
     trace_path = tmp_path / "trace.jsonl"
@@ -124,7 +129,7 @@ def test_a_prompt_longer_than_a_step_writes_one_trace_line_a_step_and_the_last_r
         other.release()
 
 
-def test_a_prompt_step_of_no_tokens_is_refused(gpu, moe_f32):  # noqa: F811
+def test_a_prompt_step_of_no_tokens_is_refused(gpu, moe_f32):
     with pytest.raises(AnyformerError) as caught:
         engine_for(gpu, moe_f32, None, prompt_step=0)
     assert caught.value.code is ErrorCode.BAD_REQUEST

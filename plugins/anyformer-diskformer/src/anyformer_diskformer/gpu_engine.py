@@ -373,8 +373,20 @@ class GpuMoEEngine:
                 out.append(self._mv(w, self.h, self.qkv, y_off=off, y_stride=qkv_stride, **norm))
         if c.qkv_bias:
             # Every token adds the same bias column: its one input is read with stride 0.
-            bias = {"tokens": tokens, "x_stride": 0, "y_stride": qkv_stride, "accumulate": True}
-            out.append(k.matvec(self._bias[i], F32, qkv_stride, 1, self.ones, self.qkv, **bias))
+            out.append(
+                k.matvec(
+                    self._bias[i],
+                    F32,
+                    qkv_stride,
+                    1,
+                    self.ones,
+                    self.qkv,
+                    tokens=tokens,
+                    x_stride=0,
+                    y_stride=qkv_stride,
+                    accumulate=True,
+                )
+            )
         out.append(
             k.rope_store(
                 self.qkv,

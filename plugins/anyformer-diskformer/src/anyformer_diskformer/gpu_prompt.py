@@ -27,7 +27,7 @@ import numpy as np
 
 from anyformer_diskformer.routing import route_layer
 from anyformer_gguf_gpu.kernels import Copy, Dispatch, combine_table
-from anyformer_gguf_gpu.quants import format_of
+from anyformer_gguf_gpu.quants import QuantFormat, format_of
 
 if TYPE_CHECKING:
     from anyformer_diskformer.gpu_engine import GpuMoEEngine
@@ -216,11 +216,31 @@ class PromptSteps:
         held = e.slots.slot(slot)
         f_gate, f_up, f_down = (format_of(t) for t in held.types)
         n_ff, n_embd = c.n_ff_exp, c.n_embd
-        norm = {"norm": e._norms[f"blk.{layer}.{c.ffn_norm}.weight"], "eps": c.eps}
-        rows = {"tokens": count, "x_off": first * n_embd, "y_stride": 2 * n_ff}
+        norm = e._norms[f"blk.{layer}.{c.ffn_norm}.weight"]
+
+        def gate_or_up(weight: Any, fmt: QuantFormat, half: int) -> Dispatch:
+            # RMSNorm fused; the expert's rows of [gate | up] start at its first packed row.
+            y_off = first * 2 * n_ff + half * n_ff
+            x_off = first * n_embd
+            y, x = self.gate_up, self.x
+            return k.matvec(
+                weight,
+                fmt,
+                n_ff,
+                n_embd,
+                x,
+                y,
+                tokens=count,
+                x_off=x_off,
+                y_off=y_off,
+                y_stride=2 * n_ff,
+                norm=norm,
+                eps=c.eps,
+            )
+
         return [
-            k.matvec(held.gate, f_gate, n_ff, n_embd, self.x, self.gate_up, y_off=first * 2 * n_ff, **rows, **norm),
-            k.matvec(held.up, f_up, n_ff, n_embd, self.x, self.gate_up, y_off=first * 2 * n_ff + n_ff, **rows, **norm),
+            gate_or_up(held.gate, f_gate, 0),
+            gate_or_up(held.up, f_up, 1),
             k.matvec(
                 held.down,
                 f_down,
