@@ -153,3 +153,27 @@ def test_a_primed_chat_over_several_steps_is_the_same_text(qwen2moe_f32):
         assert primed.reused_positions > 4
     finally:
         primed.dispose()
+
+
+@pytest.mark.parametrize("fixture", ["moe_f32", "qwen2moe_f32", "bailingmoe2_f32"])
+def test_the_plan_counts_the_prompt_steps_gpu_bytes(request, gpu, fixture):
+    """What steps of 32 tokens add to the engine's GPU buffers (over one token a step) is within the plan's
+    prompt_bytes, which the budget's fixed bytes include; none on the CPU, none for steps of one token."""
+    from anyformer.plugin import read_gguf_header
+    from anyformer_diskformer.plan import PROMPT_STEP, plan_from_header
+
+    path = request.getfixturevalue(fixture)
+    header = read_gguf_header(path)
+    plan = plan_from_header(header, CTX, "gpu")
+    batched = engine_for(gpu, path, None)
+    single = engine_for(gpu, path, None, prompt_step=1)
+    try:
+        assert batched.prompt_step == PROMPT_STEP
+        grown = batched.held_bytes - single.held_bytes
+        assert 0 < grown <= plan.prompt_bytes
+        assert plan.fixed_bytes == plan_from_header(header, CTX, "gpu", 1).fixed_bytes + plan.prompt_bytes
+    finally:
+        batched.release()
+        single.release()
+    assert plan_from_header(header, CTX, "cpu").prompt_bytes == 0
+    assert plan_from_header(header, CTX, "gpu", 1).prompt_bytes == 0

@@ -25,18 +25,21 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from anyformer_diskformer.plan import PROMPT_STEP
 from anyformer_diskformer.routing import route_layer
 from anyformer_gguf_gpu.kernels import Copy, Dispatch, combine_table
 from anyformer_gguf_gpu.quants import QuantFormat, format_of
 
+__all__ = ["PROMPT_STEP", "PromptSteps"]
+
 if TYPE_CHECKING:
     from anyformer_diskformer.gpu_engine import GpuMoEEngine
 
-#: Most tokens one prompt step covers. 32: a step's 32 x top-k lookups already cover most of a layer's experts
-#: (Qwen3-30B-A3B: 256 lookups over 128 experts, about 110 distinct under uniform routing), so expert reads a
-#: token fall from top-k (8) to about 3.5 and 64 would only bring them to about 2, while the step's activations
-#: and attention scores (4 x tokens x heads x context bytes: 16 MiB at 4096 positions for Qwen3-30B) double.
-PROMPT_STEP = 32
+# Most tokens one prompt step covers (PROMPT_STEP, kept in plan, which sizes the GPU buffers without importing wgpu):
+# 32, because a step's 32 x top-k lookups already cover most of a layer's experts (Qwen3-30B-A3B: 256 lookups over
+# 128 experts, about 110 distinct under uniform routing), so expert reads a token fall from top-k (8) to about 3.5,
+# and 64 would only bring them to about 2 while the step's activations and attention scores (4 x tokens x heads x
+# context bytes: 16 MiB at 4096 positions for Qwen3-30B) double.
 
 #: A pass of a submission: the copies before it, its dispatches.
 Pass = tuple[list[Copy], list[Dispatch]]
