@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from anyformer_diskformer.moe_config import EXPERT_TENSORS
 from anyformer_diskformer.plan import PROMPT_STEP
 from anyformer_diskformer.routing import route_layer
 from anyformer_gguf_gpu.kernels import Copy, Dispatch, combine_table
@@ -75,6 +76,20 @@ class PromptSteps:
         self.out = buf(4 * tokens * self.m * c.n_embd, "prompt-expert-outputs")
         self.table = buf(8 * tokens * self.m, "prompt-combine-table")
         self._fixed: dict[int, _Fixed] = {}
+        self._compile()
+
+    def _compile(self) -> None:
+        """Compile at load what a full step uses, so the first prompt does not wait for it: the step's fixed
+        dispatches (made now), and the experts' tiled products for each weight type their tensors have."""
+        e, k = self.engine, self.engine.kernels
+        self._fixed_for(self.tokens)
+        tb = k.tokens_per_thread(self.tokens)
+        wanted = []
+        for (_, kind), span in e.cache.reader.spans.items():
+            down = kind == EXPERT_TENSORS[2]
+            # gate and up normalise their input (RMSNorm fused); down reads silu(gate) * up.
+            wanted.append(("matvec", format_of(span.ggml_type).name, tb, down, not down))
+        k.compile(wanted)
 
     # Dispatches that depend only on the step's token count.
 
