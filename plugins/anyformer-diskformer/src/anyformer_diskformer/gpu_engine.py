@@ -161,7 +161,7 @@ class GpuMoEEngine:
         if prompt_step < 1:
             raise AnyformerError(ErrorCode.BAD_REQUEST, f"a prompt step covers at least one token, not {prompt_step}")
         #: Most tokens a prompt step covers (1 where the architecture runs prompts a token a step).
-        self.prompt_step = prompt_step if self.batched_prompts else 1
+        self.prompt_step = min(prompt_step, ctx) if self.batched_prompts else 1
         #: The prompt steps' buffers and host side (None: one token a step).
         self.prompt: PromptSteps | None = None
         self.gpu = gpu

@@ -14,8 +14,10 @@ expert's, times its sigmoid gate) to its residual, in llama.cpp's order.
 
 The cache's budget holds: when a step's union has more experts than the cache has slots, the experts are
 fetched in groups that fit (those already held first, so none of them is evicted by the misses before its
-turn), each group's products submitted before the next group's reads reuse its slots. The prefetcher is
-left to decoding (one token a step), where its guess of the next layer's experts is a few experts.
+turn), each group's products submitted before the next group's reads reuse its slots. The products queued
+so far are submitted before each miss is read, so the GPU computes while the host reads, and the prefetcher's
+reader threads read the next misses meanwhile (as the CPU engine's lookups do); its guess of the next layer's
+experts is left to decoding (one token a step), where it is a few experts.
 """
 
 from __future__ import annotations
@@ -215,16 +217,24 @@ class PromptSteps:
             scale[:, k] = gate.astype(np.float32)
         e.gpu.write(self.table, combine_table(rows, scale))
         group = max(1, cache.capacity_bytes // e.slots.slot_bytes)
-        passes: list[Pass] = [(copies, [])]
+        # The shared expert (its own rows of [gate | up] and outputs) goes first: the GPU computes it during the reads.
+        passes: list[Pass] = [(copies, list(fixed.shared[layer]))]
         for g0 in range(0, len(union), group):
             if g0:
                 # This group's reads reuse the slots of the group before: its products go first.
                 e.kernels.run_passes(passes)
                 passes = [([], [])]
             members = union[g0 : g0 + group]
-            for expert, slot in zip(members, cache.fetch(layer, members), strict=True):
+            # Held experts first, then the misses: the reader threads read the next misses while this one reads,
+            # and the products queued so far are submitted before each read, so the GPU computes meanwhile.
+            last = g0 + group >= len(union)
+            missing = [(layer, x) not in cache for x in members]
+            got = cache.fetch_each(layer, members, held_first=False, last=last, read_ahead=True)
+            for i, (expert, slot) in enumerate(got):
                 passes[-1][1].extend(self._expert(layer, slot, start[expert], len(pairs[expert])))
-        passes[-1][1].extend(fixed.shared[layer])
+                if i + 1 < len(members) and missing[i + 1]:
+                    e.kernels.run_passes(passes)
+                    passes = [([], [])]
         passes[-1][1].append(fixed.combine)
         return passes
 

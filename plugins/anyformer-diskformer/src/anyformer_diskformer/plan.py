@@ -93,6 +93,7 @@ def prompt_step_bytes(summary: dict[str, Any], context: int, tokens: int) -> int
     scores over the context, the residual, q/k/v, attention and router rows, and the experts' gathered inputs,
     [gate | up] rows and outputs (an expert's width taken as the model's, which bounds every MoE here). None for
     the architectures that run prompts a token a step (Gemma 4, qwen35moe) or for steps of one token."""
+    tokens = min(tokens, context)  # the engine's steps never outgrow its context
     if tokens <= 1 or summary.get("architecture") in PER_LAYER_STATE_ARCHITECTURES:
         return 0
     embd, heads, k = (
