@@ -568,3 +568,26 @@ def test_samplers_can_embed_the_id_they_pick(gpu, kernels, rng, fmt, sampler):
     got = gpu.read(out, np.float32, cols + 7)
     np.testing.assert_array_equal(got[:cols], table[picked].astype(np.float32))
     np.testing.assert_array_equal(got[cols:], start[cols:])
+
+
+def test_moe_combine_adds_each_tokens_weighted_rows_in_table_order(gpu, kernels, rng):
+    """Rows packed by expert (any order), m weighted rows per token added to that token's residual: numpy's sum."""
+    from anyformer_gguf_gpu.kernels import combine_table
+
+    n, tokens, m, packed = 77, 5, 3, 17
+    src = rng.standard_normal((packed, n)).astype(np.float32)
+    h = rng.standard_normal((tokens, n)).astype(np.float32)
+    rows = rng.integers(0, packed, size=(tokens, m))
+    weights = rng.standard_normal((tokens, m)).astype(np.float32)
+    out = gpu.upload(h)
+    table = gpu.upload(combine_table(rows, weights))
+    kernels.run([kernels.moe_combine(gpu.upload(src), table, out, n, m, tokens=tokens)])
+    want = h + np.einsum("tm,tmn->tn", weights.astype(np.float64), src[rows].astype(np.float64))
+    _close(gpu.read(out, np.float32, tokens * n).reshape(tokens, n), want)
+
+
+def test_combine_table_refuses_rows_and_weights_of_different_shapes():
+    from anyformer_gguf_gpu.kernels import combine_table
+
+    with pytest.raises(ValueError):
+        combine_table(np.zeros((2, 3), dtype=np.int64), np.zeros((2, 2), dtype=np.float32))

@@ -16,7 +16,7 @@ from anyformer_diskformer.cpu_hybrid import HybridCpuEngine
 from anyformer_diskformer.expert_cache import CacheStats, ExpertCache
 from anyformer_diskformer.expert_reader import ExpertSlices, expert_spans, open_reader
 from anyformer_diskformer.moe_config import MoEConfig, read_moe_config
-from anyformer_diskformer.plan import context_for, plan_from_header
+from anyformer_diskformer.plan import PROMPT_STEP, context_for, plan_from_header
 from anyformer_diskformer.policies import EvictionPolicy, make_policy
 from anyformer_diskformer.trace import trace_writer_from_env
 from anyformer_gguf_gpu.chat_setup import chat_prompt_ids, check_prompt_fits, check_text_only, token_chunk
@@ -134,6 +134,15 @@ def _count_option(options: dict[str, object], name: str, default: int) -> int:
     return value
 
 
+def prompt_step_option(options: dict[str, object]) -> int:
+    """Most tokens a GPU prompt step covers: the ``prompt_step`` load option (default
+    :data:`~anyformer_diskformer.plan.PROMPT_STEP`; 1 runs prompts a token a step)."""
+    value = _count_option(options, "prompt_step", PROMPT_STEP)
+    if value < 1:
+        raise AnyformerError(ErrorCode.BAD_REQUEST, "prompt_step must be at least 1")
+    return value
+
+
 def prefetch_options(options: dict[str, object], top_k: int) -> tuple[int, int]:
     """(experts a layer to read ahead, reader threads) from the ``prefetch`` (default: the top-k; 0: none)
     and ``prefetch_threads`` (default 2) load options; ``BAD_REQUEST`` for anything but whole numbers."""
@@ -217,7 +226,8 @@ class DiskformerModel:
             config = read_moe_config(gguf.header)
             tokenizer = GGUFTokenizer(gguf.kv)
             context = context_for(gguf.header.summary(), request.context)
-            plan = plan_from_header(gguf.header, context, "cpu" if gpu is None else "gpu")
+            step = prompt_step_option(request.options)
+            plan = plan_from_header(gguf.header, context, "cpu" if gpu is None else "gpu", step)
             capacity = cache_capacity(
                 request, plan.min_cache_bytes, plan.cache_bytes(device_limit(request, gpu)), plan.need
             )
@@ -266,7 +276,7 @@ class DiskformerModel:
                         attach_prefetcher(made, width, threads, plan.min_cache_bytes)
                         return made
 
-                    engine = gpu_engine_class(config)(gpu, gguf, config, make_cache, context, trace)
+                    engine = gpu_engine_class(config)(gpu, gguf, config, make_cache, context, trace, step)
             except BaseException:
                 if trace is not None:
                     trace.close()

@@ -32,6 +32,7 @@ import numpy as np
 from anyformer.plugin import AnyformerError, ErrorCode
 from anyformer_diskformer.expert_cache import ExpertCache
 from anyformer_diskformer.expert_reader import ExpertSlices, expert_spans
+from anyformer_diskformer.gpu_prompt import PROMPT_STEP, PromptSteps
 from anyformer_diskformer.moe_config import EXPERT_TENSORS, MoEConfig
 from anyformer_diskformer.prefetch import likely_experts
 from anyformer_diskformer.routing import route_layer, selection_scores
@@ -97,6 +98,10 @@ class GpuSlots:
         slot.types = slices.types
         return index
 
+    def slot(self, index: int) -> _Slot:
+        """The slot ``index`` (its buffers and the weight types held now)."""
+        return self._slots[index]
+
     def drop(self, key: tuple[int, int], entry: int) -> None:
         """The slot is free for the next expert read."""
         self._free.append(entry)
@@ -134,7 +139,14 @@ class GpuSlots:
 
 
 class GpuMoEEngine:
-    """A loaded qwen3moe, qwen2moe or bailingmoe(2) model on one GPU, the routed experts in a cache of GPU slots."""
+    """A loaded qwen3moe, qwen2moe or bailingmoe(2) model on one GPU, the routed experts in a cache of GPU slots.
+
+    A prompt runs in steps of up to ``prompt_step`` tokens (:mod:`~anyformer_diskformer.gpu_prompt`); 1 runs it a
+    token a step, as decoding does.
+    """
+
+    #: Whether prompts run several tokens a step (the subclasses with other layers run one token a step).
+    batched_prompts = True
 
     def __init__(
         self,
@@ -144,7 +156,14 @@ class GpuMoEEngine:
         make_cache: Callable[[GpuSlots], ExpertCache[int]],
         ctx: int,
         trace: TraceWriter | None = None,
+        prompt_step: int = PROMPT_STEP,
     ) -> None:
+        if prompt_step < 1:
+            raise AnyformerError(ErrorCode.BAD_REQUEST, f"a prompt step covers at least one token, not {prompt_step}")
+        #: Most tokens a prompt step covers (1 where the architecture runs prompts a token a step).
+        self.prompt_step = min(prompt_step, ctx) if self.batched_prompts else 1
+        #: The prompt steps' buffers and host side (None: one token a step).
+        self.prompt: PromptSteps | None = None
         self.gpu = gpu
         self.config = config
         self.trace = trace
@@ -173,16 +192,18 @@ class GpuMoEEngine:
         if trace is not None:
             self.cache.take_accesses()  # start recording
         buf = self._buffer
-        self.h = buf(4 * c.n_embd, "residual")
+        # The residual, q/k/v, attention and score rows hold a prompt step's tokens (decoding uses the first).
+        n = self.prompt_step
+        self.h = buf(4 * n * c.n_embd, "residual")
         self.h_ffn = buf(4 * c.n_embd, "expert-input")
-        self.qkv = buf(4 * self._qkv_floats(), "qkv")
-        self.attn = buf(4 * c.q_dim, "attention")
+        self.qkv = buf(4 * n * self._qkv_floats(), "qkv")
+        self.attn = buf(4 * n * c.q_dim, "attention")
         self.gate_up = buf(8 * max(c.n_ff_exp, c.n_ff_shexp, c.n_ff), "gate-up")
         # This layer's router logits (and the shared expert's gate), then the next layer's router on this
         # layer's residual: the prefetcher's guess.
         self.router = buf(8 * (c.n_expert + 1), "router")
         self.logits = buf(4 * c.n_vocab, "logits")
-        self.scores = buf(4 * c.n_head * ctx, "scores")
+        self.scores = buf(4 * n * c.n_head * ctx, "scores")
         self.ids = buf(4 * (ctx + 1), "ids")
         self.state = buf(16, "state")
         self.gate_norm = buf(4 * c.n_embd, "gate-norm")
@@ -198,8 +219,16 @@ class GpuMoEEngine:
         shared = c.n_ff_shexp > 0
         self._shared = [self._shared_dispatches(i) if shared and c.is_moe_layer(i) else [] for i in range(c.n_layer)]
         self._dense = [self._dense_dispatches(i) for i in range(c.n_dense_lead)]
+        self._head = self.head_dispatch(0)
+        if n > 1:
+            self.prompt = PromptSteps(self, n)
+
+    def head_dispatch(self, token: int) -> Dispatch:
+        """The output norm and head over residual row ``token`` into the logits."""
+        c = self.config
         head = self._weights["token_embd.weight" if c.tied_output else "output.weight"]
-        self._head = self._mv(head, self.h, self.logits, norm=self._norms["output_norm.weight"], eps=c.eps)
+        norm = self._norms["output_norm.weight"]
+        return self._mv(head, self.h, self.logits, x_off=token * c.n_embd, norm=norm, eps=c.eps)
 
     def _qkv_floats(self) -> int:
         """Floats of the q/k/v rows of a token (the widest layer's)."""
@@ -330,9 +359,13 @@ class GpuMoEEngine:
 
     def _attention_dispatches(self, i: int) -> list[Dispatch]:
         """Layer ``i``'s attention (RMSNorm fused into q/k/v, rope and KV store, attention, output) added to h."""
+        return self.attention_dispatches_for(i, 1)
+
+    def attention_dispatches_for(self, i: int, tokens: int) -> list[Dispatch]:
+        """:meth:`_attention_dispatches` over ``tokens`` tokens at positions state[0].. (causal among them)."""
         c, p, k = self.config, f"blk.{i}.", self.kernels
         qkv_stride = c.q_dim + 2 * c.kv_dim
-        norm = {"norm": self._norms[p + "attn_norm.weight"], "eps": c.eps}
+        norm = {"norm": self._norms[p + "attn_norm.weight"], "eps": c.eps, "tokens": tokens}
         out: list[Dispatch] = []
         if p + "attn_qkv.weight" in self._weights:
             out.append(self._mv(self._weights[p + "attn_qkv.weight"], self.h, self.qkv, **norm))
@@ -341,7 +374,21 @@ class GpuMoEEngine:
                 w = self._weights[p + name + ".weight"]
                 out.append(self._mv(w, self.h, self.qkv, y_off=off, y_stride=qkv_stride, **norm))
         if c.qkv_bias:
-            out.append(k.matvec(self._bias[i], F32, qkv_stride, 1, self.ones, self.qkv, accumulate=True))
+            # Every token adds the same bias column: its one input is read with stride 0.
+            out.append(
+                k.matvec(
+                    self._bias[i],
+                    F32,
+                    qkv_stride,
+                    1,
+                    self.ones,
+                    self.qkv,
+                    tokens=tokens,
+                    x_stride=0,
+                    y_stride=qkv_stride,
+                    accumulate=True,
+                )
+            )
         out.append(
             k.rope_store(
                 self.qkv,
@@ -357,6 +404,7 @@ class GpuMoEEngine:
                 n_head=c.n_head,
                 n_kv=c.n_kv,
                 head_dim=c.head_dim,
+                tokens=tokens,
             )
         )
         out.append(
@@ -372,9 +420,10 @@ class GpuMoEEngine:
                 head_dim=c.head_dim,
                 ctx=self.ctx,
                 scale=1.0 / math.sqrt(c.head_dim),
+                tokens=tokens,
             )
         )
-        out.append(self._mv(self._weights[p + "attn_output.weight"], self.attn, self.h, accumulate=True))
+        out.append(self._mv(self._weights[p + "attn_output.weight"], self.attn, self.h, accumulate=True, tokens=tokens))
         return out
 
     def ffn_dispatches(
@@ -418,7 +467,8 @@ class GpuMoEEngine:
         return sum(int(b.size) for b in self._owned)
 
     def forward(self, ids: list[int], start: int, *, every: bool = True) -> np.ndarray:
-        """Logits for ``ids`` at positions ``start..`` (every token's rows, or only the last's); one token a step."""
+        """Logits for ``ids`` at positions ``start..`` (every token's rows, or only the last's): several tokens
+        in steps of up to :attr:`prompt_step`, one token a step otherwise."""
         c = self.config
         if start < 0 or start + len(ids) > self.ctx:
             raise AnyformerError(ErrorCode.BAD_REQUEST, f"positions {start}..{start + len(ids)} exceed {self.ctx}")
@@ -426,6 +476,15 @@ class GpuMoEEngine:
             raise AnyformerError(ErrorCode.BAD_REQUEST, "a token id is outside the vocabulary")
         self.gpu.write(self.ids, np.asarray(ids, dtype=np.uint32), offset=4 * start)
         rows = []
+        if self.prompt is not None and len(ids) > 1:
+            n = self.prompt_step
+            for first in range(0, len(ids), n):
+                last = first + n >= len(ids)
+                count = min(n, len(ids) - first)
+                rows += self.prompt.step(start + first, count, every=every, head=every or last)
+                if self.trace is not None:
+                    self.trace.write(self.cache.take_accesses())  # one line a step, as decoding writes
+            return np.stack(rows)
         for n in range(len(ids)):
             logits = self._step(start + n, head=every or n == len(ids) - 1)
             if logits is not None:

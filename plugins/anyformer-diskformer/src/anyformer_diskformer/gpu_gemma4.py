@@ -46,6 +46,8 @@ class Gemma4GpuEngine(GpuMoEEngine):
     """A loaded Gemma 4 MoE on one GPU: a KV cache per layer in that layer's head width, experts in GPU slots."""
 
     config: Gemma4Config
+    #: Prompts run one token a step: its layers (sliding windows, per-layer widths) have no several-token step yet.
+    batched_prompts = False
 
     def _build(self, gguf: GGUFFile, make_cache: Callable[[GpuSlots], ExpertCache[int]]) -> None:
         c, ctx = self.config, self.ctx

@@ -39,6 +39,8 @@ class HybridGpuEngine(GpuMoEEngine):
 
     #: A delta net's state sums every token before it: a checkpoint resumes only at its own length.
     resumes_only_whole = True
+    #: Prompts run one token a step: the delta nets have no several-token step yet.
+    batched_prompts = False
 
     def _build(self, gguf: GGUFFile, make_cache: Any) -> None:
         c = self.config

@@ -22,6 +22,8 @@ DEFAULT_CONTEXT = 4096
 
 #: GPU bytes besides weights, caches and slots: activations, scratch, uniforms, the rope table.
 GPU_OVERHEAD = 32 * 10**6
+#: Most tokens one GPU prompt step covers (:mod:`~anyformer_diskformer.gpu_prompt` says why 32).
+PROMPT_STEP = 32
 #: Where the engine runs: "cpu" (numpy; dense weights as stored in host memory) or "gpu" (wgpu;
 #: dense weights as stored, in GPU memory).
 DEVICES = ("cpu", "gpu")
@@ -41,6 +43,8 @@ class Plan:
     experts_per_token: int
     n_layer: int
     estimated: bool
+    #: GPU bytes a prompt step's activations and attention scores take beyond one token's (0 on the CPU).
+    prompt_bytes: int = 0
 
     @property
     def min_cache_bytes(self) -> int:
@@ -50,7 +54,8 @@ class Plan:
     @property
     def fixed_bytes(self) -> int:
         """What the device holds whatever the cache: dense weights, the KV cache and the overhead."""
-        return self.dense_bytes + self.kv_bytes + (GPU_OVERHEAD if self.device == "gpu" else RAM_OVERHEAD)
+        overhead = GPU_OVERHEAD + self.prompt_bytes if self.device == "gpu" else RAM_OVERHEAD
+        return self.dense_bytes + self.kv_bytes + overhead
 
     @property
     def need(self) -> int:
@@ -83,7 +88,27 @@ def _kv_bytes(summary: dict[str, Any], context: int) -> int:
     return 2 * _fact(summary, "block_count") * context * kv_heads * head_dim * 4
 
 
-def plan_from_header(header: GGUFHeader, context: int, device: str = "cpu") -> Plan:
+def prompt_step_bytes(summary: dict[str, Any], context: int, tokens: int) -> int:
+    """GPU bytes the wgpu engine's prompt steps of ``tokens`` tokens add to one token's buffers: every head's
+    scores over the context, the residual, q/k/v, attention and router rows, and the experts' gathered inputs,
+    [gate | up] rows and outputs (an expert's width taken as the model's, which bounds every MoE here). None for
+    the architectures that run prompts a token a step (Gemma 4, qwen35moe) or for steps of one token."""
+    tokens = min(tokens, context)  # the engine's steps never outgrow its context
+    if tokens <= 1 or summary.get("architecture") in PER_LAYER_STATE_ARCHITECTURES:
+        return 0
+    embd, heads, k = (
+        _fact(summary, "embedding_length"),
+        _fact(summary, "head_count"),
+        _fact(summary, "expert_used_count"),
+    )
+    kv_heads = _fact(summary, "head_count_kv") or heads
+    head_dim = _fact(summary, "key_length") or (embd // heads if heads else 0)
+    q_dim, kv_dim = heads * head_dim, kv_heads * head_dim
+    per_token = heads * context + (4 + 4 * k) * embd + 2 * q_dim + 2 * kv_dim + _fact(summary, "expert_count") + 1
+    return 4 * (tokens - 1) * per_token
+
+
+def plan_from_header(header: GGUFHeader, context: int, device: str = "cpu", prompt_step: int = PROMPT_STEP) -> Plan:
     """The exact plan from the tensors' sizes: experts as stored, dense tensors as the device holds them.
 
     One expert's bytes are the largest layer's (quant mixes give some layers wider experts): every
@@ -106,7 +131,7 @@ def plan_from_header(header: GGUFHeader, context: int, device: str = "cpu") -> P
         else:
             # The CPU engine keeps vectors as float32 (as are F32 tensors) and other matrices as stored.
             dense += 4 * t.n_elements if device == "cpu" and len(t.dims) == 1 else t.nbytes
-    plan = _plan(summary, context, device, dense, expert_bytes, estimated=False)
+    plan = _plan(summary, context, device, dense, expert_bytes, estimated=False, prompt_step=prompt_step)
     if header.architecture in PER_LAYER_STATE_ARCHITECTURES:
         plan = dataclasses.replace(plan, kv_bytes=_hybrid_state_bytes(header, context))
     experts = _fact(summary, "expert_count")
@@ -135,7 +160,9 @@ def _hybrid_state_bytes(header: GGUFHeader, context: int) -> int:
     return kv + 4 * delta
 
 
-def plan_from_summary(summary: dict[str, Any], context: int, device: str = "cpu") -> Plan:
+def plan_from_summary(
+    summary: dict[str, Any], context: int, device: str = "cpu", prompt_step: int = PROMPT_STEP
+) -> Plan:
     """An estimate from the header summary alone: dense parameters from the shapes, experts the rest.
 
     The bytes per parameter of the whole file stand in for the experts' (they are most of it).
@@ -154,11 +181,18 @@ def plan_from_summary(summary: dict[str, Any], context: int, device: str = "cpu"
     per_param = data / params if params else 0.0
     expert_bytes = int(expert_params * per_param)
     dense_bytes = int(dense * per_param)  # as stored, on both devices
-    return _plan(summary, context, device, dense_bytes, expert_bytes, estimated=True)
+    return _plan(summary, context, device, dense_bytes, expert_bytes, estimated=True, prompt_step=prompt_step)
 
 
 def _plan(
-    summary: dict[str, Any], context: int, device: str, dense_bytes: int, expert_bytes: int, *, estimated: bool
+    summary: dict[str, Any],
+    context: int,
+    device: str,
+    dense_bytes: int,
+    expert_bytes: int,
+    *,
+    estimated: bool,
+    prompt_step: int = PROMPT_STEP,
 ) -> Plan:
     # The experts stay at their stored size on both devices.
     layers, experts = _fact(summary, "block_count"), _fact(summary, "expert_count")
@@ -172,14 +206,17 @@ def _plan(
         experts_per_token=_fact(summary, "expert_used_count"),
         n_layer=layers,
         estimated=estimated,
+        prompt_bytes=prompt_step_bytes(summary, context, prompt_step) if device == "gpu" else 0,
     )
 
 
-def plan_for(path: str | None, summary: dict[str, Any], context: int, device: str = "cpu") -> Plan:
+def plan_for(
+    path: str | None, summary: dict[str, Any], context: int, device: str = "cpu", prompt_step: int = PROMPT_STEP
+) -> Plan:
     """The exact plan when ``path`` is a readable GGUF, else the estimate from the summary."""
     if path is not None and os.path.isfile(path):
         try:
-            return plan_from_header(read_gguf_header(path), context, device)
+            return plan_from_header(read_gguf_header(path), context, device, prompt_step)
         except (AnyformerError, OSError):
             pass  # the summary still describes it; load reports what is wrong with the file
-    return plan_from_summary(summary, context, device)
+    return plan_from_summary(summary, context, device, prompt_step)

@@ -51,12 +51,15 @@ def can_run(model: Model, caps: Caps, request: Request) -> Verdict:
     refusal = store_refusal(BACKEND_ID, model, caps, file)
     if refusal is not None:
         return refusal
-    from anyformer_diskformer.plan import RAM_OVERHEAD, context_for, plan_for
+    from anyformer_diskformer.plan import PROMPT_STEP, RAM_OVERHEAD, context_for, plan_for
 
     wanted = request.options.get("device", "auto")
     device = "gpu" if caps.gpu and wanted in ("auto", "gpu") else "cpu"
     context = context_for(summary, request.context)
-    plan = plan_for(file.path, summary, context, device)
+    step = request.options.get("prompt_step", PROMPT_STEP)
+    # A bad value is the load's BAD_REQUEST; the check sizes with the default meanwhile.
+    step = step if isinstance(step, int) and not isinstance(step, bool) and step >= 1 else PROMPT_STEP
+    plan = plan_for(file.path, summary, context, device, step)
     how = " (estimated from the architecture and the file size: the header's tensors were not read)"
     how = how if plan.estimated else ""
     parts = (

@@ -67,6 +67,7 @@ PLAIN_KERNELS = (
     "argmax",
     "sample",
     "delta_rule",
+    "moe_combine",
 )
 
 
@@ -884,6 +885,17 @@ class Kernels:
             "swiglu", self.pipeline("swiglu"), [gate_up, y], params, (math.ceil(n / WORKGROUP), tokens, 1)
         )
 
+    def moe_combine(self, src: Any, table: Any, h: Any, n: int, m: int, *, tokens: int) -> Dispatch:
+        """h[t, :n] += sum_j w * src[row, :n] over the ``m`` (row, weight) entries of token t in ``table``.
+
+        ``table`` holds, per token, ``m`` pairs of u32 words: the source row, then the weight's f32 bits
+        (:func:`combine_table`); the terms are added in table order, then to h (a mixture of experts'
+        weighted outputs added back to each token's residual, as llama.cpp sums them).
+        """
+        params = _u32s(n, m)
+        groups = (math.ceil(n / WORKGROUP), tokens, 1)
+        return self.dispatch("moe_combine", self.pipeline("moe_combine"), [src, table, h], params, groups)
+
     def argmax(
         self, logits: Any, ids: Any, state: Any, n: int, *, offset: int = 0, embed: EmbedNext | None = None
     ) -> Dispatch:
@@ -983,6 +995,16 @@ def _encode_native(calls: NativePass, compute: Any, native: Any, dispatches: Seq
         failed = calls.errors.release("anyformer-encode")
     if failed is not None:
         raise _reported(*failed)
+
+
+def combine_table(rows: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """The table :meth:`Kernels.moe_combine` reads: ``rows`` and ``weights`` (tokens x m) interleaved as u32 words."""
+    if rows.shape != weights.shape or rows.ndim != 2:
+        raise ValueError(f"rows {rows.shape} and weights {weights.shape} must be the same tokens x m shape")
+    out = np.empty((*rows.shape, 2), dtype=np.uint32)
+    out[..., 0] = rows
+    out[..., 1] = np.asarray(weights, dtype=np.float32).view(np.uint32)
+    return out.reshape(-1)
 
 
 def _partials_offset(scores: Any, tokens: int, n_head: int, ctx: int, head_dim: int) -> int:
@@ -1113,6 +1135,7 @@ _UNIFORM_SLOT = {
     "swiglu": 2,
     "argmax": 2,
     "delta_rule": 5,
+    "moe_combine": 3,
 }
 
 assert set(_UNIFORM_SLOT) == set(QUANT_KERNELS) | set(PLAIN_KERNELS)

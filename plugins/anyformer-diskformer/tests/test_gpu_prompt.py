@@ -1,0 +1,179 @@
+"""The wgpu engine's prompt steps of several tokens (lavapipe in CI: ``ANYFORMER_SOFTWARE_GPU=1``): every prompt
+position's logits and the greedy tokens after them equal llama.cpp's, whether the cache holds every expert or fewer
+than a step's union; a step reads each expert at most once; a prompt longer than one step; prime() on top."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import numpy as np
+import pytest
+from diskformer_reference import CTX, PROMPT, greedy_steps, llama_steps
+
+from anyformer import AnyformerError, ErrorCode
+from anyformer_diskformer.engine import gpu_engine_class
+from anyformer_diskformer.expert_cache import ExpertCache
+from anyformer_diskformer.gpu_engine import GpuMoEEngine, GpuSlots
+from anyformer_diskformer.moe_config import read_moe_config
+from anyformer_diskformer.trace import TraceWriter
+from anyformer_gguf_gpu.gguf_file import GGUFFile
+
+#: The fixtures checked (qwen3moe, qwen2moe with its gated shared expert and q/k/v biases, bailingmoe2 with a leading
+#: dense layer and expert groups) and llama.cpp tolerances, as test_gpu_engine's.
+CASES = [("moe_f32", 1e-4), ("qwen2moe_f32", 1e-4), ("bailingmoe2_f32", 1e-4)]
+
+
+@pytest.fixture(scope="module")
+def gpu():
+    from anyformer_gguf_gpu.gpu import GPU
+
+    try:
+        return GPU()
+    except AnyformerError as exc:
+        pytest.skip(f"no GPU adapter for wgpu: {exc}")
+
+
+def engine_for(gpu, path: str, slots: int | None, trace: TraceWriter | None = None, **kw: int) -> GpuMoEEngine:
+    """The engine over ``path``, its cache holding ``slots`` experts (None: every one)."""
+    gguf = GGUFFile(path)
+    config = read_moe_config(gguf.header)
+
+    def make_cache(store: GpuSlots) -> ExpertCache[int]:
+        capacity = store.slot_bytes * (slots or config.n_layer * config.n_expert)
+        return ExpertCache(path, gguf.header, config.n_layer, config.n_expert, capacity, store=store)
+
+    try:
+        return gpu_engine_class(config)(gpu, gguf, config, make_cache, CTX, trace, **kw)
+    finally:
+        gguf.close()
+
+
+def count_reads(engine: GpuMoEEngine) -> Counter:
+    """Every (layer, expert) the cache reads from the file from now on, counted."""
+    reads: Counter = Counter()
+    reader = engine.cache.reader
+    read = reader.read
+
+    def counted(layer: int, expert: int):
+        reads[layer, expert] += 1
+        return read(layer, expert)
+
+    reader.read = counted  # type: ignore[method-assign]
+    return reads
+
+
+@pytest.mark.parametrize(("fixture", "tolerance"), CASES)
+@pytest.mark.parametrize("evicting", [False, True])
+def test_prompt_steps_of_three_tokens_match_llama_cpp(request, gpu, fixture, tolerance, evicting):
+    """The 8-token prompt in steps of 3, 3 and 2 tokens: every prompt row and 32 greedy tokens as llama.cpp's, with
+    every expert held and with a cache of one layer's top-k (smaller than a step's union: groups evict in a step)."""
+    path = request.getfixturevalue(fixture)
+    want, want_tokens = llama_steps(path)
+    config = read_moe_config(GGUFFile(path).header)
+    engine = engine_for(gpu, path, config.n_expert_used if evicting else None, prompt_step=3)
+    try:
+        assert engine.prompt is not None
+        got, tokens = greedy_steps(engine.forward)
+        assert got.shape == want.shape
+        assert np.abs(got - want).max() < tolerance
+        assert tokens == want_tokens
+        stats = engine.cache.stats
+        assert engine.cache.held_bytes <= engine.cache.capacity_bytes
+        if evicting:
+            assert len(engine.slots._slots) == config.n_expert_used
+            assert stats.evictions > 0
+        else:
+            assert stats.evictions == 0 and stats.hits > 0
+    finally:
+        engine.release()
+
+
+@pytest.mark.parametrize("fixture", ["moe_f32", "qwen2moe_f32"])
+def test_a_prompt_step_reads_each_expert_at_most_once_even_when_its_union_outgrows_the_cache(request, gpu, fixture):
+    """The 8-token prompt in one step with a cache of one layer's top-k: a layer's union is larger than the cache, yet
+    each (layer, expert) is read once; one token a step reads again every expert a later token of the layer uses."""
+    path = request.getfixturevalue(fixture)
+    config = read_moe_config(GGUFFile(path).header)
+    engine = engine_for(gpu, path, config.n_expert_used)
+    try:
+        reads = count_reads(engine)
+        engine.forward(PROMPT, 0)
+        assert max(Counter(layer for layer, _ in reads).values()) > config.n_expert_used  # a union beyond the cache
+        assert max(reads.values()) == 1
+        assert engine.cache.stats.misses == sum(reads.values())
+    finally:
+        engine.release()
+
+
+def test_a_prompt_longer_than_a_step_writes_one_trace_line_a_step_and_the_last_row_alone(gpu, moe_f32, tmp_path):
+    """Steps of 3 over 8 tokens: three trace lines (each step's lookups, an expert at most once a layer), and the last
+    row alone (``every=False``) equal to the last of every row's."""
+    trace_path = tmp_path / "trace.jsonl"
+    engine = engine_for(gpu, moe_f32, None, TraceWriter(str(trace_path)), prompt_step=3)
+    engine.cache.take_accesses()
+    other = engine_for(gpu, moe_f32, None, prompt_step=3)
+    try:
+        every = engine.forward(PROMPT, 0)
+        last = other.forward(PROMPT, 0, every=False)
+        assert every.shape[0] == len(PROMPT) and last.shape[0] == 1
+        np.testing.assert_array_equal(last[0], every[-1])
+        engine.trace.close()
+        lines = [json.loads(line)["accesses"] for line in trace_path.read_text().splitlines()]
+        assert len(lines) == 3
+        for accesses in lines:
+            assert len(accesses) == len({tuple(a) for a in accesses})
+        assert sum(map(len, lines)) == engine.cache.stats.lookups
+    finally:
+        engine.release()
+        other.release()
+
+
+def test_a_prompt_step_of_no_tokens_is_refused(gpu, moe_f32):
+    with pytest.raises(AnyformerError) as caught:
+        engine_for(gpu, moe_f32, None, prompt_step=0)
+    assert caught.value.code is ErrorCode.BAD_REQUEST
+
+
+def test_a_primed_chat_over_several_steps_is_the_same_text(qwen2moe_f32):
+    """prime() with steps of 4 tokens (the system prompt and the chat each span several steps, the chat resumes inside
+    one): the same reply as a model that runs every prompt a token a step."""
+    from test_prime import CHAT, SYSTEM, open_model, reply
+
+    plain = open_model(qwen2moe_f32, device="gpu", prompt_step=1)
+    try:
+        assert plain.engine.prompt is None
+        want = reply(plain, CHAT)
+    finally:
+        plain.dispose()
+    primed = open_model(qwen2moe_f32, device="gpu", prime=SYSTEM, prompt_step=4)
+    try:
+        assert primed.engine.prompt_step == 4
+        assert reply(primed, CHAT) == want
+        assert primed.reused_positions > 4
+    finally:
+        primed.dispose()
+
+
+@pytest.mark.parametrize("fixture", ["moe_f32", "qwen2moe_f32", "bailingmoe2_f32"])
+def test_the_plan_counts_the_prompt_steps_gpu_bytes(request, gpu, fixture):
+    """What steps of 32 tokens add to the engine's GPU buffers (over one token a step) is within the plan's
+    prompt_bytes, which the budget's fixed bytes include; none on the CPU, none for steps of one token."""
+    from anyformer.plugin import read_gguf_header
+    from anyformer_diskformer.plan import PROMPT_STEP, plan_from_header
+
+    path = request.getfixturevalue(fixture)
+    header = read_gguf_header(path)
+    plan = plan_from_header(header, CTX, "gpu")
+    batched = engine_for(gpu, path, None)
+    single = engine_for(gpu, path, None, prompt_step=1)
+    try:
+        assert batched.prompt_step == PROMPT_STEP
+        grown = batched.held_bytes - single.held_bytes
+        assert 0 < grown <= plan.prompt_bytes
+        assert plan.fixed_bytes == plan_from_header(header, CTX, "gpu", 1).fixed_bytes + plan.prompt_bytes
+    finally:
+        batched.release()
+        single.release()
+    assert plan_from_header(header, CTX, "cpu").prompt_bytes == 0
+    assert plan_from_header(header, CTX, "gpu", 1).prompt_bytes == 0
