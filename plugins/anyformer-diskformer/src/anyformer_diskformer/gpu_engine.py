@@ -345,7 +345,15 @@ class GpuMoEEngine:
         c, p = self.config, f"blk.{i}."
         out = self._attention_dispatches(i)
         if not c.is_moe_layer(i):
-            return out  # a dense layer: no router; its FFN is queued by the step
+            # A dense layer: no router; its FFN is queued by the step. Before a MoE layer (a leading dense block's
+            # last) the next router's guess is made here, or nothing would start that layer's reads early.
+            if self.cache.prefetcher is not None and i + 1 < c.n_layer and c.is_moe_layer(i + 1):
+                q = f"blk.{i + 1}."
+                next_norm = {"norm": self._norms[q + c.ffn_norm + ".weight"], "eps": c.eps}
+                out.append(
+                    self._mv(self._weights[q + "router"], self.h, self.router, y_off=c.n_expert + 1, **next_norm)
+                )
+            return out
         ffn_norm = {"norm": self._norms[p + c.ffn_norm + ".weight"], "eps": c.eps}
         out.append(self._mv(self._weights[p + "router"], self.h, self.router, **ffn_norm))
         separate = self._weights.get(p + "ffn_gate_inp_shexp.weight")
@@ -501,20 +509,21 @@ class GpuMoEEngine:
         for layer in range(c.n_layer):
             self.kernels.run(pending + self._layers[layer], copy)
             norm = self._host_norms[f"blk.{layer}.{c.ffn_norm}.weight"]
+            prefetcher = self.cache.prefetcher
             if not c.is_moe_layer(layer):
-                # A leading dense layer: nothing to route, so nothing to read back.
+                # A leading dense layer: nothing to route; before a MoE layer its guess is read back and its
+                # reads start now, overlapping this layer's MLP (no lookup here would start them).
                 gpu.write(self.gate_norm, norm)
+                if prefetcher is not None and layer + 1 < c.n_layer and c.is_moe_layer(layer + 1):
+                    guess = gpu.read(self.router, np.float32, 2 * c.n_expert + 1)[None, c.n_expert + 1 :]
+                    self._guess(layer + 1, guess, prefetcher)
+                    prefetcher.start(layer)
                 pending = list(self._dense[layer])
                 continue
-            prefetcher = self.cache.prefetcher
             guessing = prefetcher is not None and layer + 1 < c.n_layer
             logits = gpu.read(self.router, np.float32, 2 * c.n_expert + 1 if guessing else c.n_expert + 1)
             if prefetcher is not None and guessing:
-                guess = logits[None, c.n_expert + 1 : 2 * c.n_expert + 1]
-                scores = selection_scores(c, guess, self._probs_bias.get(layer + 1))
-                likely = likely_experts(scores, c.n_expert_used, prefetcher.width)
-                self.cache.expect(layer + 1, likely)
-                prefetcher.request(layer + 1, likely, self.cache)
+                self._guess(layer + 1, logits[None, c.n_expert + 1 : 2 * c.n_expert + 1], prefetcher)
             chosen, weights = route_layer(c, logits[None, : c.n_expert], self._probs_bias.get(layer))
             slots = self.cache.fetch(layer, [int(e) for e in chosen[0]])
             gpu.write(self.gate_norm, norm)
@@ -530,6 +539,14 @@ class GpuMoEEngine:
             return None
         self.kernels.run([*pending, self._head])
         return gpu.read(self.logits, np.float32, c.n_vocab)
+
+    def _guess(self, layer: int, router_logits: np.ndarray, prefetcher: Any) -> None:
+        """Have the prefetcher read ``layer``'s likely experts from its router's logits [1, n_expert]."""
+        c = self.config
+        scores = selection_scores(c, router_logits, self._probs_bias.get(layer))
+        likely = likely_experts(scores, c.n_expert_used, prefetcher.width)
+        self.cache.expect(layer, likely)
+        prefetcher.request(layer, likely, self.cache)
 
     def checkpoint(self, n: int) -> list[Any]:
         """GPU copies of every layer's keys and values of positions 0..n-1 (see :meth:`restore`)."""
