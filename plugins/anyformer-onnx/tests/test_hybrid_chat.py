@@ -10,7 +10,6 @@ the comparison would catch states that were not carried from step to step.
 
 from __future__ import annotations
 
-import json
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,11 +17,11 @@ from typing import Any
 
 import numpy as np
 import pytest
+from teacher_forcing import Teacher, replies
 
 import anyformer
 from anyformer.plugin import AnyformerError, ErrorCode
 from anyformer_onnx.decoder import DecodeLoop
-from anyformer_onnx.sampling import Sampler
 
 #: How far the loop's logits may be from torch's.
 TOLERANCE = 2e-4
@@ -34,26 +33,8 @@ def qwen35(qwen35_dir: Path) -> Iterator[Any]:
         yield loaded
 
 
-def _replies(folder: Path) -> list[dict[str, Any]]:
-    data: dict[str, Any] = json.loads((folder / "reference.json").read_text(encoding="utf-8"))
-    return list(data["replies"])
-
-
-class _Teacher(Sampler):
-    """Records each step's logits and answers with torch's token."""
-
-    def __init__(self, tokens: list[int]) -> None:
-        super().__init__(0.0, 0, 1.0, None)
-        self.tokens = iter(tokens)
-        self.logits: list[np.ndarray] = []
-
-    def choose(self, logits: np.ndarray) -> int:
-        self.logits.append(logits.copy())
-        return next(self.tokens)
-
-
 def _run(loop: DecodeLoop, reply: dict[str, Any]) -> list[np.ndarray]:
-    teacher = _Teacher(reply["reply_ids"])
+    teacher = Teacher(reply["reply_ids"])
     list(loop.tokens(reply["prompt_ids"], teacher, limit=len(reply["reply_ids"]), stop_ids=frozenset({2})))
     return teacher.logits
 
@@ -76,7 +57,7 @@ def test_the_states_are_read_in_layer_order(qwen35: Any) -> None:
 
 def test_step_logits_equal_torch(qwen35: Any, qwen35_dir: Path) -> None:
     """Each step's logits (the prompt, then torch's reply token by token, states carried) equal torch's."""
-    for reply in _replies(qwen35_dir):
+    for reply in replies(qwen35_dir):
         got = _run(qwen35.handle.loop, reply)
         assert len(got) == len(reply["logits"]) >= 8
         for index, (row, want) in enumerate(zip(got, reply["logits"], strict=True)):
@@ -87,7 +68,7 @@ def test_greedy_replies_equal_torch(qwen35: Any, qwen35_dir: Path) -> None:
     from tokenizers import Tokenizer
 
     tokenizer = Tokenizer.from_file(str(qwen35_dir / "tokenizer.json"))
-    for reply in _replies(qwen35_dir):
+    for reply in replies(qwen35_dir):
         assert qwen35.handle.text.prompt_ids(reply["messages"], False) == reply["prompt_ids"]
         chunks = list(qwen35.generate(reply["messages"], max_new_tokens=len(reply["reply_ids"]), temperature=0))
         want = [t for t in reply["reply_ids"] if t != 2]
@@ -108,7 +89,7 @@ def test_states_not_carried_change_the_logits(qwen35: Any, qwen35_dir: Path, los
             return super().step(ids, total, fed, *rest)
 
     loop = Forgetful(qwen35.handle.loop.graph, "cpu")
-    reply = _replies(qwen35_dir)[0]
+    reply = replies(qwen35_dir)[0]
     got = _run(loop, reply)
     np.testing.assert_allclose(got[0], reply["logits"][0], atol=TOLERANCE)  # the prompt step starts from zeros anyway
     gap = max(float(np.abs(g - np.asarray(w)).max()) for g, w in zip(got[1:], reply["logits"][1:], strict=True))

@@ -18,13 +18,13 @@ from typing import Any
 
 import numpy as np
 import pytest
+from teacher_forcing import Teacher, replies
 
 import anyformer
 from anyformer.plugin import AnyformerError, Caps, ErrorCode, Model, Refusal, Request
 from anyformer_onnx import plugin
 from anyformer_onnx.decoder import DecodeLoop
 from anyformer_onnx.per_layer import PER_LAYER_INPUTS, declares_per_layer_inputs
-from anyformer_onnx.sampling import Sampler
 from anyformer_onnx.tasks import TEXT_GENERATION, task_of
 
 
@@ -35,26 +35,8 @@ def gemma3n(gemma3n_dir: Path) -> Iterator[Any]:
         yield loaded
 
 
-def _replies(folder: Path) -> list[dict[str, Any]]:
-    data: dict[str, Any] = json.loads((folder / "reference.json").read_text(encoding="utf-8"))
-    return list(data["replies"])
-
-
-class _Teacher(Sampler):
-    """Records each step's logits and answers with torch's token, so every step is compared on torch's path."""
-
-    def __init__(self, tokens: list[int]) -> None:
-        super().__init__(0.0, 0, 1.0, None)
-        self.tokens = iter(tokens)
-        self.logits: list[np.ndarray] = []
-
-    def choose(self, logits: np.ndarray) -> int:
-        self.logits.append(logits.copy())
-        return next(self.tokens)
-
-
 def _step_logits(loop: DecodeLoop, reply: dict[str, Any]) -> list[np.ndarray]:
-    teacher = _Teacher(reply["reply_ids"])
+    teacher = Teacher(reply["reply_ids"])
     tokens = loop.tokens(reply["prompt_ids"], teacher, limit=len(reply["reply_ids"]), stop_ids=frozenset({2}))
     assert list(tokens) == reply["reply_ids"]
     return teacher.logits
@@ -82,7 +64,7 @@ def test_the_graphs_carry_per_layer_inputs(gemma3n: Any, gemma3n_dir: Path) -> N
 
 def test_step_logits_equal_torch(gemma3n: Any, gemma3n_dir: Path) -> None:
     """Each step's logits (the prompt, then torch's reply token by token, through the cache) equal torch's."""
-    for reply in _replies(gemma3n_dir):
+    for reply in replies(gemma3n_dir):
         got = _step_logits(gemma3n.handle.loop, reply)
         assert len(got) == len(reply["logits"]) >= 8
         for index, (row, want) in enumerate(zip(got, reply["logits"], strict=True)):
@@ -94,7 +76,7 @@ def test_greedy_replies_equal_torch(gemma3n: Any, gemma3n_dir: Path) -> None:
     from tokenizers import Tokenizer
 
     tokenizer = Tokenizer.from_file(str(gemma3n_dir / "tokenizer.json"))
-    for reply in _replies(gemma3n_dir):
+    for reply in replies(gemma3n_dir):
         assert gemma3n.handle.text.prompt_ids(reply["messages"], False) == reply["prompt_ids"]
         chunks = list(gemma3n.generate(reply["messages"], max_new_tokens=len(reply["reply_ids"]), temperature=0))
         want = [t for t in reply["reply_ids"] if t != 2]
@@ -113,8 +95,8 @@ def test_per_layer_inputs_of_other_tokens_change_the_logits(gemma3n: Any, gemma3
         return found
 
     loop = DecodeLoop(gemma3n.handle.loop.graph, "cpu", stale)
-    reply = _replies(gemma3n_dir)[0]
-    teacher = _Teacher(reply["reply_ids"])
+    reply = replies(gemma3n_dir)[0]
+    teacher = Teacher(reply["reply_ids"])
     list(loop.tokens(reply["prompt_ids"], teacher, limit=len(reply["reply_ids"]), stop_ids=frozenset({2})))
     assert _largest_gap(teacher.logits, reply["logits"]) > 1e-2
 
@@ -128,8 +110,8 @@ def test_a_cache_not_fed_back_changes_the_logits(gemma3n: Any, gemma3n_dir: Path
             return super().step(ids, total, blank, *rest)
 
     loop = Forgetful(gemma3n.handle.loop.graph, "cpu", gemma3n.handle.media.embed_inputs)
-    reply = _replies(gemma3n_dir)[0]
-    teacher = _Teacher(reply["reply_ids"])
+    reply = replies(gemma3n_dir)[0]
+    teacher = Teacher(reply["reply_ids"])
     list(loop.tokens(reply["prompt_ids"], teacher, limit=len(reply["reply_ids"]), stop_ids=frozenset({2})))
     np.testing.assert_allclose(teacher.logits[0], reply["logits"][0], atol=2e-4)  # the prompt step needs no cache
     assert _largest_gap(teacher.logits[1:], reply["logits"][1:]) > 1e-2

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from teacher_forcing import Teacher
 
 import anyformer
 from anyformer.plugin import AnyformerError, ErrorCode
@@ -223,19 +224,6 @@ def test_a_block_template_renders_the_prompt_transformers_renders(
             assert got != reply["prompt_ids"]  # the stand-in rendering put newlines between the blocks
 
 
-class _Teacher(Sampler):
-    """Records each step's logits and answers with torch's token: the loop runs torch's reply, image or not."""
-
-    def __init__(self, tokens: list[int]) -> None:
-        super().__init__(0.0, 0, 1.0, None)
-        self.tokens = iter(tokens)
-        self.logits: list[np.ndarray] = []
-
-    def choose(self, logits: np.ndarray) -> int:
-        self.logits.append(logits.copy())
-        return next(self.tokens)
-
-
 def test_step_logits_equal_torch(qwen2_vl: Any, qwen2_vl_dir: Path, reference: Any) -> None:
     """Each step's logits (the prompt with images on their M-RoPE rows, then the reply token by token) equal torch's.
 
@@ -243,7 +231,7 @@ def test_step_logits_equal_torch(qwen2_vl: Any, qwen2_vl_dir: Path, reference: A
     the loop's own.
     """
     for reply in reference(qwen2_vl_dir)["replies"]:
-        teacher = _Teacher(reply["reply_ids"])
+        teacher = Teacher(reply["reply_ids"])
         tokens = qwen2_vl.handle.loop.tokens(
             reply["prompt_ids"],
             teacher,
