@@ -40,6 +40,29 @@ GEMMA3N_TOKENS = 12
 PER_LAYER_VOCAB = 90
 
 
+def _greedy_references(model: Any, chat: Any, prompts: Any) -> list[dict[str, Any]]:
+    """Per conversation: the prompt ids, torch's greedy reply (up to GEMMA3N_TOKENS, ending at id 2) and every
+    step's logits, each step computed on the whole sequence without a cache (the reference for the cached loop)."""
+    import torch
+
+    replies = []
+    with _quiet(), torch.no_grad():
+        for messages in prompts:
+            rendered = chat.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)
+            ids = [int(t) for t in rendered["input_ids"]]
+            sequence, reply, steps = list(ids), [], []
+            for _ in range(GEMMA3N_TOKENS):
+                logits = model(input_ids=torch.tensor([sequence]), use_cache=False).logits[0, -1]
+                steps.append(logits.tolist())
+                token = int(logits.argmax())
+                reply.append(token)
+                if token == 2:
+                    break
+                sequence.append(token)
+            replies.append({"messages": messages, "prompt_ids": ids, "reply_ids": reply, "logits": steps})
+    return replies
+
+
 def export_per_layer_modules(model: Any, onnx: Path) -> None:
     """Export a Gemma 3n causal LM as ``embed_tokens`` (two outputs) and a decoder reading both."""
     import torch
@@ -171,22 +194,7 @@ def build_tiny_gemma3n(folder: Path) -> None:
                 weight.add_(torch.randn_like(weight) * 0.2)
     config.save_pretrained(folder)
     _write_json(folder / "generation_config.json", {"eos_token_id": 2, "pad_token_id": 2})
-    chat = AutoTokenizer.from_pretrained(str(folder))
-    replies = []
-    with _quiet(), torch.no_grad():
-        for messages in GEMMA3N_PROMPTS:
-            rendered = chat.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)
-            ids = [int(t) for t in rendered["input_ids"]]
-            sequence, reply, steps = list(ids), [], []
-            for _ in range(GEMMA3N_TOKENS):
-                logits = model(input_ids=torch.tensor([sequence]), use_cache=False).logits[0, -1]
-                steps.append(logits.tolist())
-                token = int(logits.argmax())
-                reply.append(token)
-                if token == 2:
-                    break
-                sequence.append(token)
-            replies.append({"messages": messages, "prompt_ids": ids, "reply_ids": reply, "logits": steps})
+    replies = _greedy_references(model, AutoTokenizer.from_pretrained(str(folder)), GEMMA3N_PROMPTS)
     export_per_layer_modules(model, folder / "onnx")
     _write_json(folder / "reference.json", {"replies": replies})
 
@@ -197,6 +205,7 @@ def tiny_gemma3n() -> Path:
         "tiny-gemma3n",
         build_tiny_gemma3n,
         _char_tokenizer,
+        _greedy_references,
         export_per_layer_modules,
         extra=[GEMMA3N_PROMPTS, GEMMA3N_TOKENS, PER_LAYER_VOCAB],
     )
@@ -392,22 +401,7 @@ def build_tiny_qwen35(folder: Path) -> None:
                 weight.add_(torch.randn_like(weight) * 0.2)
     config.save_pretrained(folder)
     _write_json(folder / "generation_config.json", {"eos_token_id": 2, "pad_token_id": 2})
-    chat = AutoTokenizer.from_pretrained(str(folder))
-    replies = []
-    with _quiet(), torch.no_grad():
-        for messages in QWEN35_PROMPTS:
-            rendered = chat.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)
-            ids = [int(t) for t in rendered["input_ids"]]
-            sequence, reply, steps = list(ids), [], []
-            for _ in range(GEMMA3N_TOKENS):
-                logits = model(input_ids=torch.tensor([sequence]), use_cache=False).logits[0, -1]
-                steps.append(logits.tolist())
-                token = int(logits.argmax())
-                reply.append(token)
-                if token == 2:
-                    break
-                sequence.append(token)
-            replies.append({"messages": messages, "prompt_ids": ids, "reply_ids": reply, "logits": steps})
+    replies = _greedy_references(model, AutoTokenizer.from_pretrained(str(folder)), QWEN35_PROMPTS)
     export_hybrid_decoder(model, folder / "onnx" / "model.onnx")
     _write_json(folder / "reference.json", {"replies": replies})
 
@@ -418,6 +412,7 @@ def tiny_qwen35() -> Path:
         "tiny-qwen35",
         build_tiny_qwen35,
         _char_tokenizer,
+        _greedy_references,
         export_hybrid_decoder,
         extra=[QWEN35_PROMPTS, GEMMA3N_TOKENS, QWEN35_BLOCK],
     )
