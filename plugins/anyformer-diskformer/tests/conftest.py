@@ -141,3 +141,15 @@ def gemma4_dense_layer(tmp_path_factory: pytest.TempPathFactory) -> str:
     spec = TinyMoE(architecture="gemma4", n_layer=4, quant="F32", n_swa=6, dense_layer=2, n_expert=16, n_expert_used=4)
     write_tiny_moe(path, spec, seed=11)
     return path
+
+
+@pytest.fixture(scope="module")
+def gpu():
+    """The wgpu adapter (lavapipe with ANYFORMER_SOFTWARE_GPU=1); the test is skipped where there is none."""
+    from anyformer.plugin import AnyformerError
+    from anyformer_gguf_gpu.gpu import GPU
+
+    try:
+        return GPU()
+    except AnyformerError as exc:
+        pytest.skip(f"no GPU adapter for wgpu: {exc}")

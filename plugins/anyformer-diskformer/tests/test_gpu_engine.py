@@ -29,16 +29,6 @@ from anyformer_diskformer.moe_config import read_moe_config
 from anyformer_gguf_gpu.gguf_file import GGUFFile
 
 
-@pytest.fixture(scope="module")
-def gpu():
-    from anyformer_gguf_gpu.gpu import GPU
-
-    try:
-        return GPU()
-    except AnyformerError as exc:
-        pytest.skip(f"no GPU adapter for wgpu: {exc}")
-
-
 def gpu_engine(gpu, path: str, experts_held: int | None) -> GpuMoEEngine:
     """The engine over ``path``; its cache holds every expert (None) or ``experts_held`` slots."""
     gguf = GGUFFile(path)

@@ -24,16 +24,6 @@ from anyformer_gguf_gpu.gguf_file import GGUFFile
 CASES = [("moe_f32", 1e-4), ("qwen2moe_f32", 1e-4), ("bailingmoe2_f32", 1e-4)]
 
 
-@pytest.fixture(scope="module")
-def gpu():
-    from anyformer_gguf_gpu.gpu import GPU
-
-    try:
-        return GPU()
-    except AnyformerError as exc:
-        pytest.skip(f"no GPU adapter for wgpu: {exc}")
-
-
 def engine_for(gpu, path: str, slots: int | None, trace: TraceWriter | None = None, **kw: int) -> GpuMoEEngine:
     """The engine over ``path``, its cache holding ``slots`` experts (None: every one)."""
     gguf = GGUFFile(path)
