@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 from llama_cpp import Llama
@@ -57,3 +58,20 @@ def llama_steps(path: str) -> tuple[np.ndarray, list[int]]:
         rows.append(np.array(llm.scores[llm.n_tokens - 1 : llm.n_tokens]))
     llm.close()
     return np.concatenate(rows), tokens
+
+
+def open_or_skip(path: str, context: int = 64, **options: object) -> Any:
+    """A :class:`~anyformer_diskformer.engine.DiskformerModel` over ``path`` with load ``options``; a GPU load where
+    wgpu finds no adapter skips the test (CI's lavapipe has one), any other failure raises."""
+    import pytest
+
+    import anyformer
+    from anyformer import AnyformerError, ErrorCode, Request
+    from anyformer_diskformer.engine import DiskformerModel
+
+    try:
+        return DiskformerModel.open(anyformer.describe(path), Request(context=context, options=options), lambda e: None)
+    except AnyformerError as exc:
+        if options.get("device") == "gpu" and exc.code is ErrorCode.BACKEND_CRASHED:
+            pytest.skip(f"no GPU adapter for wgpu: {exc}")
+        raise

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from diskformer_reference import open_or_skip
 from llama_cpp import Llama
 
 import anyformer
@@ -43,12 +44,7 @@ def test_greedy_reply_is_llama_cpps(moe_f32, evicting, device):
     options: dict[str, object] = {"device": device}
     if evicting:
         options["pool_bytes"] = plan.min_cache_bytes
-    try:
-        model = open_model(moe_f32, **options)
-    except AnyformerError as exc:
-        if device == "gpu" and exc.code is ErrorCode.BACKEND_CRASHED:
-            pytest.skip(f"no GPU adapter for wgpu: {exc}")
-        raise
+    model = open_or_skip(moe_f32, 128, **options)
     try:
         ids = model.prompt_ids(MESSAGES, thinking=False)
         prompt = render_chat(model.tokenizer.chat_template, MESSAGES)
@@ -123,12 +119,7 @@ def test_qwen35moe_replies_as_llama_cpp(qwen35moe_f32, device):
     from anyformer_diskformer.cpu_hybrid import HybridCpuEngine
     from anyformer_diskformer.gpu_hybrid import HybridGpuEngine
 
-    try:
-        model = open_model(qwen35moe_f32, device=device)
-    except AnyformerError as exc:
-        if device == "gpu" and exc.code is ErrorCode.BACKEND_CRASHED:
-            pytest.skip(f"no GPU adapter for wgpu: {exc}")
-        raise
+    model = open_or_skip(qwen35moe_f32, 128, device=device)
     try:
         engine = model.engine
         assert isinstance(engine, HybridGpuEngine if device == "gpu" else HybridCpuEngine)

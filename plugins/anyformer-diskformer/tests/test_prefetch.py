@@ -7,12 +7,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-from diskformer_reference import greedy_steps
+from diskformer_reference import greedy_steps, open_or_skip
 
-import anyformer
-from anyformer import AnyformerError, ErrorCode, Request
+from anyformer import AnyformerError, ErrorCode
 from anyformer.plugin import read_gguf_header
-from anyformer_diskformer.engine import DiskformerModel
 from anyformer_diskformer.expert_cache import CacheStats
 from anyformer_diskformer.expert_reader import ExpertSlices
 from anyformer_diskformer.plan import plan_from_header
@@ -23,12 +21,7 @@ STEPS = 24
 
 def run(path: str, **options: object) -> tuple[np.ndarray, CacheStats, int]:
     """Every step's logits for the prompt and its greedy continuation, the cache's counters, the prefetch width."""
-    try:
-        model = DiskformerModel.open(anyformer.describe(path), Request(context=64, options=options), lambda e: None)
-    except AnyformerError as exc:
-        if options.get("device") == "gpu" and exc.code is ErrorCode.BACKEND_CRASHED:
-            pytest.skip(f"no GPU adapter for wgpu: {exc}")
-        raise
+    model = open_or_skip(path, **options)
     try:
         engine = model.engine
         assert engine is not None
@@ -93,12 +86,7 @@ def test_the_moe_layer_after_a_leading_dense_block_is_prefetched(bailingmoe2_f32
     plan, k = plan_from_header(header, 64, device), config.n_expert_used
     plain, _, _ = run(bailingmoe2_f32, device=device, pool_bytes=plan.min_cache_bytes, prefetch=0, cache_policy="lru")
     options = {"device": device, "pool_bytes": plan.min_cache_bytes + k * plan.one_expert_bytes, "prefetch": k}
-    try:
-        model = DiskformerModel.open(anyformer.describe(bailingmoe2_f32), Request(context=64, options=options), print)
-    except AnyformerError as exc:
-        if device == "gpu" and exc.code is ErrorCode.BACKEND_CRASHED:
-            pytest.skip(f"no GPU adapter for wgpu: {exc}")
-        raise
+    model = open_or_skip(bailingmoe2_f32, **options)
     try:
         engine = model.engine
         assert engine is not None
@@ -138,13 +126,8 @@ def test_gemma4_guesses_the_moe_layer_after_a_dense_layer(gemma4_dense_layer, de
     assert not config.is_moe_layer(2) and config.is_moe_layer(3)
     plan, k = plan_from_header(header, 64, device), config.n_expert_used
     plain, _, _ = run(path, device=device, pool_bytes=plan.min_cache_bytes, prefetch=0, cache_policy="lru")
-    try:
-        options = {"device": device, "pool_bytes": plan.min_cache_bytes + k * plan.one_expert_bytes, "prefetch": k}
-        model = DiskformerModel.open(anyformer.describe(path), Request(context=64, options=options), lambda e: None)
-    except AnyformerError as exc:
-        if device == "gpu" and exc.code is ErrorCode.BACKEND_CRASHED:
-            pytest.skip(f"no GPU adapter for wgpu: {exc}")
-        raise
+    options = {"device": device, "pool_bytes": plan.min_cache_bytes + k * plan.one_expert_bytes, "prefetch": k}
+    model = open_or_skip(path, **options)
     try:
         engine = model.engine
         assert engine is not None and model.prefetch_width == k

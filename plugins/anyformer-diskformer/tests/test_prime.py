@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from diskformer_reference import open_or_skip
 
-import anyformer
-from anyformer import AnyformerError, ErrorCode, GenerateOptions, Request
+from anyformer import AnyformerError, ErrorCode, GenerateOptions
 from anyformer_diskformer.engine import DiskformerModel
 
 SYSTEM = "You answer in one short sentence about the sea."
@@ -15,12 +15,7 @@ GREEDY = GenerateOptions(max_new_tokens=16)
 
 
 def open_model(path: str, **options: object) -> DiskformerModel:
-    try:
-        return DiskformerModel.open(anyformer.describe(path), Request(context=128, options=options), lambda e: None)
-    except AnyformerError as exc:
-        if options.get("device") == "gpu" and exc.code is ErrorCode.BACKEND_CRASHED:
-            pytest.skip(f"no GPU adapter for wgpu: {exc}")
-        raise
+    return open_or_skip(path, 128, **options)
 
 
 def reply(model: DiskformerModel, messages: list) -> str:
