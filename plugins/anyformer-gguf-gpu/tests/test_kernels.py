@@ -124,24 +124,50 @@ def test_decode_layout_picks_the_shape_per_matrix():
 
 
 @pytest.mark.parametrize("fmt", [Q4_1, Q4_K, Q8_0, F16], ids=lambda f: f.name)
-@pytest.mark.parametrize(("rows", "layout"), [(16390, (256, 8)), (3000, (64, 16)), (2000, (64, 32)), (300, (64, 64))])
-def test_matvec_per_matrix_layouts_match_numpy(gpu, rng, fmt, rows, layout):
-    """One token's product in each layout a GPU picks per matrix (row counts not a multiple of the workgroup's
-    rows), with a normalised input and with a SwiGLU input, against numpy."""
+@pytest.mark.parametrize(
+    ("rows", "tokens", "layout"),
+    [
+        (16390, 1, (256, 8)),
+        (3000, 1, (64, 16)),
+        (2000, 1, (64, 32)),
+        (300, 1, (64, 64)),
+        (2100, 6, (256, 2)),
+        (300, 6, (64, 4)),
+    ],
+)
+def test_matvec_per_matrix_layouts_match_numpy(gpu, rng, fmt, rows, tokens, layout):
+    """Products in each layout a GPU picks per matrix (row counts not a multiple of the workgroup's rows; one token,
+    and several through the tiled kernel), with a normalised input and with a SwiGLU input, against numpy."""
     kernels = Kernels(gpu, threads_per_row=32, layout_per_matrix=True)
-    assert kernels.matrix_layout(rows, 1) == layout
+    assert kernels.matrix_layout(rows, kernels.tokens_per_thread(tokens)) == layout
     cols, eps = _cols_for(fmt, 2), 1e-5
     raw = random_blocks(fmt, rows * cols, rng)
     weights = dequantize(raw, fmt.ggml_type).reshape(rows, cols).astype(np.float64)
     w_buf = gpu.upload(raw)
-    x = rng.standard_normal(2 * cols).astype(np.float32)
+    x = rng.standard_normal((tokens, 2 * cols)).astype(np.float32)
     norm = rng.standard_normal(cols).astype(np.float32)
-    y = gpu.buffer(rows * 4)
-    kernels.run([kernels.matvec(w_buf, fmt, rows, cols, gpu.upload(x), y, norm=gpu.upload(norm), eps=eps)])
-    _close(gpu.read(y, np.float32, rows), weights @ _rms(x[None, :cols], norm, eps)[0])
-    kernels.run([kernels.matvec(w_buf, fmt, rows, cols, gpu.upload(x), y, swiglu=True)])
-    g, u = x[:cols].astype(np.float64), x[cols:]
-    _close(gpu.read(y, np.float32, rows), weights @ (g / (1 + np.exp(-g)) * u))
+    y = gpu.buffer(tokens * rows * 4)
+    kernels.run(
+        [
+            kernels.matvec(
+                w_buf,
+                fmt,
+                rows,
+                cols,
+                gpu.upload(x),
+                y,
+                tokens=tokens,
+                x_stride=2 * cols,
+                norm=gpu.upload(norm),
+                eps=eps,
+            )
+        ]
+    )
+    got = gpu.read(y, np.float32, tokens * rows).reshape(tokens, rows)
+    _close(got, _rms(x[:, :cols], norm, eps) @ weights.T)
+    kernels.run([kernels.matvec(w_buf, fmt, rows, cols, gpu.upload(x), y, tokens=tokens, swiglu=True)])
+    g, u = x[:, :cols].astype(np.float64), x[:, cols:]
+    _close(gpu.read(y, np.float32, tokens * rows).reshape(tokens, rows), (g / (1 + np.exp(-g)) * u) @ weights.T)
 
 
 def test_matvec_more_rows_than_one_dispatch_dimension(gpu, rng):

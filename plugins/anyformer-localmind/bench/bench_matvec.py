@@ -67,8 +67,12 @@ SHAPES = (
 
 
 @contextmanager
-def kernel_variant(workgroup: int, source: Path | None) -> Iterator[None]:
-    """Kernels built inside the block use ``workgroup`` threads a workgroup and, if given, ``source`` as matvec.wgsl."""
+def kernel_variant(workgroup: int, source: Path | None, tpr: int = 4, tokens_per_thread: int = 4) -> Iterator[None]:
+    """Kernels built inside the block use ``workgroup`` threads a workgroup, ``tpr`` threads a row and
+    ``tokens_per_thread`` tokens a thread in the several-token (tiled) variant and, if given, ``source`` as
+    matvec.wgsl."""
+    saved = (kernels_module.PREFILL_THREADS_PER_ROW, kernels_module.PREFILL_TOKENS_PER_THREAD)
+    kernels_module.PREFILL_THREADS_PER_ROW, kernels_module.PREFILL_TOKENS_PER_THREAD = tpr, tokens_per_thread
     saved_workgroup, saved_wgsl = kernels_module.WORKGROUP, kernels_module._wgsl
     kernels_module.WORKGROUP = workgroup
     if source is not None:
@@ -78,6 +82,7 @@ def kernel_variant(workgroup: int, source: Path | None) -> Iterator[None]:
         yield
     finally:
         kernels_module.WORKGROUP, kernels_module._wgsl = saved_workgroup, saved_wgsl  # type: ignore[assignment]
+        kernels_module.PREFILL_THREADS_PER_ROW, kernels_module.PREFILL_TOKENS_PER_THREAD = saved
 
 
 def time_dispatch(gpu: GPU, run: Callable[[int], None], reps: int) -> float:
@@ -91,16 +96,16 @@ def time_dispatch(gpu: GPU, run: Callable[[int], None], reps: int) -> float:
     return 1e6 * best / reps
 
 
-def bench(gpu: GPU, shape: Shape, quant: str, tpr: int, reps: int, rng: np.random.Generator) -> float:
-    """Microseconds a dispatch of ``shape`` with the kernels the current variant compiles."""
+def bench(gpu: GPU, shape: Shape, quant: str, tpr: int, reps: int, rng: np.random.Generator, tokens: int = 1) -> float:
+    """Microseconds a dispatch of ``shape`` over ``tokens`` tokens with the kernels the current variant compiles."""
     fmt = BY_NAME[quant]
-    kernels = Kernels(gpu, threads_per_row=tpr)
+    kernels = Kernels(gpu, threads_per_row=tpr if tokens == 1 else max(tpr, 4))
     weights = gpu.upload(random_blocks(fmt, shape.rows * shape.cols, rng))
     width = 2 * shape.cols if shape.swiglu else shape.cols
-    x = gpu.upload(rng.standard_normal(width).astype(np.float32))
-    y = gpu.buffer(shape.rows * 4)
+    x = gpu.upload(rng.standard_normal(tokens * width).astype(np.float32))
+    y = gpu.buffer(tokens * shape.rows * 4)
     norm = gpu.upload(np.ones(shape.cols, dtype=np.float32)) if shape.norm else None
-    dispatch = kernels.matvec(weights, fmt, shape.rows, shape.cols, x, y, swiglu=shape.swiglu, norm=norm)
+    dispatch = kernels.matvec(weights, fmt, shape.rows, shape.cols, x, y, tokens=tokens, swiglu=shape.swiglu, norm=norm)
 
     def run(n: int) -> None:
         kernels.run([dispatch] * n)
@@ -118,6 +123,11 @@ def main() -> None:
     parser.add_argument("--source", action="append", default=[], help="NAME=PATH of another matvec.wgsl")
     parser.add_argument("--peak-gbps", type=float, default=None)
     parser.add_argument("--only", default="", help="run only the shapes whose name contains this")
+    parser.add_argument("--skip", default="", help="leave out the shapes whose name contains this")
+    parser.add_argument("--tokens", type=int, default=1, help="tokens a product (more than 1: the tiled kernel)")
+    parser.add_argument(
+        "--tokens-per-thread", type=int, nargs="+", default=[4], help="the tiled kernel's tokens a thread"
+    )
     args = parser.parse_args()
     gpu = GPU()
     print(f"adapter: {gpu.name}, quant {args.quant}, {args.reps} dispatches a submission")
@@ -125,22 +135,29 @@ def main() -> None:
     sources += [(spec.split("=", 1)[0], Path(spec.split("=", 1)[1])) for spec in args.source]
     fmt = BY_NAME[args.quant]
     rng = np.random.default_rng(0)
-    for shape in (s for s in SHAPES if args.only in s.name):
+    for shape in (s for s in SHAPES if args.only in s.name and not (args.skip and args.skip in s.name)):
         nbytes = fmt.row_bytes(shape.cols) * shape.rows
+        per_thread = args.tokens_per_thread if args.tokens > 1 else [1]
         for name, source in sources:
             for workgroup in args.workgroup:
                 for tpr in args.threads_per_row:
-                    if tpr > workgroup:
-                        continue
-                    with kernel_variant(workgroup, source):
-                        us = bench(gpu, shape, args.quant, tpr, args.reps, rng)
-                    gbps = nbytes / us / 1e3
-                    peak = f" ({gbps / args.peak_gbps:.1%} of peak)" if args.peak_gbps else ""
-                    print(
-                        f"{shape.name:20s} {shape.rows:6d}x{shape.cols:<5d} {name:8s} wg {workgroup:3d} tpr {tpr:2d}: "
-                        f"{us:8.2f} us  {gbps:7.1f} GB/s{peak}",
-                        flush=True,
-                    )
+                    for tb in per_thread:
+                        if tpr > workgroup:
+                            continue
+                        try:
+                            with kernel_variant(workgroup, source, tpr, tb):
+                                us = bench(gpu, shape, args.quant, tpr, args.reps, rng, args.tokens)
+                        except Exception as exc:  # a variant the adapter cannot compile (workgroup memory)
+                            print(f"{shape.name:20s} wg {workgroup:3d} tpr {tpr:2d} tb {tb:2d}: failed: {exc}")
+                            continue
+                        gbps = nbytes / us / 1e3
+                        peak = f" ({gbps / args.peak_gbps:.1%} of peak)" if args.peak_gbps else ""
+                        flops = 2 * shape.rows * shape.cols * args.tokens / us / 1e6
+                        print(
+                            f"{shape.name:20s} {shape.rows:6d}x{shape.cols:<5d} {name:8s} wg {workgroup:3d} "
+                            f"tpr {tpr:2d} tb {tb:2d}: {us:8.2f} us  {gbps:7.1f} GB/s{peak}  {flops:7.1f} TFLOP/s",
+                            flush=True,
+                        )
 
 
 if __name__ == "__main__":

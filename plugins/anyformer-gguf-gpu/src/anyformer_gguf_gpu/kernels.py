@@ -341,6 +341,21 @@ def decode_layout(rows: int, *, rope: bool = False) -> tuple[int, int]:
     return (128 if rope and tpr == WORKGROUP else WORKGROUP), tpr
 
 
+#: A matrix with at least this many rows is multiplied over several tokens on a GPU by workgroups of 256 threads
+#: with 2 a row (128 rows a workgroup share each staged input): on an H200 (2026-12-01, ``bench/bench_matvec.py
+#: --tokens 64``) that took 64-token products of 3072-6144 rows 1.5-4.6x faster than 64 threads with 4 a row
+#: (SmolLM2's gate|up 351 -> 128 us, Qwen3-0.6B's q/k/v 402 -> 172 us, its Q4_K gate|up 947 -> 207 us); below it the
+#: 64/4 shape was as fast as any (narrower matrices have too few rows to fill 128-row workgroups).
+PREFILL_WIDE_ROWS = 2048
+
+
+def prefill_layout(rows: int, threads_per_row: int) -> tuple[int, int]:
+    """(threads a workgroup, threads a row) of a several-token product over ``rows`` rows on a GPU."""
+    if rows >= PREFILL_WIDE_ROWS:
+        return 256, 2
+    return WORKGROUP, threads_per_row
+
+
 def default_threads_per_row(gpu: GPU) -> int:
     """1 on a CPU adapter (no barriers: lavapipe runs each workgroup on one core), 32 on a GPU."""
     from anyformer_gguf_gpu.gpu import is_software
@@ -402,10 +417,12 @@ class Kernels:
         return self.threads_per_row if tokens_per_thread == 1 else self.prefill_threads_per_row
 
     def matrix_layout(self, rows: int, tokens_per_thread: int, *, rope: bool = False) -> tuple[int, int]:
-        """(threads a workgroup, threads a row) of the matrix kernel over ``rows`` rows: chosen per matrix for
-        one-token products on a GPU (:func:`decode_layout`), fixed otherwise."""
-        if tokens_per_thread == 1 and self.layout_per_matrix:
-            return decode_layout(rows, rope=rope)
+        """(threads a workgroup, threads a row) of the matrix kernel over ``rows`` rows: chosen per matrix on a GPU
+        (:func:`decode_layout` for one-token products, :func:`prefill_layout` for the tiled ones), fixed otherwise."""
+        if self.layout_per_matrix:
+            if tokens_per_thread == 1:
+                return decode_layout(rows, rope=rope)
+            return prefill_layout(rows, self.prefill_threads_per_row)
         return WORKGROUP, self.rows_threads(tokens_per_thread)
 
     def matrix_key(
