@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import numpy as np
 import pytest
@@ -74,43 +73,43 @@ def test_prefetch_keeps_the_logits_of_the_architectures_with_engines_of_their_ow
     assert with_.hit_rate > without.hit_rate + 0.15, (with_, without)
 
 
+def _prefetched_by_layer(path: str, device: str, dense: int) -> dict[int, int]:
+    """Greedy steps on ``path`` (whose layer ``dense`` is dense and the next a MoE layer) with prefetch: per layer, the
+    lookups a prefetch served; the steps' logits are checked against a run without prefetch."""
+    from anyformer_diskformer.moe_config import read_moe_config
+
+    header = read_gguf_header(path)
+    config = read_moe_config(header)
+    assert not config.is_moe_layer(dense) and config.is_moe_layer(dense + 1)
+    plan, k = plan_from_header(header, 64, device), config.n_expert_used
+    plain, _, _ = run(path, device=device, pool_bytes=plan.min_cache_bytes, prefetch=0, cache_policy="lru")
+    model = open_or_skip(path, device=device, pool_bytes=plan.min_cache_bytes + k * plan.one_expert_bytes, prefetch=k)
+    try:
+        engine = model.engine
+        assert engine is not None and model.prefetch_width == k
+        cache, prefetched = engine.cache, dict.fromkeys(range(config.n_layer), 0)
+        get = cache.get
+
+        def counting_get(layer: int, expert: int):  # type: ignore[no-untyped-def]
+            before = cache.stats.prefetched
+            entry = get(layer, expert)
+            prefetched[layer] += cache.stats.prefetched - before
+            return entry
+
+        cache.get = counting_get
+        ahead, _ = greedy_steps(engine.forward, STEPS)
+    finally:
+        model.dispose()
+    np.testing.assert_array_equal(ahead, plain)
+    return prefetched
+
+
 @pytest.mark.parametrize("device", ["cpu", "gpu"])
 def test_the_moe_layer_after_a_leading_dense_block_is_prefetched(bailingmoe2_f32, device):
     """bailingmoe2's layer 0 is a dense block: the guess for layer 1 (its router on layer 0's residual) starts
     reading during layer 0's MLP, so some of layer 1's lookups are prefetched; the logits stay those without."""
-    from anyformer_diskformer.moe_config import read_moe_config
-
-    header = read_gguf_header(bailingmoe2_f32)
-    config = read_moe_config(header)
-    assert not config.is_moe_layer(0) and config.is_moe_layer(1)
-    plan, k = plan_from_header(header, 64, device), config.n_expert_used
-    plain, _, _ = run(bailingmoe2_f32, device=device, pool_bytes=plan.min_cache_bytes, prefetch=0, cache_policy="lru")
-    options = {"device": device, "pool_bytes": plan.min_cache_bytes + k * plan.one_expert_bytes, "prefetch": k}
-    model = open_or_skip(bailingmoe2_f32, **options)
-    try:
-        engine = model.engine
-        assert engine is not None
-        ahead, prefetched = _greedy_counting_prefetches(engine, config.n_layer)
-    finally:
-        model.dispose()
-    np.testing.assert_array_equal(ahead, plain)
+    prefetched = _prefetched_by_layer(bailingmoe2_f32, device, dense=0)
     assert prefetched[0] == 0 and prefetched[1] > 0, prefetched
-
-
-def _greedy_counting_prefetches(engine: Any, n_layer: int) -> tuple[Any, dict[int, int]]:
-    """The greedy steps' logits and, per layer, how many lookups a prefetch served."""
-    cache, prefetched = engine.cache, dict.fromkeys(range(n_layer), 0)
-    get = cache.get
-
-    def counting_get(layer: int, expert: int):  # type: ignore[no-untyped-def]
-        before = cache.stats.prefetched
-        entry = get(layer, expert)
-        prefetched[layer] += cache.stats.prefetched - before
-        return entry
-
-    cache.get = counting_get
-    ahead, _ = greedy_steps(engine.forward, STEPS)
-    return ahead, prefetched
 
 
 @pytest.mark.parametrize("device", ["cpu", "gpu"])
@@ -118,23 +117,7 @@ def test_gemma4_guesses_the_moe_layer_after_a_dense_layer(gemma4_dense_layer, de
     """Layer 2 has no router: its residual goes through layer 3's router, and the reads of that guess start
     then (no lookup of layer 2 would start them), so some of layer 3's lookups are prefetched; the logits stay
     those without prefetch (which test_gpu_engine checks against the CPU engine and llama.cpp)."""
-    from anyformer_diskformer.moe_config import read_moe_config
-
-    path = gemma4_dense_layer
-    header = read_gguf_header(path)
-    config = read_moe_config(header)
-    assert not config.is_moe_layer(2) and config.is_moe_layer(3)
-    plan, k = plan_from_header(header, 64, device), config.n_expert_used
-    plain, _, _ = run(path, device=device, pool_bytes=plan.min_cache_bytes, prefetch=0, cache_policy="lru")
-    options = {"device": device, "pool_bytes": plan.min_cache_bytes + k * plan.one_expert_bytes, "prefetch": k}
-    model = open_or_skip(path, **options)
-    try:
-        engine = model.engine
-        assert engine is not None and model.prefetch_width == k
-        ahead, prefetched = _greedy_counting_prefetches(engine, config.n_layer)
-    finally:
-        model.dispose()
-    np.testing.assert_array_equal(ahead, plain)
+    prefetched = _prefetched_by_layer(gemma4_dense_layer, device, dense=2)
     # Layer 0 is never guessed, layer 2 has no experts; layer 3's guess comes from the dense layer 2.
     assert prefetched[0] == prefetched[2] == 0
     assert prefetched[3] > 0, prefetched
