@@ -167,3 +167,22 @@ def test_the_plan_counts_the_prompt_steps_gpu_bytes(request, gpu, fixture):
         single.release()
     assert plan_from_header(header, CTX, "cpu").prompt_bytes == 0
     assert plan_from_header(header, CTX, "gpu", 1).prompt_bytes == 0
+
+
+@pytest.mark.parametrize("fixture", ["moe_f32", "qwen2moe_f32"])
+def test_a_prompt_compiles_nothing_after_load_in_a_gpus_shapes(request, gpu, fixture, monkeypatch):
+    """With the shapes a GPU gives each matrix (forced here: lavapipe keeps one thread a row), the pipelines of a
+    prompt's steps — the experts' several-token products and the one-token ones of experts a single token routes to
+    — were compiled at load: running the prompt compiles nothing."""
+    from anyformer_gguf_gpu import kernels as kernels_module
+    from anyformer_gguf_gpu.testing import compiles_counted
+
+    monkeypatch.setattr(kernels_module, "default_threads_per_row", lambda gpu: 32)
+    engine = engine_for(gpu, request.getfixturevalue(fixture), None, prompt_step=4)
+    try:
+        assert engine.kernels.layout_per_matrix and engine.prompt is not None
+        with compiles_counted(gpu.device) as made:
+            engine.forward(PROMPT, 0, every=False)
+        assert made == []
+    finally:
+        engine.release()

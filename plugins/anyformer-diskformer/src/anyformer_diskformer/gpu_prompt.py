@@ -83,14 +83,16 @@ class PromptSteps:
     def _compile(self) -> None:
         """Compile at load what a full step uses, so the first prompt does not wait for it: the step's fixed
         dispatches (made now), and the experts' tiled products for each weight type their tensors have."""
-        e, k = self.engine, self.engine.kernels
+        e, k, c = self.engine, self.engine.kernels, self.engine.config
         self._fixed_for(self.tokens)
-        tb = k.tokens_per_thread(self.tokens)
         wanted = []
         for (_, kind), span in e.cache.reader.spans.items():
             down = kind == EXPERT_TENSORS[2]
-            # gate and up normalise their input (RMSNorm fused); down reads silu(gate) * up.
-            wanted.append(("matvec", format_of(span.ggml_type).name, tb, down, not down))
+            quant, rows = format_of(span.ggml_type).name, c.n_embd if down else c.n_ff_exp
+            # gate and up normalise their input (RMSNorm fused); down reads silu(gate) * up. An expert one token of
+            # the step routes to runs the one-token kernel; the keys carry the shape a GPU gives each matrix.
+            for tokens in (1, self.tokens):
+                wanted.append(k.matrix_key(quant, rows, tokens, swiglu=down, norm=not down))
         k.compile(wanted)
 
     # Dispatches that depend only on the step's token count.

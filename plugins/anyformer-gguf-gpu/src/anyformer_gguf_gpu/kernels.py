@@ -384,8 +384,8 @@ class Kernels:
         if tpr < 1 or tpr > WORKGROUP or tpr & (tpr - 1):
             raise ValueError(f"threads_per_row must be a power of two up to {WORKGROUP}, not {tpr}")
         self.threads_per_row = tpr
-        #: Whether one-token products pick their shape per matrix (decode_layout): by default on a GPU unless the
-        #: caller fixed the threads a row. A CPU adapter keeps one thread a row (no barriers).
+        #: Whether products pick their shape per matrix (decode_layout, prefill_layout): by default on a GPU unless
+        #: the caller fixed the threads a row. A CPU adapter keeps one thread a row (no barriers).
         per_matrix = threads_per_row is None and tpr > 1
         self.layout_per_matrix = per_matrix if layout_per_matrix is None else layout_per_matrix
         #: Threads per row of the tiled matrix kernel (steps of several tokens).
