@@ -75,3 +75,23 @@ def open_or_skip(path: str, context: int = 64, **options: object) -> Any:
         if options.get("device") == "gpu" and exc.code is ErrorCode.BACKEND_CRASHED:
             pytest.skip(f"no GPU adapter for wgpu: {exc}")
         raise
+
+
+def gpu_engine_for(gpu: Any, path: str, slots: int | None, trace: Any = None, **kw: Any) -> Any:
+    """The wgpu engine of ``path``'s architecture, its cache holding ``slots`` experts (None: every one)."""
+    from anyformer_diskformer.engine import gpu_engine_class
+    from anyformer_diskformer.expert_cache import ExpertCache
+    from anyformer_diskformer.moe_config import read_moe_config
+    from anyformer_gguf_gpu.gguf_file import GGUFFile
+
+    gguf = GGUFFile(path)
+    config = read_moe_config(gguf.header)
+
+    def make_cache(store: Any) -> Any:
+        capacity = store.slot_bytes * (slots or config.n_layer * config.n_expert)
+        return ExpertCache(path, gguf.header, config.n_layer, config.n_expert, capacity, store=store)
+
+    try:
+        return gpu_engine_class(config)(gpu, gguf, config, make_cache, CTX, trace, **kw)
+    finally:
+        gguf.close()

@@ -17,31 +17,17 @@ from diskformer_reference import (
     PROMPT,
     STEPS,
     WGPU_CASES,
+    gpu_engine_for,
     greedy_steps,
     llama_steps,
 )
 
 from anyformer import AnyformerError
-from anyformer_diskformer.engine import cpu_engine_class, gpu_engine_class
+from anyformer_diskformer.engine import cpu_engine_class
 from anyformer_diskformer.expert_cache import ExpertCache
 from anyformer_diskformer.gpu_engine import GpuMoEEngine, GpuSlots
 from anyformer_diskformer.moe_config import read_moe_config
 from anyformer_gguf_gpu.gguf_file import GGUFFile
-
-
-def gpu_engine(gpu, path: str, experts_held: int | None) -> GpuMoEEngine:
-    """The engine over ``path``; its cache holds every expert (None) or ``experts_held`` slots."""
-    gguf = GGUFFile(path)
-    config = read_moe_config(gguf.header)
-
-    def make_cache(slots: GpuSlots) -> ExpertCache[int]:
-        capacity = slots.slot_bytes * (experts_held or config.n_layer * config.n_expert)
-        return ExpertCache(path, gguf.header, config.n_layer, config.n_expert, capacity, store=slots)
-
-    try:
-        return gpu_engine_class(config)(gpu, gguf, config, make_cache, CTX)
-    finally:
-        gguf.close()
 
 
 @pytest.mark.parametrize(("fixture", "tolerance"), WGPU_CASES)
@@ -50,7 +36,7 @@ def test_gpu_logits_and_greedy_text_match_llama_cpp(request, gpu, fixture, toler
     path = request.getfixturevalue(fixture)
     want, want_tokens = llama_steps(path)
     config = read_moe_config(GGUFFile(path).header)
-    engine = gpu_engine(gpu, path, config.n_expert_used if evicting else None)
+    engine = gpu_engine_for(gpu, path, config.n_expert_used if evicting else None)
     try:
         got, tokens = greedy_steps(engine.forward)
         stats = engine.cache.stats
@@ -94,7 +80,7 @@ def test_gemma4_on_wgpu_matches_the_cpu_engine_and_llama_cpp(request, gpu, fixtu
     want, want_tokens = llama_steps(path)
     cpu, cpu_tokens = cpu_steps(path)
     config = read_moe_config(GGUFFile(path).header)
-    engine = gpu_engine(gpu, path, config.n_expert_used if evicting else None)
+    engine = gpu_engine_for(gpu, path, config.n_expert_used if evicting else None)
     try:
         assert isinstance(engine, Gemma4GpuEngine)
         got, tokens = greedy_steps(engine.forward)
@@ -121,7 +107,7 @@ def test_gpu_engine_reads_k_quant_experts_as_the_cpu_engine_does(gpu, tmp_path):
     path = str(tmp_path / "tiny-qwen3moe-q4k.gguf")
     write_tiny_moe(path, TinyMoE(n_embd=256, n_ff_exp=256, quant="Q8_0", expert_quant="Q4_K"), seed=6)
     config = read_moe_config(GGUFFile(path).header)
-    engine = gpu_engine(gpu, path, config.n_expert_used)
+    engine = gpu_engine_for(gpu, path, config.n_expert_used)
     gguf = GGUFFile(path)
     cache = ExpertCache(path, gguf.header, config.n_layer, config.n_expert, 10**9)
     cpu = CpuMoEEngine(gguf, config, cache, CTX)
@@ -150,7 +136,7 @@ def test_gemma4_reads_quantised_weights_as_the_cpu_engine_does(gpu, tmp_path):
     write_tiny_moe(path, spec, seed=12)
     config = read_moe_config(GGUFFile(path).header)
     want, want_tokens = cpu_steps(path)
-    engine = gpu_engine(gpu, path, config.n_expert_used)
+    engine = gpu_engine_for(gpu, path, config.n_expert_used)
     try:
         got, tokens = greedy_steps(engine.forward, 8)
         rows = got.shape[0]

@@ -9,12 +9,10 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from diskformer_reference import CTX, PROMPT, greedy_steps, llama_steps
+from diskformer_reference import CTX, PROMPT, gpu_engine_for, greedy_steps, llama_steps
 
 from anyformer import AnyformerError, ErrorCode
-from anyformer_diskformer.engine import gpu_engine_class
-from anyformer_diskformer.expert_cache import ExpertCache
-from anyformer_diskformer.gpu_engine import GpuMoEEngine, GpuSlots
+from anyformer_diskformer.gpu_engine import GpuMoEEngine
 from anyformer_diskformer.moe_config import read_moe_config
 from anyformer_diskformer.trace import TraceWriter
 from anyformer_gguf_gpu.gguf_file import GGUFFile
@@ -22,21 +20,6 @@ from anyformer_gguf_gpu.gguf_file import GGUFFile
 #: The fixtures checked (qwen3moe, qwen2moe with its gated shared expert and q/k/v biases, bailingmoe2 with a leading
 #: dense layer and expert groups) and llama.cpp tolerances, as test_gpu_engine's.
 CASES = [("moe_f32", 1e-4), ("qwen2moe_f32", 1e-4), ("bailingmoe2_f32", 1e-4)]
-
-
-def engine_for(gpu, path: str, slots: int | None, trace: TraceWriter | None = None, **kw: int) -> GpuMoEEngine:
-    """The engine over ``path``, its cache holding ``slots`` experts (None: every one)."""
-    gguf = GGUFFile(path)
-    config = read_moe_config(gguf.header)
-
-    def make_cache(store: GpuSlots) -> ExpertCache[int]:
-        capacity = store.slot_bytes * (slots or config.n_layer * config.n_expert)
-        return ExpertCache(path, gguf.header, config.n_layer, config.n_expert, capacity, store=store)
-
-    try:
-        return gpu_engine_class(config)(gpu, gguf, config, make_cache, CTX, trace, **kw)
-    finally:
-        gguf.close()
 
 
 def count_reads(engine: GpuMoEEngine) -> Counter:
@@ -61,7 +44,7 @@ def test_prompt_steps_of_three_tokens_match_llama_cpp(request, gpu, fixture, tol
     path = request.getfixturevalue(fixture)
     want, want_tokens = llama_steps(path)
     config = read_moe_config(GGUFFile(path).header)
-    engine = engine_for(gpu, path, config.n_expert_used if evicting else None, prompt_step=3)
+    engine = gpu_engine_for(gpu, path, config.n_expert_used if evicting else None, prompt_step=3)
     try:
         assert engine.prompt is not None
         got, tokens = greedy_steps(engine.forward)
@@ -85,7 +68,7 @@ def test_a_prompt_step_reads_each_expert_at_most_once_even_when_its_union_outgro
     each (layer, expert) is read once; one token a step reads again every expert a later token of the layer uses."""
     path = request.getfixturevalue(fixture)
     config = read_moe_config(GGUFFile(path).header)
-    engine = engine_for(gpu, path, config.n_expert_used)
+    engine = gpu_engine_for(gpu, path, config.n_expert_used)
     try:
         reads = count_reads(engine)
         engine.forward(PROMPT, 0)
@@ -100,9 +83,9 @@ def test_a_prompt_longer_than_a_step_writes_one_trace_line_a_step_and_the_last_r
     """Steps of 3 over 8 tokens: three trace lines (each step's lookups, an expert at most once a layer), and the last
     row alone (``every=False``) equal to the last of every row's."""
     trace_path = tmp_path / "trace.jsonl"
-    engine = engine_for(gpu, moe_f32, None, TraceWriter(str(trace_path)), prompt_step=3)
+    engine = gpu_engine_for(gpu, moe_f32, None, TraceWriter(str(trace_path)), prompt_step=3)
     engine.cache.take_accesses()
-    other = engine_for(gpu, moe_f32, None, prompt_step=3)
+    other = gpu_engine_for(gpu, moe_f32, None, prompt_step=3)
     try:
         every = engine.forward(PROMPT, 0)
         last = other.forward(PROMPT, 0, every=False)
@@ -121,7 +104,7 @@ def test_a_prompt_longer_than_a_step_writes_one_trace_line_a_step_and_the_last_r
 
 def test_a_prompt_step_of_no_tokens_is_refused(gpu, moe_f32):
     with pytest.raises(AnyformerError) as caught:
-        engine_for(gpu, moe_f32, None, prompt_step=0)
+        gpu_engine_for(gpu, moe_f32, None, prompt_step=0)
     assert caught.value.code is ErrorCode.BAD_REQUEST
 
 
@@ -155,8 +138,8 @@ def test_the_plan_counts_the_prompt_steps_gpu_bytes(request, gpu, fixture):
     path = request.getfixturevalue(fixture)
     header = read_gguf_header(path)
     plan = plan_from_header(header, CTX, "gpu")
-    batched = engine_for(gpu, path, None)
-    single = engine_for(gpu, path, None, prompt_step=1)
+    batched = gpu_engine_for(gpu, path, None)
+    single = gpu_engine_for(gpu, path, None, prompt_step=1)
     try:
         assert batched.prompt_step == PROMPT_STEP
         grown = batched.held_bytes - single.held_bytes
@@ -178,7 +161,7 @@ def test_a_prompt_compiles_nothing_after_load_in_a_gpus_shapes(request, gpu, fix
     from anyformer_gguf_gpu.testing import compiles_counted
 
     monkeypatch.setattr(kernels_module, "default_threads_per_row", lambda gpu: 32)
-    engine = engine_for(gpu, request.getfixturevalue(fixture), None, prompt_step=4)
+    engine = gpu_engine_for(gpu, request.getfixturevalue(fixture), None, prompt_step=4)
     try:
         assert engine.kernels.layout_per_matrix and engine.prompt is not None
         with compiles_counted(gpu.device) as made:
