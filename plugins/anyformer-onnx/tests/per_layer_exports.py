@@ -219,17 +219,18 @@ QWEN35_PROMPTS = GEMMA3N_PROMPTS
 QWEN35_BLOCK = 64
 
 
-def export_hybrid_decoder(model: Any, path: Path) -> None:
+def export_hybrid_decoder(model: Any, path: Path, *, embeds: bool = False, block_size: int = QWEN35_BLOCK) -> None:
     """Export a Qwen3.5 causal LM as one graph with transformers.js's cache names: KV pairs and layer states.
 
-    ``input_ids``, ``attention_mask``, ``position_ids`` [3, batch, seq], ``past_key_values.i.key/value``
+    ``input_ids`` (``inputs_embeds`` [batch, seq, hidden] with ``embeds``: the decoder of a per-module
+    export), ``attention_mask``, ``position_ids`` [3, batch, seq], ``past_key_values.i.key/value``
     for the full-attention layers and ``past_conv.i`` / ``past_recurrent.i`` for the linear-attention
     ones → ``logits``, ``present.i.key/value``, ``present_conv.i``, ``present_recurrent.i``.
 
     transformers picks a prefill or a one-token kernel in Python, which a trace would freeze; here a
     linear-attention layer runs one formulation for any step: the convolution over the carried
     inputs and the new ones, and the token-by-token delta rule (transformers' own function, which a
-    trace unrolls) from the carried state over the step padded to :data:`QWEN35_BLOCK` positions
+    trace unrolls) from the carried state over the step padded to ``block_size`` positions
     (zero ``beta`` and decay leave the state as it is over the padding), so a step carries at most
     that many tokens. Weights and the other modules are the model's own; the test compares
     against torch without a cache.
@@ -258,8 +259,8 @@ def export_hybrid_decoder(model: Any, path: Path) -> None:
         decay = -net.A_log.float().exp() * F.softplus(net.in_proj_a(hidden).float() + net.dt_bias)
 
         def block(x: Any) -> Any:  # pad the step to one block along the sequence axis
-            pad = torch.zeros((x.shape[0], QWEN35_BLOCK, *x.shape[2:]), dtype=x.dtype)
-            return torch.cat([x, pad], dim=1)[:, :QWEN35_BLOCK]
+            pad = torch.zeros((x.shape[0], block_size, *x.shape[2:]), dtype=x.dtype)
+            return torch.cat([x, pad], dim=1)[:, :block_size]
 
         out, new_state = torch_recurrent_gated_delta_rule(
             block(query),
@@ -292,8 +293,8 @@ def export_hybrid_decoder(model: Any, path: Path) -> None:
             self.text = text
             self.head = model.lm_head
 
-        def forward(self, input_ids: Any, attention_mask: Any, position_ids: Any, *carried: Any) -> Any:
-            hidden = self.text.embed_tokens(input_ids)
+        def forward(self, tokens: Any, attention_mask: Any, position_ids: Any, *carried: Any) -> Any:
+            hidden = tokens if embeds else self.text.embed_tokens(tokens)
             steps = hidden.shape[1]
             # Causal mask over the whole sequence: key k is visible to query q when k <= q.
             keys = attention_mask.cumsum(-1) - 1
@@ -318,8 +319,9 @@ def export_hybrid_decoder(model: Any, path: Path) -> None:
             return (self.head(self.text.norm(hidden)), *presents)
 
     ins, outs, example = [], [], []
+    first = "inputs_embeds" if embeds else "input_ids"
     axes: dict[str, dict[int, str]] = {
-        "input_ids": {0: "batch", 1: "sequence"},
+        first: {0: "batch", 1: "sequence"},
         "attention_mask": {0: "batch", 1: "total"},
         "position_ids": {1: "batch", 2: "sequence"},
         "logits": {0: "batch", 1: "sequence"},
@@ -345,9 +347,14 @@ def export_hybrid_decoder(model: Any, path: Path) -> None:
         # Traced with 3 cached and 2 new positions so that neither length is a constant in the graph.
         torch.onnx.export(
             Decoder().eval(),
-            (torch.tensor([[5, 6]]), torch.ones(1, 5, dtype=torch.int64), torch.tensor([[[3, 4]]] * 3), *example),
+            (
+                torch.randn(1, 2, config.hidden_size) if embeds else torch.tensor([[5, 6]]),
+                torch.ones(1, 5, dtype=torch.int64),
+                torch.tensor([[[3, 4]]] * 3),
+                *example,
+            ),
             str(path),
-            input_names=["input_ids", "attention_mask", "position_ids", *ins],
+            input_names=[first, "attention_mask", "position_ids", *ins],
             output_names=["logits", *outs],
             dynamic_axes=axes,
             opset_version=17,

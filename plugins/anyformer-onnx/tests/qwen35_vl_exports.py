@@ -1,0 +1,324 @@
+"""A tiny Qwen3.5 with images (``Qwen3_5ForConditionalGeneration``), exported one graph per module, with torch's answers.
+
+The layout is the one onnx-community gives Qwen3.5 (transformers.js's ``qwen3_5``):
+
+- ``vision_encoder``: ``pixel_values`` [patches, 3 * temporal * patch²] and ``grid_thw`` [1, 3] →
+  ``image_features`` [tokens, hidden]: the patch embedding, the learned position table resampled
+  bilinearly to the image's grid (what Qwen3.5's tower adds that Qwen2-VL's has not), the blocks
+  with their 2-D rotary rows, and the patch merger;
+- ``embed_tokens``: ``input_ids`` → ``inputs_embeds``;
+- ``decoder_model_merged``: the hybrid decoder of :func:`per_layer_exports.export_hybrid_decoder`
+  reading ``inputs_embeds``, ``position_ids`` [3, batch, seq] (the rotary rows interleaved over
+  T/H/W inside the graph, as the model's ``mrope_section`` says) and the linear-attention states.
+
+reference.json holds, per question of :data:`QWEN35_VL_PROMPTS`: the prompt transformers renders
+(the chat template given the blocks, each ``<|image_pad|>`` expanded by Qwen3VLProcessor's own
+rule), the model's ``get_rope_index`` rows and delta, torch's greedy reply and its logits at every
+step; ``prompt_embeds{i}.npy`` the decoder's input for question ``i`` (image rows spliced in).
+"""
+
+from __future__ import annotations
+
+import types
+from pathlib import Path
+from typing import Any
+
+from onnx_exports import QWEN_VL_TOKENS, _char_tokenizer, _media_tokenizer, _quiet, _test_images, _write_json, cached
+from per_layer_exports import QWEN35_BLOCK, export_hybrid_decoder
+
+#: Questions the fixture records torch's replies to: (image indices, text). The images are non-square.
+QWEN35_VL_PROMPTS = (
+    ((0,), "What is in the picture?"),
+    ((2, 0), "Compare them."),
+    ((1, 2), "Which is taller?"),
+    ((), "Hello there"),
+)
+#: Tokens each recorded reply runs to.
+QWEN35_VL_TOKENS_OUT = 10
+#: The processor's pixel bounds (patch 16, merge 2: 4 to 10 image tokens per test image).
+QWEN35_VL_PIXELS = (64 * 64, 32 * 32 * 10)
+#: A chat template that walks the blocks as Qwen3.5's own does: an image is its three tokens where it sits.
+QWEN35_VL_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for block in message['content'] %}"
+    "{% if block['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif block['type'] == 'text' %}{{ block['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def export_qwen35_vision(model: Any, onnx: Path) -> None:
+    """Export Qwen3.5's vision tower and merger as ``vision_encoder`` (``pixel_values``, ``grid_thw``), one image a call.
+
+    transformers derives the patches' rows and columns, the resampling taps of the learned
+    position table and the attention segments from the grid in Python, which a trace would freeze
+    at the example's grid; here they are tensor arithmetic on the grid and the patch count (one
+    image: one attention segment), so one graph serves every grid. The weights, blocks, rotary
+    embedding and merger are the model's own; the tests compare against torch.
+    """
+    import torch
+    from transformers.models.qwen3_5.modeling_qwen3_5 import apply_rotary_pos_emb_vision
+
+    visual = model.model.visual
+    merge, side = visual.spatial_merge_size, visual.num_grid_per_side
+
+    def taps(index: Any, size: Any) -> tuple[Any, Any]:
+        # Bilinear with align_corners: patch i of n sits at i * (side - 1) / (n - 1) in the table.
+        source = index.float() * (side - 1) / torch.clamp(size - 1, min=1).float()
+        low = source.floor()
+        frac = source - low
+        low = low.long().clamp(0, side - 1)
+        return torch.stack([low, (low + 1).clamp(max=side - 1)], -1), torch.stack([1 - frac, frac], -1)
+
+    class Vision(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.visual = visual
+
+        def forward(self, pixel_values: Any, grid_thw: Any) -> Any:
+            count = pixel_values.shape[0]
+            index = torch.arange(count)
+            # Patches run in merge blocks: block-major (rows of blocks), then row and column inside a block.
+            height, width = grid_thw[0, 1], grid_thw[0, 2]
+            block, inside = index // (merge * merge), index % (merge * merge)
+            rows = (block // (width // merge)) * merge + inside // merge
+            cols = (block % (width // merge)) * merge + inside % merge
+            hidden = self.visual.patch_embed(pixel_values)
+            row_taps, row_weights = taps(rows, height)
+            col_taps, col_weights = taps(cols, width)
+            table = (row_taps[:, :, None] * side + col_taps[:, None, :]).reshape(count, 4)
+            weights = (row_weights[:, :, None] * col_weights[:, None, :]).reshape(count, 4)
+            hidden = hidden + (self.visual.pos_embed(table) * weights[:, :, None]).sum(1)
+            cos, sin = self.visual.rotary_pos_emb(hidden, torch.stack([rows, cols], dim=-1))
+            for layer in self.visual.blocks:
+                attention = layer.attn
+                qkv = attention.qkv(layer.norm1(hidden)).reshape(count, 3, attention.num_heads, -1)
+                query, key, value = qkv.permute(1, 0, 2, 3).unbind(0)
+                query, key = apply_rotary_pos_emb_vision(query, key, cos, sin)
+                out = torch.nn.functional.scaled_dot_product_attention(
+                    query.transpose(0, 1), key.transpose(0, 1), value.transpose(0, 1)
+                )
+                hidden = hidden + attention.proj(out.transpose(0, 1).reshape(count, -1))
+                hidden = hidden + layer.mlp(layer.norm2(hidden))
+            return self.visual.merger(hidden)
+
+    onnx.mkdir(parents=True, exist_ok=True)
+    config = model.config.vision_config
+    width = config.in_channels * config.temporal_patch_size * config.patch_size**2
+    with _quiet(), torch.no_grad():
+        torch.onnx.export(
+            Vision().eval(),
+            (torch.randn(4 * 6, width), torch.tensor([[1, 4, 6]])),
+            str(onnx / "vision_encoder.onnx"),
+            input_names=["pixel_values", "grid_thw"],
+            output_names=["image_features"],
+            dynamic_axes={"pixel_values": {0: "patches"}, "image_features": {0: "tokens"}},
+            opset_version=17,
+            dynamo=False,
+        )
+
+
+def export_qwen35_embed(model: Any, onnx: Path) -> None:
+    """Export the word embedding as ``embed_tokens`` (``input_ids`` → ``inputs_embeds``)."""
+    import torch
+
+    class Embed(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = model.get_input_embeddings()
+
+        def forward(self, input_ids: Any) -> Any:
+            return self.embed(input_ids)
+
+    onnx.mkdir(parents=True, exist_ok=True)
+    with _quiet(), torch.no_grad():
+        torch.onnx.export(
+            Embed().eval(),
+            (torch.tensor([[1, 2, 3]]),),
+            str(onnx / "embed_tokens.onnx"),
+            input_names=["input_ids"],
+            output_names=["inputs_embeds"],
+            dynamic_axes={"input_ids": {0: "batch", 1: "sequence"}, "inputs_embeds": {0: "batch", 1: "sequence"}},
+            opset_version=17,
+            dynamo=False,
+        )
+
+
+def _expand(text: str, grids: list[list[int]], processor: Any, tokenizer: Any) -> list[int]:
+    """The rendered prompt's ids with each ``<|image_pad|>`` expanded by Qwen3VLProcessor's own rule."""
+    import torch
+    from transformers import Qwen3VLProcessor
+
+    # Qwen3VLProcessor cannot be built without torchvision (its video processor); its expansion rule reads only
+    # the image processor's merge size and the grids, so it is called on a stand-in holding those.
+    holder = types.SimpleNamespace(image_processor=processor, image_token=QWEN_VL_TOKENS[2])
+    inputs = {"image_grid_thw": torch.tensor(grids)} if grids else {}
+    parts = text.split(QWEN_VL_TOKENS[2])
+    expanded = parts[0]
+    for index, part in enumerate(parts[1:]):
+        expanded += Qwen3VLProcessor.replace_image_token(holder, inputs, index) + part
+    return [int(t) for t in tokenizer(expanded, add_special_tokens=False)["input_ids"]]
+
+
+def build_tiny_qwen35_vl(folder: Path) -> None:
+    """A random Qwen3.5 with images: 2-block vision tower (patch 16), 4 hybrid decoder layers, characters."""
+    import numpy as np
+    import torch
+    from PIL import Image
+    from transformers import PreTrainedTokenizerFast, Qwen3_5Config, Qwen3_5ForConditionalGeneration
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    tokenizer = _media_tokenizer(folder, QWEN_VL_TOKENS)
+    (folder / "chat_template.jinja").write_text(QWEN35_VL_TEMPLATE, encoding="utf-8")
+    start, end, image_id, video_id = (tokenizer.token_to_id(t) for t in QWEN_VL_TOKENS)
+    torch.manual_seed(0)
+    text = {
+        "vocab_size": tokenizer.get_vocab_size(),
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "linear_conv_kernel_dim": 4,
+        "linear_key_head_dim": 16,
+        "linear_value_head_dim": 8,
+        "linear_num_key_heads": 2,
+        "linear_num_value_heads": 4,
+        "layer_types": ["linear_attention", "full_attention", "linear_attention", "full_attention"],
+        "max_position_embeddings": 512,
+        # Rotary over 8 of each head's 16 dims: 4 frequencies, interleaved T H W T (mrope_section 2, 1, 1); a small
+        # theta turns them fast, so rows an image's height and width tokens disagree on move the logits visibly.
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": 100.0,
+            "mrope_section": [2, 1, 1],
+            "mrope_interleaved": True,
+            "partial_rotary_factor": 0.5,
+        },
+        "bos_token_id": None,
+        "eos_token_id": 2,
+        "pad_token_id": 2,
+    }
+    vision = {
+        "depth": 2,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_heads": 2,
+        "patch_size": 16,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
+        "out_hidden_size": 64,
+        "num_position_embeddings": 16,  # a 4 x 4 table, resampled to every grid
+    }
+    config = Qwen3_5Config(
+        text_config=text,
+        vision_config=vision,
+        image_token_id=image_id,
+        video_token_id=video_id,
+        vision_start_token_id=start,
+        vision_end_token_id=end,
+        architectures=["Qwen3_5ForConditionalGeneration"],
+    )
+    config._attn_implementation = "eager"
+    model = Qwen3_5ForConditionalGeneration(config).eval()
+    with torch.no_grad():  # random init leaves norms at one or zero and a flat position table; make them matter
+        for name, weight in model.named_parameters():
+            if (weight.ndim == 1 and "A_log" not in name) or "pos_embed" in name:
+                weight.add_(torch.randn_like(weight) * 0.2)
+    config.save_pretrained(folder)
+    _write_json(folder / "generation_config.json", {"eos_token_id": 2, "pad_token_id": 2})
+    processor = Qwen2VLImageProcessorPil(
+        patch_size=16,
+        merge_size=2,
+        temporal_patch_size=2,
+        image_mean=[0.5, 0.5, 0.5],
+        image_std=[0.5, 0.5, 0.5],
+        min_pixels=QWEN35_VL_PIXELS[0],
+        max_pixels=QWEN35_VL_PIXELS[1],
+    )
+    processor.save_pretrained(folder)
+    images = _test_images(folder)
+    # tokenizer.json's own pipeline: AutoTokenizer would pick Qwen3_5Tokenizer for model_type qwen3_5, which
+    # rebuilds a byte-level BPE around the vocabulary and drops the character vocabulary's spaces.
+    chat = PreTrainedTokenizerFast.from_pretrained(str(folder))
+    replies = []
+    seen: list[Any] = []
+    hook = model.model.language_model.register_forward_pre_hook(
+        lambda _, args, kwargs: seen.append(kwargs["inputs_embeds"]), with_kwargs=True
+    )
+    with _quiet(), torch.no_grad():
+        for number, (pictures, question) in enumerate(QWEN35_VL_PROMPTS):
+            blocks: list[dict[str, Any]] = [{"type": "image"} for _ in pictures]
+            messages = [{"role": "user", "content": [*blocks, {"type": "text", "text": question}]}]
+            rendered = chat.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            inputs: dict[str, Any] = {}
+            grids: list[list[int]] = []
+            if pictures:
+                found = processor(
+                    images=[Image.open(folder / images[i]).convert("RGB") for i in pictures], return_tensors="pt"
+                )
+                inputs = {"pixel_values": found["pixel_values"], "image_grid_thw": found["image_grid_thw"]}
+                grids = found["image_grid_thw"].tolist()
+            ids = _expand(rendered, grids, processor, chat)
+            assert len(ids) <= QWEN35_BLOCK, "a prompt the decoder cannot take in one step"
+            input_ids = torch.tensor([ids])
+            inputs.update(input_ids=input_ids, attention_mask=torch.ones_like(input_ids))
+            positions, delta = None, 0
+            if pictures:
+                inputs["mm_token_type_ids"] = (input_ids == image_id).int()
+                rows, deltas = model.model.get_rope_index(
+                    input_ids,
+                    mm_token_type_ids=inputs["mm_token_type_ids"],
+                    image_grid_thw=inputs["image_grid_thw"],
+                    attention_mask=inputs["attention_mask"],
+                )
+                positions, delta = rows[:, 0].tolist(), int(deltas[0, 0])
+            seen.clear()
+            out = model.generate(
+                **inputs,
+                max_new_tokens=QWEN35_VL_TOKENS_OUT,
+                do_sample=False,
+                eos_token_id=2,
+                pad_token_id=2,
+                output_logits=True,
+                return_dict_in_generate=True,
+            )
+            np.save(folder / f"prompt_embeds{number}.npy", seen[0][0].numpy())
+            replies.append(
+                {
+                    "images": [images[i] for i in pictures],
+                    "question": question,
+                    "prompt_ids": ids,
+                    "grids": grids,
+                    "positions": positions,
+                    "delta": delta,
+                    "reply_ids": [int(t) for t in out.sequences[0, len(ids) :]],
+                    "logits": [row[0].tolist() for row in out.logits],
+                }
+            )
+    hook.remove()
+    onnx = folder / "onnx"
+    export_qwen35_vision(model, onnx)
+    export_qwen35_embed(model, onnx)
+    text_model = types.SimpleNamespace(config=config.text_config, model=model.model.language_model, lm_head=model.lm_head)
+    export_hybrid_decoder(text_model, onnx / "decoder_model_merged.onnx", embeds=True)
+    _write_json(folder / "reference.json", {"replies": replies})
+
+
+def tiny_qwen35_vl() -> Path:
+    """The cached tiny Qwen3.5 with images, one graph per module (seconds to export)."""
+    return cached(
+        "tiny-qwen35-vl",
+        build_tiny_qwen35_vl,
+        _char_tokenizer,
+        _media_tokenizer,
+        _test_images,
+        _expand,
+        export_qwen35_vision,
+        export_qwen35_embed,
+        export_hybrid_decoder,
+        extra=[QWEN35_VL_PROMPTS, QWEN35_VL_TOKENS_OUT, QWEN35_VL_PIXELS, QWEN35_VL_TEMPLATE, QWEN_VL_TOKENS],
+    )
