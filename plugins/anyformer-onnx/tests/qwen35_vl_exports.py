@@ -1,4 +1,4 @@
-"""A tiny Qwen3.5 with images (``Qwen3_5ForConditionalGeneration``), exported one graph per module, with torch's answers.
+"""A tiny Qwen3.5 with images (``Qwen3_5ForConditionalGeneration``) exported one graph per module, torch's answers.
 
 The layout is the one onnx-community gives Qwen3.5 (transformers.js's ``qwen3_5``):
 
@@ -50,7 +50,7 @@ QWEN35_VL_TEMPLATE = (
 
 
 def export_qwen35_vision(model: Any, onnx: Path) -> None:
-    """Export Qwen3.5's vision tower and merger as ``vision_encoder`` (``pixel_values``, ``grid_thw``), one image a call.
+    """Export Qwen3.5's vision tower and merger as ``vision_encoder`` (``pixel_values``, ``grid_thw``), one image.
 
     transformers derives the patches' rows and columns, the resampling taps of the learned
     position table and the attention segments from the grid in Python, which a trace would freeze
@@ -303,7 +303,10 @@ def build_tiny_qwen35_vl(folder: Path) -> None:
     onnx = folder / "onnx"
     export_qwen35_vision(model, onnx)
     export_qwen35_embed(model, onnx)
-    text_model = types.SimpleNamespace(config=config.text_config, model=model.model.language_model, lm_head=model.lm_head)
+    # The decoder export reads a causal LM's config, text model and head: the language model's, with this model's head.
+    text_model = types.SimpleNamespace(
+        config=config.text_config, model=model.model.language_model, lm_head=model.lm_head
+    )
     export_hybrid_decoder(text_model, onnx / "decoder_model_merged.onnx", embeds=True)
     _write_json(folder / "reference.json", {"replies": replies})
 

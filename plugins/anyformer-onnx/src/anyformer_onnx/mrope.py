@@ -12,6 +12,14 @@ The prompt's indices therefore end below its length; the difference, ``max + 1 -
 after it, in all three rows. A prompt without images gets the plain positions in all three rows
 and a delta of 0. This is what transformers' ``Qwen2VLModel.get_rope_index`` computes for one
 unpadded sequence, and what transformers.js feeds a Qwen2-VL ``decoder_model_merged``.
+
+Qwen3-VL and Qwen3.5 (``Qwen3_5Model.get_rope_index``) give an image the same rows: their rule
+differs only for videos (one grid per frame, timestamps between them), which are not read. What
+Qwen3.5 changes is inside the decoder: its rotary frequencies take the T, H and W rows interleaved
+(``mrope_interleaved``: frequency ``i`` reads row H when ``i % 3 == 1`` and ``i < 3 *
+mrope_section[1]``, row W when ``i % 3 == 2`` and ``i < 3 * mrope_section[2]``, row T otherwise)
+where Qwen2-VL gives each row one contiguous section; an export does that in its graph, so the
+rows fed are the same.
 """
 
 from __future__ import annotations

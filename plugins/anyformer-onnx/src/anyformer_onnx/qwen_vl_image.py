@@ -16,6 +16,12 @@ The processor (transformers' ``Qwen2VLImageProcessor``, keys of ``preprocessor_c
 The ``vision_encoder`` graph (transformers.js's layout) takes ``pixel_values`` and the grid as
 ``grid_thw`` (or ``image_grid_thw``) [images, 3] and returns ``image_features`` [tokens, hidden]:
 one row per merged patch, ``h * w / merge_size**2`` for an image.
+
+Qwen3.5 (``Qwen3_5ForConditionalGeneration``, transformers.js's ``qwen3_5``) uses this processor
+too, with ``patch_size`` 16 and mean and std 0.5 from its preprocessor_config.json, and the same
+graph contract: what its tower adds (a learned position table resampled bilinearly to each grid,
+2-D rotary rows) is inside the ``vision_encoder`` graph, and it has no deepstack outputs (Qwen3-VL's
+extra decoder inputs, which the decoder's check refuses).
 """
 
 from __future__ import annotations
