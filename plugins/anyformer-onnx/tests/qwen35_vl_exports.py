@@ -14,7 +14,8 @@ The layout is the one onnx-community gives Qwen3.5 (transformers.js's ``qwen3_5`
 reference.json holds, per question of :data:`QWEN35_VL_PROMPTS`: the prompt transformers renders
 (the chat template given the blocks, each ``<|image_pad|>`` expanded by Qwen3VLProcessor's own
 rule), the model's ``get_rope_index`` rows and delta, torch's greedy reply and its logits at every
-step; ``prompt_embeds{i}.npy`` the decoder's input for question ``i`` (image rows spliced in).
+step; ``prompt_embeds{i}.npy`` the decoder's input for question ``i`` (image rows spliced in);
+``torch_weights.safetensors`` the model's weights.
 """
 
 from __future__ import annotations
@@ -167,6 +168,7 @@ def build_tiny_qwen35_vl(folder: Path) -> None:
     import numpy as np
     import torch
     from PIL import Image
+    from safetensors.torch import save_file
     from transformers import PreTrainedTokenizerFast, Qwen3_5Config, Qwen3_5ForConditionalGeneration
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
@@ -300,6 +302,8 @@ def build_tiny_qwen35_vl(folder: Path) -> None:
                 }
             )
     hook.remove()
+    # The weights, for tests that run torch's decoder with a rotary layout other than the model's.
+    save_file({name: value.clone() for name, value in model.state_dict().items()}, folder / "torch_weights.safetensors")
     onnx = folder / "onnx"
     export_qwen35_vision(model, onnx)
     export_qwen35_embed(model, onnx)

@@ -26,6 +26,7 @@ import qwen35_vl_exports
 from teacher_forcing import Teacher
 
 import anyformer
+from anyformer.plugin import AnyformerError, ErrorCode
 from anyformer_onnx.mrope import rope_index
 from anyformer_onnx.qwen_vl_image import QwenVLImageProcessor
 from anyformer_onnx.sampling import Sampler
@@ -213,3 +214,60 @@ def test_the_comparison_catches_wrong_positions_and_missing_images(qwen35_vl: An
             (unfilled, prepared.positions, "no image features"),
         ):
             assert _first_gap(qwen35_vl, reply, embeds, positions) > 5 * TOLERANCE, (reply["question"], what)
+
+
+def test_a_decoder_wanting_deepstack_features_is_bad_model(qwen35_vl_dir: Path, tmp_path: Path) -> None:
+    """Qwen3-VL's decoder also reads the vision tower's deepstack features, which Qwen3.5's has not: refused, named."""
+    import shutil
+
+    import onnx
+
+    folder = tmp_path / "deepstack"
+    shutil.copytree(qwen35_vl_dir, folder)
+    path = folder / "onnx" / "decoder_model_merged.onnx"
+    graph = onnx.load(str(path))
+    extra = onnx.helper.make_tensor_value_info("deepstack_visual_embeds", onnx.TensorProto.FLOAT, [3, "tokens", 64])
+    graph.graph.input.append(extra)
+    onnx.save(graph, str(path))
+    with pytest.raises(AnyformerError) as caught:
+        anyformer.load(str(folder), backend="onnx")
+    assert caught.value.code == ErrorCode.BAD_MODEL
+    assert "deepstack_visual_embeds" in str(caught.value)
+
+
+def test_a_decoder_with_qwen2_vls_contiguous_sections_would_fail(qwen35_vl_dir: Path) -> None:
+    """torch's decoder on the fixture's weights and the backend's prompt gives the recorded first logits; with the
+    rows laid over the rotary frequencies in Qwen2-VL's contiguous sections instead of Qwen3.5's interleaving it
+    misses them by far more than the tolerance, so the step-logit test pins an interleaving export."""
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, Qwen3_5ForConditionalGeneration
+
+    config = AutoConfig.from_pretrained(str(qwen35_vl_dir))
+    model = Qwen3_5ForConditionalGeneration(config).eval()
+    model.load_state_dict(load_file(str(qwen35_vl_dir / "torch_weights.safetensors")))
+    section = config.text_config.rope_parameters["mrope_section"]
+
+    def contiguous(freq: Any) -> Any:  # Qwen2-VL: T's section, then H's, then W's
+        bounds = np.cumsum([0, *section])
+        half = torch.cat([freq[row, ..., bounds[row] : bounds[row + 1]] for row in range(3)], dim=-1)
+        return torch.cat((half, half), dim=-1)
+
+    def first_logits(number: int, reply: dict[str, Any]) -> np.ndarray:
+        embeds = torch.from_numpy(np.load(qwen35_vl_dir / f"prompt_embeds{number}.npy"))[None]
+        positions = torch.tensor(reply["positions"])[:, None, :]
+        with torch.no_grad():
+            hidden = model.model.language_model(inputs_embeds=embeds, position_ids=positions).last_hidden_state
+            return model.lm_head(hidden)[0, -1].numpy()
+
+    rotary = model.model.language_model.rotary_emb
+    for number, reply in enumerate(_replies(qwen35_vl_dir)):
+        if not reply["images"]:
+            continue
+        want = np.asarray(reply["logits"][0])
+        np.testing.assert_allclose(first_logits(number, reply), want, atol=TOLERANCE)
+        rotary.recomposition_frequencies = contiguous
+        try:
+            assert np.abs(first_logits(number, reply) - want).max() > 5 * TOLERANCE, reply["question"]
+        finally:
+            del rotary.recomposition_frequencies
