@@ -15,12 +15,22 @@ transformers' ``Gemma4Processor`` gives for them (its chat template, then each i
 expanded to ``<|image>`` + one ``<|image|>`` per soft token + ``<image|>``), torch's greedy reply
 from ``generate`` with the processor's pixels and the logits of every step. ``inputs{i}.npz`` holds
 the prompt's ``inputs_embeds`` and ``per_layer_inputs`` as the language model received them, and
-``pixels{i}.npz`` the processor's ``pixel_values`` and ``image_position_ids`` for test image i.
+``pixels{i}.npz`` the processor's ``pixel_values`` and ``image_position_ids`` for test image i,
+``clip{i}.npy`` the samples of clip i and ``features{i}.npz`` the feature extractor's
+``input_features`` and ``input_features_mask`` for it.
+
+- ``audio_encoder``: ``input_features`` [1, frames, 128] and ``input_features_mask`` [1, frames]
+  (bool) → ``audio_features`` [audio tokens, text hidden] (the audio tower and the multimodal
+  embedder's projection, the rows of padding frames dropped). transformers' tower builds its
+  attention mask with vmap and cuts each block's context with ``unfold``, neither of which the
+  exporter traces at a free length; the export builds the same mask with tensor arithmetic and the
+  same context windows with a gather (the test compares the graph with torch's own ``generate``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import types
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -37,8 +47,17 @@ GEMMA4_TEMPLATE = (
     "{% else %}{{ b['text'] }}{% endif %}{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
-#: Questions whose replies the fixture records: (test image indices, text).
-GEMMA4_PROMPTS = (((0,), "What is in the picture?"), ((2, 1), "Compare them."), ((), "Hello there"))
+#: Questions whose replies the fixture records: (test image indices, clip indices, text).
+GEMMA4_PROMPTS = (
+    ((0,), (), "What is in the picture?"),
+    ((2, 1), (), "Compare them."),
+    ((), (), "Hello there"),
+    ((), (0,), "What do you hear?"),
+    ((1,), (1, 0), "Tell me everything."),
+)
+#: The recorded clips: (seconds, tone in Hz); 16 000 samples fill the extractor's 128-sample steps,
+#: 23 403 do not (so its padding and mask matter).
+GEMMA4_CLIPS = ((1.0, 440.0), (23_403 / 16_000, 260.0))
 #: Tokens each recorded reply runs to.
 GEMMA4_TOKENS_OUT = 10
 #: The image processor's soft-token budget (its smallest: 70 soft tokens, 630 patches of 16 pixels).
@@ -89,6 +108,38 @@ def export_gemma4_modules(model: Any, onnx: Path) -> None:
         def forward(self, pixel_values: Any, pixel_position_ids: Any) -> Any:
             rows = self.tower(pixel_values=pixel_values, pixel_position_ids=pixel_position_ids).last_hidden_state
             return self.project(inputs_embeds=rows)
+
+    class Audio(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.tower, self.project = model.model.audio_tower, model.model.embed_audio
+
+        def forward(self, input_features: Any, input_features_mask: Any) -> Any:
+            tower, settings = self.tower, self.tower.config
+            hidden, real = tower.subsample_conv_projection(input_features, input_features_mask)
+            positions = tower.rel_pos_enc(hidden)
+            index = torch.arange(hidden.shape[1])
+            gap = index[:, None] - index[None, :]  # query minus key
+            near = ((gap >= 0) & (gap < settings.attention_context_left - 1)) | (
+                (gap < 0) & (-gap < settings.attention_context_right)
+            )
+            allowed = near[None] & real[:, None, :]
+            floor = torch.finfo(hidden.dtype).min
+            mask = torch.zeros(allowed.shape, dtype=hidden.dtype).masked_fill(~allowed, floor)[:, None]
+            mask = tower._convert_4d_mask_to_blocked_5d(mask)
+            for layer in tower.layers:
+                hidden = layer(hidden, attention_mask=mask, position_embeddings=positions)
+            return self.project(inputs_embeds=tower.output_proj(hidden))[real]
+
+    def block_context(attention: Any, hidden: Any) -> Any:
+        """Each block's context window, as the attention's ``_extract_block_context`` cuts it, by a gather."""
+        chunk = attention.chunk_size
+        padded = torch.nn.functional.pad(
+            hidden, (0, 0, 0, 0, attention.max_past_horizon, attention.max_future_horizon + chunk - 1)
+        )
+        blocks = (hidden.shape[1] + chunk - 1) // chunk
+        index = torch.arange(blocks)[:, None] * chunk + torch.arange(attention.context_size)[None, :]
+        return padded[:, index]
 
     class Decoder(torch.nn.Module):
         def __init__(self) -> None:
@@ -159,6 +210,25 @@ def export_gemma4_modules(model: Any, onnx: Path) -> None:
             opset_version=17,
             dynamo=False,
         )
+        for layer in model.model.audio_tower.layers:
+            layer.self_attn._extract_block_context = types.MethodType(block_context, layer.self_attn)
+        frames = 147  # with its last frames padding
+        torch.onnx.export(
+            Audio().eval(),
+            (torch.randn(1, frames, 128), torch.arange(frames)[None] < frames - 5),
+            str(onnx / "audio_encoder.onnx"),
+            input_names=["input_features", "input_features_mask"],
+            output_names=["audio_features"],
+            dynamic_axes={
+                "input_features": {0: "batch", 1: "frames"},
+                "input_features_mask": {0: "batch", 1: "frames"},
+                "audio_features": {0: "tokens"},
+            },
+            opset_version=17,
+            dynamo=False,
+        )
+        for layer in model.model.audio_tower.layers:
+            del layer.self_attn._extract_block_context
         # Traced with 3 cached and 2 new positions so that neither length is a constant in the graph.
         past = [torch.randn(1, heads, 3, width) for heads, width in shapes for _ in range(2)]
         example = (
@@ -193,7 +263,9 @@ def _gemma4_tokenizer(folder: Path) -> Any:
 
 
 def build_tiny_gemma4(folder: Path) -> None:
-    """A random Gemma 4 (4-layer decoder with per-layer inputs and KV sharing, 2-layer vision tower) over characters."""
+    """A random Gemma 4 (4-layer decoder with per-layer inputs and KV sharing, 2-layer vision and audio towers)."""
+    import json
+
     import numpy as np
     import torch
     from PIL import Image
@@ -235,11 +307,19 @@ def build_tiny_gemma4(folder: Path) -> None:
         "pooling_kernel_size": 3,
         "position_embedding_size": 256,
     }
+    audio = {
+        "hidden_size": 32,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "subsampling_conv_channels": [128, 8],
+        "output_proj_dims": 32,
+        "use_clipped_linears": False,
+    }
     torch.manual_seed(0)
     config = Gemma4Config(
         text_config=text,
         vision_config=vision,
-        audio_config=None,
+        audio_config=audio,
         image_token_id=ids[0],
         boi_token_id=ids[1],
         eoi_token_id=ids[2],
@@ -259,10 +339,30 @@ def build_tiny_gemma4(folder: Path) -> None:
     images = _test_images(folder)
     pixels = Gemma4ImageProcessorPil(max_soft_tokens=GEMMA4_SOFT_TOKENS)
     # transformers 5 (and transformers.js) keep a Gemma 4 processor's parts in processor_config.json.
+    generator = np.random.default_rng(3)
+    extractor = Gemma4AudioFeatureExtractor(
+        per_bin_mean=generator.normal(0, 0.5, 128).tolist(), per_bin_stddev=generator.uniform(0.5, 2, 128).tolist()
+    )
     _write_json(
         folder / "processor_config.json",
-        {"processor_class": "Gemma4Processor", "image_processor": {**pixels.to_dict(), "resample": 3}},
+        {
+            "processor_class": "Gemma4Processor",
+            "image_processor": {**pixels.to_dict(), "resample": 3},
+            "feature_extractor": json.loads(extractor.to_json_string()),
+        },
     )
+    clips = []
+    for index, (seconds, tone) in enumerate(GEMMA4_CLIPS):
+        time = np.arange(round(seconds * 16_000)) / 16_000
+        samples = (0.3 * np.sin(2 * np.pi * tone * time) + generator.normal(0, 0.05, time.shape)).astype(np.float32)
+        np.save(folder / f"clip{index}.npy", samples)
+        found = extractor([samples], return_tensors="np")
+        np.savez(
+            folder / f"features{index}.npz",
+            input_features=found["input_features"][0],
+            input_features_mask=found["input_features_mask"][0],
+        )
+        clips.append(samples)
     for index, name in enumerate(images):
         found = pixels(images=[Image.open(folder / name).convert("RGB")], return_tensors="np")
         np.savez(
@@ -280,18 +380,23 @@ def build_tiny_gemma4(folder: Path) -> None:
     replies = []
     with _quiet(), torch.no_grad(), _processor_without_video() as processor_class:
         processor = processor_class(
-            feature_extractor=Gemma4AudioFeatureExtractor(),
+            feature_extractor=extractor,
             image_processor=pixels,
             tokenizer=AutoTokenizer.from_pretrained(str(folder)),
             video_processor=None,
             chat_template=GEMMA4_TEMPLATE,
         )
-        for index, (pictures, question) in enumerate(GEMMA4_PROMPTS):
-            content = [{"type": "image", "url": str(folder / images[i])} for i in pictures]
+        for index, (pictures, sounds, question) in enumerate(GEMMA4_PROMPTS):
+            content = [{"type": "image"} for _ in pictures] + [{"type": "audio"} for _ in sounds]
             messages = [{"role": "user", "content": [*content, {"type": "text", "text": question}]}]
-            inputs = processor.apply_chat_template(
-                messages, add_generation_prompt=True, tokenize=True, return_dict=True, return_tensors="pt"
+            rendered = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            inputs = processor(
+                text=rendered,
+                images=[Image.open(folder / images[i]).convert("RGB") for i in pictures] or None,
+                audio=[clips[i] for i in sounds] or None,
+                return_tensors="pt",
             )
+            inputs.pop("mm_token_type_ids", None)  # causal attention throughout (use_bidirectional_attention unset)
             seen.clear()
             out = model.generate(
                 **inputs,
@@ -308,6 +413,7 @@ def build_tiny_gemma4(folder: Path) -> None:
             replies.append(
                 {
                     "images": [images[i] for i in pictures],
+                    "clips": [f"clip{i}.npy" for i in sounds],
                     "question": question,
                     "prompt_ids": prompt,
                     "reply_ids": [int(t) for t in out.sequences[0, len(prompt) :]],
@@ -328,5 +434,5 @@ def tiny_gemma4() -> Path:
         _test_images,
         _processor_without_video,
         export_gemma4_modules,
-        extra=[GEMMA4_TOKENS, GEMMA4_TEMPLATE, GEMMA4_PROMPTS, GEMMA4_TOKENS_OUT, GEMMA4_SOFT_TOKENS],
+        extra=[GEMMA4_TOKENS, GEMMA4_TEMPLATE, GEMMA4_PROMPTS, GEMMA4_CLIPS, GEMMA4_TOKENS_OUT, GEMMA4_SOFT_TOKENS],
     )

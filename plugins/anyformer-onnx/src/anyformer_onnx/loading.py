@@ -32,6 +32,7 @@ from anyformer_onnx.embedding_model import OnnxEmbeddingModel, pooling_of
 from anyformer_onnx.encoder import EncoderGraph
 from anyformer_onnx.estimate import context_for
 from anyformer_onnx.fused_graph import prepare_decoder
+from anyformer_onnx.gemma4_audio import gemma4_audio_kind
 from anyformer_onnx.gemma4_image import gemma4_image_kind, gemma4_media_pad
 from anyformer_onnx.graphs import (
     SPEECH_STEMS,
@@ -255,7 +256,13 @@ def _open_media_chat(
             vision = VisionGraph(sessions["vision_encoder"], ImagePreprocessor.from_config(preprocessor, label), label)
             encoders.append(vision)
             kinds.append(image_kind(vision, text, token, label))
-    if "audio_encoder" in sessions:
+    if "audio_encoder" in sessions and config.get("model_type") == "gemma4":
+        gemma4_audio, gemma4_clips = gemma4_audio_kind(
+            sessions["audio_encoder"], text, config, preprocessor, processor, label
+        )
+        encoders.append(gemma4_audio)
+        kinds.append(gemma4_clips)
+    elif "audio_encoder" in sessions:
         if graph.mrope:
             raise AnyformerError(
                 ErrorCode.BAD_MODEL,

@@ -16,11 +16,11 @@ transformers.js's exports (onnx-community's Gemma 3n and Gemma 4 repos) carry it
 Every step runs ``embed_tokens`` on its own tokens and feeds both outputs, as transformers.js's
 ``Gemma3nForConditionalGeneration`` does; the cache is the ordinary past/present one.
 
-Gemma 4's vision encoder is read (:mod:`gemma4_image`; image blocks reach it) unless its decoder
-attends bidirectionally over images (``use_bidirectional_attention: "vision"``, which the decoder
-graph's plain ``attention_mask`` cannot carry). Gemma 3n's vision tower (MobileNet v5) and both
-families' audio towers (a USM conformer with its own feature extractor) are not: those encoders
-are left unfetched and their blocks are refused.
+Gemma 4's vision and audio encoders are read (:mod:`gemma4_image`, :mod:`gemma4_audio`: image and
+audio blocks reach them) unless its decoder attends bidirectionally over media tokens
+(``use_bidirectional_attention: "vision"``, which the decoder graph's plain ``attention_mask``
+cannot carry). Gemma 3n's towers (MobileNet v5 for images, a USM conformer with its own feature
+extractor for audio) are not: those encoders are left unfetched and their blocks are refused.
 """
 
 from __future__ import annotations
@@ -48,16 +48,16 @@ def _text_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 def per_layer_encoders(config: Mapping[str, Any]) -> tuple[str, ...]:
-    """The encoder stems read beside a decoder with per-layer inputs: Gemma 4's ``vision_encoder``, else none."""
+    """The encoder stems read beside a decoder with per-layer inputs: Gemma 4's, else none."""
     if config.get("model_type") != "gemma4" or _text_config(config).get("use_bidirectional_attention") == "vision":
         return ()
-    return ("vision_encoder",)
+    return ("vision_encoder", "audio_encoder")
 
 
 def unread_media(config: Mapping[str, Any]) -> str:
     """Why a per-layer model's other media blocks are refused (for messages)."""
     if per_layer_encoders(config):
-        return "Gemma 4 is read for text and images; its audio encoder is not"
+        return "Gemma 4 reads image and audio blocks where its repo has that encoder"
     if _text_config(config).get("use_bidirectional_attention") == "vision":
         return (
             f"{FAMILY} attending bidirectionally over images (use_bidirectional_attention 'vision') is read "
