@@ -56,8 +56,8 @@ GEMMA4_PROMPTS = (
     ((1,), (1, 0), "Tell me everything."),
 )
 #: The recorded clips: (seconds, tone in Hz); 16 000 samples fill the extractor's 128-sample steps,
-#: 23 403 do not (so its padding and mask matter).
-GEMMA4_CLIPS = ((1.0, 440.0), (23_403 / 16_000, 260.0))
+#: 23 300 do not (padded to 23 424, the last frame reaches the padding and is masked).
+GEMMA4_CLIPS = ((1.0, 440.0), (23_300 / 16_000, 260.0))
 #: Tokens each recorded reply runs to.
 GEMMA4_TOKENS_OUT = 10
 #: The image processor's soft-token budget (its smallest: 70 soft tokens, 630 patches of 16 pixels).

@@ -1,13 +1,14 @@
-"""Chat with images on a Gemma 4 export (per-layer inputs, a vision encoder reading patch positions), against torch.
+"""Chat with images and audio on a Gemma 4 export (per-layer inputs, vision and audio encoders), against torch.
 
 The fixture (gemma4_exports.py) built a tiny random ``Gemma4ForConditionalGeneration`` (4-layer
-decoder with per-layer inputs, KV sharing and soft-capped logits; 2-layer vision tower) over a
-character vocabulary with Gemma 4's media tokens, recorded for questions about one image, two
-images and none the prompt transformers' ``Gemma4Processor`` gives, the embeddings and per-layer
-inputs the language model received, torch's greedy reply from ``generate`` and the logits of every
-step, then exported ``embed_tokens``, ``vision_encoder`` and ``decoder_model_merged``. Here the
-backend's image processor, prompts, embeddings, logits and replies are compared with those, and
-the tests show the comparison would catch image features or per-layer inputs left out.
+decoder with per-layer inputs, KV sharing and soft-capped logits; 2-layer vision and audio towers)
+over a character vocabulary with Gemma 4's media tokens, recorded for questions about one image,
+two images, nothing, one clip, and an image with two clips the prompt transformers'
+``Gemma4Processor`` gives, the embeddings and per-layer inputs the language model received, torch's
+greedy reply from ``generate`` and the logits of every step, then exported ``embed_tokens``,
+``vision_encoder``, ``audio_encoder`` and ``decoder_model_merged``. Here the backend's image
+processor, feature extractor, prompts, embeddings, logits and replies are compared with those, and
+the tests show the comparison would catch media features or per-layer inputs left out.
 """
 
 from __future__ import annotations
@@ -26,13 +27,15 @@ import anyformer
 from anyformer.plugin import AnyformerError, Caps, ErrorCode, Model, Refusal, Request
 from anyformer_onnx import plugin
 from anyformer_onnx.decoder import DecodeLoop
+from anyformer_onnx.gemma4_audio import Gemma4LogMel, audio_tokens, htk_mel_filters
 from anyformer_onnx.gemma4_image import Gemma4ImageProcessor
 from anyformer_onnx.per_layer import PER_LAYER_INPUTS
-from anyformer_onnx.tasks import IMAGE_TEXT_TO_TEXT, TEXT_GENERATION, task_of
+from anyformer_onnx.tasks import AUDIO_TEXT_TO_TEXT, IMAGE_TEXT_TO_TEXT, TEXT_GENERATION, task_of
 
 
 def _messages(folder: Path, reply: dict[str, Any]) -> list[dict[str, Any]]:
     blocks: list[dict[str, Any]] = [{"type": "image", "image": str(folder / name)} for name in reply["images"]]
+    blocks += [{"type": "audio", "audio": np.load(folder / name)} for name in reply["clips"]]
     return [{"role": "user", "content": [*blocks, {"type": "text", "text": reply["question"]}]}]
 
 
@@ -62,12 +65,13 @@ def _largest_gap(got: list[np.ndarray], want: list[list[float]]) -> float:
 
 
 def test_what_was_loaded(gemma4: Any) -> None:
-    """Three graphs, image chat, a decoder with per-layer inputs and a cache for its two non-shared layers."""
+    """Four graphs, image chat, a decoder with per-layer inputs and a cache for its two non-shared layers."""
     assert gemma4.task == IMAGE_TEXT_TO_TEXT
     assert [name.rsplit("/", 1)[-1] for name in gemma4.handle.details["files"]] == [
         "embed_tokens.onnx",
         "decoder_model_merged.onnx",
         "vision_encoder.onnx",
+        "audio_encoder.onnx",
     ]
     graph = gemma4.handle.loop.graph
     assert graph.per_layer and graph.takes_embeds
@@ -77,7 +81,7 @@ def test_what_was_loaded(gemma4: Any) -> None:
         "past_key_values.1.key": (2, 32),  # the full-attention layer's wider global head
         "past_key_values.1.value": (2, 32),
     }
-    assert not gemma4.audio_input
+    assert gemma4.audio_input
 
 
 def test_pixels_and_positions_equal_transformers(gemma4_dir: Path) -> None:
@@ -95,6 +99,49 @@ def test_pixels_and_positions_equal_transformers(gemma4_dir: Path) -> None:
         assert tokens == int((want["image_position_ids"][:, 0] >= 0).sum()) // 9
         counts.append(tokens)
     assert len(set(counts)) == 3  # the three images pad differently
+
+
+def _log_mel(folder: Path) -> Gemma4LogMel:
+    settings = json.loads((folder / "processor_config.json").read_text())["feature_extractor"]
+    return Gemma4LogMel.from_config(settings, "test")
+
+
+def test_audio_features_and_mask_equal_transformers(gemma4_dir: Path) -> None:
+    """Each clip's log-mel features and real-frame mask are the feature extractor's (per-bin mean and std set)."""
+    front = _log_mel(gemma4_dir)
+    assert front.mean is not None and front.std is not None
+    for index in (0, 1):
+        want = np.load(gemma4_dir / f"features{index}.npz")
+        features, mask = front(np.load(gemma4_dir / f"clip{index}.npy"))
+        np.testing.assert_allclose(features, want["input_features"], atol=1e-5)
+        np.testing.assert_array_equal(mask, want["input_features_mask"])
+    assert not want["input_features_mask"].all()  # the second clip ends in padding frames
+
+
+@pytest.mark.parametrize("samples", [129, 320, 1000, 16_000, 16_001, 23_300, 23_403, 80_000])
+def test_audio_token_counts_equal_the_processors(gemma4_dir: Path, samples: int) -> None:
+    """A clip's token count (real frames the encoder keeps) is Gemma4Processor's, from the same mask arithmetic."""
+    from transformers.models.gemma4.feature_extraction_gemma4 import Gemma4AudioFeatureExtractor
+
+    found = Gemma4AudioFeatureExtractor()([np.zeros(samples, dtype=np.float32)], return_tensors="np")
+    mask = found["input_features_mask"][0]
+    want = len(mask)
+    for _ in range(2):  # Gemma4Processor.replace_audio_token's two stride-2 steps
+        want = (want + 2 - 3) // 2 + 1
+        mask = mask[::2][:want]
+    front = _log_mel(gemma4_dir)
+    assert audio_tokens(front(np.zeros(samples, dtype=np.float32))[1]) == int(mask.sum())
+
+
+def test_mel_filters_equal_transformers() -> None:
+    import warnings
+
+    from transformers.audio_utils import mel_filter_bank
+
+    with warnings.catch_warnings():  # its top filters fall between FFT bins (zero), as the extractor's own do
+        warnings.simplefilter("ignore")
+        want = mel_filter_bank(257, 128, 0.0, 8000.0, 16_000, norm=None, mel_scale="htk")
+    np.testing.assert_allclose(htk_mel_filters(257, 128, 0.0, 8000.0, 16_000), want, rtol=1e-12, atol=1e-15)
 
 
 @pytest.mark.parametrize("size", [(37, 45), (32, 32), (61, 20), (1000, 7), (7, 1000), (3000, 2), (1, 1), (479, 481)])
@@ -122,6 +169,8 @@ def test_prompt_ids_equal_the_processors(gemma4: Any, gemma4_dir: Path) -> None:
         assert prepared.ids == reply["prompt_ids"]
     with_images = replies(gemma4_dir)[1]["prompt_ids"]
     assert with_images.count(99) == 64 + 56 and with_images.count(100) == with_images.count(101) == 2
+    both = replies(gemma4_dir)[4]["prompt_ids"]  # an image, then two clips: <|audio>, their tokens, <audio|>
+    assert both.count(99) == 64 and both.count(102) == 37 + 25 and both.count(103) == both.count(104) == 2
 
 
 def test_decoder_inputs_equal_torchs(gemma4: Any, gemma4_dir: Path) -> None:
@@ -134,10 +183,10 @@ def test_decoder_inputs_equal_torchs(gemma4: Any, gemma4_dir: Path) -> None:
         np.testing.assert_allclose(embeds, want["inputs_embeds"], atol=1e-5)
         per_layer = media.embed_inputs(prepared.ids)[PER_LAYER_INPUTS]
         np.testing.assert_allclose(per_layer, want["per_layer_inputs"], atol=1e-5)
-        if reply["images"]:
-            # The image rows differ from the image token's own embedding: features were spliced in.
-            image = [i for i, t in enumerate(prepared.ids) if t == 99]
-            assert np.abs(embeds[0, image] - media.embed([99])[0, 0]).max() > 1e-2
+        for token, found in ((99, reply["images"]), (102, reply["clips"])):
+            if found:  # the media rows differ from the pad token's embedding: features were spliced in
+                rows = [i for i, t in enumerate(prepared.ids) if t == token]
+                assert np.abs(embeds[0, rows] - media.embed([0])[0, 0]).max() > 1e-2
 
 
 def test_step_logits_equal_torch(gemma4: Any, gemma4_dir: Path) -> None:
@@ -163,12 +212,13 @@ def test_greedy_replies_equal_torch(gemma4: Any, gemma4_dir: Path) -> None:
         assert chunks[-1].prompt_tokens == len(reply["prompt_ids"])
 
 
-def test_zeroed_image_features_change_the_logits(gemma4: Any, gemma4_dir: Path) -> None:
-    """The comparison can fail: the same prompt with the image rows zeroed moves the logits off torch's."""
-    reply = replies(gemma4_dir)[0]
+@pytest.mark.parametrize(("prompt", "token"), [(0, 99), (3, 102)])
+def test_zeroed_media_features_change_the_logits(gemma4: Any, gemma4_dir: Path, prompt: int, token: int) -> None:
+    """The comparison can fail: the same prompt with the image (or audio) rows zeroed moves the logits off torch's."""
+    reply = replies(gemma4_dir)[prompt]
     prepared = gemma4.handle.media.prepare(_messages(gemma4_dir, reply), False)
     zeroed = prepared.embeds.copy()
-    zeroed[0, [i for i, t in enumerate(prepared.ids) if t == 99]] = 0
+    zeroed[0, [i for i, t in enumerate(prepared.ids) if t == token]] = 0
     teacher = Teacher(reply["reply_ids"])
     loop = gemma4.handle.loop
     list(loop.tokens(prepared.ids, teacher, limit=10, stop_ids=frozenset({2}), prompt_embeds=zeroed))
@@ -207,6 +257,23 @@ def test_a_bad_image_is_bad_request(gemma4: Any, image: Any, words: str) -> None
     assert words in str(caught.value)
 
 
+@pytest.mark.parametrize(
+    ("audio", "words"),
+    [
+        (np.zeros(100, dtype=np.float32), "too short"),
+        (np.zeros(16_000 * 31, dtype=np.float32), "at most"),
+        ({"raw": np.zeros(8000, dtype=np.float32), "sampling_rate": 8000}, "8000"),
+        (b"not a wav file", "audio 0"),
+    ],
+)
+def test_bad_audio_is_bad_request(gemma4: Any, audio: Any, words: str) -> None:
+    messages = [{"role": "user", "content": [{"type": "audio", "audio": audio}, {"type": "text", "text": "?"}]}]
+    with pytest.raises(AnyformerError) as caught:
+        list(gemma4.generate(messages, max_new_tokens=2, temperature=0))
+    assert caught.value.code == ErrorCode.BAD_REQUEST
+    assert words in str(caught.value)
+
+
 def test_an_image_token_typed_in_a_message_is_bad_request(gemma4: Any, gemma4_dir: Path) -> None:
     image = str(gemma4_dir / "image0.png")
     content = [{"type": "image", "image": image}, {"type": "text", "text": "and <|image|> here"}]
@@ -225,7 +292,7 @@ def test_a_bidirectional_vision_decoder_is_read_for_text_only(gemma4_dir: Path, 
     (folder / "config.json").write_text(json.dumps(config))
     with anyformer.load(str(folder), backend="onnx") as loaded:
         assert loaded.task == TEXT_GENERATION
-        assert len(loaded.handle.details["files"]) == 2
+        assert len(loaded.handle.details["files"]) == 2 and not loaded.audio_input
         reply = replies(gemma4_dir)[2]
         chunks = list(loaded.generate(_messages(gemma4_dir, reply), max_new_tokens=3, temperature=0))
         assert chunks[-1].tokens == 3
@@ -271,8 +338,8 @@ def _caps() -> Caps:
     return Caps(ram_bytes=16 * 10**9, store=True, cpu_count=2)
 
 
-def test_can_run_reads_the_vision_encoder_beside_the_text_graphs() -> None:
-    """A Gemma 4 repo is image chat: embed_tokens, the decoder and the vision encoder; the audio encoder unread."""
+def test_can_run_reads_both_encoders_beside_the_text_graphs() -> None:
+    """A Gemma 4 repo is image (and audio) chat: embed_tokens, the decoder and both encoders, one precision."""
     model = _model(_GEMMA4_FILES, _GEMMA4_CONFIG, task="image-text-to-text")
     assert task_of(model, None) == IMAGE_TEXT_TO_TEXT
     verdict = plugin.can_run(model=model, caps=_caps(), request=Request.build())
@@ -283,16 +350,18 @@ def test_can_run_reads_the_vision_encoder_beside_the_text_graphs() -> None:
         "onnx/embed_tokens_q4.onnx",
         "onnx/decoder_model_merged_q4.onnx",
         "onnx/vision_encoder_q4.onnx",
+        "onnx/audio_encoder_q4.onnx",
     ]
+    assert plugin.can_run(model=model, caps=_caps(), request=Request.build(task="audio-text-to-text")).ok
 
 
-def test_can_run_refuses_audio_naming_the_unread_encoder() -> None:
-    verdict = plugin.can_run(
-        model=_model(_GEMMA4_FILES, _GEMMA4_CONFIG), caps=_caps(), request=Request.build(task="audio-text-to-text")
-    )
+def test_can_run_reads_a_gemma4_with_an_audio_encoder_alone_as_audio_chat() -> None:
+    model = _model([f for f in _GEMMA4_FILES if "vision" not in f[0]], _GEMMA4_CONFIG)
+    assert task_of(model, None) == AUDIO_TEXT_TO_TEXT
+    assert plugin.can_run(model=model, caps=_caps(), request=Request.build()).ok
+    verdict = plugin.can_run(model=model, caps=_caps(), request=Request.build(task="image-text-to-text"))
     assert not verdict.ok
     assert verdict.code == Refusal.MODEL
-    assert "audio encoder is not" in verdict.reason
 
 
 def test_can_run_refuses_images_for_a_bidirectional_vision_decoder() -> None:
