@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from anyformer_diskformer import native_products
 from anyformer_diskformer.expert_reader import ExpertSlices
 from anyformer_diskformer.quant_product import GROUPED_MAX_ROWS, QuantProduct, expert_ffn
 from anyformer_gguf_gpu.quants import FORMATS, dequantize
@@ -23,16 +24,18 @@ def reference(x: np.ndarray, raw: np.ndarray, ggml_type: int, rows: int, cols: i
     return x.astype(np.float64) @ w.T
 
 
+@pytest.mark.parametrize("native", [True, False], ids=["native", "numpy"])
 @pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("tokens", [1, 3, GROUPED_MAX_ROWS + 2])
-def test_product_equals_the_dequantised_product(name, tokens):
+def test_product_equals_the_dequantised_product(name, tokens, native):
     fmt = fmt_named(name)
     rng = np.random.default_rng(len(name) * 7 + tokens)
     rows, cols = 24, 512
     raw = random_blocks(fmt, rows * cols, rng)
     x = rng.standard_normal((tokens, cols)).astype(np.float32)
     want = reference(x, raw, fmt.ggml_type, rows, cols)
-    kernels = QuantProduct()
+    kernels = QuantProduct(native=native)
+    assert kernels.native is native
     # Bands of 5 rows (the last one shorter), so rows are assembled from several bands with the scratch reused.
     got = kernels.product(x, raw, fmt.ggml_type, rows, cols, band_elements=5 * cols)
     assert got.dtype == np.float32 and got.shape == (tokens, rows)
@@ -51,8 +54,9 @@ def test_leading_shape_is_kept():
     np.testing.assert_allclose(got[:, 0], reference(x[:, 0], raw, fmt.ggml_type, 8, 256), rtol=2e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("native", [True, False], ids=["native", "numpy"])
 @pytest.mark.parametrize("name", ["Q4_K", "Q5_K", "Q8_0", "Q6_K"])
-def test_expert_ffn_is_the_swiglu_of_the_dequantised_expert(name):
+def test_expert_ffn_is_the_swiglu_of_the_dequantised_expert(name, native):
     fmt = fmt_named(name)
     rng = np.random.default_rng(11)
     n_embd, n_ff = 256, 512
@@ -63,7 +67,7 @@ def test_expert_ffn_is_the_swiglu_of_the_dequantised_expert(name):
     x = rng.standard_normal((2, n_embd)).astype(np.float32)
     g, u = reference(x, gate, fmt.ggml_type, n_ff, n_embd), reference(x, up, fmt.ggml_type, n_ff, n_embd)
     want = reference(g / (1 + np.exp(-g)) * u, down, fmt.ggml_type, n_embd, n_ff)
-    got = expert_ffn(QuantProduct(), expert, x, n_embd, n_ff)
+    got = expert_ffn(QuantProduct(native=native), expert, x, n_embd, n_ff)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
 
 
@@ -80,6 +84,39 @@ def test_decoding_products_never_dequantise_the_matrix(name, monkeypatch):
     rng = np.random.default_rng(5)
     raw = random_blocks(fmt, 16 * 512, rng)
     x = rng.standard_normal((GROUPED_MAX_ROWS, 512)).astype(np.float32)
-    QuantProduct().product(x, raw, fmt.ggml_type, 16, 512)
-    with pytest.raises(AssertionError, match="dequantize"):  # a prompt's many rows share a dequantised band
-        QuantProduct().product(np.vstack([x, x]), raw, fmt.ggml_type, 16, 512)
+    for native in (True, False):
+        QuantProduct(native=native).product(x, raw, fmt.ggml_type, 16, 512)
+        with pytest.raises(AssertionError, match="dequantize"):  # a prompt's many rows share a dequantised band
+            QuantProduct(native=native).product(np.vstack([x, x]), raw, fmt.ggml_type, 16, 512)
+
+
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"])
+def test_decoding_products_run_the_compiled_kernel(name, monkeypatch):
+    """A few rows go to the native kernel (not the numpy groups), on a writable and on a read-only matrix (the
+    expert cache's slots and the memory-mapped file), and give the numpy path's values within float32 rounding."""
+    fmt = fmt_named(name)
+    rng = np.random.default_rng(9)
+    rows, cols = 40, 768  # K-quants: three super-blocks a row; the others 24 blocks
+    raw = random_blocks(fmt, rows * cols, rng)
+    x = rng.standard_normal((2, cols)).astype(np.float32)
+    numpy_values = QuantProduct(native=False).product(x, raw, fmt.ggml_type, rows, cols)
+    calls = []
+    real = native_products.product
+
+    def counted(*args):
+        calls.append(args[2])
+        real(*args)
+
+    monkeypatch.setattr(native_products, "product", counted)
+    for writable in (True, False):
+        blocks = raw.copy()
+        blocks.setflags(write=writable)
+        got = QuantProduct().product(x, blocks, fmt.ggml_type, rows, cols)
+        np.testing.assert_allclose(got, numpy_values, rtol=1e-5, atol=1e-5 * np.abs(numpy_values).max())
+    assert calls == [fmt.ggml_type, fmt.ggml_type]
+
+
+def test_compile_for_compiles_the_block_types_only():
+    types = [fmt_named(n).ggml_type for n in ("Q4_K", "Q6_K", "F32", "F16", "BF16")]
+    assert native_products.compile_for(types) == sorted(types[:2])
+    assert not native_products.supports(fmt_named("F16").ggml_type)

@@ -161,3 +161,11 @@ def qwen35_dir() -> Path:
     import per_layer_exports
 
     return per_layer_exports.tiny_qwen35()
+
+
+@pytest.fixture(scope="session")
+def gemma4_dir() -> Path:
+    """A tiny random Gemma 4 with a vision tower, exported one graph per module, with torch's replies and inputs."""
+    import gemma4_exports
+
+    return gemma4_exports.tiny_gemma4()

@@ -10,7 +10,7 @@ import numpy as np
 
 from anyformer import AnyformerError, Chunk, ErrorCode, FinishReason, GenerateOptions, Message, Model, Request
 from anyformer.plugin import ProgressCallback, ProgressEvent, format_size
-from anyformer_diskformer import BACKEND_ID
+from anyformer_diskformer import BACKEND_ID, native_products
 from anyformer_diskformer.cpu_engine import CpuMoEEngine
 from anyformer_diskformer.cpu_hybrid import HybridCpuEngine
 from anyformer_diskformer.expert_cache import CacheStats, ExpertCache
@@ -243,6 +243,11 @@ class DiskformerModel:
             try:
                 engine: Engine
                 if gpu is None:
+                    # Compiled now (or read from numba's cache), not on the first token.
+                    types = {t.ggml_type for t in gguf.header.tensors}
+                    if any(native_products.supports(t) for t in types):
+                        progress(ProgressEvent(stage="load", backend=BACKEND_ID, file=name, message="CPU kernels"))
+                        native_products.compile_for(types)
                     cache: ExpertCache[ExpertSlices] = ExpertCache(
                         path,
                         gguf.header,

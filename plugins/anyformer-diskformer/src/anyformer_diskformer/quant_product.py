@@ -1,4 +1,8 @@
-"""``x @ W.T`` for a matrix kept as stored (ggml blocks), on the CPU in numpy, without a dequantised copy of W.
+"""``x @ W.T`` for a matrix kept as stored (ggml blocks), on the CPU, without a dequantised copy of W.
+
+A few rows of ``x`` times a block format go to the compiled kernels of
+:mod:`anyformer_diskformer.native_products` when numba is installed (a dependency: 3-7× these numpy
+products); the numpy products below are the fallback and the reference those kernels are tested against.
 
 For a few rows of ``x`` (decoding), a block format whose value is ``a * q - b`` within each group of
 ``gs`` elements (``q`` a small integer code, ``a`` and ``b`` one scale and offset a group: Q4_0,
@@ -24,6 +28,7 @@ from typing import Protocol
 
 import numpy as np
 
+from anyformer_diskformer import native_products
 from anyformer_diskformer.expert_reader import ExpertSlices
 from anyformer_gguf_gpu.quants import Q4_0, Q4_1, Q4_K, Q5_K, Q6_K, Q8_0, dequantize, format_of
 
@@ -52,9 +57,11 @@ class QuantProduct:
     """Products of float32 activations with stored matrices; holds the scratch buffers it reuses.
 
     One instance is used from one thread at a time: each of the engine's threads has its own.
+    ``native=False`` keeps every product in numpy (the reference the compiled kernels are checked against).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, native: bool = True) -> None:
+        self.native = native and native_products.AVAILABLE
         self._float = np.empty(0, dtype=np.float32)
         self._low = np.empty(0, dtype=np.uint8)
         self._high = np.empty(0, dtype=np.uint8)
@@ -74,9 +81,12 @@ class QuantProduct:
         converting at most ``band_elements`` weights at a time."""
         fmt = format_of(ggml_type)
         flat = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, cols)
-        blocks = np.asarray(raw, dtype=np.uint8).reshape(rows, -1)
+        blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(rows, -1)
         out = np.empty((flat.shape[0], rows), dtype=np.float32)
         grouped = fmt in (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K) and flat.shape[0] <= GROUPED_MAX_ROWS
+        if grouped and self.native and native_products.supports(fmt.ggml_type):
+            native_products.product(flat, blocks, fmt.ggml_type, out)
+            return out.reshape(*x.shape[:-1], rows)
         band = max(1, band_elements // cols)
         for start in range(0, rows, band):
             stop = min(rows, start + band)

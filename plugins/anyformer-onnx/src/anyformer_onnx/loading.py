@@ -32,6 +32,8 @@ from anyformer_onnx.embedding_model import OnnxEmbeddingModel, pooling_of
 from anyformer_onnx.encoder import EncoderGraph
 from anyformer_onnx.estimate import context_for
 from anyformer_onnx.fused_graph import prepare_decoder
+from anyformer_onnx.gemma4_audio import gemma4_audio_kind
+from anyformer_onnx.gemma4_image import gemma4_image_kind, gemma4_media_pad
 from anyformer_onnx.graphs import (
     SPEECH_STEMS,
     GraphChoice,
@@ -53,7 +55,7 @@ from anyformer_onnx.multimodal import (
     qwen_image_kind,
 )
 from anyformer_onnx.ort_session import open_session
-from anyformer_onnx.per_layer import FAMILY, PER_LAYER_INPUTS, declares_per_layer_inputs
+from anyformer_onnx.per_layer import PER_LAYER_INPUTS, declares_per_layer_inputs, unread_media
 from anyformer_onnx.plugin import PREPROCESSOR_CONFIG, PROCESSOR_CONFIG, SPEECH_FILES, stems_for
 from anyformer_onnx.qwen_vl_image import GRID_INPUTS, QwenVisionGraph, QwenVLImageProcessor
 from anyformer_onnx.runtime import CUDA, available_providers, choose_provider
@@ -233,7 +235,13 @@ def _open_media_chat(
     kinds: list[MediaKind] = []
     encoders: list[Any] = []
     mrope_merge = None
-    if "vision_encoder" in sessions:
+    if "vision_encoder" in sessions and config.get("model_type") == "gemma4":
+        gemma4_vision, gemma4_kind = gemma4_image_kind(
+            sessions["vision_encoder"], text, config, preprocessor, processor, label
+        )
+        encoders.append(gemma4_vision)
+        kinds.append(gemma4_kind)
+    elif "vision_encoder" in sessions:
         token = image_token_id(config)
         if token is None or preprocessor is None:
             missing = "config.json's image_token_index" if token is None else PREPROCESSOR_CONFIG
@@ -248,7 +256,13 @@ def _open_media_chat(
             vision = VisionGraph(sessions["vision_encoder"], ImagePreprocessor.from_config(preprocessor, label), label)
             encoders.append(vision)
             kinds.append(image_kind(vision, text, token, label))
-    if "audio_encoder" in sessions:
+    if "audio_encoder" in sessions and config.get("model_type") == "gemma4":
+        gemma4_audio, gemma4_clips = gemma4_audio_kind(
+            sessions["audio_encoder"], text, config, preprocessor, processor, label
+        )
+        encoders.append(gemma4_audio)
+        kinds.append(gemma4_clips)
+    elif "audio_encoder" in sessions:
         if graph.mrope:
             raise AnyformerError(
                 ErrorCode.BAD_MODEL,
@@ -263,10 +277,9 @@ def _open_media_chat(
         audio = AudioGraph(sessions["audio_encoder"], LogMel.from_config(settings, label), label)
         encoders.append(audio)
         kinds.append(audio_kind(audio, text, token, _audio_wrappers(config, processor), label))
-    unread = None
-    if declares_per_layer_inputs(config):
-        unread = f"{FAMILY} is read for text chat; its vision and audio encoders are not"
-    media = MediaPrompter(sessions["embed_tokens"], text, kinds, encoders, label, mrope_merge, unread)
+    unread = unread_media(config) if declares_per_layer_inputs(config) else None
+    media_pad = gemma4_media_pad(config) if config.get("model_type") == "gemma4" else None
+    media = MediaPrompter(sessions["embed_tokens"], text, kinds, encoders, label, mrope_merge, unread, media_pad)
     if graph.per_layer and not media.per_layer:
         raise AnyformerError(
             ErrorCode.BAD_MODEL, f"{label}: the decoder reads {PER_LAYER_INPUTS} and embed_tokens does not return them"

@@ -16,6 +16,9 @@ feature row its encoder gives, as transformers' processors expand it, and the em
 positions are the block's features. A template that drops or repeats a block, or a media token
 typed in a message, is ``BAD_REQUEST``; so is a block of a kind the model has no encoder for.
 
+A Gemma 4 export (:mod:`gemma4_image`) writes ``<|image>`` and ``<image|>`` around each image's run
+of image tokens, and its embed_tokens reads the media tokens as the pad token (``media_pad``).
+
 A Qwen2-VL-family export (:mod:`qwen_vl_image`) writes an image as
 ``<|vision_start|><|image_pad|><|vision_end|>``; its encoder also returns each image's patch grid,
 from which the prompt's M-RoPE positions [3, seq] are computed (:mod:`mrope`).
@@ -74,6 +77,9 @@ class MediaKind:
     #: the image's patch grid (an encoder whose decoder places images by M-RoPE).
     encode: Callable[[Any, str], np.ndarray | tuple[np.ndarray, Grid]]
     limit: int
+    #: Token ids written before and after each block's run of media tokens as the prompt is expanded
+    #: (Gemma 4's processor writes ``<|image>`` and ``<image|>`` around an image's soft tokens).
+    around: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,6 +148,7 @@ class MediaPrompter:
         label: str,
         mrope_merge: int | None = None,
         unread: str | None = None,
+        media_pad: tuple[frozenset[int], int] | None = None,
     ):
         names = [i.name for i in embed_session.get_inputs()]
         if names != ["input_ids"]:
@@ -160,6 +167,10 @@ class MediaPrompter:
         self.unread = unread
         #: The vision encoder's spatial merge size when the decoder reads M-RoPE positions, else None.
         self.mrope_merge = mrope_merge
+        #: Media token ids embed_tokens reads as another id, and that id (Gemma 4: its image, video and
+        #: audio tokens as ``pad_token_id``, as transformers swaps them before both embeddings, so the
+        #: per-layer inputs at media positions are the pad token's); None: ids are embedded as they are.
+        self.media_pad = media_pad
 
     @property
     def reads_audio(self) -> bool:
@@ -184,6 +195,9 @@ class MediaPrompter:
     def _run(self, ids: list[int], names: list[str]) -> list[np.ndarray]:
         if self.embed_session is None:
             raise AnyformerError(ErrorCode.BAD_REQUEST, f"{self.label} was disposed")
+        if self.media_pad is not None:
+            media, pad = self.media_pad
+            ids = [pad if token in media else token for token in ids]
         found = self.embed_session.run(names, {"input_ids": np.asarray([ids], dtype=np.int64)})
         return [np.asarray(value) for value in found]
 
@@ -273,8 +287,10 @@ class MediaPrompter:
                 continue
             rows = features[media.block][used[media.block]]
             used[media.block] += 1
+            expanded.extend(media.around[0])
             spliced.append((len(expanded), rows))
             expanded.extend([token] * rows.shape[0])
+            expanded.extend(media.around[1])
         embeds = self.embed(expanded).copy()
         for start, rows in spliced:
             if rows.shape[-1] != embeds.shape[-1]:

@@ -16,9 +16,11 @@ transformers.js's exports (onnx-community's Gemma 3n and Gemma 4 repos) carry it
 Every step runs ``embed_tokens`` on its own tokens and feeds both outputs, as transformers.js's
 ``Gemma3nForConditionalGeneration`` does; the cache is the ordinary past/present one.
 
-Only text chat is read: the vision tower (MobileNet v5 for Gemma 3n, Gemma 4's own with position
-ids) and the audio tower (a USM conformer with its own feature extractor) are not, so a repo's
-encoders are left unfetched and image or audio blocks are refused.
+Gemma 4's vision and audio encoders are read (:mod:`gemma4_image`, :mod:`gemma4_audio`: image and
+audio blocks reach them) unless its decoder attends bidirectionally over media tokens
+(``use_bidirectional_attention: "vision"``, which the decoder graph's plain ``attention_mask``
+cannot carry). Gemma 3n's towers (MobileNet v5 for images, a USM conformer with its own feature
+extractor for audio) are not: those encoders are left unfetched and their blocks are refused.
 """
 
 from __future__ import annotations
@@ -38,3 +40,27 @@ def declares_per_layer_inputs(config: Mapping[str, Any]) -> bool:
     decoder = text if isinstance(text, Mapping) else config
     width = decoder.get("hidden_size_per_layer_input")
     return isinstance(width, int) and not isinstance(width, bool) and width > 0
+
+
+def _text_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
+    text = config.get("text_config")
+    return text if isinstance(text, Mapping) else config
+
+
+def per_layer_encoders(config: Mapping[str, Any]) -> tuple[str, ...]:
+    """The encoder stems read beside a decoder with per-layer inputs: Gemma 4's, else none."""
+    if config.get("model_type") != "gemma4" or _text_config(config).get("use_bidirectional_attention") == "vision":
+        return ()
+    return ("vision_encoder", "audio_encoder")
+
+
+def unread_media(config: Mapping[str, Any]) -> str:
+    """Why a per-layer model's other media blocks are refused (for messages)."""
+    if per_layer_encoders(config):
+        return "Gemma 4 reads image and audio blocks where its repo has that encoder"
+    if _text_config(config).get("use_bidirectional_attention") == "vision":
+        return (
+            f"{FAMILY} attending bidirectionally over images (use_bidirectional_attention 'vision') is read "
+            "for text chat only: the decoder graph's attention_mask cannot carry that"
+        )
+    return f"{FAMILY} is read for text chat; its vision and audio encoders are not"

@@ -36,7 +36,7 @@ from anyformer_onnx.graphs import (
     media_encoders,
     module_graphs,
 )
-from anyformer_onnx.per_layer import FAMILY, declares_per_layer_inputs
+from anyformer_onnx.per_layer import declares_per_layer_inputs, per_layer_encoders, unread_media
 from anyformer_onnx.runtime import CUDA, INSTALL_HINT, expected_provider, onnxruntime_installed
 from anyformer_onnx.tasks import (
     AUDIO_TEXT_TO_TEXT,
@@ -121,15 +121,18 @@ def uses_mrope(config: Mapping[str, Any]) -> bool:
 
 def media_problem(model: Model, task: str, encoders: tuple[str, ...]) -> tuple[Refusal, str] | None:
     """Why a chat task does not fit the repo's media encoders and their processor files (None when it does)."""
-    if task in (IMAGE_TEXT_TO_TEXT, AUDIO_TEXT_TO_TEXT) and declares_per_layer_inputs(model.config):
-        return Refusal.MODEL, f"{task} on {FAMILY} is not implemented: its encoders are not read (text chat only)"
+    wanted = {IMAGE_TEXT_TO_TEXT: "vision_encoder", AUDIO_TEXT_TO_TEXT: "audio_encoder"}.get(task)
+    if wanted and declares_per_layer_inputs(model.config) and wanted not in per_layer_encoders(model.config):
+        return Refusal.MODEL, f"{task} on this model is not implemented: {unread_media(model.config)}"
     if task == IMAGE_TEXT_TO_TEXT and "vision_encoder" not in encoders:
         return Refusal.MODEL, "image-text-to-text needs a vision_encoder graph beside embed_tokens and a decoder"
     if task == AUDIO_TEXT_TO_TEXT and "audio_encoder" not in encoders:
         return Refusal.MODEL, "audio-text-to-text needs an audio_encoder graph beside embed_tokens and a decoder"
     if "audio_encoder" in encoders and uses_mrope(model.config):
         return Refusal.MODEL, "audio with an M-RoPE decoder (Qwen2.5-Omni-style positions) is not implemented"
-    if "vision_encoder" in encoders and model.file(PREPROCESSOR_CONFIG) is None:
+    # Gemma 4's image processor may sit in processor_config.json alone (transformers 5's layout).
+    gemma4 = model.config.get("model_type") == "gemma4" and model.file(PROCESSOR_CONFIG) is not None
+    if "vision_encoder" in encoders and model.file(PREPROCESSOR_CONFIG) is None and not gemma4:
         return Refusal.FORMAT, f"image chat needs {PREPROCESSOR_CONFIG}, absent here"
     if "audio_encoder" in encoders and model.file(PREPROCESSOR_CONFIG) is None and model.file(PROCESSOR_CONFIG) is None:
         return Refusal.FORMAT, f"audio chat needs the feature extractor's {PREPROCESSOR_CONFIG} (or {PROCESSOR_CONFIG})"

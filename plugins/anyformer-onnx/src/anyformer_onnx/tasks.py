@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from anyformer.plugin import Model
-from anyformer_onnx.graphs import module_graphs
+from anyformer_onnx.graphs import media_encoders, module_graphs
 from anyformer_onnx.per_layer import declares_per_layer_inputs
 
 TEXT_GENERATION = "text-generation"
@@ -77,7 +77,11 @@ def task_of(model: Model, requested: str | None) -> str:
     if requested:
         return requested
     if declares_per_layer_inputs(model.config) and module_graphs(model):
-        return TEXT_GENERATION  # Gemma 3n / Gemma 4 small, one graph per module: text chat is what is read
+        # Gemma 3n / Gemma 4 small, one graph per module: text chat, with the media whose encoders are read.
+        read = media_encoders(model)
+        if "vision_encoder" in read:
+            return IMAGE_TEXT_TO_TEXT
+        return AUDIO_TEXT_TO_TEXT if read else TEXT_GENERATION
     if model.task:
         return model.task
     if "sentence-transformers" in model.tags or any(f.name == "modules.json" for f in model.files):
