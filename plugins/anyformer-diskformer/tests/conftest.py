@@ -103,7 +103,8 @@ def qwen35moe_f32(tmp_path_factory: pytest.TempPathFactory) -> str:
 @pytest.fixture(scope="session")
 def qwen35moe_alternating(tmp_path_factory: pytest.TempPathFactory) -> str:
     """A 4-layer qwen35moe alternating delta-net and attention layers, 4 key and 4 value heads, 16 experts,
-    top-2, every weight F32.
+    top-2, gate and up experts fused in one ``ffn_gate_up_exps`` tensor (as Qwen3.5's converter may write them),
+    every weight F32.
 
     Not F16: llama.cpp rounds activations to f16 before F16 products and the delta nets' states carry
     that rounding on from token to token (measured up to 6.5e-3 on these logits, and one near-tie of the
@@ -119,6 +120,7 @@ def qwen35moe_alternating(tmp_path_factory: pytest.TempPathFactory) -> str:
         attention_interval=2,
         ssm_k_heads=4,
         rope_sections=(2, 1, 1, 0),
+        fused_gate_up=True,
     )
     write_tiny_moe(path, spec, seed=10)
     return path
@@ -136,9 +138,19 @@ def gemma4_f32(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 @pytest.fixture(scope="session")
 def gemma4_dense_layer(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """A 4-layer gemma4 whose full layer has no router (its dense MLP alone), window 6, 16 experts, top-4, F32."""
+    """A 4-layer gemma4 whose full layer has no router (its dense MLP alone), window 6, 16 experts, top-4, gate and
+    up experts in one ``ffn_gate_up_exps`` tensor as Gemma 4's converter always writes them, F32."""
     path = str(tmp_path_factory.mktemp("moe") / "tiny-gemma4-dense-layer.gguf")
-    spec = TinyMoE(architecture="gemma4", n_layer=4, quant="F32", n_swa=6, dense_layer=2, n_expert=16, n_expert_used=4)
+    spec = TinyMoE(
+        architecture="gemma4",
+        n_layer=4,
+        quant="F32",
+        n_swa=6,
+        dense_layer=2,
+        n_expert=16,
+        n_expert_used=4,
+        fused_gate_up=True,
+    )
     write_tiny_moe(path, spec, seed=11)
     return path
 

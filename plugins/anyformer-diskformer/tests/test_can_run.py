@@ -176,6 +176,20 @@ def test_a_bailingmoe2_file_counts_neither_its_dense_layer_nor_its_prediction_la
     assert v.estimate.details["dense_bytes"] == dense
 
 
+def test_a_fused_gate_up_tensor_counts_as_experts_and_one_expert_is_its_share(gemma4_dense_layer):
+    """Gemma 4's ``ffn_gate_up_exps`` is streamed, not resident: its bytes are the experts' and one expert's
+    slab (a cache slot) is 1/16 of its layer's three expert matrices; the file is accepted, not BAD_MODEL."""
+    v = verdict(anyformer.describe(gemma4_dense_layer))
+    assert v.ok, v.reason
+    reader = gguf.GGUFReader(gemma4_dense_layer)
+    routed = [t for t in reader.tensors if t.name.endswith("_exps.weight")]
+    assert {t.name.split(".")[2] for t in routed} == {"ffn_gate_up_exps", "ffn_down_exps"}
+    assert v.estimate.details["experts_total"] == sum(int(t.n_bytes) for t in routed)
+    plan = plan_from_header(read_gguf_header(gemma4_dense_layer), 256)
+    one_layer = sum(int(t.n_bytes) for t in routed if t.name.startswith("blk.0."))
+    assert plan.one_expert_bytes == one_layer // 16
+
+
 @pytest.mark.parametrize("options", [{}, {"device": "gpu"}], ids=["auto", "gpu"])
 def test_a_qwen35moe_file_runs_on_the_gpu_and_counts_its_delta_net_states(qwen35moe_f32, options):
     from anyformer_diskformer.moe_config import read_moe_config

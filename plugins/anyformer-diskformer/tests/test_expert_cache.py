@@ -33,6 +33,37 @@ def test_every_expert_is_the_slab_gguf_reader_sees(moe_f32):
         assert cache.stats.bytes_read == 16 * cache.expert_bytes == cache.held_bytes
 
 
+@pytest.mark.parametrize("fixture", ["gemma4_dense_layer", "qwen35moe_alternating"])
+def test_a_fused_gate_up_tensor_gives_each_expert_its_gate_and_up_halves(request, fixture):
+    """``ffn_gate_up_exps`` (rows 2 n_ff, gate's first, as llama.cpp splits it): an expert's gate slab is its first
+    n_ff rows, its up slab the next n_ff, read as two slabs of half the expert's stride."""
+    from anyformer_diskformer.expert_reader import ExpertReader, expert_spans
+
+    path = request.getfixturevalue(fixture)
+    reader = gguf.GGUFReader(path)
+    tensors = {t.name: t for t in reader.tensors}
+    header = read_gguf_header(path)
+    n_expert = int(reader.fields[f"{reader.fields['general.architecture'].contents()}.expert_count"].contents())
+    moe_layers = [i for i in range(4) if f"blk.{i}.ffn_gate_up_exps.weight" in tensors]
+    assert moe_layers and not any(name.endswith(("ffn_gate_exps.weight", "ffn_up_exps.weight")) for name in tensors)
+    spans = expert_spans(header, 4, n_expert)
+    experts = ExpertReader(path, spans)
+    try:
+        for layer in moe_layers:
+            fused = np.asarray(tensors[f"blk.{layer}.ffn_gate_up_exps.weight"].data)  # (experts, 2 n_ff, n_embd)
+            half = fused.shape[1] // 2
+            gate, up = spans[layer, "ffn_gate_exps"], spans[layer, "ffn_up_exps"]
+            assert gate.length == up.length == gate.stride // 2 and up.offset == gate.offset + gate.length
+            for expert in (0, n_expert - 1):
+                got = experts.read(layer, expert)
+                np.testing.assert_array_equal(got.gate.view(np.float32), fused[expert, :half].reshape(-1))
+                np.testing.assert_array_equal(got.up.view(np.float32), fused[expert, half:].reshape(-1))
+                down = np.asarray(tensors[f"blk.{layer}.ffn_down_exps.weight"].data[expert])
+                np.testing.assert_array_equal(got.down.view(np.float32), down.reshape(-1))
+    finally:
+        experts.close()
+
+
 def test_least_recently_used_goes_first(moe_f32):
     with open_cache(moe_f32, 2.5) as cache:
         cache.get(0, 1)

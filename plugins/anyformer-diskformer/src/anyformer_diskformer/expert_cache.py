@@ -105,7 +105,7 @@ class ExpertCache(Generic[Entry]):
         spans = self.reader.spans
         #: Bytes of one expert (all three slabs), the largest over the layers (quant mixes differ by layer).
         layers = {layer for layer, _ in spans}  # the MoE layers (dense ones have no experts)
-        self.expert_bytes = max(sum(spans[layer, k].stride for k in EXPERT_TENSORS) for layer in layers)
+        self.expert_bytes = max(sum(spans[layer, k].length for k in EXPERT_TENSORS) for layer in layers)
         if capacity_bytes < self.expert_bytes:
             self.reader.close()
             raise AnyformerError(

@@ -2,9 +2,12 @@
 
 A layer's experts live in three 3-D tensors (``ffn_{gate,up,down}_exps``, ggml dims cols × rows ×
 experts): expert ``e`` is the ``e``-th contiguous slab of each, so one expert is three reads of
-known offset and length. The slabs are kept as stored (quantised blocks, never a dequantised copy)
-and the page cache is told to drop what was read, so the budget, not the kernel's cache, bounds the
-memory experts take. ``os.pread`` on one descriptor is safe from several threads (the prefetcher's).
+known offset and length. Files that fuse gate and up in one tensor (``ffn_gate_up_exps``, rows
+``2 * n_ff``: gate's rows first, then up's, as llama.cpp splits it; every Gemma 4 GGUF, Qwen3.5's
+when converted so) give each expert one slab whose halves are its gate and up slabs. The slabs are
+kept as stored (quantised blocks, never a dequantised copy) and the page cache is told to drop what
+was read, so the budget, not the kernel's cache, bounds the memory experts take. ``os.pread`` on
+one descriptor is safe from several threads (the prefetcher's).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import os
 import numpy as np
 
 from anyformer.plugin import AnyformerError, ErrorCode, GGUFHeader
-from anyformer_diskformer.moe_config import EXPERT_TENSORS
+from anyformer_diskformer.moe_config import EXPERT_TENSORS, GATE_UP_EXPS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,34 +38,56 @@ class ExpertSlices:
 
 @dataclasses.dataclass(frozen=True)
 class Span:
-    """Where one layer's expert tensor starts in the file, each expert's bytes, and its ggml type."""
+    """Where expert 0's slab of one layer's expert matrix starts in the file, the bytes from one expert's slab to
+    the next (``stride``), the slab's bytes (``length``: the stride, or half of it for a half of a fused gate/up
+    tensor) and its ggml type."""
 
     offset: int
     stride: int
     ggml_type: int
+    length: int
 
 
 def expert_spans(header: GGUFHeader, n_layer: int, n_expert: int) -> dict[tuple[int, str], Span]:
-    """Every MoE layer's three expert tensors as spans; ``BAD_MODEL`` when one is not a tensor of ``n_expert`` slabs.
+    """Every MoE layer's three expert matrices as spans; ``BAD_MODEL`` when a tensor is not one of ``n_expert`` slabs.
 
-    A layer with none of the three is a dense layer (Ling 2.0's leading ones, Gemma 4's without a router)
-    and has no spans; a file with no expert at all is ``BAD_MODEL``.
+    A fused ``ffn_gate_up_exps`` gives the gate and up spans, each half of an expert's slab. A layer with no
+    expert tensor is a dense layer (Ling 2.0's leading ones, Gemma 4's without a router) and has no spans; a file
+    with no expert at all is ``BAD_MODEL``.
     """
     tensors = {t.name: t for t in header.tensors}
     spans: dict[tuple[int, str], Span] = {}
+
+    def slabs(layer: int, kind: str) -> Span:
+        info = tensors.get(f"blk.{layer}.{kind}.weight")
+        if info is None or len(info.dims) != 3 or info.dims[2] != n_expert or info.nbytes % n_expert:
+            name = f"blk.{layer}.{kind}.weight"
+            raise AnyformerError(ErrorCode.BAD_MODEL, f"{name} is not a tensor of {n_expert} experts")
+        stride = info.nbytes // n_expert
+        return Span(header.data_offset + info.offset, stride, info.ggml_type, stride)
+
     for layer in range(n_layer):
-        if not any(f"blk.{layer}.{kind}.weight" in tensors for kind in EXPERT_TENSORS):
+        names = [f"blk.{layer}.{kind}.weight" for kind in (*EXPERT_TENSORS, GATE_UP_EXPS)]
+        if not any(name in tensors for name in names):
             continue
-        for kind in EXPERT_TENSORS:
-            info = tensors.get(f"blk.{layer}.{kind}.weight")
-            if info is None or len(info.dims) != 3 or info.dims[2] != n_expert or info.nbytes % n_expert:
-                raise AnyformerError(
-                    ErrorCode.BAD_MODEL, f"blk.{layer}.{kind}.weight is not a tensor of {n_expert} experts"
-                )
-            spans[layer, kind] = Span(header.data_offset + info.offset, info.nbytes // n_expert, info.ggml_type)
+        gate, up, down = EXPERT_TENSORS
+        if names[3] in tensors:
+            if names[0] in tensors or names[1] in tensors:
+                raise AnyformerError(ErrorCode.BAD_MODEL, f"layer {layer} has gate and up experts both fused and apart")
+            fused = slabs(layer, GATE_UP_EXPS)
+            if tensors[names[3]].dims[1] % 2 or fused.stride % 2:
+                raise AnyformerError(ErrorCode.BAD_MODEL, f"{names[3]} does not split into gate and up halves")
+            half = fused.stride // 2  # rows are whole blocks, so n_ff rows are half the bytes
+            spans[layer, gate] = dataclasses.replace(fused, length=half)
+            spans[layer, up] = dataclasses.replace(fused, offset=fused.offset + half, length=half)
+        else:
+            spans[layer, gate] = slabs(layer, gate)
+            spans[layer, up] = slabs(layer, up)
+        spans[layer, down] = slabs(layer, down)
     if not spans:
         raise AnyformerError(
-            ErrorCode.BAD_MODEL, "no layer has routed experts (ffn_gate_exps, ffn_up_exps, ffn_down_exps)"
+            ErrorCode.BAD_MODEL,
+            "no layer has routed experts (ffn_gate_exps, ffn_up_exps, ffn_down_exps or ffn_gate_up_exps)",
         )
     return spans
 
@@ -97,7 +122,7 @@ class ExpertReader:
         parts = []
         for kind in EXPERT_TENSORS:
             span = self.spans[layer, kind]
-            parts.append(self._slab(fd, span.offset + expert * span.stride, span.stride))
+            parts.append(self._slab(fd, span.offset + expert * span.stride, span.length))
         t = tuple(self.spans[layer, k].ggml_type for k in EXPERT_TENSORS)
         return ExpertSlices(parts[0], parts[1], parts[2], (t[0], t[1], t[2]))
 

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from anyformer.plugin import AnyformerError, ErrorCode, GGUFHeader, GGUFTensor
-from anyformer_diskformer.moe_config import MoEConfig
+from anyformer_diskformer.moe_config import MoEConfig, expert_shapes
 from anyformer_gguf_gpu.config import expect_shapes, required_tensor
 
 _UNREAD = "which the engine does not read"
@@ -95,8 +95,6 @@ def read_gemma4_config(header: GGUFHeader) -> Gemma4Config:
     n_used = _positive(kv, f"{arch}.expert_used_count")
     if n_used > n_expert:
         raise AnyformerError(ErrorCode.BAD_MODEL, f"{n_used} experts used per token of {n_expert}")
-    if any(f"blk.{i}.ffn_gate_up_exps.weight" in tensors for i in range(n_layer)):
-        raise AnyformerError(ErrorCode.BAD_MODEL, f"gate and up experts fused in one tensor, {_UNREAD}")
     embd = required_tensor(tensors, "token_embd.weight")
     scale = kv.get(f"{arch}.final_logit_softcapping", 0.0)
     full = next((i for i in range(n_layer) if not swa[i]), 0)
@@ -176,9 +174,7 @@ def _check_shapes(c: Gemma4Config, tensors: dict[str, GGUFTensor]) -> None:
                     "pre_ffw_norm_2.weight": (e,),
                     "post_ffw_norm_1.weight": (e,),
                     "post_ffw_norm_2.weight": (e,),
-                    "ffn_gate_exps.weight": (e, c.n_ff_exp, c.n_expert),
-                    "ffn_up_exps.weight": (e, c.n_ff_exp, c.n_expert),
-                    "ffn_down_exps.weight": (c.n_ff_exp, e, c.n_expert),
+                    **expert_shapes(tensors, p, e, c.n_ff_exp, c.n_expert),
                 }
             )
             if c.expert_scale[i]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from anyformer.plugin import AnyformerError, ErrorCode, GGUFHeader, GGUFTensor
@@ -46,16 +46,32 @@ GATING_FUNCS = {1: "softmax", 2: "sigmoid"}
 
 #: The three routed-expert tensors of a layer (ggml dims: cols, rows, experts).
 EXPERT_TENSORS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
+#: Gate and up experts fused in one tensor (rows 2 * n_ff: gate's first), as Gemma 4's converter always writes them.
+GATE_UP_EXPS = "ffn_gate_up_exps"
 
 #: How a weight-type refusal ends: what does not read the type.
 _UNREAD = "which the engine does not read"
 
-_EXPERT_NAME = re.compile(r"^blk\.\d+\.ffn_(gate|up|down)_exps\.weight$")
+_EXPERT_NAME = re.compile(r"^blk\.\d+\.ffn_(gate|up|down|gate_up)_exps\.weight$")
 
 
 def is_expert_tensor(name: str) -> bool:
     """Whether ``name`` is a routed-expert tensor (streamed from disk, never resident)."""
     return _EXPERT_NAME.match(name) is not None
+
+
+def expert_shapes(
+    tensors: Mapping[str, object], prefix: str, n_embd: int, n_ff_exp: int, n_expert: int
+) -> dict[str, tuple[int, ...]]:
+    """A MoE layer's routed-expert tensors and their ggml shapes: gate and up apart, or fused when the file has
+    ``{prefix}ffn_gate_up_exps.weight``."""
+    shapes: dict[str, tuple[int, ...]] = {"ffn_down_exps.weight": (n_ff_exp, n_embd, n_expert)}
+    if f"{prefix}{GATE_UP_EXPS}.weight" in tensors:
+        shapes[f"{GATE_UP_EXPS}.weight"] = (n_embd, 2 * n_ff_exp, n_expert)
+    else:
+        shapes["ffn_gate_exps.weight"] = (n_embd, n_ff_exp, n_expert)
+        shapes["ffn_up_exps.weight"] = (n_embd, n_ff_exp, n_expert)
+    return shapes
 
 
 def layer_of(name: str) -> int:
@@ -317,9 +333,7 @@ def _check_shapes(c: MoEConfig, tensors: dict[str, GGUFTensor]) -> None:
         else:
             ffn = {
                 "ffn_gate_inp.weight": (c.n_embd, c.n_expert),
-                "ffn_gate_exps.weight": (c.n_embd, c.n_ff_exp, c.n_expert),
-                "ffn_up_exps.weight": (c.n_embd, c.n_ff_exp, c.n_expert),
-                "ffn_down_exps.weight": (c.n_ff_exp, c.n_embd, c.n_expert),
+                **expert_shapes(tensors, p, c.n_embd, c.n_ff_exp, c.n_expert),
             }
             if c.probs_bias:
                 ffn["exp_probs_b.bias"] = (c.n_expert,)

@@ -100,7 +100,7 @@ def measure(path: str, size: int, mtime: float) -> Measured | None:
         return None
     spans = expert_spans(header, layers, experts)
     first = min(span.offset for span in spans.values())
-    end = max(span.offset + span.stride * experts for span in spans.values())
+    end = max(span.offset + span.stride * (experts - 1) + span.length for span in spans.values())
     disk = _time_disk(path, first, min(DISK_SAMPLE, end - first))
     reader = ExpertReader(path, spans)
     try:

@@ -48,6 +48,8 @@ class TinyMoE:
     scale: float = 0.08
     #: Type of the routed experts when it differs from ``quant`` (a K type gives random blocks, fast to make).
     expert_quant: str | None = None
+    #: Gate and up experts in one ``ffn_gate_up_exps`` tensor (Gemma 4's converter, Qwen3.5's when converted so).
+    fused_gate_up: bool = False
     #: bailingmoe2 (Ling 2.0): rotary width (None: the head's), leading dense layers of ``n_ff_dense``,
     #: llama.cpp's gating function (1 softmax, 2 sigmoid), expert groups, a selection bias, and
     #: multi-token-prediction layers after the model's own.
@@ -134,8 +136,7 @@ def write_tiny_moe(path: str, spec: TinyMoE, seed: int = 0) -> None:
         w.add_tensor(
             p + "ffn_gate_inp.weight", (rng.standard_normal((spec.n_expert, spec.n_embd)) * 0.5).astype(np.float32)
         )
-        weight(p + "ffn_gate_exps.weight", spec.n_expert, spec.n_ff_exp, spec.n_embd, quant=experts)
-        weight(p + "ffn_up_exps.weight", spec.n_expert, spec.n_ff_exp, spec.n_embd, quant=experts)
+        _gate_up_experts(weight, p, spec, experts)
         weight(p + "ffn_down_exps.weight", spec.n_expert, spec.n_embd, spec.n_ff_exp, quant=experts)
         if arch == "qwen2moe":
             w.add_tensor(p + "ffn_gate_inp_shexp.weight", (rng.standard_normal(spec.n_embd) * 0.2).astype(np.float32))
@@ -151,6 +152,16 @@ def write_tiny_moe(path: str, spec: TinyMoE, seed: int = 0) -> None:
     vector("output_norm.weight", spec.n_embd)
     weight("output.weight", len(tokens), spec.n_embd)
     finish_gguf(w)
+
+
+def _gate_up_experts(weight: Callable[..., None], p: str, spec: TinyMoE, quant: str) -> None:
+    """A layer's gate and up experts: two tensors, or one ``ffn_gate_up_exps`` (gate's rows first) when
+    ``spec.fused_gate_up``, as Gemma 4's converter writes them."""
+    if spec.fused_gate_up:
+        weight(p + "ffn_gate_up_exps.weight", spec.n_expert, 2 * spec.n_ff_exp, spec.n_embd, quant=quant)
+    else:
+        weight(p + "ffn_gate_exps.weight", spec.n_expert, spec.n_ff_exp, spec.n_embd, quant=quant)
+        weight(p + "ffn_up_exps.weight", spec.n_expert, spec.n_ff_exp, spec.n_embd, quant=quant)
 
 
 def _tensor_writers(
@@ -241,8 +252,7 @@ def _write_bailingmoe2(path: str, spec: TinyMoE, seed: int) -> None:
             w.add_tensor(p + "ffn_gate_inp.weight", router.astype(np.float32))
             if spec.probs_bias:
                 w.add_tensor(p + "exp_probs_b.bias", (0.1 * rng.standard_normal(spec.n_expert)).astype(np.float32))
-            weight(p + "ffn_gate_exps.weight", spec.n_expert, spec.n_ff_exp, spec.n_embd, quant=experts)
-            weight(p + "ffn_up_exps.weight", spec.n_expert, spec.n_ff_exp, spec.n_embd, quant=experts)
+            _gate_up_experts(weight, p, spec, experts)
             weight(p + "ffn_down_exps.weight", spec.n_expert, spec.n_embd, spec.n_ff_exp, quant=experts)
             weight(p + "ffn_gate_shexp.weight", shared, spec.n_embd)
             weight(p + "ffn_up_shexp.weight", shared, spec.n_embd)
@@ -322,8 +332,7 @@ def _write_qwen35moe(path: str, spec: TinyMoE, seed: int) -> None:
             vector(p + "attn_k_norm.weight", spec.head_dim)
         vector(p + "post_attention_norm.weight", spec.n_embd)
         f32(p + "ffn_gate_inp.weight", rng.standard_normal((spec.n_expert, spec.n_embd)) * 0.5)
-        weight(p + "ffn_gate_exps.weight", spec.n_expert, spec.n_ff_exp, spec.n_embd, quant=experts)
-        weight(p + "ffn_up_exps.weight", spec.n_expert, spec.n_ff_exp, spec.n_embd, quant=experts)
+        _gate_up_experts(weight, p, spec, experts)
         weight(p + "ffn_down_exps.weight", spec.n_expert, spec.n_embd, spec.n_ff_exp, quant=experts)
         f32(p + "ffn_gate_inp_shexp.weight", rng.standard_normal(spec.n_embd) * 0.2)
         weight(p + "ffn_gate_shexp.weight", spec.n_ff_shexp, spec.n_embd)
@@ -406,8 +415,7 @@ def _write_gemma4(path: str, spec: TinyMoE, seed: int) -> None:
         vector(p + "pre_ffw_norm_2.weight", spec.n_embd)
         vector(p + "post_ffw_norm_1.weight", spec.n_embd)
         vector(p + "post_ffw_norm_2.weight", spec.n_embd)
-        weight(p + "ffn_gate_exps.weight", spec.n_expert, spec.n_ff_exp, spec.n_embd, quant=experts)
-        weight(p + "ffn_up_exps.weight", spec.n_expert, spec.n_ff_exp, spec.n_embd, quant=experts)
+        _gate_up_experts(weight, p, spec, experts)
         weight(p + "ffn_down_exps.weight", spec.n_expert, spec.n_embd, spec.n_ff_exp, quant=experts)
         f32(p + "ffn_down_exps.scale", 0.5 + rng.random(spec.n_expert))
     vector("output_norm.weight", spec.n_embd)
