@@ -538,7 +538,11 @@ class GpuMoEEngine:
             self.kernels.run(pending)
             return None
         self.kernels.run([*pending, self._head])
-        return gpu.read(self.logits, np.float32, c.n_vocab)
+        return self.read_logits()
+
+    def read_logits(self) -> np.ndarray:
+        """The logits the head dispatch last wrote (Gemma 4 soft-caps them here)."""
+        return self.gpu.read(self.logits, np.float32, self.config.n_vocab)
 
     def _guess(self, layer: int, router_logits: np.ndarray, prefetcher: Any) -> None:
         """Have the prefetcher read ``layer``'s likely experts from its router's logits [1, n_expert]."""

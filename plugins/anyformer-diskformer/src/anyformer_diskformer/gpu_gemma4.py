@@ -33,6 +33,7 @@ from anyformer_diskformer.expert_cache import ExpertCache
 from anyformer_diskformer.expert_reader import expert_spans
 from anyformer_diskformer.gemma4_config import Gemma4Config
 from anyformer_diskformer.gpu_engine import GpuMoEEngine, GpuSlots
+from anyformer_diskformer.gpu_gemma4_prompt import Gemma4PromptSteps
 from anyformer_diskformer.moe_config import EXPERT_TENSORS
 from anyformer_diskformer.prefetch import likely_experts
 from anyformer_diskformer.routing import route
@@ -46,8 +47,6 @@ class Gemma4GpuEngine(GpuMoEEngine):
     """A loaded Gemma 4 MoE on one GPU: a KV cache per layer in that layer's head width, experts in GPU slots."""
 
     config: Gemma4Config
-    #: Prompts run one token a step: its layers (sliding windows, per-layer widths) have no several-token step yet.
-    batched_prompts = False
 
     def _build(self, gguf: GGUFFile, make_cache: Callable[[GpuSlots], ExpertCache[int]]) -> None:
         c, ctx = self.config, self.ctx
@@ -59,21 +58,23 @@ class Gemma4GpuEngine(GpuMoEEngine):
         self.cache = make_cache(self.slots)
         if self.trace is not None:
             self.cache.take_accesses()  # start recording
-        buf, e = self._buffer, 4 * c.n_embd
+        # The residual, q/k/v, attention, MLP and score rows hold a prompt step's tokens (decoding uses the first).
+        n = self.prompt_step
+        buf, e = self._buffer, 4 * n * c.n_embd
         widest = max(c.heads[i] * c.head_dims[i] + 2 * c.kv_heads[i] * c.head_dims[i] for i in range(c.n_layer))
         self.h = buf(e, "residual")
-        self.qkv = buf(4 * widest, "qkv")
-        self.attn = buf(4 * max(h * d for h, d in zip(c.heads, c.head_dims, strict=True)), "attention")
+        self.qkv = buf(4 * n * widest, "qkv")
+        self.attn = buf(4 * n * max(h * d for h, d in zip(c.heads, c.head_dims, strict=True)), "attention")
         self.attn_out = buf(e, "attention-output")
         self.gate_up = buf(8 * max(c.n_ff_exp, *c.ffs), "gate-up")
         self.mlp = buf(e, "mlp")
         self.routed = buf(e, "experts")
         self.ffn_sum = buf(e, "ffn")
-        self.zeros = self._upload(np.zeros(c.n_embd, dtype=np.float32), "zeros")
+        self.zeros = self._upload(np.zeros(n * c.n_embd, dtype=np.float32), "zeros")
         # This layer's router logits, then the next layer's router on this layer's residual: the prefetcher's guess.
         self.router = buf(8 * c.n_expert, "router")
         self.logits = buf(4 * c.n_vocab, "logits")
-        self.scores = buf(4 * max(c.heads) * ctx, "scores")
+        self.scores = buf(4 * n * max(c.heads) * ctx, "scores")
         self.ids = buf(4 * (ctx + 1), "ids")
         self.state = buf(16, "state")
         self.gate_norm = buf(e, "gate-norm")
@@ -88,15 +89,13 @@ class Gemma4GpuEngine(GpuMoEEngine):
                 "rope-full",
             ),
         }
-        embd = self._weights["token_embd.weight"]
-        self._embed = self.kernels.embed(
-            embd.buffer, embd.fmt, embd.rows, embd.cols, self.ids, self.h, self.state, 1, scale=math.sqrt(c.n_embd)
-        )
-        self._layers = [self._attention_dispatches(i) + self._mlp_dispatches(i) for i in range(c.n_layer)]
+        self._embed = self.embed_dispatch(1)
+        self._layers = [self._attention_dispatches(i) + self.mlp_dispatches(i, 1, self.gate_up) for i in range(c.n_layer)]
         self._routers = [self._router_dispatches(i) for i in range(c.n_layer)]
-        self._finish = [self._finish_dispatches(i) for i in range(c.n_layer)]
-        head = self._weights["token_embd.weight" if c.tied_output else "output.weight"]
-        self._head = self._mv(head, self.h, self.logits, norm=self._norms["output_norm.weight"], eps=c.eps)
+        self._finish = [self.finish_dispatches(i, 1) for i in range(c.n_layer)]
+        self._head = self.head_dispatch(0)
+        if n > 1:
+            self.prompt = Gemma4PromptSteps(self, n)
 
     def _load_gemma4(self, gguf: GGUFFile) -> None:
         """Matrices as stored (q/k/v and gate/up stacked where they can be), vectors as f32 on the GPU and host."""
@@ -150,12 +149,21 @@ class Gemma4GpuEngine(GpuMoEEngine):
 
     # Dispatches, built once.
 
-    def _attention_dispatches(self, i: int) -> list[Dispatch]:
-        """Layer ``i``'s attention, its normalised output added to the residual."""
+    def embed_dispatch(self, tokens: int) -> Dispatch:
+        """The embeddings of ``tokens`` tokens from position state[0], scaled by sqrt(n_embd), into the residual."""
+        embd = self._weights["token_embd.weight"]
+        scale = math.sqrt(self.config.n_embd)
+        return self.kernels.embed(
+            embd.buffer, embd.fmt, embd.rows, embd.cols, self.ids, self.h, self.state, tokens, scale=scale
+        )
+
+    def attention_dispatches_for(self, i: int, tokens: int) -> list[Dispatch]:
+        """Layer ``i``'s attention over ``tokens`` tokens at positions state[0].. (causal among them; a sliding
+        layer's token at p sees p - n_swa + 1 .. p), its normalised output added to the residual."""
         c, p, k = self.config, f"blk.{i}.", self.kernels
         heads, kv_heads, d = c.heads[i], c.kv_heads[i], c.head_dims[i]
         q_dim, kv_dim = heads * d, kv_heads * d
-        norm = {"norm": self._norms[p + "attn_norm.weight"], "eps": c.eps}
+        norm = {"norm": self._norms[p + "attn_norm.weight"], "eps": c.eps, "tokens": tokens}
         out: list[Dispatch] = []
         if p + "attn_qkv" in self._weights:
             out.append(self._mv(self._weights[p + "attn_qkv"], self.h, self.qkv, **norm))
@@ -179,6 +187,7 @@ class Gemma4GpuEngine(GpuMoEEngine):
                 qk_norm=True,
                 eps=c.eps,
                 v_norm=True,
+                tokens=tokens,
             )
         )
         out.append(
@@ -195,25 +204,29 @@ class Gemma4GpuEngine(GpuMoEEngine):
                 ctx=self.ctx,
                 scale=1.0,  # Gemma 4 scales its scores by 1
                 window=c.n_swa if c.swa[i] else 0,
+                tokens=tokens,
             )
         )
-        out.append(self._mv(self._weights[p + "attn_output.weight"], self.attn, self.attn_out))
+        out.append(self._mv(self._weights[p + "attn_output.weight"], self.attn, self.attn_out, tokens=tokens))
         norm_w = self._norms[p + "post_attention_norm.weight"]
-        out.append(k.rmsnorm(self.attn_out, norm_w, self.h, c.n_embd, c.eps, accumulate=True))
+        out.append(k.rmsnorm(self.attn_out, norm_w, self.h, c.n_embd, c.eps, accumulate=True, tokens=tokens))
         return out
 
-    def _mlp_dispatches(self, i: int) -> list[Dispatch]:
-        """Layer ``i``'s dense GELU MLP of the residual (``ffn_norm`` fused into gate and up) into ``mlp``."""
+    def mlp_dispatches(self, i: int, tokens: int, gate_up: Any) -> list[Dispatch]:
+        """Layer ``i``'s dense GELU MLP of ``tokens`` residual rows (``ffn_norm`` fused into gate and up, their
+        [gate | up] rows in ``gate_up``) into ``mlp``."""
         c, p = self.config, f"blk.{i}."
-        n_ff, norm = c.ffs[i], {"norm": self._norms[p + "ffn_norm.weight"], "eps": c.eps}
+        n_ff = c.ffs[i]
+        kw = {"norm": self._norms[p + "ffn_norm.weight"], "eps": c.eps, "tokens": tokens}
         if p + "ffn_gate_up" in self._weights:
-            out = [self._mv(self._weights[p + "ffn_gate_up"], self.h, self.gate_up, **norm)]
+            out = [self._mv(self._weights[p + "ffn_gate_up"], self.h, gate_up, **kw)]
         else:
             out = [
-                self._mv(self._weights[p + "ffn_gate"], self.h, self.gate_up, **norm),
-                self._mv(self._weights[p + "ffn_up"], self.h, self.gate_up, y_off=n_ff, **norm),
+                self._mv(self._weights[p + "ffn_gate"], self.h, gate_up, y_stride=2 * n_ff, **kw),
+                self._mv(self._weights[p + "ffn_up"], self.h, gate_up, y_off=n_ff, y_stride=2 * n_ff, **kw),
             ]
-        out.append(self._mv(self._weights[p + "ffn_down.weight"], self.gate_up, self.mlp, swiglu=True, gelu=True))
+        down = self._weights[p + "ffn_down.weight"]
+        out.append(self._mv(down, gate_up, self.mlp, tokens=tokens, swiglu=True, gelu=True))
         return out
 
     def _router_dispatches(self, i: int) -> list[Dispatch]:
@@ -223,28 +236,30 @@ class Gemma4GpuEngine(GpuMoEEngine):
         out: list[Dispatch] = []
         if c.moe[i]:
             w = self._weights[f"blk.{i}.ffn_gate_inp.weight"]
-            out.append(self._mv(w, self.h, self.router, **self._router_norm(i)))
+            out.append(self._mv(w, self.h, self.router, **self.router_norm(i)))
         if self.cache.prefetcher is not None and i + 1 < c.n_layer and c.moe[i + 1]:
             w = self._weights[f"blk.{i + 1}.ffn_gate_inp.weight"]
-            out.append(self._mv(w, self.h, self.router, y_off=c.n_expert, **self._router_norm(i + 1)))
+            out.append(self._mv(w, self.h, self.router, y_off=c.n_expert, **self.router_norm(i + 1)))
         return out
 
-    def _router_norm(self, i: int) -> dict[str, Any]:
+    def router_norm(self, i: int) -> dict[str, Any]:
+        """The fused norm of layer ``i``'s router product: no weight but ``ffn_gate_inp.scale`` / sqrt(n_embd)."""
         return {"norm": self._router_norms[i], "eps": self.config.eps}
 
-    def _finish_dispatches(self, i: int) -> list[Dispatch]:
-        """The layer's FFN output normalised into the residual, scaled by the layer's output scale."""
+    def finish_dispatches(self, i: int, tokens: int) -> list[Dispatch]:
+        """The layer's FFN output of ``tokens`` rows normalised into the residual, scaled by the layer's output
+        scale (a MoE layer's MLP and experts each normalised first, from ``mlp`` and ``routed``)."""
         c, p, k = self.config, f"blk.{i}.", self.kernels
         scale = float(self._host[p + "layer_output_scale.weight"][0]) if c.out_scale[i] else 1.0
         post = self._norms[p + "post_ffw_norm.weight"]
+        kw = {"tokens": tokens}
         if not c.moe[i]:
-            return [k.rmsnorm(self.mlp, post, self.h, c.n_embd, c.eps, accumulate=True, scale=scale)]
+            return [k.rmsnorm(self.mlp, post, self.h, c.n_embd, c.eps, accumulate=True, scale=scale, **kw)]
+        post_1, post_2 = self._norms[p + "post_ffw_norm_1.weight"], self._norms[p + "post_ffw_norm_2.weight"]
         return [
-            k.rmsnorm(self.mlp, self._norms[p + "post_ffw_norm_1.weight"], self.ffn_sum, c.n_embd, c.eps),
-            k.rmsnorm(
-                self.routed, self._norms[p + "post_ffw_norm_2.weight"], self.ffn_sum, c.n_embd, c.eps, accumulate=True
-            ),
-            k.rmsnorm(self.ffn_sum, post, self.h, c.n_embd, c.eps, accumulate=True, scale=scale),
+            k.rmsnorm(self.mlp, post_1, self.ffn_sum, c.n_embd, c.eps, **kw),
+            k.rmsnorm(self.routed, post_2, self.ffn_sum, c.n_embd, c.eps, accumulate=True, **kw),
+            k.rmsnorm(self.ffn_sum, post, self.h, c.n_embd, c.eps, accumulate=True, scale=scale, **kw),
         ]
 
     def ffn_dispatches(
@@ -306,7 +321,12 @@ class Gemma4GpuEngine(GpuMoEEngine):
             self.kernels.run(pending)
             return None
         self.kernels.run([*pending, self._head])
-        logits = gpu.read(self.logits, np.float32, c.n_vocab)
+        return self.read_logits()
+
+    def read_logits(self) -> np.ndarray:
+        """The logits the head last wrote, soft-capped (tanh) where the model says so."""
+        c = self.config
+        logits = self.gpu.read(self.logits, np.float32, c.n_vocab)
         if c.softcap:
             cap = np.float32(c.softcap)
             logits = (np.tanh(logits / cap) * cap).astype(np.float32)

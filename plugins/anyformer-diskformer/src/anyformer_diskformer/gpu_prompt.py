@@ -33,7 +33,7 @@ from anyformer_diskformer.routing import route_layer
 from anyformer_gguf_gpu.kernels import Copy, Dispatch, combine_table
 from anyformer_gguf_gpu.quants import QuantFormat, format_of
 
-__all__ = ["PROMPT_STEP", "PromptSteps"]
+__all__ = ["PROMPT_STEP", "Fixed", "Pass", "PromptSteps"]
 
 if TYPE_CHECKING:
     from anyformer_diskformer.gpu_engine import GpuMoEEngine
@@ -49,18 +49,34 @@ Pass = tuple[list[Copy], list[Dispatch]]
 
 
 @dataclasses.dataclass
-class _Fixed:
+class Fixed:
     """The dispatches of a step over a given number of tokens that do not depend on routing (made once)."""
 
     embed: Dispatch
+    #: Per layer: what runs before its router's logits are read back (attention, the router; Gemma 4's MLP).
     layers: list[list[Dispatch]]
+    #: Per layer without a router: what follows ``layers`` (its FFN; Gemma 4's norm into the residual).
     dense: list[list[Dispatch]]
+    #: Per MoE layer: the shared expert's products (queued before the routed experts').
     shared: list[list[Dispatch]]
+    #: The combine of the experts' weighted rows.
     combine: Dispatch
+    #: Per MoE layer: what follows the combine (Gemma 4's norms of the MLP and experts into the residual).
+    finish: list[list[Dispatch]] = dataclasses.field(default_factory=list)
+    #: Copies before a MoE layer's experts (Gemma 4 zeroes the rows its combine adds into).
+    before_experts: list[Copy] = dataclasses.field(default_factory=list)
 
 
 class PromptSteps:
-    """The buffers and the host side of :class:`GpuMoEEngine`'s prompt steps of up to ``tokens`` tokens."""
+    """The buffers and the host side of :class:`GpuMoEEngine`'s prompt steps of up to ``tokens`` tokens.
+
+    An architecture with other layers (Gemma 4: :mod:`~anyformer_diskformer.gpu_gemma4_prompt`) subclasses it and
+    replaces :meth:`_build` (the step's fixed dispatches), :meth:`_route` (the combine weights), the experts' input
+    norm (:meth:`_expert_norm`), their gate's activation (:attr:`gelu`) and the widths its buffers hold.
+    """
+
+    #: Whether the experts gate with GELU (Gemma 4) rather than SiLU.
+    gelu = False
 
     def __init__(self, engine: GpuMoEEngine, tokens: int) -> None:
         c = engine.config
@@ -69,16 +85,32 @@ class PromptSteps:
         k = c.n_expert_used
         #: Rows each token adds back: its top-k experts' and the shared expert's.
         self.m = k + (1 if c.n_ff_shexp else 0)
+        #: Floats of a token's router row (the routed experts' logits, then the shared expert's gate).
+        self.width = self._router_width()
         buf = engine._buffer
-        self.router = buf(4 * tokens * (c.n_expert + 1), "prompt-router")
+        self.router = buf(4 * tokens * self.width, "prompt-router")
         self.x = buf(4 * tokens * k * c.n_embd, "prompt-expert-inputs")
         #: [gate | up] rows: the routed pairs' (packed by expert), then the shared expert's; a dense layer's.
         self._shared_gu = tokens * k * 2 * c.n_ff_exp
-        self.gate_up = buf(4 * max(self._shared_gu + tokens * 2 * c.n_ff_shexp, tokens * 2 * c.n_ff), "prompt-gate-up")
+        dense_gu = tokens * 2 * self._dense_ff()
+        self.gate_up = buf(4 * max(self._shared_gu + tokens * 2 * c.n_ff_shexp, dense_gu), "prompt-gate-up")
         self.out = buf(4 * tokens * self.m * c.n_embd, "prompt-expert-outputs")
         self.table = buf(8 * tokens * self.m, "prompt-combine-table")
-        self._fixed: dict[int, _Fixed] = {}
+        self._fixed: dict[int, Fixed] = {}
         self._compile()
+
+    def _router_width(self) -> int:
+        """Floats of a token's router row: the experts' logits and the shared expert's gate."""
+        return self.engine.config.n_expert + 1
+
+    def _dense_ff(self) -> int:
+        """The widest dense FFN a step runs over its tokens (a leading dense layer's)."""
+        return self.engine.config.n_ff
+
+    def _expert_norm(self, layer: int) -> Any:
+        """The GPU norm weights the experts' gate and up products normalise their input with."""
+        c = self.engine.config
+        return self.engine._norms[f"blk.{layer}.{c.ffn_norm}.weight"]
 
     def _compile(self) -> None:
         """Compile at load what a full step uses, so the first prompt does not wait for it: the step's fixed
@@ -92,12 +124,12 @@ class PromptSteps:
             # gate and up normalise their input (RMSNorm fused); down reads silu(gate) * up. An expert one token of
             # the step routes to runs the one-token kernel; the keys carry the shape a GPU gives each matrix.
             for tokens in (1, self.tokens):
-                wanted.append(k.matrix_key(quant, rows, tokens, swiglu=down, norm=not down))
+                wanted.append(k.matrix_key(quant, rows, tokens, swiglu=down, norm=not down, gelu=down and self.gelu))
         k.compile(wanted)
 
     # Dispatches that depend only on the step's token count.
 
-    def _fixed_for(self, n: int) -> _Fixed:
+    def _fixed_for(self, n: int) -> Fixed:
         found = self._fixed.get(n)
         if found is None:
             if len(self._fixed) >= 4:
@@ -105,7 +137,7 @@ class PromptSteps:
             found = self._fixed[n] = self._build(n)
         return found
 
-    def _build(self, n: int) -> _Fixed:
+    def _build(self, n: int) -> Fixed:
         e, c, k = self.engine, self.engine.config, self.engine.kernels
         embd = e._weights["token_embd.weight"]
         embed = k.embed(embd.buffer, embd.fmt, embd.rows, embd.cols, e.ids, e.h, e.state, n)
@@ -128,7 +160,7 @@ class PromptSteps:
                 self._swiglu(i, "_shexp", c.n_ff_shexp, rows, self.out, accumulate=False, n=n) if moe_shared else []
             )
         combine = k.moe_combine(self.out, self.table, e.h, c.n_embd, self.m, tokens=n)
-        return _Fixed(embed, layers, dense, shared, combine)
+        return Fixed(embed, layers, dense, shared, combine, finish=[[] for _ in range(c.n_layer)])
 
     def _swiglu(
         self, i: int, suffix: str, n_ff: int, out_row: int, y: Any, *, accumulate: bool, n: int
@@ -171,10 +203,11 @@ class PromptSteps:
                 passes[-1][1].extend(fixed.dense[layer])
                 continue
             e.kernels.run_passes(passes)
-            width = c.n_expert + 1
+            width = self.width
             logits = gpu.read(self.router, np.float32, n * width).reshape(n, width)
-            chosen, weights = route_layer(c, logits[:, : c.n_expert], e._probs_bias.get(layer))
-            passes = self._experts(layer, chosen, weights, logits[:, c.n_expert], fixed)
+            chosen, scale = self._route(layer, logits)
+            passes = self._experts(layer, chosen, scale, fixed)
+            passes[-1][1].extend(fixed.finish[layer])
         rows: list[np.ndarray] = []
         if not head:
             e.kernels.run_passes(passes)
@@ -182,13 +215,25 @@ class PromptSteps:
         for t in range(n) if every else [n - 1]:
             passes[-1][1].append(e.head_dispatch(t))
             e.kernels.run_passes(passes)
-            rows.append(gpu.read(e.logits, np.float32, c.n_vocab))
+            rows.append(e.read_logits())
             passes = [([], [])]
         return rows
 
-    def _experts(
-        self, layer: int, chosen: np.ndarray, weights: np.ndarray, shared_logits: np.ndarray, fixed: _Fixed
-    ) -> list[Pass]:
+    def _route(self, layer: int, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The step's experts (tokens x top-k) from its router rows, and each token's combine weights (tokens x m):
+        the router weights, then the shared expert's gate."""
+        c, k = self.engine.config, self.engine.config.n_expert_used
+        chosen, weights = route_layer(c, logits[:, : c.n_expert], self.engine._probs_bias.get(layer))
+        n = logits.shape[0]
+        scale = np.zeros((n, self.m), dtype=np.float32)
+        scale[:, :k] = weights
+        if c.n_ff_shexp:
+            shared = logits[:, c.n_expert].astype(np.float64)
+            gate = 1.0 / (1.0 + np.exp(-shared)) if c.shexp_gated else np.ones(n)
+            scale[:, k] = gate.astype(np.float32)
+        return chosen, scale
+
+    def _experts(self, layer: int, chosen: np.ndarray, scale: np.ndarray, fixed: Fixed) -> list[Pass]:
         """Fetch the union of the step's experts of ``layer`` (each once, in groups the cache holds) and queue
         their products over their tokens and the combine; the passes left to submit with the next layer."""
         e, c = self.engine, self.engine.config
@@ -211,16 +256,12 @@ class PromptSteps:
             for t, j in pairs[expert]:
                 rows[t, j] = len(copies)
                 copies.append((e.h, t * row_bytes, self.x, len(copies) * row_bytes, row_bytes))
-        scale = np.zeros((n, self.m), dtype=np.float32)
-        scale[:, :k] = weights
         if c.n_ff_shexp:
             rows[:, k] = n * k + np.arange(n)
-            gate = 1.0 / (1.0 + np.exp(-shared_logits.astype(np.float64))) if c.shexp_gated else np.ones(n)
-            scale[:, k] = gate.astype(np.float32)
         e.gpu.write(self.table, combine_table(rows, scale))
         group = max(1, cache.capacity_bytes // e.slots.slot_bytes)
         # The shared expert (its own rows of [gate | up] and outputs) goes first: the GPU computes it during the reads.
-        passes: list[Pass] = [(copies, list(fixed.shared[layer]))]
+        passes: list[Pass] = [(fixed.before_experts + copies, list(fixed.shared[layer]))]
         for g0 in range(0, len(union), group):
             if g0:
                 # This group's reads reuse the slots of the group before: its products go first.
@@ -246,7 +287,7 @@ class PromptSteps:
         held = e.slots.slot(slot)
         f_gate, f_up, f_down = (format_of(t) for t in held.types)
         n_ff, n_embd = c.n_ff_exp, c.n_embd
-        norm = e._norms[f"blk.{layer}.{c.ffn_norm}.weight"]
+        norm = self._expert_norm(layer)
 
         def gate_or_up(weight: Any, fmt: QuantFormat, half: int) -> Dispatch:
             # RMSNorm fused; the expert's rows of [gate | up] start at its first packed row.
@@ -282,5 +323,6 @@ class PromptSteps:
                 x_off=first * 2 * n_ff,
                 y_off=first * n_embd,
                 swiglu=True,
+                gelu=self.gelu,
             ),
         ]

@@ -426,11 +426,20 @@ class Kernels:
         return WORKGROUP, self.rows_threads(tokens_per_thread)
 
     def matrix_key(
-        self, quant: str, rows: int, tokens: int, *, swiglu: bool = False, norm: bool = False, rope: bool = False
+        self,
+        quant: str,
+        rows: int,
+        tokens: int,
+        *,
+        swiglu: bool = False,
+        norm: bool = False,
+        rope: bool = False,
+        gelu: bool = False,
     ) -> PipelineKey:
         """The pipeline key :meth:`matvec` compiles for these arguments (for an engine's list compiled at load)."""
         tb = self.tokens_per_thread(tokens)
-        return ("matvec", quant, tb, swiglu, norm, rope, False, False, self.matrix_layout(rows, tb, rope=rope))
+        layout = self.matrix_layout(rows, tb, rope=rope)
+        return ("matvec", quant, tb, swiglu, norm, rope, False, gelu and swiglu, layout)
 
     @staticmethod
     def tokens_per_thread(tokens: int) -> int:

@@ -1,0 +1,147 @@
+"""Gemma 4's wgpu prompt steps of several tokens (lavapipe in CI: ``ANYFORMER_SOFTWARE_GPU=1``): every prompt row and
+the greedy tokens after them as the CPU engine's and llama.cpp's (as test_gpu_engine's Gemma 4 test compares), over a
+prompt longer than the sliding window, with every expert cached and with one layer's top-k; a step reads each expert
+at most once; prime() over several steps; the plan's prompt bytes cover the step buffers."""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections import Counter
+
+import numpy as np
+import pytest
+from diskformer_reference import CTX, EXACT_GELU_TOLERANCE, GEMMA4_CASES, PROMPT, gpu_engine_for, greedy_steps, llama_steps
+from test_gpu_engine import cpu_steps
+from test_gpu_prompt import count_reads
+
+from anyformer_diskformer.moe_config import read_moe_config
+from anyformer_diskformer.plan import PROMPT_STEP
+from anyformer_diskformer.trace import TraceWriter
+from anyformer_gguf_gpu.gguf_file import GGUFFile
+
+
+@functools.cache
+def references(path: str) -> tuple[np.ndarray, list[int], np.ndarray, list[int]]:
+    """llama.cpp's and the CPU engine's logits and greedy tokens for ``path`` (computed once a fixture)."""
+    want, want_tokens = llama_steps(path)
+    cpu, cpu_tokens = cpu_steps(path)
+    return want, want_tokens, cpu, cpu_tokens
+
+
+@pytest.mark.parametrize("fixture", GEMMA4_CASES)
+@pytest.mark.parametrize("step", [3, PROMPT_STEP])
+@pytest.mark.parametrize("evicting", [False, True])
+def test_gemma4_prompt_steps_match_the_cpu_engine_and_llama_cpp(request, gpu, fixture, step, evicting):
+    """The 8-token prompt (longer than the sliding window: 4 and 6) in steps of 3, 3 and 2 tokens, or in one step:
+    every prompt row and 32 greedy tokens within 1e-4 of the CPU engine and within llama.cpp's f16 GELU rounding of
+    llama.cpp, with every expert held and with a cache of one layer's top-k (smaller than a step's union)."""
+    path = request.getfixturevalue(fixture)
+    want, want_tokens, cpu, cpu_tokens = references(path)
+    config = read_moe_config(GGUFFile(path).header)
+    assert len(PROMPT) > config.n_swa and any(config.swa) and not all(config.swa)
+    engine = gpu_engine_for(gpu, path, config.n_expert_used if evicting else None, prompt_step=step)
+    try:
+        assert engine.prompt is not None and engine.prompt_step == step
+        got, tokens = greedy_steps(engine.forward)
+        assert got.shape == want.shape == cpu.shape
+        assert np.abs(got - cpu).max() < 1e-4
+        assert np.abs(got - want).max() < EXACT_GELU_TOLERANCE
+        assert tokens == want_tokens == cpu_tokens
+        stats = engine.cache.stats
+        assert engine.cache.held_bytes <= engine.cache.capacity_bytes
+        if evicting:
+            assert len(engine.slots._slots) == config.n_expert_used
+            assert stats.evictions > 0
+        else:
+            assert stats.evictions == 0 and stats.hits > 0
+    finally:
+        engine.release()
+
+
+@pytest.mark.parametrize("fixture", GEMMA4_CASES)
+def test_a_gemma4_prompt_step_reads_each_expert_at_most_once(request, gpu, fixture):
+    """The 8-token prompt in one step with a cache of one layer's top-k: a layer's union outgrows the cache, yet each
+    (layer, expert) is read once, and the prompt reads fewer experts than one token a step does."""
+    path = request.getfixturevalue(fixture)
+    config = read_moe_config(GGUFFile(path).header)
+    batched = gpu_engine_for(gpu, path, config.n_expert_used)
+    single = gpu_engine_for(gpu, path, config.n_expert_used, prompt_step=1)
+    try:
+        assert single.prompt is None
+        reads, single_reads = count_reads(batched), count_reads(single)
+        np.testing.assert_allclose(batched.forward(PROMPT, 0), single.forward(PROMPT, 0), atol=1e-4)
+        assert max(Counter(layer for layer, _ in reads).values()) > config.n_expert_used  # a union beyond the cache
+        assert max(reads.values()) == 1
+        assert batched.cache.stats.misses == sum(reads.values())
+        assert sum(reads.values()) < sum(single_reads.values())
+    finally:
+        batched.release()
+        single.release()
+
+
+def test_gemma4_steps_write_one_trace_line_a_step_and_the_last_row_alone(gpu, gemma4_f32, tmp_path):
+    """Steps of 3 over 8 tokens: three trace lines (each step's lookups, an expert at most once a layer), and the last
+    row alone (``every=False``) equal to the last of every row's."""
+    trace_path = tmp_path / "trace.jsonl"
+    engine = gpu_engine_for(gpu, gemma4_f32, None, TraceWriter(str(trace_path)), prompt_step=3)
+    engine.cache.take_accesses()
+    other = gpu_engine_for(gpu, gemma4_f32, None, prompt_step=3)
+    try:
+        every = engine.forward(PROMPT, 0)
+        last = other.forward(PROMPT, 0, every=False)
+        assert every.shape[0] == len(PROMPT) and last.shape[0] == 1
+        np.testing.assert_array_equal(last[0], every[-1])
+        engine.trace.close()
+        lines = [json.loads(line)["accesses"] for line in trace_path.read_text().splitlines()]
+        assert len(lines) == 3
+        for accesses in lines:
+            assert len(accesses) == len({tuple(a) for a in accesses})
+        assert sum(map(len, lines)) == engine.cache.stats.lookups
+    finally:
+        engine.release()
+        other.release()
+
+
+def test_a_primed_gemma4_chat_over_several_steps_is_the_same_text(gemma4_dense_layer):
+    """prime() with steps of 4 tokens (the system prompt and the chat each span several steps, past the window, the
+    chat resuming inside one): the same reply as a model that runs every prompt a token a step."""
+    from test_prime import CHAT, SYSTEM, open_model, reply
+
+    plain = open_model(gemma4_dense_layer, device="gpu", prompt_step=1)
+    try:
+        assert plain.engine.prompt is None
+        want = reply(plain, CHAT)
+    finally:
+        plain.dispose()
+    primed = open_model(gemma4_dense_layer, device="gpu", prime=SYSTEM, prompt_step=4)
+    try:
+        assert primed.engine.prompt_step == 4
+        assert reply(primed, CHAT) == want
+        assert primed.reused_positions > 4
+    finally:
+        primed.dispose()
+
+
+@pytest.mark.parametrize("fixture", GEMMA4_CASES)
+def test_the_plan_counts_gemma4s_prompt_steps_gpu_bytes(request, gpu, fixture):
+    """What Gemma 4's steps of 32 tokens add to the engine's GPU buffers (over one token a step) is within the plan's
+    prompt_bytes, which the budget's fixed bytes include; none on the CPU, none for steps of one token."""
+    from anyformer.plugin import read_gguf_header
+    from anyformer_diskformer.plan import plan_from_header
+
+    path = request.getfixturevalue(fixture)
+    header = read_gguf_header(path)
+    plan = plan_from_header(header, CTX, "gpu")
+    batched = gpu_engine_for(gpu, path, None)
+    single = gpu_engine_for(gpu, path, None, prompt_step=1)
+    try:
+        assert batched.prompt_step == PROMPT_STEP
+        grown = batched.held_bytes - single.held_bytes
+        assert 0 < grown <= plan.prompt_bytes
+        assert plan.fixed_bytes == plan_from_header(header, CTX, "gpu", 1).fixed_bytes + plan.prompt_bytes
+    finally:
+        batched.release()
+        single.release()
+    assert plan_from_header(header, CTX, "cpu").prompt_bytes == 0
+    assert plan_from_header(header, CTX, "gpu", 1).prompt_bytes == 0
