@@ -1,17 +1,21 @@
 """Time to first token and expert bytes read for one prompt on the wgpu engine, per expert-cache budget.
 
 A random qwen3moe (default 4 layers, 512 wide, 64 experts of 256, top-8, Q8_0: 107 MB of experts) is written to
-a folder; for each budget a fresh model loads (cold cache, experts read with O_DIRECT where the file system
-allows), runs the prompt's ids (``--prompt`` random tokens) and picks the first token; the time of that and the
-cache's statistics are printed as a Markdown row. ``--prompt-step`` sets the load option (left out: the
+a folder (``--architecture gemma4``: a random Gemma 4 of the same widths, every fourth layer full attention with
+heads twice as wide, the others sliding over a window of 16, a dense GELU MLP of ``--embd`` beside the experts);
+for each budget a fresh model loads (cold cache, experts read with O_DIRECT where the file system allows), runs
+the prompt's ids (``--prompt`` random tokens) and picks the first token; the time of that and the cache's
+statistics are printed as a Markdown row. ``--prompt-step`` sets the load option (left out: the
 engine's default; it is not passed at all then, so the script also runs on code without the option). Usage:
 
     ANYFORMER_SOFTWARE_GPU=1 python plugins/anyformer-diskformer/bench/bench_gpu_prompt.py [--prompt 64]
+        [--architecture gemma4]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import tempfile
 import time
@@ -51,9 +55,14 @@ def main() -> None:
     parser.add_argument("--experts", type=int, default=64)
     parser.add_argument("--budgets", default="1,0.25", help="expert caches as fractions of every expert's bytes")
     parser.add_argument("--prompt-step", type=int, default=None, help="the prompt_step load option")
+    parser.add_argument("--architecture", choices=("qwen3moe", "gemma4"), default="qwen3moe")
     parser.add_argument("--folder", default=tempfile.gettempdir())
     args = parser.parse_args()
-    path = os.path.join(args.folder, f"bench-gpu-prompt-{args.layers}x{args.embd}x{args.experts}.gguf")
+    shape = f"{args.layers}x{args.embd}x{args.experts}"
+    name = (
+        f"bench-gpu-prompt-{shape}.gguf" if args.architecture == "qwen3moe" else f"bench-gpu-prompt-gemma4-{shape}.gguf"
+    )
+    path = os.path.join(args.folder, name)
     spec = TinyMoE(
         n_layer=args.layers,
         n_embd=args.embd,
@@ -66,6 +75,17 @@ def main() -> None:
         n_ctx=4096,
         quant="Q8_0",
     )
+    if args.architecture == "gemma4":
+        spec = dataclasses.replace(
+            spec,
+            architecture="gemma4",
+            swa_pattern=tuple(i % 4 != 3 for i in range(args.layers)),
+            n_swa=16,
+            full_head_dim=args.embd // 4,
+            full_kv=2,
+            n_ff_shexp=args.embd,
+            fused_gate_up=True,
+        )
     if not os.path.exists(path):
         write_tiny_moe(path, spec, seed=7)
     plan = plan_from_header(read_gguf_header(path), 256, "gpu")

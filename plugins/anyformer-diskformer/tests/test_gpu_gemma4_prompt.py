@@ -11,7 +11,15 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from diskformer_reference import CTX, EXACT_GELU_TOLERANCE, GEMMA4_CASES, PROMPT, gpu_engine_for, greedy_steps, llama_steps
+from diskformer_reference import (
+    CTX,
+    EXACT_GELU_TOLERANCE,
+    GEMMA4_CASES,
+    PROMPT,
+    gpu_engine_for,
+    greedy_steps,
+    llama_steps,
+)
 from test_gpu_engine import cpu_steps
 from test_gpu_prompt import count_reads
 

@@ -145,7 +145,7 @@ class GpuMoEEngine:
     token a step, as decoding does.
     """
 
-    #: Whether prompts run several tokens a step (the subclasses with other layers run one token a step).
+    #: Whether prompts run several tokens a step (qwen35moe's delta nets run one token a step).
     batched_prompts = True
 
     def __init__(

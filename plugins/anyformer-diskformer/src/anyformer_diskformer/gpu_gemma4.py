@@ -19,6 +19,9 @@ the experts' (``post_ffw_norm_2``), then that sum's (``post_ffw_norm``) added to
 scaled by ``layer_output_scale``. A layer without a router adds its MLP's norm alone, with nothing
 read back. The embeddings are scaled by sqrt(n_embd) in the lookup, and the final soft-cap (a tanh
 over the vocabulary) is applied to the logits as they are read back.
+
+That is one token a step (decoding); a prompt runs in steps of up to ``prompt_step`` tokens
+(:mod:`~anyformer_diskformer.gpu_gemma4_prompt`), the same dispatches built over the step's tokens.
 """
 
 from __future__ import annotations
@@ -77,7 +80,7 @@ class Gemma4GpuEngine(GpuMoEEngine):
         self.scores = buf(4 * n * max(c.heads) * ctx, "scores")
         self.ids = buf(4 * (ctx + 1), "ids")
         self.state = buf(16, "state")
-        self.gate_norm = buf(e, "gate-norm")
+        self.gate_norm = buf(4 * c.n_embd, "gate-norm")
         self.k_cache = [buf(4 * ctx * c.kv_heads[i] * c.head_dims[i], f"k{i}") for i in range(c.n_layer)]
         self.v_cache = [buf(4 * ctx * c.kv_heads[i] * c.head_dims[i], f"v{i}") for i in range(c.n_layer)]
         factors = self._host.get("rope_freqs.weight")
@@ -90,7 +93,9 @@ class Gemma4GpuEngine(GpuMoEEngine):
             ),
         }
         self._embed = self.embed_dispatch(1)
-        self._layers = [self._attention_dispatches(i) + self.mlp_dispatches(i, 1, self.gate_up) for i in range(c.n_layer)]
+        self._layers = [
+            self._attention_dispatches(i) + self.mlp_dispatches(i, 1, self.gate_up) for i in range(c.n_layer)
+        ]
         self._routers = [self._router_dispatches(i) for i in range(c.n_layer)]
         self._finish = [self.finish_dispatches(i, 1) for i in range(c.n_layer)]
         self._head = self.head_dispatch(0)

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from anyformer.plugin import AnyformerError, GGUFHeader, read_gguf_header
 from anyformer_diskformer.moe_config import PER_LAYER_STATE_ARCHITECTURES, is_expert_tensor, layer_of
+
+if TYPE_CHECKING:
+    from anyformer_diskformer.gemma4_config import Gemma4Config
 
 #: Host memory the engine takes besides its weights and caches: tokenizer, Python objects, scratch.
 RAM_OVERHEAD = 64 * 10**6
@@ -88,24 +91,58 @@ def _kv_bytes(summary: dict[str, Any], context: int) -> int:
     return 2 * _fact(summary, "block_count") * context * kv_heads * head_dim * 4
 
 
+#: The architectures whose GPU engine runs prompts a token a step (qwen35moe's delta nets have no several-token step).
+ONE_TOKEN_PROMPTS = frozenset({"qwen35moe"})
+
+
+def _widest(summary: dict[str, Any], key: str) -> int:
+    """A count the summary gives for the model or per layer (Gemma 4's heads): the largest."""
+    value = summary.get(key)
+    if isinstance(value, list):
+        return max((v for v in value if isinstance(v, int) and not isinstance(v, bool) and v > 0), default=0)
+    return _fact(summary, key)
+
+
 def prompt_step_bytes(summary: dict[str, Any], context: int, tokens: int) -> int:
     """GPU bytes the wgpu engine's prompt steps of ``tokens`` tokens add to one token's buffers: every head's
     scores over the context, the residual, q/k/v, attention and router rows, and the experts' gathered inputs,
-    [gate | up] rows and outputs (an expert's width taken as the model's, which bounds every MoE here). None for
-    the architectures that run prompts a token a step (Gemma 4, qwen35moe) or for steps of one token."""
+    [gate | up] rows and outputs (an expert's width taken as the model's, which bounds every MoE here; Gemma 4's
+    dense MLP rows and the widest layer's heads counted too: an estimate, :func:`gemma4_prompt_bytes` is exact).
+    None for the architectures that run prompts a token a step (qwen35moe) or for steps of one token."""
     tokens = min(tokens, context)  # the engine's steps never outgrow its context
-    if tokens <= 1 or summary.get("architecture") in PER_LAYER_STATE_ARCHITECTURES:
+    if tokens <= 1 or summary.get("architecture") in ONE_TOKEN_PROMPTS:
         return 0
     embd, heads, k = (
         _fact(summary, "embedding_length"),
-        _fact(summary, "head_count"),
+        _widest(summary, "head_count"),
         _fact(summary, "expert_used_count"),
     )
-    kv_heads = _fact(summary, "head_count_kv") or heads
+    kv_heads = _widest(summary, "head_count_kv") or heads
     head_dim = _fact(summary, "key_length") or (embd // heads if heads else 0)
     q_dim, kv_dim = heads * head_dim, kv_heads * head_dim
     per_token = heads * context + (4 + 4 * k) * embd + 2 * q_dim + 2 * kv_dim + _fact(summary, "expert_count") + 1
+    if summary.get("architecture") == "gemma4":
+        # Its MLP's [gate | up] rows, and the attention output, MLP, experts' and FFN sum rows and their zeros.
+        per_token += 2 * _widest(summary, "feed_forward_length") + 5 * embd
     return 4 * (tokens - 1) * per_token
+
+
+def gemma4_prompt_bytes(c: Gemma4Config, context: int, tokens: int) -> int:
+    """What Gemma 4's prompt steps of ``tokens`` tokens add to one token's GPU buffers, from its per-layer widths:
+    the residual, attention output, MLP, experts', FFN sum and zero rows, the widest layer's q/k/v and attention
+    rows and scores, and the step's router rows, experts' inputs and outputs, [gate | up] rows (the experts' or the
+    widest MLP's) and combine table."""
+    tokens = min(tokens, context)
+    if tokens <= 1:
+        return 0
+    layers = range(c.n_layer)
+    qkv = max(c.heads[i] * c.head_dims[i] + 2 * c.kv_heads[i] * c.head_dims[i] for i in layers)
+    attn = max(c.heads[i] * c.head_dims[i] for i in layers)
+    rows = 6 * c.n_embd + qkv + attn + max(c.heads) * context
+    k = c.n_expert_used
+    step = c.n_expert + 2 * k * c.n_embd + max(2 * k * c.n_ff_exp, 2 * max(c.ffs)) + 2 * k
+    # Each of the step's five buffers takes up to 20 bytes more (GPU.buffer's margin, rounded to 16).
+    return 4 * ((tokens - 1) * rows + tokens * step) + 5 * 20
 
 
 def plan_from_header(header: GGUFHeader, context: int, device: str = "cpu", prompt_step: int = PROMPT_STEP) -> Plan:
@@ -134,6 +171,12 @@ def plan_from_header(header: GGUFHeader, context: int, device: str = "cpu", prom
     plan = _plan(summary, context, device, dense, expert_bytes, estimated=False, prompt_step=prompt_step)
     if header.architecture in PER_LAYER_STATE_ARCHITECTURES:
         plan = dataclasses.replace(plan, kv_bytes=_hybrid_state_bytes(header, context))
+    if header.architecture == "gemma4" and device == "gpu":
+        from anyformer_diskformer.gemma4_config import read_gemma4_config
+
+        plan = dataclasses.replace(
+            plan, prompt_bytes=gemma4_prompt_bytes(read_gemma4_config(header), context, prompt_step)
+        )
     experts = _fact(summary, "expert_count")
     widest = max(per_layer.values(), default=0) // experts if experts else 0
     # n_layer counts the layers that route (leading dense layers read no expert).
