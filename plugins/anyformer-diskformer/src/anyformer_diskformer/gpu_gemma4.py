@@ -257,14 +257,14 @@ class Gemma4GpuEngine(GpuMoEEngine):
         c, p, k = self.config, f"blk.{i}.", self.kernels
         scale = float(self._host[p + "layer_output_scale.weight"][0]) if c.out_scale[i] else 1.0
         post = self._norms[p + "post_ffw_norm.weight"]
-        kw = {"tokens": tokens}
+        n = tokens
         if not c.moe[i]:
-            return [k.rmsnorm(self.mlp, post, self.h, c.n_embd, c.eps, accumulate=True, scale=scale, **kw)]
+            return [k.rmsnorm(self.mlp, post, self.h, c.n_embd, c.eps, accumulate=True, scale=scale, tokens=n)]
         post_1, post_2 = self._norms[p + "post_ffw_norm_1.weight"], self._norms[p + "post_ffw_norm_2.weight"]
         return [
-            k.rmsnorm(self.mlp, post_1, self.ffn_sum, c.n_embd, c.eps, **kw),
-            k.rmsnorm(self.routed, post_2, self.ffn_sum, c.n_embd, c.eps, accumulate=True, **kw),
-            k.rmsnorm(self.ffn_sum, post, self.h, c.n_embd, c.eps, accumulate=True, scale=scale, **kw),
+            k.rmsnorm(self.mlp, post_1, self.ffn_sum, c.n_embd, c.eps, tokens=n),
+            k.rmsnorm(self.routed, post_2, self.ffn_sum, c.n_embd, c.eps, accumulate=True, tokens=n),
+            k.rmsnorm(self.ffn_sum, post, self.h, c.n_embd, c.eps, accumulate=True, scale=scale, tokens=n),
         ]
 
     def ffn_dispatches(
