@@ -155,7 +155,6 @@ def test_the_plan_counts_gemma4s_prompt_steps_gpu_bytes(request, gpu, fixture):
     assert plan_from_header(header, CTX, "gpu", 1).prompt_bytes == 0
 
 
-
 def test_a_gemma4_prompt_compiles_nothing_after_load_in_a_gpus_shapes(gpu, tmp_path, monkeypatch):
     """Q4_K experts beside Q8_0 dense matrices (so no dense product shares the experts' pipelines), with the shapes a
     GPU gives each matrix (forced here: lavapipe keeps one thread a row): the pipelines of a prompt's steps — the
