@@ -47,7 +47,10 @@ def _jit(function: _Function) -> _Function:
     """``function`` compiled on first call: no GIL held, sums reordered freely, machine code cached on disk."""
     if numba is None:  # pragma: no cover
         return function
-    return cast(_Function, numba.njit(nogil=True, fastmath=True, cache=True)(function))
+    try:
+        return cast(_Function, numba.njit(nogil=True, fastmath=True, cache=True)(function))
+    except RuntimeError:  # no writable cache (a read-only install and no home): compile on each run instead
+        return cast(_Function, numba.njit(nogil=True, fastmath=True)(function))
 
 
 def _f16_at(blocks: np.ndarray, row: int, at: int, f16: np.ndarray) -> np.float32:
