@@ -134,7 +134,8 @@ def test_a_primed_gemma4_chat_over_several_steps_is_the_same_text(gemma4_dense_l
 @pytest.mark.parametrize("fixture", GEMMA4_CASES)
 def test_the_plan_counts_gemma4s_prompt_steps_gpu_bytes(request, gpu, fixture):
     """What Gemma 4's steps of 32 tokens add to the engine's GPU buffers (over one token a step) is within the plan's
-    prompt_bytes, which the budget's fixed bytes include; none on the CPU, none for steps of one token."""
+    prompt_bytes and the growth of its sliding layers' rings (kv_bytes: n_swa + step - 1 rows), both in the budget's
+    fixed bytes; no prompt bytes on the CPU, none for steps of one token."""
     from anyformer.plugin import read_gguf_header
     from anyformer_diskformer.plan import plan_from_header
 
@@ -146,8 +147,10 @@ def test_the_plan_counts_gemma4s_prompt_steps_gpu_bytes(request, gpu, fixture):
     try:
         assert batched.prompt_step == PROMPT_STEP
         grown = batched.held_bytes - single.held_bytes
-        assert 0 < grown <= plan.prompt_bytes
-        assert plan.fixed_bytes == plan_from_header(header, CTX, "gpu", 1).fixed_bytes + plan.prompt_bytes
+        one = plan_from_header(header, CTX, "gpu", 1)
+        rings = plan.kv_bytes - one.kv_bytes
+        assert rings > 0 and 0 < grown <= plan.prompt_bytes + rings
+        assert plan.fixed_bytes == one.fixed_bytes + plan.prompt_bytes + rings
     finally:
         batched.release()
         single.release()

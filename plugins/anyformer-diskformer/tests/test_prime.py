@@ -6,7 +6,7 @@ import pytest
 from diskformer_reference import open_or_skip
 
 from anyformer import AnyformerError, ErrorCode, GenerateOptions
-from anyformer_diskformer.engine import DiskformerModel
+from anyformer_diskformer.engine import DiskformerModel, shared_prefix
 
 SYSTEM = "You answer in one short sentence about the sea."
 CHAT = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "the sea is"}]
@@ -80,22 +80,44 @@ def test_a_primed_qwen35moe_resumes_only_from_the_whole_checkpoint_and_gives_the
         primed.dispose()
 
 
+#: A system prompt that leaves SYSTEM only at its last word: a chat with it shares most of SYSTEM's checkpoint.
+NEAR = [{"role": "system", "content": SYSTEM[:-4] + "sky."}, {"role": "user", "content": "the sea is"}]
+
+
 @pytest.mark.parametrize("device", ["cpu", "gpu"])
 def test_a_primed_gemma4_gives_the_same_text_from_its_per_layer_kv_checkpoint(gemma4_f32, device):
+    """The checkpoint is many windows long (window 4): its sliding layers' rings hold only the last positions, so
+    prime keeps the tokens chats share (as for qwen35moe) and a chat resumes at the checkpoint's end; a chat that
+    leaves it a few tokens before the end, where the rings no longer hold the window, runs from the start. The
+    chats run several windows past the checkpoint. Every reply is the unprimed one."""
     from anyformer_diskformer.cpu_gemma4 import Gemma4CpuEngine
     from anyformer_diskformer.gpu_gemma4 import Gemma4GpuEngine
 
-    plain = open_model(gemma4_f32, device=device)
+    # GPU steps of 2 tokens: rings of the window + 1 rows (as short as the CPU's, so the checkpoint outgrows them).
+    step = {"prompt_step": 2} if device == "gpu" else {}
+    plain = open_model(gemma4_f32, device=device, **step)
     try:
         assert isinstance(plain.engine, Gemma4GpuEngine if device == "gpu" else Gemma4CpuEngine)
-        want = reply(plain, CHAT)
+        want, near = reply(plain, CHAT), reply(plain, NEAR)
     finally:
         plain.dispose()
-    primed = open_model(gemma4_f32, device=device, prime=SYSTEM)
+    primed = open_model(gemma4_f32, device=device, prime=SYSTEM, **step)
     try:
+        assert primed._primed is not None
+        kept = primed._primed[0]
+        window = primed.engine.config.n_swa
+        ids = primed.prompt_ids(CHAT, thinking=False)
+        assert ids[: len(kept)] == kept and len(kept) > 3 * window
+        assert len(ids) + 16 > len(kept) + 3 * window  # the reply's 16 tokens run the chat on past the checkpoint
         assert reply(primed, CHAT) == want
-        assert primed.reused_positions > len(SYSTEM) // 4
+        assert primed.reused_positions == len(kept)
+        assert reply(primed, NEAR) == near
+        shared = shared_prefix(primed.prompt_ids(NEAR, thinking=False), kept)
+        assert window < shared < len(kept) - window  # the rings lost the window before where it leaves
+        assert not primed.engine.resumes_at(len(kept), shared)
+        assert primed.reused_positions == 0
         reply(primed, OTHER)
         assert reply(primed, CHAT) == want
+        assert primed.reused_positions == len(kept)
     finally:
         primed.dispose()

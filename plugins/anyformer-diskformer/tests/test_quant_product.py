@@ -120,3 +120,23 @@ def test_compile_for_compiles_the_block_types_only():
     types = [fmt_named(n).ggml_type for n in ("Q4_K", "Q6_K", "F32", "F16", "BF16")]
     assert native_products.compile_for(types) == sorted(types[:2])
     assert not native_products.supports(fmt_named("F16").ggml_type)
+
+
+def test_a_kernel_compiles_without_a_writable_cache(monkeypatch):
+    """numba refuses ``cache=True`` where it finds nowhere to write (a read-only install, no home): the kernels are
+    then compiled for the run instead of the import failing."""
+    import numba
+
+    real = numba.njit
+
+    def no_cache_dir(*args, **kwargs):
+        if kwargs.get("cache"):
+            raise RuntimeError("cannot cache function: no locator available")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(numba, "njit", no_cache_dir)
+
+    def twice(x):
+        return 2 * x
+
+    assert native_products._jit(twice)(21) == 42

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_kernels import _cache, _close, _rms, _state, cos_sin_table, rope_reference
+from test_kernels import _cache, _close, _read_cache, _rms, _state, cos_sin_table, rope_reference
 
 from anyformer_gguf_gpu.kernels import ATTENTION_CHUNK, attention_scratch_bytes
 from anyformer_gguf_gpu.quants import F32, Q4_0, Q8_0, dequantize
@@ -168,3 +168,131 @@ def test_attention_refuses_a_negative_window(gpu, kernels):
     buf = gpu.buffer(64)
     with pytest.raises(ValueError, match="window"):
         kernels.attention(buf, buf, buf, buf, buf, buf, n_head=1, n_kv=1, head_dim=8, ctx=4, scale=1.0, window=-1)
+
+
+def _ring_of(full: np.ndarray, last: int, ring: int) -> np.ndarray:
+    """The ring a sliding layer holds after position ``last``: position p at row p % ring for the ``ring`` positions
+    up to ``last``, garbage (never to be read) in rows no position reached yet."""
+    out = np.full((ring, full.shape[1]), 1e3, dtype=np.float32)  # large, so a stray read would show
+    for p in range(max(0, last - ring + 1), last + 1):
+        out[p % ring] = full[p]
+    return out
+
+
+@pytest.mark.parametrize(("n_head", "n_kv", "hd"), [(4, 2, 16), (3, 1, 10)], ids=["vec4", "scalar"])
+@pytest.mark.parametrize(
+    ("pos0", "tokens", "ctx", "window", "ring", "split"),
+    [
+        (70, 1, 80, 5, 5, False),
+        (70, 3, 80, 5, 7, False),
+        (2, 3, 80, 5, 7, False),
+        (600, 2, 703, 300, 301, True),
+    ],
+    ids=["one-token-ring-of-window", "three-tokens-ring-of-window+2", "before-the-ring-wraps", "split-across-chunks"],
+)
+def test_attention_reads_a_sliding_layers_ring(
+    gpu, kv_kernels, rng, n_head, n_kv, hd, pos0, tokens, ctx, window, ring, split
+):
+    """A sliding layer's cache as a ring of window + tokens - 1 rows (position p at row p % ring) gives the same
+    attention as the whole cache: each token sees the last ``window`` positions, wherever the ring has wrapped."""
+    kernels = kv_kernels
+    q_dim, kv_dim = n_head * hd, n_kv * hd
+    qkv = rng.standard_normal((tokens, q_dim + 2 * kv_dim)).astype(np.float32)
+    kc = rng.standard_normal((ctx, kv_dim)).astype(np.float16).astype(np.float32)
+    vc = rng.standard_normal((ctx, kv_dim)).astype(np.float16).astype(np.float32)
+    last = pos0 + tokens - 1
+    out = gpu.buffer(tokens * q_dim * 4)
+    scores = gpu.buffer(attention_scratch_bytes(tokens, n_head, ctx, hd))
+    state = _state(gpu, pos0, tokens)
+    dims = {"n_head": n_head, "head_dim": hd, "ctx": ctx, "tokens": tokens}
+    k_ring, v_ring = _cache(gpu, kernels, _ring_of(kc, last, ring)), _cache(gpu, kernels, _ring_of(vc, last, ring))
+    dispatch = kernels.attention(
+        gpu.upload(qkv), k_ring, v_ring, out, scores, state,
+        n_kv=n_kv, scale=1.0, split=split, window=window, ring=ring, **dims,
+    )  # fmt: skip
+    combine = [kernels.attention_combine(scores, out, state, **dims)] if split else []
+    kernels.run([dispatch, *combine])
+    got = gpu.read(out, np.float32, tokens * q_dim).reshape(tokens, n_head, hd)
+    _close(got, _window_reference(qkv, kc, vc, pos0, tokens, n_head, n_kv, hd, window, 1.0))
+
+
+def test_rope_store_writes_position_p_at_row_p_mod_ring(gpu, kv_kernels, rng):
+    """Three tokens at positions 6..8 into a ring of 4 rows: rows 2, 3, 0 take them, row 1 keeps what it held."""
+    kernels = kv_kernels
+    n_head, n_kv, hd, n_rot, tokens, pos0, ring, ctx, base, eps = 2, 1, 12, 8, 3, 6, 4, 16, 10000.0, 1e-6
+    q_dim, kv_dim = n_head * hd, n_kv * hd
+    qkv = rng.standard_normal((tokens, q_dim + 2 * kv_dim)).astype(np.float32)
+    before = rng.standard_normal((ring, kv_dim)).astype(np.float16).astype(np.float32)
+    k_cache, v_cache = _cache(gpu, kernels, before), _cache(gpu, kernels, before)
+    dispatch = kernels.rope_store(
+        gpu.upload(qkv), k_cache, v_cache, gpu.upload(cos_sin_table(ctx, n_rot, base)),
+        gpu.upload(np.ones(2 * hd, dtype=np.float32)), _state(gpu, pos0, tokens), n_head=n_head, n_kv=n_kv,
+        head_dim=hd, n_rot=n_rot, neox=True, tokens=tokens, eps=eps, v_norm=True, ring=ring,
+    )  # fmt: skip
+    kernels.run([dispatch])
+    k = qkv[:, q_dim : q_dim + kv_dim].reshape(tokens, n_kv, hd)
+    v = qkv[:, q_dim + kv_dim :].reshape(tokens, n_kv, hd)
+    pos = np.arange(pos0, pos0 + tokens, dtype=np.float64)
+    f16 = kernels.kv_f16
+    tol = {"rtol": 1e-3, "atol": 1e-3} if f16 else {"rtol": 0, "atol": 2e-5 * 8}
+    read = np.float16 if f16 else np.float32
+    kc = gpu.read(k_cache, read, ring * kv_dim).astype(np.float32).reshape(ring, n_kv, hd)
+    vc = gpu.read(v_cache, read, ring * kv_dim).astype(np.float32).reshape(ring, n_kv, hd)
+    rows = [p % ring for p in range(pos0, pos0 + tokens)]
+    assert rows == [2, 3, 0]
+    np.testing.assert_allclose(kc[rows], rope_reference(k, pos, n_rot, base, True), **tol)
+    np.testing.assert_allclose(vc[rows], _rms(v, np.float32(1.0), eps), **tol)
+    np.testing.assert_array_equal(kc[1], before[1].reshape(n_kv, hd))
+
+
+def test_attention_refuses_a_window_its_ring_cannot_hold(gpu, kernels):
+    buf = gpu.buffer(64)
+    dims = {"n_head": 1, "n_kv": 1, "head_dim": 8, "ctx": 4, "scale": 1.0}
+    for window in (0, 5):
+        with pytest.raises(ValueError, match="ring"):
+            kernels.attention(buf, buf, buf, buf, buf, buf, window=window, ring=4, **dims)
+
+
+@pytest.mark.parametrize(("pos", "tokens", "split"), [(30, 3, False), (30, 1, False), (300, 2, True)])
+def test_attention_with_rope_stores_and_reads_a_ring(gpu, kv_kernels, rng, pos, tokens, split):
+    """The rotating attention kernel on a ring of window + tokens - 1 rows: each token stores its k and v at row
+    p % ring and sees the last ``window`` positions, the step's earlier ones from the q/k/v rows and the rest from
+    the ring (whose other rows hold positions the window no longer shows)."""
+    from anyformer_gguf_gpu.kernels import AttentionRope
+
+    kernels = kv_kernels
+    n_head, n_kv, hd, n_rot, ctx, window, base, eps = 4, 2, 16, 8, 520, 5, 10000.0, 1e-6
+    ring = window + tokens - 1
+    q_dim, kv_dim = n_head * hd, n_kv * hd
+    qkv = rng.standard_normal((tokens, q_dim + 2 * kv_dim)).astype(np.float32)
+    norm = rng.standard_normal(2 * hd).astype(np.float32)
+    kc = rng.standard_normal((ctx, kv_dim)).astype(np.float16).astype(np.float32)
+    vc = rng.standard_normal((ctx, kv_dim)).astype(np.float16).astype(np.float32)
+    k_ring, v_ring = (
+        _cache(gpu, kernels, _ring_of(kc, pos - 1, ring)),
+        _cache(gpu, kernels, _ring_of(vc, pos - 1, ring)),
+    )
+    rope = AttentionRope(gpu.upload(cos_sin_table(ctx, n_rot, base)), gpu.upload(norm), n_rot, True, True, eps)
+    out = gpu.buffer(tokens * q_dim * 4)
+    scores, state = gpu.buffer(attention_scratch_bytes(tokens, n_head, ctx, hd)), _state(gpu, pos, tokens)
+    dims = {"n_head": n_head, "head_dim": hd, "ctx": ctx, "tokens": tokens}
+    dispatch = kernels.attention_with_rope(
+        rope, gpu.upload(qkv), k_ring, v_ring, out, scores, state,
+        n_kv=n_kv, scale=1.0, split=split, window=window, ring=ring, **dims,
+    )  # fmt: skip
+    combine = [kernels.attention_combine(scores, out, state, **dims)] if split else []
+    kernels.run([dispatch, *combine])
+    q = _rms(qkv[:, :q_dim].reshape(tokens, n_head, hd), norm[:hd], eps)
+    k = _rms(qkv[:, q_dim : q_dim + kv_dim].reshape(tokens, n_kv, hd), norm[hd:], eps)
+    at = np.arange(pos, pos + tokens, dtype=np.float64)
+    q, k = rope_reference(q, at, n_rot, base, True), rope_reference(k, at, n_rot, base, True)
+    keys, values = kc.astype(np.float64), vc.astype(np.float64)
+    keys[pos : pos + tokens], values[pos : pos + tokens] = k.reshape(tokens, -1), qkv[:, q_dim + kv_dim :]
+    rotated = np.concatenate([q.reshape(tokens, -1), keys[pos : pos + tokens], values[pos : pos + tokens]], axis=1)
+    got = gpu.read(out, np.float32, tokens * q_dim).reshape(tokens, n_head, hd)
+    want = _window_reference(rotated, keys, values, pos, tokens, n_head, n_kv, hd, window, 1.0)
+    _close(got, want, rel=2e-4 if kernels.kv_f16 else 2e-5)
+    cache_k = _read_cache(gpu, kernels, k_ring, ring * kv_dim).reshape(ring, kv_dim)
+    rows = [p % ring for p in range(pos, pos + tokens)]
+    tol = {"rtol": 1e-3, "atol": 1e-3} if kernels.kv_f16 else {"rtol": 0, "atol": 1e-5}
+    np.testing.assert_allclose(cache_k[rows], k.reshape(tokens, -1), **tol)

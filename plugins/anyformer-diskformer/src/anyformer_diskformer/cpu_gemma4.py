@@ -1,17 +1,18 @@
 """Gemma 4's MoE (``gemma4``) on the CPU, as llama.cpp's graph for the architecture.
 
 The embeddings are scaled by sqrt(n_embd). Per layer: RMSNorm; q, k and v (the keys serve as values
-where a layer has no v projection); q and k RMS-normalised per head with their weights, v without
-one; NEOX rotary over each layer's rotary width (sliding layers with their own base, full layers
-with the ``rope_freqs`` frequency factors); attention with scale 1 over the KV cache, sliding layers
-seeing only the last ``n_swa`` positions; the output product RMS-normalised (``post_attention_norm``)
-and added to the residual. A MoE layer then adds, after ``post_ffw_norm``, the sum of a dense GELU MLP
-(``ffn_norm`` before, ``post_ffw_norm_1`` after) and the routed GELU experts (``pre_ffw_norm_2``
-before, ``post_ffw_norm_2`` after), routed by softmax over the router's logits of the residual
-RMS-normalised without weight, divided by sqrt(n_embd) and scaled by ``ffn_gate_inp.scale``, the top-k
-renormalised, each expert's output scaled by ``ffn_down_exps.scale`` where present; a layer without
-a router runs the dense MLP alone. ``layer_output_scale`` scales the layer's output; the final logits
-are soft-capped by tanh where the header says so. GELU is the tanh form.
+where a layer has no v projection); q and k RMS-normalised per head with their weights, v without one;
+NEOX rotary over each layer's rotary width (sliding layers with their own base, full layers with the
+``rope_freqs`` frequency factors); attention with scale 1 over the KV cache, sliding layers seeing only
+the last ``n_swa`` positions (their keys and values a ring of ``n_swa`` rows); the output product
+RMS-normalised (``post_attention_norm``) and added to the residual. A MoE layer then adds, after
+``post_ffw_norm``, the sum of a dense GELU MLP (``ffn_norm`` before, ``post_ffw_norm_1`` after) and the
+routed GELU experts (``pre_ffw_norm_2`` before, ``post_ffw_norm_2`` after), routed by softmax over the
+router's logits of the residual RMS-normalised without weight, divided by sqrt(n_embd) and scaled by
+``ffn_gate_inp.scale``, the top-k renormalised, each expert's output scaled by ``ffn_down_exps.scale``
+where present; a layer without a router runs the dense MLP alone. ``layer_output_scale`` scales the
+layer's output; the final logits are soft-capped by tanh where the header says so. GELU is the tanh
+form.
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ def _norm(x: np.ndarray, eps: float) -> np.ndarray:
 
 
 class Gemma4CpuEngine(CpuMoEEngine):
-    """A loaded Gemma 4 MoE on the CPU: a KV cache per layer in that layer's head width."""
+    """A loaded Gemma 4 MoE on the CPU: a KV cache per layer in that layer's head width, a ring of n_swa rows for a
+    sliding layer."""
 
     config: Gemma4Config
 
@@ -61,7 +63,13 @@ class Gemma4CpuEngine(CpuMoEEngine):
         # Per-layer widths: the base class's one-width cache is replaced by one array per layer.
         self._k = np.zeros((0, 0, 0, 0), dtype=np.float32)
         self._v = np.zeros((0, 0, 0, 0), dtype=np.float32)
-        self._keys = [np.zeros((ctx, c.kv_heads[i], c.head_dims[i]), dtype=np.float32) for i in range(c.n_layer)]
+        # A sliding layer holds a ring of n_swa rows (position p at row p % n_swa), not ctx: its attention reads
+        # the ring's keys before storing the step's own (see _layer_keys), so however many tokens a step takes,
+        # the window before it (n_swa - 1 positions) is still there: kv_rows(ctx, step=1).
+        self.kv_rows = c.kv_rows(ctx)
+        self._keys = [
+            np.zeros((self.kv_rows[i], c.kv_heads[i], c.head_dims[i]), dtype=np.float32) for i in range(c.n_layer)
+        ]
         self._values = [np.zeros_like(k) for k in self._keys]
         factors = self._w.optional_vector("rope_freqs.weight")
         swa_rot = max((c.rots[i] for i in range(c.n_layer) if c.swa[i]), default=2)
@@ -97,12 +105,9 @@ class Gemma4CpuEngine(CpuMoEEngine):
         q = self._rotate_layer(_rms(q, self._w.vector(p + "attn_q_norm.weight"), c.eps), start, layer)
         k = self._rotate_layer(_rms(k, self._w.vector(p + "attn_k_norm.weight"), c.eps), start, layer)
         v = _norm(v, c.eps)
-        end = start + n
-        self._keys[layer][start:end] = k
-        self._values[layer][start:end] = v
-        keys, values = self._keys[layer][:end], self._values[layer][:end]
+        keys, values, first = self._layer_keys(layer, k, v, start)
         where = start + np.arange(n)[:, None]
-        seen = np.arange(end)[None, :]
+        seen = first + np.arange(keys.shape[0])[None, :]
         hidden = seen > where
         if c.swa[layer]:
             hidden |= where - seen >= c.n_swa
@@ -114,6 +119,22 @@ class Gemma4CpuEngine(CpuMoEEngine):
             s = np.exp(s - s.max(axis=1, keepdims=True))
             out[:, h] = (s / s.sum(axis=1, keepdims=True)) @ values[:, h // group]
         return self._w.product(out.reshape(n, -1), p + "attn_output.weight")
+
+    def _layer_keys(self, layer: int, k: np.ndarray, v: np.ndarray, start: int) -> tuple[np.ndarray, np.ndarray, int]:
+        """Store the step's keys and values (positions ``start``..) and return the keys and values its attention
+        reads, with the position of the first: positions 0.. of a full layer; for a sliding layer the ring's
+        positions its first token sees (gathered before the step's keys overwrite them), then the step's own."""
+        end, rows = start + k.shape[0], self.kv_rows[layer]
+        keys, values = self._keys[layer], self._values[layer]
+        if not self.config.swa[layer]:
+            keys[start:end], values[start:end] = k, v
+            return keys[:end], values[:end], 0
+        first = max(0, start - self.config.n_swa + 1)
+        before = np.arange(first, start) % rows
+        seen_k, seen_v = np.concatenate([keys[before], k]), np.concatenate([values[before], v])
+        kept = np.arange(max(start, end - rows), end)  # a step longer than the ring keeps its last rows
+        keys[kept % rows], values[kept % rows] = k[kept - start], v[kept - start]
+        return seen_k, seen_v, first
 
     def _expert_activation(self) -> Callable[[np.ndarray], np.ndarray] | None:
         return gelu  # Gemma 4's experts gate with GELU (ggml's tanh form)
@@ -175,11 +196,22 @@ class Gemma4CpuEngine(CpuMoEEngine):
         return logits.astype(np.float32)
 
     def checkpoint(self, n: int) -> tuple[list[np.ndarray], list[np.ndarray]]:  # type: ignore[override]
-        """Copies of every layer's keys and values of positions 0..n-1 (see :meth:`restore`)."""
-        return [k[:n].copy() for k in self._keys], [v[:n].copy() for v in self._values]
+        """Copies of every layer's keys and values after a step ending at position ``n``: positions 0..n-1 of a
+        full layer, a sliding layer's ring (its last positions; see :meth:`resumes_at`)."""
+        rows = [min(n, r) for r in self.kv_rows]
+        return [k[:r].copy() for k, r in zip(self._keys, rows, strict=True)], [
+            v[:r].copy() for v, r in zip(self._values, rows, strict=True)
+        ]
 
     def restore(self, saved: tuple[list[np.ndarray], list[np.ndarray]], n: int) -> None:  # type: ignore[override]
-        """Put back the first ``n`` positions of a :meth:`checkpoint`."""
+        """Put back the first ``n`` positions of a :meth:`checkpoint` (a ring whole: the rows of positions from
+        ``n`` on are rewritten before any step reads them), where :meth:`resumes_at` allows."""
         for layer, (k, v) in enumerate(zip(*saved, strict=True)):
-            self._keys[layer][:n] = k[:n]
-            self._values[layer][:n] = v[:n]
+            rows = len(k) if self.config.swa[layer] else n
+            self._keys[layer][:rows] = k[:rows]
+            self._values[layer][:rows] = v[:rows]
+
+    def resumes_at(self, length: int, n: int) -> bool:
+        """Whether a checkpoint of ``length`` positions can resume at position ``n``: every ring still holds the
+        window before ``n``."""
+        return self.config.ring_resumes(self.ctx, 1, length, n)

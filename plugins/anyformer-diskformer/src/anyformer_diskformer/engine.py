@@ -341,9 +341,11 @@ class DiskformerModel:
             raise AnyformerError(ErrorCode.BAD_REQUEST, "prime takes a non-empty system prompt")
         turn: Message = {"role": "system", "content": system}
         ids = self.prompt_ids([turn], thinking=False)
-        if getattr(engine, "resumes_only_whole", False):
-            # A delta net's state cannot be rewound, so keep only what every chat with this system prompt shares:
-            # the tokens the system turn alone and the system turn followed by a user turn have in common.
+        if getattr(engine, "resumes_only_whole", False) or hasattr(engine, "resumes_at"):
+            # A delta net's state cannot be rewound, and a sliding layer's ring holds only the window before the
+            # checkpoint's end (so it resumes at that end, not much before): keep only what every chat with this
+            # system prompt shares, the tokens the system turn alone and the system turn followed by a user turn
+            # have in common.
             chat = self.prompt_ids([turn, {"role": "user", "content": "?"}], thinking=False)
             ids = ids[: shared_prefix(ids, chat)]
             if not ids:
@@ -368,6 +370,9 @@ class DiskformerModel:
         common = min(shared_prefix(ids, primed), len(ids) - 1)
         if getattr(engine, "resumes_only_whole", False) and common != len(primed):
             common = 0  # a delta net's state cannot be rewound to a shorter prefix
+        resumes_at = getattr(engine, "resumes_at", None)
+        if resumes_at is not None and not resumes_at(len(primed), common):
+            common = 0  # a sliding layer's ring no longer holds the window before that position
         if common > 0:
             engine.restore(saved, common)
         return max(0, common)

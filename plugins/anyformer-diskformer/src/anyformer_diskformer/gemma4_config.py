@@ -46,6 +46,26 @@ class Gemma4Config(MoEConfig):
         """Whether ``layer`` routes to experts (it has a router)."""
         return self.moe[layer]
 
+    def kv_rows(self, ctx: int, step: int = 1) -> tuple[int, ...]:
+        """Rows of each layer's KV cache for a context of ``ctx``: ``ctx`` for a full layer; for a sliding layer a
+        ring (position p at row p % rows) of n_swa + step - 1 rows, where ``step`` is the most tokens a step stores
+        before its attention reads the ring: the step's last token must not overwrite a key its first token still
+        sees (the first sees n_swa - 1 positions before it). Never more than ``ctx``."""
+        ring = min(ctx, self.n_swa + max(1, step) - 1)
+        return tuple(ring if sliding else ctx for sliding in self.swa)
+
+    def kv_bytes(self, ctx: int, step: int = 1) -> int:
+        """Bytes of every layer's f32 keys and values (:meth:`kv_rows`)."""
+        rows = self.kv_rows(ctx, step)
+        return sum(2 * 4 * rows[i] * self.kv_heads[i] * self.head_dims[i] for i in range(self.n_layer))
+
+    def ring_resumes(self, ctx: int, step: int, length: int, n: int) -> bool:
+        """Whether the KV a step ending at position ``length`` leaves (a prime's checkpoint) can resume at position
+        ``n`` <= ``length``: each ring still holds the n_swa - 1 positions before ``n`` (it holds the last of its
+        rows before ``length``; later rows are rewritten before they are read)."""
+        ring = min(self.kv_rows(ctx, step), default=ctx)
+        return n == 0 or max(0, n - self.n_swa + 1) >= length - ring
+
 
 def _per_layer(kv: dict[str, Any], key: str, n: int, default: int | None = None) -> tuple[int, ...]:
     """A positive count for every layer: one value for all, or a list of ``n``; ``BAD_MODEL`` otherwise."""

@@ -81,8 +81,11 @@ class Gemma4GpuEngine(GpuMoEEngine):
         self.ids = buf(4 * (ctx + 1), "ids")
         self.state = buf(16, "state")
         self.gate_norm = buf(4 * c.n_embd, "gate-norm")
-        self.k_cache = [buf(4 * ctx * c.kv_heads[i] * c.head_dims[i], f"k{i}") for i in range(c.n_layer)]
-        self.v_cache = [buf(4 * ctx * c.kv_heads[i] * c.head_dims[i], f"v{i}") for i in range(c.n_layer)]
+        # A sliding layer's K and V are a ring (position p at row p % rows) of n_swa + prompt_step - 1 rows: a step
+        # stores its keys before it attends (see Gemma4Config.kv_rows).
+        self.kv_rows = c.kv_rows(ctx, self.prompt_step)
+        self.k_cache = [buf(4 * self.kv_rows[i] * c.kv_heads[i] * c.head_dims[i], f"k{i}") for i in range(c.n_layer)]
+        self.v_cache = [buf(4 * self.kv_rows[i] * c.kv_heads[i] * c.head_dims[i], f"v{i}") for i in range(c.n_layer)]
         factors = self._host.get("rope_freqs.weight")
         swa_rot = max((c.rots[i] for i in range(c.n_layer) if c.swa[i]), default=2)
         self._tables = {
@@ -193,6 +196,7 @@ class Gemma4GpuEngine(GpuMoEEngine):
                 eps=c.eps,
                 v_norm=True,
                 tokens=tokens,
+                ring=self._ring(i),
             )
         )
         out.append(
@@ -210,12 +214,17 @@ class Gemma4GpuEngine(GpuMoEEngine):
                 scale=1.0,  # Gemma 4 scales its scores by 1
                 window=c.n_swa if c.swa[i] else 0,
                 tokens=tokens,
+                ring=self._ring(i),
             )
         )
         out.append(self._mv(self._weights[p + "attn_output.weight"], self.attn, self.attn_out, tokens=tokens))
         norm_w = self._norms[p + "post_attention_norm.weight"]
         out.append(k.rmsnorm(self.attn_out, norm_w, self.h, c.n_embd, c.eps, accumulate=True, tokens=tokens))
         return out
+
+    def _ring(self, i: int) -> int:
+        """The kernels' ring for layer ``i``'s cache: its rows for a sliding layer, 0 (a row per position) else."""
+        return self.kv_rows[i] if self.config.swa[i] else 0
 
     def mlp_dispatches(self, i: int, tokens: int, gate_up: Any) -> list[Dispatch]:
         """Layer ``i``'s dense GELU MLP of ``tokens`` residual rows (``ffn_norm`` fused into gate and up, their
@@ -338,11 +347,13 @@ class Gemma4GpuEngine(GpuMoEEngine):
         return logits
 
     def _kv_bytes(self, n: int) -> list[int]:
+        """Bytes of each layer's keys (or values) after a step ending at position ``n``: n rows, at most a ring's."""
         c = self.config
-        return [4 * n * c.kv_heads[i] * c.head_dims[i] for i in range(c.n_layer)]
+        return [4 * min(n, self.kv_rows[i]) * c.kv_heads[i] * c.head_dims[i] for i in range(c.n_layer)]
 
     def checkpoint(self, n: int) -> list[Any]:
-        """GPU copies of every layer's keys and values of positions 0..n-1 (see :meth:`restore`)."""
+        """GPU copies of every layer's keys and values after a step ending at position ``n``: positions 0..n-1 of a
+        full layer, a sliding layer's ring (see :meth:`resumes_at`)."""
         sizes = self._kv_bytes(n) * 2
         saved = [self._buffer(max(4, size), "kv-checkpoint") for size in sizes]
         caches = self.k_cache + self.v_cache
@@ -351,8 +362,21 @@ class Gemma4GpuEngine(GpuMoEEngine):
         return saved
 
     def restore(self, saved: list[Any], n: int) -> None:
-        """Put back the first ``n`` positions of a :meth:`checkpoint` (queued before the next step)."""
-        sizes = self._kv_bytes(n) * 2
+        """Put back the first ``n`` positions of a :meth:`checkpoint` (a ring whole: the rows of positions from ``n``
+        on are rewritten before any step reads them), queued before the next step, where :meth:`resumes_at`
+        allows."""
+        full, rings = self._kv_bytes(n) * 2, self._kv_bytes(self.ctx) * 2
         caches = self.k_cache + self.v_cache
+        sliding = self.config.swa * 2
+        # A ring's checkpoint holds min(length, rows) rows (and the buffer's padding): all of it goes back.
+        sizes = [
+            min(int(copy.size), ring) if swa else size
+            for copy, swa, ring, size in zip(saved, sliding, rings, full, strict=True)
+        ]
         copies = [(copy, 0, cache, 0, size) for cache, copy, size in zip(caches, saved, sizes, strict=True) if size]
         self.kernels.run([], copies)
+
+    def resumes_at(self, length: int, n: int) -> bool:
+        """Whether a checkpoint of ``length`` positions can resume at position ``n``: every ring still holds the
+        window before ``n``."""
+        return self.config.ring_resumes(self.ctx, self.prompt_step, length, n)

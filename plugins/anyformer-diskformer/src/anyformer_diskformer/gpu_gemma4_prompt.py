@@ -10,8 +10,9 @@ changes, in the dispatches built here:
   stride in the shared buffer, and its rope_store and attention dispatches are built with its own widths, rotary
   width and table;
 - a sliding layer's token at position p sees positions p - n_swa + 1 .. p, the step's later tokens masked (the
-  attention kernel's window over the same KV rows the one-token step uses); a layer without ``attn_v`` takes its
-  keys as values (k's product again, stacked in v's place at load);
+  attention kernel's window over the layer's KV ring, indexed by the kernels as the one-token step's: the ring has
+  n_swa + prompt_step - 1 rows, so the step's last key does not overwrite one its first token sees); a layer
+  without ``attn_v`` takes its keys as values (k's product again, stacked in v's place at load);
 - the dense GELU MLP runs beside the experts over the step's rows (``ffn_norm`` fused into gate and up);
 - the experts normalise their input with ``pre_ffw_norm_2`` and gate with GELU; each token's combine weight is the
   router weight times the expert's ``ffn_down_exps.scale``, and the combine adds into the experts' rows (zeroed by

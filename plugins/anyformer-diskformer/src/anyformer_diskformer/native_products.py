@@ -47,7 +47,10 @@ def _jit(function: _Function) -> _Function:
     """``function`` compiled on first call: no GIL held, sums reordered freely, machine code cached on disk."""
     if numba is None:  # pragma: no cover
         return function
-    return cast(_Function, numba.njit(nogil=True, fastmath=True, cache=True)(function))
+    try:
+        return cast(_Function, numba.njit(nogil=True, fastmath=True, cache=True)(function))
+    except RuntimeError:  # no writable cache (a read-only install and no home): compile on each run instead
+        return cast(_Function, numba.njit(nogil=True, fastmath=True)(function))
 
 
 def _f16_at(blocks: np.ndarray, row: int, at: int, f16: np.ndarray) -> np.float32:
@@ -79,43 +82,34 @@ def _k_scale(blocks: np.ndarray, row: int, at: int, j: int) -> tuple[Any, Any]:
 # codes (Q4_0's 8, Q6_K's 32) and the mins (Q4_1, Q4_K, Q5_K) are added per group from x's group sums.
 
 
-def _q4_0(x: np.ndarray, blocks: np.ndarray, f16: np.ndarray, out: np.ndarray) -> None:
+def _q4_blocks(x: np.ndarray, blocks: np.ndarray, f16: np.ndarray, out: np.ndarray, with_min: bool) -> None:
+    """Q4_0 (18-byte blocks of 32: d, then 16 code bytes; a value is d (q - 8)) or, ``with_min``, Q4_1 (20 bytes: d
+    and m, then the codes; a value is d q + m). Byte i holds element i (low nibble) and element i + 16 (high)."""
     n, cols = x.shape
     sums = _group_sums(x, 32)
     lanes = np.empty(32, dtype=np.float32)
+    size, codes_at = (20, 4) if with_min else (18, 2)
     for r in range(blocks.shape[0]):
         for t in range(n):
             lanes[:] = 0.0
             offset = np.float32(0.0)
             for g in range(cols // 32):
-                at = g * 18
+                at = g * size
                 d = _f16_at(blocks, r, at, f16)
-                offset += np.float32(8.0) * d * sums[t, g]
-                # Byte i holds element i (low nibble) and element i + 16 (high nibble).
+                offset += (_f16_at(blocks, r, at + 2, f16) if with_min else np.float32(-8.0) * d) * sums[t, g]
                 for i in range(16):
-                    v = np.int32(blocks[r, at + 2 + i])
-                    lanes[i] += d * np.float32(v & 15) * x[t, g * 32 + i]
-                    lanes[16 + i] += d * np.float32(v >> 4) * x[t, g * 32 + 16 + i]
-            out[t, r] = lanes.sum() - offset
-
-
-def _q4_1(x: np.ndarray, blocks: np.ndarray, f16: np.ndarray, out: np.ndarray) -> None:
-    n, cols = x.shape
-    sums = _group_sums(x, 32)
-    lanes = np.empty(32, dtype=np.float32)
-    for r in range(blocks.shape[0]):
-        for t in range(n):
-            lanes[:] = 0.0
-            offset = np.float32(0.0)
-            for g in range(cols // 32):
-                at = g * 20
-                d = _f16_at(blocks, r, at, f16)
-                offset += _f16_at(blocks, r, at + 2, f16) * sums[t, g]
-                for i in range(16):
-                    v = np.int32(blocks[r, at + 4 + i])
+                    v = np.int32(blocks[r, at + codes_at + i])
                     lanes[i] += d * np.float32(v & 15) * x[t, g * 32 + i]
                     lanes[16 + i] += d * np.float32(v >> 4) * x[t, g * 32 + 16 + i]
             out[t, r] = lanes.sum() + offset
+
+
+def _q4_0(x: np.ndarray, blocks: np.ndarray, f16: np.ndarray, out: np.ndarray) -> None:
+    _q4_blocks(x, blocks, f16, out, False)
+
+
+def _q4_1(x: np.ndarray, blocks: np.ndarray, f16: np.ndarray, out: np.ndarray) -> None:
+    _q4_blocks(x, blocks, f16, out, True)
 
 
 def _q8_0(x: np.ndarray, blocks: np.ndarray, f16: np.ndarray, out: np.ndarray) -> None:
@@ -133,16 +127,19 @@ def _q8_0(x: np.ndarray, blocks: np.ndarray, f16: np.ndarray, out: np.ndarray) -
             out[t, r] = lanes.sum()
 
 
-def _q4_k(x: np.ndarray, blocks: np.ndarray, f16: np.ndarray, out: np.ndarray) -> None:
+def _k_quant(x: np.ndarray, blocks: np.ndarray, f16: np.ndarray, out: np.ndarray, five_bits: bool) -> None:
+    """Q4_K (144-byte blocks) or, with ``five_bits``, Q5_K (176: a fifth bit a code from ``qh``, the 32 bytes at
+    16): d and dmin, 8 six-bit scales and mins (12 bytes at 4), then the codes, 32 bytes a pair of sub-blocks."""
     n, cols = x.shape
     sums = _group_sums(x, 32)
     lanes = np.empty(32, dtype=np.float32)
+    size, codes_at = (176, 48) if five_bits else (144, 16)
     for r in range(blocks.shape[0]):
         for t in range(n):
             lanes[:] = 0.0
             offset = np.float32(0.0)
             for b in range(cols // 256):
-                at = b * 144
+                at = b * size
                 d = _f16_at(blocks, r, at, f16)
                 dmin = _f16_at(blocks, r, at + 2, f16)
                 for j in range(4):
@@ -154,43 +151,26 @@ def _q4_k(x: np.ndarray, blocks: np.ndarray, f16: np.ndarray, out: np.ndarray) -
                     g = b * 8 + 2 * j
                     offset += dmin * (np.float32(m0) * sums[t, g] + np.float32(m1) * sums[t, g + 1])
                     base = b * 256 + 64 * j
-                    code = at + 16 + 32 * j
+                    code = at + codes_at + 32 * j
                     for i in range(32):
                         v = np.int32(blocks[r, code + i])
-                        lanes[i] += a0 * np.float32(v & 15) * x[t, base + i]
-                        lanes[i] += a1 * np.float32(v >> 4) * x[t, base + 32 + i]
+                        low = v & 15
+                        high = v >> 4
+                        if five_bits:  # the fifth bit of element i of sub-block s is bit s of qh[i]
+                            h = np.int32(blocks[r, at + 16 + i])
+                            low |= ((h >> (2 * j)) & 1) << 4
+                            high |= ((h >> (2 * j + 1)) & 1) << 4
+                        lanes[i] += a0 * np.float32(low) * x[t, base + i]
+                        lanes[i] += a1 * np.float32(high) * x[t, base + 32 + i]
             out[t, r] = lanes.sum() - offset
+
+
+def _q4_k(x: np.ndarray, blocks: np.ndarray, f16: np.ndarray, out: np.ndarray) -> None:
+    _k_quant(x, blocks, f16, out, False)
 
 
 def _q5_k(x: np.ndarray, blocks: np.ndarray, f16: np.ndarray, out: np.ndarray) -> None:
-    n, cols = x.shape
-    sums = _group_sums(x, 32)
-    lanes = np.empty(32, dtype=np.float32)
-    for r in range(blocks.shape[0]):
-        for t in range(n):
-            lanes[:] = 0.0
-            offset = np.float32(0.0)
-            for b in range(cols // 256):
-                at = b * 176
-                d = _f16_at(blocks, r, at, f16)
-                dmin = _f16_at(blocks, r, at + 2, f16)
-                for j in range(4):
-                    s0, m0 = _k_scale(blocks, r, at + 4, 2 * j)
-                    s1, m1 = _k_scale(blocks, r, at + 4, 2 * j + 1)
-                    a0 = d * np.float32(s0)
-                    a1 = d * np.float32(s1)
-                    g = b * 8 + 2 * j
-                    offset += dmin * (np.float32(m0) * sums[t, g] + np.float32(m1) * sums[t, g + 1])
-                    base = b * 256 + 64 * j
-                    code = at + 48 + 32 * j
-                    # The fifth bit of element i of sub-block s is bit s of qh[i] (qh: the 32 bytes at 16).
-                    for i in range(32):
-                        v = np.int32(blocks[r, code + i])
-                        h = np.int32(blocks[r, at + 16 + i])
-                        low = (v & 15) | (((h >> (2 * j)) & 1) << 4)
-                        high = (v >> 4) | (((h >> (2 * j + 1)) & 1) << 4)
-                        lanes[i] += a0 * np.float32(low) * x[t, base + i] + a1 * np.float32(high) * x[t, base + 32 + i]
-            out[t, r] = lanes.sum() - offset
+    _k_quant(x, blocks, f16, out, True)
 
 
 def _q6_k(x: np.ndarray, blocks: np.ndarray, f16: np.ndarray, out: np.ndarray) -> None:
@@ -249,6 +229,8 @@ if AVAILABLE:
     _f16_at = _jit(_f16_at)
     _group_sums = _jit(_group_sums)
     _k_scale = _jit(_k_scale)
+    _k_quant = _jit(_k_quant)
+    _q4_blocks = _jit(_q4_blocks)
     _KERNELS: dict[int, Callable[..., None]] = {t: _jit(f) for t, f in _SOURCES.items()}
 else:  # pragma: no cover
     _KERNELS = {}

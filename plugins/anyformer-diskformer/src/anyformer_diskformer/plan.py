@@ -170,7 +170,10 @@ def plan_from_header(header: GGUFHeader, context: int, device: str = "cpu", prom
             dense += 4 * t.n_elements if device == "cpu" and len(t.dims) == 1 else t.nbytes
     plan = _plan(summary, context, device, dense, expert_bytes, estimated=False, prompt_step=prompt_step)
     if header.architecture in PER_LAYER_STATE_ARCHITECTURES:
-        plan = dataclasses.replace(plan, kv_bytes=_hybrid_state_bytes(header, context))
+        # Gemma 4's sliding layers hold a ring for the GPU's prompt steps (n_swa + step - 1 rows); the CPU engine
+        # reads its ring before storing a step's keys (steps of one token here), and qwen35moe's state has no rings.
+        step = prompt_step if device == "gpu" else 1
+        plan = dataclasses.replace(plan, kv_bytes=_hybrid_state_bytes(header, context, step=step))
     if header.architecture == "gemma4" and device == "gpu":
         from anyformer_diskformer.gemma4_config import read_gemma4_config
 
@@ -185,17 +188,18 @@ def plan_from_header(header: GGUFHeader, context: int, device: str = "cpu", prom
     )
 
 
-def _hybrid_state_bytes(header: GGUFHeader, context: int) -> int:
-    """The f32 state of an architecture whose layers differ: Gemma 4's K and V per layer in that layer's widths;
-    qwen35moe's K and V rows for its attention layers and each delta-net layer's convolution inputs and state
-    matrices."""
+def _hybrid_state_bytes(header: GGUFHeader, context: int, step: int) -> int:
+    """The f32 state of an architecture whose layers differ: Gemma 4's K and V per layer in that layer's widths,
+    ``context`` rows for a full layer, a sliding layer's ring for steps of up to ``step`` tokens
+    (:meth:`Gemma4Config.kv_rows`); qwen35moe's K and V rows for its attention layers and each delta-net layer's
+    convolution inputs and state matrices."""
     from anyformer_diskformer.gemma4_config import Gemma4Config
     from anyformer_diskformer.moe_config import read_moe_config
 
     c = read_moe_config(header)
     if isinstance(c, Gemma4Config):
-        # Gemma 4's layers differ in KV heads and head width: a K and V array each, in its own width.
-        return sum(2 * context * c.kv_heads[i] * c.head_dims[i] * 4 for i in range(c.n_layer))
+        # Gemma 4's layers differ in KV heads and head width: a K and V array each, in its own width and rows.
+        return c.kv_bytes(context, step)
     kv = 2 * (c.n_layer - sum(c.recurrent)) * context * c.kv_dim * 4
     delta = sum(c.recurrent) * (
         (c.ssm_conv - 1) * (2 * c.ssm_k_heads + c.ssm_v_heads) * c.ssm_head + c.ssm_v_heads * c.ssm_head**2

@@ -301,6 +301,13 @@ def uniform01(seed: int, step: int) -> float:
     return (x >> 8) / 16777216.0
 
 
+def _ring(rows: int) -> int:
+    """A KV ring's row count for the kernels' params (0: no ring, a row per position)."""
+    if rows < 0:
+        raise ValueError(f"ring must be 0 (none) or positive, not {rows}")
+    return rows
+
+
 def _u32s(*values: int | float) -> bytes:
     """A uniform block: ints as u32, floats as f32, padded to a multiple of 16 bytes."""
     out = b"".join(struct.pack("<f", v) if isinstance(v, float) else struct.pack("<I", v) for v in values)
@@ -699,12 +706,14 @@ class Kernels:
         eps: float = 1e-6,
         v_norm: bool = False,
         q_stride: int | None = None,
+        ring: int = 0,
     ) -> Dispatch:
         """Rotate q and k in the packed [q | k | v] rows (optionally RMS-norming each head first) and store k, v.
 
         With ``v_norm`` each v head is RMS-normalised (no weight: Gemma 4's) before it is stored. Query head h
         starts at h * ``q_stride`` (head_dim by default; 2 head_dim where each query is followed by its output
-        gate, qwen35moe's), so the q part of a row is n_head * q_stride wide.
+        gate, qwen35moe's), so the q part of a row is n_head * q_stride wide. A ``ring`` above 0 stores
+        position p at cache row p % ring (a sliding-window layer's cache of ``ring`` rows; see :meth:`attention`).
         """
         if head_dim > MAX_HEAD_DIM:
             raise ValueError(f"head_dim {head_dim} is over {MAX_HEAD_DIM}")
@@ -727,6 +736,7 @@ class Kernels:
             head_dim,
             int(v_norm),
             q_stride,
+            _ring(ring),
         )
         return self.dispatch(
             "rope_store",
@@ -754,6 +764,7 @@ class Kernels:
         split: bool = False,
         window: int = 0,
         gated: bool = False,
+        ring: int = 0,
     ) -> Dispatch:
         """out[t, h*hd:(h+1)*hd] = causal softmax(q k^T * scale) v over the cache, for every head and token.
 
@@ -763,12 +774,16 @@ class Kernels:
         ``scores``; :meth:`attention_combine` (the next dispatch) writes ``out``. A ``window`` above 0
         is sliding-window attention: the token at position p sees keys p - window + 1 .. p only. With
         ``gated`` each query head is followed by its output gate in the q/k/v rows (q heads 2 head_dim
-        apart, qwen35moe's) and the output is scaled by sigmoid(gate) (not with ``split``).
+        apart, qwen35moe's) and the output is scaled by sigmoid(gate) (not with ``split``). A ``ring`` above 0
+        reads position p's keys and values at cache row p % ring: a sliding layer's cache of ``ring`` rows, not
+        ``ctx``, which holds every key the window shows while ring >= window + tokens - 1 (the step's own
+        tokens, stored first, must not overwrite the keys its first token still sees).
         """
         dims = {"n_head": n_head, "n_kv": n_kv, "head_dim": head_dim, "ctx": ctx, "tokens": tokens, "window": window}
         return self._attention(
-            qkv, k_cache, v_cache, out, scores, state, scale=scale, rope=None, split=split, gated=gated, **dims
-        )
+            qkv, k_cache, v_cache, out, scores, state, scale=scale, rope=None, split=split, gated=gated, ring=ring,
+            **dims,
+        )  # fmt: skip
 
     def attention_with_rope(
         self,
@@ -788,6 +803,7 @@ class Kernels:
         tokens: int = 1,
         split: bool = False,
         window: int = 0,
+        ring: int = 0,
     ) -> Dispatch:
         """:meth:`attention` that first norms and rotates q and k as rope_store does and stores k, v into the
         cache, in the same dispatch (heads a multiple of 4 wide). The keys of the step's earlier tokens come
@@ -795,8 +811,9 @@ class Kernels:
         ``rope`` None it is :meth:`attention` (q and k rotated and stored by an earlier dispatch)."""
         dims = {"n_head": n_head, "n_kv": n_kv, "head_dim": head_dim, "ctx": ctx, "tokens": tokens, "window": window}
         return self._attention(
-            qkv, k_cache, v_cache, out, scores, state, scale=scale, rope=rope, split=split, gated=False, **dims
-        )
+            qkv, k_cache, v_cache, out, scores, state, scale=scale, rope=rope, split=split, gated=False, ring=ring,
+            **dims,
+        )  # fmt: skip
 
     def _attention(
         self,
@@ -817,6 +834,7 @@ class Kernels:
         split: bool,
         window: int,
         gated: bool,
+        ring: int,
     ) -> Dispatch:
         if gated and split:
             raise ValueError("the output gate is applied by the unsplit attention kernel only")
@@ -842,10 +860,12 @@ class Kernels:
             buffers += [rope.cos_sin, rope.norm]
         if window < 0:
             raise ValueError(f"window must be 0 (none) or positive, not {window}")
+        if _ring(ring) and not 0 < window <= ring:
+            raise ValueError(f"a ring of {ring} rows holds a window of 1..{ring} keys, not {window}")
         out_stride = n_head * head_dim
         params = _u32s(
             n_head, n_kv, head_dim, q_dim + 2 * kv_dim, kv_dim, ctx, out_stride, float(scale), *extra, window,
-            q_stride, int(gated),
+            q_stride, int(gated), ring,
         )  # fmt: skip
         return self.dispatch(
             name,

@@ -31,6 +31,9 @@ struct Params {
     // its output gate), and whether the output is scaled by sigmoid(gate) (qwen35moe's gated attention).
     q_stride: u32,
     gated: u32,
+    // Rows in the KV cache (0: one per position, the cache as long as the context). Above 0 the cache is a
+    // ring (a sliding-window layer's): position j's keys and values sit at row j % ring.
+    ring: u32,
 }
 
 @group(0) @binding(0) var<storage, read> QKV: array<f32>;
@@ -76,6 +79,14 @@ fn reduce_sum(v: f32, lid: u32) -> f32 {
     return out;
 }
 
+// The cache row of position j (see Params.ring).
+fn kv_row(j: u32) -> u32 {
+    if (P.ring == 0u) {
+        return j;
+    }
+    return j % P.ring;
+}
+
 // sigmoid of the output gate beside query head h's values (1 where the attention is not gated).
 fn out_gate(qo: u32, d: u32) -> f32 {
     if (P.gated == 0u) {
@@ -110,7 +121,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     var m = -3.4e38;
     for (var j = j0 + lid; j < j1; j += WG) {
         var s = 0.0;
-        let kj = j * P.kv_dim + ko;
+        let kj = kv_row(j) * P.kv_dim + ko;
         for (var d = 0u; d < hd; d++) {
             s += qs[d] * f32(Kc[kj + d]);
         }
@@ -139,7 +150,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         var acc = 0.0;
         if (d < hd) {
             for (var j = j0 + g; j < j1; j += G) {
-                acc += Sc[so + j] * f32(Vc[j * P.kv_dim + ko + d]);
+                acc += Sc[so + j] * f32(Vc[kv_row(j) * P.kv_dim + ko + d]);
             }
         }
         red[lid] = acc;

@@ -15,6 +15,7 @@
 // weighted sum of V to the scratch after the scores (partial_out); attention_combine.wgsl merges the
 // chunks. Chunks past the token's position have no keys and return at once. Without SPLIT, CHUNK
 // covers every key and the one workgroup per head writes the output.
+// A ring (P.ring above 0, a sliding-window layer's cache) keeps position j at row j % ring (kv_row).
 
 struct Params {
     n_head: u32,
@@ -39,6 +40,9 @@ struct Params {
     // its output gate), and whether the output is scaled by sigmoid(gate) (qwen35moe's gated attention).
     q_stride: u32,
     gated: u32,
+    // Rows in the KV cache (0: one per position, the cache as long as the context). Above 0 the cache is a
+    // ring (a sliding-window layer's): position j's keys and values sit at row j % ring.
+    ring: u32,
 }
 
 @group(0) @binding(0) var<storage, read> QKV: array<f32>;
@@ -88,6 +92,14 @@ fn reduce_sum(v: f32, lid: u32) -> f32 {
     return out;
 }
 
+// The cache row of position j (see Params.ring).
+fn kv_row(j: u32) -> u32 {
+    if (P.ring == 0u) {
+        return j;
+    }
+    return j % P.ring;
+}
+
 // sigmoid of the output gate beside query head h's values (1 where the attention is not gated).
 fn out_gate(qo: u32, d: u32) -> f32 {
     if (P.gated == 0u) {
@@ -130,8 +142,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             let v = vo + 4u * d4;
             vcur[d4] = vec4<f32>(QKV[v], QKV[v + 1u], QKV[v + 2u], QKV[v + 3u]);
             if (h % (P.n_head / P.n_kv) == 0u && j1 == n) {
-                Kc[pos * kv4 + ko4 + d4] = vec4<kv_t>(kcur[d4]);
-                Vc[pos * kv4 + ko4 + d4] = vec4<kv_t>(vcur[d4]);
+                Kc[kv_row(pos) * kv4 + ko4 + d4] = vec4<kv_t>(kcur[d4]);
+                Vc[kv_row(pos) * kv4 + ko4 + d4] = vec4<kv_t>(vcur[d4]);
             }
         }
     } else {
@@ -144,7 +156,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     var m = -3.4e38;
     for (var j = j0 + lid; j < j1; j += WG) {
         var s4 = vec4<f32>(0.0);
-        let kj = j * kv4 + ko4;
+        let kj = kv_row(j) * kv4 + ko4;
         if (ROPE && j == pos) {
             for (var d4 = 0u; d4 < hd4; d4++) {
                 s4 += qs[d4] * kcur[d4];
@@ -187,7 +199,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                     let v = (j - S[0]) * P.qkv_stride + P.v_off + kvh * P.head_dim + 4u * d4;
                     acc += Sc[so + j] * vec4<f32>(QKV[v], QKV[v + 1u], QKV[v + 2u], QKV[v + 3u]);
                 } else {
-                    acc += Sc[so + j] * vec4<f32>(Vc[j * kv4 + ko4 + d4]);
+                    acc += Sc[so + j] * vec4<f32>(Vc[kv_row(j) * kv4 + ko4 + d4]);
                 }
             }
         }

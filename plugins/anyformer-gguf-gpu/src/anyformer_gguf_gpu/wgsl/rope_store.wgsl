@@ -22,6 +22,8 @@ struct Params {
     v_norm: u32,
     // Query head h starts at h * q_stride (head_dim, or 2 head_dim where each query is followed by its gate).
     q_stride: u32,
+    // Rows in the KV cache (0: one per position). Above 0 a ring: position pos is stored at row pos % ring.
+    ring: u32,
 }
 
 @group(0) @binding(0) var<storage, read_write> QKV: array<f32>;
@@ -51,6 +53,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let h = wid.x;
     let b = wid.y;
     let pos = S[0] + b;
+    let row = select(pos, pos % P.ring, P.ring != 0u);
     let hd = P.head_dim;
     var kind = 0u;
     var src = b * P.qkv_stride + h * P.q_stride;
@@ -58,11 +61,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     if (h >= P.n_head + P.n_kv) {
         kind = 2u;
         src = b * P.qkv_stride + P.v_off + (h - P.n_head - P.n_kv) * hd;
-        dst = pos * P.kv_dim + (h - P.n_head - P.n_kv) * hd;
+        dst = row * P.kv_dim + (h - P.n_head - P.n_kv) * hd;
     } else if (h >= P.n_head) {
         kind = 1u;
         src = b * P.qkv_stride + P.k_off + (h - P.n_head) * hd;
-        dst = pos * P.kv_dim + (h - P.n_head) * hd;
+        dst = row * P.kv_dim + (h - P.n_head) * hd;
     }
     for (var d = lid; d < hd; d += WG) {
         buf[d] = QKV[src + d];
