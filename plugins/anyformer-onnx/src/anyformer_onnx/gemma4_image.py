@@ -38,13 +38,12 @@ import numpy as np
 
 from anyformer.plugin import AnyformerError, ErrorCode
 from anyformer_onnx.image_input import load_image
+from anyformer_onnx.image_preprocessing import BICUBIC, float_triple, rescale_of, resample_of
 from anyformer_onnx.multimodal import MAX_IMAGES, MediaKind
 from anyformer_onnx.text_setup import TextSetup
 
 #: The soft-token budgets transformers' processor accepts.
 SOFT_TOKEN_BUDGETS = (70, 140, 280, 560, 1120)
-#: Pillow's bicubic filter number, this processor's default resample.
-BICUBIC = 3
 #: Names the vision encoder's patch position input goes by (transformers calls it both).
 POSITION_INPUTS = ("pixel_position_ids", "image_position_ids")
 #: ``Gemma4Config``'s token ids, for a config.json that leaves one out: image, begin and end of
@@ -63,16 +62,6 @@ def _int(config: Mapping[str, Any], key: str, default: int, label: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise AnyformerError(ErrorCode.BAD_MODEL, f"{label}: the Gemma 4 image processor's {key} is {value!r}")
     return value
-
-
-def _triple(value: Any, default: float, key: str, label: str) -> tuple[float, float, float]:
-    if value is None:
-        return (default, default, default)
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return (float(value),) * 3
-    if isinstance(value, (list, tuple)) and len(value) == 3 and all(isinstance(v, (int, float)) for v in value):
-        return (float(value[0]), float(value[1]), float(value[2]))
-    raise AnyformerError(ErrorCode.BAD_MODEL, f"{label}: the Gemma 4 image processor's {key} is not 3 numbers")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,19 +85,17 @@ class Gemma4ImageProcessor:
             raise AnyformerError(
                 ErrorCode.BAD_MODEL, f"{label}: max_soft_tokens {soft_tokens} is not one of {SOFT_TOKEN_BUDGETS}"
             )
-        resample = config.get("resample", BICUBIC)
-        factor = config.get("rescale_factor", 1 / 255)
-        rescale = float(factor) if config.get("do_rescale", True) and isinstance(factor, (int, float)) else None
         normalize = bool(config.get("do_normalize", False))
+        owner = "the Gemma 4 image processor's"
         return cls(
             patch=_int(config, "patch_size", 16, label),
             soft_tokens=soft_tokens,
             pooling=_int(config, "pooling_kernel_size", 3, label),
             resize=bool(config.get("do_resize", True)),
-            resample=resample if resample in (0, 1, 2, 3, 4, 5) else BICUBIC,
-            rescale=rescale,
-            mean=_triple(config.get("image_mean"), 0.0, "image_mean", label) if normalize else None,
-            std=_triple(config.get("image_std"), 1.0, "image_std", label) if normalize else None,
+            resample=resample_of(config, BICUBIC),
+            rescale=rescale_of(config),
+            mean=float_triple(config.get("image_mean"), (0.0,) * 3, "image_mean", label, owner) if normalize else None,
+            std=float_triple(config.get("image_std"), (1.0,) * 3, "image_std", label, owner) if normalize else None,
         )
 
     @property
