@@ -37,8 +37,9 @@ from typing import Any
 import numpy as np
 
 from anyformer.plugin import AnyformerError, ErrorCode
+from anyformer_onnx.gemma4_media import gemma4_media_kind, processor_part
 from anyformer_onnx.image_input import load_image
-from anyformer_onnx.image_preprocessing import BICUBIC, float_triple, rescale_of, resample_of
+from anyformer_onnx.image_preprocessing import BICUBIC, float_triple, resample_of, rescale_of
 from anyformer_onnx.multimodal import MAX_IMAGES, MediaKind
 from anyformer_onnx.text_setup import TextSetup
 
@@ -46,15 +47,6 @@ from anyformer_onnx.text_setup import TextSetup
 SOFT_TOKEN_BUDGETS = (70, 140, 280, 560, 1120)
 #: Names the vision encoder's patch position input goes by (transformers calls it both).
 POSITION_INPUTS = ("pixel_position_ids", "image_position_ids")
-#: ``Gemma4Config``'s token ids, for a config.json that leaves one out: image, begin and end of
-#: image, video, audio.
-DEFAULT_TOKENS = {
-    "image_token_id": 258_880,
-    "boi_token_id": 255_999,
-    "eoi_token_id": 258_882,
-    "video_token_id": 258_884,
-    "audio_token_id": 258_881,
-}
 
 
 def _int(config: Mapping[str, Any], key: str, default: int, label: str) -> int:
@@ -215,27 +207,6 @@ class Gemma4VisionGraph:
         return rows
 
 
-def _token(config: Mapping[str, Any], key: str) -> int:
-    value = config.get(key)
-    if key == "image_token_id" and value is None:
-        value = config.get("image_token_index")
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else DEFAULT_TOKENS[key]
-
-
-def gemma4_media_pad(config: Mapping[str, Any]) -> tuple[frozenset[int], int]:
-    """The media token ids (image, video, audio) and the pad id embed_tokens reads them as.
-
-    transformers' ``Gemma4Model`` swaps each media token for ``text_config.pad_token_id`` before
-    embedding, so the per-layer inputs at image positions are the pad token's (and the decoder mixes
-    them with its projection of the image features themselves); a media token the model generates
-    is embedded as the pad token too.
-    """
-    text = config.get("text_config")
-    pad = text.get("pad_token_id", 0) if isinstance(text, Mapping) else 0
-    pad = pad if isinstance(pad, int) and not isinstance(pad, bool) and pad >= 0 else 0
-    return frozenset(_token(config, key) for key in ("image_token_id", "video_token_id", "audio_token_id")), pad
-
-
 def gemma4_image_kind(
     session: Any,
     text: TextSetup,
@@ -249,28 +220,7 @@ def gemma4_image_kind(
     The image processor's settings come from processor_config.json's ``image_processor``, else from
     preprocessor_config.json; ``BAD_MODEL`` when neither has them or a token is not in tokenizer.json.
     """
-    nested = processor.get("image_processor") if processor else None
-    settings = nested if isinstance(nested, Mapping) else preprocessor
-    if settings is None:
-        raise AnyformerError(
-            ErrorCode.BAD_MODEL,
-            f"{label}: Gemma 4 image chat needs the image processor's settings "
-            "(processor_config.json's image_processor, or preprocessor_config.json)",
-        )
+    settings = processor_part(processor, preprocessor, "image_processor", "image", label)
     graph = Gemma4VisionGraph(session, Gemma4ImageProcessor.from_config(settings, label), label)
-    found = {}
-    for key in ("image_token_id", "boi_token_id", "eoi_token_id"):
-        token = _token(config, key)
-        if text.tokenizer.id_to_token(token) is None:
-            raise AnyformerError(ErrorCode.BAD_MODEL, f"{label}: config.json's {key} {token} is not in tokenizer.json")
-        found[key] = token
-    image = found["image_token_id"]
-    kind = MediaKind(
-        "image",
-        image,
-        str(text.tokenizer.id_to_token(image)),
-        graph.encode,
-        MAX_IMAGES,
-        around=((found["boi_token_id"],), (found["eoi_token_id"],)),
-    )
-    return graph, kind
+    keys = ("image_token_id", "boi_token_id", "eoi_token_id")
+    return graph, gemma4_media_kind("image", keys, graph.encode, MAX_IMAGES, text, config, label)

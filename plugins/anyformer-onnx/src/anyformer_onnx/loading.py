@@ -33,7 +33,8 @@ from anyformer_onnx.encoder import EncoderGraph
 from anyformer_onnx.estimate import context_for
 from anyformer_onnx.fused_graph import prepare_decoder
 from anyformer_onnx.gemma4_audio import gemma4_audio_kind
-from anyformer_onnx.gemma4_image import gemma4_image_kind, gemma4_media_pad
+from anyformer_onnx.gemma4_image import gemma4_image_kind
+from anyformer_onnx.gemma4_media import gemma4_media_pad
 from anyformer_onnx.graphs import (
     SPEECH_STEMS,
     GraphChoice,
