@@ -1863,16 +1863,25 @@ QWEN_VL_PIXELS = (56 * 56, 28 * 28 * 16)
 
 
 def export_qwen2_vl_vision(model: Any, onnx: Path) -> None:
-    """Export Qwen2-VL's vision tower and merger as ``vision_encoder`` (``pixel_values``, ``grid_thw``).
+    """Export Qwen2-VL's vision tower and merger as ``vision_encoder`` (:func:`export_qwen_vision`)."""
+    from transformers.models.qwen2_vl.modeling_qwen2_vl import apply_rotary_pos_emb_vision
+
+    export_qwen_vision(model, onnx, apply_rotary_pos_emb_vision)
+
+
+def export_qwen_vision(model: Any, onnx: Path, rotate: Any, add_positions: Any = None) -> None:
+    """Export a Qwen-VL vision tower and merger as ``vision_encoder`` (``pixel_values``, ``grid_thw``).
 
     One image per call (the backend encodes each image on its own, t = 1). transformers computes
     the patches' rotary rows and the attention segments from the grid with Python loops, which a
     trace would freeze at the example's grid; here they come from tensor arithmetic on the grid
     and the patch count, and each block's attention spans all patches (one segment), so one graph
-    serves every grid. Weights and layers are the model's own; the test compares against torch.
+    serves every grid. ``rotate`` is the model's ``apply_rotary_pos_emb_vision``;
+    ``add_positions(hidden, rows, cols, grid_thw)``, where given, adds what a tower adds to the
+    patch embedding before its blocks (Qwen3.5's learned position table). Weights and layers are
+    the model's own; the tests compare against torch.
     """
     import torch
-    from transformers.models.qwen2_vl.modeling_qwen2_vl import apply_rotary_pos_emb_vision
 
     visual = model.model.visual
     merge = visual.spatial_merge_size
@@ -1891,12 +1900,14 @@ def export_qwen2_vl_vision(model: Any, onnx: Path) -> None:
             rows = (block // blocks_per_row) * merge + inside // merge
             cols = (block % blocks_per_row) * merge + inside % merge
             hidden = self.visual.patch_embed(pixel_values)
+            if add_positions is not None:
+                hidden = add_positions(hidden, rows, cols, grid_thw)
             cos, sin = self.visual.rotary_pos_emb(hidden, torch.stack([rows, cols], dim=-1))
             for layer in self.visual.blocks:
                 attention = layer.attn
                 qkv = attention.qkv(layer.norm1(hidden)).reshape(count, 3, attention.num_heads, -1)
                 query, key, value = qkv.permute(1, 0, 2, 3).unbind(0)
-                query, key = apply_rotary_pos_emb_vision(query, key, cos, sin)
+                query, key = rotate(query, key, cos, sin)
                 out = torch.nn.functional.scaled_dot_product_attention(
                     query.transpose(0, 1), key.transpose(0, 1), value.transpose(0, 1)
                 )
@@ -2026,6 +2037,7 @@ def tiny_qwen2_vl() -> Path:
         _tiny_text_config,
         _test_images,
         export_qwen2_vl_vision,
+        export_qwen_vision,
         export_text_modules,
         extra=[VISION_IMAGES, QWEN_VL_PROMPTS, QWEN_VL_TOKENS, QWEN_VL_TOKENS_OUT, QWEN_VL_PIXELS],
     )

@@ -24,7 +24,16 @@ import types
 from pathlib import Path
 from typing import Any
 
-from onnx_exports import QWEN_VL_TOKENS, _char_tokenizer, _media_tokenizer, _quiet, _test_images, _write_json, cached
+from onnx_exports import (
+    QWEN_VL_TOKENS,
+    _char_tokenizer,
+    _media_tokenizer,
+    _quiet,
+    _test_images,
+    _write_json,
+    cached,
+    export_qwen_vision,
+)
 from per_layer_exports import QWEN35_BLOCK, export_hybrid_decoder
 
 #: Questions the fixture records torch's replies to: (image indices, text). The images are non-square.
@@ -51,19 +60,17 @@ QWEN35_VL_TEMPLATE = (
 
 
 def export_qwen35_vision(model: Any, onnx: Path) -> None:
-    """Export Qwen3.5's vision tower and merger as ``vision_encoder`` (``pixel_values``, ``grid_thw``), one image.
+    """Export Qwen3.5's vision tower and merger as ``vision_encoder`` (:func:`onnx_exports.export_qwen_vision`).
 
-    transformers derives the patches' rows and columns, the resampling taps of the learned
-    position table and the attention segments from the grid in Python, which a trace would freeze
-    at the example's grid; here they are tensor arithmetic on the grid and the patch count (one
-    image: one attention segment), so one graph serves every grid. The weights, blocks, rotary
-    embedding and merger are the model's own; the tests compare against torch.
+    What Qwen3.5's tower adds to Qwen2-VL's, its learned position table resampled bilinearly to the
+    image's grid, transformers computes from the grid in Python; here the taps and weights are
+    tensor arithmetic on the patches' rows and columns and the grid, so one graph serves every grid.
     """
     import torch
     from transformers.models.qwen3_5.modeling_qwen3_5 import apply_rotary_pos_emb_vision
 
     visual = model.model.visual
-    merge, side = visual.spatial_merge_size, visual.num_grid_per_side
+    side = visual.num_grid_per_side
 
     def taps(index: Any, size: Any) -> tuple[Any, Any]:
         # Bilinear with align_corners: patch i of n sits at i * (side - 1) / (n - 1) in the table.
@@ -73,52 +80,15 @@ def export_qwen35_vision(model: Any, onnx: Path) -> None:
         low = low.long().clamp(0, side - 1)
         return torch.stack([low, (low + 1).clamp(max=side - 1)], -1), torch.stack([1 - frac, frac], -1)
 
-    class Vision(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.visual = visual
+    def add_positions(hidden: Any, rows: Any, cols: Any, grid_thw: Any) -> Any:
+        row_taps, row_weights = taps(rows, grid_thw[0, 1])
+        col_taps, col_weights = taps(cols, grid_thw[0, 2])
+        count = hidden.shape[0]
+        table = (row_taps[:, :, None] * side + col_taps[:, None, :]).reshape(count, 4)
+        weights = (row_weights[:, :, None] * col_weights[:, None, :]).reshape(count, 4)
+        return hidden + (visual.pos_embed(table) * weights[:, :, None]).sum(1)
 
-        def forward(self, pixel_values: Any, grid_thw: Any) -> Any:
-            count = pixel_values.shape[0]
-            index = torch.arange(count)
-            # Patches run in merge blocks: block-major (rows of blocks), then row and column inside a block.
-            height, width = grid_thw[0, 1], grid_thw[0, 2]
-            block, inside = index // (merge * merge), index % (merge * merge)
-            rows = (block // (width // merge)) * merge + inside // merge
-            cols = (block % (width // merge)) * merge + inside % merge
-            hidden = self.visual.patch_embed(pixel_values)
-            row_taps, row_weights = taps(rows, height)
-            col_taps, col_weights = taps(cols, width)
-            table = (row_taps[:, :, None] * side + col_taps[:, None, :]).reshape(count, 4)
-            weights = (row_weights[:, :, None] * col_weights[:, None, :]).reshape(count, 4)
-            hidden = hidden + (self.visual.pos_embed(table) * weights[:, :, None]).sum(1)
-            cos, sin = self.visual.rotary_pos_emb(hidden, torch.stack([rows, cols], dim=-1))
-            for layer in self.visual.blocks:
-                attention = layer.attn
-                qkv = attention.qkv(layer.norm1(hidden)).reshape(count, 3, attention.num_heads, -1)
-                query, key, value = qkv.permute(1, 0, 2, 3).unbind(0)
-                query, key = apply_rotary_pos_emb_vision(query, key, cos, sin)
-                out = torch.nn.functional.scaled_dot_product_attention(
-                    query.transpose(0, 1), key.transpose(0, 1), value.transpose(0, 1)
-                )
-                hidden = hidden + attention.proj(out.transpose(0, 1).reshape(count, -1))
-                hidden = hidden + layer.mlp(layer.norm2(hidden))
-            return self.visual.merger(hidden)
-
-    onnx.mkdir(parents=True, exist_ok=True)
-    config = model.config.vision_config
-    width = config.in_channels * config.temporal_patch_size * config.patch_size**2
-    with _quiet(), torch.no_grad():
-        torch.onnx.export(
-            Vision().eval(),
-            (torch.randn(4 * 6, width), torch.tensor([[1, 4, 6]])),
-            str(onnx / "vision_encoder.onnx"),
-            input_names=["pixel_values", "grid_thw"],
-            output_names=["image_features"],
-            dynamic_axes={"pixel_values": {0: "patches"}, "image_features": {0: "tokens"}},
-            opset_version=17,
-            dynamo=False,
-        )
+    export_qwen_vision(model, onnx, apply_rotary_pos_emb_vision, add_positions)
 
 
 def export_qwen35_embed(model: Any, onnx: Path) -> None:
@@ -325,6 +295,7 @@ def tiny_qwen35_vl() -> Path:
         _test_images,
         _expand,
         export_qwen35_vision,
+        export_qwen_vision,
         export_qwen35_embed,
         export_hybrid_decoder,
         extra=[QWEN35_VL_PROMPTS, QWEN35_VL_TOKENS_OUT, QWEN35_VL_PIXELS, QWEN35_VL_TEMPLATE, QWEN_VL_TOKENS],
