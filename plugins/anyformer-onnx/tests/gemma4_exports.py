@@ -35,7 +35,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from onnx_exports import _media_tokenizer, _quiet, _test_images, _write_json, cached
+from onnx_exports import _media_tokenizer, _quiet, _test_images, _write_json, cached, greedy_reply
 from per_layer_exports import export_per_layer_text
 
 #: Gemma 4's media tokens: image, begin and end of image, audio, begin and end of audio, video.
@@ -324,16 +324,8 @@ def build_tiny_gemma4(folder: Path) -> None:
             )
             inputs.pop("mm_token_type_ids", None)  # causal attention throughout (use_bidirectional_attention unset)
             seen.clear()
-            out = model.generate(
-                **inputs,
-                max_new_tokens=GEMMA4_TOKENS_OUT,
-                do_sample=False,
-                eos_token_id=2,
-                pad_token_id=0,
-                output_logits=True,
-                return_dict_in_generate=True,
-            )
             prompt = [int(t) for t in inputs["input_ids"][0]]
+            reply = greedy_reply(model, inputs, len(prompt), GEMMA4_TOKENS_OUT, pad=0)
             embeds, per_layer = seen["prompt"]
             np.savez(folder / f"inputs{index}.npz", inputs_embeds=embeds, per_layer_inputs=per_layer)
             replies.append(
@@ -342,8 +334,7 @@ def build_tiny_gemma4(folder: Path) -> None:
                     "clips": [f"clip{i}.npy" for i in sounds],
                     "question": question,
                     "prompt_ids": prompt,
-                    "reply_ids": [int(t) for t in out.sequences[0, len(prompt) :]],
-                    "logits": [row[0].tolist() for row in out.logits],
+                    **reply,
                 }
             )
     export_gemma4_modules(model, folder / "onnx")
@@ -361,5 +352,6 @@ def tiny_gemma4() -> Path:
         _processor_without_video,
         export_gemma4_modules,
         export_per_layer_text,
+        greedy_reply,
         extra=[GEMMA4_TOKENS, GEMMA4_TEMPLATE, GEMMA4_PROMPTS, GEMMA4_CLIPS, GEMMA4_TOKENS_OUT, GEMMA4_SOFT_TOKENS],
     )

@@ -32,7 +32,9 @@ from onnx_exports import (
     _test_images,
     _write_json,
     cached,
+    export_embed_tokens,
     export_qwen_vision,
+    greedy_reply,
 )
 from per_layer_exports import QWEN35_BLOCK, export_hybrid_decoder
 
@@ -89,32 +91,6 @@ def export_qwen35_vision(model: Any, onnx: Path) -> None:
         return hidden + (visual.pos_embed(table) * weights[:, :, None]).sum(1)
 
     export_qwen_vision(model, onnx, apply_rotary_pos_emb_vision, add_positions)
-
-
-def export_qwen35_embed(model: Any, onnx: Path) -> None:
-    """Export the word embedding as ``embed_tokens`` (``input_ids`` → ``inputs_embeds``)."""
-    import torch
-
-    class Embed(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.embed = model.get_input_embeddings()
-
-        def forward(self, input_ids: Any) -> Any:
-            return self.embed(input_ids)
-
-    onnx.mkdir(parents=True, exist_ok=True)
-    with _quiet(), torch.no_grad():
-        torch.onnx.export(
-            Embed().eval(),
-            (torch.tensor([[1, 2, 3]]),),
-            str(onnx / "embed_tokens.onnx"),
-            input_names=["input_ids"],
-            output_names=["inputs_embeds"],
-            dynamic_axes={"input_ids": {0: "batch", 1: "sequence"}, "inputs_embeds": {0: "batch", 1: "sequence"}},
-            opset_version=17,
-            dynamo=False,
-        )
 
 
 def _expand(text: str, grids: list[list[int]], processor: Any, tokenizer: Any) -> list[int]:
@@ -249,15 +225,7 @@ def build_tiny_qwen35_vl(folder: Path) -> None:
                 )
                 positions, delta = rows[:, 0].tolist(), int(deltas[0, 0])
             seen.clear()
-            out = model.generate(
-                **inputs,
-                max_new_tokens=QWEN35_VL_TOKENS_OUT,
-                do_sample=False,
-                eos_token_id=2,
-                pad_token_id=2,
-                output_logits=True,
-                return_dict_in_generate=True,
-            )
+            reply = greedy_reply(model, inputs, len(ids), QWEN35_VL_TOKENS_OUT, pad=2)
             np.save(folder / f"prompt_embeds{number}.npy", seen[0][0].numpy())
             replies.append(
                 {
@@ -267,8 +235,7 @@ def build_tiny_qwen35_vl(folder: Path) -> None:
                     "grids": grids,
                     "positions": positions,
                     "delta": delta,
-                    "reply_ids": [int(t) for t in out.sequences[0, len(ids) :]],
-                    "logits": [row[0].tolist() for row in out.logits],
+                    **reply,
                 }
             )
     hook.remove()
@@ -276,7 +243,7 @@ def build_tiny_qwen35_vl(folder: Path) -> None:
     save_file({name: value.clone() for name, value in model.state_dict().items()}, folder / "torch_weights.safetensors")
     onnx = folder / "onnx"
     export_qwen35_vision(model, onnx)
-    export_qwen35_embed(model, onnx)
+    export_embed_tokens(model, onnx)
     # The decoder export reads a causal LM's config, text model and head: the language model's, with this model's head.
     text_model = types.SimpleNamespace(
         config=config.text_config, model=model.model.language_model, lm_head=model.lm_head
@@ -296,7 +263,8 @@ def tiny_qwen35_vl() -> Path:
         _expand,
         export_qwen35_vision,
         export_qwen_vision,
-        export_qwen35_embed,
+        export_embed_tokens,
+        greedy_reply,
         export_hybrid_decoder,
         extra=[QWEN35_VL_PROMPTS, QWEN35_VL_TOKENS_OUT, QWEN35_VL_PIXELS, QWEN35_VL_TEMPLATE, QWEN_VL_TOKENS],
     )
