@@ -1885,6 +1885,17 @@ def tiny_qwen2_audio() -> Path:
 
 #: Qwen2-VL's image placeholder and the tokens its chat template writes around it (and the video one).
 QWEN_VL_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
+#: A chat template that walks each message's blocks, as Qwen2-VL's and Qwen3.5's own do: an image is its three
+#: tokens where it sits, with no newline around it (the backend gives a template the blocks themselves).
+QWEN_VL_BLOCK_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for block in message['content'] %}"
+    "{% if block['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif block['type'] == 'text' %}{{ block['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 #: Questions the Qwen2-VL fixture records torch's replies (and logits) to: (image indices, text).
 QWEN_VL_PROMPTS = (((0,), "What is in the picture?"), ((2, 0), "Compare them."), ((), "Hello there"))
 #: Tokens each recorded Qwen2-VL reply runs to.

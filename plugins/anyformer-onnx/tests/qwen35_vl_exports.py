@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from onnx_exports import (
+    QWEN_VL_BLOCK_TEMPLATE,
     QWEN_VL_TOKENS,
     _char_tokenizer,
     _media_tokenizer,
@@ -49,16 +50,6 @@ QWEN35_VL_PROMPTS = (
 QWEN35_VL_TOKENS_OUT = 10
 #: The processor's pixel bounds (patch 16, merge 2: 4 to 10 image tokens per test image).
 QWEN35_VL_PIXELS = (64 * 64, 32 * 32 * 10)
-#: A chat template that walks the blocks as Qwen3.5's own does: an image is its three tokens where it sits.
-QWEN35_VL_TEMPLATE = (
-    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
-    "{% if message['content'] is string %}{{ message['content'] }}"
-    "{% else %}{% for block in message['content'] %}"
-    "{% if block['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
-    "{% elif block['type'] == 'text' %}{{ block['text'] }}{% endif %}"
-    "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
 
 
 def export_qwen35_vision(model: Any, onnx: Path) -> None:
@@ -119,7 +110,7 @@ def build_tiny_qwen35_vl(folder: Path) -> None:
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
     tokenizer = _media_tokenizer(folder, QWEN_VL_TOKENS)
-    (folder / "chat_template.jinja").write_text(QWEN35_VL_TEMPLATE, encoding="utf-8")
+    (folder / "chat_template.jinja").write_text(QWEN_VL_BLOCK_TEMPLATE, encoding="utf-8")
     start, end, image_id, video_id = (tokenizer.token_to_id(t) for t in QWEN_VL_TOKENS)
     torch.manual_seed(0)
     text = {
@@ -266,5 +257,5 @@ def tiny_qwen35_vl() -> Path:
         export_embed_tokens,
         greedy_reply,
         export_hybrid_decoder,
-        extra=[QWEN35_VL_PROMPTS, QWEN35_VL_TOKENS_OUT, QWEN35_VL_PIXELS, QWEN35_VL_TEMPLATE, QWEN_VL_TOKENS],
+        extra=[QWEN35_VL_PROMPTS, QWEN35_VL_TOKENS_OUT, QWEN35_VL_PIXELS, QWEN_VL_BLOCK_TEMPLATE, QWEN_VL_TOKENS],
     )

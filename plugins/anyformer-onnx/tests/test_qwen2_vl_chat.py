@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from onnx_exports import QWEN_VL_BLOCK_TEMPLATE
 from teacher_forcing import Teacher
 
 import anyformer
@@ -178,19 +179,6 @@ def test_prompts_equal_the_processors(qwen2_vl: Any, qwen2_vl_dir: Path, referen
         assert (prepared.positions is None) == (not reply["images"])
 
 
-#: A chat template that walks each message's blocks, as Qwen2-VL's own does (an image as its three tokens, with no
-#: newline around it): the backend gives it the blocks themselves, and the prompt is transformers' own.
-BLOCK_TEMPLATE = (
-    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
-    "{% if message['content'] is string %}{{ message['content'] }}"
-    "{% else %}{% for block in message['content'] %}"
-    "{% if block['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
-    "{% elif block['type'] == 'text' %}{{ block['text'] }}{% endif %}"
-    "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-
-
 def test_a_block_template_renders_the_prompt_transformers_renders(
     qwen2_vl_dir: Path, reference: Any, tmp_path: Path
 ) -> None:
@@ -202,7 +190,7 @@ def test_a_block_template_renders_the_prompt_transformers_renders(
 
     folder = tmp_path / "qwen2-vl-blocks"
     shutil.copytree(qwen2_vl_dir, folder)
-    (folder / "chat_template.jinja").write_text(BLOCK_TEMPLATE, encoding="utf-8")
+    (folder / "chat_template.jinja").write_text(QWEN_VL_BLOCK_TEMPLATE, encoding="utf-8")
     tokenizer = AutoTokenizer.from_pretrained(str(folder))
     images = AutoImageProcessor.from_pretrained(str(folder))
     merge = json.loads((folder / "config.json").read_text())["vision_config"]["spatial_merge_size"]
@@ -213,7 +201,7 @@ def test_a_block_template_renders_the_prompt_transformers_renders(
         for reply in replies:
             messages = _messages(folder, reply)
             text = tokenizer.apply_chat_template(
-                messages, add_generation_prompt=True, tokenize=False, chat_template=BLOCK_TEMPLATE
+                messages, add_generation_prompt=True, tokenize=False, chat_template=QWEN_VL_BLOCK_TEMPLATE
             )
             pictures = [Image.open(folder / name).convert("RGB") for name in reply["images"]]
             counts = iter(int(np.prod(g)) // merge**2 for g in images(images=pictures)["image_grid_thw"])
