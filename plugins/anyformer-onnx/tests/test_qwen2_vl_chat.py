@@ -21,18 +21,13 @@ from typing import Any
 import numpy as np
 import pytest
 from onnx_exports import QWEN_VL_BLOCK_TEMPLATE
-from teacher_forcing import Teacher
+from teacher_forcing import Teacher, media_messages
 
 import anyformer
 from anyformer.plugin import AnyformerError, ErrorCode
 from anyformer_onnx.mrope import rope_index, step_positions
 from anyformer_onnx.qwen_vl_image import QwenVLImageProcessor
 from anyformer_onnx.sampling import Sampler
-
-
-def _messages(folder: Path, reply: dict[str, Any]) -> list[dict[str, Any]]:
-    blocks: list[dict[str, Any]] = [{"type": "image", "image": str(folder / name)} for name in reply["images"]]
-    return [{"role": "user", "content": [*blocks, {"type": "text", "text": reply["question"]}]}]
 
 
 @pytest.fixture(scope="module")
@@ -174,7 +169,7 @@ def test_processor_reads_min_and_max_pixels_keys() -> None:
 
 def test_prompts_equal_the_processors(qwen2_vl: Any, qwen2_vl_dir: Path, reference: Any) -> None:
     for reply in reference(qwen2_vl_dir)["replies"]:
-        prepared = qwen2_vl.handle.media.prepare(_messages(qwen2_vl_dir, reply), False)
+        prepared = qwen2_vl.handle.media.prepare(media_messages(qwen2_vl_dir, reply), False)
         assert prepared.ids == reply["prompt_ids"], reply["question"]
         assert (prepared.positions is None) == (not reply["images"])
 
@@ -199,7 +194,7 @@ def test_a_block_template_renders_the_prompt_transformers_renders(
     assert any(len(r["images"]) > 1 for r in replies)
     with anyformer.load(str(folder), backend="onnx") as loaded:
         for reply in replies:
-            messages = _messages(folder, reply)
+            messages = media_messages(folder, reply)
             text = tokenizer.apply_chat_template(
                 messages, add_generation_prompt=True, tokenize=False, chat_template=QWEN_VL_BLOCK_TEMPLATE
             )
@@ -225,7 +220,7 @@ def test_step_logits_equal_torch(qwen2_vl: Any, qwen2_vl_dir: Path, reference: A
             teacher,
             limit=len(reply["reply_ids"]),
             stop_ids=frozenset({2}),
-            **_prompt_inputs(qwen2_vl, _messages(qwen2_vl_dir, reply)),
+            **_prompt_inputs(qwen2_vl, media_messages(qwen2_vl_dir, reply)),
         )
         assert list(tokens) == reply["reply_ids"]
         assert len(teacher.logits) == len(reply["logits"])
@@ -238,7 +233,7 @@ def test_greedy_replies_equal_torch(qwen2_vl: Any, qwen2_vl_dir: Path, reference
 
     tokenizer = Tokenizer.from_file(str(qwen2_vl_dir / "tokenizer.json"))
     for reply in reference(qwen2_vl_dir)["replies"]:
-        messages = _messages(qwen2_vl_dir, reply)
+        messages = media_messages(qwen2_vl_dir, reply)
         ids = list(
             qwen2_vl.handle.loop.tokens(
                 reply["prompt_ids"],
