@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from anyformer.plugin import AnyformerError, ErrorCode
-from anyformer_onnx.audio_input import load_audio
+from anyformer_onnx.audio_input import IN_CHAT_WINDOW, load_audio
 from anyformer_onnx.gemma4_media import gemma4_media_kind, processor_part
 from anyformer_onnx.multimodal import MAX_CLIPS, MediaKind
 from anyformer_onnx.text_setup import TextSetup
@@ -47,7 +47,6 @@ from anyformer_onnx.text_setup import TextSetup
 PAD_TO_MULTIPLE = 128
 #: The extractor's ``max_length`` (30 s at 16 kHz): longer clips it would cut are refused here.
 MAX_SAMPLES = 480_000
-_WINDOW = "fit the model's audio window (cut the clip, or send it as several audio blocks)"
 
 
 def _number(config: Mapping[str, Any], key: str, default: float, label: str) -> float:
@@ -217,7 +216,7 @@ class Gemma4AudioGraph:
         if self.session is None:
             raise AnyformerError(ErrorCode.BAD_REQUEST, f"{self.label} was disposed")
         front = self.front_end
-        samples = load_audio(value, front.rate, MAX_SAMPLES / front.rate, what, _WINDOW)
+        samples = load_audio(value, front.rate, MAX_SAMPLES / front.rate, what, IN_CHAT_WINDOW)
         features, mask = front(samples)
         tokens = audio_tokens(mask)
         if tokens == 0:
