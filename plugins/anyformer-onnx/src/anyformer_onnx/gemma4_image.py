@@ -41,6 +41,7 @@ from anyformer_onnx.gemma4_media import gemma4_media_kind, processor_part
 from anyformer_onnx.image_input import load_image
 from anyformer_onnx.image_preprocessing import BICUBIC, float_triple, resample_of, rescale_of
 from anyformer_onnx.multimodal import MAX_IMAGES, MediaKind
+from anyformer_onnx.ort_session import run_refusing
 from anyformer_onnx.text_setup import TextSetup
 
 #: The soft-token budgets transformers' processor accepts.
@@ -189,14 +190,8 @@ class Gemma4VisionGraph:
             "pixel_values": pixels[None].astype(self.pixel_type),
             self.position_input: positions[None].astype(self.position_type),
         }
-        try:
-            (rows,) = self.session.run([self.output], feeds)
-        except Exception as exc:  # onnxruntime's own error types: a patch count the graph was not exported for
-            text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            raise AnyformerError(
-                ErrorCode.BAD_REQUEST, f"{self.label}: the graph refused {what}'s {pixels.shape[0]} patches: {text}"
-            ) from exc
-        rows = np.asarray(rows)
+        refused = f"{self.label}: the graph refused {what}'s {pixels.shape[0]} patches"
+        rows = np.asarray(run_refusing(self.session, [self.output], feeds, refused)[0])
         rows = rows.reshape(-1, rows.shape[-1])
         if rows.shape[0] != tokens:
             raise AnyformerError(

@@ -37,6 +37,7 @@ from anyformer.plugin import AnyformerError, ErrorCode
 from anyformer_onnx.image_input import load_image
 from anyformer_onnx.image_preprocessing import BICUBIC, float_triple, resample_of, rescale_of
 from anyformer_onnx.mrope import Grid
+from anyformer_onnx.ort_session import run_refusing
 
 #: CLIP's normalisation, the processor's default.
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
@@ -185,14 +186,8 @@ class QwenVisionGraph:
             "pixel_values": pixels.astype(self.pixel_type),
             self.grid_input: np.asarray([grid], dtype=self.grid_type),
         }
-        try:
-            (rows,) = self.session.run(["image_features"], feeds)
-        except Exception as exc:  # onnxruntime's own error types: a grid the graph was not exported for
-            text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            raise AnyformerError(
-                ErrorCode.BAD_REQUEST, f"{self.label}: the graph refused {what}'s grid {grid}: {text}"
-            ) from exc
-        rows = np.asarray(rows)
+        refused = f"{self.label}: the graph refused {what}'s grid {grid}"
+        rows = np.asarray(run_refusing(self.session, ["image_features"], feeds, refused)[0])
         rows = rows.reshape(-1, rows.shape[-1])
         tokens = grid[0] * grid[1] * grid[2] // self.processor.merge**2
         if rows.shape[0] != tokens:
