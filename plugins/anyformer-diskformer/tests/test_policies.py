@@ -188,3 +188,46 @@ def test_reuse_keeps_the_next_layers_predicted_experts():
     assert policy.victim(exclude={(0, 0), (0, 1)}) == (1, 5)  # the only one left is still given up
     policy.expect([])
     assert policy.victim() == (1, 5)
+
+
+class _KeyByKeyReuse(LayerReuse):
+    """The reuse policy's victim ranked one key at a time (how it was written first): the oracle for the vector one."""
+
+    def victim(self, exclude=()):
+        n, current = self._n_layer, self._layer
+
+        def rank(key):
+            row = self._row[key]
+            ahead = (key[0] - current - 1) % n
+            return (key in self._expected, self._score(key), -ahead, int(self._last[row]))
+
+        held = [k for k in self._keys if self._held[self._row[k]]]
+        return min((k for k in held if k not in exclude), key=rank)
+
+
+@pytest.mark.parametrize("slots", [5, 24, 55, 128])
+def test_reuse_chooses_the_victims_a_key_by_key_ranking_chooses(slots):
+    """Every eviction of a replay, with predictions and pinned keys, is the key the one-at-a-time ranking names."""
+    trace = skewed_trace(8, 128, 8, 24, zipf=1.0, stay=0.5, seed=2)
+    fast, slow = LayerReuse(8), _KeyByKeyReuse(8)
+    held: set[tuple[int, int]] = set()
+    rng = np.random.default_rng(slots)
+    evictions = 0
+    for i, key in enumerate(trace):
+        if i % 8 == 0:  # the next layer's router guesses a few experts
+            guess = {(key[0] + 1) % 8, 0}
+            expected = [(layer, int(e)) for layer in guess for e in rng.integers(0, 128, size=3)]
+            fast.expect(expected)
+            slow.expect(expected)
+        if key not in held and len(held) >= slots:
+            pinned = set(list(held)[:2]) if i % 5 == 0 else set()
+            victim = fast.victim(pinned)
+            assert victim == slow.victim(pinned)
+            held.discard(victim)
+            fast.evicted(victim)
+            slow.evicted(victim)
+            evictions += 1
+        held.add(key)
+        fast.touch(key)
+        slow.touch(key)
+    assert evictions > len(trace) // 4

@@ -35,7 +35,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from onnx_exports import _media_tokenizer, _quiet, _test_images, _write_json, cached
+from onnx_exports import _media_tokenizer, _quiet, _test_images, _write_json, cached, greedy_reply
+from per_layer_exports import export_per_layer_text
 
 #: Gemma 4's media tokens: image, begin and end of image, audio, begin and end of audio, video.
 GEMMA4_TOKENS = ("<|image|>", "<|image>", "<image|>", "<|audio|>", "<|audio>", "<audio|>", "<|video|>")
@@ -81,24 +82,17 @@ def _processor_without_video() -> Iterator[Any]:
 
 
 def export_gemma4_modules(model: Any, onnx: Path) -> None:
-    """Export ``embed_tokens``, ``vision_encoder`` and ``decoder_model_merged`` (see the module docstring)."""
+    """Export ``embed_tokens``, ``decoder_model_merged`` (:func:`per_layer_exports.export_per_layer_text`, with
+    each cached layer's own KV heads and width), ``vision_encoder`` and ``audio_encoder`` (see the module docstring)."""
     import torch
-    from transformers import DynamicCache
 
-    text_model, config = model.model.language_model, model.config.text_config
+    config = model.config.text_config
     cached_layers = config.num_hidden_layers - config.num_kv_shared_layers
     shapes = [
         (config.per_layer_config[i].num_key_value_heads, config.per_layer_config[i].head_dim)
         for i in range(cached_layers)
     ]
-
-    class Embed(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.text = text_model
-
-        def forward(self, input_ids: Any) -> Any:
-            return self.text.embed_tokens(input_ids), self.text.get_per_layer_inputs(input_ids)
+    export_per_layer_text(model.model.language_model, model.lm_head, config, shapes, onnx)
 
     class Vision(torch.nn.Module):
         def __init__(self) -> None:
@@ -141,58 +135,9 @@ def export_gemma4_modules(model: Any, onnx: Path) -> None:
         index = torch.arange(blocks)[:, None] * chunk + torch.arange(attention.context_size)[None, :]
         return padded[:, index]
 
-    class Decoder(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.text, self.head = text_model, model.lm_head
-
-        def forward(
-            self, inputs_embeds: Any, per_layer_inputs: Any, attention_mask: Any, position_ids: Any, *past: Any
-        ) -> Any:
-            cache = DynamicCache([(past[2 * i], past[2 * i + 1]) for i in range(cached_layers)])
-            out = self.text(
-                inputs_embeds=inputs_embeds,
-                per_layer_inputs=per_layer_inputs,
-                attention_mask=attention_mask,
-                position_ids=position_ids,
-                cache=cache,
-                use_cache=True,
-            )
-            logits = self.head(out.last_hidden_state)
-            cap = config.final_logit_softcapping
-            logits = torch.tanh(logits / cap) * cap
-            present = [t for item in out.cache.layers for t in (item.keys, item.values)]
-            return (logits, *present)
-
-    onnx.mkdir(parents=True, exist_ok=True)
-    kv = [f"{i}.{part}" for i in range(cached_layers) for part in ("key", "value")]
-    axes: dict[str, dict[int, str]] = {
-        "inputs_embeds": {0: "batch", 1: "sequence"},
-        "per_layer_inputs": {0: "batch", 1: "sequence"},
-        "attention_mask": {0: "batch", 1: "total"},
-        "position_ids": {0: "batch", 1: "sequence"},
-        "logits": {0: "batch", 1: "sequence"},
-    }
-    for n in kv:
-        axes[f"past_key_values.{n}"] = {0: "batch", 2: "past"}
-        axes[f"present.{n}"] = {0: "batch", 2: "total"}
     vision = model.config.vision_config
     patches = GEMMA4_SOFT_TOKENS * vision.pooling_kernel_size**2
     with _quiet(), torch.no_grad():
-        torch.onnx.export(
-            Embed().eval(),
-            (torch.tensor([[1, 2, 3]]),),
-            str(onnx / "embed_tokens.onnx"),
-            input_names=["input_ids"],
-            output_names=["inputs_embeds", "per_layer_inputs"],
-            dynamic_axes={
-                "input_ids": {0: "batch", 1: "sequence"},
-                "inputs_embeds": {0: "batch", 1: "sequence"},
-                "per_layer_inputs": {0: "batch", 1: "sequence"},
-            },
-            opset_version=17,
-            dynamo=False,
-        )
         # Traced with padding (a 12 x 15 patch image in the 630 slots) so the padding strip is a real step.
         grid = torch.stack(torch.meshgrid(torch.arange(15), torch.arange(12), indexing="xy"), dim=-1).reshape(-1, 2)
         positions = torch.cat([grid, torch.full((patches - grid.shape[0], 2), -1)])[None]
@@ -229,25 +174,6 @@ def export_gemma4_modules(model: Any, onnx: Path) -> None:
         )
         for layer in model.model.audio_tower.layers:
             del layer.self_attn._extract_block_context
-        # Traced with 3 cached and 2 new positions so that neither length is a constant in the graph.
-        past = [torch.randn(1, heads, 3, width) for heads, width in shapes for _ in range(2)]
-        example = (
-            torch.randn(1, 2, config.hidden_size),
-            torch.randn(1, 2, config.num_hidden_layers, config.hidden_size_per_layer_input),
-            torch.ones(1, 5, dtype=torch.int64),
-            torch.tensor([[3, 4]]),
-        )
-        names = ["inputs_embeds", "per_layer_inputs", "attention_mask", "position_ids"]
-        torch.onnx.export(
-            Decoder().eval(),
-            (*example, *past),
-            str(onnx / "decoder_model_merged.onnx"),
-            input_names=[*names, *(f"past_key_values.{n}" for n in kv)],
-            output_names=["logits", *(f"present.{n}" for n in kv)],
-            dynamic_axes=axes,
-            opset_version=17,
-            dynamo=False,
-        )
 
 
 def _gemma4_tokenizer(folder: Path) -> Any:
@@ -398,16 +324,8 @@ def build_tiny_gemma4(folder: Path) -> None:
             )
             inputs.pop("mm_token_type_ids", None)  # causal attention throughout (use_bidirectional_attention unset)
             seen.clear()
-            out = model.generate(
-                **inputs,
-                max_new_tokens=GEMMA4_TOKENS_OUT,
-                do_sample=False,
-                eos_token_id=2,
-                pad_token_id=0,
-                output_logits=True,
-                return_dict_in_generate=True,
-            )
             prompt = [int(t) for t in inputs["input_ids"][0]]
+            reply = greedy_reply(model, inputs, len(prompt), GEMMA4_TOKENS_OUT, pad=0)
             embeds, per_layer = seen["prompt"]
             np.savez(folder / f"inputs{index}.npz", inputs_embeds=embeds, per_layer_inputs=per_layer)
             replies.append(
@@ -416,8 +334,7 @@ def build_tiny_gemma4(folder: Path) -> None:
                     "clips": [f"clip{i}.npy" for i in sounds],
                     "question": question,
                     "prompt_ids": prompt,
-                    "reply_ids": [int(t) for t in out.sequences[0, len(prompt) :]],
-                    "logits": [row[0].tolist() for row in out.logits],
+                    **reply,
                 }
             )
     export_gemma4_modules(model, folder / "onnx")
@@ -434,5 +351,7 @@ def tiny_gemma4() -> Path:
         _test_images,
         _processor_without_video,
         export_gemma4_modules,
+        export_per_layer_text,
+        greedy_reply,
         extra=[GEMMA4_TOKENS, GEMMA4_TEMPLATE, GEMMA4_PROMPTS, GEMMA4_CLIPS, GEMMA4_TOKENS_OUT, GEMMA4_SOFT_TOKENS],
     )

@@ -1507,6 +1507,52 @@ def _tiny_text_config(config_class: Any, vocab_size: int, **extra: Any) -> Any:
     )
 
 
+def export_embed_tokens(model: Any, onnx: Path) -> None:
+    """Export the model's word embedding as ``embed_tokens`` (``input_ids`` → ``inputs_embeds``)."""
+    import torch
+
+    class Embed(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = model.get_input_embeddings()
+
+        def forward(self, input_ids: Any) -> Any:
+            return self.embed(input_ids)
+
+    onnx.mkdir(parents=True, exist_ok=True)
+    with _quiet(), torch.no_grad():
+        torch.onnx.export(
+            Embed().eval(),
+            (torch.tensor([[1, 2, 3]]),),
+            str(onnx / "embed_tokens.onnx"),
+            input_names=["input_ids"],
+            output_names=["inputs_embeds"],
+            dynamic_axes={"input_ids": {0: "batch", 1: "sequence"}, "inputs_embeds": {0: "batch", 1: "sequence"}},
+            opset_version=17,
+            dynamo=False,
+        )
+
+
+def greedy_reply(model: Any, inputs: dict[str, Any], prompt_length: int, tokens: int, pad: int) -> dict[str, Any]:
+    """torch's greedy reply from ``generate`` (up to ``tokens`` ids, ending at id 2) and the logits of every step.
+
+    ``reply_ids``: the ids after the prompt's ``prompt_length``; ``logits``: one list per step.
+    """
+    out = model.generate(
+        **inputs,
+        max_new_tokens=tokens,
+        do_sample=False,
+        eos_token_id=2,
+        pad_token_id=pad,
+        output_logits=True,
+        return_dict_in_generate=True,
+    )
+    return {
+        "reply_ids": [int(t) for t in out.sequences[0, prompt_length:]],
+        "logits": [row[0].tolist() for row in out.logits],
+    }
+
+
 def export_text_modules(model: Any, onnx: Path, mrope: bool = False) -> None:
     """Export a multimodal model's ``embed_tokens`` and its decoder reading ``inputs_embeds`` (with a KV cache).
 
@@ -1518,14 +1564,6 @@ def export_text_modules(model: Any, onnx: Path, mrope: bool = False) -> None:
     config = model.config.text_config
     layers, kv_heads = config.num_hidden_layers, config.num_key_value_heads
     head_dim = config.hidden_size // config.num_attention_heads
-
-    class Embed(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.embed = model.get_input_embeddings()
-
-        def forward(self, input_ids: Any) -> Any:
-            return self.embed(input_ids)
 
     class Decoder(torch.nn.Module):
         def __init__(self) -> None:
@@ -1556,17 +1594,8 @@ def export_text_modules(model: Any, onnx: Path, mrope: bool = False) -> None:
     for n in kv:
         axes[f"past_key_values.{n}"] = {0: "batch", 2: "past"}
         axes[f"present.{n}"] = {0: "batch", 2: "total"}
+    export_embed_tokens(model, onnx)
     with _quiet(), torch.no_grad():
-        torch.onnx.export(
-            Embed().eval(),
-            (torch.tensor([[1, 2, 3]]),),
-            str(onnx / "embed_tokens.onnx"),
-            input_names=["input_ids"],
-            output_names=["inputs_embeds"],
-            dynamic_axes={"input_ids": {0: "batch", 1: "sequence"}, "inputs_embeds": {0: "batch", 1: "sequence"}},
-            opset_version=17,
-            dynamo=False,
-        )
         # Traced with 3 cached and 2 new positions so that neither length is a constant in the graph.
         past = [torch.randn(1, kv_heads, 3, head_dim) for _ in kv]
         positions = torch.tensor([[[3, 4]]] * 3) if mrope else torch.tensor([[3, 4]])
@@ -1689,6 +1718,7 @@ def tiny_llava() -> Path:
         _test_images,
         export_multimodal,
         export_text_modules,
+        export_embed_tokens,
         extra=[VISION_IMAGES, VISION_PROMPTS, IMAGE_TOKEN],
     )
 
@@ -1848,12 +1878,24 @@ def tiny_qwen2_audio() -> Path:
         _decoder_input,
         export_audio_encoder,
         export_text_modules,
+        export_embed_tokens,
         extra=[SPEECH_CLIPS, AUDIO_PROMPTS, AUDIO_TOKENS],
     )
 
 
 #: Qwen2-VL's image placeholder and the tokens its chat template writes around it (and the video one).
 QWEN_VL_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
+#: A chat template that walks each message's blocks, as Qwen2-VL's and Qwen3.5's own do: an image is its three
+#: tokens where it sits, with no newline around it (the backend gives a template the blocks themselves).
+QWEN_VL_BLOCK_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for block in message['content'] %}"
+    "{% if block['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif block['type'] == 'text' %}{{ block['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 #: Questions the Qwen2-VL fixture records torch's replies (and logits) to: (image indices, text).
 QWEN_VL_PROMPTS = (((0,), "What is in the picture?"), ((2, 0), "Compare them."), ((), "Hello there"))
 #: Tokens each recorded Qwen2-VL reply runs to.
@@ -1863,16 +1905,25 @@ QWEN_VL_PIXELS = (56 * 56, 28 * 28 * 16)
 
 
 def export_qwen2_vl_vision(model: Any, onnx: Path) -> None:
-    """Export Qwen2-VL's vision tower and merger as ``vision_encoder`` (``pixel_values``, ``grid_thw``).
+    """Export Qwen2-VL's vision tower and merger as ``vision_encoder`` (:func:`export_qwen_vision`)."""
+    from transformers.models.qwen2_vl.modeling_qwen2_vl import apply_rotary_pos_emb_vision
+
+    export_qwen_vision(model, onnx, apply_rotary_pos_emb_vision)
+
+
+def export_qwen_vision(model: Any, onnx: Path, rotate: Any, add_positions: Any = None) -> None:
+    """Export a Qwen-VL vision tower and merger as ``vision_encoder`` (``pixel_values``, ``grid_thw``).
 
     One image per call (the backend encodes each image on its own, t = 1). transformers computes
     the patches' rotary rows and the attention segments from the grid with Python loops, which a
     trace would freeze at the example's grid; here they come from tensor arithmetic on the grid
     and the patch count, and each block's attention spans all patches (one segment), so one graph
-    serves every grid. Weights and layers are the model's own; the test compares against torch.
+    serves every grid. ``rotate`` is the model's ``apply_rotary_pos_emb_vision``;
+    ``add_positions(hidden, rows, cols, grid_thw)``, where given, adds what a tower adds to the
+    patch embedding before its blocks (Qwen3.5's learned position table). Weights and layers are
+    the model's own; the tests compare against torch.
     """
     import torch
-    from transformers.models.qwen2_vl.modeling_qwen2_vl import apply_rotary_pos_emb_vision
 
     visual = model.model.visual
     merge = visual.spatial_merge_size
@@ -1891,12 +1942,14 @@ def export_qwen2_vl_vision(model: Any, onnx: Path) -> None:
             rows = (block // blocks_per_row) * merge + inside // merge
             cols = (block % blocks_per_row) * merge + inside % merge
             hidden = self.visual.patch_embed(pixel_values)
+            if add_positions is not None:
+                hidden = add_positions(hidden, rows, cols, grid_thw)
             cos, sin = self.visual.rotary_pos_emb(hidden, torch.stack([rows, cols], dim=-1))
             for layer in self.visual.blocks:
                 attention = layer.attn
                 qkv = attention.qkv(layer.norm1(hidden)).reshape(count, 3, attention.num_heads, -1)
                 query, key, value = qkv.permute(1, 0, 2, 3).unbind(0)
-                query, key = apply_rotary_pos_emb_vision(query, key, cos, sin)
+                query, key = rotate(query, key, cos, sin)
                 out = torch.nn.functional.scaled_dot_product_attention(
                     query.transpose(0, 1), key.transpose(0, 1), value.transpose(0, 1)
                 )
@@ -1992,23 +2045,13 @@ def build_tiny_qwen2_vl(folder: Path) -> None:
             inputs.update(input_ids=input_ids, attention_mask=torch.ones_like(input_ids))
             if pictures:
                 inputs["mm_token_type_ids"] = (input_ids == image_id).int()
-            out = model.generate(
-                **inputs,
-                max_new_tokens=QWEN_VL_TOKENS_OUT,
-                do_sample=False,
-                eos_token_id=2,
-                pad_token_id=2,
-                output_logits=True,
-                return_dict_in_generate=True,
-            )
             replies.append(
                 {
                     "images": [images[i] for i in pictures],
                     "question": question,
                     "prompt_ids": expanded,
                     "grids": grids,
-                    "reply_ids": [int(t) for t in out.sequences[0, len(expanded) :]],
-                    "logits": [row[0].tolist() for row in out.logits],
+                    **greedy_reply(model, inputs, len(expanded), QWEN_VL_TOKENS_OUT, pad=2),
                 }
             )
     export_qwen2_vl_vision(model, folder / "onnx")
@@ -2026,7 +2069,10 @@ def tiny_qwen2_vl() -> Path:
         _tiny_text_config,
         _test_images,
         export_qwen2_vl_vision,
+        export_qwen_vision,
         export_text_modules,
+        export_embed_tokens,
+        greedy_reply,
         extra=[VISION_IMAGES, QWEN_VL_PROMPTS, QWEN_VL_TOKENS, QWEN_VL_TOKENS_OUT, QWEN_VL_PIXELS],
     )
 

@@ -65,17 +65,29 @@ def _greedy_references(model: Any, chat: Any, prompts: Any) -> list[dict[str, An
 
 def export_per_layer_modules(model: Any, onnx: Path) -> None:
     """Export a Gemma 3n causal LM as ``embed_tokens`` (two outputs) and a decoder reading both."""
+    config = model.config
+    cached_layers = config.num_hidden_layers - config.num_kv_shared_layers
+    shapes = [(config.num_key_value_heads, config.head_dim)] * cached_layers
+    export_per_layer_text(model.model, model.lm_head, config, shapes, onnx)
+
+
+def export_per_layer_text(text: Any, head: Any, config: Any, shapes: list[tuple[int, int]], onnx: Path) -> None:
+    """Export a text model with per-layer inputs as ``embed_tokens`` (two outputs) and a decoder reading both.
+
+    ``text``: the text model (Gemma 3n's or Gemma 4's: its ``embed_tokens``, ``get_per_layer_inputs``
+    and forward); ``head``: the LM head, its logits soft-capped as ``config`` (the text config) says;
+    ``shapes``: (KV heads, head width) of each layer with a cache of its own (the KV-sharing layers
+    after them read those).
+    """
     import torch
     from transformers import DynamicCache
 
-    config = model.config
-    cached_layers = config.num_hidden_layers - config.num_kv_shared_layers
-    kv_heads, head_dim = config.num_key_value_heads, config.head_dim
+    cached_layers = len(shapes)
 
     class Embed(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.text = model.model
+            self.text = text
 
         def forward(self, input_ids: Any) -> Any:
             return self.text.embed_tokens(input_ids), self.text.get_per_layer_inputs(input_ids)
@@ -83,8 +95,7 @@ def export_per_layer_modules(model: Any, onnx: Path) -> None:
     class Decoder(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.text = model.model
-            self.head = model.lm_head
+            self.text, self.head = text, head
 
         def forward(
             self, inputs_embeds: Any, per_layer_inputs: Any, attention_mask: Any, position_ids: Any, *past: Any
@@ -132,11 +143,10 @@ def export_per_layer_modules(model: Any, onnx: Path) -> None:
             dynamo=False,
         )
         # Traced with 3 cached and 2 new positions so that neither length is a constant in the graph.
-        past = [torch.randn(1, kv_heads, 3, head_dim) for _ in kv]
-        per_layer = torch.randn(1, 2, config.num_hidden_layers, config.hidden_size_per_layer_input)
+        past = [torch.randn(1, heads, 3, width) for heads, width in shapes for _ in range(2)]
         example = (
             torch.randn(1, 2, config.hidden_size),
-            per_layer,
+            torch.randn(1, 2, config.num_hidden_layers, config.hidden_size_per_layer_input),
             torch.ones(1, 5, dtype=torch.int64),
             torch.tensor([[3, 4]]),
         )
@@ -207,6 +217,7 @@ def tiny_gemma3n() -> Path:
         _char_tokenizer,
         _greedy_references,
         export_per_layer_modules,
+        export_per_layer_text,
         extra=[GEMMA3N_PROMPTS, GEMMA3N_TOKENS, PER_LAYER_VOCAB],
     )
 

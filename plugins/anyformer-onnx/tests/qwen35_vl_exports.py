@@ -24,7 +24,19 @@ import types
 from pathlib import Path
 from typing import Any
 
-from onnx_exports import QWEN_VL_TOKENS, _char_tokenizer, _media_tokenizer, _quiet, _test_images, _write_json, cached
+from onnx_exports import (
+    QWEN_VL_BLOCK_TEMPLATE,
+    QWEN_VL_TOKENS,
+    _char_tokenizer,
+    _media_tokenizer,
+    _quiet,
+    _test_images,
+    _write_json,
+    cached,
+    export_embed_tokens,
+    export_qwen_vision,
+    greedy_reply,
+)
 from per_layer_exports import QWEN35_BLOCK, export_hybrid_decoder
 
 #: Questions the fixture records torch's replies to: (image indices, text). The images are non-square.
@@ -38,32 +50,20 @@ QWEN35_VL_PROMPTS = (
 QWEN35_VL_TOKENS_OUT = 10
 #: The processor's pixel bounds (patch 16, merge 2: 4 to 10 image tokens per test image).
 QWEN35_VL_PIXELS = (64 * 64, 32 * 32 * 10)
-#: A chat template that walks the blocks as Qwen3.5's own does: an image is its three tokens where it sits.
-QWEN35_VL_TEMPLATE = (
-    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
-    "{% if message['content'] is string %}{{ message['content'] }}"
-    "{% else %}{% for block in message['content'] %}"
-    "{% if block['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
-    "{% elif block['type'] == 'text' %}{{ block['text'] }}{% endif %}"
-    "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
 
 
 def export_qwen35_vision(model: Any, onnx: Path) -> None:
-    """Export Qwen3.5's vision tower and merger as ``vision_encoder`` (``pixel_values``, ``grid_thw``), one image.
+    """Export Qwen3.5's vision tower and merger as ``vision_encoder`` (:func:`onnx_exports.export_qwen_vision`).
 
-    transformers derives the patches' rows and columns, the resampling taps of the learned
-    position table and the attention segments from the grid in Python, which a trace would freeze
-    at the example's grid; here they are tensor arithmetic on the grid and the patch count (one
-    image: one attention segment), so one graph serves every grid. The weights, blocks, rotary
-    embedding and merger are the model's own; the tests compare against torch.
+    What Qwen3.5's tower adds to Qwen2-VL's, its learned position table resampled bilinearly to the
+    image's grid, transformers computes from the grid in Python; here the taps and weights are
+    tensor arithmetic on the patches' rows and columns and the grid, so one graph serves every grid.
     """
     import torch
     from transformers.models.qwen3_5.modeling_qwen3_5 import apply_rotary_pos_emb_vision
 
     visual = model.model.visual
-    merge, side = visual.spatial_merge_size, visual.num_grid_per_side
+    side = visual.num_grid_per_side
 
     def taps(index: Any, size: Any) -> tuple[Any, Any]:
         # Bilinear with align_corners: patch i of n sits at i * (side - 1) / (n - 1) in the table.
@@ -73,78 +73,15 @@ def export_qwen35_vision(model: Any, onnx: Path) -> None:
         low = low.long().clamp(0, side - 1)
         return torch.stack([low, (low + 1).clamp(max=side - 1)], -1), torch.stack([1 - frac, frac], -1)
 
-    class Vision(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.visual = visual
+    def add_positions(hidden: Any, rows: Any, cols: Any, grid_thw: Any) -> Any:
+        row_taps, row_weights = taps(rows, grid_thw[0, 1])
+        col_taps, col_weights = taps(cols, grid_thw[0, 2])
+        count = hidden.shape[0]
+        table = (row_taps[:, :, None] * side + col_taps[:, None, :]).reshape(count, 4)
+        weights = (row_weights[:, :, None] * col_weights[:, None, :]).reshape(count, 4)
+        return hidden + (visual.pos_embed(table) * weights[:, :, None]).sum(1)
 
-        def forward(self, pixel_values: Any, grid_thw: Any) -> Any:
-            count = pixel_values.shape[0]
-            index = torch.arange(count)
-            # Patches run in merge blocks: block-major (rows of blocks), then row and column inside a block.
-            height, width = grid_thw[0, 1], grid_thw[0, 2]
-            block, inside = index // (merge * merge), index % (merge * merge)
-            rows = (block // (width // merge)) * merge + inside // merge
-            cols = (block % (width // merge)) * merge + inside % merge
-            hidden = self.visual.patch_embed(pixel_values)
-            row_taps, row_weights = taps(rows, height)
-            col_taps, col_weights = taps(cols, width)
-            table = (row_taps[:, :, None] * side + col_taps[:, None, :]).reshape(count, 4)
-            weights = (row_weights[:, :, None] * col_weights[:, None, :]).reshape(count, 4)
-            hidden = hidden + (self.visual.pos_embed(table) * weights[:, :, None]).sum(1)
-            cos, sin = self.visual.rotary_pos_emb(hidden, torch.stack([rows, cols], dim=-1))
-            for layer in self.visual.blocks:
-                attention = layer.attn
-                qkv = attention.qkv(layer.norm1(hidden)).reshape(count, 3, attention.num_heads, -1)
-                query, key, value = qkv.permute(1, 0, 2, 3).unbind(0)
-                query, key = apply_rotary_pos_emb_vision(query, key, cos, sin)
-                out = torch.nn.functional.scaled_dot_product_attention(
-                    query.transpose(0, 1), key.transpose(0, 1), value.transpose(0, 1)
-                )
-                hidden = hidden + attention.proj(out.transpose(0, 1).reshape(count, -1))
-                hidden = hidden + layer.mlp(layer.norm2(hidden))
-            return self.visual.merger(hidden)
-
-    onnx.mkdir(parents=True, exist_ok=True)
-    config = model.config.vision_config
-    width = config.in_channels * config.temporal_patch_size * config.patch_size**2
-    with _quiet(), torch.no_grad():
-        torch.onnx.export(
-            Vision().eval(),
-            (torch.randn(4 * 6, width), torch.tensor([[1, 4, 6]])),
-            str(onnx / "vision_encoder.onnx"),
-            input_names=["pixel_values", "grid_thw"],
-            output_names=["image_features"],
-            dynamic_axes={"pixel_values": {0: "patches"}, "image_features": {0: "tokens"}},
-            opset_version=17,
-            dynamo=False,
-        )
-
-
-def export_qwen35_embed(model: Any, onnx: Path) -> None:
-    """Export the word embedding as ``embed_tokens`` (``input_ids`` → ``inputs_embeds``)."""
-    import torch
-
-    class Embed(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.embed = model.get_input_embeddings()
-
-        def forward(self, input_ids: Any) -> Any:
-            return self.embed(input_ids)
-
-    onnx.mkdir(parents=True, exist_ok=True)
-    with _quiet(), torch.no_grad():
-        torch.onnx.export(
-            Embed().eval(),
-            (torch.tensor([[1, 2, 3]]),),
-            str(onnx / "embed_tokens.onnx"),
-            input_names=["input_ids"],
-            output_names=["inputs_embeds"],
-            dynamic_axes={"input_ids": {0: "batch", 1: "sequence"}, "inputs_embeds": {0: "batch", 1: "sequence"}},
-            opset_version=17,
-            dynamo=False,
-        )
+    export_qwen_vision(model, onnx, apply_rotary_pos_emb_vision, add_positions)
 
 
 def _expand(text: str, grids: list[list[int]], processor: Any, tokenizer: Any) -> list[int]:
@@ -173,7 +110,7 @@ def build_tiny_qwen35_vl(folder: Path) -> None:
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
     tokenizer = _media_tokenizer(folder, QWEN_VL_TOKENS)
-    (folder / "chat_template.jinja").write_text(QWEN35_VL_TEMPLATE, encoding="utf-8")
+    (folder / "chat_template.jinja").write_text(QWEN_VL_BLOCK_TEMPLATE, encoding="utf-8")
     start, end, image_id, video_id = (tokenizer.token_to_id(t) for t in QWEN_VL_TOKENS)
     torch.manual_seed(0)
     text = {
@@ -279,15 +216,7 @@ def build_tiny_qwen35_vl(folder: Path) -> None:
                 )
                 positions, delta = rows[:, 0].tolist(), int(deltas[0, 0])
             seen.clear()
-            out = model.generate(
-                **inputs,
-                max_new_tokens=QWEN35_VL_TOKENS_OUT,
-                do_sample=False,
-                eos_token_id=2,
-                pad_token_id=2,
-                output_logits=True,
-                return_dict_in_generate=True,
-            )
+            reply = greedy_reply(model, inputs, len(ids), QWEN35_VL_TOKENS_OUT, pad=2)
             np.save(folder / f"prompt_embeds{number}.npy", seen[0][0].numpy())
             replies.append(
                 {
@@ -297,8 +226,7 @@ def build_tiny_qwen35_vl(folder: Path) -> None:
                     "grids": grids,
                     "positions": positions,
                     "delta": delta,
-                    "reply_ids": [int(t) for t in out.sequences[0, len(ids) :]],
-                    "logits": [row[0].tolist() for row in out.logits],
+                    **reply,
                 }
             )
     hook.remove()
@@ -306,7 +234,7 @@ def build_tiny_qwen35_vl(folder: Path) -> None:
     save_file({name: value.clone() for name, value in model.state_dict().items()}, folder / "torch_weights.safetensors")
     onnx = folder / "onnx"
     export_qwen35_vision(model, onnx)
-    export_qwen35_embed(model, onnx)
+    export_embed_tokens(model, onnx)
     # The decoder export reads a causal LM's config, text model and head: the language model's, with this model's head.
     text_model = types.SimpleNamespace(
         config=config.text_config, model=model.model.language_model, lm_head=model.lm_head
@@ -325,7 +253,9 @@ def tiny_qwen35_vl() -> Path:
         _test_images,
         _expand,
         export_qwen35_vision,
-        export_qwen35_embed,
+        export_qwen_vision,
+        export_embed_tokens,
+        greedy_reply,
         export_hybrid_decoder,
-        extra=[QWEN35_VL_PROMPTS, QWEN35_VL_TOKENS_OUT, QWEN35_VL_PIXELS, QWEN35_VL_TEMPLATE, QWEN_VL_TOKENS],
+        extra=[QWEN35_VL_PROMPTS, QWEN35_VL_TOKENS_OUT, QWEN35_VL_PIXELS, QWEN_VL_BLOCK_TEMPLATE, QWEN_VL_TOKENS],
     )

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import pytest
 from onnx_exports import wav_bytes
+from teacher_forcing import refusal
 
 import anyformer
 from anyformer.plugin import AnyformerError, ErrorCode
@@ -183,12 +184,9 @@ _TONE = (0.2 * np.sin(np.arange(8000) / 5)).astype(np.float32)
     ids=lambda value: repr(value)[:30],
 )
 def test_bad_audio_is_bad_request(qwen2_audio: Any, bad: Any, words: str) -> None:
-    messages = [{"role": "user", "content": [{"type": "audio", "audio": bad}, {"type": "text", "text": "?"}]}]
-    with pytest.raises(AnyformerError) as caught:
-        list(qwen2_audio.generate(messages, max_new_tokens=2, temperature=0))
-    assert caught.value.code == ErrorCode.BAD_REQUEST
-    assert words in str(caught.value)
-    assert "audio 0" in str(caught.value) or "audio block" in str(caught.value) or "messages[0]" in str(caught.value)
+    message = str(refusal(qwen2_audio, [{"type": "audio", "audio": bad}, {"type": "text", "text": "?"}]))
+    assert words in message
+    assert "audio 0" in message or "audio block" in message or "messages[0]" in message
 
 
 def test_images_typed_audio_tokens_and_too_many_clips_are_bad_request(qwen2_audio: Any) -> None:
@@ -198,10 +196,7 @@ def test_images_typed_audio_tokens_and_too_many_clips_are_bad_request(qwen2_audi
         ([{"type": "audio", "audio": _TONE}] * 17, "at most 16"),
     ]
     for content, words in cases:
-        with pytest.raises(AnyformerError) as caught:
-            list(qwen2_audio.generate([{"role": "user", "content": content}], max_new_tokens=2, temperature=0))
-        assert caught.value.code == ErrorCode.BAD_REQUEST
-        assert words in str(caught.value)
+        assert words in str(refusal(qwen2_audio, content))
 
 
 def test_models_without_an_audio_encoder_refuse_audio(llava_dir: Path, tiny_llama_dir: Path) -> None:

@@ -68,3 +68,19 @@ def test_the_cpu_never_preloads(monkeypatch: pytest.MonkeyPatch, tmp_path: Path)
     _, actual = ort_session.open_session(_identity_graph(tmp_path / "model.onnx"))
     assert actual == runtime.CPU
     assert calls == []
+
+
+def test_a_run_the_graph_refuses_is_bad_request_quoting_the_errors_first_line(tmp_path: Path) -> None:
+    import numpy as np
+
+    from anyformer.plugin import AnyformerError, ErrorCode
+
+    session, _ = ort_session.open_session(_identity_graph(tmp_path / "model.onnx"))
+    (got,) = ort_session.run_refusing(session, ["y"], {"x": np.ones(1, np.float32)}, "refused")
+    np.testing.assert_array_equal(got, [1.0])
+    with pytest.raises(AnyformerError) as caught:
+        ort_session.run_refusing(session, ["y"], {"x": np.ones(3, np.float32)}, "the graph refused 3 values")
+    assert caught.value.code == ErrorCode.BAD_REQUEST
+    message = str(caught.value)
+    assert "the graph refused 3 values: [ONNXRuntimeError]" in message and "\n" not in message
+    assert "dimension" in message.lower()  # onnxruntime's own words for the shape it was not exported for

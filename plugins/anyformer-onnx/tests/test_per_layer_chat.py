@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from teacher_forcing import Teacher, replies
+from teacher_forcing import Teacher, largest_gap, replies, step_logits
 
 import anyformer
 from anyformer.plugin import AnyformerError, Caps, ErrorCode, Model, Refusal, Request
@@ -33,17 +33,6 @@ def gemma3n(gemma3n_dir: Path) -> Iterator[Any]:
     """The tiny Gemma 3n loaded once."""
     with anyformer.load(str(gemma3n_dir), backend="onnx") as loaded:
         yield loaded
-
-
-def _step_logits(loop: DecodeLoop, reply: dict[str, Any]) -> list[np.ndarray]:
-    teacher = Teacher(reply["reply_ids"])
-    tokens = loop.tokens(reply["prompt_ids"], teacher, limit=len(reply["reply_ids"]), stop_ids=frozenset({2}))
-    assert list(tokens) == reply["reply_ids"]
-    return teacher.logits
-
-
-def _largest_gap(got: list[np.ndarray], want: list[list[float]]) -> float:
-    return max(float(np.abs(g - np.asarray(w)).max()) for g, w in zip(got, want, strict=True))
 
 
 def test_the_graphs_carry_per_layer_inputs(gemma3n: Any, gemma3n_dir: Path) -> None:
@@ -65,7 +54,7 @@ def test_the_graphs_carry_per_layer_inputs(gemma3n: Any, gemma3n_dir: Path) -> N
 def test_step_logits_equal_torch(gemma3n: Any, gemma3n_dir: Path) -> None:
     """Each step's logits (the prompt, then torch's reply token by token, through the cache) equal torch's."""
     for reply in replies(gemma3n_dir):
-        got = _step_logits(gemma3n.handle.loop, reply)
+        got = step_logits(gemma3n.handle.loop, reply)
         assert len(got) == len(reply["logits"]) >= 8
         for index, (row, want) in enumerate(zip(got, reply["logits"], strict=True)):
             np.testing.assert_allclose(row, want, atol=2e-4, err_msg=f"{reply['messages'][-1]['content']} step {index}")
@@ -98,7 +87,7 @@ def test_per_layer_inputs_of_other_tokens_change_the_logits(gemma3n: Any, gemma3
     reply = replies(gemma3n_dir)[0]
     teacher = Teacher(reply["reply_ids"])
     list(loop.tokens(reply["prompt_ids"], teacher, limit=len(reply["reply_ids"]), stop_ids=frozenset({2})))
-    assert _largest_gap(teacher.logits, reply["logits"]) > 1e-2
+    assert largest_gap(teacher.logits, reply["logits"]) > 1e-2
 
 
 def test_a_cache_not_fed_back_changes_the_logits(gemma3n: Any, gemma3n_dir: Path) -> None:
@@ -114,7 +103,7 @@ def test_a_cache_not_fed_back_changes_the_logits(gemma3n: Any, gemma3n_dir: Path
     teacher = Teacher(reply["reply_ids"])
     list(loop.tokens(reply["prompt_ids"], teacher, limit=len(reply["reply_ids"]), stop_ids=frozenset({2})))
     np.testing.assert_allclose(teacher.logits[0], reply["logits"][0], atol=2e-4)  # the prompt step needs no cache
-    assert _largest_gap(teacher.logits[1:], reply["logits"][1:]) > 1e-2
+    assert largest_gap(teacher.logits[1:], reply["logits"][1:]) > 1e-2
 
 
 def test_image_and_audio_blocks_are_bad_request(gemma3n: Any) -> None:

@@ -20,18 +20,14 @@ from typing import Any
 
 import numpy as np
 import pytest
-from teacher_forcing import Teacher
+from onnx_exports import QWEN_VL_BLOCK_TEMPLATE
+from teacher_forcing import Teacher, media_messages
 
 import anyformer
 from anyformer.plugin import AnyformerError, ErrorCode
 from anyformer_onnx.mrope import rope_index, step_positions
 from anyformer_onnx.qwen_vl_image import QwenVLImageProcessor
 from anyformer_onnx.sampling import Sampler
-
-
-def _messages(folder: Path, reply: dict[str, Any]) -> list[dict[str, Any]]:
-    blocks: list[dict[str, Any]] = [{"type": "image", "image": str(folder / name)} for name in reply["images"]]
-    return [{"role": "user", "content": [*blocks, {"type": "text", "text": reply["question"]}]}]
 
 
 @pytest.fixture(scope="module")
@@ -173,22 +169,9 @@ def test_processor_reads_min_and_max_pixels_keys() -> None:
 
 def test_prompts_equal_the_processors(qwen2_vl: Any, qwen2_vl_dir: Path, reference: Any) -> None:
     for reply in reference(qwen2_vl_dir)["replies"]:
-        prepared = qwen2_vl.handle.media.prepare(_messages(qwen2_vl_dir, reply), False)
+        prepared = qwen2_vl.handle.media.prepare(media_messages(qwen2_vl_dir, reply), False)
         assert prepared.ids == reply["prompt_ids"], reply["question"]
         assert (prepared.positions is None) == (not reply["images"])
-
-
-#: A chat template that walks each message's blocks, as Qwen2-VL's own does (an image as its three tokens, with no
-#: newline around it): the backend gives it the blocks themselves, and the prompt is transformers' own.
-BLOCK_TEMPLATE = (
-    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
-    "{% if message['content'] is string %}{{ message['content'] }}"
-    "{% else %}{% for block in message['content'] %}"
-    "{% if block['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
-    "{% elif block['type'] == 'text' %}{{ block['text'] }}{% endif %}"
-    "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
 
 
 def test_a_block_template_renders_the_prompt_transformers_renders(
@@ -202,7 +185,7 @@ def test_a_block_template_renders_the_prompt_transformers_renders(
 
     folder = tmp_path / "qwen2-vl-blocks"
     shutil.copytree(qwen2_vl_dir, folder)
-    (folder / "chat_template.jinja").write_text(BLOCK_TEMPLATE, encoding="utf-8")
+    (folder / "chat_template.jinja").write_text(QWEN_VL_BLOCK_TEMPLATE, encoding="utf-8")
     tokenizer = AutoTokenizer.from_pretrained(str(folder))
     images = AutoImageProcessor.from_pretrained(str(folder))
     merge = json.loads((folder / "config.json").read_text())["vision_config"]["spatial_merge_size"]
@@ -211,9 +194,9 @@ def test_a_block_template_renders_the_prompt_transformers_renders(
     assert any(len(r["images"]) > 1 for r in replies)
     with anyformer.load(str(folder), backend="onnx") as loaded:
         for reply in replies:
-            messages = _messages(folder, reply)
+            messages = media_messages(folder, reply)
             text = tokenizer.apply_chat_template(
-                messages, add_generation_prompt=True, tokenize=False, chat_template=BLOCK_TEMPLATE
+                messages, add_generation_prompt=True, tokenize=False, chat_template=QWEN_VL_BLOCK_TEMPLATE
             )
             pictures = [Image.open(folder / name).convert("RGB") for name in reply["images"]]
             counts = iter(int(np.prod(g)) // merge**2 for g in images(images=pictures)["image_grid_thw"])
@@ -237,7 +220,7 @@ def test_step_logits_equal_torch(qwen2_vl: Any, qwen2_vl_dir: Path, reference: A
             teacher,
             limit=len(reply["reply_ids"]),
             stop_ids=frozenset({2}),
-            **_prompt_inputs(qwen2_vl, _messages(qwen2_vl_dir, reply)),
+            **_prompt_inputs(qwen2_vl, media_messages(qwen2_vl_dir, reply)),
         )
         assert list(tokens) == reply["reply_ids"]
         assert len(teacher.logits) == len(reply["logits"])
@@ -250,7 +233,7 @@ def test_greedy_replies_equal_torch(qwen2_vl: Any, qwen2_vl_dir: Path, reference
 
     tokenizer = Tokenizer.from_file(str(qwen2_vl_dir / "tokenizer.json"))
     for reply in reference(qwen2_vl_dir)["replies"]:
-        messages = _messages(qwen2_vl_dir, reply)
+        messages = media_messages(qwen2_vl_dir, reply)
         ids = list(
             qwen2_vl.handle.loop.tokens(
                 reply["prompt_ids"],

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import pytest
 import qwen35_vl_exports
-from teacher_forcing import Teacher
+from teacher_forcing import Teacher, media_messages, replies
 
 import anyformer
 from anyformer.plugin import AnyformerError, ErrorCode
@@ -55,20 +55,11 @@ def torch_model(qwen35_vl_dir: Path) -> Any:
     return Qwen3_5ForConditionalGeneration(AutoConfig.from_pretrained(str(qwen35_vl_dir))).eval()
 
 
-def _replies(folder: Path) -> list[dict[str, Any]]:
-    return list(json.loads((folder / "reference.json").read_text(encoding="utf-8"))["replies"])
-
-
-def _messages(folder: Path, reply: dict[str, Any]) -> list[dict[str, Any]]:
-    blocks: list[dict[str, Any]] = [{"type": "image", "image": str(folder / name)} for name in reply["images"]]
-    return [{"role": "user", "content": [*blocks, {"type": "text", "text": reply["question"]}]}]
-
-
 def test_fixture_covers_images_and_text(qwen35_vl_dir: Path) -> None:
-    replies = _replies(qwen35_vl_dir)
-    assert sum(1 for r in replies if r["images"]) >= 3 and any(not r["images"] for r in replies)
-    assert any(len(r["images"]) > 1 for r in replies)
-    grids = [tuple(g) for r in replies for g in r["grids"]]
+    recorded = replies(qwen35_vl_dir)
+    assert sum(1 for r in recorded if r["images"]) >= 3 and any(not r["images"] for r in recorded)
+    assert any(len(r["images"]) > 1 for r in recorded)
+    grids = [tuple(g) for r in recorded for g in r["grids"]]
     assert any(g[1] != g[2] for g in grids)  # non-square: swapped height and width rows would differ
 
 
@@ -103,7 +94,7 @@ def test_rope_index_equals_qwen35s(torch_model: Any, qwen35_vl_dir: Path) -> Non
     def wrapped(grid: tuple[int, int, int]) -> list[int]:
         return [start, *[image] * (grid[0] * grid[1] * grid[2] // 4), end]
 
-    cases = [(r["prompt_ids"], [tuple(g) for g in r["grids"]]) for r in _replies(qwen35_vl_dir) if r["grids"]]
+    cases = [(r["prompt_ids"], [tuple(g) for g in r["grids"]]) for r in replies(qwen35_vl_dir) if r["grids"]]
     cases += [
         ([5, 6, *wrapped((1, 2, 8)), 7, 8, 9], [(1, 2, 8)]),  # wide: the text resumes past the width row
         ([*wrapped((1, 10, 2)), 11], [(1, 10, 2)]),  # tall, at the very start
@@ -124,8 +115,8 @@ def test_rope_index_equals_qwen35s(torch_model: Any, qwen35_vl_dir: Path) -> Non
 
 def test_prompts_positions_and_embeddings_equal_transformers(qwen35_vl: Any, qwen35_vl_dir: Path) -> None:
     """The expanded prompt, its M-RoPE rows, and the decoder's input (image rows spliced in) equal transformers'."""
-    for number, reply in enumerate(_replies(qwen35_vl_dir)):
-        prepared = qwen35_vl.handle.media.prepare(_messages(qwen35_vl_dir, reply), False)
+    for number, reply in enumerate(replies(qwen35_vl_dir)):
+        prepared = qwen35_vl.handle.media.prepare(media_messages(qwen35_vl_dir, reply), False)
         assert prepared.ids == reply["prompt_ids"], reply["question"]
         want = np.load(qwen35_vl_dir / f"prompt_embeds{number}.npy")
         if not reply["images"]:
@@ -157,8 +148,8 @@ def _forced(loaded: Any, reply: dict[str, Any], embeds: Any, positions: Any) -> 
 
 def test_step_logits_equal_torch(qwen35_vl: Any, qwen35_vl_dir: Path) -> None:
     """Every step's logits (the prompt on its M-RoPE rows with the states carried, then the reply) equal torch's."""
-    for reply in _replies(qwen35_vl_dir):
-        prepared = qwen35_vl.handle.media.prepare(_messages(qwen35_vl_dir, reply), False)
+    for reply in replies(qwen35_vl_dir):
+        prepared = qwen35_vl.handle.media.prepare(media_messages(qwen35_vl_dir, reply), False)
         logits = _forced(qwen35_vl, reply, prepared.embeds, prepared.positions)
         assert len(logits) == len(reply["logits"])
         for index, (got, want) in enumerate(zip(logits, reply["logits"], strict=True)):
@@ -169,8 +160,8 @@ def test_greedy_replies_equal_torch(qwen35_vl: Any, qwen35_vl_dir: Path) -> None
     from tokenizers import Tokenizer
 
     tokenizer = Tokenizer.from_file(str(qwen35_vl_dir / "tokenizer.json"))
-    for reply in _replies(qwen35_vl_dir):
-        messages = _messages(qwen35_vl_dir, reply)
+    for reply in replies(qwen35_vl_dir):
+        messages = media_messages(qwen35_vl_dir, reply)
         chunks = list(qwen35_vl.generate(messages, max_new_tokens=len(reply["reply_ids"]), temperature=0))
         want = [t for t in reply["reply_ids"] if t != 2]
         assert "".join(c.delta for c in chunks) == tokenizer.decode(want), reply["question"]
@@ -201,8 +192,8 @@ def _first_gap(loaded: Any, reply: dict[str, Any], embeds: Any, positions: Any) 
 def test_the_comparison_catches_wrong_positions_and_missing_images(qwen35_vl: Any, qwen35_vl_dir: Path) -> None:
     """Plain rows, height and width swapped, or the pad token's embeddings in place of the image rows: torch's
     logits are missed by far more than the tolerance (so the tests above pin the positions and the features)."""
-    for reply in [r for r in _replies(qwen35_vl_dir) if r["images"]]:
-        prepared = qwen35_vl.handle.media.prepare(_messages(qwen35_vl_dir, reply), False)
+    for reply in [r for r in replies(qwen35_vl_dir) if r["images"]]:
+        prepared = qwen35_vl.handle.media.prepare(media_messages(qwen35_vl_dir, reply), False)
         assert prepared.positions is not None and prepared.embeds is not None
         assert _first_gap(qwen35_vl, reply, prepared.embeds, prepared.positions) < TOLERANCE
         plain = np.broadcast_to(np.arange(len(prepared.ids)), prepared.positions.shape).copy()
@@ -261,7 +252,7 @@ def test_a_decoder_with_qwen2_vls_contiguous_sections_would_fail(qwen35_vl_dir: 
             return model.lm_head(hidden)[0, -1].numpy()
 
     rotary = model.model.language_model.rotary_emb
-    for number, reply in enumerate(_replies(qwen35_vl_dir)):
+    for number, reply in enumerate(replies(qwen35_vl_dir)):
         if not reply["images"]:
             continue
         want = np.asarray(reply["logits"][0])

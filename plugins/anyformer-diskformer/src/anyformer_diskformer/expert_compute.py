@@ -23,7 +23,9 @@ from anyformer_diskformer.expert_cache import ExpertCache
 from anyformer_diskformer.expert_reader import ExpertSlices
 from anyformer_diskformer.quant_product import BAND_ELEMENTS, QuantProduct, expert_ffn
 
-#: Matrices of at least this many weights are split over the threads; smaller ones cost less than a hand-over.
+#: A matrix is split over the threads in parts of at least this many weights: with the compiled products a part
+#: of 2**19 Q4_K weights takes ~50-80 µs, about what handing it to a worker and collecting it cost (the H200
+#: machine's 16 threads spent more in the pool than in the products when every large matrix went in 16 parts).
 PARALLEL_ELEMENTS = 2**19
 
 
@@ -59,15 +61,16 @@ class ExpertRunner:
         """``x @ W.T`` as :meth:`QuantProduct.product`, a large matrix's rows split over the threads (the dense
         products: attention, router, output)."""
         pool = self._pool
-        if pool is None or rows * cols < PARALLEL_ELEMENTS or rows < 2 * self.threads:
+        parts = min(self.threads, rows * cols // PARALLEL_ELEMENTS, rows // 2)
+        if pool is None or parts < 2:
             return self._kernels().product(x, raw, ggml_type, rows, cols, band_elements)
         blocks = np.asarray(raw).reshape(rows, -1)
-        bounds = [rows * i // self.threads for i in range(self.threads + 1)]
-        parts = [
+        bounds = [rows * i // parts for i in range(parts + 1)]
+        futures = [
             pool.submit(self._part, x, blocks[start:stop], ggml_type, stop - start, cols, band_elements)
             for start, stop in itertools.pairwise(bounds)
         ]
-        return np.concatenate([part.result() for part in parts], axis=-1)
+        return np.concatenate([future.result() for future in futures], axis=-1)
 
     def _part(
         self, x: np.ndarray, blocks: np.ndarray, ggml_type: int, rows: int, cols: int, band_elements: int

@@ -19,14 +19,12 @@ from typing import Any
 import numpy as np
 
 from anyformer.plugin import AnyformerError, ErrorCode
-from anyformer_onnx.audio_input import load_audio
+from anyformer_onnx.audio_input import IN_CHAT_WINDOW, load_audio
 from anyformer_onnx.log_mel import LogMel
 
 #: Names of the real-frames mask input, as exporters spell it.
 MASK_INPUTS = ("feature_attention_mask", "input_features_mask", "attention_mask")
 _MASK_TYPES = {"tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(bool)": np.bool_}
-#: How a clip too long for the window is explained.
-_WINDOW = "fit the model's audio window (cut the clip, or send it as several audio blocks)"
 
 
 def feature_extractor_config(preprocessor: Mapping[str, Any] | None, processor: Mapping[str, Any] | None) -> Any:
@@ -83,7 +81,7 @@ class AudioGraph:
         if self.session is None:
             raise AnyformerError(ErrorCode.BAD_REQUEST, f"{self.label} was disposed")
         front = self.front_end
-        audio = load_audio(value, front.rate, front.seconds, what, _WINDOW)
+        audio = load_audio(value, front.rate, front.seconds, what, IN_CHAT_WINDOW)
         features = front(audio)[None]
         feeds: dict[str, np.ndarray] = {"input_features": features}
         if self.mask:

@@ -64,6 +64,8 @@ def decode_wav(data: bytes, what: str = "the audio") -> tuple[np.ndarray, int]:
 
 #: Why a clip is too long, for ``run`` on a speech model.
 TRANSCRIBED = "are transcribed in one call (the max_duration_s option)"
+#: Why a clip is too long, for an audio block of a chat message (its encoder's window).
+IN_CHAT_WINDOW = "fit the model's audio window (cut the clip, or send it as several audio blocks)"
 
 
 def load_audio(

@@ -38,7 +38,8 @@ from typing import Any
 import numpy as np
 
 from anyformer.plugin import AnyformerError, ErrorCode
-from anyformer_onnx.audio_input import load_audio
+from anyformer_onnx.audio_input import IN_CHAT_WINDOW, load_audio
+from anyformer_onnx.gemma4_media import gemma4_media_kind, processor_part
 from anyformer_onnx.multimodal import MAX_CLIPS, MediaKind
 from anyformer_onnx.text_setup import TextSetup
 
@@ -46,9 +47,6 @@ from anyformer_onnx.text_setup import TextSetup
 PAD_TO_MULTIPLE = 128
 #: The extractor's ``max_length`` (30 s at 16 kHz): longer clips it would cut are refused here.
 MAX_SAMPLES = 480_000
-#: ``Gemma4Config``'s audio token ids, for a config.json that leaves one out: audio, begin, end.
-DEFAULT_TOKENS = {"audio_token_id": 258_881, "boa_token_id": 256_000, "eoa_token_id": 258_883}
-_WINDOW = "fit the model's audio window (cut the clip, or send it as several audio blocks)"
 
 
 def _number(config: Mapping[str, Any], key: str, default: float, label: str) -> float:
@@ -218,7 +216,7 @@ class Gemma4AudioGraph:
         if self.session is None:
             raise AnyformerError(ErrorCode.BAD_REQUEST, f"{self.label} was disposed")
         front = self.front_end
-        samples = load_audio(value, front.rate, MAX_SAMPLES / front.rate, what, _WINDOW)
+        samples = load_audio(value, front.rate, MAX_SAMPLES / front.rate, what, IN_CHAT_WINDOW)
         features, mask = front(samples)
         tokens = audio_tokens(mask)
         if tokens == 0:
@@ -242,14 +240,6 @@ class Gemma4AudioGraph:
         return rows
 
 
-def _token(config: Mapping[str, Any], keys: tuple[str, ...], default: int) -> int:
-    for key in keys:
-        value = config.get(key)
-        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-            return value
-    return default
-
-
 def gemma4_audio_kind(
     session: Any,
     text: TextSetup,
@@ -263,29 +253,7 @@ def gemma4_audio_kind(
     The feature extractor's settings come from processor_config.json's ``feature_extractor``, else
     preprocessor_config.json; ``BAD_MODEL`` when neither has them or a token is not in tokenizer.json.
     """
-    nested = processor.get("feature_extractor") if processor else None
-    settings = nested if isinstance(nested, Mapping) else preprocessor
-    if settings is None:
-        raise AnyformerError(
-            ErrorCode.BAD_MODEL,
-            f"{label}: Gemma 4 audio chat needs the feature extractor's settings "
-            "(processor_config.json's feature_extractor, or preprocessor_config.json)",
-        )
+    settings = processor_part(processor, preprocessor, "feature_extractor", "audio", label)
     graph = Gemma4AudioGraph(session, Gemma4LogMel.from_config(settings, label), label)
-    found = [
-        _token(config, ("audio_token_id", "audio_token_index"), DEFAULT_TOKENS["audio_token_id"]),
-        _token(config, ("boa_token_id", "boa_token_index"), DEFAULT_TOKENS["boa_token_id"]),
-        _token(config, ("eoa_token_id", "eoa_token_index"), DEFAULT_TOKENS["eoa_token_id"]),
-    ]
-    for token in found:
-        if text.tokenizer.id_to_token(token) is None:
-            raise AnyformerError(ErrorCode.BAD_MODEL, f"{label}: audio token id {token} is not in tokenizer.json")
-    kind = MediaKind(
-        "audio",
-        found[0],
-        str(text.tokenizer.id_to_token(found[0])),
-        graph.encode,
-        MAX_CLIPS,
-        around=((found[1],), (found[2],)),
-    )
-    return graph, kind
+    keys = ("audio_token_id", "boa_token_id", "eoa_token_id")
+    return graph, gemma4_media_kind("audio", keys, graph.encode, MAX_CLIPS, text, config, label)

@@ -37,25 +37,17 @@ from typing import Any
 import numpy as np
 
 from anyformer.plugin import AnyformerError, ErrorCode
+from anyformer_onnx.gemma4_media import gemma4_media_kind, processor_part
 from anyformer_onnx.image_input import load_image
+from anyformer_onnx.image_preprocessing import BICUBIC, float_triple, resample_of, rescale_of
 from anyformer_onnx.multimodal import MAX_IMAGES, MediaKind
+from anyformer_onnx.ort_session import run_refusing
 from anyformer_onnx.text_setup import TextSetup
 
 #: The soft-token budgets transformers' processor accepts.
 SOFT_TOKEN_BUDGETS = (70, 140, 280, 560, 1120)
-#: Pillow's bicubic filter number, this processor's default resample.
-BICUBIC = 3
 #: Names the vision encoder's patch position input goes by (transformers calls it both).
 POSITION_INPUTS = ("pixel_position_ids", "image_position_ids")
-#: ``Gemma4Config``'s token ids, for a config.json that leaves one out: image, begin and end of
-#: image, video, audio.
-DEFAULT_TOKENS = {
-    "image_token_id": 258_880,
-    "boi_token_id": 255_999,
-    "eoi_token_id": 258_882,
-    "video_token_id": 258_884,
-    "audio_token_id": 258_881,
-}
 
 
 def _int(config: Mapping[str, Any], key: str, default: int, label: str) -> int:
@@ -63,16 +55,6 @@ def _int(config: Mapping[str, Any], key: str, default: int, label: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise AnyformerError(ErrorCode.BAD_MODEL, f"{label}: the Gemma 4 image processor's {key} is {value!r}")
     return value
-
-
-def _triple(value: Any, default: float, key: str, label: str) -> tuple[float, float, float]:
-    if value is None:
-        return (default, default, default)
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return (float(value),) * 3
-    if isinstance(value, (list, tuple)) and len(value) == 3 and all(isinstance(v, (int, float)) for v in value):
-        return (float(value[0]), float(value[1]), float(value[2]))
-    raise AnyformerError(ErrorCode.BAD_MODEL, f"{label}: the Gemma 4 image processor's {key} is not 3 numbers")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,19 +78,17 @@ class Gemma4ImageProcessor:
             raise AnyformerError(
                 ErrorCode.BAD_MODEL, f"{label}: max_soft_tokens {soft_tokens} is not one of {SOFT_TOKEN_BUDGETS}"
             )
-        resample = config.get("resample", BICUBIC)
-        factor = config.get("rescale_factor", 1 / 255)
-        rescale = float(factor) if config.get("do_rescale", True) and isinstance(factor, (int, float)) else None
         normalize = bool(config.get("do_normalize", False))
+        owner = "the Gemma 4 image processor's"
         return cls(
             patch=_int(config, "patch_size", 16, label),
             soft_tokens=soft_tokens,
             pooling=_int(config, "pooling_kernel_size", 3, label),
             resize=bool(config.get("do_resize", True)),
-            resample=resample if resample in (0, 1, 2, 3, 4, 5) else BICUBIC,
-            rescale=rescale,
-            mean=_triple(config.get("image_mean"), 0.0, "image_mean", label) if normalize else None,
-            std=_triple(config.get("image_std"), 1.0, "image_std", label) if normalize else None,
+            resample=resample_of(config, BICUBIC),
+            rescale=rescale_of(config),
+            mean=float_triple(config.get("image_mean"), (0.0,) * 3, "image_mean", label, owner) if normalize else None,
+            std=float_triple(config.get("image_std"), (1.0,) * 3, "image_std", label, owner) if normalize else None,
         )
 
     @property
@@ -210,14 +190,8 @@ class Gemma4VisionGraph:
             "pixel_values": pixels[None].astype(self.pixel_type),
             self.position_input: positions[None].astype(self.position_type),
         }
-        try:
-            (rows,) = self.session.run([self.output], feeds)
-        except Exception as exc:  # onnxruntime's own error types: a patch count the graph was not exported for
-            text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            raise AnyformerError(
-                ErrorCode.BAD_REQUEST, f"{self.label}: the graph refused {what}'s {pixels.shape[0]} patches: {text}"
-            ) from exc
-        rows = np.asarray(rows)
+        refused = f"{self.label}: the graph refused {what}'s {pixels.shape[0]} patches"
+        rows = np.asarray(run_refusing(self.session, [self.output], feeds, refused)[0])
         rows = rows.reshape(-1, rows.shape[-1])
         if rows.shape[0] != tokens:
             raise AnyformerError(
@@ -226,27 +200,6 @@ class Gemma4VisionGraph:
                 "image tokens for it",
             )
         return rows
-
-
-def _token(config: Mapping[str, Any], key: str) -> int:
-    value = config.get(key)
-    if key == "image_token_id" and value is None:
-        value = config.get("image_token_index")
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else DEFAULT_TOKENS[key]
-
-
-def gemma4_media_pad(config: Mapping[str, Any]) -> tuple[frozenset[int], int]:
-    """The media token ids (image, video, audio) and the pad id embed_tokens reads them as.
-
-    transformers' ``Gemma4Model`` swaps each media token for ``text_config.pad_token_id`` before
-    embedding, so the per-layer inputs at image positions are the pad token's (and the decoder mixes
-    them with its projection of the image features themselves); a media token the model generates
-    is embedded as the pad token too.
-    """
-    text = config.get("text_config")
-    pad = text.get("pad_token_id", 0) if isinstance(text, Mapping) else 0
-    pad = pad if isinstance(pad, int) and not isinstance(pad, bool) and pad >= 0 else 0
-    return frozenset(_token(config, key) for key in ("image_token_id", "video_token_id", "audio_token_id")), pad
 
 
 def gemma4_image_kind(
@@ -262,28 +215,7 @@ def gemma4_image_kind(
     The image processor's settings come from processor_config.json's ``image_processor``, else from
     preprocessor_config.json; ``BAD_MODEL`` when neither has them or a token is not in tokenizer.json.
     """
-    nested = processor.get("image_processor") if processor else None
-    settings = nested if isinstance(nested, Mapping) else preprocessor
-    if settings is None:
-        raise AnyformerError(
-            ErrorCode.BAD_MODEL,
-            f"{label}: Gemma 4 image chat needs the image processor's settings "
-            "(processor_config.json's image_processor, or preprocessor_config.json)",
-        )
+    settings = processor_part(processor, preprocessor, "image_processor", "image", label)
     graph = Gemma4VisionGraph(session, Gemma4ImageProcessor.from_config(settings, label), label)
-    found = {}
-    for key in ("image_token_id", "boi_token_id", "eoi_token_id"):
-        token = _token(config, key)
-        if text.tokenizer.id_to_token(token) is None:
-            raise AnyformerError(ErrorCode.BAD_MODEL, f"{label}: config.json's {key} {token} is not in tokenizer.json")
-        found[key] = token
-    image = found["image_token_id"]
-    kind = MediaKind(
-        "image",
-        image,
-        str(text.tokenizer.id_to_token(image)),
-        graph.encode,
-        MAX_IMAGES,
-        around=((found["boi_token_id"],), (found["eoi_token_id"],)),
-    )
-    return graph, kind
+    keys = ("image_token_id", "boi_token_id", "eoi_token_id")
+    return graph, gemma4_media_kind("image", keys, graph.encode, MAX_IMAGES, text, config, label)

@@ -29,8 +29,9 @@ from anyformer.plugin import AnyformerError, ErrorCode
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
-#: Pillow's bilinear filter number, transformers' default resample.
+#: Pillow's bilinear and bicubic filter numbers (transformers' default resample, and some processors').
 BILINEAR = 2
+BICUBIC = 3
 _FILTERS = (0, 1, 2, 3, 4, 5)  # nearest, lanczos, bilinear, bicubic, box, hamming
 
 
@@ -38,14 +39,32 @@ def _positive_int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
-def _triple(value: Any, default: tuple[float, float, float], key: str, label: str) -> tuple[float, float, float]:
+def float_triple(
+    value: Any, default: tuple[float, float, float], key: str, label: str, owner: str = "preprocessor_config.json's"
+) -> tuple[float, float, float]:
+    """An image processor's per-channel ``image_mean`` or ``image_std``: one number for all three, or three.
+
+    ``default`` when absent; ``BAD_MODEL`` (naming ``owner``'s ``key``) for anything else.
+    """
     if value is None:
         return default
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return (float(value),) * 3
     if isinstance(value, (list, tuple)) and len(value) == 3 and all(isinstance(v, (int, float)) for v in value):
         return (float(value[0]), float(value[1]), float(value[2]))
-    raise AnyformerError(ErrorCode.BAD_MODEL, f"{label}: preprocessor_config.json's {key} is not 3 numbers")
+    raise AnyformerError(ErrorCode.BAD_MODEL, f"{label}: {owner} {key} is not 3 numbers")
+
+
+def resample_of(config: Mapping[str, Any], default: int) -> int:
+    """An image processor's ``resample``: Pillow's filter number, ``default`` when absent or not one."""
+    resample = config.get("resample", default)
+    return int(resample) if resample in _FILTERS else default
+
+
+def rescale_of(config: Mapping[str, Any]) -> float | None:
+    """An image processor's ``rescale_factor`` (default 1/255); None if ``do_rescale`` is off or it is not a number."""
+    factor = config.get("rescale_factor", 1 / 255)
+    return float(factor) if config.get("do_rescale", True) and isinstance(factor, (int, float)) else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,14 +107,9 @@ class ImagePreprocessor:
                 crop = (int(raw["height"]), int(raw["width"]))
             else:
                 raise AnyformerError(ErrorCode.BAD_MODEL, f"{label}: preprocessor_config.json's crop_size is unusable")
-        resample = config.get("resample", BILINEAR)
-        if resample not in _FILTERS:
-            resample = BILINEAR
-        factor = config.get("rescale_factor", 1 / 255)
-        rescale = float(factor) if config.get("do_rescale", True) and isinstance(factor, (int, float)) else None
         normalize = config.get("do_normalize", True)
-        mean = _triple(config.get("image_mean"), IMAGENET_MEAN, "image_mean", label) if normalize else None
-        std = _triple(config.get("image_std"), IMAGENET_STD, "image_std", label) if normalize else None
+        mean = float_triple(config.get("image_mean"), IMAGENET_MEAN, "image_mean", label) if normalize else None
+        std = float_triple(config.get("image_std"), IMAGENET_STD, "image_std", label) if normalize else None
         kind = str(config.get("image_processor_type") or "")
         keep_aspect, multiple, crop_pct, divisor = False, 1, None, 0
         if kind.startswith("DPT"):
@@ -110,9 +124,9 @@ class ImagePreprocessor:
             crop_pct = float(pct) if isinstance(pct, (int, float)) and 0 < pct <= 1 else 224 / 256
         return cls(
             size=size,
-            resample=int(resample),
+            resample=resample_of(config, BILINEAR),
             crop=crop,
-            rescale=rescale,
+            rescale=rescale_of(config),
             mean=mean,
             std=std,
             keep_aspect=keep_aspect,

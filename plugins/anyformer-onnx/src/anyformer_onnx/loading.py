@@ -33,7 +33,8 @@ from anyformer_onnx.encoder import EncoderGraph
 from anyformer_onnx.estimate import context_for
 from anyformer_onnx.fused_graph import prepare_decoder
 from anyformer_onnx.gemma4_audio import gemma4_audio_kind
-from anyformer_onnx.gemma4_image import gemma4_image_kind, gemma4_media_pad
+from anyformer_onnx.gemma4_image import gemma4_image_kind
+from anyformer_onnx.gemma4_media import gemma4_media_pad
 from anyformer_onnx.graphs import (
     SPEECH_STEMS,
     GraphChoice,
@@ -235,13 +236,14 @@ def _open_media_chat(
     kinds: list[MediaKind] = []
     encoders: list[Any] = []
     mrope_merge = None
-    if "vision_encoder" in sessions and config.get("model_type") == "gemma4":
-        gemma4_vision, gemma4_kind = gemma4_image_kind(
-            sessions["vision_encoder"], text, config, preprocessor, processor, label
-        )
-        encoders.append(gemma4_vision)
-        kinds.append(gemma4_kind)
-    elif "vision_encoder" in sessions:
+    gemma4 = config.get("model_type") == "gemma4"
+    # Gemma 4's image and audio encoders open alike, from the session, the tokenizer and the three configs.
+    for stem, open_kind in (("vision_encoder", gemma4_image_kind), ("audio_encoder", gemma4_audio_kind)):
+        if gemma4 and stem in sessions:
+            encoder, kind = open_kind(sessions[stem], text, config, preprocessor, processor, label)
+            encoders.append(encoder)
+            kinds.append(kind)
+    if "vision_encoder" in sessions and not gemma4:
         token = image_token_id(config)
         if token is None or preprocessor is None:
             missing = "config.json's image_token_index" if token is None else PREPROCESSOR_CONFIG
@@ -256,13 +258,7 @@ def _open_media_chat(
             vision = VisionGraph(sessions["vision_encoder"], ImagePreprocessor.from_config(preprocessor, label), label)
             encoders.append(vision)
             kinds.append(image_kind(vision, text, token, label))
-    if "audio_encoder" in sessions and config.get("model_type") == "gemma4":
-        gemma4_audio, gemma4_clips = gemma4_audio_kind(
-            sessions["audio_encoder"], text, config, preprocessor, processor, label
-        )
-        encoders.append(gemma4_audio)
-        kinds.append(gemma4_clips)
-    elif "audio_encoder" in sessions:
+    if "audio_encoder" in sessions and not gemma4:
         if graph.mrope:
             raise AnyformerError(
                 ErrorCode.BAD_MODEL,
@@ -278,7 +274,7 @@ def _open_media_chat(
         encoders.append(audio)
         kinds.append(audio_kind(audio, text, token, _audio_wrappers(config, processor), label))
     unread = unread_media(config) if declares_per_layer_inputs(config) else None
-    media_pad = gemma4_media_pad(config) if config.get("model_type") == "gemma4" else None
+    media_pad = gemma4_media_pad(config) if gemma4 else None
     media = MediaPrompter(sessions["embed_tokens"], text, kinds, encoders, label, mrope_merge, unread, media_pad)
     if graph.per_layer and not media.per_layer:
         raise AnyformerError(

@@ -77,7 +77,7 @@ def open_session(path: Path, *, provider: str | None = None, threads: int | None
             ErrorCode.OUT_OF_MEMORY, f"{path.name}: out of memory opening the graph", cause=exc
         ) from exc
     except Exception as exc:  # onnxruntime raises its own exception types for every kind of bad graph
-        text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        text = error_text(exc)
         if "alloc" in text.lower() and "fail" in text.lower():
             raise AnyformerError(ErrorCode.OUT_OF_MEMORY, f"{path.name}: {text}", cause=exc) from exc
         raise AnyformerError(
@@ -85,3 +85,17 @@ def open_session(path: Path, *, provider: str | None = None, threads: int | None
         ) from exc
     actual = session.get_providers()[0] if session.get_providers() else CPU
     return session, actual
+
+
+def error_text(exc: BaseException) -> str:
+    """What a message quotes of an onnxruntime error: its first line (its type's name where it says nothing)."""
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+
+
+def run_refusing(session: Any, outputs: list[str], feeds: dict[str, Any], refused: str) -> list[Any]:
+    """``session.run``; an error there (inputs of a shape the graph was not exported for: onnxruntime's own
+    exception types) is ``BAD_REQUEST`` "``refused``: <the error's first line>"."""
+    try:
+        return list(session.run(outputs, feeds))
+    except Exception as exc:  # onnxruntime's own error types
+        raise AnyformerError(ErrorCode.BAD_REQUEST, f"{refused}: {error_text(exc)}") from exc

@@ -35,13 +35,13 @@ import numpy as np
 
 from anyformer.plugin import AnyformerError, ErrorCode
 from anyformer_onnx.image_input import load_image
+from anyformer_onnx.image_preprocessing import BICUBIC, float_triple, resample_of, rescale_of
 from anyformer_onnx.mrope import Grid
+from anyformer_onnx.ort_session import run_refusing
 
 #: CLIP's normalisation, the processor's default.
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
-#: Pillow's bicubic filter number, this processor's default resample.
-BICUBIC = 3
 #: The widest aspect ratio the processor takes.
 MAX_ASPECT = 200
 #: Names the vision encoder's grid input goes by.
@@ -57,14 +57,6 @@ def _int(config: Mapping[str, Any], keys: tuple[str, ...], default: int, label: 
             raise AnyformerError(ErrorCode.BAD_MODEL, f"{label}: preprocessor_config.json's {key} is {value!r}")
         return value
     return default
-
-
-def _floats(value: Any, default: tuple[float, ...], key: str, label: str) -> tuple[float, float, float]:
-    if value is None:
-        return (default[0], default[1], default[2])
-    if isinstance(value, (list, tuple)) and len(value) == 3 and all(isinstance(v, (int, float)) for v in value):
-        return (float(value[0]), float(value[1]), float(value[2]))
-    raise AnyformerError(ErrorCode.BAD_MODEL, f"{label}: preprocessor_config.json's {key} is not 3 numbers")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,9 +89,6 @@ class QwenVLImageProcessor:
         )
         if low > high:
             raise AnyformerError(ErrorCode.BAD_MODEL, f"{label}: min_pixels {low} above max_pixels {high}")
-        resample = config.get("resample", BICUBIC)
-        factor = config.get("rescale_factor", 1 / 255)
-        rescale = float(factor) if config.get("do_rescale", True) and isinstance(factor, (int, float)) else None
         normalize = config.get("do_normalize", True)
         return cls(
             patch=patch,
@@ -107,10 +96,10 @@ class QwenVLImageProcessor:
             temporal=temporal,
             min_pixels=low,
             max_pixels=high,
-            resample=resample if resample in (0, 1, 2, 3, 4, 5) else BICUBIC,
-            rescale=rescale,
-            mean=_floats(config.get("image_mean"), CLIP_MEAN, "image_mean", label) if normalize else None,
-            std=_floats(config.get("image_std"), CLIP_STD, "image_std", label) if normalize else None,
+            resample=resample_of(config, BICUBIC),
+            rescale=rescale_of(config),
+            mean=float_triple(config.get("image_mean"), CLIP_MEAN, "image_mean", label) if normalize else None,
+            std=float_triple(config.get("image_std"), CLIP_STD, "image_std", label) if normalize else None,
         )
 
     def target_size(self, height: int, width: int, what: str = "the image") -> tuple[int, int]:
@@ -197,14 +186,8 @@ class QwenVisionGraph:
             "pixel_values": pixels.astype(self.pixel_type),
             self.grid_input: np.asarray([grid], dtype=self.grid_type),
         }
-        try:
-            (rows,) = self.session.run(["image_features"], feeds)
-        except Exception as exc:  # onnxruntime's own error types: a grid the graph was not exported for
-            text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            raise AnyformerError(
-                ErrorCode.BAD_REQUEST, f"{self.label}: the graph refused {what}'s grid {grid}: {text}"
-            ) from exc
-        rows = np.asarray(rows)
+        refused = f"{self.label}: the graph refused {what}'s grid {grid}"
+        rows = np.asarray(run_refusing(self.session, ["image_features"], feeds, refused)[0])
         rows = rows.reshape(-1, rows.shape[-1])
         tokens = grid[0] * grid[1] * grid[2] // self.processor.merge**2
         if rows.shape[0] != tokens:

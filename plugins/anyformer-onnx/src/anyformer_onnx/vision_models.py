@@ -58,6 +58,7 @@ from anyformer_onnx import BACKEND_ID
 from anyformer_onnx.classifier_model import FUNCTIONS, apply_function, labels_of, softmax
 from anyformer_onnx.image_input import images_of
 from anyformer_onnx.image_preprocessing import ImagePreprocessor
+from anyformer_onnx.ort_session import run_refusing
 
 
 def reported(images: list[Any], stage: str, progress: ProgressCallback) -> Iterator[Any]:
@@ -95,13 +96,9 @@ class VisionGraph:
         feeds = {"pixel_values": pixels}
         if self.has_mask:
             feeds["pixel_mask"] = np.ones((1, pixels.shape[2], pixels.shape[3]), dtype=np.int64)
-        try:
-            return list(self.session.run(outputs, feeds))
-        except Exception as exc:  # onnxruntime's own error types: a shape the graph was not exported for
-            text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            raise AnyformerError(
-                ErrorCode.BAD_REQUEST, f"{self.label}: the graph refused pixels of shape {pixels.shape}: {text}"
-            ) from exc
+        return run_refusing(
+            self.session, outputs, feeds, f"{self.label}: the graph refused pixels of shape {pixels.shape}"
+        )
 
 
 def _unknown(task: str, rest: Mapping[str, Any]) -> None:
