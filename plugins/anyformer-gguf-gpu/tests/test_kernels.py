@@ -612,6 +612,22 @@ def test_moe_combine_adds_each_tokens_weighted_rows_in_table_order(gpu, kernels,
     _close(gpu.read(out, np.float32, tokens * n).reshape(tokens, n), want)
 
 
+def test_moe_combine_of_one_unit_row_adds_a_vector_exactly(gpu, kernels, rng):
+    """y += v (diskformer's cpu_experts adds the CPU experts' sum so): one row of weight 1 is numpy's f32 sum, bit
+    for bit, and leaves the rest of y alone."""
+    from anyformer_gguf_gpu.kernels import combine_table
+
+    n = 133
+    v = rng.standard_normal(n).astype(np.float32)
+    y = rng.standard_normal(n + 5).astype(np.float32)
+    out = gpu.upload(y)
+    table = gpu.upload(combine_table(np.zeros((1, 1), dtype=np.int64), np.ones((1, 1))))
+    kernels.run([kernels.moe_combine(gpu.upload(v), table, out, n, 1, tokens=1)])
+    got = gpu.read(out, np.float32, n + 5)
+    np.testing.assert_array_equal(got[:n], y[:n] + v)
+    np.testing.assert_array_equal(got[n:], y[n:])
+
+
 def test_combine_table_refuses_rows_and_weights_of_different_shapes():
     from anyformer_gguf_gpu.kernels import combine_table
 

@@ -175,6 +175,15 @@ def attach_prefetcher(cache: ExpertCache[Any], width: int, threads: int, min_cac
     cache.prefetcher = Prefetcher(cache.reader, cache.stats, width, threads)
 
 
+def cpu_experts_option(options: dict[str, object]) -> bool:
+    """The ``cpu_experts`` load option (default False): whether the GPU engine computes the experts its cache
+    misses on the CPU while decoding instead of uploading them; ``BAD_REQUEST`` for anything but a bool."""
+    value = options.get("cpu_experts", False)
+    if not isinstance(value, bool):
+        raise AnyformerError(ErrorCode.BAD_REQUEST, f"cpu_experts must be true or false, not {value!r}")
+    return value
+
+
 def policy_for(options: dict[str, object], n_layer: int) -> EvictionPolicy:
     """The eviction policy the ``cache_policy`` load option names (``reuse``, the default, ``lrfu`` or ``lru``)."""
     # reuse by default: it keeps the experts each layer chooses most often and lets a newly read expert
@@ -238,11 +247,15 @@ class DiskformerModel:
                 raise AnyformerError(ErrorCode.BAD_REQUEST, f"direct_io must be true or false, not {direct!r}")
             width, threads = prefetch_options(request.options, config.n_expert_used)
             threads_cpu = compute_threads(request.options)
+            cpu_experts = cpu_experts_option(request.options)
             spans = expert_spans(gguf.header, config.n_layer, config.n_expert)
             trace = trace_writer_from_env()
             try:
                 engine: Engine
                 if gpu is None:
+                    if cpu_experts:
+                        note = "cpu_experts is ignored: the CPU engine computes every expert on the CPU already"
+                        progress(ProgressEvent(stage="load", backend=BACKEND_ID, file=name, message=note))
                     # Compiled now (or read from numba's cache), not on the first token.
                     types = {t.ggml_type for t in gguf.header.tensors}
                     if any(native_products.supports(t) for t in types):
@@ -281,7 +294,9 @@ class DiskformerModel:
                         attach_prefetcher(made, width, threads, plan.min_cache_bytes)
                         return made
 
-                    engine = gpu_engine_class(config)(gpu, gguf, config, make_cache, context, trace, step)
+                    engine = gpu_engine_class(config)(
+                        gpu, gguf, config, make_cache, context, trace, step, threads_cpu if cpu_experts else 0
+                    )
             except BaseException:
                 if trace is not None:
                     trace.close()

@@ -39,6 +39,8 @@ class CacheStats:
     #: Bytes the prefetcher read that no lookup used.
     prefetch_wasted: int = 0
     evictions: int = 0
+    #: Of the misses, those the GPU engine's ``cpu_experts`` computed on the CPU from a read that bypassed the cache.
+    cpu_computed: int = 0
 
     @property
     def lookups(self) -> int:
@@ -227,6 +229,39 @@ class ExpertCache(Generic[Entry]):
             self._pinned.clear()
         if last and self.prefetcher is not None:
             self.prefetcher.start(layer)
+
+    def ready(self, layer: int, expert: int) -> bool:
+        """Whether a lookup of ``expert`` of ``layer`` now needs no demand read (held, or prefetched and waiting)."""
+        return (layer, expert) in self._entries or self._prefetched(layer, expert)
+
+    def bypass(self, layer: int, experts: Sequence[int]) -> None:
+        """Count ``experts`` of ``layer`` as misses their caller reads itself, past the cache (the GPU engine's
+        ``cpu_experts``): recorded as accesses, never stored, nothing evicted or touched."""
+        for expert in experts:
+            if not (0 <= layer < self.n_layer and 0 <= expert < self.n_expert):
+                raise AnyformerError(ErrorCode.BAD_REQUEST, f"no expert {expert} in layer {layer}")
+            if self.accesses is not None:
+                self.accesses.append((layer, expert))
+        self.stats.misses += len(experts)
+        self.stats.cpu_computed += len(experts)
+
+    def room_for(self, count: int) -> bool:
+        """Whether ``count`` more experts fit beside those held, with nothing evicted."""
+        return self._held + count * self.expert_bytes <= self.capacity_bytes
+
+    def admit(self, layer: int, expert: int, slices: ExpertSlices) -> bool:
+        """Store ``slices`` (read by the caller, see :meth:`bypass`) where they fit beside those held with nothing
+        evicted; False (nothing stored) where they do not fit or are held already."""
+        key = (layer, expert)
+        if not self._open or key in self._entries:
+            return False
+        cost = self.store.cost(slices)
+        if self._held + cost > self.capacity_bytes:
+            return False
+        self._entries[key] = (self.store.put(key, slices), cost)
+        self.policy.touch(key)
+        self._held += cost
+        return True
 
     def _prefetched(self, layer: int, expert: int) -> bool:
         return self.prefetcher is not None and self.prefetcher.ready((layer, expert))

@@ -123,6 +123,28 @@ class ExpertRunner:
                 out[rows] += weights[rows, slot][:, None] * y
         return out
 
+    def weighted_sum(
+        self, load: Callable[[int], ExpertSlices], experts: list[int], weights: list[float], x: np.ndarray
+    ) -> tuple[np.ndarray, list[ExpertSlices]]:
+        """sum_i weights[i] * FFN_i(x) over ``experts`` for one token's ``x`` (n_embd), each expert's slabs got by
+        ``load(expert)`` on the worker that computes it (reads in parallel, each overlapping the others' products);
+        the terms are added in the order given, so the sum does not depend on which worker finished first.
+        Returns the sum and the slabs loaded (in that order)."""
+
+        def one(expert: int) -> tuple[np.ndarray, ExpertSlices]:
+            slices = load(expert)
+            return self._one(slices, x[None, :])[0], slices
+
+        pool = self._pool
+        if pool is None:
+            done = [one(e) for e in experts]
+        else:
+            done = [f.result() for f in [pool.submit(one, e) for e in experts]]
+        out = np.zeros(self.n_embd, dtype=np.float32)
+        for (y, _), w in zip(done, weights, strict=True):
+            out += np.float32(w) * y
+        return out, [slices for _, slices in done]
+
     def close(self) -> None:
         """Stop the worker threads; safe to call twice."""
         pool, self._pool = self._pool, None

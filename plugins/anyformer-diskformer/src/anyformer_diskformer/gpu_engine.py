@@ -18,6 +18,16 @@ so silu(gate) · w·up is the weighted activation the down product adds straight
 qwen2moe's shared expert is three products more, its sigmoid gate folded the same way. A leading
 dense layer (bailingmoe2) queues its SwiGLU FFN the same way with nothing read back. The KV cache
 is f32, as the checks against llama.cpp's f32 cache want.
+
+With ``cpu_threads`` (the ``cpu_experts`` load option) a decoding step uploads no missed expert: the
+chosen experts the cache holds (or the prefetcher has read) run on the GPU as above, and the others
+are computed on the CPU from the file's pages (:class:`~anyformer_diskformer.expert_compute.ExpertRunner`).
+The residual after attention comes back in the same read as the router's logits, is normalised on the
+host as the kernels normalise it, and the CPU experts' weighted sum goes up as one vector that a
+one-row combine adds into the residual after the GPU experts (then the shared expert), the order the
+sum had with every expert on the GPU. Misses never evict: while the cache has room the experts read
+for the CPU are stored after the step's last layer is queued (off the critical path), after that only
+the prefetcher's guesses (read on its threads) enter it. Prompt steps upload their misses as before.
 """
 
 from __future__ import annotations
@@ -31,6 +41,7 @@ import numpy as np
 
 from anyformer.plugin import AnyformerError, ErrorCode
 from anyformer_diskformer.expert_cache import ExpertCache
+from anyformer_diskformer.expert_compute import ExpertRunner
 from anyformer_diskformer.expert_reader import ExpertSlices, expert_spans
 from anyformer_diskformer.gpu_prompt import PROMPT_STEP, PromptSteps
 from anyformer_diskformer.moe_config import EXPERT_TENSORS, MoEConfig
@@ -39,7 +50,7 @@ from anyformer_diskformer.routing import route_layer, selection_scores
 from anyformer_diskformer.trace import TraceWriter
 from anyformer_gguf_gpu.gguf_file import GGUFFile
 from anyformer_gguf_gpu.gpu import GPU
-from anyformer_gguf_gpu.kernels import Dispatch, Kernels
+from anyformer_gguf_gpu.kernels import Dispatch, Kernels, combine_table
 from anyformer_gguf_gpu.quants import F32, QuantFormat, dequantize, format_of
 from anyformer_gguf_gpu.transformer import Weight, cos_sin_table
 
@@ -157,7 +168,18 @@ class GpuMoEEngine:
         ctx: int,
         trace: TraceWriter | None = None,
         prompt_step: int = PROMPT_STEP,
+        cpu_threads: int = 0,
     ) -> None:
+        if cpu_threads and type(self) is not GpuMoEEngine:
+            # Gemma 4's and qwen35moe's engines replace the FFN dispatches this split relies on.
+            raise AnyformerError(
+                ErrorCode.BAD_REQUEST, f"cpu_experts is not supported for the {config.architecture} architecture"
+            )
+        if cpu_threads < 0:
+            raise AnyformerError(ErrorCode.BAD_REQUEST, f"cpu_threads must be at least 0, not {cpu_threads}")
+        #: Decoding computes the experts the cache misses on the CPU, on this many threads (0: uploads them).
+        self.cpu_threads = cpu_threads
+        self.runner: ExpertRunner | None = None
         if prompt_step < 1:
             raise AnyformerError(ErrorCode.BAD_REQUEST, f"a prompt step covers at least one token, not {prompt_step}")
         #: Most tokens a prompt step covers (1 where the architecture runs prompts a token a step).
@@ -201,7 +223,9 @@ class GpuMoEEngine:
         self.gate_up = buf(8 * max(c.n_ff_exp, c.n_ff_shexp, c.n_ff), "gate-up")
         # This layer's router logits (and the shared expert's gate), then the next layer's router on this
         # layer's residual: the prefetcher's guess.
-        self.router = buf(8 * (c.n_expert + 1), "router")
+        # With cpu_threads the residual after attention follows them: one read brings back both.
+        self._h_at = 2 * (c.n_expert + 1)
+        self.router = buf(4 * (self._h_at + (c.n_embd if self.cpu_threads else 0)), "router")
         self.logits = buf(4 * c.n_vocab, "logits")
         self.scores = buf(4 * n * c.n_head * ctx, "scores")
         self.ids = buf(4 * (ctx + 1), "ids")
@@ -222,6 +246,22 @@ class GpuMoEEngine:
         self._head = self.head_dispatch(0)
         if n > 1:
             self.prompt = PromptSteps(self, n)
+        if self.cpu_threads:
+            self._build_cpu_experts(gguf)
+
+    def _build_cpu_experts(self, gguf: GGUFFile) -> None:
+        """The CPU side of ``cpu_threads``: the expert runner (its compiled products ready now, not on the first
+        token), the buffer its weighted sum is written to, and the combine that adds it to the residual."""
+        from anyformer_diskformer import native_products
+
+        c = self.config
+        types = {t.ggml_type for t in gguf.header.tensors}
+        native_products.compile_for(types)
+        self.runner = ExpertRunner(self.cpu_threads, c.n_embd, c.n_ff_exp)
+        self.cpu_out = self._buffer(4 * c.n_embd, "cpu-experts")
+        # One row (0) of weight 1: h += 1.0 * v adds v exactly.
+        table = self._upload(combine_table(np.zeros((1, 1), dtype=np.int64), np.ones((1, 1))), "cpu-experts-table")
+        self._add_cpu = self.kernels.moe_combine(self.cpu_out, table, self.h, c.n_embd, 1, tokens=1)
 
     def head_dispatch(self, token: int) -> Dispatch:
         """The output norm and head over residual row ``token`` into the logits."""
@@ -506,6 +546,10 @@ class GpuMoEEngine:
         gpu.write(self.state, np.array([pos, 1, 0, 0], dtype=np.uint32))
         pending = [self._embed]
         copy = [(self.h, 0, self.h_ffn, 0, 4 * c.n_embd)]
+        if self.cpu_threads:
+            copy.append((self.h, 0, self.router, 4 * self._h_at, 4 * c.n_embd))
+        #: Experts read for the CPU this step, stored in the cache after the last layer is queued (while it has room).
+        admit: list[tuple[int, int, ExpertSlices]] = []
         for layer in range(c.n_layer):
             self.kernels.run(pending + self._layers[layer], copy)
             norm = self._host_norms[f"blk.{layer}.{c.ffn_norm}.weight"]
@@ -521,24 +565,82 @@ class GpuMoEEngine:
                 pending = list(self._dense[layer])
                 continue
             guessing = prefetcher is not None and layer + 1 < c.n_layer
-            logits = gpu.read(self.router, np.float32, 2 * c.n_expert + 1 if guessing else c.n_expert + 1)
+            if self.cpu_threads:
+                logits = gpu.read(self.router, np.float32, self._h_at + c.n_embd)
+            else:
+                logits = gpu.read(self.router, np.float32, 2 * c.n_expert + 1 if guessing else c.n_expert + 1)
             if prefetcher is not None and guessing:
                 self._guess(layer + 1, logits[None, c.n_expert + 1 : 2 * c.n_expert + 1], prefetcher)
             chosen, weights = route_layer(c, logits[None, : c.n_expert], self._probs_bias.get(layer))
-            slots = self.cache.fetch(layer, [int(e) for e in chosen[0]])
+            experts = [int(e) for e in chosen[0]]
             gpu.write(self.gate_norm, norm)
             pending = []
-            for slot, weight in zip(slots, weights[0], strict=True):
-                pending += self.slots.dispatches(slot, norm * np.float32(weight))
+            if self.cpu_threads:
+                pending += self._split_experts(layer, experts, weights[0], logits[self._h_at :], norm, admit)
+            else:
+                for slot, weight in zip(self.cache.fetch(layer, experts), weights[0], strict=True):
+                    pending += self.slots.dispatches(slot, norm * np.float32(weight))
             if c.n_ff_shexp:
                 gate = np.float32(1.0 / (1.0 + np.exp(-np.float64(logits[c.n_expert])))) if c.shexp_gated else 1
                 gpu.write(self.shexp_norm, norm * np.float32(gate))
                 pending += self._shared[layer]
         if not head:
             self.kernels.run(pending)
+            self._admit(admit)
             return None
         self.kernels.run([*pending, self._head])
+        self._admit(admit)  # the GPU runs the last layer and the head meanwhile
         return self.read_logits()
+
+    def _split_experts(
+        self,
+        layer: int,
+        experts: list[int],
+        weights: np.ndarray,
+        h: np.ndarray,
+        norm: np.ndarray,
+        admit: list[tuple[int, int, ExpertSlices]],
+    ) -> list[Dispatch]:
+        """``cpu_threads``: the dispatches of ``layer``'s chosen experts the cache holds (or the prefetcher has
+        read), then the one that adds the others' weighted sum, computed here on the CPU from the residual ``h``.
+
+        The GPU experts are queued in routing order, the CPU sum after them: the CPU terms are summed in routing
+        order among themselves, so the residual gets the same terms as with every expert on the GPU.
+        """
+        c = self.config
+        on_gpu = [i for i, e in enumerate(experts) if self.cache.ready(layer, e)]
+        on_cpu = [i for i in range(len(experts)) if i not in on_gpu]
+        # Held ones first and pinned, so taking a prefetched one cannot evict another chosen one.
+        got = dict(self.cache.fetch_each(layer, [experts[i] for i in on_gpu]))
+        out: list[Dispatch] = []
+        for i in on_gpu:
+            out += self.slots.dispatches(got[experts[i]], norm * np.float32(weights[i]))
+        if not on_cpu:
+            return out
+        cpu_experts = [experts[i] for i in on_cpu]
+        self.cache.bypass(layer, cpu_experts)
+        # The FFN input as the kernels normalise it: RMSNorm over f32 with the ffn_norm weights.
+        x = (h / np.sqrt(np.mean(h.astype(np.float64) ** 2) + c.eps) * norm).astype(np.float32)
+        runner = self.runner
+        assert runner is not None
+        reader = self.cache.reader
+        total, loaded = runner.weighted_sum(
+            lambda e: reader.read(layer, e), cpu_experts, [float(weights[i]) for i in on_cpu], x
+        )
+        self.cache.stats.bytes_read += sum(s.nbytes for s in loaded)
+        room = len(admit)
+        for e, slices in zip(cpu_experts, loaded, strict=True):
+            if self.cache.room_for(room + 1):
+                admit.append((layer, e, slices))
+                room += 1
+        self.gpu.write(self.cpu_out, total)
+        return [*out, self._add_cpu]
+
+    def _admit(self, admit: list[tuple[int, int, ExpertSlices]]) -> None:
+        """Store the experts read for the CPU this step in the cache while it has room (never evicting)."""
+        for layer, expert, slices in admit:
+            self.cache.admit(layer, expert, slices)
+        admit.clear()
 
     def read_logits(self) -> np.ndarray:
         """The logits the head dispatch last wrote (Gemma 4 soft-caps them here)."""
@@ -578,6 +680,9 @@ class GpuMoEEngine:
 
     def release(self) -> None:
         """Free every GPU buffer now; the engine is unusable after."""
+        runner: ExpertRunner | None = getattr(self, "runner", None)
+        if runner is not None:
+            runner.close()
         slots: GpuSlots | None = getattr(self, "slots", None)
         if slots is not None:
             slots.release()
