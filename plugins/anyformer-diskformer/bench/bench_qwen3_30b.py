@@ -20,6 +20,7 @@ Usage (as root for the cgroup; under nice, the file deleted after):
 
     nice -n 10 python plugins/anyformer-diskformer/bench/bench_qwen3_30b.py [--layers 8] [--tokens 4]
         [--device gpu|cpu] [--budgets 0.5,0.25,0.1] [--threads 2] [--prefetch N] [--engines diskformer,llama]
+        [--page-cache] [--cpu-experts]
 """
 
 from __future__ import annotations
@@ -289,6 +290,7 @@ def child_diskformer(
     prefetch: int,
     direct_io: bool = True,
     prefetch_threads: int = 0,
+    cpu_experts: bool = False,
 ) -> dict[str, object]:
     """The engine's decode tok/s with the expert cache the budget leaves, its counters and the slots it had."""
     import anyformer
@@ -308,6 +310,8 @@ def child_diskformer(
         "threads": threads,
         "direct_io": direct_io,
     }
+    if cpu_experts:
+        options["cpu_experts"] = True
     if prefetch >= 0:
         options["prefetch"] = prefetch
     if prefetch_threads > 0:
@@ -318,7 +322,7 @@ def child_diskformer(
         assert engine is not None
         stats = engine.cache.stats
         logits = engine.forward(PROMPT, 0, every=False)[-1]
-        before = (stats.hits, stats.prefetched, stats.lookups, stats.bytes_read)
+        before = (stats.hits, stats.prefetched, stats.lookups, stats.bytes_read, stats.cpu_computed)
         began = time.perf_counter()
         for step in range(tokens):
             logits = engine.forward([int(np.argmax(logits))], len(PROMPT) + step, every=False)[-1]
@@ -328,6 +332,7 @@ def child_diskformer(
             "tok_per_sec": tokens / took,
             "hit_rate": (stats.hits + stats.prefetched - before[0] - before[1]) / max(1, lookups),
             "bytes_per_token": (stats.bytes_read - before[3]) / tokens,
+            "cpu_per_token": (stats.cpu_computed - before[4]) / tokens,
             "pool": pool,
             "slots": engine.cache.capacity_bytes // engine.cache.expert_bytes,
             "pool_slots": pool // engine.cache.expert_bytes,
@@ -369,6 +374,12 @@ def main() -> None:
         help="keep the file in the page cache (host memory) for every engine, no memory cgroup, and diskformer reads "
         "through it (direct_io off): experts from host memory rather than from the disk",
     )
+    parser.add_argument(
+        "--cpu-experts",
+        action="store_true",
+        help="diskformer's GPU engine computes the experts its cache misses on the CPU while decoding (the cpu_experts "
+        "load option, on --threads threads) instead of uploading them",
+    )
     parser.add_argument("--child", nargs="*", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -381,8 +392,9 @@ def main() -> None:
             numbers = int(rest[0]), int(rest[1])
             direct = rest[7] == "direct" if len(rest) > 7 else True
             readers = int(rest[8]) if len(rest) > 8 else 0
+            on_cpu = len(rest) > 9 and rest[9] == "cpu-experts"
             result = child_diskformer(
-                path, *numbers, rest[2], rest[3], rest[4], int(rest[5]), int(rest[6]), direct, readers
+                path, *numbers, rest[2], rest[3], rest[4], int(rest[5]), int(rest[6]), direct, readers, on_cpu
             )
             print(json.dumps(result))
         return
@@ -426,6 +438,7 @@ def main() -> None:
                             *(args.policy, str(args.threads), str(args.prefetch)),
                             "page-cache" if args.page_cache else "direct",
                             str(args.prefetch_threads),
+                            "cpu-experts" if args.cpu_experts else "upload",
                         ],
                         procs,
                         drop=not args.page_cache,
@@ -460,10 +473,13 @@ def main() -> None:
                     for name in ("lrfu", "reuse")
                 }
                 per_token = float(mine["bytes_per_token"])  # type: ignore[arg-type]
+                cpu_per_token = float(mine["cpu_per_token"])  # type: ignore[arg-type]
+                on_cpu = f"misses on the CPU ({cpu_per_token:.1f} experts a token), " if args.cpu_experts else ""
                 bound = disk / per_token if per_token else float("inf")
                 speed = float(mine["tok_per_sec"])  # type: ignore[arg-type]
                 print(
                     f"  diskformer ({args.policy}, {mine['read_method']}, prefetch {mine['prefetch']}, "
+                    f"{on_cpu}"
                     f"{mine['slots']} cache slots "
                     f"of {slots} in the pool): {speed:.3f} tok/s, hit rate {float(mine['hit_rate']):.0%} "  # type: ignore[arg-type]
                     f"(Belady {belady / max(1, len(decode)):.0%}, LRU {lru / max(1, len(decode)):.0%}, "
