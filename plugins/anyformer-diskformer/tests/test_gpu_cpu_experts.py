@@ -110,12 +110,57 @@ def test_the_cpu_engine_ignores_cpu_experts_with_a_note(moe_f32):
     assert any("cpu_experts is ignored" in note for note in notes)
 
 
-def test_the_load_option_reaches_the_gpu_engine(gpu, moe_f32):
-    loaded, _ = open_model(moe_f32, device="gpu", cpu_experts=True, threads=2, direct_io=False)
+@pytest.mark.parametrize("direct_io", [False, True])
+def test_the_load_option_reaches_the_gpu_engine(gpu, moe_f32, direct_io):
+    """With direct_io off the CPU reads the experts from the file mapped (the page cache's pages); with it on,
+    through the cache's reader (O_DIRECT, or its pread fallback where the file system refuses it): the same logits."""
+    config = read_moe_config(GGUFFile(moe_f32).header)
+    pool = config.n_expert_used * slot_bytes(moe_f32)
+    loaded, _ = open_model(
+        moe_f32, device="gpu", cpu_experts=True, threads=2, direct_io=direct_io, pool_bytes=pool, prefetch=0
+    )
+    reference = gpu_engine_for(loaded.engine.gpu, moe_f32, None)
     try:
         engine = loaded.engine
         assert engine is not None and engine.cpu_threads == 2
-        engine.forward(PROMPT[:1], 0)
-        engine.forward(PROMPT[1:2], 1)
+        assert (engine.mapped is not None) is (not direct_io)
+        for pos, token in enumerate(PROMPT[:4]):
+            got = engine.forward([token], pos)
+            want = reference.forward([token], pos)
+            assert np.abs(got - want).max() < 1e-5
+        assert engine.cache.stats.cpu_computed > 0
     finally:
         loaded.dispose()
+        reference.release()
+
+
+def slot_bytes(path: str) -> int:
+    """Bytes of one GPU slot of ``path``'s experts (GpuSlots sizes each for the largest of every layer)."""
+    from anyformer_diskformer.expert_reader import expert_spans
+    from anyformer_diskformer.moe_config import EXPERT_TENSORS
+
+    header = GGUFFile(path).header
+    config = read_moe_config(header)
+    spans = expert_spans(header, config.n_layer, config.n_expert)
+    return sum(max(s.length for (_, k), s in spans.items() if k == kind) for kind in EXPERT_TENSORS)
+
+
+def test_mapped_experts_are_the_readers_bytes(moe_f32, qwen2moe_f32):
+    from anyformer_diskformer.expert_reader import ExpertReader, MappedExperts, expert_spans
+
+    for path in (moe_f32, qwen2moe_f32):
+        header = GGUFFile(path).header
+        config = read_moe_config(header)
+        spans = expert_spans(header, config.n_layer, config.n_expert)
+        reader, mapped = ExpertReader(path, spans), MappedExperts(path, spans)
+        try:
+            for layer, expert in [(0, 0), (config.n_layer - 1, config.n_expert - 1), (0, 3)]:
+                a, b = reader.read(layer, expert), mapped.read(layer, expert)
+                assert a.types == b.types
+                for x, y in ((a.gate, b.gate), (a.up, b.up), (a.down, b.down)):
+                    np.testing.assert_array_equal(x, y)
+        finally:
+            reader.close()
+            mapped.close()
+        with pytest.raises(AnyformerError):
+            mapped.read(0, 0)

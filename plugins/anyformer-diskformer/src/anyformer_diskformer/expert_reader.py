@@ -187,3 +187,43 @@ def open_reader(path: str, spans: dict[tuple[int, str], Span], direct: bool = Tr
     plain = ExpertReader(path, spans)
     plain.note = f"pread+fadvise: {reason}"
     return plain
+
+
+class MappedExperts:
+    """Experts as views of the file mapped read-only: the slabs are the page cache's own pages (no copy, nothing
+    dropped), for computing experts on the CPU where they lie in host memory (the GPU engine's ``cpu_experts``
+    with ``direct_io`` off, as llama.cpp's mmap does). Safe from several threads."""
+
+    method = "mmap"
+
+    def __init__(self, path: str, spans: dict[tuple[int, str], Span]) -> None:
+        import mmap
+
+        self.spans = spans
+        with open(path, "rb") as f:
+            self._map: mmap.mmap | None = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        self._bytes: np.ndarray | None = np.frombuffer(self._map, dtype=np.uint8)
+
+    def read(self, layer: int, expert: int) -> ExpertSlices:
+        """Expert ``expert`` of ``layer`` as views of the mapping (``BAD_REQUEST`` once closed)."""
+        data = self._bytes
+        if data is None:
+            raise AnyformerError(ErrorCode.BAD_REQUEST, "the expert cache was closed")
+        parts = []
+        for kind in EXPERT_TENSORS:
+            span = self.spans[layer, kind]
+            start = span.offset + expert * span.stride
+            if start + span.length > len(data):
+                raise AnyformerError(ErrorCode.BAD_MODEL, f"the file ended inside an expert at byte {start}")
+            parts.append(data[start : start + span.length])
+        t = tuple(self.spans[layer, k].ggml_type for k in EXPERT_TENSORS)
+        return ExpertSlices(parts[0], parts[1], parts[2], (t[0], t[1], t[2]))
+
+    def close(self) -> None:
+        """Drop the mapping; safe to call twice (views still held keep it alive until they go)."""
+        mapping, self._map, self._bytes = self._map, None, None
+        if mapping is not None:
+            try:
+                mapping.close()
+            except BufferError:
+                pass  # a slab view is still referenced: the mapping goes with the last of them

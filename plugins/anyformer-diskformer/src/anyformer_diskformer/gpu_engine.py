@@ -21,7 +21,8 @@ is f32, as the checks against llama.cpp's f32 cache want.
 
 With ``cpu_threads`` (the ``cpu_experts`` load option) a decoding step uploads no missed expert: the
 chosen experts the cache holds (or the prefetcher has read) run on the GPU as above, and the others
-are computed on the CPU from the file's pages (:class:`~anyformer_diskformer.expert_compute.ExpertRunner`).
+are computed on the CPU (:class:`~anyformer_diskformer.expert_compute.ExpertRunner`) where they lie: in the
+file mapped read-only (the page cache's own pages) with ``direct_io`` off, else through the cache's reader.
 The residual after attention comes back in the same read as the router's logits, is normalised on the
 host as the kernels normalise it, and the CPU experts' weighted sum goes up as one vector that a
 one-row combine adds into the residual after the GPU experts (then the shared expert), the order the
@@ -42,7 +43,7 @@ import numpy as np
 from anyformer.plugin import AnyformerError, ErrorCode
 from anyformer_diskformer.expert_cache import ExpertCache
 from anyformer_diskformer.expert_compute import ExpertRunner
-from anyformer_diskformer.expert_reader import ExpertSlices, expert_spans
+from anyformer_diskformer.expert_reader import DirectExpertReader, ExpertSlices, MappedExperts, expert_spans
 from anyformer_diskformer.gpu_prompt import PROMPT_STEP, PromptSteps
 from anyformer_diskformer.moe_config import EXPERT_TENSORS, MoEConfig
 from anyformer_diskformer.prefetch import likely_experts
@@ -180,6 +181,7 @@ class GpuMoEEngine:
         #: Decoding computes the experts the cache misses on the CPU, on this many threads (0: uploads them).
         self.cpu_threads = cpu_threads
         self.runner: ExpertRunner | None = None
+        self.mapped: MappedExperts | None = None
         if prompt_step < 1:
             raise AnyformerError(ErrorCode.BAD_REQUEST, f"a prompt step covers at least one token, not {prompt_step}")
         #: Most tokens a prompt step covers (1 where the architecture runs prompts a token a step).
@@ -258,6 +260,12 @@ class GpuMoEEngine:
         types = {t.ggml_type for t in gguf.header.tensors}
         native_products.compile_for(types)
         self.runner = ExpertRunner(self.cpu_threads, c.n_embd, c.n_ff_exp)
+        reader = self.cache.reader
+        if not isinstance(reader, DirectExpertReader) and not reader.note:
+            # direct_io off: the CPU multiplies the experts in the page cache's own pages, with no copy and
+            # nothing dropped (the pread reader would drop what it read). With O_DIRECT (asked for and working)
+            # the CPU's reads go through the cache's reader, as the uploads do.
+            self.mapped = MappedExperts(reader.path, reader.spans)
         self.cpu_out = self._buffer(4 * c.n_embd, "cpu-experts")
         # One row (0) of weight 1: h += 1.0 * v adds v exactly.
         table = self._upload(combine_table(np.zeros((1, 1), dtype=np.int64), np.ones((1, 1))), "cpu-experts-table")
@@ -623,11 +631,11 @@ class GpuMoEEngine:
         x = (h / np.sqrt(np.mean(h.astype(np.float64) ** 2) + c.eps) * norm).astype(np.float32)
         runner = self.runner
         assert runner is not None
-        reader = self.cache.reader
+        reader = self.mapped if self.mapped is not None else self.cache.reader
         total, loaded = runner.weighted_sum(
             lambda e: reader.read(layer, e), cpu_experts, [float(weights[i]) for i in on_cpu], x
         )
-        self.cache.stats.bytes_read += sum(s.nbytes for s in loaded)
+        self.cache.stats.bytes_read += sum(s.nbytes for s in loaded)  # from the page cache when mapped
         room = len(admit)
         for e, slices in zip(cpu_experts, loaded, strict=True):
             if self.cache.room_for(room + 1):
@@ -683,6 +691,9 @@ class GpuMoEEngine:
         runner: ExpertRunner | None = getattr(self, "runner", None)
         if runner is not None:
             runner.close()
+        mapped: MappedExperts | None = getattr(self, "mapped", None)
+        if mapped is not None:
+            mapped.close()
         slots: GpuSlots | None = getattr(self, "slots", None)
         if slots is not None:
             slots.release()
