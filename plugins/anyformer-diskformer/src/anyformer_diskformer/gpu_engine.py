@@ -249,18 +249,17 @@ class GpuMoEEngine:
         if n > 1:
             self.prompt = PromptSteps(self, n)
         if self.cpu_threads:
-            self._build_cpu_experts(gguf)
+            self._build_cpu_experts()
 
-    def _build_cpu_experts(self, gguf: GGUFFile) -> None:
+    def _build_cpu_experts(self) -> None:
         """The CPU side of ``cpu_threads``: the expert runner (its compiled products ready now, not on the first
         token), the buffer its weighted sum is written to, and the combine that adds it to the residual."""
         from anyformer_diskformer import native_products
 
         c = self.config
-        types = {t.ggml_type for t in gguf.header.tensors}
-        native_products.compile_for(types)
-        self.runner = ExpertRunner(self.cpu_threads, c.n_embd, c.n_ff_exp)
         reader = self.cache.reader
+        native_products.compile_for({span.ggml_type for span in reader.spans.values()})  # the experts' types only
+        self.runner = ExpertRunner(self.cpu_threads, c.n_embd, c.n_ff_exp)
         if not isinstance(reader, DirectExpertReader) and not reader.note:
             # direct_io off: the CPU multiplies the experts in the page cache's own pages, with no copy and
             # nothing dropped (the pread reader would drop what it read). With O_DIRECT (asked for and working)
