@@ -124,6 +124,8 @@ def test_the_load_option_reaches_the_gpu_engine(gpu, moe_f32, direct_io):
         engine = loaded.engine
         assert engine is not None and engine.cpu_threads == 2
         assert (engine.mapped is not None) is (not direct_io)
+        if not direct_io:
+            assert engine.cache.reader.drop_pages is False  # the GPU's reads leave the CPU's pages in the page cache
         for pos, token in enumerate(PROMPT[:4]):
             got = engine.forward([token], pos)
             want = reference.forward([token], pos)

@@ -103,13 +103,16 @@ class ExpertReader:
         self.spans = spans
         #: Why the reader is not the O_DIRECT one, when that was asked for and refused (else "").
         self.note = ""
+        #: Whether the page cache is told to drop what was read (False where the page cache is the experts' home:
+        #: the GPU engine's ``cpu_experts`` with ``direct_io`` off).
+        self.drop_pages = True
         self._fd: int | None = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
 
     def _slab(self, fd: int, start: int, length: int) -> np.ndarray:
         data = os.pread(fd, length, start)
         if len(data) != length:
             raise AnyformerError(ErrorCode.BAD_MODEL, f"{self.path} ended inside an expert at byte {start}")
-        if hasattr(os, "posix_fadvise"):
+        if self.drop_pages and hasattr(os, "posix_fadvise"):
             # The bytes are ours now; the kernel's copy would only double what the budget allows.
             os.posix_fadvise(fd, start, length, os.POSIX_FADV_DONTNEED)
         return np.frombuffer(data, dtype=np.uint8)

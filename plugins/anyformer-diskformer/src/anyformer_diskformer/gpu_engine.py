@@ -265,6 +265,9 @@ class GpuMoEEngine:
             # nothing dropped (the pread reader would drop what it read). With O_DIRECT (asked for and working)
             # the CPU's reads go through the cache's reader, as the uploads do.
             self.mapped = MappedExperts(reader.path, reader.spans)
+            # The page cache is where the CPU finds the experts now: the reads for the GPU (the prefetcher's, the
+            # warm-up's) must not push them out of it.
+            reader.drop_pages = False
         self.cpu_out = self._buffer(4 * c.n_embd, "cpu-experts")
         # One row (0) of weight 1: h += 1.0 * v adds v exactly.
         table = self._upload(combine_table(np.zeros((1, 1), dtype=np.int64), np.ones((1, 1))), "cpu-experts-table")
