@@ -57,3 +57,30 @@ def test_threads_must_be_a_positive_whole_number(q4k_moe, threads):
         greedy(q4k_moe, 0, device="cpu", threads=threads)
     assert caught.value.code is ErrorCode.BAD_REQUEST
     assert "threads" in str(caught.value)
+
+
+@pytest.mark.parametrize("threads", [2, 8, 16])  # a thread an expert; rows in 2 and 5 parts
+def test_weighted_sum_split_over_more_threads_than_experts_is_the_one_thread_sum(q4k_moe, threads):
+    """weighted_sum (the GPU engine's cpu_experts): each expert on a thread of its own, or its matrices' rows in
+    parts where the threads outnumber the experts, gives the one-thread sum of expert_ffn's outputs."""
+    from anyformer_diskformer.expert_reader import ExpertReader, expert_spans
+    from anyformer_diskformer.moe_config import read_moe_config
+    from anyformer_diskformer.quant_product import QuantProduct, expert_ffn
+
+    header = read_gguf_header(q4k_moe)
+    config = read_moe_config(header)
+    reader = ExpertReader(q4k_moe, expert_spans(header, config.n_layer, config.n_expert))
+    x = np.random.default_rng(3).standard_normal(config.n_embd).astype(np.float32)
+    experts, weights = [5, 1, 3], [0.5, 0.3, 0.2]
+    want = np.zeros(config.n_embd, dtype=np.float32)
+    for e, w in zip(experts, weights, strict=True):
+        y = expert_ffn(QuantProduct(), reader.read(1, e), x[None, :], config.n_embd, config.n_ff_exp)[0]
+        want += np.float32(w) * y
+    runner = expert_compute.ExpertRunner(threads, config.n_embd, config.n_ff_exp)
+    try:
+        got, loaded = runner.weighted_sum(lambda e: reader.read(1, e), experts, weights, x)
+    finally:
+        runner.close()
+        reader.close()
+    assert len(loaded) == 3
+    np.testing.assert_array_equal(got, want)  # each row is the whole row's product, summed in the same order

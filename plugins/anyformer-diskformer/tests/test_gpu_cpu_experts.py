@@ -27,10 +27,11 @@ def top_k_engine(gpu, path: str, threads: int = 2):
 
 
 @pytest.mark.parametrize(("fixture", "tolerance"), CASES)
-def test_cpu_experts_logits_and_greedy_text_match_llama_cpp(request, gpu, fixture, tolerance):
+@pytest.mark.parametrize("threads", [1, 6])  # on the calling thread; more threads than experts (rows split)
+def test_cpu_experts_logits_and_greedy_text_match_llama_cpp(request, gpu, fixture, tolerance, threads):
     path = request.getfixturevalue(fixture)
     want, want_tokens = llama_steps(path)
-    engine = top_k_engine(gpu, path)
+    engine = top_k_engine(gpu, path, threads)
     try:
         got, tokens = greedy_steps(engine.forward)
         stats = engine.cache.stats

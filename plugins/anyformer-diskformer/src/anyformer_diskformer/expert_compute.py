@@ -16,12 +16,13 @@ import concurrent.futures
 import itertools
 import threading
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
 from anyformer_diskformer.expert_cache import ExpertCache
 from anyformer_diskformer.expert_reader import ExpertSlices
-from anyformer_diskformer.quant_product import BAND_ELEMENTS, QuantProduct, expert_ffn
+from anyformer_diskformer.quant_product import BAND_ELEMENTS, QuantProduct, expert_ffn, swiglu
 
 #: A matrix is split over the threads in parts of at least this many weights: with the compiled products a part
 #: of 2**19 Q4_K weights takes ~50-80 µs, about what handing it to a worker and collecting it cost (the H200
@@ -136,14 +137,55 @@ class ExpertRunner:
             return self._one(slices, x[None, :])[0], slices
 
         pool = self._pool
-        if pool is None:
-            done = [one(e) for e in experts]
+        parts = self.threads // max(1, len(experts))
+        if pool is not None and parts >= 2:
+            outputs, loaded = self._split(pool, load, experts, x[None, :], parts)
         else:
-            done = [f.result() for f in [pool.submit(one, e) for e in experts]]
+            done = (
+                [one(e) for e in experts]
+                if pool is None
+                else [f.result() for f in [pool.submit(one, e) for e in experts]]
+            )
+            outputs, loaded = [y for y, _ in done], [slices for _, slices in done]
         out = np.zeros(self.n_embd, dtype=np.float32)
-        for (y, _), w in zip(done, weights, strict=True):
+        for y, w in zip(outputs, weights, strict=True):
             out += np.float32(w) * y
-        return out, [slices for _, slices in done]
+        return out, loaded
+
+    def _split(
+        self,
+        pool: concurrent.futures.ThreadPoolExecutor,
+        load: Callable[[int], ExpertSlices],
+        experts: list[int],
+        x: np.ndarray,
+        parts: int,
+    ) -> tuple[list[np.ndarray], list[ExpertSlices]]:
+        """:meth:`weighted_sum`'s expert outputs where the threads outnumber the experts: each matrix's rows in
+        ``parts`` parts, every expert's gate and up parts at once, then every down part (each row's product is
+        the whole row's, as :func:`expert_ffn` computes it, so the outputs do not depend on the split)."""
+        loaded = [f.result() for f in [pool.submit(load, e) for e in experts]]
+        n_ff, n_embd = self.n_ff, self.n_embd
+
+        def submit(h: np.ndarray, raw: np.ndarray, ggml_type: int, rows: int, cols: int) -> list[Any]:
+            blocks = np.asarray(raw).reshape(rows, -1)
+            bounds = [rows * i // parts for i in range(parts + 1)]
+            return [
+                pool.submit(self._part, h, blocks[a:b], ggml_type, b - a, cols, BAND_ELEMENTS)
+                for a, b in itertools.pairwise(bounds)
+                if b > a
+            ]
+
+        def gather(futures: list[Any]) -> np.ndarray:
+            return np.concatenate([f.result() for f in futures], axis=-1)
+
+        gate_up = [
+            (submit(x, s.gate, s.types[0], n_ff, n_embd), submit(x, s.up, s.types[1], n_ff, n_embd)) for s in loaded
+        ]
+        downs = []
+        for s, (gate_parts, up_parts) in zip(loaded, gate_up, strict=True):
+            gate, up = gather(gate_parts), gather(up_parts)
+            downs.append(submit(swiglu(gate, up, self.activation), s.down, s.types[2], n_embd, n_ff))
+        return [gather(d)[0] for d in downs], loaded
 
     def close(self) -> None:
         """Stop the worker threads; safe to call twice."""

@@ -238,9 +238,14 @@ def expert_ffn(
     ``down(act(gate(x)) * up(x))``, ``act`` SiLU unless ``activation`` is given (Gemma 4: GELU)."""
     gate = kernels.product(x, expert.gate, expert.types[0], n_ff, n_embd)
     up = kernels.product(x, expert.up, expert.types[1], n_ff, n_embd)
+    return kernels.product(swiglu(gate, up, activation), expert.down, expert.types[2], n_embd, n_ff)
+
+
+def swiglu(
+    gate: np.ndarray, up: np.ndarray, activation: Callable[[np.ndarray], np.ndarray] | None = None
+) -> np.ndarray:
+    """``act(gate) * up`` in f32, ``act`` SiLU unless ``activation`` is given: an expert's hidden activation."""
     if activation is not None:
-        hidden = activation(gate).astype(np.float32) * up
-    else:
-        with np.errstate(over="ignore"):  # exp(-gate) overflows to inf for very negative gates: SiLU's limit, 0
-            hidden = (gate / (1.0 + np.exp(-gate))).astype(np.float32) * up
-    return kernels.product(hidden, expert.down, expert.types[2], n_embd, n_ff)
+        return activation(gate).astype(np.float32) * up
+    with np.errstate(over="ignore"):  # exp(-gate) overflows to inf for very negative gates: SiLU's limit, 0
+        return (gate / (1.0 + np.exp(-gate))).astype(np.float32) * up
