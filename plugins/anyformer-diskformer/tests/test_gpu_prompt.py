@@ -79,13 +79,17 @@ def test_a_prompt_step_reads_each_expert_at_most_once_even_when_its_union_outgro
         engine.release()
 
 
-def test_a_prompt_longer_than_a_step_writes_one_trace_line_a_step_and_the_last_row_alone(gpu, moe_f32, tmp_path):
+@pytest.mark.parametrize("fixture", ["moe_f32", "gemma4_f32"])
+def test_a_prompt_longer_than_a_step_writes_one_trace_line_a_step_and_the_last_row_alone(
+    request, gpu, fixture, tmp_path
+):
     """Steps of 3 over 8 tokens: three trace lines (each step's lookups, an expert at most once a layer), and the last
-    row alone (``every=False``) equal to the last of every row's."""
+    row alone (``every=False``) equal to the last of every row's; the generic engine and Gemma 4's."""
+    path = request.getfixturevalue(fixture)
     trace_path = tmp_path / "trace.jsonl"
-    engine = gpu_engine_for(gpu, moe_f32, None, TraceWriter(str(trace_path)), prompt_step=3)
+    engine = gpu_engine_for(gpu, path, None, TraceWriter(str(trace_path)), prompt_step=3)
     engine.cache.take_accesses()
-    other = gpu_engine_for(gpu, moe_f32, None, prompt_step=3)
+    other = gpu_engine_for(gpu, path, None, prompt_step=3)
     try:
         every = engine.forward(PROMPT, 0)
         last = other.forward(PROMPT, 0, every=False)
