@@ -86,26 +86,6 @@ def test_a_gemma4_prompt_step_reads_each_expert_at_most_once(request, gpu, fixtu
         single.release()
 
 
-def test_a_primed_gemma4_chat_over_several_steps_is_the_same_text(gemma4_dense_layer):
-    """prime() with steps of 4 tokens (the system prompt and the chat each span several steps, past the window, the
-    chat resuming inside one): the same reply as a model that runs every prompt a token a step."""
-    from test_prime import CHAT, SYSTEM, open_model, reply
-
-    plain = open_model(gemma4_dense_layer, device="gpu", prompt_step=1)
-    try:
-        assert plain.engine.prompt is None
-        want = reply(plain, CHAT)
-    finally:
-        plain.dispose()
-    primed = open_model(gemma4_dense_layer, device="gpu", prime=SYSTEM, prompt_step=4)
-    try:
-        assert primed.engine.prompt_step == 4
-        assert reply(primed, CHAT) == want
-        assert primed.reused_positions > 4
-    finally:
-        primed.dispose()
-
-
 @pytest.mark.parametrize("fixture", GEMMA4_CASES)
 def test_the_plan_counts_gemma4s_prompt_steps_gpu_bytes(request, gpu, fixture):
     """What Gemma 4's steps of 32 tokens add to the engine's GPU buffers (over one token a step) is within the plan's

@@ -112,18 +112,20 @@ def test_a_prompt_step_of_no_tokens_is_refused(gpu, moe_f32):
     assert caught.value.code is ErrorCode.BAD_REQUEST
 
 
-def test_a_primed_chat_over_several_steps_is_the_same_text(qwen2moe_f32):
-    """prime() with steps of 4 tokens (the system prompt and the chat each span several steps, the chat resumes inside
-    one): the same reply as a model that runs every prompt a token a step."""
+@pytest.mark.parametrize("fixture", ["qwen2moe_f32", "gemma4_dense_layer"])
+def test_a_primed_chat_over_several_steps_is_the_same_text(request, fixture):
+    """prime() with steps of 4 tokens (the system prompt and the chat each span several steps, past Gemma 4's window,
+    the chat resumes inside one): the same reply as a model that runs every prompt a token a step."""
     from test_prime import CHAT, SYSTEM, open_model, reply
 
-    plain = open_model(qwen2moe_f32, device="gpu", prompt_step=1)
+    path = request.getfixturevalue(fixture)
+    plain = open_model(path, device="gpu", prompt_step=1)
     try:
         assert plain.engine.prompt is None
         want = reply(plain, CHAT)
     finally:
         plain.dispose()
-    primed = open_model(qwen2moe_f32, device="gpu", prime=SYSTEM, prompt_step=4)
+    primed = open_model(path, device="gpu", prime=SYSTEM, prompt_step=4)
     try:
         assert primed.engine.prompt_step == 4
         assert reply(primed, CHAT) == want
