@@ -30,6 +30,7 @@ import numpy as np
 from anyformer.plugin import AnyformerError, ErrorCode
 from anyformer_diskformer.cpu_hybrid import imrope_turns
 from anyformer_diskformer.gpu_engine import GpuMoEEngine
+from anyformer_diskformer.plan import aligned_row
 from anyformer_gguf_gpu.gguf_file import GGUFFile
 from anyformer_gguf_gpu.kernels import Dispatch
 from anyformer_gguf_gpu.lfm2_config import MAX_CONV_TAPS
@@ -39,16 +40,6 @@ from anyformer_gguf_gpu.transformer import Weight
 
 #: A delta-net layer's projections, in the order their rows sit in the projection buffer.
 _DELTA_PROJECTIONS = ("attn_qkv", "attn_gate", "ssm_beta", "ssm_alpha")
-
-#: Floats between two tokens' rows of a delta net's step buffers are a multiple of this: a per-token delta-rule
-#: dispatch binds its token's rows at an offset, which must be a multiple of the device's storage-offset alignment
-#: (256 bytes at most in WebGPU).
-ROW_ALIGN = 64
-
-
-def aligned_row(floats: int) -> int:
-    """``floats`` rounded up to a whole number of :data:`ROW_ALIGN` (a step buffer's row stride)."""
-    return -(-floats // ROW_ALIGN) * ROW_ALIGN
 
 
 class HybridGpuEngine(GpuMoEEngine):
