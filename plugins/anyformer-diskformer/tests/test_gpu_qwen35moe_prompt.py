@@ -147,3 +147,35 @@ def test_the_plan_counts_qwen35moes_prompt_steps_gpu_bytes(request, gpu, fixture
         single.release()
     assert plan_from_header(header, CTX, "cpu").prompt_bytes == 0
     assert plan_from_header(header, CTX, "gpu", 1).prompt_bytes == 0
+
+
+def test_a_qwen35moe_prompt_compiles_nothing_after_load_in_a_gpus_shapes(gpu, tmp_path, monkeypatch):
+    """Q4_K experts beside Q8_0 dense matrices, with the shapes a GPU gives each matrix (forced here: lavapipe keeps
+    one thread a row): the pipelines of a prompt's steps (the delta nets' several-token projections and per-token
+    delta rules, the gated attention over the step, the experts' products) were compiled at load."""
+    from anyformer_diskformer.testing import TinyMoE, write_tiny_moe
+    from anyformer_gguf_gpu import kernels as kernels_module
+    from anyformer_gguf_gpu.testing import compiles_counted
+
+    path = str(tmp_path / "tiny-qwen35moe-q8-q4k.gguf")
+    spec = TinyMoE(
+        architecture="qwen35moe",
+        n_layer=4,
+        n_embd=256,
+        n_ff_exp=256,
+        n_ff_shexp=64,
+        n_rot=8,
+        attention_interval=2,
+        quant="Q8_0",
+        expert_quant="Q4_K",
+    )
+    write_tiny_moe(path, spec, seed=12)
+    monkeypatch.setattr(kernels_module, "default_threads_per_row", lambda gpu: 32)
+    engine = gpu_engine_for(gpu, path, None, prompt_step=4)
+    try:
+        assert engine.kernels.layout_per_matrix and engine.prompt is not None
+        with compiles_counted(gpu.device) as made:
+            engine.forward(PROMPT, 0, every=False)
+        assert made == []
+    finally:
+        engine.release()

@@ -38,6 +38,7 @@ def aligned_row(floats: int) -> int:
     """``floats`` rounded up to a whole number of :data:`ROW_ALIGN` (a delta-net step buffer's row stride)."""
     return -(-floats // ROW_ALIGN) * ROW_ALIGN
 
+
 #: Where the engine runs: "cpu" (numpy; dense weights as stored in host memory) or "gpu" (wgpu;
 #: dense weights as stored, in GPU memory).
 DEVICES = ("cpu", "gpu")
