@@ -126,7 +126,8 @@ def test_the_plan_counts_qwen35moes_prompt_steps_gpu_bytes(request, gpu, fixture
     """What qwen35moe's steps of 32 tokens add to the engine's GPU buffers (over one token a step: the step's
     residual, q/k/v, attention and score rows, the delta nets' projection, convolution and output rows and their
     position block, the experts' step buffers) is within the plan's prompt_bytes, in the budget's fixed bytes; the
-    summary's estimate covers it too; no prompt bytes on the CPU, none for steps of one token."""
+    summary's estimate covers it too; no prompt bytes on the CPU, none for steps of one token. The delta nets' step
+    rows are 256 bytes apart (the most any device asks a storage binding's offset to be a multiple of)."""
     from anyformer.plugin import read_gguf_header
     from anyformer_diskformer.plan import plan_from_header, plan_from_summary
 
@@ -137,6 +138,8 @@ def test_the_plan_counts_qwen35moes_prompt_steps_gpu_bytes(request, gpu, fixture
     single = gpu_engine_for(gpu, path, None, prompt_step=1)
     try:
         assert batched.prompt_step == PROMPT_STEP
+        # A delta rule's token rows are bound at offsets any WebGPU device takes (lavapipe asks only 32 bytes).
+        assert all(4 * stride % 256 == 0 for stride in batched._strides)
         grown = batched.held_bytes - single.held_bytes
         one = plan_from_header(header, CTX, "gpu", 1)
         assert 0 < grown <= plan.prompt_bytes
