@@ -2,14 +2,16 @@
 
 A random qwen3moe (default 4 layers, 512 wide, 64 experts of 256, top-8, Q8_0: 107 MB of experts) is written to
 a folder (``--architecture gemma4``: a random Gemma 4 of the same widths, every fourth layer full attention with
-heads twice as wide, the others sliding over a window of 16, a dense GELU MLP of ``--embd`` beside the experts);
+heads twice as wide, the others sliding over a window of 16, a dense GELU MLP of ``--embd`` beside the experts;
+``--architecture qwen35moe``: a random Qwen3.5 MoE, every fourth layer gated full attention, the others gated delta
+nets of 4 key and 8 value heads of ``--embd`` / 8, a sigmoid-gated shared expert of ``--embd`` / 2);
 for each budget a fresh model loads (cold cache, experts read with O_DIRECT where the file system allows), runs
 the prompt's ids (``--prompt`` random tokens) and picks the first token; the time of that and the cache's
 statistics are printed as a Markdown row. ``--prompt-step`` sets the load option (left out: the
 engine's default; it is not passed at all then, so the script also runs on code without the option). Usage:
 
     ANYFORMER_SOFTWARE_GPU=1 python plugins/anyformer-diskformer/bench/bench_gpu_prompt.py [--prompt 64]
-        [--architecture gemma4]
+        [--architecture gemma4|qwen35moe]
 """
 
 from __future__ import annotations
@@ -47,6 +49,13 @@ def run(path: str, ids: list[int], pool: int, step: int | None) -> tuple[float, 
         model.dispose()
 
 
+def _sections(pairs: int) -> tuple[int, int, int, int]:
+    """``pairs`` rotary pairs in three multi-section parts as even as can be (Qwen3.5's 11, 11, 10 of 32), none
+    in the fourth."""
+    third = pairs // 3
+    return (pairs - 2 * third, third, third, 0)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prompt", type=int, default=64, help="prompt tokens")
@@ -55,12 +64,14 @@ def main() -> None:
     parser.add_argument("--experts", type=int, default=64)
     parser.add_argument("--budgets", default="1,0.25", help="expert caches as fractions of every expert's bytes")
     parser.add_argument("--prompt-step", type=int, default=None, help="the prompt_step load option")
-    parser.add_argument("--architecture", choices=("qwen3moe", "gemma4"), default="qwen3moe")
+    parser.add_argument("--architecture", choices=("qwen3moe", "gemma4", "qwen35moe"), default="qwen3moe")
     parser.add_argument("--folder", default=tempfile.gettempdir())
     args = parser.parse_args()
     shape = f"{args.layers}x{args.embd}x{args.experts}"
     name = (
-        f"bench-gpu-prompt-{shape}.gguf" if args.architecture == "qwen3moe" else f"bench-gpu-prompt-gemma4-{shape}.gguf"
+        f"bench-gpu-prompt-{shape}.gguf"
+        if args.architecture == "qwen3moe"
+        else f"bench-gpu-prompt-{args.architecture}-{shape}.gguf"
     )
     path = os.path.join(args.folder, name)
     spec = TinyMoE(
@@ -85,6 +96,19 @@ def main() -> None:
             full_kv=2,
             n_ff_shexp=args.embd,
             fused_gate_up=True,
+        )
+    if args.architecture == "qwen35moe":
+        head = args.embd // 8
+        spec = dataclasses.replace(
+            spec,
+            architecture="qwen35moe",
+            attention_interval=4,
+            ssm_k_heads=4,
+            ssm_v_heads=8,
+            ssm_head=head,
+            n_rot=head // 2,  # partial rotary, as Qwen3.5's
+            rope_sections=_sections(head // 4),
+            n_ff_shexp=args.embd // 2,
         )
     if not os.path.exists(path):
         write_tiny_moe(path, spec, seed=7)

@@ -6,7 +6,6 @@ at most once; prime() over several steps; the plan's prompt bytes cover the step
 from __future__ import annotations
 
 import functools
-import json
 from collections import Counter
 
 import numpy as np
@@ -25,7 +24,6 @@ from test_gpu_prompt import count_reads
 
 from anyformer_diskformer.moe_config import read_moe_config
 from anyformer_diskformer.plan import PROMPT_STEP
-from anyformer_diskformer.trace import TraceWriter
 from anyformer_gguf_gpu.gguf_file import GGUFFile
 
 
@@ -86,49 +84,6 @@ def test_a_gemma4_prompt_step_reads_each_expert_at_most_once(request, gpu, fixtu
     finally:
         batched.release()
         single.release()
-
-
-def test_gemma4_steps_write_one_trace_line_a_step_and_the_last_row_alone(gpu, gemma4_f32, tmp_path):
-    """Steps of 3 over 8 tokens: three trace lines (each step's lookups, an expert at most once a layer), and the last
-    row alone (``every=False``) equal to the last of every row's."""
-    trace_path = tmp_path / "trace.jsonl"
-    engine = gpu_engine_for(gpu, gemma4_f32, None, TraceWriter(str(trace_path)), prompt_step=3)
-    engine.cache.take_accesses()
-    other = gpu_engine_for(gpu, gemma4_f32, None, prompt_step=3)
-    try:
-        every = engine.forward(PROMPT, 0)
-        last = other.forward(PROMPT, 0, every=False)
-        assert every.shape[0] == len(PROMPT) and last.shape[0] == 1
-        np.testing.assert_array_equal(last[0], every[-1])
-        engine.trace.close()
-        lines = [json.loads(line)["accesses"] for line in trace_path.read_text().splitlines()]
-        assert len(lines) == 3
-        for accesses in lines:
-            assert len(accesses) == len({tuple(a) for a in accesses})
-        assert sum(map(len, lines)) == engine.cache.stats.lookups
-    finally:
-        engine.release()
-        other.release()
-
-
-def test_a_primed_gemma4_chat_over_several_steps_is_the_same_text(gemma4_dense_layer):
-    """prime() with steps of 4 tokens (the system prompt and the chat each span several steps, past the window, the
-    chat resuming inside one): the same reply as a model that runs every prompt a token a step."""
-    from test_prime import CHAT, SYSTEM, open_model, reply
-
-    plain = open_model(gemma4_dense_layer, device="gpu", prompt_step=1)
-    try:
-        assert plain.engine.prompt is None
-        want = reply(plain, CHAT)
-    finally:
-        plain.dispose()
-    primed = open_model(gemma4_dense_layer, device="gpu", prime=SYSTEM, prompt_step=4)
-    try:
-        assert primed.engine.prompt_step == 4
-        assert reply(primed, CHAT) == want
-        assert primed.reused_positions > 4
-    finally:
-        primed.dispose()
 
 
 @pytest.mark.parametrize("fixture", GEMMA4_CASES)

@@ -79,13 +79,17 @@ def test_a_prompt_step_reads_each_expert_at_most_once_even_when_its_union_outgro
         engine.release()
 
 
-def test_a_prompt_longer_than_a_step_writes_one_trace_line_a_step_and_the_last_row_alone(gpu, moe_f32, tmp_path):
+@pytest.mark.parametrize("fixture", ["moe_f32", "gemma4_f32"])
+def test_a_prompt_longer_than_a_step_writes_one_trace_line_a_step_and_the_last_row_alone(
+    request, gpu, fixture, tmp_path
+):
     """Steps of 3 over 8 tokens: three trace lines (each step's lookups, an expert at most once a layer), and the last
-    row alone (``every=False``) equal to the last of every row's."""
+    row alone (``every=False``) equal to the last of every row's; the generic engine and Gemma 4's."""
+    path = request.getfixturevalue(fixture)
     trace_path = tmp_path / "trace.jsonl"
-    engine = gpu_engine_for(gpu, moe_f32, None, TraceWriter(str(trace_path)), prompt_step=3)
+    engine = gpu_engine_for(gpu, path, None, TraceWriter(str(trace_path)), prompt_step=3)
     engine.cache.take_accesses()
-    other = gpu_engine_for(gpu, moe_f32, None, prompt_step=3)
+    other = gpu_engine_for(gpu, path, None, prompt_step=3)
     try:
         every = engine.forward(PROMPT, 0)
         last = other.forward(PROMPT, 0, every=False)
@@ -108,18 +112,20 @@ def test_a_prompt_step_of_no_tokens_is_refused(gpu, moe_f32):
     assert caught.value.code is ErrorCode.BAD_REQUEST
 
 
-def test_a_primed_chat_over_several_steps_is_the_same_text(qwen2moe_f32):
-    """prime() with steps of 4 tokens (the system prompt and the chat each span several steps, the chat resumes inside
-    one): the same reply as a model that runs every prompt a token a step."""
+@pytest.mark.parametrize("fixture", ["qwen2moe_f32", "gemma4_dense_layer"])
+def test_a_primed_chat_over_several_steps_is_the_same_text(request, fixture):
+    """prime() with steps of 4 tokens (the system prompt and the chat each span several steps, past Gemma 4's window,
+    the chat resumes inside one): the same reply as a model that runs every prompt a token a step."""
     from test_prime import CHAT, SYSTEM, open_model, reply
 
-    plain = open_model(qwen2moe_f32, device="gpu", prompt_step=1)
+    path = request.getfixturevalue(fixture)
+    plain = open_model(path, device="gpu", prompt_step=1)
     try:
         assert plain.engine.prompt is None
         want = reply(plain, CHAT)
     finally:
         plain.dispose()
-    primed = open_model(qwen2moe_f32, device="gpu", prime=SYSTEM, prompt_step=4)
+    primed = open_model(path, device="gpu", prime=SYSTEM, prompt_step=4)
     try:
         assert primed.engine.prompt_step == 4
         assert reply(primed, CHAT) == want

@@ -157,7 +157,8 @@ class GpuMoEEngine:
     token a step, as decoding does.
     """
 
-    #: Whether prompts run several tokens a step (qwen35moe's delta nets run one token a step).
+    #: Whether prompts run several tokens a step (every engine here does; a subclass without a several-token step
+    #: sets it False).
     batched_prompts = True
 
     def __init__(

@@ -1,7 +1,7 @@
 """qwen35moe (Qwen3.5/3.6 MoE) on wgpu: the graph of :mod:`~anyformer_diskformer.cpu_hybrid` with the GPU engine's
 dense weights, KV cache, expert slots and prefetch.
 
-A gated delta-net layer runs in four dispatches: its projections of the normalised residual (the
+A gated delta-net layer runs in four kinds of dispatch: its projections of the normalised residual (the
 mixed q/k/v channels, the output gate z, beta and alpha, stacked where they share a type), the
 causal depthwise convolution with SiLU (gguf-gpu's short-convolution kernel without LFM2's gates,
 its rolling state on the GPU), the gated delta rule with the per-head norm times silu(z) (one
@@ -12,6 +12,13 @@ The interleaved multi-section rotary is the rotary table with the pairs that do 
 held at cos 1, sin 0. The FFN follows ``post_attention_norm`` as the MoE engine's (routed experts
 and the sigmoid-gated shared expert). Both kernels start from zero states at position 0; a
 checkpoint holds the states after its positions, so it resumes only at its own length.
+
+A prompt runs in the MoE engine's steps (:mod:`~anyformer_diskformer.gpu_prompt`: a step's experts fetched once
+each), its layers built here over the step's tokens (:meth:`HybridGpuEngine.attention_dispatches_for`): the
+projections, the convolution (its kernel walks a step's tokens in order), ssm_out and the attention layers run over
+the whole step; the delta rule is recurrent and its kernel takes one token, so it is one dispatch per token, in
+order, each bound to its token's rows of the step's buffers (rows 256 bytes apart, the largest storage-offset
+alignment WebGPU lets a device ask for) and to a position block that says "not fresh" after the step's first token.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import numpy as np
 from anyformer.plugin import AnyformerError, ErrorCode
 from anyformer_diskformer.cpu_hybrid import imrope_turns
 from anyformer_diskformer.gpu_engine import GpuMoEEngine
+from anyformer_diskformer.plan import aligned_row
 from anyformer_gguf_gpu.gguf_file import GGUFFile
 from anyformer_gguf_gpu.kernels import Dispatch
 from anyformer_gguf_gpu.lfm2_config import MAX_CONV_TAPS
@@ -39,8 +47,6 @@ class HybridGpuEngine(GpuMoEEngine):
 
     #: A delta net's state sums every token before it: a checkpoint resumes only at its own length.
     resumes_only_whole = True
-    #: Prompts run one token a step: the delta nets have no several-token step yet.
-    batched_prompts = False
 
     def _build(self, gguf: GGUFFile, make_cache: Any) -> None:
         c = self.config
@@ -54,10 +60,15 @@ class HybridGpuEngine(GpuMoEEngine):
         self._proj_floats = self._channels + values + 2 * c.ssm_v_heads
         self._conv_kernel = ShortConvKernel(self.kernels, gated=False)
         self._conv_kernel.compile()
-        buf = self._buffer
-        self.proj = buf(4 * self._proj_floats, "delta-projections")
-        self.conv_out = buf(4 * self._channels, "delta-conv")
-        self.delta_out = buf(4 * values, "delta-out")
+        buf, n = self._buffer, self.prompt_step
+        # A prompt step's rows of each, ROW_ALIGN-aligned apart (decoding uses the first).
+        self._strides = tuple(aligned_row(f) for f in (self._proj_floats, self._channels, values))
+        self.proj = buf(4 * n * self._strides[0], "delta-projections")
+        self.conv_out = buf(4 * n * self._strides[1], "delta-conv")
+        self.delta_out = buf(4 * n * self._strides[2], "delta-out")
+        #: The position block the delta rule reads after a step's first token: a position above 0 (not a new
+        #: sequence, so the state is kept).
+        self._later = self._upload(np.array([1, 1, 0, 0], dtype=np.uint32), "later-token") if n > 1 else None
         recurrent = [i for i in range(c.n_layer) if c.is_recurrent(i)]
         self.conv_state = {i: buf(4 * (c.ssm_conv - 1) * self._channels, f"conv-state{i}") for i in recurrent}
         self.delta_state = {i: buf(4 * c.ssm_v_heads * c.ssm_head**2, f"delta-state{i}") for i in recurrent}
@@ -105,13 +116,14 @@ class HybridGpuEngine(GpuMoEEngine):
             vecs = np.concatenate([vector(p + "ssm_dt.bias"), vector(p + "ssm_a"), vector(p + "ssm_norm.weight")])
             self._delta_vecs[i] = self._upload(vecs, f"delta-vectors{i}")
 
-    def _attention_dispatches(self, i: int) -> list[Dispatch]:
+    def attention_dispatches_for(self, i: int, tokens: int) -> list[Dispatch]:
+        """Layer ``i``'s delta net or gated attention over ``tokens`` tokens at positions state[0].., added to h."""
         if self.config.is_recurrent(i):
-            return self._delta_net_dispatches(i)
+            return self._delta_net_dispatches(i, tokens)
         c, p, k = self.config, f"blk.{i}.", self.kernels
         q_span = 2 * c.q_dim
         stride = q_span + 2 * c.kv_dim
-        norm = {"norm": self._norms[p + "attn_norm.weight"], "eps": c.eps}
+        norm = {"norm": self._norms[p + "attn_norm.weight"], "eps": c.eps, "tokens": tokens}
         out: list[Dispatch] = []
         if p + "attn_qkv.weight" in self._weights:
             out.append(self._mv(self._weights[p + "attn_qkv.weight"], self.h, self.qkv, **norm))
@@ -135,6 +147,7 @@ class HybridGpuEngine(GpuMoEEngine):
                 n_head=c.n_head,
                 n_kv=c.n_kv,
                 head_dim=c.head_dim,
+                tokens=tokens,
             )
         )
         out.append(
@@ -151,23 +164,26 @@ class HybridGpuEngine(GpuMoEEngine):
                 n_head=c.n_head,
                 n_kv=c.n_kv,
                 head_dim=c.head_dim,
+                tokens=tokens,
             )
         )
-        out.append(self._mv(self._weights[p + "attn_output.weight"], self.attn, self.h, accumulate=True))
+        out.append(self._mv(self._weights[p + "attn_output.weight"], self.attn, self.h, accumulate=True, tokens=tokens))
         return out
 
-    def _delta_net_dispatches(self, i: int) -> list[Dispatch]:
-        """Layer ``i``'s gated delta net added to the residual."""
+    def _delta_net_dispatches(self, i: int, tokens: int) -> list[Dispatch]:
+        """Layer ``i``'s gated delta net over ``tokens`` tokens added to the residual: the projections, convolution
+        and ssm_out over them all, the delta rule a dispatch per token, in order (its state carries between them)."""
         c, p = self.config, f"blk.{i}."
-        norm = {"norm": self._norms[p + "attn_norm.weight"], "eps": c.eps}
+        proj_row, conv_row, out_row = self._strides
+        norm = {"norm": self._norms[p + "attn_norm.weight"], "eps": c.eps, "tokens": tokens}
         out: list[Dispatch] = []
         if p + "delta_proj" in self._weights:
-            out.append(self._mv(self._weights[p + "delta_proj"], self.h, self.proj, **norm))
+            out.append(self._mv(self._weights[p + "delta_proj"], self.h, self.proj, y_stride=proj_row, **norm))
         else:
             off = 0
             for name in _DELTA_PROJECTIONS:
                 w = self._weights[p + name + ".weight"]
-                out.append(self._mv(w, self.h, self.proj, y_off=off, y_stride=self._proj_floats, **norm))
+                out.append(self._mv(w, self.h, self.proj, y_off=off, y_stride=proj_row, **norm))
                 off += w.rows
         out.append(
             self._conv_kernel.dispatch(
@@ -178,29 +194,33 @@ class HybridGpuEngine(GpuMoEEngine):
                 self.state,
                 n=self._channels,
                 n_taps=c.ssm_conv,
-                tokens=1,
-                x_stride=self._proj_floats,
+                tokens=tokens,
+                x_stride=proj_row,
+                y_stride=conv_row,
             )
         )
         z_off = self._channels
-        out.append(
-            self.kernels.delta_rule(
-                self.conv_out,
-                self.proj,
-                self._delta_vecs[i],
-                self.delta_state[i],
-                self.delta_out,
-                self.state,
-                k_heads=c.ssm_k_heads,
-                v_heads=c.ssm_v_heads,
-                head_dim=c.ssm_head,
-                z_off=z_off,
-                beta_off=z_off + self._values,
-                alpha_off=z_off + self._values + c.ssm_v_heads,
-                eps=c.eps,
+        for t in range(tokens):
+            # Token t's rows; only the step's first token may be a new sequence's (position 0: zero state).
+            out.append(
+                self.kernels.delta_rule(
+                    (self.conv_out, 4 * t * conv_row, 4 * self._channels),
+                    (self.proj, 4 * t * proj_row, 4 * self._proj_floats),
+                    self._delta_vecs[i],
+                    self.delta_state[i],
+                    (self.delta_out, 4 * t * out_row, 4 * self._values),
+                    self.state if t == 0 else self._later,
+                    k_heads=c.ssm_k_heads,
+                    v_heads=c.ssm_v_heads,
+                    head_dim=c.ssm_head,
+                    z_off=z_off,
+                    beta_off=z_off + self._values,
+                    alpha_off=z_off + self._values + c.ssm_v_heads,
+                    eps=c.eps,
+                )
             )
-        )
-        out.append(self._mv(self._weights[p + "ssm_out.weight"], self.delta_out, self.h, accumulate=True))
+        w = self._weights[p + "ssm_out.weight"]
+        out.append(self._mv(w, self.delta_out, self.h, accumulate=True, tokens=tokens, x_stride=out_row))
         return out
 
     def _states(self) -> list[Any]:

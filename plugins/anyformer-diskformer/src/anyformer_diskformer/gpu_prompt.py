@@ -72,7 +72,9 @@ class PromptSteps:
 
     An architecture with other layers (Gemma 4: :mod:`~anyformer_diskformer.gpu_gemma4_prompt`) subclasses it and
     replaces :meth:`_build` (the step's fixed dispatches), :meth:`_route` (the combine weights), the experts' input
-    norm (:meth:`_expert_norm`), their gate's activation (:attr:`gelu`) and the widths its buffers hold.
+    norm (:meth:`_expert_norm`), their gate's activation (:attr:`gelu`) and the widths its buffers hold. One whose
+    layers differ only before the FFN (qwen35moe's delta nets and gated attention) needs no subclass: its engine's
+    ``attention_dispatches_for(layer, tokens)`` builds them over the step's tokens.
     """
 
     #: Whether the experts gate with GELU (Gemma 4) rather than SiLU.

@@ -16,6 +16,7 @@ from anyformer_diskformer.moe_config import PER_LAYER_STATE_ARCHITECTURES, is_ex
 
 if TYPE_CHECKING:
     from anyformer_diskformer.gemma4_config import Gemma4Config
+    from anyformer_diskformer.moe_config import MoEConfig
 
 #: Host memory the engine takes besides its weights and caches: tokenizer, Python objects, scratch.
 RAM_OVERHEAD = 64 * 10**6
@@ -27,6 +28,17 @@ DEFAULT_CONTEXT = 4096
 GPU_OVERHEAD = 32 * 10**6
 #: Most tokens one GPU prompt step covers (:mod:`~anyformer_diskformer.gpu_prompt` says why 32).
 PROMPT_STEP = 32
+#: Floats between two tokens' rows of qwen35moe's delta-net step buffers are a multiple of this
+#: (:mod:`~anyformer_diskformer.gpu_hybrid`): a per-token delta-rule dispatch binds its token's rows at an offset,
+#: which must be a multiple of the device's storage-offset alignment (256 bytes at most in WebGPU).
+ROW_ALIGN = 64
+
+
+def aligned_row(floats: int) -> int:
+    """``floats`` rounded up to a whole number of :data:`ROW_ALIGN` (a delta-net step buffer's row stride)."""
+    return -(-floats // ROW_ALIGN) * ROW_ALIGN
+
+
 #: Where the engine runs: "cpu" (numpy; dense weights as stored in host memory) or "gpu" (wgpu;
 #: dense weights as stored, in GPU memory).
 DEVICES = ("cpu", "gpu")
@@ -91,10 +103,6 @@ def _kv_bytes(summary: dict[str, Any], context: int) -> int:
     return 2 * _fact(summary, "block_count") * context * kv_heads * head_dim * 4
 
 
-#: The architectures whose GPU engine runs prompts a token a step (qwen35moe's delta nets have no several-token step).
-ONE_TOKEN_PROMPTS = frozenset({"qwen35moe"})
-
-
 def _widest(summary: dict[str, Any], key: str) -> int:
     """A count the summary gives for the model or per layer (Gemma 4's heads): the largest."""
     value = summary.get(key)
@@ -108,9 +116,9 @@ def prompt_step_bytes(summary: dict[str, Any], context: int, tokens: int) -> int
     scores over the context, the residual, q/k/v, attention and router rows, and the experts' gathered inputs,
     [gate | up] rows and outputs (an expert's width taken as the model's, which bounds every MoE here; Gemma 4's
     dense MLP rows and the widest layer's heads counted too: an estimate, :func:`gemma4_prompt_bytes` is exact).
-    None for the architectures that run prompts a token a step (qwen35moe) or for steps of one token."""
+    0 for steps of one token."""
     tokens = min(tokens, context)  # the engine's steps never outgrow its context
-    if tokens <= 1 or summary.get("architecture") in ONE_TOKEN_PROMPTS:
+    if tokens <= 1:
         return 0
     embd, heads, k = (
         _fact(summary, "embedding_length"),
@@ -124,6 +132,10 @@ def prompt_step_bytes(summary: dict[str, Any], context: int, tokens: int) -> int
     if summary.get("architecture") == "gemma4":
         # Its MLP's [gate | up] rows, and the attention output, MLP, experts' and FFN sum rows and their zeros.
         per_token += 2 * _widest(summary, "feed_forward_length") + 5 * embd
+    if summary.get("architecture") == "qwen35moe":
+        # Each query's output gate beside it, and the delta nets' projection, convolution and output rows, which the
+        # summary does not size (Qwen3.5's are about 12 n_embd, the fixtures' 7 and 9): 16 n_embd.
+        per_token += q_dim + 16 * embd
     return 4 * (tokens - 1) * per_token
 
 
@@ -143,6 +155,25 @@ def gemma4_prompt_bytes(c: Gemma4Config, context: int, tokens: int) -> int:
     step = c.n_expert + 2 * k * c.n_embd + max(2 * k * c.n_ff_exp, 2 * max(c.ffs)) + 2 * k
     # Each of the step's five buffers takes up to 20 bytes more (GPU.buffer's margin, rounded to 16).
     return 4 * ((tokens - 1) * rows + tokens * step) + 5 * 20
+
+
+def qwen35moe_prompt_bytes(c: MoEConfig, context: int, tokens: int) -> int:
+    """What qwen35moe's prompt steps of ``tokens`` tokens add to one token's GPU buffers: the residual, q/k/v (each
+    query followed by its gate), attention and score rows, the delta nets' projection, convolution and output rows
+    (:func:`aligned_row` apart) and the position block of a step's later tokens, and the step's router rows, experts'
+    inputs, [gate | up] rows (the routed and shared experts') and outputs and combine table."""
+    tokens = min(tokens, context)
+    if tokens <= 1:
+        return 0
+    keys, values = c.ssm_k_heads * c.ssm_head, c.ssm_v_heads * c.ssm_head
+    channels = 2 * keys + values
+    delta = aligned_row(channels + values + 2 * c.ssm_v_heads) + aligned_row(channels) + aligned_row(values)
+    rows = c.n_embd + 3 * c.q_dim + 2 * c.kv_dim + c.n_head * context + delta
+    k = c.n_expert_used
+    m = k + (1 if c.n_ff_shexp else 0)
+    step = c.n_expert + 1 + (k + m) * c.n_embd + max(2 * k * c.n_ff_exp + 2 * c.n_ff_shexp, 2 * c.n_ff) + 2 * m
+    # Each of the twelve buffers takes up to 20 bytes more (GPU.buffer's margin, rounded to 16); the block is 16.
+    return 4 * ((tokens - 1) * rows + tokens * step) + 12 * 20 + 32
 
 
 def plan_from_header(header: GGUFHeader, context: int, device: str = "cpu", prompt_step: int = PROMPT_STEP) -> Plan:
@@ -179,6 +210,12 @@ def plan_from_header(header: GGUFHeader, context: int, device: str = "cpu", prom
 
         plan = dataclasses.replace(
             plan, prompt_bytes=gemma4_prompt_bytes(read_gemma4_config(header), context, prompt_step)
+        )
+    if header.architecture == "qwen35moe" and device == "gpu":
+        from anyformer_diskformer.moe_config import read_moe_config
+
+        plan = dataclasses.replace(
+            plan, prompt_bytes=qwen35moe_prompt_bytes(read_moe_config(header), context, prompt_step)
         )
     experts = _fact(summary, "expert_count")
     widest = max(per_layer.values(), default=0) // experts if experts else 0
