@@ -95,3 +95,15 @@ def gpu_engine_for(gpu: Any, path: str, slots: int | None, trace: Any = None, **
         return gpu_engine_class(config)(gpu, gguf, config, make_cache, CTX, trace, **kw)
     finally:
         gguf.close()
+
+
+def assert_cache_within_budget(engine: Any, n_expert_used: int, evicting: bool) -> None:
+    """After a run: the expert cache held no more than its capacity; a cache of one layer's top-k (``evicting``) made
+    that many slots and evicted, a cache of every expert hit and never evicted."""
+    stats = engine.cache.stats
+    assert engine.cache.held_bytes <= engine.cache.capacity_bytes
+    if evicting:
+        assert len(engine.slots._slots) == n_expert_used
+        assert stats.evictions > 0
+    else:
+        assert stats.evictions == 0 and stats.hits > 0

@@ -9,7 +9,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from diskformer_reference import CTX, PROMPT, gpu_engine_for, greedy_steps, llama_steps
+from diskformer_reference import CTX, PROMPT, assert_cache_within_budget, gpu_engine_for, greedy_steps, llama_steps
 
 from anyformer import AnyformerError, ErrorCode
 from anyformer_diskformer.gpu_engine import GpuMoEEngine
@@ -51,13 +51,7 @@ def test_prompt_steps_of_three_tokens_match_llama_cpp(request, gpu, fixture, tol
         assert got.shape == want.shape
         assert np.abs(got - want).max() < tolerance
         assert tokens == want_tokens
-        stats = engine.cache.stats
-        assert engine.cache.held_bytes <= engine.cache.capacity_bytes
-        if evicting:
-            assert len(engine.slots._slots) == config.n_expert_used
-            assert stats.evictions > 0
-        else:
-            assert stats.evictions == 0 and stats.hits > 0
+        assert_cache_within_budget(engine, config.n_expert_used, evicting)
     finally:
         engine.release()
 
@@ -77,6 +71,28 @@ def test_a_prompt_step_reads_each_expert_at_most_once_even_when_its_union_outgro
         assert engine.cache.stats.misses == sum(reads.values())
     finally:
         engine.release()
+
+
+@pytest.mark.parametrize("fixture", ["gemma4_f32", "gemma4_dense_layer", "qwen35moe_f32", "qwen35moe_alternating"])
+def test_a_step_reads_each_expert_once_and_fewer_than_one_token_a_step_with_the_same_rows(request, gpu, fixture):
+    """Gemma 4's and qwen35moe's engines: the 8-token prompt in one step with a cache of one layer's top-k — a
+    layer's union outgrows the cache, yet each (layer, expert) is read once, fewer than one token a step reads, and
+    the rows are the same."""
+    path = request.getfixturevalue(fixture)
+    config = read_moe_config(GGUFFile(path).header)
+    batched = gpu_engine_for(gpu, path, config.n_expert_used)
+    single = gpu_engine_for(gpu, path, config.n_expert_used, prompt_step=1)
+    try:
+        assert single.prompt is None and batched.prompt is not None
+        reads, single_reads = count_reads(batched), count_reads(single)
+        np.testing.assert_allclose(batched.forward(PROMPT, 0), single.forward(PROMPT, 0), atol=1e-4)
+        assert max(Counter(layer for layer, _ in reads).values()) > config.n_expert_used  # a union beyond the cache
+        assert max(reads.values()) == 1
+        assert batched.cache.stats.misses == sum(reads.values())
+        assert sum(reads.values()) < sum(single_reads.values())
+    finally:
+        batched.release()
+        single.release()
 
 
 @pytest.mark.parametrize("fixture", ["moe_f32", "gemma4_f32"])
