@@ -8,6 +8,8 @@ is also checked against the CPU engine, which computes GELU exactly as the GPU d
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 from diskformer_reference import (
@@ -52,6 +54,15 @@ def test_gpu_logits_and_greedy_text_match_llama_cpp(request, gpu, fixture, toler
             assert stats.evictions == 0 and stats.hits > 0
     finally:
         engine.release()
+
+
+@functools.cache
+def llama_and_cpu_steps(path: str) -> tuple[np.ndarray, list[int], np.ndarray, list[int]]:
+    """llama.cpp's and the CPU engine's logits and greedy tokens for ``path`` (computed once a fixture): the
+    references the GPU prompt-step tests hold each engine to."""
+    want, want_tokens = llama_steps(path)
+    cpu, cpu_tokens = cpu_steps(path)
+    return want, want_tokens, cpu, cpu_tokens
 
 
 def cpu_steps(path: str) -> tuple[np.ndarray, list[int]]:

@@ -5,8 +5,6 @@ at most once; prime() over several steps; the plan's prompt bytes cover the step
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 import pytest
 from diskformer_reference import (
@@ -17,21 +15,12 @@ from diskformer_reference import (
     assert_cache_within_budget,
     gpu_engine_for,
     greedy_steps,
-    llama_steps,
 )
-from test_gpu_engine import cpu_steps
+from test_gpu_engine import llama_and_cpu_steps
 
 from anyformer_diskformer.moe_config import read_moe_config
 from anyformer_diskformer.plan import PROMPT_STEP
 from anyformer_gguf_gpu.gguf_file import GGUFFile
-
-
-@functools.cache
-def references(path: str) -> tuple[np.ndarray, list[int], np.ndarray, list[int]]:
-    """llama.cpp's and the CPU engine's logits and greedy tokens for ``path`` (computed once a fixture)."""
-    want, want_tokens = llama_steps(path)
-    cpu, cpu_tokens = cpu_steps(path)
-    return want, want_tokens, cpu, cpu_tokens
 
 
 @pytest.mark.parametrize("fixture", GEMMA4_CASES)
@@ -42,7 +31,7 @@ def test_gemma4_prompt_steps_match_the_cpu_engine_and_llama_cpp(request, gpu, fi
     every prompt row and 32 greedy tokens within 1e-4 of the CPU engine and within llama.cpp's f16 GELU rounding of
     llama.cpp, with every expert held and with a cache of one layer's top-k (smaller than a step's union)."""
     path = request.getfixturevalue(fixture)
-    want, want_tokens, cpu, cpu_tokens = references(path)
+    want, want_tokens, cpu, cpu_tokens = llama_and_cpu_steps(path)
     config = read_moe_config(GGUFFile(path).header)
     assert len(PROMPT) > config.n_swa and any(config.swa) and not all(config.swa)
     engine = gpu_engine_for(gpu, path, config.n_expert_used if evicting else None, prompt_step=step)

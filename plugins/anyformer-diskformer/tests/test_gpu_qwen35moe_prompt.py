@@ -6,12 +6,10 @@ buffers (the delta nets' step rows too)."""
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 import pytest
-from diskformer_reference import CTX, PROMPT, assert_cache_within_budget, gpu_engine_for, greedy_steps, llama_steps
-from test_gpu_engine import cpu_steps
+from diskformer_reference import CTX, PROMPT, assert_cache_within_budget, gpu_engine_for, greedy_steps
+from test_gpu_engine import llama_and_cpu_steps
 
 from anyformer_diskformer.moe_config import read_moe_config
 from anyformer_diskformer.plan import PROMPT_STEP
@@ -22,14 +20,6 @@ CASES = ["qwen35moe_f32", "qwen35moe_alternating"]
 TOLERANCE = 1e-4
 
 
-@functools.cache
-def references(path: str) -> tuple[np.ndarray, list[int], np.ndarray, list[int]]:
-    """llama.cpp's and the CPU engine's logits and greedy tokens for ``path`` (computed once a fixture)."""
-    want, want_tokens = llama_steps(path)
-    cpu, cpu_tokens = cpu_steps(path)
-    return want, want_tokens, cpu, cpu_tokens
-
-
 @pytest.mark.parametrize("fixture", CASES)
 @pytest.mark.parametrize("step", [3, PROMPT_STEP])
 @pytest.mark.parametrize("evicting", [False, True])
@@ -38,7 +28,7 @@ def test_qwen35moe_prompt_steps_match_the_cpu_engine_and_llama_cpp(request, gpu,
     step), or in one step: every prompt row and 32 greedy tokens within 1e-4 of the CPU engine and of llama.cpp, with
     every expert held and with a cache of one layer's top-k (smaller than a step's union)."""
     path = request.getfixturevalue(fixture)
-    want, want_tokens, cpu, cpu_tokens = references(path)
+    want, want_tokens, cpu, cpu_tokens = llama_and_cpu_steps(path)
     config = read_moe_config(GGUFFile(path).header)
     assert any(config.recurrent) and not all(config.recurrent)
     engine = gpu_engine_for(gpu, path, config.n_expert_used if evicting else None, prompt_step=step)
