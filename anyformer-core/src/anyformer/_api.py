@@ -140,6 +140,7 @@ def load(
             why = manager.why_no_backend(install_hint(description.formats))
             raise AnyformerError(ErrorCode.NO_BACKEND, f"cannot run {description.ref}: {why}", verdicts=[])
         chosen = raise_if_none(select(verdicts, request.prefer), description.ref, description.formats)
+        others = tuple(v for v in verdicts if v.backend != chosen.backend)
         if chosen.code is Refusal.RUNTIME:  # pragma: no cover - select never chooses a refusal
             raise AnyformerError("PLUGIN_ERROR", chosen.reason)
     except BaseException:
@@ -148,9 +149,9 @@ def load(
         raise
     if worker is not None:
         session = _spawn_worker(manager, chosen.backend, description, request, progress, worker)
-        return Loaded(session, description, chosen)
+        return Loaded(session, description, chosen, others)
     handle = manager.load(chosen.backend, description, request, progress)
-    return Loaded(InProcessSession(handle, manager), description, chosen)
+    return Loaded(InProcessSession(handle, manager), description, chosen, others)
 
 
 def refuse_pickle_only(model: Model) -> None:
