@@ -50,6 +50,21 @@ def _only_rpc_capable(verdicts: list[Verdict], request: Request) -> list[Verdict
     ]
 
 
+def check_file_option(model: Model, options: Mapping[str, Any]) -> None:
+    """``BAD_REQUEST`` listing the weight files when the ``file`` option names no weight file of ``model``."""
+    wanted = options.get("file")
+    if wanted is None:
+        return
+    weights = [f.name for f in model.files if f.format in ("gguf", "onnx", "safetensors")]
+    if isinstance(wanted, str) and wanted in weights:
+        return
+    listed = ", ".join(weights[:40]) + (f" and {len(weights) - 40} more" if len(weights) > 40 else "")
+    raise AnyformerError(
+        ErrorCode.BAD_REQUEST,
+        f"file={wanted!r:.120} is no weight file of {model.ref}; its weight files: {listed or 'none'}",
+    )
+
+
 def check(
     model: ModelRef,
     *,
@@ -81,6 +96,7 @@ def check(
     )
     description = describe(model)
     refuse_pickle_only(description)
+    check_file_option(description, asked.options)
     request = _request_with_budget(asked, caps or probe())
     verdicts = _only_rpc_capable(manager.can_run(description, caps or probe(), request, only=backend), request)
     return description, select(verdicts, request.prefer)
@@ -133,6 +149,7 @@ def load(
         if worker is not None:
             _share_headers(worker, _local_path(model))  # the worker takes them in while this process selects
         refuse_pickle_only(description)
+        check_file_option(description, asked.options)
         machine = caps or probe()
         request = _request_with_budget(asked, machine)
         verdicts = _only_rpc_capable(manager.can_run(description, machine, request, only=backend), request)
