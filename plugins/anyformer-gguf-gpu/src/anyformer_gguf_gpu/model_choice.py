@@ -28,6 +28,7 @@ from anyformer.plugin import (
     Verdict,
     choose_gguf_candidate,
     fetch_files,
+    files_to_download,
     gguf_candidates,
     host_ram_available,
     order_gguf_candidates,
@@ -187,10 +188,14 @@ def tokenizer_problem(summary: dict[str, object]) -> str | None:
 
 
 def store_refusal(backend: str, model: Model, caps: Caps, files: Sequence[ModelFile]) -> Verdict | None:
-    """A ``store`` refusal where Hub files must be downloaded and the model store is not writable, else None."""
-    if model.source == "hub" and not caps.store and any(f.path is None for f in files):
+    """A ``store`` refusal where Hub files must be downloaded (not in the cache yet) and the model store is
+    not writable, else None."""
+    if model.source != "hub" or caps.store:
+        return None
+    missing = files_to_download(model, [f.name for f in files])
+    if missing:
         return Verdict.refuse(
-            backend, Refusal.STORE, f"{files[0].name} must be downloaded and the model store is not writable"
+            backend, Refusal.STORE, f"{missing[0].name} must be downloaded and the model store is not writable"
         )
     return None
 

@@ -154,7 +154,8 @@ def _judge_file(
                 "estimated": not facts,
             },
             files=choice.names + mmproj_files,
-            inputs=("image",) if mmproj is not None else (),
+            # Without a projector the engine's own refusal of an image block says why (no mmproj in the repo).
+            inputs=("image",) if mmproj is not None else None,
         ),
     )
 
