@@ -90,6 +90,16 @@ def test_the_plan_counts_every_shard(moe_f32, moe_set):
     )
 
 
+def test_the_speed_model_times_the_shard_holding_the_experts(moe_set):
+    import os
+
+    from anyformer_diskformer.speed import measure
+
+    stat = os.stat(moe_set)
+    found = measure(moe_set, stat.st_size, stat.st_mtime)
+    assert found is not None and found.disk_bytes_per_s > 0 and found.expert_seconds > 0
+
+
 def _cpu_steps(path: str, evicting: bool) -> tuple[np.ndarray, list[int], ExpertCache]:
     gguf = GGUFFile(path)
     config = read_moe_config(gguf.header)
@@ -146,3 +156,58 @@ def test_can_run_names_the_missing_shard():
     files = (ModelFile("Q8_0/m-Q8_0-00001-of-00002.gguf", size=10), ModelFile("README.md", size=1))
     verdict = can_run(Model(repo="org/m", source="hub", files=files), Caps(ram_bytes=2**34), Request())
     assert verdict.code is Refusal.MODEL and "Q8_0/m-Q8_0-00002-of-00002.gguf" in verdict.reason
+
+
+#: Load options covering each expert reader: O_DIRECT where the file system allows it (else pread, said in the
+#: reader's note), pread, GPU slots, and the GPU engine's CPU experts over the mapped shards.
+LOAD_OPTIONS = {
+    "cpu": {"device": "cpu"},
+    "cpu-pread": {"device": "cpu", "direct_io": False},
+    "gpu": {"device": "gpu"},
+    "gpu-cpu-experts-mmap": {"device": "gpu", "cpu_experts": True, "direct_io": False},
+}
+
+
+@pytest.mark.parametrize("options", list(LOAD_OPTIONS.values()), ids=list(LOAD_OPTIONS))
+def test_the_load_reads_the_set_from_its_first_shard(moe_f32, moe_set, monkeypatch, options):
+    """DiskformerModel.open on the path the file choice hands over (the first shard): the whole load path (dense
+    weights, the plan, the expert readers of each option) gives the unsplit file's logits."""
+    from pathlib import Path
+
+    from diskformer_reference import open_or_skip
+
+    import anyformer
+    from anyformer_diskformer import engine as engine_module
+
+    def steps(path: str) -> tuple[np.ndarray, list[int]]:
+        monkeypatch.setattr(engine_module, "fetch_chosen_gguf", lambda model, progress, backend: (path, Path(path)))
+        monkeypatch.setattr(anyformer, "describe", lambda _: Model(repo="local/m", source="local"))
+        loaded = open_or_skip(path, **options)
+        try:
+            if options.get("cpu_experts"):
+                assert loaded.engine.mapped is not None  # the decoding steps read experts from the mapped shards
+            return greedy_steps(loaded.engine.forward, steps=6)
+        finally:
+            loaded.dispose()
+
+    got, tokens = steps(moe_set)
+    want, want_tokens = steps(moe_f32)
+    assert np.array_equal(got, want) and tokens == want_tokens
+
+
+def test_the_load_of_a_partial_set_names_the_missing_shard(moe_set, tmp_path, monkeypatch):
+    import os
+    import shutil
+    from pathlib import Path
+
+    from anyformer import AnyformerError, ErrorCode
+    from anyformer_diskformer import engine as engine_module
+    from anyformer_diskformer.engine import DiskformerModel
+
+    first = tmp_path / os.path.basename(moe_set)
+    shutil.copy(moe_set, first)
+    shutil.copy(moe_set.replace("-00001-of-", "-00003-of-"), tmp_path)
+    monkeypatch.setattr(engine_module, "fetch_chosen_gguf", lambda model, progress, backend: (first.name, Path(first)))
+    with pytest.raises(AnyformerError) as info:
+        DiskformerModel.open(Model(repo="local/m", source="local"), Request(options={"device": "cpu"}), lambda e: None)
+    assert info.value.code is ErrorCode.BAD_MODEL and "tiny-qwen3moe-F32-00002-of-00003.gguf" in str(info.value)
