@@ -90,3 +90,27 @@ def test_can_run_names_the_missing_shard():
     files = (ModelFile("m-F32-00001-of-00003.gguf", size=10), ModelFile("m-F32-00003-of-00003.gguf", size=10))
     verdict = can_run(Model(repo="org/m", source="hub", files=files), Caps(), Request())
     assert verdict.code is Refusal.MODEL and "m-F32-00002-of-00003.gguf" in verdict.reason
+
+
+def test_the_load_reads_the_set_from_its_first_shard(unsplit_and_first, monkeypatch):
+    """LocalMindModel.open on the path the file choice hands over (the first shard): the weights uploaded from each
+    shard give the unsplit file's greedy reply."""
+    from pathlib import Path
+
+    from anyformer import Request
+    from anyformer_gguf_gpu.decode import greedy
+    from anyformer_localmind import engine as engine_module
+    from anyformer_localmind.engine import LocalMindModel
+
+    def reply(path: str) -> list[int]:
+        monkeypatch.setattr(engine_module, "fetch_chosen_gguf", lambda model, progress, backend: (path, Path(path)))
+        loaded = LocalMindModel.open(Model(repo="local/m", source="local"), Request(context=CTX), lambda e: None)
+        try:
+            assert loaded.engine is not None
+            return list(greedy(loaded.engine, PROMPT, 8))
+        finally:
+            loaded.dispose()
+
+    whole, first = unsplit_and_first
+    ids = reply(first)
+    assert len(ids) == 8 and ids == reply(whole)
