@@ -11,7 +11,7 @@ import dataclasses
 import os
 from typing import TYPE_CHECKING, Any
 
-from anyformer.plugin import AnyformerError, GGUFHeader, read_gguf_header
+from anyformer.plugin import AnyformerError, GGUFHeader
 from anyformer_diskformer.moe_config import PER_LAYER_STATE_ARCHITECTURES, is_expert_tensor, layer_of
 
 if TYPE_CHECKING:
@@ -299,8 +299,11 @@ def plan_for(
 ) -> Plan:
     """The exact plan when ``path`` is a readable GGUF, else the estimate from the summary."""
     if path is not None and os.path.isfile(path):
+        from anyformer_gguf_gpu.gguf_file import read_model_header
+
         try:
-            return plan_from_header(read_gguf_header(path), context, device, prompt_step)
+            # A split set's first shard: the plan counts every shard's tensors.
+            return plan_from_header(read_model_header(path), context, device, prompt_step)
         except (AnyformerError, OSError):
             pass  # the summary still describes it; load reports what is wrong with the file
     return plan_from_summary(summary, context, device, prompt_step)

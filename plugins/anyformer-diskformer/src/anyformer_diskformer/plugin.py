@@ -29,6 +29,7 @@ from anyformer import (
 )
 from anyformer_diskformer import BACKEND_ID
 from anyformer_gguf_gpu.model_choice import gguf_refusal, store_refusal, tokenizer_problem
+from anyformer_gguf_gpu.split_set import partial_set_refusal
 
 
 def header_problem(summary: dict[str, object]) -> str | None:
@@ -44,6 +45,9 @@ def header_problem(summary: dict[str, object]) -> str | None:
 @hookimpl
 def can_run(model: Model, caps: Caps, request: Request) -> Verdict:
     """Refuse with ``format``/``task``/``model``/``store``/``memory``, or estimate the host memory it holds."""
+    partial = partial_set_refusal(BACKEND_ID, model)
+    if partial is not None:
+        return partial
     choice = gguf_refusal(BACKEND_ID, model, request, header_problem)
     if isinstance(choice, Verdict):
         return choice

@@ -58,9 +58,9 @@ def choose_gguf(model: Model) -> GgufChoice | str:
 
 def tokenizer_problem(summary: dict[str, object]) -> str | None:
     """Why the shared tokenizer (byte-level BPE, or Gemma 4's) does not read this GGUF's vocabulary, or None."""
-    from anyformer_gguf_gpu.tokenizer import PRE_TOKENIZERS
+    from anyformer_gguf_gpu.tokenizer import PRE_TOKENIZERS, pre_tokenizer_name
 
-    model, pre = summary.get("tokenizer_model"), summary.get("tokenizer_pre")
+    model, pre = summary.get("tokenizer_model"), pre_tokenizer_name(summary.get("tokenizer_pre"))
     if model == "gemma4":
         return None  # its own split; the pre-tokenizer name is not read
     if model != "gpt2":

@@ -28,6 +28,7 @@ from anyformer import (
     hookimpl,
 )
 from anyformer_gguf_gpu.model_choice import gguf_refusal, store_refusal, tokenizer_problem
+from anyformer_gguf_gpu.split_set import partial_set_refusal
 from anyformer_localmind import BACKEND_ID
 from anyformer_localmind.estimate import MAX_BATCH, RAM_OVERHEAD, context_for
 
@@ -47,6 +48,9 @@ def _header_problem(summary: dict[str, object]) -> str | None:
 @hookimpl
 def can_run(model: Model, caps: Caps, request: Request) -> Verdict:
     """Refuse with ``format``/``task``/``model``/``gpu``/``store``/``budget``/``memory``/``runtime``, or estimate."""
+    partial = partial_set_refusal(BACKEND_ID, model)
+    if partial is not None:
+        return partial
     choice = gguf_refusal(BACKEND_ID, model, request, _header_problem)
     if isinstance(choice, Verdict):
         return choice
