@@ -137,10 +137,9 @@ def describe_folder(folder: Path) -> Model:
     summaries = {f.name: _gguf_summary(Path(f.path or "")) for f in files if f.format == "gguf"}
     language_model = describing_candidate(Model(repo=str(folder), files=tuple(files)))
     if language_model is not None:
-        from anyformer.store._gguf_facts import with_set_bytes
-
-        summary = with_set_bytes(summaries[language_model.name], language_model)
-        metadata = {"gguf": summary, "gguf_file": language_model.name, "gguf_files": _set_summaries(files, summaries)}
+        per_file = _set_summaries(files, summaries)
+        summary = per_file[language_model.name]
+        metadata = {"gguf": summary, "gguf_file": language_model.name, "gguf_files": per_file}
         architecture = architecture or summary.get("architecture")
     for model_file in files:
         if model_file.format == "safetensors":
@@ -170,7 +169,10 @@ def _set_summaries(files: list[ModelFile], summaries: dict[str, dict[str, Any]])
     from anyformer.store._gguf_facts import with_set_bytes
 
     model = Model(repo="folder", files=tuple(files))
-    return {c.name: with_set_bytes(summaries[c.name], c) for c in gguf_candidates(model)}
+    return {
+        c.name: with_set_bytes(summaries[c.name], c, [summaries[f.name] for f in c.files])
+        for c in gguf_candidates(model)
+    }
 
 
 def _local_file(path: Path, name: str) -> ModelFile:

@@ -89,7 +89,7 @@ def gpu_engine_for(gpu: Any, path: str, slots: int | None, trace: Any = None, **
 
     def make_cache(store: Any) -> Any:
         capacity = store.slot_bytes * (slots or config.n_layer * config.n_expert)
-        return ExpertCache(path, gguf.header, config.n_layer, config.n_expert, capacity, store=store)
+        return ExpertCache(path, gguf, config.n_layer, config.n_expert, capacity, store=store)
 
     try:
         return gpu_engine_class(config)(gpu, gguf, config, make_cache, CTX, trace, **kw)

@@ -20,9 +20,9 @@ import anyformer
 from anyformer import Caps, Model
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "anyformer-core" / "tests"))
-from hub_fixtures import fake_hub  # noqa: E402
+from hub_fixtures import fake_hub
 
-from anyformer_diskformer.testing import TinyMoE, write_tiny_moe  # noqa: E402
+from anyformer_diskformer.testing import TinyMoE, write_tiny_moe
 
 __all__ = ["fake_hub"]
 
@@ -107,7 +107,7 @@ def test_run_on_a_hub_repo_takes_diskformer_and_q8_0_downloads_only_it_and_repli
         assert loaded.backend == "diskformer"
         assert _snapshot_weights() == ["tiny-qwen3moe-Q8_0.gguf"]
         reply = "".join(c.delta for c in loaded.generate(MESSAGES, max_new_tokens=6))
-        with pytest.raises(anyformer.AnyformerError, match="backends that read them for it: |no installed backend"):
+        with pytest.raises(anyformer.AnyformerError, match=r"backends that read them for it: |no installed backend"):
             list(loaded.generate([{"role": "user", "content": [{"type": "image", "image": "x.png"}]}]))
     with anyformer.load(str(layout["tiny-qwen3moe-Q8_0.gguf"]), backend="llamacpp", context=128) as reference:
         theirs = "".join(c.delta for c in reference.generate(MESSAGES, max_new_tokens=6))

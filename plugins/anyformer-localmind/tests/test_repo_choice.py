@@ -12,9 +12,9 @@ import anyformer
 from anyformer import Caps, Model
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "anyformer-core" / "tests"))
-from hub_fixtures import fake_hub  # noqa: E402
+from hub_fixtures import fake_hub
 
-from anyformer_gguf_gpu.testing import RandomModel, write_random_gguf  # noqa: E402
+from anyformer_gguf_gpu.testing import RandomModel, write_random_gguf
 
 __all__ = ["fake_hub"]
 

@@ -81,20 +81,48 @@ def _from_description(model: Model, candidate: GGUFCandidate) -> dict[str, Any] 
     return None
 
 
-def with_set_bytes(summary: dict[str, Any], candidate: GGUFCandidate) -> dict[str, Any]:
-    """A first shard's summary made to describe its whole set: the other shards' bytes added to ``data_bytes``.
+def with_set_bytes(
+    summary: dict[str, Any], candidate: GGUFCandidate, shards: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    """A first shard's summary made to describe its whole set.
 
-    Only the first shard's header is read (one range request, not one per shard); the other
-    shards are almost all tensor data, so their file sizes stand in for their data bytes.
+    With every shard's summary (``shards``, a local set) their tensors are added up; with the first
+    shard's alone (a Hub set: one range request, not one per shard) the other shards' file sizes
+    stand in for their data, and ``tensor_bytes`` is scaled to the set's bytes (``set_estimated``).
     """
     if len(candidate.files) < 2:
         return summary
-    rest = sum(f.size or 0 for f in candidate.files[1:])
-    data = summary.get("data_bytes")
     out = dict(summary)
-    out["data_bytes"] = (data if isinstance(data, int) else 0) + rest
     out["set_files"] = len(candidate.files)
+    if shards is not None and len(shards) == len(candidate.files):
+        out["data_bytes"] = sum(_int(s.get("data_bytes")) for s in shards)
+        out["tensor_count"] = sum(_int(s.get("tensor_count")) for s in shards)
+        types: dict[str, int] = {}
+        for shard in shards:
+            for name, count in (shard.get("tensor_types") or {}).items():
+                types[name] = types.get(name, 0) + _int(count)
+        out["tensor_types"] = dict(sorted(types.items()))
+        parts = [s.get("tensor_bytes") or {} for s in shards]
+        out["tensor_bytes"] = {
+            key: (max if key in ("experts_widest_layer", "expert_layers") else sum)(_int(p.get(key)) for p in parts)
+            for key in parts[0]
+        }
+        return out
+    first_data = _int(summary.get("data_bytes"))
+    total = first_data + sum(f.size or 0 for f in candidate.files[1:])
+    out["data_bytes"] = total
+    facts = summary.get("tensor_bytes")
+    if isinstance(facts, dict) and first_data:
+        scale = total / first_data
+        out["tensor_bytes"] = {
+            key: _int(value) if key == "expert_layers" else int(_int(value) * scale) for key, value in facts.items()
+        }
+    out["set_estimated"] = True
     return out
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 def _local(candidate: GGUFCandidate) -> dict[str, Any] | None:
@@ -109,7 +137,8 @@ def _local(candidate: GGUFCandidate) -> dict[str, Any] | None:
     with _lock:
         if key in _memory:
             return _memory[key]
-    summary = with_set_bytes(read_gguf_header(path, name=candidate.name).summary(), candidate)
+    shards = [read_gguf_header(f.path or "", name=f.name).summary() for f in candidate.files if f.path]
+    summary = with_set_bytes(shards[0], candidate, shards)
     with _lock:
         _memory[key] = summary
     return summary

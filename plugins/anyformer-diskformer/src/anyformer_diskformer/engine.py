@@ -253,7 +253,7 @@ class DiskformerModel:
             width, threads = prefetch_options(request.options, config.n_expert_used)
             threads_cpu = compute_threads(request.options)
             cpu_experts = cpu_experts_option(request.options)
-            spans = expert_spans(gguf.header, config.n_layer, config.n_expert)
+            spans = expert_spans(gguf, config.n_layer, config.n_expert)
             trace = trace_writer_from_env()
             try:
                 engine: Engine
@@ -273,7 +273,7 @@ class DiskformerModel:
                         config.n_expert,
                         capacity,
                         policy,
-                        reader=open_reader(path, spans, direct),
+                        reader=open_reader(gguf.paths, spans, direct),
                     )
                     attach_prefetcher(cache, width, threads, plan.min_cache_bytes)
                     try:
@@ -294,7 +294,7 @@ class DiskformerModel:
                             capacity,
                             policy,
                             store=slots,
-                            reader=open_reader(path, spans, direct),
+                            reader=open_reader(gguf.paths, spans, direct),
                         )
                         attach_prefetcher(made, width, threads, plan.min_cache_bytes)
                         return made

@@ -18,6 +18,7 @@ from anyformer.plugin import AnyformerError, ErrorCode, GGUFHeader, format_size
 from anyformer_diskformer.expert_reader import ExpertReader, ExpertSlices, expert_spans
 from anyformer_diskformer.moe_config import EXPERT_TENSORS
 from anyformer_diskformer.policies import LRU, EvictionPolicy
+from anyformer_gguf_gpu.gguf_file import GGUFFile
 
 if TYPE_CHECKING:
     from anyformer_diskformer.prefetch import Prefetcher
@@ -92,7 +93,7 @@ class ExpertCache(Generic[Entry]):
     def __init__(
         self,
         path: str,
-        header: GGUFHeader,
+        header: GGUFHeader | GGUFFile,
         n_layer: int,
         n_expert: int,
         capacity_bytes: int,
@@ -103,7 +104,11 @@ class ExpertCache(Generic[Entry]):
         self.path = path
         self.n_layer = n_layer
         self.n_expert = n_expert
-        self.reader = reader if reader is not None else ExpertReader(path, expert_spans(header, n_layer, n_expert))
+        if reader is None:
+            # An open GGUFFile (a split set must be one) reads each expert from the shard holding it.
+            files = header.paths if isinstance(header, GGUFFile) else path
+            reader = ExpertReader(files, expert_spans(header, n_layer, n_expert))
+        self.reader = reader
         spans = self.reader.spans
         #: Bytes of one expert (all three slabs), the largest over the layers (quant mixes differ by layer).
         layers = {layer for layer, _ in spans}  # the MoE layers (dense ones have no experts)

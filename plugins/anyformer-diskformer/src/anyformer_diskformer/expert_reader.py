@@ -7,18 +7,22 @@ known offset and length. Files that fuse gate and up in one tensor (``ffn_gate_u
 when converted so) give each expert one slab whose halves are its gate and up slabs. The slabs are
 kept as stored (quantised blocks, never a dequantised copy) and the page cache is told to drop what
 was read, so the budget, not the kernel's cache, bounds the memory experts take. ``os.pread`` on
-one descriptor is safe from several threads (the prefetcher's).
+one descriptor is safe from several threads (the prefetcher's). In a split set a layer's expert
+tensors may lie in another shard than its dense weights: each span names its shard, and a reader
+keeps one descriptor (or mapping) per shard.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Sequence
 
 import numpy as np
 
 from anyformer.plugin import AnyformerError, ErrorCode, GGUFHeader
 from anyformer_diskformer.moe_config import EXPERT_TENSORS, GATE_UP_EXPS
+from anyformer_gguf_gpu.gguf_file import GGUFFile
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,33 +42,48 @@ class ExpertSlices:
 
 @dataclasses.dataclass(frozen=True)
 class Span:
-    """Where expert 0's slab of one layer's expert matrix starts in the file, the bytes from one expert's slab to
+    """Where expert 0's slab of one layer's expert matrix starts in its file, the bytes from one expert's slab to
     the next (``stride``), the slab's bytes (``length``: the stride, or half of it for a half of a fused gate/up
-    tensor) and its ggml type."""
+    tensor), its ggml type and which file of a split set holds it (``shard``, 0-based; 0 for a file not split)."""
 
     offset: int
     stride: int
     ggml_type: int
     length: int
+    shard: int = 0
 
 
-def expert_spans(header: GGUFHeader, n_layer: int, n_expert: int) -> dict[tuple[int, str], Span]:
+def expert_spans(source: GGUFHeader | GGUFFile, n_layer: int, n_expert: int) -> dict[tuple[int, str], Span]:
     """Every MoE layer's three expert matrices as spans; ``BAD_MODEL`` when a tensor is not one of ``n_expert`` slabs.
 
-    A fused ``ffn_gate_up_exps`` gives the gate and up spans, each half of an expert's slab. A layer with no
-    expert tensor is a dense layer (Ling 2.0's leading ones, Gemma 4's without a router) and has no spans; a file
-    with no expert at all is ``BAD_MODEL``.
+    ``source`` is one file's header, or an open :class:`GGUFFile` (which a split set must be: its tensors lie in
+    several files). A fused ``ffn_gate_up_exps`` gives the gate and up spans, each half of an expert's slab. A layer
+    with no expert tensor is a dense layer (Ling 2.0's leading ones, Gemma 4's without a router) and has no spans;
+    a file with no expert at all is ``BAD_MODEL``.
     """
+    header = source.header if isinstance(source, GGUFFile) else source
+    shards = header.kv.get("split.count")
+    if not isinstance(source, GGUFFile) and isinstance(shards, int) and shards > 1:
+        # One shard's header holds offsets into several files: only the set's GGUFFile knows which.
+        raise AnyformerError(ErrorCode.BAD_MODEL, "a split set's experts are addressed through its GGUFFile")
     tensors = {t.name: t for t in header.tensors}
     spans: dict[tuple[int, str], Span] = {}
 
+    def start(name: str) -> tuple[int, int]:
+        """The tensor's shard and absolute offset in it."""
+        if isinstance(source, GGUFFile):
+            where = source.place(name)
+            return where.shard, where.offset
+        return 0, header.data_offset + tensors[name].offset
+
     def slabs(layer: int, kind: str) -> Span:
-        info = tensors.get(f"blk.{layer}.{kind}.weight")
+        name = f"blk.{layer}.{kind}.weight"
+        info = tensors.get(name)
         if info is None or len(info.dims) != 3 or info.dims[2] != n_expert or info.nbytes % n_expert:
-            name = f"blk.{layer}.{kind}.weight"
             raise AnyformerError(ErrorCode.BAD_MODEL, f"{name} is not a tensor of {n_expert} experts")
         stride = info.nbytes // n_expert
-        return Span(header.data_offset + info.offset, stride, info.ggml_type, stride)
+        shard, offset = start(name)
+        return Span(offset, stride, info.ggml_type, stride, shard)
 
     for layer in range(n_layer):
         names = [f"blk.{layer}.{kind}.weight" for kind in (*EXPERT_TENSORS, GATE_UP_EXPS)]
@@ -92,21 +111,39 @@ def expert_spans(header: GGUFHeader, n_layer: int, n_expert: int) -> dict[tuple[
     return spans
 
 
+def _paths(path: str | Sequence[str]) -> tuple[str, ...]:
+    """A reader's files: one path, or a split set's paths in shard order."""
+    return (path,) if isinstance(path, str) else tuple(path)
+
+
 class ExpertReader:
-    """Reads experts from one GGUF through its own descriptor: pread, then drop the kernel's copy."""
+    """Reads experts from one GGUF (or each shard of a set) through its own descriptors: pread, then drop the
+    kernel's copy."""
 
     #: How reads bypass the page cache, for reports ("pread+fadvise" here; O_DIRECT readers say so).
     method = "pread+fadvise"
+    #: Flags the descriptors are opened with.
+    _flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
 
-    def __init__(self, path: str, spans: dict[tuple[int, str], Span]) -> None:
-        self.path = path
+    def __init__(self, path: str | Sequence[str], spans: dict[tuple[int, str], Span]) -> None:
+        #: The files read, in shard order (:attr:`Span.shard` indexes them); :attr:`path` is the first.
+        self.paths = _paths(path)
+        self.path = self.paths[0]
         self.spans = spans
         #: Why the reader is not the O_DIRECT one, when that was asked for and refused (else "").
         self.note = ""
         #: Whether the page cache is told to drop what was read (False where the page cache is the experts' home:
         #: the GPU engine's ``cpu_experts`` with ``direct_io`` off).
         self.drop_pages = True
-        self._fd: int | None = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        fds: list[int] = []
+        try:
+            for shard_path in self.paths:
+                fds.append(os.open(shard_path, self._flags))
+        except BaseException:
+            for fd in fds:
+                os.close(fd)
+            raise
+        self._fds: tuple[int, ...] | None = tuple(fds)
 
     def _slab(self, fd: int, start: int, length: int) -> np.ndarray:
         data = os.pread(fd, length, start)
@@ -119,20 +156,20 @@ class ExpertReader:
 
     def read(self, layer: int, expert: int) -> ExpertSlices:
         """Expert ``expert`` of ``layer`` as stored (``BAD_REQUEST`` once closed)."""
-        fd = self._fd
-        if fd is None:
+        fds = self._fds
+        if fds is None:
             raise AnyformerError(ErrorCode.BAD_REQUEST, "the expert cache was closed")
         parts = []
         for kind in EXPERT_TENSORS:
             span = self.spans[layer, kind]
-            parts.append(self._slab(fd, span.offset + expert * span.stride, span.length))
+            parts.append(self._slab(fds[span.shard], span.offset + expert * span.stride, span.length))
         t = tuple(self.spans[layer, k].ggml_type for k in EXPERT_TENSORS)
         return ExpertSlices(parts[0], parts[1], parts[2], (t[0], t[1], t[2]))
 
     def close(self) -> None:
-        """Close the descriptor; safe to call twice."""
-        fd, self._fd = self._fd, None
-        if fd is not None:
+        """Close the descriptors; safe to call twice."""
+        fds, self._fds = self._fds, None
+        for fd in fds or ():
             os.close(fd)
 
 
@@ -149,12 +186,7 @@ class DirectExpertReader(ExpertReader):
     """
 
     method = "O_DIRECT"
-
-    def __init__(self, path: str, spans: dict[tuple[int, str], Span]) -> None:
-        self.path = path
-        self.spans = spans
-        self.note = ""
-        self._fd = os.open(path, os.O_RDONLY | os.O_DIRECT | getattr(os, "O_CLOEXEC", 0))
+    _flags = os.O_RDONLY | getattr(os, "O_DIRECT", 0) | getattr(os, "O_CLOEXEC", 0)
 
     def _slab(self, fd: int, start: int, length: int) -> np.ndarray:
         import mmap
@@ -168,7 +200,7 @@ class DirectExpertReader(ExpertReader):
         return np.frombuffer(buffer, dtype=np.uint8, count=length, offset=start - first)
 
 
-def open_reader(path: str, spans: dict[tuple[int, str], Span], direct: bool = True) -> ExpertReader:
+def open_reader(path: str | Sequence[str], spans: dict[tuple[int, str], Span], direct: bool = True) -> ExpertReader:
     """An ``O_DIRECT`` reader where ``direct`` and the platform and file system allow one (checked by reading
     the first expert), else the pread + fadvise reader with :attr:`ExpertReader.note` saying why."""
     if not direct:
@@ -199,22 +231,25 @@ class MappedExperts:
 
     method = "mmap"
 
-    def __init__(self, path: str, spans: dict[tuple[int, str], Span]) -> None:
+    def __init__(self, path: str | Sequence[str], spans: dict[tuple[int, str], Span]) -> None:
         import mmap
 
         self.spans = spans
-        with open(path, "rb") as f:
-            self._map: mmap.mmap | None = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        self._bytes: np.ndarray | None = np.frombuffer(self._map, dtype=np.uint8)
+        self._maps: list[mmap.mmap] | None = []
+        for shard_path in _paths(path):
+            with open(shard_path, "rb") as f:
+                self._maps.append(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
+        self._bytes: list[np.ndarray] | None = [np.frombuffer(m, dtype=np.uint8) for m in self._maps]
 
     def read(self, layer: int, expert: int) -> ExpertSlices:
         """Expert ``expert`` of ``layer`` as views of the mapping (``BAD_REQUEST`` once closed)."""
-        data = self._bytes
-        if data is None:
+        shards = self._bytes
+        if shards is None:
             raise AnyformerError(ErrorCode.BAD_REQUEST, "the expert cache was closed")
         parts = []
         for kind in EXPERT_TENSORS:
             span = self.spans[layer, kind]
+            data = shards[span.shard]
             start = span.offset + expert * span.stride
             if start + span.length > len(data):
                 raise AnyformerError(ErrorCode.BAD_MODEL, f"the file ended inside an expert at byte {start}")
@@ -223,9 +258,9 @@ class MappedExperts:
         return ExpertSlices(parts[0], parts[1], parts[2], (t[0], t[1], t[2]))
 
     def close(self) -> None:
-        """Drop the mapping; safe to call twice (views still held keep it alive until they go)."""
-        mapping, self._map, self._bytes = self._map, None, None
-        if mapping is not None:
+        """Drop the mappings; safe to call twice (views still held keep them alive until they go)."""
+        maps, self._maps, self._bytes = self._maps, None, None
+        for mapping in maps or []:
             try:
                 mapping.close()
             except BufferError:

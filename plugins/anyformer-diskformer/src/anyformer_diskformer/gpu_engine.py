@@ -209,7 +209,7 @@ class GpuMoEEngine:
     def _build(self, gguf: GGUFFile, make_cache: Callable[[GpuSlots], ExpertCache[int]]) -> None:
         c, ctx, trace = self.config, self.ctx, self.trace
         self._load_weights(gguf)
-        spans = expert_spans(gguf.header, c.n_layer, c.n_expert)
+        spans = expert_spans(gguf, c.n_layer, c.n_expert)
         slab = tuple(max(span.length for (_, k), span in spans.items() if k == kind) for kind in EXPERT_TENSORS)
         self.slots = GpuSlots(self, (slab[0], slab[1], slab[2]))
         #: The expert cache, its store the GPU slots.
@@ -265,7 +265,7 @@ class GpuMoEEngine:
             # direct_io off: the CPU multiplies the experts in the page cache's own pages, with no copy and
             # nothing dropped (the pread reader would drop what it read). With O_DIRECT (asked for and working)
             # the CPU's reads go through the cache's reader, as the uploads do.
-            self.mapped = MappedExperts(reader.path, reader.spans)
+            self.mapped = MappedExperts(reader.paths, reader.spans)
             # The page cache is where the CPU finds the experts now: the reads for the GPU (the prefetcher's, the
             # warm-up's) must not push them out of it.
             reader.drop_pages = False

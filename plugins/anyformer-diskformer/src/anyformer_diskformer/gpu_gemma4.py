@@ -54,7 +54,7 @@ class Gemma4GpuEngine(GpuMoEEngine):
     def _build(self, gguf: GGUFFile, make_cache: Callable[[GpuSlots], ExpertCache[int]]) -> None:
         c, ctx = self.config, self.ctx
         self._load_gemma4(gguf)
-        spans = expert_spans(gguf.header, c.n_layer, c.n_expert)
+        spans = expert_spans(gguf, c.n_layer, c.n_expert)
         slab = tuple(max(span.length for (_, k), span in spans.items() if k == kind) for kind in EXPERT_TENSORS)
         self.slots = GpuSlots(self, (slab[0], slab[1], slab[2]))
         #: The expert cache, its store the GPU slots.

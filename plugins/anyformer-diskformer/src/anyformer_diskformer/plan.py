@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
-from anyformer.plugin import AnyformerError, GGUFHeader, read_gguf_header
+from anyformer.plugin import AnyformerError, GGUFHeader
 from anyformer_diskformer.moe_config import PER_LAYER_STATE_ARCHITECTURES, is_expert_tensor, layer_of
 
 if TYPE_CHECKING:
@@ -311,7 +311,9 @@ def plan_from_tensor_bytes(
     dense = _fact(facts, "dense")
     if device == "cpu":  # the CPU engine keeps vectors as float32
         dense += 4 * _fact(facts, "dense_vector_elements") - _fact(facts, "dense_vectors")
-    plan = _plan(summary, context, device, dense, _fact(facts, "experts"), estimated=False, prompt_step=prompt_step)
+    # A Hub split set's summary is its first shard's, scaled to the set's bytes: an estimate.
+    estimated = summary.get("set_estimated") is True
+    plan = _plan(summary, context, device, dense, _fact(facts, "experts"), estimated=estimated, prompt_step=prompt_step)
     experts = _fact(summary, "expert_count")
     widest = _fact(facts, "experts_widest_layer") // experts if experts else 0
     return dataclasses.replace(
@@ -379,8 +381,11 @@ def rough_plan(
 def plan_for(
     path: str, summary: dict[str, Any], context: int, device: str = "cpu", prompt_step: int = PROMPT_STEP
 ) -> Plan:
-    """The exact plan from the local GGUF's header, else (unreadable) the estimate from the summary."""
+    """The exact plan from the local GGUF's header (a split set's first shard: every shard's tensors), else
+    (unreadable) the estimate from the summary."""
+    from anyformer_gguf_gpu.gguf_file import read_model_header
+
     try:
-        return plan_from_header(read_gguf_header(path), context, device, prompt_step)
+        return plan_from_header(read_model_header(path), context, device, prompt_step)
     except (AnyformerError, OSError):
         return plan_from_summary(summary, context, device, prompt_step)

@@ -26,7 +26,6 @@ import time
 
 import numpy as np
 
-from anyformer.plugin import read_gguf_header
 from anyformer_diskformer.plan import Plan
 
 #: Bytes of the file the disk timing reads (at most).
@@ -91,18 +90,22 @@ def measure(path: str, size: int, mtime: float) -> Measured | None:
     """
     from anyformer_diskformer.expert_reader import ExpertReader, expert_spans
     from anyformer_diskformer.quant_product import QuantProduct, expert_ffn
+    from anyformer_gguf_gpu.gguf_file import GGUFFile
     from anyformer_gguf_gpu.quants import format_of
 
-    header = read_gguf_header(path)
-    summary = header.summary()
-    layers, experts = summary.get("block_count"), summary.get("expert_count")
-    if not isinstance(layers, int) or not isinstance(experts, int) or layers < 1 or experts < 1:
-        return None
-    spans = expert_spans(header, layers, experts)
-    first = min(span.offset for span in spans.values())
-    end = max(span.offset + span.stride * (experts - 1) + span.length for span in spans.values())
-    disk = _time_disk(path, first, min(DISK_SAMPLE, end - first))
-    reader = ExpertReader(path, spans)
+    with GGUFFile(path) as gguf:  # a split set's shards too: the experts may lie in any of them
+        summary = gguf.header.summary()
+        layers, experts = summary.get("block_count"), summary.get("expert_count")
+        if not isinstance(layers, int) or not isinstance(experts, int) or layers < 1 or experts < 1:
+            return None
+        spans = expert_spans(gguf, layers, experts)
+        paths = gguf.paths
+    shard = min(spans.values(), key=lambda span: (span.shard, span.offset)).shard
+    in_shard = [span for span in spans.values() if span.shard == shard]
+    first = min(span.offset for span in in_shard)
+    end = max(span.offset + span.stride * (experts - 1) + span.length for span in in_shard)
+    disk = _time_disk(paths[shard], first, min(DISK_SAMPLE, end - first))
+    reader = ExpertReader(paths, spans)
     try:
         e = reader.read(0, 0)
     finally:

@@ -144,7 +144,8 @@ def choose_and_judge(
         estimated = facts is None
         summary = rough_summary(model, candidate) if facts is None else facts
         if estimated and not summary.get("architecture"):
-            return Verdict.refuse(backend, Refusal.MODEL, f"{candidate.name}: the header was not read and no architecture is known")
+            why = "the header was not read and no architecture is known"
+            return Verdict.refuse(backend, Refusal.MODEL, f"{candidate.name}: {why}")
         problem = model_problem(summary) or (None if estimated else _header_only_problem(summary, candidate))
         if problem is not None:
             return Verdict.refuse(backend, Refusal.MODEL, f"{candidate.name}: {problem}")
@@ -175,9 +176,9 @@ def _no_candidate(candidates: Sequence[GGUFCandidate], readable: Iterable[str]) 
 
 def tokenizer_problem(summary: dict[str, object]) -> str | None:
     """Why the shared tokenizer (byte-level BPE, or Gemma 4's) does not read this GGUF's vocabulary, or None."""
-    from anyformer_gguf_gpu.tokenizer import PRE_TOKENIZERS
+    from anyformer_gguf_gpu.tokenizer import PRE_TOKENIZERS, pre_tokenizer_name
 
-    model, pre = summary.get("tokenizer_model"), summary.get("tokenizer_pre")
+    model, pre = summary.get("tokenizer_model"), pre_tokenizer_name(summary.get("tokenizer_pre"))
     if model == "gemma4":
         return None  # its own split; the pre-tokenizer name is not read
     if model != "gpt2":

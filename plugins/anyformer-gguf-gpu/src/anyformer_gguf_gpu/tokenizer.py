@@ -51,9 +51,15 @@ _SMOLLM = PreTokenizer((r"\p{N}", _GPT2))
 _LLAMA3_PRE = PreTokenizer((_LLAMA3,), ignore_merges=True, add_bos=True)
 _QWEN2_PRE = PreTokenizer((_QWEN2,))
 _GPT2_PRE = PreTokenizer((_GPT2,))
+# llama.cpp's DEFAULT pre-tokenizer, for a GGUF that names none (older conversions) or says "default": runs of
+# punctuation and the ASCII symbols GPT-2's rule leaves joined, then GPT-2's rule, then digit runs, then the
+# runs of three ASCII digits inside them.
+_DEFAULT_PRE = PreTokenizer((r"[\p{P}\$\+<=>\^~\|]+", _GPT2, r"\p{N}+", r"[0-9][0-9][0-9]"))
 
 #: ``tokenizer.ggml.pre`` values this module reads (llama.cpp's names for them).
+#: A missing ``tokenizer.ggml.pre`` reads as ``default``, as llama.cpp reads it.
 PRE_TOKENIZERS: dict[str, PreTokenizer] = {
+    "default": _DEFAULT_PRE,
     "gpt-2": _GPT2_PRE,
     "phi-2": _GPT2_PRE,
     "mpt": _GPT2_PRE,
@@ -93,12 +99,18 @@ def _as_list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else []
 
 
+def pre_tokenizer_name(pre: object) -> object:
+    """The ``tokenizer.ggml.pre`` value a GGUF's text is split by: ``default`` where the key is missing or empty
+    (llama.cpp's reading: older conversions name none), else the value as stored."""
+    return "default" if pre is None or pre == "" else pre
+
+
 def tokenizer_problem(kv: Mapping[str, Any]) -> str | None:
     """Why this GGUF's tokenizer cannot be built here (a one-line reason), or None when it can."""
     model = kv.get("tokenizer.ggml.model")
     if model not in ("gpt2", "gemma4"):
         return f"tokenizer model {model!r} (only byte-level BPE, 'gpt2', and Gemma 4's 'gemma4' are read)"
-    pre = kv.get("tokenizer.ggml.pre", "default")
+    pre = pre_tokenizer_name(kv.get("tokenizer.ggml.pre"))
     if model == "gpt2" and pre not in PRE_TOKENIZERS:
         return f"pre-tokenizer {pre!r} is not one this engine splits like llama.cpp"
     tokens, merges = kv.get("tokenizer.ggml.tokens"), kv.get("tokenizer.ggml.merges")
@@ -129,7 +141,7 @@ class GGUFTokenizer:
             pre = _GEMMA4_PRE
             tok = _gemma4_tokenizer(vocab, merges)
         else:
-            pre = PRE_TOKENIZERS[kv.get("tokenizer.ggml.pre", "default")]
+            pre = PRE_TOKENIZERS[str(pre_tokenizer_name(kv.get("tokenizer.ggml.pre")))]
             bpe = models.BPE(vocab=vocab, merges=merges, ignore_merges=pre.ignore_merges, fuse_unk=False)
             tok = Tokenizer(bpe)
             splits = [pre_tokenizers.Split(Regex(expr), behavior="isolated") for expr in pre.expressions]
