@@ -88,8 +88,12 @@ def describe_file(path: Path) -> Model:
     metadata: dict[str, Any] = {}
     architecture = None
     if fmt == "gguf":
-        header = _gguf_summary(path)
-        metadata = {"gguf": header, "gguf_file": path.name, "gguf_files": {path.name: header}}
+        # A split set's first shard stands for its set, as llama.cpp opens it: its siblings by name come along.
+        files.extend(_local_file(p, p.name) for p in _later_shards(path))
+        summaries = {f.name: _gguf_summary(Path(f.path or "")) for f in files}
+        per_file = _set_summaries(files, summaries)
+        header = per_file.get(path.name, summaries[path.name])
+        metadata = {"gguf": header, "gguf_file": path.name, "gguf_files": per_file or {path.name: header}}
         architecture = header.get("architecture")
     elif fmt == "onnx":
         from anyformer.files._onnx_external import check_onnx_external_data, read_onnx_summary
@@ -162,6 +166,17 @@ def describe_folder(folder: Path) -> Model:
         metadata=metadata,
         config=config,
     )
+
+
+def _later_shards(path: Path) -> list[Path]:
+    """The shards after ``path`` of its split set, where ``path`` is a first shard (``-00001-of-0000M``) and they
+    are beside it; none otherwise (a missing one leaves the set incomplete, which the backends refuse by name)."""
+    match = re.search(r"-00001-of-(\d{5})\.gguf$", path.name, re.IGNORECASE)
+    if match is None:
+        return []
+    prefix, count = path.name[: match.start()], int(match.group(1))
+    later = [path.with_name(f"{prefix}-{i:05d}-of-{count:05d}.gguf") for i in range(2, count + 1)]
+    return [p for p in later if p.is_file()]
 
 
 def _set_summaries(files: list[ModelFile], summaries: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:

@@ -120,3 +120,19 @@ def test_an_unknown_file_option_is_a_bad_request_listing_the_weight_files(fake_h
     with pytest.raises(anyformer.AnyformerError, match="its weight files: BF16/tiny-qwen3moe-BF16-00001") as caught:
         anyformer.load(REPO, caps=CPU, backend="diskformer", options={"file": "nope.gguf"})
     assert caught.value.code is anyformer.ErrorCode.BAD_REQUEST
+
+
+def test_the_file_option_takes_the_bf16_split_set_downloads_both_shards_and_replies_as_llama_cpp(
+    fake_hub, layout, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("ANYFORMER_HOME", str(tmp_path / "home"))
+    fake_hub.add_repo(REPO, layout)
+    first = "BF16/tiny-qwen3moe-BF16-00001-of-00002.gguf"
+    options = {"device": "cpu", "file": first}
+    with anyformer.load(REPO, caps=CPU, backend="diskformer", context=128, options=options) as loaded:
+        assert loaded.verdict.estimate.files == (first, first.replace("00001-of", "00002-of"))
+        assert _snapshot_weights() == [Path(n).name for n in loaded.verdict.estimate.files]
+        reply = "".join(c.delta for c in loaded.generate(MESSAGES, max_new_tokens=6))
+    with anyformer.load(str(layout[first]), backend="llamacpp", context=128) as reference:
+        theirs = "".join(c.delta for c in reference.generate(MESSAGES, max_new_tokens=6))
+    assert reply == theirs and reply
