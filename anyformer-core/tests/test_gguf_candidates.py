@@ -141,3 +141,15 @@ def test_choose_walks_the_order_and_reports_one_line() -> None:
     assert seen == ["m-Q4_0.gguf", "m-Q8_0.gguf"] and verdict.reason == "m-Q4_0.gguf: no"
     accepted = choose_gguf_candidate("b", model, Request(), order, lambda c, f: Verdict.accept("b", Estimate()))
     assert accepted.ok
+
+
+def test_check_with_a_file_that_is_no_weight_file_is_one_line_of_bad_request(run_cli, tmp_path: pathlib.Path) -> None:
+    import json
+
+    description = tmp_path / "m.json"
+    files = [{"name": "m-Q4_0.gguf", "size": 100}, {"name": "mmproj-f16.gguf", "size": 5}, {"name": "README.md"}]
+    description.write_text(json.dumps({"repo": "o/r", "files": files}), encoding="utf-8")
+    result = run_cli("check", "--describe", str(description), "--file", "README.md")
+    assert result.returncode != 0 and "BAD_REQUEST" in result.stderr
+    assert "its weight files: m-Q4_0.gguf, mmproj-f16.gguf" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
