@@ -84,3 +84,30 @@ def test_run_on_a_hub_repo_takes_localmind_and_q4_0_downloads_only_it_and_replie
     with anyformer.load(str(layout["tiny-llama-Q4_0.gguf"]), backend="llamacpp", context=128) as reference:
         theirs = "".join(c.delta for c in reference.generate(MESSAGES, max_new_tokens=6))
     assert reply == theirs and reply
+
+
+def test_the_run_command_on_the_hub_repo_runs_localmind_on_q4_0_and_prints_llama_cpps_reply(
+    fake_hub, layout, tmp_path, monkeypatch
+):
+    import subprocess
+
+    monkeypatch.setenv("ANYFORMER_HOME", str(tmp_path / "home"))
+    fake_hub.add_repo(REPO, layout, pipeline_tag="text-generation")
+    command = [
+        sys.executable,
+        "-m",
+        "anyformer",
+        "run",
+        REPO,
+        "the sea is",
+        "--max-new-tokens",
+        "6",
+        "--context",
+        "128",
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert f"{REPO}" in done.stderr and "on localmind" in done.stderr
+    with anyformer.load(str(layout["tiny-llama-Q4_0.gguf"]), backend="llamacpp", context=128) as reference:
+        theirs = "".join(c.delta for c in reference.generate(MESSAGES, max_new_tokens=6))
+    assert done.stdout.strip() == theirs.strip() and theirs.strip()
