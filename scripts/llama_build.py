@@ -13,8 +13,8 @@ Only the standard library: it runs before any virtual environment exists.
     python3 scripts/llama_build.py version|cmake-args|wheelhouse|tools-dir|backend|flavour|why|library|env
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: noxfile.py loads this file without registering it in
+# sys.modules, and dataclasses then cannot resolve string annotations.
 import dataclasses
 import glob
 import os

@@ -180,3 +180,11 @@ def test_the_script_prints_shell_assignments_and_refuses_a_bad_backend(tmp_path:
         [sys.executable, script, "env"], capture_output=True, text=True, env={**env, "ANYFORMER_LLAMA_BACKEND": "x"}
     )
     assert bad.returncode == 2 and "is not one of" in bad.stderr and bad.stdout == ""
+
+
+def test_the_script_loads_as_noxfile_loads_it_without_a_sys_modules_entry() -> None:
+    spec = importlib.util.spec_from_file_location("llama_build_as_nox_loads_it", REPO / "scripts" / "llama_build.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.choose(FakeMachine()).backend == "cpu"
