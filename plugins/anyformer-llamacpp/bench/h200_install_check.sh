@@ -71,7 +71,7 @@ say "command: bash plugins/anyformer-llamacpp/bench/h200_install_check.sh $([ "$
 [ "$dry" = 1 ] && say "DRY RUN: the commands are listed, not run"
 
 say "== 1. the machine"
-for tool in nvidia-smi nvcc cmake g++ python3; do
+for tool in nvidia-smi nvcc cmake make ninja g++ python3; do
   found="$(command -v "$tool" || true)"
   [ -z "$found" ] && [ "$tool" = nvcc ] && [ -x /usr/local/cuda/bin/nvcc ] && found=/usr/local/cuda/bin/nvcc
   say "  $tool: ${found:-missing}"
