@@ -69,11 +69,13 @@ def _llama_build() -> ModuleType:
 
 
 # A portable build (AVX2 and below: a -march=native build on CPUs with AMX segfaults on batched
-# decoding of Q4 models in llama.cpp 0.3.36's CPU backend) with llama.cpp's RPC backend.
+# decoding of Q4 models in llama.cpp 0.3.36's CPU backend) with llama.cpp's RPC backend, for the GPU
+# found (CUDA, HIP, Vulkan, Metal) or the CPU.
 LLAMA_BUILD = _llama_build()
 LLAMA_CPP_VERSION = LLAMA_BUILD.LLAMA_CPP_VERSION
-LLAMA_CPP_CMAKE_ARGS = LLAMA_BUILD.CMAKE_ARGS
-WHEELHOUSE = LLAMA_BUILD.wheelhouse()
+CHOSEN_BUILD = LLAMA_BUILD.choose()
+LLAMA_CPP_CMAKE_ARGS = CHOSEN_BUILD.cmake_args
+WHEELHOUSE = CHOSEN_BUILD.wheelhouse
 
 nox.options.sessions = ["lint", "mypy", "tests", "conformance", "build", "installed"]
 nox.options.reuse_existing_virtualenvs = True
@@ -85,6 +87,7 @@ def ensure_llama_wheel(session: nox.Session) -> None:
         return
     WHEELHOUSE.mkdir(parents=True, exist_ok=True)
     session.log(f"building llama-cpp-python {LLAMA_CPP_VERSION} into {WHEELHOUSE} (once; ~11 min on 2 cores)")
+    session.log(f"llama.cpp for {CHOSEN_BUILD.why}")
     # scripts/build_progress.py shows the compile's steps and elapsed time, and the log's tail on failure.
     session.run(
         "python",
@@ -109,7 +112,7 @@ def ensure_llama_wheel(session: nox.Session) -> None:
 def ensure_llama_tools(session: nox.Session) -> None:
     """Build llama.cpp's rpc-server and llama-server once (scripts/build-llama-tools; ~15 min on 2 cores):
     the llama.cpp backend's RPC tests and its llama-server comparison run them."""
-    if all(os.access(LLAMA_BUILD.tools_dir() / name, os.X_OK) for name in ("ggml-rpc-server", "llama-server")):
+    if all(os.access(CHOSEN_BUILD.tools_dir / name, os.X_OK) for name in ("ggml-rpc-server", "llama-server")):
         return
     session.run("bash", str(ROOT / "scripts" / "build-llama-tools"), external=True)
 
@@ -119,7 +122,7 @@ def replace_llama_wheel_without_rpc(session: nox.Session) -> None:
     does not replace it): put the wheelhouse's in its place."""
     where = "import importlib.util, pathlib; print(pathlib.Path(importlib.util.find_spec('llama_cpp').origin).parent)"
     folder = Path(str(session.run("python", "-c", where, silent=True)).strip())
-    if not any(folder.glob("lib/libggml-rpc*")):
+    if not any(folder.glob(f"lib/lib{CHOSEN_BUILD.library}*")):
         wheels = sorted(WHEELHOUSE.glob(f"llama_cpp_python-{LLAMA_CPP_VERSION}-*.whl"))
         session.install("--no-deps", "--force-reinstall", str(wheels[-1]))
 

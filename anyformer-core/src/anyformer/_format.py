@@ -27,4 +27,8 @@ def describe_estimate(verdict: Verdict) -> str:
         parts.append(f"{format_size(est.disk_bytes)} disk")
     if est.tok_per_sec is not None:
         parts.append(f"~{est.tok_per_sec:g} tok/s")
+    # A backend's line for people (the llama.cpp backend's "GPU here but a CPU build: rebuild with ...").
+    note = est.details.get("note")
+    if isinstance(note, str) and note:
+        parts.append(note)
     return ", ".join(parts)

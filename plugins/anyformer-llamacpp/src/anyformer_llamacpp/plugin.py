@@ -36,6 +36,7 @@ from anyformer_llamacpp.runtime import (
     llama_cpp_folder,
     llama_cpp_version,
     unsupported_version_reason,
+    unused_gpu_note,
 )
 
 if TYPE_CHECKING:
@@ -113,6 +114,9 @@ def can_run(model: Model, caps: Caps, request: Request) -> Verdict:
         )
     device = gpu_library if plan.full_offload else "cpu"
     speed = measured_speed(model.architecture or facts.get("architecture"), choice.size, device or "cpu")
+    note = unused_gpu_note(caps, gpu_library)
+    offload = gpu_library if gpu_library is not None and plan.gpu_layers else "cpu"
+    layers = f"{plan.gpu_layers} of {plan.layers} layers" if plan.layers else f"{plan.gpu_layers} layers"
     return Verdict.accept(
         BACKEND_ID,
         Estimate(
@@ -129,8 +133,12 @@ def can_run(model: Model, caps: Caps, request: Request) -> Verdict:
                 "parallel": parallel,
                 "gpu_layers": plan.gpu_layers,
                 "layers": plan.layers,
-                "offload": gpu_library or "none (CPU build)",
+                # What llama.cpp really runs the layers on, and what it was built for.
+                "offload": offload,
+                "build": gpu_library or "cpu",
+                "placement": f"{layers} on {offload}" if offload != "cpu" else "on the CPU",
                 "projector": mmproj.name if mmproj is not None else None,
+                **({"note": note} if note else {}),
             },
             files=tuple(f.name for f in choice.files) + mmproj_files,
         ),
