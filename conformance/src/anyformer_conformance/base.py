@@ -867,13 +867,15 @@ class BackendConformance:
 
         The core's install hint (``gguf: pip install anyformer-llamacpp``) comes from ``format``
         refusals: a backend that answers ``task`` first hides the backend the user needs.
-        Troubleshooting: check the format before the task (the order is format, task, model,
-        gpu, f16, subgroups, store, budget, memory).
+        So is a ``model`` answer (a tag or an architecture checked before the files): the core
+        names the distributions that read the format only when every backend said ``format``.
+        Troubleshooting: check the format before anything else (the order is format, task,
+        model, gpu, f16, subgroups, store, budget, memory).
         """
         request = {"task": UNKNOWN_TASK}
         verdict, _, where = self._ask(plugin_manager, dict(self.foreign_model), caps, request)
         checks.check_verdict(verdict, self.backend_id, where)
-        if verdict.ok or verdict.code not in (Refusal.FORMAT, Refusal.MODEL):
+        if verdict.ok or verdict.code is not Refusal.FORMAT:
             got = _refusal_text(verdict)
             checks.fail(
                 f"got {got}, expected 'format' (rule: refusals are checked in order, format before task)", where
