@@ -56,7 +56,7 @@ class LocalMindModel:
         return cls(engine, tokenizer, name)
 
     def dispose(self) -> None:
-        """Drop the engine, its GPU buffers and its device (the device's poll thread with it); a second call does nothing."""
+        """Drop the engine, its GPU buffers and its device (and the poll thread with it); a second call does nothing."""
         engine, self.engine = self.engine, None
         if engine is not None:
             engine.release()
