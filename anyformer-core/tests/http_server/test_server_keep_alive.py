@@ -149,3 +149,35 @@ def test_models_retrieve_answers_through_the_openai_client(paced_server: Any, mo
     assert stored.id == "paced-org/stored-model"
     with pytest.raises(openai.NotFoundError):
         client.models.retrieve("org/not-served")
+
+
+@pytest.mark.slow
+def test_an_isolated_worker_ends_after_its_keep_alive_and_the_next_reply_is_the_same(smollm2_path: Any) -> None:
+    """The done-when of issue 31: with a 3 s keep-alive the worker process is gone 8 idle seconds later."""
+    psutil = pytest.importorskip("psutil")
+    from anyformer.server import ModelPool, create_app, load_supports_isolation
+
+    from .server_support import serve_in_thread
+
+    if not load_supports_isolation():
+        pytest.skip("this core has no isolated workers")
+    model = str(smollm2_path)
+    body = {"model": model, "messages": [{"role": "user", "content": "Name a colour."}], "max_tokens": 8}
+    pool = ModelPool(context=512, isolate=True, parallel=1, keep_alive=parse_keep_alive("3s"))
+    with serve_in_thread(create_app(pool, models=[model])) as url:
+        first = plain_request("POST", f"{url}/v1/chat/completions", body)
+        assert first.status == 200, first.body
+        [held] = plain_request("GET", f"{url}/api/ps").json()["models"]
+        pid = held["worker_pid"]
+        assert pid is not None and psutil.pid_exists(pid), "the model should run in a live worker process"
+        listed = {m["id"]: m for m in plain_request("GET", f"{url}/v1/models").json()["data"]}
+        assert listed[model]["loaded"] is True
+        time.sleep(8)
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        listed = {m["id"]: m for m in plain_request("GET", f"{url}/v1/models").json()["data"]}
+        assert listed[model]["loaded"] is False
+        assert plain_request("GET", f"{url}/api/ps").json()["models"] == []
+        again = plain_request("POST", f"{url}/v1/chat/completions", body)
+        assert again.status == 200
+        assert again.json()["choices"][0]["message"]["content"] == first.json()["choices"][0]["message"]["content"]
+        assert plain_request("GET", f"{url}/api/ps").json()["models"][0]["worker_pid"] != pid
