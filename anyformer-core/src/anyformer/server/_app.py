@@ -23,7 +23,8 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
-from starlette.routing import Route
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
 
 from anyformer._plugins import PluginManager, get_plugin_manager
 from anyformer.contract._chunk import TokenLogprob
@@ -55,6 +56,12 @@ from anyformer.server._sse import DONE, EventStream, event
 
 #: Paths that need the API key when the server has one.
 _PROTECTED_PREFIXES = ("/v1/", "/api/", "/metrics")
+#: The chat page's policy: its scripts and styles are files under /static/ (no inline code, no CDN), it
+#: talks only to this server, and images or audio it shows are the user's own attachments (data: URLs).
+CHAT_PAGE_CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self' data:; "
+    "media-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+)
 #: The largest request body read by default: a long conversation, or a few photos as data URLs.
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
 
@@ -445,7 +452,7 @@ def create_app(
     expected_key = f"Bearer {api_key}".encode() if api_key else None
 
     async def index(request: Request) -> HTMLResponse:
-        return HTMLResponse(page)
+        return HTMLResponse(page, headers={"Content-Security-Policy": CHAT_PAGE_CSP})
 
     async def health(request: Request) -> JSONResponse:
         """Up or not for anyone; what is loaded only for a caller with the key (when there is one)."""
@@ -474,6 +481,7 @@ def create_app(
         Route("/api/check", api.check),
         Route("/api/ps", ps.ps),
         Route("/api/stop", ps.stop, methods=["POST"]),
+        Mount("/static", StaticFiles(directory=str(resources.files("anyformer.server") / "static")), name="static"),
     ]
     metrics = _server_metrics(pool)
     if metrics is not None:
