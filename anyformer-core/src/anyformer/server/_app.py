@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import importlib.util
 import json
 import os
 import threading
@@ -99,6 +100,30 @@ async def _json_body(request: Request, limit: int) -> Any:
     except RecursionError:
         raise bad_request("the request body is nested too deeply") from None
     return body
+
+
+async def _form_body(request: Request, limit: int) -> Any:
+    """A multipart (or URL-encoded) form of at most ``limit`` bytes, read no further; 400 when malformed."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise _too_large(limit)
+    size = 0
+
+    async def receive() -> Any:
+        nonlocal size
+        message = await request.receive()
+        size += len(message.get("body", b""))
+        if size > limit:
+            raise _too_large(limit)
+        return message
+
+    if importlib.util.find_spec("python_multipart") is None:
+        raise bad_request("this server reads no forms: pip install 'anyformer[serve]' (python-multipart)")
+    bounded = Request(request.scope, receive)
+    try:
+        return await bounded.form(max_files=1, max_fields=16)
+    except HTTPException as exc:  # Starlette's word for a malformed multipart body
+        raise bad_request(f"the form could not be read: {exc.detail}") from None
 
 
 class _Api:
@@ -280,6 +305,24 @@ class _Api:
         result = await _until_disconnect(request, work, gone)
         vectors, tokens = _embeddings_of(result, len(inputs))
         return JSONResponse(embeddings_list(model, vectors, body.get("encoding_format", "float"), tokens))
+
+    async def transcriptions(self, request: Request) -> Response:
+        """``POST /v1/audio/transcriptions`` (multipart) on a speech model: decoded, resampled, transcribed."""
+        from anyformer._audio_decode import WHISPER_RATE, decode_audio
+        from anyformer.server._transcriptions import SPEECH_TASK, parse_transcription_form, transcription_response
+
+        form = await _form_body(request, self.max_body)
+        try:
+            parsed = await parse_transcription_form(form)
+        finally:
+            await form.close()
+        resolved = await self._resolve(parsed.model)
+        samples = await asyncio.to_thread(decode_audio, parsed.audio)
+        clip = {"raw": samples, "sampling_rate": WHISPER_RATE}
+        gone = threading.Event()  # set when the client leaves: the model stops between two 30 s windows
+        work = self.pool.run(resolved, SPEECH_TASK, clip, cancel=gone, keep_alive=parsed.keep_alive, **parsed.options)
+        result = await _until_disconnect(request, work, gone)
+        return transcription_response(parsed, result, samples.size / WHISPER_RATE)
 
     async def _chat(self, request: Request, parsed: GenerationRequest, keep_alive: float | None = None) -> Response:
         resolved = await self._resolve(parsed.model)
@@ -478,6 +521,7 @@ def create_app(
         Route("/v1/chat/completions", api.chat_completions, methods=["POST"]),
         Route("/v1/completions", api.completions, methods=["POST"]),
         Route("/v1/embeddings", api.embeddings, methods=["POST"]),
+        Route("/v1/audio/transcriptions", api.transcriptions, methods=["POST"]),
         Route("/api/check", api.check),
         Route("/api/ps", ps.ps),
         Route("/api/stop", ps.stop, methods=["POST"]),
