@@ -53,6 +53,13 @@ class ScriptedBackend(PacedBackend):
         text = self.replies[min(len(self.calls), len(self.replies)) - 1]
         return self._pieces(text)
 
+    @hookimpl
+    def load(self, backend: str, model: Any, request: Any) -> Any:
+        handle = super().load(backend, model, request)
+        if handle is not None:
+            handle.audio_input = True  # it takes the audio blocks the page sends (and records them)
+        return handle
+
     def _pieces(self, text: str) -> Iterator[Chunk]:
         step = max(1, len(text) // 4)
         pieces = [text[i : i + step] for i in range(0, len(text), step)]
@@ -196,3 +203,53 @@ def test_an_attached_image_reaches_the_model_as_its_bytes(chat_page: Any) -> Non
     assert blocks[1]["type"] == "image" and bytes(blocks[1]["image"]) == PNG
     sync_api.expect(page.locator(".msg.user img.attachment")).to_have_count(1)
     sync_api.expect(page.locator("#attachments .chip")).to_have_count(0)
+
+
+def wav_bytes(seconds: float = 0.1, rate: int = 16_000) -> bytes:
+    import io
+    import wave
+
+    out = io.BytesIO()
+    with wave.open(out, "wb") as writer:
+        writer.setnchannels(1)
+        writer.setsampwidth(2)
+        writer.setframerate(rate)
+        writer.writeframes(b"\x00\x01" * int(seconds * rate))
+    return out.getvalue()
+
+
+def test_an_attached_wav_reaches_the_model_as_an_audio_block(chat_page: Any) -> None:
+    page, backend, _url = chat_page("I hear it")
+    clip = wav_bytes()
+    page.set_input_files("#attach", files=[{"name": "clip.wav", "mimeType": "audio/wav", "buffer": clip}])
+    sync_api.expect(page.locator("#attachments .chip")).to_have_text("audio: clip.wav")
+    say(page, "What do you hear?")
+    [(messages, _options)] = backend.calls
+    blocks = messages[-1]["content"]
+    assert blocks[1]["type"] == "audio" and bytes(blocks[1]["audio"]) == clip
+    sync_api.expect(page.locator(".msg.user audio")).to_have_count(1)
+
+
+def test_when_storage_is_full_the_conversation_is_kept_without_its_attachments(chat_page: Any) -> None:
+    page, _backend, _url = chat_page("a dot")
+    # A tiny quota: a conversation with the image's data URL does not fit, one without it does.
+    page.add_init_script(
+        """
+        const setItem = Storage.prototype.setItem;
+        Storage.prototype.setItem = function (key, value) {
+          if (String(value).length > 3000) throw new DOMException("full", "QuotaExceededError");
+          return setItem.call(this, key, value);
+        };
+        """
+    )
+    model = page.locator("#model").input_value()
+    page.reload()
+    page.fill("#model", model)
+    big = PNG + bytes(4000)
+    page.set_input_files("#attach", files=[{"name": "dot.png", "mimeType": "image/png", "buffer": big}])
+    say(page, "Keep this")
+    sync_api.expect(page.locator("#storage-note")).to_contain_text("attachments are not kept")
+    page.reload()
+    sync_api.expect(page.locator(".msg.user .body")).to_have_text(["Keep this"])
+    sync_api.expect(page.locator(".msg.user")).to_contain_text("[dot.png: not kept]")
+    sync_api.expect(page.locator(".msg.assistant .body")).to_have_text(["a dot"])
