@@ -181,3 +181,10 @@ def test_an_isolated_worker_ends_after_its_keep_alive_and_the_next_reply_is_the_
         assert again.status == 200
         assert again.json()["choices"][0]["message"]["content"] == first.json()["choices"][0]["message"]["content"]
         assert plain_request("GET", f"{url}/api/ps").json()["models"][0]["worker_pid"] != pid
+
+
+def test_serve_refuses_a_malformed_keep_alive_before_it_starts(capsys: Any) -> None:
+    from anyformer.cli._main import main
+
+    assert main(["serve", "--port", "1", "--keep-alive", "soon"]) == 2
+    assert "--keep-alive must be a duration" in capsys.readouterr().err
