@@ -176,7 +176,7 @@ def lint(session: nox.Session) -> None:
 @discard_venv_in_ci
 def mypy(session: nox.Session) -> None:
     """Type-check the core, the conformance kit and every plugins/*/src (settings in pyproject.toml)."""
-    install(session, CORE, CONFORMANCE, *ALL_PLUGIN_FOLDERS, extra=["mypy>=1.10", f"{ROOT / CORE}[serve]"])
+    install(session, CORE, CONFORMANCE, *ALL_PLUGIN_FOLDERS, extra=["mypy>=1.10", f"{ROOT / CORE}[serve,speech]"])
     sources = [f"{CORE}/src", f"{CONFORMANCE}/src", *(f"{folder}/src" for folder in ALL_PLUGIN_FOLDERS)]
     session.run("mypy", *sources)
 
@@ -189,10 +189,10 @@ def tests(session: nox.Session, package: str) -> None:
     folder = PACKAGES[package]
     needs = {CORE, CONFORMANCE, folder}
     if package == "core":
-        # The server's tests: the serve extra, the real openai client, Playwright on Debian's chromium,
+        # The server's tests: the serve and speech extras, the real openai client, Playwright on Debian's chromium,
         # and the llama.cpp backend for the embedded SmolLM2.
         needs.add(PLUGINS["llamacpp"])
-        install(session, *sorted(needs), extra=[f"{ROOT / CORE}[serve]", *SERVER_TEST_TOOLS])
+        install(session, *sorted(needs), extra=[f"{ROOT / CORE}[serve,speech]", *SERVER_TEST_TOOLS])
     else:
         if package == "conformance":
             # The kit's own tests run it against mutants of the template backend (conformance/tests/kit_mutants.py).

@@ -13,6 +13,7 @@ from anyformer._default_model import default_model_path, is_default_model_name
 from anyformer._loaded import Loaded
 from anyformer.cli._common import add_machine_arguments, add_rpc_argument, caps_from_args, model_argument
 from anyformer.cli._progress_display import ProgressPrinter
+from anyformer.cli._run_file import FILE_TASKS, run_on_file
 from anyformer.contract._chunk import GenerateOptions
 from anyformer.contract._errors import AnyformerError, ErrorCode
 from anyformer.contract._request import Request
@@ -123,6 +124,8 @@ def run(args: argparse.Namespace) -> int:
     with loaded:
         if not args.json:
             _say_where(loaded)
+        if loaded.task in FILE_TASKS:
+            return run_on_file(loaded, prompt, args)
         if args.raw:
             assert prompt is not None
             try:
