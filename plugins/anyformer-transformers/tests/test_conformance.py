@@ -1,0 +1,56 @@
+"""The anyformer conformance kit against the transformers backend, exactly as a third party runs it.
+
+The sample is a tiny random llama saved as safetensors with a character tokenizer (tiny_models.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import anyformer
+from anyformer import Model, Refusal
+from anyformer_conformance import BackendConformance, RefusalCase
+
+pytest_plugins = ["anyformer_conformance.plugin"]
+
+_CONFIG = {
+    "model_type": "llama",
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 512,
+}
+_FILES = [
+    {"name": "config.json", "size": 600},
+    {"name": "tokenizer.json", "size": 4000},
+    {"name": "model.safetensors", "size": 4 * 10**9},
+]
+
+
+class TestTinyLlamaConformance(BackendConformance):
+    """A tiny llama from safetensors on the CPU."""
+
+    backend_id = "transformers"
+    supports_images = False
+    supports_store = False
+    max_new_tokens_for_tests = 8
+
+    refusal_cases = (
+        RefusalCase({"repo": "org/g", "files": [{"name": "m-Q4_0.gguf", "size": 10**6}]}, {}, {}, Refusal.FORMAT),
+        RefusalCase({"repo": "org/s", "files": _FILES, "config": _CONFIG}, {}, {"task": "summarization"}, Refusal.TASK),
+        RefusalCase(
+            {"repo": "org/s", "files": _FILES, "config": {**_CONFIG, "auto_map": {"AutoModel": "m.M"}}},
+            {},
+            {},
+            Refusal.MODEL,
+        ),
+        RefusalCase({"repo": "org/s", "files": _FILES, "config": _CONFIG}, {"ram_bytes": 10**9}, {}, Refusal.MEMORY),
+    )
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def sample_model(cls, tiny_llama_dir: Path) -> Model:
+        return anyformer.describe(tiny_llama_dir)
