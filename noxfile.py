@@ -205,7 +205,9 @@ def tests(session: nox.Session, package: str) -> None:
         if package == "conformance":
             # The kit's own tests run it against mutants of the template backend (conformance/tests/kit_mutants.py).
             needs.add(PLUGINS["template"])
-        install(session, *sorted(needs))
+        # The transformers backend's server test talks to `anyformer serve` with the real openai client.
+        extra = [f"{ROOT / CORE}[serve]", "openai>=1.40"] if package == "transformers" else []
+        install(session, *sorted(needs), extra=extra)
         if package == "llamacpp":
             ensure_llama_tools(session)  # its RPC and llama-server tests run the real binaries
     session.run(
