@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from tiny_models import EOS_ID, write_char_tokenizer  # noqa: E402
+from tiny_models import EOS_ID, write_char_tokenizer
 
 
 def build(folder: Path) -> Path:
@@ -76,7 +76,8 @@ def main() -> None:
                 reference(messages, **theirs_kwargs)
                 theirs = args.tokens / (time.perf_counter() - start)
                 ratios.append(ours / theirs)
-                print(f"round {round_ + 1}: anyformer {ours:.1f} tok/s, pipeline {theirs:.1f} tok/s, ratio {ratios[-1]:.3f}")
+                figures = f"anyformer {ours:.1f} tok/s, pipeline {theirs:.1f} tok/s, ratio {ratios[-1]:.3f}"
+                print(f"round {round_ + 1}: {figures}")
         print(f"median ratio {statistics.median(ratios):.3f} over {args.rounds} rounds of {args.tokens} tokens")
 
 
