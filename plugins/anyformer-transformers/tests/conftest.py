@@ -23,3 +23,12 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def tiny_llama_dir(tiny_model_dir: dict[str, Path]) -> Path:
     """The tiny llama's folder."""
     return tiny_model_dir["llama"]
+
+
+@pytest.fixture(scope="session")
+def tiny_encoder_dir(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Each tiny BERT's folder, by name (``embedder``, ``text-classifier``, ``token-classifier``)."""
+    from tiny_encoders import ENCODER_BUILDERS
+
+    root = tmp_path_factory.mktemp("tiny-encoders")
+    return {name: build(root / name) for name, build in ENCODER_BUILDERS.items()}

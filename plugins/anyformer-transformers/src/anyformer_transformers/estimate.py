@@ -17,6 +17,8 @@ DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 DEFAULT_CONTEXT = 4096
 #: Host bytes torch and transformers take besides the weights and the cache (libraries, buffers).
 RUNTIME_OVERHEAD = 512 * 2**20
+#: Texts an encoder runs in one forward pass (``encoder.BATCH``: kept here so that can_run imports no torch).
+ENCODER_BATCH = 32
 #: Activations per token of context, as a multiple of the hidden size in the dtype (attention scores,
 #: MLP intermediates of one forward pass over the prompt): a margin, not an exact count.
 ACTIVATION_FACTOR = 16
@@ -38,13 +40,17 @@ def _positive_int(config: Mapping[str, Any], *keys: str) -> int | None:
 
 @dataclasses.dataclass(frozen=True)
 class Shape:
-    """What sizes the KV cache: layers, key/value heads, head width, hidden size, the model's context limit."""
+    """What sizes the KV cache: layers, key/value heads, head width, hidden size, the model's context limit.
+
+    ``heads`` (the query heads) sizes an encoder's attention scores.
+    """
 
     layers: int
     kv_heads: int
     head_dim: int
     hidden: int
     max_context: int | None
+    heads: int = 1
 
     @classmethod
     def of(cls, config: Mapping[str, Any]) -> Shape | None:
@@ -57,7 +63,7 @@ class Shape:
         kv_heads = _positive_int(config, "num_key_value_heads") or heads
         head_dim = _positive_int(config, "head_dim") or max(hidden // heads, 1)
         max_context = _positive_int(config, "max_position_embeddings", "n_positions")
-        return cls(layers, kv_heads, head_dim, hidden, max_context)
+        return cls(layers, kv_heads, head_dim, hidden, max_context, heads)
 
     def context(self, asked: int | None) -> int:
         """The context loaded: the one asked for, else the default, never past the model's limit."""
@@ -89,4 +95,19 @@ def plans(config: Mapping[str, Any], weight_bytes: int, shape: Shape, context: i
         activations = ACTIVATION_FACTOR * shape.hidden * loaded * size
         ram = parameters * size + shape.kv_bytes(loaded, size) + activations + RUNTIME_OVERHEAD
         result.append(Plan(dtype, ram, loaded))
+    return result
+
+
+def encoder_plans(config: Mapping[str, Any], weight_bytes: int, shape: Shape) -> list[Plan]:
+    """The ways to hold an encoder (embeddings, classification), preferred first: no KV cache, but one
+    batch of texts at the longest the model reads, with its attention scores (``heads × tokens²`` per text)."""
+    stored = stored_dtype(config)
+    parameters = weight_bytes // DTYPE_BYTES[stored]
+    tokens = shape.context(None)
+    result = []
+    for dtype in dict.fromkeys(("float32", stored)):
+        size = DTYPE_BYTES[dtype]
+        per_text = ACTIVATION_FACTOR * shape.hidden * tokens + shape.heads * tokens * tokens
+        ram = parameters * size + ENCODER_BATCH * per_text * size + RUNTIME_OVERHEAD
+        result.append(Plan(dtype, ram, tokens))
     return result

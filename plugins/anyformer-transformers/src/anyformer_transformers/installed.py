@@ -18,6 +18,9 @@ from pathlib import Path
 #: The auto-model tables by task: the mapping of ``model_type`` to the class that runs it.
 TABLES = {
     "text-generation": "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES",
+    "feature-extraction": "MODEL_MAPPING_NAMES",
+    "text-classification": "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES",
+    "token-classification": "MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES",
 }
 #: One entry of such a table: ``("llama", "LlamaForCausalLM"),``.
 _ENTRY = re.compile(r'\(\s*"([\w.\-]+)"\s*,\s*"(\w+)"\s*\)')

@@ -16,7 +16,7 @@ from anyformer_transformers.chat_model import ChatModel, TextSide
 from anyformer_transformers.estimate import Plan
 
 
-def _folder(paths: dict[str, Path]) -> Path:
+def folder_of(paths: dict[str, Path]) -> Path:
     """The one folder the fetched files share (a snapshot of the Hub cache, or the local model folder)."""
     folders = {path.parent for name, path in paths.items() if "/" not in name}
     if len(folders) != 1:
@@ -26,17 +26,12 @@ def _folder(paths: dict[str, Path]) -> Path:
     return folders.pop()
 
 
-def load_chat_model(model: Model, names: list[str], plan: Plan, progress: ProgressCallback) -> ChatModel:
-    """Fetch ``names`` and build the causal LM in ``plan.dtype`` on the CPU."""
-    paths = fetch_files(model, names, progress, backend=BACKEND_ID)
-    folder = _folder(paths)
-    progress(ProgressEvent(stage="load", backend=BACKEND_ID, file=str(folder.name), done=0, total=None))
+def build_network(auto_class: Any, folder: Path, plan: Plan, model: Model) -> Any:
+    """``auto_class.from_pretrained`` on ``folder`` in ``plan.dtype``, from safetensors, no repo code; in eval mode."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
     try:
-        tokenizer: Any = AutoTokenizer.from_pretrained(str(folder), local_files_only=True, trust_remote_code=False)
-        network: Any = AutoModelForCausalLM.from_pretrained(
+        network = auto_class.from_pretrained(
             str(folder),
             dtype=getattr(torch, plan.dtype),
             local_files_only=True,
@@ -51,7 +46,23 @@ def load_chat_model(model: Model, names: list[str], plan: Plan, progress: Progre
         raise AnyformerError(
             ErrorCode.BAD_MODEL, f"{model.ref}: transformers cannot load it: {exc}", cause=exc
         ) from exc
-    network.eval()
+    return network.eval()
+
+
+def load_chat_model(model: Model, names: list[str], plan: Plan, progress: ProgressCallback) -> ChatModel:
+    """Fetch ``names`` and build the causal LM in ``plan.dtype`` on the CPU."""
+    paths = fetch_files(model, names, progress, backend=BACKEND_ID)
+    folder = folder_of(paths)
+    progress(ProgressEvent(stage="load", backend=BACKEND_ID, file=str(folder.name), done=0, total=None))
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    try:
+        tokenizer: Any = AutoTokenizer.from_pretrained(str(folder), local_files_only=True, trust_remote_code=False)
+    except (OSError, ValueError, KeyError, RuntimeError) as exc:
+        raise AnyformerError(
+            ErrorCode.BAD_MODEL, f"{model.ref}: transformers cannot load its tokenizer: {exc}", cause=exc
+        ) from exc
+    network = build_network(AutoModelForCausalLM, folder, plan, model)
     try:
         generation = GenerationConfig.from_pretrained(str(folder), local_files_only=True)
     except OSError:  # no generation_config.json: the model's config holds the defaults

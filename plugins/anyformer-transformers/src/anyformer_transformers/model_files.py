@@ -14,6 +14,10 @@ SIDE_FILES = (
     "chat_template.jinja",
     "model.safetensors.index.json",
 )
+#: sentence-transformers' settings, read for the embedding tasks: the pooling and the longest text read.
+POOLING_CONFIG = "1_Pooling/config.json"
+SENTENCE_CONFIG = "sentence_bert_config.json"
+EMBEDDING_FILES = (POOLING_CONFIG, SENTENCE_CONFIG)
 
 
 def weight_files(model: Model) -> tuple[ModelFile, ...]:
@@ -24,7 +28,11 @@ def weight_files(model: Model) -> tuple[ModelFile, ...]:
     return tuple(f for f in model.files_of("safetensors") if "/" not in f.name)
 
 
-def files_to_read(model: Model) -> list[str]:
-    """Every repo file a load reads, in the order they are fetched (the settings first, the weights last)."""
-    side = [name for name in SIDE_FILES if model.file(name) is not None]
+def files_to_read(model: Model, embeddings: bool = False) -> list[str]:
+    """Every repo file a load reads, in the order they are fetched (the settings first, the weights last).
+
+    ``embeddings``: for an embedding task, sentence-transformers' settings too.
+    """
+    wanted = (*SIDE_FILES, *EMBEDDING_FILES) if embeddings else SIDE_FILES
+    side = [name for name in wanted if model.file(name) is not None]
     return [*side, *(f.name for f in weight_files(model))]

@@ -1,11 +1,13 @@
 """The transformers backend's hooks (docs/backends/transformers.md); the ``anyformer`` entry point ``transformers``.
 
-- ``can_run`` decides from the description and config.json: safetensors weights, a causal-LM class in
-  the installed transformers, no code from the repo, host memory for the weights and the KV cache.
+- ``can_run`` decides from the description and config.json: safetensors weights, a class for the
+  task in the installed transformers (causal LM, bare encoder, sequence or token classifier), no
+  code from the repo, host memory for the weights and the KV cache (chat) or one batch (encoders).
   It imports neither torch nor transformers (``installed.py`` reads their tables as text).
 - ``load`` fetches the settings, tokenizer and root safetensors files, then builds the model with
   ``from_pretrained`` (``trust_remote_code=False``, safetensors only) in the dtype ``can_run`` chose.
-- ``generate`` streams through the handle's own KV-cache loop (``chat_model.py``).
+- ``generate`` streams through the chat handle's own KV-cache loop (``chat_model.py``); the other
+  tasks' handles answer ``run`` (``embedding_model.py``, ``classifier_model.py``).
 """
 
 from __future__ import annotations
@@ -34,20 +36,20 @@ from anyformer.plugin import (
     host_ram_available,
 )
 from anyformer_transformers import BACKEND_ID
-from anyformer_transformers.estimate import Plan, Shape, plans
+from anyformer_transformers.estimate import Plan, Shape, encoder_plans, plans
 from anyformer_transformers.installed import installed
 from anyformer_transformers.model_files import files_to_read, weight_files
+from anyformer_transformers.tasks import EMBEDDING_TASKS, TABLE_OF, TASKS, TEXT_GENERATION, task_of
 
-#: The tasks this backend runs.
-TEXT_GENERATION = "text-generation"
-TASKS = (TEXT_GENERATION,)
 #: config.json keys that mean the checkpoint is quantised by a library this backend does not load.
 _QUANTIZED = "quantization_config"
 
 
-def _task_of(model: Model, request: Request) -> str:
-    """The task asked for, else the repo's own, else text generation for a causal-LM checkpoint."""
-    return request.task or model.task or TEXT_GENERATION
+def _plans(model: Model, task: str, shape: Shape, weight_bytes: int, request: Request) -> list[Plan]:
+    """The ways to hold the model for ``task``: with a KV cache for chat, one batch of texts for an encoder."""
+    if task == TEXT_GENERATION:
+        return plans(model.config, weight_bytes, shape, request.context)
+    return encoder_plans(model.config, weight_bytes, shape)
 
 
 def _model_problem(model: Model, config: Mapping[str, Any], task: str) -> str | None:
@@ -62,7 +64,7 @@ def _model_problem(model: Model, config: Mapping[str, Any], task: str) -> str | 
         return "its config.json names no model_type"
     have = installed()
     assert have is not None  # checked by the caller
-    if have.class_for(task, model_type) is None:
+    if have.class_for(TABLE_OF[task], model_type) is None:
         return (
             f"transformers {have.transformers} has no {task} class for model_type {model_type!r}; "
             "a newer transformers may have it (pip install -U transformers)"
@@ -84,7 +86,7 @@ def can_run(model: Model, caps: Caps, request: Request) -> Verdict:
         return Verdict.refuse(BACKEND_ID, Refusal.FORMAT, f"no safetensors weights at the root of {model.ref}")
     if model.file("config.json") is None:
         return Verdict.refuse(BACKEND_ID, Refusal.FORMAT, f"{model.ref} has safetensors but no config.json")
-    task = _task_of(model, request)
+    task = task_of(model, request)
     if task not in TASKS:
         return Verdict.refuse(BACKEND_ID, Refusal.TASK, f"runs {', '.join(TASKS)}, not {task}")
     have = installed()
@@ -104,7 +106,7 @@ def can_run(model: Model, caps: Caps, request: Request) -> Verdict:
     if any(f.size is None for f in weights):
         return Verdict.refuse(BACKEND_ID, Refusal.MODEL, "the listing gives no size for every safetensors file")
     weight_bytes = sum(f.size or 0 for f in weights)
-    names = files_to_read(model)
+    names = files_to_read(model, embeddings=task in EMBEDDING_TASKS)
     download = sum(f.size or 0 for f in files_to_download(model, names))
     if download and not caps.store:
         return Verdict.refuse(BACKEND_ID, Refusal.STORE, "the weights must be downloaded and the store is not writable")
@@ -114,22 +116,27 @@ def can_run(model: Model, caps: Caps, request: Request) -> Verdict:
             Refusal.STORE,
             f"{format_size(download)} must be downloaded and the store's disk has {format_size(caps.disk_free_bytes)}",
         )
-    candidates = plans(config, weight_bytes, shape, request.context)
+    candidates = _plans(model, task, shape, weight_bytes, request)
     plan = _choose(candidates, caps.ram_bytes)
     if plan is None:
         least = min(candidates, key=lambda p: p.ram_bytes)
+        held = (
+            f"{least.context} positions of KV cache"
+            if task == TEXT_GENERATION
+            else f"a batch of texts of {least.context} tokens"
+        )
         return Verdict.refuse(
             BACKEND_ID,
             Refusal.MEMORY,
-            f"needs {format_size(least.ram_bytes)} of host memory ({least.dtype} weights, {least.context} "
-            f"positions of KV cache), {format_size(caps.ram_bytes)} available",
+            f"needs {format_size(least.ram_bytes)} of host memory ({least.dtype} weights, {held}), "
+            f"{format_size(caps.ram_bytes)} available",
             need=least.ram_bytes,
         )
     details = {
         "device": "cpu",
         "dtype": plan.dtype,
-        "class": have.class_for(task, str(config["model_type"])),
-        "context": plan.context,
+        "class": have.class_for(TABLE_OF[task], str(config["model_type"])),
+        "context" if task == TEXT_GENERATION else "max_tokens": plan.context,
         "transformers": have.transformers,
     }
     return Verdict.accept(
@@ -147,21 +154,35 @@ def can_run(model: Model, caps: Caps, request: Request) -> Verdict:
 @hookimpl
 def load(backend: str, model: Model, request: Request, progress: ProgressCallback) -> Any:
     """Fetch the files and build the model in the dtype that fits the host memory available now."""
-    from anyformer_transformers.loading import load_chat_model
-
+    task = task_of(model, request)
+    if task not in TASKS:
+        raise AnyformerError(ErrorCode.BAD_REQUEST, f"task {task}; the {BACKEND_ID} backend runs {', '.join(TASKS)}")
     shape = Shape.of(model.config)
     if shape is None or not weight_files(model):
         raise AnyformerError(ErrorCode.BAD_MODEL, f"{model.ref}: no safetensors weights with a usable config.json")
     weight_bytes = sum(f.size or 0 for f in weight_files(model))
-    candidates = plans(model.config, weight_bytes, shape, request.context)
+    candidates = _plans(model, task, shape, weight_bytes, request)
     # As can_run chose, on the memory free now; when none fits, the smallest is tried (OUT_OF_MEMORY if not).
     plan = _choose(candidates, host_ram_available()) or min(candidates, key=lambda p: p.ram_bytes)
-    return load_chat_model(model, files_to_read(model), plan, progress)
+    names = files_to_read(model, embeddings=task in EMBEDDING_TASKS)
+    if task == TEXT_GENERATION:
+        from anyformer_transformers.loading import load_chat_model
+
+        return load_chat_model(model, names, plan, progress)
+    from anyformer_transformers.encoder_loading import load_encoder_model
+
+    return load_encoder_model(model, task, names, plan, progress)
 
 
 @hookimpl
-def generate(loaded: Any, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk]:
-    """Start a stream on a handle this backend's ``load`` returned."""
+def generate(loaded: Any, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk] | None:
+    """Start a stream on a chat handle this backend's ``load`` returned; ``BAD_REQUEST`` for the other tasks'."""
+    if getattr(loaded, "backend", None) != BACKEND_ID:
+        return None
+    if not hasattr(loaded, "stream"):
+        raise AnyformerError(
+            ErrorCode.BAD_REQUEST, f"the model was loaded for {loaded.task}: it runs with run(), not generate()"
+        )
     return loaded.stream(messages, options)  # type: ignore[no-any-return]
 
 

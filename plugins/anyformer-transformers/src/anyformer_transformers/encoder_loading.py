@@ -1,0 +1,99 @@
+"""From a description to an encoder handle: embeddings (``AutoModel``) or classification (a head's ``Auto`` class).
+
+The tokenizer is the repo's ``tokenizer.json`` read by the ``tokenizers`` library (no Python
+tokenizer code). The longest text read is sentence-transformers' ``max_seq_length`` where the
+repo has one (what sentence-transformers cuts at), else ``tokenizer_config.json``'s
+``model_max_length``, never past the positions the model has.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from anyformer.plugin import (
+    AnyformerError,
+    BackendModel,
+    ErrorCode,
+    Model,
+    ProgressCallback,
+    ProgressEvent,
+    fetch_files,
+    read_config_json,
+)
+from anyformer_transformers import BACKEND_ID
+from anyformer_transformers.classifier_model import ClassifierModel
+from anyformer_transformers.embedding_model import EmbeddingModel, pooling_of
+from anyformer_transformers.encoder import Encoder
+from anyformer_transformers.estimate import Plan
+from anyformer_transformers.loading import build_network, folder_of
+from anyformer_transformers.model_files import POOLING_CONFIG, SENTENCE_CONFIG
+from anyformer_transformers.tasks import EMBEDDING_TASKS, TEXT_CLASSIFICATION, TOKEN_CLASSIFICATION
+
+#: ``model_max_length`` values at or past this mean "no limit" (transformers writes 1e30 there).
+_NO_LIMIT = 10**7
+
+
+def _config(paths: Mapping[str, Path], name: str, model: Model) -> dict[str, Any]:
+    return read_config_json(paths[name], f"{name} of {model.ref}") if name in paths else {}
+
+
+def _positive(value: Any) -> int | None:
+    if isinstance(value, int) and not isinstance(value, bool) and 0 < value < _NO_LIMIT:
+        return value
+    return None
+
+
+def max_tokens(limit: int, sentence: Mapping[str, Any], tokenizer: Mapping[str, Any]) -> int:
+    """The longest text read, in tokens: ``max_seq_length``, else ``model_max_length``, at most ``limit``."""
+    wanted = _positive(sentence.get("max_seq_length")) or _positive(tokenizer.get("model_max_length"))
+    return min(wanted, limit) if wanted else limit
+
+
+def _auto_class(task: str) -> Any:
+    from transformers import AutoModel, AutoModelForSequenceClassification, AutoModelForTokenClassification
+
+    if task == TEXT_CLASSIFICATION:
+        return AutoModelForSequenceClassification
+    if task == TOKEN_CLASSIFICATION:
+        return AutoModelForTokenClassification
+    return AutoModel
+
+
+def load_encoder_model(
+    model: Model, task: str, names: list[str], plan: Plan, progress: ProgressCallback
+) -> BackendModel:
+    """Fetch ``names`` and build the encoder for ``task`` in ``plan.dtype`` on the CPU."""
+    paths = fetch_files(model, names, progress, backend=BACKEND_ID)
+    folder = folder_of(paths)
+    progress(ProgressEvent(stage="load", backend=BACKEND_ID, file=str(folder.name), done=0, total=None))
+    from tokenizers import Tokenizer
+
+    try:
+        tokenizer = Tokenizer.from_file(str(paths["tokenizer.json"]))
+    except Exception as exc:  # tokenizers raises a plain Exception on a bad file
+        raise AnyformerError(
+            ErrorCode.BAD_MODEL, f"{model.ref}: tokenizer.json is not readable: {exc}", cause=exc
+        ) from exc
+    network = build_network(_auto_class(task), folder, plan, model)
+    config = network.config.to_dict()
+    limit = max_tokens(
+        plan.context, _config(paths, SENTENCE_CONFIG, model), _config(paths, "tokenizer_config.json", model)
+    )
+    pad_id = config.get("pad_token_id")
+    encoder = Encoder(
+        network, tokenizer, max_tokens=limit, pad_id=pad_id if isinstance(pad_id, int) else 0, label=model.ref
+    )
+    details: dict[str, Any] = {
+        "device": "cpu",
+        "dtype": plan.dtype,
+        "class": type(network).__name__,
+        "max_tokens": limit,
+    }
+    progress(ProgressEvent(stage="load", backend=BACKEND_ID, file=str(folder.name), done=1, total=1))
+    if task in EMBEDDING_TASKS:
+        pooling = pooling_of(_config(paths, POOLING_CONFIG, model))
+        details["pooling"] = pooling
+        return EmbeddingModel(encoder, task=task, pooling=pooling, details=details)
+    return ClassifierModel(encoder, task=task, config=config, details=details)
