@@ -13,7 +13,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "anyformer-core" / "tests"))
 
-from anyformer_transformers.estimate import DTYPE_BYTES, RUNTIME_OVERHEAD, Shape, plans
+from anyformer_transformers.estimate import DTYPE_BYTES, ENCODER_BATCH, RUNTIME_OVERHEAD, Shape, encoder_plans, plans
 from anyformer_transformers.plugin import can_run
 from hub_fixtures import point_huggingface_hub_at
 from hub_server import FakeHub
@@ -159,3 +159,81 @@ def test_run_on_that_hub_repo_streams_transformers_own_greedy_text(hub: FakeHub,
         text = list(model.generate(messages, max_new_tokens=16))[-1].text
     assert text == reference_reply(tiny_llama_dir, messages, 16)
     assert json.loads((tiny_llama_dir / "config.json").read_text())["model_type"] == "llama"
+
+
+# ---- the encoder tasks ----------------------------------------------------------------------------
+
+BERT_CONFIG: dict[str, Any] = {
+    "model_type": "bert",
+    "architectures": ["BertForSequenceClassification"],
+    "hidden_size": 768,
+    "num_hidden_layers": 12,
+    "num_attention_heads": 12,
+    "max_position_embeddings": 512,
+    "id2label": {"0": "NEGATIVE", "1": "POSITIVE"},
+}
+BERT_FILES = [
+    {"name": "config.json", "size": 700},
+    {"name": "model.safetensors", "size": 438_000_000},
+    {"name": "tokenizer.json", "size": 466_000},
+    {"name": "tokenizer_config.json", "size": 300},
+]
+
+
+@pytest.mark.parametrize(
+    ("architecture", "task", "expected_class"),
+    [
+        ("BertForSequenceClassification", "text-classification", "BertForSequenceClassification"),
+        ("BertForTokenClassification", "token-classification", "BertForTokenClassification"),
+        ("BertModel", "feature-extraction", "BertModel"),
+    ],
+)
+def test_an_encoder_is_accepted_for_the_task_its_architecture_names(
+    architecture: str, task: str, expected_class: str
+) -> None:
+    model = described({**BERT_CONFIG, "architectures": [architecture]}, BERT_FILES)
+    verdict = can_run(model, CAPS, Request())
+    assert verdict.ok, verdict.reason
+    assert verdict.estimate is not None and verdict.estimate.details["class"] == expected_class
+    assert verdict.estimate.details["max_tokens"] == 512 and "context" not in verdict.estimate.details
+
+
+def test_a_sentence_transformers_repo_is_feature_extraction_and_its_pooling_is_fetched() -> None:
+    files = [*BERT_FILES, {"name": "modules.json", "size": 300}, {"name": "1_Pooling/config.json", "size": 200}]
+    verdict = can_run(described({**BERT_CONFIG, "architectures": ["BertModel"]}, files), CAPS, Request())
+    assert verdict.ok and verdict.estimate is not None, verdict.reason
+    assert verdict.estimate.details["class"] == "BertModel"
+    assert "1_Pooling/config.json" in verdict.estimate.files
+    similarity = can_run(described(BERT_CONFIG, files), CAPS, Request(task="sentence-similarity"))
+    assert similarity.ok and similarity.estimate is not None and similarity.estimate.details["class"] == "BertModel"
+
+
+def test_the_task_asked_for_picks_its_auto_table() -> None:
+    model = described({**BERT_CONFIG, "model_type": "not-a-model-type"}, BERT_FILES)
+    verdict = can_run(model, CAPS, Request(task="token-classification"))
+    assert verdict.code is Refusal.MODEL and "no token-classification class" in verdict.reason
+    # A causal LM's body embeds (LlamaModel) and its classification head is a class of its own.
+    assert can_run(described(), CAPS, Request(task="feature-extraction")).estimate.details["class"] == "LlamaModel"  # type: ignore[union-attr]
+    head = can_run(described(), CAPS, Request(task="text-classification")).estimate
+    assert head is not None and head.details["class"] == "LlamaForSequenceClassification"
+
+
+def test_an_encoder_holds_no_kv_cache_so_the_context_asked_changes_nothing() -> None:
+    def ram(task: str, context: int) -> int:
+        verdict = can_run(described(), CAPS, Request(task=task, context=context))
+        assert verdict.estimate is not None, verdict.reason
+        return verdict.estimate.ram_bytes
+
+    assert ram("feature-extraction", 1024) == ram("feature-extraction", 4096)
+    assert ram("text-generation", 1024) < ram("text-generation", 4096)
+    shape = Shape.of(BERT_CONFIG)
+    assert shape is not None
+    (float32,) = encoder_plans(BERT_CONFIG, 438_000_000, shape)
+    assert float32.ram_bytes > 438_000_000 + ENCODER_BATCH * 12 * 512 * 512 * 4  # weights and one batch's scores
+
+
+def test_too_little_memory_for_an_encoder_is_a_memory_refusal_whose_need_is_accepted() -> None:
+    model = described(BERT_CONFIG, BERT_FILES)
+    verdict = can_run(model, CAPS.replace(ram_bytes=2**29), Request())
+    assert verdict.code is Refusal.MEMORY and "batch" in verdict.reason and verdict.need is not None
+    assert can_run(model, CAPS.replace(ram_bytes=verdict.need), Request()).ok

@@ -142,3 +142,15 @@ def test_all_minilm_l6_v2_matches_sentence_transformers_recipe(minilm_dir: Path)
     assert got.shape == (3, 384)
     assert np.abs(got - want).max() < 1e-5
     assert scores[0] > scores[1]  # the paraphrase scores highest
+
+
+def test_long_texts_make_smaller_batches_within_the_token_budget() -> None:
+    from types import SimpleNamespace
+
+    from anyformer_transformers.encoder import BATCH, BATCH_TOKENS, _groups
+
+    lengths = [10] * 40 + [BATCH_TOKENS // 4] * 6 + [BATCH_TOKENS + 5]
+    groups = list(_groups([SimpleNamespace(ids=[0] * n) for n in lengths]))
+    assert [len(g) for g in groups] == [BATCH, 8, 4, 2, 1]
+    assert all(len(g) * max(len(e.ids) for e in g) <= BATCH_TOKENS for g in groups[:-1])
+    assert sum(len(g) for g in groups) == len(lengths)  # every text, in order, once

@@ -17,8 +17,10 @@ DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 DEFAULT_CONTEXT = 4096
 #: Host bytes torch and transformers take besides the weights and the cache (libraries, buffers).
 RUNTIME_OVERHEAD = 512 * 2**20
-#: Texts an encoder runs in one forward pass (``encoder.BATCH``: kept here so that can_run imports no torch).
+#: The most texts an encoder runs in one forward pass, and the most padded tokens one pass holds
+#: when its texts are long (a text longer than that runs alone). Here so that can_run imports no torch.
 ENCODER_BATCH = 32
+ENCODER_BATCH_TOKENS = 32 * 512
 #: Activations per token of context, as a multiple of the hidden size in the dtype (attention scores,
 #: MLP intermediates of one forward pass over the prompt): a margin, not an exact count.
 ACTIVATION_FACTOR = 16
@@ -100,14 +102,16 @@ def plans(config: Mapping[str, Any], weight_bytes: int, shape: Shape, context: i
 
 def encoder_plans(config: Mapping[str, Any], weight_bytes: int, shape: Shape) -> list[Plan]:
     """The ways to hold an encoder (embeddings, classification), preferred first: no KV cache, but one
-    batch of texts at the longest the model reads, with its attention scores (``heads × tokens²`` per text)."""
+    batch of texts at the longest the model reads, with one layer's attention scores (``heads × tokens``
+    per token)."""
     stored = stored_dtype(config)
     parameters = weight_bytes // DTYPE_BYTES[stored]
     tokens = shape.context(None)
+    batch_tokens = min(ENCODER_BATCH * tokens, max(ENCODER_BATCH_TOKENS, tokens))
     result = []
     for dtype in dict.fromkeys(("float32", stored)):
         size = DTYPE_BYTES[dtype]
-        per_text = ACTIVATION_FACTOR * shape.hidden * tokens + shape.heads * tokens * tokens
-        ram = parameters * size + ENCODER_BATCH * per_text * size + RUNTIME_OVERHEAD
+        per_token = ACTIVATION_FACTOR * shape.hidden + shape.heads * tokens
+        ram = parameters * size + batch_tokens * per_token * size + RUNTIME_OVERHEAD
         result.append(Plan(dtype, ram, tokens))
     return result
