@@ -237,3 +237,21 @@ def test_too_little_memory_for_an_encoder_is_a_memory_refusal_whose_need_is_acce
     verdict = can_run(model, CAPS.replace(ram_bytes=2**29), Request())
     assert verdict.code is Refusal.MEMORY and "batch" in verdict.reason and verdict.need is not None
     assert can_run(model, CAPS.replace(ram_bytes=verdict.need), Request()).ok
+
+
+def test_a_sentence_transformers_hub_repo_is_chosen_and_embeds_as_the_reference(
+    hub: FakeHub, tiny_encoder_dir: dict[str, Path]
+) -> None:
+    import numpy as np
+    from tiny_encoders import reference_embedding
+
+    folder = tiny_encoder_dir["embedder"]
+    files = {str(p.relative_to(folder)): p for p in folder.rglob("*") if p.is_file()}
+    hub.add_repo("org/tiny-embedder", files, pipeline_tag="sentence-similarity", tags=["sentence-transformers"])
+    _, selection = anyformer.check("org/tiny-embedder", caps=CAPS)
+    assert selection.chosen_backend == "transformers", selection
+    text = "A man is eating food."
+    with anyformer.load("org/tiny-embedder", backend="transformers") as model:
+        assert model.task == "sentence-similarity"
+        vector = np.asarray(model.run(text)["embeddings"][0])
+    assert np.abs(vector - reference_embedding(folder, text)).max() < 1e-5

@@ -26,7 +26,8 @@ def _pipeline(folder: Path, task: str) -> Any:
     import torch
     from transformers import pipeline
 
-    return pipeline(task, model=str(folder), dtype=torch.float32, device="cpu")
+    build: Any = pipeline  # its overloads want a literal task name
+    return build(task, model=str(folder), dtype=torch.float32, device="cpu")
 
 
 def _plain(value: Any) -> Any:

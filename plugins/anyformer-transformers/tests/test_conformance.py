@@ -1,11 +1,14 @@
 """The anyformer conformance kit against the transformers backend, exactly as a third party runs it.
 
-The sample is a tiny random llama saved as safetensors with a character tokenizer (tiny_models.py).
+The samples: a tiny random llama saved as safetensors with a character tokenizer (tiny_models.py),
+and a tiny random BERT laid out as a sentence-transformers repo whose ``run`` the kit's progress
+and cancel tests drive (tiny_encoders.py).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -30,9 +33,7 @@ _FILES = [
 ]
 
 
-class TestTinyLlamaConformance(BackendConformance):
-    """A tiny llama from safetensors on the CPU."""
-
+class _TransformersKit(BackendConformance):
     backend_id = "transformers"
     supports_images = False
     supports_store = False
@@ -50,7 +51,27 @@ class TestTinyLlamaConformance(BackendConformance):
         RefusalCase({"repo": "org/s", "files": _FILES, "config": _CONFIG}, {"ram_bytes": 10**9}, {}, Refusal.MEMORY),
     )
 
+
+class TestTinyLlamaConformance(_TransformersKit):
+    """A tiny llama from safetensors on the CPU."""
+
     @pytest.fixture(scope="class")
     @classmethod
     def sample_model(cls, tiny_llama_dir: Path) -> Model:
         return anyformer.describe(tiny_llama_dir)
+
+
+class TestTinyBertEmbeddingConformance(_TransformersKit):
+    """A tiny BERT for feature-extraction: no generate; its ``run`` on 40 texts (two batches) reports and cancels."""
+
+    supports_generate = False
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def sample_model(cls, tiny_encoder_dir: dict[str, Path]) -> Model:
+        return anyformer.describe(tiny_encoder_dir["embedder"])
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def run_sample(cls) -> tuple[Any, dict[str, Any]]:
+        return [f"the cat sat on the mat {i}" for i in range(40)], {}
