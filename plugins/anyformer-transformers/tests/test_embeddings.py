@@ -154,3 +154,68 @@ def test_long_texts_make_smaller_batches_within_the_token_budget() -> None:
     assert [len(g) for g in groups] == [BATCH, 8, 4, 2, 1]
     assert all(len(g) * max(len(e.ids) for e in g) <= BATCH_TOKENS for g in groups[:-1])
     assert sum(len(g) for g in groups) == len(lengths)  # every text, in order, once
+
+
+# ---- pooling modes and sentence-transformers modules ---------------------------------------------
+
+
+def _sentence_transformers_copy(source: Path, folder: Path, pooling: dict[str, Any], modules: list[str]) -> Path:
+    """``source``'s files with a 1_Pooling/config.json and a modules.json of ``modules`` (type names)."""
+    import json
+    import shutil
+
+    shutil.copytree(source, folder)
+    (folder / "1_Pooling").mkdir(exist_ok=True)
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps(pooling), encoding="utf-8")
+    entries = [{"idx": i, "name": str(i), "type": f"sentence_transformers.models.{m}"} for i, m in enumerate(modules)]
+    (folder / "modules.json").write_text(json.dumps(entries), encoding="utf-8")
+    return folder
+
+
+def test_a_decoder_embedder_pools_its_last_token(tiny_llama_dir: Path, tmp_path: Path) -> None:
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    folder = _sentence_transformers_copy(
+        tiny_llama_dir, tmp_path / "llama-embedder", {"pooling_mode_lasttoken": True}, ["Transformer", "Pooling"]
+    )
+    texts = ["Hello there", "a much longer text than the first one, padded less"]
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    network = AutoModel.from_pretrained(str(folder), dtype=torch.float32).eval()
+    want = []
+    for text in texts:
+        with torch.no_grad():
+            last = network(**tokenizer(text, return_tensors="pt")).last_hidden_state[0, -1]
+        want.append((last / last.norm()).double().numpy())
+    with anyformer.load(folder, backend="transformers", isolate=False) as model:
+        assert model.task == "feature-extraction"
+        got = np.asarray(model.run(texts)["embeddings"])
+        mean = np.asarray(model.run(texts[0], pooling="mean")["embeddings"][0])
+    assert np.abs(got - np.stack(want)).max() < 1e-5
+    assert np.abs(mean - want[0]).max() > 1e-3  # the pooling read from the repo is what made the difference
+
+
+def test_mean_over_root_length_is_the_mean_times_root_length(loaded: anyformer.Loaded, embedder: Path) -> None:
+    plain = np.asarray(loaded.run(TEXTS[:2], normalize=False)["embeddings"])
+    rooted = np.asarray(loaded.run(TEXTS[:2], normalize=False, pooling="mean_sqrt_len")["embeddings"])
+    from transformers import AutoTokenizer
+
+    lengths = np.asarray([len(ids) for ids in AutoTokenizer.from_pretrained(str(embedder))(TEXTS[:2])["input_ids"]])
+    assert np.allclose(rooted, plain * np.sqrt(lengths)[:, None], atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("pooling", "modules", "words"),
+    [
+        ({"pooling_mode_weightedmean_tokens": True}, ["Transformer", "Pooling"], "weightedmean"),
+        ({"pooling_mode_mean_tokens": True, "pooling_mode_cls_token": True}, ["Transformer", "Pooling"], "cls"),
+        ({"pooling_mode_mean_tokens": True}, ["Transformer", "Pooling", "Dense", "Normalize"], "Dense"),
+    ],
+)
+def test_what_the_handle_cannot_apply_is_bad_model_at_load(
+    embedder: Path, tmp_path: Path, pooling: dict[str, Any], modules: list[str], words: str
+) -> None:
+    folder = _sentence_transformers_copy(embedder, tmp_path / "other", pooling, modules)
+    with pytest.raises(AnyformerError) as caught:
+        anyformer.load(folder, backend="transformers", isolate=False)
+    assert caught.value.code is ErrorCode.BAD_MODEL and words in str(caught.value)

@@ -1,9 +1,11 @@
 """An encoder loaded for embeddings: ``run`` returns pooled, unit-length vectors, shaped as the ONNX backend's.
 
-The pooling is the model's own (sentence-transformers' ``1_Pooling/config.json``: mean, CLS or
-max over the tokens), mean when it names none; padding is masked out, so a text's vector does not
-depend on the batch it came in. The handle declares ``run_progress``: an ``embed`` event after each
-batch (``done`` of ``total`` texts), where a cancelled run stops.
+The pooling is the model's own (sentence-transformers' ``1_Pooling/config.json``: mean, CLS, max,
+mean over √length, or the last token, as decoder embedders such as Qwen3-Embedding use), mean when
+it names none; a mode it cannot apply is ``BAD_MODEL`` at load, never a silently different vector.
+Padding is masked out, so a text's vector does not depend on the batch it came in. The handle
+declares ``run_progress``: an ``embed`` event after each batch (``done`` of ``total`` texts), where a
+cancelled run stops.
 """
 
 from __future__ import annotations
@@ -16,16 +18,30 @@ from anyformer_transformers import BACKEND_ID
 from anyformer_transformers.encoder import Encoder, texts_of
 from anyformer_transformers.tasks import SENTENCE_SIMILARITY
 
-POOLINGS = ("mean", "cls", "max")
+POOLINGS = ("mean", "cls", "max", "mean_sqrt_len", "lasttoken")
+#: ``1_Pooling/config.json``'s keys and the pooling each turns on.
+_MODES = {
+    "pooling_mode_cls_token": "cls",
+    "pooling_mode_mean_tokens": "mean",
+    "pooling_mode_max_tokens": "max",
+    "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len",
+    "pooling_mode_lasttoken": "lasttoken",
+}
 
 
-def pooling_of(config: Mapping[str, Any]) -> str:
-    """The pooling sentence-transformers' ``1_Pooling/config.json`` asks for (``mean`` when it says nothing)."""
-    if config.get("pooling_mode_cls_token"):
-        return "cls"
-    if config.get("pooling_mode_max_tokens"):
-        return "max"
-    return "mean"
+def pooling_of(config: Mapping[str, Any], label: str) -> str:
+    """The pooling sentence-transformers' ``1_Pooling/config.json`` asks for (``mean`` when it says nothing).
+
+    ``BAD_MODEL`` for a mode this backend does not apply (weighted mean) or several at once
+    (sentence-transformers concatenates them), so that no vector differs from the model's own.
+    """
+    on = [key for key, value in config.items() if key.startswith("pooling_mode_") and value is True]
+    unknown = [key for key in on if key not in _MODES]
+    if unknown or len(on) > 1:
+        raise AnyformerError(
+            ErrorCode.BAD_MODEL, f"{label}: pooling {', '.join(on)} is not one this backend applies ({POOLINGS})"
+        )
+    return _MODES[on[0]] if on else "mean"
 
 
 def pool(hidden: Any, mask: Any, how: str) -> Any:
@@ -35,10 +51,14 @@ def pool(hidden: Any, mask: Any, how: str) -> Any:
     hidden = hidden.float()
     if how == "cls":
         return hidden[:, 0, :]
+    if how == "lasttoken":  # batches are padded on the right: the last real token is at length - 1
+        return hidden[torch.arange(hidden.shape[0]), mask.sum(dim=1) - 1]
     weights = mask[:, :, None].to(hidden.dtype)
     if how == "max":
         return hidden.masked_fill(weights == 0, float("-inf")).amax(dim=1)
-    return (hidden * weights).sum(dim=1) / torch.clamp(weights.sum(dim=1), min=1e-9)
+    summed = (hidden * weights).sum(dim=1)
+    count = torch.clamp(weights.sum(dim=1), min=1e-9)
+    return summed / (count.sqrt() if how == "mean_sqrt_len" else count)
 
 
 class EmbeddingModel:

@@ -8,6 +8,7 @@ repo has one (what sentence-transformers cuts at), else ``tokenizer_config.json`
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -28,9 +29,12 @@ from anyformer_transformers.embedding_model import EmbeddingModel, pooling_of
 from anyformer_transformers.encoder import Encoder
 from anyformer_transformers.estimate import Plan
 from anyformer_transformers.loading import build_network, folder_of
-from anyformer_transformers.model_files import POOLING_CONFIG, SENTENCE_CONFIG
+from anyformer_transformers.model_files import MODULES, POOLING_CONFIG, SENTENCE_CONFIG
 from anyformer_transformers.tasks import EMBEDDING_TASKS, TEXT_CLASSIFICATION, TOKEN_CLASSIFICATION
 
+#: sentence-transformers' modules whose work the embedding handle does (the network, pooling, unit length).
+_APPLIED = ("Transformer", "Pooling", "Normalize")
+_MAX_MODULES_BYTES = 2**20
 #: ``model_max_length`` values at or past this mean "no limit" (transformers writes 1e30 there).
 _NO_LIMIT = 10**7
 
@@ -49,6 +53,27 @@ def max_tokens(limit: int, sentence: Mapping[str, Any], tokenizer: Mapping[str, 
     """The longest text read, in tokens: ``max_seq_length``, else ``model_max_length``, at most ``limit``."""
     wanted = _positive(sentence.get("max_seq_length")) or _positive(tokenizer.get("model_max_length"))
     return min(wanted, limit) if wanted else limit
+
+
+def check_modules(paths: Mapping[str, Path], model: Model) -> None:
+    """``BAD_MODEL`` when sentence-transformers' ``modules.json`` lists a module this backend does not apply
+    (a ``Dense`` projection, a router…): its vectors would differ from the model's own."""
+    if MODULES not in paths:
+        return
+    try:
+        if paths[MODULES].stat().st_size > _MAX_MODULES_BYTES:
+            raise AnyformerError(ErrorCode.BAD_MODEL, f"{MODULES} of {model.ref} is over 1 MiB; not a module list")
+        modules = json.loads(paths[MODULES].read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise AnyformerError(ErrorCode.BAD_MODEL, f"{MODULES} of {model.ref} is not readable JSON", cause=exc) from exc
+    kinds = [m.get("type") if isinstance(m, dict) else m for m in modules] if isinstance(modules, list) else [modules]
+    foreign = [str(kind) for kind in kinds if not isinstance(kind, str) or kind.rsplit(".", 1)[-1] not in _APPLIED]
+    if foreign:
+        raise AnyformerError(
+            ErrorCode.BAD_MODEL,
+            f"{model.ref}: its {MODULES} has {', '.join(foreign)[:200]}, which this backend does not apply "
+            f"(it applies {', '.join(_APPLIED)})",
+        )
 
 
 def _auto_class(task: str) -> Any:
@@ -93,7 +118,8 @@ def load_encoder_model(
     }
     progress(ProgressEvent(stage="load", backend=BACKEND_ID, file=str(folder.name), done=1, total=1))
     if task in EMBEDDING_TASKS:
-        pooling = pooling_of(_config(paths, POOLING_CONFIG, model))
+        check_modules(paths, model)
+        pooling = pooling_of(_config(paths, POOLING_CONFIG, model), model.ref)
         details["pooling"] = pooling
         return EmbeddingModel(encoder, task=task, pooling=pooling, details=details)
     return ClassifierModel(encoder, task=task, config=config, details=details)

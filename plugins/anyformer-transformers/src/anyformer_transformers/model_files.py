@@ -14,10 +14,11 @@ SIDE_FILES = (
     "chat_template.jinja",
     "model.safetensors.index.json",
 )
-#: sentence-transformers' settings, read for the embedding tasks: the pooling and the longest text read.
+#: sentence-transformers' settings, read for the embedding tasks: its modules, the pooling and the longest text read.
+MODULES = "modules.json"
 POOLING_CONFIG = "1_Pooling/config.json"
 SENTENCE_CONFIG = "sentence_bert_config.json"
-EMBEDDING_FILES = (POOLING_CONFIG, SENTENCE_CONFIG)
+EMBEDDING_FILES = (MODULES, POOLING_CONFIG, SENTENCE_CONFIG)
 
 
 def weight_files(model: Model) -> tuple[ModelFile, ...]:
