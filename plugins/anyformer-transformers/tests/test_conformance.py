@@ -1,8 +1,8 @@
 """The anyformer conformance kit against the transformers backend, exactly as a third party runs it.
 
 The samples: a tiny random llama saved as safetensors with a character tokenizer (tiny_models.py),
-and a tiny random BERT laid out as a sentence-transformers repo whose ``run`` the kit's progress
-and cancel tests drive (tiny_encoders.py).
+and tiny random BERTs (a sentence-transformers embedder, a text classifier) whose ``run`` the kit's
+progress and cancel tests drive (tiny_encoders.py).
 """
 
 from __future__ import annotations
@@ -75,3 +75,19 @@ class TestTinyBertEmbeddingConformance(_TransformersKit):
     @classmethod
     def run_sample(cls) -> tuple[Any, dict[str, Any]]:
         return [f"the cat sat on the mat {i}" for i in range(40)], {}
+
+
+class TestTinyBertClassifierConformance(_TransformersKit):
+    """A tiny BERT for text-classification: no generate; its ``run`` on 40 texts (two batches) reports and cancels."""
+
+    supports_generate = False
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def sample_model(cls, tiny_encoder_dir: dict[str, Path]) -> Model:
+        return anyformer.describe(tiny_encoder_dir["text-classifier"])
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def run_sample(cls) -> tuple[Any, dict[str, Any]]:
+        return [f"I love this movie {i}" for i in range(40)], {"top_k": None}
