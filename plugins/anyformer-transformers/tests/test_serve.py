@@ -1,4 +1,4 @@
-"""``anyformer serve`` serves a safetensors model on this backend: the real openai client gets transformers' text."""
+"""``anyformer serve`` serves models on this backend: the real openai client gets transformers' text and the reference vectors."""
 
 from __future__ import annotations
 
@@ -40,3 +40,19 @@ def test_the_openai_client_gets_the_greedy_reply_streamed_and_not(tiny_llama_dir
             stream=True,  # type: ignore[arg-type]
         )
         assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == expected
+
+
+def test_the_openai_client_gets_the_reference_embeddings(tiny_encoder_dir: dict[str, Path]) -> None:
+    import numpy as np
+    from tiny_encoders import reference_embedding
+
+    folder = tiny_encoder_dir["embedder"]
+    texts = ["A man is eating food.", "the cat sat on the mat"]
+    app = create_app(ModelPool(isolate=False), models=[str(folder)])
+    with serve_in_thread(app) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="none")
+        reply = client.embeddings.create(model=str(folder), input=texts)
+    got = np.asarray([item.embedding for item in sorted(reply.data, key=lambda d: d.index)])
+    want = np.stack([reference_embedding(folder, text) for text in texts])
+    assert np.abs(got - want).max() < 1e-5
+    assert reply.usage.prompt_tokens > len(texts)
