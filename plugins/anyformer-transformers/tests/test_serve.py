@@ -1,4 +1,4 @@
-"""``anyformer serve`` serves models on this backend: the real openai client gets transformers' text and the reference vectors."""
+"""``anyformer serve`` on this backend: the real openai client gets transformers' text and the reference vectors."""
 
 from __future__ import annotations
 
