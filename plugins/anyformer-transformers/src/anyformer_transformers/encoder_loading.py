@@ -101,6 +101,10 @@ def load_encoder_model(
         raise AnyformerError(
             ErrorCode.BAD_MODEL, f"{model.ref}: tokenizer.json is not readable: {exc}", cause=exc
         ) from exc
+    pooling = None
+    if task in EMBEDDING_TASKS:  # before the weights are read: what cannot be applied fails fast
+        check_modules(paths, model)
+        pooling = pooling_of(_config(paths, POOLING_CONFIG, model), model.ref)
     network = build_network(_auto_class(task), folder, plan, model)
     config = network.config.to_dict()
     limit = max_tokens(
@@ -117,9 +121,7 @@ def load_encoder_model(
         "max_tokens": limit,
     }
     progress(ProgressEvent(stage="load", backend=BACKEND_ID, file=str(folder.name), done=1, total=1))
-    if task in EMBEDDING_TASKS:
-        check_modules(paths, model)
-        pooling = pooling_of(_config(paths, POOLING_CONFIG, model), model.ref)
+    if pooling is not None:
         details["pooling"] = pooling
         return EmbeddingModel(encoder, task=task, pooling=pooling, details=details)
     return ClassifierModel(encoder, task=task, config=config, details=details)
