@@ -80,7 +80,7 @@ def _choose(candidates: list[Plan], ram: int) -> Plan | None:
 
 @hookimpl
 def can_run(model: Model, caps: Caps, request: Request) -> Verdict:
-    """Accept a safetensors causal LM that the installed transformers builds and host memory holds."""
+    """Accept a safetensors model for one of ``TASKS`` that the installed transformers builds and host memory holds."""
     weights = weight_files(model)
     if not weights:
         return Verdict.refuse(BACKEND_ID, Refusal.FORMAT, f"no safetensors weights at the root of {model.ref}")
