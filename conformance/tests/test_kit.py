@@ -73,6 +73,8 @@ class EchoBackend:
                 pass
         if entry is None:
             return Verdict.refuse("echo", Refusal.FORMAT, "no echo.txt in the repo")
+        if (request.task or model.task or "text-generation") != "text-generation":
+            return Verdict.refuse("echo", Refusal.TASK, "echo runs text-generation only")
         need = 1000
         if caps.ram_bytes < need:
             given = 1 if "low-need" in BROKEN else need
@@ -88,6 +90,8 @@ class EchoBackend:
     def generate(self, loaded, messages, options):
         if not isinstance(loaded, EchoHandle):
             return None
+        if options.temperature > 0:
+            raise AnyformerError("BAD_REQUEST", "echo decodes greedily only: temperature must be 0")
         for message in messages:
             blocks = message["content"] if isinstance(message["content"], list) else []
             if "ignores-images" not in BROKEN and any(b["type"] == "image" for b in blocks):
@@ -117,6 +121,7 @@ class EchoBackend:
 
 class TestEcho(BackendConformance):
     backend_id = {backend_id!r}
+    supports_sampling = False
     refusal_cases = [
         RefusalCase(
             {{"repo": "x/y", "files": [{{"name": "echo.txt", "size": 5}}]}},
@@ -160,9 +165,10 @@ KIT_PLUGINS = ["anyformer_conformance.plugin"]
 INNER_ARGS = ("-p", "no:cacheprovider", "-p", "no:hypothesispytest")
 #: Every item the kit collects for a backend: its tests, the malformed-messages one once per kind.
 KIT_ITEMS = sum(name.startswith("test") for name in vars(BackendConformance)) - 1 + len(MALFORMED_MESSAGES)
-#: The kit tests an in-process one-stream backend skips: the isolated worker loads backends from entry
-#: points only, and the tests of several streams at once need a handle that declares ``parallel`` > 1.
-IN_PROCESS_SKIPS = 1 + sum(name.startswith("test") and "parallel" in name for name in vars(BackendConformance))
+#: The kit tests an in-process one-stream backend skips: the isolated worker and the fresh-interpreter
+#: probe load backends from entry points only, and the tests of several streams at once need a handle
+#: that declares ``parallel`` > 1.
+IN_PROCESS_SKIPS = 2 + sum(name.startswith("test") and "parallel" in name for name in vars(BackendConformance))
 
 
 def write_echo_tests(

@@ -22,6 +22,8 @@ KIT_ITEMS = sum(name.startswith("test") for name in vars(BackendConformance)) - 
 PARALLEL_ITEMS = sum(name.startswith("test") and "parallel" in name for name in vars(BackendConformance))
 #: The run progress and cancel items, which skip without a ``run_sample`` (the template generates text only).
 RUN_ITEMS = sum(name.startswith("test_run_") for name in vars(BackendConformance))
+#: The items that import the plugin from its entry point in another process: an in-process object skips them.
+IN_PROCESS_ITEMS = 2
 
 MUTANT_MODULE = """
 import pytest
@@ -125,6 +127,117 @@ def run_kit(pytester: pytest.Pytester, source: str, *args: str) -> pytest.RunRes
             "the stream left running: got *, expected *",
         ),
         (
+            "ignores-seed",
+            "test_seeded_sampling_is_repeatable",
+            "the same seed gave *, then *: expected the same text "
+            "(rule: at temperature > 0 the seed makes sampling repeatable)*",
+        ),
+        (
+            "always-greedy",
+            "test_sampling_is_not_always_greedy",
+            "all 8 seeds gave the greedy text *(rule: temperature > 0 samples*",
+        ),
+        (
+            "samples-at-temperature-zero",
+            "test_temperature_zero_is_repeatable_whatever_the_seed",
+            "got *, but with no seed *: expected the greedy text whatever the seed "
+            "(rule: temperature 0 is greedy and repeatable)*",
+        ),
+        (
+            "stops-at-the-first-character",
+            "test_a_stop_string_from_the_greedy_text_ends_the_text_before_it",
+            "with stop=* the text is * ending with 'stop', expected * (the greedy text up to the stop string) "
+            "ending with 'stop' (rule: a stop string ends the text just before it)*",
+        ),
+        (
+            "last-delta-repeats-the-text",
+            "test_backend_stream_deltas_are_new_text",
+            "the last delta * repeats the whole text before it*(rule: delta is the new text*",
+        ),
+        (
+            "marks-the-limit",
+            "test_greedy_text_at_n_tokens_is_the_start_of_the_text_at_2n",
+            "the text at 8 tokens: * is not the start of *"
+            "(rule: greedy text at N tokens is a prefix of the text at 2N)*",
+        ),
+        (
+            "tokens-reset-on-cancel",
+            "test_backend_stream_stops_when_cancelled",
+            "tokens went 1 -> 0, but must never decrease (rule: tokens count every token of the call*",
+        ),
+        (
+            "changes-the-messages",
+            "test_backend_generate_leaves_the_messages_unchanged",
+            "messages went * -> *: expected them unchanged (rule: generate does not change the caller's messages)*",
+        ),
+        (
+            "need-offer-plus-one",
+            "test_offering_exactly_the_need_is_accepted",
+            "a 'memory' refusal named need=*, and offering exactly that was refused with 'memory' again*"
+            "(rule: offering exactly the need is accepted)*",
+        ),
+        (
+            "estimates-no-ram",
+            "test_offering_exactly_the_estimate_is_accepted_and_less_is_refused",
+            "the estimate on the full machine has ram_bytes=0, and offering exactly that was refused with 'memory'*"
+            "(rule: offering exactly an ok estimate is accepted)*",
+        ),
+        (
+            "estimate-follows-the-offer",
+            "test_offering_exactly_the_estimate_is_accepted_and_less_is_refused",
+            "the estimate on the full machine has ram_bytes=8589934592, and 8589934591 was accepted too*"
+            "(rule: a little less than an ok estimate is refused*",
+        ),
+        (
+            "reads-the-weights",
+            "test_sample_verdict_is_ok_and_well_formed",
+            "can_run opened [[]*ngram.json*[]], expected no model file to be opened "
+            "(rule: can_run reads the description only, never the weights)*",
+        ),
+        (
+            "slow-first-can-run",
+            "test_the_first_can_run_of_a_fresh_interpreter_is_quick_and_reads_nothing",
+            "can_run took 1.5 s, expected under 1 s (rule: can_run is cheap, it runs on every anyformer check)*",
+        ),
+        (
+            "accepts-a-tokenizer",
+            "test_can_run_refuses_a_foreign_format",
+            "got ok, expected a 'format' or 'model' refusal (rule: a repo without a file of your format*",
+        ),
+        (
+            "task-before-format",
+            "test_a_foreign_format_is_refused_with_format_before_the_task",
+            "got 'task' (*), expected 'format' (rule: refusals are checked in order, format before task)*",
+        ),
+        (
+            "accepts-any-task",
+            "test_an_unknown_task_is_refused_with_task",
+            "got ok, expected 'task' (rule: a task the backend does not run is refused)*",
+        ),
+        (
+            "leaves-a-thread",
+            "test_load_and_dispose_leave_no_thread_or_file_open",
+            "1 thread(s) still running after dispose: [[]'template-watchdog'[]], expected none "
+            "(rule: dispose stops what load started)*",
+        ),
+        (
+            "leaves-a-file-open",
+            "test_load_and_dispose_leave_no_thread_or_file_open",
+            "1 file descriptor(s) still open after dispose: [[]*log.txt*[]], expected none "
+            "(rule: dispose closes what load opened)*",
+        ),
+        (
+            "store-bytes-wrong",
+            "test_store_list_entries_are_well_formed",
+            "entry 'sample' says bytes=1, but * holds * bytes (rule: StoreEntry.bytes is the size of path*",
+        ),
+        (
+            "prints-at-import",
+            "test_plugin_module_prints_nothing_at_import",
+            "the import wrote 'template backend ready\\n' to stdout, expected nothing "
+            "(rule: a plugin prints nothing at import*",
+        ),
+        (
             "weak-sample",
             "test_sample_answers_long_enough_to_test_the_stream",
             "the sample is too weak to test the stream: its longest answer is 1 token(s)*"
@@ -142,19 +255,24 @@ def test_each_mutant_fails_the_kit_test_for_its_rule(
 
 def test_the_unmutated_wrapper_passes_every_kit_test(pytester: pytest.Pytester) -> None:
     result = run_kit(pytester, MUTANT_MODULE.format(name="correct"), "-rs")
-    # Registered in process: the isolated-worker test skips (workers load entry points), and so do the
-    # tests of several streams at once (the template serves one).
-    result.assert_outcomes(passed=KIT_ITEMS - 1 - PARALLEL_ITEMS - RUN_ITEMS, skipped=1 + PARALLEL_ITEMS + RUN_ITEMS)
+    # An in-process object: the isolated-worker and fresh-interpreter tests skip (they import entry points),
+    # and so do the tests of several streams at once (the template serves one).
+    skipped = IN_PROCESS_ITEMS + PARALLEL_ITEMS + RUN_ITEMS
+    result.assert_outcomes(passed=KIT_ITEMS - skipped, skipped=skipped)
     result.stdout.fnmatch_lines(
-        ["*the backend is registered in-process: an isolated worker loads backends from entry*"]
+        [
+            "*the backend is an in-process object: a fresh interpreter cannot import it*",
+            "*the backend is registered in-process: an isolated worker loads backends from entry*",
+        ]
     )
 
 
 def test_a_wrapper_serving_two_streams_passes_every_kit_test(pytester: pytest.Pytester) -> None:
     result = run_kit(pytester, MUTANT_MODULE.format(name="serves-two"), "-rs")
-    # The one-stream BUSY test gives way to the parallel ones; the isolated-worker test skips as above.
+    # The one-stream BUSY test gives way to the parallel ones; the in-process tests skip as above.
     assert PARALLEL_ITEMS == 4 and RUN_ITEMS == 2
-    result.assert_outcomes(passed=KIT_ITEMS - 2 - RUN_ITEMS, skipped=2 + RUN_ITEMS)
+    skipped = 1 + IN_PROCESS_ITEMS + RUN_ITEMS
+    result.assert_outcomes(passed=KIT_ITEMS - skipped, skipped=skipped)
     result.stdout.fnmatch_lines(["*the backend serves several streams at once: the parallel tests check it*"])
 
 

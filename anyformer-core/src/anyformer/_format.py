@@ -32,4 +32,8 @@ def describe_estimate(verdict: Verdict) -> str:
         parts.append(f"file {file}")
     if est.details.get("estimated") is True:
         parts.append("rough estimate (no header read)")
+    # A backend's line for people (the llama.cpp backend's "GPU here but a CPU build: rebuild with ...").
+    note = est.details.get("note")
+    if isinstance(note, str) and note:
+        parts.append(note)
     return ", ".join(parts)

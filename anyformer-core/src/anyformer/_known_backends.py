@@ -32,6 +32,12 @@ KNOWN_BACKENDS: tuple[KnownBackend, ...] = (
         "anyformer-diskformer", "diskformer", ("gguf",), "mixture-of-experts GGUFs larger than GPU memory or RAM"
     ),
     KnownBackend("anyformer-kohra", "kohra", ("onnx",), "text-diffusion language models (MDLM, BD3LM) as ONNX"),
+    KnownBackend(
+        "anyformer-transformers",
+        "transformers",
+        ("safetensors",),
+        "safetensors checkpoints on torch and transformers (causal LMs; the fallback)",
+    ),
 )
 
 

@@ -13,7 +13,8 @@ Groups, in the order a backend meets them:
   :class:`GenerateOptions`, :class:`FinishReason`, :class:`StoreEntry`, :class:`ProgressEvent`,
   :data:`ProgressCallback`, :func:`no_progress`, :class:`BackendModel`, :class:`AnyformerError`, :class:`ErrorCode`;
 - messages and chat: :data:`Message`, :func:`validate_messages`, :func:`has_images`, :func:`has_audio`,
-  :func:`text_of`, :func:`render_chat` (jinja2's sandbox), :data:`CHATML_TEMPLATE`;
+  :func:`text_of`, :func:`render_chat` (jinja2's sandbox), :data:`CHATML_TEMPLATE`,
+  :class:`IncrementalDetokenizer` (streamed text equal to the whole decode);
 - files, read with hard limits before any engine sees them: :func:`read_gguf_header`,
   :func:`check_split_set`, :func:`split_set_members`, :class:`GGUFHeader`, :class:`GGUFTensor`,
   :class:`LazyArray` (a long GGUF array in ``GGUFHeader.kv``, decoded on first use),
@@ -40,6 +41,7 @@ Groups, in the order a backend meets them:
 
 from anyformer._backend import BackendModel
 from anyformer._chat_template import CHATML_TEMPLATE, render_chat
+from anyformer._detokenizer import IncrementalDetokenizer
 from anyformer.contract._caps import Caps, host_ram_available, usable_cpu_count
 from anyformer.contract._chunk import Chunk, FinishReason, GenerateOptions, TokenLogprob
 from anyformer.contract._errors import AnyformerError, ErrorCode
@@ -105,6 +107,7 @@ __all__ = [
     "GGUFHeader",
     "GGUFTensor",
     "GenerateOptions",
+    "IncrementalDetokenizer",
     "LazyArray",
     "Message",
     "Model",

@@ -39,6 +39,9 @@ def test_serve_help_lists_its_options() -> None:
         "--allowed-host",
         "--cors-origin",
         "--max-body",
+        "--keep-alive",
+        "--log-level",
+        "--log-file",
     ):
         assert option in done.stdout
 

@@ -333,7 +333,10 @@ def test_the_chat_page_is_served_at_the_root(real_server: tuple[str, Any]) -> No
     url, _pool = real_server
     response = plain_request("GET", url + "/")
     assert response.status == 200 and "text/html" in response.headers["content-type"]
-    assert b"/v1/chat/completions" in response.body and b"/api/check" in response.body
+    assert b'src="/static/chat.js"' in response.body
+    script = plain_request("GET", url + "/static/chat.js")
+    assert script.status == 200 and "javascript" in script.headers["content-type"]
+    assert b"/v1/chat/completions" in script.body and b"/api/check" in script.body
 
 
 def _worker_pid(pool: Any, model: Path, task: str = "text-generation") -> int:

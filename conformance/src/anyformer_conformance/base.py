@@ -9,32 +9,32 @@ what the kit cannot guess::
         backend_id = "mybackend"              # the entry point's name
 
         @pytest.fixture(scope="class")
-        def sample_model(self, tmp_path_factory):
+        @classmethod                          # class-scoped fixtures are classmethods (pytest 9)
+        def sample_model(cls, tmp_path_factory):
             return "org/tiny-model"           # a ref or anyformer.Model this backend runs
 
-Capabilities are typed properties with documented defaults; they (never backend names) decide
-which tests run. Override a standard test only to mark it ``@pytest.mark.xfail(reason=...)``: the
-plugin refuses to collect any other override.
+Capabilities and declarations are typed properties with strict defaults (conformance/README.md,
+"What you supply", lists them all); they (never backend names) decide which tests run. Override
+a standard test only to mark it ``@pytest.mark.xfail(reason=...)``: the plugin refuses to
+collect any other override.
 
 Every test's docstring ends with a *Troubleshooting* part saying what to fix when it fails.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import importlib.metadata
-import json
 import os
 import struct
-import subprocess
-import sys
 import threading
 import time
 import types
 import zlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import pytest
 
@@ -51,28 +51,42 @@ from anyformer import (
     Request,
     StoreEntry,
 )
-from anyformer_conformance import checks
+from anyformer_conformance import checks, fresh_interpreter
 from anyformer_conformance.backend_hooks import BackendHooks, BackendStream, read_backend_stream
+from anyformer_conformance.io_spy import IOSpy
+from anyformer_conformance.process_resources import ProcessResources, left_behind
 
 __all__ = ["BackendConformance", "RefusalCase"]
 
 #: Engines a plugin module must not import at import time (it is imported on every ``anyformer check``).
 HEAVY_MODULES = ("jax", "llama_cpp", "onnxruntime", "tensorflow", "torch", "transformers", "wgpu")
-#: Run in a fresh interpreter: the heavy modules importing the plugin module adds to what anyformer imports.
-_IMPORT_PROBE = """
-import importlib, json, sys
-import anyformer
-before = set(sys.modules)
-importlib.import_module(sys.argv[1])
-heavy = set(json.loads(sys.argv[2]))
-print(json.dumps(sorted({name.partition(".")[0] for name in set(sys.modules) - before} & heavy)))
-"""
-
 #: The fewest tokens ``max_new_tokens_for_tests`` may ask for: below it the stream rules check next to nothing.
 MIN_TOKENS_FOR_TESTS = 4
 
 #: The plugin module that must be active for the kit's fixtures and override guard.
 PLUGIN_MODULE = "anyformer_conformance.plugin"
+
+
+_T = TypeVar("_T")
+
+
+def _model_paths(model: Model) -> list[str]:
+    """The local paths of a description's files: what ``can_run`` must never open."""
+    return [f.path for f in model.files if f.path]
+
+
+def _refusal_text(verdict: Any) -> str:
+    """A verdict as a failure message shows it: ``ok``, or the code and reason."""
+    return "ok" if verdict.ok else f"{verdict.code.value!r} ({verdict.reason})"
+
+
+def _plugin_reference(entry_point: str | None, backend_plugin: Any) -> str | None:
+    """What a fresh interpreter imports to get the plugin: the entry point's value, a module's name, or None."""
+    if entry_point is not None:
+        return entry_point
+    if isinstance(backend_plugin, types.ModuleType):
+        return backend_plugin.__name__
+    return None
 
 
 def _handle_run(loaded: anyformer.Loaded) -> Any:
@@ -166,6 +180,16 @@ FOREIGN_MODEL: dict[str, Any] = {
         {"name": "weights.conformance-foreign", "size": 123_456_789},
     ],
 }
+
+#: The files most repos hold besides their weights: the foreign-format probes add them.
+FOREIGN_EXTRA_FILES = ("config.json", "tokenizer.json", "model.safetensors")
+#: The sizes the foreign-format probes give the extra files.
+_EXTRA_FILE_SIZES = {"config.json": 700, "tokenizer.json": 2_000_000, "model.safetensors": 500_000_000}
+#: A task no backend runs: the sample asked for it is refused with ``task``.
+UNKNOWN_TASK = "conformance-no-such-task"
+#: The temperature of the sampling tests, and the seeds they draw with.
+SAMPLING_TEMPERATURE = 1.0
+SAMPLING_SEEDS = (1, 2, 3, 4, 5, 6, 7, 8)
 
 #: Files a typical model repo holds, for the "reads no weights" test.
 _TYPICAL_FILES = (
@@ -274,6 +298,43 @@ class BackendConformance:
     def can_run_time_limit_s(self) -> float:
         """How long one ``can_run`` may take, in seconds: it runs on every ``anyformer check``. Default 5."""
         return 5.0
+
+    @property
+    def supports_sampling(self) -> bool:
+        """``temperature > 0`` samples, and ``seed`` makes it repeatable. Default True.
+
+        False: the backend decodes greedily only, and ``temperature > 0`` must be ``BAD_REQUEST``
+        before any work (a field that would change the output is refused, never ignored).
+        """
+        return True
+
+    @property
+    def extends_with_max_new_tokens(self) -> bool:
+        """Greedy text at ``N`` tokens is the start of the text at ``2N``. Default True.
+
+        False only for an engine whose answer depends on the length asked for (a text-diffusion
+        model that settles the whole answer at once).
+        """
+        return True
+
+    @property
+    def fits_smaller_offers(self) -> bool:
+        """Offered a little less than its own estimate, the backend can still run the model. Default False.
+
+        True for a backend that moves work off the GPU or out of memory to fit (layers to the
+        CPU, weights read from disk): a smaller offer may then be accepted with a smaller
+        estimate. False: an estimate is what the model needs, and one byte less is refused.
+        """
+        return False
+
+    @property
+    def foreign_extra_files(self) -> tuple[str, ...]:
+        """The usual repo files added to the foreign-format probes. Default config.json, tokenizer.json, a safetensors.
+
+        None of them alone is a model this backend runs; leave out only a file your backend
+        really runs from (a backend of safetensors weights drops ``model.safetensors``).
+        """
+        return FOREIGN_EXTRA_FILES
 
     # ---- fixtures ---------------------------------------------------------------------------------
 
@@ -445,6 +506,13 @@ class BackendConformance:
             )
         return streams
 
+    @pytest.fixture(scope="class")
+    @classmethod
+    def greedy_texts(cls, loaded_model: anyformer.Loaded) -> tuple[str, str]:
+        """The sample's greedy answers to both prompts at ``max_new_tokens_for_tests``, generated once for the class."""
+        self = cls()
+        return (self._greedy_text(loaded_model, 0), self._greedy_text(loaded_model, 1))
+
     # ---- helpers ----------------------------------------------------------------------------------
 
     def _messages(self, which: int) -> list[dict[str, Any]]:
@@ -454,12 +522,40 @@ class BackendConformance:
         self, plugin_manager: anyformer.PluginManager, model: Any, caps: Caps, request: Mapping[str, Any]
     ) -> tuple[anyformer.Verdict, int, str]:
         """The backend's verdict through ``anyformer.check``, the budget it was offered, and a label."""
-        _, selection = anyformer.check(model, backend=self.backend_id, caps=caps, plugins=plugin_manager, **request)
+        described = model if isinstance(model, Model) else anyformer.describe(dict(model))
+        label = f"can_run({described.repo!r}, {dict(request)})"
+        _, selection = self._watched(
+            lambda: anyformer.check(described, backend=self.backend_id, caps=caps, plugins=plugin_manager, **request),
+            described,
+            label,
+        )
         verdicts = [v for v in selection.verdicts if v.backend == self.backend_id]
         assert len(verdicts) == 1, f"check(backend={self.backend_id!r}) gave {len(verdicts)} verdicts of it, expected 1"
         budget = Request.build(budget=request.get("budget")).budget
         offered = budget if budget is not None else (caps.gpu_bytes or 0)
-        return verdicts[0], offered, f"can_run({getattr(model, 'repo', None) or model.get('repo')!r}, {dict(request)})"
+        return verdicts[0], offered, label
+
+    def _watched(self, call: Callable[[], _T], model: Model, where: str) -> _T:
+        """``call()`` (a ``can_run``, direct or through the core), timed and watched for file opens and connections.
+
+        Every verdict the kit asks for goes through here: ``can_run`` runs on every ``anyformer
+        check``, so it must answer in ``can_run_time_limit_s`` from the description alone,
+        opening none of the model's files and reaching no network.
+        """
+        __tracebackhide__ = True
+        spy = IOSpy()
+        with spy.watching():
+            started = time.monotonic()
+            result = call()
+            elapsed = time.monotonic() - started
+        checks.check_can_run_watch(
+            elapsed=elapsed,
+            limit_s=self.can_run_time_limit_s,
+            opened=spy.opened_of(_model_paths(model)),
+            connections=spy.connections,
+            where=where,
+        )
+        return result
 
     def _check_kwargs(self) -> dict[str, Any]:
         """The ``load_kwargs`` that ``anyformer.check`` also takes (task, budget, context)."""
@@ -498,8 +594,23 @@ class BackendConformance:
 
     # ---- the plugin module -----------------------------------------------------------------------
 
+    @pytest.fixture(scope="class")
+    @classmethod
+    def import_probe(
+        cls, backend_plugin: Any, plugin_manager: anyformer.PluginManager
+    ) -> tuple[str, fresh_interpreter.ImportProbe]:
+        """The plugin's module imported in a fresh interpreter (once for the class), and its name."""
+        entry_point = plugin_manager.entry_point(cls().backend_id)
+        if entry_point is not None:
+            module = entry_point.partition(":")[0]
+        elif isinstance(backend_plugin, types.ModuleType):
+            module = backend_plugin.__name__
+        else:
+            module = type(backend_plugin).__module__
+        return module, fresh_interpreter.import_plugin_module(module, HEAVY_MODULES)
+
     def test_plugin_module_imports_no_heavy_engine(
-        self, backend_plugin: Any, plugin_manager: anyformer.PluginManager
+        self, import_probe: tuple[str, fresh_interpreter.ImportProbe]
     ) -> None:
         """Importing the plugin's module in a fresh interpreter imports no engine (torch, onnxruntime, llama_cpp...).
 
@@ -510,32 +621,36 @@ class BackendConformance:
         inside ``load`` (or a module only ``load`` imports), and in ``can_run`` check that it is
         installed with ``importlib.util.find_spec``.
         """
-        entry_point = plugin_manager.entry_point(self.backend_id)
-        if entry_point is not None:
-            module = entry_point.partition(":")[0]
-        elif isinstance(backend_plugin, types.ModuleType):
-            module = backend_plugin.__name__
-        else:
-            module = type(backend_plugin).__module__
+        module, probe = import_probe
         where = f"import {module} in a fresh interpreter"
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-        try:
-            done = subprocess.run(
-                [sys.executable, "-c", _IMPORT_PROBE, module, json.dumps(HEAVY_MODULES)],
-                capture_output=True,
-                text=True,
-                timeout=120,
-                env=env,
-            )
-        except subprocess.TimeoutExpired:
-            checks.fail("the import took over 120 s, expected a fraction of a second", where)
-        if done.returncode != 0:
-            checks.fail(f"the import failed: {done.stderr.strip()[-600:]}", where)
-        heavy = json.loads(done.stdout.strip().splitlines()[-1])
-        if heavy:
+        if probe.failure is not None:
+            checks.fail(probe.failure, where)
+        if probe.heavy:
             checks.fail(
-                f"importing the plugin module imported {', '.join(heavy)}, expected none of "
+                f"importing the plugin module imported {', '.join(probe.heavy)}, expected none of "
                 f"{', '.join(HEAVY_MODULES)}: import engines inside load, not at module import",
+                where,
+            )
+
+    def test_plugin_module_prints_nothing_at_import(
+        self, import_probe: tuple[str, fresh_interpreter.ImportProbe]
+    ) -> None:
+        """Importing the plugin's module in a fresh interpreter writes nothing to stdout.
+
+        ``anyformer check --json`` and ``anyformer ls --json`` print JSON on stdout, and every
+        installed plugin is imported first: one line printed at import and that output is no
+        longer JSON. Troubleshooting: report through ``logging`` or ``warnings`` (they go to
+        stderr), never ``print``; silence an engine that prints when it is imported by
+        importing it in ``load``.
+        """
+        module, probe = import_probe
+        where = f"import {module} in a fresh interpreter"
+        if probe.failure is not None:
+            checks.fail(probe.failure, where)
+        if probe.printed:
+            checks.fail(
+                f"the import wrote {probe.printed[:200]!r} to stdout, expected nothing "
+                "(rule: a plugin prints nothing at import; --json output must stay JSON)",
                 where,
             )
 
@@ -620,7 +735,9 @@ class BackendConformance:
         """The backend's own ``can_run`` answer, checked to be a well-formed verdict."""
         __tracebackhide__ = True
         try:
-            verdict = backend_hooks.can_run(model, caps, request)
+            verdict = self._watched(lambda: backend_hooks.can_run(model, caps, request), model, where)
+        except AssertionError:
+            raise
         except (Exception, SystemExit) as exc:
             checks.fail(f"can_run raised {type(exc).__name__}: {exc}; it must return a Verdict, not raise", where)
         checks.check_verdict(verdict, self.backend_id, where)
@@ -674,7 +791,6 @@ class BackendConformance:
         caps: Caps,
         tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch,
-        anyformer_io_spy: Any,
     ) -> None:
         """``can_run`` answers from the description alone: quickly, without raising, opening or connecting.
 
@@ -704,33 +820,216 @@ class BackendConformance:
             models.append(dataclasses.replace(base, repo=_MISSING_REPO, revision="main", source="hub", files=files))
         request = self._check_kwargs()
         for model in models:
-            where = f"can_run({model.repo!r}, source={model.source!r})"
-            with anyformer_io_spy.watching():
-                started = time.monotonic()
-                verdict, _, _ = self._ask(plugin_manager, model, caps, request)
-                elapsed = time.monotonic() - started
-            checks.check_verdict(verdict, self.backend_id, where)
-            if anyformer_io_spy.connections:
-                checks.fail(f"can_run tried to connect to {anyformer_io_spy.connections}, expected no network", where)
-            opened = anyformer_io_spy.opened_under(absent)
-            if opened:
-                checks.fail(f"can_run opened {opened}, expected no model file to be opened", where)
-            if elapsed > self.can_run_time_limit_s:
-                checks.fail(f"can_run took {elapsed:.1f} s, expected under {self.can_run_time_limit_s} s", where)
+            # _ask watches the call: the time, the files opened, the connections tried.
+            verdict, _, where = self._ask(plugin_manager, model, caps, request)
+            checks.check_verdict(verdict, self.backend_id, f"{where}, source={model.source!r}")
+
+    def _foreign_probes(self) -> list[tuple[str, dict[str, Any]]]:
+        """Descriptions in no format this backend reads: the foreign model, with and without the usual extra files."""
+        foreign = dict(self.foreign_model)
+        extras = [{"name": name, "size": _EXTRA_FILE_SIZES.get(name, 1000)} for name in self.foreign_extra_files]
+        probes = [("the foreign model", foreign)]
+        if extras:
+            with_extras = {**foreign, "files": [*foreign["files"], *extras]}
+            probes.append(("the foreign model and the usual extra files", with_extras))
+            probes.append(("the usual extra files alone", {**foreign, "files": extras}))
+            probes.extend((f"{extra['name']} alone", {**foreign, "files": [extra]}) for extra in extras)
+        return probes
 
     def test_can_run_refuses_a_foreign_format(self, plugin_manager: anyformer.PluginManager, caps: Caps) -> None:
         """A model whose files are in no format this backend reads is refused with ``format`` or ``model``.
 
-        Troubleshooting: decide from ``model.files`` / ``model.formats`` first, before the task,
-        the GPU or memory, and refuse with ``Refusal.FORMAT`` ("no GGUF in the repo") when none of
-        your files is there. If your backend legitimately reads the kit's made-up format, override
-        the ``foreign_model`` property.
+        Asked about ``foreign_model``, alone and with the files most repos hold besides their
+        weights (``foreign_extra_files``: config.json, tokenizer.json, a safetensors), and about
+        each of those files alone. Troubleshooting: decide from ``model.files`` /
+        ``model.formats`` first, before the task, the GPU or memory, and refuse with
+        ``Refusal.FORMAT`` ("no GGUF in the repo") when none of the files you run from is there
+        (a tokenizer or a config is not a model). If your backend legitimately reads the kit's
+        made-up format, override the ``foreign_model`` property; if it runs from one of the extra
+        files, leave that one out of ``foreign_extra_files``.
         """
-        verdict, _, where = self._ask(plugin_manager, dict(self.foreign_model), caps, {})
+        for label, description in self._foreign_probes():
+            verdict, _, where = self._ask(plugin_manager, description, caps, {})
+            where += f" ({label})"
+            checks.check_verdict(verdict, self.backend_id, where)
+            if verdict.ok or verdict.code not in (Refusal.FORMAT, Refusal.MODEL):
+                got = _refusal_text(verdict)
+                checks.fail(
+                    f"got {got}, expected a 'format' or 'model' refusal (rule: a repo without a file of "
+                    "your format is refused with format)",
+                    where,
+                )
+
+    def test_a_foreign_format_is_refused_with_format_before_the_task(
+        self, plugin_manager: anyformer.PluginManager, caps: Caps
+    ) -> None:
+        """The foreign model asked for a task no backend runs is still refused with ``format``.
+
+        The core's install hint (``gguf: pip install anyformer-llamacpp``) comes from ``format``
+        refusals: a backend that answers ``task`` first hides the backend the user needs.
+        So is a ``model`` answer (a tag or an architecture checked before the files): the core
+        names the distributions that read the format only when every backend said ``format``.
+        Troubleshooting: check the format before anything else (the order is format, task,
+        model, gpu, f16, subgroups, store, budget, memory).
+        """
+        request = {"task": UNKNOWN_TASK}
+        verdict, _, where = self._ask(plugin_manager, dict(self.foreign_model), caps, request)
         checks.check_verdict(verdict, self.backend_id, where)
-        if verdict.ok or verdict.code not in (Refusal.FORMAT, Refusal.MODEL):
-            got = "ok" if verdict.ok else f"{verdict.code} ({verdict.reason})"
-            checks.fail(f"got {got}, expected a 'format' or 'model' refusal", where)
+        if verdict.ok or verdict.code is not Refusal.FORMAT:
+            got = _refusal_text(verdict)
+            checks.fail(
+                f"got {got}, expected 'format' (rule: refusals are checked in order, format before task)", where
+            )
+
+    def test_an_unknown_task_is_refused_with_task(
+        self, described_sample: Model | None, plugin_manager: anyformer.PluginManager, caps: Caps
+    ) -> None:
+        """The backend's own sample, asked for a task no backend runs, is refused with ``task``.
+
+        Troubleshooting: compare ``request.task or model.task`` with the tasks your backend
+        runs and refuse with ``Refusal.TASK`` ("runs text-generation only, not …") when it is
+        not one of them; never assume the task from the format.
+        """
+        if described_sample is None:
+            pytest.skip("no sample_model")
+        request = {**self._check_kwargs(), "task": UNKNOWN_TASK}
+        verdict, _, where = self._ask(plugin_manager, described_sample, caps, request)
+        checks.check_verdict(verdict, self.backend_id, where)
+        if verdict.ok or verdict.code is not Refusal.TASK:
+            got = _refusal_text(verdict)
+            checks.fail(f"got {got}, expected 'task' (rule: a task the backend does not run is refused)", where)
+
+    def test_offering_exactly_the_need_is_accepted(
+        self, described_sample: Model | None, backend_hooks: BackendHooks, caps: Caps
+    ) -> None:
+        """A ``memory`` or ``budget`` refusal's ``need``, offered exactly, is accepted.
+
+        The sample is asked about with no host memory, then with exactly the ``need`` it named;
+        the same with no accelerator budget; and each ``memory`` or ``budget`` refusal case with
+        its ``need``. Troubleshooting: ``need`` is the smallest offer that fits, computed by the
+        same sum as the estimate you accept with (not the offer plus one, not a round number
+        above it).
+        """
+        asked: list[tuple[Model, Caps, Request]] = []
+        if described_sample is not None:
+            kwargs = self._check_kwargs()
+            base = Request.build(task=kwargs.get("task"), context=kwargs.get("context"))
+            budget = caps.gpu_bytes or 0
+            asked.append((described_sample, caps.replace(ram_bytes=0), dataclasses.replace(base, budget=budget)))
+            asked.append((described_sample, caps.replace(gpu_bytes=0), dataclasses.replace(base, budget=0)))
+        for case in self._refusal_cases():
+            if Refusal(case.code) in checks.NEED_CODES:
+                request = Request.build(**case.request)
+                if request.budget is None:
+                    request = dataclasses.replace(request, budget=caps.replace(**case.caps).gpu_bytes or 0)
+                asked.append((anyformer.describe(dict(case.description)), caps.replace(**case.caps), request))
+        if not asked:
+            pytest.skip("no sample_model and no memory or budget refusal_cases")
+        for model, machine, request in asked:
+            budget = request.budget or 0
+            where = f"can_run({model.ref!r}) with ram_bytes={machine.ram_bytes}, budget={budget}"
+            refused = self._raw_verdict(backend_hooks, model, machine, request, where)
+            if refused.ok or refused.code not in checks.NEED_CODES or not isinstance(refused.need, int):
+                continue
+            if refused.code is Refusal.MEMORY:
+                machine = machine.replace(ram_bytes=refused.need)
+            else:
+                machine = machine.replace(gpu_bytes=max(machine.gpu_bytes or 0, refused.need))
+                request = dataclasses.replace(request, budget=refused.need)
+            again = f"can_run({model.ref!r}) with ram_bytes={machine.ram_bytes}, budget={request.budget}"
+            verdict = self._raw_verdict(backend_hooks, model, machine, request, again)
+            if not verdict.ok and verdict.code is refused.code:
+                checks.fail(
+                    f"a {refused.code.value!r} refusal named need={refused.need}, and offering exactly that was "
+                    f"refused with {verdict.code.value!r} again (need={verdict.need}): need must be the smallest "
+                    "offer that fits (rule: offering exactly the need is accepted)",
+                    again,
+                )
+
+    def test_offering_exactly_the_estimate_is_accepted_and_less_is_refused(
+        self, described_sample: Model | None, backend_hooks: BackendHooks, caps: Caps
+    ) -> None:
+        """The sample's ok estimate, offered exactly, is accepted; a little less is refused (or fits, see below).
+
+        ``ram_bytes`` and (when above 0) ``gpu_bytes`` of the estimate on this machine are each
+        offered exactly, then less by one byte and by 1 %. Troubleshooting: the estimate is what
+        the model needs, computed by the same sum as the ``need`` of your refusals: never 0
+        for a backend that refuses below some size, never the offer itself. A backend that can
+        still run with less (layers off the GPU, weights read from disk) declares
+        ``fits_smaller_offers = True``; its smaller offers may be accepted with an estimate
+        that fits them.
+        """
+        if described_sample is None:
+            pytest.skip("no sample_model")
+        kwargs = self._check_kwargs()
+        base = Request.build(task=kwargs.get("task"), context=kwargs.get("context"))
+        budget = caps.gpu_bytes or 0
+        where = f"can_run({described_sample.ref!r}) with ram_bytes={caps.ram_bytes}, budget={budget}"
+        full = self._raw_verdict(backend_hooks, described_sample, caps, dataclasses.replace(base, budget=budget), where)
+        if not full.ok:
+            pytest.skip(f"the sample is refused on this machine ({full.reason}): test_sample_verdict_* reports it")
+        estimate = full.estimate
+        offers: list[tuple[str, int, int]] = [("ram_bytes", estimate.ram_bytes, budget)]
+        if estimate.gpu_bytes > 0:
+            offers.append(("gpu_bytes", caps.ram_bytes, estimate.gpu_bytes))
+        for field, ram, offered in offers:
+            exact = estimate.ram_bytes if field == "ram_bytes" else estimate.gpu_bytes
+            less = sorted({exact - 1, exact - max(exact // 100, 1)}, reverse=True) if exact > 0 else []
+            for amount, label in [(exact, "exactly"), *((x, "less") for x in less)]:
+                ram_offer, gpu_offer = (amount, offered) if field == "ram_bytes" else (ram, amount)
+                machine = caps.replace(ram_bytes=ram_offer, gpu_bytes=min(caps.gpu_bytes or 0, gpu_offer) or None)
+                request = dataclasses.replace(base, budget=gpu_offer)
+                where = f"can_run({described_sample.ref!r}) with ram_bytes={ram_offer}, budget={gpu_offer}"
+                verdict = self._raw_verdict(backend_hooks, described_sample, machine, request, where)
+                if label == "exactly" and not verdict.ok:
+                    checks.fail(
+                        f"the estimate on the full machine has {field}={exact}, and offering exactly that was "
+                        f"refused with {_refusal_text(verdict)}: an estimate is what the model needs "
+                        "(rule: offering exactly an ok estimate is accepted)",
+                        where,
+                    )
+                if label == "less" and verdict.ok and not self.fits_smaller_offers:
+                    checks.fail(
+                        f"the estimate on the full machine has {field}={exact}, and {amount} was accepted too "
+                        f"(estimate {field}={getattr(verdict.estimate, field)}): an estimate is what the model "
+                        "needs, so less must be refused (rule: a little less than an ok estimate is refused; "
+                        "declare fits_smaller_offers = True if the backend really fits smaller offers)",
+                        where,
+                    )
+
+    def test_the_first_can_run_of_a_fresh_interpreter_is_quick_and_reads_nothing(
+        self, described_sample: Model | None, backend_plugin: Any, plugin_manager: anyformer.PluginManager, caps: Caps
+    ) -> None:
+        """The first ``can_run`` in a new Python process answers in time, opening no model file and no connection.
+
+        Every ``anyformer check`` is a fresh process, so a cost paid once per process (a lazy
+        import of an engine, a cache filled on the first call, a speed measured) is paid by
+        every user on every command. The plugin module is imported first (not timed), then one
+        ``can_run`` of the sample (or of the foreign model) is timed and watched.
+        Troubleshooting: import engines in ``load``; check for them with
+        ``importlib.util.find_spec``; compute from the description and ``caps`` only.
+        """
+        plugin = _plugin_reference(plugin_manager.entry_point(self.backend_id), backend_plugin)
+        if plugin is None:
+            pytest.skip("the backend is an in-process object: a fresh interpreter cannot import it")
+        model = described_sample or anyformer.describe(dict(self.foreign_model))
+        kwargs = self._check_kwargs()
+        request = Request.build(
+            task=kwargs.get("task"), context=kwargs.get("context"), budget=kwargs.get("budget", caps.gpu_bytes or 0)
+        )
+        where = f"the first can_run({model.ref!r}) of a fresh interpreter"
+        probe = fresh_interpreter.first_can_run(plugin, {"model": model, "caps": caps, "request": request})
+        if probe.failure is not None:
+            checks.fail(probe.failure, where)
+        if probe.error is not None:
+            checks.fail(f"can_run raised {probe.error}; it must return a Verdict, not raise", where)
+        checks.check_can_run_watch(
+            elapsed=probe.seconds,
+            limit_s=self.can_run_time_limit_s,
+            opened=IOSpy(opened=probe.opened).opened_of(_model_paths(model)),
+            connections=probe.connections,
+            where=where,
+        )
 
     # ---- generate: the stream ---------------------------------------------------------------------
 
@@ -840,9 +1139,11 @@ class BackendConformance:
         """The raw stream ends within two chunks of ``options.cancel`` being set: before it starts, and after one chunk.
 
         The core checks ``cancel`` between chunks for callers, which hides a backend that never
-        looks at it (and keeps its engine busy until the core's next read). Troubleshooting: check
-        ``options.cancel.is_set()`` before each token; when set, yield
-        ``Chunk(tokens=n, finish_reason="cancelled")`` and return.
+        looks at it (and keeps its engine busy until the core's next read). The cancelled stream
+        keeps every other rule too (``tokens`` never lower, deltas new text). Troubleshooting:
+        check ``options.cancel.is_set()`` before each token; when set, yield
+        ``Chunk(tokens=n, finish_reason="cancelled")`` with ``n`` the tokens generated so far
+        (never 0 again) and return.
         """
         limit = max(4 * self.max_new_tokens_for_tests, 16)
         messages = anyformer.validate_messages(self._messages(0))
@@ -865,6 +1166,17 @@ class BackendConformance:
                 time_limit_s=self.generate_time_limit_s,
             )
             self._read_backend_streams([stream])
+            # The cancelled stream keeps every rule of a stream that ran to its end.
+            checks.check_backend_chunks(stream.chunks, where)
+            checks.check_tokens_count_the_text(stream.chunks, where)
+            checks.check_deltas_are_new_text(stream.chunks, where)
+            for index, chunk in enumerate(stream.chunks[:-1]):
+                if chunk.finish_reason is not None:
+                    checks.fail(
+                        f"chunk {index} of {len(stream.chunks)} has finish_reason {chunk.finish_reason!r}, "
+                        "then more chunks came: only the last chunk may have a finish_reason",
+                        where,
+                    )
             after = len(stream.chunks) - (0 if when == "before the call" else 1)
             if after > 2:
                 checks.fail(
@@ -952,6 +1264,213 @@ class BackendConformance:
         checks.check_same_text(
             second, first, "the second greedy answer", f"generate(temperature=0) twice on {self.prompts[0]!r}"
         )
+
+    def _sampled_text(self, loaded: anyformer.Loaded, seed: int | None, temperature: float) -> str:
+        limit = self.max_new_tokens_for_tests
+        return loaded.complete(self._messages(0), max_new_tokens=limit, temperature=temperature, seed=seed).text
+
+    def test_seeded_sampling_is_repeatable(self, loaded_model: anyformer.Loaded) -> None:
+        """At ``temperature > 0`` the same seed twice gives the same text, for each of two seeds.
+
+        docs/contract.md promises it ("above 0, ``seed`` makes sampling repeatable").
+        Troubleshooting: build the engine's random generator from ``options.seed`` at the start
+        of every call (never once at load, never from the clock when a seed is given). A
+        backend that decodes greedily only declares ``supports_sampling = False``.
+        """
+        if not self.supports_sampling:
+            return self._check_sampling_refused(loaded_model)
+        for seed in SAMPLING_SEEDS[:2]:
+            where = f"generate(temperature={SAMPLING_TEMPERATURE}, seed={seed}) twice"
+            first = self._sampled_text(loaded_model, seed, SAMPLING_TEMPERATURE)
+            second = self._sampled_text(loaded_model, seed, SAMPLING_TEMPERATURE)
+            if first != second:
+                checks.fail(
+                    f"the same seed gave {first!r}, then {second!r}: expected the same text "
+                    "(rule: at temperature > 0 the seed makes sampling repeatable)",
+                    where,
+                )
+
+    def test_sampling_is_not_always_greedy(self, loaded_model: anyformer.Loaded, greedy_texts: tuple[str, str]) -> None:
+        """At ``temperature > 0`` one of up to eight seeds gives a text other than the greedy one.
+
+        Troubleshooting: pass ``options.temperature`` to the engine's sampler; a backend that
+        always takes the arg-max ignores a field that changes the output. If it cannot
+        sample, declare ``supports_sampling = False`` and refuse ``temperature > 0`` with
+        ``BAD_REQUEST``.
+        """
+        if not self.supports_sampling:
+            return self._check_sampling_refused(loaded_model)
+        greedy = greedy_texts[0]
+        for seed in SAMPLING_SEEDS:
+            if self._sampled_text(loaded_model, seed, SAMPLING_TEMPERATURE) != greedy:
+                return  # one seed that samples something else is enough
+        checks.fail(
+            f"all {len(SAMPLING_SEEDS)} seeds gave the greedy text {greedy!r}: expected sampling to differ for some "
+            "(rule: temperature > 0 samples; declare supports_sampling = False for a greedy-only backend)",
+            f"generate(temperature={SAMPLING_TEMPERATURE}, seed=1..{len(SAMPLING_SEEDS)})",
+        )
+
+    def test_temperature_zero_is_repeatable_whatever_the_seed(
+        self, loaded_model: anyformer.Loaded, greedy_texts: tuple[str, str]
+    ) -> None:
+        """``temperature=0`` with a seed, with another seed and with none gives the same, greedy text.
+
+        Troubleshooting: at temperature 0 take the arg-max and draw nothing; the seed matters
+        only when sampling.
+        """
+        greedy = greedy_texts[0]
+        for seed in SAMPLING_SEEDS[:2]:
+            text = self._sampled_text(loaded_model, seed, 0.0)
+            if text != greedy:
+                checks.fail(
+                    f"got {text!r}, but with no seed {greedy!r}: expected the greedy text whatever the seed "
+                    "(rule: temperature 0 is greedy and repeatable)",
+                    f"generate(temperature=0, seed={seed})",
+                )
+
+    def _check_sampling_refused(self, loaded: anyformer.Loaded) -> None:
+        """``supports_sampling = False``: ``temperature > 0`` is ``BAD_REQUEST`` before any chunk."""
+        __tracebackhide__ = True
+        where = f"generate(temperature={SAMPLING_TEMPERATURE}, seed=1) with supports_sampling = False"
+        try:
+            stream = loaded.generate(self._messages(0), max_new_tokens=2, temperature=SAMPLING_TEMPERATURE, seed=1)
+            chunk = next(stream)
+        except Exception as exc:
+            checks.check_error_code(exc, ErrorCode.BAD_REQUEST, where)
+            return
+        stream.close()
+        checks.fail(
+            f"got a chunk {chunk!r}, expected AnyformerError(BAD_REQUEST): a greedy-only backend refuses "
+            "temperature > 0 (rule: a field that changes the output is honoured or refused, never ignored)",
+            where,
+        )
+
+    def test_greedy_text_at_n_tokens_is_the_start_of_the_text_at_2n(self, loaded_model: anyformer.Loaded) -> None:
+        """The greedy text at ``max_new_tokens=N`` is a prefix of the text at ``2N``, for both prompts.
+
+        Troubleshooting: ``max_new_tokens`` only says when to stop; it must not change what is
+        generated before (no length-dependent prompt, no sampling of the last token, no marker
+        added at the limit). An engine whose whole answer depends on its length (text
+        diffusion) declares ``extends_with_max_new_tokens = False``.
+        """
+        if not self.extends_with_max_new_tokens:
+            pytest.skip("extends_with_max_new_tokens is False")
+        limit = self.max_new_tokens_for_tests
+        for which in (0, 1):
+            short = loaded_model.complete(self._messages(which), max_new_tokens=limit).text
+            long = loaded_model.complete(self._messages(which), max_new_tokens=2 * limit).text
+            checks.check_prefix(
+                short,
+                long,
+                f"the text at {limit} tokens",
+                f"generate({self.prompts[which]!r}, max_new_tokens={limit}) and ({2 * limit})",
+            )
+
+    def test_backend_stream_gives_the_greedy_text(
+        self, greedy_texts: tuple[str, str], backend_streams: list[BackendStream]
+    ) -> None:
+        """The raw stream's deltas joined are the greedy text callers get, and the 1-token text starts it.
+
+        Troubleshooting: the core joins your deltas into ``text``; if they differ from what the
+        core shows, your stream yields text the core drops or rewrites (a chunk after the
+        finish, a delta that repeats text).
+        """
+        streams = self._read_backend_streams(backend_streams)
+        limit = self.max_new_tokens_for_tests
+        for which, stream in zip((0, 1), streams[:2], strict=True):
+            checks.check_same_text(stream.text, greedy_texts[which], "the raw deltas joined", stream.where)
+        if self.extends_with_max_new_tokens:
+            checks.check_prefix(
+                streams[2].text, streams[0].text, "the raw text at 1 token", f"{streams[2].where} and {limit}"
+            )
+
+    def _stop_string(self, text: str) -> tuple[str, str] | None:
+        """A stop string taken from ``text`` and the text before it: up to three characters, first found there.
+
+        One whose first character appears earlier is preferred: it catches a backend that stops
+        on a stop string's first character rather than the whole string; then one not at the
+        very start, so some text comes before it.
+        """
+        candidates = []
+        for start in range(len(text) - 1):
+            stop = text[start : start + 3]
+            if len(stop) >= 2 and stop.strip() and text.find(stop) == start:
+                candidates.append((stop[0] in text[:start], start > 0, -start, stop))
+        if not candidates:
+            return None
+        *_, start, stop = max(candidates)
+        start = -start
+        return stop, text[:start]
+
+    def test_a_stop_string_from_the_greedy_text_ends_the_text_before_it(
+        self, loaded_model: anyformer.Loaded, backend_hooks: BackendHooks, greedy_texts: tuple[str, str]
+    ) -> None:
+        """A piece of the greedy text used as ``stop`` ends the text just before it with ``finish_reason="stop"``.
+
+        Asked through the core and of the raw hook. The raw stream may leave stop strings to the
+        core (then its text goes on through the stop string, as the greedy text does), or apply
+        them itself (then its text ends just before the stop string). Troubleshooting: you may
+        ignore ``options.stop``; if you apply it, end when the whole stop string has been
+        generated, with the text before it and ``finish_reason="stop"``: never on a partial
+        match, never cutting the text before it.
+        """
+        limit = self.max_new_tokens_for_tests
+        greedy = greedy_texts[0]
+        found = self._stop_string(greedy)
+        if found is None:
+            pytest.skip(f"the greedy text {greedy!r} holds no stop string to test with")
+        stop, before = found
+        where = f"generate(max_new_tokens={limit}, stop=[{stop!r}])"
+        last = loaded_model.complete(self._messages(0), max_new_tokens=limit, stop=[stop])
+        checks.check_stop_cut(last.text, last.finish_reason, before=before, stop=stop, where=where)
+        where = f"the {self.backend_id} generate hook(max_new_tokens={limit}, stop=({stop!r},))"
+        options = GenerateOptions.build(max_new_tokens=limit, stop=[stop])
+        raw = read_backend_stream(
+            backend_hooks.generate(loaded_model.handle, anyformer.validate_messages(self._messages(0)), options),
+            where=where,
+            max_new_tokens=limit,
+            max_chunks=4 * limit + 16,
+            time_limit_s=self.generate_time_limit_s,
+        )
+        self._read_backend_streams([raw])
+        checks.check_backend_chunks(raw.chunks, where)
+        finish = raw.chunks[-1].finish_reason if raw.chunks else None
+        applied = raw.text == before and finish in (None, "stop")
+        if not applied and not raw.text.startswith(before + stop):
+            checks.fail(
+                f"with stop={stop!r} the raw text is {raw.text!r} ending with {finish!r}, expected {before!r} "
+                f"ending with 'stop' (a backend that applies stop strings) or the greedy text {greedy!r} "
+                "(one that leaves them to the core) (rule: a stop string ends the text just before it)",
+                where,
+            )
+
+    def test_backend_generate_leaves_the_messages_unchanged(
+        self, loaded_model: anyformer.Loaded, backend_hooks: BackendHooks
+    ) -> None:
+        """The raw ``generate`` hook, read to its end, leaves the caller's ``messages`` list as it was.
+
+        Troubleshooting: build the prompt from a copy (``[*messages, ...]``, ``dict(message)``);
+        never append a system message, pop or rewrite content in the list you were given: the
+        caller (a server's chat history) reuses it.
+        """
+        limit = self.max_new_tokens_for_tests
+        messages = anyformer.validate_messages(self._messages(0))
+        before = copy.deepcopy(messages)
+        where = f"the {self.backend_id} generate hook({self.prompts[0]!r}, max_new_tokens={limit})"
+        stream = read_backend_stream(
+            backend_hooks.generate(loaded_model.handle, messages, GenerateOptions.build(max_new_tokens=limit)),
+            where=where,
+            max_new_tokens=limit,
+            max_chunks=4 * limit + 16,
+            time_limit_s=self.generate_time_limit_s,
+        )
+        self._read_backend_streams([stream])
+        if messages != before:
+            checks.fail(
+                f"messages went {before!r} -> {messages!r}: expected them unchanged "
+                "(rule: generate does not change the caller's messages)",
+                where,
+            )
 
     def test_streamed_text_equals_the_final_text(self, loaded_model: anyformer.Loaded) -> None:
         """The deltas joined are the last chunk's text: no text is lost or added at the end.
@@ -1485,6 +2004,46 @@ class BackendConformance:
                     "generate on a disposed model streamed, expected an AnyformerError", "generate after dispose"
                 )
 
+    def test_load_and_dispose_leave_no_thread_or_file_open(
+        self, described_sample: Model | None, plugin_manager: anyformer.PluginManager, caps: Caps
+    ) -> None:
+        """After a load, a short generation and ``dispose()``, the process has the threads and open files it had.
+
+        One load and dispose comes first, so what an engine sets up once per process (a
+        thread pool, a log file) is in the baseline; the second must leave nothing behind.
+        A thread ending or a file closing within two seconds of ``dispose`` counts as gone.
+        Troubleshooting: join the threads your handle started and close the files it keeps
+        open (a memory map's file, a log) in ``dispose``; a server loads and disposes models
+        for weeks.
+        """
+        if described_sample is None:
+            pytest.skip("no sample_model")
+        options = {"backend": self.backend_id, "plugins": plugin_manager, "caps": caps, **self.load_kwargs}
+
+        def load_use_dispose() -> None:
+            with anyformer.load(described_sample, **options) as loaded:
+                if self.supports_generate:
+                    self._stream(loaded, self._messages(0), max_new_tokens=2)
+
+        load_use_dispose()
+        left_behind(ProcessResources.now(), settle_s=0.5)  # let the first round's threads end
+        before = ProcessResources.now()
+        load_use_dispose()
+        threads, descriptors = left_behind(before, settle_s=2.0)
+        where = "anyformer.load(sample), generate(max_new_tokens=2), dispose()"
+        if threads:
+            checks.fail(
+                f"{len(threads)} thread(s) still running after dispose: {threads}, expected none "
+                "(rule: dispose stops what load started)",
+                where,
+            )
+        if descriptors:
+            checks.fail(
+                f"{len(descriptors)} file descriptor(s) still open after dispose: {descriptors}, expected none "
+                "(rule: dispose closes what load opened)",
+                where,
+            )
+
     # ---- the store --------------------------------------------------------------------------------
 
     def _raw_store_list(self, backend_hooks: BackendHooks, where: str) -> list[Any]:
@@ -1499,7 +2058,8 @@ class BackendConformance:
     ) -> None:
         """``store_list`` returns StoreEntry items of this backend with repo, path and bytes; it never raises.
 
-        Troubleshooting: return ``[StoreEntry(backend=backend_id, repo=..., revision=None or a
+        ``bytes`` is the size of what ``path`` names: a file's size, or the files of a folder
+        added up. Troubleshooting: return ``[StoreEntry(backend=backend_id, repo=..., revision=None or a
         str, path=str(path), bytes=size)]`` for files you keep under ``ANYFORMER_HOME``, or
         ``[]``. Hub cache entries are listed by the core, not by you.
         """
@@ -1508,6 +2068,8 @@ class BackendConformance:
         entries = self._raw_store_list(backend_hooks, "store_list()")
         for index, entry in enumerate(entries):
             checks.check_store_entry(entry, self.backend_id, f"store_list()[{index}]")
+            if os.path.exists(entry.path):
+                checks.check_store_entry_size(entry, f"store_list()[{index}]")
 
     def test_store_list_lists_the_stored_model_under_anyformer_home(
         self,

@@ -10,8 +10,10 @@ The helpers set ``__tracebackhide__`` so a failure points at the kit's test, not
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from itertools import pairwise
+from pathlib import Path
 from typing import Any, NoReturn
 
 from anyformer import AnyformerError, Chunk, ErrorCode, Estimate, ProgressEvent, Rank, Refusal, StoreEntry, Verdict
@@ -21,19 +23,24 @@ __all__ = [
     "MAX_CHARS_PER_TOKEN",
     "check_backend_chunk_types",
     "check_backend_chunks",
+    "check_can_run_watch",
     "check_deltas_are_new_text",
     "check_error_code",
     "check_need",
+    "check_prefix",
     "check_refusal_code",
     "check_run_progress",
     "check_same_text",
+    "check_stop_cut",
     "check_store_entry",
+    "check_store_entry_size",
     "check_stream",
     "check_tokens_count_the_text",
     "check_verdict",
     "check_verdict_fits",
     "check_verdict_not_crashed",
     "fail",
+    "size_on_disk",
 ]
 
 #: The finish reasons a stream may end with (docs/contract.md, "Streaming").
@@ -129,6 +136,31 @@ def check_verdict_fits(verdict: Verdict, *, budget: int, ram: int, where: str) -
         )
 
 
+def check_can_run_watch(
+    *, elapsed: float, limit_s: float, opened: Sequence[str], connections: Sequence[str], where: str
+) -> None:
+    """One ``can_run`` answered in time, opened none of the model's files and tried no connection."""
+    __tracebackhide__ = True
+    if opened:
+        fail(
+            f"can_run opened {sorted(set(opened))}, expected no model file to be opened "
+            "(rule: can_run reads the description only, never the weights)",
+            where,
+        )
+    if connections:
+        fail(
+            f"can_run tried to connect to {list(connections)}, expected no network "
+            "(rule: can_run reads the description only, never the network)",
+            where,
+        )
+    if elapsed > limit_s:
+        fail(
+            f"can_run took {elapsed:.1f} s, expected under {limit_s:g} s "
+            "(rule: can_run is cheap, it runs on every anyformer check)",
+            where,
+        )
+
+
 def _code(verdict: Verdict) -> str:
     return "ok" if verdict.ok or verdict.code is None else Refusal(verdict.code).value
 
@@ -192,7 +224,11 @@ def check_backend_chunks(chunks: Sequence[Any], where: str) -> None:
     previous = 0
     for chunk in chunks:
         if chunk.tokens < previous:
-            fail(f"tokens went {previous} -> {chunk.tokens}, but must never decrease", where)
+            fail(
+                f"tokens went {previous} -> {chunk.tokens}, but must never decrease "
+                "(rule: tokens count every token of the call, also on the last chunk)",
+                where,
+            )
         previous = chunk.tokens
 
 
@@ -244,6 +280,36 @@ def check_deltas_are_new_text(chunks: Sequence[Chunk], where: str) -> None:
         fail(
             f"every delta repeats the one before it and adds to it ({shown}): delta must carry only the new "
             "text, not the text so far (rule: delta is the new text; the core builds text)",
+            where,
+        )
+    before = "".join(deltas[:-1])
+    if len(deltas) >= 3 and len(before) >= 3 and deltas[-1].startswith(before):
+        fail(
+            f"the last delta {deltas[-1][:60]!r} repeats the whole text before it ({before[:60]!r}): delta must "
+            "carry only the new text, also on the last chunk (rule: delta is the new text; the core builds text)",
+            where,
+        )
+
+
+def check_prefix(shorter: str, longer: str, what: str, where: str) -> None:
+    """``shorter`` is where ``longer`` starts: more tokens only add text after it."""
+    __tracebackhide__ = True
+    if not longer.startswith(shorter):
+        fail(
+            f"{what}: {shorter!r} is not the start of {longer!r}: with twice the tokens greedy text must go on "
+            "from where it stopped (rule: greedy text at N tokens is a prefix of the text at 2N)",
+            where,
+        )
+
+
+def check_stop_cut(text: str, finish_reason: str | None, *, before: str, stop: str, where: str) -> None:
+    """A stream asked to stop at ``stop`` ends with ``before`` (the greedy text up to the stop) and ``stop``."""
+    __tracebackhide__ = True
+    if text != before or finish_reason != "stop":
+        fail(
+            f"with stop={stop!r} the text is {text!r} ending with {finish_reason!r}, expected {before!r} "
+            "(the greedy text up to the stop string) ending with 'stop' "
+            "(rule: a stop string ends the text just before it)",
             where,
         )
 
@@ -364,3 +430,23 @@ def check_store_entry(entry: Any, backend_id: str, where: str) -> None:
         fail(f"entry.revision is {entry.revision!r}, expected None or a string", where)
     if isinstance(entry.bytes, bool) or not isinstance(entry.bytes, int) or entry.bytes < 0:
         fail(f"entry.bytes is {entry.bytes!r}, expected an integer >= 0", where)
+
+
+def size_on_disk(path: str | os.PathLike[str]) -> int:
+    """The bytes ``path`` holds: a file's size, or the sizes of the files under a folder added up."""
+    root = Path(path)
+    if not root.is_dir():
+        return root.stat().st_size
+    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
+
+
+def check_store_entry_size(entry: StoreEntry, where: str) -> None:
+    """An entry's ``bytes`` is the size of what its ``path`` names (``anyformer ls`` adds them up)."""
+    __tracebackhide__ = True
+    size = size_on_disk(entry.path)
+    if entry.bytes != size:
+        fail(
+            f"entry {entry.repo!r} says bytes={entry.bytes}, but {entry.path!r} holds {size} bytes "
+            "(rule: StoreEntry.bytes is the size of path, a file or a folder's files together)",
+            where,
+        )

@@ -11,19 +11,13 @@ It adds:
 
 from __future__ import annotations
 
-import builtins
-import contextlib
-import dataclasses
 import inspect
-import io
-import os
-import socket
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from anyformer_conformance.base import BackendConformance
+from anyformer_conformance.io_spy import IOSpy
 
 __all__ = ["IOSpy", "anyformer_io_spy", "kit_test_names", "override_violations"]
 
@@ -75,66 +69,6 @@ def pytest_pycollect_makeitem(collector: pytest.Collector, name: str, obj: objec
 
 
 # ---- watching file opens and connections ----------------------------------------------------------
-
-
-@dataclasses.dataclass
-class IOSpy:
-    """Records what code inside :meth:`watching` opens and where it tries to connect.
-
-    Connections are refused (``OSError``) so a test never reaches the network; opens go through,
-    so a missing file still raises ``FileNotFoundError`` as it would.
-    """
-
-    opened: list[str] = dataclasses.field(default_factory=list)
-    connections: list[str] = dataclasses.field(default_factory=list)
-
-    @contextlib.contextmanager
-    def watching(self) -> Iterator[IOSpy]:
-        """Spy on ``open``, ``io.open``, ``os.open`` and every socket connection inside the block."""
-        real_open, real_os_open = builtins.open, os.open
-
-        def spy_open(file: Any, *args: Any, **kwargs: Any) -> Any:
-            self._record_path(file)
-            return real_open(file, *args, **kwargs)
-
-        def spy_os_open(path: Any, *args: Any, **kwargs: Any) -> Any:
-            self._record_path(path)
-            return real_os_open(path, *args, **kwargs)
-
-        def refuse(target: str) -> OSError:
-            self.connections.append(target)
-            return OSError(f"the conformance kit blocks network access here (tried {target})")
-
-        def spy_connect(sock: socket.socket, address: Any) -> None:
-            raise refuse(repr(address))
-
-        def spy_connect_ex(sock: socket.socket, address: Any) -> int:
-            raise refuse(repr(address))
-
-        def spy_create_connection(address: Any, *args: Any, **kwargs: Any) -> socket.socket:
-            raise refuse(repr(address))
-
-        def spy_getaddrinfo(host: Any, port: Any, *args: Any, **kwargs: Any) -> list[Any]:
-            raise refuse(f"{host}:{port}")
-
-        with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(builtins, "open", spy_open)
-            patch.setattr(io, "open", spy_open)
-            patch.setattr(os, "open", spy_os_open)
-            patch.setattr(socket.socket, "connect", spy_connect)
-            patch.setattr(socket.socket, "connect_ex", spy_connect_ex)
-            patch.setattr(socket, "create_connection", spy_create_connection)
-            patch.setattr(socket, "getaddrinfo", spy_getaddrinfo)
-            yield self
-
-    def _record_path(self, file: Any) -> None:
-        if isinstance(file, (str, bytes, os.PathLike)):
-            self.opened.append(os.fsdecode(file))
-
-    def opened_under(self, folder: str | os.PathLike[str]) -> list[str]:
-        """The recorded opens of paths inside ``folder``."""
-        root = os.path.abspath(os.fspath(folder))
-        return [path for path in self.opened if os.path.abspath(path).startswith(root + os.sep)]
 
 
 @pytest.fixture

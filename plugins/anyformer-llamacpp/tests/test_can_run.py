@@ -292,3 +292,55 @@ def test_the_preferred_file_gives_way_to_the_next_smaller_one_that_fits_host_mem
     assert none.code is Refusal.MEMORY and "x-IQ2_M.gguf" in none.reason and "smallest of 2 files tried" in none.reason
     named = plugin.can_run(_model(files, architecture="llama"), _caps(), Request(options={"file": "x-Q8_0.gguf"}))
     assert named.ok and named.estimate.details["file"] == "x-Q8_0.gguf"
+
+
+# ---- a GPU the installed build cannot use ---------------------------------------------------------
+
+SMOL = [("SmolLM2-135M-Instruct.Q4_1.gguf", SMOL_BYTES)]
+
+
+@pytest.mark.parametrize(
+    ("source", "backend"),
+    [("nvml", "cuda"), ("nvidia-smi", "cuda"), ("rocm-smi", "hip"), ("amd-smi", "hip"), ("metal", "metal"),
+     ("vulkan", "vulkan")],
+)  # fmt: skip
+def test_a_gpu_and_a_cpu_build_say_so_with_the_rebuild_command_for_its_vendor(
+    monkeypatch: pytest.MonkeyPatch, source: str, backend: str
+) -> None:
+    monkeypatch.setattr(plugin, "gpu_offload_library", lambda: None)
+    monkeypatch.setattr(runtime, "llama_cpp_version", lambda: "0.3.36")
+    caps = Caps(ram_bytes=16 * 10**9, gpu_bytes=80 * 10**9, gpu_memory_source=source, gpu_name="The GPU", store=True)
+    verdict = plugin.can_run(_model(SMOL, metadata={"gguf": GGUF_FACTS}), caps, Request())
+    assert verdict.ok and verdict.estimate is not None
+    details = verdict.estimate.details
+    assert (details["offload"], details["build"], details["gpu_layers"]) == ("cpu", "cpu", 0)
+    note = details["note"]
+    assert "The GPU is here but llama-cpp-python was built for the CPU only" in note
+    assert runtime.GPU_BUILD_FLAGS[backend] in note and "-DGGML_RPC=ON" in note
+    assert "llama-cpp-python==0.3.36" in note and "--force-reinstall" in note
+
+
+def test_no_gpu_or_a_software_adapter_or_a_gpu_build_adds_no_note(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = _model(SMOL, metadata={"gguf": GGUF_FACTS})
+    monkeypatch.setattr(plugin, "gpu_offload_library", lambda: None)
+    software = Caps(ram_bytes=16 * 10**9, gpu=True, gpu_type="CPU", gpu_memory_source="host", store=True)
+    for caps in (_caps(), software):
+        estimate = plugin.can_run(model, caps, Request()).estimate
+        assert estimate is not None and "note" not in estimate.details
+    monkeypatch.setattr(plugin, "gpu_offload_library", lambda: "cuda")
+    nvidia = Caps(ram_bytes=16 * 10**9, gpu_bytes=80 * 10**9, gpu_memory_source="nvml", store=True)
+    estimate = plugin.can_run(model, nvidia, Request()).estimate
+    assert estimate is not None and "note" not in estimate.details
+    assert (estimate.details["offload"], estimate.details["build"]) == ("cuda", "cuda")
+    assert estimate.details["placement"] == "30 of 30 layers on cuda"
+
+
+def test_a_gpu_build_with_no_layer_offloaded_says_the_cpu_runs_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(plugin, "gpu_offload_library", lambda: "cuda")
+    estimate = plugin.can_run(_model(SMOL, metadata={"gguf": GGUF_FACTS}), _caps(), Request(budget=0)).estimate
+    assert estimate is not None
+    assert (estimate.details["offload"], estimate.details["build"], estimate.details["placement"]) == (
+        "cpu",
+        "cuda",
+        "on the CPU",
+    )

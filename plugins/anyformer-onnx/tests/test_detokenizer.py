@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from anyformer_onnx.detokenizer import IncrementalDetokenizer
+from anyformer.plugin import IncrementalDetokenizer
 
 TEXT = "Hello, wörld! 東京 is 🗼🌸 — naïve café\n  two  spaces and a tab\t."
 

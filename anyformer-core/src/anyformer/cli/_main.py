@@ -52,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
         _check_cmd,
         _ls_cmd,
         _plugins_cmd,
+        _ps_cmd,
         _pull_cmd,
         _rm_cmd,
         _rpc_server_cmd,
@@ -68,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
         _rm_cmd,
         _run_cmd,
         _serve_cmd,
+        _ps_cmd,
         _rpc_server_cmd,
     ):
         module.add_parser(sub)

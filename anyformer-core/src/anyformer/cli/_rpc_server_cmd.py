@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from types import FrameType
 
 from anyformer.contract._errors import AnyformerError, ErrorCode
@@ -44,6 +45,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--mem", help="the most memory lent (e.g. 4GB); clients see this much and no allocation goes past it"
     )
     parser.add_argument("--threads", type=int, help="CPU threads for the computations run here")
+    parser.add_argument(
+        "--build",
+        action="store_true",
+        help="build llama.cpp's rpc-server for the installed llama-cpp-python (its version and GPU backend), "
+        "print its path and exit; needs CMake and a C++ compiler",
+    )
+    parser.add_argument(
+        "--sdist",
+        type=Path,
+        metavar="FILE",
+        help="with --build: the llama-cpp-python sdist to build from (else pip downloads it)",
+    )
     parser.set_defaults(handler=run)
 
 
@@ -51,6 +64,13 @@ def run(args: argparse.Namespace) -> int:
     """Start the server (and the relay that caps its memory with --mem); returns when it ends."""
     from anyformer.rpc._server_binary import build_hint, find_rpc_server
 
+    if args.sdist is not None and not args.build:
+        raise AnyformerError(ErrorCode.BAD_REQUEST, "--sdist goes with --build")
+    if args.build:
+        from anyformer.rpc._server_build import build_rpc_server
+
+        print(build_rpc_server(args.sdist, jobs=args.threads))
+        return 0
     if not 0 < args.port < 65536:
         raise AnyformerError(ErrorCode.BAD_REQUEST, f"--port must be 1-65535, got {args.port}")
     if args.threads is not None and args.threads <= 0:

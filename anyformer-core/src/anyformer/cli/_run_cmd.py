@@ -20,6 +20,7 @@ from anyformer.cli._common import (
     model_argument,
 )
 from anyformer.cli._progress_display import ProgressPrinter
+from anyformer.cli._run_file import FILE_TASKS, run_on_file
 from anyformer.contract._chunk import GenerateOptions
 from anyformer.contract._errors import AnyformerError, ErrorCode
 from anyformer.contract._request import Request
@@ -87,6 +88,18 @@ def _is_model_ref(text: str) -> bool:
     return "/" in text and not any(c.isspace() for c in text)
 
 
+def _say_where(loaded: Loaded) -> None:
+    """The backend on stderr, with where its estimate puts the model and its note for people, if any."""
+    estimate = loaded.verdict.estimate if loaded.verdict is not None else None
+    details = estimate.details if estimate is not None else {}
+    placement = details.get("placement")
+    where = f" ({placement})" if isinstance(placement, str) and placement else ""
+    print(f"anyformer: {loaded.model.ref} on {loaded.backend}{where}", file=sys.stderr)
+    note = details.get("note")
+    if isinstance(note, str) and note:
+        print(f"anyformer: {note}", file=sys.stderr)
+
+
 def _check_options(args: argparse.Namespace) -> None:
     """Every option is checked before the model loads, so a typo costs no load (``BAD_REQUEST``)."""
     GenerateOptions.build(
@@ -119,7 +132,9 @@ def run(args: argparse.Namespace) -> int:
         )
     with loaded:
         if not args.json:
-            print(f"anyformer: {loaded.model.ref} on {loaded.backend}", file=sys.stderr)
+            _say_where(loaded)
+        if loaded.task in FILE_TASKS:
+            return run_on_file(loaded, prompt, args)
         if args.raw:
             assert prompt is not None
             try:

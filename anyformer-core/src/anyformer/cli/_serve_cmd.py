@@ -90,6 +90,21 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="run engines in the server's process rather than one worker process each (less overhead; "
         "an engine crash then takes the server down)",
     )
+    parser.add_argument(
+        "--keep-alive",
+        default=os.environ.get("ANYFORMER_KEEP_ALIVE", "5m"),
+        metavar="DURATION",
+        help="how long an idle model stays loaded before its memory is freed, e.g. 30s, 5m (default), 1h; "
+        "-1 keeps it until another model needs the room, 0 unloads it after each request; a request's "
+        "keep_alive overrides it, preloaded models stay (default: $ANYFORMER_KEEP_ALIVE, else 5m)",
+    )
+    parser.add_argument(
+        "--log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error"],
+        help="the least severe lines logged, one per request at info (default info)",
+    )
+    parser.add_argument("--log-file", metavar="FILE", help="append the request lines to FILE (default: stderr)")
     add_rpc_argument(parser)
     parser.set_defaults(handler=run)
 
@@ -105,9 +120,11 @@ def run(args: argparse.Namespace) -> int:
     from anyformer.contract._sizes import parse_size
     from anyformer.rpc._endpoints import RPC_ENV, parse_endpoints
     from anyformer.server import serve
+    from anyformer.server._keep_alive import parse_keep_alive
     from anyformer.server._pool import DEFAULT_PARALLEL
 
     parallel = _parallel(args.parallel, DEFAULT_PARALLEL)
+    keep_alive = parse_keep_alive(args.keep_alive, "--keep-alive")
 
     rpc = parse_endpoints(args.rpc)
     if rpc:
@@ -138,6 +155,9 @@ def run(args: argparse.Namespace) -> int:
         allowed_hosts=args.allowed_hosts,
         cors_origins=args.cors_origins,
         max_body=parse_size(args.max_body),
+        keep_alive=keep_alive,
+        log_level=args.log_level,
+        log_file=args.log_file,
     )
     return 0
 

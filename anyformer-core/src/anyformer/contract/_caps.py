@@ -50,7 +50,13 @@ class Caps:
     gpu_type: str | None = None
     f16: bool = False
     subgroups: bool = False
+    #: Free accelerator memory now, None where no source knows it (never 0 for "unknown").
     gpu_bytes: int | None = None
+    #: The accelerator's total memory (Metal: its recommended working set), None where unknown.
+    gpu_total_bytes: int | None = None
+    #: What told the GPU memory: ``nvml``, ``nvidia-smi``, ``amd-smi``, ``rocm-smi``, ``metal``, ``vulkan``,
+    #: ``host`` (a software adapter counted as a GPU) or None.
+    gpu_memory_source: str | None = None
     gpu_limits: dict[str, int] = dataclasses.field(default_factory=dict)
     ram_bytes: int = 0
     store: bool = False
@@ -87,26 +93,24 @@ class Caps:
 
 
 def host_ram_available() -> int:
-    """Bytes of host memory available now (``MemAvailable``), or the physical total where unknown."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return 0
+    """Bytes of host memory available now, from psutil (``MemAvailable`` on Linux, the free and
+    inactive pages on macOS, the available physical memory on Windows)."""
+    import psutil  # asked by the probe and the backends' checks, not by `import anyformer`
+
+    return int(psutil.virtual_memory().available)
 
 
 def usable_cpu_count() -> int:
-    """The cores this process may run on (affinity-aware)."""
-    try:
-        return len(os.sched_getaffinity(0)) or 1
-    except AttributeError:
-        return os.cpu_count() or 1
+    """The cores this process may run on: its CPU affinity where the system has one, else the logical cores."""
+    import psutil
+
+    process = psutil.Process()
+    if hasattr(process, "cpu_affinity"):  # Linux, Windows and FreeBSD; not macOS
+        try:
+            return len(process.cpu_affinity() or []) or psutil.cpu_count() or 1
+        except (psutil.Error, OSError):
+            pass
+    return psutil.cpu_count() or 1
 
 
 def _store_state() -> tuple[bool, str, int | None]:
@@ -161,32 +165,6 @@ def _ask_wgpu(timeout: float) -> tuple[dict[str, Any], bool]:
     return (facts, True) if isinstance(facts, dict) else ({"error": "the GPU probe printed no result"}, False)
 
 
-def _nvidia_free_bytes(timeout: float = 10.0) -> int | None:
-    """Free memory of the first NVIDIA GPU from ``nvidia-smi``, or None where there is none.
-
-    Asked apart from wgpu: llama.cpp's CUDA build offloads layers whether or not wgpu is installed.
-    """
-    import shutil as _shutil
-
-    smi = _shutil.which("nvidia-smi")
-    if smi is None:
-        return None
-    import subprocess  # only where there is an NVIDIA driver to ask
-
-    try:
-        done = subprocess.run(
-            [smi, "--query-gpu=memory.free", "--format=csv,noheader,nounits"],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-        )
-        first = done.stdout.strip().splitlines()[0]
-        return int(float(first)) * 2**20 if done.returncode == 0 else None
-    except (OSError, subprocess.TimeoutExpired, IndexError, ValueError):
-        return None
-
-
 def _gpu_fields(raw: dict[str, Any]) -> dict[str, Any]:
     if "name" not in raw:
         return {"gpu_note": raw.get("error", "no GPU adapter")}
@@ -215,6 +193,24 @@ def _gpu_fields(raw: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _gpu_memory_fields(fields: dict[str, Any], *, ask_vulkan: bool = True) -> dict[str, Any]:
+    """The GPU memory fields: asked apart from wgpu (llama.cpp's CUDA build offloads layers whether or
+    not wgpu is installed), from the first source that knows them (contract/_gpu_memory.py)."""
+    from anyformer.contract._gpu_memory import SOURCES, from_vulkan, gpu_memory
+
+    if fields.get("gpu") and fields.get("gpu_type") == "CPU":
+        # A software adapter counted as a GPU (ANYFORMER_SOFTWARE_GPU=1) allocates host memory.
+        return {"gpu_bytes": fields["ram_bytes"], "gpu_total_bytes": None, "gpu_memory_source": "host"}
+    reading = gpu_memory(SOURCES if ask_vulkan else tuple(s for s in SOURCES if s is not from_vulkan))
+    if reading is None:
+        return {}
+    return {
+        "gpu_bytes": reading.free_bytes,
+        "gpu_total_bytes": reading.total_bytes,
+        "gpu_memory_source": reading.source,
+    }
+
+
 @functools.lru_cache(maxsize=4)
 def _probe_cached(with_gpu: bool, fresh_adapter: bool = False) -> Caps:
     writable, store_path, free = _store_state()
@@ -226,11 +222,11 @@ def _probe_cached(with_gpu: bool, fresh_adapter: bool = False) -> Caps:
         "cpu_count": usable_cpu_count(),
     }
     if with_gpu:
-        fields.update(_gpu_fields(_probe_wgpu(use_cache=not fresh_adapter)))
-        fields["gpu_bytes"] = _nvidia_free_bytes()
-        if fields["gpu_bytes"] is None and fields.get("gpu") and fields.get("gpu_type") == "CPU":
-            # A software adapter counted as a GPU (ANYFORMER_SOFTWARE_GPU=1) allocates host memory.
-            fields["gpu_bytes"] = fields["ram_bytes"]
+        adapter = _probe_wgpu(use_cache=not fresh_adapter)
+        fields.update(_gpu_fields(adapter))
+        # Where wgpu saw the adapters and none is a GPU, Vulkan (which wgpu asked) has none to report either.
+        ask_vulkan = "name" not in adapter or bool(fields.get("gpu"))
+        fields.update(_gpu_memory_fields(fields, ask_vulkan=ask_vulkan))
     else:
         fields["gpu_note"] = "GPU not probed"
     return Caps(**fields)

@@ -156,6 +156,10 @@ class Model:
         metadata = data.get("metadata") or {}
         if not isinstance(metadata, Mapping):
             raise AnyformerError(ErrorCode.BAD_REQUEST, "'metadata' must be an object")
+        # config.json's content, for what-ifs about repos whose backends read it (a safetensors checkpoint).
+        config = data.get("config") or {}
+        if not isinstance(config, Mapping):
+            raise AnyformerError(ErrorCode.BAD_REQUEST, "'config' must be an object (config.json's content)")
         source = data.get("source") or "description"
         if source not in ("description", "hub", "local"):
             raise AnyformerError(ErrorCode.BAD_REQUEST, f"'source' must be description, hub or local, got {source!r}")
@@ -168,6 +172,7 @@ class Model:
             files=tuple(_file_from_dict(f, i) for i, f in enumerate(_list(data.get("files", []), "files"))),
             source=source,
             metadata=dict(metadata),
+            config=dict(config),
         )
 
     @classmethod

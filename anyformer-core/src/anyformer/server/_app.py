@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import importlib.util
 import json
 import os
 import threading
@@ -23,7 +24,8 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
-from starlette.routing import Route
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
 
 from anyformer._plugins import PluginManager, get_plugin_manager
 from anyformer.contract._chunk import TokenLogprob
@@ -31,7 +33,10 @@ from anyformer.contract._errors import AnyformerError, ErrorCode
 from anyformer.server._access import ModelAccess
 from anyformer.server._errors import ApiError, anyformer_error_body, bad_request, error_response
 from anyformer.server._guard import RequestGuard
+from anyformer.server._keep_alive import request_keep_alive
 from anyformer.server._pool import Generation, ModelPool
+from anyformer.server._ps_routes import PsRoutes
+from anyformer.server._request_log import RequestObserver
 from anyformer.server._schemas import (
     EMBEDDING_TASK,
     MAX_MODEL_CHARS,
@@ -51,7 +56,13 @@ from anyformer.server._schemas import (
 from anyformer.server._sse import DONE, EventStream, event
 
 #: Paths that need the API key when the server has one.
-_PROTECTED_PREFIXES = ("/v1/", "/api/")
+_PROTECTED_PREFIXES = ("/v1/", "/api/", "/metrics")
+#: The chat page's policy: its scripts and styles are files under /static/ (no inline code, no CDN), it
+#: talks only to this server, and images or audio it shows are the user's own attachments (data: URLs).
+CHAT_PAGE_CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self' data:; "
+    "media-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+)
 #: The largest request body read by default: a long conversation, or a few photos as data URLs.
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
 
@@ -91,6 +102,30 @@ async def _json_body(request: Request, limit: int) -> Any:
     return body
 
 
+async def _form_body(request: Request, limit: int) -> Any:
+    """A multipart (or URL-encoded) form of at most ``limit`` bytes, read no further; 400 when malformed."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise _too_large(limit)
+    size = 0
+
+    async def receive() -> Any:
+        nonlocal size
+        message = await request.receive()
+        size += len(message.get("body", b""))
+        if size > limit:
+            raise _too_large(limit)
+        return message
+
+    if importlib.util.find_spec("python_multipart") is None:
+        raise bad_request("this server reads no forms: pip install 'anyformer[serve]' (python-multipart)")
+    bounded = Request(request.scope, receive)
+    try:
+        return await bounded.form(max_files=1, max_fields=16)
+    except HTTPException as exc:  # Starlette's word for a malformed multipart body
+        raise bad_request(f"the form could not be read: {exc.detail}") from None
+
+
 class _Api:
     """The route handlers, sharing one pool and one set of the operator's rules."""
 
@@ -105,6 +140,20 @@ class _Api:
 
     async def models(self, request: Request) -> JSONResponse:
         """``GET /v1/models``: loaded models, the operator's, then whatever the store holds."""
+        return JSONResponse({"object": "list", "data": await self._model_list()})
+
+    async def retrieve(self, request: Request) -> JSONResponse:
+        """``GET /v1/models/{id}``: one model as ``/v1/models`` lists it; 404 when the server does not serve it."""
+        ref = request.path_params["model_id"]
+        for item in await self._model_list():
+            if item["id"] == ref:
+                return JSONResponse(item)
+        resolved = await self._resolve(ref)  # a name the server serves but does not list (an allowed path, a pull)
+        loaded = [item for item in self.pool.loaded() if item["id"] in (ref, resolved)]
+        facts = {"loaded": True, "backend": loaded[0]["backend"]} if loaded else {"loaded": False}
+        return JSONResponse({"id": ref, "object": "model", "created": 0, "owned_by": "anyformer", **facts})
+
+    async def _model_list(self) -> list[dict[str, Any]]:
         seen: dict[str, dict[str, Any]] = {}
         for item in self.pool.loaded():
             seen.setdefault(item["id"], {"loaded": True, "backend": item["backend"], "task": item["task"]})
@@ -112,11 +161,10 @@ class _Api:
             seen.setdefault(ref, {"loaded": False})
         for entry in await asyncio.to_thread(self.access.stored):
             seen.setdefault(entry["repo"], {"loaded": False, "backend": entry["backend"], "stored": True})
-        data = [
+        return [
             {"id": ref, "object": "model", "created": 0, "owned_by": "anyformer", **facts}
             for ref, facts in seen.items()
         ]
-        return JSONResponse({"object": "list", "data": data})
 
     async def check(self, request: Request) -> JSONResponse:
         """``GET /api/check?model=…[&task=…]``: every backend's verdict and the one chosen, as ``anyformer check``."""
@@ -138,28 +186,33 @@ class _Api:
 
     async def chat_completions(self, request: Request) -> Response:
         """``POST /v1/chat/completions``, streamed over SSE or whole."""
-        parsed = parse_chat(await _json_body(request, self.max_body))
-        return await self._chat(request, parsed)
+        body = await _json_body(request, self.max_body)
+        parsed = parse_chat(body)
+        return await self._chat(request, parsed, request_keep_alive(body))
 
     async def completions(self, request: Request) -> Response:
         """``POST /v1/completions``: each prompt continued as written (no chat template), one choice each.
 
         The prompts run one after another; a backend without raw text answers ``BAD_REQUEST``.
         """
-        parsed = parse_completion(await _json_body(request, self.max_body))
+        body = await _json_body(request, self.max_body)
+        parsed = parse_completion(body)
+        keep_alive = request_keep_alive(body)
         resolved = await self._resolve(parsed.model)
         rid = new_id("cmpl")
         if parsed.stream:
             # The first generation starts before the response does, so its errors get a status code.
             gone = threading.Event()
-            first = await _until_disconnect(request, self._start_raw(resolved, parsed, 0, gone), gone)
-            return EventStream(self._completion_events(resolved, parsed, rid, first))
+            first = await _until_disconnect(request, self._start_raw(resolved, parsed, 0, gone, keep_alive), gone)
+            return EventStream(self._completion_events(resolved, parsed, rid, first, keep_alive))
         choices: list[dict[str, Any]] = []
         prompt_tokens: int | None = 0
         completion_tokens = 0
         for index, prompt in enumerate(parsed.prompts):
             gone = threading.Event()
-            generation = await _until_disconnect(request, self._start_raw(resolved, parsed, index, gone), gone)
+            generation = await _until_disconnect(
+                request, self._start_raw(resolved, parsed, index, gone, keep_alive), gone
+            )
             text, finish, tokens = "", None, 0
             entries: list[TokenLogprob] = []
             prompt_entries: list[TokenLogprob] = []
@@ -177,17 +230,25 @@ class _Api:
             counted = generation.prompt_tokens
             prompt_tokens = None if prompt_tokens is None or counted is None else prompt_tokens + counted
         use = usage(prompt_tokens, completion_tokens)
-        return JSONResponse(text_completion(rid, parsed.model, "", None, use, choices=choices))
+        whole = text_completion(rid, parsed.model, "", None, use, choices=choices)
+        if len(parsed.prompts) == 1:
+            whole["timings"] = generation.clock.timings()
+        return JSONResponse(whole)
 
     async def _start_raw(
-        self, resolved: str, parsed: GenerationRequest, index: int, cancel: threading.Event | None = None
+        self,
+        resolved: str,
+        parsed: GenerationRequest,
+        index: int,
+        cancel: threading.Event | None = None,
+        keep_alive: float | None = None,
     ) -> Generation:
         return await self.pool.generate(
-            resolved, None, {**parsed.options, "prompt": parsed.prompts[index]}, cancel=cancel
+            resolved, None, {**parsed.options, "prompt": parsed.prompts[index]}, cancel=cancel, keep_alive=keep_alive
         )
 
     async def _completion_events(
-        self, resolved: str, parsed: GenerationRequest, rid: str, first: Generation
+        self, resolved: str, parsed: GenerationRequest, rid: str, first: Generation, keep_alive: float | None
     ) -> AsyncIterator[bytes]:
         """The SSE events of a streamed ``/v1/completions``: each prompt's choice in turn, by its index."""
         model = parsed.model
@@ -198,7 +259,7 @@ class _Api:
         try:
             for index, prompt in enumerate(parsed.prompts):
                 if generation is None:
-                    generation = await self._start_raw(resolved, parsed, index)
+                    generation = await self._start_raw(resolved, parsed, index, keep_alive=keep_alive)
                 tokens = 0
                 # With logprobs the echoed prompt waits for the first chunk: it carries the prompt's scores.
                 echoing = parsed.echo and (bool(prompt) or scored)
@@ -240,15 +301,36 @@ class _Api:
         model, inputs = parse_embeddings(body)
         resolved = await self._resolve(model)
         gone = threading.Event()  # set when the client leaves: a backend with run_progress stops at its next batch
-        result = await _until_disconnect(request, self.pool.run(resolved, EMBEDDING_TASK, inputs, cancel=gone), gone)
+        work = self.pool.run(resolved, EMBEDDING_TASK, inputs, cancel=gone, keep_alive=request_keep_alive(body))
+        result = await _until_disconnect(request, work, gone)
         vectors, tokens = _embeddings_of(result, len(inputs))
         return JSONResponse(embeddings_list(model, vectors, body.get("encoding_format", "float"), tokens))
 
-    async def _chat(self, request: Request, parsed: GenerationRequest) -> Response:
+    async def transcriptions(self, request: Request) -> Response:
+        """``POST /v1/audio/transcriptions`` (multipart) on a speech model: decoded, resampled, transcribed."""
+        from anyformer._audio_decode import WHISPER_RATE, decode_audio
+        from anyformer.server._transcriptions import SPEECH_TASK, parse_transcription_form, transcription_response
+
+        form = await _form_body(request, self.max_body)
+        try:
+            parsed = await parse_transcription_form(form)
+        finally:
+            await form.close()
+        resolved = await self._resolve(parsed.model)
+        samples = await asyncio.to_thread(decode_audio, parsed.audio)
+        clip = {"raw": samples, "sampling_rate": WHISPER_RATE}
+        gone = threading.Event()  # set when the client leaves: the model stops between two 30 s windows
+        work = self.pool.run(resolved, SPEECH_TASK, clip, cancel=gone, keep_alive=parsed.keep_alive, **parsed.options)
+        result = await _until_disconnect(request, work, gone)
+        return transcription_response(parsed, result, samples.size / WHISPER_RATE)
+
+    async def _chat(self, request: Request, parsed: GenerationRequest, keep_alive: float | None = None) -> Response:
         resolved = await self._resolve(parsed.model)
         gone = threading.Event()  # set when the client leaves: a request still queued then never starts
         generation = await _until_disconnect(
-            request, self.pool.generate(resolved, parsed.messages, parsed.options, cancel=gone), gone
+            request,
+            self.pool.generate(resolved, parsed.messages, parsed.options, cancel=gone, keep_alive=keep_alive),
+            gone,
         )
         rid = new_id("chatcmpl")
         if parsed.stream:
@@ -260,7 +342,9 @@ class _Api:
         finally:
             generation.cancel()
         use = usage(generation.prompt_tokens, tokens)
-        return JSONResponse(chat_completion(rid, parsed.model, text, finish, use))
+        whole = chat_completion(rid, parsed.model, text, finish, use)
+        whole["timings"] = generation.clock.timings()  # llama-server's extension: the prompt's and the reply's speed
+        return JSONResponse(whole)
 
 
 async def _chat_events(generation: Generation, parsed: GenerationRequest, rid: str) -> AsyncIterator[bytes]:
@@ -277,7 +361,10 @@ async def _chat_events(generation: Generation, parsed: GenerationRequest, rid: s
                 if preview is not None:
                     # anyformer's extension, asked for by the chat page: the answer as it stands, unsettled.
                     delta["anyformer_preview"] = preview
-                yield event(chat_chunk(rid, model, delta, chunk.finish_reason))
+                piece = chat_chunk(rid, model, delta, chunk.finish_reason)
+                if chunk.finish_reason:  # llama-server sends its timings with the last chunk
+                    piece["timings"] = generation.clock.timings()
+                yield event(piece)
         if parsed.include_usage:
             yield event(chat_chunk(rid, model, {}, use=usage(generation.prompt_tokens, tokens)))
     except AnyformerError as exc:
@@ -359,6 +446,15 @@ def _stored_models(plugins: PluginManager | None) -> list[dict[str, Any]]:
     return [entry.to_dict() for entry in entries if getattr(entry, "state", "ok") == "ok"]
 
 
+def _server_metrics(pool: ModelPool) -> Any:
+    """The server's :class:`~anyformer.server._metrics.ServerMetrics`; None without prometheus-client (no /metrics)."""
+    try:
+        from anyformer.server._metrics import ServerMetrics
+    except ImportError:
+        return None
+    return ServerMetrics(pool)
+
+
 def _chat_page() -> str:
     return resources.files("anyformer.server").joinpath("static/chat.html").read_text(encoding="utf-8")
 
@@ -394,11 +490,12 @@ def create_app(
         allow_pull=allow_pull,
     )
     api = _Api(pool, access, max_body)
+    ps = PsRoutes(pool)
     page = _chat_page()
     expected_key = f"Bearer {api_key}".encode() if api_key else None
 
     async def index(request: Request) -> HTMLResponse:
-        return HTMLResponse(page)
+        return HTMLResponse(page, headers={"Content-Security-Policy": CHAT_PAGE_CSP})
 
     async def health(request: Request) -> JSONResponse:
         """Up or not for anyone; what is loaded only for a caller with the key (when there is one)."""
@@ -420,11 +517,19 @@ def create_app(
         Route("/", index),
         Route("/health", health),
         Route("/v1/models", api.models),
+        Route("/v1/models/{model_id:path}", api.retrieve),
         Route("/v1/chat/completions", api.chat_completions, methods=["POST"]),
         Route("/v1/completions", api.completions, methods=["POST"]),
         Route("/v1/embeddings", api.embeddings, methods=["POST"]),
+        Route("/v1/audio/transcriptions", api.transcriptions, methods=["POST"]),
         Route("/api/check", api.check),
+        Route("/api/ps", ps.ps),
+        Route("/api/stop", ps.stop, methods=["POST"]),
+        Mount("/static", StaticFiles(directory=str(resources.files("anyformer.server") / "static")), name="static"),
     ]
+    metrics = _server_metrics(pool)
+    if metrics is not None:
+        routes.append(Route("/metrics", metrics.endpoint))
 
     async def on_anyformer_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, (AnyformerError, ApiError))
@@ -464,6 +569,8 @@ def create_app(
             allow_headers=["Authorization", "Content-Type"],
         )
     app.add_middleware(RequestGuard, allowed_hosts=allowed_hosts, cors_origins=cors_origins, bind_host=bind_host)
+    # Outermost: a refusal by the guard or the key is logged and counted too.
+    app.add_middleware(RequestObserver, routes=routes, observe=metrics.observe if metrics is not None else None)
     app.state.pool = pool
     app.state.access = access
     return app

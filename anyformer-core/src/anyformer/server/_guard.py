@@ -9,7 +9,8 @@ rebinding DNS name can make a page's own origin point at it. So, before any rout
 - An ``Origin`` header must be the server's own (the chat page's) or one the operator allowed with
   ``--cors-origin``: any other is 403. Clients that are not browsers send no ``Origin``.
 - A ``POST`` must say ``Content-Type: application/json``: the simple types a page can send without
-  a preflight (``text/plain``, forms) are 415.
+  a preflight (``text/plain``, forms) are 415. The routes OpenAI defines as uploads (:data:`FORM_PATHS`)
+  also take ``multipart/form-data``; a foreign page's form still fails the ``Origin`` check.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from typing import Any
 
 from anyformer.server._errors import ApiError, error_response
 
+#: Routes whose POST body is a multipart form (an uploaded file), as OpenAI's API has them.
+FORM_PATHS = frozenset({"/v1/audio/transcriptions"})
 #: Host names that always mean this machine.
 LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"})
 _WILDCARD_BINDS = frozenset({"", "0.0.0.0", "::", "[::]"})
@@ -105,7 +108,7 @@ class RequestGuard:
             )
         if scope["method"] == "POST":
             media = headers.get("content-type", "").split(";", 1)[0].strip().lower()
-            if media != "application/json":
+            if media != "application/json" and not (media == "multipart/form-data" and scope["path"] in FORM_PATHS):
                 return ApiError(
                     415,
                     "UNSUPPORTED_MEDIA_TYPE",

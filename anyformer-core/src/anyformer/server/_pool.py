@@ -12,6 +12,8 @@ model serves more streams than its estimate counted (``"auto"`` resolved only at
 asked again for that many and the pool makes room for the difference, or unloads the newcomer.
 Engines run in isolated worker processes when ``anyformer.load`` offers ``isolate``: a crash fails
 that one request and the next one reloads.
+An idle model stays loaded for its keep-alive (the pool's, or the latest request's), then is
+disposed (:mod:`anyformer.server._keep_alive`); its next request loads it again.
 Generations run in worker threads; the slot is freed when the backend lets go of the model, not
 when the client leaves, so the next request never finds the model half-stopped.
 """
@@ -35,6 +37,8 @@ from anyformer.contract._chunk import Chunk
 from anyformer.contract._errors import AnyformerError, ErrorCode
 from anyformer.contract._messages import Message
 from anyformer.contract._sizes import format_size, parse_size
+from anyformer.server._keep_alive import DEFAULT_KEEP_ALIVE, FOREVER, IdleTimer
+from anyformer.server._timings import GenerationClock, attach_to_request
 
 #: Requests that may wait for one model while it serves others.
 DEFAULT_QUEUE_SIZE = 8
@@ -101,6 +105,10 @@ class _Entry:
     #: Requests holding or awaiting the slot.
     users: int = 0
     last_used: float = 0.0
+    #: Seconds it stays loaded once idle (the latest request's ``keep_alive``, else the pool's).
+    keep_alive: float = DEFAULT_KEEP_ALIVE
+    #: Counts down ``keep_alive`` while nobody uses it (set when the entry is made).
+    timer: IdleTimer | None = None
 
 
 class Generation:
@@ -116,6 +124,8 @@ class Generation:
         self._head: list[Any] = []
         self._cancel = cancel
         self.prompt_tokens: int | None = None
+        #: When its tokens came, for ``timings``, the metrics and the request log.
+        self.clock = GenerationClock()
 
     def put(self, item: Any) -> None:
         """Hand an item from the worker thread to the event loop."""
@@ -141,6 +151,7 @@ class Generation:
                 if item is _END:
                     return
                 if isinstance(item, BaseException):
+                    self.clock.fail(item)
                     raise item
                 yield item
         finally:
@@ -164,7 +175,9 @@ class ModelPool:
     ``parallel`` load option (streams per model, for backends that batch; 1: one at a time; "auto":
     as many as the backend finds suit the machine);
     ``plugins`` and ``caps``
-    replace the installed backends and the probe (tests, embedding apps).
+    replace the installed backends and the probe (tests, embedding apps); ``keep_alive`` is how many
+    seconds an idle model stays loaded (:data:`~anyformer.server._keep_alive.FOREVER`: until it is
+    needed elsewhere; 0: unloaded when its request ends).
     """
 
     def __init__(
@@ -177,6 +190,7 @@ class ModelPool:
         parallel: int | Literal["auto"] = 1,
         caps: Caps | None = None,
         plugins: PluginManager | None = None,
+        keep_alive: float = DEFAULT_KEEP_ALIVE,
     ) -> None:
         self._caps = caps or probe()
         self.gpu_limit = parse_size(budget) if budget is not None else (self._caps.gpu_bytes or 0)
@@ -197,11 +211,14 @@ class ModelPool:
         self._entries: dict[tuple[str, str | None], _Entry] = {}
         self._load_lock = asyncio.Lock()
         self.preloaded: list[str] = []
+        self.keep_alive = keep_alive
 
     # ---- what is loaded -------------------------------------------------------------------------
 
     def loaded(self) -> list[dict[str, Any]]:
-        """The models loaded now: id, task, backend, what each takes, and its worker's pid when isolated."""
+        """The models loaded now: id, task, backend, what each takes, its worker's pid when isolated,
+        its streams (``active`` of ``parallel``), requests waiting, its keep-alive in seconds (None:
+        forever) and when it will be unloaded (``expires_at``, Unix time; None while in use or forever)."""
         return [
             {
                 "id": entry.ref,
@@ -210,10 +227,20 @@ class ModelPool:
                 "gpu_bytes": entry.gpu_bytes,
                 "ram_bytes": entry.ram_bytes,
                 "worker_pid": getattr(entry.loaded, "worker_pid", None),
+                "context": self._context,
+                "parallel": entry.slot.capacity,
+                "active": entry.slot.active,
+                "waiting": max(0, entry.users - entry.slot.active),
+                "keep_alive": None if entry.keep_alive == FOREVER else entry.keep_alive,
+                "expires_at": entry.timer.expires_at if entry.timer is not None else None,
             }
             for entry in self._entries.values()
             if entry.loaded is not None
         ]
+
+    def queued(self) -> int:
+        """Requests waiting for a model's slot now, over every model."""
+        return sum(max(0, entry.users - entry.slot.active) for entry in self._entries.values())
 
     def check(self, ref: str, task: str | None = None) -> tuple[anyformer.Model, anyformer.Selection]:
         """Every backend's verdict on ``ref`` against the pool's budget (blocking; run it in a thread)."""
@@ -230,8 +257,8 @@ class ModelPool:
     # ---- using a model --------------------------------------------------------------------------
 
     async def preload(self, ref: str, task: str | None = None) -> None:
-        """Load ``ref`` now rather than on its first request."""
-        entry = await self._checkout(ref, task)
+        """Load ``ref`` now rather than on its first request; it stays loaded until a request says otherwise."""
+        entry = await self._checkout(ref, task, FOREVER)
         self._release(entry)
         self.preloaded.append(ref)
 
@@ -242,6 +269,7 @@ class ModelPool:
         options: dict[str, Any],
         *,
         cancel: threading.Event | None = None,
+        keep_alive: float | None = None,
     ) -> Generation:
         """Start a generation on ``ref`` (loading it first if needed) once the model is free.
 
@@ -249,9 +277,9 @@ class ModelPool:
         here, so a server can answer them with a status code rather than inside a stream.
         ``messages`` is None for a raw completion (``options["prompt"]``).
         ``cancel`` stops the generation; set while the request waits for the model, the
-        generation never starts (``CANCELLED``).
+        generation never starts (``CANCELLED``). ``keep_alive`` (seconds) replaces the model's from now on.
         """
-        entry = await self._checkout(ref, None)
+        entry = await self._checkout(ref, None, keep_alive)
         cancel = cancel or threading.Event()
         if cancel.is_set():  # the client left while it waited in the queue
             self._release(entry)
@@ -260,6 +288,8 @@ class ModelPool:
         generation = Generation(loop, cancel)
         loaded = entry.loaded
         assert loaded is not None
+        generation.clock.model, generation.clock.backend = entry.ref, loaded.backend
+        attach_to_request(generation.clock)
 
         def pump() -> None:
             failure: BaseException | None = None
@@ -269,6 +299,7 @@ class ModelPool:
                     for chunk in stream:
                         if chunk.prompt_tokens is not None:
                             generation.prompt_tokens = chunk.prompt_tokens
+                        generation.clock.chunk(chunk.tokens, chunk.prompt_tokens)
                         generation.put(chunk)
                 finally:
                     stream.close()
@@ -282,13 +313,14 @@ class ModelPool:
                     pass  # the loop is closed: the server is shutting down
                 generation.put(_END)
 
+        generation.clock.start()
         threading.Thread(target=pump, name=f"anyformer-serve-{loaded.backend}", daemon=True).start()
         await generation.first()
         return generation
 
-    async def run(self, ref: str, task: str, input: Any, **options: Any) -> Any:
+    async def run(self, ref: str, task: str, input: Any, *, keep_alive: float | None = None, **options: Any) -> Any:
         """Run a non-generation task (``loaded.run``) on ``ref`` loaded for ``task``."""
-        entry = await self._checkout(ref, task)
+        entry = await self._checkout(ref, task, keep_alive)
         loaded = entry.loaded
         assert loaded is not None
         failure: BaseException | None = None
@@ -300,6 +332,29 @@ class ModelPool:
         finally:
             self._release(entry, failure)
 
+    async def stop(self, ref: str) -> list[dict[str, Any]]:
+        """Unload ``ref`` (every task it is loaded for): now when idle, else when its last request ends.
+
+        Returns one ``{"id", "task", "unloaded"}`` per loaded entry (``unloaded`` false: it was busy and
+        leaves once idle); an empty list when ``ref`` is not loaded.
+        """
+        done: list[dict[str, Any]] = []
+        for entry in [e for e in self._entries.values() if e.loaded is not None]:
+            if _normalised(entry.ref) != _normalised(ref):
+                continue
+            entry.keep_alive = 0.0
+            idle = entry.users == 0
+            if idle:
+                await self._expire(entry)
+            done.append({"id": entry.ref, "task": entry.task, "unloaded": idle})
+        return done
+
+    async def _expire(self, entry: _Entry) -> None:
+        """Dispose an idle model whose keep-alive ran out (unless a request came meanwhile)."""
+        async with self._load_lock:
+            if entry.users == 0 and entry.loaded is not None:
+                await self._unload(entry)
+
     async def close(self) -> None:
         """Unload every model."""
         for entry in list(self._entries.values()):
@@ -308,17 +363,23 @@ class ModelPool:
 
     # ---- the slot, loading and eviction ---------------------------------------------------------
 
-    async def _checkout(self, ref: str, task: str | None) -> _Entry:
+    async def _checkout(self, ref: str, task: str | None, keep_alive: float | None = None) -> _Entry:
         key = (_normalised(ref), task)
         entry = self._entries.get(key)
         if entry is None:
-            entry = self._entries[key] = _Entry(ref=ref, task=task)
+            entry = self._entries[key] = _Entry(ref=ref, task=task, keep_alive=self.keep_alive)
+            made = entry
+            entry.timer = IdleTimer(lambda: self._expire(made))
         if entry.users >= self.queue_size + entry.slot.capacity:
             raise AnyformerError(
                 ErrorCode.BUSY,
                 f"{ref} is busy and {self.queue_size} requests already wait for it; retry shortly",
             )
         entry.users += 1
+        assert entry.timer is not None
+        entry.timer.stop()
+        if keep_alive is not None:
+            entry.keep_alive = keep_alive
         try:
             await entry.slot.acquire()
         except BaseException:
@@ -346,6 +407,8 @@ class ModelPool:
             key = (_normalised(entry.ref), entry.task)
             if self._entries.get(key) is entry:
                 del self._entries[key]
+        if entry.users == 0 and entry.loaded is not None and entry.timer is not None:
+            entry.timer.start(entry.keep_alive)
         entry.slot.release()
 
     async def _load(self, entry: _Entry, key: tuple[str, str | None]) -> None:
@@ -446,6 +509,8 @@ class ModelPool:
             await self._unload(idle[0])
 
     async def _unload(self, entry: _Entry) -> None:
+        if entry.timer is not None:
+            entry.timer.stop()
         loaded, entry.loaded = entry.loaded, None
         entry.slot.resize(1)
         if loaded is not None:

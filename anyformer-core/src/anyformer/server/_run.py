@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import Literal
 
 from anyformer.server._app import DEFAULT_MAX_BODY_BYTES, create_app
+from anyformer.server._keep_alive import DEFAULT_KEEP_ALIVE
 from anyformer.server._pool import DEFAULT_PARALLEL, DEFAULT_QUEUE_SIZE, ModelPool
 
 
@@ -27,16 +28,30 @@ def serve(
     allowed_hosts: Sequence[str] = (),
     cors_origins: Sequence[str] = (),
     max_body: int = DEFAULT_MAX_BODY_BYTES,
+    keep_alive: float = DEFAULT_KEEP_ALIVE,
+    log_file: str | None = None,
 ) -> None:
     """Serve until interrupted: the pool within ``budget``, ``preload`` loaded at start-up.
 
     ``isolate`` runs each engine in its own worker process (None: whenever ``anyformer.load`` can);
     ``parallel`` is how many requests one model serves at once where its backend batches (llama.cpp).
-    What clients may name and which browsers may call: see :func:`create_app`.
+    What clients may name and which browsers may call: see :func:`create_app`. ``keep_alive`` is how
+    many seconds an idle model stays loaded; one line per request goes to ``log_file`` (else stderr)
+    at ``log_level``.
     """
     import uvicorn
 
-    pool = ModelPool(budget=budget, queue_size=queue_size, context=context, parallel=parallel, isolate=isolate)
+    from anyformer.server._request_log import configure_logging
+
+    configure_logging(log_level, log_file)
+    pool = ModelPool(
+        budget=budget,
+        queue_size=queue_size,
+        context=context,
+        parallel=parallel,
+        isolate=isolate,
+        keep_alive=keep_alive,
+    )
     app = create_app(
         pool,
         api_key=api_key,

@@ -7,9 +7,12 @@ from pathlib import Path
 
 
 def anyformer_home() -> Path:
-    """``ANYFORMER_HOME``, default ``~/.cache/anyformer``: backend-derived files live here (docs/contract.md)."""
+    """``ANYFORMER_HOME``, else the user cache folder platformdirs names: backend-derived files live here
+    (docs/contract.md). That is ``$XDG_CACHE_HOME/anyformer`` or ``~/.cache/anyformer`` on Linux,
+    ``~/Library/Caches/anyformer`` on macOS and ``%LOCALAPPDATA%\\anyformer\\Cache`` on Windows."""
     env = os.environ.get("ANYFORMER_HOME")
     if env:
         return Path(env).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME")
-    return (Path(base).expanduser() if base else Path.home() / ".cache") / "anyformer"
+    import platformdirs  # only where no ANYFORMER_HOME says it
+
+    return platformdirs.user_cache_path("anyformer", appauthor=False)

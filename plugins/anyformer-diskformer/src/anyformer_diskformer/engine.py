@@ -347,6 +347,9 @@ class DiskformerModel:
             engine.release()
             if engine.trace is not None:
                 engine.trace.close()
+            gpu: GPU | None = getattr(engine, "gpu", None)  # a GPU engine's device, opened for this model alone
+            if gpu is not None:
+                gpu.close()  # its poll thread stops now, not when Python collects the device
 
     def prime(self, system: str) -> int:
         """Run ``system`` (a system prompt, rendered through the chat template) now and keep its KV cache:

@@ -82,6 +82,15 @@ class GPU:
         self.max_binding = int(self.limits.get("max-storage-buffer-binding-size", 128 << 20))
         self._wgpu = wgpu
 
+    def close(self) -> None:
+        """Destroy the device now: its poll thread stops (else it waits until Python collects the device).
+
+        Call it once everything made on this device is released; a second call does nothing.
+        """
+        device, self.device = self.device, None
+        if device is not None:
+            device.destroy()
+
     @property
     def name(self) -> str:
         """The adapter's device name."""

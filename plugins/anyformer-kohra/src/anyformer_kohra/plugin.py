@@ -82,6 +82,9 @@ def _graph_summary(model: Model, provider: str) -> str:
 @hookimpl
 def can_run(model: Model, caps: Caps, request: Request) -> Verdict:
     """Accept a ``text-diffusion`` repo with a kohra graph for text generation, if memory holds it."""
+    # The format first: the core's install hint for the right backend comes from format refusals.
+    if not any(model.file(name) is not None for name in GRAPHS):
+        return Verdict.refuse(BACKEND, Refusal.FORMAT, f"no kohra graph ({', '.join(GRAPHS)}) in {model.ref}")
     if DIFFUSION_TAG not in model.tags:
         return Verdict.refuse(BACKEND, Refusal.MODEL, f"{model.ref} is not tagged {DIFFUSION_TAG}")
     task = request.task or model.task or TASK

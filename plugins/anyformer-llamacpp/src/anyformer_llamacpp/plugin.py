@@ -40,6 +40,7 @@ from anyformer_llamacpp.runtime import (
     llama_cpp_folder,
     llama_cpp_version,
     unsupported_version_reason,
+    unused_gpu_note,
 )
 
 if TYPE_CHECKING:
@@ -133,6 +134,9 @@ def _judge_file(
         )
     device = gpu_library if plan.full_offload else "cpu"
     speed = measured_speed(model.architecture or facts.get("architecture"), choice.size, device or "cpu")
+    note = unused_gpu_note(caps, gpu_library)
+    offload = gpu_library if gpu_library is not None and plan.gpu_layers else "cpu"
+    layers = f"{plan.gpu_layers} of {plan.layers} layers" if plan.layers else f"{plan.gpu_layers} layers"
     return Verdict.accept(
         BACKEND_ID,
         Estimate(
@@ -149,9 +153,13 @@ def _judge_file(
                 "parallel": parallel,
                 "gpu_layers": plan.gpu_layers,
                 "layers": plan.layers,
-                "offload": gpu_library or "none (CPU build)",
+                # What llama.cpp really runs the layers on, and what it was built for.
+                "offload": offload,
+                "build": gpu_library or "cpu",
+                "placement": f"{layers} on {offload}" if offload != "cpu" else "on the CPU",
                 "projector": mmproj.name if mmproj is not None else None,
                 "estimated": not facts,
+                **({"note": note} if note else {}),
             },
             files=choice.names + mmproj_files,
             # Without a projector the engine's own refusal of an image block says why (no mmproj in the repo).

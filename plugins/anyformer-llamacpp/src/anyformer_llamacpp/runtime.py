@@ -7,6 +7,8 @@ import importlib.util
 import re
 from pathlib import Path
 
+from anyformer.plugin import Caps
+
 #: ggml libraries that mean llama.cpp can offload layers to a GPU.
 _GPU_LIBRARIES = ("libggml-cuda", "libggml-vulkan", "libggml-metal", "libggml-hip", "libggml-sycl", "libggml-musa")
 
@@ -14,6 +16,26 @@ INSTALL_HINT = (
     "pip install llama-cpp-python (it compiles llama.cpp; for CUDA: "
     'CMAKE_ARGS="-DGGML_CUDA=on" pip install llama-cpp-python)'
 )
+
+
+#: The CMake switch of each GPU backend llama.cpp builds (an install from a checkout takes the same
+#: from scripts/llama_build.py), always with the portable CPU code and RPC beside it.
+GPU_BUILD_FLAGS = {
+    "cuda": "-DGGML_CUDA=ON",
+    "hip": "-DGGML_HIP=ON",
+    "vulkan": "-DGGML_VULKAN=ON",
+    "metal": "-DGGML_METAL=ON",
+}
+_COMMON_FLAGS = "-DGGML_NATIVE=OFF -DGGML_RPC=ON"
+#: The llama.cpp backend for the GPU whose memory a probe source reported (caps.gpu_memory_source).
+_BACKEND_FOR_SOURCE = {
+    "nvml": "cuda",
+    "nvidia-smi": "cuda",
+    "amd-smi": "hip",
+    "rocm-smi": "hip",
+    "metal": "metal",
+    "vulkan": "vulkan",
+}
 
 
 #: The llama-cpp-python releases whose internals the engine reaches into (``Llama._model``,
@@ -83,3 +105,37 @@ def gpu_offload_library() -> str | None:
             if library.name.startswith(prefix):
                 return prefix.removeprefix("libggml-")
     return None
+
+
+def gpu_backend_for(caps: Caps) -> str | None:
+    """The llama.cpp backend a build for this machine's GPU would use, or None where there is no GPU.
+
+    The GPU memory's source names the vendor (NVML: CUDA; ROCm's tools: HIP; Metal; Vulkan); a GPU the
+    adapter probe found without one is asked through Vulkan. A software adapter is no GPU.
+    """
+    if caps.gpu_memory_source in _BACKEND_FOR_SOURCE:
+        return _BACKEND_FOR_SOURCE[caps.gpu_memory_source]
+    if caps.gpu and caps.gpu_type != "CPU" and caps.gpu_memory_source != "host":
+        return "vulkan"
+    return None
+
+
+def rebuild_command(backend: str, version: str | None) -> str:
+    """The pip command that rebuilds the installed llama-cpp-python for ``backend``, RPC kept."""
+    pinned = f"llama-cpp-python=={version}" if version else "llama-cpp-python"
+    return (
+        f'CMAKE_ARGS="{_COMMON_FLAGS} {GPU_BUILD_FLAGS[backend]}" pip install --force-reinstall --no-deps '
+        f"--no-cache-dir '{pinned}' (from a checkout: bash scripts/install)"
+    )
+
+
+def unused_gpu_note(caps: Caps, gpu_library: str | None) -> str | None:
+    """What to say when this machine has a GPU and the installed llama.cpp cannot offload to it, else None."""
+    backend = gpu_backend_for(caps)
+    if backend is None or gpu_library is not None:
+        return None
+    where = caps.gpu_name or "a GPU"
+    return (
+        f"{where} is here but llama-cpp-python was built for the CPU only: every layer runs on the CPU; "
+        f"rebuild it for {backend}: {rebuild_command(backend, llama_cpp_version())}"
+    )

@@ -59,10 +59,11 @@ class LocalMindModel:
         return cls(engine, tokenizer, name)
 
     def dispose(self) -> None:
-        """Drop the engine and its GPU buffers; a second call does nothing."""
+        """Drop the engine, its GPU buffers and its device (and the poll thread with it); a second call does nothing."""
         engine, self.engine = self.engine, None
         if engine is not None:
             engine.release()
+            engine.gpu.close()  # the device was opened for this model alone
 
     def prompt_ids(self, messages: list[Message], thinking: bool) -> list[int]:
         """The chat template rendered in the core's sandbox, then tokenised with special tokens parsed."""

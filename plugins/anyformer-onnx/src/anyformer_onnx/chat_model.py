@@ -5,10 +5,18 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from anyformer.plugin import AnyformerError, Chunk, ErrorCode, GenerateOptions, Message, has_audio, has_images
+from anyformer.plugin import (
+    AnyformerError,
+    Chunk,
+    ErrorCode,
+    GenerateOptions,
+    IncrementalDetokenizer,
+    Message,
+    has_audio,
+    has_images,
+)
 from anyformer_onnx import BACKEND_ID
 from anyformer_onnx.decoder import DecodeLoop, DecoderGraph
-from anyformer_onnx.detokenizer import IncrementalDetokenizer
 from anyformer_onnx.multimodal import MediaPrompter
 from anyformer_onnx.sampling import Sampler
 from anyformer_onnx.tasks import TEXT_GENERATION

@@ -1,4 +1,5 @@
-"""Text from a growing list of token ids, one piece at a time, as a whole decode would give it.
+"""Text from a growing list of token ids, one piece at a time, as a whole decode would give it (any tokenizer
+with ``decode(ids, skip_special_tokens=True)``: the `tokenizers` library's and transformers').
 
 Decoding token by token breaks words (SentencePiece's leading spaces, a character split over
 byte-level pieces): each step decodes the tokens since the last emitted piece with and without the

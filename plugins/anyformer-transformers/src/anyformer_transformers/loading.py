@@ -1,0 +1,73 @@
+"""From a description to a handle: fetch the files, build the tokenizer and the model with transformers.
+
+Nothing from the repo runs: ``trust_remote_code=False`` (``can_run`` refused repos that need it),
+weights from safetensors only, the tokenizer from ``tokenizer.json``, and the chat template is
+rendered later by the core's sandbox, never by the tokenizer's own jinja environment.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from anyformer.plugin import AnyformerError, ErrorCode, Model, ProgressCallback, ProgressEvent, fetch_files
+from anyformer_transformers import BACKEND_ID
+from anyformer_transformers.chat_model import ChatModel, TextSide
+from anyformer_transformers.estimate import Plan
+
+
+def folder_of(paths: dict[str, Path]) -> Path:
+    """The one folder the fetched files share (a snapshot of the Hub cache, or the local model folder)."""
+    folders = {path.parent for name, path in paths.items() if "/" not in name}
+    if len(folders) != 1:
+        raise AnyformerError(
+            ErrorCode.BAD_MODEL, f"the model's files are in several folders: {sorted(map(str, folders))}"
+        )
+    return folders.pop()
+
+
+def build_network(auto_class: Any, folder: Path, plan: Plan, model: Model) -> Any:
+    """``auto_class.from_pretrained`` on ``folder`` in ``plan.dtype``, from safetensors, no repo code; in eval mode."""
+    import torch
+
+    try:
+        network = auto_class.from_pretrained(
+            str(folder),
+            dtype=getattr(torch, plan.dtype),
+            local_files_only=True,
+            trust_remote_code=False,
+            use_safetensors=True,
+        )
+    except MemoryError as exc:
+        raise AnyformerError(
+            ErrorCode.OUT_OF_MEMORY, f"{model.ref}: out of host memory while loading", cause=exc
+        ) from exc
+    except (OSError, ValueError, KeyError, RuntimeError) as exc:
+        raise AnyformerError(
+            ErrorCode.BAD_MODEL, f"{model.ref}: transformers cannot load it: {exc}", cause=exc
+        ) from exc
+    return network.eval()
+
+
+def load_chat_model(model: Model, names: list[str], plan: Plan, progress: ProgressCallback) -> ChatModel:
+    """Fetch ``names`` and build the causal LM in ``plan.dtype`` on the CPU."""
+    paths = fetch_files(model, names, progress, backend=BACKEND_ID)
+    folder = folder_of(paths)
+    progress(ProgressEvent(stage="load", backend=BACKEND_ID, file=str(folder.name), done=0, total=None))
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    try:
+        tokenizer: Any = AutoTokenizer.from_pretrained(str(folder), local_files_only=True, trust_remote_code=False)
+    except (OSError, ValueError, KeyError, RuntimeError) as exc:
+        raise AnyformerError(
+            ErrorCode.BAD_MODEL, f"{model.ref}: transformers cannot load its tokenizer: {exc}", cause=exc
+        ) from exc
+    network = build_network(AutoModelForCausalLM, folder, plan, model)
+    try:
+        generation = GenerationConfig.from_pretrained(str(folder), local_files_only=True)
+    except OSError:  # no generation_config.json: the model's config holds the defaults
+        generation = network.generation_config
+    text = TextSide.of(tokenizer, generation)
+    details = {"device": "cpu", "dtype": plan.dtype, "class": type(network).__name__, "context": plan.context}
+    progress(ProgressEvent(stage="load", backend=BACKEND_ID, file=str(folder.name), done=1, total=1))
+    return ChatModel(network, text, context=plan.context, details=details)

@@ -1,0 +1,39 @@
+"""Which files of a repo this backend reads: config.json, the root safetensors weights, the tokenizer."""
+
+from __future__ import annotations
+
+from anyformer.plugin import Model, ModelFile
+
+#: The text side and settings files read when present (tokenizer.json is required, see ``can_run``).
+SIDE_FILES = (
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "model.safetensors.index.json",
+)
+#: sentence-transformers' settings, read for the embedding tasks: its modules, the pooling and the longest text read.
+MODULES = "modules.json"
+POOLING_CONFIG = "1_Pooling/config.json"
+SENTENCE_CONFIG = "sentence_bert_config.json"
+EMBEDDING_FILES = (MODULES, POOLING_CONFIG, SENTENCE_CONFIG)
+
+
+def weight_files(model: Model) -> tuple[ModelFile, ...]:
+    """The safetensors files at the repo's root: the checkpoint ``from_pretrained`` reads.
+
+    Files in folders (``original/``, ``onnx/``, adapters) belong to other loaders and are never fetched.
+    """
+    return tuple(f for f in model.files_of("safetensors") if "/" not in f.name)
+
+
+def files_to_read(model: Model, embeddings: bool = False) -> list[str]:
+    """Every repo file a load reads, in the order they are fetched (the settings first, the weights last).
+
+    ``embeddings``: for an embedding task, sentence-transformers' settings too.
+    """
+    wanted = (*SIDE_FILES, *EMBEDDING_FILES) if embeddings else SIDE_FILES
+    side = [name for name in wanted if model.file(name) is not None]
+    return [*side, *(f.name for f in weight_files(model))]

@@ -1,0 +1,192 @@
+"""The transformers backend's hooks (docs/backends/transformers.md); the ``anyformer`` entry point ``transformers``.
+
+- ``can_run`` decides from the description and config.json: safetensors weights, a class for the
+  task in the installed transformers (causal LM, bare encoder, sequence or token classifier), no
+  code from the repo, host memory for the weights and the KV cache (chat) or one batch (encoders).
+  It imports neither torch nor transformers (``installed.py`` reads their tables as text).
+- ``load`` fetches the settings, tokenizer and root safetensors files, then builds the model with
+  ``from_pretrained`` (``trust_remote_code=False``, safetensors only) in the dtype ``can_run`` chose.
+- ``generate`` streams through the chat handle's own KV-cache loop (``chat_model.py``); the other
+  tasks' handles answer ``run`` (``embedding_model.py``, ``classifier_model.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from anyformer.plugin import (
+    AnyformerError,
+    Caps,
+    Chunk,
+    ErrorCode,
+    Estimate,
+    GenerateOptions,
+    Message,
+    Model,
+    ProgressCallback,
+    Rank,
+    Refusal,
+    Request,
+    StoreEntry,
+    Verdict,
+    files_to_download,
+    format_size,
+    hookimpl,
+    host_ram_available,
+)
+from anyformer_transformers import BACKEND_ID
+from anyformer_transformers.estimate import Plan, Shape, encoder_plans, plans
+from anyformer_transformers.installed import installed
+from anyformer_transformers.model_files import files_to_read, weight_files
+from anyformer_transformers.tasks import EMBEDDING_TASKS, TABLE_OF, TASKS, TEXT_GENERATION, task_of
+
+#: config.json keys that mean the checkpoint is quantised by a library this backend does not load.
+_QUANTIZED = "quantization_config"
+
+
+def _plans(model: Model, task: str, shape: Shape, weight_bytes: int, request: Request) -> list[Plan]:
+    """The ways to hold the model for ``task``: with a KV cache for chat, one batch of texts for an encoder."""
+    if task == TEXT_GENERATION:
+        return plans(model.config, weight_bytes, shape, request.context)
+    return encoder_plans(model.config, weight_bytes, shape)
+
+
+def _model_problem(model: Model, config: Mapping[str, Any], task: str) -> str | None:
+    """Why this checkpoint cannot be built with the installed transformers, or None when it can."""
+    if "auto_map" in config:
+        return "its config.json maps to code in the repo (trust_remote_code), which anyformer never runs"
+    if _QUANTIZED in config:
+        method = config[_QUANTIZED].get("quant_method") if isinstance(config[_QUANTIZED], Mapping) else None
+        return f"its weights are quantised ({method or 'quantization_config'}); this backend loads plain weights"
+    model_type = config.get("model_type")
+    if not isinstance(model_type, str) or not model_type:
+        return "its config.json names no model_type"
+    have = installed()
+    assert have is not None  # checked by the caller
+    if have.class_for(TABLE_OF[task], model_type) is None:
+        return (
+            f"transformers {have.transformers} has no {task} class for model_type {model_type!r}; "
+            "a newer transformers may have it (pip install -U transformers)"
+        )
+    if model.file("tokenizer.json") is None:
+        return "no tokenizer.json (this backend reads fast tokenizers only, never Python tokenizer code)"
+    return None
+
+
+def _choose(candidates: list[Plan], ram: int) -> Plan | None:
+    return next((plan for plan in candidates if plan.ram_bytes <= ram), None)
+
+
+@hookimpl
+def can_run(model: Model, caps: Caps, request: Request) -> Verdict:
+    """Accept a safetensors model for one of ``TASKS`` that the installed transformers builds and host memory holds."""
+    weights = weight_files(model)
+    if not weights:
+        return Verdict.refuse(BACKEND_ID, Refusal.FORMAT, f"no safetensors weights at the root of {model.ref}")
+    if model.file("config.json") is None:
+        return Verdict.refuse(BACKEND_ID, Refusal.FORMAT, f"{model.ref} has safetensors but no config.json")
+    task = task_of(model, request)
+    if task not in TASKS:
+        return Verdict.refuse(BACKEND_ID, Refusal.TASK, f"runs {', '.join(TASKS)}, not {task}")
+    have = installed()
+    if have is None:
+        return Verdict.refuse(
+            BACKEND_ID,
+            Refusal.RUNTIME,
+            "torch and transformers are not both installed (pip install torch transformers)",
+        )
+    config = model.config
+    problem = _model_problem(model, config, task)
+    if problem is not None:
+        return Verdict.refuse(BACKEND_ID, Refusal.MODEL, problem)
+    shape = Shape.of(config)
+    if shape is None:
+        return Verdict.refuse(BACKEND_ID, Refusal.MODEL, "config.json lacks the layer, head or hidden sizes")
+    if any(f.size is None for f in weights):
+        return Verdict.refuse(BACKEND_ID, Refusal.MODEL, "the listing gives no size for every safetensors file")
+    weight_bytes = sum(f.size or 0 for f in weights)
+    names = files_to_read(model, embeddings=task in EMBEDDING_TASKS)
+    download = sum(f.size or 0 for f in files_to_download(model, names))
+    if download and not caps.store:
+        return Verdict.refuse(BACKEND_ID, Refusal.STORE, "the weights must be downloaded and the store is not writable")
+    if download and caps.disk_free_bytes is not None and download > caps.disk_free_bytes:
+        return Verdict.refuse(
+            BACKEND_ID,
+            Refusal.STORE,
+            f"{format_size(download)} must be downloaded and the store's disk has {format_size(caps.disk_free_bytes)}",
+        )
+    candidates = _plans(model, task, shape, weight_bytes, request)
+    plan = _choose(candidates, caps.ram_bytes)
+    if plan is None:
+        least = min(candidates, key=lambda p: p.ram_bytes)
+        held = (
+            f"{least.context} positions of KV cache"
+            if task == TEXT_GENERATION
+            else f"a batch of texts of {least.context} tokens"
+        )
+        return Verdict.refuse(
+            BACKEND_ID,
+            Refusal.MEMORY,
+            f"needs {format_size(least.ram_bytes)} of host memory ({least.dtype} weights, {held}), "
+            f"{format_size(caps.ram_bytes)} available",
+            need=least.ram_bytes,
+        )
+    details = {
+        "device": "cpu",
+        "dtype": plan.dtype,
+        "class": have.class_for(TABLE_OF[task], str(config["model_type"])),
+        "context" if task == TEXT_GENERATION else "max_tokens": plan.context,
+        "transformers": have.transformers,
+    }
+    return Verdict.accept(
+        BACKEND_ID,
+        Estimate(
+            ram_bytes=plan.ram_bytes,
+            disk_bytes=weight_bytes,
+            rank=Rank.FALLBACK,
+            details=details,
+            files=tuple(names),
+        ),
+    )
+
+
+@hookimpl
+def load(backend: str, model: Model, request: Request, progress: ProgressCallback) -> Any:
+    """Fetch the files and build the model in the dtype that fits the host memory available now."""
+    task = task_of(model, request)
+    if task not in TASKS:
+        raise AnyformerError(ErrorCode.BAD_REQUEST, f"task {task}; the {BACKEND_ID} backend runs {', '.join(TASKS)}")
+    shape = Shape.of(model.config)
+    if shape is None or not weight_files(model):
+        raise AnyformerError(ErrorCode.BAD_MODEL, f"{model.ref}: no safetensors weights with a usable config.json")
+    weight_bytes = sum(f.size or 0 for f in weight_files(model))
+    candidates = _plans(model, task, shape, weight_bytes, request)
+    # As can_run chose, on the memory free now; when none fits, the smallest is tried (OUT_OF_MEMORY if not).
+    plan = _choose(candidates, host_ram_available()) or min(candidates, key=lambda p: p.ram_bytes)
+    names = files_to_read(model, embeddings=task in EMBEDDING_TASKS)
+    if task == TEXT_GENERATION:
+        from anyformer_transformers.loading import load_chat_model
+
+        return load_chat_model(model, names, plan, progress)
+    from anyformer_transformers.encoder_loading import load_encoder_model
+
+    return load_encoder_model(model, task, names, plan, progress)
+
+
+@hookimpl
+def generate(loaded: Any, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk] | None:
+    """Start a stream on a chat handle this backend's ``load`` returned; ``BAD_REQUEST`` for the other tasks'."""
+    if getattr(loaded, "backend", None) != BACKEND_ID:
+        return None
+    if not hasattr(loaded, "stream"):
+        raise AnyformerError(
+            ErrorCode.BAD_REQUEST, f"the model was loaded for {loaded.task}: it runs with run(), not generate()"
+        )
+    return loaded.stream(messages, options)  # type: ignore[no-any-return]
+
+
+@hookimpl
+def store_list() -> list[StoreEntry]:
+    """This backend keeps nothing outside the Hugging Face cache."""
+    return []

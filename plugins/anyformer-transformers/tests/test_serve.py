@@ -1,0 +1,58 @@
+"""``anyformer serve`` on this backend: the real openai client gets transformers' text and the reference vectors."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("starlette")
+pytest.importorskip("uvicorn")
+openai = pytest.importorskip("openai")
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "anyformer-core" / "tests"))
+
+from http_server.server_support import serve_in_thread  # noqa: E402
+from tiny_models import reference_reply  # noqa: E402
+
+from anyformer.server import ModelPool, create_app  # noqa: E402
+
+
+def test_the_openai_client_gets_the_greedy_reply_streamed_and_not(tiny_llama_dir: Path) -> None:
+    messages = [{"role": "user", "content": "Hello there"}]
+    expected = reference_reply(tiny_llama_dir, messages, 12)
+    app = create_app(ModelPool(isolate=False), models=[str(tiny_llama_dir)])
+    with serve_in_thread(app) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="none")
+        reply = client.chat.completions.create(
+            model=str(tiny_llama_dir),
+            messages=messages,
+            max_tokens=12,
+            temperature=0,  # type: ignore[arg-type]
+        )
+        assert reply.choices[0].message.content == expected
+        stream = client.chat.completions.create(
+            model=str(tiny_llama_dir),
+            messages=messages,
+            max_tokens=12,
+            temperature=0,
+            stream=True,  # type: ignore[arg-type]
+        )
+        assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == expected
+
+
+def test_the_openai_client_gets_the_reference_embeddings(tiny_encoder_dir: dict[str, Path]) -> None:
+    import numpy as np
+    from tiny_encoders import reference_embedding
+
+    folder = tiny_encoder_dir["embedder"]
+    texts = ["A man is eating food.", "the cat sat on the mat"]
+    app = create_app(ModelPool(isolate=False), models=[str(folder)])
+    with serve_in_thread(app) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="none")
+        reply = client.embeddings.create(model=str(folder), input=texts)
+    got = np.asarray([item.embedding for item in sorted(reply.data, key=lambda d: d.index)])
+    want = np.stack([reference_embedding(folder, text) for text in texts])
+    assert np.abs(got - want).max() < 1e-5
+    assert reply.usage.prompt_tokens > len(texts)
