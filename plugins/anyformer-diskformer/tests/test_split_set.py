@@ -180,7 +180,9 @@ def test_the_load_reads_the_set_from_its_first_shard(moe_f32, moe_set, monkeypat
     from anyformer_diskformer import engine as engine_module
 
     def steps(path: str) -> tuple[np.ndarray, list[int]]:
-        monkeypatch.setattr(engine_module, "fetch_chosen_gguf", lambda model, progress, backend: (path, Path(path)))
+        monkeypatch.setattr(
+            engine_module, "fetch_chosen_gguf", lambda model, progress, backend, verdict: (path, Path(path))
+        )
         monkeypatch.setattr(anyformer, "describe", lambda _: Model(repo="local/m", source="local"))
         loaded = open_or_skip(path, **options)
         try:
@@ -207,7 +209,9 @@ def test_the_load_of_a_partial_set_names_the_missing_shard(moe_set, tmp_path, mo
     first = tmp_path / os.path.basename(moe_set)
     shutil.copy(moe_set, first)
     shutil.copy(moe_set.replace("-00001-of-", "-00003-of-"), tmp_path)
-    monkeypatch.setattr(engine_module, "fetch_chosen_gguf", lambda model, progress, backend: (first.name, Path(first)))
+    monkeypatch.setattr(
+        engine_module, "fetch_chosen_gguf", lambda model, progress, backend, verdict: (first.name, Path(first))
+    )
     with pytest.raises(AnyformerError) as info:
         DiskformerModel.open(Model(repo="local/m", source="local"), Request(options={"device": "cpu"}), lambda e: None)
     assert info.value.code is ErrorCode.BAD_MODEL and "tiny-qwen3moe-F32-00002-of-00003.gguf" in str(info.value)

@@ -277,6 +277,23 @@ def test_check_through_the_installed_entry_point(smollm2_path) -> None:  # type:
     assert model.architecture == "llama" and model.metadata["gguf"]["block_count"] == 30
 
 
+def test_the_preferred_file_gives_way_to_the_next_smaller_one_that_fits_host_memory() -> None:
+    files = [
+        ("x-BF16.gguf", 8 * 10**9),
+        ("x-Q4_K_M.gguf", 3 * 10**9),
+        ("x-Q8_0.gguf", 5 * 10**9),
+        ("x-IQ2_M.gguf", 10**9),
+    ]
+    fits = plugin.can_run(_model(files, architecture="llama"), _caps(ram=16 * 10**9), Request())
+    assert fits.ok and fits.estimate.details["file"] == "x-Q4_K_M.gguf" and fits.estimate.files == ("x-Q4_K_M.gguf",)
+    smaller = plugin.can_run(_model(files, architecture="llama"), _caps(ram=2 * 10**9), Request())
+    assert smaller.ok and smaller.estimate.details["file"] == "x-IQ2_M.gguf"
+    none = plugin.can_run(_model(files, architecture="llama"), _caps(ram=5 * 10**8), Request())
+    assert none.code is Refusal.MEMORY and "x-IQ2_M.gguf" in none.reason and "smallest of 2 files tried" in none.reason
+    named = plugin.can_run(_model(files, architecture="llama"), _caps(), Request(options={"file": "x-Q8_0.gguf"}))
+    assert named.ok and named.estimate.details["file"] == "x-Q8_0.gguf"
+
+
 # ---- a GPU the installed build cannot use ---------------------------------------------------------
 
 SMOL = [("SmolLM2-135M-Instruct.Q4_1.gguf", SMOL_BYTES)]

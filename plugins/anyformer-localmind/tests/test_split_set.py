@@ -103,7 +103,9 @@ def test_the_load_reads_the_set_from_its_first_shard(unsplit_and_first, monkeypa
     from anyformer_localmind.engine import LocalMindModel
 
     def reply(path: str) -> list[int]:
-        monkeypatch.setattr(engine_module, "fetch_chosen_gguf", lambda model, progress, backend: (path, Path(path)))
+        monkeypatch.setattr(
+            engine_module, "fetch_chosen_gguf", lambda model, progress, backend, verdict: (path, Path(path))
+        )
         loaded = LocalMindModel.open(Model(repo="local/m", source="local"), Request(context=CTX), lambda e: None)
         try:
             assert loaded.engine is not None
