@@ -51,6 +51,11 @@ def point_huggingface_hub_at(monkeypatch: pytest.MonkeyPatch, url: str, home: pa
     monkeypatch.setenv("HF_ENDPOINT", url)
     monkeypatch.setenv("HF_HOME", str(home))
     monkeypatch.setenv("HF_HUB_CACHE", str(hub_cache))
+    # Header summaries are cached per commit under ANYFORMER_HOME and in the process: start from neither.
+    monkeypatch.setenv("ANYFORMER_HOME", str(home / "anyformer-home"))
+    from anyformer.store._gguf_facts import forget_gguf_facts
+
+    forget_gguf_facts()
 
     patches = {
         "ENDPOINT": url,

@@ -50,6 +50,21 @@ def _only_rpc_capable(verdicts: list[Verdict], request: Request) -> list[Verdict
     ]
 
 
+def check_file_option(model: Model, options: Mapping[str, Any]) -> None:
+    """``BAD_REQUEST`` listing the weight files when the ``file`` option names no weight file of ``model``."""
+    wanted = options.get("file")
+    if wanted is None:
+        return
+    weights = [f.name for f in model.files if f.format in ("gguf", "onnx", "safetensors")]
+    if isinstance(wanted, str) and wanted in weights:
+        return
+    listed = ", ".join(weights[:40]) + (f" and {len(weights) - 40} more" if len(weights) > 40 else "")
+    raise AnyformerError(
+        ErrorCode.BAD_REQUEST,
+        f"file={wanted!r:.120} is no weight file of {model.ref}; its weight files: {listed or 'none'}",
+    )
+
+
 def check(
     model: ModelRef,
     *,
@@ -81,6 +96,7 @@ def check(
     )
     description = describe(model)
     refuse_pickle_only(description)
+    check_file_option(description, asked.options)
     request = _request_with_budget(asked, caps or probe())
     verdicts = _only_rpc_capable(manager.can_run(description, caps or probe(), request, only=backend), request)
     return description, select(verdicts, request.prefer)
@@ -133,6 +149,7 @@ def load(
         if worker is not None:
             _share_headers(worker, _local_path(model))  # the worker takes them in while this process selects
         refuse_pickle_only(description)
+        check_file_option(description, asked.options)
         machine = caps or probe()
         request = _request_with_budget(asked, machine)
         verdicts = _only_rpc_capable(manager.can_run(description, machine, request, only=backend), request)
@@ -140,6 +157,7 @@ def load(
             why = manager.why_no_backend(install_hint(description.formats))
             raise AnyformerError(ErrorCode.NO_BACKEND, f"cannot run {description.ref}: {why}", verdicts=[])
         chosen = raise_if_none(select(verdicts, request.prefer), description.ref, description.formats)
+        others = tuple(v for v in verdicts if v.backend != chosen.backend)
         if chosen.code is Refusal.RUNTIME:  # pragma: no cover - select never chooses a refusal
             raise AnyformerError("PLUGIN_ERROR", chosen.reason)
     except BaseException:
@@ -148,9 +166,9 @@ def load(
         raise
     if worker is not None:
         session = _spawn_worker(manager, chosen.backend, description, request, progress, worker)
-        return Loaded(session, description, chosen)
+        return Loaded(session, description, chosen, others)
     handle = manager.load(chosen.backend, description, request, progress)
-    return Loaded(InProcessSession(handle, manager), description, chosen)
+    return Loaded(InProcessSession(handle, manager), description, chosen, others)
 
 
 def refuse_pickle_only(model: Model) -> None:

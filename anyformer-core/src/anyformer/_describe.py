@@ -9,8 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from anyformer.contract._errors import AnyformerError, ErrorCode
-from anyformer.contract._model import Model, ModelFile, first_language_model_gguf, format_of
+from anyformer.contract._model import Model, ModelFile, format_of
 from anyformer.files._config_file import read_config_json
+from anyformer.files._gguf_candidates import describing_candidate, gguf_candidates
 from anyformer.files._model_card import read_card_facts
 
 # Folders in a model directory that hold no model files (VCS, caches, editor state).
@@ -88,7 +89,7 @@ def describe_file(path: Path) -> Model:
     architecture = None
     if fmt == "gguf":
         header = _gguf_summary(path)
-        metadata = {"gguf": header, "gguf_file": path.name}
+        metadata = {"gguf": header, "gguf_file": path.name, "gguf_files": {path.name: header}}
         architecture = header.get("architecture")
     elif fmt == "onnx":
         from anyformer.files._onnx_external import check_onnx_external_data, read_onnx_summary
@@ -134,10 +135,13 @@ def describe_folder(folder: Path) -> Model:
     architecture = config.get("model_type") if isinstance(config.get("model_type"), str) else None
     # Every GGUF header is checked (a hostile projector is BAD_MODEL here too); the language model's describes.
     summaries = {f.name: _gguf_summary(Path(f.path or "")) for f in files if f.format == "gguf"}
-    language_model = first_language_model_gguf(files)
+    language_model = describing_candidate(Model(repo=str(folder), files=tuple(files)))
     if language_model is not None:
-        metadata = {"gguf": summaries[language_model.name], "gguf_file": language_model.name}
-        architecture = architecture or summaries[language_model.name].get("architecture")
+        from anyformer.store._gguf_facts import with_set_bytes
+
+        summary = with_set_bytes(summaries[language_model.name], language_model)
+        metadata = {"gguf": summary, "gguf_file": language_model.name, "gguf_files": _set_summaries(files, summaries)}
+        architecture = architecture or summary.get("architecture")
     for model_file in files:
         if model_file.format == "safetensors":
             from anyformer.files._safetensors_header import read_safetensors_header
@@ -159,6 +163,14 @@ def describe_folder(folder: Path) -> Model:
         metadata=metadata,
         config=config,
     )
+
+
+def _set_summaries(files: list[ModelFile], summaries: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each language-model candidate's summary by its first file's name (a split set's data bytes summed)."""
+    from anyformer.store._gguf_facts import with_set_bytes
+
+    model = Model(repo="folder", files=tuple(files))
+    return {c.name: with_set_bytes(summaries[c.name], c) for c in gguf_candidates(model)}
 
 
 def _local_file(path: Path, name: str) -> ModelFile:

@@ -15,7 +15,7 @@ def describe_verdict_line(verdict: Verdict) -> str:
 
 
 def describe_estimate(verdict: Verdict) -> str:
-    """The estimate's memory and speed in a few words."""
+    """The estimate's memory and speed in a few words, the file it would load, and whether it is rough."""
     est = verdict.estimate
     if est is None:
         return ""
@@ -27,4 +27,9 @@ def describe_estimate(verdict: Verdict) -> str:
         parts.append(f"{format_size(est.disk_bytes)} disk")
     if est.tok_per_sec is not None:
         parts.append(f"~{est.tok_per_sec:g} tok/s")
+    file = est.details.get("file")
+    if isinstance(file, str) and file:
+        parts.append(f"file {file}")
+    if est.details.get("estimated") is True:
+        parts.append("rough estimate (no header read)")
     return ", ".join(parts)

@@ -13,7 +13,7 @@ from anyformer._run_progress import cancelled, check_run_controls
 from anyformer._stream import CoreStream
 from anyformer.contract._chunk import Chunk, GenerateOptions
 from anyformer.contract._errors import AnyformerError, ErrorCode
-from anyformer.contract._messages import Message, has_audio, validate_messages
+from anyformer.contract._messages import Message, has_audio, has_images, validate_messages
 from anyformer.contract._model import Model
 from anyformer.contract._progress import ProgressCallback
 from anyformer.contract._verdict import Verdict
@@ -36,7 +36,9 @@ class Loaded:
     process (``worker_pid``); the contract is kept here either way.
     """
 
-    def __init__(self, session: Session, model: Model, verdict: Verdict | None) -> None:
+    def __init__(
+        self, session: Session, model: Model, verdict: Verdict | None, others: tuple[Verdict, ...] = ()
+    ) -> None:
         self._session = session
         # Open streams and running calls, at most ``parallel``; dispose waits on the condition for them to end.
         self._slots = threading.Condition()
@@ -55,6 +57,28 @@ class Loaded:
         self.model = model
         #: The chosen backend's verdict, with its estimate (None when the backend was named and not asked).
         self.verdict = verdict
+        # The other backends' verdicts: which of them read the blocks this load does not.
+        self._others = others
+
+    def _check_inputs(self, messages: list[Message]) -> None:
+        """``BAD_REQUEST`` for image or audio blocks the chosen load does not read (its ``Estimate.inputs``),
+        naming the backends whose estimates read them."""
+        estimate = self.verdict.estimate if self.verdict is not None else None
+        if estimate is None or estimate.inputs is None:
+            return
+        for kind, present in (("image", has_images(messages)), ("audio", has_audio(messages))):
+            if not present or kind in estimate.inputs:
+                continue
+            readers = [
+                v.backend
+                for v in self._others
+                if v.ok and v.estimate is not None and v.estimate.inputs is not None and kind in v.estimate.inputs
+            ]
+            where = f"backends that read them for it: {', '.join(readers)}" if readers else "no installed backend does"
+            raise AnyformerError(
+                ErrorCode.BAD_REQUEST,
+                f"{self.backend} runs {self.model.ref} as text chat and reads no {kind} blocks; {where}",
+            )
 
     @property
     def backend(self) -> str:
@@ -156,6 +180,7 @@ class Loaded:
             checked: list[Message] = []
         else:
             checked = validate_messages(messages)
+            self._check_inputs(checked)
             if has_audio(checked) and not self._session.audio_input:
                 raise AnyformerError(
                     ErrorCode.BAD_REQUEST,

@@ -20,6 +20,11 @@ Groups, in the order a backend meets them:
   :data:`GGML_TYPES`, :func:`read_safetensors_header`, :class:`SafetensorsHeader`,
   :func:`read_onnx_summary`, :func:`check_onnx_external_data`, :class:`OnnxSummary`,
   :func:`read_config_json`;
+- a repo's GGUFs, for a backend that chooses one: :func:`gguf_candidates` (language models; a split
+  set is one :class:`GGUFCandidate`), :func:`gguf_quant`, :func:`is_gguf_projector`,
+  :data:`KNOWN_GGUF_QUANTS`, :func:`order_gguf_candidates` (a backend's preference),
+  :func:`gguf_facts` (a candidate's header summary on demand, bounded and cached per commit) and
+  :func:`choose_gguf_candidate` (judge candidates in order until one fits);
 - images and audio a request hands over, with the bounds every backend applies:
   :func:`read_media_file`, :func:`check_image_size`, :func:`rgb_pixels`, :data:`MAX_IMAGE_PIXELS`,
   :data:`MAX_IMAGE_SIDE`, :data:`MAX_MEDIA_FILE_BYTES`;
@@ -46,6 +51,14 @@ from anyformer.contract._sizes import format_size, parse_size
 from anyformer.contract._store_entry import StoreEntry
 from anyformer.contract._verdict import Estimate, Rank, Refusal, Verdict
 from anyformer.files._config_file import read_config_json
+from anyformer.files._gguf_candidates import (
+    KNOWN_GGUF_QUANTS,
+    GGUFCandidate,
+    gguf_candidates,
+    gguf_quant,
+    order_gguf_candidates,
+)
+from anyformer.files._gguf_candidates import is_projector as is_gguf_projector
 from anyformer.files._gguf_header import (
     GGML_TYPES,
     GGUFHeader,
@@ -69,12 +82,15 @@ from anyformer.hookspecs import hookimpl
 from anyformer.rpc._protocol import DeviceMemory as RpcDeviceMemory
 from anyformer.rpc._protocol import RpcServerError, RpcServerInfo
 from anyformer.rpc._protocol import probe as probe_rpc_server
+from anyformer.store._gguf_choice import choose_gguf_candidate
+from anyformer.store._gguf_facts import gguf_facts
 from anyformer.store._paths import anyformer_home
 from anyformer.store._store import fetch_files, files_to_download
 
 __all__ = [
     "CHATML_TEMPLATE",
     "GGML_TYPES",
+    "KNOWN_GGUF_QUANTS",
     "MAX_IMAGE_PIXELS",
     "MAX_IMAGE_SIDE",
     "MAX_MEDIA_FILE_BYTES",
@@ -85,6 +101,7 @@ __all__ = [
     "ErrorCode",
     "Estimate",
     "FinishReason",
+    "GGUFCandidate",
     "GGUFHeader",
     "GGUFTensor",
     "GenerateOptions",
@@ -109,14 +126,20 @@ __all__ = [
     "check_image_size",
     "check_onnx_external_data",
     "check_split_set",
+    "choose_gguf_candidate",
     "fetch_files",
     "files_to_download",
     "format_size",
+    "gguf_candidates",
+    "gguf_facts",
+    "gguf_quant",
     "has_audio",
     "has_images",
     "hookimpl",
     "host_ram_available",
+    "is_gguf_projector",
     "no_progress",
+    "order_gguf_candidates",
     "parse_size",
     "probe_rpc_server",
     "read_config_json",

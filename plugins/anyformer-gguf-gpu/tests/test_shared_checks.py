@@ -6,29 +6,77 @@ from typing import Any
 
 import pytest
 
-from anyformer.plugin import AnyformerError, Caps, ErrorCode, GGUFTensor, Model, Refusal, Request, Verdict
+from anyformer.plugin import AnyformerError, Caps, ErrorCode, Estimate, GGUFTensor, Model, Refusal, Request, Verdict
 from anyformer_gguf_gpu.chat_setup import check_prompt_fits, check_text_only
 from anyformer_gguf_gpu.config import expect_shapes, header_int, read_attention_dims
-from anyformer_gguf_gpu.model_choice import GgufChoice, choose_gguf, gguf_refusal, store_refusal, tokenizer_problem
+from anyformer_gguf_gpu.model_choice import GgufChoice, choose_and_judge, store_refusal, task_refusal, tokenizer_problem
 
 FACTS: dict[str, Any] = {"architecture": "llama", "tokenizer_model": "gpt2", "tokenizer_pre": "smollm", "split": None}
 
 
 def described(files: list[str], facts: dict[str, Any] | None = FACTS, **extra: Any) -> Model:
-    metadata: dict[str, Any] = {} if facts is None else {"gguf": facts}
+    metadata: dict[str, Any] = {} if facts is None else {"gguf": facts, "gguf_file": files[0]}
     return Model.from_dict(
         {"repo": "o/r", "files": [{"name": n, "size": 10} for n in files], "metadata": metadata, **extra}
     )
 
 
-def test_choose_gguf_picks_the_one_language_model_file_and_says_why_not_otherwise():
-    choice = choose_gguf(described(["model.gguf", "mmproj-model.gguf"], gguf_file="model.gguf"))
-    assert choice == GgufChoice(choice.file, FACTS) and choice.file.name == "model.gguf"
-    assert choose_gguf(described(["mmproj-f16.gguf"])) == "no language-model GGUF (only projectors)"
-    assert "header was not read" in choose_gguf(described(["model.gguf"], facts=None))
-    assert "header was not read" in choose_gguf(described(["a.gguf", "b.gguf"]))
-    assert "one shard of a split set" in choose_gguf(described(["m-00001-of-00002.gguf"]))
-    assert "one shard of a split set" in choose_gguf(described(["m.gguf"], {**FACTS, "split": {"count": 2}}))
+def judged(model: Model, request: dict[str, Any] | None = None, problem: str | None = None, fits: int = 10**12):
+    """choose_and_judge with a preference of Q4_0 then Q8_0, and a judge that fits files of ``fits`` bytes or fewer."""
+
+    def judge(choice: GgufChoice) -> Verdict:
+        if choice.size > fits:
+            return Verdict.refuse("b", Refusal.BUDGET, f"{choice.file.name} is too big", need=choice.size)
+        return Verdict.accept("b", Estimate(details={"file": choice.file.name, "estimated": choice.estimated}))
+
+    return choose_and_judge(
+        "b",
+        model,
+        Request(**(request or {})),
+        preference=("Q4_0", "Q8_0"),
+        readable_quants=("Q4_0", "Q8_0", "BF16"),
+        model_problem=lambda summary: problem,
+        judge=judge,
+    )
+
+
+def sized(files: dict[str, int], **extra: Any) -> Model:
+    return Model.from_dict(
+        {"repo": "o/r", "architecture": "llama", "files": [{"name": n, "size": s} for n, s in files.items()], **extra}
+    )
+
+
+def test_the_backends_preference_decides_not_the_listing_order():
+    model = sized({"m-BF16.gguf": 400, "m-Q8_0.gguf": 200, "m-Q4_0.gguf": 100})
+    v = judged(model)
+    assert v.ok and v.estimate.details == {"file": "m-Q4_0.gguf", "estimated": True}
+
+
+def test_a_file_that_does_not_fit_gives_way_to_the_next_smaller_one():
+    model = sized({"m-BF16.gguf": 400, "m-Q8_0.gguf": 200, "m-Q4_0.gguf": 100, "m-Q2_K.gguf": 50})
+    v = judged(model, {"options": {"file": "m-BF16.gguf"}}, fits=300)
+    assert not v.ok and v.code is Refusal.BUDGET  # named: judged alone
+    model = sized({"m-Q8_0.gguf": 200, "m-Q4_0.gguf": 300, "m-x.gguf": 150})
+    v = judged(model, fits=250)
+    assert v.ok and v.estimate.details["file"] == "m-Q8_0.gguf"
+    v = judged(model, fits=100)
+    assert not v.ok and v.need == 150 and "smallest of 3 files tried" in v.reason
+
+
+def test_the_file_option_picks_and_an_unknown_name_lists_the_weight_files():
+    model = sized({"m-Q8_0.gguf": 200, "m-Q4_0.gguf": 100, "mmproj-f16.gguf": 5})
+    assert judged(model, {"options": {"file": "m-Q8_0.gguf"}}).estimate.details["file"] == "m-Q8_0.gguf"
+    with pytest.raises(AnyformerError, match=r"its weight files: m-Q8_0\.gguf, m-Q4_0\.gguf") as caught:
+        judged(model, {"options": {"file": "mmproj-f16.gguf"}})
+    assert caught.value.code is ErrorCode.BAD_REQUEST
+
+
+def test_split_sets_are_one_candidate_and_an_incomplete_one_names_its_missing_shard():
+    model = sized({"BF16/m-BF16-00001-of-00002.gguf": 300, "BF16/m-BF16-00002-of-00002.gguf": 300})
+    v = judged(model)
+    assert v.ok and v.estimate.details["file"] == "BF16/m-BF16-00001-of-00002.gguf"
+    v = judged(sized({"m-Q4_0-00001-of-00003.gguf": 1, "m-Q4_0-00003-of-00003.gguf": 1}))
+    assert v.code is Refusal.MODEL and "lacks m-Q4_0-00002-of-00003.gguf" in v.reason
 
 
 @pytest.mark.parametrize(
@@ -36,26 +84,42 @@ def test_choose_gguf_picks_the_one_language_model_file_and_says_why_not_otherwis
     [
         (described(["model.safetensors"]), {}, Refusal.FORMAT, "no GGUF in the repo"),
         (described(["model.gguf"]), {"task": "feature-extraction"}, Refusal.TASK, "not feature-extraction"),
+        (
+            described(["model.gguf"], task="image-text-to-text"),
+            {"task": "image-text-to-text"},
+            Refusal.TASK,
+            "not image",
+        ),
         (described(["mmproj.gguf"]), {}, Refusal.MODEL, "only projectors"),
         (described(["model.gguf"]), {}, Refusal.MODEL, "model.gguf: the header says no"),
+        (described(["m-IQ2_M.gguf"]), {}, Refusal.MODEL, "the repo has IQ2_M"),
+        (described(["model.gguf"], facts=None), {}, Refusal.MODEL, "the header was not read and no architecture"),
     ],
 )
-def test_gguf_refusal_in_order(model: Model, request_: dict[str, Any], code: Refusal, words: str):
-    v = gguf_refusal("b", model, Request(**request_), lambda summary: "the header says no")
+def test_refusals_in_order(model: Model, request_: dict[str, Any], code: Refusal, words: str):
+    v = judged(model, request_, problem="the header says no")
     assert isinstance(v, Verdict) and not v.ok and v.code is code and words in v.reason, v
 
 
-def test_gguf_refusal_returns_the_choice_when_the_header_is_read():
-    choice = gguf_refusal("b", described(["model.gguf"]), Request(), lambda summary: None)
-    assert isinstance(choice, GgufChoice) and choice.summary is not None
+def test_an_image_text_to_text_repo_runs_as_text_chat_when_no_task_is_asked():
+    model = described(["model.gguf"], task="image-text-to-text")
+    assert task_refusal("b", model, Request()) is None
+    assert task_refusal("b", described(["model.gguf"], task="any-to-any"), Request()) is None
+
+
+def test_the_header_is_read_when_the_description_has_it():
+    v = judged(described(["model.gguf"]))
+    assert v.ok and v.estimate.details["estimated"] is False
+    v = judged(described(["model.gguf"], {**FACTS, "split": {"count": 2}}))
+    assert v.code is Refusal.MODEL and "one shard of a split set of 2" in v.reason
 
 
 def test_store_refusal_only_for_a_hub_file_without_a_writable_store():
     hub = described(["model.gguf"], source="hub")
-    file = hub.files_of("gguf")[0]
-    refused = store_refusal("b", hub, Caps(store=False), file)
+    files = hub.files_of("gguf")
+    refused = store_refusal("b", hub, Caps(store=False), files)
     assert refused is not None and refused.code is Refusal.STORE and "not writable" in refused.reason
-    assert store_refusal("b", hub, Caps(store=True), file) is None
+    assert store_refusal("b", hub, Caps(store=True), files) is None
 
 
 def test_tokenizer_problem_names_the_model_or_the_pre_tokenizer():

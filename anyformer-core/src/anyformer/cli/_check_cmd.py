@@ -7,7 +7,15 @@ import argparse
 from anyformer._api import check
 from anyformer._format import describe_estimate
 from anyformer._selection import Selection
-from anyformer.cli._common import add_machine_arguments, add_rpc_argument, caps_from_args, model_argument, print_json
+from anyformer.cli._common import (
+    add_file_argument,
+    add_machine_arguments,
+    add_rpc_argument,
+    caps_from_args,
+    file_option,
+    model_argument,
+    print_json,
+)
 from anyformer.contract._errors import AnyformerError, ErrorCode
 from anyformer.contract._model import Model
 from anyformer.contract._sizes import format_size
@@ -27,6 +35,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--task", help="the task to run (default: the model's)")
     parser.add_argument("--backend", help="ask only this backend")
     parser.add_argument("--prefer", help="backend ids to choose first, comma separated")
+    add_file_argument(parser)
     add_machine_arguments(parser)
     add_rpc_argument(parser)
     parser.add_argument("--json", action="store_true", help='print {"model", "chosen", "verdicts"} as JSON')
@@ -46,6 +55,7 @@ def run(args: argparse.Namespace) -> int:
         prefer=args.prefer,
         backend=args.backend,
         rpc=args.rpc,
+        options=file_option(args),
     )
     if args.json:
         verdicts = [v.to_dict() for v in selection.verdicts]

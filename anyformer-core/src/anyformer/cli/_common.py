@@ -26,6 +26,20 @@ def add_machine_arguments(parser: argparse.ArgumentParser, *, budget: bool = Tru
     parser.add_argument("--ram", help="host memory to assume, e.g. 16GB (default: available now)")
 
 
+def add_file_argument(parser: argparse.ArgumentParser) -> None:
+    """``--file NAME``: the repo's weight file to load instead of the one the backend would choose."""
+    parser.add_argument(
+        "--file",
+        help="the repo's weight file to load (a GGUF, or a split set's first shard); default: the backend's choice",
+    )
+
+
+def file_option(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The load options ``--file`` gives (``{"file": NAME}``), or None."""
+    name = getattr(args, "file", None)
+    return {"file": name} if name else None
+
+
 def add_rpc_argument(parser: argparse.ArgumentParser) -> None:
     """``--rpc HOST:PORT,...``: llama.cpp RPC servers whose memory the model may span (docs/rpc.md)."""
     parser.add_argument(

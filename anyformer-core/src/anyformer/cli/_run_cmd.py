@@ -11,7 +11,14 @@ import threading
 from anyformer._api import load
 from anyformer._default_model import default_model_path, is_default_model_name
 from anyformer._loaded import Loaded
-from anyformer.cli._common import add_machine_arguments, add_rpc_argument, caps_from_args, model_argument
+from anyformer.cli._common import (
+    add_file_argument,
+    add_machine_arguments,
+    add_rpc_argument,
+    caps_from_args,
+    file_option,
+    model_argument,
+)
 from anyformer.cli._progress_display import ProgressPrinter
 from anyformer.contract._chunk import GenerateOptions
 from anyformer.contract._errors import AnyformerError, ErrorCode
@@ -46,6 +53,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="run the engine in this process (default: in a worker process, so an engine crash is reported, not fatal)",
     )
+    add_file_argument(parser)
     add_machine_arguments(parser)
     add_rpc_argument(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON object per chunk")
@@ -107,6 +115,7 @@ def run(args: argparse.Namespace) -> int:
             progress=progress,
             isolate=not args.in_process,
             rpc=args.rpc,
+            options=file_option(args),
         )
     with loaded:
         if not args.json:

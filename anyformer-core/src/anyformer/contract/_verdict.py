@@ -66,6 +66,10 @@ class Estimate:
     details: dict[str, Any] = dataclasses.field(default_factory=dict)
     #: The repo files a load would read (``anyformer pull`` fetches these); empty: not said.
     files: tuple[str, ...] = ()
+    #: The content blocks besides text this load reads (``"image"``, ``"audio"``); ``()``: text only;
+    #: None: not said. A chat with blocks the chosen load does not read is ``BAD_REQUEST`` naming the
+    #: backends whose estimates read them.
+    inputs: tuple[str, ...] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The estimate as JSON-ready data (``files`` only when the backend named them)."""
@@ -80,6 +84,8 @@ class Estimate:
             data["details"] = dict(self.details)
         if self.files:
             data["files"] = list(self.files)
+        if self.inputs is not None:
+            data["inputs"] = list(self.inputs)
         return data
 
 

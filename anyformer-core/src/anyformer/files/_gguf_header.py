@@ -167,6 +167,9 @@ _SPLIT_NO = "split.no"
 _SPLIT_COUNT = "split.count"
 _SPLIT_TENSORS = "split.tensors.count"
 
+# A layer's tensor (``blk.7.ffn_up_exps.weight``) and the routed experts' tensors among them (llama.cpp's names).
+_BLOCK_TENSOR = re.compile(r"^blk\.(\d+)\.(.+)$")
+_EXPERT_TENSOR = re.compile(r"^ffn_(gate|up|down|gate_up)_exps\.weight$")
 # Summary values longer than this are left out: vocabularies do not belong in a model description.
 _SUMMARY_MAX_LIST = 256
 
@@ -277,6 +280,42 @@ class GGUFHeader:
             "data_bytes": self.data_bytes,
             "has_chat_template": isinstance(self.kv.get("tokenizer.chat_template"), str),
             "split": split,
+            "tensor_bytes": self.tensor_bytes(),
+        }
+
+    def tensor_bytes(self) -> dict[str, int]:
+        """Where the tensor bytes lie, for a backend that places experts and dense weights apart.
+
+        ``experts``: the routed experts' tensors (``blk.N.ffn_{gate,up,down,gate_up}_exps``),
+        ``experts_widest_layer``: the most one layer's take, ``expert_layers``: layers that have them,
+        ``dense``: every other tensor, of which ``dense_vectors`` (1-D tensors, ``dense_vector_elements``
+        elements). Layers of multi-token prediction (``nextn_predict_layers``, never run) are left out.
+        """
+        layers = self.arch_value("block_count")
+        nextn = self.arch_value("nextn_predict_layers", 0)
+        run = layers - nextn if _is_int(layers) and _is_int(nextn) and 0 < nextn < layers else None
+        experts = dense = vectors = vector_elements = 0
+        per_layer: dict[int, int] = {}
+        for t in self.tensors:
+            match = _BLOCK_TENSOR.match(t.name)
+            layer = int(match.group(1)) if match else -1
+            if run is not None and layer >= run:
+                continue
+            if match and _EXPERT_TENSOR.match(match.group(2)):
+                experts += t.nbytes
+                per_layer[layer] = per_layer.get(layer, 0) + t.nbytes
+            else:
+                dense += t.nbytes
+                if len(t.dims) == 1:
+                    vectors += t.nbytes
+                    vector_elements += t.n_elements
+        return {
+            "experts": experts,
+            "experts_widest_layer": max(per_layer.values(), default=0),
+            "expert_layers": len(per_layer),
+            "dense": dense,
+            "dense_vectors": vectors,
+            "dense_vector_elements": vector_elements,
         }
 
 

@@ -7,6 +7,7 @@ description comes from the files already in huggingface_hub's cache.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from pathlib import Path
@@ -222,19 +223,8 @@ def _describe_info(repo_id: str, revision: str | None, info: Any) -> Model:
         metadata["hub_gguf"] = {k: hub_gguf[k] for k in ("architecture", "total", "context_length") if k in hub_gguf}
         if architecture is None and isinstance(hub_gguf.get("architecture"), str):
             architecture = hub_gguf["architecture"]
-    # The header's layer and head counts size the KV cache in backends' estimates, so a GGUF repo's
-    # first language-model header is always read (a few range requests, never the weights).
-    gguf_file = first_language_model_gguf(files)
-    if gguf_file is not None:
-        from anyformer.files._gguf_header import read_gguf_header
-
-        source = HubByteSource(repo_id, gguf_file.name, resolved, size=gguf_file.size)
-        header = read_gguf_header(source, name=gguf_file.name)
-        metadata["gguf"] = header.summary()
-        metadata["gguf_file"] = gguf_file.name
-        architecture = architecture or header.architecture
     tags = tuple(t for t in info.tags if isinstance(t, str)) if isinstance(info.tags, list) else ()
-    return Model(
+    model = Model(
         repo=repo_id,
         revision=resolved,
         architecture=architecture,
@@ -245,6 +235,29 @@ def _describe_info(repo_id: str, revision: str | None, info: Any) -> Model:
         metadata=metadata,
         config=config,
     )
+    return _with_one_header(model)
+
+
+def _with_one_header(model: Model) -> Model:
+    """``model`` with one language-model candidate's header summary (``metadata["gguf"]``, ``["gguf_files"]``).
+
+    The header's layer and head counts size the KV cache in backends' estimates and name the
+    architecture when nothing else does. Which candidate a backend loads is the backend's choice
+    (it asks :func:`~anyformer.store._gguf_facts.gguf_facts` for that one); describe reads one, a
+    usual quant first, from the per-commit cache or by a few range requests, never the weights.
+    """
+    from anyformer.files._gguf_candidates import describing_candidate
+    from anyformer.store._gguf_facts import gguf_facts
+
+    candidate = describing_candidate(model)
+    if candidate is None:
+        return model
+    summary = gguf_facts(model, candidate)
+    if summary is None:
+        return model
+    metadata = {**model.metadata, "gguf": summary, "gguf_file": candidate.name, "gguf_files": {candidate.name: summary}}
+    architecture = model.architecture or summary.get("architecture")
+    return dataclasses.replace(model, metadata=metadata, architecture=architecture)
 
 
 def _sibling_file(sibling: Any) -> ModelFile:
@@ -315,14 +328,7 @@ def describe_cached(repo_id: str, revision: str | None, cause: AnyformerError | 
         config = read_config_json(snapshot / "config.json", f"cached config.json of {repo_id}")
     architecture = _model_type(config)
     metadata: dict[str, Any] = {"hub_ref": revision or constants.DEFAULT_REVISION}
-    gguf_file = first_language_model_gguf(files)
-    if gguf_file is not None:
-        from anyformer.files._gguf_header import read_gguf_header
-
-        header = read_gguf_header(snapshot / gguf_file.name, name=gguf_file.name)
-        metadata.update({"gguf": header.summary(), "gguf_file": gguf_file.name})
-        architecture = architecture or header.architecture
-    return Model(
+    model = Model(
         repo=repo_id,
         revision=commit,
         architecture=architecture,
@@ -331,3 +337,13 @@ def describe_cached(repo_id: str, revision: str | None, cause: AnyformerError | 
         metadata=metadata,
         config=config,
     )
+    from anyformer.files._gguf_candidates import describing_candidate
+
+    candidate = describing_candidate(model)
+    if candidate is None:
+        return model
+    from anyformer.files._gguf_header import read_gguf_header
+
+    summary = read_gguf_header(snapshot / candidate.name, name=candidate.name).summary()
+    metadata.update({"gguf": summary, "gguf_file": candidate.name, "gguf_files": {candidate.name: summary}})
+    return dataclasses.replace(model, metadata=metadata, architecture=architecture or summary.get("architecture"))

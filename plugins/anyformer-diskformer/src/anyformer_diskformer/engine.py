@@ -21,7 +21,7 @@ from anyformer_diskformer.policies import EvictionPolicy, make_policy
 from anyformer_diskformer.trace import trace_writer_from_env
 from anyformer_gguf_gpu.chat_setup import chat_prompt_ids, check_prompt_fits, check_text_only, token_chunk
 from anyformer_gguf_gpu.gguf_file import GGUFFile
-from anyformer_gguf_gpu.model_choice import fetch_chosen_gguf
+from anyformer_gguf_gpu.model_choice import fetch_chosen_gguf, load_caps
 from anyformer_gguf_gpu.tokenizer import GGUFTokenizer, StreamDecoder
 
 if TYPE_CHECKING:
@@ -227,7 +227,12 @@ class DiskformerModel:
     @classmethod
     def open(cls, model: Model, request: Request, progress: ProgressCallback) -> DiskformerModel:
         """Fetch the GGUF, check it, size the expert cache from the budget and make the dense weights resident."""
-        name, fetched = fetch_chosen_gguf(model, progress, BACKEND_ID)
+        from anyformer_diskformer.plugin import can_run
+
+        # The file can_run chose, with the machine as it is now (a GPU when a budget was given and allowed).
+        gpu_wanted = bool(request.budget) and request.options.get("device", "auto") in ("auto", "gpu")
+        verdict = can_run(model, load_caps(request, gpu=gpu_wanted), request)
+        name, fetched = fetch_chosen_gguf(model, progress, BACKEND_ID, verdict)
         path = str(fetched)
         gpu = open_device(request.options)
         gguf = GGUFFile(path)

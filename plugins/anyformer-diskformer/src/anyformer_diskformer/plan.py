@@ -1,14 +1,16 @@
 """What a load would hold: dense weights, the KV cache, the expert cache, and the smallest cache that works.
 
-Sizes come from the tensors when the GGUF is on disk (its header lists every tensor's bytes); a
-description without a readable file is estimated from the architecture's shapes and the file's
-bytes per parameter, and :attr:`Plan.estimated` says so.
+``can_run`` plans from the core's header summary, never opening the file: its ``tensor_bytes``
+give the experts' and dense weights' bytes (:func:`plan_from_tensor_bytes`); an older summary
+without them is estimated from the shapes and the bytes per parameter (:func:`plan_from_summary`),
+and a description without any header from the architecture's rough shape over the file sizes
+(:func:`rough_plan`); :attr:`Plan.estimated` says so. A load plans from the header it opens
+(:func:`plan_from_header`, exact).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import TYPE_CHECKING, Any
 
 from anyformer.plugin import AnyformerError, GGUFHeader, read_gguf_header
@@ -97,8 +99,9 @@ def context_for(summary: dict[str, Any], requested: int | None) -> int:
 
 
 def _kv_bytes(summary: dict[str, Any], context: int) -> int:
-    heads = _fact(summary, "head_count")
-    kv_heads = _fact(summary, "head_count_kv") or heads
+    # Per-layer head counts (Gemma 4's) are taken at their widest: the estimate errs high.
+    heads = _widest(summary, "head_count")
+    kv_heads = _widest(summary, "head_count_kv") or heads
     head_dim = _fact(summary, "key_length") or (_fact(summary, "embedding_length") // heads if heads else 0)
     return 2 * _fact(summary, "block_count") * context * kv_heads * head_dim * 4
 
@@ -294,13 +297,90 @@ def _plan(
     )
 
 
-def plan_for(
-    path: str | None, summary: dict[str, Any], context: int, device: str = "cpu", prompt_step: int = PROMPT_STEP
+def plan_from_tensor_bytes(
+    summary: dict[str, Any], context: int, device: str = "cpu", prompt_step: int = PROMPT_STEP
+) -> Plan | None:
+    """The plan from the summary's ``tensor_bytes`` (the core's header summary), or None when it has none.
+
+    Experts and dense weights are as :func:`plan_from_header` counts them; the KV cache is the
+    uniform one (:func:`plan_from_header` sizes Gemma 4's and qwen35moe's per layer, which this errs above).
+    """
+    facts = summary.get("tensor_bytes")
+    if not isinstance(facts, dict) or not _fact(facts, "experts"):
+        return None
+    dense = _fact(facts, "dense")
+    if device == "cpu":  # the CPU engine keeps vectors as float32
+        dense += 4 * _fact(facts, "dense_vector_elements") - _fact(facts, "dense_vectors")
+    plan = _plan(summary, context, device, dense, _fact(facts, "experts"), estimated=False, prompt_step=prompt_step)
+    experts = _fact(summary, "expert_count")
+    widest = _fact(facts, "experts_widest_layer") // experts if experts else 0
+    return dataclasses.replace(
+        plan,
+        one_expert_bytes=max(plan.one_expert_bytes, widest),
+        n_layer=_fact(facts, "expert_layers") or plan.n_layer,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class _Shape:
+    """What an architecture's released models look like, for a plan without a header (a rough estimate)."""
+
+    layers: int
+    experts: int
+    used: int
+    #: The share of the file that is not routed experts (embeddings, attention, norms, shared experts).
+    dense_share: float
+    #: Key plus value width per attention layer, and the share of layers' context it spans.
+    kv_width: int
+    kv_share: float
+
+
+#: Rough shapes from the published configs of each family's released models (Qwen3-30B-A3B,
+#: Qwen3.5/3.6-35B-A3B, Gemma 4 26B-A4B, Ling 2.0/3.0 flash): dense shares from total and active
+#: parameter counts; Gemma 4's sliding layers and qwen35moe's delta-net layers hold less context.
+ROUGH_SHAPES: dict[str, _Shape] = {
+    "qwen3moe": _Shape(layers=48, experts=128, used=8, dense_share=0.06, kv_width=512, kv_share=1.0),
+    "qwen2moe": _Shape(layers=24, experts=60, used=4, dense_share=0.15, kv_width=2048, kv_share=1.0),
+    "qwen35moe": _Shape(layers=40, experts=256, used=8, dense_share=0.08, kv_width=512, kv_share=0.25),
+    "gemma4": _Shape(layers=30, experts=128, used=8, dense_share=0.12, kv_width=1024, kv_share=0.4),
+    "bailingmoe": _Shape(layers=28, experts=64, used=6, dense_share=0.1, kv_width=2048, kv_share=1.0),
+    "bailingmoe2": _Shape(layers=32, experts=256, used=8, dense_share=0.05, kv_width=512, kv_share=1.0),
+}
+
+
+def rough_plan(
+    summary: dict[str, Any], file_bytes: int, context: int, device: str = "cpu", prompt_step: int = PROMPT_STEP
 ) -> Plan:
-    """The exact plan when ``path`` is a readable GGUF, else the estimate from the summary."""
-    if path is not None and os.path.isfile(path):
-        try:
-            return plan_from_header(read_gguf_header(path), context, device, prompt_step)
-        except (AnyformerError, OSError):
-            pass  # the summary still describes it; load reports what is wrong with the file
-    return plan_from_summary(summary, context, device, prompt_step)
+    """A plan without a header: the architecture's rough shape (:data:`ROUGH_SHAPES`) over the files' bytes.
+
+    Dims config.json gives (layers, experts, heads) replace the shape's. :attr:`Plan.estimated` is True.
+    """
+    shape = ROUGH_SHAPES.get(str(summary.get("architecture")), ROUGH_SHAPES["qwen3moe"])
+    layers = _fact(summary, "block_count") or shape.layers
+    experts = _fact(summary, "expert_count") or shape.experts
+    used = _fact(summary, "expert_used_count") or shape.used
+    dense = int(file_bytes * shape.dense_share)
+    expert_bytes = file_bytes - dense
+    kv = _kv_bytes(summary, context) or int(2 * layers * context * shape.kv_width * 4 * shape.kv_share)
+    return Plan(
+        context=context,
+        device=device,
+        dense_bytes=dense,
+        kv_bytes=kv,
+        expert_bytes_total=expert_bytes,
+        one_expert_bytes=expert_bytes // (layers * experts),
+        experts_per_token=used,
+        n_layer=layers,
+        estimated=True,
+        prompt_bytes=prompt_step_bytes(summary, context, prompt_step) if device == "gpu" else 0,
+    )
+
+
+def plan_for(
+    path: str, summary: dict[str, Any], context: int, device: str = "cpu", prompt_step: int = PROMPT_STEP
+) -> Plan:
+    """The exact plan from the local GGUF's header, else (unreadable) the estimate from the summary."""
+    try:
+        return plan_from_header(read_gguf_header(path), context, device, prompt_step)
+    except (AnyformerError, OSError):
+        return plan_from_summary(summary, context, device, prompt_step)

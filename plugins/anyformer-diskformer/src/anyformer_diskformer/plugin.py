@@ -1,9 +1,12 @@
 """The anyformer hooks of the diskformer backend. Nothing heavy is imported here.
 
-``can_run`` decides from the description (the core read the GGUF's header; when the file is on disk
-its tensor sizes give exact figures): the format, the task, whether the engine reads the MoE
-architecture, every weight type and the tokenizer, and whether dense weights + the KV cache + the
-smallest working expert cache (one layer's top-k experts) fit host memory (``caps.ram_bytes``).
+``can_run`` decides from the description and never opens the model file for its plan: the header
+summary of the file it would load comes from the core (read on demand; its ``tensor_bytes`` give the
+experts' and dense weights' bytes), and without one it estimates roughly from the architecture and
+the file sizes. It checks the format, the task (a repo tagged ``image-text-to-text`` runs as text
+chat), which file (Q4_K_M first, the next smaller one when one does not fit), whether the engine reads
+the MoE architecture, every weight type and the tokenizer, and whether dense weights + the KV cache +
+the smallest working expert cache (one layer's top-k experts) fit the device's memory.
 """
 
 from __future__ import annotations
@@ -28,30 +31,52 @@ from anyformer import (
     hookimpl,
 )
 from anyformer_diskformer import BACKEND_ID
-from anyformer_gguf_gpu.model_choice import gguf_refusal, store_refusal, tokenizer_problem
+from anyformer_gguf_gpu.model_choice import GgufChoice, choose_and_judge, store_refusal
+
+#: The order diskformer tries a repo's files in: 4-bit K-quants and Q4_0 first (the expert reads are the cost),
+#: then the wider types its kernels read; the next smaller file when one does not fit.
+PREFERRED_QUANTS = ("Q4_K_M", "Q4_0", "Q4_K_S", "Q4_1", "Q5_K_M", "Q5_K_S", "Q6_K", "Q8_0", "BF16", "F16", "F32")
+#: Names whose weight types the kernels may read; the K-quant mixes (``_L``, ``_XL``) are decided by their header.
+READABLE_QUANTS = (*PREFERRED_QUANTS, "Q4_K", "Q5_K", "Q4_K_L", "Q4_K_XL", "Q5_K_L", "Q5_K_XL", "Q6_K_L", "Q6_K_XL")
 
 
-def header_problem(summary: dict[str, object]) -> str | None:
-    """Why the engine does not read this GGUF (architecture, weight types, tokenizer), or None."""
+def model_problem(summary: dict[str, object]) -> str | None:
+    """Why the engine does not run the summary's model (a mixture of experts it reads, weight types), or None."""
     from anyformer_diskformer.moe_config import moe_problem
 
-    problem = moe_problem(summary)
-    if problem is not None:
-        return problem
-    return tokenizer_problem(summary)
+    return moe_problem(summary)
 
 
 @hookimpl
 def can_run(model: Model, caps: Caps, request: Request) -> Verdict:
     """Refuse with ``format``/``task``/``model``/``store``/``memory``, or estimate the host memory it holds."""
-    choice = gguf_refusal(BACKEND_ID, model, request, header_problem)
-    if isinstance(choice, Verdict):
-        return choice
+    return choose_and_judge(
+        BACKEND_ID,
+        model,
+        request,
+        preference=PREFERRED_QUANTS,
+        readable_quants=READABLE_QUANTS,
+        model_problem=model_problem,
+        judge=lambda choice: _judge(model, caps, request, choice),
+    )
+
+
+def _judge(model: Model, caps: Caps, request: Request, choice: GgufChoice) -> Verdict:
+    """The verdict on one file (or split set): the store, and whether its plan fits the device."""
     file, summary = choice.file, choice.summary
-    refusal = store_refusal(BACKEND_ID, model, caps, file)
+    refusal = store_refusal(BACKEND_ID, model, caps, choice.candidate.files)
     if refusal is not None:
         return refusal
-    from anyformer_diskformer.plan import PROMPT_STEP, RAM_OVERHEAD, context_for, plan_for
+    from anyformer_diskformer.moe_config import PER_LAYER_STATE_ARCHITECTURES
+    from anyformer_diskformer.plan import (
+        PROMPT_STEP,
+        RAM_OVERHEAD,
+        context_for,
+        plan_for,
+        plan_from_summary,
+        plan_from_tensor_bytes,
+        rough_plan,
+    )
 
     wanted = request.options.get("device", "auto")
     device = "gpu" if caps.gpu and wanted in ("auto", "gpu") else "cpu"
@@ -59,7 +84,16 @@ def can_run(model: Model, caps: Caps, request: Request) -> Verdict:
     step = request.options.get("prompt_step", PROMPT_STEP)
     # A bad value is the load's BAD_REQUEST; the check sizes with the default meanwhile.
     step = step if isinstance(step, int) and not isinstance(step, bool) and step >= 1 else PROMPT_STEP
-    plan = plan_for(file.path, summary, context, device, step)
+    if choice.estimated:
+        plan = rough_plan(summary, choice.size, context, device, step)
+    elif summary.get("architecture") in PER_LAYER_STATE_ARCHITECTURES and file.path is not None:
+        # Gemma 4's and qwen35moe's per-layer state is sized from the header's keys, which the summary does
+        # not carry: a local file's header (validated and cached by describe) is read again for it.
+        plan = plan_for(file.path, summary, context, device, step)
+    else:
+        plan = plan_from_tensor_bytes(summary, context, device, step) or plan_from_summary(
+            summary, context, device, step
+        )
     how = " (estimated from the architecture and the file size: the header's tensors were not read)"
     how = how if plan.estimated else ""
     parts = (
@@ -104,11 +138,13 @@ def can_run(model: Model, caps: Caps, request: Request) -> Verdict:
         Estimate(
             gpu_bytes=held if device == "gpu" else 0,
             ram_bytes=RAM_OVERHEAD if device == "gpu" else held,
-            disk_bytes=file.size or 0,
+            disk_bytes=choice.size,
             tok_per_sec=speed,
             rank=Rank.SPECIALIST,
             details={
                 "file": file.name,
+                "quant": choice.candidate.quant,
+                "shards": len(choice.names),
                 "architecture": summary.get("architecture"),
                 "context": context,
                 "device": device,
@@ -119,7 +155,8 @@ def can_run(model: Model, caps: Caps, request: Request) -> Verdict:
                 "estimated": plan.estimated,
                 "tok_per_sec_model": speed_model,
             },
-            files=(file.name,),
+            files=choice.names,
+            inputs=(),
         ),
     )
 

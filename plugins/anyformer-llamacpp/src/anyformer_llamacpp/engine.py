@@ -59,7 +59,6 @@ from anyformer.plugin import (
 )
 from anyformer_llamacpp import BACKEND_ID
 from anyformer_llamacpp.estimate import BATCH, context_for, footprint
-from anyformer_llamacpp.file_choice import choose_gguf
 from anyformer_llamacpp.header_checks import check_architecture_numbers, check_vocabulary
 from anyformer_llamacpp.parallel_option import flash_attention, pick_threads
 from anyformer_llamacpp.prompt_blocks import batches, plan, reusable_prefix
@@ -159,7 +158,9 @@ class LlamaCppModel:
     @classmethod
     def open(cls, model: Model, request: Any, progress: ProgressCallback) -> LlamaCppModel:
         """Fetch the chosen GGUF (and shards), validate every header, and load it with llama.cpp."""
-        choice = choose_gguf(model)
+        from anyformer_llamacpp.plugin import load_choice
+
+        choice = load_choice(model, request)
         if choice is None:
             raise AnyformerError(ErrorCode.NO_BACKEND, f"{model.ref}: no GGUF llama.cpp can load")
         paths = fetch_files(model, [f.name for f in choice.files], progress, backend=BACKEND_ID)

@@ -12,6 +12,7 @@ from anyformer.plugin import (
     Chunk,
     Estimate,
     GenerateOptions,
+    GGUFCandidate,
     Message,
     Model,
     ModelFile,
@@ -21,14 +22,17 @@ from anyformer.plugin import (
     Request,
     RpcServerError,
     Verdict,
+    choose_gguf_candidate,
     files_to_download,
     format_size,
+    gguf_candidates,
+    gguf_facts,
     hookimpl,
     host_ram_available,
 )
 from anyformer_llamacpp import BACKEND_ID
 from anyformer_llamacpp.estimate import BATCH, Footprint, context_for, footprint, measured_speed
-from anyformer_llamacpp.file_choice import choose_gguf, projector_for
+from anyformer_llamacpp.file_choice import choose_gguf, llamacpp_order, projector_for
 from anyformer_llamacpp.parallel_option import flash_attention, parallel_option, pick_threads, streams_for
 from anyformer_llamacpp.runtime import (
     INSTALL_HINT,
@@ -54,8 +58,8 @@ def can_run(model: Model, caps: Caps, request: Request) -> Verdict:
     task = request.task or model.task
     if task and task not in TASKS:
         return Verdict.refuse(BACKEND_ID, Refusal.TASK, f"task {task}; llama.cpp runs {', '.join(TASKS)}")
-    choice = choose_gguf(model)
-    if choice is None:
+    order = llamacpp_order(model)
+    if not order and request.options.get("file") is None:
         return Verdict.refuse(
             BACKEND_ID,
             Refusal.MODEL,
@@ -68,15 +72,31 @@ def can_run(model: Model, caps: Caps, request: Request) -> Verdict:
         return Verdict.refuse(BACKEND_ID, Refusal.RUNTIME, wrong_version)
     # The projector (mmproj) that reads image blocks is fetched and loaded with the model, except to embed.
     mmproj = projector_for(model) if task != "feature-extraction" else None
+
+    def judge(choice: GGUFCandidate, facts: dict[str, Any] | None) -> Verdict:
+        return _judge_file(model, caps, request, task, choice, facts or {}, mmproj)
+
+    return choose_gguf_candidate(BACKEND_ID, model, request, order, judge)
+
+
+def _judge_file(
+    model: Model,
+    caps: Caps,
+    request: Request,
+    task: str | None,
+    choice: GGUFCandidate,
+    facts: dict[str, Any],
+    mmproj: ModelFile | None,
+) -> Verdict:
+    """The verdict on loading ``choice`` (its header summary ``facts``; empty: estimated from its size)."""
     mmproj_files = (mmproj.name,) if mmproj is not None else ()
     mmproj_bytes = (mmproj.size or 0) if mmproj is not None else 0
     store_problem = _store_problem(model, caps, [*choice.files, *([mmproj] if mmproj is not None else [])])
     if store_problem is not None:
         return Verdict.refuse(BACKEND_ID, Refusal.STORE, store_problem)
-    facts = dict(model.metadata.get("gguf") or {})
     gpu_library = gpu_offload_library()
     if request.rpc:
-        files = tuple(f.name for f in choice.files) + mmproj_files
+        files = choice.names + mmproj_files
         return _can_run_over_rpc(caps, request, facts, choice.size, files, mmproj_bytes, gpu_library)
     budget = request.budget_or(caps.gpu_bytes)
 
@@ -131,10 +151,27 @@ def can_run(model: Model, caps: Caps, request: Request) -> Verdict:
                 "layers": plan.layers,
                 "offload": gpu_library or "none (CPU build)",
                 "projector": mmproj.name if mmproj is not None else None,
+                "estimated": not facts,
             },
-            files=tuple(f.name for f in choice.files) + mmproj_files,
+            files=choice.names + mmproj_files,
+            inputs=("image",) if mmproj is not None else (),
         ),
     )
+
+
+def load_choice(model: Model, request: Request) -> GGUFCandidate | None:
+    """The candidate a load reads: the one ``can_run`` chooses with the host memory free now, else the first."""
+    caps = Caps(ram_bytes=host_ram_available(), store=True, gpu_bytes=request.budget)
+    verdict = can_run(model, caps, request)
+    if verdict.ok and verdict.estimate is not None:
+        name = verdict.estimate.details.get("file")
+        found = next((c for c in gguf_candidates(model) if c.name == name), None)
+        if found is not None:
+            return found
+    named = request.options.get("file")
+    if named is not None:
+        return next((c for c in gguf_candidates(model) if named in c.names), None)
+    return choose_gguf(model)
 
 
 def _can_run_over_rpc(
@@ -234,10 +271,10 @@ def load(backend: str, model: Model, request: Request, progress: ProgressCallbac
 def _streams_that_fit_now(model: Model, request: Request) -> int:
     """How many of the streams the ``parallel`` option asks for the host memory available now holds (as
     ``can_run`` reckons it)."""
-    choice = choose_gguf(model)
+    choice = load_choice(model, request)
     if choice is None:
         return 1  # LlamaCppModel.open refuses it
-    facts = dict(model.metadata.get("gguf") or {})
+    facts = gguf_facts(model, choice) or {}
     gpu_offload = gpu_offload_library() is not None
 
     def host_bytes(streams: int) -> int:

@@ -11,7 +11,7 @@ from anyformer_gguf_gpu.decode import greedy, sampled
 from anyformer_gguf_gpu.engines import open_engine
 from anyformer_gguf_gpu.gguf_file import GGUFFile
 from anyformer_gguf_gpu.gpu import GPU, gpu_errors
-from anyformer_gguf_gpu.model_choice import fetch_chosen_gguf
+from anyformer_gguf_gpu.model_choice import fetch_chosen_gguf, load_caps
 from anyformer_gguf_gpu.tokenizer import GGUFTokenizer, StreamDecoder
 from anyformer_gguf_gpu.transformer import TransformerEngine
 from anyformer_localmind import BACKEND_ID
@@ -38,7 +38,10 @@ class LocalMindModel:
     @classmethod
     def open(cls, model: Model, request: Request, progress: ProgressCallback) -> LocalMindModel:
         """Fetch the GGUF, check it, upload its weights and compile the kernels (progress reported)."""
-        name, path = fetch_chosen_gguf(model, progress, BACKEND_ID)
+        from anyformer_localmind.plugin import can_run
+
+        verdict = can_run(model, load_caps(request, gpu=True), request)
+        name, path = fetch_chosen_gguf(model, progress, BACKEND_ID, verdict)
         gguf = GGUFFile(path)
         try:
             tokenizer = GGUFTokenizer(gguf.kv)

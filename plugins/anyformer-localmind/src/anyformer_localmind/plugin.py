@@ -1,8 +1,10 @@
 """The anyformer hooks of the LocalMind backend. Nothing heavy is imported here: wgpu loads in ``load``.
 
-``can_run`` decides from the description alone (the core read the GGUF's header): the format, the
-task, whether an engine reads the architecture, every weight type and the tokenizer, whether there
-is a GPU adapter, and whether weights plus the KV cache plus the engine's buffers fit the budget.
+``can_run`` decides from the description alone (the header facts of the file it would load come from
+the core, read on demand; without them it estimates from the architecture and the file size): the
+format, the task, which file (plain Q4_0 first, the next smaller one when one does not fit), whether
+an engine reads the architecture, every weight type and the tokenizer, whether there is a GPU
+adapter, and whether weights plus the KV cache plus the engine's buffers fit the budget.
 """
 
 from __future__ import annotations
@@ -27,33 +29,47 @@ from anyformer import (
     format_size,
     hookimpl,
 )
-from anyformer_gguf_gpu.model_choice import gguf_refusal, store_refusal, tokenizer_problem
+from anyformer_gguf_gpu.model_choice import GgufChoice, choose_and_judge, store_refusal
 from anyformer_localmind import BACKEND_ID
 from anyformer_localmind.estimate import MAX_BATCH, RAM_OVERHEAD, context_for
 
 INSTALL_HINT = "pip install wgpu"
 
 
-def _header_problem(summary: dict[str, object]) -> str | None:
-    """Why no engine reads this GGUF (architecture, weight types, tokenizer), or None."""
+#: The order LocalMind tries a repo's files in: plain Q4_0 first (as the original), then the other types
+#: its WGSL kernels read, smallest trade-offs first.
+PREFERRED_QUANTS = ("Q4_0", "Q4_1", "Q4_K_M", "Q4_K_S", "Q5_K_M", "Q5_K_S", "Q6_K", "Q8_0", "F16", "BF16", "F32")
+#: Names whose weight types the kernels may read; the K-quant mixes (``_L``, ``_XL``) are decided by their header.
+READABLE_QUANTS = (*PREFERRED_QUANTS, "Q4_K", "Q5_K", "Q4_K_L", "Q4_K_XL", "Q5_K_L", "Q5_K_XL", "Q6_K_L", "Q6_K_XL")
+
+
+def model_problem(summary: dict[str, object]) -> str | None:
+    """Why no engine runs the summary's model (architecture, weight types, experts), or None."""
     from anyformer_gguf_gpu.config import architecture_problem
 
-    problem = architecture_problem(summary)
-    if problem is not None:
-        return problem
-    return tokenizer_problem(summary)
+    return architecture_problem(summary)
 
 
 @hookimpl
 def can_run(model: Model, caps: Caps, request: Request) -> Verdict:
     """Refuse with ``format``/``task``/``model``/``gpu``/``store``/``budget``/``memory``/``runtime``, or estimate."""
-    choice = gguf_refusal(BACKEND_ID, model, request, _header_problem)
-    if isinstance(choice, Verdict):
-        return choice
+    return choose_and_judge(
+        BACKEND_ID,
+        model,
+        request,
+        preference=PREFERRED_QUANTS,
+        readable_quants=READABLE_QUANTS,
+        model_problem=model_problem,
+        judge=lambda choice: _judge(model, caps, request, choice),
+    )
+
+
+def _judge(model: Model, caps: Caps, request: Request, choice: GgufChoice) -> Verdict:
+    """The verdict on one file: a GPU adapter, the store, the GPU budget, host memory and wgpu."""
     if not caps.gpu:
         note = f" ({caps.gpu_note})" if caps.gpu_note else ""
         return Verdict.refuse(BACKEND_ID, Refusal.GPU, f"needs a GPU adapter through wgpu{note}")
-    refusal = store_refusal(BACKEND_ID, model, caps, choice.file)
+    refusal = store_refusal(BACKEND_ID, model, caps, choice.candidate.files)
     if refusal is not None:
         return refusal
     from anyformer_gguf_gpu.engines import engine_footprint
@@ -61,6 +77,7 @@ def can_run(model: Model, caps: Caps, request: Request) -> Verdict:
     context = context_for(choice.summary, request.context)
     # The engine keeps an f16 KV cache where the adapter has shader-f16.
     plan = engine_footprint(choice.summary, context, MAX_BATCH, kv_f16=caps.f16)
+    rough = " (a rough estimate from the file size: no header read)" if choice.estimated else ""
     budget = request.budget if request.budget is not None else caps.gpu_bytes
     if budget is not None and plan.gpu_bytes > budget:
         return Verdict.refuse(
@@ -68,7 +85,7 @@ def can_run(model: Model, caps: Caps, request: Request) -> Verdict:
             Refusal.BUDGET,
             f"{choice.file.name}: needs {format_size(plan.gpu_bytes)} of GPU memory at {context} tokens of context "
             f"(weights {format_size(plan.weights_bytes)}, KV cache {format_size(plan.kv_bytes)}, "
-            f"buffers {format_size(plan.buffer_bytes)}); the budget is {format_size(budget)}",
+            f"buffers {format_size(plan.buffer_bytes)}){rough}; the budget is {format_size(budget)}",
             need=plan.gpu_bytes,
         )
     if caps.ram_bytes < RAM_OVERHEAD:
@@ -86,16 +103,19 @@ def can_run(model: Model, caps: Caps, request: Request) -> Verdict:
         Estimate(
             gpu_bytes=plan.gpu_bytes,
             ram_bytes=RAM_OVERHEAD,
-            disk_bytes=choice.file.size or 0,
+            disk_bytes=choice.size,
             rank=Rank.SPECIALIST,
             details={
                 "file": choice.file.name,
+                "quant": choice.candidate.quant,
                 "architecture": choice.summary.get("architecture"),
                 "context": context,
                 "kv_cache": plan.kv_bytes,
                 "adapter": caps.gpu_name,
+                "estimated": choice.estimated,
             },
-            files=(choice.file.name,),
+            files=choice.names,
+            inputs=(),
         ),
     )
 
