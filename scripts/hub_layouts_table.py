@@ -74,11 +74,12 @@ def table(home: Path) -> str:
         point_huggingface_hub_at(patch, hub.url, home / "hf")
         patch.setenv("ANYFORMER_HOME", str(home / "anyformer"))
         for layout in layouts:
-            serve_layout(hub, layout)
             sizes = layout.sizes.split(":")[0].split(",")[0]
             for entry in layout.checks:
+                # A revision per check: each answers as a fresh `anyformer check` process would.
+                serve_layout(hub, layout, revision=entry.name)
                 caps = machine_caps(entry.machine, home / "store")
-                _, selection = check(layout.repo, caps=caps, budget=entry.machine.get("budget"))
+                _, selection = check(f"{layout.repo}@{entry.name}", caps=caps, budget=entry.machine.get("budget"))
                 by_backend = {v.backend: v for v in selection.verdicts}
                 cells = []
                 for backend in backends:

@@ -134,11 +134,16 @@ def _layout(path: Path) -> Layout:
     )
 
 
-def serve_layout(hub: FakeHub, layout: Layout) -> str:
-    """Add ``layout`` to ``hub`` at its listed sizes; return the commit sha."""
+def serve_layout(hub: FakeHub, layout: Layout, revision: str = "main") -> str:
+    """Add ``layout`` to ``hub`` at its listed sizes as ``revision``; return the commit sha.
+
+    Each revision is its own commit: a check asked at a revision of its own starts as a new
+    process would, with nothing of another check's header reads cached or counted for that commit.
+    """
     return hub.add_repo(
         layout.repo,
         stand_in_files(layout),
+        revision=revision,
         pipeline_tag=layout.pipeline_tag,
         tags=list(layout.tags),
         library_name=layout.library_name,

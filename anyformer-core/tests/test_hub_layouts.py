@@ -58,9 +58,10 @@ def answer(layout: Layout, entry: LayoutCheck, request: pytest.FixtureRequest) -
     if key not in _ANSWERS:
         hub = request.getfixturevalue("fake_hub")
         tmp = request.getfixturevalue("tmp_path")
-        serve_layout(hub, layout)
-        budget = entry.machine.get("budget")
-        _ANSWERS[key] = check(layout.repo, caps=machine_caps(entry.machine, tmp / "store"), budget=budget)
+        # A revision per check: each check answers as a fresh `anyformer check` process would.
+        serve_layout(hub, layout, revision=entry.name)
+        caps = machine_caps(entry.machine, tmp / "store")
+        _ANSWERS[key] = check(f"{layout.repo}@{entry.name}", caps=caps, budget=entry.machine.get("budget"))
     return _ANSWERS[key]
 
 
