@@ -33,6 +33,8 @@ __all__ = ["fake_hub"]
 
 LAYOUTS = load_layouts()
 CHECKS = [(layout, entry) for layout in LAYOUTS for entry in layout.checks]
+#: Every backend some expectation names.
+EXPECTED_BACKENDS = {b for _, entry in CHECKS for b in [*entry.verdicts, entry.chosen] if b is not None}
 #: What check answered, per (layout, check): several tests read one answer.
 _ANSWERS: dict[tuple[str, str], tuple[Model, Selection]] = {}
 
@@ -162,8 +164,8 @@ def test_the_stand_in_lists_the_real_names_sizes_tags_and_task(fake_hub: Any, la
 
     serve_layout(fake_hub, layout)
     info = HfApi().model_info(layout.repo, files_metadata=True)
-    assert [(s.rfilename, s.size) for s in info.siblings] == [(f.name, f.size) for f in layout.files]
-    assert list(info.tags) == list(layout.tags)
+    assert [(s.rfilename, s.size) for s in info.siblings or []] == [(f.name, f.size) for f in layout.files]
+    assert list(info.tags or []) == list(layout.tags)
     assert info.pipeline_tag == layout.pipeline_tag
     assert info.library_name == layout.library_name
 
@@ -262,8 +264,10 @@ def test_a_backend_answers_what_the_issue_expects(
 def test_the_policy_chooses_the_engine_written_for_the_model(
     layout: Layout, entry: LayoutCheck, request: pytest.FixtureRequest
 ) -> None:
-    if entry.chosen is not None and entry.chosen not in installed_backends():
-        pytest.skip(f"{entry.chosen} is not installed")
+    missing = EXPECTED_BACKENDS - installed_backends()
+    if missing:
+        # The policy picks among all of them: with one missing, another may rightly be chosen.
+        pytest.skip(f"{', '.join(sorted(missing))} not installed (nox -s layouts installs every backend)")
     _, selection = answer(layout, entry, request)
     table = "; ".join(f"{v.backend}: {describe_verdict(v)}" for v in selection.verdicts)
     assert selection.chosen_backend == entry.chosen, table
