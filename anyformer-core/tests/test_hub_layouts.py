@@ -284,6 +284,26 @@ def test_every_backend_answers_and_every_refusal_says_why_in_one_line(
             assert verdict.reason.strip() and "\n" not in verdict.reason, (verdict.backend, verdict.reason)
 
 
+MANY_QUANTS = [layout for layout in GGUF_LAYOUTS if sum(f.name.endswith(".gguf") for f in layout.files) >= 6]
+
+
+@pytest.mark.parametrize("layout", MANY_QUANTS, ids=lambda layout: layout.key)
+def test_a_check_reads_a_few_headers_not_one_per_quant_and_downloads_no_weights(fake_hub: Any, layout: Layout) -> None:
+    from anyformer.store._gguf_facts import MAX_HUB_HEADER_READS
+
+    serve_layout(fake_hub, layout, revision="header-reads")
+    caps = machine_caps(
+        {"caps": "gpu,f16,subgroups,store", "ram": "16GB", "gpu_bytes": "8GB"}, pathlib.Path("/nonexistent")
+    )
+    fake_hub.reset()
+    check(f"{layout.repo}@header-reads", caps=caps)
+    gets = [(path, headers) for method, path, headers in fake_hub.requests if method == "GET" and ".gguf" in path]
+    assert all("range" in headers for _, headers in gets), "a GGUF was downloaded whole"
+    read = {path.split("?")[0] for path, _ in gets}
+    # describe reads the first-listed header; the backends' own asks share a budget per commit.
+    assert len(read) <= 1 + MAX_HUB_HEADER_READS, sorted(read)
+
+
 def test_the_clis_json_gives_the_same_verdicts(fake_hub: Any, capsys: pytest.CaptureFixture[str]) -> None:
     from anyformer.cli._main import main
 
