@@ -38,7 +38,7 @@ def gguf_facts(model: Model, candidate: GGUFCandidate) -> dict[str, Any] | None:
     None means no header can be had here: a what-if description without it, the Hub offline and
     nothing cached, or this commit's read budget spent. A hostile header is ``BAD_MODEL``.
     """
-    given = _from_description(model, candidate.name)
+    given = _from_description(model, candidate)
     if given is not None:
         return given
     first = candidate.first
@@ -61,13 +61,23 @@ def gguf_facts(model: Model, candidate: GGUFCandidate) -> dict[str, Any] | None:
     return cached
 
 
-def _from_description(model: Model, name: str) -> dict[str, Any] | None:
+def _from_description(model: Model, candidate: GGUFCandidate) -> dict[str, Any] | None:
+    """The summary the description carries for ``candidate``: per file, or ``gguf`` for ``gguf_file``
+    (a description naming no ``gguf_file`` means its one candidate)."""
     per_file = model.metadata.get("gguf_files")
-    if isinstance(per_file, dict) and isinstance(per_file.get(name), dict):
-        return dict(per_file[name])
+    if isinstance(per_file, dict) and isinstance(per_file.get(candidate.name), dict):
+        return dict(per_file[candidate.name])
     summary = model.metadata.get("gguf")
-    if model.metadata.get("gguf_file") == name and isinstance(summary, dict):
+    if not isinstance(summary, dict):
+        return None
+    named = model.metadata.get("gguf_file")
+    if named == candidate.name:
         return dict(summary)
+    if named is None:
+        from anyformer.files._gguf_candidates import gguf_candidates
+
+        if [c.name for c in gguf_candidates(model)] == [candidate.name]:
+            return dict(summary)
     return None
 
 
