@@ -176,7 +176,7 @@ def _stand_ins(layout: Layout) -> dict[str, StandIn]:
             out[name] = StandIn(prefix, size)
         elif lower.endswith(".safetensors"):
             out[name] = StandIn(_safetensors_header(size), size)
-        elif name.rsplit("/", 1)[-1] == "config.json" and layout.config is not None and "/" not in name:
+        elif name == "config.json" and layout.config is not None:
             out[name] = _text(json.dumps(layout.config, indent=2).encode(), size)
         elif lower.endswith("readme.md"):
             out[name] = _text(_model_card(layout), size)
