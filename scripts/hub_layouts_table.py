@@ -52,13 +52,16 @@ def table(home: Path) -> str:
 
     backends = sorted(get_plugin_manager().backends())
     layouts = load_layouts()
+    constructed = sum(layout.repo.startswith("anyformer-layouts/") for layout in layouts)
     lines = [
         "# Real Hub layouts: every backend's verdict and file",
         "",
         "<!-- Written by scripts/hub_layouts_table.py; do not edit by hand. -->",
         "",
-        f"{len(layouts)} real repo listings (`anyformer-core/tests/data/hub_layouts/`, each citing its "
-        "public source and saying which sizes are real), served by the test suite's Hub stand-in at their "
+        f"{len(layouts) - constructed} real repo listings and {constructed} constructed ones (text-diffusion "
+        "ONNX exports, under the made-up owner `anyformer-layouts`: no public listing was found) in "
+        "`anyformer-core/tests/data/hub_layouts/`, each citing its sources and saying which sizes are real, "
+        "served by the test suite's Hub stand-in at their "
         "real sizes with tiny stand-in headers, and asked `anyformer check` on the machine each row names. "
         "A cell is the backend's answer: `ok` and the file its estimate names first, or the refusal code. "
         "**Bold** is what issue 26 expects; `≠ expected` shows the expectation where the answer differs, and "
