@@ -234,6 +234,15 @@ def conformance(session: nox.Session, plugin: str) -> None:
 
 @nox.session
 @discard_venv_in_ci
+def layouts(session: nox.Session) -> None:
+    """Check real Hub repo layouts with every backend installed, and that docs/hub-layouts.md is their table."""
+    install(session, CORE, *PLUGINS.values())
+    session.run("pytest", f"{CORE}/tests/test_hub_layouts.py", "-p", "no:cacheprovider", *session.posargs)
+    session.run("python", "scripts/hub_layouts_table.py", "--check")
+
+
+@nox.session
+@discard_venv_in_ci
 def build(session: nox.Session) -> None:
     """Build the wheel and sdist of every distribution into dist/, then check them with twine."""
     session.install("build>=1.2", "twine>=5")

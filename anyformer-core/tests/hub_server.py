@@ -37,7 +37,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 if TYPE_CHECKING:
     from typing import Self  # 3.11+, only for the type checker: the kit runs on 3.10
 
-__all__ = ["FakeHub", "git_blob_sha1"]
+__all__ = ["FakeHub", "StandIn", "git_blob_sha1"]
 
 _DEFAULT_LFS_SUFFIXES = (".gguf", ".onnx", ".safetensors", ".bin", ".data")
 _API_MODEL = re.compile(r"^/api/models/(?P<repo>[^/]+(?:/[^/]+)?)(?:/(?P<kind>revision|tree)/(?P<rest>.*))?$")
@@ -48,6 +48,31 @@ LOGGED_HEADERS = ("range", "authorization", "accept-encoding", "x-hf-download-co
 _TIMESTAMP = "2024-01-01T00:00:00.000Z"
 _GARBAGE = b"<html><body>502 Bad Gateway? no: 200 OK and \x00\xff not JSON</body></html>"
 _CHUNK = 64 * 1024
+#: A stand-in up to this size is hashed over its whole content; a larger one gets a made-up digest.
+_STAND_IN_HASHED = 16 * 1024 * 1024
+_FILL_BLOCK = 1024 * 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class StandIn:
+    """A file of ``size`` bytes that is ``prefix`` followed by ``fill`` bytes, never held whole.
+
+    It lets a test serve a listing at the Hub's real sizes (a 20 GB GGUF) with tiny real contents
+    (its header): range reads of the prefix see real bytes, everything after reads as ``fill``.
+    Up to 16 MiB the sha256 and git blob id are those of the whole content; beyond that they are
+    made up from the prefix and the size (a download would fail its digest check; a header read
+    never looks at it), so that serving a 60 GB listing costs no hashing.
+    """
+
+    prefix: bytes
+    size: int
+    fill: bytes = b"\x00"
+
+    def __post_init__(self) -> None:
+        if len(self.fill) != 1:
+            raise ValueError("fill is one byte")
+        if self.size < len(self.prefix):
+            raise ValueError(f"a stand-in of {self.size} bytes cannot hold a {len(self.prefix)}-byte prefix")
 
 
 def git_blob_sha1(data: bytes) -> str:
@@ -64,6 +89,19 @@ class _Blob:
     git_sha1: str
     data: bytes | None = None
     path: pathlib.Path | None = None
+    #: For a stand-in: ``data`` is its prefix and every byte from ``len(data)`` to ``size`` is this one.
+    fill: bytes | None = None
+
+    @classmethod
+    def from_stand_in(cls, stand_in: StandIn) -> _Blob:
+        prefix, fill = stand_in.prefix, stand_in.fill
+        if stand_in.size <= _STAND_IN_HASHED:
+            whole = prefix + fill * (stand_in.size - len(prefix))
+            sha256, sha1 = hashlib.sha256(whole).hexdigest(), git_blob_sha1(whole)
+        else:
+            sha256 = hashlib.sha256(prefix + b"%d" % stand_in.size + fill).hexdigest()
+            sha1 = hashlib.sha1(sha256.encode()).hexdigest()
+        return cls(stand_in.size, sha256, sha1, data=prefix, fill=fill)
 
     @classmethod
     def from_bytes(cls, data: bytes, store: pathlib.Path | None) -> _Blob:
@@ -90,6 +128,10 @@ class _Blob:
         """Write bytes ``start`` to ``end`` (exclusive) to ``connection`` as fast as the kernel can."""
         if end <= start:
             return
+        if self.fill is not None:
+            for offset in range(start, end, _FILL_BLOCK):
+                connection.sendall(self.read(offset, min(end, offset + _FILL_BLOCK)))
+            return
         if self.data is not None:
             connection.sendall(memoryview(self.data)[start:end])
             return
@@ -99,6 +141,10 @@ class _Blob:
 
     def read(self, start: int, end: int) -> bytes:
         """Bytes ``start`` to ``end`` (exclusive)."""
+        if self.fill is not None and self.data is not None:
+            end = min(end, self.size)
+            head = self.data[start:end]
+            return head + self.fill * max(0, end - max(start, len(self.data)))
         if self.data is not None:
             return self.data[start:end]
         assert self.path is not None
@@ -140,6 +186,7 @@ class _Commit:
     tags: list[str]
     gguf: dict[str, Any] | None
     config: dict[str, Any] | None
+    library_name: str | None = None
 
 
 @dataclasses.dataclass
@@ -197,23 +244,27 @@ class FakeHub:
     def add_repo(
         self,
         repo_id: str,
-        files: Mapping[str, bytes | pathlib.Path],
+        files: Mapping[str, bytes | pathlib.Path | StandIn],
         *,
         revision: str = "main",
         pipeline_tag: str | None = None,
         tags: list[str] | None = None,
         gguf: dict[str, Any] | None = None,
+        library_name: str | None = None,
         lfs_suffixes: Iterable[str] = _DEFAULT_LFS_SUFFIXES,
     ) -> str:
         """Add (or replace) ``revision`` of ``repo_id`` with these files; return the new commit sha.
 
         File names are stored as given, hostile ones included (``../x``), so tests can check that
-        clients refuse them. A file is LFS when its name ends with one of ``lfs_suffixes``.
+        clients refuse them. A file is LFS when its name ends with one of ``lfs_suffixes``. A
+        :class:`StandIn` is served at its full size from its prefix (never written out).
         """
         suffixes = tuple(s.lower() for s in lfs_suffixes)
         entries: dict[str, _File] = {}
         for name, content in files.items():
-            if isinstance(content, (bytes, bytearray)):
+            if isinstance(content, StandIn):
+                blob = _Blob.from_stand_in(content)
+            elif isinstance(content, (bytes, bytearray)):
                 blob = _Blob.from_bytes(bytes(content), self._blob_dir)
             else:
                 blob = _Blob.from_path(pathlib.Path(content))
@@ -222,7 +273,7 @@ class FakeHub:
         for name in sorted(entries):
             digest.update(f"{name}\x00{entries[name].etag}\x00".encode())
         sha = digest.hexdigest()
-        commit = _Commit(sha, entries, pipeline_tag, list(tags or []), gguf, _config_summary(files))
+        commit = _Commit(sha, entries, pipeline_tag, list(tags or []), gguf, _config_summary(files), library_name)
         with self._lock:
             repo = self._repos.setdefault(repo_id, _Repo(repo_id))
             repo.commits[sha] = commit
@@ -321,13 +372,18 @@ class FakeHub:
                 self.cut_after.pop(name, None)
 
 
-def _config_summary(files: Mapping[str, bytes | pathlib.Path]) -> dict[str, Any] | None:
+def _config_summary(files: Mapping[str, bytes | pathlib.Path | StandIn]) -> dict[str, Any] | None:
     # The real Hub echoes part of config.json in model_info's ``config``; do the same when it parses.
     content = files.get("config.json")
     if content is None:
         return None
     try:
-        raw = content if isinstance(content, (bytes, bytearray)) else pathlib.Path(content).read_bytes()
+        if isinstance(content, StandIn):
+            raw = content.prefix + content.fill * (content.size - len(content.prefix))
+        elif isinstance(content, (bytes, bytearray)):
+            raw = bytes(content)
+        else:
+            raw = pathlib.Path(content).read_bytes()
         data = json.loads(raw)
     except (OSError, ValueError):
         return None
@@ -568,7 +624,7 @@ def _model_info(repo_id: str, commit: _Commit, blobs: bool) -> dict[str, Any]:
         "downloads": 0,
         "likes": 0,
         "tags": list(commit.tags),
-        "library_name": None,
+        "library_name": commit.library_name,
         "siblings": siblings,
         "spaces": [],
         "usedStorage": sum(e.blob.size for e in commit.files.values()),

@@ -8,7 +8,7 @@ import pathlib
 import huggingface_hub
 import pytest
 from hub_fixtures import fake_hub
-from hub_server import FakeHub, git_blob_sha1
+from hub_server import FakeHub, StandIn, git_blob_sha1
 from huggingface_hub import HfApi, hf_hub_download, hf_hub_url, snapshot_download
 from huggingface_hub.errors import (
     EntryNotFoundError,
@@ -175,3 +175,40 @@ def test_files_on_disk_are_served_and_hashed(tmp_path: pathlib.Path) -> None:
         assert response.status_code == 206 and response.content == WEIGHTS[-16:]
         assert response.headers["ETag"] == f'"{hashlib.sha256(WEIGHTS).hexdigest()}"'
         assert (tmp_path / "hub" / "blobs" / hashlib.sha256(b"# hi").hexdigest()).read_bytes() == b"# hi"
+
+
+def test_a_stand_in_is_served_at_its_size_as_its_prefix_then_fill(fake_hub: FakeHub) -> None:
+    prefix = b"GGUF header bytes"
+    fake_hub.add_repo("org/big", {"w.gguf": StandIn(prefix, 3 * 1024 * 1024 + 5)}, library_name="gguf")
+    info = HfApi().model_info("org/big", files_metadata=True)
+    assert info.siblings[0].size == 3 * 1024 * 1024 + 5 and info.library_name == "gguf"
+    url = hf_hub_url("org/big", "w.gguf")
+    head = get_session().get(url, headers={"Range": "bytes=0-31"})
+    assert head.status_code == 206 and head.content == prefix + bytes(32 - len(prefix))
+    tail = get_session().get(url, headers={"Range": "bytes=-4"})
+    assert tail.content == bytes(4)
+    # Up to 16 MiB the digest is the whole content's, so a download passes the client's checks.
+    whole = prefix + bytes(3 * 1024 * 1024 + 5 - len(prefix))
+    assert info.siblings[0].lfs.sha256 == hashlib.sha256(whole).hexdigest()
+    path = hf_hub_download("org/big", "w.gguf")
+    assert pathlib.Path(path).read_bytes() == whole
+
+
+def test_a_huge_stand_in_costs_no_hashing_and_reads_at_any_offset(fake_hub: FakeHub) -> None:
+    size = 60 * 10**9
+    fake_hub.add_repo("org/huge", {"w.gguf": StandIn(b"head", size), "README.md": StandIn(b"# hi", 100, fill=b" ")})
+    info = HfApi().model_info("org/huge", files_metadata=True)
+    sizes = {s.rfilename: (s.size, s.lfs) for s in info.siblings}
+    assert sizes["w.gguf"][0] == size and len(sizes["w.gguf"][1].sha256) == 64
+    assert sizes["README.md"] == (100, None)
+    middle = get_session().get(hf_hub_url("org/huge", "w.gguf"), headers={"Range": "bytes=50000000000-50000000007"})
+    assert middle.status_code == 206 and middle.content == bytes(8)
+    readme = get_session().get(hf_hub_url("org/huge", "README.md"))
+    assert readme.content == b"# hi" + b" " * 96
+
+
+def test_a_stand_in_refuses_a_prefix_longer_than_its_size() -> None:
+    with pytest.raises(ValueError):
+        StandIn(b"12345", 4)
+    with pytest.raises(ValueError):
+        StandIn(b"", 4, fill=b"ab")
