@@ -103,13 +103,45 @@ def task_refusal(backend: str, model: Model, request: Request) -> Verdict | None
     return None
 
 
+#: Header facts every quant of one repo shares (one model, one tokenizer): a header read for another
+#: file of the repo (the description's) tells them for a candidate whose own header was not read.
+_REPO_WIDE_FACTS = (
+    "architecture",
+    "block_count",
+    "context_length",
+    "embedding_length",
+    "feed_forward_length",
+    "head_count",
+    "head_count_kv",
+    "key_length",
+    "value_length",
+    "expert_count",
+    "expert_used_count",
+    "vocab_size",
+    "tokenizer_model",
+    "tokenizer_pre",
+    "rope_scaling",
+    "parameter_count",
+    "has_chat_template",
+)
+
+
 def rough_summary(model: Model, candidate: GGUFCandidate) -> dict[str, Any]:
-    """What a header summary would say, from the description alone: architecture, config dims, file bytes."""
-    summary: dict[str, Any] = {"architecture": model.architecture, "data_bytes": candidate.size}
+    """What a header summary would say, from the description alone: architecture, config dims, file bytes.
+
+    The repo-wide facts of the header the description read (another quant of the same model) come
+    first; config.json's dimensions fill what it lacks.
+    """
+    described = model.metadata.get("gguf")
+    summary: dict[str, Any] = {}
+    if isinstance(described, dict):
+        summary.update({key: described[key] for key in _REPO_WIDE_FACTS if described.get(key) is not None})
+    summary.setdefault("architecture", model.architecture)
+    summary["data_bytes"] = candidate.size
     for key, fact in _CONFIG_FACTS.items():
         value = model.config.get(key)
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            summary[fact] = value
+            summary.setdefault(fact, value)
     hub = model.metadata.get("hub_gguf")
     if isinstance(hub, dict) and isinstance(hub.get("context_length"), int):
         summary.setdefault("context_length", hub["context_length"])
@@ -146,7 +178,12 @@ def choose_and_judge(
         if estimated and not summary.get("architecture"):
             why = "the header was not read and no architecture is known"
             return Verdict.refuse(backend, Refusal.MODEL, f"{candidate.name}: {why}")
-        problem = model_problem(summary) or (None if estimated else _header_only_problem(summary, candidate))
+        if estimated:
+            # The repo's tokenizer is known when the description read another quant's header.
+            header_problem = tokenizer_problem(summary) if summary.get("tokenizer_model") else None
+        else:
+            header_problem = _header_only_problem(summary, candidate)
+        problem = model_problem(summary) or header_problem
         if problem is not None:
             return Verdict.refuse(backend, Refusal.MODEL, f"{candidate.name}: {problem}")
         return judge(GgufChoice(candidate, summary, estimated))
