@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from anyformer._selection import Selection, select
     from anyformer.contract._caps import Caps, probe
     from anyformer.contract._chunk import Chunk, FinishReason, GenerateOptions, TokenLogprob
+    from anyformer.contract._constraint import Constraint
     from anyformer.contract._errors import AnyformerError, ErrorCode
     from anyformer.contract._messages import Message, has_audio, has_images, text_of, validate_messages
     from anyformer.contract._model import Model, ModelFile
@@ -59,6 +60,7 @@ _EXPORTS = {
     "FinishReason": "anyformer.contract._chunk",
     "GenerateOptions": "anyformer.contract._chunk",
     "TokenLogprob": "anyformer.contract._chunk",
+    "Constraint": "anyformer.contract._constraint",
     "AnyformerError": "anyformer.contract._errors",
     "ErrorCode": "anyformer.contract._errors",
     "Message": "anyformer.contract._messages",
@@ -90,6 +92,7 @@ __all__ = [
     "BackendModel",
     "Caps",
     "Chunk",
+    "Constraint",
     "ErrorCode",
     "Estimate",
     "FinishReason",

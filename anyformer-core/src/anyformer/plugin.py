@@ -10,6 +10,7 @@ Groups, in the order a backend meets them:
 - hooks: :data:`hookimpl`, and the hook specifications in :mod:`anyformer.hookspecs`;
 - the contract's types: :class:`Model`, :class:`ModelFile`, :class:`Caps`, :class:`Request`,
   :class:`Verdict`, :class:`Estimate`, :class:`Rank`, :class:`Refusal`, :class:`Chunk`, :class:`TokenLogprob`,
+  :class:`Constraint` (structured output), ``PENALTY_WINDOW`` (the tokens the penalties look at),
   :class:`GenerateOptions`, :class:`FinishReason`, :class:`StoreEntry`, :class:`ProgressEvent`,
   :data:`ProgressCallback`, :func:`no_progress`, :class:`BackendModel`, :class:`AnyformerError`, :class:`ErrorCode`;
 - messages and chat: :data:`Message`, :func:`validate_messages`, :func:`has_images`, :func:`has_audio`,
@@ -37,11 +38,13 @@ from anyformer._backend import BackendModel
 from anyformer._chat_template import CHATML_TEMPLATE, render_chat
 from anyformer.contract._caps import Caps, host_ram_available, usable_cpu_count
 from anyformer.contract._chunk import Chunk, FinishReason, GenerateOptions, TokenLogprob
+from anyformer.contract._constraint import Constraint
 from anyformer.contract._errors import AnyformerError, ErrorCode
 from anyformer.contract._messages import Message, has_audio, has_images, text_of, validate_messages
 from anyformer.contract._model import Model, ModelFile
 from anyformer.contract._progress import ProgressCallback, ProgressEvent, no_progress
 from anyformer.contract._request import Request
+from anyformer.contract._sampling import PENALTY_WINDOW
 from anyformer.contract._sizes import format_size, parse_size
 from anyformer.contract._store_entry import StoreEntry
 from anyformer.contract._verdict import Estimate, Rank, Refusal, Verdict
@@ -78,10 +81,12 @@ __all__ = [
     "MAX_IMAGE_PIXELS",
     "MAX_IMAGE_SIDE",
     "MAX_MEDIA_FILE_BYTES",
+    "PENALTY_WINDOW",
     "AnyformerError",
     "BackendModel",
     "Caps",
     "Chunk",
+    "Constraint",
     "ErrorCode",
     "Estimate",
     "FinishReason",

@@ -7,7 +7,10 @@ import enum
 import threading
 from typing import Any
 
+from anyformer.contract._constraint import Constraint
 from anyformer.contract._errors import AnyformerError, ErrorCode
+from anyformer.contract._sampling import normalised_sampling
+from anyformer.contract._tools import check_tools, check_variables
 
 #: The most stop strings one generation takes: each is checked after every token.
 MAX_STOP_STRINGS = 16
@@ -105,14 +108,22 @@ class GenerateOptions:
     cancel: threading.Event = dataclasses.field(default_factory=threading.Event)
     #: The raw text to continue, with no chat template (``generate(prompt=...)``); None for a chat.
     prompt: str | None = None
-    #: With a raw prompt: report each generated token's log-probability and this many alternatives.
+    #: Report each generated token's log-probability and this many alternatives (in a chat only where the
+    #: backend's ``honours`` has ``logprobs``).
     logprobs: int | None = None
     #: With a raw prompt: the text after the gap, for fill-in-the-middle (the prompt is the text before it).
     suffix: str | None = None
     #: With a raw prompt and ``logprobs``: report the prompt's tokens too (scoring; ``max_new_tokens`` may be 0).
     prompt_logprobs: bool = False
-    #: Backend-specific settings passed through unchanged (``top_p``, ``repeat_penalty``…).
+    #: Sampling options (``top_p``, ``min_p``, ``logit_bias``…, see ``SAMPLING_OPTIONS``) and backend-specific
+    #: settings, passed through unchanged; a sampling option the backend does not honour is refused.
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: Structured output: what the reply must match (None: free text).
+    constraint: Constraint | None = None
+    #: Tool definitions (OpenAI's ``{"type": "function", "function": {...}}``) the chat template renders.
+    tools: tuple[dict[str, Any], ...] = ()
+    #: Extra chat template variables (``reasoning_effort``, a request's ``chat_template_kwargs``).
+    template_variables: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def build(
@@ -128,6 +139,9 @@ class GenerateOptions:
         logprobs: int | None = None,
         suffix: str | None = None,
         prompt_logprobs: bool = False,
+        constraint: Constraint | dict[str, Any] | None = None,
+        tools: list[dict[str, Any]] | tuple[dict[str, Any], ...] | None = None,
+        template_variables: dict[str, Any] | None = None,
         **extra: Any,
     ) -> GenerateOptions:
         """Validate user options; anything malformed raises ``BAD_REQUEST`` before any work."""
@@ -175,8 +189,6 @@ class GenerateOptions:
                 raise AnyformerError(
                     ErrorCode.BAD_REQUEST, f"logprobs must be an integer in [0, {MAX_LOGPROBS}], got {logprobs!r:.40}"
                 )
-            if prompt is None:
-                raise AnyformerError(ErrorCode.BAD_REQUEST, "logprobs are reported for raw prompts only (prompt=...)")
         if suffix is not None:
             if not isinstance(suffix, str) or len(suffix) > MAX_PROMPT_CHARS:
                 raise AnyformerError(
@@ -189,6 +201,10 @@ class GenerateOptions:
                 ErrorCode.BAD_REQUEST, "prompt_logprobs scores a raw prompt: it takes logprobs=N and no suffix"
             )
         _check_sampling(extra)
+        extra = normalised_sampling(extra)
+        checked_tools = check_tools(tools)
+        if checked_tools and prompt is not None:
+            raise AnyformerError(ErrorCode.BAD_REQUEST, "tools are rendered by the chat template: send messages")
         if cancel is not None and not (hasattr(cancel, "is_set") and hasattr(cancel, "set")):
             raise AnyformerError(ErrorCode.BAD_REQUEST, "cancel must be a threading.Event")
         return cls(
@@ -203,4 +219,7 @@ class GenerateOptions:
             suffix=suffix,
             prompt_logprobs=prompt_logprobs,
             extra=extra,
+            constraint=None if constraint is None else Constraint.build(constraint),
+            tools=checked_tools,
+            template_variables=check_variables(template_variables),
         )

@@ -213,6 +213,8 @@ class DiskformerModel:
 
     backend = BACKEND_ID
     task = "text-generation"
+    #: The sampling options its sampler reads; the core refuses the others (``min_p``, ``constraint``…).
+    honours = frozenset({"top_p", "top_k"})
 
     def __init__(self, engine: Engine, tokenizer: GGUFTokenizer, name: str) -> None:
         self.engine: Engine | None = engine
