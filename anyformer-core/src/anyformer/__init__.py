@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from anyformer.contract._request import Request
     from anyformer.contract._sizes import format_size, parse_size
     from anyformer.contract._store_entry import StoreEntry
+    from anyformer.contract._tool_calls import ToolCall
     from anyformer.contract._verdict import Estimate, Rank, Refusal, Verdict
     from anyformer.hookspecs import hookimpl
     from anyformer.store._paths import anyformer_home
@@ -61,6 +62,7 @@ _EXPORTS = {
     "GenerateOptions": "anyformer.contract._chunk",
     "TokenLogprob": "anyformer.contract._chunk",
     "Constraint": "anyformer.contract._constraint",
+    "ToolCall": "anyformer.contract._tool_calls",
     "AnyformerError": "anyformer.contract._errors",
     "ErrorCode": "anyformer.contract._errors",
     "Message": "anyformer.contract._messages",
@@ -112,6 +114,7 @@ __all__ = [
     "Selection",
     "StoreEntry",
     "TokenLogprob",
+    "ToolCall",
     "Verdict",
     "__version__",
     "anyformer_home",

@@ -14,7 +14,9 @@ Groups, in the order a backend meets them:
   :class:`GenerateOptions`, :class:`FinishReason`, :class:`StoreEntry`, :class:`ProgressEvent`,
   :data:`ProgressCallback`, :func:`no_progress`, :class:`BackendModel`, :class:`AnyformerError`, :class:`ErrorCode`;
 - messages and chat: :data:`Message`, :func:`validate_messages`, :func:`has_images`, :func:`has_audio`,
-  :func:`text_of`, :func:`render_chat` (jinja2's sandbox), :data:`CHATML_TEMPLATE`;
+  :func:`text_of`, :func:`render_chat` (jinja2's sandbox), :data:`CHATML_TEMPLATE`,
+  :func:`template_takes_tools`, :func:`with_tool_prompt` (tools for a template that cannot render them),
+  :class:`ToolCall`;
 - files, read with hard limits before any engine sees them: :func:`read_gguf_header`,
   :func:`check_split_set`, :func:`split_set_members`, :class:`GGUFHeader`, :class:`GGUFTensor`,
   :class:`LazyArray` (a long GGUF array in ``GGUFHeader.kv``, decoded on first use),
@@ -35,7 +37,7 @@ Groups, in the order a backend meets them:
 """
 
 from anyformer._backend import BackendModel
-from anyformer._chat_template import CHATML_TEMPLATE, render_chat
+from anyformer._chat_template import CHATML_TEMPLATE, render_chat, template_takes_tools
 from anyformer.contract._caps import Caps, host_ram_available, usable_cpu_count
 from anyformer.contract._chunk import Chunk, FinishReason, GenerateOptions, TokenLogprob
 from anyformer.contract._constraint import Constraint
@@ -47,6 +49,7 @@ from anyformer.contract._request import Request
 from anyformer.contract._sampling import PENALTY_WINDOW
 from anyformer.contract._sizes import format_size, parse_size
 from anyformer.contract._store_entry import StoreEntry
+from anyformer.contract._tool_calls import ToolCall, with_tool_prompt
 from anyformer.contract._verdict import Estimate, Rank, Refusal, Verdict
 from anyformer.files._config_file import read_config_json
 from anyformer.files._gguf_header import (
@@ -109,6 +112,7 @@ __all__ = [
     "SafetensorsHeader",
     "StoreEntry",
     "TokenLogprob",
+    "ToolCall",
     "Verdict",
     "anyformer_home",
     "check_image_size",
@@ -132,7 +136,9 @@ __all__ = [
     "render_chat",
     "rgb_pixels",
     "split_set_members",
+    "template_takes_tools",
     "text_of",
     "usable_cpu_count",
     "validate_messages",
+    "with_tool_prompt",
 ]

@@ -31,8 +31,8 @@ def _bad(why: str) -> AnyformerError:
 class Constraint:
     """What the reply must match: ``kind`` (one of :data:`KINDS`) and its ``source``.
 
-    ``source`` is the schema's JSON text for ``json_schema`` (canonical, so equal schemas compare
-    equal), else the regex or grammar text as given. A reply under a ``json_schema`` constraint is
+    ``source`` is the schema's JSON text for ``json_schema`` (its keys in the order given: a model
+    writes an object's properties in the schema's order), else the regex or grammar text as given. A reply under a ``json_schema`` constraint is
     one JSON value that validates against it, and nothing after it.
     """
 
@@ -59,7 +59,7 @@ class Constraint:
         if not isinstance(schema, Mapping):
             raise _bad(f"a JSON schema must be an object, got {type(schema).__name__}")
         try:
-            text = json.dumps(schema, sort_keys=True, ensure_ascii=False)
+            text = json.dumps(schema, ensure_ascii=False)
         except (TypeError, ValueError, RecursionError) as exc:
             raise _bad(f"the schema is not JSON data ({exc})") from None
         return cls._sized("json_schema", text)

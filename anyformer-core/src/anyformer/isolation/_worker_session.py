@@ -453,6 +453,8 @@ class WorkerSession:
             settings["constraint"] = options.constraint.to_dict()
         if options.tools:
             settings["tools"] = list(options.tools)
+            settings["tool_choice"] = _choice_setting(options.tool_choice)
+            settings.pop("constraint", None)  # a forced call's constraint is made again from tool_choice
         if options.template_variables:
             settings["template_variables"] = options.template_variables
         ident, frames = self._router.route()
@@ -756,3 +758,10 @@ def _progress_event(frame: Mapping[str, Any]) -> ProgressEvent:
         if values.get(key) is not None and (isinstance(values[key], bool) or not isinstance(values[key], int)):
             raise ProtocolError(f"a progress frame with a non-integer {key}")
     return ProgressEvent(**values)
+
+
+def _choice_setting(choice: str | None) -> Any:
+    """``GenerateOptions.tool_choice`` as ``generate`` takes it again in the worker."""
+    if choice is not None and choice.startswith("function:"):
+        return {"type": "function", "function": {"name": choice.removeprefix("function:")}}
+    return choice

@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from anyformer.contract._chunk import TokenLogprob
+from anyformer.contract._tool_calls import ToolCallStream, parse_tool_calls
+from anyformer.contract._tools import check_tools, function_names
 
 OPEN = "<think>"
 CLOSE = "</think>"
@@ -97,13 +99,17 @@ def chat_logprobs(entries: Sequence[TokenLogprob], top: int) -> dict[str, Any]:
 class ChatReply:
     """One chat reply as it is sent: whole (:meth:`message`) or as stream deltas (:meth:`deltas`).
 
-    It splits the reasoning out, and carries logprobs when the request asked for them.
+    It splits the reasoning out, reads tool calls when the request gave tools (``finish_reason``
+    then ``tool_calls``), and carries logprobs when the request asked for them.
     """
 
     def __init__(self, options: dict[str, Any]) -> None:
         self._top: int | None = options.get("logprobs")
         self._entries: list[TokenLogprob] = []
         self._splitter = ReasoningSplitter()
+        tools = check_tools(options.get("tools")) if options.get("tool_choice") != "none" else ()
+        self._names = function_names(tools)
+        self._calls = ToolCallStream(self._names) if self._names else None
 
     def add_logprobs(self, entries: Sequence[TokenLogprob]) -> None:
         """Keep a chunk's logprob entries for the whole reply's ``logprobs``."""
@@ -119,6 +125,12 @@ class ChatReply:
         message: dict[str, Any] = {"role": "assistant", "content": content}
         if reasoning:
             message["reasoning_content"] = reasoning
+        if self._names and finish != "cancelled":
+            rest, calls = parse_tool_calls(content, self._names)
+            if calls:
+                message["content"] = rest or None
+                message["tool_calls"] = [call.to_openai() for call in calls]
+                finish = "tool_calls"
         return message, finish
 
     def deltas(
@@ -129,12 +141,26 @@ class ChatReply:
         if finish is not None:
             more_reasoning, more_content = self._splitter.finish()
             reasoning, content = reasoning + more_reasoning, content + more_content
+        calls: list[dict[str, Any]] = []
+        if self._calls is not None:
+            content = self._calls.feed(content)
+            if finish is not None:
+                rest, found = self._calls.finish()
+                content += rest
+                if found and finish != "cancelled":
+                    calls = [call.to_openai(index) for index, call in enumerate(found)]
         piece: dict[str, Any] = {}
         if reasoning:
             piece["reasoning_content"] = reasoning
         if content:
             piece["content"] = content
         logprobs = chat_logprobs(entries, self._top) if self._top is not None and entries else None
+        if calls:
+            # The text first, then the calls, then the end, as OpenAI streams them.
+            out: list[tuple[dict[str, Any], str | None, dict[str, Any] | None]] = []
+            if piece or logprobs is not None:
+                out.append((piece, None, logprobs))
+            return [*out, ({"tool_calls": calls}, None, None), ({}, "tool_calls", None)]
         if not piece and finish is None and logprobs is None:
             return []
         return [(piece, finish, logprobs)]

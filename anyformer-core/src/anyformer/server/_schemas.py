@@ -52,6 +52,7 @@ _PARAMS = {
     "constraint": "response_format",
     "template variable": "chat_template_kwargs",
     "tools": "tools",
+    "tool_choice": "tool_choice",
 }
 #: The longest model name a request may give: Hub ids are under 100 characters, paths a few hundred.
 MAX_MODEL_CHARS = 1024
@@ -152,14 +153,35 @@ def _messages_of(raw: Any) -> list[Message]:
             raise bad_request(f"messages[{index}] must be an object with 'role' and 'content'", "messages")
         role = message.get("role")
         role = _ROLE_ALIASES.get(role, role) if isinstance(role, str) else role
-        converted.append({"role": role, "content": _content_of(message.get("content"), index)})
+        entry = {"role": role, "content": _content_of(message.get("content"), index)}
+        entry.update({name: message[name] for name in ("tool_calls", "tool_call_id", "name") if name in message})
+        converted.append(entry)
     try:
         return validate_messages(converted)
     except AnyformerError as exc:
         raise bad_request(exc.message, "messages") from None
 
 
-def _options_of(body: dict[str, Any], scoring: bool = False) -> dict[str, Any]:
+def _chat_options(body: dict[str, Any]) -> dict[str, Any]:
+    """What only a chat reads: logprobs, the thinking switches, tools and tool_choice."""
+    options: dict[str, Any] = {}
+    logprobs = chat_logprobs(body)
+    if logprobs is not None:
+        options["logprobs"] = logprobs
+    thinking, variables = thinking_of(body)
+    if thinking:
+        options["thinking"] = True
+    if variables:
+        options["template_variables"] = variables
+    for name in ("tools", "tool_choice"):
+        if body.get(name) is not None:
+            options[name] = body[name]
+    if body.get("parallel_tool_calls") is not None and not isinstance(body["parallel_tool_calls"], bool):
+        raise bad_request("'parallel_tool_calls' must be true or false", "parallel_tool_calls")
+    return options
+
+
+def _options_of(body: dict[str, Any], scoring: bool = False, chat: bool = False) -> dict[str, Any]:
     if body.get("n", 1) != 1:
         raise bad_request("only n=1 is supported: one reply per request (list several prompts instead)", "n")
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
@@ -173,6 +195,8 @@ def _options_of(body: dict[str, Any], scoring: bool = False) -> dict[str, Any]:
     constraint = constraint_of(body)
     if constraint is not None:
         options["constraint"] = constraint
+    if chat:
+        options.update(_chat_options(body))
     try:
         # The core's own checks, before any model is loaded; scoring a prompt (echo + logprobs) takes max_tokens=0.
         checked: dict[str, Any] = (
@@ -207,15 +231,8 @@ def parse_chat(body: Any) -> GenerationRequest:
     preview = body.get("anyformer_preview", False)
     if not isinstance(preview, bool):
         raise bad_request("'anyformer_preview' must be true or false", "anyformer_preview")
-    options = _options_of(body)
-    logprobs = chat_logprobs(body)
-    if logprobs is not None:
-        options["logprobs"] = logprobs
-    thinking, variables = thinking_of(body)
-    if thinking:
-        options["thinking"] = True
-    if variables:
-        options["template_variables"] = variables
+    options = _options_of(body, chat=True)
+    thinking = options.get("thinking", False)
     return GenerationRequest(model, messages, options, stream, include_usage, preview, thinking=thinking)
 
 

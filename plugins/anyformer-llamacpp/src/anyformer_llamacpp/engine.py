@@ -56,6 +56,8 @@ from anyformer.plugin import (
     has_images,
     read_gguf_header,
     render_chat,
+    template_takes_tools,
+    with_tool_prompt,
 )
 from anyformer_llamacpp import BACKEND_ID
 from anyformer_llamacpp.constraint import TokenVocabulary
@@ -346,8 +348,17 @@ class LlamaCppModel:
         variables: dict[str, Any] = {}
         if options is not None:
             variables.update(options.template_variables)
-            if options.tools:
+            if options.tools and template_takes_tools(self._template):
                 variables["tools"] = [dict(tool) for tool in options.tools]
+            elif options.tools and options.tool_choice == "auto":
+                raise AnyformerError(
+                    ErrorCode.BAD_REQUEST,
+                    f"tools: the chat template of {self.name} does not render tools, so with tool_choice 'auto' "
+                    "the model would never see them; send tool_choice 'required' or a named function "
+                    "(the call is then constrained), or use a model whose template takes tools",
+                )
+            elif options.tools:  # a forced call: the tools are described in the system message instead
+                messages = with_tool_prompt(messages, options.tools)
         # A prompt of more characters than the context's tokens can stand for cannot fit: the render
         # stops there, before megabytes are rendered and tokenized only to be refused.
         cap = self.context * self._token_bytes if self._token_bytes else None
