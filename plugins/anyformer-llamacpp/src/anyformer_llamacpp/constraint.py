@@ -12,6 +12,7 @@ grammar, and takes Lark and GBNF grammars as well as JSON schemas and regexes.
 from __future__ import annotations
 
 import threading
+import warnings
 from typing import Any
 
 import numpy as np
@@ -63,7 +64,9 @@ class TokenVocabulary:
 
                 # Every end-of-generation token ends a constrained reply (a chat model's <|im_end|>, not only EOS).
                 ends = [t for t in range(self.n_vocab) if llama_cpp.llama_vocab_is_eog(self._vocab, t)]
-                self._tokenizer = lltokenizer_from_vocab(self._vocab, n_vocab=self.n_vocab, eos_token=ends or None)
+                with warnings.catch_warnings():  # it reads each token's attributes through a deprecated alias
+                    warnings.simplefilter("ignore", DeprecationWarning)
+                    self._tokenizer = lltokenizer_from_vocab(self._vocab, n_vocab=self.n_vocab, eos_token=ends or None)
             return self._tokenizer
 
     def mask_for(self, constraint: Constraint) -> TokenMask:
