@@ -25,6 +25,13 @@ class ReasoningSplitter:
     def __init__(self) -> None:
         self._state = "start"  # start: nothing but whitespace yet; then reasoning or content
         self._held = ""
+        self._trim = False  # just past a tag: the newlines after it are dropped, in whichever delta they come
+
+    def _trimmed(self, text: str) -> str:
+        if self._trim:
+            text = text.lstrip("\n")
+            self._trim = not text
+        return text
 
     def feed(self, delta: str) -> tuple[str, str]:
         """The reasoning and the content this delta completes (either may be empty)."""
@@ -33,19 +40,20 @@ class ReasoningSplitter:
         if self._state == "start":
             stripped = text.lstrip()
             if stripped.startswith(OPEN):
-                self._state = "reasoning"
-                text = stripped[len(OPEN) :].lstrip("\n")
+                self._state, self._trim = "reasoning", True
+                text = stripped[len(OPEN) :]
             elif OPEN.startswith(stripped):  # empty, whitespace, or the tag cut short: wait for more
                 self._held = text
                 return "", ""
             else:
                 self._state = "content"
+        text = self._trimmed(text)
         if self._state == "content":
             return "", text
         end = text.find(CLOSE)
         if end >= 0:
-            self._state = "content"
-            return text[:end], text[end + len(CLOSE) :].lstrip("\n")
+            self._state, self._trim = "content", True
+            return text[:end], self._trimmed(text[end + len(CLOSE) :])
         keep = _partial_tail(text, CLOSE)
         self._held = text[len(text) - keep :] if keep else ""
         return text[: len(text) - keep], ""
