@@ -13,6 +13,7 @@ from anyformer._default_model import default_model_path, is_default_model_name
 from anyformer._loaded import Loaded
 from anyformer.cli._common import add_machine_arguments, add_rpc_argument, caps_from_args, model_argument
 from anyformer.cli._progress_display import ProgressPrinter
+from anyformer.cli._sampling_args import add_sampling_arguments, sampling_options
 from anyformer.contract._chunk import GenerateOptions
 from anyformer.contract._errors import AnyformerError, ErrorCode
 from anyformer.contract._request import Request
@@ -46,6 +47,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="run the engine in this process (default: in a worker process, so an engine crash is reported, not fatal)",
     )
+    add_sampling_arguments(parser)
     add_machine_arguments(parser)
     add_rpc_argument(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON object per chunk")
@@ -82,7 +84,11 @@ def _is_model_ref(text: str) -> bool:
 def _check_options(args: argparse.Namespace) -> None:
     """Every option is checked before the model loads, so a typo costs no load (``BAD_REQUEST``)."""
     GenerateOptions.build(
-        max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed, thinking=args.think
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        seed=args.seed,
+        thinking=args.think,
+        **sampling_options(args),
     )
     request = Request.build(budget=args.budget, context=args.context, rpc=args.rpc)
     if request.rpc and args.in_process:
@@ -177,6 +183,7 @@ def _stream(
         seed=args.seed,
         thinking=args.think,
         cancel=cancel,
+        **sampling_options(args),
     )
     try:
         for chunk in stream:
