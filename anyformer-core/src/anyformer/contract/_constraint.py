@@ -32,8 +32,9 @@ class Constraint:
     """What the reply must match: ``kind`` (one of :data:`KINDS`) and its ``source``.
 
     ``source`` is the schema's JSON text for ``json_schema`` (its keys in the order given: a model
-    writes an object's properties in the schema's order), else the regex or grammar text as given. A reply under a ``json_schema`` constraint is
-    one JSON value that validates against it, and nothing after it.
+    writes an object's properties in the schema's order), else the regex or grammar text as given.
+    A reply under a ``json_schema`` constraint is one JSON value that validates against it, and
+    nothing after it.
     """
 
     kind: str
