@@ -208,7 +208,7 @@ class GenerateOptions:
                 )
             if prompt is None:
                 raise AnyformerError(ErrorCode.BAD_REQUEST, "suffix fills the middle after a raw prompt (prompt=...)")
-        if prompt_logprobs and (logprobs is None or suffix is not None):
+        if prompt_logprobs and (logprobs is None or suffix is not None or prompt is None):
             raise AnyformerError(
                 ErrorCode.BAD_REQUEST, "prompt_logprobs scores a raw prompt: it takes logprobs=N and no suffix"
             )
