@@ -454,7 +454,8 @@ class WorkerSession:
         if options.tools:
             settings["tools"] = list(options.tools)
             settings["tool_choice"] = _choice_setting(options.tool_choice)
-            settings.pop("constraint", None)  # a forced call's constraint is made again from tool_choice
+            if options.tool_choice != "auto":
+                settings.pop("constraint", None)  # a forced call's constraint is made again from tool_choice
         if options.template_variables:
             settings["template_variables"] = options.template_variables
         ident, frames = self._router.route()
