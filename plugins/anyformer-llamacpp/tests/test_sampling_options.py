@@ -233,3 +233,16 @@ def test_a_parallel_model_honours_the_same_options(tmp_path: Path, smollm2: anyf
             parallel.complete(QUESTION, max_new_tokens=80, constraint={"type": "json_schema", "schema": PERSON}).text
         )
         assert value["role"] in ("pilot", "doctor", "teacher")
+
+
+def test_an_isolated_worker_carries_constraints_tools_and_sampling(
+    smollm2: anyformer.Loaded, smollm2_path: Path
+) -> None:
+    greedy = smollm2.complete(QUESTION, max_new_tokens=12, repeat_penalty=1.5).text
+    with anyformer.load(smollm2_path, backend="llamacpp", context=2048, isolate=True) as isolated:
+        assert isolated.isolated and isolated.honours == smollm2.honours
+        assert isolated.complete(QUESTION, max_new_tokens=12, repeat_penalty=1.5).text == greedy
+        called = isolated.complete(QUESTION, tools=WEATHER, tool_choice="required", max_new_tokens=60)
+        assert called.finish_reason == "tool_calls" and called.tool_calls[0].name == "get_weather"
+        held = isolated.complete(QUESTION, max_new_tokens=8, constraint={"type": "regex", "regex": "(yes|no)"})
+        assert held.text in ("yes", "no")
