@@ -227,7 +227,9 @@ def run_cli(tmp_path: Path) -> Callable[..., CliResult]:
 
 
 class FakeHandle:
-    """A loaded model of :class:`ScriptedBackend`; counts ``dispose`` calls."""
+    """A loaded model of :class:`ScriptedBackend`; counts ``dispose`` calls. It honours ``top_p``/``top_k``."""
+
+    honours = frozenset({"top_p", "top_k"})
 
     def __init__(self, backend: str, task: str) -> None:
         self.backend = backend

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from anyformer._selection import Selection, select
     from anyformer.contract._caps import Caps, probe
     from anyformer.contract._chunk import Chunk, FinishReason, GenerateOptions, TokenLogprob
+    from anyformer.contract._constraint import Constraint
     from anyformer.contract._errors import AnyformerError, ErrorCode
     from anyformer.contract._messages import Message, has_audio, has_images, text_of, validate_messages
     from anyformer.contract._model import Model, ModelFile
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
     from anyformer.contract._request import Request
     from anyformer.contract._sizes import format_size, parse_size
     from anyformer.contract._store_entry import StoreEntry
+    from anyformer.contract._tool_calls import ToolCall
     from anyformer.contract._verdict import Estimate, Rank, Refusal, Verdict
     from anyformer.hookspecs import hookimpl
     from anyformer.store._paths import anyformer_home
@@ -59,6 +61,8 @@ _EXPORTS = {
     "FinishReason": "anyformer.contract._chunk",
     "GenerateOptions": "anyformer.contract._chunk",
     "TokenLogprob": "anyformer.contract._chunk",
+    "Constraint": "anyformer.contract._constraint",
+    "ToolCall": "anyformer.contract._tool_calls",
     "AnyformerError": "anyformer.contract._errors",
     "ErrorCode": "anyformer.contract._errors",
     "Message": "anyformer.contract._messages",
@@ -90,6 +94,7 @@ __all__ = [
     "BackendModel",
     "Caps",
     "Chunk",
+    "Constraint",
     "ErrorCode",
     "Estimate",
     "FinishReason",
@@ -109,6 +114,7 @@ __all__ = [
     "Selection",
     "StoreEntry",
     "TokenLogprob",
+    "ToolCall",
     "Verdict",
     "__version__",
     "anyformer_home",

@@ -23,6 +23,10 @@ class BackendModel(Protocol):
     always calls ``run(input, progress=report, **options)``, ``report`` being a callable to call
     with a :class:`ProgressEvent` after each unit of work, which raises ``AnyformerError(CANCELLED)``
     once the caller cancelled (``anyformer._run_progress``); other handles' ``run`` never gets it.
+    A handle lists the optional generate options it honours in ``honours`` (a frozenset of names:
+    sampling options such as ``min_p`` or ``logit_bias``, and ``logprobs`` for chats,
+    ``constraint``, ``tools``, ``template_variables``); the core refuses any other with
+    ``BAD_REQUEST`` before the backend sees the call (:mod:`anyformer._honoured`).
     """
 
     backend: str
@@ -64,3 +68,17 @@ def prompt_logprobs_of(handle: Any) -> bool:
 def run_progress_of(handle: Any) -> bool:
     """True when the handle's ``run`` takes the core's ``progress`` callable (``run_progress = True``)."""
     return run_of(handle) is not None and getattr(handle, "run_progress", False) is True
+
+
+def honours_of(handle: Any) -> frozenset[str]:
+    """The optional generate options the handle declares it honours (``honours``: a set of names), else none.
+
+    The names are the sampling options (:data:`anyformer.contract._sampling.SAMPLING_OPTIONS`) and the
+    features of :data:`anyformer.contract._sampling.FEATURES`; any other name is ignored.
+    """
+    from anyformer.contract._sampling import FEATURES, SAMPLING_OPTIONS
+
+    value = getattr(handle, "honours", ())
+    if isinstance(value, (str, bytes)) or not isinstance(value, (set, frozenset, tuple, list)):
+        return frozenset()
+    return frozenset(name for name in value if name in SAMPLING_OPTIONS or name in FEATURES)

@@ -296,6 +296,14 @@ def _arm_hard_stop(seconds: float) -> threading.Timer | None:
 # ---- rendering ------------------------------------------------------------------------------------
 
 
+_TOOLS_VARIABLE = re.compile(r"\btools\b")
+
+
+def template_takes_tools(template: str | None) -> bool:
+    """True when a chat template reads the ``tools`` variable (the ChatML fallback does not)."""
+    return template is not None and _TOOLS_VARIABLE.search(template) is not None
+
+
 def render_chat(
     template: str | None,
     messages: Sequence[Message],
@@ -328,7 +336,8 @@ def render_chat(
     if len(source) > MAX_TEMPLATE_CHARS:
         raise AnyformerError(ErrorCode.BAD_MODEL, f"the model's chat template is {len(source)} characters; refused")
     compiled = _compile(source)
-    plain = [{"role": m["role"], "content": _content(m["content"], blocks)} for m in messages]
+    # Tool fields (tool_calls, tool_call_id, name) pass through as transformers passes them to templates.
+    plain = [{**m, "content": _content(m["content"], blocks)} for m in messages]
     given = sum(len(text_of(m["content"])) for m in messages)
     limit = max(MAX_RENDERED_CHARS, 2 * given + 65536)
     budget = _Budget(time_limit, limit)

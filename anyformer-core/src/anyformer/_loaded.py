@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from anyformer._backend import BackendModel
 from anyformer._chat_template import cancelled_by
+from anyformer._honoured import refuse_unhonoured
 from anyformer._run_progress import cancelled, check_run_controls
 from anyformer._stream import CoreStream
 from anyformer.contract._chunk import Chunk, GenerateOptions
@@ -140,6 +141,12 @@ class Loaded:
         """True when the backend scores a raw prompt's own tokens (``generate(prompt_logprobs=True)``)."""
         return self._session.prompt_logprobs
 
+    @property
+    def honours(self) -> frozenset[str]:
+        """The optional generate options the backend honours (``min_p``, ``constraint``, ``tools``…);
+        ``generate`` refuses the others with ``BAD_REQUEST``."""
+        return self._session.honours
+
     def generate(
         self,
         messages: list[Message] | str | None = None,
@@ -196,6 +203,7 @@ class Loaded:
             prompt=prompt,
             **extra,
         )
+        refuse_unhonoured(self.backend, self._session.honours, options)
         self._acquire()
         try:
             with cancelled_by(options.cancel):  # an in-process backend renders its chat template here

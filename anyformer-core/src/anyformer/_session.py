@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from anyformer._backend import (
     BackendModel,
     audio_input_of,
+    honours_of,
     parallel_of,
     prompt_logprobs_of,
     raw_text_of,
@@ -70,6 +71,10 @@ class Session(Protocol):
     @property
     def prompt_logprobs(self) -> bool:
         """True when the backend reports a raw prompt's tokens' log-probabilities."""
+
+    @property
+    def honours(self) -> frozenset[str]:
+        """The optional generate options the backend honours (``BackendModel``'s ``honours``)."""
 
     def start(self, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk]:
         """Begin a generation; errors the backend finds before streaming are raised here."""
@@ -133,6 +138,11 @@ class InProcessSession:
     def prompt_logprobs(self) -> bool:
         """True when the handle declares ``prompt_logprobs``."""
         return prompt_logprobs_of(self._handle)
+
+    @property
+    def honours(self) -> frozenset[str]:
+        """The handle's ``honours`` (none when it declares nothing)."""
+        return honours_of(self._handle)
 
     def start(self, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk]:
         """Call the owning backend's generate hook."""

@@ -16,6 +16,8 @@ from typing import Any
 
 from anyformer.contract._chunk import Chunk, FinishReason, GenerateOptions, TokenLogprob
 from anyformer.contract._errors import AnyformerError, ErrorCode
+from anyformer.contract._tool_calls import parse_tool_calls
+from anyformer.contract._tools import function_names
 
 
 def _held_back(text: str, stops: tuple[str, ...]) -> int:
@@ -233,6 +235,13 @@ class _StreamState:
                     yield self._chunk(max(visible, self._emitted), None, preview)
             if options.cancel.is_set() and finish is None:
                 finish = FinishReason.CANCELLED
-            yield self._chunk(len(self._text), finish or FinishReason.STOP)
+            last = self._chunk(len(self._text), finish or FinishReason.STOP)
+            if options.tools and finish is not FinishReason.CANCELLED:
+                _, calls = parse_tool_calls(self._text, function_names(options.tools))
+                if calls:
+                    last = dataclasses.replace(
+                        last, tool_calls=tuple(calls), finish_reason=FinishReason.TOOL_CALLS.value
+                    )
+            yield last
         finally:
             self.finish()

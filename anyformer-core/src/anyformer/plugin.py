@@ -10,11 +10,14 @@ Groups, in the order a backend meets them:
 - hooks: :data:`hookimpl`, and the hook specifications in :mod:`anyformer.hookspecs`;
 - the contract's types: :class:`Model`, :class:`ModelFile`, :class:`Caps`, :class:`Request`,
   :class:`Verdict`, :class:`Estimate`, :class:`Rank`, :class:`Refusal`, :class:`Chunk`, :class:`TokenLogprob`,
+  :class:`Constraint` (structured output), ``PENALTY_WINDOW`` (the tokens the penalties look at),
   :class:`GenerateOptions`, :class:`FinishReason`, :class:`StoreEntry`, :class:`ProgressEvent`,
   :data:`ProgressCallback`, :func:`no_progress`, :class:`BackendModel`, :class:`AnyformerError`, :class:`ErrorCode`;
 - messages and chat: :data:`Message`, :func:`validate_messages`, :func:`has_images`, :func:`has_audio`,
   :func:`text_of`, :func:`render_chat` (jinja2's sandbox), :data:`CHATML_TEMPLATE`,
-  :class:`IncrementalDetokenizer` (streamed text equal to the whole decode);
+  :class:`IncrementalDetokenizer` (streamed text equal to the whole decode),
+  :func:`template_takes_tools`, :func:`with_tool_prompt` (tools for a template that cannot render them),
+  :class:`ToolCall`;
 - files, read with hard limits before any engine sees them: :func:`read_gguf_header`,
   :func:`check_split_set`, :func:`split_set_members`, :class:`GGUFHeader`, :class:`GGUFTensor`,
   :class:`LazyArray` (a long GGUF array in ``GGUFHeader.kv``, decoded on first use),
@@ -40,17 +43,20 @@ Groups, in the order a backend meets them:
 """
 
 from anyformer._backend import BackendModel
-from anyformer._chat_template import CHATML_TEMPLATE, render_chat
+from anyformer._chat_template import CHATML_TEMPLATE, render_chat, template_takes_tools
 from anyformer._detokenizer import IncrementalDetokenizer
 from anyformer.contract._caps import Caps, host_ram_available, usable_cpu_count
 from anyformer.contract._chunk import Chunk, FinishReason, GenerateOptions, TokenLogprob
+from anyformer.contract._constraint import Constraint
 from anyformer.contract._errors import AnyformerError, ErrorCode
 from anyformer.contract._messages import Message, has_audio, has_images, text_of, validate_messages
 from anyformer.contract._model import Model, ModelFile
 from anyformer.contract._progress import ProgressCallback, ProgressEvent, no_progress
 from anyformer.contract._request import Request
+from anyformer.contract._sampling import PENALTY_WINDOW
 from anyformer.contract._sizes import format_size, parse_size
 from anyformer.contract._store_entry import StoreEntry
+from anyformer.contract._tool_calls import ToolCall, with_tool_prompt
 from anyformer.contract._verdict import Estimate, Rank, Refusal, Verdict
 from anyformer.files._config_file import read_config_json
 from anyformer.files._gguf_candidates import (
@@ -96,10 +102,12 @@ __all__ = [
     "MAX_IMAGE_PIXELS",
     "MAX_IMAGE_SIDE",
     "MAX_MEDIA_FILE_BYTES",
+    "PENALTY_WINDOW",
     "AnyformerError",
     "BackendModel",
     "Caps",
     "Chunk",
+    "Constraint",
     "ErrorCode",
     "Estimate",
     "FinishReason",
@@ -124,6 +132,7 @@ __all__ = [
     "SafetensorsHeader",
     "StoreEntry",
     "TokenLogprob",
+    "ToolCall",
     "Verdict",
     "anyformer_home",
     "check_image_size",
@@ -153,7 +162,9 @@ __all__ = [
     "render_chat",
     "rgb_pixels",
     "split_set_members",
+    "template_takes_tools",
     "text_of",
     "usable_cpu_count",
     "validate_messages",
+    "with_tool_prompt",
 ]

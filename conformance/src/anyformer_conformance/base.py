@@ -1498,6 +1498,38 @@ class BackendConformance:
         again = self._greedy_text(loaded_model, 0)
         checks.check_same_text(again, first, "prompt A after prompt B", "generate(A), generate(B), generate(A)")
 
+    def test_a_constraint_holds_the_reply_to_its_json_schema(self, loaded_model: anyformer.Loaded) -> None:
+        """A backend that honours ``constraint`` answers with JSON that parses and validates against the schema.
+
+        Troubleshooting: mask every token that would leave the language before you sample (compile
+        the schema against your tokenizer's vocabulary, e.g. with llguidance), advance the matcher
+        with each token you emit, and end the reply once the value is complete. A backend that
+        cannot do this must not list ``constraint`` in ``honours``: the core then refuses it.
+        """
+        if "constraint" not in loaded_model.honours:
+            pytest.skip("the handle does not honour constraint (the core refuses it)")
+        schema = {
+            "type": "object",
+            "properties": {"answer": {"enum": ["yes", "no"]}, "sure": {"type": "boolean"}},
+            "required": ["answer", "sure"],
+            "additionalProperties": False,
+        }
+        where = "generate(constraint={'type': 'json_schema', ...}, max_new_tokens=48)"
+        last = loaded_model.complete(
+            self._messages(0), max_new_tokens=48, constraint={"type": "json_schema", "schema": schema}
+        )
+        try:
+            value = json.loads(last.text)
+        except ValueError:
+            pytest.fail(f"the reply {last.text!r:.200} is not JSON [{where}]")
+        valid = (
+            isinstance(value, dict)
+            and set(value) == {"answer", "sure"}
+            and value["answer"] in ("yes", "no")
+            and isinstance(value["sure"], bool)
+        )
+        assert valid, f"the reply {value!r:.200} does not validate against the schema [{where}]"
+
     def test_cancel_stops_within_two_chunks_and_the_model_stays_usable(self, loaded_model: anyformer.Loaded) -> None:
         """Setting ``cancel`` ends the stream within two chunks with ``cancelled``; the next call works.
 

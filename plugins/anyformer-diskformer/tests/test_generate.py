@@ -100,6 +100,8 @@ def test_sampling_draws_only_within_top_k_and_top_p_and_repeats_with_the_seed():
     assert {sample(logits, 1.0, 3, 0.5, np.random.default_rng(s)) for s in range(50)} == {1}
     first = [sample(logits, 0.8, 6, 0.95, np.random.default_rng(7)) for _ in range(5)]
     assert len(set(first)) == 1
+    # top_k 0 keeps every token (no top-k), not only the likeliest.
+    assert len({sample(logits, 3.0, 0, 1.0, np.random.default_rng(s)) for s in range(300)}) >= 5
 
 
 def test_a_seeded_sampled_reply_repeats(moe_f32):

@@ -21,6 +21,7 @@ from anyformer.cli._common import (
 )
 from anyformer.cli._progress_display import ProgressPrinter
 from anyformer.cli._run_file import FILE_TASKS, run_on_file
+from anyformer.cli._sampling_args import add_sampling_arguments, sampling_options
 from anyformer.contract._chunk import GenerateOptions
 from anyformer.contract._errors import AnyformerError, ErrorCode
 from anyformer.contract._request import Request
@@ -55,6 +56,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="run the engine in this process (default: in a worker process, so an engine crash is reported, not fatal)",
     )
     add_file_argument(parser)
+    add_sampling_arguments(parser)
     add_machine_arguments(parser)
     add_rpc_argument(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON object per chunk")
@@ -103,7 +105,11 @@ def _say_where(loaded: Loaded) -> None:
 def _check_options(args: argparse.Namespace) -> None:
     """Every option is checked before the model loads, so a typo costs no load (``BAD_REQUEST``)."""
     GenerateOptions.build(
-        max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed, thinking=args.think
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        seed=args.seed,
+        thinking=args.think,
+        **sampling_options(args),
     )
     request = Request.build(budget=args.budget, context=args.context, rpc=args.rpc)
     if request.rpc and args.in_process:
@@ -201,6 +207,7 @@ def _stream(
         seed=args.seed,
         thinking=args.think,
         cancel=cancel,
+        **sampling_options(args),
     )
     try:
         for chunk in stream:

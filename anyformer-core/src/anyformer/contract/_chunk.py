@@ -7,7 +7,11 @@ import enum
 import threading
 from typing import Any
 
+from anyformer.contract._constraint import Constraint
 from anyformer.contract._errors import AnyformerError, ErrorCode
+from anyformer.contract._sampling import normalised_sampling
+from anyformer.contract._tool_calls import ToolCall, call_constraint, check_tool_choice
+from anyformer.contract._tools import check_tools, check_variables, function_names
 
 #: The most stop strings one generation takes: each is checked after every token.
 MAX_STOP_STRINGS = 16
@@ -40,6 +44,8 @@ class FinishReason(str, enum.Enum):
     LENGTH = "length"
     #: The caller cancelled (``cancel`` set, or the iterator closed).
     CANCELLED = "cancelled"
+    #: The reply called tools (``generate(tools=...)``): the last chunk's ``tool_calls`` has them.
+    TOOL_CALLS = "tool_calls"
 
     def __str__(self) -> str:
         return self.value
@@ -81,6 +87,10 @@ class Chunk:
     whose text begins in this chunk's ``delta``; tokens past a stop string are dropped.
     ``prompt_logprobs`` (only with ``generate(prompt_logprobs=True)``) holds one for each token of
     the prompt, on the first chunk; their ``offset`` is where their text begins in the prompt.
+
+    ``tool_calls`` (only with ``generate(tools=...)``, on the last chunk) holds the calls the reply
+    made, read from its text (:mod:`anyformer.contract._tool_calls`); the finish reason is then
+    ``tool_calls``. ``text`` stays the reply as the model wrote it.
     """
 
     text: str = ""
@@ -91,6 +101,7 @@ class Chunk:
     preview: str | None = None
     logprobs: tuple[TokenLogprob, ...] = ()
     prompt_logprobs: tuple[TokenLogprob, ...] = ()
+    tool_calls: tuple[ToolCall, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,14 +116,25 @@ class GenerateOptions:
     cancel: threading.Event = dataclasses.field(default_factory=threading.Event)
     #: The raw text to continue, with no chat template (``generate(prompt=...)``); None for a chat.
     prompt: str | None = None
-    #: With a raw prompt: report each generated token's log-probability and this many alternatives.
+    #: Report each generated token's log-probability and this many alternatives (in a chat only where the
+    #: backend's ``honours`` has ``logprobs``).
     logprobs: int | None = None
     #: With a raw prompt: the text after the gap, for fill-in-the-middle (the prompt is the text before it).
     suffix: str | None = None
     #: With a raw prompt and ``logprobs``: report the prompt's tokens too (scoring; ``max_new_tokens`` may be 0).
     prompt_logprobs: bool = False
-    #: Backend-specific settings passed through unchanged (``top_p``, ``repeat_penalty``…).
+    #: Sampling options (``top_p``, ``min_p``, ``logit_bias``…, see ``SAMPLING_OPTIONS``) and backend-specific
+    #: settings, passed through unchanged; a sampling option the backend does not honour is refused.
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: Structured output: what the reply must match (None: free text).
+    constraint: Constraint | None = None
+    #: Tool definitions (OpenAI's ``{"type": "function", "function": {...}}``) the chat template renders.
+    tools: tuple[dict[str, Any], ...] = ()
+    #: Extra chat template variables (``reasoning_effort``, a request's ``chat_template_kwargs``).
+    template_variables: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: ``auto`` (the model may call a tool), ``required`` (it must call one) or ``function:NAME`` (it must
+    #: call that one; both through a constraint); None without tools. ``none`` leaves the tools out.
+    tool_choice: str | None = None
 
     @classmethod
     def build(
@@ -128,6 +150,10 @@ class GenerateOptions:
         logprobs: int | None = None,
         suffix: str | None = None,
         prompt_logprobs: bool = False,
+        constraint: Constraint | dict[str, Any] | None = None,
+        tools: list[dict[str, Any]] | tuple[dict[str, Any], ...] | None = None,
+        template_variables: dict[str, Any] | None = None,
+        tool_choice: Any = None,
         **extra: Any,
     ) -> GenerateOptions:
         """Validate user options; anything malformed raises ``BAD_REQUEST`` before any work."""
@@ -175,8 +201,6 @@ class GenerateOptions:
                 raise AnyformerError(
                     ErrorCode.BAD_REQUEST, f"logprobs must be an integer in [0, {MAX_LOGPROBS}], got {logprobs!r:.40}"
                 )
-            if prompt is None:
-                raise AnyformerError(ErrorCode.BAD_REQUEST, "logprobs are reported for raw prompts only (prompt=...)")
         if suffix is not None:
             if not isinstance(suffix, str) or len(suffix) > MAX_PROMPT_CHARS:
                 raise AnyformerError(
@@ -184,11 +208,29 @@ class GenerateOptions:
                 )
             if prompt is None:
                 raise AnyformerError(ErrorCode.BAD_REQUEST, "suffix fills the middle after a raw prompt (prompt=...)")
-        if prompt_logprobs and (logprobs is None or suffix is not None):
+        if prompt_logprobs and (logprobs is None or suffix is not None or prompt is None):
             raise AnyformerError(
                 ErrorCode.BAD_REQUEST, "prompt_logprobs scores a raw prompt: it takes logprobs=N and no suffix"
             )
         _check_sampling(extra)
+        extra = normalised_sampling(extra)
+        checked_tools = check_tools(tools)
+        if checked_tools and prompt is not None:
+            raise AnyformerError(ErrorCode.BAD_REQUEST, "tools are rendered by the chat template: send messages")
+        choice = check_tool_choice(tool_choice, function_names(checked_tools))
+        if choice == "none":
+            checked_tools, choice = (), None  # no tools are rendered, and none are read back
+        elif checked_tools:
+            choice = choice or "auto"
+        else:
+            choice = None
+        checked_constraint = None if constraint is None else Constraint.build(constraint)
+        if choice is not None and choice != "auto":
+            if checked_constraint is not None:
+                raise AnyformerError(
+                    ErrorCode.BAD_REQUEST, "tool_choice forces a call: it takes no constraint (response_format) too"
+                )
+            checked_constraint = call_constraint(checked_tools, choice)
         if cancel is not None and not (hasattr(cancel, "is_set") and hasattr(cancel, "set")):
             raise AnyformerError(ErrorCode.BAD_REQUEST, "cancel must be a threading.Event")
         return cls(
@@ -203,4 +245,8 @@ class GenerateOptions:
             suffix=suffix,
             prompt_logprobs=prompt_logprobs,
             extra=extra,
+            constraint=checked_constraint,
+            tools=checked_tools,
+            template_variables=check_variables(template_variables),
+            tool_choice=choice,
         )

@@ -10,7 +10,9 @@ from anyformer.contract._errors import AnyformerError, ErrorCode
 #: The roles a chat message may have.
 ROLES = frozenset({"system", "user", "assistant", "tool"})
 
-#: A validated message: ``{"role": str, "content": str | list[block]}``.
+#: A validated message: ``{"role": str, "content": str | list[block]}``, and on an assistant message
+#: ``tool_calls`` (``[{"id", "type": "function", "function": {"name", "arguments": dict}}]``), on a
+#: tool message ``tool_call_id`` and ``name``, as transformers' chat templates read them.
 Message = dict[str, Any]
 
 
@@ -59,6 +61,48 @@ def _check_audio(index: int, position: int, audio: Any) -> Any:
     return audio
 
 
+def _tool_calls(index: int, calls: Any) -> list[dict[str, Any]]:
+    """An assistant's ``tool_calls``, with each call's ``arguments`` as a dict (a JSON string is decoded)."""
+    import json
+
+    if not isinstance(calls, Sequence) or isinstance(calls, (str, bytes)):
+        raise _bad(index, "tool_calls must be a list of {'id', 'type': 'function', 'function'} objects")
+    out = []
+    for position, call in enumerate(calls):
+        function = call.get("function") if isinstance(call, Mapping) else None
+        if not isinstance(function, Mapping) or not isinstance(function.get("name"), str):
+            raise _bad(index, f"tool_calls[{position}] needs a 'function' with a string 'name'")
+        arguments = function.get("arguments", {})
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments) if arguments.strip() else {}
+            except (ValueError, RecursionError):
+                raise _bad(index, f"tool_calls[{position}]: 'arguments' is not JSON") from None
+        if not isinstance(arguments, Mapping):
+            raise _bad(index, f"tool_calls[{position}]: 'arguments' must be a JSON object")
+        checked: dict[str, Any] = {"type": "function", "function": {"name": function["name"], "arguments": arguments}}
+        if isinstance(call.get("id"), str):
+            checked["id"] = call["id"]
+        out.append(checked)
+    return out
+
+
+def _tool_fields(index: int, role: str, message: Mapping[str, Any]) -> dict[str, Any]:
+    """The tool fields a message carries: ``tool_calls`` on an assistant's, ``tool_call_id``/``name`` on a tool's."""
+    fields: dict[str, Any] = {}
+    if message.get("tool_calls") is not None:
+        if role != "assistant":
+            raise _bad(index, "only an assistant message has tool_calls")
+        fields["tool_calls"] = _tool_calls(index, message["tool_calls"])
+    for name in ("tool_call_id", "name"):
+        value = message.get(name)
+        if value is not None:
+            if role != "tool" or not isinstance(value, str):
+                raise _bad(index, f"'{name}' is a string on a tool message only")
+            fields[name] = value
+    return fields
+
+
 def validate_messages(messages: Any) -> list[Message]:
     """Check chat messages and return a normalised copy; anything malformed raises ``BAD_REQUEST``.
 
@@ -77,15 +121,18 @@ def validate_messages(messages: Any) -> list[Message]:
         role = message.get("role")
         if role not in ROLES:
             raise _bad(index, f"role must be one of {', '.join(sorted(ROLES))}, got {role!r}")
-        if "content" not in message:
+        fields = _tool_fields(index, role, message)
+        if "content" not in message and not fields.get("tool_calls"):
             raise _bad(index, "has no 'content'")
-        content = message["content"]
+        content = message.get("content")
+        if content is None and fields.get("tool_calls"):
+            content = ""  # an assistant turn that only calls tools
         if isinstance(content, str):
-            out.append({"role": role, "content": content})
+            out.append({"role": role, "content": content, **fields})
         elif isinstance(content, Sequence) and not isinstance(content, (bytes, bytearray)):
             if not content:
                 raise _bad(index, "content is an empty list of blocks")
-            out.append({"role": role, "content": [_check_block(index, i, b) for i, b in enumerate(content)]})
+            out.append({"role": role, "content": [_check_block(index, i, b) for i, b in enumerate(content)], **fields})
         else:
             raise _bad(index, f"content must be a string or a list of blocks, got {type(content).__name__}")
     return out

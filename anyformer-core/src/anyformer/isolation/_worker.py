@@ -35,6 +35,7 @@ from typing import Any
 from anyformer._backend import (
     BackendModel,
     audio_input_of,
+    honours_of,
     parallel_of,
     prompt_logprobs_of,
     raw_text_of,
@@ -215,6 +216,7 @@ class Worker:
                 "parallel": parallel_of(self._handle),
                 "prompt_logprobs": prompt_logprobs_of(self._handle),
                 "run_progress": run_progress_of(self._handle),
+                "honours": sorted(honours_of(self._handle)),
             }
         )
         return True

@@ -175,6 +175,7 @@ class WorkerSession:
         self._audio_input = False
         self._parallel = 1
         self._prompt_logprobs = False
+        self._honours: frozenset[str] = frozenset()
         self._run_progress = False
         self._oom_before = oom_kill_count()
         self._router = _Router()
@@ -264,6 +265,9 @@ class WorkerSession:
             parallel if isinstance(parallel, int) and not isinstance(parallel, bool) and parallel > 0 else 1
         )
         self._prompt_logprobs = frame.get("prompt_logprobs") is True
+        honours = frame.get("honours")
+        names = honours if isinstance(honours, list) else []
+        self._honours = frozenset(name for name in names if isinstance(name, str))
         self._run_progress = has_run and frame.get("run_progress") is True
 
     # ---- what Loaded reads ----------------------------------------------------------------------
@@ -306,6 +310,11 @@ class WorkerSession:
     def prompt_logprobs(self) -> bool:
         """True when the worker's handle declares ``prompt_logprobs``."""
         return self._prompt_logprobs
+
+    @property
+    def honours(self) -> frozenset[str]:
+        """What the worker's handle declares it honours."""
+        return self._honours
 
     @property
     def run_progress(self) -> bool:
@@ -440,6 +449,15 @@ class WorkerSession:
             settings["logprobs"] = options.logprobs
         if options.suffix is not None:
             settings["suffix"] = options.suffix
+        if options.constraint is not None:
+            settings["constraint"] = options.constraint.to_dict()
+        if options.tools:
+            settings["tools"] = list(options.tools)
+            settings["tool_choice"] = _choice_setting(options.tool_choice)
+            if options.tool_choice != "auto":
+                settings.pop("constraint", None)  # a forced call's constraint is made again from tool_choice
+        if options.template_variables:
+            settings["template_variables"] = options.template_variables
         ident, frames = self._router.route()
         if options.prompt_logprobs:
             settings["prompt_logprobs"] = True
@@ -741,3 +759,10 @@ def _progress_event(frame: Mapping[str, Any]) -> ProgressEvent:
         if values.get(key) is not None and (isinstance(values[key], bool) or not isinstance(values[key], int)):
             raise ProtocolError(f"a progress frame with a non-integer {key}")
     return ProgressEvent(**values)
+
+
+def _choice_setting(choice: str | None) -> Any:
+    """``GenerateOptions.tool_choice`` as ``generate`` takes it again in the worker."""
+    if choice is not None and choice.startswith("function:"):
+        return {"type": "function", "function": {"name": choice.removeprefix("function:")}}
+    return choice

@@ -31,12 +31,14 @@ from anyformer._plugins import PluginManager, get_plugin_manager
 from anyformer.contract._chunk import TokenLogprob
 from anyformer.contract._errors import AnyformerError, ErrorCode
 from anyformer.server._access import ModelAccess
+from anyformer.server._chat_reply import ChatReply
 from anyformer.server._errors import ApiError, anyformer_error_body, bad_request, error_response
 from anyformer.server._guard import RequestGuard
 from anyformer.server._keep_alive import request_keep_alive
 from anyformer.server._pool import Generation, ModelPool
 from anyformer.server._ps_routes import PsRoutes
 from anyformer.server._request_log import RequestObserver
+from anyformer.server._request_fields import named_for_http
 from anyformer.server._schemas import (
     EMBEDDING_TASK,
     MAX_MODEL_CHARS,
@@ -327,22 +329,28 @@ class _Api:
     async def _chat(self, request: Request, parsed: GenerationRequest, keep_alive: float | None = None) -> Response:
         resolved = await self._resolve(parsed.model)
         gone = threading.Event()  # set when the client leaves: a request still queued then never starts
-        generation = await _until_disconnect(
-            request,
-            self.pool.generate(resolved, parsed.messages, parsed.options, cancel=gone, keep_alive=keep_alive),
-            gone,
-        )
+        try:
+            generation = await _until_disconnect(
+                request,
+                self.pool.generate(resolved, parsed.messages, parsed.options, cancel=gone, keep_alive=keep_alive),
+                gone,
+            )
+        except AnyformerError as exc:
+            raise named_for_http(exc) from None
         rid = new_id("chatcmpl")
         if parsed.stream:
             return EventStream(_chat_events(generation, parsed, rid))
+        reply = ChatReply(parsed.options)
         text, finish, tokens = "", None, 0
         try:
             async for chunk in _watching(request, generation):
                 text, finish, tokens = chunk.text, chunk.finish_reason, chunk.tokens
+                reply.add_logprobs(chunk.logprobs)
         finally:
             generation.cancel()
         use = usage(generation.prompt_tokens, tokens)
-        whole = chat_completion(rid, parsed.model, text, finish, use)
+        message, finish = reply.message(text, finish)
+        whole = chat_completion(rid, parsed.model, text, finish, use, message=message, logprobs=reply.logprobs())
         whole["timings"] = generation.clock.timings()  # llama-server's extension: the prompt's and the reply's speed
         return JSONResponse(whole)
 
@@ -351,20 +359,24 @@ async def _chat_events(generation: Generation, parsed: GenerationRequest, rid: s
     """The SSE events of one streamed chat reply; an error after the first chunk becomes an ``error`` event."""
     model = parsed.model
     tokens = 0
+    reply = ChatReply(parsed.options)
     try:
         yield event(chat_chunk(rid, model, {"role": "assistant", "content": ""}))
         async for chunk in generation:
             tokens = chunk.tokens
             preview = chunk.preview if parsed.preview else None
-            if chunk.delta or chunk.finish_reason or preview is not None:
-                delta: dict[str, Any] = {"content": chunk.delta} if chunk.delta else {}
+            if chunk.delta or chunk.finish_reason or preview is not None or chunk.logprobs:
+                for delta, finish, logprobs in reply.deltas(chunk.delta, chunk.finish_reason, chunk.logprobs):
+                    if preview is not None:
+                        # anyformer's extension, asked for by the chat page: the answer as it stands, unsettled.
+                        delta["anyformer_preview"] = preview
+                        preview = None
+                    piece = chat_chunk(rid, model, delta, finish, logprobs=logprobs)
+                    if finish:  # llama-server sends its timings with the last chunk
+                        piece["timings"] = generation.clock.timings()
+                    yield event(piece)
                 if preview is not None:
-                    # anyformer's extension, asked for by the chat page: the answer as it stands, unsettled.
-                    delta["anyformer_preview"] = preview
-                piece = chat_chunk(rid, model, delta, chunk.finish_reason)
-                if chunk.finish_reason:  # llama-server sends its timings with the last chunk
-                    piece["timings"] = generation.clock.timings()
-                yield event(piece)
+                    yield event(chat_chunk(rid, model, {"anyformer_preview": preview}))
         if parsed.include_usage:
             yield event(chat_chunk(rid, model, {}, use=usage(generation.prompt_tokens, tokens)))
     except AnyformerError as exc:

@@ -1,8 +1,8 @@
 """OpenAI request bodies checked and turned into anyformer calls, and the response objects built back.
 
-Only what anyformer can honour is read (``max_tokens``, ``temperature``, ``seed``, ``stop``,
-``top_p``, ``top_k``, ``stream``); other fields OpenAI clients send are ignored, as OpenAI-compatible servers do.
-Anything malformed raises ``BAD_REQUEST`` naming the field in ``param``.
+Every field is read or refused (:mod:`anyformer.server._request_fields` lists them): a field the
+server does not know is a 400 naming it, never silently ignored. Anything malformed raises
+``BAD_REQUEST`` naming the field in ``param``.
 """
 
 from __future__ import annotations
@@ -19,6 +19,16 @@ from anyformer.contract._chunk import MAX_LOGPROBS, GenerateOptions, TokenLogpro
 from anyformer.contract._errors import AnyformerError
 from anyformer.contract._messages import Message, validate_messages
 from anyformer.server._errors import bad_request
+from anyformer.server._request_fields import (
+    CHAT_FIELDS,
+    COMPLETION_FIELDS,
+    EMBEDDING_FIELDS,
+    chat_logprobs,
+    constraint_of,
+    refuse_unknown,
+    sampling_options,
+    thinking_of,
+)
 
 #: Tokens generated when a request names no ``max_tokens``.
 DEFAULT_MAX_TOKENS = 1024
@@ -34,6 +44,15 @@ _PARAMS = {
     "stop": "stop",
     "top_p": "top_p",
     "top_k": "top_k",
+    "min_p": "min_p",
+    "frequency_penalty": "frequency_penalty",
+    "presence_penalty": "presence_penalty",
+    "repeat_penalty": "repeat_penalty",
+    "logit_bias": "logit_bias",
+    "constraint": "response_format",
+    "template variable": "chat_template_kwargs",
+    "tools": "tools",
+    "tool_choice": "tool_choice",
 }
 #: The longest model name a request may give: Hub ids are under 100 characters, paths a few hundred.
 MAX_MODEL_CHARS = 1024
@@ -54,6 +73,8 @@ class GenerationRequest:
     prompts: tuple[str, ...] = ()
     #: ``/v1/completions`` ``echo``: each choice's text begins with its prompt.
     echo: bool = False
+    #: Chat with thinking asked for: the reply may begin inside its reasoning (the template opened ``<think>``).
+    thinking: bool = False
 
 
 def _model_of(body: dict[str, Any]) -> str:
@@ -132,14 +153,35 @@ def _messages_of(raw: Any) -> list[Message]:
             raise bad_request(f"messages[{index}] must be an object with 'role' and 'content'", "messages")
         role = message.get("role")
         role = _ROLE_ALIASES.get(role, role) if isinstance(role, str) else role
-        converted.append({"role": role, "content": _content_of(message.get("content"), index)})
+        entry = {"role": role, "content": _content_of(message.get("content"), index)}
+        entry.update({name: message[name] for name in ("tool_calls", "tool_call_id", "name") if name in message})
+        converted.append(entry)
     try:
         return validate_messages(converted)
     except AnyformerError as exc:
         raise bad_request(exc.message, "messages") from None
 
 
-def _options_of(body: dict[str, Any], scoring: bool = False) -> dict[str, Any]:
+def _chat_options(body: dict[str, Any]) -> dict[str, Any]:
+    """What only a chat reads: logprobs, the thinking switches, tools and tool_choice."""
+    options: dict[str, Any] = {}
+    logprobs = chat_logprobs(body)
+    if logprobs is not None:
+        options["logprobs"] = logprobs
+    thinking, variables = thinking_of(body)
+    if thinking:
+        options["thinking"] = True
+    if variables:
+        options["template_variables"] = variables
+    for name in ("tools", "tool_choice"):
+        if body.get(name) is not None:
+            options[name] = body[name]
+    if body.get("parallel_tool_calls") is not None and not isinstance(body["parallel_tool_calls"], bool):
+        raise bad_request("'parallel_tool_calls' must be true or false", "parallel_tool_calls")
+    return options
+
+
+def _options_of(body: dict[str, Any], scoring: bool = False, chat: bool = False) -> dict[str, Any]:
     if body.get("n", 1) != 1:
         raise bad_request("only n=1 is supported: one reply per request (list several prompts instead)", "n")
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
@@ -149,9 +191,12 @@ def _options_of(body: dict[str, Any], scoring: bool = False) -> dict[str, Any]:
     for name in ("seed", "stop"):
         if body.get(name) is not None:
             options[name] = body[name]
-    for name in ("top_p", "top_k"):
-        if body.get(name) is not None:
-            options[name] = body[name]
+    options.update(sampling_options(body))
+    constraint = constraint_of(body)
+    if constraint is not None:
+        options["constraint"] = constraint
+    if chat:
+        options.update(_chat_options(body))
     try:
         # The core's own checks, before any model is loaded; scoring a prompt (echo + logprobs) takes max_tokens=0.
         checked: dict[str, Any] = (
@@ -179,13 +224,16 @@ def parse_chat(body: Any) -> GenerationRequest:
     """A ``/v1/chat/completions`` body as a :class:`GenerationRequest`."""
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
+    refuse_unknown(body, CHAT_FIELDS, "/v1/chat/completions")
     model = _model_of(body)
     messages = _messages_of(body.get("messages"))
     stream, include_usage = _stream_of(body)
     preview = body.get("anyformer_preview", False)
     if not isinstance(preview, bool):
         raise bad_request("'anyformer_preview' must be true or false", "anyformer_preview")
-    return GenerationRequest(model, messages, _options_of(body), stream, include_usage, preview)
+    options = _options_of(body, chat=True)
+    thinking = options.get("thinking", False)
+    return GenerationRequest(model, messages, options, stream, include_usage, preview, thinking=thinking)
 
 
 #: The most prompts one ``/v1/completions`` request may list (each is generated in turn).
@@ -213,6 +261,7 @@ def parse_completion(body: Any) -> GenerationRequest:
     """A ``/v1/completions`` body: each prompt is continued as written, with no chat template."""
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
+    refuse_unknown(body, COMPLETION_FIELDS, "/v1/completions")
     model = _model_of(body)
     prompts = _prompts_of(body.get("prompt"))
     _refuse_unsupported_completion_fields(body)
@@ -245,6 +294,7 @@ def parse_embeddings(body: Any) -> tuple[str, list[str]]:
     """A ``/v1/embeddings`` body as the model and its list of input strings."""
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
+    refuse_unknown(body, EMBEDDING_FIELDS, "/v1/embeddings")
     model = _model_of(body)
     raw = body.get("input")
     inputs = [raw] if isinstance(raw, str) else raw
@@ -279,8 +329,17 @@ def finish_reason_of(reason: str | None) -> str | None:
     return "stop" if reason == "cancelled" else reason
 
 
-def chat_completion(rid: str, model: str, text: str, finish: str | None, use: dict[str, Any]) -> dict[str, Any]:
-    """A whole ``chat.completion`` object."""
+def chat_completion(
+    rid: str,
+    model: str,
+    text: str,
+    finish: str | None,
+    use: dict[str, Any],
+    *,
+    message: dict[str, Any] | None = None,
+    logprobs: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A whole ``chat.completion`` object; ``message`` replaces the plain one built from ``text``."""
     return {
         "id": rid,
         "object": "chat.completion",
@@ -289,8 +348,8 @@ def chat_completion(rid: str, model: str, text: str, finish: str | None, use: di
         "choices": [
             {
                 "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "logprobs": None,
+                "message": message if message is not None else {"role": "assistant", "content": text},
+                "logprobs": logprobs,
                 "finish_reason": finish_reason_of(finish),
             }
         ],
@@ -299,13 +358,18 @@ def chat_completion(rid: str, model: str, text: str, finish: str | None, use: di
 
 
 def chat_chunk(
-    rid: str, model: str, delta: dict[str, Any], finish: str | None = None, use: dict[str, Any] | None = None
+    rid: str,
+    model: str,
+    delta: dict[str, Any],
+    finish: str | None = None,
+    use: dict[str, Any] | None = None,
+    logprobs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One ``chat.completion.chunk``; with ``use`` set it is the usage-only chunk at the end."""
     choices = (
         []
         if use is not None
-        else [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason_of(finish)}]
+        else [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason_of(finish)}]
     )
     chunk: dict[str, Any] = {
         "id": rid,

@@ -197,8 +197,10 @@ def policy_for(options: dict[str, object], n_layer: int) -> EvictionPolicy:
 
 
 def sample(logits: np.ndarray, temperature: float, top_k: int, top_p: float, rng: np.random.Generator) -> int:
-    """One id drawn from ``logits`` at ``temperature`` among the ``top_k`` most likely within mass ``top_p``."""
-    order = np.argsort(-logits, kind="stable")[: max(1, top_k)]
+    """One id drawn at ``temperature`` among the ``top_k`` most likely (0: all) within mass ``top_p``."""
+    order = np.argsort(-logits, kind="stable")
+    if top_k > 0:  # 0 is no top-k, as llama.cpp reads it, never greedy
+        order = order[:top_k]
     z = logits[order].astype(np.float64) / temperature
     p = np.exp(z - z.max())
     p /= p.sum()
@@ -213,6 +215,8 @@ class DiskformerModel:
 
     backend = BACKEND_ID
     task = "text-generation"
+    #: The sampling options its sampler reads; the core refuses the others (``min_p``, ``constraint``…).
+    honours = frozenset({"top_p", "top_k"})
 
     def __init__(self, engine: Engine, tokenizer: GGUFTokenizer, name: str) -> None:
         self.engine: Engine | None = engine

@@ -9,7 +9,7 @@
 - ``on_step``: a callable given a :class:`~anyformer_kohra.steps.DiffusionStep` after every step
   (in-process only: a callable cannot cross into an isolated worker).
 
-Options meant for other backends (``top_p``, which the server passes on) are ignored.
+Sampling options (``top_p``, ``min_p``…) never get here: kohra's handle honours none, so the core refuses them.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def _positive(value: Any, name: str, limit: int) -> int:
 def parse_options(
     extra: Mapping[str, Any], *, max_new_tokens: int, temperature: float, default_block: int | None
 ) -> DiffusionOptions:
-    """Check kohra's options; a malformed one is ``BAD_REQUEST``. Other backends' options (``top_p``) are ignored."""
+    """Check kohra's options; a malformed one is ``BAD_REQUEST``. Other names are left alone."""
     steps = _positive(extra.get("steps", max_new_tokens), "steps", MAX_STEPS)
     method = extra.get("sampler", "ancestral" if temperature > 0 else "confidence")
     if method not in METHODS:

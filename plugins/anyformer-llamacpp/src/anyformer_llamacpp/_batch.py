@@ -42,6 +42,7 @@ import numpy as np
 from anyformer.plugin import AnyformerError, ErrorCode, GenerateOptions, TokenLogprob
 from anyformer_llamacpp._slots import Slot, choose_slot
 from anyformer_llamacpp.prompt_blocks import BLOCK, batches, plan
+from anyformer_llamacpp.sampling import Sampler
 
 #: Prompt tokens one step reads while other sequences decode (a multiple of the block): a long
 #: prompt takes several steps, and each of them still advances every decoding stream by one token.
@@ -49,8 +50,6 @@ PREFILL_TOKENS_PER_STEP = 4 * BLOCK
 #: How long an idle scheduler sleeps before it looks again (a submit or a close wakes it at once).
 _IDLE_SECONDS = 1.0
 
-#: Picks a token from logits: ``(logits, options, rng) -> token``.
-Chooser = Callable[[np.ndarray, GenerateOptions, "np.random.Generator | None"], int]
 #: The log-probability entry of a chosen token: ``(logits, token, top) -> TokenLogprob``.
 Scorer = Callable[[np.ndarray, int, int], TokenLogprob]
 
@@ -80,7 +79,8 @@ class Ticket:
     abandoned: threading.Event = dataclasses.field(default_factory=threading.Event)
     #: Prompt positions evaluated (the rest came from the slot's cache); known once the prompt is read.
     evaluated: int = 0
-    rng: np.random.Generator | None = None
+    #: The stream's token choice (its options, seed, penalties' history and constraint).
+    sampler: Sampler | None = None
     # Scheduler-side state.
     slot: Slot | None = None
     position: int = 0  # the next prompt position to read
@@ -122,7 +122,6 @@ class BatchEngine:
         *,
         parallel: int,
         context: int,
-        choose: Chooser,
         score: Scorer,
         is_end: Callable[[int], bool],
         on_cpu: bool = False,
@@ -131,7 +130,6 @@ class BatchEngine:
         offloaded), which with flash attention lets prompt blocks share the step's decode (:func:`merges_prompts`)."""
         self._lib = llama_cpp
         self._n_vocab = llama.n_vocab()
-        self._choose = choose
         self._score = score
         self._is_end = is_end
         params = llama.context_params
@@ -166,15 +164,23 @@ class BatchEngine:
 
     # ---- what streams call ------------------------------------------------------------------------
 
-    def submit(self, prompt: list[int], options: GenerateOptions, budget: int, marks: Sequence[int] = ()) -> Ticket:
-        """Queue a prompt; its tokens come back on the ticket's queue.
+    def submit(
+        self,
+        prompt: list[int],
+        options: GenerateOptions,
+        budget: int,
+        marks: Sequence[int] = (),
+        sampler: Sampler | None = None,
+    ) -> Ticket:
+        """Queue a prompt; its tokens come back on the ticket's queue, chosen by ``sampler``
+        (by default one made from ``options``).
 
         ``marks`` are where each message's text begins: the prompt is cut there too, as the
         one-stream engine cuts it, so a slot holding the same system prompt keeps it up to the new
         question.
         """
-        rng = np.random.default_rng(options.seed) if options.temperature > 0 else None
-        ticket = Ticket(prompt=prompt, options=options, budget=budget, ends=plan(len(prompt), marks), rng=rng)
+        chooser = sampler if sampler is not None else Sampler(options, self._n_vocab)
+        ticket = Ticket(prompt=prompt, options=options, budget=budget, ends=plan(len(prompt), marks), sampler=chooser)
         ticket.score_prompt = bool(options.prompt_logprobs) and options.logprobs is not None
         with self._changed:
             if self._closing:
@@ -397,13 +403,24 @@ class BatchEngine:
         """Choose a sequence's next token from its logits and send it to the stream."""
         logits = self._logits(ticket.logits_at)
         options = ticket.options
-        token = self._choose(logits, options, ticket.rng)
+        sampler = ticket.sampler
+        assert sampler is not None
+        try:
+            token = sampler.choose(logits)
+            if not self._is_end(token):
+                sampler.accept(token)
+        except AnyformerError as exc:  # a constraint that broke: this stream ends, the others go on
+            self._finish(ticket, exc)
+            return
         if self._is_end(token):
             self._finish(ticket, "stop")
             return
         ticket.generated += 1
         entry = None if options.logprobs is None else self._score(logits, token, options.logprobs)
         ticket.replies.put((token, entry))
+        if sampler.finished:
+            self._finish(ticket, "stop")
+            return
         if ticket.generated >= ticket.budget:
             self._finish(ticket, "length")
             return

@@ -21,6 +21,7 @@ from anyformer.plugin import Chunk, GenerateOptions, Model, ProgressCallback, Re
 from anyformer_llamacpp._batch import BatchEngine, PromptScores, Ticket
 from anyformer_llamacpp.engine import LlamaCppModel, Segments
 from anyformer_llamacpp.runtime import gpu_offload_library
+from anyformer_llamacpp.sampling import Sampler
 from anyformer_llamacpp.vision import Chunks, ImageChunk
 
 #: The context the ``Llama`` object itself is made with: the batched engine has the real one.
@@ -50,7 +51,6 @@ class ParallelLlamaCppModel(LlamaCppModel):
                 loaded._llama,
                 parallel=parallel,
                 context=loaded.context,
-                choose=loaded._choose,
                 score=loaded._token_logprob,
                 is_end=lambda token: bool(loaded._lib.llama_vocab_is_eog(loaded._vocab, token)),
                 # No GPU library and no layer offloaded: every product runs on the CPU kernels (with a GPU
@@ -97,7 +97,12 @@ class ParallelLlamaCppModel(LlamaCppModel):
     # ---- generation ---------------------------------------------------------------------------------
 
     def _decode(
-        self, segments: Segments, options: GenerateOptions, chunks: Chunks | None = None, marks: list[int] | None = None
+        self,
+        segments: Segments,
+        options: GenerateOptions,
+        chunks: Chunks | None = None,
+        marks: list[int] | None = None,
+        sampler: Sampler | None = None,
     ) -> Iterator[Chunk]:
         if chunks is not None:  # no projector is loaded in parallel mode, so no prompt has images
             chunks.close()
@@ -113,7 +118,7 @@ class ParallelLlamaCppModel(LlamaCppModel):
             engine = self._engine
             assert engine is not None
             budget = min(options.max_new_tokens, self.context - len(prompt))
-            ticket = engine.submit(prompt, options, budget, cuts)
+            ticket = engine.submit(prompt, options, budget, cuts, sampler)
             try:
                 yield from self._replies(ticket, len(prompt))
             finally:

@@ -56,22 +56,22 @@ from anyformer.plugin import (
     has_images,
     read_gguf_header,
     render_chat,
+    template_takes_tools,
+    with_tool_prompt,
 )
 from anyformer_llamacpp import BACKEND_ID
+from anyformer_llamacpp.constraint import TokenVocabulary
 from anyformer_llamacpp.estimate import BATCH, context_for, footprint
 from anyformer_llamacpp.header_checks import check_architecture_numbers, check_vocabulary
 from anyformer_llamacpp.parallel_option import flash_attention, pick_threads
 from anyformer_llamacpp.prompt_blocks import batches, plan, reusable_prefix
 from anyformer_llamacpp.prompt_marks import text_starts, token_marks
 from anyformer_llamacpp.runtime import gpu_offload_library
+from anyformer_llamacpp.sampling import HONOURED_SAMPLING, Sampler
 from anyformer_llamacpp.vision import Chunks, ImageChunk, Projector, find_projector
 
 #: The task that loads a GGUF in llama.cpp's embedding mode: ``run(texts)`` returns pooled vectors.
 EMBEDDING_TASK = "feature-extraction"
-#: Defaults for sampling when the temperature is above 0, as llama.cpp's own.
-TOP_K = 40
-TOP_P = 0.95
-
 #: What the cached token ids hold where an image was decoded: no token has this id.
 IMAGE = -1
 
@@ -108,6 +108,9 @@ class LlamaCppModel:
     raw_text = True
     #: ``generate(prompt=..., logprobs=N, prompt_logprobs=True)`` reports the prompt's tokens too.
     prompt_logprobs = True
+    #: Every sampling option (``sampling.py``), chat logprobs, constraints (``constraint.py``), tools and
+    #: template variables (both reach the chat template).
+    honours = HONOURED_SAMPLING | {"logprobs", "constraint", "tools", "template_variables"}
     #: The multimodal projector that reads image blocks, when the repo has one (set by ``open``).
     _projector: Projector | None = None
     #: The most UTF-8 bytes one token stands for (its vocabulary string bounds it); None when unknown.
@@ -143,6 +146,8 @@ class LlamaCppModel:
             self._piece(llama.token_eos(), special=True).decode("utf-8", "replace") if llama.token_eos() >= 0 else ""
         )
         self._pieces: dict[int, bytes] = {}
+        #: The vocabulary as llguidance reads it, for constraints (built at the first one).
+        self.vocabulary = TokenVocabulary(self._vocab, self._n_vocab)
         self._special_pieces: dict[int, bytes] = {}
         # Where the batches the cache holds ended (see prompt_blocks): it is cut back only to one of them.
         self._batch_ends: list[int] = []
@@ -334,8 +339,27 @@ class LlamaCppModel:
             piece = self._pieces[token] = self._piece(token)
         return piece
 
-    def _render(self, messages: list[Message], thinking: bool) -> tuple[str, bool]:
-        """The chat template rendered in the sandbox, and whether the tokenizer should add BOS."""
+    def _render(
+        self, messages: list[Message], thinking: bool, options: GenerateOptions | None = None
+    ) -> tuple[str, bool]:
+        """The chat template rendered in the sandbox, and whether the tokenizer should add BOS.
+
+        ``options`` brings the tools and the extra template variables, when the call has them.
+        """
+        variables: dict[str, Any] = {}
+        if options is not None:
+            variables.update(options.template_variables)
+            if options.tools and template_takes_tools(self._template):
+                variables["tools"] = [dict(tool) for tool in options.tools]
+            elif options.tools and options.tool_choice == "auto":
+                raise AnyformerError(
+                    ErrorCode.BAD_REQUEST,
+                    f"tools: the chat template of {self.name} does not render tools, so with tool_choice 'auto' "
+                    "the model would never see them; send tool_choice 'required' or a named function "
+                    "(the call is then constrained), or use a model whose template takes tools",
+                )
+            elif options.tools:  # a forced call: the tools are described in the system message instead
+                messages = with_tool_prompt(messages, options.tools)
         # A prompt of more characters than the context's tokens can stand for cannot fit: the render
         # stops there, before megabytes are rendered and tokenized only to be refused.
         cap = self.context * self._token_bytes if self._token_bytes else None
@@ -347,6 +371,7 @@ class LlamaCppModel:
             eos_token=self._eos_text,
             max_chars=cap,
             enable_thinking=thinking,
+            **variables,
         )
         # The template writes BOS itself when it wants one; otherwise the vocabulary's rule applies.
         return prompt, not (self._bos_text and prompt.startswith(self._bos_text))
@@ -355,9 +380,11 @@ class LlamaCppModel:
         """The chat template rendered in the sandbox and tokenized (special tokens parsed)."""
         return self.prompt_with_marks(messages, thinking)[0]
 
-    def prompt_with_marks(self, messages: list[Message], thinking: bool) -> tuple[list[int], list[int]]:
+    def prompt_with_marks(
+        self, messages: list[Message], thinking: bool, options: GenerateOptions | None = None
+    ) -> tuple[list[int], list[int]]:
         """The prompt's tokens, and the positions where its messages' texts begin (see ``prompt_marks``)."""
-        prompt, add_special = self._render(messages, thinking)
+        prompt, add_special = self._render(messages, thinking, options)
         tokens: list[int] = self._llama.tokenize(prompt.encode("utf-8"), add_bos=add_special, special=True)
         bos = self._llama.token_bos()
         skip = 1 if add_special and tokens and bos >= 0 and tokens[0] == bos else 0
@@ -425,7 +452,9 @@ class LlamaCppModel:
         bos = [llama.token_bos()] if lib.llama_vocab_get_add_bos(vocab) and llama.token_bos() >= 0 else []
         return [*extra[len(extra) - extra_take :], *bos, pre, *prefix_tokens, suf, *suffix_tokens, mid]
 
-    def image_prompt(self, messages: list[Message], thinking: bool) -> tuple[Segments, Chunks]:
+    def image_prompt(
+        self, messages: list[Message], thinking: bool, options: GenerateOptions | None = None
+    ) -> tuple[Segments, Chunks]:
         """The prompt of messages with image blocks: token lists and image chunks, each image where it was.
 
         Each image block becomes the projector's marker (a text block, so the template renders it
@@ -446,7 +475,7 @@ class LlamaCppModel:
         for message in messages:
             content = message["content"]
             marked.append({**message, "content": content if isinstance(content, str) else [swap(b) for b in content]})
-        prompt, add_special = self._render(marked, thinking)
+        prompt, add_special = self._render(marked, thinking, options)
         placed = prompt.count(marker)
         if placed != len(pictures):
             raise AnyformerError(
@@ -565,10 +594,16 @@ class LlamaCppModel:
             elif has_images(messages):
                 if self._projector is None:
                     raise AnyformerError(ErrorCode.BAD_REQUEST, f"{self.name} reads text only: {self._no_images}")
-                segments, chunks = self.image_prompt(messages, options.thinking)
+                segments, chunks = self.image_prompt(messages, options.thinking, options)
             else:
-                tokens, marks = self.prompt_with_marks(messages, options.thinking)
+                tokens, marks = self.prompt_with_marks(messages, options.thinking, options)
                 segments = [tokens]
+            try:
+                sampler = self.sampler_for(options)
+            except BaseException:
+                if chunks is not None:
+                    chunks.close()
+                raise
         length = _prompt_length(segments)
         if length >= self.context:
             if chunks is not None:
@@ -577,23 +612,13 @@ class LlamaCppModel:
                 ErrorCode.BAD_REQUEST,
                 f"the prompt is {length} tokens and the context is {self.context}; load with a larger context",
             )
-        return self._decode(segments, options, chunks, marks)
+        return self._decode(segments, options, chunks, marks, sampler)
 
-    def _choose(self, logits: np.ndarray, options: GenerateOptions, rng: np.random.Generator | None) -> int:
-        if rng is None:
-            return int(logits.argmax())
-        top_k = int(options.extra.get("top_k", TOP_K))
-        top_p = float(options.extra.get("top_p", TOP_P))
-        k = min(max(top_k, 1), logits.shape[0])
-        candidates = np.argpartition(logits, -k)[-k:]
-        scaled = logits[candidates].astype(np.float64) / options.temperature
-        order = np.argsort(-scaled)
-        candidates, scaled = candidates[order], scaled[order]
-        weights = np.exp(scaled - scaled[0])
-        weights /= weights.sum()
-        keep = int(np.searchsorted(np.cumsum(weights), top_p) + 1)
-        weights = weights[:keep] / weights[:keep].sum()
-        return int(candidates[rng.choice(keep, p=weights)])
+    def sampler_for(self, options: GenerateOptions) -> Sampler:
+        """The stream's token choice; ``BAD_REQUEST`` for a logit_bias token outside the vocabulary or a
+        constraint that does not compile."""
+        mask = None if options.constraint is None else self.vocabulary.mask_for(options.constraint)
+        return Sampler(options, self._n_vocab, mask)
 
     def _token_logprob(self, logits: np.ndarray, token: int, top: int) -> TokenLogprob:
         """The chosen token's log-probability and the ``top`` likeliest alternatives, as llama.cpp's
@@ -614,20 +639,25 @@ class LlamaCppModel:
         return self._text_piece(token).decode("utf-8", "ignore")
 
     def _decode(
-        self, segments: Segments, options: GenerateOptions, chunks: Chunks | None = None, marks: list[int] | None = None
+        self,
+        segments: Segments,
+        options: GenerateOptions,
+        chunks: Chunks | None = None,
+        marks: list[int] | None = None,
+        sampler: Sampler | None = None,
     ) -> Iterator[Chunk]:
         try:
             with self._using():
-                yield from self._decode_segments(segments, options, chunks, marks or [])
+                chooser = sampler if sampler is not None else Sampler(options, self._n_vocab)
+                yield from self._decode_segments(segments, options, chunks, marks or [], chooser)
         finally:
             if chunks is not None:
                 chunks.close()
 
     def _decode_segments(
-        self, segments: Segments, options: GenerateOptions, chunks: Chunks | None, marks: list[int]
+        self, segments: Segments, options: GenerateOptions, chunks: Chunks | None, marks: list[int], sampler: Sampler
     ) -> Iterator[Chunk]:
         llama = self._llama
-        rng = np.random.default_rng(options.seed) if options.temperature > 0 else None
         decoder = codecs.getincrementaldecoder("utf-8")("replace")
         is_eog = self._lib.llama_vocab_is_eog
         vocab = self._vocab
@@ -669,7 +699,7 @@ class LlamaCppModel:
         count = 0
         while finished and not stopped():
             logits = self._last_logits()
-            token = self._choose(logits, options, rng)
+            token = sampler.choose(logits)
             if is_eog(vocab, token):
                 yield Chunk(
                     delta=decoder.decode(b"", final=True), tokens=count, finish_reason="stop", prompt_tokens=prompt
@@ -677,9 +707,15 @@ class LlamaCppModel:
                 return
             count += 1
             logprobs = () if options.logprobs is None else (self._token_logprob(logits, token, options.logprobs),)
+            sampler.accept(token)
             yield Chunk(
                 delta=decoder.decode(self._text_piece(token)), tokens=count, prompt_tokens=prompt, logprobs=logprobs
             )
+            if sampler.finished:  # the constraint's value is complete: only the end could follow
+                yield Chunk(
+                    delta=decoder.decode(b"", final=True), tokens=count, finish_reason="stop", prompt_tokens=prompt
+                )
+                return
             if count >= budget:
                 tail = decoder.decode(b"", final=True)
                 yield Chunk(delta=tail, tokens=count, finish_reason="length", prompt_tokens=prompt)

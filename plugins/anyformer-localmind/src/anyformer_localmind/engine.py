@@ -27,6 +27,8 @@ class LocalMindModel:
 
     backend = BACKEND_ID
     task = "text-generation"
+    #: The sampling options its sampler reads; the core refuses the others (``min_p``, ``constraint``…).
+    honours = frozenset({"top_p", "top_k"})
 
     def __init__(self, engine: TransformerEngine, tokenizer: GGUFTokenizer, name: str) -> None:
         self.engine: TransformerEngine | None = engine

@@ -28,6 +28,8 @@ class OnnxChatModel:
 
     backend = BACKEND_ID
     task = TEXT_GENERATION
+    #: The sampling options its sampler reads; the core refuses the others (``min_p``, ``constraint``…).
+    honours = frozenset({"top_p", "top_k"})
 
     def __init__(
         self,
