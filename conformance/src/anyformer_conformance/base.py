@@ -26,6 +26,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import importlib.metadata
+import json
 import os
 import struct
 import threading

@@ -37,8 +37,8 @@ from anyformer.server._guard import RequestGuard
 from anyformer.server._keep_alive import request_keep_alive
 from anyformer.server._pool import Generation, ModelPool
 from anyformer.server._ps_routes import PsRoutes
-from anyformer.server._request_log import RequestObserver
 from anyformer.server._request_fields import named_for_http
+from anyformer.server._request_log import RequestObserver
 from anyformer.server._schemas import (
     EMBEDDING_TASK,
     MAX_MODEL_CHARS,
