@@ -11,13 +11,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-import json
 import os
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from importlib import resources
-from typing import Any
+from typing import Any, TypeVar
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -31,6 +30,7 @@ from anyformer.contract._errors import AnyformerError, ErrorCode
 from anyformer.server._access import ModelAccess
 from anyformer.server._errors import ApiError, anyformer_error_body, bad_request, error_response
 from anyformer.server._guard import RequestGuard
+from anyformer.server._limits import BodyParser, embedding_batches
 from anyformer.server._pool import Generation, ModelPool
 from anyformer.server._schemas import (
     EMBEDDING_TASK,
@@ -44,7 +44,7 @@ from anyformer.server._schemas import (
     new_id,
     parse_chat,
     parse_completion,
-    parse_embeddings,
+    parse_embeddings_request,
     text_completion,
     usage,
 )
@@ -54,41 +54,37 @@ from anyformer.server._sse import DONE, EventStream, event
 _PROTECTED_PREFIXES = ("/v1/", "/api/")
 #: The largest request body read by default: a long conversation, or a few photos as data URLs.
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
+#: The longest a request body may pause between two of its parts before the request is refused (408).
+BODY_PAUSE_SECONDS = 30.0
+_T = TypeVar("_T")
 
 
 def _too_large(limit: int) -> ApiError:
     return ApiError(413, "REQUEST_TOO_LARGE", f"the request body is over {limit:,} bytes (the server's --max-body)")
 
 
-def _no_constants(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON number")
-
-
-async def _json_body(request: Request, limit: int) -> Any:
-    """The body as JSON: at most ``limit`` bytes (read no further), strict (no NaN), every string valid UTF-8."""
+async def _body_bytes(request: Request, limit: int) -> bytes:
+    """The body's bytes: at most ``limit`` (read no further), each part within :data:`BODY_PAUSE_SECONDS`."""
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
         raise _too_large(limit)
     parts: list[bytes] = []
     size = 0
-    async for part in request.stream():
+    stream = request.stream().__aiter__()
+    while True:
+        try:
+            part = await asyncio.wait_for(stream.__anext__(), BODY_PAUSE_SECONDS)
+        except StopAsyncIteration:
+            break
+        except asyncio.TimeoutError:
+            raise ApiError(
+                408, "REQUEST_TIMEOUT", f"the request body paused for over {BODY_PAUSE_SECONDS:g} s"
+            ) from None
         size += len(part)
         if size > limit:
             raise _too_large(limit)
         parts.append(part)
-    try:
-        body = json.loads(b"".join(parts), parse_constant=_no_constants)
-    except RecursionError:
-        raise bad_request("the request body is nested too deeply") from None
-    except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError is a ValueError
-        raise bad_request(f"the request body is not valid JSON: {str(exc)[:200]}") from None
-    try:  # "\ud800" decodes to a lone surrogate, which nothing downstream can encode
-        json.dumps(body, ensure_ascii=False).encode("utf-8")
-    except UnicodeEncodeError:
-        raise bad_request("the request body holds a lone UTF-16 surrogate (such as \\ud800)") from None
-    except RecursionError:
-        raise bad_request("the request body is nested too deeply") from None
-    return body
+    return b"".join(parts)
 
 
 class _Api:
@@ -98,6 +94,11 @@ class _Api:
         self.pool = pool
         self.access = access
         self.max_body = max_body
+        self.parser = BodyParser()
+
+    async def _parsed(self, request: Request, check: Callable[[Any], _T]) -> _T:
+        """The body read, parsed and checked by ``check``, its cost bounded (:mod:`anyformer.server._limits`)."""
+        return await self.parser.parse(await _body_bytes(request, self.max_body), check)
 
     async def _resolve(self, ref: str) -> str:
         """The reference the pool loads for a client's ``model``; 404 when the server does not serve it."""
@@ -138,7 +139,7 @@ class _Api:
 
     async def chat_completions(self, request: Request) -> Response:
         """``POST /v1/chat/completions``, streamed over SSE or whole."""
-        parsed = parse_chat(await _json_body(request, self.max_body))
+        parsed = await self._parsed(request, parse_chat)
         return await self._chat(request, parsed)
 
     async def completions(self, request: Request) -> Response:
@@ -146,20 +147,21 @@ class _Api:
 
         The prompts run one after another; a backend without raw text answers ``BAD_REQUEST``.
         """
-        parsed = parse_completion(await _json_body(request, self.max_body))
+        parsed = await self._parsed(request, parse_completion)
         resolved = await self._resolve(parsed.model)
+        client = _client_of(request)
         rid = new_id("cmpl")
         if parsed.stream:
             # The first generation starts before the response does, so its errors get a status code.
             gone = threading.Event()
-            first = await _until_disconnect(request, self._start_raw(resolved, parsed, 0, gone), gone)
-            return EventStream(self._completion_events(resolved, parsed, rid, first))
+            first = await _until_disconnect(request, self._start_raw(resolved, parsed, 0, client, gone), gone)
+            return EventStream(self._completion_events(resolved, parsed, rid, first, client))
         choices: list[dict[str, Any]] = []
         prompt_tokens: int | None = 0
         completion_tokens = 0
         for index, prompt in enumerate(parsed.prompts):
             gone = threading.Event()
-            generation = await _until_disconnect(request, self._start_raw(resolved, parsed, index, gone), gone)
+            generation = await _until_disconnect(request, self._start_raw(resolved, parsed, index, client, gone), gone)
             text, finish, tokens = "", None, 0
             entries: list[TokenLogprob] = []
             prompt_entries: list[TokenLogprob] = []
@@ -180,14 +182,18 @@ class _Api:
         return JSONResponse(text_completion(rid, parsed.model, "", None, use, choices=choices))
 
     async def _start_raw(
-        self, resolved: str, parsed: GenerationRequest, index: int, cancel: threading.Event | None = None
+        self,
+        resolved: str,
+        parsed: GenerationRequest,
+        index: int,
+        client: str | None,
+        cancel: threading.Event | None = None,
     ) -> Generation:
-        return await self.pool.generate(
-            resolved, None, {**parsed.options, "prompt": parsed.prompts[index]}, cancel=cancel
-        )
+        options = {**parsed.options, "prompt": parsed.prompts[index]}
+        return await self.pool.generate(resolved, None, options, cancel=cancel, client=client)
 
     async def _completion_events(
-        self, resolved: str, parsed: GenerationRequest, rid: str, first: Generation
+        self, resolved: str, parsed: GenerationRequest, rid: str, first: Generation, client: str | None
     ) -> AsyncIterator[bytes]:
         """The SSE events of a streamed ``/v1/completions``: each prompt's choice in turn, by its index."""
         model = parsed.model
@@ -198,7 +204,7 @@ class _Api:
         try:
             for index, prompt in enumerate(parsed.prompts):
                 if generation is None:
-                    generation = await self._start_raw(resolved, parsed, index)
+                    generation = await self._start_raw(resolved, parsed, index, client)
                 tokens = 0
                 # With logprobs the echoed prompt waits for the first chunk: it carries the prompt's scores.
                 echoing = parsed.echo and (bool(prompt) or scored)
@@ -236,19 +242,26 @@ class _Api:
 
     async def embeddings(self, request: Request) -> JSONResponse:
         """``POST /v1/embeddings`` through ``loaded.run`` on the model loaded for feature extraction."""
-        body = await _json_body(request, self.max_body)
-        model, inputs = parse_embeddings(body)
+        model, inputs, encoding = await self._parsed(request, parse_embeddings_request)
         resolved = await self._resolve(model)
-        gone = threading.Event()  # set when the client leaves: a backend with run_progress stops at its next batch
-        result = await _until_disconnect(request, self.pool.run(resolved, EMBEDDING_TASK, inputs, cancel=gone), gone)
-        vectors, tokens = _embeddings_of(result, len(inputs))
-        return JSONResponse(embeddings_list(model, vectors, body.get("encoding_format", "float"), tokens))
+        vectors: list[list[float]] = []
+        tokens = 0
+        # A batch at a time, each taking its turn at the model: a long request never holds it from others.
+        for batch in embedding_batches(inputs):
+            gone = threading.Event()  # set when the client leaves: the backend stops at its next unit
+            work = self.pool.run(resolved, EMBEDDING_TASK, batch, cancel=gone, client=_client_of(request))
+            batch_vectors, batch_tokens = _embeddings_of(await _until_disconnect(request, work, gone), len(batch))
+            vectors += batch_vectors
+            tokens += batch_tokens
+        return JSONResponse(embeddings_list(model, vectors, encoding, tokens))
 
     async def _chat(self, request: Request, parsed: GenerationRequest) -> Response:
         resolved = await self._resolve(parsed.model)
         gone = threading.Event()  # set when the client leaves: a request still queued then never starts
         generation = await _until_disconnect(
-            request, self.pool.generate(resolved, parsed.messages, parsed.options, cancel=gone), gone
+            request,
+            self.pool.generate(resolved, parsed.messages, parsed.options, cancel=gone, client=_client_of(request)),
+            gone,
         )
         rid = new_id("chatcmpl")
         if parsed.stream:
@@ -317,6 +330,11 @@ async def _until_disconnect(request: Request, work: Awaitable[Any], gone: thread
         task.add_done_callback(_cancel_result)
         raise AnyformerError(ErrorCode.CANCELLED, "the client disconnected before the model was ready")
     return task.result()
+
+
+def _client_of(request: Request) -> str | None:
+    """Who sends a request, for the pool's per-client share: the peer's address (None: unknown)."""
+    return request.client.host if request.client is not None else None
 
 
 def _cancel_result(task: asyncio.Future[Any]) -> None:

@@ -19,6 +19,7 @@ when the client leaves, so the next request never finds the model half-stopped.
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import inspect
 import os
@@ -100,6 +101,8 @@ class _Entry:
     ram_bytes: int = 0
     #: Requests holding or awaiting the slot.
     users: int = 0
+    #: The same, by client (its address): one client may hold at most :meth:`ModelPool.client_share` of them.
+    clients: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
     last_used: float = 0.0
 
 
@@ -242,6 +245,7 @@ class ModelPool:
         options: dict[str, Any],
         *,
         cancel: threading.Event | None = None,
+        client: str | None = None,
     ) -> Generation:
         """Start a generation on ``ref`` (loading it first if needed) once the model is free.
 
@@ -249,12 +253,12 @@ class ModelPool:
         here, so a server can answer them with a status code rather than inside a stream.
         ``messages`` is None for a raw completion (``options["prompt"]``).
         ``cancel`` stops the generation; set while the request waits for the model, the
-        generation never starts (``CANCELLED``).
+        generation never starts (``CANCELLED``). ``client`` names who asks (:meth:`client_share`).
         """
-        entry = await self._checkout(ref, None)
+        entry = await self._checkout(ref, None, client)
         cancel = cancel or threading.Event()
         if cancel.is_set():  # the client left while it waited in the queue
-            self._release(entry)
+            self._release(entry, client=client)
             raise AnyformerError(ErrorCode.CANCELLED, "the client left before its turn came")
         loop = asyncio.get_running_loop()
         generation = Generation(loop, cancel)
@@ -277,7 +281,7 @@ class ModelPool:
                 generation.put(exc)
             finally:
                 try:
-                    loop.call_soon_threadsafe(self._release, entry, failure)
+                    loop.call_soon_threadsafe(self._release, entry, failure, client)
                 except RuntimeError:
                     pass  # the loop is closed: the server is shutting down
                 generation.put(_END)
@@ -286,9 +290,9 @@ class ModelPool:
         await generation.first()
         return generation
 
-    async def run(self, ref: str, task: str, input: Any, **options: Any) -> Any:
+    async def run(self, ref: str, task: str, input: Any, *, client: str | None = None, **options: Any) -> Any:
         """Run a non-generation task (``loaded.run``) on ``ref`` loaded for ``task``."""
-        entry = await self._checkout(ref, task)
+        entry = await self._checkout(ref, task, client)
         loaded = entry.loaded
         assert loaded is not None
         failure: BaseException | None = None
@@ -298,7 +302,7 @@ class ModelPool:
             failure = exc
             raise
         finally:
-            self._release(entry, failure)
+            self._release(entry, failure, client)
 
     async def close(self) -> None:
         """Unload every model."""
@@ -308,7 +312,15 @@ class ModelPool:
 
     # ---- the slot, loading and eviction ---------------------------------------------------------
 
-    async def _checkout(self, ref: str, task: str | None) -> _Entry:
+    def client_share(self, entry: _Entry) -> int:
+        """The most requests one client may hold or await on a model: its slots and half its queue.
+
+        So a client that opens requests as fast as it can still leaves the other half of the queue,
+        and every slot it frees, to everyone else.
+        """
+        return entry.slot.capacity + max(1, self.queue_size // 2)
+
+    async def _checkout(self, ref: str, task: str | None, client: str | None = None) -> _Entry:
         key = (_normalised(ref), task)
         entry = self._entries.get(key)
         if entry is None:
@@ -318,24 +330,34 @@ class ModelPool:
                 ErrorCode.BUSY,
                 f"{ref} is busy and {self.queue_size} requests already wait for it; retry shortly",
             )
+        if client is not None and entry.clients[client] >= self.client_share(entry):
+            raise AnyformerError(
+                ErrorCode.BUSY,
+                f"this client already has {entry.clients[client]} requests running or waiting for {ref}, "
+                "its share; retry when one ends",
+            )
         entry.users += 1
+        if client is not None:
+            entry.clients[client] += 1
         try:
             await entry.slot.acquire()
         except BaseException:
             entry.users -= 1
+            _forget_client(entry, client)
             raise
         try:
             if entry.loaded is None:
                 await self._load(entry, key)
                 entry.slot.resize(entry.loaded.parallel if entry.loaded is not None else 1)
         except BaseException:
-            self._release(entry)
+            self._release(entry, client=client)
             raise
         entry.last_used = time.monotonic()
         return entry
 
-    def _release(self, entry: _Entry, failure: BaseException | None = None) -> None:
+    def _release(self, entry: _Entry, failure: BaseException | None = None, client: str | None = None) -> None:
         entry.users -= 1
+        _forget_client(entry, client)
         entry.last_used = time.monotonic()
         crashed = isinstance(failure, AnyformerError) and failure.code is ErrorCode.BACKEND_CRASHED
         if crashed and entry.loaded is not None:
@@ -452,6 +474,13 @@ class ModelPool:
             await asyncio.to_thread(_dispose_quietly, loaded)
         if entry.users == 0:
             self._entries.pop((_normalised(entry.ref), entry.task), None)
+
+
+def _forget_client(entry: _Entry, client: str | None) -> None:
+    if client is not None:
+        entry.clients[client] -= 1
+        if entry.clients[client] <= 0:
+            del entry.clients[client]
 
 
 def _dispose_quietly(loaded: Loaded) -> None:
