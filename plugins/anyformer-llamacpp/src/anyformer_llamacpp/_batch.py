@@ -397,12 +397,16 @@ class BatchEngine:
         """Choose a sequence's next token from its logits and send it to the stream."""
         logits = self._logits(ticket.logits_at)
         options = ticket.options
-        token = self._choose(logits, options, ticket.rng)
+        try:
+            token = self._choose(logits, options, ticket.rng)
+            entry = None if options.logprobs is None else self._score(logits, token, options.logprobs)
+        except Exception as exc:  # this stream's options or numbers: it ends alone, the batch goes on
+            self._finish(ticket, AnyformerError(ErrorCode.PLUGIN_ERROR, f"llamacpp: choosing a token failed: {exc}"))
+            return
         if self._is_end(token):
             self._finish(ticket, "stop")
             return
         ticket.generated += 1
-        entry = None if options.logprobs is None else self._score(logits, token, options.logprobs)
         ticket.replies.put((token, entry))
         if ticket.generated >= ticket.budget:
             self._finish(ticket, "length")

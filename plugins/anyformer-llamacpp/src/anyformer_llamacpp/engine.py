@@ -58,6 +58,7 @@ from anyformer.plugin import (
     render_chat,
 )
 from anyformer_llamacpp import BACKEND_ID
+from anyformer_llamacpp.content_tokens import content_tokens, special_in_content, text_spans
 from anyformer_llamacpp.estimate import BATCH, context_for, footprint
 from anyformer_llamacpp.file_choice import choose_gguf
 from anyformer_llamacpp.header_checks import check_architecture_numbers, check_vocabulary
@@ -72,6 +73,9 @@ EMBEDDING_TASK = "feature-extraction"
 #: Defaults for sampling when the temperature is above 0, as llama.cpp's own.
 TOP_K = 40
 TOP_P = 0.95
+#: Temperatures below this pick the likeliest token (the limit of sampling as T -> 0): dividing the
+#: logits by a subnormal such as 5e-324 overflows to infinity and the weights to NaN.
+GREEDY_BELOW_TEMPERATURE = 1e-3
 
 #: What the cached token ids hold where an image was decoded: no token has this id.
 IMAGE = -1
@@ -145,6 +149,8 @@ class LlamaCppModel:
         )
         self._pieces: dict[int, bytes] = {}
         self._special_pieces: dict[int, bytes] = {}
+        #: The ``special_in_content`` load option: message text tokenized with special tokens parsed.
+        self.special_in_content = False
         # Where the batches the cache holds ended (see prompt_blocks): it is cut back only to one of them.
         self._batch_ends: list[int] = []
         #: Positions the last prompt evaluated (the rest came from the cache); for tests and benches.
@@ -206,6 +212,7 @@ class LlamaCppModel:
         chat_template = template if isinstance(template, str) else None
         loaded = cls(llama, chat_template, choice.first.name, context, gpu_layers, task)
         loaded._projector = projector
+        loaded.special_in_content = special_in_content(request.options)
         loaded._token_bytes = _longest_token_bytes(first.kv.get("tokenizer.ggml.tokens"))
         if mmproj is not None and mmproj.note:
             loaded._no_images = mmproj.note
@@ -357,10 +364,19 @@ class LlamaCppModel:
     def prompt_with_marks(self, messages: list[Message], thinking: bool) -> tuple[list[int], list[int]]:
         """The prompt's tokens, and the positions where its messages' texts begin (see ``prompt_marks``)."""
         prompt, add_special = self._render(messages, thinking)
-        tokens: list[int] = self._llama.tokenize(prompt.encode("utf-8"), add_bos=add_special, special=True)
+        # Special tokens a user, system or tool text spells stay text (content_tokens), unless the operator asked.
+        spans = [] if self.special_in_content else text_spans(prompt, messages, self._spells_special)
+        tokens = content_tokens(prompt, spans, add_special, self._tokenize)
         bos = self._llama.token_bos()
         skip = 1 if add_special and tokens and bos >= 0 and tokens[0] == bos else 0
         return tokens, token_marks(prompt, tokens, self._special_piece, text_starts(prompt, messages), skip)
+
+    def _tokenize(self, text: str, add_bos: bool, special: bool) -> list[int]:
+        return list(self._llama.tokenize(text.encode("utf-8"), add_bos=add_bos, special=special))
+
+    def _spells_special(self, text: str) -> bool:
+        """Whether ``text`` holds a special token's spelling (it tokenizes differently with them parsed)."""
+        return self._tokenize(text, False, True) != self._tokenize(text, False, False)
 
     def _special_piece(self, token: int) -> bytes:
         piece = self._special_pieces.get(token)
@@ -579,7 +595,7 @@ class LlamaCppModel:
         return self._decode(segments, options, chunks, marks)
 
     def _choose(self, logits: np.ndarray, options: GenerateOptions, rng: np.random.Generator | None) -> int:
-        if rng is None:
+        if rng is None or not options.temperature >= GREEDY_BELOW_TEMPERATURE:
             return int(logits.argmax())
         top_k = int(options.extra.get("top_k", TOP_K))
         top_p = float(options.extra.get("top_p", TOP_P))
@@ -589,6 +605,8 @@ class LlamaCppModel:
         order = np.argsort(-scaled)
         candidates, scaled = candidates[order], scaled[order]
         weights = np.exp(scaled - scaled[0])
+        if not np.isfinite(weights).all():  # logits the engine made infinite or NaN: no distribution to draw from
+            return int(candidates[0])
         weights /= weights.sum()
         keep = int(np.searchsorted(np.cumsum(weights), top_p) + 1)
         weights = weights[:keep] / weights[:keep].sum()
