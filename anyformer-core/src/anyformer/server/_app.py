@@ -27,10 +27,12 @@ from starlette.routing import Route
 from anyformer._plugins import PluginManager, get_plugin_manager
 from anyformer.contract._chunk import TokenLogprob
 from anyformer.contract._errors import AnyformerError, ErrorCode
-from anyformer.server._access import ModelAccess
+from anyformer.server._access import ModelAccess, loadable
+from anyformer.server._connections import AmbiguousFramingGuard, install_shortage_log
 from anyformer.server._errors import ApiError, anyformer_error_body, bad_request, error_response
 from anyformer.server._guard import RequestGuard
 from anyformer.server._limits import BodyParser, embedding_batches
+from anyformer.server._page_policy import page_headers
 from anyformer.server._pool import Generation, ModelPool
 from anyformer.server._schemas import (
     EMBEDDING_TASK,
@@ -108,6 +110,9 @@ class _Api:
         """``GET /v1/models``: loaded models, the operator's, then whatever the store holds."""
         seen: dict[str, dict[str, Any]] = {}
         for item in self.pool.loaded():
+            # A model removed from the disk (anyformer rm) is unloaded once idle, not listed as loaded.
+            if await asyncio.to_thread(self.access.removed, item["id"]) and await self.pool.unload_idle(item["id"]):
+                continue
             seen.setdefault(item["id"], {"loaded": True, "backend": item["backend"], "task": item["task"]})
         for ref in self.access.models:
             seen.setdefault(ref, {"loaded": False})
@@ -413,10 +418,11 @@ def create_app(
     )
     api = _Api(pool, access, max_body)
     page = _chat_page()
+    page_security = page_headers(page)
     expected_key = f"Bearer {api_key}".encode() if api_key else None
 
     async def index(request: Request) -> HTMLResponse:
-        return HTMLResponse(page)
+        return HTMLResponse(page, headers=page_security)
 
     async def health(request: Request) -> JSONResponse:
         """Up or not for anyone; what is loaded only for a caller with the key (when there is one)."""
@@ -427,8 +433,9 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        install_shortage_log(asyncio.get_running_loop())
         for ref in preload or ():
-            await pool.preload(ref)
+            await pool.preload(loadable(ref))
         try:
             yield
         finally:
@@ -482,6 +489,7 @@ def create_app(
             allow_headers=["Authorization", "Content-Type"],
         )
     app.add_middleware(RequestGuard, allowed_hosts=allowed_hosts, cors_origins=cors_origins, bind_host=bind_host)
+    app.add_middleware(AmbiguousFramingGuard)
     app.state.pool = pool
     app.state.access = access
     return app

@@ -167,7 +167,8 @@ class ModelPool:
     ``parallel`` load option (streams per model, for backends that batch; 1: one at a time; "auto":
     as many as the backend finds suit the machine);
     ``plugins`` and ``caps``
-    replace the installed backends and the probe (tests, embedding apps).
+    replace the installed backends and the probe (tests, embedding apps); ``options`` are load
+    options every load and check asks for.
     """
 
     def __init__(
@@ -180,6 +181,7 @@ class ModelPool:
         parallel: int | Literal["auto"] = 1,
         caps: Caps | None = None,
         plugins: PluginManager | None = None,
+        options: dict[str, Any] | None = None,
     ) -> None:
         self._caps = caps or probe()
         self.gpu_limit = parse_size(budget) if budget is not None else (self._caps.gpu_bytes or 0)
@@ -195,6 +197,8 @@ class ModelPool:
             )
         self.parallel = parallel
         self._context = context
+        #: Backend load options every load asks for besides ``parallel`` (``special_in_content``).
+        self.options = dict(options or {})
         #: The plugin manager models load through (None: the installed backends).
         self.plugins = plugins
         self._entries: dict[tuple[str, str | None], _Entry] = {}
@@ -303,6 +307,16 @@ class ModelPool:
             raise
         finally:
             self._release(entry, failure, client)
+
+    async def unload_idle(self, ref: str) -> bool:
+        """Unload ``ref`` (every task it is loaded for) unless a request uses it; whether it is gone now."""
+        gone = True
+        for entry in [e for e in self._entries.values() if e.ref == ref and e.loaded is not None]:
+            if entry.users:
+                gone = False
+            else:
+                await self._unload(entry)
+        return gone
 
     async def close(self) -> None:
         """Unload every model."""
@@ -414,7 +428,7 @@ class ModelPool:
 
     def _load_options(self) -> dict[str, Any]:
         """The backend options every load asks for; every check asks with them too, so estimates count them."""
-        return {"parallel": self.parallel} if self.parallel != 1 else {}
+        return {**self.options, "parallel": self.parallel} if self.parallel != 1 else dict(self.options)
 
     def _describe_and_check(self, ref: str, task: str | None) -> tuple[anyformer.Model, anyformer.Selection]:
         model = anyformer.describe(ref)
