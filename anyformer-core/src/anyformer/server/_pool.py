@@ -43,6 +43,8 @@ DEFAULT_QUEUE_SIZE = 8
 #: many as suit the machine, which a backend that batches decides from its cores, memory and context
 #: (llama.cpp: 2 per decode thread, 2 to 16, cut to what half the host memory holds; docs/server.md).
 DEFAULT_PARALLEL: int | Literal["auto"] = "auto"
+#: Seconds a model's description (its files' headers, read before loading) may take.
+DESCRIBE_SECONDS = 60.0
 _END = object()
 
 
@@ -101,6 +103,8 @@ class _Entry:
     ram_bytes: int = 0
     #: Requests holding or awaiting the slot.
     users: int = 0
+    #: Room was made for it and its load is under way.
+    loading: bool = False
     #: The same, by client (its address): one client may hold at most :meth:`ModelPool.client_share` of them.
     clients: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
     last_used: float = 0.0
@@ -385,13 +389,26 @@ class ModelPool:
         entry.slot.release()
 
     async def _load(self, entry: _Entry, key: tuple[str, str | None]) -> None:
+        """Describe, make room, load. The lock covers only making room (so two newcomers never both
+        count the same free memory): a describe or a load that hangs holds no other model's load."""
+        describing = asyncio.to_thread(self._describe_and_check, key[0], entry.task)
+        try:
+            model, selection = await asyncio.wait_for(describing, DESCRIBE_SECONDS)
+        except asyncio.TimeoutError:
+            raise AnyformerError(
+                ErrorCode.BAD_MODEL, f"{entry.ref}: reading the model's files did not finish in {DESCRIBE_SECONDS:g} s"
+            ) from None
         async with self._load_lock:
-            model, selection = await asyncio.to_thread(self._describe_and_check, key[0], entry.task)
             if selection.chosen is not None and selection.chosen.estimate is not None:
                 entry.gpu_bytes = selection.chosen.estimate.gpu_bytes
                 entry.ram_bytes = selection.chosen.estimate.ram_bytes
                 await self._make_room(entry)
+            entry.loading = True  # counted as resident by others' _make_room from now on
+        try:
             entry.loaded = await asyncio.to_thread(self._load_blocking, model, entry.task)
+        finally:
+            entry.loading = False
+        async with self._load_lock:
             await self._count_every_stream(entry, model, selection)
 
     async def _count_every_stream(self, entry: _Entry, model: anyformer.Model, selection: anyformer.Selection) -> None:
@@ -465,12 +482,12 @@ class ModelPool:
     async def _make_room(self, newcomer: _Entry) -> None:
         """Unload idle models, least recently used first, until ``newcomer`` fits beside the rest."""
         while True:
-            resident = [e for e in self._entries.values() if e.loaded is not None and e is not newcomer]
+            resident = [e for e in self._entries.values() if (e.loaded is not None or e.loading) and e is not newcomer]
             gpu = sum(e.gpu_bytes for e in resident) + newcomer.gpu_bytes
             ram = sum(e.ram_bytes for e in resident) + newcomer.ram_bytes
             if (gpu <= self.gpu_limit or not newcomer.gpu_bytes) and ram <= self.ram_limit:
                 return
-            idle = sorted((e for e in resident if e.users == 0), key=lambda e: e.last_used)
+            idle = sorted((e for e in resident if e.users == 0 and e.loaded is not None), key=lambda e: e.last_used)
             if not idle:
                 if not resident:
                     return  # nothing to unload; the load itself says whether it fits
