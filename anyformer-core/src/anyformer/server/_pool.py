@@ -69,12 +69,27 @@ class _Slots:
         self.capacity = 1
         self.active = 0
         self._changed = asyncio.Condition()
+        #: Who waits, in the order they came: a newcomer never takes a slot ahead of them.
+        self._queue: collections.deque[object] = collections.deque()
 
     async def acquire(self) -> None:
-        """Wait for a free slot and take it."""
-        async with self._changed:
-            await self._changed.wait_for(lambda: self.active < self.capacity)
-            self.active += 1
+        """Wait for a free slot and take it, after everyone who was waiting before."""
+        ticket = object()
+        self._queue.append(ticket)
+        try:
+            async with self._changed:
+                await self._changed.wait_for(lambda: self._ahead(ticket) < self.capacity - self.active)
+                self.active += 1
+        finally:
+            self._queue.remove(ticket)
+        if self._queue:
+            asyncio.get_running_loop().create_task(self._wake())
+
+    def _ahead(self, ticket: object) -> int:
+        for position, waiting in enumerate(self._queue):
+            if waiting is ticket:
+                return position
+        return len(self._queue)
 
     def release(self) -> None:
         """Give a slot back (from the event loop's thread)."""
