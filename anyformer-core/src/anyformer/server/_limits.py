@@ -79,7 +79,9 @@ def parse_json(body: bytes) -> Any:
     """``body`` as JSON: at most :data:`MAX_JSON_VALUES` values, strict (no NaN), every string valid UTF-8."""
     values = json_value_bound(body)
     if values > MAX_JSON_VALUES:
-        raise bad_request(f"the request body holds about {values:,} JSON values and keys; at most {MAX_JSON_VALUES:,} are read")
+        raise bad_request(
+            f"the request body holds about {values:,} JSON values and keys; at most {MAX_JSON_VALUES:,} are read"
+        )
     try:
         parsed = json.loads(body, parse_constant=_no_constants)
     except RecursionError:
