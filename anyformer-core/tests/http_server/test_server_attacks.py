@@ -7,15 +7,23 @@ its address: it connects from 127.0.0.2 (Linux routes all of 127.0.0.0/8 to loop
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import http.client
 import json
+import os
+import shutil
+import subprocess
+import sys
 import threading
 import time
 import urllib.parse
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from anyformer import AnyformerError, ErrorCode, hookimpl
 from anyformer.server import _limits
 from anyformer.server._limits import (
     MAX_EMBEDDING_CHARS,
@@ -28,7 +36,7 @@ from anyformer.server._limits import (
     sampling_options,
 )
 
-from .server_support import Reply, plain_request
+from .server_support import PacedBackend, Reply, plain_request
 from .test_server_faults import chat, open_stream, wait_for
 
 OTHER_CLIENT = "127.0.0.2"
@@ -313,3 +321,195 @@ def test_an_embedding_request_stops_when_its_client_leaves(paced_server: Any, mo
     embedded = sum(count for _, count in handle.runs[1:])
     assert embedded < 96, f"{embedded} of 320 inputs were embedded after the client left"
     assert any(code == "CANCELLED" for code, _ in handle.runs[1:])
+
+
+# ---- H4: files that block, loads that hang -------------------------------------------------------
+
+
+def _finishes(work: Any, seconds: float = 5.0) -> Any:
+    """``work()``'s result (or the exception it raised), failing when it is still running after ``seconds``."""
+    outcome: list[Any] = []
+
+    def run() -> None:
+        try:
+            outcome.append(work())
+        except BaseException as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert outcome, f"still blocked after {seconds} s"
+    return outcome[0]
+
+
+def _unblock(fifo: Path) -> None:
+    """Open the FIFO for writing, which frees a reader stuck in open() (when the fix has regressed)."""
+    try:
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+    except OSError:
+        pass
+
+
+@pytest.mark.safety("H4")
+@pytest.mark.parametrize("name", ["model.gguf", "config.json", "README.md"])
+def test_a_model_file_swapped_for_a_fifo_is_refused_at_once(tmp_path: Path, name: str) -> None:
+    from anyformer.files._byte_source import read_file_prefix
+
+    fifo = tmp_path / name
+    os.mkfifo(fifo)
+    try:
+        outcome = _finishes(lambda: read_file_prefix(fifo, 64))
+        assert isinstance(outcome, OSError) and "regular file" in str(outcome)
+        if name == "model.gguf":
+            import anyformer
+
+            refused = _finishes(lambda: anyformer.describe(str(fifo)))
+            assert isinstance(refused, anyformer.AnyformerError) and refused.code is anyformer.ErrorCode.BAD_MODEL
+    finally:
+        _unblock(fifo)
+
+
+@pytest.mark.safety("H4")
+def test_a_model_file_that_is_a_fifo_is_422_at_once_and_other_models_still_load(
+    paced_server: Any, model_folders: Any
+) -> None:
+    url, _backend, _pool = paced_server()
+    swapped, other = Path(model_folders("swapped")), model_folders("other")
+    os.mkfifo(swapped / "model.gguf")
+    try:
+        reply = _finishes(lambda: plain_request("POST", f"{url}/v1/chat/completions", chat(str(swapped))), 10)
+        assert reply.status == 422 and reply.json()["error"]["code"] == "BAD_MODEL", reply.body
+        assert plain_request("POST", f"{url}/v1/chat/completions", chat(other, max_tokens=2)).status == 200
+    finally:
+        _unblock(swapped / "model.gguf")
+
+
+@pytest.mark.safety("H4")
+def test_a_gguf_swapped_for_a_fifo_right_after_its_header_was_read_does_not_block(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import anyformer.files._gguf_header as gguf_header
+
+    sys.path.insert(0, str(Path(__file__).parents[1]))
+    try:
+        from hostile_files import valid_gguf
+    finally:
+        sys.path.pop(0)
+    path = tmp_path / "model.gguf"
+    path.write_bytes(valid_gguf())
+    read = gguf_header.read_header
+
+    def read_then_swap(*args: Any) -> Any:
+        header = read(*args)
+        path.unlink()
+        os.mkfifo(path)  # the attacker's swap, between the check and the next open
+        return header
+
+    monkeypatch.setattr(gguf_header, "read_header", read_then_swap)
+    try:
+        header = _finishes(lambda: gguf_header.read_gguf_header(path))
+        assert isinstance(header, gguf_header.GGUFHeader)  # read before the swap; the swap was not waited on
+    finally:
+        _unblock(path)
+
+
+class _StuckLoad(PacedBackend):
+    """The paced backend, whose load of a folder named ``stuck`` waits until ``release`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+
+    @hookimpl
+    def load(self, backend: str, model: Any, request: Any) -> Any:
+        if backend == self.name and Path(model.ref).name == "stuck":
+            self.release.wait(30)
+        return super().load(backend, model, request)
+
+
+@pytest.mark.safety("H4")
+def test_a_load_that_hangs_does_not_hold_other_models_loads(paced_server: Any, model_folders: Any) -> None:
+    backend = _StuckLoad()
+    url, _backend, _pool = paced_server(backend=backend)
+    stuck, other = model_folders("stuck"), model_folders("other")
+    first: list[Reply] = []
+    waiting = threading.Thread(
+        target=lambda: first.append(plain_request("POST", f"{url}/v1/chat/completions", chat(stuck, max_tokens=1)))
+    )
+    waiting.start()
+    try:
+        time.sleep(0.3)  # the stuck load is under way
+        reply = _finishes(lambda: plain_request("POST", f"{url}/v1/chat/completions", chat(other, max_tokens=1)))
+        assert reply.status == 200, reply.body
+    finally:
+        backend.release.set()
+        waiting.join(30)
+    assert first and first[0].status == 200
+
+
+# ---- H8: the operator's defaults -----------------------------------------------------------------
+
+
+@pytest.mark.safety("H8")
+def test_model_default_serves_the_embedded_model(paced_server: Any) -> None:
+    import anyformer
+
+    url, backend, _pool = paced_server(app={"models": ["default"]})
+    reply = plain_request("POST", f"{url}/v1/chat/completions", chat("default", max_tokens=1))
+    assert reply.status == 200, reply.body
+    assert backend.handles[0].ref == str(anyformer.default_model_path())
+
+
+@pytest.mark.safety("H8")
+def test_a_model_removed_from_disk_is_unloaded_and_not_listed_as_loaded(paced_server: Any, model_folders: Any) -> None:
+    url, backend, _pool = paced_server()
+    model = model_folders("gone")
+    assert plain_request("POST", f"{url}/v1/chat/completions", chat(model, max_tokens=1)).status == 200
+    listed = plain_request("GET", f"{url}/v1/models").json()["data"]
+    assert any(m["id"] == model and m["loaded"] for m in listed)
+    shutil.rmtree(model)
+    listed = plain_request("GET", f"{url}/v1/models").json()["data"]
+    assert not any(m["id"] == model for m in listed)
+    assert backend.handles[0].disposed
+
+
+@pytest.mark.safety("H8")
+def test_the_page_sends_a_strict_policy_that_names_its_own_script(paced_server: Any) -> None:
+    url, _backend, _pool = paced_server()
+    reply = plain_request("GET", f"{url}/")
+    policy = reply.headers["content-security-policy"]
+    assert reply.headers["x-frame-options"] == "DENY"
+    assert "frame-ancestors 'none'" in policy and "default-src 'none'" in policy and "unsafe-inline" not in policy
+    page = reply.body.decode()
+    script = page.split("<script>", 1)[1].split("</script>", 1)[0]
+    digest = base64.b64encode(hashlib.sha256(script.encode()).digest()).decode()
+    assert f"'sha256-{digest}'" in policy.split("script-src", 1)[1].split(";", 1)[0]
+
+
+@pytest.mark.safety("H8")
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.168.1.5", ""])
+def test_a_non_loopback_host_without_a_key_is_refused(host: str) -> None:
+    from anyformer.server._run import check_bind
+
+    with pytest.raises(AnyformerError) as caught:
+        check_bind(host, None)
+    assert caught.value.code is ErrorCode.BAD_REQUEST and "--insecure-no-key" in caught.value.message
+    check_bind(host, "a-key")
+    check_bind(host, None, insecure_no_key=True)
+    for loopback in ("127.0.0.1", "localhost", "::1", "[::1]"):
+        check_bind(loopback, None)
+
+
+@pytest.mark.safety("H8")
+def test_serve_on_every_address_without_a_key_exits_with_the_reason(tmp_path: Path) -> None:
+    environment = {**os.environ, "ANYFORMER_HOME": str(tmp_path / "home"), "HF_HUB_OFFLINE": "1"}
+    environment.pop("ANYFORMER_API_KEY", None)
+    done = subprocess.run(
+        [sys.executable, "-m", "anyformer", "serve", "--host", "0.0.0.0", "--port", "9"],
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode != 0 and "--insecure-no-key" in done.stderr + done.stdout
