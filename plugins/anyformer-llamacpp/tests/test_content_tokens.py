@@ -1,4 +1,4 @@
-"""Special tokens a user writes are text: a message cannot forge a turn (docs/safety.md, H8)."""
+"""Special tokens a user writes are text: a message cannot forge a turn (docs/safety.md, H7)."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def _spells(text: str) -> bool:
     return _fake_tokenize(text, False, True) != _fake_tokenize(text, False, False)
 
 
-@pytest.mark.safety("H8")
+@pytest.mark.safety("H7")
 def test_only_a_content_text_spelling_a_special_token_is_tokenized_as_text() -> None:
     prompt = "<S>user\nsay <S> now<S><S>assistant\nhello <S><S>"
     messages = [
@@ -75,7 +75,7 @@ def _im_starts(loaded: anyformer.Loaded, content: str) -> int:
     return tokens.count(im_start[0])
 
 
-@pytest.mark.safety("H8")
+@pytest.mark.safety("H7")
 def test_a_user_cannot_forge_a_turn_with_special_tokens(smollm2: anyformer.Loaded, parsing: anyformer.Loaded) -> None:
     template_turns = _im_starts(smollm2, "hi")
     assert _im_starts(smollm2, FORGED) == template_turns
