@@ -513,3 +513,45 @@ def test_serve_on_every_address_without_a_key_exits_with_the_reason(tmp_path: Pa
         timeout=60,
     )
     assert done.returncode != 0 and "--insecure-no-key" in done.stderr + done.stdout
+
+
+# ---- H3 on a real engine: a cancel storm beside one user ------------------------------------------
+
+
+def _open_and_drop(url: str, body: dict[str, Any]) -> None:
+    """Start a streamed chat, read its status line and maybe an event, and leave."""
+    parts = urllib.parse.urlsplit(url)
+    connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=120)
+    try:
+        connection.request(
+            "POST",
+            "/v1/chat/completions",
+            json.dumps({**body, "stream": True}).encode(),
+            {"Content-Type": "application/json"},
+        )
+        response = connection.getresponse()
+        if response.status == 200:
+            response.readline()
+    finally:
+        connection.close()
+
+
+@pytest.mark.safety("H3")
+def test_a_storm_of_dropped_streams_beside_a_real_user_keeps_the_worker_and_the_users_reply(
+    real_server: Any, smollm2_path: Path
+) -> None:
+    url, pool = real_server
+    model = str(smollm2_path)
+    body = chat(model, "Name three colours.", max_tokens=24, temperature=0)
+    alone = _post(url, "/v1/chat/completions", body, OTHER_CLIENT)
+    assert alone.status == 200, alone.body
+    pids = {m["worker_pid"] for m in pool.loaded() if m["id"] == model}
+    user: list[Reply] = []
+    thread = threading.Thread(target=lambda: user.append(_post(url, "/v1/chat/completions", body, OTHER_CLIENT)))
+    thread.start()
+    for _ in range(16):
+        _open_and_drop(url, chat(model, "Tell me a very long story.", max_tokens=200))
+    thread.join(120)
+    assert user and user[0].status == 200, user[0].body if user else "no reply"
+    assert user[0].json()["choices"][0]["message"]["content"] == alone.json()["choices"][0]["message"]["content"]
+    assert {m["worker_pid"] for m in pool.loaded() if m["id"] == model} == pids, "the worker was replaced"
