@@ -82,8 +82,8 @@ class _Slots:
                 self.active += 1
         finally:
             self._queue.remove(ticket)
-        if self._queue:
-            asyncio.get_running_loop().create_task(self._wake())
+            if self._queue:  # those behind moved up (also when this waiter gave up): let them look again
+                asyncio.get_running_loop().create_task(self._wake())
 
     def _ahead(self, ticket: object) -> int:
         for position, waiting in enumerate(self._queue):
