@@ -431,6 +431,31 @@ def test_a_cancel_while_the_engine_prepares_the_prompt_returns_at_once(
     assert not _alive(pid), "dispose left the stuck worker running"
 
 
+@pytest.mark.safety("H3")
+def test_a_generation_that_never_settles_makes_the_next_call_busy_and_the_worker_lives(
+    load_isolated: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import anyformer.isolation._worker_session as worker_session
+
+    monkeypatch.setattr(worker_session, "SETTLE_SECONDS", 0.5)
+    loaded = load_isolated("spins")
+    cancel = threading.Event()
+    caller = threading.Thread(target=lambda: list(loaded.generate("hi", cancel=cancel)), daemon=True)
+    caller.start()
+    time.sleep(0.3)  # the engine spins before its first token, deaf to the cancel
+    cancel.set()
+    caller.join(3)
+    pid = loaded.worker_pid
+    with caplog.at_level("ERROR", logger="anyformer.isolation"):
+        with pytest.raises(AnyformerError) as caught:
+            list(loaded.generate("again"))
+    assert caught.value.code is ErrorCode.BUSY, caught.value
+    assert _alive(pid), "a settle timeout ended the worker (and every stream it served)"
+    assert any("bug in the backend" in record.getMessage() for record in caplog.records)
+    loaded.dispose()
+    assert not _alive(pid), "dispose left the stuck worker running"
+
+
 _SPINNING_PARENT = """
 import os, sys, threading, anyformer
 from anyformer import Caps

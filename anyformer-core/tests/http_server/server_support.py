@@ -59,12 +59,16 @@ def plain_request(method: str, url: str, body: Any = None, headers: dict[str, st
 
 
 @contextlib.contextmanager
-def serve_in_thread(app: Any) -> Iterator[str]:
-    """Run ``app`` with uvicorn on a free loopback port in a thread; yields the base URL."""
+def serve_in_thread(app: Any, **config: Any) -> Iterator[str]:
+    """Run ``app`` with uvicorn on a free loopback port in a thread; yields the base URL.
+
+    ``config`` goes to ``uvicorn.Config`` (``http=`` the server's own protocol, for instance).
+    """
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
+    settings = {"log_level": "warning", "lifespan": "on", **config}
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, **settings))
     thread = threading.Thread(target=server.run, name="uvicorn-test", daemon=True)
     thread.start()
     deadline = time.monotonic() + 120

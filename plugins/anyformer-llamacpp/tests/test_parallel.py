@@ -404,3 +404,34 @@ def test_with_flash_attention_off_prompt_blocks_are_decoded_apart(smollm2_path: 
         assert not two.handle._engine.merge_prompts
         chunks, recorder = _beside_a_decoding_stream(two, messages=PROMPTS[2], max_new_tokens=12)
     assert not _mixed(recorder.batches) and chunks[-1].text == wanted
+
+
+@pytest.mark.safety("H2")
+def test_a_stream_whose_token_choice_fails_ends_alone_and_the_batch_goes_on(
+    batched: anyformer.Loaded, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from anyformer_llamacpp.sampling import Sampler
+
+    alone = batched.complete(PROMPTS[1], max_new_tokens=TOKENS).text
+    real = Sampler.choose
+
+    def choose(self: Sampler, logits: Any) -> int:
+        if self.temperature == 0.7:  # the hostile stream's numbers: as "Probabilities contain NaN" once did
+            raise ValueError("probabilities contain NaN")
+        return real(self, logits)
+
+    monkeypatch.setattr(Sampler, "choose", choose)
+    running = batched.generate(PROMPTS[1], max_new_tokens=TOKENS)
+    first = next(running)  # decoding in the batch while the other stream fails beside it
+    failing = batched.generate(PROMPTS[0], max_new_tokens=TOKENS, temperature=0.7, seed=7)
+    with pytest.raises(AnyformerError) as caught:
+        list(failing)
+    assert caught.value.code is ErrorCode.PLUGIN_ERROR and "NaN" in caught.value.message
+    assert [first, *running][-1].text == alone
+
+
+@pytest.mark.safety("H2")
+@pytest.mark.parametrize("temperature", [5e-324, 1e-310, 1e-4, -0.0])
+def test_a_subnormal_or_negative_zero_temperature_is_greedy(batched: anyformer.Loaded, temperature: float) -> None:
+    greedy = batched.complete(PROMPTS[2], max_new_tokens=8).text
+    assert batched.complete(PROMPTS[2], max_new_tokens=8, temperature=temperature, seed=1).text == greedy

@@ -74,6 +74,23 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default=os.environ.get("ANYFORMER_API_KEY"),
         help="require Authorization: Bearer KEY on /v1/* and /api/* (default: $ANYFORMER_API_KEY, or none)",
     )
+    parser.add_argument(
+        "--insecure-no-key",
+        action="store_true",
+        help="serve a non-loopback --host without --api-key (refused otherwise: anyone on the network could use it)",
+    )
+    parser.add_argument(
+        "--max-connections",
+        type=int,
+        default=512,
+        help="connections open at once (default 512); one more is closed as it opens",
+    )
+    parser.add_argument(
+        "--special-in-content",
+        action="store_true",
+        help="parse special tokens (<|im_start|>…) in message text as control tokens, as before; by default "
+        "they are text, so a user cannot forge a turn",
+    )
     parser.add_argument("--queue", type=int, default=8, help="requests that may wait for one busy model (default 8)")
     parser.add_argument("--context", type=int, help="context length in tokens for text models")
     parser.add_argument(
@@ -122,9 +139,13 @@ def run(args: argparse.Namespace) -> int:
     from anyformer.server import serve
     from anyformer.server._keep_alive import parse_keep_alive
     from anyformer.server._pool import DEFAULT_PARALLEL
+    from anyformer.server._run import check_bind
 
     parallel = _parallel(args.parallel, DEFAULT_PARALLEL)
     keep_alive = parse_keep_alive(args.keep_alive, "--keep-alive")
+    check_bind(args.host, args.api_key, args.insecure_no_key)
+    if args.max_connections < 1:
+        raise AnyformerError(ErrorCode.BAD_REQUEST, f"--max-connections must be at least 1, got {args.max_connections}")
 
     rpc = parse_endpoints(args.rpc)
     if rpc:
@@ -158,6 +179,9 @@ def run(args: argparse.Namespace) -> int:
         keep_alive=keep_alive,
         log_level=args.log_level,
         log_file=args.log_file,
+        max_connections=args.max_connections,
+        special_in_content=args.special_in_content,
+        insecure_no_key=args.insecure_no_key,
     )
     return 0
 

@@ -155,3 +155,16 @@ def _pread(fd: int, length: int, offset: int) -> bytes:
         return os.pread(fd, length, offset)
     os.lseek(fd, offset, os.SEEK_SET)
     return os.read(fd, length)
+
+
+def read_file_prefix(path: str | os.PathLike[str], length: int) -> bytes:
+    """Up to ``length`` bytes from the start of a regular file, opened as :class:`FileByteSource` opens it.
+
+    A FIFO, a device or a folder put where a model file was (after it was checked) raises ``OSError``
+    at once, rather than blocking in ``open()`` or reading for ever.
+    """
+    try:
+        with FileByteSource(path) as source:
+            return source.read_at(0, length)
+    except AnyformerError as exc:
+        raise OSError(exc.message) from None

@@ -24,6 +24,7 @@ from anyformer.files._byte_source import (
     ByteSource,
     FileByteSource,
     HeaderFault,
+    read_file_prefix,
     read_header,
 )
 from anyformer.files._gguf_arrays import ASCII_PREFIX_LIMIT, LazyArray, has_invalid_utf8
@@ -773,8 +774,7 @@ def _file_identity(path: str | os.PathLike[str]) -> tuple[Any, ...] | None:
 def _header_digest(path: str | os.PathLike[str], length: int) -> bytes | None:
     """A hash of the file's first ``length`` bytes (its header), or None when they cannot all be read."""
     try:
-        with open(path, "rb") as file:
-            data = file.read(length)
+        data = read_file_prefix(path, length)  # a FIFO swapped in is refused, not waited on
     except OSError:
         return None
     if len(data) != length:

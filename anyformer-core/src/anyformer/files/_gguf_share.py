@@ -23,6 +23,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from anyformer.files._byte_source import read_file_prefix
 from anyformer.files._gguf_header import (
     _HEADER_CACHE,
     _HEADER_CACHE_SIZE,
@@ -62,8 +63,7 @@ def adopt_shared_headers(entries: Iterable[Mapping[str, Any]]) -> int:
         length = int(data["data_offset"])
         digest = bytes.fromhex(entry["digest"])
         try:
-            with open(entry["path"], "rb") as file:
-                head = file.read(length)
+            head = read_file_prefix(entry["path"], length)
         except OSError:
             continue
         if len(head) != length or hashlib.blake2b(head, digest_size=32).digest() != digest:

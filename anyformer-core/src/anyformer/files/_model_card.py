@@ -14,6 +14,8 @@ import dataclasses
 import re
 from pathlib import Path
 
+from anyformer.files._byte_source import read_file_prefix
+
 #: The most bytes of README.md read: front matter sits at the top and is a few hundred bytes.
 MAX_CARD_BYTES = 64 * 1024
 #: The most tags kept from one card.
@@ -50,8 +52,7 @@ def _front_matter(text: str) -> list[str]:
 def read_card_facts(path: Path) -> CardFacts:
     """Read ``tags`` and ``pipeline_tag`` from a README.md's front matter; an unreadable card gives none."""
     try:
-        with path.open("rb") as handle:
-            raw = handle.read(MAX_CARD_BYTES)
+        raw = read_file_prefix(path, MAX_CARD_BYTES)
     except OSError:
         return CardFacts()
     lines = _front_matter(raw.decode("utf-8", errors="replace"))

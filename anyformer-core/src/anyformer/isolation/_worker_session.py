@@ -30,6 +30,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import json
+import logging
 import os
 import queue
 import subprocess
@@ -62,11 +63,13 @@ from anyformer.isolation._worker_start import end_process as _end_process
 from anyformer.isolation._worker_start import end_worker_process as end_worker_process
 from anyformer.isolation._worker_start import start_worker_process as start_worker_process
 
+_log = logging.getLogger("anyformer.isolation")
+
 #: Chunks the worker may send ahead of the caller; more are granted as the caller takes them.
 WINDOW = 16
 #: How often a waiting stream looks at its cancel event.
 _POLL_SECONDS = 0.02
-#: How long a cancelled generation may take to stop before the worker is ended.
+#: How long a new call waits for cancelled generations to stop before it is ``BUSY`` (a bug, logged).
 SETTLE_SECONDS = 30.0
 #: How long ``dispose`` waits for the worker to free the model and exit before ending it.
 DISPOSE_SECONDS = 10.0
@@ -404,7 +407,8 @@ class WorkerSession:
         """Wait until the worker runs fewer than ``limit`` generations (default: ``parallel``).
 
         Generations the caller cancelled or closed still hold a slot in the worker until it has
-        stopped them; one that does not stop within :data:`SETTLE_SECONDS` ends the worker.
+        stopped them; when they do not stop within :data:`SETTLE_SECONDS` the call is ``BUSY`` and
+        the log says why (the worker, and every stream it still serves, lives on).
         """
         if self._dead is not None:
             raise _copy(self._dead)
@@ -422,13 +426,22 @@ class WorkerSession:
                 else self._crashed("generating")
             )
         if not settled:
-            _end_process(self._process)
-            self._dead = AnyformerError(
-                ErrorCode.BACKEND_CRASHED,
-                f"the {self.backend} engine's worker process (pid {self.pid}) did not stop within "
-                f"{SETTLE_SECONDS:g} s of a cancel and was ended; load the model again",
+            # A generation that never stops after its cancel is the backend's bug. Ending the worker for
+            # it would end every other stream the engine serves, so the new request is refused instead
+            # (``dispose`` still ends a worker that will not settle).
+            _log.error(
+                "the %s engine's worker (pid %s) still runs %d cancelled or closed generations %g s after "
+                "their cancel; this is a bug in the backend, please report it",
+                self.backend,
+                self.pid,
+                len(router.routes),
+                SETTLE_SECONDS,
             )
-            raise _copy(self._dead)
+            raise AnyformerError(
+                ErrorCode.BUSY,
+                f"the {self.backend} engine is still stopping cancelled generations after {SETTLE_SECONDS:g} s; "
+                "retry shortly",
+            )
 
     # ---- the session ----------------------------------------------------------------------------
 

@@ -43,6 +43,13 @@ def _inside(path: str, folder: str) -> bool:
         return False
 
 
+def loadable(ref: str) -> str:
+    """What the pool loads for an operator's ``ref``: the embedded model's file for ``default`` or ``smollm2``."""
+    from anyformer._default_model import default_model_path, is_default_model_name
+
+    return str(default_model_path()) if is_default_model_name(ref) else ref
+
+
 class ModelAccess:
     """The operator's rules for what clients may name; :meth:`resolve` applies them.
 
@@ -110,7 +117,7 @@ class ModelAccess:
         Blocking (it may list the store and look at the disk): call it in a thread.
         """
         if ref in self._models:
-            return ref
+            return loadable(ref)
         path = _absolute(ref)
         if path is not None:
             return self._resolve_path(ref, path)
@@ -121,6 +128,19 @@ class ModelAccess:
         if self.allow_pull and "/" in repo and _is_repo_id(repo, revision or None):
             return ref
         raise self.not_served(ref)
+
+    def removed(self, ref: str) -> bool:
+        """Whether a loaded ``ref`` is gone: a path that no longer exists, or a repo id the store no longer holds.
+
+        Blocking (it may list the store): call it in a thread.
+        """
+        path = _absolute(ref)
+        if path is not None:
+            return not os.path.exists(path)
+        repo = ref.partition("@")[0]
+        if os.path.exists(ref) or "/" not in repo:
+            return False
+        return all(entry.get("repo") != repo for entry in self.stored())
 
     def _resolve_path(self, ref: str, path: str) -> str:
         if path in self._by_path:

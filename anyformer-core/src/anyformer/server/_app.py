@@ -12,13 +12,12 @@ import asyncio
 import contextlib
 import hmac
 import importlib.util
-import json
 import os
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from importlib import resources
-from typing import Any
+from typing import Any, TypeVar
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -30,11 +29,14 @@ from starlette.staticfiles import StaticFiles
 from anyformer._plugins import PluginManager, get_plugin_manager
 from anyformer.contract._chunk import TokenLogprob
 from anyformer.contract._errors import AnyformerError, ErrorCode
-from anyformer.server._access import ModelAccess
+from anyformer.server._access import ModelAccess, loadable
 from anyformer.server._chat_reply import ChatReply
+from anyformer.server._connections import AmbiguousFramingGuard, install_shortage_log
 from anyformer.server._errors import ApiError, anyformer_error_body, bad_request, error_response
 from anyformer.server._guard import RequestGuard
 from anyformer.server._keep_alive import request_keep_alive
+from anyformer.server._limits import BodyParser, embedding_batches
+from anyformer.server._page_policy import page_headers
 from anyformer.server._pool import Generation, ModelPool
 from anyformer.server._ps_routes import PsRoutes
 from anyformer.server._request_fields import named_for_http
@@ -51,7 +53,7 @@ from anyformer.server._schemas import (
     new_id,
     parse_chat,
     parse_completion,
-    parse_embeddings,
+    parse_embeddings_request,
     text_completion,
     usage,
 )
@@ -59,49 +61,39 @@ from anyformer.server._sse import DONE, EventStream, event
 
 #: Paths that need the API key when the server has one.
 _PROTECTED_PREFIXES = ("/v1/", "/api/", "/metrics")
-#: The chat page's policy: its scripts and styles are files under /static/ (no inline code, no CDN), it
-#: talks only to this server, and images or audio it shows are the user's own attachments (data: URLs).
-CHAT_PAGE_CSP = (
-    "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self' data:; "
-    "media-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
-)
 #: The largest request body read by default: a long conversation, or a few photos as data URLs.
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
+#: The longest a request body may pause between two of its parts before the request is refused (408).
+BODY_PAUSE_SECONDS = 30.0
+_T = TypeVar("_T")
 
 
 def _too_large(limit: int) -> ApiError:
     return ApiError(413, "REQUEST_TOO_LARGE", f"the request body is over {limit:,} bytes (the server's --max-body)")
 
 
-def _no_constants(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON number")
-
-
-async def _json_body(request: Request, limit: int) -> Any:
-    """The body as JSON: at most ``limit`` bytes (read no further), strict (no NaN), every string valid UTF-8."""
+async def _body_bytes(request: Request, limit: int) -> bytes:
+    """The body's bytes: at most ``limit`` (read no further), each part within :data:`BODY_PAUSE_SECONDS`."""
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
         raise _too_large(limit)
     parts: list[bytes] = []
     size = 0
-    async for part in request.stream():
+    stream = request.stream().__aiter__()
+    while True:
+        try:
+            part = await asyncio.wait_for(stream.__anext__(), BODY_PAUSE_SECONDS)
+        except StopAsyncIteration:
+            break
+        except asyncio.TimeoutError:
+            raise ApiError(
+                408, "REQUEST_TIMEOUT", f"the request body paused for over {BODY_PAUSE_SECONDS:g} s"
+            ) from None
         size += len(part)
         if size > limit:
             raise _too_large(limit)
         parts.append(part)
-    try:
-        body = json.loads(b"".join(parts), parse_constant=_no_constants)
-    except RecursionError:
-        raise bad_request("the request body is nested too deeply") from None
-    except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError is a ValueError
-        raise bad_request(f"the request body is not valid JSON: {str(exc)[:200]}") from None
-    try:  # "\ud800" decodes to a lone surrogate, which nothing downstream can encode
-        json.dumps(body, ensure_ascii=False).encode("utf-8")
-    except UnicodeEncodeError:
-        raise bad_request("the request body holds a lone UTF-16 surrogate (such as \\ud800)") from None
-    except RecursionError:
-        raise bad_request("the request body is nested too deeply") from None
-    return body
+    return b"".join(parts)
 
 
 async def _form_body(request: Request, limit: int) -> Any:
@@ -135,6 +127,11 @@ class _Api:
         self.pool = pool
         self.access = access
         self.max_body = max_body
+        self.parser = BodyParser()
+
+    async def _parsed(self, request: Request, check: Callable[[Any], _T]) -> _T:
+        """The body read, parsed and checked by ``check``, its cost bounded (:mod:`anyformer.server._limits`)."""
+        return await self.parser.parse(await _body_bytes(request, self.max_body), check)
 
     async def _resolve(self, ref: str) -> str:
         """The reference the pool loads for a client's ``model``; 404 when the server does not serve it."""
@@ -158,6 +155,9 @@ class _Api:
     async def _model_list(self) -> list[dict[str, Any]]:
         seen: dict[str, dict[str, Any]] = {}
         for item in self.pool.loaded():
+            # A model removed from the disk (anyformer rm) is unloaded once idle, not listed as loaded.
+            if await asyncio.to_thread(self.access.removed, item["id"]) and await self.pool.unload_idle(item["id"]):
+                continue
             seen.setdefault(item["id"], {"loaded": True, "backend": item["backend"], "task": item["task"]})
         for ref in self.access.models:
             seen.setdefault(ref, {"loaded": False})
@@ -188,32 +188,34 @@ class _Api:
 
     async def chat_completions(self, request: Request) -> Response:
         """``POST /v1/chat/completions``, streamed over SSE or whole."""
-        body = await _json_body(request, self.max_body)
-        parsed = parse_chat(body)
-        return await self._chat(request, parsed, request_keep_alive(body))
+        parsed, keep_alive = await self._parsed(request, lambda body: (parse_chat(body), request_keep_alive(body)))
+        return await self._chat(request, parsed, keep_alive)
 
     async def completions(self, request: Request) -> Response:
         """``POST /v1/completions``: each prompt continued as written (no chat template), one choice each.
 
         The prompts run one after another; a backend without raw text answers ``BAD_REQUEST``.
         """
-        body = await _json_body(request, self.max_body)
-        parsed = parse_completion(body)
-        keep_alive = request_keep_alive(body)
+        parsed, keep_alive = await self._parsed(
+            request, lambda body: (parse_completion(body), request_keep_alive(body))
+        )
         resolved = await self._resolve(parsed.model)
+        client = _client_of(request)
         rid = new_id("cmpl")
         if parsed.stream:
             # The first generation starts before the response does, so its errors get a status code.
             gone = threading.Event()
-            first = await _until_disconnect(request, self._start_raw(resolved, parsed, 0, gone, keep_alive), gone)
-            return EventStream(self._completion_events(resolved, parsed, rid, first, keep_alive))
+            first = await _until_disconnect(
+                request, self._start_raw(resolved, parsed, 0, client, gone, keep_alive), gone
+            )
+            return EventStream(self._completion_events(resolved, parsed, rid, first, client, keep_alive))
         choices: list[dict[str, Any]] = []
         prompt_tokens: int | None = 0
         completion_tokens = 0
         for index, prompt in enumerate(parsed.prompts):
             gone = threading.Event()
             generation = await _until_disconnect(
-                request, self._start_raw(resolved, parsed, index, gone, keep_alive), gone
+                request, self._start_raw(resolved, parsed, index, client, gone, keep_alive), gone
             )
             text, finish, tokens = "", None, 0
             entries: list[TokenLogprob] = []
@@ -242,15 +244,21 @@ class _Api:
         resolved: str,
         parsed: GenerationRequest,
         index: int,
+        client: str | None,
         cancel: threading.Event | None = None,
         keep_alive: float | None = None,
     ) -> Generation:
-        return await self.pool.generate(
-            resolved, None, {**parsed.options, "prompt": parsed.prompts[index]}, cancel=cancel, keep_alive=keep_alive
-        )
+        options = {**parsed.options, "prompt": parsed.prompts[index]}
+        return await self.pool.generate(resolved, None, options, cancel=cancel, keep_alive=keep_alive, client=client)
 
     async def _completion_events(
-        self, resolved: str, parsed: GenerationRequest, rid: str, first: Generation, keep_alive: float | None
+        self,
+        resolved: str,
+        parsed: GenerationRequest,
+        rid: str,
+        first: Generation,
+        client: str | None,
+        keep_alive: float | None,
     ) -> AsyncIterator[bytes]:
         """The SSE events of a streamed ``/v1/completions``: each prompt's choice in turn, by its index."""
         model = parsed.model
@@ -261,7 +269,7 @@ class _Api:
         try:
             for index, prompt in enumerate(parsed.prompts):
                 if generation is None:
-                    generation = await self._start_raw(resolved, parsed, index, keep_alive=keep_alive)
+                    generation = await self._start_raw(resolved, parsed, index, client, keep_alive=keep_alive)
                 tokens = 0
                 # With logprobs the echoed prompt waits for the first chunk: it carries the prompt's scores.
                 echoing = parsed.echo and (bool(prompt) or scored)
@@ -299,14 +307,22 @@ class _Api:
 
     async def embeddings(self, request: Request) -> JSONResponse:
         """``POST /v1/embeddings`` through ``loaded.run`` on the model loaded for feature extraction."""
-        body = await _json_body(request, self.max_body)
-        model, inputs = parse_embeddings(body)
+        (model, inputs, encoding), keep_alive = await self._parsed(
+            request, lambda body: (parse_embeddings_request(body), request_keep_alive(body))
+        )
         resolved = await self._resolve(model)
-        gone = threading.Event()  # set when the client leaves: a backend with run_progress stops at its next batch
-        work = self.pool.run(resolved, EMBEDDING_TASK, inputs, cancel=gone, keep_alive=request_keep_alive(body))
-        result = await _until_disconnect(request, work, gone)
-        vectors, tokens = _embeddings_of(result, len(inputs))
-        return JSONResponse(embeddings_list(model, vectors, body.get("encoding_format", "float"), tokens))
+        vectors: list[list[float]] = []
+        tokens = 0
+        # A batch at a time, each taking its turn at the model: a long request never holds it from others.
+        for batch in embedding_batches(inputs):
+            gone = threading.Event()  # set when the client leaves: the backend stops at its next unit
+            work = self.pool.run(
+                resolved, EMBEDDING_TASK, batch, cancel=gone, keep_alive=keep_alive, client=_client_of(request)
+            )
+            batch_vectors, batch_tokens = _embeddings_of(await _until_disconnect(request, work, gone), len(batch))
+            vectors += batch_vectors
+            tokens += batch_tokens
+        return JSONResponse(embeddings_list(model, vectors, encoding, tokens))
 
     async def transcriptions(self, request: Request) -> Response:
         """``POST /v1/audio/transcriptions`` (multipart) on a speech model: decoded, resampled, transcribed."""
@@ -332,7 +348,14 @@ class _Api:
         try:
             generation = await _until_disconnect(
                 request,
-                self.pool.generate(resolved, parsed.messages, parsed.options, cancel=gone, keep_alive=keep_alive),
+                self.pool.generate(
+                    resolved,
+                    parsed.messages,
+                    parsed.options,
+                    cancel=gone,
+                    keep_alive=keep_alive,
+                    client=_client_of(request),
+                ),
                 gone,
             )
         except AnyformerError as exc:
@@ -416,6 +439,11 @@ async def _until_disconnect(request: Request, work: Awaitable[Any], gone: thread
         task.add_done_callback(_cancel_result)
         raise AnyformerError(ErrorCode.CANCELLED, "the client disconnected before the model was ready")
     return task.result()
+
+
+def _client_of(request: Request) -> str | None:
+    """Who sends a request, for the pool's per-client share: the peer's address (None: unknown)."""
+    return request.client.host if request.client is not None else None
 
 
 def _cancel_result(task: asyncio.Future[Any]) -> None:
@@ -504,10 +532,11 @@ def create_app(
     api = _Api(pool, access, max_body)
     ps = PsRoutes(pool)
     page = _chat_page()
+    page_security = page_headers(page)
     expected_key = f"Bearer {api_key}".encode() if api_key else None
 
     async def index(request: Request) -> HTMLResponse:
-        return HTMLResponse(page, headers={"Content-Security-Policy": CHAT_PAGE_CSP})
+        return HTMLResponse(page, headers=page_security)
 
     async def health(request: Request) -> JSONResponse:
         """Up or not for anyone; what is loaded only for a caller with the key (when there is one)."""
@@ -518,8 +547,9 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        install_shortage_log(asyncio.get_running_loop())
         for ref in preload or ():
-            await pool.preload(ref)
+            await pool.preload(loadable(ref))
         try:
             yield
         finally:
@@ -583,6 +613,7 @@ def create_app(
     app.add_middleware(RequestGuard, allowed_hosts=allowed_hosts, cors_origins=cors_origins, bind_host=bind_host)
     # Outermost: a refusal by the guard or the key is logged and counted too.
     app.add_middleware(RequestObserver, routes=routes, observe=metrics.observe if metrics is not None else None)
+    app.add_middleware(AmbiguousFramingGuard)
     app.state.pool = pool
     app.state.access = access
     return app

@@ -21,6 +21,7 @@ when the client leaves, so the next request never finds the model half-stopped.
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import inspect
 import os
@@ -46,6 +47,8 @@ DEFAULT_QUEUE_SIZE = 8
 #: many as suit the machine, which a backend that batches decides from its cores, memory and context
 #: (llama.cpp: 2 per decode thread, 2 to 16, cut to what half the host memory holds; docs/server.md).
 DEFAULT_PARALLEL: int | Literal["auto"] = "auto"
+#: Seconds a model's description (its files' headers, read before loading) may take.
+DESCRIBE_SECONDS = 60.0
 _END = object()
 
 
@@ -70,12 +73,27 @@ class _Slots:
         self.capacity = 1
         self.active = 0
         self._changed = asyncio.Condition()
+        #: Who waits, in the order they came: a newcomer never takes a slot ahead of them.
+        self._queue: collections.deque[object] = collections.deque()
 
     async def acquire(self) -> None:
-        """Wait for a free slot and take it."""
-        async with self._changed:
-            await self._changed.wait_for(lambda: self.active < self.capacity)
-            self.active += 1
+        """Wait for a free slot and take it, after everyone who was waiting before."""
+        ticket = object()
+        self._queue.append(ticket)
+        try:
+            async with self._changed:
+                await self._changed.wait_for(lambda: self._ahead(ticket) < self.capacity - self.active)
+                self.active += 1
+        finally:
+            self._queue.remove(ticket)
+            if self._queue:  # those behind moved up (also when this waiter gave up): let them look again
+                asyncio.get_running_loop().create_task(self._wake())
+
+    def _ahead(self, ticket: object) -> int:
+        for position, waiting in enumerate(self._queue):
+            if waiting is ticket:
+                return position
+        return len(self._queue)
 
     def release(self) -> None:
         """Give a slot back (from the event loop's thread)."""
@@ -104,6 +122,10 @@ class _Entry:
     ram_bytes: int = 0
     #: Requests holding or awaiting the slot.
     users: int = 0
+    #: Room was made for it and its load is under way.
+    loading: bool = False
+    #: The same, by client (its address): one client may hold at most :meth:`ModelPool.client_share` of them.
+    clients: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
     last_used: float = 0.0
     #: Seconds it stays loaded once idle (the latest request's ``keep_alive``, else the pool's).
     keep_alive: float = DEFAULT_KEEP_ALIVE
@@ -177,7 +199,8 @@ class ModelPool:
     ``plugins`` and ``caps``
     replace the installed backends and the probe (tests, embedding apps); ``keep_alive`` is how many
     seconds an idle model stays loaded (:data:`~anyformer.server._keep_alive.FOREVER`: until it is
-    needed elsewhere; 0: unloaded when its request ends).
+    needed elsewhere; 0: unloaded when its request ends); ``options`` are load options every load
+    and check asks for.
     """
 
     def __init__(
@@ -191,6 +214,7 @@ class ModelPool:
         caps: Caps | None = None,
         plugins: PluginManager | None = None,
         keep_alive: float = DEFAULT_KEEP_ALIVE,
+        options: dict[str, Any] | None = None,
     ) -> None:
         self._caps = caps or probe()
         self.gpu_limit = parse_size(budget) if budget is not None else (self._caps.gpu_bytes or 0)
@@ -206,6 +230,8 @@ class ModelPool:
             )
         self.parallel = parallel
         self._context = context
+        #: Backend load options every load asks for besides ``parallel`` (``special_in_content``).
+        self.options = dict(options or {})
         #: The plugin manager models load through (None: the installed backends).
         self.plugins = plugins
         self._entries: dict[tuple[str, str | None], _Entry] = {}
@@ -270,6 +296,7 @@ class ModelPool:
         *,
         cancel: threading.Event | None = None,
         keep_alive: float | None = None,
+        client: str | None = None,
     ) -> Generation:
         """Start a generation on ``ref`` (loading it first if needed) once the model is free.
 
@@ -278,11 +305,12 @@ class ModelPool:
         ``messages`` is None for a raw completion (``options["prompt"]``).
         ``cancel`` stops the generation; set while the request waits for the model, the
         generation never starts (``CANCELLED``). ``keep_alive`` (seconds) replaces the model's from now on.
+        ``client`` names who asks (:meth:`client_share`).
         """
-        entry = await self._checkout(ref, None, keep_alive)
+        entry = await self._checkout(ref, None, keep_alive, client)
         cancel = cancel or threading.Event()
         if cancel.is_set():  # the client left while it waited in the queue
-            self._release(entry)
+            self._release(entry, client=client)
             raise AnyformerError(ErrorCode.CANCELLED, "the client left before its turn came")
         loop = asyncio.get_running_loop()
         generation = Generation(loop, cancel)
@@ -308,7 +336,7 @@ class ModelPool:
                 generation.put(exc)
             finally:
                 try:
-                    loop.call_soon_threadsafe(self._release, entry, failure)
+                    loop.call_soon_threadsafe(self._release, entry, failure, client)
                 except RuntimeError:
                     pass  # the loop is closed: the server is shutting down
                 generation.put(_END)
@@ -318,9 +346,18 @@ class ModelPool:
         await generation.first()
         return generation
 
-    async def run(self, ref: str, task: str, input: Any, *, keep_alive: float | None = None, **options: Any) -> Any:
+    async def run(
+        self,
+        ref: str,
+        task: str,
+        input: Any,
+        *,
+        keep_alive: float | None = None,
+        client: str | None = None,
+        **options: Any,
+    ) -> Any:
         """Run a non-generation task (``loaded.run``) on ``ref`` loaded for ``task``."""
-        entry = await self._checkout(ref, task, keep_alive)
+        entry = await self._checkout(ref, task, keep_alive, client)
         loaded = entry.loaded
         assert loaded is not None
         failure: BaseException | None = None
@@ -330,7 +367,17 @@ class ModelPool:
             failure = exc
             raise
         finally:
-            self._release(entry, failure)
+            self._release(entry, failure, client)
+
+    async def unload_idle(self, ref: str) -> bool:
+        """Unload ``ref`` (every task it is loaded for) unless a request uses it; whether it is gone now."""
+        gone = True
+        for entry in [e for e in self._entries.values() if e.ref == ref and e.loaded is not None]:
+            if entry.users:
+                gone = False
+            else:
+                await self._unload(entry)
+        return gone
 
     async def stop(self, ref: str) -> list[dict[str, Any]]:
         """Unload ``ref`` (every task it is loaded for): now when idle, else when its last request ends.
@@ -363,7 +410,17 @@ class ModelPool:
 
     # ---- the slot, loading and eviction ---------------------------------------------------------
 
-    async def _checkout(self, ref: str, task: str | None, keep_alive: float | None = None) -> _Entry:
+    def client_share(self, entry: _Entry) -> int:
+        """The most requests one client may hold or await on a model: its slots and half its queue.
+
+        So a client that opens requests as fast as it can still leaves the other half of the queue,
+        and every slot it frees, to everyone else.
+        """
+        return entry.slot.capacity + max(1, self.queue_size // 2)
+
+    async def _checkout(
+        self, ref: str, task: str | None, keep_alive: float | None = None, client: str | None = None
+    ) -> _Entry:
         key = (_normalised(ref), task)
         entry = self._entries.get(key)
         if entry is None:
@@ -375,28 +432,38 @@ class ModelPool:
                 ErrorCode.BUSY,
                 f"{ref} is busy and {self.queue_size} requests already wait for it; retry shortly",
             )
+        if client is not None and entry.clients[client] >= self.client_share(entry):
+            raise AnyformerError(
+                ErrorCode.BUSY,
+                f"this client already has {entry.clients[client]} requests running or waiting for {ref}, "
+                "its share; retry when one ends",
+            )
         entry.users += 1
         assert entry.timer is not None
         entry.timer.stop()
         if keep_alive is not None:
             entry.keep_alive = keep_alive
+        if client is not None:
+            entry.clients[client] += 1
         try:
             await entry.slot.acquire()
         except BaseException:
             entry.users -= 1
+            _forget_client(entry, client)
             raise
         try:
             if entry.loaded is None:
                 await self._load(entry, key)
                 entry.slot.resize(entry.loaded.parallel if entry.loaded is not None else 1)
         except BaseException:
-            self._release(entry)
+            self._release(entry, client=client)
             raise
         entry.last_used = time.monotonic()
         return entry
 
-    def _release(self, entry: _Entry, failure: BaseException | None = None) -> None:
+    def _release(self, entry: _Entry, failure: BaseException | None = None, client: str | None = None) -> None:
         entry.users -= 1
+        _forget_client(entry, client)
         entry.last_used = time.monotonic()
         crashed = isinstance(failure, AnyformerError) and failure.code is ErrorCode.BACKEND_CRASHED
         if crashed and entry.loaded is not None:
@@ -412,13 +479,26 @@ class ModelPool:
         entry.slot.release()
 
     async def _load(self, entry: _Entry, key: tuple[str, str | None]) -> None:
+        """Describe, make room, load. The lock covers only making room (so two newcomers never both
+        count the same free memory): a describe or a load that hangs holds no other model's load."""
+        describing = asyncio.to_thread(self._describe_and_check, key[0], entry.task)
+        try:
+            model, selection = await asyncio.wait_for(describing, DESCRIBE_SECONDS)
+        except asyncio.TimeoutError:
+            raise AnyformerError(
+                ErrorCode.BAD_MODEL, f"{entry.ref}: reading the model's files did not finish in {DESCRIBE_SECONDS:g} s"
+            ) from None
         async with self._load_lock:
-            model, selection = await asyncio.to_thread(self._describe_and_check, key[0], entry.task)
             if selection.chosen is not None and selection.chosen.estimate is not None:
                 entry.gpu_bytes = selection.chosen.estimate.gpu_bytes
                 entry.ram_bytes = selection.chosen.estimate.ram_bytes
                 await self._make_room(entry)
+            entry.loading = True  # counted as resident by others' _make_room from now on
+        try:
             entry.loaded = await asyncio.to_thread(self._load_blocking, model, entry.task)
+        finally:
+            entry.loading = False
+        async with self._load_lock:
             await self._count_every_stream(entry, model, selection)
 
     async def _count_every_stream(self, entry: _Entry, model: anyformer.Model, selection: anyformer.Selection) -> None:
@@ -455,7 +535,7 @@ class ModelPool:
 
     def _load_options(self) -> dict[str, Any]:
         """The backend options every load asks for; every check asks with them too, so estimates count them."""
-        return {"parallel": self.parallel} if self.parallel != 1 else {}
+        return {**self.options, "parallel": self.parallel} if self.parallel != 1 else dict(self.options)
 
     def _describe_and_check(self, ref: str, task: str | None) -> tuple[anyformer.Model, anyformer.Selection]:
         model = anyformer.describe(ref)
@@ -492,12 +572,12 @@ class ModelPool:
     async def _make_room(self, newcomer: _Entry) -> None:
         """Unload idle models, least recently used first, until ``newcomer`` fits beside the rest."""
         while True:
-            resident = [e for e in self._entries.values() if e.loaded is not None and e is not newcomer]
+            resident = [e for e in self._entries.values() if (e.loaded is not None or e.loading) and e is not newcomer]
             gpu = sum(e.gpu_bytes for e in resident) + newcomer.gpu_bytes
             ram = sum(e.ram_bytes for e in resident) + newcomer.ram_bytes
             if (gpu <= self.gpu_limit or not newcomer.gpu_bytes) and ram <= self.ram_limit:
                 return
-            idle = sorted((e for e in resident if e.users == 0), key=lambda e: e.last_used)
+            idle = sorted((e for e in resident if e.users == 0 and e.loaded is not None), key=lambda e: e.last_used)
             if not idle:
                 if not resident:
                     return  # nothing to unload; the load itself says whether it fits
@@ -517,6 +597,13 @@ class ModelPool:
             await asyncio.to_thread(_dispose_quietly, loaded)
         if entry.users == 0:
             self._entries.pop((_normalised(entry.ref), entry.task), None)
+
+
+def _forget_client(entry: _Entry, client: str | None) -> None:
+    if client is not None:
+        entry.clients[client] -= 1
+        if entry.clients[client] <= 0:
+            del entry.clients[client]
 
 
 def _dispose_quietly(loaded: Loaded) -> None:

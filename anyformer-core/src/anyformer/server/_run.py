@@ -3,11 +3,39 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal
 
+from anyformer.contract._errors import AnyformerError, ErrorCode
 from anyformer.server._app import DEFAULT_MAX_BODY_BYTES, create_app
+from anyformer.server._connections import DEFAULT_MAX_CONNECTIONS, guarded_protocol
+from anyformer.server._guard import is_loopback
 from anyformer.server._keep_alive import DEFAULT_KEEP_ALIVE
 from anyformer.server._pool import DEFAULT_PARALLEL, DEFAULT_QUEUE_SIZE, ModelPool
+
+
+def check_bind(host: str, api_key: str | None, insecure_no_key: bool = False) -> None:
+    """Refuse to listen beyond this machine without an API key (``BAD_REQUEST``) unless ``insecure_no_key``.
+
+    Every address but a loopback one (``0.0.0.0``, ``::``, a LAN address) lets other machines in,
+    and then anyone on the network can use the models and the machine's memory.
+    """
+    name = host.strip().strip("[]").lower()
+    if api_key or insecure_no_key or (name and is_loopback(name)):
+        return
+    raise AnyformerError(
+        ErrorCode.BAD_REQUEST,
+        f"--host {host or '(every address)'} lets other machines in, and no --api-key is set: give one "
+        "(or $ANYFORMER_API_KEY), or --insecure-no-key to serve the network without one",
+    )
+
+
+def server_config(
+    app: Any, host: str, port: int, *, max_connections: int = DEFAULT_MAX_CONNECTIONS, **more: Any
+) -> Any:
+    """The uvicorn configuration the server runs with: its own h11 protocol (head deadline, connection cap)."""
+    import uvicorn
+
+    return uvicorn.Config(app, host=host, port=port, http=guarded_protocol(max_connections), **more)
 
 
 def serve(
@@ -30,6 +58,9 @@ def serve(
     max_body: int = DEFAULT_MAX_BODY_BYTES,
     keep_alive: float = DEFAULT_KEEP_ALIVE,
     log_file: str | None = None,
+    max_connections: int = DEFAULT_MAX_CONNECTIONS,
+    special_in_content: bool = False,
+    insecure_no_key: bool = False,
 ) -> None:
     """Serve until interrupted: the pool within ``budget``, ``preload`` loaded at start-up.
 
@@ -37,13 +68,17 @@ def serve(
     ``parallel`` is how many requests one model serves at once where its backend batches (llama.cpp).
     What clients may name and which browsers may call: see :func:`create_app`. ``keep_alive`` is how
     many seconds an idle model stays loaded; one line per request goes to ``log_file`` (else stderr)
-    at ``log_level``.
+    at ``log_level``. At most ``max_connections`` connections are open at once;
+    ``special_in_content`` has backends parse special tokens in message text (off: they are text); a
+    non-loopback ``host`` needs ``api_key`` unless ``insecure_no_key`` (:func:`check_bind`).
     """
     import uvicorn
 
     from anyformer.server._request_log import configure_logging
 
+    check_bind(host, api_key, insecure_no_key)
     configure_logging(log_level, log_file)
+    options = {"special_in_content": True} if special_in_content else None
     pool = ModelPool(
         budget=budget,
         queue_size=queue_size,
@@ -51,6 +86,7 @@ def serve(
         parallel=parallel,
         isolate=isolate,
         keep_alive=keep_alive,
+        options=options,
     )
     app = create_app(
         pool,
@@ -64,4 +100,5 @@ def serve(
         bind_host=host,
         max_body=max_body,
     )
-    uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
+    protocol = guarded_protocol(max_connections)
+    uvicorn.run(app, host=host, port=port, http=protocol, log_level=log_level, timeout_graceful_shutdown=5)

@@ -19,6 +19,8 @@ from anyformer.contract._chunk import MAX_LOGPROBS, GenerateOptions, TokenLogpro
 from anyformer.contract._errors import AnyformerError
 from anyformer.contract._messages import Message, validate_messages
 from anyformer.server._errors import bad_request
+from anyformer.server._limits import check_embedding_inputs, check_message_counts
+from anyformer.server._limits import sampling_options as clamped_sampling
 from anyformer.server._request_fields import (
     CHAT_FIELDS,
     COMPLETION_FIELDS,
@@ -147,6 +149,7 @@ def _content_of(content: Any, index: int) -> Any:
 def _messages_of(raw: Any) -> list[Message]:
     if not isinstance(raw, list):
         raise bad_request("'messages' must be a list of {role, content} objects", "messages")
+    check_message_counts(raw)
     converted = []
     for index, message in enumerate(raw):
         if not isinstance(message, dict):
@@ -197,6 +200,7 @@ def _options_of(body: dict[str, Any], scoring: bool = False, chat: bool = False)
         options["constraint"] = constraint
     if chat:
         options.update(_chat_options(body))
+    options = clamped_sampling(options)
     try:
         # The core's own checks, before any model is loaded; scoring a prompt (echo + logprobs) takes max_tokens=0.
         checked: dict[str, Any] = (
@@ -300,9 +304,16 @@ def parse_embeddings(body: Any) -> tuple[str, list[str]]:
     inputs = [raw] if isinstance(raw, str) else raw
     if not isinstance(inputs, list) or not inputs or not all(isinstance(text, str) for text in inputs):
         raise bad_request("'input' must be a string or a non-empty list of strings", "input")
+    check_embedding_inputs(inputs)
     if body.get("encoding_format", "float") not in ("float", "base64"):
         raise bad_request("'encoding_format' must be float or base64", "encoding_format")
     return model, inputs
+
+
+def parse_embeddings_request(body: Any) -> tuple[str, list[str], str]:
+    """A ``/v1/embeddings`` body as the model, its input strings and its ``encoding_format``."""
+    model, inputs = parse_embeddings(body)
+    return model, inputs, body.get("encoding_format", "float")
 
 
 # ---- responses -----------------------------------------------------------------------------------

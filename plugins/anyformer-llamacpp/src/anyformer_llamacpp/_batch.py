@@ -409,14 +409,17 @@ class BatchEngine:
             token = sampler.choose(logits)
             if not self._is_end(token):
                 sampler.accept(token)
+            entry = None if options.logprobs is None else self._score(logits, token, options.logprobs)
         except AnyformerError as exc:  # a constraint that broke: this stream ends, the others go on
             self._finish(ticket, exc)
+            return
+        except Exception as exc:  # this stream's options or numbers: it ends alone, the batch goes on
+            self._finish(ticket, AnyformerError(ErrorCode.PLUGIN_ERROR, f"llamacpp: choosing a token failed: {exc}"))
             return
         if self._is_end(token):
             self._finish(ticket, "stop")
             return
         ticket.generated += 1
-        entry = None if options.logprobs is None else self._score(logits, token, options.logprobs)
         ticket.replies.put((token, entry))
         if sampler.finished:
             self._finish(ticket, "stop")

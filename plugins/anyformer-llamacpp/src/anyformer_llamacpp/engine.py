@@ -61,6 +61,7 @@ from anyformer.plugin import (
 )
 from anyformer_llamacpp import BACKEND_ID
 from anyformer_llamacpp.constraint import TokenVocabulary
+from anyformer_llamacpp.content_tokens import content_tokens, special_in_content, text_spans
 from anyformer_llamacpp.estimate import BATCH, context_for, footprint
 from anyformer_llamacpp.header_checks import check_architecture_numbers, check_vocabulary
 from anyformer_llamacpp.parallel_option import flash_attention, pick_threads
@@ -149,6 +150,8 @@ class LlamaCppModel:
         #: The vocabulary as llguidance reads it, for constraints (built at the first one).
         self.vocabulary = TokenVocabulary(self._vocab, self._n_vocab)
         self._special_pieces: dict[int, bytes] = {}
+        #: The ``special_in_content`` load option: message text tokenized with special tokens parsed.
+        self.special_in_content = False
         # Where the batches the cache holds ended (see prompt_blocks): it is cut back only to one of them.
         self._batch_ends: list[int] = []
         #: Positions the last prompt evaluated (the rest came from the cache); for tests and benches.
@@ -212,6 +215,7 @@ class LlamaCppModel:
         chat_template = template if isinstance(template, str) else None
         loaded = cls(llama, chat_template, choice.first.name, context, gpu_layers, task)
         loaded._projector = projector
+        loaded.special_in_content = special_in_content(request.options)
         loaded._token_bytes = _longest_token_bytes(first.kv.get("tokenizer.ggml.tokens"))
         if mmproj is not None and mmproj.note:
             loaded._no_images = mmproj.note
@@ -385,10 +389,19 @@ class LlamaCppModel:
     ) -> tuple[list[int], list[int]]:
         """The prompt's tokens, and the positions where its messages' texts begin (see ``prompt_marks``)."""
         prompt, add_special = self._render(messages, thinking, options)
-        tokens: list[int] = self._llama.tokenize(prompt.encode("utf-8"), add_bos=add_special, special=True)
+        # Special tokens a user, system or tool text spells stay text (content_tokens), unless the operator asked.
+        spans = [] if self.special_in_content else text_spans(prompt, messages, self._spells_special)
+        tokens = content_tokens(prompt, spans, add_special, self._tokenize)
         bos = self._llama.token_bos()
         skip = 1 if add_special and tokens and bos >= 0 and tokens[0] == bos else 0
         return tokens, token_marks(prompt, tokens, self._special_piece, text_starts(prompt, messages), skip)
+
+    def _tokenize(self, text: str, add_bos: bool, special: bool) -> list[int]:
+        return list(self._llama.tokenize(text.encode("utf-8"), add_bos=add_bos, special=special))
+
+    def _spells_special(self, text: str) -> bool:
+        """Whether ``text`` holds a special token's spelling (it tokenizes differently with them parsed)."""
+        return self._tokenize(text, False, True) != self._tokenize(text, False, False)
 
     def _special_piece(self, token: int) -> bytes:
         piece = self._special_pieces.get(token)

@@ -31,6 +31,7 @@ from anyformer.plugin import (
     host_ram_available,
 )
 from anyformer_llamacpp import BACKEND_ID
+from anyformer_llamacpp.content_tokens import special_in_content
 from anyformer_llamacpp.estimate import BATCH, Footprint, context_for, footprint, measured_speed
 from anyformer_llamacpp.file_choice import choose_gguf, llamacpp_order, projector_for
 from anyformer_llamacpp.parallel_option import flash_attention, parallel_option, pick_threads, streams_for
@@ -267,6 +268,7 @@ def load(backend: str, model: Model, request: Request, progress: ProgressCallbac
     # parallel=N serves N streams batched in one context; image and embedding models serve one.
     asked = parallel_option(request.options)
     flash_attention(request.options)  # a bad value is refused before any file is fetched
+    special_in_content(request.options)
     one_stream = (request.task or model.task) == "feature-extraction" or projector_for(model) is not None
     if asked != 1 and not one_stream:
         parallel = _streams_that_fit_now(model, request)

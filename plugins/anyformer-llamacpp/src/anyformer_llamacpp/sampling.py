@@ -21,6 +21,9 @@ from anyformer.plugin import PENALTY_WINDOW, AnyformerError, ErrorCode, Generate
 #: Defaults for sampling when the temperature is above 0, as llama.cpp's own.
 TOP_K = 40
 TOP_P = 0.95
+#: Temperatures below this pick the likeliest token (the limit of sampling as T -> 0): dividing the
+#: logits by a subnormal such as 5e-324 overflows to infinity and the weights to NaN.
+GREEDY_BELOW_TEMPERATURE = 1e-3
 
 #: Every sampling option this sampler applies, and the features the engine adds (``LlamaCppModel.honours``).
 HONOURED_SAMPLING = frozenset(
@@ -38,7 +41,8 @@ class Sampler:
     def __init__(self, options: GenerateOptions, n_vocab: int, mask: Any = None) -> None:
         extra = options.extra
         self.temperature = options.temperature
-        self.rng = np.random.default_rng(options.seed) if options.temperature > 0 else None
+        greedy = not options.temperature >= GREEDY_BELOW_TEMPERATURE  # NaN, -0.0 and subnormals too
+        self.rng = None if greedy else np.random.default_rng(options.seed)
         top_k = int(extra.get("top_k", TOP_K))
         self.top_k = n_vocab if top_k == 0 else min(top_k, n_vocab)
         self.top_p = float(extra.get("top_p", TOP_P))
@@ -97,6 +101,8 @@ class Sampler:
         k = self.top_k
         candidates = np.argpartition(work, -k)[-k:] if k < work.shape[0] else np.arange(work.shape[0])
         scaled = work[candidates].astype(np.float64) / self.temperature
+        if not np.isfinite(scaled).all():  # logits the engine made infinite or NaN: no distribution to draw from
+            return int(candidates[np.nanargmax(np.where(np.isnan(scaled), -np.inf, scaled))])
         if self.top_p >= 1.0 and self.min_p <= 0.0:
             weights = np.exp(scaled - scaled.max())  # nothing is cut: no need to sort the whole vocabulary
             return int(candidates[self.rng.choice(len(candidates), p=weights / weights.sum())])
