@@ -84,7 +84,7 @@ CHOSEN_BUILD = LLAMA_BUILD.choose()
 LLAMA_CPP_CMAKE_ARGS = CHOSEN_BUILD.cmake_args
 WHEELHOUSE = CHOSEN_BUILD.wheelhouse
 
-nox.options.sessions = ["lint", "mypy", "tests", "conformance", "build", "installed"]
+nox.options.sessions = ["lint", "mypy", "tests", "conformance", "layouts", "build", "installed"]
 nox.options.reuse_existing_virtualenvs = True
 
 
@@ -235,9 +235,15 @@ def conformance(session: nox.Session, plugin: str) -> None:
 @nox.session
 @discard_venv_in_ci
 def layouts(session: nox.Session) -> None:
-    """Check real Hub repo layouts with every backend installed, and that docs/hub-layouts.md is their table."""
-    install(session, CORE, *PLUGINS.values())
-    session.run("pytest", f"{CORE}/tests/test_hub_layouts.py", "-p", "no:cacheprovider", *session.posargs)
+    """With every backend installed: real Hub repo layouts (docs/hub-layouts.md must be their table), and the
+    server's tests that need a backend besides llama.cpp (transcriptions and embeddings on ONNX models)."""
+    install(session, CORE, *PLUGINS.values(), extra=[f"{ROOT / CORE}[serve,speech]", *SERVER_TEST_TOOLS])
+    tests = [
+        f"{CORE}/tests/test_hub_layouts.py",
+        f"{CORE}/tests/http_server/test_server_transcriptions.py",
+        f"{CORE}/tests/http_server/test_server_embeddings_backends.py",
+    ]
+    session.run("pytest", *tests, "-p", "no:cacheprovider", *session.posargs)
     session.run("python", "scripts/hub_layouts_table.py", "--check")
 
 
