@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from anyformer_conformance.base import MALFORMED_MESSAGES, BackendConformance
+from anyformer_conformance.base import MALFORMED_MESSAGES, BackendConformance, run_tests_skip_reason
 
 ECHO_BACKEND = """
 import socket
@@ -291,3 +291,16 @@ def test_forgetting_the_plugin_line_fails_with_the_fix(pytester: pytest.Pytester
     result = pytester.runpytest(*INNER_ARGS, "-k", "test_can_run_refuses_a_foreign_format")
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines(["*plugin is not active: add pytest_plugins = *anyformer_conformance.plugin*"])
+
+
+@pytest.mark.parametrize(
+    ("sample", "run_sample", "reason"),
+    [
+        (None, None, "no sample_model and no run_sample: the run tests need both"),
+        ("a model", None, "no run_sample (only sample_model is supplied): the run tests need both"),
+        (None, (["x"], {}), "no sample_model (only run_sample is supplied): the run tests need both"),
+        ("a model", (["x"], {}), None),
+    ],
+)
+def test_the_run_tests_skip_naming_the_fixture_that_is_missing(sample: object, run_sample: object, reason: str) -> None:
+    assert run_tests_skip_reason(sample, run_sample) == reason

@@ -113,6 +113,17 @@ def _same_or_nested(listed: str, stored: str) -> bool:
     return _is_within(stored, Path(listed)) or _is_within(listed, Path(stored))
 
 
+def run_tests_skip_reason(sample: Any, run_sample: Any) -> str | None:
+    """Why the ``run`` tests skip, naming the fixture(s) left at None; None when both are supplied."""
+    missing = [name for name, value in (("sample_model", sample), ("run_sample", run_sample)) if value is None]
+    if not missing:
+        return None
+    if len(missing) == 2:
+        return "no sample_model and no run_sample: the run tests need both"
+    supplied = "run_sample" if missing[0] == "sample_model" else "sample_model"
+    return f"no {missing[0]} (only {supplied} is supplied): the run tests need both"
+
+
 def _cancelled_after_first_chunk(stream: Any, cancel: threading.Event) -> Iterator[Any]:
     """Pass ``stream`` through, setting ``cancel`` once its first chunk has come; closing this closes it."""
     try:
@@ -459,8 +470,10 @@ class BackendConformance:
     ) -> Iterator[anyformer.Loaded]:
         """The sample loaded for the ``run`` tests (any task), once for the class."""
         self = cls()
-        if described_sample is None or run_sample is None:
-            pytest.skip("no sample_model and run_sample: the run tests need both")
+        reason = run_tests_skip_reason(described_sample, run_sample)
+        if reason is not None:
+            pytest.skip(reason)
+        assert described_sample is not None  # a missing sample has a skip reason
         loaded = anyformer.load(
             described_sample, backend=self.backend_id, plugins=plugin_manager, caps=caps, **self.load_kwargs
         )

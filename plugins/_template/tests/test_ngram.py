@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import threading
+from collections.abc import Generator
 from pathlib import Path
 
 import pytest
@@ -232,6 +234,28 @@ def test_the_hook_checks_cancel_before_each_token(tmp_path: Path) -> None:
     last = next(stream)
     assert (first.tokens, first.finish_reason) == (1, None)
     assert (last.tokens, last.delta, last.finish_reason) == (1, "", "cancelled")
+
+
+def test_closing_the_stream_early_closes_the_engine_s_generator(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_sample(tmp_path)
+    handle = plugin.load("template", anyformer.describe(tmp_path), Request(), lambda event: None)
+    started: list[Generator[str, None, None]] = []
+    real_generate = ngram.NgramModel.generate
+
+    def recorded(
+        self: ngram.NgramModel, prompt: str, *, temperature: float = 0.0, seed: int | None = None
+    ) -> Generator[str, None, None]:
+        started.append(real_generate(self, prompt, temperature=temperature, seed=seed))
+        return started[-1]
+
+    monkeypatch.setattr(ngram.NgramModel, "generate", recorded)
+    stream = plugin.generate(handle, [{"role": "user", "content": "the"}], GenerateOptions(max_new_tokens=100))
+    assert next(stream).tokens == 1
+    assert inspect.getgeneratorstate(started[0]) == inspect.GEN_SUSPENDED  # mid-answer
+    stream.close()  # type: ignore[attr-defined]
+    assert inspect.getgeneratorstate(started[0]) == inspect.GEN_CLOSED  # the stream's finally closed it
 
 
 def test_store_list_lists_models_under_anyformer_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

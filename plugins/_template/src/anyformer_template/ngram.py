@@ -22,7 +22,7 @@ import math
 import os
 import random
 from collections import Counter, defaultdict
-from collections.abc import Iterator, Mapping
+from collections.abc import Generator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +58,7 @@ class NgramModel:
                 return counts
         raise NgramFormatError("the table has no counts for the empty context")
 
-    def generate(self, prompt: str, *, temperature: float = 0.0, seed: int | None = None) -> Iterator[str]:
+    def generate(self, prompt: str, *, temperature: float = 0.0, seed: int | None = None) -> Generator[str, None, None]:
         """Yield one character at a time after ``prompt``, the end character last.
 
         ``temperature`` 0 is greedy and repeatable; above 0 the counts are sharpened or flattened

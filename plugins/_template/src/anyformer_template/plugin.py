@@ -150,24 +150,28 @@ def _prompt(messages: list[Message]) -> str:
 def _stream(engine: NgramModel, prompt: str, options: GenerateOptions) -> Iterator[Chunk]:
     """One chunk per character; the end character finishes with ``stop`` and adds no text.
 
-    The engine keeps no state between calls, so there is nothing to restore in a ``finally``:
-    a backend whose engine has a cache or a KV state resets it there.
+    The ``finally`` closes the engine's character generator however the stream ends (the
+    limit, ``stop``, cancel, or the core closing this one early): a backend whose engine holds
+    a cache or a KV state resets it there.
     """
     characters = engine.generate(prompt, temperature=options.temperature, seed=options.seed)
     tokens = 0
-    while True:
-        if options.cancel.is_set():
-            yield Chunk(tokens=tokens, finish_reason=FinishReason.CANCELLED.value)
-            return
-        char = next(characters)
-        tokens += 1
-        if char == engine.end:
-            yield Chunk(tokens=tokens, finish_reason=FinishReason.STOP.value)
-            return
-        finish = FinishReason.LENGTH.value if tokens >= options.max_new_tokens else None
-        yield Chunk(delta=char, tokens=tokens, finish_reason=finish)
-        if finish is not None:
-            return
+    try:
+        while True:
+            if options.cancel.is_set():
+                yield Chunk(tokens=tokens, finish_reason=FinishReason.CANCELLED.value)
+                return
+            char = next(characters)
+            tokens += 1
+            if char == engine.end:
+                yield Chunk(tokens=tokens, finish_reason=FinishReason.STOP.value)
+                return
+            finish = FinishReason.LENGTH.value if tokens >= options.max_new_tokens else None
+            yield Chunk(delta=char, tokens=tokens, finish_reason=finish)
+            if finish is not None:
+                return
+    finally:
+        characters.close()
 
 
 @hookimpl
