@@ -88,6 +88,8 @@ class PacedHandle:
 
     #: The ``parallel`` load option it was loaded with (1 when absent).
     asked_parallel: Any = 1
+    #: The sampling options the core lets through to it (:class:`PacedBackend`'s ``honours``).
+    honours: frozenset[str] = frozenset()
 
     def __init__(self, backend: str, task: str, ref: str) -> None:
         self.backend = backend
@@ -124,7 +126,15 @@ class PacedBackend:
 
     name = "paced"
 
-    def __init__(self, ram_bytes: int = 10**6, refuse: dict[str, str] | None = None, stream_bytes: int = 0) -> None:
+    def __init__(
+        self,
+        ram_bytes: int = 10**6,
+        refuse: dict[str, str] | None = None,
+        stream_bytes: int = 0,
+        honours: frozenset[str] = frozenset(),
+    ) -> None:
+        #: The sampling options its handles declare they honour (they never sample: the values only pass).
+        self.honours = honours
         self.ram_bytes = ram_bytes
         #: Host memory each stream adds (a KV region per stream, as llama.cpp's estimate counts it).
         self.stream_bytes = stream_bytes
@@ -165,6 +175,7 @@ class PacedBackend:
         if backend != self.name:
             return None
         handle = PacedHandle(self.name, request.task or "text-generation", model.ref)
+        handle.honours = self.honours
         handle.asked_parallel = request.options.get("parallel", 1)
         # Its streams share nothing: any number run; "auto" (the server's default) is 2 here.
         handle.parallel = 2 if handle.asked_parallel == "auto" else int(handle.asked_parallel)
