@@ -139,6 +139,29 @@ def test_tok_per_sec_is_modelled_from_the_timed_disk_and_a_smaller_cache_is_slow
     assert tight.estimate.tok_per_sec < roomy.estimate.tok_per_sec
 
 
+def test_the_speed_model_opens_no_model_file_and_keeps_its_timing(moe_folder, tmp_path, monkeypatch):
+    from anyformer_conformance.io_spy import IOSpy
+    from anyformer_diskformer import speed
+
+    monkeypatch.setenv("ANYFORMER_HOME", str(tmp_path / "home"))
+    speed.measure.cache_clear()
+    model = anyformer.describe(moe_folder)
+    spy = IOSpy()
+    with spy.watching():
+        v = verdict(model)
+    assert v.ok and v.estimate.tok_per_sec is not None and v.estimate.tok_per_sec > 0
+    assert spy.opened_under(moe_folder) == [], "can_run read the model's file to model its speed"
+    assert (tmp_path / "home" / "diskformer" / "speed.json").is_file()
+    speed.measure.cache_clear()  # a fresh process: the kept figures, nothing timed again
+    fresh = IOSpy()
+    with fresh.watching():
+        again = verdict(model)
+    assert again.estimate.tok_per_sec == v.estimate.tok_per_sec
+    assert any(path.endswith("disk-probe.bin") for path in spy.opened)
+    assert not any(path.endswith("disk-probe.bin") for path in fresh.opened)
+    speed.measure.cache_clear()
+
+
 def test_tok_per_sec_is_none_with_the_reason_without_a_file():
     v = verdict(moe_model())
     assert v.ok and v.estimate.tok_per_sec is None

@@ -8,12 +8,16 @@ A repo holding part of a set is a ``model`` refusal naming the missing shard.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 from diskformer_reference import CTX, gpu_engine_for, greedy_steps
 
+import anyformer
 from anyformer import Caps, Refusal, Request
 from anyformer.plugin import Model, ModelFile
+from anyformer_diskformer import plugin
 from anyformer_diskformer.engine import cpu_engine_class
 from anyformer_diskformer.expert_cache import ExpertCache
 from anyformer_diskformer.expert_reader import ExpertReader, MappedExperts, expert_spans, open_reader
@@ -90,14 +94,15 @@ def test_the_plan_counts_every_shard(moe_f32, moe_set):
     )
 
 
-def test_the_speed_model_times_the_shard_holding_the_experts(moe_set):
-    import os
+def test_can_run_on_a_split_set_opens_none_of_its_shards(moe_set):
+    from anyformer_conformance.io_spy import IOSpy
 
-    from anyformer_diskformer.speed import measure
-
-    stat = os.stat(moe_set)
-    found = measure(moe_set, stat.st_size, stat.st_mtime)
-    assert found is not None and found.disk_bytes_per_s > 0 and found.expert_seconds > 0
+    model = anyformer.describe(moe_set)
+    spy = IOSpy()
+    with spy.watching():
+        verdict = plugin.can_run(model, Caps(ram_bytes=16 * 2**30, cpu_count=2, store=True), Request())
+    assert verdict.ok, verdict.reason
+    assert spy.opened_under(os.path.dirname(moe_set)) == []
 
 
 def _cpu_steps(path: str, evicting: bool) -> tuple[np.ndarray, list[int], ExpertCache]:

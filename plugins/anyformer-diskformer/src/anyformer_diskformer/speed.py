@@ -1,26 +1,30 @@
-"""A cheap model of decode speed for ``can_run``'s ``tok_per_sec``: disk and memory timed once per file and process.
+"""A cheap model of decode speed for ``can_run``'s ``tok_per_sec``: this machine's disk, memory and kernels, timed once.
 
 A token runs every layer's top-k experts. Of those lookups the cache holds a fraction that, with
 routing taken as uniform (the cautious case: real routers favour some experts, which raises it),
 is the cache's share of all experts; the rest are read from disk. On the CPU a token costs
 
-    (layers × k + dense bytes / one expert's bytes) × (time to apply one expert on one thread)
+    (layers × k + dense bytes / one expert's bytes) × (one expert's bytes / the kernels' bytes a second)
     + layers × k × (1 − held share) × one expert's bytes / disk bandwidth
 
 (the dense weights are held as stored and multiplied by the same kernels as the experts, so they
 cost about what experts of the same bytes cost; the engine's threads and the overlap of reads with
-compute are left out: the cautious case on a busy machine)
+compute are left out: the cautious case on a busy machine).
 
-with the disk timed by reading up to :data:`DISK_SAMPLE` bytes of the file's experts (``O_DIRECT``
-where allowed, else after dropping them from the page cache), memory by a numpy copy, and one
-expert's compute by running the first expert of the file. The GPU engine is not modelled: ``can_run``
-does not open the GPU, so its speed there is None, and the reason says so.
+``can_run`` reads no model file (the hooks' rule), so nothing here touches the model: the disk is
+timed by reading :data:`DISK_SAMPLE` bytes of a file of anyformer's own under ``ANYFORMER_HOME``
+(``O_DIRECT`` where allowed, else after dropping it from the page cache), memory by a numpy copy,
+and the kernels by one Q8_0 product of synthetic blocks. The figures are kept in
+``ANYFORMER_HOME/diskformer/speed.json`` for :data:`KEEP_SECONDS`, so a fresh process pays nothing.
+The GPU engine is not modelled: ``can_run`` does not open the GPU, so its speed there is None, and
+the reason says so.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import os
 import time
 
@@ -32,15 +36,19 @@ from anyformer_diskformer.plan import Plan
 DISK_SAMPLE = 16 * 2**20
 #: Bytes the memory timing copies.
 MEMORY_SAMPLE = 32 * 2**20
+#: The synthetic matrix the kernels are timed on: rows × columns of Q8_0 blocks (about 2.2 MB).
+KERNEL_ROWS, KERNEL_COLS = 1024, 2048
+#: How long timed figures are kept before they are timed again (a week).
+KEEP_SECONDS = 7 * 24 * 3600
 
 
 @dataclasses.dataclass(frozen=True)
 class Measured:
-    """What one file's timing found: disk and memory bytes a second, one expert's CPU seconds."""
+    """What this machine's timing found: disk and memory bytes a second, the kernels' weight bytes a second."""
 
     disk_bytes_per_s: float
     memory_bytes_per_s: float
-    expert_seconds: float
+    kernel_bytes_per_s: float
 
 
 def _time_disk(path: str, start: int, length: int) -> float:
@@ -82,70 +90,104 @@ def _time_memory() -> float:
     return 2 * source.nbytes / took if took > 0 else 0.0  # read and written
 
 
-@functools.lru_cache(maxsize=8)
-def measure(path: str, size: int, mtime: float) -> Measured | None:
-    """Time the disk (this file), memory and one expert's CPU work; None when the file has no experts to read.
+def _time_kernels() -> float:
+    """Weight bytes a second of one single-thread Q8_0 product (synthetic blocks: the values do not change the time)."""
+    from anyformer_diskformer.quant_product import QuantProduct
+    from anyformer_gguf_gpu.quants import Q8_0
 
-    Cached per (path, size, mtime): a second ``can_run`` on the same file costs nothing.
-    """
-    from anyformer_diskformer.expert_reader import ExpertReader, expert_spans
-    from anyformer_diskformer.quant_product import QuantProduct, expert_ffn
-    from anyformer_gguf_gpu.gguf_file import GGUFFile
-    from anyformer_gguf_gpu.quants import format_of
-
-    with GGUFFile(path) as gguf:  # a split set's shards too: the experts may lie in any of them
-        summary = gguf.header.summary()
-        layers, experts = summary.get("block_count"), summary.get("expert_count")
-        if not isinstance(layers, int) or not isinstance(experts, int) or layers < 1 or experts < 1:
-            return None
-        spans = expert_spans(gguf, layers, experts)
-        paths = gguf.paths
-    shard = min(spans.values(), key=lambda span: (span.shard, span.offset)).shard
-    in_shard = [span for span in spans.values() if span.shard == shard]
-    first = min(span.offset for span in in_shard)
-    end = max(span.offset + span.stride * (experts - 1) + span.length for span in in_shard)
-    disk = _time_disk(paths[shard], first, min(DISK_SAMPLE, end - first))
-    reader = ExpertReader(paths, spans)
-    try:
-        e = reader.read(0, 0)
-    finally:
-        reader.close()
-    embd = int(summary.get("embedding_length") or 1)
-    fmt = format_of(e.types[0])
-    n_ff = e.gate.nbytes // fmt.type_size * fmt.block_size // embd  # the gate slab is n_ff rows of embd
-    x = np.ones((1, embd), dtype=np.float32)
+    blocks = KERNEL_ROWS * (KERNEL_COLS // Q8_0.block_size)
+    raw = np.random.default_rng(0).integers(0, 128, size=blocks * Q8_0.type_size, dtype=np.uint8)
+    raw.reshape(blocks, Q8_0.type_size)[:, 1] = 0x3C  # each block's f16 scale 1.0-ish: finite numbers
+    x = np.ones((1, KERNEL_COLS), dtype=np.float32)
     kernels = QuantProduct()
     seconds = 0.0
-    for _ in range(2):  # the second run is timed: the first warms numpy's code paths and the scratch
+    for _ in range(2):  # the second run is timed: the first warms the code paths and the scratch
         began = time.perf_counter()
-        expert_ffn(kernels, e, x, embd, n_ff)
+        kernels.product(x, raw, Q8_0.ggml_type, KERNEL_ROWS, KERNEL_COLS)
         seconds = time.perf_counter() - began
-    return Measured(disk, _time_memory(), seconds)
+    return raw.nbytes / seconds if seconds > 0 else 0.0
+
+
+def _probe_file(folder: str) -> str:
+    """A file of :data:`DISK_SAMPLE` bytes of anyformer's own to time the disk with (written once)."""
+    path = os.path.join(folder, "disk-probe.bin")
+    if not os.path.isfile(path) or os.path.getsize(path) != DISK_SAMPLE:
+        os.makedirs(folder, exist_ok=True)
+        partial = f"{path}.{os.getpid()}.tmp"
+        with open(partial, "wb") as out:
+            out.write(os.urandom(DISK_SAMPLE))
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(partial, path)
+    return path
+
+
+@functools.lru_cache(maxsize=1)
+def measure() -> Measured | None:
+    """This machine's disk, memory and kernel speeds: kept ones when fresh, else timed now and kept.
+
+    None when ``ANYFORMER_HOME`` is not writable (no file of our own to time the disk with).
+    """
+    from anyformer.plugin import anyformer_home
+
+    folder = os.path.join(str(anyformer_home()), "diskformer")
+    kept = os.path.join(folder, "speed.json")
+    try:
+        with open(kept, encoding="utf-8") as source:
+            data = json.load(source)
+        if time.time() - float(data["timed_at"]) < KEEP_SECONDS:
+            return Measured(float(data["disk"]), float(data["memory"]), float(data["kernels"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # not kept yet, or unreadable: time it again
+    try:
+        disk = _time_disk(_probe_file(folder), 0, DISK_SAMPLE)
+    except OSError:
+        return None
+    found = Measured(disk, _time_memory(), _time_kernels())
+    try:
+        partial = f"{kept}.{os.getpid()}.tmp"
+        with open(partial, "w", encoding="utf-8") as out:
+            json.dump(
+                {
+                    "timed_at": time.time(),
+                    "disk": found.disk_bytes_per_s,
+                    "memory": found.memory_bytes_per_s,
+                    "kernels": found.kernel_bytes_per_s,
+                },
+                out,
+            )
+        os.replace(partial, kept)
+    except OSError:
+        pass  # kept for this process only
+    return found
 
 
 def tok_per_sec(path: str | None, plan: Plan, cache_bytes: int, device: str) -> tuple[float | None, str]:
-    """The modelled decode speed and how it was reached (or why there is none)."""
+    """The modelled decode speed and how it was reached (or why there is none); ``path`` is only asked
+    whether the model is on disk (a what-if about a repo gets no speed), never opened."""
     if device != "cpu":
         return None, "not modelled on the GPU: can_run does not open the GPU to time it"
     if path is None or not os.path.isfile(path):
-        return None, "no file on disk to time the disk with"
+        return None, "no file on disk to model the speed of"
     if plan.estimated:
         return None, "the header's tensors were not read, so the expert sizes are guesses"
-    stat = os.stat(path)
     try:
-        found = measure(path, stat.st_size, stat.st_mtime)
-    except Exception as exc:  # a file that cannot be timed still gets its verdict; the reason says why
-        return None, f"timing the file failed ({type(exc).__name__})"
-    if found is None or found.disk_bytes_per_s <= 0 or found.memory_bytes_per_s <= 0:
-        return None, "the disk or memory timing gave nothing"
+        found = measure()
+    except Exception as exc:  # a machine that cannot be timed still gets its verdict; the reason says why
+        return None, f"timing this machine failed ({type(exc).__name__})"
+    if found is None:
+        return None, "ANYFORMER_HOME is not writable: no file of anyformer's own to time the disk with"
+    if min(found.disk_bytes_per_s, found.memory_bytes_per_s, found.kernel_bytes_per_s) <= 0:
+        return None, "the disk, memory or kernel timing gave nothing"
+    expert_seconds = plan.one_expert_bytes / found.kernel_bytes_per_s
     held = min(1.0, cache_bytes / plan.expert_bytes_total) if plan.expert_bytes_total else 1.0
     lookups = plan.n_layer * plan.experts_per_token
-    seconds = (lookups + plan.dense_bytes / max(1, plan.one_expert_bytes)) * found.expert_seconds + lookups * (
+    seconds = (lookups + plan.dense_bytes / max(1, plan.one_expert_bytes)) * expert_seconds + lookups * (
         1.0 - held
     ) * plan.one_expert_bytes / found.disk_bytes_per_s
     why = (
-        f"CPU model: {lookups} expert uses a token at {found.expert_seconds * 1e3:.2f} ms each, "
-        f"{(1 - held) * 100:.0f}% of them read at {found.disk_bytes_per_s / 1e6:.0f} MB/s (uniform routing), "
-        f"dense weights at the experts' cost a byte"
+        f"CPU model: {lookups} expert uses a token at {expert_seconds * 1e3:.2f} ms each, "
+        f"{(1 - held) * 100:.0f}% of them read at {found.disk_bytes_per_s / 1e6:.0f} MB/s (uniform routing; "
+        "this machine's disk under ANYFORMER_HOME), dense weights at the experts' cost a byte"
     )
     return (1.0 / seconds if seconds > 0 else None), why
