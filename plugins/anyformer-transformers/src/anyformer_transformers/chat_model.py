@@ -24,7 +24,7 @@ from anyformer.plugin import (
     render_chat,
 )
 from anyformer_transformers import BACKEND_ID
-from anyformer_transformers.sampling import SAMPLING_KEYS, Sampler
+from anyformer_transformers.sampling import Sampler
 
 
 def _ids(value: Any) -> frozenset[int]:
@@ -81,8 +81,9 @@ class ChatModel:
 
     backend = BACKEND_ID
     task = "text-generation"
-    #: The sampling settings ``generate`` reads from ``GenerateOptions.extra``.
-    sampling = SAMPLING_KEYS
+    #: The core's sampling options it applies (its ``repetition_penalty`` is transformers' own rule over every
+    #: token so far, not llama.cpp's ``repeat_penalty`` over the reply's last 64: it stays a backend setting).
+    honours = frozenset({"top_p", "top_k"})
 
     def __init__(self, network: Any, text: TextSide, *, context: int, details: dict[str, Any]) -> None:
         self._network: Any = network

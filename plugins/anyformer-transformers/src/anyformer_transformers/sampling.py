@@ -13,9 +13,6 @@ from typing import Any
 
 from anyformer.plugin import AnyformerError, ErrorCode, GenerateOptions
 
-#: The sampling settings this backend honours from ``GenerateOptions.extra``.
-SAMPLING_KEYS = ("top_k", "top_p", "repetition_penalty")
-
 
 def _number(extra: Mapping[str, Any], key: str, default: float, *, low: float, high: float) -> float:
     value = extra.get(key, default)
