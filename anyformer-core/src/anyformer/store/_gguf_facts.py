@@ -145,7 +145,8 @@ def _local(candidate: GGUFCandidate) -> dict[str, Any] | None:
 
 
 def _read_from_hub(model: Model, candidate: GGUFCandidate) -> dict[str, Any] | None:
-    from anyformer.store._hub import HubByteSource, is_offline
+    from anyformer.store._hub_bytes import HubByteSource
+    from anyformer.store._hub_errors import is_offline
 
     if is_offline():
         return None
