@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib.metadata
 import importlib.util
 import re
 from pathlib import Path
@@ -76,6 +75,8 @@ def installed() -> Installed | None:
     torch_folder = _package_folder("torch")
     if transformers_folder is None or torch_folder is None:
         return None
+    import importlib.metadata  # here, not at the top: a warm `anyformer` command imports no metadata machinery
+
     try:
         source = (transformers_folder / "models" / "auto" / "modeling_auto.py").read_text(encoding="utf-8")
         versions = importlib.metadata.version("transformers"), importlib.metadata.version("torch")
