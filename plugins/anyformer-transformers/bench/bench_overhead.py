@@ -19,31 +19,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from tiny_models import EOS_ID, write_char_tokenizer
+from tiny_models import build_llama
 
-
-def build(folder: Path) -> Path:
-    """SmolLM2-135M's shapes with random weights over the tests' character vocabulary."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    vocab = write_char_tokenizer(folder)
-    config = LlamaConfig(
-        vocab_size=vocab,
-        hidden_size=576,
-        intermediate_size=1536,
-        num_hidden_layers=30,
-        num_attention_heads=9,
-        num_key_value_heads=3,
-        max_position_embeddings=2048,
-        bos_token_id=None,
-        eos_token_id=EOS_ID,
-        pad_token_id=EOS_ID,
-        tie_word_embeddings=True,
-    )
-    LlamaForCausalLM(config).eval().save_pretrained(str(folder), safe_serialization=True)
-    return folder
+#: SmolLM2-135M-Instruct's shapes (random weights over the tests' character vocabulary).
+SMOLLM2_SHAPE = {
+    "hidden_size": 576,
+    "intermediate_size": 1536,
+    "num_hidden_layers": 30,
+    "num_attention_heads": 9,
+    "num_key_value_heads": 3,
+    "max_position_embeddings": 2048,
+    "tie_word_embeddings": True,
+}
 
 
 def main() -> None:
@@ -59,7 +46,7 @@ def main() -> None:
 
     messages = [{"role": "user", "content": "Tell me about the sea."}]
     with tempfile.TemporaryDirectory() as tmp:
-        folder = build(Path(tmp) / "smollm2-shapes")
+        folder = build_llama(Path(tmp) / "smollm2-shapes", **SMOLLM2_SHAPE)
         reference = pipeline("text-generation", model=str(folder), dtype=torch.float32, device="cpu")
         # No end token: every reply is exactly --tokens long on both sides.
         ours_kwargs = {"max_new_tokens": args.tokens}

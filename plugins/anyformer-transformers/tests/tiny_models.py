@@ -52,24 +52,26 @@ def _save(model: Any, folder: Path) -> Path:
     return folder
 
 
-def build_llama(folder: Path) -> Path:
-    """A random 2-layer llama (grouped-query attention)."""
+#: The tiny llama's shape; ``build_llama`` takes others (the benchmark's SmolLM2-135M shapes).
+TINY_LLAMA_SHAPE: dict[str, Any] = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 512,
+}
+
+
+def build_llama(folder: Path, **shape: Any) -> Path:
+    """A random llama (grouped-query attention), 2 layers unless ``shape`` says otherwise."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
     vocab = write_char_tokenizer(folder)
     config = LlamaConfig(
-        vocab_size=vocab,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        bos_token_id=None,
-        eos_token_id=EOS_ID,
-        pad_token_id=EOS_ID,
+        vocab_size=vocab, bos_token_id=None, eos_token_id=EOS_ID, pad_token_id=EOS_ID, **(shape or TINY_LLAMA_SHAPE)
     )
     return _save(LlamaForCausalLM(config).eval(), folder)
 
