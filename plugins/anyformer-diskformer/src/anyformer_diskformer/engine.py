@@ -15,6 +15,7 @@ from anyformer_diskformer.cpu_engine import CpuMoEEngine
 from anyformer_diskformer.cpu_hybrid import HybridCpuEngine
 from anyformer_diskformer.expert_cache import CacheStats, ExpertCache
 from anyformer_diskformer.expert_reader import ExpertSlices, expert_spans, open_reader
+from anyformer_diskformer.load_options import LOAD_OPTIONS
 from anyformer_diskformer.moe_config import MoEConfig, read_moe_config
 from anyformer_diskformer.plan import PROMPT_STEP, context_for, plan_from_header
 from anyformer_diskformer.policies import EvictionPolicy, make_policy
@@ -40,10 +41,8 @@ def cache_capacity(request: Request, min_cache: int, budget_cache: int, need: in
 
     Below one layer's top-k experts is ``BUDGET_TOO_SMALL`` with the budget that would do.
     """
-    pool = request.options.get("pool_bytes")
+    pool = LOAD_OPTIONS.value(request.options, "pool_bytes")
     if pool is not None:
-        if not isinstance(pool, int) or isinstance(pool, bool) or pool <= 0:
-            raise AnyformerError(ErrorCode.BAD_REQUEST, f"pool_bytes must be a positive integer, not {pool!r}")
         if pool < min_cache:
             raise AnyformerError(
                 ErrorCode.BUDGET_TOO_SMALL,
@@ -65,9 +64,7 @@ def open_device(options: dict[str, object]) -> GPU | None:
     """The GPU the ``device`` load option asks for: ``auto`` (the default) a GPU when wgpu finds one (a
     software adapter only with ``ANYFORMER_SOFTWARE_GPU=1``), else None for the CPU; ``gpu`` one or the
     error why not; ``cpu`` None."""
-    wanted = options.get("device", "auto")
-    if wanted not in ("auto", "cpu", "gpu"):
-        raise AnyformerError(ErrorCode.BAD_REQUEST, f"device must be auto, cpu or gpu, not {wanted!r}")
+    wanted = LOAD_OPTIONS.value(options, "device")
     if wanted == "cpu":
         return None
     from anyformer_gguf_gpu.gpu import GPU
@@ -128,19 +125,15 @@ def device_limit(request: Request, gpu: GPU | None) -> int | None:
 
 
 def _count_option(options: dict[str, object], name: str, default: int) -> int:
-    value = options.get(name, default)
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise AnyformerError(ErrorCode.BAD_REQUEST, f"{name} must be a whole number of at least 0, not {value!r}")
-    return value
+    """The whole-number load option ``name`` (its schema bounds it), or ``default`` where it says "the backend's"."""
+    value = LOAD_OPTIONS.value(options, name)
+    return default if value is None else int(value)
 
 
 def prompt_step_option(options: dict[str, object]) -> int:
     """Most tokens a GPU prompt step covers: the ``prompt_step`` load option (default
     :data:`~anyformer_diskformer.plan.PROMPT_STEP`; 1 runs prompts a token a step)."""
-    value = _count_option(options, "prompt_step", PROMPT_STEP)
-    if value < 1:
-        raise AnyformerError(ErrorCode.BAD_REQUEST, "prompt_step must be at least 1")
-    return value
+    return _count_option(options, "prompt_step", PROMPT_STEP)
 
 
 def prefetch_options(options: dict[str, object], top_k: int) -> tuple[int, int]:
@@ -153,10 +146,7 @@ def compute_threads(options: dict[str, object]) -> int:
     """Threads the CPU engine computes a layer's experts on: the ``threads`` load option, else the machine's cores
     up to 4 (experts are few per layer; more threads than that mostly wait)."""
     default = max(1, min(4, os.cpu_count() or 1))
-    value = _count_option(options, "threads", default)
-    if value < 1:
-        raise AnyformerError(ErrorCode.BAD_REQUEST, "threads must be at least 1")
-    return value
+    return _count_option(options, "threads", default)
 
 
 def attach_prefetcher(cache: ExpertCache[Any], width: int, threads: int, min_cache: int) -> None:
@@ -177,11 +167,8 @@ def attach_prefetcher(cache: ExpertCache[Any], width: int, threads: int, min_cac
 
 def cpu_experts_option(options: dict[str, object]) -> bool:
     """The ``cpu_experts`` load option (default False): whether the GPU engine computes the experts its cache
-    misses on the CPU while decoding instead of uploading them; ``BAD_REQUEST`` for anything but a bool."""
-    value = options.get("cpu_experts", False)
-    if not isinstance(value, bool):
-        raise AnyformerError(ErrorCode.BAD_REQUEST, f"cpu_experts must be true or false, not {value!r}")
-    return value
+    misses on the CPU while decoding instead of uploading them; ``BAD_REQUEST`` for anything but a yes or no."""
+    return bool(LOAD_OPTIONS.value(options, "cpu_experts"))
 
 
 def policy_for(options: dict[str, object], n_layer: int) -> EvictionPolicy:
@@ -189,7 +176,7 @@ def policy_for(options: dict[str, object], n_layer: int) -> EvictionPolicy:
     # reuse by default: it keeps the experts each layer chooses most often and lets a newly read expert
     # displace one only when it is more likely to be used again; on recorded and skewed synthetic traces it
     # is the closest of the three to Belady's optimum (see the docs' figures).
-    name = options.get("cache_policy", "reuse")
+    name = LOAD_OPTIONS.value(options, "cache_policy")
     try:
         return make_policy(str(name), n_layer)
     except ValueError as exc:
@@ -234,7 +221,7 @@ class DiskformerModel:
         from anyformer_diskformer.plugin import can_run
 
         # The file can_run chose, with the machine as it is now (a GPU when a budget was given and allowed).
-        gpu_wanted = bool(request.budget) and request.options.get("device", "auto") in ("auto", "gpu")
+        gpu_wanted = bool(request.budget) and LOAD_OPTIONS.value(request.options, "device") in ("auto", "gpu")
         verdict = can_run(model, load_caps(request, gpu=gpu_wanted), request)
         name, fetched = fetch_chosen_gguf(model, progress, BACKEND_ID, verdict)
         path = str(fetched)
@@ -251,9 +238,7 @@ class DiskformerModel:
             )
             progress(ProgressEvent(stage="load", backend=BACKEND_ID, file=name, message="dense weights"))
             policy = policy_for(request.options, config.n_layer)
-            direct = request.options.get("direct_io", True)
-            if not isinstance(direct, bool):
-                raise AnyformerError(ErrorCode.BAD_REQUEST, f"direct_io must be true or false, not {direct!r}")
+            direct = bool(LOAD_OPTIONS.value(request.options, "direct_io"))
             width, threads = prefetch_options(request.options, config.n_expert_used)
             threads_cpu = compute_threads(request.options)
             cpu_experts = cpu_experts_option(request.options)
@@ -313,7 +298,7 @@ class DiskformerModel:
         finally:
             gguf.close()  # the dense weights are copied; experts are read through the cache's own descriptor
         loaded = cls(engine, tokenizer, name)
-        system = request.options.get("prime")
+        system = LOAD_OPTIONS.value(request.options, "prime")
         if system is not None:
             try:
                 loaded.prime(system)  # type: ignore[arg-type]  # prime checks it is a string

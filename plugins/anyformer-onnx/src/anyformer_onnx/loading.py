@@ -45,6 +45,7 @@ from anyformer_onnx.graphs import (
     module_graphs,
 )
 from anyformer_onnx.image_preprocessing import ImagePreprocessor
+from anyformer_onnx.load_options import LOAD_OPTIONS
 from anyformer_onnx.log_mel import LogMel
 from anyformer_onnx.multimodal import (
     MediaKind,
@@ -102,19 +103,12 @@ def _beside(graph: Path, names: list[str]) -> dict[str, Path]:
 
 def _fuse_option(request: Request) -> bool:
     """The ``fuse_attention`` option (default True): rewrite a decoder's attention for the CPU."""
-    value = request.options.get("fuse_attention", True)
-    if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
-        return value.lower() in ("true", "1", "yes")
-    if not isinstance(value, bool):
-        raise AnyformerError(ErrorCode.BAD_REQUEST, f"the fuse_attention option must be true or false, got {value!r}")
-    return value
+    return bool(LOAD_OPTIONS.value(request.options, "fuse_attention"))
 
 
-def _option(request: Request, key: str) -> str | None:
-    value = request.options.get(key)
-    if value is not None and not isinstance(value, str):
-        raise AnyformerError(ErrorCode.BAD_REQUEST, f"the {key} option must be a string, got {value!r}")
-    return value
+def _option(request: Request, key: str) -> Any:
+    """The load option ``key``, parsed by the schema (:mod:`anyformer_onnx.load_options`)."""
+    return LOAD_OPTIONS.value(request.options, key)
 
 
 def open_model(model: Model, request: Request, progress: ProgressCallback) -> BackendModel:
@@ -170,7 +164,7 @@ def open_model(model: Model, request: Request, progress: ProgressCallback) -> Ba
         )
         graph_path = prepared.path
         details["graph"] = prepared.note
-    session, actual = open_session(graph_path, provider=provider, threads=request.options.get("threads"))
+    session, actual = open_session(graph_path, provider=provider, threads=_option(request, "threads"))
     progress(
         ProgressEvent(stage="load", backend=BACKEND_ID, file=choice.graph.name, done=choice.size, total=choice.size)
     )
@@ -223,7 +217,7 @@ def _open_media_chat(
     config = text.config or dict(model.config)
     preprocessor, processor = _processor_configs(paths, label)
     progress(ProgressEvent(stage="load", backend=BACKEND_ID, file=graphs.graph.name, total=graphs.size))
-    threads = request.options.get("threads")
+    threads = _option(request, "threads")
     sessions = {}
     actual = provider
     for stem, part in zip(stems, graphs.parts, strict=True):
@@ -353,7 +347,7 @@ def _open_vision_model(
     )
     config = read_config_json(paths["config.json"], f"config.json of {label}") if "config.json" in paths else {}
     progress(ProgressEvent(stage="load", backend=BACKEND_ID, file=choice.graph.name, total=choice.size))
-    session, actual = open_session(paths[choice.graph.name], provider=provider, threads=request.options.get("threads"))
+    session, actual = open_session(paths[choice.graph.name], provider=provider, threads=_option(request, "threads"))
     progress(
         ProgressEvent(stage="load", backend=BACKEND_ID, file=choice.graph.name, done=choice.size, total=choice.size)
     )
@@ -387,7 +381,7 @@ def _open_speech_model(
     generation = read_config_json(paths["generation_config.json"], f"generation_config.json of {label}")
     tokenizer = load_tokenizer(paths["tokenizer.json"], label)
     progress(ProgressEvent(stage="load", backend=BACKEND_ID, file=graphs.graph.name, total=graphs.size))
-    threads = request.options.get("threads")
+    threads = _option(request, "threads")
     sessions = []
     actual = provider
     for part in graphs.parts:

@@ -36,6 +36,7 @@ from anyformer_onnx.graphs import (
     media_encoders,
     module_graphs,
 )
+from anyformer_onnx.load_options import LOAD_OPTIONS
 from anyformer_onnx.per_layer import declares_per_layer_inputs, per_layer_encoders, unread_media
 from anyformer_onnx.runtime import CUDA, INSTALL_HINT, expected_provider, onnxruntime_installed
 from anyformer_onnx.tasks import (
@@ -153,8 +154,8 @@ def plan(model: Model, caps: Caps, request: Request) -> tuple[str, GraphChoice |
     task = task_of(model, request.task)
     provider = expected_provider(caps.gpu)
     device = "cuda" if provider == CUDA else "cpu"
-    wanted = request.options.get("precision")
-    choice = choose_graphs(model, task, device, wanted if isinstance(wanted, str) else None)
+    wanted = LOAD_OPTIONS.value(request.options, "precision")
+    choice = choose_graphs(model, task, device, wanted)
     return task, choice, provider
 
 
@@ -190,8 +191,8 @@ def can_run(model: Model, caps: Caps, request: Request) -> Verdict:
         where = ", ".join(f"[onnx/]{stem}[_q4|_fp16|…].onnx" for stem in stems_for(task))
         if task == SPEECH_RECOGNITION:
             where = f"all of {where}, of one precision"
-        wanted = request.options.get("precision")
-        which = f"{wanted} " if isinstance(wanted, str) else ""
+        wanted = LOAD_OPTIONS.value(request.options, "precision")
+        which = f"{wanted} " if wanted is not None else ""
         return Verdict.refuse(BACKEND_ID, Refusal.FORMAT, f"no {which}{task} graph at a known path ({where})")
     on_gpu = provider == CUDA
     chat = task in CHAT_TASKS
