@@ -192,7 +192,9 @@ class PluginManager:
         schema = getattr(plugin, "LOAD_OPTIONS", NO_LOAD_OPTIONS)
         if not isinstance(schema, LoadOptions):
             info.ok = False
-            info.error = f"invalid plugin: LOAD_OPTIONS is a {type(schema).__name__}, not an anyformer.plugin.LoadOptions"
+            info.error = (
+                f"invalid plugin: LOAD_OPTIONS is a {type(schema).__name__}, not an anyformer.plugin.LoadOptions"
+            )
             return
         try:
             self._pm.register(plugin, name=info.name)

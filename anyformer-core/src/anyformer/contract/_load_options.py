@@ -43,7 +43,9 @@ def parse_yes_no(value: object, what: str = "the value") -> bool:
             return True
         if word in _NO:
             return False
-    raise AnyformerError(ErrorCode.BAD_REQUEST, f"{what} must be true or false (yes/no, on/off, 1/0), got {value!r:.60}")
+    raise AnyformerError(
+        ErrorCode.BAD_REQUEST, f"{what} must be true or false (yes/no, on/off, 1/0), got {value!r:.60}"
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,7 +95,9 @@ class LoadOption:
         if self.kind not in ("int", "float", "size"):
             return
         if self.minimum is not None and value < self.minimum:
-            raise AnyformerError(ErrorCode.BAD_REQUEST, f"{what} must be at least {_plain(self.minimum)}, got {value!r}")
+            raise AnyformerError(
+                ErrorCode.BAD_REQUEST, f"{what} must be at least {_plain(self.minimum)}, got {value!r}"
+            )
         if self.maximum is not None and value > self.maximum:
             raise AnyformerError(ErrorCode.BAD_REQUEST, f"{what} must be at most {_plain(self.maximum)}, got {value!r}")
 
@@ -230,6 +234,17 @@ class LoadOptions:
     def value(self, given: Mapping[str, Any], name: str) -> Any:
         """The option ``name``'s value in ``given``, parsed (absent or None: its default)."""
         return self._options[name].parse(given.get(name))
+
+    def markdown(self) -> str:
+        """The options as a Markdown table (``option | type | default | what``), as docs/backends pages show them."""
+        if not self._options:
+            return "None: the core refuses every load option for this backend (`BAD_REQUEST`; `option` where another takes it)."
+        rows = ["| option | type | default | what |", "|---|---|---|---|"]
+        for option in self:
+            default = "—" if option.default is None else f"`{option.default}`"
+            kind = option.type_text().replace("|", "\\|")
+            rows.append(f"| `{option.name}` | {kind} | {default} | {option.help} |")
+        return "\n".join(rows)
 
     def summary(self) -> str:
         """One line: each option's name and type (``device (auto|cpu|gpu), threads (int >= 1)``), or ``none``."""

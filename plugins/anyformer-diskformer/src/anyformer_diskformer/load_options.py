@@ -12,7 +12,7 @@ from anyformer.plugin import FILE_OPTION, LoadOption, LoadOptions
 LOAD_OPTIONS = LoadOptions(
     FILE_OPTION,
     LoadOption(
-        "device", "enum", "auto", "a GPU when wgpu finds one, else the CPU (auto); or gpu, cpu", ("auto", "cpu", "gpu")
+        "device", "enum", "auto", "auto: a GPU when wgpu finds one, else the CPU", ("auto", "cpu", "gpu")
     ),
     LoadOption("pool_bytes", "size", None, "bytes of the expert cache (default: what the budget leaves)", minimum=1),
     LoadOption("cache_policy", "enum", "reuse", "the expert cache's eviction policy", ("reuse", "lrfu", "lru")),
