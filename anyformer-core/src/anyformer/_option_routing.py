@@ -46,10 +46,9 @@ def route_options(schemas: Mapping[str, LoadOptions], request: Request) -> Optio
     for name, schema in schemas.items():
         lacking = sorted(key for key in given if key not in schema and key not in THROUGHPUT_OPTIONS)
         if lacking:
+            takes = ", ".join(schema.names) or "none"
             refusals[name] = Verdict.refuse(
-                name,
-                Refusal.OPTION,
-                f"takes no load option {', '.join(map(repr, lacking))} (its options: {schema.summary()})",
+                name, Refusal.OPTION, f"takes no load option {', '.join(map(repr, lacking))} (its options: {takes})"
             )
         elif failures[name]:
             refusals[name] = Verdict.refuse(name, Refusal.OPTION, next(iter(failures[name].values())).message)

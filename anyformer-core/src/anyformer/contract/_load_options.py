@@ -238,7 +238,7 @@ class LoadOptions:
     def markdown(self) -> str:
         """The options as a Markdown table (``option | type | default | what``), as docs/backends pages show them."""
         if not self._options:
-            return "None: the core refuses every load option for this backend (`BAD_REQUEST`; `option` where another takes it)."
+            return "None: the core refuses every load option for it (`BAD_REQUEST`; `option` where another takes it)."
         rows = ["| option | type | default | what |", "|---|---|---|---|"]
         for option in self:
             default = "—" if option.default is None else f"`{option.default}`"
