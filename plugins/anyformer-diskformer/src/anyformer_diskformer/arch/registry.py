@@ -2,8 +2,8 @@
 
 A new family is one module under :mod:`anyformer_diskformer.arch` declaring ``SPEC``
 (:class:`~anyformer_diskformer.arch.spec.ArchSpec`: its config reading, its plan's shapes, its engines)
-plus one line in :data:`ARCHITECTURES`; its test fixture goes beside the others in the tests'
-``conftest.py``. ``can_run``, the plan and the load ask this module and nothing else.
+plus one line in :data:`ARCHITECTURES`; its tiny test model goes in :mod:`~anyformer_diskformer.testing`.
+``can_run``, the config reader, the plan and the load ask this module and nothing else.
 """
 
 from __future__ import annotations
