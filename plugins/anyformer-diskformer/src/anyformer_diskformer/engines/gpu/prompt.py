@@ -73,6 +73,7 @@ class PromptEngine(Protocol):
     def slots(self) -> SlotTable:
         """The GPU slots its expert cache stores into."""
         ...
+
     #: Dense matrices by name, and norm vectors (GPU buffers) by tensor name.
     weights: dict[str, Weight]
     norms: dict[str, Any]
