@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from anyformer_diskformer.arch.gemma4_config import Gemma4Config, read_gemma4_config
-from anyformer_diskformer.arch.moe_config import MoEConfig
+from anyformer_diskformer.arch.moe_config import HeaderReading, MoEConfig
 from anyformer_diskformer.arch.spec import ArchSpec, RoughShape
 from anyformer_diskformer.arch.summary_facts import widest
 
@@ -66,7 +66,7 @@ def _gpu_engine() -> type[GpuMoEEngine]:
 #: Rough shape: Gemma 4 26B-A4B's (its sliding layers hold less context).
 SPEC = ArchSpec(
     name="gemma4",
-    norm_topk=True,
+    reading=HeaderReading(norm_topk=True),
     rough_shape=RoughShape(layers=30, experts=128, used=8, dense_share=0.12, kv_width=1024, kv_share=0.4),
     cpu_engine=_cpu_engine,
     gpu_engine=_gpu_engine,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Literal
 
 from anyformer.plugin import AnyformerError, ErrorCode, GGUFHeader, GGUFTensor
 from anyformer_gguf_gpu.config import (
@@ -132,16 +132,53 @@ class MoEConfig(HeadWidths):
         return layer >= self.n_dense_lead
 
 
+#: How a family's header gives its shared experts' width (:attr:`HeaderReading.shared_width`).
+SharedWidth = Literal["one", "count", "count_shared"]
 #: Fields a family's spec adds to the common reader's (kv, architecture, layers run).
 ExtraFields = Callable[[dict[str, Any], str, int], dict[str, Any]]
 
 
-def read_common_config(header: GGUFHeader, norm_topk: bool | None, extra: ExtraFields | None = None) -> MoEConfig:
-    """The hyperparameters of a family of attention (or delta-net) layers and routed experts, checked against its
-    tensors; ``BAD_MODEL`` where they disagree.
+@dataclasses.dataclass(frozen=True)
+class HeaderReading:
+    """How :func:`read_common_config` reads one family's header: what differs between the families of attention
+    (or delta-net) layers and routed experts. A family's spec declares it; the reader compares no names."""
 
-    ``norm_topk`` is the family's choice of renormalising the top-k router weights (None: the header's
-    ``expert_weights_norm``); ``extra`` gives the family's own fields (its spec's ``extra_fields``).
+    #: llama.cpp's choice of renormalising the top-k router weights to sum to 1 (None: the header's
+    #: ``expert_weights_norm`` says, as bailingmoe's and bailingmoe2's do).
+    norm_topk: bool | None
+    #: The first ``leading_dense_block_count`` layers are dense SwiGLU FFNs (bailingmoe2); else none is.
+    leading_dense: bool = False
+    #: The router's gating function is the header's ``expert_gating_func`` (bailingmoe2); else softmax.
+    header_gating: bool = False
+    #: The shared experts' width: ``"one"``, one expert of ``expert_shared_feed_forward_length`` where the file has
+    #: one (the qwen MoEs); ``"count"``, ``expert_shared_count`` experts of ``expert_feed_forward_length``
+    #: (bailingmoe); ``"count_shared"``, as many of ``expert_shared_feed_forward_length`` when the header gives it
+    #: (bailingmoe2).
+    shared_width: SharedWidth = "one"
+    #: q, k and v as one ``attn_qkv`` matrix, with per-head q/k norms (bailingmoe2).
+    fused_qkv: bool = False
+    #: NEOX rotary (pairs i, i + n_rot/2: the qwen MoEs), else the original one over the whole head (bailingmoe).
+    rope_neox: bool = True
+    #: The family's own fields over the common ones (qwen35moe's delta nets); None: none.
+    extra: ExtraFields | None = None
+
+
+def _shared_width(kv: dict[str, Any], arch: str, rule: SharedWidth, has_shared: bool) -> int:
+    """The shared experts' width by the family's rule (:attr:`HeaderReading.shared_width`)."""
+    if rule == "count_shared":
+        shared_each = config_count(kv, f"{arch}.expert_shared_feed_forward_length") or config_int(
+            kv, f"{arch}.expert_feed_forward_length"
+        )
+        return config_int(kv, f"{arch}.expert_shared_count") * shared_each
+    if rule == "count":
+        return config_int(kv, f"{arch}.expert_shared_count") * config_int(kv, f"{arch}.expert_feed_forward_length")
+    return config_int(kv, f"{arch}.expert_shared_feed_forward_length") if has_shared else 0
+
+
+def read_common_config(header: GGUFHeader, reading: HeaderReading) -> MoEConfig:
+    """The hyperparameters of a family of attention (or delta-net) layers and routed experts, read as its spec's
+    ``reading`` says and checked against its tensors; ``BAD_MODEL`` where they disagree.
+
     :func:`~anyformer_diskformer.arch.registry.read_moe_config` picks the family's reader and calls this.
     """
     kv = header.kv
@@ -156,31 +193,22 @@ def read_common_config(header: GGUFHeader, norm_topk: bool | None, extra: ExtraF
     embd = required_tensor(tensors, "token_embd.weight")
     if "blk.0.attn_output.bias" in tensors:
         raise AnyformerError(ErrorCode.BAD_MODEL, f"an attention output bias, {UNREAD}")
-    norm = norm_topk
+    norm = reading.norm_topk
     if norm is None:
         norm = bool(kv.get(f"{arch}.expert_weights_norm", False))
     # Ling 2.0's leading dense layers have no shared expert: look at the first MoE layer.
-    dense_lead = config_count(kv, f"{arch}.leading_dense_block_count") if arch == "bailingmoe2" else 0
+    dense_lead = config_count(kv, f"{arch}.leading_dense_block_count") if reading.leading_dense else 0
     first_moe = f"blk.{dense_lead}."
     has_shared = first_moe + "ffn_up_shexp.weight" in tensors
     gating = "softmax"
-    if arch == "bailingmoe2":
+    if reading.header_gating:
         func = kv.get(f"{arch}.expert_gating_func")
         if func not in GATING_FUNCS:
             raise AnyformerError(ErrorCode.BAD_MODEL, f"expert gating function {func!r}, {UNREAD}")
         gating = GATING_FUNCS[func]  # type: ignore[index]
-        shared_each = config_count(kv, f"{arch}.expert_shared_feed_forward_length") or config_int(
-            kv, f"{arch}.expert_feed_forward_length"
-        )
-        shared_width = config_int(kv, f"{arch}.expert_shared_count") * shared_each
-    elif arch == "bailingmoe":
-        if dims.n_rot != dims.head_dim:
-            raise AnyformerError(ErrorCode.BAD_MODEL, f"bailingmoe with a rotary width other than the head's, {UNREAD}")
-        shared_width = config_int(kv, f"{arch}.expert_shared_count") * config_int(
-            kv, f"{arch}.expert_feed_forward_length"
-        )
-    else:
-        shared_width = config_int(kv, f"{arch}.expert_shared_feed_forward_length") if has_shared else 0
+    if not reading.rope_neox and dims.n_rot != dims.head_dim:
+        raise AnyformerError(ErrorCode.BAD_MODEL, f"{arch} with a rotary width other than the head's, {UNREAD}")
+    shared_width = _shared_width(kv, arch, reading.shared_width, has_shared)
     scale = kv.get(f"{arch}.expert_weights_scale", 1.0)
     n_group, n_group_used = (
         config_count(kv, f"{arch}.expert_group_count"),
@@ -211,23 +239,23 @@ def read_common_config(header: GGUFHeader, norm_topk: bool | None, extra: ExtraF
         n_ff_exp=config_int(kv, f"{arch}.expert_feed_forward_length"),
         norm_topk=norm,
         tied_output="output.weight" not in tensors,
-        qk_norm="blk.0.attn_q_norm.weight" in tensors or arch == "bailingmoe2",
+        qk_norm="blk.0.attn_q_norm.weight" in tensors or reading.fused_qkv,
         qkv_bias="blk.0.attn_q.bias" in tensors,
         n_ff_shexp=shared_width if has_shared else 0,
         shexp_gated=first_moe + "ffn_gate_inp_shexp.weight" in tensors,
         # 0 means "no scaling" to llama.cpp.
         weights_scale=float(scale) if isinstance(scale, (int, float)) and scale else 1.0,
-        rope_neox=arch != "bailingmoe",
+        rope_neox=reading.rope_neox,
         gating=gating,
         probs_bias=first_moe + "exp_probs_b.bias" in tensors,
         n_group=n_group if n_group > 1 else 0,
         n_group_used=n_group_used if n_group > 1 else 0,
-        fused_qkv=arch == "bailingmoe2",
+        fused_qkv=reading.fused_qkv,
         n_dense_lead=dense_lead,
         n_ff=config_int(kv, f"{arch}.feed_forward_length") if dense_lead else 0,
     )
-    if extra is not None:
-        config = dataclasses.replace(config, **extra(kv, arch, n_layer))
+    if reading.extra is not None:
+        config = dataclasses.replace(config, **reading.extra(kv, arch, n_layer))
     _check_shapes(config, tensors)
     return config
 

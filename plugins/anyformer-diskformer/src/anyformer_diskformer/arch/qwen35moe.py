@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from anyformer.plugin import AnyformerError, ErrorCode
-from anyformer_diskformer.arch.moe_config import UNREAD, MoEConfig, config_int
+from anyformer_diskformer.arch.moe_config import UNREAD, HeaderReading, MoEConfig, config_int
 from anyformer_diskformer.arch.spec import ArchSpec, RoughShape
 from anyformer_diskformer.engines.gpu.layout import aligned_row
 
@@ -107,11 +107,10 @@ def _gpu_engine() -> type[GpuMoEEngine]:
 #: Rough shape: Qwen3.5/3.6-35B-A3B's (its delta-net layers hold no KV: a quarter of the layers' context).
 SPEC = ArchSpec(
     name="qwen35moe",
-    norm_topk=True,
+    reading=HeaderReading(norm_topk=True, extra=qwen35moe_fields),
     rough_shape=RoughShape(layers=40, experts=256, used=8, dense_share=0.08, kv_width=512, kv_share=0.25),
     cpu_engine=_cpu_engine,
     gpu_engine=_gpu_engine,
-    extra_fields=qwen35moe_fields,
     state_bytes=qwen35moe_state_bytes,
     prompt_bytes=qwen35moe_prompt_bytes,
     prompt_row_floats=qwen35moe_row_floats,

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from anyformer.plugin import GGUFHeader
-from anyformer_diskformer.arch.moe_config import MoEConfig, read_common_config
+from anyformer_diskformer.arch.moe_config import HeaderReading, MoEConfig, read_common_config
 
 if TYPE_CHECKING:
     from anyformer_diskformer.engines.cpu.moe import CpuMoEEngine
@@ -47,8 +47,6 @@ def moe_gpu_engine() -> type[GpuMoEEngine]:
     return GpuMoEEngine
 
 
-#: A family's own config fields from the header's keys (kv, architecture, layers run), over the common reader's.
-ExtraFields = Callable[[dict[str, Any], str, int], dict[str, Any]]
 #: Bytes of a family's state, or of its GPU prompt steps, from its config, the context and the step's tokens.
 ConfigBytes = Callable[[MoEConfig, int, int], int]
 #: Floats a token's row of the GPU prompt steps adds for a family's own layers (summary, n_embd, q width).
@@ -61,9 +59,8 @@ class ArchSpec:
 
     #: The GGUF architecture name.
     name: str
-    #: llama.cpp's choice of renormalising the top-k router weights to sum to 1 (None: the header's
-    #: ``expert_weights_norm`` says).
-    norm_topk: bool | None
+    #: How the common config reader reads its header (ignored where :attr:`read_config` is its own reader).
+    reading: HeaderReading
     #: The released models' shape, for a plan without a header.
     rough_shape: RoughShape
     #: The engines that run it.
@@ -71,8 +68,6 @@ class ArchSpec:
     gpu_engine: Callable[[], type[GpuMoEEngine]] = moe_gpu_engine
     #: Its whole config reader, where the common one does not read it (Gemma 4); None: the common reader.
     read_config: Callable[[GGUFHeader], MoEConfig] | None = None
-    #: Fields the common reader adds for it (qwen35moe's delta nets); None: none.
-    extra_fields: ExtraFields | None = None
     #: Its KV (and recurrent) state when it is not one width for every layer; None: the summary's uniform KV.
     state_bytes: ConfigBytes | None = None
     #: Its GPU prompt steps' exact bytes; None: the summary's estimate
@@ -90,4 +85,4 @@ class ArchSpec:
         """The model's hyperparameters, checked against its tensors; ``BAD_MODEL`` where they disagree."""
         if self.read_config is not None:
             return self.read_config(header)
-        return read_common_config(header, self.norm_topk, self.extra_fields)
+        return read_common_config(header, self.reading)
