@@ -234,7 +234,7 @@ def test_a_fused_gate_up_tensor_counts_as_experts_and_one_expert_is_its_share(ge
 
 @pytest.mark.parametrize("options", [{}, {"device": "gpu"}], ids=["auto", "gpu"])
 def test_a_qwen35moe_file_runs_on_the_gpu_and_counts_its_delta_net_states(qwen35moe_f32, options):
-    from anyformer_diskformer.moe_config import read_moe_config
+    from anyformer_diskformer.arch.registry import read_moe_config
 
     model = anyformer.describe(qwen35moe_f32)
     gpu = CAPS.replace(gpu=True, gpu_bytes=80 * 2**30)

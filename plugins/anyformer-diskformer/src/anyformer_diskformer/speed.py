@@ -96,7 +96,7 @@ def _time_memory() -> float:
 
 def _time_kernels() -> float:
     """Weight bytes a second of one single-thread Q8_0 product (synthetic blocks: the values do not change the time)."""
-    from anyformer_diskformer.quant_product import QuantProduct
+    from anyformer_diskformer.compute.quant_product import QuantProduct
     from anyformer_gguf_gpu.quants import Q8_0
 
     blocks = KERNEL_ROWS * (KERNEL_COLS // Q8_0.block_size)

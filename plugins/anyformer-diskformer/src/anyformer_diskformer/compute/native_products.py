@@ -1,6 +1,6 @@
 """``x @ W.T`` for a few rows of ``x`` and a matrix kept in ggml blocks, compiled to native code by numba.
 
-The numpy products of :mod:`anyformer_diskformer.quant_product` convert every code to float32 in a
+The numpy products of :mod:`anyformer_diskformer.compute.quant_product` convert every code to float32 in a
 scratch buffer before one BLAS call: on the CPU engine that conversion was most of a decode step
 (a profile put 92 % of a step in the products, two thirds of it in conversions and bit work). Here
 each row's blocks are read once, the codes widened in registers and multiplied with ``x`` in SIMD

@@ -2,9 +2,9 @@
 and the dense products, a large matrix's rows split over the same threads.
 
 numpy releases the GIL in the conversions and BLAS products of
-:func:`~anyformer_diskformer.quant_product.expert_ffn`, so experts computed on ``threads`` threads run
+:func:`~anyformer_diskformer.compute.quant_product.expert_ffn`, so experts computed on ``threads`` threads run
 in parallel, and the compute thread reads the experts the cache misses while the workers compute
-those already held (:meth:`~anyformer_diskformer.expert_cache.ExpertCache.fetch_each` hands the
+those already held (:meth:`~anyformer_diskformer.cache.expert_cache.ExpertCache.fetch_each` hands the
 held ones first; on one thread the prefetcher's reader threads read the next misses meanwhile). Each
 worker has its own scratch. The weighted sum is added in expert order on the calling thread, so the result
 does not depend on which thread finished first.
@@ -20,9 +20,9 @@ from typing import Any
 
 import numpy as np
 
-from anyformer_diskformer.expert_cache import ExpertCache
-from anyformer_diskformer.expert_reader import ExpertSlices
-from anyformer_diskformer.quant_product import BAND_ELEMENTS, QuantProduct, expert_ffn, swiglu
+from anyformer_diskformer.cache.expert_cache import ExpertCache
+from anyformer_diskformer.cache.expert_reader import ExpertSlices
+from anyformer_diskformer.compute.quant_product import BAND_ELEMENTS, QuantProduct, expert_ffn, swiglu
 
 #: A matrix is split over the threads in parts of at least this many weights: with the compiled products a part
 #: of 2**19 Q4_K weights takes ~50-80 µs, about what handing it to a worker and collecting it cost (the H200

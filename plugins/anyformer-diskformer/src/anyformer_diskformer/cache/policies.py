@@ -2,7 +2,7 @@
 least likely to be used at its layer's next turn (``reuse``, the default).
 
 A policy sees every access (``touch``) and every eviction (``evicted``) and names the victim among
-the keys the cache holds. Both the live :class:`~anyformer_diskformer.expert_cache.ExpertCache`
+the keys the cache holds. Both the live :class:`~anyformer_diskformer.cache.expert_cache.ExpertCache`
 and :func:`replay` over a recorded routing trace run the same policy objects.
 """
 

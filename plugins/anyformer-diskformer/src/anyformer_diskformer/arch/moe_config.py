@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, Literal
 
 from anyformer.plugin import AnyformerError, ErrorCode, GGUFHeader, GGUFTensor
 from anyformer_gguf_gpu.config import (
@@ -20,26 +20,7 @@ from anyformer_gguf_gpu.config import (
     layer_shapes,
     read_attention_dims,
     required_tensor,
-    weights_problem,
 )
-
-#: MoE architectures the engine runs, with llama.cpp's choice of normalising the top-k router
-#: weights for each: qwen3moe renormalises the selected softmax weights to sum to 1, qwen2moe keeps
-#: them as they are (and adds a shared expert behind a sigmoid gate); bailingmoe (Ling) says so in
-#: its header (``expert_weights_norm``), scales them (``expert_weights_scale``) and adds ungated
-#: shared experts (None: from the header); bailingmoe2 (Ling 2.0) likewise, with its gating function,
-#: expert groups and selection bias from the header too.
-MOE_ARCHITECTURES: dict[str, bool | None] = {
-    "qwen3moe": True,
-    "qwen2moe": False,
-    "bailingmoe": None,
-    "bailingmoe2": None,
-    "qwen35moe": True,
-    "gemma4": True,
-}
-
-#: Architectures whose KV (and recurrent) state is not one width for every layer: sized per layer.
-PER_LAYER_STATE_ARCHITECTURES = frozenset({"qwen35moe", "gemma4"})
 
 #: llama.cpp's ``expert_gating_func`` values the engines implement: how router logits become probabilities.
 GATING_FUNCS = {1: "softmax", 2: "sigmoid"}
@@ -50,7 +31,7 @@ EXPERT_TENSORS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
 GATE_UP_EXPS = "ffn_gate_up_exps"
 
 #: How a weight-type refusal ends: what does not read the type.
-_UNREAD = "which the engine does not read"
+UNREAD = "which the engine does not read"
 
 _EXPERT_NAME = re.compile(r"^blk\.\d+\.ffn_(gate|up|down|gate_up)_exps\.weight$")
 
@@ -151,68 +132,94 @@ class MoEConfig(HeadWidths):
         return layer >= self.n_dense_lead
 
 
-def moe_problem(summary: dict[str, Any]) -> str | None:
-    """Why the engine cannot run a GGUF described by the core's header summary, or None."""
-    arch = summary.get("architecture")
-    if arch not in MOE_ARCHITECTURES:
-        return f"architecture {arch!r} is not a mixture of experts this engine reads ({', '.join(MOE_ARCHITECTURES)})"
-    return weights_problem(summary, _UNREAD)
+#: How a family's header gives its shared experts' width (:attr:`HeaderReading.shared_width`).
+SharedWidth = Literal["one", "count", "count_shared"]
+#: Fields a family's spec adds to the common reader's (kv, architecture, layers run).
+ExtraFields = Callable[[dict[str, Any], str, int], dict[str, Any]]
 
 
-def read_moe_config(header: GGUFHeader) -> MoEConfig:
-    """The model's hyperparameters, checked against its tensors; ``BAD_MODEL`` where they disagree."""
-    problem = moe_problem(header.summary())
-    if problem is not None:
-        raise AnyformerError(ErrorCode.BAD_MODEL, problem)
-    if header.architecture == "gemma4":
-        from anyformer_diskformer.gemma4_config import read_gemma4_config
+@dataclasses.dataclass(frozen=True)
+class HeaderReading:
+    """How :func:`read_common_config` reads one family's header: what differs between the families of attention
+    (or delta-net) layers and routed experts. A family's spec declares it; the reader compares no names."""
 
-        return read_gemma4_config(header)
+    #: llama.cpp's choice of renormalising the top-k router weights to sum to 1 (None: the header's
+    #: ``expert_weights_norm`` says, as bailingmoe's and bailingmoe2's do).
+    norm_topk: bool | None
+    #: The first ``leading_dense_block_count`` layers are dense SwiGLU FFNs (bailingmoe2); else none is.
+    leading_dense: bool = False
+    #: The router's gating function is the header's ``expert_gating_func`` (bailingmoe2); else softmax.
+    header_gating: bool = False
+    #: The shared experts' width: ``"one"``, one expert of ``expert_shared_feed_forward_length`` where the file has
+    #: one (the qwen MoEs); ``"count"``, ``expert_shared_count`` experts of ``expert_feed_forward_length``
+    #: (bailingmoe); ``"count_shared"``, as many of ``expert_shared_feed_forward_length`` when the header gives it
+    #: (bailingmoe2).
+    shared_width: SharedWidth = "one"
+    #: q, k and v as one ``attn_qkv`` matrix, with per-head q/k norms (bailingmoe2).
+    fused_qkv: bool = False
+    #: NEOX rotary (pairs i, i + n_rot/2: the qwen MoEs), else the original one over the whole head (bailingmoe).
+    rope_neox: bool = True
+    #: The family's own fields over the common ones (qwen35moe's delta nets); None: none.
+    extra: ExtraFields | None = None
+
+
+def _shared_width(kv: dict[str, Any], arch: str, rule: SharedWidth, has_shared: bool) -> int:
+    """The shared experts' width by the family's rule (:attr:`HeaderReading.shared_width`)."""
+    if rule == "count_shared":
+        shared_each = config_count(kv, f"{arch}.expert_shared_feed_forward_length") or config_int(
+            kv, f"{arch}.expert_feed_forward_length"
+        )
+        return config_int(kv, f"{arch}.expert_shared_count") * shared_each
+    if rule == "count":
+        return config_int(kv, f"{arch}.expert_shared_count") * config_int(kv, f"{arch}.expert_feed_forward_length")
+    return config_int(kv, f"{arch}.expert_shared_feed_forward_length") if has_shared else 0
+
+
+def read_common_config(header: GGUFHeader, reading: HeaderReading) -> MoEConfig:
+    """The hyperparameters of a family of attention (or delta-net) layers and routed experts, read as its spec's
+    ``reading`` says and checked against its tensors; ``BAD_MODEL`` where they disagree.
+
+    :func:`~anyformer_diskformer.arch.registry.read_moe_config` picks the family's reader and calls this.
+    """
     kv = header.kv
     arch = str(header.architecture)
     # Per-layer arrays are refused here, as any non-integer: the MoE engine reads one value for all layers.
     dims = read_attention_dims(kv, arch, uniform_list=False)
-    n_expert = _int(kv, f"{arch}.expert_count")
-    n_used = _int(kv, f"{arch}.expert_used_count")
+    n_expert = config_int(kv, f"{arch}.expert_count")
+    n_used = config_int(kv, f"{arch}.expert_used_count")
     if n_used > n_expert:
         raise AnyformerError(ErrorCode.BAD_MODEL, f"{n_used} experts used per token of {n_expert}")
     tensors = {t.name: t for t in header.tensors}
     embd = required_tensor(tensors, "token_embd.weight")
     if "blk.0.attn_output.bias" in tensors:
-        raise AnyformerError(ErrorCode.BAD_MODEL, f"an attention output bias, {_UNREAD}")
-    norm = MOE_ARCHITECTURES[arch]
+        raise AnyformerError(ErrorCode.BAD_MODEL, f"an attention output bias, {UNREAD}")
+    norm = reading.norm_topk
     if norm is None:
         norm = bool(kv.get(f"{arch}.expert_weights_norm", False))
     # Ling 2.0's leading dense layers have no shared expert: look at the first MoE layer.
-    dense_lead = _count(kv, f"{arch}.leading_dense_block_count") if arch == "bailingmoe2" else 0
+    dense_lead = config_count(kv, f"{arch}.leading_dense_block_count") if reading.leading_dense else 0
     first_moe = f"blk.{dense_lead}."
     has_shared = first_moe + "ffn_up_shexp.weight" in tensors
     gating = "softmax"
-    if arch == "bailingmoe2":
+    if reading.header_gating:
         func = kv.get(f"{arch}.expert_gating_func")
         if func not in GATING_FUNCS:
-            raise AnyformerError(ErrorCode.BAD_MODEL, f"expert gating function {func!r}, {_UNREAD}")
+            raise AnyformerError(ErrorCode.BAD_MODEL, f"expert gating function {func!r}, {UNREAD}")
         gating = GATING_FUNCS[func]  # type: ignore[index]
-        shared_each = _count(kv, f"{arch}.expert_shared_feed_forward_length") or _int(
-            kv, f"{arch}.expert_feed_forward_length"
-        )
-        shared_width = _int(kv, f"{arch}.expert_shared_count") * shared_each
-    elif arch == "bailingmoe":
-        if dims.n_rot != dims.head_dim:
-            raise AnyformerError(
-                ErrorCode.BAD_MODEL, f"bailingmoe with a rotary width other than the head's, {_UNREAD}"
-            )
-        shared_width = _int(kv, f"{arch}.expert_shared_count") * _int(kv, f"{arch}.expert_feed_forward_length")
-    else:
-        shared_width = _int(kv, f"{arch}.expert_shared_feed_forward_length") if has_shared else 0
+    if not reading.rope_neox and dims.n_rot != dims.head_dim:
+        raise AnyformerError(ErrorCode.BAD_MODEL, f"{arch} with a rotary width other than the head's, {UNREAD}")
+    shared_width = _shared_width(kv, arch, reading.shared_width, has_shared)
     scale = kv.get(f"{arch}.expert_weights_scale", 1.0)
-    n_group, n_group_used = _count(kv, f"{arch}.expert_group_count"), _count(kv, f"{arch}.expert_group_used_count")
+    n_group, n_group_used = (
+        config_count(kv, f"{arch}.expert_group_count"),
+        config_count(kv, f"{arch}.expert_group_used_count"),
+    )
     if n_group > 1 and (n_expert % n_group or not 0 < n_group_used < n_group or n_expert // n_group < 2):
         raise AnyformerError(
             ErrorCode.BAD_MODEL, f"{n_expert} experts in {n_group} groups of which {n_group_used} are used"
         )
     # Multi-token-prediction layers (nextn) come after the model's own and are not run.
-    n_layer = _int(kv, f"{arch}.block_count") - _count(kv, f"{arch}.nextn_predict_layers")
+    n_layer = config_int(kv, f"{arch}.block_count") - config_count(kv, f"{arch}.nextn_predict_layers")
     if not 0 < n_layer or dense_lead >= n_layer:
         raise AnyformerError(ErrorCode.BAD_MODEL, f"{n_layer} layers of which {dense_lead} are dense")
     config = MoEConfig(
@@ -226,66 +233,31 @@ def read_moe_config(header: GGUFHeader) -> MoEConfig:
         rope_base=float(kv.get(f"{arch}.rope.freq_base", 10000.0)),  # type: ignore[arg-type]
         eps=float(kv.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)),  # type: ignore[arg-type]
         n_vocab=embd.dims[1] if len(embd.dims) == 2 else 0,
-        n_ctx_train=_int(kv, f"{arch}.context_length", 4096),
+        n_ctx_train=config_int(kv, f"{arch}.context_length", 4096),
         n_expert=n_expert,
         n_expert_used=n_used,
-        n_ff_exp=_int(kv, f"{arch}.expert_feed_forward_length"),
+        n_ff_exp=config_int(kv, f"{arch}.expert_feed_forward_length"),
         norm_topk=norm,
         tied_output="output.weight" not in tensors,
-        qk_norm="blk.0.attn_q_norm.weight" in tensors or arch == "bailingmoe2",
+        qk_norm="blk.0.attn_q_norm.weight" in tensors or reading.fused_qkv,
         qkv_bias="blk.0.attn_q.bias" in tensors,
         n_ff_shexp=shared_width if has_shared else 0,
         shexp_gated=first_moe + "ffn_gate_inp_shexp.weight" in tensors,
         # 0 means "no scaling" to llama.cpp.
         weights_scale=float(scale) if isinstance(scale, (int, float)) and scale else 1.0,
-        rope_neox=arch != "bailingmoe",
+        rope_neox=reading.rope_neox,
         gating=gating,
         probs_bias=first_moe + "exp_probs_b.bias" in tensors,
         n_group=n_group if n_group > 1 else 0,
         n_group_used=n_group_used if n_group > 1 else 0,
-        fused_qkv=arch == "bailingmoe2",
+        fused_qkv=reading.fused_qkv,
         n_dense_lead=dense_lead,
-        n_ff=_int(kv, f"{arch}.feed_forward_length") if dense_lead else 0,
+        n_ff=config_int(kv, f"{arch}.feed_forward_length") if dense_lead else 0,
     )
-    if arch == "qwen35moe":
-        config = dataclasses.replace(config, qk_norm=True, **_qwen35_fields(kv, arch, n_layer))
+    if reading.extra is not None:
+        config = dataclasses.replace(config, **reading.extra(kv, arch, n_layer))
     _check_shapes(config, tensors)
     return config
-
-
-def _qwen35_fields(kv: dict[str, Any], arch: str, n_layer: int) -> dict[str, Any]:
-    """qwen35moe's delta-net sizes, layer kinds and rotary sections, as llama.cpp reads them."""
-    layers = kv.get(f"{arch}.attention.recurrent_layers")
-    if layers is None:
-        # No list: every ``full_attention_interval``-th layer is attention, the others delta nets.
-        interval = _int(kv, f"{arch}.full_attention_interval", 4)
-        recurrent = tuple((i + 1) % interval != 0 for i in range(n_layer))
-    elif isinstance(layers, Sequence) and not isinstance(layers, str) and len(layers) >= n_layer:
-        recurrent = tuple(bool(v) for v in layers[:n_layer])
-    else:
-        raise AnyformerError(ErrorCode.BAD_MODEL, f"{arch}.attention.recurrent_layers does not list every layer")
-    k_heads, v_heads = _int(kv, f"{arch}.ssm.group_count"), _int(kv, f"{arch}.ssm.time_step_rank")
-    head, inner = _int(kv, f"{arch}.ssm.state_size"), _int(kv, f"{arch}.ssm.inner_size")
-    if v_heads % k_heads or inner != v_heads * head:
-        # llama.cpp's delta net needs value heads as wide as key heads, tiled over them.
-        raise AnyformerError(
-            ErrorCode.BAD_MODEL,
-            f"{v_heads} delta-net value heads of {inner / v_heads:g} over {k_heads} key heads of {head}, {_UNREAD}",
-        )
-    sections = kv.get(f"{arch}.rope.dimension_sections", [])
-    if not isinstance(sections, Sequence) or not all(isinstance(v, int) and v >= 0 for v in sections):
-        raise AnyformerError(ErrorCode.BAD_MODEL, f"{arch}.rope.dimension_sections is not a list of counts")
-    sections = [*sections, 0, 0, 0, 0][:4]
-    return {
-        "recurrent": recurrent,
-        "ssm_conv": _int(kv, f"{arch}.ssm.conv_kernel"),
-        "ssm_k_heads": k_heads,
-        "ssm_v_heads": v_heads,
-        "ssm_head": head,
-        "attn_gated": True,
-        "ffn_norm": "post_attention_norm",
-        "rope_sections": tuple(sections) if sum(sections) else (),
-    }
 
 
 def _delta_net_shapes(c: MoEConfig, p: str) -> dict[str, tuple[int, ...]]:
@@ -306,11 +278,12 @@ def _delta_net_shapes(c: MoEConfig, p: str) -> dict[str, tuple[int, ...]]:
     }
 
 
-def _int(kv: dict[str, Any], key: str, default: int | None = None) -> int:
+def config_int(kv: dict[str, Any], key: str, default: int | None = None) -> int:
+    """A count the header gives once for every layer; ``BAD_MODEL`` for a per-layer list or anything but one."""
     return header_int(kv, key, default, uniform_list=False)
 
 
-def _count(kv: dict[str, Any], key: str) -> int:
+def config_count(kv: dict[str, Any], key: str) -> int:
     """An optional count that may be 0 (absent: 0); ``BAD_MODEL`` for anything but a whole number."""
     value = kv.get(key, 0)
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
@@ -365,4 +338,4 @@ def _check_shapes(c: MoEConfig, tensors: dict[str, GGUFTensor]) -> None:
                     p + "ffn_down_shexp.weight": (c.n_ff_shexp, c.n_embd),
                 }
             )
-    expect_shapes(want, tensors, _UNREAD)
+    expect_shapes(want, tensors, UNREAD)

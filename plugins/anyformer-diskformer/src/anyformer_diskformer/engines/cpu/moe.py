@@ -8,7 +8,7 @@ attention over the KV cache, the output projection added to the residual; then R
 says so), each selected expert's SwiGLU FFN weighted and summed, plus the shared expert's SwiGLU
 scaled by sigmoid(x · gate_inp_shexp) where there is one (qwen2moe), added to the residual.
 bailingmoe2 (Ling 2.0) reads q, k and v from one fused matrix, rotates part of each head, runs its
-leading layers as dense SwiGLU FFNs and routes as :mod:`anyformer_diskformer.routing` says (sigmoid
+leading layers as dense SwiGLU FFNs and routes as :mod:`anyformer_diskformer.compute.routing` says (sigmoid
 probabilities, a selection bias, expert groups). Arithmetic is float32, as llama.cpp's CPU build.
 """
 
@@ -19,14 +19,14 @@ from collections.abc import Callable
 import numpy as np
 
 from anyformer.plugin import AnyformerError, ErrorCode
+from anyformer_diskformer.arch.moe_config import MoEConfig
 from anyformer_diskformer.blas_threads import one_blas_thread
-from anyformer_diskformer.dense_weights import DenseWeights
-from anyformer_diskformer.expert_cache import ExpertCache
-from anyformer_diskformer.expert_compute import ExpertRunner
-from anyformer_diskformer.expert_reader import ExpertSlices
-from anyformer_diskformer.moe_config import MoEConfig
-from anyformer_diskformer.prefetch import likely_experts
-from anyformer_diskformer.routing import route_layer, selection_scores
+from anyformer_diskformer.cache.expert_cache import ExpertCache
+from anyformer_diskformer.cache.expert_reader import ExpertSlices
+from anyformer_diskformer.cache.prefetch import likely_experts
+from anyformer_diskformer.compute.dense_weights import DenseWeights
+from anyformer_diskformer.compute.expert_compute import ExpertRunner
+from anyformer_diskformer.compute.routing import route_layer, selection_scores
 from anyformer_diskformer.trace import TraceWriter
 from anyformer_gguf_gpu.gguf_file import GGUFFile
 from anyformer_gguf_gpu.transformer import cos_sin_table

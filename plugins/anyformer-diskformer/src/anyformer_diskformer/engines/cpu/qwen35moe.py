@@ -23,10 +23,10 @@ from typing import Any
 
 import numpy as np
 
-from anyformer_diskformer.cpu_engine import CpuMoEEngine, _rms, _silu
-from anyformer_diskformer.expert_cache import ExpertCache
-from anyformer_diskformer.expert_reader import ExpertSlices
-from anyformer_diskformer.moe_config import MoEConfig
+from anyformer_diskformer.arch.moe_config import MoEConfig
+from anyformer_diskformer.cache.expert_cache import ExpertCache
+from anyformer_diskformer.cache.expert_reader import ExpertSlices
+from anyformer_diskformer.engines.cpu.moe import CpuMoEEngine, _rms, _silu
 from anyformer_diskformer.trace import TraceWriter
 from anyformer_gguf_gpu.gguf_file import GGUFFile
 

@@ -21,12 +21,12 @@ from collections.abc import Callable
 
 import numpy as np
 
-from anyformer_diskformer.cpu_engine import CpuMoEEngine, _rms
-from anyformer_diskformer.expert_cache import ExpertCache
-from anyformer_diskformer.expert_reader import ExpertSlices
-from anyformer_diskformer.gemma4_config import Gemma4Config
-from anyformer_diskformer.prefetch import likely_experts
-from anyformer_diskformer.routing import route
+from anyformer_diskformer.arch.gemma4_config import Gemma4Config
+from anyformer_diskformer.cache.expert_cache import ExpertCache
+from anyformer_diskformer.cache.expert_reader import ExpertSlices
+from anyformer_diskformer.cache.prefetch import likely_experts
+from anyformer_diskformer.compute.routing import route
+from anyformer_diskformer.engines.cpu.moe import CpuMoEEngine, _rms
 from anyformer_diskformer.trace import TraceWriter
 from anyformer_gguf_gpu.gguf_file import GGUFFile
 from anyformer_gguf_gpu.transformer import cos_sin_table

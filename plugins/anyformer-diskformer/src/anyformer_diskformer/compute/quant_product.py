@@ -1,7 +1,7 @@
 """``x @ W.T`` for a matrix kept as stored (ggml blocks), on the CPU, without a dequantised copy of W.
 
 A few rows of ``x`` times a block format go to the compiled kernels of
-:mod:`anyformer_diskformer.native_products` when numba is installed (a dependency: 3-7× these numpy
+:mod:`anyformer_diskformer.compute.native_products` when numba is installed (a dependency: 3-7× these numpy
 products); the numpy products below are the fallback and the reference those kernels are tested against.
 
 For a few rows of ``x`` (decoding), a block format whose value is ``a * q - b`` within each group of
@@ -28,8 +28,8 @@ from typing import Protocol
 
 import numpy as np
 
-from anyformer_diskformer import native_products
-from anyformer_diskformer.expert_reader import ExpertSlices
+from anyformer_diskformer.cache.expert_reader import ExpertSlices
+from anyformer_diskformer.compute import native_products
 from anyformer_gguf_gpu.quants import Q4_0, Q4_1, Q4_K, Q5_K, Q6_K, Q8_0, dequantize, format_of
 
 #: The most rows of ``x`` the grouped product takes; more share one dequantised band instead.

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from anyformer.plugin import AnyformerError, ErrorCode, GGUFHeader, GGUFTensor
-from anyformer_diskformer.moe_config import MoEConfig, expert_shapes
+from anyformer_diskformer.arch.moe_config import MoEConfig, expert_shapes
 from anyformer_gguf_gpu.config import expect_shapes, required_tensor
 
 _UNREAD = "which the engine does not read"

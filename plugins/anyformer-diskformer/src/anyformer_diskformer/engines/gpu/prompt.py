@@ -1,4 +1,4 @@
-"""Prompt steps of several tokens for the wgpu MoE engine (:class:`~anyformer_diskformer.gpu_engine.GpuMoEEngine`).
+"""Prompt steps of several tokens for the wgpu MoE engine (:class:`~anyformer_diskformer.engines.gpu.moe.GpuMoEEngine`).
 
 A prompt runs in steps of up to :data:`PROMPT_STEP` tokens. Per layer, one submission holds the previous
 layer's experts and this layer's attention over the step's tokens (the tiled matrix kernel for q/k/v and
@@ -23,22 +23,89 @@ experts is left to decoding (one token a step), where it is a few experts.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from anyformer_diskformer.moe_config import EXPERT_TENSORS
-from anyformer_diskformer.plan import PROMPT_STEP
-from anyformer_diskformer.routing import route_layer
-from anyformer_gguf_gpu.kernels import Copy, Dispatch, combine_table
+from anyformer_diskformer.arch.moe_config import EXPERT_TENSORS, MoEConfig
+from anyformer_diskformer.cache.expert_cache import ExpertCache
+from anyformer_diskformer.compute.routing import route_layer
+from anyformer_diskformer.engines.gpu.layout import PROMPT_STEP
+from anyformer_gguf_gpu.kernels import Copy, Dispatch, Kernels, combine_table
 from anyformer_gguf_gpu.quants import QuantFormat, format_of
 
-__all__ = ["PROMPT_STEP", "Fixed", "Pass", "PromptSteps"]
+__all__ = ["PROMPT_STEP", "Fixed", "Pass", "PromptEngine", "PromptSteps", "SlotTable"]
 
 if TYPE_CHECKING:
-    from anyformer_diskformer.gpu_engine import GpuMoEEngine
+    from anyformer_gguf_gpu.gpu import GPU
+    from anyformer_gguf_gpu.transformer import Weight
 
-# Most tokens one prompt step covers (PROMPT_STEP, kept in plan, which sizes the GPU buffers without importing wgpu):
+
+class SlotTable(Protocol):
+    """The GPU slots an engine's expert cache stores into, as the prompt steps read them."""
+
+    #: Bytes of one slot (an expert's three slabs).
+    slot_bytes: int
+
+    def slot(self, index: int) -> Any:
+        """The slot at ``index``: its ``gate``, ``up``, ``down`` slabs and the weight ``types`` it holds now."""
+        ...
+
+
+class PromptEngine(Protocol):
+    """What :class:`PromptSteps` reads of the engine it steps: its buffers, weights and one-token dispatches.
+
+    :class:`~anyformer_diskformer.engines.gpu.moe.GpuMoEEngine` is one; naming it here instead of importing the
+    engine keeps the engine and its prompt steps from importing each other.
+    """
+
+    gpu: GPU
+    kernels: Kernels
+    cache: ExpertCache[int]
+
+    # Read-only here (properties), so an engine may hold a narrower config (Gemma 4's) or its own slot table.
+    @property
+    def config(self) -> MoEConfig:
+        """The model's hyperparameters."""
+        ...
+
+    @property
+    def slots(self) -> SlotTable:
+        """The GPU slots its expert cache stores into."""
+        ...
+
+    #: Dense matrices by name, and norm vectors (GPU buffers) by tensor name.
+    weights: dict[str, Weight]
+    norms: dict[str, Any]
+    #: Per-layer selection biases (``exp_probs_b``) of the layers that have one.
+    probs_bias: dict[int, np.ndarray]
+    #: The residual rows, the token ids and the step's (position, tokens) uniform.
+    h: Any
+    ids: Any
+    state: Any
+
+    def buffer(self, nbytes: int, label: str) -> Any:
+        """A GPU buffer the engine owns (released with it)."""
+        ...
+
+    def mv(self, w: Weight, x: Any, y: Any, **kw: Any) -> Dispatch:
+        """The dispatch of ``w`` times the rows of ``x`` into ``y``."""
+        ...
+
+    def attention_dispatches_for(self, i: int, tokens: int) -> list[Dispatch]:
+        """Layer ``i``'s attention (or delta net) over ``tokens`` tokens."""
+        ...
+
+    def head_dispatch(self, token: int) -> Dispatch:
+        """The output norm and head of the step's ``token``-th row into the logits."""
+        ...
+
+    def read_logits(self) -> np.ndarray:
+        """The logits the head dispatch left."""
+        ...
+
+
+# Most tokens one prompt step covers (PROMPT_STEP, kept in layout, which the plan reads without importing wgpu):
 # 32, because a step's 32 x top-k lookups already cover most of a layer's experts (Qwen3-30B-A3B: 256 lookups over
 # 128 experts, about 110 distinct under uniform routing), so expert reads a token fall from top-k (8) to about 3.5,
 # and 64 would only bring them to about 2 while the step's activations and attention scores (4 x tokens x heads x
@@ -70,9 +137,9 @@ class Fixed:
 class PromptSteps:
     """The buffers and the host side of :class:`GpuMoEEngine`'s prompt steps of up to ``tokens`` tokens.
 
-    An architecture with other layers (Gemma 4: :mod:`~anyformer_diskformer.gpu_gemma4_prompt`) subclasses it and
-    replaces :meth:`_build` (the step's fixed dispatches), :meth:`_route` (the combine weights), the experts' input
-    norm (:meth:`_expert_norm`), their gate's activation (:attr:`gelu`) and the widths its buffers hold. One whose
+    An architecture with other layers (Gemma 4: :mod:`~anyformer_diskformer.engines.gpu.gemma4_prompt`) subclasses it
+    and replaces :meth:`_build` (the step's fixed dispatches), :meth:`_route` (the combine weights), the experts'
+    input norm (:meth:`_expert_norm`), their gate's activation (:attr:`gelu`) and the widths its buffers hold. One whose
     layers differ only before the FFN (qwen35moe's delta nets and gated attention) needs no subclass: its engine's
     ``attention_dispatches_for(layer, tokens)`` builds them over the step's tokens.
     """
@@ -80,7 +147,7 @@ class PromptSteps:
     #: Whether the experts gate with GELU (Gemma 4) rather than SiLU.
     gelu = False
 
-    def __init__(self, engine: GpuMoEEngine, tokens: int) -> None:
+    def __init__(self, engine: PromptEngine, tokens: int) -> None:
         c = engine.config
         self.engine = engine
         self.tokens = tokens
@@ -89,7 +156,7 @@ class PromptSteps:
         self.m = k + (1 if c.n_ff_shexp else 0)
         #: Floats of a token's router row (the routed experts' logits, then the shared expert's gate).
         self.width = self._router_width()
-        buf = engine._buffer
+        buf = engine.buffer
         self.router = buf(4 * tokens * self.width, "prompt-router")
         self.x = buf(4 * tokens * k * c.n_embd, "prompt-expert-inputs")
         #: [gate | up] rows: the routed pairs' (packed by expert), then the shared expert's; a dense layer's.
@@ -112,7 +179,7 @@ class PromptSteps:
     def _expert_norm(self, layer: int) -> Any:
         """The GPU norm weights the experts' gate and up products normalise their input with."""
         c = self.engine.config
-        return self.engine._norms[f"blk.{layer}.{c.ffn_norm}.weight"]
+        return self.engine.norms[f"blk.{layer}.{c.ffn_norm}.weight"]
 
     def _compile(self) -> None:
         """Compile at load what a full step uses, so the first prompt does not wait for it: the step's fixed
@@ -141,19 +208,19 @@ class PromptSteps:
 
     def _build(self, n: int) -> Fixed:
         e, c, k = self.engine, self.engine.config, self.engine.kernels
-        embd = e._weights["token_embd.weight"]
+        embd = e.weights["token_embd.weight"]
         embed = k.embed(embd.buffer, embd.fmt, embd.rows, embd.cols, e.ids, e.h, e.state, n)
         layers, dense, shared = [], [], []
         for i in range(c.n_layer):
             p = f"blk.{i}."
             out = e.attention_dispatches_for(i, n)
-            norm = {"norm": e._norms[p + c.ffn_norm + ".weight"], "eps": c.eps}
+            norm = {"norm": e.norms[p + c.ffn_norm + ".weight"], "eps": c.eps}
             if c.is_moe_layer(i):
                 width = c.n_expert + 1
-                out.append(e._mv(e._weights[p + "router"], e.h, self.router, tokens=n, y_stride=width, **norm))
-                separate = e._weights.get(p + "ffn_gate_inp_shexp.weight")
+                out.append(e.mv(e.weights[p + "router"], e.h, self.router, tokens=n, y_stride=width, **norm))
+                separate = e.weights.get(p + "ffn_gate_inp_shexp.weight")
                 if separate is not None:
-                    out.append(e._mv(separate, e.h, self.router, tokens=n, y_off=c.n_expert, y_stride=width, **norm))
+                    out.append(e.mv(separate, e.h, self.router, tokens=n, y_off=c.n_expert, y_stride=width, **norm))
             layers.append(out)
             dense.append([] if c.is_moe_layer(i) else self._swiglu(i, "", c.n_ff, 0, e.h, accumulate=True, n=n))
             moe_shared = c.n_ff_shexp > 0 and c.is_moe_layer(i)
@@ -171,14 +238,14 @@ class PromptSteps:
         added to them (a leading dense layer) or written to ``y`` from row ``out_row`` (the shared expert)."""
         e, c = self.engine, self.engine.config
         p = f"blk.{i}."
-        gate, up, down = (e._weights[p + f"ffn_{name}{suffix}.weight"] for name in ("gate", "up", "down"))
-        norm = {"norm": e._norms[p + c.ffn_norm + ".weight"], "eps": c.eps}
+        gate, up, down = (e.weights[p + f"ffn_{name}{suffix}.weight"] for name in ("gate", "up", "down"))
+        norm = {"norm": e.norms[p + c.ffn_norm + ".weight"], "eps": c.eps}
         base = self._shared_gu if suffix else 0
         gu = {"tokens": n, "y_stride": 2 * n_ff}
         return [
-            e._mv(gate, e.h, self.gate_up, y_off=base, **gu, **norm),
-            e._mv(up, e.h, self.gate_up, y_off=base + n_ff, **gu, **norm),
-            e._mv(
+            e.mv(gate, e.h, self.gate_up, y_off=base, **gu, **norm),
+            e.mv(up, e.h, self.gate_up, y_off=base + n_ff, **gu, **norm),
+            e.mv(
                 down,
                 self.gate_up,
                 y,
@@ -225,7 +292,7 @@ class PromptSteps:
         """The step's experts (tokens x top-k) from its router rows, and each token's combine weights (tokens x m):
         the router weights, then the shared expert's gate."""
         c, k = self.engine.config, self.engine.config.n_expert_used
-        chosen, weights = route_layer(c, logits[:, : c.n_expert], self.engine._probs_bias.get(layer))
+        chosen, weights = route_layer(c, logits[:, : c.n_expert], self.engine.probs_bias.get(layer))
         n = logits.shape[0]
         scale = np.zeros((n, self.m), dtype=np.float32)
         scale[:, :k] = weights

@@ -1,5 +1,5 @@
-"""Gemma 4's MoE (``gemma4``) on wgpu: the graph of :mod:`~anyformer_diskformer.cpu_gemma4` with the GPU engine's
-dense weights, KV cache and expert slots.
+"""Gemma 4's MoE (``gemma4``) on wgpu: the graph of :mod:`~anyformer_diskformer.engines.cpu.gemma4` with the GPU
+engine's dense weights, KV cache and expert slots.
 
 Per layer, in one submission: q, k and v (k's weights again in v's place where the layer has no v
 projection) with the attention norm fused into the product; rope_store norms q and k with their
@@ -21,7 +21,7 @@ read back. The embeddings are scaled by sqrt(n_embd) in the lookup, and the fina
 over the vocabulary) is applied to the logits as they are read back.
 
 That is one token a step (decoding); a prompt runs in steps of up to ``prompt_step`` tokens
-(:mod:`~anyformer_diskformer.gpu_gemma4_prompt`), the same dispatches built over the step's tokens.
+(:mod:`~anyformer_diskformer.engines.gpu.gemma4_prompt`), the same dispatches built over the step's tokens.
 """
 
 from __future__ import annotations
@@ -32,14 +32,14 @@ from typing import Any
 
 import numpy as np
 
-from anyformer_diskformer.expert_cache import ExpertCache
-from anyformer_diskformer.expert_reader import expert_spans
-from anyformer_diskformer.gemma4_config import Gemma4Config
-from anyformer_diskformer.gpu_engine import GpuMoEEngine, GpuSlots
-from anyformer_diskformer.gpu_gemma4_prompt import Gemma4PromptSteps
-from anyformer_diskformer.moe_config import EXPERT_TENSORS
-from anyformer_diskformer.prefetch import likely_experts
-from anyformer_diskformer.routing import route
+from anyformer_diskformer.arch.gemma4_config import Gemma4Config
+from anyformer_diskformer.arch.moe_config import EXPERT_TENSORS
+from anyformer_diskformer.cache.expert_cache import ExpertCache
+from anyformer_diskformer.cache.expert_reader import expert_spans
+from anyformer_diskformer.cache.prefetch import likely_experts
+from anyformer_diskformer.compute.routing import route
+from anyformer_diskformer.engines.gpu.gemma4_prompt import Gemma4PromptSteps
+from anyformer_diskformer.engines.gpu.moe import GpuMoEEngine, GpuSlots
 from anyformer_gguf_gpu.gguf_file import GGUFFile
 from anyformer_gguf_gpu.kernels import Dispatch
 from anyformer_gguf_gpu.quants import QuantFormat, dequantize
@@ -63,7 +63,7 @@ class Gemma4GpuEngine(GpuMoEEngine):
             self.cache.take_accesses()  # start recording
         # The residual, q/k/v, attention, MLP and score rows hold a prompt step's tokens (decoding uses the first).
         n = self.prompt_step
-        buf, e = self._buffer, 4 * n * c.n_embd
+        buf, e = self.buffer, 4 * n * c.n_embd
         widest = max(c.heads[i] * c.head_dims[i] + 2 * c.kv_heads[i] * c.head_dims[i] for i in range(c.n_layer))
         self.h = buf(e, "residual")
         self.qkv = buf(4 * n * widest, "qkv")
@@ -86,7 +86,7 @@ class Gemma4GpuEngine(GpuMoEEngine):
         self.kv_rows = c.kv_rows(ctx, self.prompt_step)
         self.k_cache = [buf(4 * self.kv_rows[i] * c.kv_heads[i] * c.head_dims[i], f"k{i}") for i in range(c.n_layer)]
         self.v_cache = [buf(4 * self.kv_rows[i] * c.kv_heads[i] * c.head_dims[i], f"v{i}") for i in range(c.n_layer)]
-        factors = self._host.get("rope_freqs.weight")
+        factors = self.host.get("rope_freqs.weight")
         swa_rot = max((c.rots[i] for i in range(c.n_layer) if c.swa[i]), default=2)
         self._tables = {
             True: self._upload(cos_sin_table(ctx, swa_rot, c.rope_base_swa), "rope-swa"),
@@ -129,19 +129,19 @@ class Gemma4GpuEngine(GpuMoEEngine):
         for name, parts in matrices:
             weight = Weight(self.gpu, gguf, parts)
             self._owned.append(weight.buffer)
-            self._weights[name] = weight
+            self.weights[name] = weight
         #: Every vector (norms, scales, rotary factors) as f32 on the host; norms on the GPU too.
-        self._host: dict[str, np.ndarray] = {}
-        self._norms: dict[str, Any] = {}
+        self.host: dict[str, np.ndarray] = {}
+        self.norms: dict[str, Any] = {}
         for t in gguf.header.tensors:
             if len(t.dims) == 1:
                 values = dequantize(gguf.raw(t.name), t.ggml_type).astype(np.float32)
-                self._host[t.name] = values
+                self.host[t.name] = values
                 if "norm" in t.name:
-                    self._norms[t.name] = self._upload(values, t.name)
+                    self.norms[t.name] = self._upload(values, t.name)
         self._qk_norms = [
             self._upload(
-                np.concatenate([self._host[f"blk.{i}.attn_q_norm.weight"], self._host[f"blk.{i}.attn_k_norm.weight"]]),
+                np.concatenate([self.host[f"blk.{i}.attn_q_norm.weight"], self.host[f"blk.{i}.attn_k_norm.weight"]]),
                 f"qk-norm{i}",
             )
             for i in range(c.n_layer)
@@ -150,7 +150,7 @@ class Gemma4GpuEngine(GpuMoEEngine):
         # weight vector for the product's fused norm.
         inv = np.float32(1.0 / np.sqrt(c.n_embd))
         self._router_norms = {
-            i: self._upload(self._host[f"blk.{i}.ffn_gate_inp.scale"] * inv, f"router-norm{i}")
+            i: self._upload(self.host[f"blk.{i}.ffn_gate_inp.scale"] * inv, f"router-norm{i}")
             for i in range(c.n_layer)
             if c.moe[i]
         }
@@ -159,7 +159,7 @@ class Gemma4GpuEngine(GpuMoEEngine):
 
     def embed_dispatch(self, tokens: int) -> Dispatch:
         """The embeddings of ``tokens`` tokens from position state[0], scaled by sqrt(n_embd), into the residual."""
-        embd = self._weights["token_embd.weight"]
+        embd = self.weights["token_embd.weight"]
         scale = math.sqrt(self.config.n_embd)
         return self.kernels.embed(
             embd.buffer, embd.fmt, embd.rows, embd.cols, self.ids, self.h, self.state, tokens, scale=scale
@@ -171,14 +171,14 @@ class Gemma4GpuEngine(GpuMoEEngine):
         c, p, k = self.config, f"blk.{i}.", self.kernels
         heads, kv_heads, d = c.heads[i], c.kv_heads[i], c.head_dims[i]
         q_dim, kv_dim = heads * d, kv_heads * d
-        norm = {"norm": self._norms[p + "attn_norm.weight"], "eps": c.eps, "tokens": tokens}
+        norm = {"norm": self.norms[p + "attn_norm.weight"], "eps": c.eps, "tokens": tokens}
         out: list[Dispatch] = []
-        if p + "attn_qkv" in self._weights:
-            out.append(self._mv(self._weights[p + "attn_qkv"], self.h, self.qkv, **norm))
+        if p + "attn_qkv" in self.weights:
+            out.append(self.mv(self.weights[p + "attn_qkv"], self.h, self.qkv, **norm))
         else:
             for name, off in (("attn_q", 0), ("attn_k", q_dim), ("attn_v", q_dim + kv_dim)):
-                w = self._weights[p + name]
-                out.append(self._mv(w, self.h, self.qkv, y_off=off, y_stride=q_dim + 2 * kv_dim, **norm))
+                w = self.weights[p + name]
+                out.append(self.mv(w, self.h, self.qkv, y_off=off, y_stride=q_dim + 2 * kv_dim, **norm))
         out.append(
             k.rope_store(
                 self.qkv,
@@ -217,8 +217,8 @@ class Gemma4GpuEngine(GpuMoEEngine):
                 ring=self._ring(i),
             )
         )
-        out.append(self._mv(self._weights[p + "attn_output.weight"], self.attn, self.attn_out, tokens=tokens))
-        norm_w = self._norms[p + "post_attention_norm.weight"]
+        out.append(self.mv(self.weights[p + "attn_output.weight"], self.attn, self.attn_out, tokens=tokens))
+        norm_w = self.norms[p + "post_attention_norm.weight"]
         out.append(k.rmsnorm(self.attn_out, norm_w, self.h, c.n_embd, c.eps, accumulate=True, tokens=tokens))
         return out
 
@@ -231,16 +231,16 @@ class Gemma4GpuEngine(GpuMoEEngine):
         [gate | up] rows in ``gate_up``) into ``mlp``."""
         c, p = self.config, f"blk.{i}."
         n_ff = c.ffs[i]
-        kw = {"norm": self._norms[p + "ffn_norm.weight"], "eps": c.eps, "tokens": tokens}
-        if p + "ffn_gate_up" in self._weights:
-            out = [self._mv(self._weights[p + "ffn_gate_up"], self.h, gate_up, **kw)]
+        kw = {"norm": self.norms[p + "ffn_norm.weight"], "eps": c.eps, "tokens": tokens}
+        if p + "ffn_gate_up" in self.weights:
+            out = [self.mv(self.weights[p + "ffn_gate_up"], self.h, gate_up, **kw)]
         else:
             out = [
-                self._mv(self._weights[p + "ffn_gate"], self.h, gate_up, y_stride=2 * n_ff, **kw),
-                self._mv(self._weights[p + "ffn_up"], self.h, gate_up, y_off=n_ff, y_stride=2 * n_ff, **kw),
+                self.mv(self.weights[p + "ffn_gate"], self.h, gate_up, y_stride=2 * n_ff, **kw),
+                self.mv(self.weights[p + "ffn_up"], self.h, gate_up, y_off=n_ff, y_stride=2 * n_ff, **kw),
             ]
-        down = self._weights[p + "ffn_down.weight"]
-        out.append(self._mv(down, gate_up, self.mlp, tokens=tokens, swiglu=True, gelu=True))
+        down = self.weights[p + "ffn_down.weight"]
+        out.append(self.mv(down, gate_up, self.mlp, tokens=tokens, swiglu=True, gelu=True))
         return out
 
     def _router_dispatches(self, i: int) -> list[Dispatch]:
@@ -249,11 +249,11 @@ class Gemma4GpuEngine(GpuMoEEngine):
         c = self.config
         out: list[Dispatch] = []
         if c.moe[i]:
-            w = self._weights[f"blk.{i}.ffn_gate_inp.weight"]
-            out.append(self._mv(w, self.h, self.router, **self.router_norm(i)))
+            w = self.weights[f"blk.{i}.ffn_gate_inp.weight"]
+            out.append(self.mv(w, self.h, self.router, **self.router_norm(i)))
         if self.cache.prefetcher is not None and i + 1 < c.n_layer and c.moe[i + 1]:
-            w = self._weights[f"blk.{i + 1}.ffn_gate_inp.weight"]
-            out.append(self._mv(w, self.h, self.router, y_off=c.n_expert, **self.router_norm(i + 1)))
+            w = self.weights[f"blk.{i + 1}.ffn_gate_inp.weight"]
+            out.append(self.mv(w, self.h, self.router, y_off=c.n_expert, **self.router_norm(i + 1)))
         return out
 
     def router_norm(self, i: int) -> dict[str, Any]:
@@ -264,12 +264,12 @@ class Gemma4GpuEngine(GpuMoEEngine):
         """The layer's FFN output of ``tokens`` rows normalised into the residual, scaled by the layer's output
         scale (a MoE layer's MLP and experts each normalised first, from ``mlp`` and ``routed``)."""
         c, p, k = self.config, f"blk.{i}.", self.kernels
-        scale = float(self._host[p + "layer_output_scale.weight"][0]) if c.out_scale[i] else 1.0
-        post = self._norms[p + "post_ffw_norm.weight"]
+        scale = float(self.host[p + "layer_output_scale.weight"][0]) if c.out_scale[i] else 1.0
+        post = self.norms[p + "post_ffw_norm.weight"]
         n = tokens
         if not c.moe[i]:
             return [k.rmsnorm(self.mlp, post, self.h, c.n_embd, c.eps, accumulate=True, scale=scale, tokens=n)]
-        post_1, post_2 = self._norms[p + "post_ffw_norm_1.weight"], self._norms[p + "post_ffw_norm_2.weight"]
+        post_1, post_2 = self.norms[p + "post_ffw_norm_1.weight"], self.norms[p + "post_ffw_norm_2.weight"]
         return [
             k.rmsnorm(self.mlp, post_1, self.ffn_sum, c.n_embd, c.eps, tokens=n),
             k.rmsnorm(self.routed, post_2, self.ffn_sum, c.n_embd, c.eps, accumulate=True, tokens=n),
@@ -322,8 +322,8 @@ class Gemma4GpuEngine(GpuMoEEngine):
             experts = [int(e) for e in chosen[0]]
             slots = self.cache.fetch(layer, experts)
             p = f"blk.{layer}."
-            norm = self._host[p + "pre_ffw_norm_2.weight"]
-            scales = self._host.get(p + "ffn_down_exps.scale")
+            norm = self.host[p + "pre_ffw_norm_2.weight"]
+            scales = self.host.get(p + "ffn_down_exps.scale")
             gpu.write(self.gate_norm, norm)
             pending = []
             for slot, expert, weight in zip(slots, experts, weights[0], strict=True):
@@ -355,7 +355,7 @@ class Gemma4GpuEngine(GpuMoEEngine):
         """GPU copies of every layer's keys and values after a step ending at position ``n``: positions 0..n-1 of a
         full layer, a sliding layer's ring (see :meth:`resumes_at`)."""
         sizes = self._kv_bytes(n) * 2
-        saved = [self._buffer(max(4, size), "kv-checkpoint") for size in sizes]
+        saved = [self.buffer(max(4, size), "kv-checkpoint") for size in sizes]
         caches = self.k_cache + self.v_cache
         copies = [(cache, 0, copy, 0, size) for cache, copy, size in zip(caches, saved, sizes, strict=True) if size]
         self.kernels.run([], copies)

@@ -2,7 +2,7 @@
 
 A quantised or F16 matrix is kept as its raw blocks (a copy of the file's bytes, so the file may
 close), a row of blocks per output row; a product ``x @ W.T`` goes through
-:class:`~anyformer_diskformer.quant_product.QuantProduct` a band of rows at a time (at most
+:class:`~anyformer_diskformer.compute.quant_product.QuantProduct` a band of rows at a time (at most
 :data:`BAND_ELEMENTS` values, 4 MiB of float32 scratch, reused), so the float32 copy of a matrix
 never exists whole. An embedding lookup dequantises only the rows asked for. Vectors
 (norms, biases) and F32 matrices are kept as float32. Dequantising gives the same float32 values a
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from anyformer_diskformer.moe_config import is_expert_tensor, layer_of
-from anyformer_diskformer.quant_product import Products, QuantProduct
+from anyformer_diskformer.arch.moe_config import is_expert_tensor, layer_of
+from anyformer_diskformer.compute.quant_product import Products, QuantProduct
 from anyformer_gguf_gpu.gguf_file import GGUFFile
 from anyformer_gguf_gpu.quants import F32, dequantize, format_of
 

@@ -1,6 +1,6 @@
 """The MoE forward pass (qwen3moe, qwen2moe, bailingmoe, bailingmoe2) on wgpu: dense weights, the KV cache and the
-expert cache's slots on the GPU. Gemma 4 (:mod:`~anyformer_diskformer.gpu_gemma4`) and qwen35moe
-(:mod:`~anyformer_diskformer.gpu_hybrid`) are subclasses that replace the attention and FFN dispatches.
+expert cache's slots on the GPU. Gemma 4 (:mod:`~anyformer_diskformer.engines.gpu.gemma4`) and qwen35moe
+(:mod:`~anyformer_diskformer.engines.gpu.qwen35moe`) are subclasses that replace the attention and FFN dispatches.
 
 Every matrix product is the gguf-gpu library's quantised matrix kernel reading raw GGUF blocks (no
 dequantised copy), dense tensors uploaded once at load, routed experts uploaded into GPU buffer
@@ -21,7 +21,7 @@ is f32, as the checks against llama.cpp's f32 cache want.
 
 With ``cpu_threads`` (the ``cpu_experts`` load option) a decoding step uploads no missed expert: the
 chosen experts the cache holds (or the prefetcher has read) run on the GPU as above, and the others
-are computed on the CPU (:class:`~anyformer_diskformer.expert_compute.ExpertRunner`) where they lie: in the
+are computed on the CPU (:class:`~anyformer_diskformer.compute.expert_compute.ExpertRunner`) where they lie: in the
 file mapped read-only (the page cache's own pages) with ``direct_io`` off, else through the cache's reader.
 The residual after attention comes back in the same read as the router's logits, is normalised on the
 host as the kernels normalise it, and the CPU experts' weighted sum goes up as one vector that a
@@ -41,13 +41,13 @@ from typing import Any
 import numpy as np
 
 from anyformer.plugin import AnyformerError, ErrorCode
-from anyformer_diskformer.expert_cache import ExpertCache
-from anyformer_diskformer.expert_compute import ExpertRunner
-from anyformer_diskformer.expert_reader import DirectExpertReader, ExpertSlices, MappedExperts, expert_spans
-from anyformer_diskformer.gpu_prompt import PROMPT_STEP, PromptSteps
-from anyformer_diskformer.moe_config import EXPERT_TENSORS, MoEConfig
-from anyformer_diskformer.prefetch import likely_experts
-from anyformer_diskformer.routing import route_layer, selection_scores
+from anyformer_diskformer.arch.moe_config import EXPERT_TENSORS, MoEConfig
+from anyformer_diskformer.cache.expert_cache import ExpertCache
+from anyformer_diskformer.cache.expert_reader import DirectExpertReader, ExpertSlices, MappedExperts, expert_spans
+from anyformer_diskformer.cache.prefetch import likely_experts
+from anyformer_diskformer.compute.expert_compute import ExpertRunner
+from anyformer_diskformer.compute.routing import route_layer, selection_scores
+from anyformer_diskformer.engines.gpu.prompt import PROMPT_STEP, PromptSteps
 from anyformer_diskformer.trace import TraceWriter
 from anyformer_gguf_gpu.gguf_file import GGUFFile
 from anyformer_gguf_gpu.gpu import GPU
@@ -153,8 +153,8 @@ class GpuSlots:
 class GpuMoEEngine:
     """A loaded qwen3moe, qwen2moe or bailingmoe(2) model on one GPU, the routed experts in a cache of GPU slots.
 
-    A prompt runs in steps of up to ``prompt_step`` tokens (:mod:`~anyformer_diskformer.gpu_prompt`); 1 runs it a
-    token a step, as decoding does.
+    A prompt runs in steps of up to ``prompt_step`` tokens (:mod:`~anyformer_diskformer.engines.gpu.prompt`); 1 runs
+    it a token a step, as decoding does.
     """
 
     #: Whether prompts run several tokens a step (every engine here does; a subclass without a several-token step
@@ -195,7 +195,7 @@ class GpuMoEEngine:
         self.ctx = ctx
         self.kernels = Kernels(gpu, kv_f16=False)
         self._owned: list[Any] = []
-        self._weights: dict[str, Weight] = {}
+        self.weights: dict[str, Weight] = {}
         try:
             self._build(gguf, make_cache)
         except BaseException:
@@ -216,7 +216,7 @@ class GpuMoEEngine:
         self.cache = make_cache(self.slots)
         if trace is not None:
             self.cache.take_accesses()  # start recording
-        buf = self._buffer
+        buf = self.buffer
         # The residual, q/k/v, attention and score rows hold a prompt step's tokens (decoding uses the first).
         n = self.prompt_step
         self.h = buf(4 * n * c.n_embd, "residual")
@@ -255,7 +255,7 @@ class GpuMoEEngine:
     def _build_cpu_experts(self) -> None:
         """The CPU side of ``cpu_threads``: the expert runner (its compiled products ready now, not on the first
         token), the buffer its weighted sum is written to, and the combine that adds it to the residual."""
-        from anyformer_diskformer import native_products
+        from anyformer_diskformer.compute import native_products
 
         c = self.config
         reader = self.cache.reader
@@ -269,7 +269,7 @@ class GpuMoEEngine:
             # The page cache is where the CPU finds the experts now: the reads for the GPU (the prefetcher's, the
             # warm-up's) must not push them out of it.
             reader.drop_pages = False
-        self.cpu_out = self._buffer(4 * c.n_embd, "cpu-experts")
+        self.cpu_out = self.buffer(4 * c.n_embd, "cpu-experts")
         # One row (0) of weight 1: h += 1.0 * v adds v exactly.
         table = self._upload(combine_table(np.zeros((1, 1), dtype=np.int64), np.ones((1, 1))), "cpu-experts-table")
         self._add_cpu = self.kernels.moe_combine(self.cpu_out, table, self.h, c.n_embd, 1, tokens=1)
@@ -277,9 +277,9 @@ class GpuMoEEngine:
     def head_dispatch(self, token: int) -> Dispatch:
         """The output norm and head over residual row ``token`` into the logits."""
         c = self.config
-        head = self._weights["token_embd.weight" if c.tied_output else "output.weight"]
-        norm = self._norms["output_norm.weight"]
-        return self._mv(head, self.h, self.logits, x_off=token * c.n_embd, norm=norm, eps=c.eps)
+        head = self.weights["token_embd.weight" if c.tied_output else "output.weight"]
+        norm = self.norms["output_norm.weight"]
+        return self.mv(head, self.h, self.logits, x_off=token * c.n_embd, norm=norm, eps=c.eps)
 
     def _qkv_floats(self) -> int:
         """Floats of the q/k/v rows of a token (the widest layer's)."""
@@ -291,7 +291,8 @@ class GpuMoEEngine:
 
     # Load: weights as raw blocks, norms as f32.
 
-    def _buffer(self, nbytes: int, label: str) -> Any:
+    def buffer(self, nbytes: int, label: str) -> Any:
+        """A GPU buffer of ``nbytes`` the engine owns (released with it)."""
         found = self.gpu.buffer(nbytes, label=label)
         self._owned.append(found)
         return found
@@ -328,18 +329,18 @@ class GpuMoEEngine:
         for name, parts in matrices:
             weight = Weight(self.gpu, gguf, parts)
             self._owned.append(weight.buffer)
-            self._weights[name] = weight
-        self._norms: dict[str, Any] = {}
+            self.weights[name] = weight
+        self.norms: dict[str, Any] = {}
         self._host_norms: dict[str, np.ndarray] = {}
         #: Each MoE layer's expert-selection bias (exp_probs_b), used on the host where it routes.
-        self._probs_bias: dict[int, np.ndarray] = {}
+        self.probs_bias: dict[int, np.ndarray] = {}
         for t in gguf.header.tensors:
             if t.name.endswith("exp_probs_b.bias"):
-                self._probs_bias[int(t.name.split(".")[1])] = dequantize(gguf.raw(t.name), t.ggml_type)
+                self.probs_bias[int(t.name.split(".")[1])] = dequantize(gguf.raw(t.name), t.ggml_type)
             if t.name.endswith("norm.weight"):
                 values = dequantize(gguf.raw(t.name), t.ggml_type).astype(np.float32)
                 self._host_norms[t.name] = values
-                self._norms[t.name] = self._upload(values, t.name)
+                self.norms[t.name] = self._upload(values, t.name)
         self._qk_norm = [
             self._upload(
                 np.concatenate(
@@ -384,11 +385,12 @@ class GpuMoEEngine:
 
     # Dispatches, built once.
 
-    def _mv(self, w: Weight, x: Any, y: Any, **kw: Any) -> Dispatch:
+    def mv(self, w: Weight, x: Any, y: Any, **kw: Any) -> Dispatch:
+        """The dispatch of ``w`` times the rows of ``x`` into ``y`` (``kw``: the matvec kernel's options)."""
         return self.kernels.matvec(w.buffer, w.fmt, w.rows, w.cols, x, y, **kw)
 
     def _embed_dispatch(self) -> Dispatch:
-        w = self._weights["token_embd.weight"]
+        w = self.weights["token_embd.weight"]
         return self.kernels.embed(w.buffer, w.fmt, w.rows, w.cols, self.ids, self.h, self.state, 1)
 
     def _layer_dispatches(self, i: int) -> list[Dispatch]:
@@ -400,20 +402,18 @@ class GpuMoEEngine:
             # last) the next router's guess is made here, or nothing would start that layer's reads early.
             if self.cache.prefetcher is not None and i + 1 < c.n_layer and c.is_moe_layer(i + 1):
                 q = f"blk.{i + 1}."
-                next_norm = {"norm": self._norms[q + c.ffn_norm + ".weight"], "eps": c.eps}
-                out.append(
-                    self._mv(self._weights[q + "router"], self.h, self.router, y_off=c.n_expert + 1, **next_norm)
-                )
+                next_norm = {"norm": self.norms[q + c.ffn_norm + ".weight"], "eps": c.eps}
+                out.append(self.mv(self.weights[q + "router"], self.h, self.router, y_off=c.n_expert + 1, **next_norm))
             return out
-        ffn_norm = {"norm": self._norms[p + c.ffn_norm + ".weight"], "eps": c.eps}
-        out.append(self._mv(self._weights[p + "router"], self.h, self.router, **ffn_norm))
-        separate = self._weights.get(p + "ffn_gate_inp_shexp.weight")
+        ffn_norm = {"norm": self.norms[p + c.ffn_norm + ".weight"], "eps": c.eps}
+        out.append(self.mv(self.weights[p + "router"], self.h, self.router, **ffn_norm))
+        separate = self.weights.get(p + "ffn_gate_inp_shexp.weight")
         if separate is not None:
-            out.append(self._mv(separate, self.h, self.router, y_off=c.n_expert, **ffn_norm))
+            out.append(self.mv(separate, self.h, self.router, y_off=c.n_expert, **ffn_norm))
         if self.cache.prefetcher is not None and i + 1 < c.n_layer:
             q = f"blk.{i + 1}."
-            next_norm = {"norm": self._norms[q + c.ffn_norm + ".weight"], "eps": c.eps}
-            out.append(self._mv(self._weights[q + "router"], self.h, self.router, y_off=c.n_expert + 1, **next_norm))
+            next_norm = {"norm": self.norms[q + c.ffn_norm + ".weight"], "eps": c.eps}
+            out.append(self.mv(self.weights[q + "router"], self.h, self.router, y_off=c.n_expert + 1, **next_norm))
         return out
 
     def _attention_dispatches(self, i: int) -> list[Dispatch]:
@@ -424,14 +424,14 @@ class GpuMoEEngine:
         """:meth:`_attention_dispatches` over ``tokens`` tokens at positions state[0].. (causal among them)."""
         c, p, k = self.config, f"blk.{i}.", self.kernels
         qkv_stride = c.q_dim + 2 * c.kv_dim
-        norm = {"norm": self._norms[p + "attn_norm.weight"], "eps": c.eps, "tokens": tokens}
+        norm = {"norm": self.norms[p + "attn_norm.weight"], "eps": c.eps, "tokens": tokens}
         out: list[Dispatch] = []
-        if p + "attn_qkv.weight" in self._weights:
-            out.append(self._mv(self._weights[p + "attn_qkv.weight"], self.h, self.qkv, **norm))
+        if p + "attn_qkv.weight" in self.weights:
+            out.append(self.mv(self.weights[p + "attn_qkv.weight"], self.h, self.qkv, **norm))
         else:
             for name, off in (("attn_q", 0), ("attn_k", c.q_dim), ("attn_v", c.q_dim + c.kv_dim)):
-                w = self._weights[p + name + ".weight"]
-                out.append(self._mv(w, self.h, self.qkv, y_off=off, y_stride=qkv_stride, **norm))
+                w = self.weights[p + name + ".weight"]
+                out.append(self.mv(w, self.h, self.qkv, y_off=off, y_stride=qkv_stride, **norm))
         if c.qkv_bias:
             # Every token adds the same bias column: its one input is read with stride 0.
             out.append(
@@ -482,7 +482,7 @@ class GpuMoEEngine:
                 tokens=tokens,
             )
         )
-        out.append(self._mv(self._weights[p + "attn_output.weight"], self.attn, self.h, accumulate=True, tokens=tokens))
+        out.append(self.mv(self.weights[p + "attn_output.weight"], self.attn, self.h, accumulate=True, tokens=tokens))
         return out
 
     def ffn_dispatches(
@@ -500,17 +500,17 @@ class GpuMoEEngine:
     def _dense_dispatches(self, i: int) -> list[Dispatch]:
         """A leading dense layer's SwiGLU FFN (its up product normalises with the layer's own ffn_norm)."""
         p = f"blk.{i}."
-        gate, up, down = (self._weights[p + f"ffn_{n}.weight"] for n in ("gate", "up", "down"))
+        gate, up, down = (self.weights[p + f"ffn_{n}.weight"] for n in ("gate", "up", "down"))
         return self.ffn_dispatches(
             [(gate.buffer, gate.fmt), (up.buffer, up.fmt)],
             (down.buffer, down.fmt),
-            self._norms[p + self.config.ffn_norm + ".weight"],
+            self.norms[p + self.config.ffn_norm + ".weight"],
             self.config.n_ff,
         )
 
     def _shared_dispatches(self, i: int) -> list[Dispatch]:
         p = f"blk.{i}."
-        gate, up, down = (self._weights[p + f"ffn_{n}_shexp.weight"] for n in ("gate", "up", "down"))
+        gate, up, down = (self.weights[p + f"ffn_{n}_shexp.weight"] for n in ("gate", "up", "down"))
         return self.ffn_dispatches(
             [(gate.buffer, gate.fmt), (up.buffer, up.fmt)],
             (down.buffer, down.fmt),
@@ -582,7 +582,7 @@ class GpuMoEEngine:
                 logits = gpu.read(self.router, np.float32, 2 * c.n_expert + 1 if guessing else c.n_expert + 1)
             if prefetcher is not None and guessing:
                 self._guess(layer + 1, logits[None, c.n_expert + 1 : 2 * c.n_expert + 1], prefetcher)
-            chosen, weights = route_layer(c, logits[None, : c.n_expert], self._probs_bias.get(layer))
+            chosen, weights = route_layer(c, logits[None, : c.n_expert], self.probs_bias.get(layer))
             experts = [int(e) for e in chosen[0]]
             gpu.write(self.gate_norm, norm)
             pending = []
@@ -660,7 +660,7 @@ class GpuMoEEngine:
     def _guess(self, layer: int, router_logits: np.ndarray, prefetcher: Any) -> None:
         """Have the prefetcher read ``layer``'s likely experts from its router's logits [1, n_expert]."""
         c = self.config
-        scores = selection_scores(c, router_logits, self._probs_bias.get(layer))
+        scores = selection_scores(c, router_logits, self.probs_bias.get(layer))
         likely = likely_experts(scores, c.n_expert_used, prefetcher.width)
         self.cache.expect(layer, likely)
         prefetcher.request(layer, likely, self.cache)
@@ -669,7 +669,7 @@ class GpuMoEEngine:
         """GPU copies of every layer's keys and values of positions 0..n-1 (see :meth:`restore`)."""
         nbytes = 4 * n * self.config.kv_dim
         caches = self._kv_buffers()
-        saved = [self._buffer(nbytes, "kv-checkpoint") for _ in caches]
+        saved = [self.buffer(nbytes, "kv-checkpoint") for _ in caches]
         self.kernels.run([], [(cache, 0, copy, 0, nbytes) for cache, copy in zip(caches, saved, strict=True)])
         return saved
 
@@ -703,4 +703,4 @@ class GpuMoEEngine:
         for b in self._owned:
             b.destroy()
         self._owned.clear()
-        self._weights.clear()
+        self.weights.clear()

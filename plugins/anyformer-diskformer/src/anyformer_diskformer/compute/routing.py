@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from anyformer_diskformer.moe_config import MoEConfig
+from anyformer_diskformer.arch.moe_config import MoEConfig
 
 #: llama.cpp clamps the sum of the top-k weights below by the smallest normal f16 before dividing by it.
 _MIN_SUM = np.float32(6.103515625e-5)

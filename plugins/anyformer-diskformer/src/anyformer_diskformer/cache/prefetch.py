@@ -11,7 +11,7 @@ take is dropped when its lookups end, and the bytes are counted as wasted. At mo
 experts are held here at once, bytes the load takes out of the expert cache's budget.
 
 The same threads also read a layer's misses early (:meth:`Prefetcher.read_ahead`, called by
-:meth:`~anyformer_diskformer.expert_cache.ExpertCache.fetch_each`): while the compute thread reads
+:meth:`~anyformer_diskformer.cache.expert_cache.ExpertCache.fetch_each`): while the compute thread reads
 one miss, they read the next ones (as many as there are threads), so the disk has several requests
 at once. Those few slabs are held outside the cache until their lookup takes them.
 """
@@ -23,8 +23,8 @@ from collections.abc import Container
 
 import numpy as np
 
-from anyformer_diskformer.expert_cache import CacheStats, Key
-from anyformer_diskformer.expert_reader import ExpertReader, ExpertSlices
+from anyformer_diskformer.cache.expert_reader import ExpertReader, ExpertSlices
+from anyformer_diskformer.cache.stats import CacheStats, Key
 
 
 def likely_experts(router_logits: np.ndarray, k: int, width: int) -> list[int]:

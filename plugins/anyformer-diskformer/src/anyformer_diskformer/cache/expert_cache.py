@@ -4,55 +4,26 @@ The cache decides what is held (its policy names the victims, its byte budget bo
 a *store* holds it: :class:`HostStore` keeps the raw slabs in host memory (the CPU engine), the
 GPU engine's store uploads them into GPU buffer slots. Keys in use by the layer being computed are
 pinned (:meth:`ExpertCache.fetch`), so filling the rest of a layer never evicts one of them. A
-prefetcher (:mod:`anyformer_diskformer.prefetch`) may hand over experts it read ahead of need.
+prefetcher (:mod:`anyformer_diskformer.cache.prefetch`) may hand over experts it read ahead of need.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterator, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from anyformer.plugin import AnyformerError, ErrorCode, GGUFHeader, format_size
-from anyformer_diskformer.expert_reader import ExpertReader, ExpertSlices, expert_spans
-from anyformer_diskformer.moe_config import EXPERT_TENSORS
-from anyformer_diskformer.policies import LRU, EvictionPolicy
+from anyformer_diskformer.arch.moe_config import EXPERT_TENSORS
+from anyformer_diskformer.cache.expert_reader import ExpertReader, ExpertSlices, expert_spans
+from anyformer_diskformer.cache.policies import LRU, EvictionPolicy
+from anyformer_diskformer.cache.prefetch import Prefetcher
+from anyformer_diskformer.cache.stats import CacheStats, Key
 from anyformer_gguf_gpu.gguf_file import GGUFFile
 
-if TYPE_CHECKING:
-    from anyformer_diskformer.prefetch import Prefetcher
+__all__ = ["CacheStats", "ExpertCache", "ExpertStore", "HostStore", "Key", "attach_prefetcher"]
 
-Key = tuple[int, int]
 Entry = TypeVar("Entry")
-
-
-@dataclasses.dataclass
-class CacheStats:
-    """What the cache did: lookups held, handed over by the prefetcher, read on demand; bytes read; evictions."""
-
-    hits: int = 0
-    misses: int = 0
-    #: Lookups the prefetcher had already read (no demand read on the critical path).
-    prefetched: int = 0
-    #: Every byte read from the file (demand and prefetch reads).
-    bytes_read: int = 0
-    #: Bytes the prefetcher read that no lookup used.
-    prefetch_wasted: int = 0
-    evictions: int = 0
-    #: Of the misses, those the GPU engine's ``cpu_experts`` computed on the CPU from a read that bypassed the cache.
-    cpu_computed: int = 0
-
-    @property
-    def lookups(self) -> int:
-        """Every expert asked for."""
-        return self.hits + self.misses + self.prefetched
-
-    @property
-    def hit_rate(self) -> float:
-        """Lookups answered without a demand read (held, or prefetched) over lookups (0 before the first)."""
-        total = self.lookups
-        return (self.hits + self.prefetched) / total if total else 0.0
 
 
 class ExpertStore(Protocol[Entry]):
@@ -298,3 +269,17 @@ class ExpertCache(Generic[Entry]):
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
+
+
+def attach_prefetcher(cache: ExpertCache[Any], width: int, threads: int, min_cache: int) -> None:
+    """Give ``cache`` a prefetcher of ``width`` experts a layer on ``threads`` threads, its read-ahead bytes taken
+    from the cache's budget.
+
+    Where the budget cannot spare them and still hold one layer's top-k, there is no prefetcher
+    (``prefetch_width`` 0 on the model says so).
+    """
+    staging = width * cache.expert_bytes
+    if width == 0 or threads == 0 or cache.capacity_bytes - staging < min_cache:
+        return
+    cache.capacity_bytes -= staging
+    cache.prefetcher = Prefetcher(cache.reader, cache.stats, width, threads)

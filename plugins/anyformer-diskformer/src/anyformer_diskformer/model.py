@@ -1,93 +1,54 @@
-"""A qwen3moe or qwen2moe GGUF loaded for the CPU: dense weights, the expert cache, tokenizer, reply stream."""
+"""The handle diskformer's ``load`` returns: a MoE GGUF loaded (its family's engine on the CPU or the GPU, the expert
+cache, the tokenizer), its primed system prompt and its reply stream."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from anyformer import AnyformerError, Chunk, ErrorCode, FinishReason, GenerateOptions, Message, Model, Request
-from anyformer.plugin import ProgressCallback, ProgressEvent, format_size
-from anyformer_diskformer import BACKEND_ID, native_products
-from anyformer_diskformer.cpu_engine import CpuMoEEngine
-from anyformer_diskformer.cpu_hybrid import HybridCpuEngine
-from anyformer_diskformer.expert_cache import CacheStats, ExpertCache
-from anyformer_diskformer.expert_reader import ExpertSlices, expert_spans, open_reader
-from anyformer_diskformer.moe_config import MoEConfig, read_moe_config
-from anyformer_diskformer.plan import PROMPT_STEP, context_for, plan_from_header
-from anyformer_diskformer.policies import EvictionPolicy, make_policy
+from anyformer.plugin import (
+    AnyformerError,
+    Chunk,
+    ErrorCode,
+    FinishReason,
+    GenerateOptions,
+    Message,
+    Model,
+    ProgressCallback,
+    ProgressEvent,
+    Request,
+)
+from anyformer_diskformer import BACKEND_ID
+from anyformer_diskformer.arch.registry import read_moe_config
+from anyformer_diskformer.cache.expert_cache import CacheStats, ExpertCache, attach_prefetcher
+from anyformer_diskformer.cache.expert_reader import ExpertSlices, expert_spans, open_reader
+from anyformer_diskformer.compute import native_products
+from anyformer_diskformer.engine_choice import cpu_engine_class, device_limit, gpu_engine_class, open_device
+from anyformer_diskformer.engines.cpu.moe import CpuMoEEngine
+from anyformer_diskformer.load_options import (
+    cache_capacity,
+    compute_threads,
+    cpu_experts_option,
+    policy_for,
+    prefetch_options,
+    prompt_step_option,
+)
+from anyformer_diskformer.plan import context_for, plan_from_header
+from anyformer_diskformer.sampler import TOP_K, TOP_P, sample
 from anyformer_diskformer.trace import trace_writer_from_env
+from anyformer_diskformer.verdict import verdict_for
 from anyformer_gguf_gpu.chat_setup import chat_prompt_ids, check_prompt_fits, check_text_only, token_chunk
 from anyformer_gguf_gpu.gguf_file import GGUFFile
 from anyformer_gguf_gpu.model_choice import fetch_chosen_gguf, load_caps
 from anyformer_gguf_gpu.tokenizer import GGUFTokenizer, StreamDecoder
 
 if TYPE_CHECKING:
-    from anyformer_diskformer.gpu_engine import GpuMoEEngine
+    from anyformer_diskformer.engines.gpu.moe import GpuMoEEngine
     from anyformer_gguf_gpu.gpu import GPU
 
     Engine = CpuMoEEngine | GpuMoEEngine
-
-#: Sampling defaults at a temperature above 0 (llama.cpp's own), overridable through ``extra``.
-TOP_K = 40
-TOP_P = 0.95
-
-
-def cache_capacity(request: Request, min_cache: int, budget_cache: int, need: int) -> int:
-    """The expert cache's bytes: ``pool_bytes`` when the request names it, else what host memory leaves.
-
-    Below one layer's top-k experts is ``BUDGET_TOO_SMALL`` with the budget that would do.
-    """
-    pool = request.options.get("pool_bytes")
-    if pool is not None:
-        if not isinstance(pool, int) or isinstance(pool, bool) or pool <= 0:
-            raise AnyformerError(ErrorCode.BAD_REQUEST, f"pool_bytes must be a positive integer, not {pool!r}")
-        if pool < min_cache:
-            raise AnyformerError(
-                ErrorCode.BUDGET_TOO_SMALL,
-                f"pool_bytes {format_size(pool)} is below one layer's top-k experts ({format_size(min_cache)})",
-                need=need,
-            )
-        return pool
-    if budget_cache < min_cache:
-        raise AnyformerError(
-            ErrorCode.BUDGET_TOO_SMALL,
-            f"free memory leaves {format_size(max(0, budget_cache))} for experts; one layer's top-k experts take "
-            f"{format_size(min_cache)} (the whole load needs {format_size(need)})",
-            need=need,
-        )
-    return budget_cache
-
-
-def open_device(options: dict[str, object]) -> GPU | None:
-    """The GPU the ``device`` load option asks for: ``auto`` (the default) a GPU when wgpu finds one (a
-    software adapter only with ``ANYFORMER_SOFTWARE_GPU=1``), else None for the CPU; ``gpu`` one or the
-    error why not; ``cpu`` None."""
-    wanted = options.get("device", "auto")
-    if wanted not in ("auto", "cpu", "gpu"):
-        raise AnyformerError(ErrorCode.BAD_REQUEST, f"device must be auto, cpu or gpu, not {wanted!r}")
-    if wanted == "cpu":
-        return None
-    from anyformer_gguf_gpu.gpu import GPU
-
-    try:
-        return GPU()
-    except AnyformerError:
-        if wanted == "gpu":
-            raise
-        return None
-
-
-def cpu_engine_class(config: MoEConfig) -> type[CpuMoEEngine]:
-    """The CPU engine for ``config``'s architecture: Gemma 4's, the delta-net hybrid's (qwen35moe), or the MoE one."""
-    from anyformer_diskformer.cpu_gemma4 import Gemma4CpuEngine
-    from anyformer_diskformer.gemma4_config import Gemma4Config
-
-    if isinstance(config, Gemma4Config):
-        return Gemma4CpuEngine
-    return HybridCpuEngine if config.recurrent else CpuMoEEngine
 
 
 def shared_prefix(a: list[int], b: list[int]) -> int:
@@ -98,116 +59,6 @@ def shared_prefix(a: list[int], b: list[int]) -> int:
             break
         n += 1
     return n
-
-
-def gpu_engine_class(config: MoEConfig) -> type[GpuMoEEngine]:
-    """The wgpu engine for ``config``'s architecture: Gemma 4's, the delta-net hybrid's (qwen35moe), or the MoE
-    one."""
-    from anyformer_diskformer.gemma4_config import Gemma4Config
-    from anyformer_diskformer.gpu_engine import GpuMoEEngine
-    from anyformer_diskformer.gpu_gemma4 import Gemma4GpuEngine
-    from anyformer_diskformer.gpu_hybrid import HybridGpuEngine
-
-    if isinstance(config, Gemma4Config):
-        return Gemma4GpuEngine
-    return HybridGpuEngine if config.recurrent else GpuMoEEngine
-
-
-def device_limit(request: Request, gpu: GPU | None) -> int | None:
-    """The bytes the device may hold: the request's budget or the probe's GPU memory on a GPU (host memory
-    where the probe knows no GPU size: a software adapter's memory is host memory), the probe's host
-    memory on the CPU."""
-    import anyformer
-
-    if gpu is None:
-        return anyformer.probe(gpu=False).ram_bytes
-    if request.budget is not None:
-        return request.budget
-    caps = anyformer.probe()
-    return caps.gpu_bytes if caps.gpu_bytes else caps.ram_bytes
-
-
-def _count_option(options: dict[str, object], name: str, default: int) -> int:
-    value = options.get(name, default)
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise AnyformerError(ErrorCode.BAD_REQUEST, f"{name} must be a whole number of at least 0, not {value!r}")
-    return value
-
-
-def prompt_step_option(options: dict[str, object]) -> int:
-    """Most tokens a GPU prompt step covers: the ``prompt_step`` load option (default
-    :data:`~anyformer_diskformer.plan.PROMPT_STEP`; 1 runs prompts a token a step)."""
-    value = _count_option(options, "prompt_step", PROMPT_STEP)
-    if value < 1:
-        raise AnyformerError(ErrorCode.BAD_REQUEST, "prompt_step must be at least 1")
-    return value
-
-
-def prefetch_options(options: dict[str, object], top_k: int) -> tuple[int, int]:
-    """(experts a layer to read ahead, reader threads) from the ``prefetch`` (default: the top-k; 0: none)
-    and ``prefetch_threads`` (default 2) load options; ``BAD_REQUEST`` for anything but whole numbers."""
-    return _count_option(options, "prefetch", top_k), _count_option(options, "prefetch_threads", 2)
-
-
-def compute_threads(options: dict[str, object]) -> int:
-    """Threads the CPU engine computes a layer's experts on: the ``threads`` load option, else the machine's cores
-    up to 4 (experts are few per layer; more threads than that mostly wait)."""
-    default = max(1, min(4, os.cpu_count() or 1))
-    value = _count_option(options, "threads", default)
-    if value < 1:
-        raise AnyformerError(ErrorCode.BAD_REQUEST, "threads must be at least 1")
-    return value
-
-
-def attach_prefetcher(cache: ExpertCache[Any], width: int, threads: int, min_cache: int) -> None:
-    """Give ``cache`` a prefetcher of ``width`` experts a layer on ``threads`` threads, its read-ahead bytes taken
-    from the cache's budget.
-
-    Where the budget cannot spare them and still hold one layer's top-k, there is no prefetcher
-    (``prefetch_width`` 0 on the model says so).
-    """
-    from anyformer_diskformer.prefetch import Prefetcher
-
-    staging = width * cache.expert_bytes
-    if width == 0 or threads == 0 or cache.capacity_bytes - staging < min_cache:
-        return
-    cache.capacity_bytes -= staging
-    cache.prefetcher = Prefetcher(cache.reader, cache.stats, width, threads)
-
-
-def cpu_experts_option(options: dict[str, object]) -> bool:
-    """The ``cpu_experts`` load option (default False): whether the GPU engine computes the experts its cache
-    misses on the CPU while decoding instead of uploading them; ``BAD_REQUEST`` for anything but a bool."""
-    value = options.get("cpu_experts", False)
-    if not isinstance(value, bool):
-        raise AnyformerError(ErrorCode.BAD_REQUEST, f"cpu_experts must be true or false, not {value!r}")
-    return value
-
-
-def policy_for(options: dict[str, object], n_layer: int) -> EvictionPolicy:
-    """The eviction policy the ``cache_policy`` load option names (``reuse``, the default, ``lrfu`` or ``lru``)."""
-    # reuse by default: it keeps the experts each layer chooses most often and lets a newly read expert
-    # displace one only when it is more likely to be used again; on recorded and skewed synthetic traces it
-    # is the closest of the three to Belady's optimum (see the docs' figures).
-    name = options.get("cache_policy", "reuse")
-    try:
-        return make_policy(str(name), n_layer)
-    except ValueError as exc:
-        raise AnyformerError(ErrorCode.BAD_REQUEST, str(exc)) from exc
-
-
-def sample(logits: np.ndarray, temperature: float, top_k: int, top_p: float, rng: np.random.Generator) -> int:
-    """One id drawn at ``temperature`` among the ``top_k`` most likely (0: all) within mass ``top_p``."""
-    order = np.argsort(-logits, kind="stable")
-    if top_k > 0:  # 0 is no top-k, as llama.cpp reads it, never greedy
-        order = order[:top_k]
-    z = logits[order].astype(np.float64) / temperature
-    p = np.exp(z - z.max())
-    p /= p.sum()
-    # The fewest ids whose mass reaches top_p (all of them when rounding leaves the sum just below 1).
-    keep = min(len(p), int(np.searchsorted(np.cumsum(p), top_p) + 1))
-    p = p[:keep] / p[:keep].sum()
-    return int(order[rng.choice(keep, p=p)])
 
 
 class DiskformerModel:
@@ -231,11 +82,9 @@ class DiskformerModel:
     @classmethod
     def open(cls, model: Model, request: Request, progress: ProgressCallback) -> DiskformerModel:
         """Fetch the GGUF, check it, size the expert cache from the budget and make the dense weights resident."""
-        from anyformer_diskformer.plugin import can_run
-
         # The file can_run chose, with the machine as it is now (a GPU when a budget was given and allowed).
         gpu_wanted = bool(request.budget) and request.options.get("device", "auto") in ("auto", "gpu")
-        verdict = can_run(model, load_caps(request, gpu=gpu_wanted), request)
+        verdict = verdict_for(model, load_caps(request, gpu=gpu_wanted), request)
         name, fetched = fetch_chosen_gguf(model, progress, BACKEND_ID, verdict)
         path = str(fetched)
         gpu = open_device(request.options)
@@ -287,7 +136,7 @@ class DiskformerModel:
                         cache.close()
                         raise
                 else:
-                    from anyformer_diskformer.gpu_engine import GpuSlots
+                    from anyformer_diskformer.engines.gpu.moe import GpuSlots
 
                     def make_cache(slots: GpuSlots) -> ExpertCache[int]:
                         made = ExpertCache(

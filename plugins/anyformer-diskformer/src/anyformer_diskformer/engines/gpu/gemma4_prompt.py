@@ -1,6 +1,7 @@
-"""Prompt steps of several tokens for Gemma 4 on wgpu (:class:`~anyformer_diskformer.gpu_gemma4.Gemma4GpuEngine`).
+"""Prompt steps of several tokens for Gemma 4 on wgpu
+(:class:`~anyformer_diskformer.engines.gpu.gemma4.Gemma4GpuEngine`).
 
-The host side is :class:`~anyformer_diskformer.gpu_prompt.PromptSteps`'s: per MoE layer one submission runs the
+The host side is :class:`~anyformer_diskformer.engines.gpu.prompt.PromptSteps`'s: per MoE layer one submission runs the
 step's attention, dense MLP and router over its tokens, the router's logits of every token are read back once, the
 union of the step's experts is fetched through the cache once each (in groups the cache holds), each expert's
 products run over the rows routed to it, and one combine adds each token's weighted expert rows. What Gemma 4
@@ -24,21 +25,52 @@ changes, in the dispatches built here:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
-from anyformer_diskformer.gpu_prompt import Fixed, PromptSteps
-from anyformer_diskformer.routing import route
+from anyformer_diskformer.arch.gemma4_config import Gemma4Config
+from anyformer_diskformer.compute.routing import route
+from anyformer_diskformer.engines.gpu.prompt import Fixed, PromptEngine, PromptSteps
+from anyformer_gguf_gpu.kernels import Dispatch
 
-if TYPE_CHECKING:
-    from anyformer_diskformer.gpu_gemma4 import Gemma4GpuEngine
+
+class Gemma4PromptEngine(PromptEngine, Protocol):
+    """What :class:`Gemma4PromptSteps` reads of Gemma 4's engine
+    (:class:`~anyformer_diskformer.engines.gpu.gemma4.Gemma4GpuEngine`) besides :class:`PromptEngine`'s."""
+
+    @property
+    def config(self) -> Gemma4Config:
+        """Gemma 4's hyperparameters, per layer."""
+        ...
+
+    #: Host copies of the tensors the host side reads (the experts' output scales).
+    host: dict[str, np.ndarray]
+    #: The experts' combined rows, and zeros to clear them from.
+    routed: Any
+    zeros: Any
+
+    def embed_dispatch(self, tokens: int) -> Dispatch:
+        """The scaled embedding of the step's ``tokens`` ids."""
+        ...
+
+    def mlp_dispatches(self, i: int, tokens: int, gate_up: Any) -> list[Dispatch]:
+        """Layer ``i``'s dense MLP over ``tokens`` rows, its [gate | up] rows in ``gate_up``."""
+        ...
+
+    def router_norm(self, i: int) -> dict[str, Any]:
+        """The router's fused input norm of layer ``i`` (the matvec kernel's options)."""
+        ...
+
+    def finish_dispatches(self, i: int, tokens: int) -> list[Dispatch]:
+        """What ends layer ``i`` after its experts (the norms into the residual)."""
+        ...
 
 
 class Gemma4PromptSteps(PromptSteps):
     """:class:`PromptSteps` over Gemma 4's layers (see the module's docstring)."""
 
-    engine: Gemma4GpuEngine
+    engine: Gemma4PromptEngine
     gelu = True
 
     def _router_width(self) -> int:
@@ -48,7 +80,7 @@ class Gemma4PromptSteps(PromptSteps):
         return max(self.engine.config.ffs)  # every layer's MLP runs over the step's rows
 
     def _expert_norm(self, layer: int) -> Any:
-        return self.engine._norms[f"blk.{layer}.pre_ffw_norm_2.weight"]
+        return self.engine.norms[f"blk.{layer}.pre_ffw_norm_2.weight"]
 
     def _build(self, n: int) -> Fixed:
         e, c, k = self.engine, self.engine.config, self.engine.kernels
@@ -56,8 +88,8 @@ class Gemma4PromptSteps(PromptSteps):
         for i in range(c.n_layer):
             out = e.attention_dispatches_for(i, n) + e.mlp_dispatches(i, n, self.gate_up)
             if c.moe[i]:
-                w = e._weights[f"blk.{i}.ffn_gate_inp.weight"]
-                out.append(e._mv(w, e.h, self.router, tokens=n, y_stride=self.width, **e.router_norm(i)))
+                w = e.weights[f"blk.{i}.ffn_gate_inp.weight"]
+                out.append(e.mv(w, e.h, self.router, tokens=n, y_stride=self.width, **e.router_norm(i)))
             layers.append(out)
             ends = e.finish_dispatches(i, n)
             dense.append([] if c.moe[i] else ends)
@@ -78,7 +110,7 @@ class Gemma4PromptSteps(PromptSteps):
         """Softmax, top-k, renormalised (as the one-token step), each weight times its expert's output scale."""
         c = self.engine.config
         chosen, weights = route(logits, c.n_expert_used, True)
-        scales = self.engine._host.get(f"blk.{layer}.ffn_down_exps.scale")
+        scales = self.engine.host.get(f"blk.{layer}.ffn_down_exps.scale")
         if scales is not None:
             weights = weights * scales[chosen]
         return chosen, weights.astype(np.float32)

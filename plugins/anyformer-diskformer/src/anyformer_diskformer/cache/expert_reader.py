@@ -21,7 +21,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from anyformer.plugin import AnyformerError, ErrorCode, GGUFHeader
-from anyformer_diskformer.moe_config import EXPERT_TENSORS, GATE_UP_EXPS
+from anyformer_diskformer.arch.moe_config import EXPERT_TENSORS, GATE_UP_EXPS
 from anyformer_gguf_gpu.gguf_file import GGUFFile
 
 

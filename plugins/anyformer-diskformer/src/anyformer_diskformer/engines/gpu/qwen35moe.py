@@ -1,5 +1,5 @@
-"""qwen35moe (Qwen3.5/3.6 MoE) on wgpu: the graph of :mod:`~anyformer_diskformer.cpu_hybrid` with the GPU engine's
-dense weights, KV cache, expert slots and prefetch.
+"""qwen35moe (Qwen3.5/3.6 MoE) on wgpu: the graph of :mod:`~anyformer_diskformer.engines.cpu.qwen35moe` with the GPU
+engine's dense weights, KV cache, expert slots and prefetch.
 
 A gated delta-net layer runs in four kinds of dispatch: its projections of the normalised residual (the
 mixed q/k/v channels, the output gate z, beta and alpha, stacked where they share a type), the
@@ -13,7 +13,7 @@ held at cos 1, sin 0. The FFN follows ``post_attention_norm`` as the MoE engine'
 and the sigmoid-gated shared expert). Both kernels start from zero states at position 0; a
 checkpoint holds the states after its positions, so it resumes only at its own length.
 
-A prompt runs in the MoE engine's steps (:mod:`~anyformer_diskformer.gpu_prompt`: a step's experts fetched once
+A prompt runs in the MoE engine's steps (:mod:`~anyformer_diskformer.engines.gpu.prompt`: a step's experts fetched once
 each), its layers built here over the step's tokens (:meth:`HybridGpuEngine.attention_dispatches_for`): the
 projections, the convolution (its kernel walks a step's tokens in order), ssm_out and the attention layers run over
 the whole step; the delta rule is recurrent and its kernel takes one token, so it is one dispatch per token, in
@@ -28,9 +28,9 @@ from typing import Any
 import numpy as np
 
 from anyformer.plugin import AnyformerError, ErrorCode
-from anyformer_diskformer.cpu_hybrid import imrope_turns
-from anyformer_diskformer.gpu_engine import GpuMoEEngine
-from anyformer_diskformer.plan import aligned_row
+from anyformer_diskformer.engines.cpu.qwen35moe import imrope_turns
+from anyformer_diskformer.engines.gpu.layout import aligned_row
+from anyformer_diskformer.engines.gpu.moe import GpuMoEEngine
 from anyformer_gguf_gpu.gguf_file import GGUFFile
 from anyformer_gguf_gpu.kernels import Dispatch
 from anyformer_gguf_gpu.lfm2_config import MAX_CONV_TAPS
@@ -60,7 +60,7 @@ class HybridGpuEngine(GpuMoEEngine):
         self._proj_floats = self._channels + values + 2 * c.ssm_v_heads
         self._conv_kernel = ShortConvKernel(self.kernels, gated=False)
         self._conv_kernel.compile()
-        buf, n = self._buffer, self.prompt_step
+        buf, n = self.buffer, self.prompt_step
         # A prompt step's rows of each, ROW_ALIGN-aligned apart (decoding uses the first).
         self._strides = tuple(aligned_row(f) for f in (self._proj_floats, self._channels, values))
         self.proj = buf(4 * n * self._strides[0], "delta-projections")
@@ -123,14 +123,14 @@ class HybridGpuEngine(GpuMoEEngine):
         c, p, k = self.config, f"blk.{i}.", self.kernels
         q_span = 2 * c.q_dim
         stride = q_span + 2 * c.kv_dim
-        norm = {"norm": self._norms[p + "attn_norm.weight"], "eps": c.eps, "tokens": tokens}
+        norm = {"norm": self.norms[p + "attn_norm.weight"], "eps": c.eps, "tokens": tokens}
         out: list[Dispatch] = []
-        if p + "attn_qkv.weight" in self._weights:
-            out.append(self._mv(self._weights[p + "attn_qkv.weight"], self.h, self.qkv, **norm))
+        if p + "attn_qkv.weight" in self.weights:
+            out.append(self.mv(self.weights[p + "attn_qkv.weight"], self.h, self.qkv, **norm))
         else:
             for name, off in (("attn_q", 0), ("attn_k", q_span), ("attn_v", q_span + c.kv_dim)):
-                w = self._weights[p + name + ".weight"]
-                out.append(self._mv(w, self.h, self.qkv, y_off=off, y_stride=stride, **norm))
+                w = self.weights[p + name + ".weight"]
+                out.append(self.mv(w, self.h, self.qkv, y_off=off, y_stride=stride, **norm))
         out.append(
             k.rope_store(
                 self.qkv,
@@ -167,7 +167,7 @@ class HybridGpuEngine(GpuMoEEngine):
                 tokens=tokens,
             )
         )
-        out.append(self._mv(self._weights[p + "attn_output.weight"], self.attn, self.h, accumulate=True, tokens=tokens))
+        out.append(self.mv(self.weights[p + "attn_output.weight"], self.attn, self.h, accumulate=True, tokens=tokens))
         return out
 
     def _delta_net_dispatches(self, i: int, tokens: int) -> list[Dispatch]:
@@ -175,15 +175,15 @@ class HybridGpuEngine(GpuMoEEngine):
         and ssm_out over them all, the delta rule a dispatch per token, in order (its state carries between them)."""
         c, p = self.config, f"blk.{i}."
         proj_row, conv_row, out_row = self._strides
-        norm = {"norm": self._norms[p + "attn_norm.weight"], "eps": c.eps, "tokens": tokens}
+        norm = {"norm": self.norms[p + "attn_norm.weight"], "eps": c.eps, "tokens": tokens}
         out: list[Dispatch] = []
-        if p + "delta_proj" in self._weights:
-            out.append(self._mv(self._weights[p + "delta_proj"], self.h, self.proj, y_stride=proj_row, **norm))
+        if p + "delta_proj" in self.weights:
+            out.append(self.mv(self.weights[p + "delta_proj"], self.h, self.proj, y_stride=proj_row, **norm))
         else:
             off = 0
             for name in _DELTA_PROJECTIONS:
-                w = self._weights[p + name + ".weight"]
-                out.append(self._mv(w, self.h, self.proj, y_off=off, y_stride=proj_row, **norm))
+                w = self.weights[p + name + ".weight"]
+                out.append(self.mv(w, self.h, self.proj, y_off=off, y_stride=proj_row, **norm))
                 off += w.rows
         out.append(
             self._conv_kernel.dispatch(
@@ -219,8 +219,8 @@ class HybridGpuEngine(GpuMoEEngine):
                     eps=c.eps,
                 )
             )
-        w = self._weights[p + "ssm_out.weight"]
-        out.append(self._mv(w, self.delta_out, self.h, accumulate=True, tokens=tokens, x_stride=out_row))
+        w = self.weights[p + "ssm_out.weight"]
+        out.append(self.mv(w, self.delta_out, self.h, accumulate=True, tokens=tokens, x_stride=out_row))
         return out
 
     def _states(self) -> list[Any]:
@@ -229,7 +229,7 @@ class HybridGpuEngine(GpuMoEEngine):
     def checkpoint(self, n: int) -> list[Any]:
         """The KV of positions 0..n-1 and every delta net's state after them, on the GPU (see :meth:`restore`)."""
         saved = super().checkpoint(n)
-        states = [self._buffer(int(s.size), "state-checkpoint") for s in self._states()]
+        states = [self.buffer(int(s.size), "state-checkpoint") for s in self._states()]
         copies = [(s, 0, copy, 0, int(s.size)) for s, copy in zip(self._states(), states, strict=True)]
         self.kernels.run([], copies)
         return [*saved, *states, n]
