@@ -12,13 +12,14 @@ from anyformer._loaded import Loaded
 from anyformer._plugins import PluginManager, get_plugin_manager
 from anyformer._selection import Selection, raise_if_none, select
 from anyformer._session import InProcessSession, Session
-from anyformer.contract._caps import Caps, probe
+from anyformer.contract._caps import Caps
+from anyformer.contract._endpoints import RPC_ENV
 from anyformer.contract._errors import AnyformerError, ErrorCode
 from anyformer.contract._model import Model
 from anyformer.contract._progress import ProgressCallback, no_progress
 from anyformer.contract._request import Request
 from anyformer.contract._verdict import Refusal, Verdict
-from anyformer.rpc._endpoints import RPC_ENV
+from anyformer.machine._probe import probe
 
 ModelRef = str | os.PathLike[str] | Mapping[str, Any] | Model
 

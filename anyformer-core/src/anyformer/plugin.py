@@ -45,7 +45,7 @@ Groups, in the order a backend meets them:
 from anyformer._backend import BackendModel
 from anyformer._chat_template import CHATML_TEMPLATE, render_chat, template_takes_tools
 from anyformer._detokenizer import IncrementalDetokenizer
-from anyformer.contract._caps import Caps, host_ram_available, usable_cpu_count
+from anyformer.contract._caps import Caps
 from anyformer.contract._chunk import Chunk, FinishReason, GenerateOptions, TokenLogprob
 from anyformer.contract._constraint import Constraint
 from anyformer.contract._errors import AnyformerError, ErrorCode
@@ -87,6 +87,7 @@ from anyformer.files._media_input import (
 from anyformer.files._onnx_external import OnnxSummary, check_onnx_external_data, read_onnx_summary
 from anyformer.files._safetensors_header import SafetensorsHeader, read_safetensors_header
 from anyformer.hookspecs import hookimpl
+from anyformer.machine._probe import host_ram_available, usable_cpu_count
 from anyformer.rpc._protocol import DeviceMemory as RpcDeviceMemory
 from anyformer.rpc._protocol import RpcServerError, RpcServerInfo
 from anyformer.rpc._protocol import probe as probe_rpc_server
