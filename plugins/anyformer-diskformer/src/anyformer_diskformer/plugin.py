@@ -130,9 +130,12 @@ def _judge(model: Model, caps: Caps, request: Request, choice: GgufChoice) -> Ve
         # An explicit pool replaces what memory leaves (load refuses one below the smallest working cache).
         cache = min(pool, cache)
     held = plan.fixed_bytes + cache
-    from anyformer_diskformer.speed import tok_per_sec
+    from anyformer_diskformer.speed import gpu_tok_per_sec, tok_per_sec
 
-    speed, speed_model = tok_per_sec(file.path, plan, cache, device)
+    if device == "gpu":
+        speed, speed_model = gpu_tok_per_sec(file.path, plan, cache, summary)
+    else:
+        speed, speed_model = tok_per_sec(file.path, plan, cache, device)
     return Verdict.accept(
         BACKEND_ID,
         Estimate(
