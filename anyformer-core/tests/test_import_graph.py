@@ -62,7 +62,6 @@ PLUGIN_API = "anyformer.plugin"
 #: imports of the top-level ``anyformer``. Their findings are tolerated here until those branches are
 #: merged; then this entry goes (``test_the_allow_list_names_only_folders_with_findings`` says when).
 REORGANISING: dict[str, str] = {
-    "anyformer-diskformer": "issue 29 item 2: folders by concern (w29-diskformer)",
     "anyformer-onnx": "issue 29 item 2: folders by concern (w29-onnx)",
 }
 
