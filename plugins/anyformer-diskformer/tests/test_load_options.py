@@ -7,15 +7,16 @@ import pytest
 import anyformer
 from anyformer import AnyformerError, ErrorCode
 from anyformer.plugin import read_gguf_header
-from anyformer_diskformer import plan, policies
-from anyformer_diskformer.expert_reader import DirectExpertReader
-from anyformer_diskformer.load_options import LOAD_OPTIONS
+from anyformer_diskformer.cache import policies
+from anyformer_diskformer.cache.expert_reader import DirectExpertReader
+from anyformer_diskformer.engines.gpu import layout
+from anyformer_diskformer.option_schema import LOAD_OPTIONS
 from anyformer_diskformer.plan import plan_from_header
 
 
 def test_the_schema_s_choices_and_defaults_are_the_engine_s() -> None:
     assert {o.name: o for o in LOAD_OPTIONS}["cache_policy"].choices == policies.POLICY_NAMES
-    assert LOAD_OPTIONS.value({}, "prompt_step") == plan.PROMPT_STEP
+    assert LOAD_OPTIONS.value({}, "prompt_step") == layout.PROMPT_STEP
     assert anyformer.get_plugin_manager().load_options("diskformer") is LOAD_OPTIONS
 
 

@@ -6,9 +6,9 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
+from anyformer.contract._endpoints import parse_endpoints
 from anyformer.contract._errors import AnyformerError, ErrorCode
 from anyformer.contract._sizes import parse_size
-from anyformer.rpc._endpoints import parse_endpoints
 
 
 @dataclasses.dataclass(frozen=True)
@@ -19,9 +19,9 @@ class Request:
     ``prefer`` lists backend ids tried first; ``context`` is the context length in tokens a
     text model is loaded with (None: the backend's default); ``options`` are load options, which
     the core checks against the schemas the backends declare before asking any of them (a backend
-    sees only its own, typed: docs/contract.md, "Load options"); ``rpc`` names llama.cpp RPC servers (``host:port``) whose memory the
-    load may span (docs/rpc.md): only a backend that says so in its estimate (``details["rpc"]``)
-    runs such a request.
+    sees only its own, typed: docs/contract.md, "Load options"); ``rpc`` names llama.cpp RPC
+    servers (``host:port``) whose memory the load may span (docs/rpc.md): only a backend that says
+    so in its estimate (``details["rpc"]``) runs such a request.
     """
 
     task: str | None = None

@@ -1,26 +1,82 @@
-"""diskformer's load options: the schema the core parses ``Request.options`` with for it.
+"""diskformer's load options (``request.options``) read for the engine, through the declared schema
+(:mod:`~anyformer_diskformer.option_schema`, which the core parses them with): ``BAD_REQUEST`` naming the option.
 
-Imports nothing of the engine: ``anyformer check`` reads it with the plugin module. The
-``cache_policy`` choices are the policies' names and ``prompt_step``'s default is the plan's
-(a test holds them equal to ``policies.POLICY_NAMES`` and ``plan.PROMPT_STEP``).
+The cache's size (``pool_bytes``), the GPU's prompt step, the prefetcher's width and threads, the CPU's
+compute threads, ``cpu_experts`` and the eviction policy.
 """
 
 from __future__ import annotations
 
-from anyformer.plugin import FILE_OPTION, LoadOption, LoadOptions
+import os
 
-LOAD_OPTIONS = LoadOptions(
-    FILE_OPTION,
-    LoadOption(
-        "device", "enum", "auto", "auto: a GPU when wgpu finds one, else the CPU", ("auto", "cpu", "gpu")
-    ),
-    LoadOption("pool_bytes", "size", None, "bytes of the expert cache (default: what the budget leaves)", minimum=1),
-    LoadOption("cache_policy", "enum", "reuse", "the expert cache's eviction policy", ("reuse", "lrfu", "lru")),
-    LoadOption("prefetch", "int", None, "experts a layer read ahead (default: the model's top-k; 0: none)", minimum=0),
-    LoadOption("prefetch_threads", "int", 2, "reader threads of the prefetcher", minimum=0),
-    LoadOption("threads", "int", None, "CPU compute threads (default: the cores, up to 4)", minimum=1),
-    LoadOption("direct_io", "bool", True, "O_DIRECT reads where allowed; no: pread and POSIX_FADV_DONTNEED"),
-    LoadOption("prime", "str", None, "a system prompt to run and checkpoint at load"),
-    LoadOption("prompt_step", "int", 32, "GPU: most prompt tokens a step", minimum=1),
-    LoadOption("cpu_experts", "bool", False, "GPU: compute the experts the cache misses on the CPU"),
-)
+from anyformer.plugin import AnyformerError, ErrorCode, Request, format_size
+from anyformer_diskformer.cache.policies import EvictionPolicy, make_policy
+from anyformer_diskformer.engines.gpu.layout import PROMPT_STEP
+from anyformer_diskformer.option_schema import LOAD_OPTIONS
+
+
+def cache_capacity(request: Request, min_cache: int, budget_cache: int, need: int) -> int:
+    """The expert cache's bytes: ``pool_bytes`` when the request names it, else what host memory leaves.
+
+    Below one layer's top-k experts is ``BUDGET_TOO_SMALL`` with the budget that would do.
+    """
+    pool = LOAD_OPTIONS.value(request.options, "pool_bytes")
+    if pool is not None:
+        if pool < min_cache:
+            raise AnyformerError(
+                ErrorCode.BUDGET_TOO_SMALL,
+                f"pool_bytes {format_size(pool)} is below one layer's top-k experts ({format_size(min_cache)})",
+                need=need,
+            )
+        return pool
+    if budget_cache < min_cache:
+        raise AnyformerError(
+            ErrorCode.BUDGET_TOO_SMALL,
+            f"free memory leaves {format_size(max(0, budget_cache))} for experts; one layer's top-k experts take "
+            f"{format_size(min_cache)} (the whole load needs {format_size(need)})",
+            need=need,
+        )
+    return budget_cache
+
+
+def _count_option(options: dict[str, object], name: str, default: int) -> int:
+    """The whole-number load option ``name`` (its schema bounds it), or ``default`` where it says "the backend's"."""
+    value = LOAD_OPTIONS.value(options, name)
+    return default if value is None else int(value)
+
+
+def prompt_step_option(options: dict[str, object]) -> int:
+    """Most tokens a GPU prompt step covers: the ``prompt_step`` load option (default
+    :data:`~anyformer_diskformer.plan.PROMPT_STEP`; 1 runs prompts a token a step)."""
+    return _count_option(options, "prompt_step", PROMPT_STEP)
+
+
+def prefetch_options(options: dict[str, object], top_k: int) -> tuple[int, int]:
+    """(experts a layer to read ahead, reader threads) from the ``prefetch`` (default: the top-k; 0: none)
+    and ``prefetch_threads`` (default 2) load options; ``BAD_REQUEST`` for anything but whole numbers."""
+    return _count_option(options, "prefetch", top_k), _count_option(options, "prefetch_threads", 2)
+
+
+def compute_threads(options: dict[str, object]) -> int:
+    """Threads the CPU engine computes a layer's experts on: the ``threads`` load option, else the machine's cores
+    up to 4 (experts are few per layer; more threads than that mostly wait)."""
+    default = max(1, min(4, os.cpu_count() or 1))
+    return _count_option(options, "threads", default)
+
+
+def cpu_experts_option(options: dict[str, object]) -> bool:
+    """The ``cpu_experts`` load option (default False): whether the GPU engine computes the experts its cache
+    misses on the CPU while decoding instead of uploading them; ``BAD_REQUEST`` for anything but a yes or no."""
+    return bool(LOAD_OPTIONS.value(options, "cpu_experts"))
+
+
+def policy_for(options: dict[str, object], n_layer: int) -> EvictionPolicy:
+    """The eviction policy the ``cache_policy`` load option names (``reuse``, the default, ``lrfu`` or ``lru``)."""
+    # reuse by default: it keeps the experts each layer chooses most often and lets a newly read expert
+    # displace one only when it is more likely to be used again; on recorded and skewed synthetic traces it
+    # is the closest of the three to Belady's optimum (see the docs' figures).
+    name = LOAD_OPTIONS.value(options, "cache_policy")
+    try:
+        return make_policy(str(name), n_layer)
+    except ValueError as exc:
+        raise AnyformerError(ErrorCode.BAD_REQUEST, str(exc)) from exc
