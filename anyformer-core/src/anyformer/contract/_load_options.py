@@ -30,8 +30,8 @@ def parse_yes_no(value: object, what: str = "the value") -> bool:
     """``value`` as a bool: True/False, 1/0, or ``true/false``, ``yes/no``, ``on/off``, ``1/0`` in any case.
 
     Anything else is ``BAD_REQUEST`` naming ``what``. The one yes/no reading of the project: the
-    core uses it for every ``bool`` load option, and a backend that reads a yes/no setting of its
-    own (an environment variable) uses it too.
+    core uses it for every ``bool`` load option, and a backend may use it for a yes/no setting of its
+    own.
     """
     if isinstance(value, bool):
         return value
