@@ -276,3 +276,13 @@ def test_each_backend_page_tables_exactly_the_options_it_declares(backend: str) 
     assert found.group(1) == schema.markdown(), "out of date: run python scripts/load_options_docs.py"
     for option in schema:
         assert f"| `{option.name}` |" in found.group(1)
+
+
+def test_check_refuses_a_bad_option_before_it_describes_the_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    import anyformer._describe as describing
+
+    described: list[object] = []
+    monkeypatch.setattr(describing, "describe", lambda model: described.append(model))
+    with pytest.raises(AnyformerError) as caught:
+        anyformer.check("org/m", options={"colour": "red"}, plugins=_manager(_Backend("disk", SCHEMA)))
+    assert caught.value.code is ErrorCode.BAD_REQUEST and described == []

@@ -123,6 +123,7 @@ def judge(
 
     if backend is not None:
         manager.require_backend(backend)
+    manager.check_load_options(asked, only=backend)  # before the description, which may reach the Hub
     description = describe(model)
     if described is not None:
         described(description)
