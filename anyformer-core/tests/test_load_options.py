@@ -286,3 +286,20 @@ def test_check_refuses_a_bad_option_before_it_describes_the_model(monkeypatch: p
     with pytest.raises(AnyformerError) as caught:
         anyformer.check("org/m", options={"colour": "red"}, plugins=_manager(_Backend("disk", SCHEMA)))
     assert caught.value.code is ErrorCode.BAD_REQUEST and described == []
+
+
+def test_anyformer_plugins_lists_each_backend_s_load_options(run_cli: Any) -> None:
+    pytest.importorskip("anyformer_llamacpp")
+    env = {"ANYFORMER_PLUGINS": "llamacpp", "COLUMNS": "300"}
+    listed = {entry["name"]: entry for entry in run_cli("plugins", "--json", env=env).json()}
+    options = {option["name"]: option for option in listed["llamacpp"]["load_options"]}
+    assert options["flash_attention"] == {
+        "name": "flash_attention",
+        "type": "bool",
+        "default": True,
+        "help": "llama.cpp's fused attention kernels",
+    }
+    assert options["parallel"]["type"] == "int 1..64 or 'auto'"
+    shown = run_cli("plugins", env=env)
+    assert shown.returncode == 0 and "load options (--option KEY=VALUE)" in shown.stdout
+    assert "special_in_content" in shown.stdout
