@@ -17,7 +17,9 @@ Groups, in the order a backend meets them:
   :func:`text_of`, :func:`render_chat` (jinja2's sandbox), :data:`CHATML_TEMPLATE`,
   :class:`IncrementalDetokenizer` (streamed text equal to the whole decode),
   :func:`template_takes_tools`, :func:`with_tool_prompt` (tools for a template that cannot render them),
-  :class:`ToolCall`;
+  :func:`tool_inputs` (the messages and variables that give a template's family its tools),
+  :func:`chat_constraint` (the constraint a chat decodes under: a forced call in the family's syntax),
+  :func:`tool_family`, :class:`ToolCall`;
 - files, read with hard limits before any engine sees them: :func:`read_gguf_header`,
   :func:`check_split_set`, :func:`split_set_members`, :class:`GGUFHeader`, :class:`GGUFTensor`,
   :class:`LazyArray` (a long GGUF array in ``GGUFHeader.kv``, decoded on first use),
@@ -45,6 +47,7 @@ Groups, in the order a backend meets them:
 from anyformer._backend import BackendModel
 from anyformer._chat_template import CHATML_TEMPLATE, render_chat, template_takes_tools
 from anyformer._detokenizer import IncrementalDetokenizer
+from anyformer._tool_families import chat_constraint, tool_family, tool_inputs
 from anyformer.contract._caps import Caps, host_ram_available, usable_cpu_count
 from anyformer.contract._chunk import Chunk, FinishReason, GenerateOptions, TokenLogprob
 from anyformer.contract._constraint import Constraint
@@ -135,6 +138,7 @@ __all__ = [
     "ToolCall",
     "Verdict",
     "anyformer_home",
+    "chat_constraint",
     "check_image_size",
     "check_onnx_external_data",
     "check_split_set",
@@ -164,6 +168,8 @@ __all__ = [
     "split_set_members",
     "template_takes_tools",
     "text_of",
+    "tool_family",
+    "tool_inputs",
     "usable_cpu_count",
     "validate_messages",
     "with_tool_prompt",

@@ -42,7 +42,7 @@ from anyformer._backend import (
     run_of,
     run_progress_of,
 )
-from anyformer._chat_template import STOP_PROCESS, cancelled_by, enable_hard_stop
+from anyformer._chat_template import STOP_PROCESS, RenderNote, cancelled_by, enable_hard_stop, noting_renders
 from anyformer._entry_points import EntryPointRecord
 from anyformer._plugins import ENTRY_POINT_GROUP, PluginManager
 from anyformer._run_progress import run_reporter
@@ -278,11 +278,14 @@ class Worker:
         assert self._handle is not None
         try:
             options = GenerateOptions.build(**decode_value(command["options"]), cancel=generation.cancel)
-            source = self._manager.generate(self._handle, decode_value(command["messages"]), options)
+            note = RenderNote()
+            with noting_renders(note):
+                source = self._manager.generate(self._handle, decode_value(command["messages"]), options)
         except Exception as exc:
             self.send({**error_frame(exception_to_error(self._backend, "generate", exc)), "id": ident})
             return
-        self.send({"op": "started", "id": ident})
+        # The parent's chunks say whether the prompt opened <think>: the render happened here.
+        self.send({"op": "started", "id": ident, **({"thinking_opened": True} if note.thinking_opened else {})})
         failure: AnyformerError | None = None
         try:
             for raw in _until_done(source, options, generation):
