@@ -29,7 +29,11 @@ FAMILY_REPLIES = [
     ("arguments-as-string", '{"name": "get_weather", "arguments": "{\\"city\\": \\"Paris\\"}"}', ""),
     ("granite3", '<|tool_call|>[{"name": "get_weather", "arguments": {"city": "Paris"}}]', ""),
     ("phi4-mini-functools", 'functools[{"name": "get_weather", "arguments": {"city": "Paris"}}]', ""),
-    ("phi4-tool-call-token", '<|tool_call|>[{"name": "get_weather", "arguments": {"city": "Paris"}}]<|/tool_call|>', ""),
+    (
+        "phi4-tool-call-token",
+        '<|tool_call|>[{"name": "get_weather", "arguments": {"city": "Paris"}}]<|/tool_call|>',
+        "",
+    ),
     ("gemma4", 'Sure. <|tool_call>call:get_weather{city:<|"|>Paris<|"|>}<tool_call|>', "Sure."),
     ("gemma3-tool-code", 'I will check.\n```tool_code\nget_weather(city="Paris")\n```', "I will check."),
     ("gemma3-json", '{"name": "get_weather", "parameters": {"city": "Paris"}}', ""),
@@ -53,7 +57,8 @@ def test_each_family_syntax_is_read_as_a_call(reply: str, before: str) -> None:
         '<|tool_call|>[{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "get_time", "arguments": {}}]',
         'functools[{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "get_time", "arguments": {}}]',
         '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}[TOOL_CALLS]get_time[ARGS]{}',
-        '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}; {"name": "get_time", "parameters": {}}',
+        '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}; '
+        '{"name": "get_time", "parameters": {}}',
         '<|tool_call>call:get_weather{city:<|"|>Paris<|"|>}<tool_call|><|tool_call>call:get_time{}<tool_call|>',
         '```tool_code\nget_weather(city="Paris")\nget_time()\n```',
         '[get_weather(city="Paris"), get_time()]',
@@ -154,7 +159,9 @@ def test_json_arguments_stream_in_fragments_as_they_are_decoded() -> None:
 
 
 def test_several_streamed_calls_keep_their_order_and_indexes() -> None:
-    reply = '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "get_time", "arguments": {}}]'
+    reply = (
+        '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "get_time", "arguments": {}}]'
+    )
     content, added, _ = _streamed(reply, 3)
     assert content == "" and [(c["name"], json.loads(c["arguments"])) for c in added] == [
         ("get_weather", ARGS),

@@ -121,12 +121,13 @@ def family_constraint(family: ToolFamily, tools: Sequence[Mapping[str, Any]], ch
             parameters = {**(tool["function"].get("parameters") or {"type": "object"}), "x-guidance": _JSON_STYLE}
             name = _lark_string(f"{tool['function']['name']}[ARGS]")
             rules.append(f"call_{index}: {name} %json {json.dumps(parameters)}")
+        alternatives = " | ".join(f"call_{index}" for index in range(len(allowed)))
     else:
-        rules = [
-            f"call_{index}: %json {json.dumps(_call_schema(tool, family.arguments_key))}"
-            for index, tool in enumerate(allowed)
-        ]
-    alternatives = " | ".join(f"call_{index}" for index in range(len(allowed)))
+        # One JSON grammar whose schema is any of the calls (its "name" const tells them apart).
+        schemas = [_call_schema(tool, family.arguments_key) for tool in allowed]
+        schema = schemas[0] if len(schemas) == 1 else {"anyOf": schemas, "x-guidance": _JSON_STYLE}
+        rules.append(f"call_json: %json {json.dumps(schema)}")
+        alternatives = "call_json"
     frame = " ".join(part for part in (_lark_string(family.before) if family.before else "", "call") if part)
     if family.after:
         frame += f" {_lark_string(family.after)}"

@@ -103,9 +103,14 @@ def test_a_named_tool_choice_yields_a_valid_get_weather_call(real_server: tuple[
     arguments = json.loads(call.function.arguments)
     assert call.function.name == "get_weather" and set(arguments) == {"city", "unit"}
     assert arguments["unit"] in ("celsius", "fahrenheit") and call.id.startswith("call_")
-    _text, finish, calls, _ = streamed(client, **request)
-    assert finish == "tool_calls" and [c.function.name for c in calls] == ["get_weather"]
-    assert json.loads(calls[0].function.arguments) == arguments
+    text, finish, deltas, _ = streamed(client, **request)
+    # As OpenAI streams a call: the first delta has index, id, type and name; the arguments follow in fragments.
+    first, rest = deltas[0], deltas[1:]
+    assert (first.index, first.type, first.function.name) == (0, "function", "get_weather")
+    assert first.id.startswith("call_") and all(d.index == 0 and d.id is None and d.function.name is None for d in rest)
+    assert len(rest) >= 3, "the arguments come as they are decoded, not in one delta at the end"
+    added = (first.function.arguments or "") + "".join(d.function.arguments or "" for d in rest)
+    assert (text, finish, added) == ("", "tool_calls", call.function.arguments)  # greedy: the same call, streamed
     # tools with tool_choice auto on a template that cannot show them: a 400 saying so.
     with pytest.raises(openai.BadRequestError, match="does not render tools"):
         client.chat.completions.create(model=str(smollm2_path), messages=ask("Hi"), tools=[WEATHER], max_tokens=4)
