@@ -284,11 +284,13 @@ class Worker:
         except Exception as exc:
             self.send({**error_frame(exception_to_error(self._backend, "generate", exc)), "id": ident})
             return
-        # The parent's chunks say whether the prompt opened <think>: the render happened here.
-        self.send({"op": "started", "id": ident, **({"thinking_opened": True} if note.thinking_opened else {})})
+        # The parent's chunks say whether the prompt opened <think>: the render happened here (at the start,
+        # or at the first token for a backend that renders lazily: then the first chunks frame says so).
+        told = note.thinking_opened
+        self.send({"op": "started", "id": ident, **({"thinking_opened": True} if told else {})})
         failure: AnyformerError | None = None
         try:
-            for raw in _until_done(source, options, generation):
+            for raw in _noted(_until_done(source, options, generation), note):
                 if not isinstance(raw, Chunk) or not isinstance(raw.delta, str) or not isinstance(raw.tokens, int):
                     failure = AnyformerError(
                         ErrorCode.PLUGIN_ERROR, f"{self._backend}: generate yielded {type(raw).__name__}, not a Chunk"
@@ -300,7 +302,10 @@ class Worker:
                     item.append([[e.token, e.logprob, [list(pair) for pair in e.top]] for e in raw.logprobs])
                 if raw.prompt_logprobs:
                     item.append([[e.token, e.logprob, [list(pair) for pair in e.top]] for e in raw.prompt_logprobs])
-                self.send({"op": "chunks", "id": ident, "items": [item]})
+                frame: dict[str, Any] = {"op": "chunks", "id": ident, "items": [item]}
+                if note.thinking_opened and not told:
+                    frame["thinking_opened"] = told = True
+                self.send(frame)
         except Exception as exc:
             failure = exception_to_error(self._backend, "generate", exc)
         finally:
@@ -343,6 +348,17 @@ class Worker:
         finally:
             if control is not None:
                 self._generations.pop(control.ident, None)
+
+
+def _noted(chunks: Iterator[Any], note: RenderNote) -> Iterator[Any]:
+    """``chunks``, each read with ``note`` current (a backend that renders at its first token notes it there)."""
+    while True:
+        with noting_renders(note):
+            try:
+                raw = next(chunks)
+            except StopIteration:
+                return
+        yield raw
 
 
 def _until_done(source: Iterator[Chunk], options: GenerateOptions, generation: _Generation) -> Iterator[Any]:

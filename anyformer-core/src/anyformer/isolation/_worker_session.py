@@ -523,6 +523,8 @@ class WorkerSession:
                     return  # cancelled while the engine works: the finally tells the worker
                 op = frame["op"]
                 if op == "chunks":
+                    if frame.get("thinking_opened") is True:
+                        note_thinking_opened()  # a lazy render in the worker opened <think>: this stream's note
                     for chunk in self._checked_chunks(frame):
                         yield chunk
                         taken += 1
