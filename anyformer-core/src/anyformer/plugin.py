@@ -19,7 +19,8 @@ Groups, in the order a backend meets them:
   :func:`template_takes_tools`, :func:`with_tool_prompt` (tools for a template that cannot render them),
   :func:`tool_inputs` (the messages and variables that give a template's family its tools),
   :func:`chat_constraint` (the constraint a chat decodes under: a forced call in the family's syntax),
-  :func:`tool_family`, :class:`ToolCall`;
+  :func:`tool_family`, :data:`TOOL_MARKUP` (tool-call markup an engine keeps in its text even where a
+  tokenizer holds it as a special token), :class:`ToolCall`;
 - files, read with hard limits before any engine sees them: :func:`read_gguf_header`,
   :func:`check_split_set`, :func:`split_set_members`, :class:`GGUFHeader`, :class:`GGUFTensor`,
   :class:`LazyArray` (a long GGUF array in ``GGUFHeader.kv``, decoded on first use),
@@ -63,6 +64,7 @@ from anyformer.contract._sampling import PENALTY_WINDOW
 from anyformer.contract._sizes import format_size, parse_size
 from anyformer.contract._store_entry import StoreEntry
 from anyformer.contract._tool_calls import ToolCall, with_tool_prompt
+from anyformer.contract._tool_syntaxes import TOOL_MARKUP
 from anyformer.contract._verdict import Estimate, Rank, Refusal, Verdict
 from anyformer.files._config_file import read_config_json
 from anyformer.files._gguf_candidates import (
@@ -109,6 +111,7 @@ __all__ = [
     "MAX_IMAGE_SIDE",
     "MAX_MEDIA_FILE_BYTES",
     "PENALTY_WINDOW",
+    "TOOL_MARKUP",
     "AnyformerError",
     "BackendModel",
     "Caps",

@@ -123,3 +123,15 @@ def test_a_template_that_opens_think_is_noted_on_every_chunk(tmp_path: Path, iso
         plain = list(loaded.generate(ASK, thinking=False, max_new_tokens=3))
     assert thinking and all(chunk.thinking_opened for chunk in thinking)
     assert plain and not any(chunk.thinking_opened for chunk in plain)
+
+
+def test_tool_markup_held_in_a_control_token_stays_in_the_text(tmp_path: Path) -> None:
+    """Mistral's [TOOL_CALLS] and Gemma 4's <|tool_call> are control tokens: their text is kept for the reader."""
+    markup = ("[TOOL_CALLS]", "<|tool_call>", '<|"|>')
+    path = write_tiny_llama(tmp_path / "markup-F32.gguf", extra_specials=markup)
+    with anyformer.load(path, backend="llamacpp") as loaded:
+        vocabulary = loaded.handle._llama  # type: ignore[attr-defined]
+        for text in (*markup, "<|im_start|>"):
+            (token,) = vocabulary.tokenize(text.encode(), add_bos=False, special=True)
+            reply = loaded.complete(ASK, max_new_tokens=1, logit_bias={token: 100.0}).text
+            assert reply == ("" if text == "<|im_start|>" else text)  # other control tokens stay out of the text

@@ -382,3 +382,7 @@ SYNTAXES: tuple[ToolSyntax, ...] = (
 
 #: The markers calls begin with (a reply that opens with ``{`` or ``[`` may be calls too).
 MARKERS = tuple(syntax.begin for syntax in SYNTAXES if syntax.begin)
+
+#: Every piece of tool-call markup the syntaxes read, as a tokenizer may hold it in one special token: an engine
+#: that drops special tokens from its text keeps these (the calls are read from the text).
+TOOL_MARKUP = frozenset({*MARKERS, "</tool_call>", "<|/tool_call|>", "[ARGS]", "<tool_call|>", _GEMMA_QUOTE})

@@ -49,6 +49,7 @@ from anyformer import (
     TokenLogprob,
 )
 from anyformer.plugin import (
+    TOOL_MARKUP,
     LazyArray,
     RpcServerError,
     chat_constraint,
@@ -340,7 +341,14 @@ class LlamaCppModel:
     def _text_piece(self, token: int) -> bytes:
         piece = self._pieces.get(token)
         if piece is None:
-            piece = self._pieces[token] = self._piece(token)
+            piece = self._piece(token)
+            if not piece:
+                # A control token has no text, except tool-call markup ([TOOL_CALLS], <|tool_call|>, Gemma 4's
+                # <|"|>…): the core reads calls from the text, so that markup is kept where the model wrote it.
+                special = self._piece(token, special=True)
+                if special.decode("utf-8", "replace") in TOOL_MARKUP:
+                    piece = special
+            self._pieces[token] = piece
         return piece
 
     def _render(
