@@ -96,9 +96,21 @@ def test_a_forced_call_is_constrained_in_the_family_syntax(template: str, begins
     assert '"const": "get_weather"' in constraint.source or '"get_weather[ARGS]"' in constraint.source
 
 
+def test_gemma4_is_held_to_its_own_values_where_the_schema_allows() -> None:
+    options = GenerateOptions.build(tools=[WEATHER], tool_choice="required")
+    constraint = chat_constraint(options, TEMPLATES["gemma4"])
+    assert constraint is not None and constraint.kind == "lark"
+    assert constraint.source.startswith('start: "<|tool_call>" call "<tool_call|>"')
+    assert '"call:get_weather"' in constraint.source and '"city:"' in constraint.source
+    # A schema word the grammar is not made for (a range): the forced call is plain JSON instead.
+    ranged = {**WEATHER, "function": {**WEATHER["function"], "parameters": {"type": "integer", "minimum": 1}}}
+    fallback = GenerateOptions.build(tools=[ranged], tool_choice="required")
+    assert chat_constraint(fallback, TEMPLATES["gemma4"]) == fallback.constraint
+
+
 def test_plain_json_stays_the_constraint_where_the_family_writes_no_json_frame() -> None:
     options = GenerateOptions.build(tools=[WEATHER], tool_choice="required")
-    for template in (TEMPLATES["chatml"], TEMPLATES["gemma4"], None):
+    for template in (TEMPLATES["chatml"], None):
         assert chat_constraint(options, template) == options.constraint
     free = GenerateOptions.build(tools=[WEATHER])
     assert chat_constraint(free, TEMPLATES["qwen2.5"]) is None  # auto: the model chooses, nothing is forced

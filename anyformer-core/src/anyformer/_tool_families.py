@@ -13,8 +13,8 @@ phi          ``<|tool|>`` or ``functools`` (Phi-4-mini)       ``functools[{"name
 mistral      ``[TOOL_CALLS]``                                 ``[TOOL_CALLS][{...}]``; a template with ``[ARGS]``:
                                                               ``[TOOL_CALLS]name[ARGS]{...}``
 llama3       ``<|python_tag|>``, or Llama 3 headers + tools   ``{"name", "parameters"}`` (Llama 3.x's JSON calls)
-gemma4       ``<|tool_call>``                                 ``{"name", "arguments"}`` (its own value syntax is
-                                                              not JSON, so the forced call is plain JSON)
+gemma4       ``<|tool_call>``                                 ``<|tool_call>call:name{key:<|"|>text<|"|>}<tool_call|>``
+                                                              (parameters of other schema words: plain JSON)
 gemma3       ``<start_of_turn>``, no tools in the template    ``{"name", "parameters"}`` (Google's JSON convention)
 json         anything else                                    ``{"name", "arguments"}``
 ===========  ===============================================  ===========================================
@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -113,7 +114,9 @@ def family_constraint(family: ToolFamily, tools: Sequence[Mapping[str, Any]], ch
     """A forced call in ``family``'s syntax: one of the allowed functions, its arguments valid."""
     wanted = choice.removeprefix("function:") if choice.startswith("function:") else None
     allowed = [tool for tool in tools if wanted is None or tool["function"]["name"] == wanted]
-    if family in (JSON, GEMMA4):
+    if family is GEMMA4:
+        return gemma4_constraint(allowed) or call_constraint(allowed, choice)
+    if family is JSON:
         return call_constraint(allowed, choice)
     rules = []
     if family.mistral_args:
@@ -133,6 +136,82 @@ def family_constraint(family: ToolFamily, tools: Sequence[Mapping[str, Any]], ch
         frame += f" {_lark_string(family.after)}"
     grammar = "\n".join([f"start: {frame}", f"call: {alternatives}", *rules])
     return Constraint.build({"type": "lark", "lark": grammar})
+
+
+# ---- Gemma 4's own values: call:name{key:<|"|>text<|"|>,n:3} -------------------------------------------
+
+#: The schema words a Gemma 4 grammar is made for; a function whose parameters use others is forced as plain JSON.
+_GEMMA_WORDS = frozenset({"type", "properties", "required", "additionalProperties", "enum", "items", "maxLength"})
+_GEMMA_QUOTE = '"<|\\"|>"'
+_BARE_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
+_GEMMA_SCALARS = {
+    "integer": "/-?(0|[1-9][0-9]{0,17})/",
+    "number": "/-?(0|[1-9][0-9]{0,17})(\\.[0-9]{1,17})?/",
+    "boolean": '"true" | "false"',
+    "null": '"null"',
+}
+
+
+class _GemmaGrammar:
+    """Lark rules for Gemma 4's value syntax from a JSON schema (the subset in :data:`_GEMMA_WORDS`), or None."""
+
+    def __init__(self) -> None:
+        self.rules: list[str] = []
+
+    def rule(self, schema: Any) -> str | None:
+        if not isinstance(schema, Mapping) or set(schema) - _GEMMA_WORDS - {"description", "title"}:
+            return None
+        name = f"g{len(self.rules)}"
+        self.rules.append("")  # the slot is taken before its parts are made
+        body = self._body(schema)
+        if body is None:
+            return None
+        self.rules[int(name[1:])] = f"{name}: {body}"
+        return name
+
+    def _body(self, schema: Mapping[str, Any]) -> str | None:
+        if "enum" in schema:
+            values = schema["enum"]
+            if not values or not all(isinstance(v, str) and "<|" not in v for v in values):
+                return None
+            return " | ".join(f"{_GEMMA_QUOTE} {json.dumps(v)} {_GEMMA_QUOTE}" for v in values)
+        kind = schema.get("type")
+        if kind == "string":
+            longest = schema.get("maxLength")
+            count = f"{{0,{int(longest)}}}" if isinstance(longest, int) and longest >= 0 else "*"
+            return f"{_GEMMA_QUOTE} /[^<]{count}/ {_GEMMA_QUOTE}"
+        if kind in _GEMMA_SCALARS:
+            return _GEMMA_SCALARS[kind]
+        if kind == "array":
+            item = self.rule(schema.get("items", {"type": "string"}))
+            return None if item is None else f'"[" ({item} ("," {item})*)? "]"'
+        if kind == "object":
+            properties = schema.get("properties") or {}
+            if not isinstance(properties, Mapping):
+                return None
+            parts = []
+            for key, value in properties.items():  # every property, in the schema's order: a valid object
+                if not isinstance(key, str) or not _BARE_KEY.fullmatch(key):  # Gemma 4 writes keys bare
+                    return None
+                part = self.rule(value)
+                if part is None:
+                    return None
+                parts.append(f"{json.dumps(key + ':')} {part}")
+            return '"{" ' + ' "," '.join(parts) + ' "}"' if parts else '"{" "}"'
+        return None
+
+
+def gemma4_constraint(tools: Sequence[Mapping[str, Any]]) -> Constraint | None:
+    """A forced call in Gemma 4's own syntax, or None when a function's parameters use words it is not made for."""
+    grammar = _GemmaGrammar()
+    calls = []
+    for tool in tools:
+        arguments = grammar.rule(tool["function"].get("parameters") or {"type": "object"})
+        if arguments is None:
+            return None
+        calls.append(f"{json.dumps('call:' + tool['function']['name'])} {arguments}")
+    lines = ['start: "<|tool_call>" call "<tool_call|>"', f"call: {' | '.join(calls)}", *grammar.rules]
+    return Constraint.build({"type": "lark", "lark": "\n".join(lines)})
 
 
 def chat_constraint(options: GenerateOptions, template: str | None) -> Constraint | None:

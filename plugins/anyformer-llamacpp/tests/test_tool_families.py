@@ -99,6 +99,32 @@ def test_a_named_call_is_written_in_the_family_syntax_and_read_back(
                 assert call.name in ("get_weather", "get_time")
 
 
+def test_gemma4_writes_a_forced_call_in_its_own_values(tmp_path: Path) -> None:
+    template = "{% if tools %}<|tool>" + LISTED + "<tool|><|tool_call>call:<tool_call|>{% endif %}" + CHATML
+    path = write_tiny_llama(tmp_path / "gemma4-F32.gguf", chat_template=template, context=2048)
+    lookup = {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "city": {"enum": ["Paris", "Rome"]},
+                    "exact": {"type": "boolean"},
+                    "note": {"type": "string", "maxLength": 6},
+                },
+            },
+        },
+    }
+    with anyformer.load(path, backend="llamacpp") as loaded:
+        last = loaded.complete(ASK, tools=[lookup], tool_choice="required", max_new_tokens=120)
+    assert last.text.startswith('<|tool_call>call:get_weather{city:<|"|>'), last.text
+    assert last.finish_reason == "tool_calls", last.text
+    arguments = json.loads(last.tool_calls[0].arguments)
+    assert arguments["city"] in ("Paris", "Rome") and isinstance(arguments["exact"], bool)
+    assert isinstance(arguments["note"], str) and len(arguments["note"]) <= 6
+
+
 def test_gemma3_takes_tools_with_auto_by_google_s_convention(family_models: dict[str, Path]) -> None:
     with anyformer.load(family_models["gemma3"], backend="llamacpp") as loaded:
         prompt = loaded.handle.prompt_with_marks(  # type: ignore[attr-defined]
