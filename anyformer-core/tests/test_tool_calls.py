@@ -203,3 +203,16 @@ def test_tool_choice_forces_a_call_through_a_constraint() -> None:
         GenerateOptions.build(tools=tools, tool_choice={"type": "function", "function": {"name": "other"}})
     with pytest.raises(AnyformerError, match="no constraint"):
         GenerateOptions.build(tools=tools, tool_choice="required", constraint={"type": "json_object"})
+
+
+def test_a_call_that_breaks_after_its_name_ends_as_text_as_the_whole_reply_reads() -> None:
+    reply = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}} but then prose'
+    content, added, calls = _streamed(reply, 4)
+    assert parse_tool_calls(reply, NAMES) == (reply, []) and (content, calls) == (reply, [])
+    assert [c["name"] for c in added] == ["get_weather"]  # the header had gone out: the one trace left
+
+
+def test_python_and_gemma4_calls_are_sent_whole_once_their_text_ends() -> None:
+    for reply in ('[get_weather(city="Paris")', '<|tool_call>call:get_weather{city:<|"|>Paris<|"|>}'):
+        content, added, calls = _streamed(reply, 2)  # never closed: nothing was sent as a call
+        assert (content, added, calls) == (reply, [], [])

@@ -92,8 +92,8 @@ class ToolCallStream:
     def finish(self) -> tuple[str, list[dict[str, Any]], list[ToolCall]]:
         """The rest of the content, the last ``tool_calls`` entries, and the calls the reply made.
 
-        When the held text turns out to be no call it comes back as content; a call already begun
-        in the stream stays a call.
+        When the held text turns out to be no call it comes back as content, as the whole reply
+        reads (a JSON call that broke after its name was sent: that header stays the only trace).
         """
         if self._calls_text is None:
             held, self._held = self._held, ""
@@ -102,8 +102,6 @@ class ToolCallStream:
         calls = self._final_calls()
         if calls:
             return "", entries, calls
-        if self._sent:
-            return "", entries, [ToolCall(s.name, s.arguments, s.id) for s in self._sent]
         return self._calls_text, [], []
 
     def _drafts(self) -> list[CallDraft] | None:

@@ -44,8 +44,8 @@ class CallDraft:
 
     ``name`` is set once the name's text is whole; ``arguments`` is the arguments' JSON text so far
     (only ever growing: a stream sends what is new); ``complete`` once the call's text has ended.
-    ``arguments`` stays empty while the syntax writes them other than as JSON (Python, Gemma 4),
-    and is set whole when the call is complete; ``valid`` is False when they do not read.
+    Where the syntax writes the arguments other than as JSON (Python, Gemma 4) the name and the
+    arguments are set together when the call is complete; ``valid`` is False when they do not read.
     """
 
     name: str | None = None
@@ -69,6 +69,8 @@ class ToolSyntax:
 
 _ARGUMENT_KEYS = ("arguments", "parameters")
 _WHITESPACE = " \t\r\n"
+#: What may stand between two calls written as JSON (Llama 3.x writes ``;``).
+_SEPARATORS = ",;"
 
 
 class _JsonCalls:
@@ -78,9 +80,8 @@ class _JsonCalls:
     values are kept as text spans, so the arguments' text is the model's, byte for byte.
     """
 
-    def __init__(self, text: str, separators: str = ",;") -> None:
+    def __init__(self, text: str) -> None:
         self.text = text
-        self.separators = separators
         self.drafts: list[CallDraft] = []
         self.end = 0  # where the run of JSON stopped (what follows is not part of it)
         self.ok = True
@@ -140,7 +141,7 @@ class _JsonCalls:
                 if key is not None and value_start >= 0:
                     spans[key] = (value_start, i)
                 key, key_start, value_start = None, -1, -1
-            elif not stack and char not in _WHITESPACE and char not in self.separators:
+            elif not stack and char not in _WHITESPACE and char not in _SEPARATORS:
                 self.end = i
                 return self  # the JSON ended: what follows is something else
             i += 1
@@ -295,10 +296,11 @@ def _gemma4(body: str) -> list[CallDraft] | None:
                 return None
             drafts.append(CallDraft())
             continue
-        draft = CallDraft(name=found.group(1))
+        draft = CallDraft()  # the name waits for the whole call, as its arguments do (they are made JSON then)
         if closed:
             arguments = gemma_arguments_json(inner[found.end() - 1 :])
-            draft.complete, draft.valid, draft.arguments = True, arguments is not None, arguments or ""
+            draft.name, draft.complete = found.group(1), True
+            draft.valid, draft.arguments = arguments is not None, arguments or ""
         drafts.append(draft)
     return drafts
 
@@ -343,10 +345,10 @@ def _python_drafts(source: str, complete: bool) -> list[CallDraft] | None:
         if calls is None:
             return None
         return [CallDraft(name=name, arguments=arguments, complete=True) for name, arguments in calls]
-    found = _PYTHON_NAME.match(source.lstrip("["))
-    if found is None:
-        return None if re.search(r"[^\sA-Za-z0-9_\-(\[]", source) else [CallDraft()]
-    return [CallDraft(name=found.group(1))]
+    # The name waits for the whole call (the arguments come whole then too): a call that never closes sends nothing.
+    if _PYTHON_NAME.match(source.lstrip("[")) is None and re.search(r"[^\sA-Za-z0-9_\-(\[]", source):
+        return None
+    return [CallDraft()]
 
 
 def _tool_code(body: str) -> list[CallDraft] | None:
