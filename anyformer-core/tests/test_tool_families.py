@@ -208,6 +208,8 @@ def test_a_prompt_that_opens_think_is_noted_and_the_calls_read_after_the_reasoni
     chunks = list(loaded.generate(ASK, tools=[WEATHER], thinking=True))
     assert all(chunk.thinking_opened for chunk in chunks)
     assert chunks[-1].finish_reason == "tool_calls" and chunks[-1].tool_calls[0].name == "get_weather"
+    unclosed = load_tool_backend(_reply('Thinking <tool_call>{"name": "get_weather", "arguments": {}}</tool_call>'))
+    assert list(unclosed.generate(ASK, tools=[WEATHER], thinking=True))[-1].tool_calls == ()  # all reasoning
     off = list(loaded.generate(ASK, thinking=False))  # the same template with thinking off opens nothing
     assert not any(chunk.thinking_opened for chunk in off)
 

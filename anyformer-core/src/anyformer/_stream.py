@@ -34,8 +34,8 @@ def _held_back(text: str, stops: tuple[str, ...]) -> int:
 
 def _after_reasoning(text: str, note: RenderNote) -> str:
     """The reply past its reasoning (``<think>…</think>``, opened by the reply or by the prompt): where calls are."""
-    if (note.thinking_opened or text.lstrip().startswith("<think>")) and "</think>" in text:
-        return text.split("</think>", 1)[1]
+    if note.thinking_opened or text.lstrip().startswith("<think>"):
+        return text.split("</think>", 1)[1] if "</think>" in text else ""  # reasoning never closed: no calls
     return text
 
 
