@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Iterator
 
-from anyformer import (
+from anyformer.plugin import (
     BackendModel,
     Caps,
     Chunk,
@@ -29,7 +29,7 @@ from anyformer import (
     format_size,
     hookimpl,
 )
-from anyformer_gguf_gpu.model_choice import GgufChoice, choose_and_judge, store_refusal
+from anyformer_gguf_gpu.model_choice import GgufChoice, choose_and_judge, load_caps, store_refusal
 from anyformer_localmind import BACKEND_ID
 from anyformer_localmind.estimate import MAX_BATCH, RAM_OVERHEAD, context_for, modelled_speed
 
@@ -130,7 +130,8 @@ def load(backend: str, model: Model, request: Request, progress: ProgressCallbac
         return None
     from anyformer_localmind.engine import LocalMindModel  # imports wgpu
 
-    return LocalMindModel.open(model, request, progress)
+    # The engine takes the file this verdict chose: handed over, so that the engine never imports these hooks.
+    return LocalMindModel.open(model, request, progress, can_run(model, load_caps(request, gpu=True), request))
 
 
 @hookimpl
