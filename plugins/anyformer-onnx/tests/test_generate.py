@@ -16,8 +16,8 @@ import pytest
 
 import anyformer
 from anyformer.plugin import AnyformerError, ErrorCode
-from anyformer_onnx.chat_model import OnnxChatModel
-from anyformer_onnx.sampling import Sampler
+from anyformer_onnx.chat.handle import OnnxChatModel
+from anyformer_onnx.chat.sampling import Sampler
 
 pytestmark = pytest.mark.slow
 

@@ -1,6 +1,6 @@
 """``load``: choose the graph, fetch it with its external data and text files, open the right handle.
 
-Imported by the ``load`` hook only: it imports onnxruntime (through :mod:`ort_session`).
+Imported by the ``load`` hook only: it imports onnxruntime (through :mod:`session.ort_session`).
 """
 
 from __future__ import annotations
@@ -24,17 +24,17 @@ from anyformer.plugin import (
     read_config_json,
 )
 from anyformer_onnx import BACKEND_ID
-from anyformer_onnx.audio_encoder import AudioGraph, feature_extractor_config
-from anyformer_onnx.chat_model import OnnxChatModel
-from anyformer_onnx.classifier_model import OnnxClassifierModel
-from anyformer_onnx.decoder import DecoderGraph
-from anyformer_onnx.embedding_model import OnnxEmbeddingModel, pooling_of
-from anyformer_onnx.encoder import EncoderGraph
+from anyformer_onnx.media.audio_encoder import AudioGraph, feature_extractor_config
+from anyformer_onnx.chat.handle import OnnxChatModel
+from anyformer_onnx.text.classifier import OnnxClassifierModel
+from anyformer_onnx.chat.decoder import DecoderGraph
+from anyformer_onnx.text.embeddings import OnnxEmbeddingModel, pooling_of
+from anyformer_onnx.text.encoder import EncoderGraph
 from anyformer_onnx.estimate import context_for
-from anyformer_onnx.fused_graph import prepare_decoder
-from anyformer_onnx.gemma4_audio import gemma4_audio_kind
-from anyformer_onnx.gemma4_image import gemma4_image_kind
-from anyformer_onnx.gemma4_media import gemma4_media_pad
+from anyformer_onnx.rewrite.fused_graph import prepare_decoder
+from anyformer_onnx.media.gemma4_audio import gemma4_audio_kind
+from anyformer_onnx.media.gemma4_image import gemma4_image_kind
+from anyformer_onnx.media.gemma4_media import gemma4_media_pad
 from anyformer_onnx.graphs import (
     SPEECH_STEMS,
     GraphChoice,
@@ -44,9 +44,9 @@ from anyformer_onnx.graphs import (
     media_chat_stems,
     module_graphs,
 )
-from anyformer_onnx.image_preprocessing import ImagePreprocessor
-from anyformer_onnx.log_mel import LogMel
-from anyformer_onnx.multimodal import (
+from anyformer_onnx.media.image_preprocessing import ImagePreprocessor
+from anyformer_onnx.media.log_mel import LogMel
+from anyformer_onnx.media.prompter import (
     MediaKind,
     MediaPrompter,
     audio_kind,
@@ -55,13 +55,13 @@ from anyformer_onnx.multimodal import (
     image_token_id,
     qwen_image_kind,
 )
-from anyformer_onnx.ort_session import open_session
-from anyformer_onnx.per_layer import PER_LAYER_INPUTS, declares_per_layer_inputs, unread_media
+from anyformer_onnx.session.ort_session import open_session
+from anyformer_onnx.chat.per_layer import PER_LAYER_INPUTS, declares_per_layer_inputs, unread_media
 from anyformer_onnx.plugin import PREPROCESSOR_CONFIG, PROCESSOR_CONFIG, SPEECH_FILES, stems_for
-from anyformer_onnx.qwen_vl_image import GRID_INPUTS, QwenVisionGraph, QwenVLImageProcessor
-from anyformer_onnx.runtime import CUDA, available_providers, choose_provider
-from anyformer_onnx.speech_model import OnnxSpeechRecognizerModel, WhisperGraphs
-from anyformer_onnx.tasks import (
+from anyformer_onnx.media.qwen_vl_image import GRID_INPUTS, QwenVisionGraph, QwenVLImageProcessor
+from anyformer_onnx.session.providers import CUDA, available_providers, choose_provider
+from anyformer_onnx.speech.handle import OnnxSpeechRecognizerModel, WhisperGraphs
+from anyformer_onnx.tasks.names import (
     CHAT_TASKS,
     CLASSIFICATION_TASKS,
     DEPTH_ESTIMATION,
@@ -73,8 +73,8 @@ from anyformer_onnx.tasks import (
     TASKS,
     task_of,
 )
-from anyformer_onnx.text_setup import TEXT_FILES, load_text_setup, load_tokenizer, present_text_files
-from anyformer_onnx.vision_models import (
+from anyformer_onnx.text.setup import TEXT_FILES, load_text_setup, load_tokenizer, present_text_files
+from anyformer_onnx.vision.handles import (
     OnnxDepthEstimatorModel,
     OnnxImageClassifierModel,
     OnnxMaskSegmenterModel,

@@ -36,9 +36,9 @@ from anyformer_onnx.graphs import (
     media_encoders,
     module_graphs,
 )
-from anyformer_onnx.per_layer import declares_per_layer_inputs, per_layer_encoders, unread_media
-from anyformer_onnx.runtime import CUDA, INSTALL_HINT, expected_provider, onnxruntime_installed
-from anyformer_onnx.tasks import (
+from anyformer_onnx.chat.per_layer import declares_per_layer_inputs, per_layer_encoders, unread_media
+from anyformer_onnx.session.providers import CUDA, INSTALL_HINT, expected_provider, onnxruntime_installed
+from anyformer_onnx.tasks.names import (
     AUDIO_TEXT_TO_TEXT,
     CHAT_TASKS,
     DETR_STYLE,
@@ -259,7 +259,7 @@ def load(backend: str, model: Model, request: Request, progress: ProgressCallbac
 @hookimpl
 def store_list() -> list[StoreEntry]:
     """The decoder graphs this backend fused on a first load, kept under ``ANYFORMER_HOME/onnx``."""
-    from anyformer_onnx.fused_store import fused_entries
+    from anyformer_onnx.rewrite.fused_store import fused_entries
 
     return fused_entries()
 

@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 
 from anyformer.plugin import AnyformerError, ErrorCode
-from anyformer_onnx.multimodal import MediaKind
-from anyformer_onnx.text_setup import TextSetup
+from anyformer_onnx.media.prompter import MediaKind
+from anyformer_onnx.text.setup import TextSetup
 
 #: ``Gemma4Config``'s token ids, for a config.json that leaves one out.
 DEFAULT_TOKENS = {

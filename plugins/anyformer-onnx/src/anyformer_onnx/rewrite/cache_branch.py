@@ -3,7 +3,7 @@
 optimum's ``decoder_model_merged.onnx`` holds two decoders in one ``If`` node: the ``then``
 branch reads ``past_key_values.N.*`` and appends the new positions to them, the ``else`` branch
 ignores the past and returns the prompt's keys and values. The decode loop
-(:class:`anyformer_onnx.decoder.DecodeLoop`) feeds ``use_cache_branch`` false only on the first
+(:class:`anyformer_onnx.chat.decoder.DecodeLoop`) feeds ``use_cache_branch`` false only on the first
 step, and on that step the past it feeds has zero positions; the with-past branch on an empty
 past computes what the no-past branch computes (the same positions, nothing before them to
 attend to, the presents the prompt's own). So for this loop the graph is its with-past branch,
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from anyformer_onnx.attention_fusion import NotFusable
+from anyformer_onnx.rewrite.attention_fusion import NotFusable
 
 BRANCH_INPUT = "use_cache_branch"
 _GRAPH_ATTRIBUTES = (5, 10)  # AttributeProto GRAPH, GRAPHS

@@ -1,7 +1,7 @@
 """A decoder graph with its attention fused, made once on the first load, proven, and kept in anyformer's cache.
 
-The rewrite itself is :mod:`attention_fusion` (after :mod:`cache_branch` reduces optimum's merged
-decoder to its with-past branch; then :mod:`norm_fusion` and :mod:`mlp_fusion`). Here: where the
+The rewrite itself is :mod:`rewrite.attention_fusion` (after :mod:`rewrite.cache_branch` reduces optimum's merged
+decoder to its with-past branch; then :mod:`rewrite.norm_fusion` and :mod:`rewrite.mlp_fusion`). Here: where the
 result lives, when it is made again, and the proof that it computes what the exported graph computes.
 
 - Where: ``ANYFORMER_HOME/onnx/<org>/<name>/fused/<key>/`` for a Hub model (``anyformer rm``
@@ -50,11 +50,11 @@ from anyformer.plugin import (
     read_onnx_summary,
 )
 from anyformer_onnx import BACKEND_ID
-from anyformer_onnx.attention_fusion import NotFusable, attention_shape, fuse_attention
-from anyformer_onnx.cache_branch import reduce_to_with_past
-from anyformer_onnx.fused_store import DATA_NAME, GRAPH_NAME, RECORD_NAME, cache_folder
-from anyformer_onnx.mlp_fusion import split_gate_up
-from anyformer_onnx.norm_fusion import fuse_norms
+from anyformer_onnx.rewrite.attention_fusion import NotFusable, attention_shape, fuse_attention
+from anyformer_onnx.rewrite.cache_branch import reduce_to_with_past
+from anyformer_onnx.rewrite.fused_store import DATA_NAME, GRAPH_NAME, RECORD_NAME, cache_folder
+from anyformer_onnx.rewrite.mlp_fusion import split_gate_up
+from anyformer_onnx.rewrite.norm_fusion import fuse_norms
 
 #: Bumped when the rewrite changes, so graphs fused by an older one are made again.
 FUSION_VERSION = 7
@@ -272,7 +272,7 @@ def _probe(model: Any, config: Mapping[str, Any]) -> list[np.ndarray]:
     """The last-position logits of a seeded prompt and of the decode steps after it (greedy on the first graph)."""
     import onnxruntime
 
-    from anyformer_onnx.decoder import DecodeLoop, DecoderGraph
+    from anyformer_onnx.chat.decoder import DecodeLoop, DecoderGraph
 
     options = onnxruntime.SessionOptions()
     options.log_severity_level = 3

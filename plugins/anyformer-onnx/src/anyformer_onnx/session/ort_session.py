@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from anyformer.plugin import AnyformerError, ErrorCode, check_onnx_external_data, usable_cpu_count
-from anyformer_onnx.runtime import CPU, CUDA, available_providers, choose_provider
+from anyformer_onnx.session.providers import CPU, CUDA, available_providers, choose_provider
 
 #: Environment variable that sets the intra-op threads (default: every usable core).
 THREADS_VARIABLE = "ANYFORMER_ONNX_THREADS"

@@ -18,7 +18,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from anyformer_onnx.attention_fusion import live_nodes
+from anyformer_onnx.rewrite.attention_fusion import live_nodes
 
 #: The operators a traced RMSNorm is made of (anything else in the scope: not an RMSNorm).
 RMS_OPS = frozenset({"Cast", "Pow", "ReduceMean", "Add", "Sqrt", "Div", "Reciprocal", "Mul", "Constant"})

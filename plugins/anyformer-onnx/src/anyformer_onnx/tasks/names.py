@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from anyformer.plugin import Model
 from anyformer_onnx.graphs import media_encoders, module_graphs
-from anyformer_onnx.per_layer import declares_per_layer_inputs
+from anyformer_onnx.chat.per_layer import declares_per_layer_inputs
 
 TEXT_GENERATION = "text-generation"
 FEATURE_EXTRACTION = "feature-extraction"

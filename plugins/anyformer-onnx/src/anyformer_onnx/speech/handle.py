@@ -13,14 +13,14 @@ The prompt is ``generation_config.json``'s: the start token; on a multilingual m
 the start token) and the task (``transcribe`` or ``translate``); then ``<|notimestamps|>`` unless
 timestamps are asked for. Each step suppresses ``suppress_tokens``, the first also
 ``begin_suppress_tokens``, and with timestamps Whisper's timestamp rules apply
-(:func:`~anyformer_onnx.whisper_longform.timestamp_rules`); a reply ends at ``eos_token_id`` or after
+(:func:`~anyformer_onnx.speech.longform.timestamp_rules`); a reply ends at ``eos_token_id`` or after
 ``max_new_tokens`` (default: ``max_length`` less the prompt).
 
 As transformers' pipeline with ``chunk_length_s=30``: a clip is cut into windows of 30 s overlapping
 by 5 s on each inner side; each window is decoded as Whisper's ``generate`` decodes one (resuming
 after the last pair of timestamps until the window's end) and the windows' tokens are merged where
 they overlap into the text and, with ``return_timestamps=True``, segments
-``{"text", "timestamp": (start, end)}`` (:mod:`anyformer_onnx.whisper_longform`).
+``{"text", "timestamp": (start, end)}`` (:mod:`anyformer_onnx.speech.longform`).
 
 The handle declares ``run_progress``: ``run`` reports a ``transcribe`` (or ``translate``) event after
 each window, ``done`` of ``total`` windows over every clip of the call (a clip of 30 s or less is
@@ -39,9 +39,9 @@ import numpy as np
 
 from anyformer.plugin import AnyformerError, ErrorCode, ProgressCallback, ProgressEvent, no_progress
 from anyformer_onnx import BACKEND_ID
-from anyformer_onnx.audio_input import load_audio
-from anyformer_onnx.log_mel import LogMel
-from anyformer_onnx.whisper_longform import chunk_spans, merge_windows, split_segments, timestamp_rules
+from anyformer_onnx.media.audio_input import load_audio
+from anyformer_onnx.media.log_mel import LogMel
+from anyformer_onnx.speech.longform import chunk_spans, merge_windows, split_segments, timestamp_rules
 
 _PAST = re.compile(r"^past_key_values\.(\d+)\.(decoder|encoder)\.(key|value)$")
 #: The most clips one call takes.

@@ -1,7 +1,7 @@
 """A multimodal export's ``audio_encoder`` graph: one clip's log-mel features in, its audio token rows out.
 
 The graph takes ``input_features`` [1, mel bins, frames] (Whisper's log-mel spectrogram of the clip
-padded to the feature extractor's window, :mod:`log_mel`) and, when it asks, the feature
+padded to the feature extractor's window, :mod:`media.log_mel`) and, when it asks, the feature
 extractor's mask of real frames (``feature_attention_mask``, ``input_features_mask`` or
 ``attention_mask``: ones for the first ``ceil(samples / hop)`` frames, as Whisper's feature
 extractor returns it with ``return_attention_mask=True``). It returns ``audio_features``: one row
@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 
 from anyformer.plugin import AnyformerError, ErrorCode
-from anyformer_onnx.audio_input import IN_CHAT_WINDOW, load_audio
-from anyformer_onnx.log_mel import LogMel
+from anyformer_onnx.media.audio_input import IN_CHAT_WINDOW, load_audio
+from anyformer_onnx.media.log_mel import LogMel
 
 #: Names of the real-frames mask input, as exporters spell it.
 MASK_INPUTS = ("feature_attention_mask", "input_features_mask", "attention_mask")

@@ -34,10 +34,10 @@ from typing import Any
 import numpy as np
 
 from anyformer.plugin import AnyformerError, ErrorCode
-from anyformer_onnx.image_input import load_image
-from anyformer_onnx.image_preprocessing import BICUBIC, float_triple, resample_of, rescale_of
-from anyformer_onnx.mrope import Grid
-from anyformer_onnx.ort_session import run_refusing
+from anyformer_onnx.media.image_input import load_image
+from anyformer_onnx.media.image_preprocessing import BICUBIC, float_triple, resample_of, rescale_of
+from anyformer_onnx.chat.mrope import Grid
+from anyformer_onnx.session.ort_session import run_refusing
 
 #: CLIP's normalisation, the processor's default.
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)

@@ -3,7 +3,7 @@
 The repo holds ``embed_tokens`` (``input_ids`` → ``inputs_embeds``), a decoder reading
 ``inputs_embeds``, and a ``vision_encoder`` (``pixel_values`` → ``image_features`` [images, n,
 hidden], the projector included; LLaVA-style), an ``audio_encoder`` (log-mel ``input_features`` →
-``audio_features`` [1, n, hidden]; Qwen2-Audio-style, :mod:`audio_encoder`) or both. Each media
+``audio_features`` [1, n, hidden]; Qwen2-Audio-style, :mod:`media.audio_encoder`) or both. Each media
 block is first given to the chat template as a block of its kind (``render_chat(blocks=True)``, as
 transformers' processors give it): a multimodal template writes its own placeholder where the block
 sits, and that rendering is kept when it holds each kind's token once per block — the prompt
@@ -16,12 +16,12 @@ feature row its encoder gives, as transformers' processors expand it, and the em
 positions are the block's features. A template that drops or repeats a block, or a media token
 typed in a message, is ``BAD_REQUEST``; so is a block of a kind the model has no encoder for.
 
-A Gemma 4 export (:mod:`gemma4_image`) writes ``<|image>`` and ``<image|>`` around each image's run
+A Gemma 4 export (:mod:`media.gemma4_image`) writes ``<|image>`` and ``<image|>`` around each image's run
 of image tokens, and its embed_tokens reads the media tokens as the pad token (``media_pad``).
 
-A Qwen2-VL-family export (:mod:`qwen_vl_image`) writes an image as
+A Qwen2-VL-family export (:mod:`media.qwen_vl_image`) writes an image as
 ``<|vision_start|><|image_pad|><|vision_end|>``; its encoder also returns each image's patch grid,
-from which the prompt's M-RoPE positions [3, seq] are computed (:mod:`mrope`).
+from which the prompt's M-RoPE positions [3, seq] are computed (:mod:`chat.mrope`).
 """
 
 from __future__ import annotations
@@ -33,10 +33,10 @@ from typing import Any
 import numpy as np
 
 from anyformer.plugin import AnyformerError, ErrorCode, Message
-from anyformer_onnx.image_input import load_image
-from anyformer_onnx.mrope import Grid, rope_index
-from anyformer_onnx.per_layer import PER_LAYER_INPUTS
-from anyformer_onnx.text_setup import TextSetup
+from anyformer_onnx.media.image_input import load_image
+from anyformer_onnx.chat.mrope import Grid, rope_index
+from anyformer_onnx.chat.per_layer import PER_LAYER_INPUTS
+from anyformer_onnx.text.setup import TextSetup
 
 #: The most images one conversation may carry.
 MAX_IMAGES = 16
@@ -106,7 +106,7 @@ def image_kind(vision: Any, text: TextSetup, token_id: int, label: str) -> Media
 
 
 def audio_kind(audio: Any, text: TextSetup, token_id: int, wrappers: tuple[str, str], label: str) -> MediaKind:
-    """Audio blocks read by an :class:`~anyformer_onnx.audio_encoder.AudioGraph`.
+    """Audio blocks read by an :class:`~anyformer_onnx.media.audio_encoder.AudioGraph`.
 
     ``wrappers`` are the processor's ``audio_bos_token`` and ``audio_eos_token`` (empty when it has
     none): Qwen2-Audio's template writes ``<|audio_bos|><|AUDIO|><|audio_eos|>`` for a clip.
@@ -119,7 +119,7 @@ def audio_kind(audio: Any, text: TextSetup, token_id: int, wrappers: tuple[str, 
 
 
 def qwen_image_kind(vision: Any, text: TextSetup, token_id: int, wrappers: tuple[int, int], label: str) -> MediaKind:
-    """Image blocks of a Qwen2-VL-family export: a :class:`~anyformer_onnx.qwen_vl_image.QwenVisionGraph`.
+    """Image blocks of a Qwen2-VL-family export: a :class:`~anyformer_onnx.media.qwen_vl_image.QwenVisionGraph`.
 
     ``wrappers`` are config.json's ``vision_start_token_id`` and ``vision_end_token_id``: an image
     is written ``<|vision_start|><|image_pad|><|vision_end|>``, as the model's chat template does.

@@ -1,7 +1,7 @@
 """Where fused decoder graphs live under ``ANYFORMER_HOME``, and their listing for ``store_list``.
 
 Kept free of numpy, onnx and onnxruntime: the ``store_list`` hook runs on every ``anyformer ls``.
-The folders are written by :mod:`fused_graph`.
+The folders are written by :mod:`rewrite.fused_graph`.
 """
 
 from __future__ import annotations

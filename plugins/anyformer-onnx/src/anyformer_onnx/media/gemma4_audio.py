@@ -38,10 +38,10 @@ from typing import Any
 import numpy as np
 
 from anyformer.plugin import AnyformerError, ErrorCode
-from anyformer_onnx.audio_input import IN_CHAT_WINDOW, load_audio
-from anyformer_onnx.gemma4_media import gemma4_media_kind, processor_part
-from anyformer_onnx.multimodal import MAX_CLIPS, MediaKind
-from anyformer_onnx.text_setup import TextSetup
+from anyformer_onnx.media.audio_input import IN_CHAT_WINDOW, load_audio
+from anyformer_onnx.media.gemma4_media import gemma4_media_kind, processor_part
+from anyformer_onnx.media.prompter import MAX_CLIPS, MediaKind
+from anyformer_onnx.text.setup import TextSetup
 
 #: The extractor pads each clip to a multiple of this many samples.
 PAD_TO_MULTIPLE = 128

@@ -15,7 +15,7 @@ Both start as zeros (transformers' layers start from no state: a zero-padded con
 zero recurrent state) and every step feeds back the step before's ``present`` values, whatever the
 number of tokens the step carried. Shapes come from the graph's static dims, else config.json's.
 Other states (LFM2's and the Mamba hybrids' ``past_ssm``, OLMo-hybrid's split convolution
-states) are not read: :class:`~anyformer_onnx.decoder.DecoderGraph` refuses them by name.
+states) are not read: :class:`~anyformer_onnx.chat.decoder.DecoderGraph` refuses them by name.
 """
 
 from __future__ import annotations

@@ -10,15 +10,15 @@ through IO binding), so the cache never round-trips through numpy (on CUDA it ne
 GPU); only the last row of logits is copied out. The graph
 itself still concatenates each new position onto the past (that is how these exports are built).
 
-A decoder with per-layer inputs (Gemma 3n, Gemma 4's small models; :mod:`per_layer`) also takes
+A decoder with per-layer inputs (Gemma 3n, Gemma 4's small models; :mod:`chat.per_layer`) also takes
 ``per_layer_inputs``, which ``embed_tokens`` returns beside ``inputs_embeds``: each step feeds both
 outputs for its own tokens.
 
-A hybrid decoder (Qwen3.5, Qwen3-Next; :mod:`cache_state`) also carries its linear-attention
+A hybrid decoder (Qwen3.5, Qwen3-Next; :mod:`chat.cache_state`) also carries its linear-attention
 layers' ``past_conv.i`` / ``past_recurrent.i`` states: zeros at first, then each step's
 ``present_conv.i`` / ``present_recurrent.i``, fed back like the KV cache.
 
-A Qwen2-VL-family decoder takes ``position_ids`` of shape [3, batch, seq] (M-RoPE, :mod:`mrope`):
+A Qwen2-VL-family decoder takes ``position_ids`` of shape [3, batch, seq] (M-RoPE, :mod:`chat.mrope`):
 the prompt's rows come with the prompt when it holds images, and every later token's plain
 position plus the prompt's rope delta fills all three rows.
 """
@@ -32,10 +32,10 @@ from typing import Any
 import numpy as np
 
 from anyformer.plugin import AnyformerError, ErrorCode
-from anyformer_onnx.cache_state import state_entries
-from anyformer_onnx.mrope import step_positions
-from anyformer_onnx.per_layer import FAMILY, PER_LAYER_INPUTS
-from anyformer_onnx.sampling import Sampler, apply_repetition_penalty
+from anyformer_onnx.chat.cache_state import state_entries
+from anyformer_onnx.chat.mrope import step_positions
+from anyformer_onnx.chat.per_layer import FAMILY, PER_LAYER_INPUTS
+from anyformer_onnx.chat.sampling import Sampler, apply_repetition_penalty
 
 _PAST = re.compile(r"^past_key_values\.(\d+)\.(key|value)$")
 #: Cache states beside the KV cache, as transformers.js names them (``past_conv.N``, ``past_recurrent.N``,
@@ -115,7 +115,7 @@ class DecoderGraph:
             PER_LAYER_INPUTS,
             *_LOGITS_TO_KEEP,
         }
-        #: Fixed-size states of linear-attention layers (Qwen3.5, Qwen3-Next; :mod:`cache_state`).
+        #: Fixed-size states of linear-attention layers (Qwen3.5, Qwen3-Next; :mod:`chat.cache_state`).
         self.states = state_entries(inputs, outputs, config, label)
         #: Everything each step feeds back, and the outputs it comes from: the KV cache, then the states.
         self.carried = [*self.past_names, *(entry.name for entry in self.states)]

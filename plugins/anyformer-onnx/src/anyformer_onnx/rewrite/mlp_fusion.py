@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from anyformer_onnx.attention_fusion import live_nodes
+from anyformer_onnx.rewrite.attention_fusion import live_nodes
 
 _SCOPE = re.compile(r"layers\.(\d+)/mlp/")
 

@@ -16,11 +16,11 @@ from anyformer.plugin import (
     has_images,
 )
 from anyformer_onnx import BACKEND_ID
-from anyformer_onnx.decoder import DecodeLoop, DecoderGraph
-from anyformer_onnx.multimodal import MediaPrompter
-from anyformer_onnx.sampling import Sampler
-from anyformer_onnx.tasks import TEXT_GENERATION
-from anyformer_onnx.text_setup import TextSetup
+from anyformer_onnx.chat.decoder import DecodeLoop, DecoderGraph
+from anyformer_onnx.media.prompter import MediaPrompter
+from anyformer_onnx.chat.sampling import Sampler
+from anyformer_onnx.tasks.names import TEXT_GENERATION
+from anyformer_onnx.text.setup import TextSetup
 
 
 class OnnxChatModel:

@@ -37,12 +37,12 @@ from typing import Any
 import numpy as np
 
 from anyformer.plugin import AnyformerError, ErrorCode
-from anyformer_onnx.gemma4_media import gemma4_media_kind, processor_part
-from anyformer_onnx.image_input import load_image
-from anyformer_onnx.image_preprocessing import BICUBIC, float_triple, resample_of, rescale_of
-from anyformer_onnx.multimodal import MAX_IMAGES, MediaKind
-from anyformer_onnx.ort_session import run_refusing
-from anyformer_onnx.text_setup import TextSetup
+from anyformer_onnx.media.gemma4_media import gemma4_media_kind, processor_part
+from anyformer_onnx.media.image_input import load_image
+from anyformer_onnx.media.image_preprocessing import BICUBIC, float_triple, resample_of, rescale_of
+from anyformer_onnx.media.prompter import MAX_IMAGES, MediaKind
+from anyformer_onnx.session.ort_session import run_refusing
+from anyformer_onnx.text.setup import TextSetup
 
 #: The soft-token budgets transformers' processor accepts.
 SOFT_TOKEN_BUDGETS = (70, 140, 280, 560, 1120)
