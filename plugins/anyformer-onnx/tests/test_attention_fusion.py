@@ -22,16 +22,16 @@ import pytest
 from onnx import helper
 
 import anyformer
+from anyformer_onnx.chat.decoder import DecodeLoop, DecoderGraph
+from anyformer_onnx.chat.handle import OnnxChatModel
+from anyformer_onnx.chat.sampling import Sampler
 from anyformer_onnx.rewrite import fused_graph
 from anyformer_onnx.rewrite.attention_fusion import NotFusable, attention_shape, fuse_attention, inverse_frequencies
 from anyformer_onnx.rewrite.cache_branch import reduce_to_with_past
-from anyformer_onnx.chat.handle import OnnxChatModel
-from anyformer_onnx.chat.decoder import DecodeLoop, DecoderGraph
 from anyformer_onnx.rewrite.fused_graph import prepare_decoder
 from anyformer_onnx.rewrite.fused_store import fused_entries
 from anyformer_onnx.rewrite.mlp_fusion import split_gate_up
 from anyformer_onnx.rewrite.norm_fusion import fuse_norms
-from anyformer_onnx.chat.sampling import Sampler
 
 
 def _config(folder: Path) -> dict[str, Any]:

@@ -25,7 +25,8 @@ from anyformer.plugin import AnyformerError, Caps, ErrorCode, Model, Refusal, Re
 from anyformer_onnx import plugin
 from anyformer_onnx.chat.decoder import DecodeLoop
 from anyformer_onnx.chat.per_layer import PER_LAYER_INPUTS, declares_per_layer_inputs
-from anyformer_onnx.tasks.names import TEXT_GENERATION, task_of
+from anyformer_onnx.tasks.names import TEXT_GENERATION
+from anyformer_onnx.tasks.registry import task_of
 
 
 @pytest.fixture(scope="module")

@@ -26,8 +26,8 @@ from teacher_forcing import Teacher, media_messages
 import anyformer
 from anyformer.plugin import AnyformerError, ErrorCode
 from anyformer_onnx.chat.mrope import rope_index, step_positions
-from anyformer_onnx.media.qwen_vl_image import QwenVLImageProcessor
 from anyformer_onnx.chat.sampling import Sampler
+from anyformer_onnx.media.qwen_vl_image import QwenVLImageProcessor
 
 
 @pytest.fixture(scope="module")

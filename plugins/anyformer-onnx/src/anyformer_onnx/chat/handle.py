@@ -7,6 +7,7 @@ from typing import Any
 
 from anyformer.plugin import (
     AnyformerError,
+    BackendModel,
     Chunk,
     ErrorCode,
     GenerateOptions,
@@ -17,8 +18,8 @@ from anyformer.plugin import (
 )
 from anyformer_onnx import BACKEND_ID
 from anyformer_onnx.chat.decoder import DecodeLoop, DecoderGraph
-from anyformer_onnx.media.prompter import MediaPrompter
 from anyformer_onnx.chat.sampling import Sampler
+from anyformer_onnx.media.prompter import MediaPrompter
 from anyformer_onnx.tasks.names import TEXT_GENERATION
 from anyformer_onnx.text.setup import TextSetup
 
@@ -150,3 +151,12 @@ class OnnxChatModel:
             yield Chunk(delta="", tokens=count, finish_reason="cancelled", prompt_tokens=size)
         finally:
             tokens.close()
+
+
+def stream_of(loaded: BackendModel, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk]:
+    """The chunk stream of a chat handle; ``BAD_REQUEST`` for a handle loaded for another task."""
+    if not isinstance(loaded, OnnxChatModel):
+        raise AnyformerError(
+            ErrorCode.BAD_REQUEST, f"the model was loaded for {loaded.task}: it runs with run(), not generate()"
+        )
+    return loaded.stream(messages, options)

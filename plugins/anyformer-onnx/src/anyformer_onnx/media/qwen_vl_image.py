@@ -34,9 +34,9 @@ from typing import Any
 import numpy as np
 
 from anyformer.plugin import AnyformerError, ErrorCode
+from anyformer_onnx.chat.mrope import Grid
 from anyformer_onnx.media.image_input import load_image
 from anyformer_onnx.media.image_preprocessing import BICUBIC, float_triple, resample_of, rescale_of
-from anyformer_onnx.chat.mrope import Grid
 from anyformer_onnx.session.ort_session import run_refusing
 
 #: CLIP's normalisation, the processor's default.

@@ -26,8 +26,8 @@ import numpy as np
 
 from anyformer.plugin import AnyformerError, ErrorCode, ProgressCallback, ProgressEvent, no_progress
 from anyformer_onnx import BACKEND_ID
-from anyformer_onnx.text.encoder import EncoderGraph, texts_of
 from anyformer_onnx.tasks.names import TEXT_CLASSIFICATION
+from anyformer_onnx.text.encoder import EncoderGraph, texts_of
 
 FUNCTIONS = ("softmax", "sigmoid", "none")
 _UNSET: Any = object()

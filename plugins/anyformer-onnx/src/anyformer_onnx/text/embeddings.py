@@ -14,8 +14,8 @@ import numpy as np
 
 from anyformer.plugin import AnyformerError, ErrorCode, ProgressCallback, ProgressEvent, no_progress
 from anyformer_onnx import BACKEND_ID
-from anyformer_onnx.text.encoder import EncoderGraph, texts_of
 from anyformer_onnx.tasks.names import SENTENCE_SIMILARITY
+from anyformer_onnx.text.encoder import EncoderGraph, texts_of
 
 POOLINGS = ("mean", "cls", "max")
 _HIDDEN_OUTPUTS = ("last_hidden_state", "token_embeddings")
