@@ -34,8 +34,10 @@ FOREIGN_TAGS = ("text-diffusion",)
 
 
 def plan(model: Model, caps: Caps, request: Request) -> tuple[str, Graphs | None, str]:
-    """The task, the graphs a load reads (None: no graph at a known path or no family for the task) and the
-    expected provider."""
+    """The task, the graphs a load reads and the expected provider.
+
+    The graphs are None where none is at a known path, or where no family answers the task.
+    """
     task = task_of(model, request.task)
     provider = expected_provider(caps.gpu)
     device = "cuda" if provider == CUDA else "cpu"
