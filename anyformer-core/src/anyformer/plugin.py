@@ -18,6 +18,8 @@ Groups, in the order a backend meets them:
   :class:`IncrementalDetokenizer` (streamed text equal to the whole decode),
   :func:`template_takes_tools`, :func:`with_tool_prompt` (tools for a template that cannot render them),
   :class:`ToolCall`;
+- structured output in a backend's sampler: :class:`ConstraintVocabulary` (a model's vocabulary as
+  llguidance reads it) and :class:`TokenMask` (one stream's allowed tokens, applied to the logits);
 - files, read with hard limits before any engine sees them: :func:`read_gguf_header`,
   :func:`check_split_set`, :func:`split_set_members`, :class:`GGUFHeader`, :class:`GGUFTensor`,
   :class:`LazyArray` (a long GGUF array in ``GGUFHeader.kv``, decoded on first use),
@@ -45,6 +47,7 @@ Groups, in the order a backend meets them:
 from anyformer._backend import BackendModel
 from anyformer._chat_template import CHATML_TEMPLATE, render_chat, template_takes_tools
 from anyformer._detokenizer import IncrementalDetokenizer
+from anyformer._token_mask import ConstraintVocabulary, TokenMask
 from anyformer.contract._caps import Caps, host_ram_available, usable_cpu_count
 from anyformer.contract._chunk import Chunk, FinishReason, GenerateOptions, TokenLogprob
 from anyformer.contract._constraint import Constraint
@@ -108,6 +111,7 @@ __all__ = [
     "Caps",
     "Chunk",
     "Constraint",
+    "ConstraintVocabulary",
     "ErrorCode",
     "Estimate",
     "FinishReason",
@@ -132,6 +136,7 @@ __all__ = [
     "SafetensorsHeader",
     "StoreEntry",
     "TokenLogprob",
+    "TokenMask",
     "ToolCall",
     "Verdict",
     "anyformer_home",

@@ -20,7 +20,7 @@ from typing import Any
 import llama_cpp  # noqa: F401  imported before numpy (see anyformer_llamacpp/engine.py)
 
 import anyformer
-from anyformer_llamacpp import constraint as constraint_module
+from anyformer.plugin import TokenMask
 
 PROMPT = [{"role": "user", "content": "Write a long story about a lighthouse keeper who finds a message in a bottle."}]
 SCHEMA = {
@@ -31,27 +31,27 @@ SCHEMA = {
 
 
 class _MaskClock:
-    """Adds up the time spent in the constraint's mask work (``TokenMask.apply`` and ``consume``)."""
+    """Adds up the time spent in the constraint's mask work (``TokenMask.masked`` and ``consume``)."""
 
     def __init__(self) -> None:
         self.seconds = 0.0
         self.steps = 0
-        mask = constraint_module.TokenMask
-        self._apply, self._consume = mask.apply, mask.consume
+        self._masked, self._consume = TokenMask.masked, TokenMask.consume
         clock = self
 
-        def apply(this: Any, logits: Any) -> None:
+        def masked(this: Any, logits: Any) -> Any:
             start = time.perf_counter()
-            clock._apply(this, logits)
+            row = clock._masked(this, logits)
             clock.seconds += time.perf_counter() - start
             clock.steps += 1
+            return row
 
         def consume(this: Any, token: int) -> None:
             start = time.perf_counter()
             clock._consume(this, token)
             clock.seconds += time.perf_counter() - start
 
-        mask.apply, mask.consume = apply, consume  # type: ignore[method-assign]
+        TokenMask.masked, TokenMask.consume = masked, consume  # type: ignore[method-assign]
 
     def lap(self) -> tuple[float, int]:
         seconds, steps, self.seconds, self.steps = self.seconds, self.steps, 0.0, 0

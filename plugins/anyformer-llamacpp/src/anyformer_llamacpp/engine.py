@@ -60,7 +60,7 @@ from anyformer.plugin import (
     with_tool_prompt,
 )
 from anyformer_llamacpp import BACKEND_ID
-from anyformer_llamacpp.constraint import TokenVocabulary
+from anyformer_llamacpp.constraint import llama_vocabulary
 from anyformer_llamacpp.content_tokens import content_tokens, special_in_content, text_spans
 from anyformer_llamacpp.estimate import BATCH, context_for, footprint
 from anyformer_llamacpp.header_checks import check_architecture_numbers, check_vocabulary
@@ -148,7 +148,7 @@ class LlamaCppModel:
         )
         self._pieces: dict[int, bytes] = {}
         #: The vocabulary as llguidance reads it, for constraints (built at the first one).
-        self.vocabulary = TokenVocabulary(self._vocab, self._n_vocab)
+        self.vocabulary = llama_vocabulary(self._vocab, self._n_vocab)
         self._special_pieces: dict[int, bytes] = {}
         #: The ``special_in_content`` load option: message text tokenized with special tokens parsed.
         self.special_in_content = False

@@ -34,7 +34,7 @@ HONOURED_SAMPLING = frozenset(
 class Sampler:
     """The token choice of one stream: its options, its random generator, its recent tokens, its constraint.
 
-    ``mask`` is a :class:`anyformer_llamacpp.constraint.TokenMask` (or None): ``choose`` applies
+    ``mask`` is an :class:`anyformer.plugin.TokenMask` (or None): ``choose`` applies
     it and ``accept`` advances it. Logits given to ``choose`` are never written to.
     """
 
@@ -70,14 +70,14 @@ class Sampler:
     def choose(self, logits: np.ndarray) -> int:
         """The next token from ``logits`` (the last position's, unchanged)."""
         work = logits
-        if len(self._bias_ids) or (self._penalised and self._recent) or self.mask is not None:
+        if len(self._bias_ids) or (self._penalised and self._recent):
             work = logits.astype(np.float32, copy=True)
             if len(self._bias_ids):
                 work[self._bias_ids] += self._bias_values
             if self._penalised and self._recent:
                 self._penalise(work)
-            if self.mask is not None:
-                self.mask.apply(work)
+        if self.mask is not None:
+            work = self.mask.masked(work)  # the mask's own row: the logits are not copied twice
         if self.rng is None:
             return int(work.argmax())
         return self._draw(work)
