@@ -81,17 +81,45 @@ def _tokenizer_json(tokenizer: Any) -> str:
     return str(to_str())
 
 
+class _TokenTexts:
+    """A vocabulary as llguidance's ``TokenizerWrapper`` reads it: each token's bytes, its specials, an encoder.
+
+    For tokenizers whose decoder llguidance does not read from ``tokenizer.json`` (a character
+    vocabulary fused by ``Fuse``, WordPiece): a token's bytes are its text decoded alone, right where
+    tokens are whole characters or words (a byte-level vocabulary goes through ``tokenizer.json``).
+    Special tokens are marked with a leading 0xFF byte, as llguidance expects: text never spells them.
+    """
+
+    def __init__(self, tokenizer: Any, ends: list[int]) -> None:
+        tok = getattr(tokenizer, "backend_tokenizer", tokenizer)
+        special = {i: t.content for i, t in tok.get_added_tokens_decoder().items() if t.special}
+        size = tok.get_vocab_size(with_added_tokens=True)
+        self.tokens = [
+            b"\xff" + special[i].encode() if i in special else tok.decode([i], skip_special_tokens=False).encode()
+            for i in range(size)
+        ]
+        self.special_token_ids = sorted(special)
+        self.eos_token_id = ends[0] if ends else None
+        self.bos_token_id = None
+        self._tok = tok
+
+    def __call__(self, text: str) -> list[int]:
+        """The token ids of ``text`` (no special tokens added)."""
+        return list(self._tok.encode(text, add_special_tokens=False).ids)
+
+
 class ConstraintVocabulary:
     """llguidance's view of one model's vocabulary, built on first use and kept with the model (thread-safe).
 
-    ``n_vocab`` is the length of the logits rows the sampler masks (an embedding table padded past
-    the tokenizer's vocabulary is masked out beyond it). ``install`` says how to get llguidance
+    ``n_vocab`` is the length of the logits rows the sampler masks where the backend knows it (None:
+    the tokenizer's own size; a row longer than the vocabulary, as a padded embedding table makes it,
+    has its extra tokens masked out either way). ``install`` says how to get llguidance
     (``"pip install 'anyformer-onnx[constrained]'"``): the refusal quotes it. Build one with
     :meth:`from_tokenizer`, or with :meth:`from_builder` from an ``LLTokenizer`` made otherwise
     (llama.cpp's own vocabulary).
     """
 
-    def __init__(self, build: Callable[[], Any], n_vocab: int, install: str) -> None:
+    def __init__(self, build: Callable[[], Any], n_vocab: int | None, install: str) -> None:
         self._build = build
         self.n_vocab = n_vocab
         self.install = install
@@ -105,21 +133,24 @@ class ConstraintVocabulary:
 
     @classmethod
     def from_tokenizer(
-        cls, tokenizer: Any, *, n_vocab: int, end_ids: Iterable[int], install: str
+        cls, tokenizer: Any, *, n_vocab: int | None = None, end_ids: Iterable[int], install: str
     ) -> ConstraintVocabulary:
         """A vocabulary from a Hugging Face fast tokenizer (``tokenizers.Tokenizer``, transformers' fast
         tokenizer, or ``tokenizer.json``'s text); ``end_ids`` are the tokens that end a reply (EOS, a chat
         model's end of turn): the constraint allows them once the value is complete."""
         ends = sorted(set(end_ids))
-        text = _tokenizer_json(tokenizer)
 
-        def build() -> Any:
+        def build() -> Any:  # serialised here, not at load: a 256k vocabulary's JSON is tens of megabytes
             llguidance = _llguidance(install)
             try:
-                return llguidance.LLTokenizer(text, n_vocab=n_vocab, eos_token=ends or None)
-            except ValueError as exc:  # a vocabulary llguidance cannot read (WordPiece, a Unigram without bytes)
-                why = f"constraint: llguidance cannot read this model's tokenizer ({exc})"
-                raise AnyformerError(ErrorCode.BAD_REQUEST, why) from None
+                return llguidance.LLTokenizer(_tokenizer_json(tokenizer), n_vocab=n_vocab, eos_token=ends or None)
+            except ValueError as exc:  # a decoder llguidance does not know (Fuse, WordPiece): each token's own text
+                try:
+                    wrapper = llguidance.TokenizerWrapper(_TokenTexts(tokenizer, ends))
+                    return llguidance.LLTokenizer(wrapper, n_vocab=n_vocab, eos_token=ends or None)
+                except (ValueError, TypeError, AttributeError):
+                    why = f"constraint: llguidance cannot read this model's tokenizer ({exc})"
+                    raise AnyformerError(ErrorCode.BAD_REQUEST, why) from None
 
         return cls(build, n_vocab, install)
 
@@ -145,14 +176,15 @@ class ConstraintVocabulary:
         matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
         if matcher.is_error():
             raise AnyformerError(ErrorCode.BAD_REQUEST, f"constraint: {matcher.get_error()}")
-        return TokenMask(matcher, self.n_vocab)
+        return TokenMask(matcher, int(tokenizer.vocab_size))
 
 
 class TokenMask:
     """One stream's matcher: which tokens may come next, and the tokens taken so far.
 
-    Its buffers are made once per stream: the bitmask llguidance writes (32 tokens a word), the
-    boolean row unpacked from it, and the row :meth:`masked` writes.
+    ``n_vocab`` is the vocabulary's size; logits rows may be longer (the tokens past it are never
+    allowed). Its buffers are made once per stream: the bitmask llguidance writes (32 tokens a word)
+    and the row :meth:`masked` writes.
     """
 
     def __init__(self, matcher: Any, n_vocab: int) -> None:
@@ -177,12 +209,18 @@ class TokenMask:
             self._fresh = True
         return self._bits
 
-    def allowed(self) -> np.ndarray:
-        """A boolean per token of the logits row: True where the token keeps the reply in the language."""
+    def allowed(self, length: int | None = None) -> np.ndarray:
+        """A boolean per token of a logits row of ``length`` (default: the vocabulary's size): True where the
+        token keeps the reply in the language; tokens past the vocabulary are False."""
         import numpy as np
 
+        length = self.n_vocab if length is None else length
         bits = self.bitmask().view(np.uint8)
-        return np.unpackbits(bits, bitorder="little", count=self.n_vocab).view(np.bool_)
+        if length <= 8 * bits.size:
+            return np.unpackbits(bits, bitorder="little", count=length).view(np.bool_)
+        row = np.zeros(length, dtype=np.bool_)
+        row[: 8 * bits.size] = np.unpackbits(bits, bitorder="little").view(np.bool_)
+        return row
 
     def masked(self, logits: np.ndarray) -> np.ndarray:
         """The logits with every token the language does not allow next at -inf, in the mask's own float32
@@ -190,18 +228,20 @@ class TokenMask:
         no index arrays, about 12 µs for 49k tokens."""
         import numpy as np
 
-        self._check_length(logits)
+        self._check_shape(logits)
+        if self._work.shape != logits.shape:
+            self._work = np.empty(logits.shape, dtype=np.float32)
         work = self._work
         work.fill(-np.inf)
-        np.copyto(work, logits, where=self.allowed(), casting="same_kind")
+        np.copyto(work, logits, where=self.allowed(logits.shape[0]), casting="same_kind")
         return work
 
     def apply(self, logits: np.ndarray) -> None:
         """Set every token the language does not allow next to -inf in ``logits`` itself."""
         import numpy as np
 
-        self._check_length(logits)
-        np.copyto(logits, -np.inf, where=~self.allowed())
+        self._check_shape(logits)
+        np.copyto(logits, -np.inf, where=~self.allowed(logits.shape[0]))
 
     def consume(self, token: int) -> None:
         """Advance past the emitted token; a token the mask allowed never fails (``PLUGIN_ERROR`` if it does)."""
@@ -211,8 +251,8 @@ class TokenMask:
                 ErrorCode.PLUGIN_ERROR, f"the constraint refused token {token} it allowed: {self._matcher.get_error()}"
             )
 
-    def _check_length(self, logits: np.ndarray) -> None:
-        if logits.shape != (self.n_vocab,):
+    def _check_shape(self, logits: np.ndarray) -> None:
+        if logits.ndim != 1 or logits.shape[0] < self.n_vocab:
             raise AnyformerError(
                 ErrorCode.PLUGIN_ERROR, f"a logits row of shape {logits.shape} for a mask of {self.n_vocab} tokens"
             )

@@ -8,6 +8,7 @@ from typing import Any
 from anyformer.plugin import (
     AnyformerError,
     Chunk,
+    ConstraintVocabulary,
     ErrorCode,
     GenerateOptions,
     IncrementalDetokenizer,
@@ -28,8 +29,9 @@ class OnnxChatModel:
 
     backend = BACKEND_ID
     task = TEXT_GENERATION
-    #: The sampling options its sampler reads; the core refuses the others (``min_p``, ``constraint``…).
-    honours = frozenset({"top_p", "top_k"})
+    #: The sampling options its sampler reads, and constraints (the core's token mask over tokenizer.json's
+    #: vocabulary); the core refuses the others (``min_p``…).
+    honours = frozenset({"top_p", "top_k", "constraint"})
 
     def __init__(
         self,
@@ -53,6 +55,10 @@ class OnnxChatModel:
         self.context = context
         #: What was loaded: file, precision, provider (shown by ``anyformer run --verbose`` and tests).
         self.details = details
+        #: The vocabulary constraints compile against (llguidance's tokenizer built at the first one).
+        self.constraints = ConstraintVocabulary.from_tokenizer(
+            text.tokenizer, end_ids=text.eos_ids, install="pip install 'anyformer-onnx[constrained]'"
+        )
 
     @property
     def loop(self) -> DecodeLoop:
@@ -76,7 +82,8 @@ class OnnxChatModel:
             raise AnyformerError(ErrorCode.BAD_REQUEST, f"top_k must be an integer ≥ 0, got {top_k!r}")
         if isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1:
             raise AnyformerError(ErrorCode.BAD_REQUEST, f"top_p must be a number in (0, 1], got {top_p!r}")
-        return Sampler(options.temperature, top_k, float(top_p), options.seed)
+        mask = None if options.constraint is None else self.constraints.mask_for(options.constraint)
+        return Sampler(options.temperature, top_k, float(top_p), options.seed, mask)
 
     def penalty(self, options: GenerateOptions) -> float:
         """The repetition penalty: ``options.extra['repetition_penalty']``, else generation_config.json's."""
@@ -144,6 +151,11 @@ class OnnxChatModel:
                 if count >= limit:
                     yield Chunk(
                         delta=text.add(token) + text.flush(), tokens=count, finish_reason="length", prompt_tokens=size
+                    )
+                    return
+                if sampler.finished:  # the constraint's value is complete: only the end could follow
+                    yield Chunk(
+                        delta=text.add(token) + text.flush(), tokens=count, finish_reason="stop", prompt_tokens=size
                     )
                     return
                 yield Chunk(delta=text.add(token), tokens=count, prompt_tokens=size)
