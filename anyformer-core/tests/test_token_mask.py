@@ -79,7 +79,9 @@ def test_a_masked_walk_spells_only_what_the_regex_matches(
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_a_masked_walk_spells_json_that_validates(vocabulary: ConstraintVocabulary, tokenizer: object, seed: int) -> None:
+def test_a_masked_walk_spells_json_that_validates(
+    vocabulary: ConstraintVocabulary, tokenizer: object, seed: int
+) -> None:
     schema = {
         "type": "object",
         "properties": {"ok": {"type": "boolean"}, "age": {"type": "integer"}},

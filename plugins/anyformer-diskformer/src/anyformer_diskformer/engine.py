@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from anyformer import AnyformerError, Chunk, ErrorCode, FinishReason, GenerateOptions, Message, Model, Request
-from anyformer.plugin import ProgressCallback, ProgressEvent, format_size
+from anyformer.plugin import ProgressCallback, ProgressEvent, TokenMask, format_size
 from anyformer_diskformer import BACKEND_ID, native_products
 from anyformer_diskformer.cpu_engine import CpuMoEEngine
 from anyformer_diskformer.cpu_hybrid import HybridCpuEngine
@@ -215,8 +215,9 @@ class DiskformerModel:
 
     backend = BACKEND_ID
     task = "text-generation"
-    #: The sampling options its sampler reads; the core refuses the others (``min_p``, ``constraint``…).
-    honours = frozenset({"top_p", "top_k"})
+    #: The sampling options its sampler reads, and constraints (the core's token mask over the GGUF's
+    #: vocabulary, on the host logits it samples from anyway); the core refuses the others (``min_p``…).
+    honours = frozenset({"top_p", "top_k", "constraint"})
 
     def __init__(self, engine: Engine, tokenizer: GGUFTokenizer, name: str) -> None:
         self.engine: Engine | None = engine
@@ -227,6 +228,8 @@ class DiskformerModel:
         self._primed: tuple[list[int], Any] | None = None
         #: Prompt positions the last reply took from the primed checkpoint instead of computing them.
         self.reused_positions = 0
+        #: The vocabulary constraints compile against (llguidance's tokenizer built at the first one).
+        self.constraints = tokenizer.constraint_vocabulary("pip install 'anyformer-diskformer[constrained]'")
 
     @classmethod
     def open(cls, model: Model, request: Request, progress: ProgressCallback) -> DiskformerModel:
@@ -424,9 +427,12 @@ class DiskformerModel:
                 return iter([Chunk(tokens=0, finish_reason=FinishReason.CANCELLED.value)])
             raise
         check_prompt_fits(ids, engine.ctx)
-        return self._reply(engine, ids, options)
+        mask = None if options.constraint is None else self.constraints.mask_for(options.constraint)
+        return self._reply(engine, ids, options, mask)
 
-    def _reply(self, engine: Engine, ids: list[int], options: GenerateOptions) -> Iterator[Chunk]:
+    def _reply(
+        self, engine: Engine, ids: list[int], options: GenerateOptions, mask: TokenMask | None = None
+    ) -> Iterator[Chunk]:
         rng = np.random.default_rng(options.seed)
         top_k = int(options.extra.get("top_k", TOP_K))
         top_p = float(options.extra.get("top_p", TOP_P))
@@ -445,6 +451,8 @@ class DiskformerModel:
                 return
             logits = engine.forward(batch, pos, every=False)[-1]
             pos += len(batch)
+            if mask is not None:
+                logits = mask.masked(logits)  # every token that would leave the constraint's language at -inf
             if options.temperature > 0:
                 token = sample(logits, options.temperature, top_k, top_p, rng)
             else:
@@ -452,8 +460,11 @@ class DiskformerModel:
             if token in stops:
                 yield Chunk(delta=text.flush(), tokens=count, finish_reason=FinishReason.STOP.value)
                 return
+            if mask is not None:
+                mask.consume(token)
             count += 1
-            chunk = token_chunk(text, token, count, options.max_new_tokens, len(ids))
+            complete = mask is not None and mask.finished  # the constraint's value is whole: only the end may follow
+            chunk = token_chunk(text, token, count, options.max_new_tokens, len(ids), complete=complete)
             yield chunk
             if chunk.finish_reason is not None:
                 return

@@ -37,16 +37,20 @@ def check_prompt_fits(ids: list[int], context: int) -> None:
         raise AnyformerError(ErrorCode.BAD_REQUEST, f"the prompt is {len(ids)} tokens; the context holds {context}")
 
 
-def token_chunk(text: StreamDecoder, token: int, count: int, max_new_tokens: int, prompt_tokens: int) -> Chunk:
+def token_chunk(
+    text: StreamDecoder, token: int, count: int, max_new_tokens: int, prompt_tokens: int, *, complete: bool = False
+) -> Chunk:
     """The chunk of the ``count``-th generated ``token``: its text, and at ``max_new_tokens`` the rest of
-    the text with a ``length`` finish; ``prompt_tokens`` rides on the first chunk only."""
+    the text with a ``length`` finish (``complete``: a constraint's value is whole, a ``stop`` finish);
+    ``prompt_tokens`` rides on the first chunk only."""
     delta = text.push(token)
     last = count >= max_new_tokens
-    if last:
+    if last or complete:
         delta += text.flush()
+    finish = FinishReason.STOP if complete else FinishReason.LENGTH if last else None
     return Chunk(
         delta=delta,
         tokens=count,
-        finish_reason=FinishReason.LENGTH.value if last else None,
+        finish_reason=None if finish is None else finish.value,
         prompt_tokens=prompt_tokens if count == 1 else None,
     )

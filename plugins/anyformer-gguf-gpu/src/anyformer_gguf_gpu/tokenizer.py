@@ -17,7 +17,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from anyformer.plugin import AnyformerError, ErrorCode, LazyArray
+from anyformer.plugin import AnyformerError, ConstraintVocabulary, ErrorCode, LazyArray
 
 # The regular expressions of each pre-tokenizer family (llama-vocab.cpp, llm_tokenizer_bpe).
 _GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
@@ -169,6 +169,11 @@ class GGUFTokenizer:
         self.add_eos = bool(kv.get("tokenizer.ggml.add_eos_token", False)) and self.eos_id is not None
         self.chat_template = kv.get("tokenizer.chat_template")
         self.tokens = tokens
+
+    def constraint_vocabulary(self, install: str) -> ConstraintVocabulary:
+        """This vocabulary as the core's constrained decoding reads it (built at the first constraint), the
+        stop ids ending a value; ``install`` is how a backend's user gets llguidance."""
+        return ConstraintVocabulary.from_tokenizer(self._tok, end_ids=self.stop_ids, install=install)
 
     @property
     def stop_ids(self) -> frozenset[int]:

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Generator, Iterator
 
 from anyformer import AnyformerError, Chunk, ErrorCode, FinishReason, GenerateOptions, Message, Model, Request
-from anyformer.plugin import ProgressCallback, ProgressEvent
+from anyformer.plugin import ProgressCallback, ProgressEvent, TokenMask
 from anyformer_gguf_gpu.chat_setup import chat_prompt_ids, check_prompt_fits, check_text_only, token_chunk
-from anyformer_gguf_gpu.decode import greedy, sampled
+from anyformer_gguf_gpu.decode import constrained, greedy, sampled
 from anyformer_gguf_gpu.engines import open_engine
 from anyformer_gguf_gpu.gguf_file import GGUFFile
 from anyformer_gguf_gpu.gpu import GPU, gpu_errors
@@ -27,8 +27,10 @@ class LocalMindModel:
 
     backend = BACKEND_ID
     task = "text-generation"
-    #: The sampling options its sampler reads; the core refuses the others (``min_p``, ``constraint``…).
-    honours = frozenset({"top_p", "top_k"})
+    #: The sampling options its sampler reads, and constraints (the core's token mask over the GGUF's
+    #: vocabulary, applied to logits read back to the host: decode.py's ``constrained``); the core refuses
+    #: the others (``min_p``…).
+    honours = frozenset({"top_p", "top_k", "constraint"})
 
     def __init__(self, engine: TransformerEngine, tokenizer: GGUFTokenizer, name: str) -> None:
         self.engine: TransformerEngine | None = engine
@@ -36,6 +38,8 @@ class LocalMindModel:
         self.name = name
         self.context = engine.ctx
         self.gpu_bytes = engine.gpu_bytes
+        #: The vocabulary constraints compile against (llguidance's tokenizer built at the first one).
+        self.constraints = tokenizer.constraint_vocabulary("pip install 'anyformer-localmind[constrained]'")
 
     @classmethod
     def open(cls, model: Model, request: Request, progress: ProgressCallback) -> LocalMindModel:
@@ -79,12 +83,27 @@ class LocalMindModel:
         check_text_only(messages, BACKEND_ID)
         ids = self.prompt_ids(messages, options.thinking)
         check_prompt_fits(ids, engine.ctx)
-        return self._reply(engine, ids, options)
+        mask = None if options.constraint is None else self.constraints.mask_for(options.constraint)
+        return self._reply(engine, ids, options, mask)
 
-    def _reply(self, engine: TransformerEngine, ids: list[int], options: GenerateOptions) -> Iterator[Chunk]:
+    def _reply(
+        self, engine: TransformerEngine, ids: list[int], options: GenerateOptions, mask: TokenMask | None = None
+    ) -> Iterator[Chunk]:
         limit = min(options.max_new_tokens, engine.ctx - len(ids))
         tokens: Generator[int, None, None]
-        if options.temperature > 0:
+        if mask is not None:
+            tokens = constrained(
+                engine,
+                ids,
+                limit,
+                mask,
+                temperature=options.temperature,
+                seed=options.seed,
+                top_k=int(options.extra.get("top_k", TOP_K)),
+                top_p=float(options.extra.get("top_p", TOP_P)),
+                cancel=options.cancel,
+            )
+        elif options.temperature > 0:
             top_k = int(options.extra.get("top_k", TOP_K))
             top_p = float(options.extra.get("top_p", TOP_P))
             tokens = sampled(
@@ -115,7 +134,8 @@ class LocalMindModel:
                     yield Chunk(delta=text.flush(), tokens=count, finish_reason=finish.value)
                     return
                 count += 1
-                chunk = token_chunk(text, token, count, options.max_new_tokens, len(ids))
+                complete = mask is not None and mask.finished  # the constraint's value is whole
+                chunk = token_chunk(text, token, count, options.max_new_tokens, len(ids), complete=complete)
                 yield chunk
                 if chunk.finish_reason is not None:
                     return
