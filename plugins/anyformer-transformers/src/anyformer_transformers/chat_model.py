@@ -15,6 +15,7 @@ from typing import Any
 from anyformer.plugin import (
     AnyformerError,
     Chunk,
+    ConstraintVocabulary,
     ErrorCode,
     GenerateOptions,
     IncrementalDetokenizer,
@@ -83,7 +84,8 @@ class ChatModel:
     task = "text-generation"
     #: The core's sampling options it applies (its ``repetition_penalty`` is transformers' own rule over every
     #: token so far, not llama.cpp's ``repeat_penalty`` over the reply's last 64: it stays a backend setting).
-    honours = frozenset({"top_p", "top_k"})
+    #: Constraints too: the core's token mask over the tokenizer's vocabulary.
+    honours = frozenset({"top_p", "top_k", "constraint"})
 
     def __init__(self, network: Any, text: TextSide, *, context: int, details: dict[str, Any]) -> None:
         self._network: Any = network
@@ -93,6 +95,10 @@ class ChatModel:
         self.context = context
         #: What was loaded: class, dtype, device (``anyformer run --verbose`` shows it).
         self.details = details
+        #: The vocabulary constraints compile against (llguidance's tokenizer built at the first one).
+        self.constraints = ConstraintVocabulary.from_tokenizer(
+            text.tokenizer, end_ids=text.eos_ids, install="pip install 'anyformer-transformers[constrained]'"
+        )
 
     def dispose(self) -> None:
         """Drop the network (torch frees its tensors with the last reference); safe to call twice."""
@@ -111,7 +117,8 @@ class ChatModel:
                 ErrorCode.BAD_REQUEST,
                 f"the prompt is {len(prompt)} tokens and the context is {self.context}; load with a larger context",
             )
-        sampler = Sampler.for_options(options, self.text.defaults)
+        mask = None if options.constraint is None else self.constraints.mask_for(options.constraint)
+        sampler = Sampler.for_options(options, self.text.defaults, mask)
         limit = min(options.max_new_tokens, self.context - len(prompt))
         return self._chunks(network, prompt, sampler, limit, options)
 
@@ -139,6 +146,11 @@ class ChatModel:
             if count >= limit:
                 piece = text.add(token) + text.flush()
                 yield Chunk(delta=piece, tokens=count, finish_reason="length", prompt_tokens=size)
+                return
+            if sampler.finished:  # the constraint's value is complete: only the end could follow
+                yield Chunk(
+                    delta=text.add(token) + text.flush(), tokens=count, finish_reason="stop", prompt_tokens=size
+                )
                 return
             yield Chunk(delta=text.add(token), tokens=count, prompt_tokens=size)
             seen = torch.cat([seen, torch.tensor([token], dtype=torch.long)])
