@@ -53,7 +53,7 @@ def _walk(vocabulary: ConstraintVocabulary, tokenizer: object, constraint: Const
     end = tokenizer.token_to_id(_END)  # type: ignore[attr-defined]
     ids: list[int] = []
     for _ in range(200):
-        logits = rng.normal(size=vocabulary.n_vocab or 0).astype(np.float32)
+        logits = rng.normal(size=mask.n_vocab).astype(np.float32)
         logits[end] -= 3.0  # end late, so the walk visits more of the language
         before = logits.copy()
         token = int(mask.masked(logits).argmax())
@@ -154,14 +154,19 @@ def test_without_llguidance_a_constraint_is_refused_naming_the_install(
     assert "llguidance" in str(caught.value) and "anyformer-demo[constrained]" in str(caught.value)
 
 
-def test_a_tokenizer_llguidance_cannot_read_is_a_bad_request() -> None:
-    from tokenizers import Tokenizer, models
+def test_a_character_vocabulary_with_a_decoder_llguidance_does_not_read_falls_back_to_token_texts() -> None:
+    """A ``Fuse`` decoder (as a character vocabulary has) is not readable from tokenizer.json: each token's text is."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models
 
-    wordpiece = Tokenizer(models.WordPiece({"[UNK]": 0, "a": 1, "##b": 2}, unk_token="[UNK]"))
-    from tokenizers import decoders
-
-    wordpiece.decoder = decoders.WordPiece()
-    vocabulary = ConstraintVocabulary.from_tokenizer(wordpiece, n_vocab=3, end_ids=[0], install="x")
-    with pytest.raises(AnyformerError) as caught:
-        vocabulary.mask_for(Constraint.build({"type": "regex", "regex": "a"}))
-    assert caught.value.code is ErrorCode.BAD_REQUEST and "tokenizer" in str(caught.value)
+    chars = "abcdefghijklmnopqrstuvwxyz0123456789 -"
+    vocab = {"<unk>": 0, **{c: i + 1 for i, c in enumerate(chars)}}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    tok.decoder = decoders.Fuse()
+    tok.add_special_tokens([AddedToken(_END, special=True, normalized=False)])
+    end = tok.token_to_id(_END)
+    vocabulary = ConstraintVocabulary.from_tokenizer(tok, end_ids=[end], install="x")
+    pattern = r"[a-z]{3}-[0-9]{2}"
+    for seed in range(3):
+        assert re.fullmatch(
+            pattern, _walk(vocabulary, tok, Constraint.build({"type": "regex", "regex": pattern}), seed)
+        )

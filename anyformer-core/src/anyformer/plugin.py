@@ -17,6 +17,7 @@ Groups, in the order a backend meets them:
   :func:`text_of`, :func:`render_chat` (jinja2's sandbox), :data:`CHATML_TEMPLATE`,
   :class:`IncrementalDetokenizer` (streamed text equal to the whole decode),
   :func:`template_takes_tools`, :func:`with_tool_prompt` (tools for a template that cannot render them),
+  :func:`tools_for_template` (a call's tools as the template's variable, or described for a forced call),
   :class:`ToolCall`;
 - structured output in a backend's sampler: :class:`ConstraintVocabulary` (a model's vocabulary as
   llguidance reads it) and :class:`TokenMask` (one stream's allowed tokens, applied to the logits);
@@ -46,6 +47,7 @@ Groups, in the order a backend meets them:
 
 from anyformer._backend import BackendModel
 from anyformer._chat_template import CHATML_TEMPLATE, render_chat, template_takes_tools
+from anyformer._chat_tools import tools_for_template
 from anyformer._detokenizer import IncrementalDetokenizer
 from anyformer._token_mask import ConstraintVocabulary, TokenMask
 from anyformer.contract._caps import Caps, host_ram_available, usable_cpu_count
@@ -169,6 +171,7 @@ __all__ = [
     "split_set_members",
     "template_takes_tools",
     "text_of",
+    "tools_for_template",
     "usable_cpu_count",
     "validate_messages",
     "with_tool_prompt",

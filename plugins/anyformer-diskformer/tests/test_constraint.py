@@ -11,8 +11,10 @@ from typing import Any
 import pytest
 from diskformer_reference import open_or_skip
 
+import anyformer
 from anyformer import AnyformerError, ErrorCode, GenerateOptions
 from anyformer.plugin import Constraint
+from anyformer_diskformer.testing import TinyMoE, write_tiny_moe
 
 MESSAGES = [{"role": "user", "content": "the sea is"}]
 SCHEMA = {
@@ -64,3 +66,45 @@ def test_a_constraint_that_does_not_compile_is_refused_before_any_chunk(model: A
     with pytest.raises(AnyformerError) as caught:
         model.stream(MESSAGES, GenerateOptions(constraint=Constraint.build({"type": "lark", "lark": "start: nope"})))
     assert caught.value.code is ErrorCode.BAD_REQUEST
+
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 12}},
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+    },
+}
+NAMED = {"type": "function", "function": {"name": "get_weather"}}
+
+
+def _check_weather_call(last: anyformer.Chunk) -> None:
+    assert last.finish_reason == "tool_calls", last.text
+    (call,) = last.tool_calls
+    arguments = json.loads(call.arguments)
+    assert call.name == "get_weather" and set(arguments) == {"city"} and isinstance(arguments["city"], str)
+
+
+@pytest.fixture(scope="module")
+def loaded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[anyformer.Loaded]:
+    """The tiny MoE with room for the tool prompt of a template without tools (~340 ids)."""
+    path = str(tmp_path_factory.mktemp("moe") / "tiny-qwen3moe-ctx1024.gguf")
+    write_tiny_moe(path, TinyMoE(quant="F32", n_ctx=1024))
+    with anyformer.load(path, backend="diskformer", context=1024) as handle:
+        yield handle
+
+
+def test_a_named_tool_choice_yields_a_call_whose_arguments_validate(loaded: anyformer.Loaded) -> None:
+    messages = [{"role": "user", "content": "Weather in Paris?"}]
+    _check_weather_call(loaded.complete(messages, max_new_tokens=96, tools=[WEATHER], tool_choice=NAMED))
+
+
+def test_tool_choice_required_streams_a_valid_call(loaded: anyformer.Loaded) -> None:
+    messages = [{"role": "user", "content": "Weather in Oslo?"}]
+    chunks = list(loaded.generate(messages, max_new_tokens=96, tools=[WEATHER], tool_choice="required"))
+    _check_weather_call(chunks[-1])

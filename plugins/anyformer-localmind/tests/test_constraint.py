@@ -26,8 +26,8 @@ SCHEMA = {
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> Iterator[anyformer.Loaded]:
     path = tmp_path_factory.mktemp("tiny") / "tiny.gguf"
-    write_random_gguf(str(path), RandomModel())
-    with anyformer.load(anyformer.describe(path), backend="localmind", context=128) as loaded:
+    write_random_gguf(str(path), RandomModel(n_ctx=1024))  # the tool prompt of a template without tools: ~340 ids
+    with anyformer.load(anyformer.describe(path), backend="localmind", context=1024) as loaded:
         yield loaded
 
 
@@ -62,3 +62,42 @@ def test_a_constraint_that_does_not_compile_is_refused_before_any_chunk(tiny: an
     with pytest.raises(AnyformerError) as caught:
         tiny.complete(MESSAGES, constraint={"type": "lark", "lark": "start: nope"})
     assert caught.value.code is ErrorCode.BAD_REQUEST
+
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 12}},
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+    },
+}
+NAMED = {"type": "function", "function": {"name": "get_weather"}}
+
+
+def _check_weather_call(last: anyformer.Chunk) -> None:
+    assert last.finish_reason == "tool_calls", last.text
+    (call,) = last.tool_calls
+    arguments = json.loads(call.arguments)
+    assert call.name == "get_weather" and set(arguments) == {"city"} and isinstance(arguments["city"], str)
+
+
+def test_a_named_tool_choice_yields_a_call_whose_arguments_validate(tiny: anyformer.Loaded) -> None:
+    messages = [{"role": "user", "content": "Weather in Paris?"}]
+    _check_weather_call(tiny.complete(messages, max_new_tokens=96, tools=[WEATHER], tool_choice=NAMED))
+
+
+def test_tool_choice_required_streams_a_valid_call(tiny: anyformer.Loaded) -> None:
+    messages = [{"role": "user", "content": "Weather in Oslo?"}]
+    chunks = list(tiny.generate(messages, max_new_tokens=96, tools=[WEATHER], tool_choice="required"))
+    _check_weather_call(chunks[-1])
+
+
+def test_tools_with_auto_on_a_template_without_tools_are_refused(tiny: anyformer.Loaded) -> None:
+    with pytest.raises(AnyformerError) as caught:
+        tiny.complete(MESSAGES, tools=[WEATHER])
+    assert caught.value.code is ErrorCode.BAD_REQUEST and "does not render tools" in str(caught.value)

@@ -62,3 +62,36 @@ def test_the_unconstrained_reply_is_not_json(tiny: anyformer.Loaded) -> None:
     last = tiny.complete([{"role": "user", "content": _PROMPTS[0]}], max_new_tokens=32)
     with pytest.raises(ValueError):
         json.loads(last.text)
+
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 12}},
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+    },
+}
+NAMED = {"type": "function", "function": {"name": "get_weather"}}
+
+
+def _check_weather_call(last: anyformer.Chunk) -> None:
+    assert last.finish_reason == "tool_calls", last.text
+    (call,) = last.tool_calls
+    arguments = json.loads(call.arguments)
+    assert call.name == "get_weather" and set(arguments) == {"city"} and isinstance(arguments["city"], str)
+
+
+def test_a_named_tool_choice_yields_a_call_whose_arguments_validate(tiny: anyformer.Loaded) -> None:
+    messages = [{"role": "user", "content": "Weather in Paris?"}]
+    _check_weather_call(tiny.complete(messages, max_new_tokens=96, tools=[WEATHER], tool_choice=NAMED))
+
+
+def test_tool_choice_required_streams_a_valid_call(tiny: anyformer.Loaded) -> None:
+    messages = [{"role": "user", "content": "Weather in Oslo?"}]
+    chunks = list(tiny.generate(messages, max_new_tokens=96, tools=[WEATHER], tool_choice="required"))
+    _check_weather_call(chunks[-1])

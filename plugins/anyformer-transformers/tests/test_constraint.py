@@ -62,3 +62,43 @@ def test_a_constraint_that_does_not_compile_is_refused_before_any_chunk(model: a
     with pytest.raises(AnyformerError) as caught:
         model.complete(MESSAGES, constraint={"type": "lark", "lark": "start: nope"})
     assert caught.value.code is ErrorCode.BAD_REQUEST
+
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 12}},
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+    },
+}
+NAMED = {"type": "function", "function": {"name": "get_weather"}}
+
+
+def _check_weather_call(last: anyformer.Chunk) -> None:
+    assert last.finish_reason == "tool_calls", last.text
+    (call,) = last.tool_calls
+    arguments = json.loads(call.arguments)
+    assert call.name == "get_weather" and set(arguments) == {"city"} and isinstance(arguments["city"], str)
+
+
+@pytest.fixture(scope="module")
+def llama(tiny_model_dir: dict[str, Path]) -> Iterator[anyformer.Loaded]:
+    """The tiny llama at its 512 positions: the tool prompt of a template without tools is ~370 characters."""
+    with anyformer.load(tiny_model_dir["llama"], backend="transformers", isolate=False, context=512) as loaded:
+        yield loaded
+
+
+def test_a_named_tool_choice_yields_a_call_whose_arguments_validate(llama: anyformer.Loaded) -> None:
+    messages = [{"role": "user", "content": "Weather in Paris?"}]
+    _check_weather_call(llama.complete(messages, max_new_tokens=96, tools=[WEATHER], tool_choice=NAMED))
+
+
+def test_tool_choice_required_streams_a_valid_call(llama: anyformer.Loaded) -> None:
+    messages = [{"role": "user", "content": "Weather in Oslo?"}]
+    chunks = list(llama.generate(messages, max_new_tokens=96, tools=[WEATHER], tool_choice="required"))
+    _check_weather_call(chunks[-1])

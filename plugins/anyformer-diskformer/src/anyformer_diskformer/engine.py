@@ -215,9 +215,10 @@ class DiskformerModel:
 
     backend = BACKEND_ID
     task = "text-generation"
-    #: The sampling options its sampler reads, and constraints (the core's token mask over the GGUF's
-    #: vocabulary, on the host logits it samples from anyway); the core refuses the others (``min_p``…).
-    honours = frozenset({"top_p", "top_k", "constraint"})
+    #: The sampling options its sampler reads, constraints (the core's token mask over the GGUF's vocabulary,
+    #: on the host logits it samples from anyway) and tools (rendered by the template, a forced call
+    #: constrained); the core refuses the others (``min_p``…).
+    honours = frozenset({"top_p", "top_k", "constraint", "tools"})
 
     def __init__(self, engine: Engine, tokenizer: GGUFTokenizer, name: str) -> None:
         self.engine: Engine | None = engine
@@ -407,9 +408,10 @@ class DiskformerModel:
             engine.restore(saved, common)
         return max(0, common)
 
-    def prompt_ids(self, messages: list[Message], thinking: bool) -> list[int]:
-        """The chat template rendered in the core's sandbox, then tokenised with special tokens parsed."""
-        return chat_prompt_ids(self.tokenizer, messages, thinking)
+    def prompt_ids(self, messages: list[Message], thinking: bool, options: GenerateOptions | None = None) -> list[int]:
+        """The chat template rendered in the core's sandbox (with ``options``' tools), then tokenised with special
+        tokens parsed."""
+        return chat_prompt_ids(self.tokenizer, messages, thinking, options, self.name)
 
     def stream(self, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk]:
         """Check the request now (``BAD_REQUEST`` before any chunk), then return the reply's stream."""
@@ -420,7 +422,7 @@ class DiskformerModel:
         if options.cancel.is_set():
             return iter([Chunk(tokens=0, finish_reason=FinishReason.CANCELLED.value)])
         try:
-            ids = self.prompt_ids(messages, options.thinking)
+            ids = self.prompt_ids(messages, options.thinking, options)
         except AnyformerError as exc:
             # The core stops a render when the generation is cancelled: that is a cancelled reply, not an error.
             if exc.code is ErrorCode.CANCELLED:

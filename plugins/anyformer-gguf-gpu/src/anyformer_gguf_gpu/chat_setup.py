@@ -2,21 +2,46 @@
 
 from __future__ import annotations
 
-from anyformer.plugin import AnyformerError, Chunk, ErrorCode, FinishReason, Message, has_images, render_chat
+from typing import Any
+
+from anyformer.plugin import (
+    AnyformerError,
+    Chunk,
+    ErrorCode,
+    FinishReason,
+    GenerateOptions,
+    Message,
+    has_images,
+    render_chat,
+    tools_for_template,
+)
 from anyformer_gguf_gpu.tokenizer import GGUFTokenizer, StreamDecoder
 
 
-def chat_prompt_ids(tokenizer: GGUFTokenizer, messages: list[Message], thinking: bool) -> list[int]:
-    """The GGUF's chat template rendered in the core's sandbox, then tokenised with special tokens parsed."""
+def chat_prompt_ids(
+    tokenizer: GGUFTokenizer,
+    messages: list[Message],
+    thinking: bool,
+    options: GenerateOptions | None = None,
+    model: str = "this model",
+) -> list[int]:
+    """The GGUF's chat template rendered in the core's sandbox, then tokenised with special tokens parsed.
+
+    ``options`` brings the call's tools (the core's ``tools_for_template``; ``model`` names the model
+    in its refusal)."""
     bos_text = tokenizer.tokens[tokenizer.bos_id] if tokenizer.bos_id is not None else ""
     eos_text = tokenizer.tokens[tokenizer.eos_id] if tokenizer.eos_id is not None else ""
-    template = tokenizer.chat_template
+    template = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else None
+    variables: dict[str, Any] = {}
+    if options is not None:
+        messages, variables = tools_for_template(template, messages, options, model)
     prompt = render_chat(
-        template if isinstance(template, str) else None,
+        template,
         messages,
         bos_token=bos_text,
         eos_token=eos_text,
         enable_thinking=thinking,
+        **variables,
     )
     # The template writes BOS itself when it wants one; otherwise the vocabulary's rule applies.
     add_special = not (bos_text and prompt.startswith(bos_text))

@@ -27,10 +27,10 @@ class LocalMindModel:
 
     backend = BACKEND_ID
     task = "text-generation"
-    #: The sampling options its sampler reads, and constraints (the core's token mask over the GGUF's
-    #: vocabulary, applied to logits read back to the host: decode.py's ``constrained``); the core refuses
-    #: the others (``min_p``…).
-    honours = frozenset({"top_p", "top_k", "constraint"})
+    #: The sampling options its sampler reads, constraints (the core's token mask over the GGUF's vocabulary,
+    #: applied to logits read back to the host: decode.py's ``constrained``) and tools (rendered by the
+    #: template, a forced call constrained); the core refuses the others (``min_p``…).
+    honours = frozenset({"top_p", "top_k", "constraint", "tools"})
 
     def __init__(self, engine: TransformerEngine, tokenizer: GGUFTokenizer, name: str) -> None:
         self.engine: TransformerEngine | None = engine
@@ -71,9 +71,10 @@ class LocalMindModel:
             engine.release()
             engine.gpu.close()  # the device was opened for this model alone
 
-    def prompt_ids(self, messages: list[Message], thinking: bool) -> list[int]:
-        """The chat template rendered in the core's sandbox, then tokenised with special tokens parsed."""
-        return chat_prompt_ids(self.tokenizer, messages, thinking)
+    def prompt_ids(self, messages: list[Message], thinking: bool, options: GenerateOptions | None = None) -> list[int]:
+        """The chat template rendered in the core's sandbox (with ``options``' tools), then tokenised with special
+        tokens parsed."""
+        return chat_prompt_ids(self.tokenizer, messages, thinking, options, self.name)
 
     def stream(self, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk]:
         """Check the request now (``BAD_REQUEST`` before any chunk), then return the reply's stream."""
@@ -81,7 +82,7 @@ class LocalMindModel:
         if engine is None:
             raise AnyformerError(ErrorCode.BAD_REQUEST, "the model was disposed; load it again")
         check_text_only(messages, BACKEND_ID)
-        ids = self.prompt_ids(messages, options.thinking)
+        ids = self.prompt_ids(messages, options.thinking, options)
         check_prompt_fits(ids, engine.ctx)
         mask = None if options.constraint is None else self.constraints.mask_for(options.constraint)
         return self._reply(engine, ids, options, mask)

@@ -15,6 +15,7 @@ from anyformer.plugin import (
     Message,
     has_audio,
     has_images,
+    tools_for_template,
 )
 from anyformer_onnx import BACKEND_ID
 from anyformer_onnx.decoder import DecodeLoop, DecoderGraph
@@ -29,9 +30,10 @@ class OnnxChatModel:
 
     backend = BACKEND_ID
     task = TEXT_GENERATION
-    #: The sampling options its sampler reads, and constraints (the core's token mask over tokenizer.json's
-    #: vocabulary); the core refuses the others (``min_p``…).
-    honours = frozenset({"top_p", "top_k", "constraint"})
+    #: The sampling options its sampler reads, constraints (the core's token mask over tokenizer.json's
+    #: vocabulary) and tools (rendered by the template, a forced call constrained; not for a multimodal
+    #: export); the core refuses the others (``min_p``…).
+    honours = frozenset({"top_p", "top_k", "constraint", "tools"})
 
     def __init__(
         self,
@@ -97,6 +99,8 @@ class OnnxChatModel:
         loop = self.loop
         embeds = positions = None
         if self.media is not None:
+            if options.tools:  # the media prompter renders its own template, without tools
+                raise AnyformerError(ErrorCode.BAD_REQUEST, "tools: not rendered for a multimodal ONNX export")
             prepared = self.media.prepare(messages, options.thinking)
             prompt, embeds, positions = prepared.ids, prepared.embeds, prepared.positions
         elif has_images(messages) or has_audio(messages):
@@ -104,7 +108,9 @@ class OnnxChatModel:
                 ErrorCode.BAD_REQUEST, f"{self.details.get('file')} is a text-only model: no image or audio blocks"
             )
         else:
-            prompt = self.text.prompt_ids(messages, options.thinking)
+            label = str(self.details.get("file", "this model"))
+            messages, variables = tools_for_template(self.text.template, messages, options, label)
+            prompt = self.text.prompt_ids(messages, options.thinking, variables)
         if len(prompt) >= self.context:
             raise AnyformerError(
                 ErrorCode.BAD_REQUEST,

@@ -23,6 +23,7 @@ from anyformer.plugin import (
     has_audio,
     has_images,
     render_chat,
+    tools_for_template,
 )
 from anyformer_transformers import BACKEND_ID
 from anyformer_transformers.sampling import Sampler
@@ -64,8 +65,12 @@ class TextSide:
             defaults={k: v for k, v in defaults.items() if v is not None},
         )
 
-    def prompt_ids(self, messages: list[Message], thinking: bool) -> list[int]:
-        """The rendered prompt's ids; the template writes the special tokens, as transformers' own chat does."""
+    def prompt_ids(self, messages: list[Message], thinking: bool, options: GenerateOptions | None = None) -> list[int]:
+        """The rendered prompt's ids (with ``options``' tools); the template writes the special tokens, as
+        transformers' own chat does."""
+        variables: dict[str, Any] = {}
+        if options is not None:
+            messages, variables = tools_for_template(self.template, messages, options, "this model")
         text = render_chat(
             self.template,
             messages,
@@ -73,6 +78,7 @@ class TextSide:
             bos_token=self.bos_token,
             eos_token=self.eos_token,
             enable_thinking=thinking,
+            **variables,
         )
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
@@ -84,8 +90,9 @@ class ChatModel:
     task = "text-generation"
     #: The core's sampling options it applies (its ``repetition_penalty`` is transformers' own rule over every
     #: token so far, not llama.cpp's ``repeat_penalty`` over the reply's last 64: it stays a backend setting).
-    #: Constraints too: the core's token mask over the tokenizer's vocabulary.
-    honours = frozenset({"top_p", "top_k", "constraint"})
+    #: Constraints too (the core's token mask over the tokenizer's vocabulary), and tools (rendered by the
+    #: template, a forced call constrained).
+    honours = frozenset({"top_p", "top_k", "constraint", "tools"})
 
     def __init__(self, network: Any, text: TextSide, *, context: int, details: dict[str, Any]) -> None:
         self._network: Any = network
@@ -111,7 +118,7 @@ class ChatModel:
             raise AnyformerError(ErrorCode.BAD_REQUEST, "the model was disposed; load it again")
         if has_images(messages) or has_audio(messages):
             raise AnyformerError(ErrorCode.BAD_REQUEST, f"the {BACKEND_ID} backend reads text only: no image or audio")
-        prompt = self.text.prompt_ids(messages, options.thinking)
+        prompt = self.text.prompt_ids(messages, options.thinking, options)
         if len(prompt) >= self.context:
             raise AnyformerError(
                 ErrorCode.BAD_REQUEST,
