@@ -170,3 +170,22 @@ def test_a_character_vocabulary_with_a_decoder_llguidance_does_not_read_falls_ba
         assert re.fullmatch(
             pattern, _walk(vocabulary, tok, Constraint.build({"type": "regex", "regex": pattern}), seed)
         )
+
+
+def test_masks_computed_ahead_on_an_executor_are_the_masks_computed_in_line(vocabulary: ConstraintVocabulary) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    constraint = Constraint.build({"type": "regex", "regex": r"(yes|no) [0-9]{2,4} (fox|dog)"})
+    in_line, ahead = vocabulary.mask_for(constraint), vocabulary.mask_for(constraint)
+    rng = np.random.default_rng(7)
+    with ThreadPoolExecutor(max_workers=1) as executor:
+        while not in_line.finished:
+            expected = in_line.bitmask().copy()
+            assert np.array_equal(ahead.bitmask(), expected)
+            token = int(in_line.masked(rng.normal(size=in_line.n_vocab).astype(np.float32)).argmax())
+            if token in vocabulary.tokenizer().eos_tokens:
+                break
+            in_line.consume(token)
+            ahead.consume(token)
+            ahead.compute_ahead(executor)  # computed while the "model" runs; bitmask() waits for it
+            assert ahead.finished == in_line.finished

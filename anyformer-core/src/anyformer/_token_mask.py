@@ -23,6 +23,7 @@ from __future__ import annotations
 import threading
 import warnings
 from collections.abc import Callable, Iterable
+from concurrent.futures import Executor, Future
 from typing import TYPE_CHECKING, Any
 
 from anyformer.contract._constraint import Constraint
@@ -185,6 +186,12 @@ class TokenMask:
     ``n_vocab`` is the vocabulary's size; logits rows may be longer (the tokens past it are never
     allowed). Its buffers are made once per stream: the bitmask llguidance writes (32 tokens a word)
     and the row :meth:`masked` writes.
+
+    The mask of the next step depends only on the tokens consumed so far, so a backend may have it
+    computed while its model computes the logits: :meth:`compute_ahead` hands the work to an
+    executor (llguidance releases the GIL), and the next :meth:`bitmask` waits for it. That pays where
+    a core is free during the model's step (a GPU decode, fewer decode threads than cores); where
+    the decode threads take every core it only takes one from them.
     """
 
     def __init__(self, matcher: Any, n_vocab: int) -> None:
@@ -195,19 +202,38 @@ class TokenMask:
         self._bits = np.zeros((n_vocab + 31) // 32, dtype=np.int32)
         self._work = np.empty(n_vocab, dtype=np.float32)
         self._fresh = False  # whether _bits holds the mask after the last consumed token
+        self._ahead: Future[None] | None = None  # the mask being computed by compute_ahead
+        # Read once per token, not from the matcher: it is not to be touched while compute_ahead works on it.
+        self._stopped = bool(matcher.is_stopped())
 
     @property
     def finished(self) -> bool:
         """True when only the end may follow (the value is complete)."""
-        return bool(self._matcher.is_stopped())
+        return self._stopped
 
     def bitmask(self) -> np.ndarray:
         """The allowed tokens as llguidance's int32 words (bit ``i % 32`` of word ``i // 32``); computed once
         per step, the same array every step (copy it to keep it)."""
+        self._wait()
         if not self._fresh:
-            self._matcher.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
-            self._fresh = True
+            self._compute()
         return self._bits
+
+    def compute_ahead(self, executor: Executor) -> None:
+        """Start computing the next step's mask on ``executor``; the next :meth:`bitmask` (or
+        :meth:`consume`) waits for it. Nothing to do when the value is complete."""
+        self._wait()
+        if not self._fresh and not self._stopped:
+            self._ahead = executor.submit(self._compute)
+
+    def _compute(self) -> None:
+        self._matcher.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
+        self._fresh = True
+
+    def _wait(self) -> None:
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            ahead.result()  # a failure in the worker is raised here, in the stream's thread
 
     def allowed(self, length: int | None = None) -> np.ndarray:
         """A boolean per token of a logits row of ``length`` (default: the vocabulary's size): True where the
@@ -245,11 +271,13 @@ class TokenMask:
 
     def consume(self, token: int) -> None:
         """Advance past the emitted token; a token the mask allowed never fails (``PLUGIN_ERROR`` if it does)."""
+        self._wait()  # the matcher is not to be advanced while a mask is computed from it
         self._fresh = False
         if not self._matcher.consume_token(token) or self._matcher.is_error():
             raise AnyformerError(
                 ErrorCode.PLUGIN_ERROR, f"the constraint refused token {token} it allowed: {self._matcher.get_error()}"
             )
+        self._stopped = bool(self._matcher.is_stopped())
 
     def _check_shape(self, logits: np.ndarray) -> None:
         if logits.ndim != 1 or logits.shape[0] < self.n_vocab:

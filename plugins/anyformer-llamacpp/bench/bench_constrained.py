@@ -3,15 +3,20 @@
 Rounds alternate: the same prompt decoded greedily with no constraint, then under a JSON schema
 (one long string field, so the constrained reply runs as long as the free one). Each side's speed
 is its decode rate (tokens after the first over the time after the first, so prompt evaluation is
-out); the figure is their ratio, and the mask work (llguidance computing the mask and advancing
-past each token, and applying it) per token as a share of a token's time.
+out); the figure is their ratio, and the mask work the stream's thread waits for (llguidance
+computing the mask, or waiting for the mask computed ahead while llama_decode ran; applying it;
+advancing past each token) per token as a share of a token's time. ``--threads`` sets llama.cpp's
+decode threads: fewer than the usable cores leaves one for the mask (``MaskAhead``). The load
+average is printed before and after: on a shared machine, compare only runs under the same load.
 
-    python plugins/anyformer-llamacpp/bench/bench_constrained.py [--rounds 5] [--tokens 128] [--model PATH]
+    python plugins/anyformer-llamacpp/bench/bench_constrained.py [--rounds 5] [--tokens 128] [--threads N]
+        [--model PATH]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 from pathlib import Path
@@ -75,11 +80,16 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--model", type=Path, default=None, help="a GGUF (default: the embedded SmolLM2)")
+    parser.add_argument("--threads", type=int, default=None, help="llama.cpp's decode threads (default: every core)")
     args = parser.parse_args()
+    print("load average before: {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()))
     path = args.model or anyformer.default_model_path()
     clock = _MaskClock()
     free_rates, held_rates, mask_per_token = [], [], []
-    with anyformer.load(path, backend="llamacpp") as loaded:
+    options = {} if args.threads is None else {"threads": args.threads}
+    with anyformer.load(path, backend="llamacpp", options=options) as loaded:
+        ahead = loaded.handle.mask_ahead.spare_core
+        print(f"decode threads {loaded.handle._llama.n_threads}, mask computed {'ahead' if ahead else 'in line'}")
         constraint = {"type": "json_schema", "schema": SCHEMA}
         _decode_rate(loaded, 8, constraint=constraint)  # builds the vocabulary once (about a second), not timed
         clock.lap()
@@ -97,6 +107,7 @@ def main() -> None:
     free, held, mask = (statistics.median(v) for v in (free_rates, held_rates, mask_per_token))
     print(f"\nmedian: free {free:.1f} tok/s, constrained {held:.1f} tok/s, ratio {held / free:.3f}")
     print(f"mask work {mask * 1e6:.0f} us a token = {mask * free * 100:.1f} % of a free token's {1e3 / free:.2f} ms")
+    print("load average after: {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()))
 
 
 if __name__ == "__main__":

@@ -57,10 +57,11 @@ from anyformer.plugin import (
     read_gguf_header,
     render_chat,
     template_takes_tools,
+    usable_cpu_count,
     with_tool_prompt,
 )
 from anyformer_llamacpp import BACKEND_ID
-from anyformer_llamacpp.constraint import llama_vocabulary
+from anyformer_llamacpp.constraint import MaskAhead, llama_vocabulary
 from anyformer_llamacpp.content_tokens import content_tokens, special_in_content, text_spans
 from anyformer_llamacpp.estimate import BATCH, context_for, footprint
 from anyformer_llamacpp.header_checks import check_architecture_numbers, check_vocabulary
@@ -149,6 +150,8 @@ class LlamaCppModel:
         self._pieces: dict[int, bytes] = {}
         #: The vocabulary as llguidance reads it, for constraints (built at the first one).
         self.vocabulary = llama_vocabulary(self._vocab, self._n_vocab)
+        #: Where a stream's next mask is computed while llama_decode runs (a core free for it only).
+        self.mask_ahead = MaskAhead(gpu_layers > 0 or usable_cpu_count() > llama.n_threads)
         self._special_pieces: dict[int, bytes] = {}
         #: The ``special_in_content`` load option: message text tokenized with special tokens parsed.
         self.special_in_content = False
@@ -306,6 +309,7 @@ class LlamaCppModel:
         llama, self._llama = self._llama, None
         if llama is not None:
             llama.close()
+        self.mask_ahead.close()
 
     # ---- embeddings -----------------------------------------------------------------------------
 
@@ -630,8 +634,10 @@ class LlamaCppModel:
     def sampler_for(self, options: GenerateOptions) -> Sampler:
         """The stream's token choice; ``BAD_REQUEST`` for a logit_bias token outside the vocabulary or a
         constraint that does not compile."""
-        mask = None if options.constraint is None else self.vocabulary.mask_for(options.constraint)
-        return Sampler(options, self._n_vocab, mask)
+        if options.constraint is None:
+            return Sampler(options, self._n_vocab)
+        mask = self.vocabulary.mask_for(options.constraint)
+        return Sampler(options, self._n_vocab, mask, self.mask_ahead.executor())
 
     def _token_logprob(self, logits: np.ndarray, token: int, top: int) -> TokenLogprob:
         """The chosen token's log-probability and the ``top`` likeliest alternatives, as llama.cpp's
