@@ -10,7 +10,7 @@ decode threads: fewer than the usable cores leaves one for the mask (``MaskAhead
 average is printed before and after: on a shared machine, compare only runs under the same load.
 
     python plugins/anyformer-llamacpp/bench/bench_constrained.py [--rounds 5] [--tokens 128] [--threads N]
-        [--model PATH]
+        [--in-line] [--model PATH]
 """
 
 from __future__ import annotations
@@ -81,6 +81,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--model", type=Path, default=None, help="a GGUF (default: the embedded SmolLM2)")
     parser.add_argument("--threads", type=int, default=None, help="llama.cpp's decode threads (default: every core)")
+    parser.add_argument("--in-line", action="store_true", help="compute each mask in line, even with a core free")
     args = parser.parse_args()
     print("load average before: {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()))
     path = args.model or anyformer.default_model_path()
@@ -88,8 +89,12 @@ def main() -> None:
     free_rates, held_rates, mask_per_token = [], [], []
     options = {} if args.threads is None else {"threads": args.threads}
     with anyformer.load(path, backend="llamacpp", options=options) as loaded:
+        if args.in_line:
+            loaded.handle.mask_ahead.spare_core = False
         ahead = loaded.handle.mask_ahead.spare_core
-        print(f"decode threads {loaded.handle._llama.n_threads}, mask computed {'ahead' if ahead else 'in line'}")
+        where = f"{loaded.handle.gpu_layers} layers on the GPU" if loaded.handle.gpu_layers else "on the CPU"
+        threads = loaded.handle._llama.n_threads
+        print(f"decode threads {threads}, {where}, mask computed {'ahead' if ahead else 'in line'}")
         constraint = {"type": "json_schema", "schema": SCHEMA}
         _decode_rate(loaded, 8, constraint=constraint)  # builds the vocabulary once (about a second), not timed
         clock.lap()
