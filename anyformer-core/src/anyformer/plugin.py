@@ -1,9 +1,8 @@
 """Everything a backend plugin needs, in one public module.
 
-A backend imports from here (or from the top-level ``anyformer`` package) and from nothing whose
-name starts with an underscore: private core modules move between releases, this module does
-not. ``docs/plugin-author-guide.md`` walks through each name; ``docs/contract.md`` is the contract
-they implement.
+A backend's code imports from the core this module and nothing else (``tests/test_import_graph.py``):
+private core modules move between releases, this module does not. ``docs/plugin-author-guide.md``
+walks through each name; ``docs/contract.md`` is the contract they implement.
 
 Groups, in the order a backend meets them:
 
@@ -17,8 +16,10 @@ Groups, in the order a backend meets them:
   :func:`text_of`, :func:`render_chat` (jinja2's sandbox), :data:`CHATML_TEMPLATE`,
   :class:`IncrementalDetokenizer` (streamed text equal to the whole decode),
   :func:`template_takes_tools`, :func:`with_tool_prompt` (tools for a template that cannot render them),
-  :func:`tools_for_template` (a call's tools as the template's variable, or described for a forced call),
-  :class:`ToolCall`;
+  :func:`tool_inputs` (the messages and variables that give a template's family its tools),
+  :func:`chat_constraint` (the constraint a chat decodes under: a forced call in the family's syntax),
+  :func:`tool_family`, :data:`TOOL_MARKUP` (tool-call markup an engine keeps in its text even where a
+  tokenizer holds it as a special token), :class:`ToolCall`;
 - structured output in a backend's sampler: :class:`ConstraintVocabulary` (a model's vocabulary as
   llguidance reads it) and :class:`TokenMask` (one stream's allowed tokens, applied to the logits);
 - files, read with hard limits before any engine sees them: :func:`read_gguf_header`,
@@ -38,7 +39,9 @@ Groups, in the order a backend meets them:
 - the store: :func:`fetch_files` (verified downloads into the Hub cache), :func:`files_to_download`
   (what a load would download, for a ``store`` refusal), :func:`anyformer_home`
   (where derived files go);
-- the machine: :func:`usable_cpu_count`, :func:`host_ram_available`;
+- the machine: :func:`probe` (its :class:`Caps`), :func:`usable_cpu_count`, :func:`host_ram_available`,
+  :func:`adapter_fingerprint` (a key that changes with the GPU adapter's driver, wgpu or environment: for
+  figures a backend times once);
 - sizes: :func:`format_size`, :func:`parse_size`;
 - llama.cpp RPC servers (``Request.rpc``): :func:`probe_rpc_server` (version and memory, with a
   timeout, before an engine connects), :class:`RpcServerInfo`, :class:`RpcDeviceMemory`,
@@ -47,10 +50,10 @@ Groups, in the order a backend meets them:
 
 from anyformer._backend import BackendModel
 from anyformer._chat_template import CHATML_TEMPLATE, render_chat, template_takes_tools
-from anyformer._chat_tools import tools_for_template
 from anyformer._detokenizer import IncrementalDetokenizer
 from anyformer._token_mask import ConstraintVocabulary, TokenMask
-from anyformer.contract._caps import Caps, host_ram_available, usable_cpu_count
+from anyformer._tool_families import chat_constraint, tool_family, tool_inputs
+from anyformer.contract._caps import Caps
 from anyformer.contract._chunk import Chunk, FinishReason, GenerateOptions, TokenLogprob
 from anyformer.contract._constraint import Constraint
 from anyformer.contract._errors import AnyformerError, ErrorCode
@@ -62,6 +65,7 @@ from anyformer.contract._sampling import PENALTY_WINDOW
 from anyformer.contract._sizes import format_size, parse_size
 from anyformer.contract._store_entry import StoreEntry
 from anyformer.contract._tool_calls import ToolCall, with_tool_prompt
+from anyformer.contract._tool_syntaxes import TOOL_MARKUP
 from anyformer.contract._verdict import Estimate, Rank, Refusal, Verdict
 from anyformer.files._config_file import read_config_json
 from anyformer.files._gguf_candidates import (
@@ -92,6 +96,8 @@ from anyformer.files._media_input import (
 from anyformer.files._onnx_external import OnnxSummary, check_onnx_external_data, read_onnx_summary
 from anyformer.files._safetensors_header import SafetensorsHeader, read_safetensors_header
 from anyformer.hookspecs import hookimpl
+from anyformer.machine._adapter_cache import fingerprint as adapter_fingerprint
+from anyformer.machine._probe import host_ram_available, probe, usable_cpu_count
 from anyformer.rpc._protocol import DeviceMemory as RpcDeviceMemory
 from anyformer.rpc._protocol import RpcServerError, RpcServerInfo
 from anyformer.rpc._protocol import probe as probe_rpc_server
@@ -108,6 +114,7 @@ __all__ = [
     "MAX_IMAGE_SIDE",
     "MAX_MEDIA_FILE_BYTES",
     "PENALTY_WINDOW",
+    "TOOL_MARKUP",
     "AnyformerError",
     "BackendModel",
     "Caps",
@@ -141,7 +148,9 @@ __all__ = [
     "TokenMask",
     "ToolCall",
     "Verdict",
+    "adapter_fingerprint",
     "anyformer_home",
+    "chat_constraint",
     "check_image_size",
     "check_onnx_external_data",
     "check_split_set",
@@ -160,6 +169,7 @@ __all__ = [
     "no_progress",
     "order_gguf_candidates",
     "parse_size",
+    "probe",
     "probe_rpc_server",
     "read_config_json",
     "read_gguf_header",
@@ -171,7 +181,8 @@ __all__ = [
     "split_set_members",
     "template_takes_tools",
     "text_of",
-    "tools_for_template",
+    "tool_family",
+    "tool_inputs",
     "usable_cpu_count",
     "validate_messages",
     "with_tool_prompt",

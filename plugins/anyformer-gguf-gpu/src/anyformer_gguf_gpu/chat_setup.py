@@ -7,13 +7,15 @@ from typing import Any
 from anyformer.plugin import (
     AnyformerError,
     Chunk,
+    Constraint,
     ErrorCode,
     FinishReason,
     GenerateOptions,
     Message,
+    chat_constraint,
     has_images,
     render_chat,
-    tools_for_template,
+    tool_inputs,
 )
 from anyformer_gguf_gpu.tokenizer import GGUFTokenizer, StreamDecoder
 
@@ -27,14 +29,14 @@ def chat_prompt_ids(
 ) -> list[int]:
     """The GGUF's chat template rendered in the core's sandbox, then tokenised with special tokens parsed.
 
-    ``options`` brings the call's tools (the core's ``tools_for_template``; ``model`` names the model
+    ``options`` brings the call's tools (the core's ``tool_inputs``: ``model`` names the model
     in its refusal)."""
     bos_text = tokenizer.tokens[tokenizer.bos_id] if tokenizer.bos_id is not None else ""
     eos_text = tokenizer.tokens[tokenizer.eos_id] if tokenizer.eos_id is not None else ""
     template = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else None
     variables: dict[str, Any] = {}
     if options is not None:
-        messages, variables = tools_for_template(template, messages, options, model)
+        messages, variables = tool_inputs(template, messages, options, model)
     prompt = render_chat(
         template,
         messages,
@@ -46,6 +48,13 @@ def chat_prompt_ids(
     # The template writes BOS itself when it wants one; otherwise the vocabulary's rule applies.
     add_special = not (bos_text and prompt.startswith(bos_text))
     return tokenizer.encode(prompt, add_special=add_special, parse_special=True)
+
+
+def reply_constraint(tokenizer: GGUFTokenizer, options: GenerateOptions) -> Constraint | None:
+    """The constraint a chat reply decodes under: the request's, or a forced tool call in the syntax of the
+    GGUF's template family (the core's ``chat_constraint``)."""
+    template = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else None
+    return chat_constraint(options, template)
 
 
 def check_text_only(messages: list[Message], backend: str) -> None:

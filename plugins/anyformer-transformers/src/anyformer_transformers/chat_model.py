@@ -20,10 +20,11 @@ from anyformer.plugin import (
     GenerateOptions,
     IncrementalDetokenizer,
     Message,
+    chat_constraint,
     has_audio,
     has_images,
     render_chat,
-    tools_for_template,
+    tool_inputs,
 )
 from anyformer_transformers import BACKEND_ID
 from anyformer_transformers.sampling import Sampler
@@ -70,7 +71,7 @@ class TextSide:
         transformers' own chat does."""
         variables: dict[str, Any] = {}
         if options is not None:
-            messages, variables = tools_for_template(self.template, messages, options, "this model")
+            messages, variables = tool_inputs(self.template, messages, options, "this model")
         text = render_chat(
             self.template,
             messages,
@@ -124,7 +125,8 @@ class ChatModel:
                 ErrorCode.BAD_REQUEST,
                 f"the prompt is {len(prompt)} tokens and the context is {self.context}; load with a larger context",
             )
-        mask = None if options.constraint is None else self.constraints.mask_for(options.constraint)
+        constraint = chat_constraint(options, self.text.template)  # a forced call in the template family's syntax
+        mask = None if constraint is None else self.constraints.mask_for(constraint)
         sampler = Sampler.for_options(options, self.text.defaults, mask)
         limit = min(options.max_new_tokens, self.context - len(prompt))
         return self._chunks(network, prompt, sampler, limit, options)
