@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
 # Issue 30's cost of structured output on the H200: bench_constrained.py on a CUDA build of llama.cpp, the
 # next mask computed while llama_decode runs (the default with layers on the GPU) and in line (--in-line).
-# Run THERE in the repository root with .h200/ from h200_prepare.sh carried (no network; llguidance's wheel
-# added to .h200/wheelhouse), results into $OUT/h200-constrained.txt:
+# Run THERE in the repository root with .h200/ from h200_prepare.sh carried (no network), llguidance's wheel
+# added to it here first (the llama.cpp backend depends on it; h200_prepare.sh resolves the core only):
+#
+#   python -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --abi abi3 --platform manylinux_2_28_x86_64 --dest .h200/wheelhouse "llguidance>=1.0"
+#
+# results into $OUT/h200-constrained.txt:
 #
 #   bash plugins/anyformer-llamacpp/bench/h200_constrained.sh
 #
