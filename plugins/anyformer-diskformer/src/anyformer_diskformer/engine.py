@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from anyformer import AnyformerError, Chunk, ErrorCode, FinishReason, GenerateOptions, Message, Model, Request
-from anyformer.plugin import ProgressCallback, ProgressEvent, format_size
+from anyformer.plugin import BackendModel, Features, ProgressCallback, ProgressEvent, format_size
 from anyformer_diskformer import BACKEND_ID, native_products
 from anyformer_diskformer.cpu_engine import CpuMoEEngine
 from anyformer_diskformer.cpu_hybrid import HybridCpuEngine
@@ -210,13 +210,13 @@ def sample(logits: np.ndarray, temperature: float, top_k: int, top_p: float, rng
     return int(order[rng.choice(keep, p=p)])
 
 
-class DiskformerModel:
+class DiskformerModel(BackendModel):
     """The handle ``load`` returns: the CPU engine with its expert cache, the tokenizer, the chat template."""
 
     backend = BACKEND_ID
     task = "text-generation"
     #: The sampling options its sampler reads; the core refuses the others (``min_p``, ``constraint``…).
-    honours = frozenset({"top_p", "top_k"})
+    features = Features(honours=frozenset({"top_p", "top_k"}))
 
     def __init__(self, engine: Engine, tokenizer: GGUFTokenizer, name: str) -> None:
         self.engine: Engine | None = engine
@@ -408,7 +408,7 @@ class DiskformerModel:
         """The chat template rendered in the core's sandbox, then tokenised with special tokens parsed."""
         return chat_prompt_ids(self.tokenizer, messages, thinking)
 
-    def stream(self, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk]:
+    def generate(self, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk]:
         """Check the request now (``BAD_REQUEST`` before any chunk), then return the reply's stream."""
         engine = self.engine
         if engine is None:

@@ -11,15 +11,10 @@ the smallest working expert cache (one layer's top-k experts) fit the device's m
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
-from anyformer import (
+from anyformer.plugin import (
     BackendModel,
     Caps,
-    Chunk,
     Estimate,
-    GenerateOptions,
-    Message,
     Model,
     ProgressCallback,
     Rank,
@@ -162,24 +157,11 @@ def _judge(model: Model, caps: Caps, request: Request, choice: GgufChoice) -> Ve
 
 
 @hookimpl
-def load(backend: str, model: Model, request: Request, progress: ProgressCallback) -> BackendModel | None:
+def load(model: Model, request: Request, progress: ProgressCallback) -> BackendModel:
     """Fetch the GGUF, keep its dense tensors resident and open the expert cache."""
-    if backend != BACKEND_ID:
-        return None
     from anyformer_diskformer.engine import DiskformerModel
 
     return DiskformerModel.open(model, request, progress)
-
-
-@hookimpl
-def generate(loaded: BackendModel, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk] | None:
-    """Stream a chat reply from a model this backend loaded."""
-    if loaded.backend != BACKEND_ID:
-        return None
-    from anyformer_diskformer.engine import DiskformerModel
-
-    assert isinstance(loaded, DiskformerModel)
-    return loaded.stream(messages, options)
 
 
 @hookimpl

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Generator, Iterator
 
 from anyformer import AnyformerError, Chunk, ErrorCode, FinishReason, GenerateOptions, Message, Model, Request
-from anyformer.plugin import ProgressCallback, ProgressEvent
+from anyformer.plugin import BackendModel, Features, ProgressCallback, ProgressEvent
 from anyformer_gguf_gpu.chat_setup import chat_prompt_ids, check_prompt_fits, check_text_only, token_chunk
 from anyformer_gguf_gpu.decode import greedy, sampled
 from anyformer_gguf_gpu.engines import open_engine
@@ -22,13 +22,13 @@ TOP_K = 40
 TOP_P = 0.95
 
 
-class LocalMindModel:
+class LocalMindModel(BackendModel):
     """The handle ``load`` returns: the engine on the GPU, the tokenizer, the chat template."""
 
     backend = BACKEND_ID
     task = "text-generation"
     #: The sampling options its sampler reads; the core refuses the others (``min_p``, ``constraint``…).
-    honours = frozenset({"top_p", "top_k"})
+    features = Features(honours=frozenset({"top_p", "top_k"}))
 
     def __init__(self, engine: TransformerEngine, tokenizer: GGUFTokenizer, name: str) -> None:
         self.engine: TransformerEngine | None = engine
@@ -71,7 +71,7 @@ class LocalMindModel:
         """The chat template rendered in the core's sandbox, then tokenised with special tokens parsed."""
         return chat_prompt_ids(self.tokenizer, messages, thinking)
 
-    def stream(self, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk]:
+    def generate(self, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk]:
         """Check the request now (``BAD_REQUEST`` before any chunk), then return the reply's stream."""
         engine = self.engine
         if engine is None:

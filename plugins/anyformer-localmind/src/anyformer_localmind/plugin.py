@@ -10,15 +10,11 @@ adapter, and whether weights plus the KV cache plus the engine's buffers fit the
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Iterator
 
-from anyformer import (
+from anyformer.plugin import (
     BackendModel,
     Caps,
-    Chunk,
     Estimate,
-    GenerateOptions,
-    Message,
     Model,
     ProgressCallback,
     Rank,
@@ -121,24 +117,11 @@ def _judge(model: Model, caps: Caps, request: Request, choice: GgufChoice) -> Ve
 
 
 @hookimpl
-def load(backend: str, model: Model, request: Request, progress: ProgressCallback) -> BackendModel | None:
+def load(model: Model, request: Request, progress: ProgressCallback) -> BackendModel:
     """Fetch the GGUF, upload every weight as its raw blocks and compile every kernel."""
-    if backend != BACKEND_ID:
-        return None
     from anyformer_localmind.engine import LocalMindModel  # imports wgpu
 
     return LocalMindModel.open(model, request, progress)
-
-
-@hookimpl
-def generate(loaded: BackendModel, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk] | None:
-    """Stream a chat reply from a model this backend loaded."""
-    if loaded.backend != BACKEND_ID:
-        return None
-    from anyformer_localmind.engine import LocalMindModel
-
-    assert isinstance(loaded, LocalMindModel)
-    return loaded.stream(messages, options)
 
 
 @hookimpl

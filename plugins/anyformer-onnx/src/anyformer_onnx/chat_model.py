@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
 from anyformer.plugin import (
     AnyformerError,
+    BackendModel,
     Chunk,
     ErrorCode,
+    Features,
     GenerateOptions,
     IncrementalDetokenizer,
     Message,
@@ -23,13 +26,13 @@ from anyformer_onnx.tasks import TEXT_GENERATION
 from anyformer_onnx.text_setup import TextSetup
 
 
-class OnnxChatModel:
+class OnnxChatModel(BackendModel):
     """A loaded decoder graph, its text side and the context it was loaded for."""
 
     backend = BACKEND_ID
     task = TEXT_GENERATION
     #: The sampling options its sampler reads; the core refuses the others (``min_p``, ``constraint``…).
-    honours = frozenset({"top_p", "top_k"})
+    features = Features(honours=frozenset({"top_p", "top_k"}))
 
     def __init__(
         self,
@@ -47,7 +50,7 @@ class OnnxChatModel:
         #: What reads image and audio blocks (a multimodal export); None for a text-only model.
         self.media = media
         #: The core hands this handle messages with audio blocks only when its model has an audio encoder.
-        self.audio_input = media is not None and media.reads_audio
+        self.features = dataclasses.replace(self.features, audio_input=media is not None and media.reads_audio)
         self._loop: DecodeLoop | None = DecodeLoop(graph, device, media.embed_inputs if media else None)
         self.text = text
         self.context = context
@@ -85,7 +88,7 @@ class OnnxChatModel:
             raise AnyformerError(ErrorCode.BAD_REQUEST, f"repetition_penalty must be a number > 0, got {value!r}")
         return float(value)
 
-    def stream(self, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk]:
+    def generate(self, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk]:
         """Check the request (``BAD_REQUEST`` before any work), then return the chunk stream."""
         loop = self.loop
         embeds = positions = None

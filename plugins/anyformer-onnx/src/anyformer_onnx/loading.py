@@ -5,17 +5,14 @@ Imported by the ``load`` hook only: it imports onnxruntime (through :mod:`ort_se
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from anyformer.plugin import (
     AnyformerError,
     BackendModel,
-    Chunk,
     ErrorCode,
-    GenerateOptions,
-    Message,
     Model,
     ProgressCallback,
     ProgressEvent,
@@ -405,12 +402,3 @@ def _open_speech_model(
         generation=generation,
         details=details,
     )
-
-
-def stream_of(loaded: BackendModel, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk]:
-    """The chunk stream of a chat handle; ``BAD_REQUEST`` for a handle loaded for another task."""
-    if not isinstance(loaded, OnnxChatModel):
-        raise AnyformerError(
-            ErrorCode.BAD_REQUEST, f"the model was loaded for {loaded.task}: it runs with run(), not generate()"
-        )
-    return loaded.stream(messages, options)

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from anyformer.plugin import (
     BackendModel,
     Caps,
-    Chunk,
     Estimate,
-    GenerateOptions,
-    Message,
     Model,
     ProgressCallback,
     Rank,
@@ -247,10 +244,8 @@ def can_run(model: Model, caps: Caps, request: Request) -> Verdict:
 
 
 @hookimpl
-def load(backend: str, model: Model, request: Request, progress: ProgressCallback) -> BackendModel | None:
+def load(model: Model, request: Request, progress: ProgressCallback) -> BackendModel:
     """Fetch and validate the chosen graph, then open it with onnxruntime."""
-    if backend != BACKEND_ID:
-        return None
     from anyformer_onnx.loading import open_model  # imports onnxruntime
 
     return open_model(model, request, progress)
@@ -262,13 +257,3 @@ def store_list() -> list[StoreEntry]:
     from anyformer_onnx.fused_store import fused_entries
 
     return fused_entries()
-
-
-@hookimpl
-def generate(loaded: BackendModel, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk] | None:
-    """Stream a chat reply from a decoder this backend loaded."""
-    if loaded.backend != BACKEND_ID:
-        return None
-    from anyformer_onnx.loading import stream_of
-
-    return stream_of(loaded, messages, options)
