@@ -114,7 +114,9 @@ def test_prompt_logprobs_need_a_backend_that_declares_them(load_scripted: Any) -
 
 
 def test_prompt_logprobs_ride_on_the_first_chunk_placed_in_the_prompt(load_scripted: Any) -> None:
-    loaded, backend = load_scripted([Chunk(tokens=0, prompt_logprobs=_scored_prompt()), *_with_logprobs(" time")], features=RAW_AND_SCORES)
+    loaded, backend = load_scripted(
+        [Chunk(tokens=0, prompt_logprobs=_scored_prompt()), *_with_logprobs(" time")], features=RAW_AND_SCORES
+    )
     chunks = list(loaded.generate(prompt="Once upon a", logprobs=1, prompt_logprobs=True))
     assert backend.last_options.prompt_logprobs is True
     assert [(e.token, e.logprob, e.offset) for e in chunks[0].prompt_logprobs] == [
@@ -127,7 +129,9 @@ def test_prompt_logprobs_ride_on_the_first_chunk_placed_in_the_prompt(load_scrip
 
 
 def test_max_new_tokens_zero_scores_the_prompt_alone(load_scripted: Any) -> None:
-    loaded, _ = load_scripted([Chunk(tokens=0, prompt_logprobs=_scored_prompt()), *_with_logprobs(" time")], features=RAW_AND_SCORES)
+    loaded, _ = load_scripted(
+        [Chunk(tokens=0, prompt_logprobs=_scored_prompt()), *_with_logprobs(" time")], features=RAW_AND_SCORES
+    )
     chunks = list(loaded.generate(prompt="Once upon a", max_new_tokens=0, logprobs=0, prompt_logprobs=True))
     assert len(chunks) == 1
     assert chunks[0].text == "" and chunks[0].tokens == 0 and chunks[0].finish_reason == "length"

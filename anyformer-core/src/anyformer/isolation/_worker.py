@@ -1,4 +1,4 @@
-"""The isolated worker process: it loads one backend's model and runs its hooks for the parent.
+"""The isolated worker process: it loads one backend's model and runs its handle's methods for the parent.
 
 Started by :mod:`anyformer.isolation._worker_session` as ``python -c BOOTSTRAP``; the bootstrap reads the
 first frame, takes the parent's ``sys.path`` (so the worker imports what the caller would, plugins

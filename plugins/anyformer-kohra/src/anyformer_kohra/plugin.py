@@ -4,8 +4,9 @@
   description alone (no file opened, onnxruntime not imported);
 - ``load`` picks the graph for the provider onnxruntime offers, fetches it with its external data
   and tokenizer files, checks the graph's external data, then opens it;
-- the handle's ``generate`` (:class:`KohraModel`) renders the conversation with the chat template, denoises the answer (MDLM: all at
-  once; BD3LM, tag ``block-diffusion``: block by block) and streams the settled text;
+- the handle's ``generate`` (:class:`KohraModel`) renders the conversation with the chat template,
+  denoises the answer (MDLM: all at once; BD3LM, tag ``block-diffusion``: block by block) and
+  streams the settled text;
 - ``store_list`` is empty: kohra keeps nothing beyond the Hub cache the core lists.
 """
 
