@@ -7,6 +7,7 @@ reports it as written for the old hooks, with the fix, and never asks it anythin
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 from typing import Any
 
@@ -145,3 +146,45 @@ def test_load_naming_the_outdated_backend_is_a_plugin_error_saying_what_changed(
     with pytest.raises(AnyformerError, match="the generate hook is gone") as caught:
         anyformer.load({"repo": "org/m"}, backend="old-shape", caps=Caps(ram_bytes=2**30), plugins=manager)
     assert caught.value.code is ErrorCode.PLUGIN_ERROR
+
+
+# ---- every backend in this repository has the new shape ------------------------------------------
+
+PLUGINS = Path(__file__).resolve().parents[2] / "plugins"
+
+
+def _hookimpls(tree: ast.AST) -> list[ast.FunctionDef]:
+    def marked(function: ast.FunctionDef) -> bool:
+        return any(
+            (isinstance(d, ast.Name) and d.id == "hookimpl") or (isinstance(d, ast.Attribute) and d.attr == "hookimpl")
+            for d in function.decorator_list
+        )
+
+    return [node for node in ast.walk(tree) if isinstance(node, ast.FunctionDef) and marked(node)]
+
+
+def old_shapes(source: str) -> list[str]:
+    """What in ``source`` is still the old hook shape: a generate hook, a load taking backend or returning None."""
+    found = []
+    for function in _hookimpls(ast.parse(source)):
+        if function.name == "generate":
+            found.append(f"line {function.lineno}: a generate hook")
+        if function.name != "load":
+            continue
+        if "backend" in [a.arg for a in function.args.args + function.args.kwonlyargs]:
+            found.append(f"line {function.lineno}: load takes backend")
+        for node in ast.walk(function):
+            if isinstance(node, ast.Return) and (node.value is None or ast.unparse(node.value) == "None"):
+                found.append(f"line {node.lineno}: load returns None")
+    return found
+
+
+def test_the_scan_finds_each_old_shape() -> None:
+    found = [what.split(": ", 1)[1] for what in old_shapes(OLD_SHAPE)]
+    assert sorted(found) == ["a generate hook", "load returns None", "load takes backend"]
+    assert old_shapes(HEALTHY) == []
+
+
+@pytest.mark.parametrize("source", sorted(PLUGINS.glob("*/src/**/*.py")), ids=lambda p: str(p.relative_to(PLUGINS)))
+def test_no_backend_here_keeps_an_old_hook_shape(source: Path) -> None:
+    assert old_shapes(source.read_text(encoding="utf-8")) == []
