@@ -38,7 +38,9 @@ Groups, in the order a backend meets them:
 - the store: :func:`fetch_files` (verified downloads into the Hub cache), :func:`files_to_download`
   (what a load would download, for a ``store`` refusal), :func:`anyformer_home`
   (where derived files go);
-- the machine: :func:`usable_cpu_count`, :func:`host_ram_available`;
+- the machine: :func:`probe` (its :class:`Caps`), :func:`usable_cpu_count`, :func:`host_ram_available`,
+  :func:`adapter_fingerprint` (a key that changes with the GPU adapter's driver, wgpu or environment: for
+  figures a backend times once);
 - sizes: :func:`format_size`, :func:`parse_size`;
 - llama.cpp RPC servers (``Request.rpc``): :func:`probe_rpc_server` (version and memory, with a
   timeout, before an engine connects), :class:`RpcServerInfo`, :class:`RpcDeviceMemory`,
@@ -48,7 +50,8 @@ Groups, in the order a backend meets them:
 from anyformer._backend import BackendModel
 from anyformer._chat_template import CHATML_TEMPLATE, render_chat, template_takes_tools
 from anyformer._detokenizer import IncrementalDetokenizer
-from anyformer.contract._caps import Caps, host_ram_available, usable_cpu_count
+from anyformer.contract._adapter_cache import fingerprint as adapter_fingerprint
+from anyformer.contract._caps import Caps, host_ram_available, probe, usable_cpu_count
 from anyformer.contract._chunk import Chunk, FinishReason, GenerateOptions, TokenLogprob
 from anyformer.contract._constraint import Constraint
 from anyformer.contract._errors import AnyformerError, ErrorCode
@@ -139,6 +142,7 @@ __all__ = [
     "TokenLogprob",
     "ToolCall",
     "Verdict",
+    "adapter_fingerprint",
     "anyformer_home",
     "check_image_size",
     "check_onnx_external_data",
@@ -158,6 +162,7 @@ __all__ = [
     "no_progress",
     "order_gguf_candidates",
     "parse_size",
+    "probe",
     "probe_rpc_server",
     "read_config_json",
     "read_gguf_header",

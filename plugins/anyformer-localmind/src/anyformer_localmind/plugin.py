@@ -27,7 +27,7 @@ from anyformer.plugin import (
 )
 from anyformer_gguf_gpu.model_choice import GgufChoice, choose_and_judge, store_refusal
 from anyformer_localmind import BACKEND_ID
-from anyformer_localmind.estimate import MAX_BATCH, RAM_OVERHEAD, context_for
+from anyformer_localmind.estimate import MAX_BATCH, RAM_OVERHEAD, context_for, modelled_speed
 
 INSTALL_HINT = "pip install wgpu"
 
@@ -94,6 +94,7 @@ def _judge(model: Model, caps: Caps, request: Request, choice: GgufChoice) -> Ve
         )
     if importlib.util.find_spec("wgpu") is None:
         return Verdict.refuse(BACKEND_ID, Refusal.RUNTIME, f"wgpu is not installed: {INSTALL_HINT}")
+    speed, speed_model = modelled_speed(choice.summary, caps)
     return Verdict.accept(
         BACKEND_ID,
         Estimate(
@@ -101,6 +102,7 @@ def _judge(model: Model, caps: Caps, request: Request, choice: GgufChoice) -> Ve
             ram_bytes=RAM_OVERHEAD,
             disk_bytes=choice.size,
             rank=Rank.SPECIALIST,
+            tok_per_sec=speed,
             details={
                 "file": choice.file.name,
                 "quant": choice.candidate.quant,
@@ -109,6 +111,7 @@ def _judge(model: Model, caps: Caps, request: Request, choice: GgufChoice) -> Ve
                 "kv_cache": plan.kv_bytes,
                 "adapter": caps.gpu_name,
                 "estimated": choice.estimated,
+                "tok_per_sec_model": speed_model,
             },
             files=choice.names,
             inputs=(),
