@@ -1,8 +1,7 @@
 """Everything a backend plugin needs, in one public module.
 
-A backend imports from here (or from the top-level ``anyformer`` package) and from nothing whose
-name starts with an underscore: private core modules move between releases, this module does
-not. ``docs/plugin-author-guide.md`` walks through each name; ``docs/contract.md`` is the contract
+A backend imports from here and from no other module of anyformer (the top-level package is the
+users' API; private core modules move between releases): this module does not move. ``docs/plugin-author-guide.md`` walks through each name; ``docs/contract.md`` is the contract
 they implement.
 
 Groups, in the order a backend meets them:

@@ -37,22 +37,20 @@ from typing import Any
 import llama_cpp
 import numpy as np
 
-from anyformer import (
+from anyformer.plugin import (
     AnyformerError,
+    BackendModel,
     Chunk,
     ErrorCode,
+    Features,
     GenerateOptions,
+    LazyArray,
     Message,
     Model,
     ProgressCallback,
     ProgressEvent,
-    TokenLogprob,
-)
-from anyformer.plugin import (
-    BackendModel,
-    Features,
-    LazyArray,
     RpcServerError,
+    TokenLogprob,
     check_split_set,
     fetch_files,
     has_images,

@@ -4,8 +4,20 @@ from __future__ import annotations
 
 from collections.abc import Generator, Iterator
 
-from anyformer import AnyformerError, Chunk, ErrorCode, FinishReason, GenerateOptions, Message, Model, Request
-from anyformer.plugin import BackendModel, Features, ProgressCallback, ProgressEvent
+from anyformer.plugin import (
+    AnyformerError,
+    BackendModel,
+    Chunk,
+    ErrorCode,
+    Features,
+    FinishReason,
+    GenerateOptions,
+    Message,
+    Model,
+    ProgressCallback,
+    ProgressEvent,
+    Request,
+)
 from anyformer_gguf_gpu.chat_setup import chat_prompt_ids, check_prompt_fits, check_text_only, token_chunk
 from anyformer_gguf_gpu.decode import greedy, sampled
 from anyformer_gguf_gpu.engines import open_engine
