@@ -88,32 +88,3 @@ def test_every_name_of_the_public_plugin_api_is_documented() -> None:
     assert undocumented == []
     module_doc = anyformer.plugin.__doc__ or ""
     assert [name for name in names if name not in module_doc] == [], "the module docstring lists every name"
-
-
-def core_imports_besides_the_plugin_api(source: str, filename: str = "<source>") -> Iterator[tuple[int, str]]:
-    """``(line, what)`` for every import of anyformer itself, or of a module other than ``anyformer.plugin``."""
-    for node in ast.walk(ast.parse(source, filename)):
-        if isinstance(node, ast.Import):
-            for alias in node.names:
-                if alias.name.split(".")[0] == "anyformer" and alias.name != "anyformer.plugin":
-                    yield node.lineno, f"import {alias.name}"
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            if node.module.split(".")[0] == "anyformer" and node.module != "anyformer.plugin":
-                yield node.lineno, f"from {node.module} import ..."
-
-
-def test_the_second_scan_lets_only_the_plugin_api_through() -> None:
-    source = "from anyformer import Verdict\nimport anyformer\nfrom anyformer.plugin import Chunk\nimport anyformer_x"
-    assert [what for _line, what in core_imports_besides_the_plugin_api(source)] == [
-        "from anyformer import ...",
-        "import anyformer",
-    ]
-
-
-def test_plugins_import_only_anyformer_plugin() -> None:
-    offences = [
-        f"{path.relative_to(PLUGINS.parent)}:{line}: {what}"
-        for path in _plugin_sources()
-        for line, what in core_imports_besides_the_plugin_api(path.read_text(encoding="utf-8"), str(path))
-    ]
-    assert not offences, "import these from anyformer.plugin instead:\n" + "\n".join(offences)

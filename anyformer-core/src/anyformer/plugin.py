@@ -1,8 +1,8 @@
 """Everything a backend plugin needs, in one public module.
 
-A backend imports from here and from no other module of anyformer (the top-level package is the
-users' API; private core modules move between releases): this module does not move. ``docs/plugin-author-guide.md`` walks through each name; ``docs/contract.md`` is the contract
-they implement.
+A backend's code imports from the core this module and nothing else (``tests/test_import_graph.py``):
+private core modules move between releases, this module does not. ``docs/plugin-author-guide.md``
+walks through each name; ``docs/contract.md`` is the contract they implement.
 
 Groups, in the order a backend meets them:
 
@@ -49,8 +49,7 @@ Groups, in the order a backend meets them:
 from anyformer._backend import BackendModel
 from anyformer._chat_template import CHATML_TEMPLATE, render_chat, template_takes_tools
 from anyformer._detokenizer import IncrementalDetokenizer
-from anyformer.contract._adapter_cache import fingerprint as adapter_fingerprint
-from anyformer.contract._caps import Caps, host_ram_available, probe, usable_cpu_count
+from anyformer.contract._caps import Caps
 from anyformer.contract._chunk import Chunk, FinishReason, GenerateOptions, TokenLogprob
 from anyformer.contract._constraint import Constraint
 from anyformer.contract._errors import AnyformerError, ErrorCode
@@ -93,6 +92,8 @@ from anyformer.files._media_input import (
 from anyformer.files._onnx_external import OnnxSummary, check_onnx_external_data, read_onnx_summary
 from anyformer.files._safetensors_header import SafetensorsHeader, read_safetensors_header
 from anyformer.hookspecs import hookimpl
+from anyformer.machine._adapter_cache import fingerprint as adapter_fingerprint
+from anyformer.machine._probe import host_ram_available, probe, usable_cpu_count
 from anyformer.rpc._protocol import DeviceMemory as RpcDeviceMemory
 from anyformer.rpc._protocol import RpcServerError, RpcServerInfo
 from anyformer.rpc._protocol import probe as probe_rpc_server

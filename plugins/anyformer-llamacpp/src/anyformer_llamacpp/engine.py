@@ -44,6 +44,7 @@ from anyformer.plugin import (
     ErrorCode,
     Features,
     GenerateOptions,
+    GGUFCandidate,
     LazyArray,
     Message,
     Model,
@@ -166,11 +167,13 @@ class LlamaCppModel(BackendModel):
     # ---- loading --------------------------------------------------------------------------------
 
     @classmethod
-    def open(cls, model: Model, request: Any, progress: ProgressCallback) -> LlamaCppModel:
-        """Fetch the chosen GGUF (and shards), validate every header, and load it with llama.cpp."""
-        from anyformer_llamacpp.plugin import load_choice
+    def open(
+        cls, model: Model, request: Any, progress: ProgressCallback, choice: GGUFCandidate | None
+    ) -> LlamaCppModel:
+        """Fetch the chosen GGUF (and shards), validate every header, and load it with llama.cpp.
 
-        choice = load_choice(model, request)
+        ``choice`` is the candidate ``can_run`` chose (the plugin's ``load_choice``), None when none fits.
+        """
         if choice is None:
             raise AnyformerError(ErrorCode.NO_BACKEND, f"{model.ref}: no GGUF llama.cpp can load")
         paths = fetch_files(model, [f.name for f in choice.files], progress, backend=BACKEND_ID)

@@ -25,7 +25,7 @@ from anyformer.plugin import (
     format_size,
     hookimpl,
 )
-from anyformer_gguf_gpu.model_choice import GgufChoice, choose_and_judge, store_refusal
+from anyformer_gguf_gpu.model_choice import GgufChoice, choose_and_judge, load_caps, store_refusal
 from anyformer_localmind import BACKEND_ID
 from anyformer_localmind.estimate import MAX_BATCH, RAM_OVERHEAD, context_for, modelled_speed
 
@@ -124,7 +124,8 @@ def load(model: Model, request: Request, progress: ProgressCallback) -> BackendM
     """Fetch the GGUF, upload every weight as its raw blocks and compile every kernel."""
     from anyformer_localmind.engine import LocalMindModel  # imports wgpu
 
-    return LocalMindModel.open(model, request, progress)
+    # The engine takes the file this verdict chose: handed over, so that the engine never imports these hooks.
+    return LocalMindModel.open(model, request, progress, can_run(model, load_caps(request, gpu=True), request))
 
 
 @hookimpl

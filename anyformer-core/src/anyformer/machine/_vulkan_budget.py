@@ -1,6 +1,6 @@
 """Vulkan's device-local memory (VK_EXT_memory_budget's budget where the driver has it) of the first GPU, as JSON.
 
-Run as ``python -m anyformer.contract._vulkan_budget`` by ``_gpu_memory.from_vulkan`` in a child
+Run as ``python -m anyformer.machine._vulkan_budget`` by ``_gpu_memory.from_vulkan`` in a child
 process: a broken driver can abort the process that creates a Vulkan instance. Only ctypes and the
 system's Vulkan loader (``libvulkan.so.1``, ``vulkan-1.dll``, ``libvulkan.1.dylib``): no binding to
 install. CPU devices (lavapipe, SwiftShader) are skipped unless ``ANYFORMER_SOFTWARE_GPU=1``, as the

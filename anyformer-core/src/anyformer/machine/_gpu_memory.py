@@ -205,7 +205,7 @@ def from_vulkan(timeout: float = _TIMEOUT) -> GpuMemory | None:
     """The first GPU's device-local budget from Vulkan's VK_EXT_memory_budget, asked in a child process."""
     try:
         done = subprocess.run(
-            [sys.executable, "-m", "anyformer.contract._vulkan_budget"],
+            [sys.executable, "-m", "anyformer.machine._vulkan_budget"],
             capture_output=True,
             text=True,
             timeout=timeout,
