@@ -15,6 +15,7 @@ import pytest
 
 import anyformer
 from anyformer import AnyformerError, Caps, Chunk, ErrorCode, PluginManager, Request, Verdict, hookimpl
+from anyformer._old_hooks import old_hook_problems
 
 #: The old template's shape: a generate hook, and load taking the backend's id with its guard.
 OLD_SHAPE = """
@@ -188,3 +189,17 @@ def test_the_scan_finds_each_old_shape() -> None:
 @pytest.mark.parametrize("source", sorted(PLUGINS.glob("*/src/**/*.py")), ids=lambda p: str(p.relative_to(PLUGINS)))
 def test_no_backend_here_keeps_an_old_hook_shape(source: Path) -> None:
     assert old_shapes(source.read_text(encoding="utf-8")) == []
+
+
+def test_docs_hooks_md_shows_the_line_as_it_is_written() -> None:
+    class Both:
+        @hookimpl
+        def load(self, backend: str) -> Any:
+            return None
+
+        @hookimpl
+        def generate(self, loaded: Any) -> Any:
+            return None
+
+    line = old_hook_problems(Both())
+    assert line is not None and "\n" + line + "\n" in (PLUGINS.parent / "docs" / "hooks.md").read_text(encoding="utf-8")
