@@ -58,13 +58,6 @@ CORE_LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
 #: The one core module a plugin imports (anyformer.hookspecs is read by pluggy, not by plugins).
 PLUGIN_API = "anyformer.plugin"
 
-#: TODO(issue 29): plugin folders being reorganised on other branches, which remove their own cycles and
-#: imports of the top-level ``anyformer``. Their findings are tolerated here until those branches are
-#: merged; then this entry goes (``test_the_allow_list_names_only_folders_with_findings`` says when).
-REORGANISING: dict[str, str] = {
-    "anyformer-onnx": "issue 29 item 2: folders by concern (w29-onnx)",
-}
-
 
 @dataclasses.dataclass(frozen=True)
 class Module:
@@ -283,12 +276,9 @@ def _depends_on(folder: str, distribution: str) -> bool:
 
 
 def boundary_offences(modules: dict[str, Module], imports: dict[str, list[Import]]) -> list[str]:
-    """Each import across a folder's boundary the rules forbid (see the module docstring), outside the
-    folders ``REORGANISING`` tolerates."""
+    """Each import across a folder's boundary the rules forbid (see the module docstring)."""
     offences = set()  # one line per statement and module reached (``from x import a, b`` is one)
     for module in modules.values():
-        if module.folder in REORGANISING:
-            continue
         for edge in imports[module.name]:
             problem = _boundary_problem(module, edge, modules)
             if problem:
@@ -438,11 +428,7 @@ def test_every_package_folder_is_scanned(modules: dict[str, Module]) -> None:
 
 
 def test_no_import_cycles(modules: dict[str, Module], graph: dict[str, list[Import]]) -> None:
-    cycles = [
-        describe_cycle(cycle_through(component, graph))
-        for component in strongly_connected(graph)
-        if not {modules[name].folder for name in component} <= set(REORGANISING)
-    ]
+    cycles = [describe_cycle(cycle_through(component, graph)) for component in strongly_connected(graph)]
     assert not cycles, "move the piece both need into a module of its own that both import:\n" + "\n".join(cycles)
 
 
@@ -458,18 +444,3 @@ def test_every_core_module_has_a_layer(modules: dict[str, Module]) -> None:
 def test_each_folder_imports_only_what_it_may(modules: dict[str, Module], imports: dict[str, list[Import]]) -> None:
     offences = boundary_offences(modules, imports)
     assert not offences, "\n".join(offences)
-
-
-def test_the_allow_list_names_only_folders_with_findings(
-    modules: dict[str, Module], imports: dict[str, list[Import]], graph: dict[str, list[Import]]
-) -> None:
-    """An allow-listed folder whose cycles and imports are all mended leaves ``REORGANISING``."""
-    in_cycles = {modules[name].folder for component in strongly_connected(graph) for name in component}
-    offending = {
-        module.folder
-        for module in modules.values()
-        if any(_boundary_problem(module, edge, modules) for edge in imports[module.name])
-    }
-    assert set(REORGANISING) <= {p.parent.name for p in PLUGINS.glob("*/src")}
-    clean = sorted(set(REORGANISING) - in_cycles - offending)
-    assert not clean, f"remove {clean} from REORGANISING: nothing there breaks the rules any more"
