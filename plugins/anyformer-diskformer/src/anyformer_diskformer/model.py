@@ -10,8 +10,10 @@ import numpy as np
 
 from anyformer.plugin import (
     AnyformerError,
+    BackendModel,
     Chunk,
     ErrorCode,
+    Features,
     FinishReason,
     GenerateOptions,
     Message,
@@ -61,13 +63,13 @@ def shared_prefix(a: list[int], b: list[int]) -> int:
     return n
 
 
-class DiskformerModel:
+class DiskformerModel(BackendModel):
     """The handle ``load`` returns: the CPU engine with its expert cache, the tokenizer, the chat template."""
 
     backend = BACKEND_ID
     task = "text-generation"
     #: The sampling options its sampler reads; the core refuses the others (``min_p``, ``constraint``…).
-    honours = frozenset({"top_p", "top_k"})
+    features = Features(honours=frozenset({"top_p", "top_k"}))
 
     def __init__(self, engine: Engine, tokenizer: GGUFTokenizer, name: str) -> None:
         self.engine: Engine | None = engine
@@ -257,7 +259,7 @@ class DiskformerModel:
         """The chat template rendered in the core's sandbox, then tokenised with special tokens parsed."""
         return chat_prompt_ids(self.tokenizer, messages, thinking)
 
-    def stream(self, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk]:
+    def generate(self, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk]:
         """Check the request now (``BAD_REQUEST`` before any chunk), then return the reply's stream."""
         engine = self.engine
         if engine is None:

@@ -6,8 +6,10 @@ from collections.abc import Generator, Iterator
 
 from anyformer.plugin import (
     AnyformerError,
+    BackendModel,
     Chunk,
     ErrorCode,
+    Features,
     FinishReason,
     GenerateOptions,
     Message,
@@ -33,13 +35,13 @@ TOP_K = 40
 TOP_P = 0.95
 
 
-class LocalMindModel:
+class LocalMindModel(BackendModel):
     """The handle ``load`` returns: the engine on the GPU, the tokenizer, the chat template."""
 
     backend = BACKEND_ID
     task = "text-generation"
     #: The sampling options its sampler reads; the core refuses the others (``min_p``, ``constraint``…).
-    honours = frozenset({"top_p", "top_k"})
+    features = Features(honours=frozenset({"top_p", "top_k"}))
 
     def __init__(self, engine: TransformerEngine, tokenizer: GGUFTokenizer, name: str) -> None:
         self.engine: TransformerEngine | None = engine
@@ -80,7 +82,7 @@ class LocalMindModel:
         """The chat template rendered in the core's sandbox, then tokenised with special tokens parsed."""
         return chat_prompt_ids(self.tokenizer, messages, thinking)
 
-    def stream(self, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk]:
+    def generate(self, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk]:
         """Check the request now (``BAD_REQUEST`` before any chunk), then return the reply's stream."""
         engine = self.engine
         if engine is None:

@@ -14,8 +14,10 @@ from typing import Any
 
 from anyformer.plugin import (
     AnyformerError,
+    BackendModel,
     Chunk,
     ErrorCode,
+    Features,
     GenerateOptions,
     IncrementalDetokenizer,
     Message,
@@ -76,14 +78,14 @@ class TextSide:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
-class ChatModel:
+class ChatModel(BackendModel):
     """The handle: the network, its text side, and the context it was loaded for."""
 
     backend = BACKEND_ID
     task = "text-generation"
     #: The core's sampling options it applies (its ``repetition_penalty`` is transformers' own rule over every
     #: token so far, not llama.cpp's ``repeat_penalty`` over the reply's last 64: it stays a backend setting).
-    honours = frozenset({"top_p", "top_k"})
+    features = Features(honours=frozenset({"top_p", "top_k"}))
 
     def __init__(self, network: Any, text: TextSide, *, context: int, details: dict[str, Any]) -> None:
         self._network: Any = network
@@ -98,7 +100,7 @@ class ChatModel:
         """Drop the network (torch frees its tensors with the last reference); safe to call twice."""
         self._network = None
 
-    def stream(self, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk]:
+    def generate(self, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk]:
         """Check the request (``BAD_REQUEST`` before any work), then return the chunk stream."""
         network = self._network
         if network is None:

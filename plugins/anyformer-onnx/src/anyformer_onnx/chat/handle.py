@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
@@ -10,6 +11,7 @@ from anyformer.plugin import (
     BackendModel,
     Chunk,
     ErrorCode,
+    Features,
     GenerateOptions,
     IncrementalDetokenizer,
     Message,
@@ -24,13 +26,13 @@ from anyformer_onnx.tasks.names import TEXT_GENERATION
 from anyformer_onnx.text.setup import TextSetup
 
 
-class OnnxChatModel:
+class OnnxChatModel(BackendModel):
     """A loaded decoder graph, its text side and the context it was loaded for."""
 
     backend = BACKEND_ID
     task = TEXT_GENERATION
     #: The sampling options its sampler reads; the core refuses the others (``min_p``, ``constraint``…).
-    honours = frozenset({"top_p", "top_k"})
+    features = Features(honours=frozenset({"top_p", "top_k"}))
 
     def __init__(
         self,
@@ -48,7 +50,7 @@ class OnnxChatModel:
         #: What reads image and audio blocks (a multimodal export); None for a text-only model.
         self.media = media
         #: The core hands this handle messages with audio blocks only when its model has an audio encoder.
-        self.audio_input = media is not None and media.reads_audio
+        self.features = dataclasses.replace(self.features, audio_input=media is not None and media.reads_audio)
         self._loop: DecodeLoop | None = DecodeLoop(graph, device, media.embed_inputs if media else None)
         self.text = text
         self.context = context
@@ -86,7 +88,7 @@ class OnnxChatModel:
             raise AnyformerError(ErrorCode.BAD_REQUEST, f"repetition_penalty must be a number > 0, got {value!r}")
         return float(value)
 
-    def stream(self, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk]:
+    def generate(self, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk]:
         """Check the request (``BAD_REQUEST`` before any work), then return the chunk stream."""
         loop = self.loop
         embeds = positions = None
@@ -151,12 +153,3 @@ class OnnxChatModel:
             yield Chunk(delta="", tokens=count, finish_reason="cancelled", prompt_tokens=size)
         finally:
             tokens.close()
-
-
-def stream_of(loaded: BackendModel, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk]:
-    """The chunk stream of a chat handle; ``BAD_REQUEST`` for a handle loaded for another task."""
-    if not isinstance(loaded, OnnxChatModel):
-        raise AnyformerError(
-            ErrorCode.BAD_REQUEST, f"the model was loaded for {loaded.task}: it runs with run(), not generate()"
-        )
-    return loaded.stream(messages, options)
