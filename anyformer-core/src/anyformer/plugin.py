@@ -6,12 +6,15 @@ walks through each name; ``docs/contract.md`` is the contract they implement.
 
 Groups, in the order a backend meets them:
 
-- hooks: :data:`hookimpl`, and the hook specifications in :mod:`anyformer.hookspecs`;
+- hooks: :data:`hookimpl`, and the hook specifications in :mod:`anyformer.hookspecs` (``can_run``,
+  ``load``, ``store_list``);
 - the contract's types: :class:`Model`, :class:`ModelFile`, :class:`Caps`, :class:`Request`,
   :class:`Verdict`, :class:`Estimate`, :class:`Rank`, :class:`Refusal`, :class:`Chunk`, :class:`TokenLogprob`,
   :class:`Constraint` (structured output), ``PENALTY_WINDOW`` (the tokens the penalties look at),
   :class:`GenerateOptions`, :class:`FinishReason`, :class:`StoreEntry`, :class:`ProgressEvent`,
-  :data:`ProgressCallback`, :func:`no_progress`, :class:`BackendModel`, :class:`AnyformerError`, :class:`ErrorCode`;
+  :data:`ProgressCallback`, :func:`no_progress`, :class:`AnyformerError`, :class:`ErrorCode`;
+- the handle ``load`` returns: :class:`BackendModel` (subclass it: it owns ``generate``, ``run`` and
+  ``dispose``) and :class:`Features` (what it can do beyond plain chat, one frozen record);
 - messages and chat: :data:`Message`, :func:`validate_messages`, :func:`has_images`, :func:`has_audio`,
   :func:`text_of`, :func:`render_chat` (jinja2's sandbox), :data:`CHATML_TEMPLATE`,
   :class:`IncrementalDetokenizer` (streamed text equal to the whole decode),
@@ -57,6 +60,7 @@ from anyformer.contract._caps import Caps
 from anyformer.contract._chunk import Chunk, FinishReason, GenerateOptions, TokenLogprob
 from anyformer.contract._constraint import Constraint
 from anyformer.contract._errors import AnyformerError, ErrorCode
+from anyformer.contract._features import Features
 from anyformer.contract._messages import Message, has_audio, has_images, text_of, validate_messages
 from anyformer.contract._model import Model, ModelFile
 from anyformer.contract._progress import ProgressCallback, ProgressEvent, no_progress
@@ -123,6 +127,7 @@ __all__ = [
     "ConstraintVocabulary",
     "ErrorCode",
     "Estimate",
+    "Features",
     "FinishReason",
     "GGUFCandidate",
     "GGUFHeader",

@@ -36,7 +36,7 @@ def model(moe_f32: str, request: pytest.FixtureRequest) -> Iterator[Any]:
 
 def _reply(model: Any, constraint: dict[str, Any], **options: Any) -> tuple[str, str | None]:
     chunks = list(
-        model.stream(MESSAGES, GenerateOptions(max_new_tokens=48, constraint=Constraint.build(constraint), **options))
+        model.generate(MESSAGES, GenerateOptions(max_new_tokens=48, constraint=Constraint.build(constraint), **options))
     )
     return "".join(c.delta for c in chunks), chunks[-1].finish_reason
 
@@ -57,14 +57,14 @@ def test_a_sampled_reply_holds_to_its_regex(model: Any, seed: int) -> None:
 
 def test_the_unconstrained_reply_is_not_that_json(model: Any) -> None:
     """The control: the random model's free reply does not happen to be the value the tests above read."""
-    chunks = list(model.stream(MESSAGES, GenerateOptions(max_new_tokens=24)))
+    chunks = list(model.generate(MESSAGES, GenerateOptions(max_new_tokens=24)))
     with pytest.raises(ValueError):
         json.loads("".join(c.delta for c in chunks))
 
 
 def test_a_constraint_that_does_not_compile_is_refused_before_any_chunk(model: Any) -> None:
     with pytest.raises(AnyformerError) as caught:
-        model.stream(MESSAGES, GenerateOptions(constraint=Constraint.build({"type": "lark", "lark": "start: nope"})))
+        model.generate(MESSAGES, GenerateOptions(constraint=Constraint.build({"type": "lark", "lark": "start: nope"})))
     assert caught.value.code is ErrorCode.BAD_REQUEST
 
 

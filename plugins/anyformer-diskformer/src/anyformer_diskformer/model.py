@@ -10,8 +10,10 @@ import numpy as np
 
 from anyformer.plugin import (
     AnyformerError,
+    BackendModel,
     Chunk,
     ErrorCode,
+    Features,
     FinishReason,
     GenerateOptions,
     Message,
@@ -68,7 +70,7 @@ def shared_prefix(a: list[int], b: list[int]) -> int:
     return n
 
 
-class DiskformerModel:
+class DiskformerModel(BackendModel):
     """The handle ``load`` returns: the CPU engine with its expert cache, the tokenizer, the chat template."""
 
     backend = BACKEND_ID
@@ -76,7 +78,7 @@ class DiskformerModel:
     #: The sampling options its sampler reads, constraints (the core's token mask over the GGUF's vocabulary,
     #: on the host logits it samples from anyway) and tools (rendered by the template, a forced call
     #: constrained); the core refuses the others (``min_p``…).
-    honours = frozenset({"top_p", "top_k", "constraint", "tools"})
+    features = Features(honours=frozenset({"top_p", "top_k", "constraint", "tools"}))
 
     def __init__(self, engine: Engine, tokenizer: GGUFTokenizer, name: str) -> None:
         self.engine: Engine | None = engine
@@ -269,7 +271,7 @@ class DiskformerModel:
         tokens parsed."""
         return chat_prompt_ids(self.tokenizer, messages, thinking, options, self.name)
 
-    def stream(self, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk]:
+    def generate(self, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk]:
         """Check the request now (``BAD_REQUEST`` before any chunk), then return the reply's stream."""
         engine = self.engine
         if engine is None:

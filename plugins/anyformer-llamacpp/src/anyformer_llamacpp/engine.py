@@ -40,8 +40,10 @@ import numpy as np
 from anyformer.plugin import (
     TOOL_MARKUP,
     AnyformerError,
+    BackendModel,
     Chunk,
     ErrorCode,
+    Features,
     GenerateOptions,
     GGUFCandidate,
     LazyArray,
@@ -98,7 +100,7 @@ def _quiet_native_stderr() -> Iterator[None]:
         os.close(saved)
 
 
-class LlamaCppModel:
+class LlamaCppModel(BackendModel):
     """A loaded GGUF: the ``Llama`` object, its chat template, and the KV cache bookkeeping.
 
     Loaded for ``feature-extraction`` it is an embedding model instead: ``run`` embeds texts and
@@ -106,13 +108,15 @@ class LlamaCppModel:
     """
 
     backend = BACKEND_ID
-    #: Raw completions: ``generate(prompt=...)`` continues the text as written, with no chat template.
-    raw_text = True
-    #: ``generate(prompt=..., logprobs=N, prompt_logprobs=True)`` reports the prompt's tokens too.
-    prompt_logprobs = True
-    #: Every sampling option (``sampling.py``), chat logprobs, constraints (``constraint.py``), tools and
-    #: template variables (both reach the chat template).
-    honours = HONOURED_SAMPLING | {"logprobs", "constraint", "tools", "template_variables"}
+    #: Raw completions (``generate(prompt=...)`` continues the text as written, with no chat template),
+    #: with the prompt's own tokens scored on request (``prompt_logprobs``); every sampling option
+    #: (``sampling.py``), chat logprobs, constraints (``constraint.py``), tools and template variables
+    #: (both reach the chat template).
+    features = Features(
+        raw_text=True,
+        prompt_logprobs=True,
+        honours=frozenset(HONOURED_SAMPLING | {"logprobs", "constraint", "tools", "template_variables"}),
+    )
     #: The multimodal projector that reads image blocks, when the repo has one (set by ``open``).
     _projector: Projector | None = None
     #: The most UTF-8 bytes one token stands for (its vocabulary string bounds it); None when unknown.
@@ -594,7 +598,7 @@ class LlamaCppModel:
 
     # ---- generation -----------------------------------------------------------------------------
 
-    def stream(self, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk]:
+    def generate(self, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk]:
         """Validate what only this backend knows, then return the token stream."""
         if self.task == EMBEDDING_TASK:
             raise AnyformerError(

@@ -6,8 +6,10 @@ from collections.abc import Generator, Iterator
 
 from anyformer.plugin import (
     AnyformerError,
+    BackendModel,
     Chunk,
     ErrorCode,
+    Features,
     FinishReason,
     GenerateOptions,
     Message,
@@ -40,7 +42,7 @@ TOP_K = 40
 TOP_P = 0.95
 
 
-class LocalMindModel:
+class LocalMindModel(BackendModel):
     """The handle ``load`` returns: the engine on the GPU, the tokenizer, the chat template."""
 
     backend = BACKEND_ID
@@ -48,7 +50,7 @@ class LocalMindModel:
     #: The sampling options its sampler reads, constraints (the core's token mask over the GGUF's vocabulary,
     #: applied to logits read back to the host: decode.py's ``constrained``) and tools (rendered by the
     #: template, a forced call constrained); the core refuses the others (``min_p``…).
-    honours = frozenset({"top_p", "top_k", "constraint", "tools"})
+    features = Features(honours=frozenset({"top_p", "top_k", "constraint", "tools"}))
 
     def __init__(self, engine: TransformerEngine, tokenizer: GGUFTokenizer, name: str) -> None:
         self.engine: TransformerEngine | None = engine
@@ -92,7 +94,7 @@ class LocalMindModel:
         tokens parsed."""
         return chat_prompt_ids(self.tokenizer, messages, thinking, options, self.name)
 
-    def stream(self, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk]:
+    def generate(self, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk]:
         """Check the request now (``BAD_REQUEST`` before any chunk), then return the reply's stream."""
         engine = self.engine
         if engine is None:

@@ -14,9 +14,11 @@ from typing import Any
 
 from anyformer.plugin import (
     AnyformerError,
+    BackendModel,
     Chunk,
     ConstraintVocabulary,
     ErrorCode,
+    Features,
     GenerateOptions,
     IncrementalDetokenizer,
     Message,
@@ -84,7 +86,7 @@ class TextSide:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
-class ChatModel:
+class ChatModel(BackendModel):
     """The handle: the network, its text side, and the context it was loaded for."""
 
     backend = BACKEND_ID
@@ -93,7 +95,7 @@ class ChatModel:
     #: token so far, not llama.cpp's ``repeat_penalty`` over the reply's last 64: it stays a backend setting).
     #: Constraints too (the core's token mask over the tokenizer's vocabulary), and tools (rendered by the
     #: template, a forced call constrained).
-    honours = frozenset({"top_p", "top_k", "constraint", "tools"})
+    features = Features(honours=frozenset({"top_p", "top_k", "constraint", "tools"}))
 
     def __init__(self, network: Any, text: TextSide, *, context: int, details: dict[str, Any]) -> None:
         self._network: Any = network
@@ -112,7 +114,7 @@ class ChatModel:
         """Drop the network (torch frees its tensors with the last reference); safe to call twice."""
         self._network = None
 
-    def stream(self, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk]:
+    def generate(self, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk]:
         """Check the request (``BAD_REQUEST`` before any work), then return the chunk stream."""
         network = self._network
         if network is None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
@@ -11,6 +12,7 @@ from anyformer.plugin import (
     Chunk,
     ConstraintVocabulary,
     ErrorCode,
+    Features,
     GenerateOptions,
     IncrementalDetokenizer,
     Message,
@@ -27,7 +29,7 @@ from anyformer_onnx.tasks.names import TEXT_GENERATION
 from anyformer_onnx.text.setup import TextSetup
 
 
-class OnnxChatModel:
+class OnnxChatModel(BackendModel):
     """A loaded decoder graph, its text side and the context it was loaded for."""
 
     backend = BACKEND_ID
@@ -35,7 +37,7 @@ class OnnxChatModel:
     #: The sampling options its sampler reads, constraints (the core's token mask over tokenizer.json's
     #: vocabulary) and tools (rendered by the template, a forced call constrained; not for a multimodal
     #: export); the core refuses the others (``min_p``…).
-    honours = frozenset({"top_p", "top_k", "constraint", "tools"})
+    features = Features(honours=frozenset({"top_p", "top_k", "constraint", "tools"}))
 
     def __init__(
         self,
@@ -53,7 +55,7 @@ class OnnxChatModel:
         #: What reads image and audio blocks (a multimodal export); None for a text-only model.
         self.media = media
         #: The core hands this handle messages with audio blocks only when its model has an audio encoder.
-        self.audio_input = media is not None and media.reads_audio
+        self.features = dataclasses.replace(self.features, audio_input=media is not None and media.reads_audio)
         self._loop: DecodeLoop | None = DecodeLoop(graph, device, media.embed_inputs if media else None)
         self.text = text
         self.context = context
@@ -97,7 +99,7 @@ class OnnxChatModel:
             raise AnyformerError(ErrorCode.BAD_REQUEST, f"repetition_penalty must be a number > 0, got {value!r}")
         return float(value)
 
-    def stream(self, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk]:
+    def generate(self, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk]:
         """Check the request (``BAD_REQUEST`` before any work), then return the chunk stream."""
         loop = self.loop
         embeds = positions = None
@@ -171,12 +173,3 @@ class OnnxChatModel:
             yield Chunk(delta="", tokens=count, finish_reason="cancelled", prompt_tokens=size)
         finally:
             tokens.close()
-
-
-def stream_of(loaded: BackendModel, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk]:
-    """The chunk stream of a chat handle; ``BAD_REQUEST`` for a handle loaded for another task."""
-    if not isinstance(loaded, OnnxChatModel):
-        raise AnyformerError(
-            ErrorCode.BAD_REQUEST, f"the model was loaded for {loaded.task}: it runs with run(), not generate()"
-        )
-    return loaded.stream(messages, options)
