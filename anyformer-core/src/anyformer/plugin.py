@@ -23,6 +23,8 @@ Groups, in the order a backend meets them:
   :func:`chat_constraint` (the constraint a chat decodes under: a forced call in the family's syntax),
   :func:`tool_family`, :data:`TOOL_MARKUP` (tool-call markup an engine keeps in its text even where a
   tokenizer holds it as a special token), :class:`ToolCall`;
+- structured output in a backend's sampler: :class:`ConstraintVocabulary` (a model's vocabulary as
+  llguidance reads it) and :class:`TokenMask` (one stream's allowed tokens, applied to the logits);
 - files, read with hard limits before any engine sees them: :func:`read_gguf_header`,
   :func:`check_split_set`, :func:`split_set_members`, :class:`GGUFHeader`, :class:`GGUFTensor`,
   :class:`LazyArray` (a long GGUF array in ``GGUFHeader.kv``, decoded on first use),
@@ -52,6 +54,7 @@ Groups, in the order a backend meets them:
 from anyformer._backend import BackendModel
 from anyformer._chat_template import CHATML_TEMPLATE, render_chat, template_takes_tools
 from anyformer._detokenizer import IncrementalDetokenizer
+from anyformer._token_mask import ConstraintVocabulary, TokenMask
 from anyformer._tool_families import chat_constraint, tool_family, tool_inputs
 from anyformer.contract._caps import Caps
 from anyformer.contract._chunk import Chunk, FinishReason, GenerateOptions, TokenLogprob
@@ -121,6 +124,7 @@ __all__ = [
     "Caps",
     "Chunk",
     "Constraint",
+    "ConstraintVocabulary",
     "ErrorCode",
     "Estimate",
     "Features",
@@ -146,6 +150,7 @@ __all__ = [
     "SafetensorsHeader",
     "StoreEntry",
     "TokenLogprob",
+    "TokenMask",
     "ToolCall",
     "Verdict",
     "adapter_fingerprint",

@@ -60,9 +60,10 @@ from anyformer.plugin import (
     read_gguf_header,
     render_chat,
     tool_inputs,
+    usable_cpu_count,
 )
 from anyformer_llamacpp import BACKEND_ID
-from anyformer_llamacpp.constraint import TokenVocabulary
+from anyformer_llamacpp.constraint import MaskAhead, llama_vocabulary
 from anyformer_llamacpp.content_tokens import content_tokens, special_in_content, text_spans
 from anyformer_llamacpp.estimate import BATCH, context_for, footprint
 from anyformer_llamacpp.header_checks import check_architecture_numbers, check_vocabulary
@@ -152,7 +153,9 @@ class LlamaCppModel(BackendModel):
         )
         self._pieces: dict[int, bytes] = {}
         #: The vocabulary as llguidance reads it, for constraints (built at the first one).
-        self.vocabulary = TokenVocabulary(self._vocab, self._n_vocab)
+        self.vocabulary = llama_vocabulary(self._vocab, self._n_vocab)
+        #: Where a stream's next mask is computed while llama_decode runs (a core free for it only).
+        self.mask_ahead = MaskAhead(gpu_layers > 0 or usable_cpu_count() > llama.n_threads)
         self._special_pieces: dict[int, bytes] = {}
         #: The ``special_in_content`` load option: message text tokenized with special tokens parsed.
         self.special_in_content = False
@@ -312,6 +315,7 @@ class LlamaCppModel(BackendModel):
         llama, self._llama = self._llama, None
         if llama is not None:
             llama.close()
+        self.mask_ahead.close()
 
     # ---- embeddings -----------------------------------------------------------------------------
 
@@ -635,8 +639,10 @@ class LlamaCppModel(BackendModel):
         """The stream's token choice; ``BAD_REQUEST`` for a logit_bias token outside the vocabulary or a
         constraint that does not compile."""
         constraint = chat_constraint(options, self._template)  # a forced call in the template family's syntax
-        mask = None if constraint is None else self.vocabulary.mask_for(constraint)
-        return Sampler(options, self._n_vocab, mask)
+        if constraint is None:
+            return Sampler(options, self._n_vocab)
+        mask = self.vocabulary.mask_for(constraint)
+        return Sampler(options, self._n_vocab, mask, self.mask_ahead.executor())
 
     def _token_logprob(self, logits: np.ndarray, token: int, top: int) -> TokenLogprob:
         """The chosen token's log-probability and the ``top`` likeliest alternatives, as llama.cpp's

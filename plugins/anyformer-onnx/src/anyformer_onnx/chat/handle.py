@@ -10,13 +10,16 @@ from anyformer.plugin import (
     AnyformerError,
     BackendModel,
     Chunk,
+    ConstraintVocabulary,
     ErrorCode,
     Features,
     GenerateOptions,
     IncrementalDetokenizer,
     Message,
+    chat_constraint,
     has_audio,
     has_images,
+    tool_inputs,
 )
 from anyformer_onnx import BACKEND_ID
 from anyformer_onnx.chat.decoder import DecodeLoop, DecoderGraph
@@ -31,8 +34,10 @@ class OnnxChatModel(BackendModel):
 
     backend = BACKEND_ID
     task = TEXT_GENERATION
-    #: The sampling options its sampler reads; the core refuses the others (``min_p``, ``constraint``…).
-    features = Features(honours=frozenset({"top_p", "top_k"}))
+    #: The sampling options its sampler reads, constraints (the core's token mask over tokenizer.json's
+    #: vocabulary) and tools (rendered by the template, a forced call constrained; not for a multimodal
+    #: export); the core refuses the others (``min_p``…).
+    features = Features(honours=frozenset({"top_p", "top_k", "constraint", "tools"}))
 
     def __init__(
         self,
@@ -56,6 +61,10 @@ class OnnxChatModel(BackendModel):
         self.context = context
         #: What was loaded: file, precision, provider (shown by ``anyformer run --verbose`` and tests).
         self.details = details
+        #: The vocabulary constraints compile against (llguidance's tokenizer built at the first one).
+        self.constraints = ConstraintVocabulary.from_tokenizer(
+            text.tokenizer, end_ids=text.eos_ids, install="pip install 'anyformer-onnx[constrained]'"
+        )
 
     @property
     def loop(self) -> DecodeLoop:
@@ -79,7 +88,9 @@ class OnnxChatModel(BackendModel):
             raise AnyformerError(ErrorCode.BAD_REQUEST, f"top_k must be an integer ≥ 0, got {top_k!r}")
         if isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1:
             raise AnyformerError(ErrorCode.BAD_REQUEST, f"top_p must be a number in (0, 1], got {top_p!r}")
-        return Sampler(options.temperature, top_k, float(top_p), options.seed)
+        constraint = chat_constraint(options, self.text.template)  # a forced call in the template family's syntax
+        mask = None if constraint is None else self.constraints.mask_for(constraint)
+        return Sampler(options.temperature, top_k, float(top_p), options.seed, mask)
 
     def penalty(self, options: GenerateOptions) -> float:
         """The repetition penalty: ``options.extra['repetition_penalty']``, else generation_config.json's."""
@@ -93,6 +104,8 @@ class OnnxChatModel(BackendModel):
         loop = self.loop
         embeds = positions = None
         if self.media is not None:
+            if options.tools:  # the media prompter renders its own template, without tools
+                raise AnyformerError(ErrorCode.BAD_REQUEST, "tools: not rendered for a multimodal ONNX export")
             prepared = self.media.prepare(messages, options.thinking)
             prompt, embeds, positions = prepared.ids, prepared.embeds, prepared.positions
         elif has_images(messages) or has_audio(messages):
@@ -100,7 +113,9 @@ class OnnxChatModel(BackendModel):
                 ErrorCode.BAD_REQUEST, f"{self.details.get('file')} is a text-only model: no image or audio blocks"
             )
         else:
-            prompt = self.text.prompt_ids(messages, options.thinking)
+            label = str(self.details.get("file", "this model"))
+            messages, variables = tool_inputs(self.text.template, messages, options, label)
+            prompt = self.text.prompt_ids(messages, options.thinking, variables)
         if len(prompt) >= self.context:
             raise AnyformerError(
                 ErrorCode.BAD_REQUEST,
@@ -147,6 +162,11 @@ class OnnxChatModel(BackendModel):
                 if count >= limit:
                     yield Chunk(
                         delta=text.add(token) + text.flush(), tokens=count, finish_reason="length", prompt_tokens=size
+                    )
+                    return
+                if sampler.finished:  # the constraint's value is complete: only the end could follow
+                    yield Chunk(
+                        delta=text.add(token) + text.flush(), tokens=count, finish_reason="stop", prompt_tokens=size
                     )
                     return
                 yield Chunk(delta=text.add(token), tokens=count, prompt_tokens=size)
