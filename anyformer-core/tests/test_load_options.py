@@ -16,7 +16,7 @@ import pytest
 
 import anyformer
 from anyformer import AnyformerError, Caps, ErrorCode, PluginManager, Refusal, Request, Verdict, hookimpl
-from anyformer.plugin import FILE_OPTION, NO_LOAD_OPTIONS, LoadOption, LoadOptions, parse_yes_no
+from anyformer.plugin import FILE_OPTION, NO_LOAD_OPTIONS, BackendModel, LoadOption, LoadOptions, parse_yes_no
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "backends"
 CAPS = Caps(ram_bytes=16 * 2**30)
@@ -126,7 +126,7 @@ class _Backend:
         return _Handle(self.name)
 
 
-class _Handle:
+class _Handle(BackendModel):
     task = "text-generation"
 
     def __init__(self, backend: str) -> None:
