@@ -245,16 +245,19 @@ def conformance(session: nox.Session, plugin: str) -> None:
 @nox.session
 @discard_venv_in_ci
 def layouts(session: nox.Session) -> None:
-    """With every backend installed: real Hub repo layouts (docs/hub-layouts.md must be their table), and the
+    """With every backend installed: real Hub repo layouts (docs/hub-layouts.md must be their table, and each
+    docs/backends page's load-options table its backend's schema), and the
     server's tests that need a backend besides llama.cpp (transcriptions and embeddings on ONNX models)."""
     install(session, CORE, *PLUGINS.values(), extra=[f"{ROOT / CORE}[serve,speech]", *SERVER_TEST_TOOLS])
     tests = [
         f"{CORE}/tests/test_hub_layouts.py",
+        f"{CORE}/tests/test_load_options.py",
         f"{CORE}/tests/http_server/test_server_transcriptions.py",
         f"{CORE}/tests/http_server/test_server_embeddings_backends.py",
     ]
     session.run("pytest", *tests, "-p", "no:cacheprovider", *session.posargs)
     session.run("python", "scripts/hub_layouts_table.py", "--check")
+    session.run("python", "scripts/load_options_docs.py", "--check")  # docs/backends tables are the schemas
 
 
 @nox.session

@@ -624,20 +624,29 @@ def test_the_worker_started_ahead_is_the_one_that_loads(load_isolated: Any, star
 
 
 @pytest.mark.parametrize(
-    ("ref", "backend", "code"),
+    ("ref", "backend", "options", "code", "workers"),
     [
-        ("/no/such/model.gguf", "steady", ErrorCode.MODEL_NOT_FOUND),  # describe fails
-        (None, "no-such-backend", ErrorCode.BAD_REQUEST),  # the backend is not installed
+        ("/no/such/model.gguf", "steady", None, ErrorCode.MODEL_NOT_FOUND, 1),  # describe fails
+        # The backend and the load options are checked before any worker starts.
+        (None, "no-such-backend", None, ErrorCode.BAD_REQUEST, 0),  # the backend is not installed
+        (None, "steady", {"colour": "red"}, ErrorCode.BAD_REQUEST, 0),  # no backend takes the option
     ],
 )
 def test_a_load_that_fails_before_the_worker_is_used_ends_it(
-    engines: Any, model_description: dict[str, Any], started_workers: list[Any], ref: Any, backend: str, code: Any
+    engines: Any,
+    model_description: dict[str, Any],
+    started_workers: list[Any],
+    ref: Any,
+    backend: str,
+    options: Any,
+    code: Any,
+    workers: int,
 ) -> None:
     with pytest.raises(AnyformerError) as caught:
-        anyformer.load(ref or model_description, backend=backend, caps=Caps(), isolate=True)
+        anyformer.load(ref or model_description, backend=backend, caps=Caps(), isolate=True, options=options)
     assert caught.value.code is code
-    assert len(started_workers) == 1
-    assert started_workers[0].poll() is not None  # ended and reaped before load raised
+    assert len(started_workers) == workers
+    assert all(process.poll() is not None for process in started_workers)  # ended and reaped before load raised
 
 
 def test_the_worker_takes_the_parents_validated_headers_into_its_cache(tmp_path: Path) -> None:

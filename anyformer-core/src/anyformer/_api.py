@@ -123,6 +123,7 @@ def judge(
 
     if backend is not None:
         manager.require_backend(backend)
+    manager.check_load_options(asked, only=backend)  # before the description, which may reach the Hub
     description = describe(model)
     if described is not None:
         described(description)
@@ -169,10 +170,13 @@ def load(
         task=task, budget=budget, prefer=prefer, context=context, options=options, rpc=_rpc_or_env(rpc)
     )
     isolate = isolate or bool(asked.rpc)
+    manager = plugins or get_plugin_manager()
+    if backend is not None:
+        manager.require_backend(backend)
+    manager.check_load_options(asked, only=backend)  # a bad load option is refused before any worker starts
     # The worker's interpreter starts and imports anyformer while this process describes and selects.
     worker = _start_worker() if isolate else None
     try:
-        manager = plugins or get_plugin_manager()
         shared = (lambda _description: _share_headers(worker, _local_path(model))) if worker is not None else None
         judged = judge(model, asked, caps=caps, manager=manager, backend=backend, described=shared)
         description, request, verdicts = judged.model, judged.request, judged.verdicts
@@ -188,7 +192,8 @@ def load(
             _end_worker(worker)
         raise
     if worker is not None:
-        session = _spawn_worker(manager, chosen.backend, description, request, progress, worker)
+        typed = manager.request_for(chosen.backend, request)  # the worker is sent the options parsed
+        session = _spawn_worker(manager, chosen.backend, description, typed, progress, worker)
         return Loaded(session, description, chosen, others)
     handle = manager.load(chosen.backend, description, request, progress)
     return Loaded(InProcessSession(handle), description, chosen, others)

@@ -19,8 +19,11 @@ from anyformer import hookspecs
 from anyformer._backend import BackendModel, features_of
 from anyformer._entry_points import installed_entry_points
 from anyformer._old_hooks import old_hook_problems
+from anyformer._option_routing import request_for, route_options
+from anyformer._store_check import store_refusal
 from anyformer.contract._caps import Caps
 from anyformer.contract._errors import AnyformerError, ErrorCode
+from anyformer.contract._load_options import NO_LOAD_OPTIONS, LoadOptions
 from anyformer.contract._model import Model
 from anyformer.contract._progress import ProgressCallback
 from anyformer.contract._request import Request
@@ -97,6 +100,8 @@ class PluginManager:
         self._unknown_filter_names: dict[str, list[str]] = {}
         # Where each backend loaded from an entry point came from: an isolated worker loads it again.
         self._entry_points: dict[str, str] = {}
+        # Each backend's declared load options (its module's ``LOAD_OPTIONS``), by id.
+        self._load_options: dict[str, LoadOptions] = {}
 
     # ---- loading --------------------------------------------------------------------------------
 
@@ -184,6 +189,13 @@ class PluginManager:
         self._register_checked(plugin, info)
 
     def _register_checked(self, plugin: Any, info: PluginInfo) -> None:
+        schema = getattr(plugin, "LOAD_OPTIONS", NO_LOAD_OPTIONS)
+        if not isinstance(schema, LoadOptions):
+            info.ok = False
+            info.error = (
+                f"invalid plugin: LOAD_OPTIONS is a {type(schema).__name__}, not an anyformer.plugin.LoadOptions"
+            )
+            return
         outdated = old_hook_problems(plugin)
         if outdated is not None:  # before pluggy, whose own words would be "unknown hook 'generate'"
             info.ok, info.error = False, outdated
@@ -201,6 +213,8 @@ class PluginManager:
         except pluggy.PluginValidationError as exc:
             self._pm.unregister(name=info.name)
             info.ok, info.error = False, f"invalid plugin: {' '.join(str(exc).split())}"
+            return
+        self._load_options[info.name] = schema
 
     # ---- what is installed ----------------------------------------------------------------------
 
@@ -215,6 +229,10 @@ class PluginManager:
     def disabled(self) -> list[PluginInfo]:
         """Installed plugins that ``ANYFORMER_PLUGINS`` / ``ANYFORMER_DISABLE_PLUGINS`` kept from loading."""
         return sorted(self._disabled.values(), key=lambda info: info.name)
+
+    def load_options(self, backend: str) -> LoadOptions:
+        """The load options ``backend`` declares (none: an empty schema)."""
+        return self._load_options.get(backend, NO_LOAD_OPTIONS)
 
     def unknown_filter_names(self) -> dict[str, list[str]]:
         """Names the plugin filters give that no installed plugin has, by environment variable."""
@@ -268,12 +286,22 @@ class PluginManager:
     # ---- the hooks ------------------------------------------------------------------------------
 
     def can_run(self, model: Model, caps: Caps, request: Request, *, only: str | None = None) -> list[Verdict]:
-        """Ask every backend (or ``only`` one) whether it can run ``model``; one verdict each."""
-        arguments = {"model": model, "caps": caps, "request": request}
+        """Ask every backend (or ``only`` one) whether it can run ``model``; one verdict each.
+
+        The request's load options are parsed first, against the schemas of the backends asked
+        (``BAD_REQUEST`` before any is asked: :mod:`anyformer._option_routing`); a backend that does
+        not take one of them is refused with ``option`` and not asked; each other one gets its own
+        options, typed. An accepting verdict whose files the store cannot take becomes a ``store``
+        refusal (:mod:`anyformer._store_check`).
+        """
+        impls = [(name, impl) for name, impl in self._impls("can_run") if only is None or name == only]
+        routing = route_options({name: self.load_options(name) for name, _ in impls}, request)
         verdicts = []
-        for name, impl in self._impls("can_run"):
-            if only is not None and name != only:
+        for name, impl in impls:
+            if name in routing.refusals:
+                verdicts.append(routing.refusals[name])
                 continue
+            arguments = {"model": model, "caps": caps, "request": routing.requests[name]}
             try:
                 result = self._call(impl, arguments)
             except AnyformerError as exc:
@@ -283,8 +311,21 @@ class PluginManager:
                 verdicts.append(Verdict.refuse(name, Refusal.RUNTIME, f"can_run raised {describe_exception(exc)}"))
                 continue
             if result is not None:  # None: a plugin that runs no models (hookspecs.can_run)
-                verdicts.append(self._checked_verdict(name, result, caps, request))
+                verdict = self._checked_verdict(name, result, caps, request)
+                verdicts.append(store_refusal(verdict, model, caps) or verdict)
         return verdicts
+
+    def request_for(self, backend: str, request: Request) -> Request:
+        """``request`` as ``backend`` is asked it: its own load options, typed, defaults filled in;
+        ``BAD_REQUEST`` for a key it does not take or a value it refuses."""
+        return request_for(backend, self.load_options(backend), request)
+
+    def check_load_options(self, request: Request, *, only: str | None = None) -> None:
+        """``BAD_REQUEST`` when ``request``'s load options are unknown to, or ill-typed for, every backend
+        that could take them (``only``: that one); what ``can_run`` checks first, for a caller that
+        must know before it starts anything (a worker)."""
+        names = [name for name, _ in self._impls("can_run") if only is None or name == only]
+        route_options({name: self.load_options(name) for name in names}, request)
 
     @staticmethod
     def _checked_verdict(name: str, result: Any, caps: Caps, request: Request) -> Verdict:
@@ -306,6 +347,7 @@ class PluginManager:
         impl = self._impl_for("load", backend)
         if impl is None:
             raise AnyformerError(ErrorCode.PLUGIN_ERROR, f"backend {backend!r} implements no load hook")
+        request = self.request_for(backend, request)
         arguments = {"model": model, "request": request, "progress": progress}
         try:
             handle = self._call(impl, arguments)

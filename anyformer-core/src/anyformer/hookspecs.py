@@ -45,7 +45,10 @@ def can_run(model: Model, caps: Caps, request: Request) -> Verdict | None:
     :param model: the description: repo, architecture, task, tags and files with sizes. Its files
         may not exist locally: read no weights and open no network connection here.
     :param caps: the machine's capabilities (possibly overridden for a what-if question).
-    :param request: the task asked for (None: the model's own) and the accelerator budget.
+    :param request: the task asked for (None: the model's own), the accelerator budget, and
+        ``options``: this backend's declared load options only (its module's ``LOAD_OPTIONS``),
+        parsed by the core to their types, defaults filled in. The core checks the store for the
+        files an accepting estimate names (``Estimate.files``): do not.
     :returns: this backend's :class:`anyformer.Verdict`: ``Verdict.accept(id, Estimate(...))`` or
         ``Verdict.refuse(id, Refusal.X, "one line with the numbers", need=...)``. ``need`` is
         required on ``budget`` and ``memory`` refusals, and must be larger than what was offered.
@@ -66,7 +69,8 @@ def load(model: Model, request: Request, progress: ProgressCallback) -> BackendM
     :param model: the description; local files have ``path``; ``anyformer.plugin.fetch_files(model,
         names, progress)`` returns local paths for the files you need, downloading Hub files into
         the shared cache with progress.
-    :param request: the task, budget and context length the model is loaded for.
+    :param request: the task, budget and context length the model is loaded for, and its load
+        options parsed by the core (as for ``can_run``).
     :param progress: call it with :class:`anyformer.ProgressEvent` during long steps.
     :returns: the handle, an instance of a subclass of :class:`anyformer.plugin.BackendModel` with
         ``backend`` (this plugin's id), ``task`` and ``features`` (a :class:`anyformer.plugin.Features`

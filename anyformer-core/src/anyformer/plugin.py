@@ -15,6 +15,9 @@ Groups, in the order a backend meets them:
   :data:`ProgressCallback`, :func:`no_progress`, :class:`AnyformerError`, :class:`ErrorCode`;
 - the handle ``load`` returns: :class:`BackendModel` (subclass it: it owns ``generate``, ``run`` and
   ``dispose``) and :class:`Features` (what it can do beyond plain chat, one frozen record);
+- load options, declared as a module's ``LOAD_OPTIONS`` and parsed by the core before any hook
+  sees them: :class:`LoadOptions`, :class:`LoadOption`, :data:`FILE_OPTION` (the core's ``file``),
+  :data:`NO_LOAD_OPTIONS`, and :func:`parse_yes_no` (the one reading of yes and no);
 - messages and chat: :data:`Message`, :func:`validate_messages`, :func:`has_images`, :func:`has_audio`,
   :func:`text_of`, :func:`render_chat` (jinja2's sandbox), :data:`CHATML_TEMPLATE`,
   :class:`IncrementalDetokenizer` (streamed text equal to the whole decode),
@@ -61,6 +64,7 @@ from anyformer.contract._chunk import Chunk, FinishReason, GenerateOptions, Toke
 from anyformer.contract._constraint import Constraint
 from anyformer.contract._errors import AnyformerError, ErrorCode
 from anyformer.contract._features import Features
+from anyformer.contract._load_options import FILE_OPTION, NO_LOAD_OPTIONS, LoadOption, LoadOptions, parse_yes_no
 from anyformer.contract._messages import Message, has_audio, has_images, text_of, validate_messages
 from anyformer.contract._model import Model, ModelFile
 from anyformer.contract._progress import ProgressCallback, ProgressEvent, no_progress
@@ -112,11 +116,13 @@ from anyformer.store._store import fetch_files, files_to_download
 
 __all__ = [
     "CHATML_TEMPLATE",
+    "FILE_OPTION",
     "GGML_TYPES",
     "KNOWN_GGUF_QUANTS",
     "MAX_IMAGE_PIXELS",
     "MAX_IMAGE_SIDE",
     "MAX_MEDIA_FILE_BYTES",
+    "NO_LOAD_OPTIONS",
     "PENALTY_WINDOW",
     "TOOL_MARKUP",
     "AnyformerError",
@@ -135,6 +141,8 @@ __all__ = [
     "GenerateOptions",
     "IncrementalDetokenizer",
     "LazyArray",
+    "LoadOption",
+    "LoadOptions",
     "Message",
     "Model",
     "ModelFile",
@@ -174,6 +182,7 @@ __all__ = [
     "no_progress",
     "order_gguf_candidates",
     "parse_size",
+    "parse_yes_no",
     "probe",
     "probe_rpc_server",
     "read_config_json",

@@ -23,7 +23,7 @@ from typing import Any
 import uvicorn
 
 from anyformer import AnyformerError, Chunk, Estimate, ProgressEvent, Rank, Refusal, StoreEntry, Verdict, hookimpl
-from anyformer.plugin import BackendModel, Features
+from anyformer.plugin import BackendModel, Features, LoadOption, LoadOptions
 
 #: Seconds between the paced backend's tokens.
 PACE = 0.01
@@ -131,6 +131,8 @@ class PacedBackend:
     """An in-process backend that streams words at a steady pace and records what happened to them."""
 
     name = "paced"
+    #: It batches streams, so it takes ``parallel`` (None: not asked, one stream).
+    LOAD_OPTIONS = LoadOptions(LoadOption("parallel", "int", None, "streams", minimum=1, words=("auto",)))
 
     def __init__(
         self,
@@ -158,10 +160,10 @@ class PacedBackend:
             return Verdict.refuse(self.name, Refusal.BUDGET, "needs 5 GB of GPU memory", need=5 * 10**9)
         if code is not None:
             return Verdict.refuse(self.name, code, f"refused on cue ({code})")
-        self.checked_options.append(dict(request.options))
+        self.checked_options.append({k: v for k, v in request.options.items() if v is not None})
         # An int parallel is counted before load; "auto" is resolved only by load (2 here), so the estimate
         # counts one stream and does not claim to know the number.
-        asked = request.options.get("parallel", 1)
+        asked = request.options.get("parallel") or 1
         streams = asked if isinstance(asked, int) else 1
         details = {"parallel": streams} if isinstance(asked, int) else {}
         estimate = Estimate(
@@ -179,7 +181,7 @@ class PacedBackend:
     @hookimpl
     def load(self, model: Any, request: Any) -> PacedHandle:
         handle = PacedHandle(self, request.task or "text-generation", model.ref)
-        handle.asked_parallel = request.options.get("parallel", 1)
+        handle.asked_parallel = request.options.get("parallel") or 1
         # Its streams share nothing: any number run; "auto" (the server's default) is 2 here.
         handle.parallel = 2 if handle.asked_parallel == "auto" else int(handle.asked_parallel)
         handle.features = dataclasses.replace(handle.features, honours=self.honours, parallel=handle.parallel)

@@ -271,24 +271,32 @@ def test_store_list_lists_models_under_anyformer_home(tmp_path: Path, monkeypatc
     )
 
 
-def test_can_run_refuses_store_only_when_a_download_has_nowhere_to_go(
+def test_the_core_refuses_store_only_when_a_download_has_nowhere_to_go(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from huggingface_hub import constants
 
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    # The backend names the file it reads (Estimate.files); the core does the store check from it.
     hub = anyformer.Model.from_dict(
         {"repo": "org/ngram", "source": "hub", "revision": "main", "files": [{"name": "ngram.json", "size": 20_000}]}
     )
     roomy = Caps(ram_bytes=10**9, store=True, disk_free_bytes=10**9)
-    assert plugin.can_run(hub, roomy, Request()).ok
-    full = plugin.can_run(hub, roomy.replace(disk_free_bytes=10_000), Request())
+    assert _through_the_core(hub, roomy).ok
+    full = _through_the_core(hub, roomy.replace(disk_free_bytes=10_000))
     assert full.code is Refusal.STORE and "20 KB" in full.reason and "10 KB free" in full.reason
-    assert plugin.can_run(hub, roomy.replace(store=False), Request()).code is Refusal.STORE
+    assert _through_the_core(hub, roomy.replace(store=False)).code is Refusal.STORE
     commit = "b" * 40
     snapshot = tmp_path / "hub" / "models--org--ngram" / "snapshots" / commit
     snapshot.mkdir(parents=True)
     (snapshot / "ngram.json").write_bytes(b"{}".ljust(20_000))
     (tmp_path / "hub" / "models--org--ngram" / "refs").mkdir()
     (tmp_path / "hub" / "models--org--ngram" / "refs" / "main").write_text(commit)
-    assert plugin.can_run(hub, roomy.replace(store=False, disk_free_bytes=0), Request()).ok, "cached: no download"
+    assert _through_the_core(hub, roomy.replace(store=False, disk_free_bytes=0)).ok, "cached: no download"
+
+
+def _through_the_core(model: anyformer.Model, caps: Caps) -> anyformer.Verdict:
+    manager = anyformer.PluginManager()
+    manager.register(plugin, "template")
+    (verdict,) = manager.can_run(model, caps, Request())
+    return verdict

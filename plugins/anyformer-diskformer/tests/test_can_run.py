@@ -18,8 +18,12 @@ CAPS = Caps(ram_bytes=64 * 2**30, store=True)
 
 
 def verdict(description: dict | Model, caps: Caps = CAPS, **request):
+    """The verdict as the core gives it: options parsed, the store checked (the backend has no copy of it)."""
     model = description if isinstance(description, Model) else Model.from_dict(description)
-    return plugin.can_run(model, caps, Request(**request))
+    manager = anyformer.PluginManager()
+    manager.register(plugin, "diskformer")
+    (answer,) = manager.can_run(model, caps, Request(**request))
+    return answer
 
 
 def test_qwen3_30b_a3b_is_accepted_as_a_specialist_holding_every_expert_when_memory_allows():

@@ -51,7 +51,7 @@ def test_threads_give_the_logits_of_one_thread(q4k_moe, monkeypatch):
     np.testing.assert_allclose(three, one, rtol=1e-5, atol=1e-5 * np.abs(one).max())
 
 
-@pytest.mark.parametrize("threads", [0, -1, "2", True, 1.5])
+@pytest.mark.parametrize("threads", [0, -1, "two", True, 1.5])  # "2" is 2: text as the CLI sends it
 def test_threads_must_be_a_positive_whole_number(q4k_moe, threads):
     with pytest.raises(AnyformerError) as caught:
         greedy(q4k_moe, 0, device="cpu", threads=threads)

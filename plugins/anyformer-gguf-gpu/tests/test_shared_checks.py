@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
-from anyformer.plugin import AnyformerError, Caps, ErrorCode, Estimate, GGUFTensor, Model, Refusal, Request, Verdict
+from anyformer.plugin import AnyformerError, ErrorCode, Estimate, GGUFTensor, Model, Refusal, Request, Verdict
 from anyformer_gguf_gpu.chat_setup import check_prompt_fits, check_text_only
 from anyformer_gguf_gpu.config import expect_shapes, header_int, read_attention_dims
-from anyformer_gguf_gpu.model_choice import GgufChoice, choose_and_judge, store_refusal, task_refusal, tokenizer_problem
+from anyformer_gguf_gpu.model_choice import GgufChoice, choose_and_judge, task_refusal, tokenizer_problem
 
 FACTS: dict[str, Any] = {"architecture": "llama", "tokenizer_model": "gpt2", "tokenizer_pre": "smollm", "split": None}
 
@@ -112,14 +112,6 @@ def test_the_header_is_read_when_the_description_has_it():
     assert v.ok and v.estimate.details["estimated"] is False
     v = judged(described(["model.gguf"], {**FACTS, "split": {"count": 2}}))
     assert v.code is Refusal.MODEL and "one shard of a split set of 2" in v.reason
-
-
-def test_store_refusal_only_for_a_hub_file_without_a_writable_store():
-    hub = described(["model.gguf"], source="hub")
-    files = hub.files_of("gguf")
-    refused = store_refusal("b", hub, Caps(store=False), files)
-    assert refused is not None and refused.code is Refusal.STORE and "not writable" in refused.reason
-    assert store_refusal("b", hub, Caps(store=True), files) is None
 
 
 def test_tokenizer_problem_names_the_model_or_the_pre_tokenizer():

@@ -53,11 +53,16 @@ def test_a_content_text_the_template_changed_is_refused_rather_than_parsed() -> 
     assert caught.value.code is ErrorCode.BAD_REQUEST
 
 
-@pytest.mark.parametrize("value", ["yes", 1])
+@pytest.mark.parametrize("value", ["maybe", 2, 0.5])
 def test_a_bad_special_in_content_option_is_bad_request(value: object) -> None:
     with pytest.raises(AnyformerError) as caught:
         special_in_content({"special_in_content": value})
     assert caught.value.code is ErrorCode.BAD_REQUEST
+
+
+@pytest.mark.parametrize(("value", "parsed"), [("yes", True), ("off", False), (1, True), (False, False), (None, False)])
+def test_the_special_in_content_option_takes_the_core_s_yes_and_no(value: object, parsed: bool) -> None:
+    assert special_in_content({"special_in_content": value}) is parsed
 
 
 @pytest.fixture(scope="module")

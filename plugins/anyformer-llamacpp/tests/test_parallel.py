@@ -197,7 +197,7 @@ def test_dispose_with_streams_open_ends_them(smollm2_path: Path) -> None:
     assert caught.value.code is ErrorCode.BAD_REQUEST
 
 
-@pytest.mark.parametrize("value", [0, -1, "4", "Auto", 2.5, True, 65])
+@pytest.mark.parametrize("value", [0, -1, "four", "Auto", 2.5, True, 65])  # "4" is 4: text as the CLI sends it
 def test_a_bad_parallel_option_is_bad_request(smollm2_path: Path, value: Any) -> None:
     with pytest.raises(AnyformerError) as caught:
         anyformer.load(smollm2_path, backend="llamacpp", context=512, options={"parallel": value})

@@ -21,7 +21,11 @@ GPU_CAPS = Caps(gpu=True, gpu_name="test GPU", gpu_bytes=8 * 2**30, ram_bytes=8 
 
 
 def verdict(description: dict, caps: Caps = GPU_CAPS, **request):
-    return plugin.can_run(Model.from_dict(description), caps, Request(**request))
+    """The verdict as the core gives it: options parsed, the store checked (the backend has no copy of it)."""
+    manager = anyformer.PluginManager()
+    manager.register(plugin, "localmind")
+    (answer,) = manager.can_run(Model.from_dict(description), caps, Request(**request))
+    return answer
 
 
 def test_smollm2_is_accepted_as_a_specialist_with_its_footprint():

@@ -111,3 +111,15 @@ def test_the_run_command_on_the_hub_repo_runs_localmind_on_q4_0_and_prints_llama
     with anyformer.load(str(layout["tiny-llama-Q4_0.gguf"]), backend="llamacpp", context=128) as reference:
         theirs = "".join(c.delta for c in reference.generate(MESSAGES, max_new_tokens=6))
     assert done.stdout.strip() == theirs.strip() and theirs.strip()
+
+
+def test_the_file_option_reaches_the_choice_and_any_other_key_is_refused_by_the_core():
+    caps = Caps(ram_bytes=8 * GB, store=True).with_flags(["gpu", "f16", "store"])
+    files = [*LFM25["files"], {"name": "LFM2.5-230M-UD-Q4_K_XL.gguf", "size": 100_000_000}]
+    model = Model.from_dict({**LFM25, "files": files})
+    chosen = {"file": "LFM2.5-230M-UD-Q4_K_XL.gguf"}
+    named = anyformer.check(model, budget="4GB", caps=caps, backend="localmind", options=chosen)[1]
+    assert named.chosen is not None and named.chosen.estimate.files == ("LFM2.5-230M-UD-Q4_K_XL.gguf",)
+    with pytest.raises(anyformer.AnyformerError) as caught:
+        anyformer.check(model, caps=caps, backend="localmind", options={"threads": 2})
+    assert caught.value.code is anyformer.ErrorCode.BAD_REQUEST and "localmind: file (str)" in caught.value.message

@@ -127,7 +127,13 @@ def test_a_task_it_does_not_run_is_a_task_refusal_after_the_format() -> None:
 
 
 def test_a_hub_model_needs_a_writable_store() -> None:
-    assert can_run(described(), CAPS.replace(store=False), Request()).code is Refusal.STORE
+    # The core's store check, from the files the estimate names (the backend has no copy of it).
+    from anyformer_transformers import plugin
+
+    manager = anyformer.PluginManager()
+    manager.register(plugin, "transformers")
+    (verdict,) = manager.can_run(described(), CAPS.replace(store=False), Request())
+    assert verdict.code is Refusal.STORE and "must be downloaded" in verdict.reason
 
 
 @pytest.fixture

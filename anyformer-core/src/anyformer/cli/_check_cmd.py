@@ -10,6 +10,7 @@ from anyformer._selection import Selection
 from anyformer.cli._common import (
     add_file_argument,
     add_machine_arguments,
+    add_option_argument,
     add_rpc_argument,
     caps_from_args,
     file_option,
@@ -36,6 +37,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--backend", help="ask only this backend")
     parser.add_argument("--prefer", help="backend ids to choose first, comma separated")
     add_file_argument(parser)
+    add_option_argument(parser)
     add_machine_arguments(parser)
     add_rpc_argument(parser)
     parser.add_argument("--json", action="store_true", help='print {"model", "chosen", "verdicts"} as JSON')

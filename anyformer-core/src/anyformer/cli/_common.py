@@ -35,10 +35,38 @@ def add_file_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_option_argument(parser: argparse.ArgumentParser) -> None:
+    """``--option KEY=VALUE`` (repeatable): a backend's load option, parsed by the core against its schema."""
+    parser.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a load option of the backend (repeatable; `anyformer plugins` lists each backend's), e.g. threads=2",
+    )
+
+
 def file_option(args: argparse.Namespace) -> dict[str, Any] | None:
-    """The load options ``--file`` gives (``{"file": NAME}``), or None."""
+    """The load options ``--option KEY=VALUE`` and ``--file`` give (``{"file": NAME, ...}``), or None.
+
+    The values stay text: the core parses each against the schema of the backend that declares it
+    (``yes``, ``2``, ``4GB``). ``BAD_REQUEST`` for an item without ``=`` or a key given twice.
+    """
+    options: dict[str, Any] = {}
+    for item in getattr(args, "option", None) or []:
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise AnyformerError(ErrorCode.BAD_REQUEST, f"--option takes KEY=VALUE, got {item!r:.80}")
+        if key in options:
+            raise AnyformerError(ErrorCode.BAD_REQUEST, f"--option {key} is given twice")
+        options[key] = value
     name = getattr(args, "file", None)
-    return {"file": name} if name else None
+    if name:
+        if "file" in options:
+            raise AnyformerError(ErrorCode.BAD_REQUEST, "give the file once: --file or --option file=NAME")
+        options["file"] = name
+    return options or None
 
 
 def add_rpc_argument(parser: argparse.ArgumentParser) -> None:

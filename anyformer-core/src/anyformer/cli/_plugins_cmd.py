@@ -1,12 +1,17 @@
-"""``anyformer plugins``: every installed plugin, its version, and its load error or why it is disabled."""
+"""``anyformer plugins``: every installed plugin, its version, its load error or why it is disabled, and the
+load options each backend declares."""
 
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from anyformer import __version__
-from anyformer._plugins import get_plugin_manager
+from anyformer._plugins import PluginManager, get_plugin_manager
 from anyformer.cli._common import print_json
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -22,7 +27,11 @@ def run(args: argparse.Namespace) -> int:
     infos = manager.plugins()
     disabled = manager.disabled()
     if args.json:
-        loaded = [info.to_dict() | {"disabled": False} for info in infos]
+        loaded = [
+            info.to_dict()
+            | {"disabled": False, "load_options": [option.to_dict() for option in manager.load_options(info.name)]}
+            for info in infos
+        ]
         print_json(loaded + [info.to_dict() | {"disabled": True} for info in disabled])
         return 0
     from rich.console import Console
@@ -42,4 +51,21 @@ def run(args: argparse.Namespace) -> int:
         if not disabled:
             return 0
     console.print(table)
+    options = _options_table(manager)
+    if options is not None:
+        console.print(options)
     return 0
+
+
+def _options_table(manager: PluginManager) -> Table | None:
+    """Each loaded backend's declared load options (``--option KEY=VALUE``), or None when none declares any."""
+    from rich.table import Table
+
+    table = Table(title="load options (--option KEY=VALUE)")
+    for column in ("backend", "option", "type", "default", "what"):
+        table.add_column(column)
+    for backend in manager.backends():
+        for option in manager.load_options(backend):
+            default = "-" if option.default is None else str(option.default)
+            table.add_row(backend, option.name, option.type_text(), default, option.help)
+    return table if table.row_count else None

@@ -14,6 +14,7 @@ from anyformer._loaded import Loaded
 from anyformer.cli._common import (
     add_file_argument,
     add_machine_arguments,
+    add_option_argument,
     add_rpc_argument,
     caps_from_args,
     file_option,
@@ -56,6 +57,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="run the engine in this process (default: in a worker process, so an engine crash is reported, not fatal)",
     )
     add_file_argument(parser)
+    add_option_argument(parser)
     add_sampling_arguments(parser)
     add_machine_arguments(parser)
     add_rpc_argument(parser)

@@ -8,7 +8,7 @@ import os
 import sys
 from typing import Literal
 
-from anyformer.cli._common import add_rpc_argument
+from anyformer.cli._common import add_option_argument, add_rpc_argument, file_option
 from anyformer.contract._errors import AnyformerError, ErrorCode
 
 
@@ -91,6 +91,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="parse special tokens (<|im_start|>…) in message text as control tokens, as before; by default "
         "they are text, so a user cannot forge a turn",
     )
+    add_option_argument(parser)
     parser.add_argument("--queue", type=int, default=8, help="requests that may wait for one busy model (default 8)")
     parser.add_argument("--context", type=int, help="context length in tokens for text models")
     parser.add_argument(
@@ -182,6 +183,7 @@ def run(args: argparse.Namespace) -> int:
         max_connections=args.max_connections,
         special_in_content=args.special_in_content,
         insecure_no_key=args.insecure_no_key,
+        options=file_option(args),
     )
     return 0
 

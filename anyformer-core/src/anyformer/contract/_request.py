@@ -17,10 +17,11 @@ class Request:
 
     ``budget`` is the accelerator memory allowed, in bytes (None: what the probe found);
     ``prefer`` lists backend ids tried first; ``context`` is the context length in tokens a
-    text model is loaded with (None: the backend's default); ``options`` passes backend-specific
-    settings through unchanged; ``rpc`` names llama.cpp RPC servers (``host:port``) whose memory the
-    load may span (docs/rpc.md): only a backend that says so in its estimate (``details["rpc"]``)
-    runs such a request.
+    text model is loaded with (None: the backend's default); ``options`` are load options, which
+    the core checks against the schemas the backends declare before asking any of them (a backend
+    sees only its own, typed: docs/contract.md, "Load options"); ``rpc`` names llama.cpp RPC
+    servers (``host:port``) whose memory the load may span (docs/rpc.md): only a backend that says
+    so in its estimate (``details["rpc"]``) runs such a request.
     """
 
     task: str | None = None

@@ -32,6 +32,8 @@ class Refusal(str, enum.Enum):
     MEMORY = "memory"
     #: The backend's library is missing or broken; the reason says how to fix it.
     RUNTIME = "runtime"
+    #: The request gives a load option this backend does not declare (another installed backend does).
+    OPTION = "option"
 
     def __str__(self) -> str:
         return self.value

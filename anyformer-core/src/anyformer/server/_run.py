@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from anyformer.contract._errors import AnyformerError, ErrorCode
@@ -61,6 +61,7 @@ def serve(
     max_connections: int = DEFAULT_MAX_CONNECTIONS,
     special_in_content: bool = False,
     insecure_no_key: bool = False,
+    options: Mapping[str, Any] | None = None,
 ) -> None:
     """Serve until interrupted: the pool within ``budget``, ``preload`` loaded at start-up.
 
@@ -70,7 +71,9 @@ def serve(
     many seconds an idle model stays loaded; one line per request goes to ``log_file`` (else stderr)
     at ``log_level``. At most ``max_connections`` connections are open at once;
     ``special_in_content`` has backends parse special tokens in message text (off: they are text); a
-    non-loopback ``host`` needs ``api_key`` unless ``insecure_no_key`` (:func:`check_bind`).
+    non-loopback ``host`` needs ``api_key`` unless ``insecure_no_key`` (:func:`check_bind`). ``options`` are
+    load options every load and check asks for (``--option KEY=VALUE``), parsed by the core against the
+    backends' schemas: a backend that lacks one is refused for the model (``option``).
     """
     import uvicorn
 
@@ -78,7 +81,12 @@ def serve(
 
     check_bind(host, api_key, insecure_no_key)
     configure_logging(log_level, log_file)
-    options = {"special_in_content": True} if special_in_content else None
+    asked = {**(options or {}), **({"special_in_content": True} if special_in_content else {})}
+    if asked:  # a key no backend takes, or a bad value, stops the server before it starts, not at a request
+        from anyformer._plugins import get_plugin_manager
+        from anyformer.contract._request import Request
+
+        get_plugin_manager().check_load_options(Request(options=asked))
     pool = ModelPool(
         budget=budget,
         queue_size=queue_size,
@@ -86,7 +94,7 @@ def serve(
         parallel=parallel,
         isolate=isolate,
         keep_alive=keep_alive,
-        options=options,
+        options=asked or None,
     )
     app = create_app(
         pool,

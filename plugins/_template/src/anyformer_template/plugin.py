@@ -23,6 +23,7 @@ from anyformer.plugin import (
     Estimate,
     FinishReason,
     GenerateOptions,
+    LoadOptions,
     Message,
     Model,
     ProgressCallback,
@@ -34,7 +35,6 @@ from anyformer.plugin import (
     Verdict,
     anyformer_home,
     fetch_files,
-    files_to_download,
     format_size,
     hookimpl,
 )
@@ -50,6 +50,9 @@ TASK = "text-generation"
 RAM_PER_FILE_BYTE = 8
 #: Host bytes the engine takes besides its table.
 RAM_OVERHEAD = 2**20
+#: The load options it takes: none (``LoadOptions(LoadOption("name", "int", 4, "help"), ...)`` declares some;
+#: the core refuses any other key before ``can_run`` is called). See docs/plugin-author-guide.md.
+LOAD_OPTIONS = LoadOptions()
 
 
 class TemplateModel(BackendModel):
@@ -88,18 +91,6 @@ def can_run(model: Model, caps: Caps, request: Request) -> Verdict:
     task = request.task or model.task or TASK
     if task != TASK:
         return Verdict.refuse(BACKEND, Refusal.TASK, f"runs {TASK} only, not {task}")
-    download = sum(f.size or 0 for f in files_to_download(model, [MODEL_FILE]))  # 0: local or cached
-    if download and not caps.store:
-        return Verdict.refuse(
-            BACKEND, Refusal.STORE, f"{MODEL_FILE} must be downloaded and the model store is not writable"
-        )
-    if download and caps.disk_free_bytes is not None and download > caps.disk_free_bytes:
-        return Verdict.refuse(
-            BACKEND,
-            Refusal.STORE,
-            f"{MODEL_FILE} ({format_size(download)}) must be downloaded and the store's disk has "
-            f"{format_size(caps.disk_free_bytes)} free",
-        )
     need = RAM_OVERHEAD + RAM_PER_FILE_BYTE * (entry.size or 0)
     if caps.ram_bytes < need:
         return Verdict.refuse(
@@ -110,9 +101,17 @@ def can_run(model: Model, caps: Caps, request: Request) -> Verdict:
             need=need,
         )
     # An engine written for exactly this format: it ranks as a specialist. No speed is measured.
+    # ``files`` names what a load reads: the core refuses with ``store`` when they must be downloaded
+    # and the store cannot take them, so the backend does not check the store itself.
     return Verdict.accept(
         BACKEND,
-        Estimate(ram_bytes=need, disk_bytes=entry.size or 0, rank=Rank.SPECIALIST, details={"file": MODEL_FILE}),
+        Estimate(
+            ram_bytes=need,
+            disk_bytes=entry.size or 0,
+            rank=Rank.SPECIALIST,
+            details={"file": MODEL_FILE},
+            files=(MODEL_FILE,),
+        ),
     )
 
 

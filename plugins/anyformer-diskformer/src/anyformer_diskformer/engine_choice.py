@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from anyformer.plugin import AnyformerError, ErrorCode, Request, probe
+from anyformer.plugin import AnyformerError, Request, probe
 from anyformer_diskformer.arch.moe_config import MoEConfig
 from anyformer_diskformer.arch.registry import ARCHITECTURES
+from anyformer_diskformer.option_schema import LOAD_OPTIONS
 
 if TYPE_CHECKING:
     from anyformer_diskformer.engines.cpu.moe import CpuMoEEngine
@@ -19,9 +20,7 @@ def open_device(options: dict[str, object]) -> GPU | None:
     """The GPU the ``device`` load option asks for: ``auto`` (the default) a GPU when wgpu finds one (a
     software adapter only with ``ANYFORMER_SOFTWARE_GPU=1``), else None for the CPU; ``gpu`` one or the
     error why not; ``cpu`` None."""
-    wanted = options.get("device", "auto")
-    if wanted not in ("auto", "cpu", "gpu"):
-        raise AnyformerError(ErrorCode.BAD_REQUEST, f"device must be auto, cpu or gpu, not {wanted!r}")
+    wanted = LOAD_OPTIONS.value(options, "device")
     if wanted == "cpu":
         return None
     from anyformer_gguf_gpu.gpu import GPU

@@ -1,4 +1,5 @@
-"""diskformer's load options (``request.options``) read and checked: ``BAD_REQUEST`` naming the option.
+"""diskformer's load options (``request.options``) read for the engine, through the declared schema
+(:mod:`~anyformer_diskformer.option_schema`, which the core parses them with): ``BAD_REQUEST`` naming the option.
 
 The cache's size (``pool_bytes``), the GPU's prompt step, the prefetcher's width and threads, the CPU's
 compute threads, ``cpu_experts`` and the eviction policy.
@@ -11,6 +12,7 @@ import os
 from anyformer.plugin import AnyformerError, ErrorCode, Request, format_size
 from anyformer_diskformer.cache.policies import EvictionPolicy, make_policy
 from anyformer_diskformer.engines.gpu.layout import PROMPT_STEP
+from anyformer_diskformer.option_schema import LOAD_OPTIONS
 
 
 def cache_capacity(request: Request, min_cache: int, budget_cache: int, need: int) -> int:
@@ -18,10 +20,8 @@ def cache_capacity(request: Request, min_cache: int, budget_cache: int, need: in
 
     Below one layer's top-k experts is ``BUDGET_TOO_SMALL`` with the budget that would do.
     """
-    pool = request.options.get("pool_bytes")
+    pool = LOAD_OPTIONS.value(request.options, "pool_bytes")
     if pool is not None:
-        if not isinstance(pool, int) or isinstance(pool, bool) or pool <= 0:
-            raise AnyformerError(ErrorCode.BAD_REQUEST, f"pool_bytes must be a positive integer, not {pool!r}")
         if pool < min_cache:
             raise AnyformerError(
                 ErrorCode.BUDGET_TOO_SMALL,
@@ -40,19 +40,15 @@ def cache_capacity(request: Request, min_cache: int, budget_cache: int, need: in
 
 
 def _count_option(options: dict[str, object], name: str, default: int) -> int:
-    value = options.get(name, default)
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise AnyformerError(ErrorCode.BAD_REQUEST, f"{name} must be a whole number of at least 0, not {value!r}")
-    return value
+    """The whole-number load option ``name`` (its schema bounds it), or ``default`` where it says "the backend's"."""
+    value = LOAD_OPTIONS.value(options, name)
+    return default if value is None else int(value)
 
 
 def prompt_step_option(options: dict[str, object]) -> int:
     """Most tokens a GPU prompt step covers: the ``prompt_step`` load option (default
     :data:`~anyformer_diskformer.plan.PROMPT_STEP`; 1 runs prompts a token a step)."""
-    value = _count_option(options, "prompt_step", PROMPT_STEP)
-    if value < 1:
-        raise AnyformerError(ErrorCode.BAD_REQUEST, "prompt_step must be at least 1")
-    return value
+    return _count_option(options, "prompt_step", PROMPT_STEP)
 
 
 def prefetch_options(options: dict[str, object], top_k: int) -> tuple[int, int]:
@@ -65,19 +61,13 @@ def compute_threads(options: dict[str, object]) -> int:
     """Threads the CPU engine computes a layer's experts on: the ``threads`` load option, else the machine's cores
     up to 4 (experts are few per layer; more threads than that mostly wait)."""
     default = max(1, min(4, os.cpu_count() or 1))
-    value = _count_option(options, "threads", default)
-    if value < 1:
-        raise AnyformerError(ErrorCode.BAD_REQUEST, "threads must be at least 1")
-    return value
+    return _count_option(options, "threads", default)
 
 
 def cpu_experts_option(options: dict[str, object]) -> bool:
     """The ``cpu_experts`` load option (default False): whether the GPU engine computes the experts its cache
-    misses on the CPU while decoding instead of uploading them; ``BAD_REQUEST`` for anything but a bool."""
-    value = options.get("cpu_experts", False)
-    if not isinstance(value, bool):
-        raise AnyformerError(ErrorCode.BAD_REQUEST, f"cpu_experts must be true or false, not {value!r}")
-    return value
+    misses on the CPU while decoding instead of uploading them; ``BAD_REQUEST`` for anything but a yes or no."""
+    return bool(LOAD_OPTIONS.value(options, "cpu_experts"))
 
 
 def policy_for(options: dict[str, object], n_layer: int) -> EvictionPolicy:
@@ -85,7 +75,7 @@ def policy_for(options: dict[str, object], n_layer: int) -> EvictionPolicy:
     # reuse by default: it keeps the experts each layer chooses most often and lets a newly read expert
     # displace one only when it is more likely to be used again; on recorded and skewed synthetic traces it
     # is the closest of the three to Belady's optimum (see the docs' figures).
-    name = options.get("cache_policy", "reuse")
+    name = LOAD_OPTIONS.value(options, "cache_policy")
     try:
         return make_policy(str(name), n_layer)
     except ValueError as exc:

@@ -38,6 +38,7 @@ from anyformer_diskformer.load_options import (
     prefetch_options,
     prompt_step_option,
 )
+from anyformer_diskformer.option_schema import LOAD_OPTIONS
 from anyformer_diskformer.plan import context_for, plan_from_header
 from anyformer_diskformer.sampler import TOP_K, TOP_P, sample
 from anyformer_diskformer.trace import trace_writer_from_env
@@ -96,7 +97,7 @@ class DiskformerModel(BackendModel):
     def open(cls, model: Model, request: Request, progress: ProgressCallback) -> DiskformerModel:
         """Fetch the GGUF, check it, size the expert cache from the budget and make the dense weights resident."""
         # The file can_run chose, with the machine as it is now (a GPU when a budget was given and allowed).
-        gpu_wanted = bool(request.budget) and request.options.get("device", "auto") in ("auto", "gpu")
+        gpu_wanted = bool(request.budget) and LOAD_OPTIONS.value(request.options, "device") in ("auto", "gpu")
         verdict = verdict_for(model, load_caps(request, gpu=gpu_wanted), request)
         name, fetched = fetch_chosen_gguf(model, progress, BACKEND_ID, verdict)
         path = str(fetched)
@@ -113,9 +114,7 @@ class DiskformerModel(BackendModel):
             )
             progress(ProgressEvent(stage="load", backend=BACKEND_ID, file=name, message="dense weights"))
             policy = policy_for(request.options, config.n_layer)
-            direct = request.options.get("direct_io", True)
-            if not isinstance(direct, bool):
-                raise AnyformerError(ErrorCode.BAD_REQUEST, f"direct_io must be true or false, not {direct!r}")
+            direct = bool(LOAD_OPTIONS.value(request.options, "direct_io"))
             width, threads = prefetch_options(request.options, config.n_expert_used)
             threads_cpu = compute_threads(request.options)
             cpu_experts = cpu_experts_option(request.options)
@@ -175,7 +174,7 @@ class DiskformerModel(BackendModel):
         finally:
             gguf.close()  # the dense weights are copied; experts are read through the cache's own descriptor
         loaded = cls(engine, tokenizer, name)
-        system = request.options.get("prime")
+        system = LOAD_OPTIONS.value(request.options, "prime")
         if system is not None:
             try:
                 loaded.prime(system)  # type: ignore[arg-type]  # prime checks it is a string

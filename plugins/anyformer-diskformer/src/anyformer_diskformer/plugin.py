@@ -16,6 +16,7 @@ from anyformer.plugin import (
     Verdict,
     hookimpl,
 )
+from anyformer_diskformer.option_schema import LOAD_OPTIONS as LOAD_OPTIONS  # the core reads it here
 from anyformer_diskformer.verdict import verdict_for
 
 

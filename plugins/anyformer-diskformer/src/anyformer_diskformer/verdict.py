@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from anyformer.plugin import Caps, Estimate, Model, Rank, Refusal, Request, Verdict, format_size
 from anyformer_diskformer import BACKEND_ID
-from anyformer_gguf_gpu.model_choice import GgufChoice, choose_and_judge, store_refusal
+from anyformer_diskformer.option_schema import LOAD_OPTIONS
+from anyformer_gguf_gpu.model_choice import GgufChoice, choose_and_judge
 
 #: The order diskformer tries a repo's files in: 4-bit K-quants and Q4_0 first (the expert reads are the cost),
 #: then the wider types its kernels read; the next smaller file when one does not fit.
@@ -44,14 +45,10 @@ def verdict_for(model: Model, caps: Caps, request: Request) -> Verdict:
 
 
 def _judge(model: Model, caps: Caps, request: Request, choice: GgufChoice) -> Verdict:
-    """The verdict on one file (or split set): the store, and whether its plan fits the device."""
+    """The verdict on one file (or split set): whether its plan fits the device (the core checks the store)."""
     file, summary = choice.file, choice.summary
-    refusal = store_refusal(BACKEND_ID, model, caps, choice.candidate.files)
-    if refusal is not None:
-        return refusal
     from anyformer_diskformer.arch.registry import find_spec
     from anyformer_diskformer.plan import (
-        PROMPT_STEP,
         RAM_OVERHEAD,
         context_for,
         plan_for,
@@ -60,12 +57,11 @@ def _judge(model: Model, caps: Caps, request: Request, choice: GgufChoice) -> Ve
         rough_plan,
     )
 
-    wanted = request.options.get("device", "auto")
+    options = LOAD_OPTIONS.parse(request.options)
+    wanted = options["device"]
     device = "gpu" if caps.gpu and wanted in ("auto", "gpu") else "cpu"
     context = context_for(summary, request.context)
-    step = request.options.get("prompt_step", PROMPT_STEP)
-    # A bad value is the load's BAD_REQUEST; the check sizes with the default meanwhile.
-    step = step if isinstance(step, int) and not isinstance(step, bool) and step >= 1 else PROMPT_STEP
+    step = options["prompt_step"]
     if choice.estimated:
         plan = rough_plan(summary, choice.size, context, device, step)
     elif (
@@ -108,9 +104,9 @@ def _judge(model: Model, caps: Caps, request: Request, choice: GgufChoice) -> Ve
             f"{format_size(caps.ram_bytes)} available",
             need=RAM_OVERHEAD,
         )
-    pool = request.options.get("pool_bytes")
+    pool = options["pool_bytes"]
     cache = plan.cache_bytes(limit)
-    if isinstance(pool, int) and not isinstance(pool, bool) and pool > 0:
+    if pool is not None:
         # An explicit pool replaces what memory leaves (load refuses one below the smallest working cache).
         cache = min(pool, cache)
     held = plan.fixed_bytes + cache

@@ -28,7 +28,6 @@ from anyformer.plugin import (
     Verdict,
     choose_gguf_candidate,
     fetch_files,
-    files_to_download,
     gguf_candidates,
     host_ram_available,
     order_gguf_candidates,
@@ -222,19 +221,6 @@ def tokenizer_problem(summary: dict[str, object]) -> str | None:
         return f"tokenizer model {model!r} (only byte-level BPE, 'gpt2', and Gemma 4's 'gemma4' are read)"
     if pre not in PRE_TOKENIZERS:
         return f"pre-tokenizer {pre!r} is not one this engine splits like llama.cpp"
-    return None
-
-
-def store_refusal(backend: str, model: Model, caps: Caps, files: Sequence[ModelFile]) -> Verdict | None:
-    """A ``store`` refusal where Hub files must be downloaded (not in the cache yet) and the model store is
-    not writable, else None."""
-    if model.source != "hub" or caps.store:
-        return None
-    missing = files_to_download(model, [f.name for f in files])
-    if missing:
-        return Verdict.refuse(
-            backend, Refusal.STORE, f"{missing[0].name} must be downloaded and the model store is not writable"
-        )
     return None
 
 

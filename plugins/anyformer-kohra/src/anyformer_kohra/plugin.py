@@ -24,6 +24,7 @@ from anyformer.plugin import (
     ErrorCode,
     Estimate,
     GenerateOptions,
+    LoadOptions,
     Message,
     Model,
     ProgressCallback,
@@ -42,6 +43,9 @@ from anyformer.plugin import (
 from anyformer_kohra.graphs import GRAPHS, external_data_files, graph_bytes, pick_graph
 from anyformer_kohra.ort_providers import CPU, handles_fp16, onnxruntime_installed, planned_provider
 from anyformer_kohra.text_codec import TOKENIZER_FILES
+
+#: No load options (its denoising settings are ``generate`` options): the core refuses any key.
+LOAD_OPTIONS = LoadOptions()
 
 #: This backend's id: the name of its entry point.
 BACKEND = "kohra"
@@ -109,8 +113,6 @@ def can_run(model: Model, caps: Caps, request: Request) -> Verdict:
     graph = pick_graph(model, handles_fp16(provider))
     if graph is None:
         return Verdict.refuse(BACKEND, Refusal.FORMAT, _graph_summary(model, provider))
-    if model.source == "hub" and graph.path is None and not caps.store:
-        return Verdict.refuse(BACKEND, Refusal.STORE, f"{graph.name} must be downloaded and the store is not writable")
     weights = graph_bytes(model, graph)
     on_gpu = provider != CPU
     if on_gpu:

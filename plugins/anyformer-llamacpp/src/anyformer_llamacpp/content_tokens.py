@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from anyformer.plugin import AnyformerError, ErrorCode, Message, text_of
+from anyformer_llamacpp.load_options import LOAD_OPTIONS
 
 #: The roles whose text is the client's (or a tool's) words, never the template's markers.
 CONTENT_ROLES = frozenset({"user", "system", "tool"})
@@ -25,16 +26,9 @@ Tokenize = Callable[[str, bool, bool], list[int]]
 def special_in_content(options: dict[str, object]) -> bool:
     """The ``special_in_content`` load option: parse special tokens in message text too (default off).
 
-    ``BAD_REQUEST`` for anything but a boolean.
+    ``BAD_REQUEST`` for anything but a yes or no (the schema in :mod:`anyformer_llamacpp.load_options`).
     """
-    value = options.get("special_in_content", False)
-    if value is None:
-        return False
-    if not isinstance(value, bool):
-        raise AnyformerError(
-            ErrorCode.BAD_REQUEST, f"the special_in_content option must be true or false, got {value!r:.40}"
-        )
-    return value
+    return bool(LOAD_OPTIONS.value(options, "special_in_content"))
 
 
 def text_spans(

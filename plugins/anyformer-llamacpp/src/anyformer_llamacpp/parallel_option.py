@@ -11,10 +11,10 @@ import os
 from collections.abc import Callable
 from typing import Literal
 
-from anyformer.plugin import AnyformerError, ErrorCode, usable_cpu_count
+from anyformer.plugin import usable_cpu_count
+from anyformer_llamacpp.load_options import LOAD_OPTIONS, MAX_PARALLEL
 
-#: The most streams one loaded model serves at once (llama.cpp's own limit is 256 sequences).
-MAX_PARALLEL = 64
+__all__ = ["MAX_PARALLEL", "flash_attention", "parallel_option", "pick_threads", "streams_for"]
 #: ``parallel="auto"``: as many streams as suit the machine (:func:`streams_for`).
 AUTO: Literal["auto"] = "auto"
 #: Streams the automatic choice plans per decode thread, and the most it plans.
@@ -29,11 +29,9 @@ def pick_threads(options: dict[str, object] | None = None) -> int:
     default of half the cores), 2 threads ~94 tok/s; on the 16-core H200 host 16 threads beat 2
     by 3x. ``ANYFORMER_LLAMACPP_THREADS`` overrides the core count.
     """
-    asked = (options or {}).get("threads")
-    if isinstance(asked, str) and asked.isdigit():
-        asked = int(asked)
-    if isinstance(asked, int) and not isinstance(asked, bool) and asked > 0:
-        return asked
+    asked = LOAD_OPTIONS.value(options or {}, "threads")
+    if asked is not None:
+        return int(asked)
     override = os.environ.get("ANYFORMER_LLAMACPP_THREADS")
     if override and override.isdigit() and int(override) > 0:
         return int(override)
@@ -43,19 +41,11 @@ def pick_threads(options: dict[str, object] | None = None) -> int:
 def parallel_option(options: dict[str, object]) -> int | Literal["auto"]:
     """The ``parallel`` load option: how many streams to serve at once (1 when absent), or ``"auto"``.
 
-    ``BAD_REQUEST`` for anything but ``"auto"`` or a whole number from 1 to :data:`MAX_PARALLEL`.
+    ``BAD_REQUEST`` for anything but ``"auto"`` or a whole number from 1 to :data:`MAX_PARALLEL`
+    (the schema in :mod:`anyformer_llamacpp.load_options`).
     """
-    value = options.get("parallel", 1)
-    if value is None:
-        return 1
-    if value == AUTO:
-        return AUTO
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_PARALLEL:
-        raise AnyformerError(
-            ErrorCode.BAD_REQUEST,
-            f'the parallel option must be "auto" or a whole number of streams from 1 to {MAX_PARALLEL}, got {value!r}',
-        )
-    return value
+    value = LOAD_OPTIONS.value(options, "parallel")
+    return AUTO if value == AUTO else int(value)
 
 
 def auto_streams(threads: int) -> int:
@@ -104,11 +94,6 @@ def flash_attention(options: dict[str, object]) -> bool:
     load's settings), so a reply under load stays the reply alone. On the 2-core CPU it cut a
     decoded token of SmolLM2 by 4 % alone and 11 % in a batch of 4, and llama-server turns it on by
     default too ("auto"); ``False`` gives llama-cpp-python's default kernels back, whose near-ties
-    break differently (docs/backends/llamacpp.md). ``BAD_REQUEST`` for anything but a boolean.
+    break differently (docs/backends/llamacpp.md). ``BAD_REQUEST`` for anything but a yes or no.
     """
-    value = options.get("flash_attention", True)
-    if value is None:  # as absent
-        return True
-    if not isinstance(value, bool):
-        raise AnyformerError(ErrorCode.BAD_REQUEST, f"the flash_attention option must be true or false, got {value!r}")
-    return value
+    return bool(LOAD_OPTIONS.value(options, "flash_attention"))

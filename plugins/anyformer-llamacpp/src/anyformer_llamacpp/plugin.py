@@ -19,7 +19,6 @@ from anyformer.plugin import (
     RpcServerError,
     Verdict,
     choose_gguf_candidate,
-    files_to_download,
     format_size,
     gguf_candidates,
     gguf_facts,
@@ -30,6 +29,7 @@ from anyformer_llamacpp import BACKEND_ID
 from anyformer_llamacpp.content_tokens import special_in_content
 from anyformer_llamacpp.estimate import BATCH, Footprint, context_for, footprint, measured_speed
 from anyformer_llamacpp.file_choice import choose_gguf, llamacpp_order, projector_for
+from anyformer_llamacpp.load_options import LOAD_OPTIONS as LOAD_OPTIONS  # the core reads it here
 from anyformer_llamacpp.parallel_option import flash_attention, parallel_option, pick_threads, streams_for
 from anyformer_llamacpp.runtime import (
     INSTALL_HINT,
@@ -89,9 +89,6 @@ def _judge_file(
     """The verdict on loading ``choice`` (its header summary ``facts``; empty: estimated from its size)."""
     mmproj_files = (mmproj.name,) if mmproj is not None else ()
     mmproj_bytes = (mmproj.size or 0) if mmproj is not None else 0
-    store_problem = _store_problem(model, caps, [*choice.files, *([mmproj] if mmproj is not None else [])])
-    if store_problem is not None:
-        return Verdict.refuse(BACKEND_ID, Refusal.STORE, store_problem)
     gpu_library = gpu_offload_library()
     if request.rpc:
         files = choice.names + mmproj_files
@@ -233,27 +230,6 @@ def _can_run_over_rpc(
             files=files,
         ),
     )
-
-
-def _store_problem(model: Model, caps: Caps, files: list[ModelFile]) -> str | None:
-    """Why the files a load needs cannot be downloaded into the store (a ``store`` refusal), or None.
-
-    Only Hub files not yet in the cache are downloaded; local and cached files need no room.
-    """
-    missing = files_to_download(model, [f.name for f in files])
-    if not missing:
-        return None
-    size = sum(f.size or 0 for f in missing)
-    names = missing[0].name if len(missing) == 1 else f"{len(missing)} files"
-    if not caps.store:
-        where = f" ({caps.store_path})" if caps.store_path else ""
-        return f"{names} ({format_size(size)}) must be downloaded and the model store{where} is not writable"
-    if caps.disk_free_bytes is not None and size > caps.disk_free_bytes:
-        return (
-            f"{names} ({format_size(size)}) must be downloaded and the store's disk has "
-            f"{format_size(caps.disk_free_bytes)} free"
-        )
-    return None
 
 
 @hookimpl

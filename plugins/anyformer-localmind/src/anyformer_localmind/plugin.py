@@ -25,9 +25,10 @@ from anyformer.plugin import (
     format_size,
     hookimpl,
 )
-from anyformer_gguf_gpu.model_choice import GgufChoice, choose_and_judge, load_caps, store_refusal
+from anyformer_gguf_gpu.model_choice import GgufChoice, choose_and_judge, load_caps
 from anyformer_localmind import BACKEND_ID
 from anyformer_localmind.estimate import MAX_BATCH, RAM_OVERHEAD, context_for, modelled_speed
+from anyformer_localmind.load_options import LOAD_OPTIONS as LOAD_OPTIONS  # the core reads it here
 
 INSTALL_HINT = "pip install wgpu"
 
@@ -61,13 +62,10 @@ def can_run(model: Model, caps: Caps, request: Request) -> Verdict:
 
 
 def _judge(model: Model, caps: Caps, request: Request, choice: GgufChoice) -> Verdict:
-    """The verdict on one file: a GPU adapter, the store, the GPU budget, host memory and wgpu."""
+    """The verdict on one file: a GPU adapter, the GPU budget, host memory and wgpu (the core checks the store)."""
     if not caps.gpu:
         note = f" ({caps.gpu_note})" if caps.gpu_note else ""
         return Verdict.refuse(BACKEND_ID, Refusal.GPU, f"needs a GPU adapter through wgpu{note}")
-    refusal = store_refusal(BACKEND_ID, model, caps, choice.candidate.files)
-    if refusal is not None:
-        return refusal
     from anyformer_gguf_gpu.engines import engine_footprint
 
     context = context_for(choice.summary, request.context)

@@ -19,6 +19,8 @@ from anyformer.plugin import (
 from anyformer_onnx import BACKEND_ID
 from anyformer_onnx.estimate import context_for, kv_cache_bytes, memory_need
 from anyformer_onnx.graphs import media_encoders, module_graphs
+from anyformer_onnx.load_options import LOAD_OPTIONS as LOAD_OPTIONS  # the core reads it here
+from anyformer_onnx.load_options import string_option
 from anyformer_onnx.session.providers import CUDA, INSTALL_HINT, expected_provider, onnxruntime_installed
 from anyformer_onnx.tasks.chat_media import MEDIA_INPUTS
 from anyformer_onnx.tasks.family import Graphs
@@ -36,9 +38,9 @@ def plan(model: Model, caps: Caps, request: Request) -> tuple[str, Graphs | None
     task = task_of(model, request.task)
     provider = expected_provider(caps.gpu)
     device = "cuda" if provider == CUDA else "cpu"
-    wanted = request.options.get("precision")
+    wanted = string_option(request, "precision")
     family = family_for(model, task)
-    choice = family.choose(model, device, wanted if isinstance(wanted, str) else None) if family else None
+    choice = family.choose(model, device, wanted) if family else None
     return task, choice, provider
 
 
@@ -63,8 +65,8 @@ def can_run(model: Model, caps: Caps, request: Request) -> Verdict:
     if problem is not None:
         return Verdict.refuse(BACKEND_ID, *problem)
     if choice is None:
-        wanted = request.options.get("precision")
-        which = f"{wanted} " if isinstance(wanted, str) else ""
+        wanted = string_option(request, "precision")
+        which = f"{wanted} " if wanted is not None else ""
         where = family.graph_paths
         return Verdict.refuse(BACKEND_ID, Refusal.FORMAT, f"no {which}{task} graph at a known path ({where})")
     on_gpu = provider == CUDA

@@ -21,6 +21,7 @@ from anyformer.plugin import (
     Caps,
     ErrorCode,
     Estimate,
+    LoadOptions,
     Model,
     ProgressCallback,
     Rank,
@@ -28,7 +29,6 @@ from anyformer.plugin import (
     Request,
     StoreEntry,
     Verdict,
-    files_to_download,
     format_size,
     hookimpl,
     host_ram_available,
@@ -41,6 +41,8 @@ from anyformer_transformers.tasks import EMBEDDING_TASKS, TABLE_OF, TASKS, TEXT_
 
 #: config.json keys that mean the checkpoint is quantised by a library this backend does not load.
 _QUANTIZED = "quantization_config"
+#: No load options: the core refuses any key (its run and generate options are checked where they are read).
+LOAD_OPTIONS = LoadOptions()
 
 
 def _plans(model: Model, task: str, shape: Shape, weight_bytes: int, request: Request) -> list[Plan]:
@@ -105,15 +107,6 @@ def can_run(model: Model, caps: Caps, request: Request) -> Verdict:
         return Verdict.refuse(BACKEND_ID, Refusal.MODEL, "the listing gives no size for every safetensors file")
     weight_bytes = sum(f.size or 0 for f in weights)
     names = files_to_read(model, embeddings=task in EMBEDDING_TASKS)
-    download = sum(f.size or 0 for f in files_to_download(model, names))
-    if download and not caps.store:
-        return Verdict.refuse(BACKEND_ID, Refusal.STORE, "the weights must be downloaded and the store is not writable")
-    if download and caps.disk_free_bytes is not None and download > caps.disk_free_bytes:
-        return Verdict.refuse(
-            BACKEND_ID,
-            Refusal.STORE,
-            f"{format_size(download)} must be downloaded and the store's disk has {format_size(caps.disk_free_bytes)}",
-        )
     candidates = _plans(model, task, shape, weight_bytes, request)
     plan = _choose(candidates, caps.ram_bytes)
     if plan is None:

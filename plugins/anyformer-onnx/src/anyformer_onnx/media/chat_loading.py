@@ -26,6 +26,7 @@ from anyformer_onnx.chat.handle import OnnxChatModel
 from anyformer_onnx.chat.per_layer import PER_LAYER_INPUTS, declares_per_layer_inputs, unread_media
 from anyformer_onnx.estimate import context_for
 from anyformer_onnx.graphs import GraphSet, media_chat_stems
+from anyformer_onnx.load_options import option
 from anyformer_onnx.media.audio_encoder import AudioGraph, feature_extractor_config
 from anyformer_onnx.media.gemma4_audio import gemma4_audio_kind
 from anyformer_onnx.media.gemma4_image import gemma4_image_kind
@@ -92,7 +93,7 @@ def open_media_chat(
     config = text.config or dict(model.config)
     preprocessor, processor = _processor_configs(paths, label)
     progress(ProgressEvent(stage="load", backend=BACKEND_ID, file=graphs.graph.name, total=graphs.size))
-    threads = request.options.get("threads")
+    threads = option(request, "threads")
     sessions = {}
     actual = provider
     for stem, part in zip(stems, graphs.parts, strict=True):

@@ -20,6 +20,7 @@ from anyformer.plugin import (
 )
 from anyformer_onnx import BACKEND_ID
 from anyformer_onnx.graphs import GraphSet
+from anyformer_onnx.load_options import option
 from anyformer_onnx.media.log_mel import LogMel
 from anyformer_onnx.media.processor_files import PREPROCESSOR_CONFIG
 from anyformer_onnx.session.ort_session import open_session
@@ -49,7 +50,7 @@ def open_speech_model(
     generation = read_config_json(paths["generation_config.json"], f"generation_config.json of {label}")
     tokenizer = load_tokenizer(paths["tokenizer.json"], label)
     progress(ProgressEvent(stage="load", backend=BACKEND_ID, file=graphs.graph.name, total=graphs.size))
-    threads = request.options.get("threads")
+    threads = option(request, "threads")
     sessions = []
     actual = provider
     for part in graphs.parts:

@@ -10,6 +10,7 @@ from typing import Any
 from anyformer.plugin import Model, ProgressCallback, ProgressEvent, Request, fetch_files
 from anyformer_onnx import BACKEND_ID
 from anyformer_onnx.graphs import GraphChoice
+from anyformer_onnx.load_options import option
 from anyformer_onnx.session.ort_session import open_session
 from anyformer_onnx.text.setup import TEXT_FILES, TextSetup, load_text_setup, present_text_files
 
@@ -68,7 +69,7 @@ def open_text_graph(
     details: dict[str, Any] = {"file": choice.graph.name, "precision": choice.precision}
     if rewrite is not None:
         graph_path, details["graph"] = rewrite(graph_path, text, label)
-    session, actual = open_session(graph_path, provider=provider, threads=request.options.get("threads"))
+    session, actual = open_session(graph_path, provider=provider, threads=option(request, "threads"))
     progress(
         ProgressEvent(stage="load", backend=BACKEND_ID, file=choice.graph.name, done=choice.size, total=choice.size)
     )

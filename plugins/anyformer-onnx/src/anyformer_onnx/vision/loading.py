@@ -20,6 +20,7 @@ from anyformer.plugin import (
 )
 from anyformer_onnx import BACKEND_ID
 from anyformer_onnx.graphs import GraphChoice
+from anyformer_onnx.load_options import option
 from anyformer_onnx.media.image_preprocessing import ImagePreprocessor
 from anyformer_onnx.media.processor_files import PREPROCESSOR_CONFIG
 from anyformer_onnx.session.ort_session import open_session
@@ -57,7 +58,7 @@ def open_vision_model(
     )
     config = read_config_json(paths["config.json"], f"config.json of {label}") if "config.json" in paths else {}
     progress(ProgressEvent(stage="load", backend=BACKEND_ID, file=choice.graph.name, total=choice.size))
-    session, actual = open_session(paths[choice.graph.name], provider=provider, threads=request.options.get("threads"))
+    session, actual = open_session(paths[choice.graph.name], provider=provider, threads=option(request, "threads"))
     progress(
         ProgressEvent(stage="load", backend=BACKEND_ID, file=choice.graph.name, done=choice.size, total=choice.size)
     )
