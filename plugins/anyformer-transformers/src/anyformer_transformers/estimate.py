@@ -115,3 +115,18 @@ def encoder_plans(config: Mapping[str, Any], weight_bytes: int, shape: Shape) ->
         ram = parameters * size + batch_tokens * per_token * size + RUNTIME_OVERHEAD
         result.append(Plan(dtype, ram, tokens))
     return result
+
+
+#: Host bytes one image or audio clip's forward pass takes besides the weights: a margin, not a count
+#: (activations of a ViT-base at 224 px, or a Whisper encoder over 30 s, stay well below it).
+MEDIA_ACTIVATIONS = 256 * 2**20
+
+
+def media_plans(config: Mapping[str, Any], weight_bytes: int) -> list[Plan]:
+    """The ways to hold a vision or speech model, preferred first: its weights, one input's activations."""
+    stored = stored_dtype(config)
+    parameters = weight_bytes // DTYPE_BYTES[stored]
+    return [
+        Plan(dtype, parameters * DTYPE_BYTES[dtype] + MEDIA_ACTIVATIONS + RUNTIME_OVERHEAD, 0)
+        for dtype in dict.fromkeys(("float32", stored))
+    ]

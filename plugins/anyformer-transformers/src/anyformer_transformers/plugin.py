@@ -36,17 +36,34 @@ from anyformer.plugin import (
     host_ram_available,
 )
 from anyformer_transformers import BACKEND_ID
-from anyformer_transformers.estimate import Plan, Shape, encoder_plans, plans
+from anyformer_transformers.estimate import Plan, Shape, encoder_plans, media_plans, plans
 from anyformer_transformers.installed import installed
 from anyformer_transformers.model_files import files_to_read, weight_files
-from anyformer_transformers.tasks import EMBEDDING_TASKS, TABLE_OF, TASKS, TEXT_GENERATION, task_of
+from anyformer_transformers.tasks import (
+    AUDIO_TASKS,
+    EMBEDDING_TASKS,
+    IMAGE_TASKS,
+    TABLE_OF,
+    TASKS,
+    TEXT_GENERATION,
+    TOKENIZER_TASKS,
+    task_of,
+)
 
 #: config.json keys that mean the checkpoint is quantised by a library this backend does not load.
 _QUANTIZED = "quantization_config"
 
 
-def _plans(model: Model, task: str, shape: Shape, weight_bytes: int, request: Request) -> list[Plan]:
-    """The ways to hold the model for ``task``: with a KV cache for chat, one batch of texts for an encoder."""
+#: The speech models (config.json ``model_type``) whose feature extractor and ``generate`` are driven.
+WHISPER_STYLE = ("whisper",)
+
+
+def _plans(model: Model, task: str, shape: Shape | None, weight_bytes: int, request: Request) -> list[Plan]:
+    """The ways to hold the model for ``task``: with a KV cache for chat, one batch of texts for an encoder,
+    one image or clip for a vision or speech model."""
+    if task in IMAGE_TASKS or task in AUDIO_TASKS:
+        return media_plans(model.config, weight_bytes)
+    assert shape is not None  # checked by the caller for the text tasks
     if task == TEXT_GENERATION:
         return plans(model.config, weight_bytes, shape, request.context)
     return encoder_plans(model.config, weight_bytes, shape)
@@ -69,8 +86,12 @@ def _model_problem(model: Model, config: Mapping[str, Any], task: str) -> str | 
             f"transformers {have.transformers} has no {task} class for model_type {model_type!r}; "
             "a newer transformers may have it (pip install -U transformers)"
         )
-    if model.file("tokenizer.json") is None:
+    if task in AUDIO_TASKS and model_type not in WHISPER_STYLE:
+        return f"speech recognition runs Whisper-style models ({', '.join(WHISPER_STYLE)}), not {model_type!r}"
+    if task in TOKENIZER_TASKS and model.file("tokenizer.json") is None:
         return "no tokenizer.json (this backend reads fast tokenizers only, never Python tokenizer code)"
+    if (task in IMAGE_TASKS or task in AUDIO_TASKS) and model.file("preprocessor_config.json") is None:
+        return "no preprocessor_config.json (how its images or audio are prepared)"
     return None
 
 
@@ -101,7 +122,7 @@ def can_run(model: Model, caps: Caps, request: Request) -> Verdict:
     if problem is not None:
         return Verdict.refuse(BACKEND_ID, Refusal.MODEL, problem)
     shape = Shape.of(config)
-    if shape is None:
+    if shape is None and task not in IMAGE_TASKS and task not in AUDIO_TASKS:
         return Verdict.refuse(BACKEND_ID, Refusal.MODEL, "config.json lacks the layer, head or hidden sizes")
     if any(f.size is None for f in weights):
         return Verdict.refuse(BACKEND_ID, Refusal.MODEL, "the listing gives no size for every safetensors file")
@@ -120,11 +141,12 @@ def can_run(model: Model, caps: Caps, request: Request) -> Verdict:
     plan = _choose(candidates, caps.ram_bytes)
     if plan is None:
         least = min(candidates, key=lambda p: p.ram_bytes)
-        held = (
-            f"{least.context} positions of KV cache"
-            if task == TEXT_GENERATION
-            else f"a batch of texts of {least.context} tokens"
-        )
+        if task == TEXT_GENERATION:
+            held = f"{least.context} positions of KV cache"
+        elif task in IMAGE_TASKS or task in AUDIO_TASKS:
+            held = "one input's activations"
+        else:
+            held = f"a batch of texts of {least.context} tokens"
         return Verdict.refuse(
             BACKEND_ID,
             Refusal.MEMORY,
@@ -132,13 +154,16 @@ def can_run(model: Model, caps: Caps, request: Request) -> Verdict:
             f"{format_size(caps.ram_bytes)} available",
             need=least.ram_bytes,
         )
-    details = {
+    details: dict[str, Any] = {
         "device": "cpu",
         "dtype": plan.dtype,
         "class": have.class_for(TABLE_OF[task], str(config["model_type"])),
-        "context" if task == TEXT_GENERATION else "max_tokens": plan.context,
         "transformers": have.transformers,
     }
+    if task == TEXT_GENERATION:
+        details["context"] = plan.context
+    elif task not in IMAGE_TASKS and task not in AUDIO_TASKS:
+        details["max_tokens"] = plan.context
     return Verdict.accept(
         BACKEND_ID,
         Estimate(
@@ -158,7 +183,8 @@ def load(backend: str, model: Model, request: Request, progress: ProgressCallbac
     if task not in TASKS:
         raise AnyformerError(ErrorCode.BAD_REQUEST, f"task {task}; the {BACKEND_ID} backend runs {', '.join(TASKS)}")
     shape = Shape.of(model.config)
-    if shape is None or not weight_files(model):
+    media = task in IMAGE_TASKS or task in AUDIO_TASKS
+    if (shape is None and not media) or not weight_files(model):
         raise AnyformerError(ErrorCode.BAD_MODEL, f"{model.ref}: no safetensors weights with a usable config.json")
     weight_bytes = sum(f.size or 0 for f in weight_files(model))
     candidates = _plans(model, task, shape, weight_bytes, request)
@@ -169,6 +195,10 @@ def load(backend: str, model: Model, request: Request, progress: ProgressCallbac
         from anyformer_transformers.loading import load_chat_model
 
         return load_chat_model(model, names, plan, progress)
+    if media:
+        from anyformer_transformers.media_loading import load_media_model
+
+        return load_media_model(model, task, names, plan, progress)
     from anyformer_transformers.encoder_loading import load_encoder_model
 
     return load_encoder_model(model, task, names, plan, progress)
