@@ -87,8 +87,11 @@ class ChatModel:
 
     def __init__(self, network: Any, text: TextSide, *, context: int, details: dict[str, Any]) -> None:
         self._network: Any = network
+        parameters = inspect.signature(network.forward).parameters
         # transformers 5.2x renamed the cache argument and output field (``past_key_values`` → ``cache``).
-        self._cache_name = "cache" if "cache" in inspect.signature(network.forward).parameters else "past_key_values"
+        self._cache_name = "cache" if "cache" in parameters else "past_key_values"
+        # Only the last position's logits are read: as ``generate``, the LM head runs on that row alone.
+        self._last_only = {"logits_to_keep": 1} if "logits_to_keep" in parameters else {}
         self.text = text
         self.context = context
         #: What was loaded: class, dtype, device (``anyformer run --verbose`` shows it).
@@ -122,25 +125,31 @@ class ChatModel:
 
         text = IncrementalDetokenizer(self.text.tokenizer)
         size = len(prompt)
-        seen = torch.tensor(prompt, dtype=torch.long)
+        # Every id so far, for the repetition penalty: one buffer written in place, never copied per token.
+        seen = torch.empty(size + limit, dtype=torch.long)
+        seen[:size] = torch.tensor(prompt, dtype=torch.long)
         count = 0
-        inputs = torch.tensor([prompt], dtype=torch.long)
+        device = network.device
+        inputs = torch.tensor([prompt], dtype=torch.long, device=device)
+        step = torch.empty((1, 1), dtype=torch.long, device=device)
         cache = None
         while not options.cancel.is_set():
             # Inference mode around each pass only: held across a yield it would leak into the caller's thread.
             with torch.inference_mode():
-                out = network(input_ids=inputs, use_cache=True, **{self._cache_name: cache})
+                out = network(input_ids=inputs, use_cache=True, **{self._cache_name: cache}, **self._last_only)
                 cache = getattr(out, self._cache_name)
-                token = sampler.choose(out.logits[0, -1], seen)
+                token = sampler.choose(out.logits[0, -1].cpu(), seen[: size + count])
+            del out  # the logits of this step are not held through the yield
             if token in self.text.eos_ids:
                 yield Chunk(delta=text.flush(), tokens=count, finish_reason="stop", prompt_tokens=size)
                 return
+            seen[size + count] = token
             count += 1
             if count >= limit:
                 piece = text.add(token) + text.flush()
                 yield Chunk(delta=piece, tokens=count, finish_reason="length", prompt_tokens=size)
                 return
             yield Chunk(delta=text.add(token), tokens=count, prompt_tokens=size)
-            seen = torch.cat([seen, torch.tensor([token], dtype=torch.long)])
-            inputs = torch.tensor([[token]], dtype=torch.long)
+            step[0, 0] = token
+            inputs = step
         yield Chunk(delta="", tokens=count, finish_reason="cancelled", prompt_tokens=size)

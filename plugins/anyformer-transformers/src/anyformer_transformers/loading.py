@@ -14,6 +14,7 @@ from anyformer.plugin import AnyformerError, ErrorCode, Model, ProgressCallback,
 from anyformer_transformers import BACKEND_ID
 from anyformer_transformers.chat_model import ChatModel, TextSide
 from anyformer_transformers.estimate import Plan
+from anyformer_transformers.placement import describe
 
 
 def folder_of(paths: dict[str, Path]) -> Path:
@@ -27,7 +28,8 @@ def folder_of(paths: dict[str, Path]) -> Path:
 
 
 def build_network(auto_class: Any, folder: Path, plan: Plan, model: Model) -> Any:
-    """``auto_class.from_pretrained`` on ``folder`` in ``plan.dtype``, from safetensors, no repo code; in eval mode."""
+    """``auto_class.from_pretrained`` on ``folder`` in ``plan.dtype``, where ``plan`` places it (the device,
+    or accelerate's split), from safetensors, no repo code; in eval mode."""
     import torch
 
     try:
@@ -37,6 +39,7 @@ def build_network(auto_class: Any, folder: Path, plan: Plan, model: Model) -> An
             local_files_only=True,
             trust_remote_code=False,
             use_safetensors=True,
+            **plan.load_options(),
         )
     except MemoryError as exc:
         raise AnyformerError(
@@ -50,7 +53,7 @@ def build_network(auto_class: Any, folder: Path, plan: Plan, model: Model) -> An
 
 
 def load_chat_model(model: Model, names: list[str], plan: Plan, progress: ProgressCallback) -> ChatModel:
-    """Fetch ``names`` and build the causal LM in ``plan.dtype`` on the CPU."""
+    """Fetch ``names`` and build the causal LM in ``plan.dtype`` where ``plan`` places it."""
     paths = fetch_files(model, names, progress, backend=BACKEND_ID)
     folder = folder_of(paths)
     progress(ProgressEvent(stage="load", backend=BACKEND_ID, file=str(folder.name), done=0, total=None))
@@ -68,6 +71,6 @@ def load_chat_model(model: Model, names: list[str], plan: Plan, progress: Progre
     except OSError:  # no generation_config.json: the model's config holds the defaults
         generation = network.generation_config
     text = TextSide.of(tokenizer, generation)
-    details = {"device": "cpu", "dtype": plan.dtype, "class": type(network).__name__, "context": plan.context}
+    details = {**describe(plan), "class": type(network).__name__, "context": plan.context}
     progress(ProgressEvent(stage="load", backend=BACKEND_ID, file=str(folder.name), done=1, total=1))
     return ChatModel(network, text, context=plan.context, details=details)

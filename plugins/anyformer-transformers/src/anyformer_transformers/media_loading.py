@@ -21,6 +21,7 @@ from anyformer.plugin import (
 from anyformer_transformers import BACKEND_ID
 from anyformer_transformers.estimate import Plan
 from anyformer_transformers.loading import build_network, folder_of
+from anyformer_transformers.placement import describe
 from anyformer_transformers.speech_model import SpeechModel
 from anyformer_transformers.tasks import (
     DEPTH_ESTIMATION,
@@ -69,7 +70,7 @@ def load_media_model(model: Model, task: str, names: list[str], plan: Plan, prog
     import transformers
 
     network = build_network(_auto_class(task, str(model.config.get("model_type"))), folder, plan, model)
-    details: dict[str, Any] = {"device": str(network.device), "dtype": plan.dtype, "class": type(network).__name__}
+    details: dict[str, Any] = {**describe(plan), "class": type(network).__name__}
     config = network.config.to_dict()
     handle: BackendModel
     if task == SPEECH_RECOGNITION:

@@ -36,9 +36,10 @@ from anyformer.plugin import (
     host_ram_available,
 )
 from anyformer_transformers import BACKEND_ID
-from anyformer_transformers.estimate import Plan, Shape, encoder_plans, media_plans, plans
+from anyformer_transformers.estimate import Plan, Shape, encoder_plans, media_plans, plans, stored_dtype
 from anyformer_transformers.installed import installed
 from anyformer_transformers.model_files import files_to_read, weight_files
+from anyformer_transformers.placement import caps_gpu, describe, place, torch_gpu
 from anyformer_transformers.tasks import (
     AUDIO_TASKS,
     EMBEDDING_TASKS,
@@ -58,15 +59,17 @@ _QUANTIZED = "quantization_config"
 WHISPER_STYLE = ("whisper",)
 
 
-def _plans(model: Model, task: str, shape: Shape | None, weight_bytes: int, request: Request) -> list[Plan]:
-    """The ways to hold the model for ``task``: with a KV cache for chat, one batch of texts for an encoder,
-    one image or clip for a vision or speech model."""
+def _plans(
+    model: Model, task: str, shape: Shape | None, weight_bytes: int, request: Request, dtypes: tuple[str, ...] | None
+) -> list[Plan]:
+    """The ways to hold the model for ``task`` in host memory, in ``dtypes`` (None: the CPU's): with a KV
+    cache for chat, one batch of texts for an encoder, one image or clip for a vision or speech model."""
     if task in IMAGE_TASKS or task in AUDIO_TASKS:
-        return media_plans(model.config, weight_bytes)
+        return media_plans(model.config, weight_bytes, dtypes)
     assert shape is not None  # checked by the caller for the text tasks
     if task == TEXT_GENERATION:
-        return plans(model.config, weight_bytes, shape, request.context)
-    return encoder_plans(model.config, weight_bytes, shape)
+        return plans(model.config, weight_bytes, shape, request.context, dtypes)
+    return encoder_plans(model.config, weight_bytes, shape, dtypes)
 
 
 def _model_problem(model: Model, config: Mapping[str, Any], task: str) -> str | None:
@@ -93,10 +96,6 @@ def _model_problem(model: Model, config: Mapping[str, Any], task: str) -> str | 
     if (task in IMAGE_TASKS or task in AUDIO_TASKS) and model.file("preprocessor_config.json") is None:
         return "no preprocessor_config.json (how its images or audio are prepared)"
     return None
-
-
-def _choose(candidates: list[Plan], ram: int) -> Plan | None:
-    return next((plan for plan in candidates if plan.ram_bytes <= ram), None)
 
 
 @hookimpl
@@ -137,10 +136,30 @@ def can_run(model: Model, caps: Caps, request: Request) -> Verdict:
             Refusal.STORE,
             f"{format_size(download)} must be downloaded and the store's disk has {format_size(caps.disk_free_bytes)}",
         )
-    candidates = _plans(model, task, shape, weight_bytes, request)
-    plan = _choose(candidates, caps.ram_bytes)
+    gpu, why = caps_gpu(caps, have, request.budget)
+    plan, candidates = place(
+        lambda dtypes: _plans(model, task, shape, weight_bytes, request, dtypes),
+        stored_dtype(config),
+        gpu,
+        caps.ram_bytes,
+    )
+    if plan is None and gpu is not None and gpu.budget is not None:
+        whole = candidates[0]
+        return Verdict.refuse(
+            BACKEND_ID,
+            Refusal.BUDGET,
+            f"needs {format_size(whole.gpu_bytes)} on the GPU ({whole.dtype}), {format_size(gpu.budget)} is offered; "
+            + (
+                "the host memory cannot hold the weights a split would leave there either"
+                if gpu.can_split
+                else "a split with host memory needs accelerate (pip install accelerate)"
+                if gpu.device == "cuda"
+                else "the CPU's host memory cannot hold it either"
+            ),
+            need=whole.gpu_bytes,
+        )
     if plan is None:
-        least = min(candidates, key=lambda p: p.ram_bytes)
+        least = min((p for p in candidates if p.device == "cpu"), key=lambda p: p.ram_bytes)
         if task == TEXT_GENERATION:
             held = f"{least.context} positions of KV cache"
         elif task in IMAGE_TASKS or task in AUDIO_TASKS:
@@ -155,11 +174,16 @@ def can_run(model: Model, caps: Caps, request: Request) -> Verdict:
             need=least.ram_bytes,
         )
     details: dict[str, Any] = {
-        "device": "cpu",
-        "dtype": plan.dtype,
+        **describe(plan),
         "class": have.class_for(TABLE_OF[task], str(config["model_type"])),
         "transformers": have.transformers,
     }
+    if why:
+        details["gpu"] = why
+    elif gpu is not None and plan.device == "cpu":
+        details["gpu"] = (
+            f"{format_size(candidates[0].gpu_bytes)} on the GPU is more than the {format_size(gpu.budget or 0)} offered"
+        )
     if task == TEXT_GENERATION:
         details["context"] = plan.context
     elif task not in IMAGE_TASKS and task not in AUDIO_TASKS:
@@ -167,6 +191,7 @@ def can_run(model: Model, caps: Caps, request: Request) -> Verdict:
     return Verdict.accept(
         BACKEND_ID,
         Estimate(
+            gpu_bytes=plan.gpu_bytes,
             ram_bytes=plan.ram_bytes,
             disk_bytes=weight_bytes,
             rank=Rank.FALLBACK,
@@ -187,9 +212,16 @@ def load(backend: str, model: Model, request: Request, progress: ProgressCallbac
     if (shape is None and not media) or not weight_files(model):
         raise AnyformerError(ErrorCode.BAD_MODEL, f"{model.ref}: no safetensors weights with a usable config.json")
     weight_bytes = sum(f.size or 0 for f in weight_files(model))
-    candidates = _plans(model, task, shape, weight_bytes, request)
-    # As can_run chose, on the memory free now; when none fits, the smallest is tried (OUT_OF_MEMORY if not).
-    plan = _choose(candidates, host_ram_available()) or min(candidates, key=lambda p: p.ram_bytes)
+    # As can_run chose, on the GPU torch sees and the memory free now; when nothing fits, the smallest
+    # host plan is tried (OUT_OF_MEMORY if not).
+    plan, candidates = place(
+        lambda dtypes: _plans(model, task, shape, weight_bytes, request, dtypes),
+        stored_dtype(model.config),
+        torch_gpu(request.budget),
+        host_ram_available(),
+    )
+    if plan is None:
+        plan = min((p for p in candidates if p.device == "cpu"), key=lambda p: p.ram_bytes)
     names = files_to_read(model, embeddings=task in EMBEDDING_TASKS)
     if task == TEXT_GENERATION:
         from anyformer_transformers.loading import load_chat_model
