@@ -90,7 +90,7 @@ def gpu_dtype(device: str, stored: str) -> str:
 
 
 def _on_gpu(plan: Plan, gpu: Gpu, ram: int) -> Plan | None:
-    """``plan`` (a host plan in the GPU's dtype) wholly on the device, or split with accelerate; None if neither fits."""
+    """``plan`` (a host plan in the GPU dtype) on the device whole, or split by accelerate; None if neither fits."""
     total = plan.ram_bytes - RUNTIME_OVERHEAD + GPU_CONTEXT
     if gpu.budget is None or total <= gpu.budget:
         return dataclasses.replace(plan, device=gpu.device, gpu_bytes=total, ram_bytes=RUNTIME_OVERHEAD)
