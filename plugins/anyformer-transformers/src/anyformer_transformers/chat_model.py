@@ -19,6 +19,7 @@ from anyformer.plugin import (
     GenerateOptions,
     IncrementalDetokenizer,
     Message,
+    TokenLogprob,
     has_audio,
     has_images,
     render_chat,
@@ -84,6 +85,8 @@ class ChatModel:
     #: The core's sampling options it applies (its ``repetition_penalty`` is transformers' own rule over every
     #: token so far, not llama.cpp's ``repeat_penalty`` over the reply's last 64: it stays a backend setting).
     honours = frozenset({"top_p", "top_k"})
+    #: It continues raw prompts (``generate(prompt=...)``, ``/v1/completions``), with ``logprobs`` there.
+    raw_text = True
 
     def __init__(self, network: Any, text: TextSide, *, context: int, details: dict[str, Any]) -> None:
         self._network: Any = network
@@ -108,7 +111,17 @@ class ChatModel:
             raise AnyformerError(ErrorCode.BAD_REQUEST, "the model was disposed; load it again")
         if has_images(messages) or has_audio(messages):
             raise AnyformerError(ErrorCode.BAD_REQUEST, f"the {BACKEND_ID} backend reads text only: no image or audio")
-        prompt = self.text.prompt_ids(messages, options.thinking)
+        if options.prompt is not None:
+            if options.suffix is not None:
+                raise AnyformerError(
+                    ErrorCode.BAD_REQUEST, f"the {BACKEND_ID} backend does not fill in the middle (suffix)"
+                )
+            # A raw prompt as transformers' own text generation tokenizes it: the tokenizer's special tokens (BOS).
+            prompt = list(self.text.tokenizer(options.prompt)["input_ids"])
+        else:
+            prompt = self.text.prompt_ids(messages, options.thinking)
+        if not prompt:
+            raise AnyformerError(ErrorCode.BAD_REQUEST, "the prompt is empty once tokenized")
         if len(prompt) >= self.context:
             raise AnyformerError(
                 ErrorCode.BAD_REQUEST,
@@ -117,6 +130,19 @@ class ChatModel:
         sampler = Sampler.for_options(options, self.text.defaults)
         limit = min(options.max_new_tokens, self.context - len(prompt))
         return self._chunks(network, prompt, sampler, limit, options)
+
+    def _scored(self, logits: Any, token: int, alternatives: int) -> tuple[TokenLogprob, ...]:
+        """The chosen token's log-probability under the raw logits, and the ``alternatives`` likeliest."""
+        import torch
+
+        values = torch.log_softmax(logits.float(), dim=-1)
+        top = torch.topk(values, min(alternatives, values.shape[0]))
+        decode = self.text.tokenizer.decode
+        pairs = [(int(i), float(v)) for v, i in zip(top.values.tolist(), top.indices.tolist(), strict=True)]
+        if token not in {i for i, _ in pairs}:
+            pairs.append((token, float(values[token])))
+        shown = tuple((str(decode([i])), v) for i, v in pairs)
+        return (TokenLogprob(str(decode([token])), float(values[token]), shown),)
 
     def _chunks(
         self, network: Any, prompt: list[int], sampler: Sampler, limit: int, options: GenerateOptions
@@ -138,8 +164,10 @@ class ChatModel:
             with torch.inference_mode():
                 out = network(input_ids=inputs, use_cache=True, **{self._cache_name: cache}, **self._last_only)
                 cache = getattr(out, self._cache_name)
-                token = sampler.choose(out.logits[0, -1].cpu(), seen[: size + count])
-            del out  # the logits of this step are not held through the yield
+                logits = out.logits[0, -1].cpu()
+                token = sampler.choose(logits, seen[: size + count])
+                scored = self._scored(logits, token, options.logprobs) if options.logprobs is not None else ()
+            del out, logits  # the logits of this step are not held through the yield
             if token in self.text.eos_ids:
                 yield Chunk(delta=text.flush(), tokens=count, finish_reason="stop", prompt_tokens=size)
                 return
@@ -147,9 +175,9 @@ class ChatModel:
             count += 1
             if count >= limit:
                 piece = text.add(token) + text.flush()
-                yield Chunk(delta=piece, tokens=count, finish_reason="length", prompt_tokens=size)
+                yield Chunk(delta=piece, tokens=count, finish_reason="length", prompt_tokens=size, logprobs=scored)
                 return
-            yield Chunk(delta=text.add(token), tokens=count, prompt_tokens=size)
+            yield Chunk(delta=text.add(token), tokens=count, prompt_tokens=size, logprobs=scored)
             step[0, 0] = token
             inputs = step
         yield Chunk(delta="", tokens=count, finish_reason="cancelled", prompt_tokens=size)
