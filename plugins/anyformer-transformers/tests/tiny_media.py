@@ -1,9 +1,10 @@
 """Tiny random vision and speech models saved as a Hub repo holds them, built from transformers' configs.
 
 A ViT image classifier, a YOLOS detector, a SegFormer semantic segmenter, a DPT depth estimator
-(each with its image processor's ``preprocessor_config.json``) and a two-layer Whisper over a byte
-vocabulary with Whisper's special tokens and three languages. Each builder seeds torch and takes
-well under a second; nothing is downloaded.
+(each with its image processor's ``preprocessor_config.json``), a two-layer Whisper over a byte
+vocabulary with Whisper's special tokens and three languages, and a LLaVA (CLIP vision tower, a
+two-layer llama over the tests' character vocabulary, its processor and an image chat template).
+Each builder seeds torch and takes well under a second; nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -228,6 +229,75 @@ def build_whisper(folder: Path) -> Path:
     return _save(network, WhisperFeatureExtractor(feature_size=80), folder)
 
 
+#: The LLaVA's chat template: ChatML, an ``<image>`` placeholder where each image block sits.
+IMAGE_CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% if m['content'] is string %}{{ m['content'] }}"
+    "{% else %}{% for b in m['content'] %}{% if b['type'] == 'image' %}<image>{% else %}{{ b['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def build_llava(folder: Path) -> Path:
+    """A LLaVA: a 2-layer CLIP vision tower on 32x32 pixels (16 image tokens), a 2-layer llama, its processor."""
+    import torch
+    from tiny_models import EOS_ID, write_char_tokenizer
+    from tokenizers import AddedToken, Tokenizer
+    from transformers import (
+        AutoTokenizer,
+        CLIPImageProcessor,
+        CLIPVisionConfig,
+        LlamaConfig,
+        LlavaConfig,
+        LlavaForConditionalGeneration,
+        LlavaProcessor,
+    )
+
+    size = write_char_tokenizer(folder)
+    tokenizer_file = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tokenizer_file.add_special_tokens([AddedToken("<image>", special=True, normalized=False)])
+    tokenizer_file.save(str(folder / "tokenizer.json"))
+    settings = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({**settings, "chat_template": IMAGE_CHATML}))
+    torch.manual_seed(6)
+    vision = CLIPVisionConfig(
+        image_size=32, patch_size=8, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2
+    )
+    text = LlamaConfig(
+        vocab_size=size + 1,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        eos_token_id=EOS_ID,
+        pad_token_id=EOS_ID,
+    )
+    config = LlavaConfig(
+        vision_config=vision,
+        text_config=text,
+        image_token_index=size,
+        vision_feature_layer=-1,
+        vision_feature_select_strategy="default",
+    )
+    network = LlavaForConditionalGeneration(config)
+    with torch.no_grad():  # image embeddings loud enough that the picture changes the reply
+        for parameter in network.model.multi_modal_projector.parameters():
+            parameter.mul_(40.0)
+    processor = LlavaProcessor(
+        image_processor=CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}),
+        tokenizer=AutoTokenizer.from_pretrained(str(folder)),
+        patch_size=8,
+        vision_feature_select_strategy="default",
+        num_additional_image_tokens=1,
+        chat_template=IMAGE_CHATML,
+        image_token="<image>",
+    )
+    _save(network, processor, folder)
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": EOS_ID, "pad_token_id": EOS_ID}))
+    return folder
+
+
 def tone(seconds: float, base: float, seed: int = 0) -> Any:
     """Seeded 16 kHz mono samples: a gliding tone with a harmonic and a little noise."""
     import numpy as np
@@ -254,4 +324,5 @@ MEDIA_BUILDERS: dict[str, Callable[[Path], Path]] = {
     "image-segmentation": build_segformer,
     "depth-estimation": build_dpt,
     "automatic-speech-recognition": build_whisper,
+    "image-text-to-text": build_llava,
 }

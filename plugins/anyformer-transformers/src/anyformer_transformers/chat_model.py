@@ -109,9 +109,10 @@ class ChatModel:
         network = self._network
         if network is None:
             raise AnyformerError(ErrorCode.BAD_REQUEST, "the model was disposed; load it again")
-        if has_images(messages) or has_audio(messages):
-            raise AnyformerError(ErrorCode.BAD_REQUEST, f"the {BACKEND_ID} backend reads text only: no image or audio")
-        if options.prompt is not None:
+        first: dict[str, Any] = {}
+        if options.prompt is None and (has_images(messages) or has_audio(messages)):
+            prompt, first = self.media_prompt(messages, options, network)
+        elif options.prompt is not None:
             if options.suffix is not None:
                 raise AnyformerError(
                     ErrorCode.BAD_REQUEST, f"the {BACKEND_ID} backend does not fill in the middle (suffix)"
@@ -129,7 +130,16 @@ class ChatModel:
             )
         sampler = Sampler.for_options(options, self.text.defaults)
         limit = min(options.max_new_tokens, self.context - len(prompt))
-        return self._chunks(network, prompt, sampler, limit, options)
+        return self._chunks(network, prompt, sampler, limit, options, first)
+
+    def media_prompt(
+        self, messages: list[Message], options: GenerateOptions, network: Any
+    ) -> tuple[list[int], dict[str, Any]]:
+        """The prompt's ids and the first pass's other inputs (pixels…) for a chat with media blocks;
+        a text-only model refuses them (``image_chat_model.py`` reads images)."""
+        raise AnyformerError(
+            ErrorCode.BAD_REQUEST, f"this model reads text only on the {BACKEND_ID} backend: no image or audio"
+        )
 
     def _scored(self, logits: Any, token: int, alternatives: int) -> tuple[TokenLogprob, ...]:
         """The chosen token's log-probability under the raw logits, and the ``alternatives`` likeliest."""
@@ -145,7 +155,13 @@ class ChatModel:
         return (TokenLogprob(str(decode([token])), float(values[token]), shown),)
 
     def _chunks(
-        self, network: Any, prompt: list[int], sampler: Sampler, limit: int, options: GenerateOptions
+        self,
+        network: Any,
+        prompt: list[int],
+        sampler: Sampler,
+        limit: int,
+        options: GenerateOptions,
+        first: dict[str, Any],
     ) -> Iterator[Chunk]:
         import torch
 
@@ -162,7 +178,8 @@ class ChatModel:
         while not options.cancel.is_set():
             # Inference mode around each pass only: held across a yield it would leak into the caller's thread.
             with torch.inference_mode():
-                out = network(input_ids=inputs, use_cache=True, **{self._cache_name: cache}, **self._last_only)
+                extra = first if cache is None else {}  # the media go in with the prompt's pass only
+                out = network(input_ids=inputs, use_cache=True, **{self._cache_name: cache}, **self._last_only, **extra)
                 cache = getattr(out, self._cache_name)
                 logits = out.logits[0, -1].cpu()
                 token = sampler.choose(logits, seen[: size + count])

@@ -24,6 +24,7 @@ TABLES = {
     "object-detection": "MODEL_FOR_OBJECT_DETECTION_MAPPING_NAMES",
     "depth-estimation": "MODEL_FOR_DEPTH_ESTIMATION_MAPPING_NAMES",
     "automatic-speech-recognition": "MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES",
+    "image-text-to-text": "MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES",
 }
 #: Tables whose union answers one task (a segmenter is a semantic, universal or instance head).
 MERGED_TABLES = {

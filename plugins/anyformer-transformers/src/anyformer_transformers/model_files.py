@@ -14,6 +14,8 @@ SIDE_FILES = (
     "special_tokens_map.json",
     "chat_template.jinja",
     "preprocessor_config.json",
+    "processor_config.json",
+    "chat_template.json",
     "model.safetensors.index.json",
 )
 #: sentence-transformers' settings, read for the embedding tasks: its modules, the pooling and the longest text read.

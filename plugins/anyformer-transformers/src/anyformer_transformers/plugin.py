@@ -42,17 +42,24 @@ from anyformer_transformers.model_files import files_to_read, weight_files
 from anyformer_transformers.placement import caps_gpu, describe, place, torch_gpu
 from anyformer_transformers.tasks import (
     AUDIO_TASKS,
+    CHAT_TASKS,
     EMBEDDING_TASKS,
     IMAGE_TASKS,
+    IMAGE_TEXT_TO_TEXT,
     TABLE_OF,
     TASKS,
-    TEXT_GENERATION,
     TOKENIZER_TASKS,
     task_of,
 )
 
 #: config.json keys that mean the checkpoint is quantised by a library this backend does not load.
 _QUANTIZED = "quantization_config"
+
+
+def text_shape(config: Mapping[str, Any]) -> Shape | None:
+    """The language model's shape: config.json's own, or its ``text_config``'s (a vision-language model)."""
+    inner = config.get("text_config")
+    return Shape.of(inner) if isinstance(inner, Mapping) and Shape.of(config) is None else Shape.of(config)
 
 
 #: The speech models (config.json ``model_type``) whose feature extractor and ``generate`` are driven.
@@ -67,7 +74,7 @@ def _plans(
     if task in IMAGE_TASKS or task in AUDIO_TASKS:
         return media_plans(model.config, weight_bytes, dtypes)
     assert shape is not None  # checked by the caller for the text tasks
-    if task == TEXT_GENERATION:
+    if task in CHAT_TASKS:
         return plans(model.config, weight_bytes, shape, request.context, dtypes)
     return encoder_plans(model.config, weight_bytes, shape, dtypes)
 
@@ -95,6 +102,10 @@ def _model_problem(model: Model, config: Mapping[str, Any], task: str) -> str | 
         return "no tokenizer.json (this backend reads fast tokenizers only, never Python tokenizer code)"
     if (task in IMAGE_TASKS or task in AUDIO_TASKS) and model.file("preprocessor_config.json") is None:
         return "no preprocessor_config.json (how its images or audio are prepared)"
+    if task == IMAGE_TEXT_TO_TEXT and not any(
+        model.file(n) for n in ("processor_config.json", "preprocessor_config.json")
+    ):
+        return "no processor_config.json or preprocessor_config.json (how its images are prepared)"
     return None
 
 
@@ -120,7 +131,7 @@ def can_run(model: Model, caps: Caps, request: Request) -> Verdict:
     problem = _model_problem(model, config, task)
     if problem is not None:
         return Verdict.refuse(BACKEND_ID, Refusal.MODEL, problem)
-    shape = Shape.of(config)
+    shape = text_shape(config)
     if shape is None and task not in IMAGE_TASKS and task not in AUDIO_TASKS:
         return Verdict.refuse(BACKEND_ID, Refusal.MODEL, "config.json lacks the layer, head or hidden sizes")
     if any(f.size is None for f in weights):
@@ -160,7 +171,7 @@ def can_run(model: Model, caps: Caps, request: Request) -> Verdict:
         )
     if plan is None:
         least = min((p for p in candidates if p.device == "cpu"), key=lambda p: p.ram_bytes)
-        if task == TEXT_GENERATION:
+        if task in CHAT_TASKS:
             held = f"{least.context} positions of KV cache"
         elif task in IMAGE_TASKS or task in AUDIO_TASKS:
             held = "one input's activations"
@@ -184,7 +195,7 @@ def can_run(model: Model, caps: Caps, request: Request) -> Verdict:
         details["gpu"] = (
             f"{format_size(candidates[0].gpu_bytes)} on the GPU is more than the {format_size(gpu.budget or 0)} offered"
         )
-    if task == TEXT_GENERATION:
+    if task in CHAT_TASKS:
         details["context"] = plan.context
     elif task not in IMAGE_TASKS and task not in AUDIO_TASKS:
         details["max_tokens"] = plan.context
@@ -197,6 +208,7 @@ def can_run(model: Model, caps: Caps, request: Request) -> Verdict:
             rank=Rank.FALLBACK,
             details=details,
             files=tuple(names),
+            inputs=("image",) if task == IMAGE_TEXT_TO_TEXT else (),
         ),
     )
 
@@ -207,7 +219,7 @@ def load(backend: str, model: Model, request: Request, progress: ProgressCallbac
     task = task_of(model, request)
     if task not in TASKS:
         raise AnyformerError(ErrorCode.BAD_REQUEST, f"task {task}; the {BACKEND_ID} backend runs {', '.join(TASKS)}")
-    shape = Shape.of(model.config)
+    shape = text_shape(model.config)
     media = task in IMAGE_TASKS or task in AUDIO_TASKS
     if (shape is None and not media) or not weight_files(model):
         raise AnyformerError(ErrorCode.BAD_MODEL, f"{model.ref}: no safetensors weights with a usable config.json")
@@ -223,10 +235,10 @@ def load(backend: str, model: Model, request: Request, progress: ProgressCallbac
     if plan is None:
         plan = min((p for p in candidates if p.device == "cpu"), key=lambda p: p.ram_bytes)
     names = files_to_read(model, embeddings=task in EMBEDDING_TASKS)
-    if task == TEXT_GENERATION:
+    if task in CHAT_TASKS:
         from anyformer_transformers.loading import load_chat_model
 
-        return load_chat_model(model, names, plan, progress)
+        return load_chat_model(model, task, names, plan, progress)
     if media:
         from anyformer_transformers.media_loading import load_media_model
 

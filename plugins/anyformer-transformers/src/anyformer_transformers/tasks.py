@@ -18,19 +18,22 @@ OBJECT_DETECTION = "object-detection"
 IMAGE_SEGMENTATION = "image-segmentation"
 DEPTH_ESTIMATION = "depth-estimation"
 SPEECH_RECOGNITION = "automatic-speech-recognition"
+IMAGE_TEXT_TO_TEXT = "image-text-to-text"
 
 #: Tasks whose handle pools an encoder's hidden states into embeddings.
 EMBEDDING_TASKS = (FEATURE_EXTRACTION, SENTENCE_SIMILARITY)
 #: Tasks whose handle reads a classification head's logits.
 CLASSIFICATION_TASKS = (TEXT_CLASSIFICATION, TOKEN_CLASSIFICATION)
+#: Tasks that chat through ``generate``: a causal LM, or a vision-language model with its processor.
+CHAT_TASKS = (TEXT_GENERATION, IMAGE_TEXT_TO_TEXT)
 #: Tasks whose handle reads images through the model's image processor (``preprocessor_config.json``).
 IMAGE_TASKS = (IMAGE_CLASSIFICATION, OBJECT_DETECTION, IMAGE_SEGMENTATION, DEPTH_ESTIMATION)
 #: Tasks whose handle reads audio through the model's feature extractor: Whisper-style encoder-decoders.
 AUDIO_TASKS = (SPEECH_RECOGNITION,)
 #: Tasks that read a tokenizer.json (a vision model has none; a speech model decodes its tokens with one).
-TOKENIZER_TASKS = (TEXT_GENERATION, *EMBEDDING_TASKS, *CLASSIFICATION_TASKS, *AUDIO_TASKS)
+TOKENIZER_TASKS = (*CHAT_TASKS, *EMBEDDING_TASKS, *CLASSIFICATION_TASKS, *AUDIO_TASKS)
 #: Every task this version runs.
-TASKS = (TEXT_GENERATION, *EMBEDDING_TASKS, *CLASSIFICATION_TASKS, *IMAGE_TASKS, *AUDIO_TASKS)
+TASKS = (*CHAT_TASKS, *EMBEDDING_TASKS, *CLASSIFICATION_TASKS, *IMAGE_TASKS, *AUDIO_TASKS)
 
 #: The auto-model table (``installed.TABLES``' key) that builds each task's network.
 TABLE_OF = {
@@ -44,6 +47,7 @@ TABLE_OF = {
     IMAGE_SEGMENTATION: IMAGE_SEGMENTATION,
     DEPTH_ESTIMATION: DEPTH_ESTIMATION,
     SPEECH_RECOGNITION: SPEECH_RECOGNITION,
+    IMAGE_TEXT_TO_TEXT: IMAGE_TEXT_TO_TEXT,
 }
 
 # config.json ``architectures`` suffixes and the task they mean, the most specific first.
@@ -60,6 +64,7 @@ _ARCHITECTURE_TASKS = (
     ("ForDepthEstimation", DEPTH_ESTIMATION),
     ("WhisperForConditionalGeneration", SPEECH_RECOGNITION),
     ("ForSpeechSeq2Seq", SPEECH_RECOGNITION),
+    ("ForConditionalGeneration", IMAGE_TEXT_TO_TEXT),  # LLaVA, Qwen2-VL, Gemma 3, Idefics…
     ("Model", FEATURE_EXTRACTION),
 )
 
