@@ -103,3 +103,11 @@ def test_can_run_chooses_image_text_to_text_and_says_it_reads_images(tiny_media_
     assert estimate is not None and estimate.inputs == ("image",)
     assert estimate.details["class"] == "LlavaForConditionalGeneration" and estimate.details["context"] == 512
     assert "processor_config.json" in estimate.files
+
+
+def test_an_isolated_image_chat_replies_the_same(llava: tuple[Path, anyformer.Loaded]) -> None:
+    """An image block's array crosses the isolated worker's pipe: the same greedy reply."""
+    folder, model = llava
+    pixels = [picture(50, 40, seed=0)]
+    with anyformer.load(folder, backend="transformers", isolate=True) as isolated:
+        assert _reply(isolated, pixels, "What is this?") == _reply(model, pixels, "What is this?")

@@ -224,3 +224,13 @@ def test_can_run_reads_the_task_from_the_architecture_and_wants_the_preprocessor
     bare = dataclasses.replace(model, files=tuple(f for f in model.files if f.name != "preprocessor_config.json"))
     refused = can_run(bare, caps, anyformer.Request())
     assert refused.code is anyformer.Refusal.MODEL and "preprocessor_config.json" in refused.reason
+
+
+def test_an_isolated_worker_returns_the_same_arrays(tiny_media_dir: dict[str, Path]) -> None:
+    """Depth maps are numpy arrays: they cross the isolated worker's pipe unchanged."""
+    folder = tiny_media_dir["depth-estimation"]
+    with anyformer.load(folder, backend="transformers", isolate=False) as model:
+        here = model.run(IMAGES[1])
+    with anyformer.load(folder, backend="transformers", isolate=True) as model:
+        there = model.run(IMAGES[1])
+    _same(there, here)
