@@ -148,7 +148,7 @@ def main() -> None:
     args = parser.parse_args()
 
     import anyformer
-    from anyformer.contract._caps import usable_cpu_count
+    from anyformer.machine._probe import usable_cpu_count
 
     model = str(anyformer.default_model_path())
     threads = str(args.threads or usable_cpu_count())

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 import anyformer
-from anyformer.contract import _adapter_cache, _caps
+from anyformer.machine import _adapter_cache, _probe
 
 FACTS = {"name": "Test GPU", "adapter_type": "DiscreteGPU", "backend": "Vulkan", "features": ["shader-f16"]}
 
@@ -28,24 +28,24 @@ def asks(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[int]:
         calls.append(1)
         return dict(FACTS), True
 
-    monkeypatch.setattr(_caps, "_ask_wgpu", ask)
-    monkeypatch.setattr(_caps.importlib.util, "find_spec", lambda name: object())
+    monkeypatch.setattr(_probe, "_ask_wgpu", ask)
+    monkeypatch.setattr(_probe.importlib.util, "find_spec", lambda name: object())
     yield calls
     anyformer.probe(refresh=True, gpu=False)
 
 
 def test_the_second_probe_answers_from_the_cache(asks: list[int]) -> None:
-    assert _caps._probe_wgpu() == FACTS
-    assert _caps._probe_wgpu() == FACTS
+    assert _probe._probe_wgpu() == FACTS
+    assert _probe._probe_wgpu() == FACTS
     assert len(asks) == 1
 
 
 def test_a_changed_fingerprint_asks_again(asks: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
-    _caps._probe_wgpu()
+    _probe._probe_wgpu()
     monkeypatch.setenv("VK_DRIVER_FILES", "/elsewhere/icd.json")  # another driver picked
-    _caps._probe_wgpu()
+    _probe._probe_wgpu()
     monkeypatch.setattr(_adapter_cache, "_boot_id", lambda: "another boot")
-    _caps._probe_wgpu()
+    _probe._probe_wgpu()
     assert len(asks) == 3
 
 
@@ -62,23 +62,23 @@ def test_a_corrupt_or_foreign_cache_file_is_ignored_and_replaced(asks: list[int]
     path.parent.mkdir(parents=True)
     for content in ("{not json", json.dumps(["a list"]), json.dumps({"fingerprint": "x", "facts": FACTS})):
         path.write_text(content)
-        assert _caps._probe_wgpu() == FACTS
+        assert _probe._probe_wgpu() == FACTS
     assert len(asks) == 3
     assert json.loads(path.read_text())["fingerprint"] == _adapter_cache.fingerprint()
 
 
 def test_a_failed_probe_is_not_cached(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("ANYFORMER_HOME", str(tmp_path / "home"))
-    monkeypatch.setattr(_caps, "_ask_wgpu", lambda timeout: ({"error": "the GPU probe exited with -6"}, False))
-    monkeypatch.setattr(_caps.importlib.util, "find_spec", lambda name: object())
-    assert _caps._probe_wgpu()["error"].endswith("-6")
+    monkeypatch.setattr(_probe, "_ask_wgpu", lambda timeout: ({"error": "the GPU probe exited with -6"}, False))
+    monkeypatch.setattr(_probe.importlib.util, "find_spec", lambda name: object())
+    assert _probe._probe_wgpu()["error"].endswith("-6")
     assert not (tmp_path / "home" / "probe" / "adapter.json").exists()
 
 
 def test_the_cache_can_be_turned_off(asks: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ANYFORMER_PROBE_CACHE", "0")
-    _caps._probe_wgpu()
-    _caps._probe_wgpu()
+    _probe._probe_wgpu()
+    _probe._probe_wgpu()
     assert len(asks) == 2
     assert not (Path(os.environ["ANYFORMER_HOME"]) / "probe").exists()
 
@@ -87,8 +87,8 @@ def test_an_unwritable_store_still_probes(asks: list[int], monkeypatch: pytest.M
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")
     monkeypatch.setenv("ANYFORMER_HOME", str(blocker / "home"))
-    assert _caps._probe_wgpu() == FACTS
-    assert _caps._probe_wgpu() == FACTS
+    assert _probe._probe_wgpu() == FACTS
+    assert _probe._probe_wgpu() == FACTS
     assert len(asks) == 2
 
 
@@ -98,11 +98,11 @@ def test_a_real_second_process_reads_the_real_adapter_from_the_cache(tmp_path: P
     env.pop("ANYFORMER_PROBE_CACHE", None)
     script = (
         "import json, anyformer\n"
-        "from anyformer.contract import _caps\n"
+        "from anyformer.machine import _probe\n"
         "asked = []\n"
-        "real = _caps._ask_wgpu\n"
-        "_caps._ask_wgpu = lambda t: (asked.append(1), real(t))[1]\n"
-        "facts = _caps._probe_wgpu()\n"
+        "real = _probe._ask_wgpu\n"
+        "_probe._ask_wgpu = lambda t: (asked.append(1), real(t))[1]\n"
+        "facts = _probe._probe_wgpu()\n"
         "print(json.dumps({'asked': len(asked), 'facts': facts}))\n"
     )
     first, second = (

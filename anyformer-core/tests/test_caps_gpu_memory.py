@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 
 import anyformer
-from anyformer.contract import _caps, _gpu_memory
-from anyformer.contract._gpu_memory import GpuMemory
+from anyformer.machine import _gpu_memory, _probe
+from anyformer.machine._gpu_memory import GpuMemory
 
 GIB = 2**30
 
@@ -126,7 +126,7 @@ def test_the_first_source_that_answers_wins_and_one_that_fails_is_passed_over() 
 def test_caps_names_the_source_and_total_where_nvidia_smi_is_absent(monkeypatch: pytest.MonkeyPatch) -> None:
     vulkan = GpuMemory(10 * GIB, 12 * GIB, "vulkan", "AMD Radeon RX 7900")
     monkeypatch.setattr(
-        _caps, "_probe_wgpu", lambda **kw: {"name": "AMD Radeon RX 7900", "adapter_type": "DiscreteGPU"}
+        _probe, "_probe_wgpu", lambda **kw: {"name": "AMD Radeon RX 7900", "adapter_type": "DiscreteGPU"}
     )
     monkeypatch.setattr(_gpu_memory, "SOURCES", (lambda: None, lambda: vulkan))
     caps = anyformer.probe(refresh=True)
@@ -138,7 +138,7 @@ def test_caps_names_the_source_and_total_where_nvidia_smi_is_absent(monkeypatch:
 
 
 def test_caps_leave_gpu_memory_unknown_where_no_source_answers(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_caps, "_probe_wgpu", lambda **kw: {"error": "wgpu is not installed"})
+    monkeypatch.setattr(_probe, "_probe_wgpu", lambda **kw: {"error": "wgpu is not installed"})
     monkeypatch.setattr(_gpu_memory, "SOURCES", (lambda: None,))
     caps = anyformer.probe(refresh=True)
     anyformer.probe(refresh=True)
@@ -147,7 +147,7 @@ def test_caps_leave_gpu_memory_unknown_where_no_source_answers(monkeypatch: pyte
 
 def test_vulkan_is_not_asked_where_wgpu_saw_only_a_software_adapter(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("ANYFORMER_SOFTWARE_GPU", raising=False)
-    monkeypatch.setattr(_caps, "_probe_wgpu", lambda **kw: {"name": "llvmpipe", "adapter_type": "CPU"})
+    monkeypatch.setattr(_probe, "_probe_wgpu", lambda **kw: {"name": "llvmpipe", "adapter_type": "CPU"})
     asked: list[str] = []
 
     def vulkan() -> GpuMemory | None:
@@ -193,7 +193,7 @@ def test_host_memory_is_psutils_available_memory(monkeypatch: pytest.MonkeyPatch
         available = 7 * GIB
 
     monkeypatch.setattr(psutil, "virtual_memory", lambda: Memory())
-    assert _caps.host_ram_available() == 7 * GIB
+    assert _probe.host_ram_available() == 7 * GIB
 
 
 def test_cores_are_the_affinity_where_there_is_one_and_the_logical_count_on_macos(
@@ -203,9 +203,9 @@ def test_cores_are_the_affinity_where_there_is_one_and_the_logical_count_on_maco
 
     monkeypatch.setattr(psutil, "cpu_count", lambda logical=True: 12)
     monkeypatch.setattr(psutil, "Process", lambda: FakeProcess([0, 1, 2]))
-    assert _caps.usable_cpu_count() == 3
+    assert _probe.usable_cpu_count() == 3
     monkeypatch.setattr(psutil, "Process", lambda: FakeProcess(None))  # macOS: no cpu_affinity
-    assert _caps.usable_cpu_count() == 12
+    assert _probe.usable_cpu_count() == 12
 
 
 def test_the_store_is_the_systems_user_cache_folder_unless_anyformer_home_says(

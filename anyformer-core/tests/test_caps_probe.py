@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 import anyformer
-from anyformer.contract import _caps
+from anyformer.machine import _probe
 
 SOFTWARE_NAMES = ("llvmpipe", "lavapipe", "swiftshader")
 
@@ -27,7 +27,7 @@ def fresh_probe(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def
 @pytest.fixture(scope="module")
 def adapter() -> dict[str, Any]:
     """What wgpu's adapter request answers on this machine (name, backend, features), probed once."""
-    return _caps._probe_wgpu()
+    return _probe._probe_wgpu()
 
 
 @pytest.fixture
@@ -81,5 +81,5 @@ def test_every_field_can_be_overridden_for_a_what_if() -> None:
 
 
 def test_a_probe_without_wgpu_explains_itself(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_caps.importlib.util, "find_spec", lambda name: None)
-    assert "wgpu is not installed" in _caps._probe_wgpu()["error"]
+    monkeypatch.setattr(_probe.importlib.util, "find_spec", lambda name: None)
+    assert "wgpu is not installed" in _probe._probe_wgpu()["error"]

@@ -777,3 +777,15 @@ def test_header_without_architecture() -> None:
     assert header.architecture is None
     assert header.arch_value("block_count", 7) == 7
     assert header.file_type is None
+
+
+def test_decode_bytes_by_type_counts_the_matrices_a_token_reads() -> None:
+    """Vectors never count; the embedding counts only when it is the head (no ``output.weight``)."""
+    embd = Tensor("token_embd.weight", (32, 64), GGML_Q8_0)  # 64 rows of one Q8_0 block: 34 bytes each
+    layer = Tensor("blk.0.ffn_up.weight", (32, 4), GGML_Q4_0)  # 4 rows of one Q4_0 block: 18 bytes each
+    norm = Tensor("blk.0.attn_norm.weight", (32,))
+    tied = read(make_gguf([embd, layer, norm], [kv("general.architecture", STRING, "llama")])).summary()
+    assert tied["decode_bytes_by_type"] == {"Q4_0": 4 * 18, "Q8_0": 64 * 34}
+    head = Tensor("output.weight", (32, 64), GGML_F32)
+    untied = read(make_gguf([embd, layer, norm, head], [kv("general.architecture", STRING, "llama")])).summary()
+    assert untied["decode_bytes_by_type"] == {"F32": 32 * 64 * 4, "Q4_0": 4 * 18}

@@ -14,8 +14,8 @@ from rpc_fakes import FakeRpcServer, RpcClient, fake_rpc_server
 import anyformer
 from anyformer import AnyformerError, ErrorCode, Estimate, Rank, Request, Verdict
 from anyformer._api import _only_rpc_capable
+from anyformer.contract._endpoints import RPC_ENV, parse_endpoints
 from anyformer.contract._verdict import Refusal
-from anyformer.rpc._endpoints import RPC_ENV, parse_endpoints
 from anyformer.rpc._lender import serve_lender
 from anyformer.rpc._protocol import (
     CMD_ALLOC_BUFFER,

@@ -227,6 +227,24 @@ def test_check_with_a_backend_named_returns_only_its_verdict(model_description: 
     assert [v.backend for v in selection.verdicts] == ["onnx"] and selection.chosen is None
 
 
+def test_check_and_load_judge_through_one_function(model_description: dict[str, Any], monkeypatch: Any) -> None:
+    """What ``check`` says is what ``load`` does: both go through ``_api.judge``, see the same request and
+    verdicts, and load runs the backend check chose."""
+    from anyformer import _api
+
+    judged: list[_api.Judgement] = []
+    real = _api.judge
+    monkeypatch.setattr(_api, "judge", lambda *args, **kwargs: judged.append(real(*args, **kwargs)) or judged[-1])
+    manager, _ = _manager(ok("llamacpp", Rank.FALLBACK, 80.0), ok("localmind", Rank.SPECIALIST), refused("onnx"))
+    asked = {"prefer": "llamacpp", "budget": "2GB", "context": 512}
+    _, selection = anyformer.check(model_description, caps=Caps(ram_bytes=16 * 2**30), plugins=manager, **asked)
+    with _load(manager, model_description, **asked) as loaded:
+        assert selection.chosen is not None and loaded.backend == selection.chosen.backend == "llamacpp"
+    checked, loading = judged
+    assert checked.request == loading.request and checked.request.budget == 2 * 10**9
+    assert checked.verdicts == loading.verdicts and len(checked.verdicts) == 3
+
+
 # ---- verdict validation (docs/contract.md, "Verdicts") ------------------------------------------------------------
 
 

@@ -19,9 +19,9 @@ from store_helpers import (
 
 import anyformer
 from anyformer import Caps, StoreEntry
+from anyformer._cache_listing import list_store
+from anyformer._cache_removal import plan_removal
 from anyformer.contract._errors import AnyformerError, ErrorCode
-from anyformer.store._cache_listing import list_store
-from anyformer.store._cache_removal import plan_removal
 
 __all__ = ["fake_hub"]
 

@@ -21,8 +21,9 @@ if TYPE_CHECKING:
     from anyformer._describe import describe
     from anyformer._loaded import Loaded
     from anyformer._plugins import PluginInfo, PluginManager, get_plugin_manager
+    from anyformer._pull import PullResult, pull
     from anyformer._selection import Selection, select
-    from anyformer.contract._caps import Caps, probe
+    from anyformer.contract._caps import Caps
     from anyformer.contract._chunk import Chunk, FinishReason, GenerateOptions, TokenLogprob
     from anyformer.contract._constraint import Constraint
     from anyformer.contract._errors import AnyformerError, ErrorCode
@@ -35,8 +36,8 @@ if TYPE_CHECKING:
     from anyformer.contract._tool_calls import ToolCall
     from anyformer.contract._verdict import Estimate, Rank, Refusal, Verdict
     from anyformer.hookspecs import hookimpl
+    from anyformer.machine._probe import probe
     from anyformer.store._paths import anyformer_home
-    from anyformer.store._pull import PullResult, pull
     from anyformer.store._store import fetch_files
 
 __version__ = "0.1.0"
@@ -56,7 +57,7 @@ _EXPORTS = {
     "Selection": "anyformer._selection",
     "select": "anyformer._selection",
     "Caps": "anyformer.contract._caps",
-    "probe": "anyformer.contract._caps",
+    "probe": "anyformer.machine._probe",
     "Chunk": "anyformer.contract._chunk",
     "FinishReason": "anyformer.contract._chunk",
     "GenerateOptions": "anyformer.contract._chunk",
@@ -84,8 +85,8 @@ _EXPORTS = {
     "Verdict": "anyformer.contract._verdict",
     "hookimpl": "anyformer.hookspecs",
     "anyformer_home": "anyformer.store._paths",
-    "PullResult": "anyformer.store._pull",
-    "pull": "anyformer.store._pull",
+    "PullResult": "anyformer._pull",
+    "pull": "anyformer._pull",
     "fetch_files": "anyformer.store._store",
 }
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from anyformer._known_backends import install_hint
@@ -12,13 +12,14 @@ from anyformer._loaded import Loaded
 from anyformer._plugins import PluginManager, get_plugin_manager
 from anyformer._selection import Selection, raise_if_none, select
 from anyformer._session import InProcessSession, Session
-from anyformer.contract._caps import Caps, probe
+from anyformer.contract._caps import Caps
+from anyformer.contract._endpoints import RPC_ENV
 from anyformer.contract._errors import AnyformerError, ErrorCode
 from anyformer.contract._model import Model
 from anyformer.contract._progress import ProgressCallback, no_progress
 from anyformer.contract._request import Request
 from anyformer.contract._verdict import Refusal, Verdict
-from anyformer.rpc._endpoints import RPC_ENV
+from anyformer.machine._probe import probe
 
 ModelRef = str | os.PathLike[str] | Mapping[str, Any] | Model
 
@@ -85,21 +86,52 @@ def check(
     ``UNSAFE_FORMAT``, as :func:`load` does. ``rpc`` and ``options`` are as for :func:`load`: the
     backends size their estimates for those load options (``parallel=4``: four streams' KV cache).
     """
-    from anyformer._describe import describe
-
-    manager = plugins or get_plugin_manager()
-    if backend is not None:
-        manager.require_backend(backend)
-    # Bad options first.
     asked = Request.build(
         task=task, budget=budget, prefer=prefer, context=context, options=options, rpc=_rpc_or_env(rpc)
     )
+    judged = judge(model, asked, caps=caps, manager=plugins or get_plugin_manager(), backend=backend)
+    return judged.model, judged.selection
+
+
+@dataclasses.dataclass(frozen=True)
+class Judgement:
+    """What ``check`` answers and ``load`` acts on: the description, the request as the backends saw it
+    (its budget filled in from the machine), and the selection over their verdicts."""
+
+    model: Model
+    request: Request
+    verdicts: list[Verdict]
+    selection: Selection
+
+
+def judge(
+    model: ModelRef,
+    asked: Request,
+    *,
+    caps: Caps | None,
+    manager: PluginManager,
+    backend: str | None,
+    described: Callable[[Model], None] | None = None,
+) -> Judgement:
+    """Describe ``model`` and ask the backends (or only ``backend``) for their verdicts, then select: the one
+    path behind both :func:`check` and :func:`load`, so that what ``check`` says is what ``load`` does.
+
+    ``described`` sees the description as soon as it exists (``load`` hands an isolated worker the headers
+    read while describing, so that the worker takes them in while this process selects).
+    """
+    from anyformer._describe import describe
+
+    if backend is not None:
+        manager.require_backend(backend)
     description = describe(model)
+    if described is not None:
+        described(description)
     refuse_pickle_only(description)
     check_file_option(description, asked.options)
-    request = _request_with_budget(asked, caps or probe())
-    verdicts = _only_rpc_capable(manager.can_run(description, caps or probe(), request, only=backend), request)
-    return description, select(verdicts, request.prefer)
+    machine = caps or probe()
+    request = _request_with_budget(asked, machine)
+    verdicts = _only_rpc_capable(manager.can_run(description, machine, request, only=backend), request)
+    return Judgement(description, request, verdicts, select(verdicts, request.prefer))
 
 
 def load(
@@ -133,8 +165,6 @@ def load(
     runs isolated: llama.cpp ends its process when a server goes away, and that must end only the
     worker (``BACKEND_CRASHED`` naming the server that no longer answers).
     """
-    from anyformer._describe import describe
-
     asked = Request.build(
         task=task, budget=budget, prefer=prefer, context=context, options=options, rpc=_rpc_or_env(rpc)
     )
@@ -143,20 +173,13 @@ def load(
     worker = _start_worker() if isolate else None
     try:
         manager = plugins or get_plugin_manager()
-        if backend is not None:
-            manager.require_backend(backend)
-        description = describe(model)
-        if worker is not None:
-            _share_headers(worker, _local_path(model))  # the worker takes them in while this process selects
-        refuse_pickle_only(description)
-        check_file_option(description, asked.options)
-        machine = caps or probe()
-        request = _request_with_budget(asked, machine)
-        verdicts = _only_rpc_capable(manager.can_run(description, machine, request, only=backend), request)
+        shared = (lambda _description: _share_headers(worker, _local_path(model))) if worker is not None else None
+        judged = judge(model, asked, caps=caps, manager=manager, backend=backend, described=shared)
+        description, request, verdicts = judged.model, judged.request, judged.verdicts
         if not verdicts and not manager.backends():
             why = manager.why_no_backend(install_hint(description.formats))
             raise AnyformerError(ErrorCode.NO_BACKEND, f"cannot run {description.ref}: {why}", verdicts=[])
-        chosen = raise_if_none(select(verdicts, request.prefer), description.ref, description.formats)
+        chosen = raise_if_none(judged.selection, description.ref, description.formats)
         others = tuple(v for v in verdicts if v.backend != chosen.backend)
         if chosen.code is Refusal.RUNTIME:  # pragma: no cover - select never chooses a refusal
             raise AnyformerError("PLUGIN_ERROR", chosen.reason)

@@ -65,9 +65,9 @@ def is_default_model(ref: str) -> bool:
 
 def default_model_entry(manager: PluginManager) -> StoreEntry | None:
     """The embedded model as ``anyformer ls`` lists it (read-only), or None when it is not installed."""
+    from anyformer._cache_listing import backend_that_runs
     from anyformer._describe import describe
     from anyformer.contract._store_entry import StoreEntry
-    from anyformer.store._cache_listing import backend_that_runs
 
     try:
         path = default_model_path()

@@ -1,9 +1,8 @@
 """Everything a backend plugin needs, in one public module.
 
-A backend imports from here (or from the top-level ``anyformer`` package) and from nothing whose
-name starts with an underscore: private core modules move between releases, this module does
-not. ``docs/plugin-author-guide.md`` walks through each name; ``docs/contract.md`` is the contract
-they implement.
+A backend's code imports from the core this module and nothing else (``tests/test_import_graph.py``):
+private core modules move between releases, this module does not. ``docs/plugin-author-guide.md``
+walks through each name; ``docs/contract.md`` is the contract they implement.
 
 Groups, in the order a backend meets them:
 
@@ -37,7 +36,9 @@ Groups, in the order a backend meets them:
 - the store: :func:`fetch_files` (verified downloads into the Hub cache), :func:`files_to_download`
   (what a load would download, for a ``store`` refusal), :func:`anyformer_home`
   (where derived files go);
-- the machine: :func:`usable_cpu_count`, :func:`host_ram_available`;
+- the machine: :func:`probe` (its :class:`Caps`), :func:`usable_cpu_count`, :func:`host_ram_available`,
+  :func:`adapter_fingerprint` (a key that changes with the GPU adapter's driver, wgpu or environment: for
+  figures a backend times once);
 - sizes: :func:`format_size`, :func:`parse_size`;
 - llama.cpp RPC servers (``Request.rpc``): :func:`probe_rpc_server` (version and memory, with a
   timeout, before an engine connects), :class:`RpcServerInfo`, :class:`RpcDeviceMemory`,
@@ -48,7 +49,7 @@ from anyformer._audio_decode import decode_audio
 from anyformer._backend import BackendModel
 from anyformer._chat_template import CHATML_TEMPLATE, render_chat, template_takes_tools
 from anyformer._detokenizer import IncrementalDetokenizer
-from anyformer.contract._caps import Caps, host_ram_available, usable_cpu_count
+from anyformer.contract._caps import Caps
 from anyformer.contract._chunk import Chunk, FinishReason, GenerateOptions, TokenLogprob
 from anyformer.contract._constraint import Constraint
 from anyformer.contract._errors import AnyformerError, ErrorCode
@@ -91,6 +92,8 @@ from anyformer.files._media_input import (
 from anyformer.files._onnx_external import OnnxSummary, check_onnx_external_data, read_onnx_summary
 from anyformer.files._safetensors_header import SafetensorsHeader, read_safetensors_header
 from anyformer.hookspecs import hookimpl
+from anyformer.machine._adapter_cache import fingerprint as adapter_fingerprint
+from anyformer.machine._probe import host_ram_available, probe, usable_cpu_count
 from anyformer.rpc._protocol import DeviceMemory as RpcDeviceMemory
 from anyformer.rpc._protocol import RpcServerError, RpcServerInfo
 from anyformer.rpc._protocol import probe as probe_rpc_server
@@ -138,6 +141,7 @@ __all__ = [
     "TokenLogprob",
     "ToolCall",
     "Verdict",
+    "adapter_fingerprint",
     "anyformer_home",
     "check_image_size",
     "check_onnx_external_data",
@@ -160,6 +164,7 @@ __all__ = [
     "no_progress",
     "order_gguf_candidates",
     "parse_size",
+    "probe",
     "probe_rpc_server",
     "read_config_json",
     "read_gguf_header",

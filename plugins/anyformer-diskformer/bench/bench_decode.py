@@ -20,7 +20,7 @@ import numpy as np
 import anyformer
 from anyformer import Request
 from anyformer.plugin import read_gguf_header
-from anyformer_diskformer.engine import DiskformerModel
+from anyformer_diskformer.model import DiskformerModel
 from anyformer_diskformer.plan import plan_from_header
 from anyformer_diskformer.testing import TinyMoE, write_tiny_moe
 

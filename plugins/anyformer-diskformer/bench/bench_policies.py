@@ -21,7 +21,7 @@ import argparse
 import os
 import tempfile
 
-from anyformer_diskformer.policies import LRFU, LRU, LayerReuse, replay
+from anyformer_diskformer.cache.policies import LRFU, LRU, LayerReuse, replay
 from anyformer_diskformer.trace import Access, read_trace, replay_belady, skewed_trace
 
 
@@ -29,7 +29,7 @@ def record_tiny_trace(folder: str, tokens: int) -> list[Access]:
     """The routing trace of a tiny random qwen3moe generating ``tokens`` tokens on the CPU engine."""
     import anyformer
     from anyformer import GenerateOptions, Request
-    from anyformer_diskformer.engine import DiskformerModel
+    from anyformer_diskformer.model import DiskformerModel
     from anyformer_diskformer.testing import TinyMoE, write_tiny_moe
     from anyformer_diskformer.trace import TRACE_ENV
 

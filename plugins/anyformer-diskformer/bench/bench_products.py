@@ -20,8 +20,8 @@ import time
 
 import numpy as np
 
-from anyformer_diskformer import native_products
-from anyformer_diskformer.quant_product import QuantProduct
+from anyformer_diskformer.compute import native_products
+from anyformer_diskformer.compute.quant_product import QuantProduct
 from anyformer_gguf_gpu.quants import FORMATS
 from anyformer_gguf_gpu.testing import random_blocks
 

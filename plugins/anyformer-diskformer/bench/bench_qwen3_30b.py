@@ -296,7 +296,7 @@ def child_diskformer(
     import anyformer
     from anyformer import Request
     from anyformer.plugin import read_gguf_header
-    from anyformer_diskformer.engine import DiskformerModel
+    from anyformer_diskformer.model import DiskformerModel
     from anyformer_diskformer.plan import plan_from_header
     from anyformer_diskformer.trace import TRACE_ENV
 
@@ -400,8 +400,8 @@ def main() -> None:
         return
 
     from anyformer.plugin import read_gguf_header
+    from anyformer_diskformer.cache.policies import make_policy, replay
     from anyformer_diskformer.plan import plan_from_header
-    from anyformer_diskformer.policies import make_policy, replay
     from anyformer_diskformer.testing import write_tiny_moe
     from anyformer_diskformer.trace import read_trace, replay_belady, replay_lru
 

@@ -61,13 +61,13 @@ def llama_steps(path: str) -> tuple[np.ndarray, list[int]]:
 
 
 def open_or_skip(path: str, context: int = 64, **options: object) -> Any:
-    """A :class:`~anyformer_diskformer.engine.DiskformerModel` over ``path`` with load ``options``; a GPU load where
+    """A :class:`~anyformer_diskformer.model.DiskformerModel` over ``path`` with load ``options``; a GPU load where
     wgpu finds no adapter skips the test (CI's lavapipe has one), any other failure raises."""
     import pytest
 
     import anyformer
     from anyformer import AnyformerError, ErrorCode, Request
-    from anyformer_diskformer.engine import DiskformerModel
+    from anyformer_diskformer.model import DiskformerModel
 
     try:
         return DiskformerModel.open(anyformer.describe(path), Request(context=context, options=options), lambda e: None)
@@ -79,9 +79,9 @@ def open_or_skip(path: str, context: int = 64, **options: object) -> Any:
 
 def gpu_engine_for(gpu: Any, path: str, slots: int | None, trace: Any = None, **kw: Any) -> Any:
     """The wgpu engine of ``path``'s architecture, its cache holding ``slots`` experts (None: every one)."""
-    from anyformer_diskformer.engine import gpu_engine_class
-    from anyformer_diskformer.expert_cache import ExpertCache
-    from anyformer_diskformer.moe_config import read_moe_config
+    from anyformer_diskformer.arch.registry import read_moe_config
+    from anyformer_diskformer.cache.expert_cache import ExpertCache
+    from anyformer_diskformer.engine_choice import gpu_engine_class
     from anyformer_gguf_gpu.gguf_file import GGUFFile
 
     gguf = GGUFFile(path)

@@ -167,7 +167,26 @@ def test_tok_per_sec_is_none_with_the_reason_without_a_file():
     assert v.ok and v.estimate.tok_per_sec is None
     assert "no file on disk" in v.estimate.details["tok_per_sec_model"]
     gpu = verdict(moe_model(), CAPS.replace(gpu=True, gpu_bytes=80 * 2**30))
-    assert gpu.ok and gpu.estimate.tok_per_sec is None and "GPU" in gpu.estimate.details["tok_per_sec_model"]
+    assert gpu.ok and gpu.estimate.details["device"] == "gpu"
+    assert gpu.estimate.tok_per_sec is None and "no file on disk" in gpu.estimate.details["tok_per_sec_model"]
+
+
+def test_the_gpu_engines_speed_is_modelled_from_the_adapters_timed_costs(moe_folder, monkeypatch):
+    """Read-backs a layer, dispatches, weight bytes and missed experts; a smaller cache is slower."""
+    from anyformer_gguf_gpu import adapter_speed as adapter_speed_module
+    from anyformer_gguf_gpu.adapter_speed import AdapterSpeed
+
+    timed = AdapterSpeed("test GPU", False, 10e-6, 4e-6, {"Q8_0": 1e12, "F32": 1e12, "F16": 1e12}, 50e-6, 10e9)
+    monkeypatch.setattr(adapter_speed_module, "adapter_speed", lambda software, formats: timed)
+    model = anyformer.describe(moe_folder)
+    caps = CAPS.replace(gpu=True, gpu_bytes=80 * 2**30)
+    roomy = verdict(model, caps)
+    assert roomy.ok and roomy.estimate.details["device"] == "gpu", roomy
+    assert roomy.estimate.tok_per_sec is not None and roomy.estimate.tok_per_sec > 0
+    assert "read-backs" in roomy.estimate.details["tok_per_sec_model"]
+    plan = plan_from_header(read_gguf_header(str(moe_folder / "tiny-qwen3moe-q8_0.gguf")), 256)
+    tight = verdict(model, caps, options={"pool_bytes": plan.min_cache_bytes})
+    assert tight.estimate.tok_per_sec is not None and tight.estimate.tok_per_sec < roomy.estimate.tok_per_sec
 
 
 def test_on_a_gpu_the_budget_bounds_dense_kv_and_the_cache_in_gpu_memory():
@@ -215,7 +234,7 @@ def test_a_fused_gate_up_tensor_counts_as_experts_and_one_expert_is_its_share(ge
 
 @pytest.mark.parametrize("options", [{}, {"device": "gpu"}], ids=["auto", "gpu"])
 def test_a_qwen35moe_file_runs_on_the_gpu_and_counts_its_delta_net_states(qwen35moe_f32, options):
-    from anyformer_diskformer.moe_config import read_moe_config
+    from anyformer_diskformer.arch.registry import read_moe_config
 
     model = anyformer.describe(qwen35moe_f32)
     gpu = CAPS.replace(gpu=True, gpu_bytes=80 * 2**30)

@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 from diskformer_reference import CPU_CASES, CTX, EXACT_GELU_TOLERANCE, GEMMA4_CASES, STEPS, greedy_steps, llama_steps
 
-from anyformer_diskformer.cpu_gemma4 import gelu as exact_gelu
-from anyformer_diskformer.cpu_hybrid import imrope_turns
-from anyformer_diskformer.engine import cpu_engine_class
-from anyformer_diskformer.expert_cache import ExpertCache
-from anyformer_diskformer.moe_config import read_moe_config
-from anyformer_diskformer.routing import route
+from anyformer_diskformer.arch.registry import read_moe_config
+from anyformer_diskformer.cache.expert_cache import ExpertCache
+from anyformer_diskformer.compute.routing import route
+from anyformer_diskformer.engine_choice import cpu_engine_class
+from anyformer_diskformer.engines.cpu.gemma4 import gelu as exact_gelu
+from anyformer_diskformer.engines.cpu.qwen35moe import imrope_turns
 from anyformer_gguf_gpu.gguf_file import GGUFFile
 
 
@@ -100,7 +100,7 @@ def test_gemma4_logits_and_greedy_text_match_llama_cpp(request, monkeypatch, fix
     """With llama.cpp's f16 GELU table reproduced, every step's logits agree within 1e-3 (measured 3.1e-4; what
     remains grows with the position, from 1e-6 at the first); with the exact GELU the engine keeps, llama.cpp's
     rounding of every GELU input and output to f16 moves them by up to 7e-3 (see the next test)."""
-    import anyformer_diskformer.cpu_gemma4 as gemma4
+    import anyformer_diskformer.engines.cpu.gemma4 as gemma4
 
     path = request.getfixturevalue(fixture)
     want, want_tokens = llama_steps(path)

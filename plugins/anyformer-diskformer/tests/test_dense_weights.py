@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from anyformer_diskformer import dense_weights
-from anyformer_diskformer.dense_weights import DenseWeights
-from anyformer_diskformer.moe_config import is_expert_tensor
+from anyformer_diskformer.arch.moe_config import is_expert_tensor
+from anyformer_diskformer.compute import dense_weights
+from anyformer_diskformer.compute.dense_weights import DenseWeights
 from anyformer_diskformer.plan import plan_from_header
 from anyformer_gguf_gpu.gguf_file import GGUFFile
 from anyformer_gguf_gpu.quants import dequantize

@@ -8,7 +8,7 @@ import pytest
 
 from anyformer import AnyformerError, ErrorCode
 from anyformer.plugin import read_gguf_header
-from anyformer_diskformer.expert_cache import ExpertCache
+from anyformer_diskformer.cache.expert_cache import ExpertCache
 
 
 def open_cache(path: str, experts_held: float) -> ExpertCache:
@@ -37,7 +37,7 @@ def test_every_expert_is_the_slab_gguf_reader_sees(moe_f32):
 def test_a_fused_gate_up_tensor_gives_each_expert_its_gate_and_up_halves(request, fixture):
     """``ffn_gate_up_exps`` (rows 2 n_ff, gate's first, as llama.cpp splits it): an expert's gate slab is its first
     n_ff rows, its up slab the next n_ff, read as two slabs of half the expert's stride."""
-    from anyformer_diskformer.expert_reader import ExpertReader, expert_spans
+    from anyformer_diskformer.cache.expert_reader import ExpertReader, expert_spans
 
     path = request.getfixturevalue(fixture)
     reader = gguf.GGUFReader(path)
@@ -124,7 +124,7 @@ def test_a_header_whose_expert_count_disagrees_is_bad_model(moe_f32):
 
 
 def test_the_o_direct_reader_reads_the_same_bytes_or_says_why_not(moe_top4):
-    from anyformer_diskformer.expert_reader import ExpertReader, expert_spans, open_reader
+    from anyformer_diskformer.cache.expert_reader import ExpertReader, expert_spans, open_reader
 
     header = read_gguf_header(moe_top4)
     spans = expert_spans(header, 3, 16)
@@ -146,7 +146,7 @@ def test_the_o_direct_reader_reads_the_same_bytes_or_says_why_not(moe_top4):
 def test_a_layers_misses_are_read_side_by_side_and_still_count_as_misses(moe_f32):
     import threading
 
-    from anyformer_diskformer.prefetch import Prefetcher
+    from anyformer_diskformer.cache.prefetch import Prefetcher
 
     reader = gguf.GGUFReader(moe_f32)
     want = {t.name: t for t in reader.tensors}

@@ -8,8 +8,8 @@ import pytest
 import anyformer
 from anyformer import AnyformerError, ErrorCode, Request
 from anyformer.plugin import read_gguf_header
-from anyformer_diskformer import expert_compute
-from anyformer_diskformer.engine import DiskformerModel
+from anyformer_diskformer.compute import expert_compute
+from anyformer_diskformer.model import DiskformerModel
 from anyformer_diskformer.plan import plan_from_header
 from anyformer_diskformer.testing import TinyMoE, write_tiny_moe
 
@@ -63,9 +63,9 @@ def test_threads_must_be_a_positive_whole_number(q4k_moe, threads):
 def test_weighted_sum_split_over_more_threads_than_experts_is_the_one_thread_sum(q4k_moe, threads):
     """weighted_sum (the GPU engine's cpu_experts): each expert on a thread of its own, or its matrices' rows in
     parts where the threads outnumber the experts, gives the one-thread sum of expert_ffn's outputs."""
-    from anyformer_diskformer.expert_reader import ExpertReader, expert_spans
-    from anyformer_diskformer.moe_config import read_moe_config
-    from anyformer_diskformer.quant_product import QuantProduct, expert_ffn
+    from anyformer_diskformer.arch.registry import read_moe_config
+    from anyformer_diskformer.cache.expert_reader import ExpertReader, expert_spans
+    from anyformer_diskformer.compute.quant_product import QuantProduct, expert_ffn
 
     header = read_gguf_header(q4k_moe)
     config = read_moe_config(header)

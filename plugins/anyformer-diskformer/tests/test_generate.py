@@ -10,7 +10,7 @@ from llama_cpp import Llama
 import anyformer
 from anyformer import AnyformerError, ErrorCode, GenerateOptions, Request
 from anyformer.plugin import read_gguf_header, render_chat
-from anyformer_diskformer.engine import DiskformerModel
+from anyformer_diskformer.model import DiskformerModel
 from anyformer_diskformer.plan import plan_from_header
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "the sea is"}]
@@ -90,7 +90,7 @@ def test_the_core_loads_it_through_the_entry_point(moe_folder):
 
 
 def test_sampling_draws_only_within_top_k_and_top_p_and_repeats_with_the_seed():
-    from anyformer_diskformer.engine import sample
+    from anyformer_diskformer.sampler import sample
 
     logits = np.array([0.0, 5.0, 4.0, 1.0, 4.5, -2.0], dtype=np.float32)
     draws = [sample(logits, 1.0, 3, 1.0, np.random.default_rng(s)) for s in range(200)]
@@ -118,8 +118,8 @@ def test_a_seeded_sampled_reply_repeats(moe_f32):
 
 @pytest.mark.parametrize("device", ["cpu", "gpu"])
 def test_qwen35moe_replies_as_llama_cpp(qwen35moe_f32, device):
-    from anyformer_diskformer.cpu_hybrid import HybridCpuEngine
-    from anyformer_diskformer.gpu_hybrid import HybridGpuEngine
+    from anyformer_diskformer.engines.cpu.qwen35moe import HybridCpuEngine
+    from anyformer_diskformer.engines.gpu.qwen35moe import HybridGpuEngine
 
     model = open_or_skip(qwen35moe_f32, 128, device=device)
     try:

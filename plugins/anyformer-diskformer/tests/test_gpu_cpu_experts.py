@@ -11,8 +11,8 @@ from diskformer_reference import PROMPT, gpu_engine_for, greedy_steps, llama_ste
 
 import anyformer
 from anyformer import AnyformerError, ErrorCode, Request
-from anyformer_diskformer.engine import DiskformerModel
-from anyformer_diskformer.moe_config import read_moe_config
+from anyformer_diskformer.arch.registry import read_moe_config
+from anyformer_diskformer.model import DiskformerModel
 from anyformer_gguf_gpu.gguf_file import GGUFFile
 
 #: qwen3moe, qwen2moe (a gated shared expert after the CPU sum), bailingmoe2 (a leading dense layer, expert groups),
@@ -139,8 +139,8 @@ def test_the_load_option_reaches_the_gpu_engine(gpu, moe_f32, direct_io):
 
 def slot_bytes(path: str) -> int:
     """Bytes of one GPU slot of ``path``'s experts (GpuSlots sizes each for the largest of every layer)."""
-    from anyformer_diskformer.expert_reader import expert_spans
-    from anyformer_diskformer.moe_config import EXPERT_TENSORS
+    from anyformer_diskformer.arch.moe_config import EXPERT_TENSORS
+    from anyformer_diskformer.cache.expert_reader import expert_spans
 
     header = GGUFFile(path).header
     config = read_moe_config(header)
@@ -149,7 +149,7 @@ def slot_bytes(path: str) -> int:
 
 
 def test_mapped_experts_are_the_readers_bytes(moe_f32, qwen2moe_f32):
-    from anyformer_diskformer.expert_reader import ExpertReader, MappedExperts, expert_spans
+    from anyformer_diskformer.cache.expert_reader import ExpertReader, MappedExperts, expert_spans
 
     for path in (moe_f32, qwen2moe_f32):
         header = GGUFFile(path).header

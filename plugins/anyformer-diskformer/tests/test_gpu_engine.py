@@ -25,10 +25,10 @@ from diskformer_reference import (
 )
 
 from anyformer import AnyformerError
-from anyformer_diskformer.engine import cpu_engine_class
-from anyformer_diskformer.expert_cache import ExpertCache
-from anyformer_diskformer.gpu_engine import GpuMoEEngine, GpuSlots
-from anyformer_diskformer.moe_config import read_moe_config
+from anyformer_diskformer.arch.registry import read_moe_config
+from anyformer_diskformer.cache.expert_cache import ExpertCache
+from anyformer_diskformer.engine_choice import cpu_engine_class
+from anyformer_diskformer.engines.gpu.moe import GpuMoEEngine, GpuSlots
 from anyformer_gguf_gpu.gguf_file import GGUFFile
 
 
@@ -85,7 +85,7 @@ def test_gemma4_on_wgpu_matches_the_cpu_engine_and_llama_cpp(request, gpu, fixtu
     with output scales, soft-capped logits: within 1e-4 of the CPU engine (the same f32 graph and exact GELU,
     summed in another order: measured 1.4e-5) at every step, within llama.cpp's f16 GELU rounding of llama.cpp
     (measured 6.9e-3, as the CPU engine's), and the same 32 greedy tokens as both."""
-    from anyformer_diskformer.gpu_gemma4 import Gemma4GpuEngine
+    from anyformer_diskformer.engines.gpu.gemma4 import Gemma4GpuEngine
 
     path = request.getfixturevalue(fixture)
     want, want_tokens = llama_steps(path)
@@ -112,7 +112,7 @@ def test_gemma4_on_wgpu_matches_the_cpu_engine_and_llama_cpp(request, gpu, fixtu
 def test_gpu_engine_reads_k_quant_experts_as_the_cpu_engine_does(gpu, tmp_path):
     """Q4_K experts (Q8_0 dense) through GPU slots against the CPU engine's numpy dequantisation of the same
     blocks; llama.cpp is not the reference here because it quantises activations before K-type products."""
-    from anyformer_diskformer.cpu_engine import CpuMoEEngine
+    from anyformer_diskformer.engines.cpu.moe import CpuMoEEngine
     from anyformer_diskformer.testing import TinyMoE, write_tiny_moe
 
     path = str(tmp_path / "tiny-qwen3moe-q4k.gguf")

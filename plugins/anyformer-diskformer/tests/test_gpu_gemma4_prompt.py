@@ -18,7 +18,7 @@ from diskformer_reference import (
 )
 from test_gpu_engine import llama_and_cpu_steps
 
-from anyformer_diskformer.moe_config import read_moe_config
+from anyformer_diskformer.arch.registry import read_moe_config
 from anyformer_diskformer.plan import PROMPT_STEP
 from anyformer_gguf_gpu.gguf_file import GGUFFile
 

@@ -12,8 +12,8 @@ import pytest
 from diskformer_reference import CTX, PROMPT, assert_cache_within_budget, gpu_engine_for, greedy_steps, llama_steps
 
 from anyformer import AnyformerError, ErrorCode
-from anyformer_diskformer.gpu_engine import GpuMoEEngine
-from anyformer_diskformer.moe_config import read_moe_config
+from anyformer_diskformer.arch.registry import read_moe_config
+from anyformer_diskformer.engines.gpu.moe import GpuMoEEngine
 from anyformer_diskformer.trace import TraceWriter
 from anyformer_gguf_gpu.gguf_file import GGUFFile
 

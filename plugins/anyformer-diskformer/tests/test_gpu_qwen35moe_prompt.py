@@ -11,7 +11,7 @@ import pytest
 from diskformer_reference import CTX, PROMPT, assert_cache_within_budget, gpu_engine_for, greedy_steps
 from test_gpu_engine import llama_and_cpu_steps
 
-from anyformer_diskformer.moe_config import read_moe_config
+from anyformer_diskformer.arch.registry import read_moe_config
 from anyformer_diskformer.plan import PROMPT_STEP
 from anyformer_gguf_gpu.gguf_file import GGUFFile
 

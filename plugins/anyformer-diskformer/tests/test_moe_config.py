@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from anyformer import AnyformerError, ErrorCode
-from anyformer_diskformer.moe_config import read_moe_config
+from anyformer_diskformer.arch.registry import read_moe_config
 from anyformer_diskformer.testing import TinyMoE, write_tiny_moe
 from anyformer_gguf_gpu.gguf_file import GGUFFile
 

@@ -9,11 +9,11 @@ import pytest
 import anyformer
 from anyformer import AnyformerError, ErrorCode, GenerateOptions, Request
 from anyformer.plugin import read_gguf_header
-from anyformer_diskformer.engine import DiskformerModel
-from anyformer_diskformer.expert_cache import ExpertCache, HostStore
-from anyformer_diskformer.expert_reader import ExpertSlices
+from anyformer_diskformer.cache.expert_cache import ExpertCache, HostStore
+from anyformer_diskformer.cache.expert_reader import ExpertSlices
+from anyformer_diskformer.cache.policies import LRFU, LRU, LayerReuse, make_policy, replay
+from anyformer_diskformer.model import DiskformerModel
 from anyformer_diskformer.plan import plan_from_header
-from anyformer_diskformer.policies import LRFU, LRU, LayerReuse, make_policy, replay
 from anyformer_diskformer.trace import TRACE_ENV, read_trace, replay_belady, replay_lru, skewed_trace
 
 

@@ -10,10 +10,10 @@ from diskformer_reference import greedy_steps, open_or_skip
 
 from anyformer import AnyformerError, ErrorCode
 from anyformer.plugin import read_gguf_header
-from anyformer_diskformer.expert_cache import CacheStats
-from anyformer_diskformer.expert_reader import ExpertSlices
+from anyformer_diskformer.cache.expert_cache import CacheStats
+from anyformer_diskformer.cache.expert_reader import ExpertSlices
+from anyformer_diskformer.cache.prefetch import Prefetcher, likely_experts
 from anyformer_diskformer.plan import plan_from_header
-from anyformer_diskformer.prefetch import Prefetcher, likely_experts
 
 STEPS = 24
 
@@ -59,7 +59,7 @@ def test_prefetch_keeps_the_logits_of_the_architectures_with_engines_of_their_ow
     """Gemma 4's guess is the next layer's own router (its scale, its weightless norm) on the residual after
     attention, qwen35moe's the next router after ``post_attention_norm``; on the GPU that router is one more
     product in the layer's submission, read back with the logits."""
-    from anyformer_diskformer.moe_config import read_moe_config
+    from anyformer_diskformer.arch.registry import read_moe_config
 
     path = request.getfixturevalue(fixture)
     header = read_gguf_header(path)
@@ -76,7 +76,7 @@ def test_prefetch_keeps_the_logits_of_the_architectures_with_engines_of_their_ow
 def _prefetched_by_layer(path: str, device: str, dense: int) -> dict[int, int]:
     """Greedy steps on ``path`` (whose layer ``dense`` is dense and the next a MoE layer) with prefetch: per layer, the
     lookups a prefetch served; the steps' logits are checked against a run without prefetch."""
-    from anyformer_diskformer.moe_config import read_moe_config
+    from anyformer_diskformer.arch.registry import read_moe_config
 
     header = read_gguf_header(path)
     config = read_moe_config(header)

@@ -6,7 +6,7 @@ import pytest
 from diskformer_reference import open_or_skip
 
 from anyformer import AnyformerError, ErrorCode, GenerateOptions
-from anyformer_diskformer.engine import DiskformerModel, shared_prefix
+from anyformer_diskformer.model import DiskformerModel, shared_prefix
 
 SYSTEM = "You answer in one short sentence about the sea."
 CHAT = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "the sea is"}]
@@ -55,8 +55,8 @@ def test_prime_needs_a_system_prompt(moe_f32):
 
 @pytest.mark.parametrize("device", ["cpu", "gpu"])
 def test_a_primed_qwen35moe_resumes_only_from_the_whole_checkpoint_and_gives_the_same_text(qwen35moe_f32, device):
-    from anyformer_diskformer.cpu_hybrid import HybridCpuEngine
-    from anyformer_diskformer.gpu_hybrid import HybridGpuEngine
+    from anyformer_diskformer.engines.cpu.qwen35moe import HybridCpuEngine
+    from anyformer_diskformer.engines.gpu.qwen35moe import HybridGpuEngine
 
     plain = open_model(qwen35moe_f32, device=device)
     try:
@@ -90,8 +90,8 @@ def test_a_primed_gemma4_gives_the_same_text_from_its_per_layer_kv_checkpoint(ge
     prime keeps the tokens chats share (as for qwen35moe) and a chat resumes at the checkpoint's end; a chat that
     leaves it a few tokens before the end, where the rings no longer hold the window, runs from the start. The
     chats run several windows past the checkpoint. Every reply is the unprimed one."""
-    from anyformer_diskformer.cpu_gemma4 import Gemma4CpuEngine
-    from anyformer_diskformer.gpu_gemma4 import Gemma4GpuEngine
+    from anyformer_diskformer.engines.cpu.gemma4 import Gemma4CpuEngine
+    from anyformer_diskformer.engines.gpu.gemma4 import Gemma4GpuEngine
 
     # GPU steps of 2 tokens: rings of the window + 1 rows (as short as the CPU's, so the checkpoint outgrows them).
     step = {"prompt_step": 2} if device == "gpu" else {}

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from anyformer_diskformer import native_products
-from anyformer_diskformer.expert_reader import ExpertSlices
-from anyformer_diskformer.quant_product import GROUPED_MAX_ROWS, QuantProduct, expert_ffn
+from anyformer_diskformer.cache.expert_reader import ExpertSlices
+from anyformer_diskformer.compute import native_products
+from anyformer_diskformer.compute.quant_product import GROUPED_MAX_ROWS, QuantProduct, expert_ffn
 from anyformer_gguf_gpu.quants import FORMATS, dequantize
 from anyformer_gguf_gpu.testing import random_blocks
 
@@ -74,7 +74,7 @@ def test_expert_ffn_is_the_swiglu_of_the_dequantised_expert(name, native):
 @pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"])
 def test_decoding_products_never_dequantise_the_matrix(name, monkeypatch):
     # The speed of the CPU engine rests on this: a few rows of x go group by group, with no float32 weights.
-    from anyformer_diskformer import quant_product
+    from anyformer_diskformer.compute import quant_product
 
     def refuse(*args, **kwargs):
         raise AssertionError("dequantize was called for a decoding product")

@@ -18,10 +18,10 @@ import anyformer
 from anyformer import Caps, Refusal, Request
 from anyformer.plugin import Model, ModelFile
 from anyformer_diskformer import plugin
-from anyformer_diskformer.engine import cpu_engine_class
-from anyformer_diskformer.expert_cache import ExpertCache
-from anyformer_diskformer.expert_reader import ExpertReader, MappedExperts, expert_spans, open_reader
-from anyformer_diskformer.moe_config import read_moe_config
+from anyformer_diskformer.arch.registry import read_moe_config
+from anyformer_diskformer.cache.expert_cache import ExpertCache
+from anyformer_diskformer.cache.expert_reader import ExpertReader, MappedExperts, expert_spans, open_reader
+from anyformer_diskformer.engine_choice import cpu_engine_class
 from anyformer_diskformer.plan import plan_for
 from anyformer_gguf_gpu.gguf_file import GGUFFile
 from anyformer_gguf_gpu.testing_split import write_split_set
@@ -182,7 +182,7 @@ def test_the_load_reads_the_set_from_its_first_shard(moe_f32, moe_set, monkeypat
     from diskformer_reference import open_or_skip
 
     import anyformer
-    from anyformer_diskformer import engine as engine_module
+    from anyformer_diskformer import model as engine_module
 
     def steps(path: str) -> tuple[np.ndarray, list[int]]:
         monkeypatch.setattr(
@@ -208,8 +208,8 @@ def test_the_load_of_a_partial_set_names_the_missing_shard(moe_set, tmp_path, mo
     from pathlib import Path
 
     from anyformer import AnyformerError, ErrorCode
-    from anyformer_diskformer import engine as engine_module
-    from anyformer_diskformer.engine import DiskformerModel
+    from anyformer_diskformer import model as engine_module
+    from anyformer_diskformer.model import DiskformerModel
 
     first = tmp_path / os.path.basename(moe_set)
     shutil.copy(moe_set, first)

@@ -12,10 +12,10 @@ import pytest
 from diskformer_reference import CTX, GEMMA4_CASES, gpu_engine_for
 
 from anyformer.plugin import read_gguf_header
-from anyformer_diskformer.engine import cpu_engine_class
-from anyformer_diskformer.expert_cache import ExpertCache
-from anyformer_diskformer.gemma4_config import Gemma4Config
-from anyformer_diskformer.moe_config import read_moe_config
+from anyformer_diskformer.arch.gemma4_config import Gemma4Config
+from anyformer_diskformer.arch.registry import read_moe_config
+from anyformer_diskformer.cache.expert_cache import ExpertCache
+from anyformer_diskformer.engine_choice import cpu_engine_class
 from anyformer_diskformer.plan import PROMPT_STEP, plan_from_header
 from anyformer_gguf_gpu.gguf_file import GGUFFile
 

@@ -11,7 +11,7 @@ import pytest
 import anyformer
 from anyformer import AnyformerError, ErrorCode, GenerateOptions, Request
 from anyformer.plugin import read_gguf_header
-from anyformer_diskformer.engine import DiskformerModel
+from anyformer_diskformer.model import DiskformerModel
 from anyformer_diskformer.plan import plan_from_header
 from anyformer_diskformer.trace import TRACE_ENV, read_trace, replay_belady, replay_lru
 

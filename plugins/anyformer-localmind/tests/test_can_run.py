@@ -132,3 +132,40 @@ def test_the_lfm2_estimate_is_what_the_engine_holds(tmp_path):
         engine = open_engine(gpu, gguf, ctx=128, max_batch=MAX_BATCH)
     assert engine.gpu_bytes == v.estimate.gpu_bytes
     engine.release()
+
+
+def test_the_estimate_carries_the_modelled_decode_speed_of_this_adapter(monkeypatch):
+    """tok/s from the header's bytes and the adapter's timed costs; a what-if about another adapter gets none."""
+    from anyformer_gguf_gpu import adapter_speed as adapter_speed_module
+    from anyformer_gguf_gpu.adapter_speed import AdapterSpeed
+
+    timed = AdapterSpeed("test GPU", False, 10e-6, 4e-6, {"Q4_1": 1e12, "Q8_0": 1e12, "F16": 1e12})
+    monkeypatch.setattr(adapter_speed_module, "adapter_speed", lambda software, formats: timed)
+    fast = verdict(gguf_model())
+    assert fast.ok and fast.estimate.tok_per_sec is not None
+    assert 400 < fast.estimate.tok_per_sec < 1000  # ~153 dispatches at 10 µs: the H200's regime
+    assert "dispatches" in fast.estimate.details["tok_per_sec_model"]
+    slow_timed = AdapterSpeed("test GPU", False, 10e-6, 4e-6, {"Q4_1": 1e9, "Q8_0": 1e9, "F16": 1e9})
+    monkeypatch.setattr(adapter_speed_module, "adapter_speed", lambda software, formats: slow_timed)
+    slow = verdict(gguf_model())
+    assert slow.estimate.tok_per_sec < fast.estimate.tok_per_sec / 10  # 98 MB at 1 GB/s: bandwidth-bound
+    other = verdict(gguf_model(), GPU_CAPS.replace(gpu_name="another GPU"))
+    assert other.ok and other.estimate.tok_per_sec is None
+    assert "not another GPU" in other.estimate.details["tok_per_sec_model"]
+
+
+def test_a_real_check_times_this_machines_adapter_once(tmp_path, monkeypatch):
+    """The real SmolLM2 file on this machine's adapter (lavapipe in CI): a positive tok/s, kept for the next check."""
+    from anyformer_gguf_gpu import adapter_speed as adapter_speed_module
+
+    monkeypatch.setenv("ANYFORMER_HOME", str(tmp_path))
+    monkeypatch.setattr(adapter_speed_module, "_FOUND", {})
+    model = anyformer.describe(str(anyformer.default_model_path()))
+    caps = GPU_CAPS.replace(gpu_name=None)
+    v = plugin.can_run(model, caps, Request())
+    assert v.ok and v.estimate.tok_per_sec is not None and v.estimate.tok_per_sec > 0, v.estimate.details
+    assert (tmp_path / "gguf-gpu" / "adapter-speed.json").is_file()
+    monkeypatch.setattr(adapter_speed_module, "_FOUND", {})
+    monkeypatch.setattr(adapter_speed_module, "_time_in_child", lambda *a: pytest.fail("timed twice"))
+    again = plugin.can_run(model, caps, Request())
+    assert again.estimate.tok_per_sec == v.estimate.tok_per_sec

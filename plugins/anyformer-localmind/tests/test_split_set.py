@@ -99,14 +99,18 @@ def test_the_load_reads_the_set_from_its_first_shard(unsplit_and_first, monkeypa
 
     from anyformer import Request
     from anyformer_gguf_gpu.decode import greedy
+    from anyformer_gguf_gpu.model_choice import load_caps
     from anyformer_localmind import engine as engine_module
     from anyformer_localmind.engine import LocalMindModel
+    from anyformer_localmind.plugin import can_run
 
     def reply(path: str) -> list[int]:
         monkeypatch.setattr(
             engine_module, "fetch_chosen_gguf", lambda model, progress, backend, verdict: (path, Path(path))
         )
-        loaded = LocalMindModel.open(Model(repo="local/m", source="local"), Request(context=CTX), lambda e: None)
+        model, request = Model(repo="local/m", source="local"), Request(context=CTX)
+        verdict = can_run(model, load_caps(request, gpu=True), request)
+        loaded = LocalMindModel.open(model, request, lambda e: None, verdict)
         try:
             assert loaded.engine is not None
             return list(greedy(loaded.engine, PROMPT, 8))

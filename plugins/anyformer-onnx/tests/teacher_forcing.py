@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from anyformer.plugin import AnyformerError, ErrorCode
-from anyformer_onnx.sampling import Sampler
+from anyformer_onnx.chat.sampling import Sampler
 
 
 class Teacher(Sampler):

@@ -22,16 +22,16 @@ import pytest
 from onnx import helper
 
 import anyformer
-from anyformer_onnx import fused_graph
-from anyformer_onnx.attention_fusion import NotFusable, attention_shape, fuse_attention, inverse_frequencies
-from anyformer_onnx.cache_branch import reduce_to_with_past
-from anyformer_onnx.chat_model import OnnxChatModel
-from anyformer_onnx.decoder import DecodeLoop, DecoderGraph
-from anyformer_onnx.fused_graph import prepare_decoder
-from anyformer_onnx.fused_store import fused_entries
-from anyformer_onnx.mlp_fusion import split_gate_up
-from anyformer_onnx.norm_fusion import fuse_norms
-from anyformer_onnx.sampling import Sampler
+from anyformer_onnx.chat.decoder import DecodeLoop, DecoderGraph
+from anyformer_onnx.chat.handle import OnnxChatModel
+from anyformer_onnx.chat.sampling import Sampler
+from anyformer_onnx.rewrite import fused_graph
+from anyformer_onnx.rewrite.attention_fusion import NotFusable, attention_shape, fuse_attention, inverse_frequencies
+from anyformer_onnx.rewrite.cache_branch import reduce_to_with_past
+from anyformer_onnx.rewrite.fused_graph import prepare_decoder
+from anyformer_onnx.rewrite.fused_store import fused_entries
+from anyformer_onnx.rewrite.mlp_fusion import split_gate_up
+from anyformer_onnx.rewrite.norm_fusion import fuse_norms
 
 
 def _config(folder: Path) -> dict[str, Any]:
@@ -408,7 +408,7 @@ def test_the_proof_rejects_a_qwen3_rewrite_without_its_q_k_norms(
     tiny_qwen3_dir: Path, home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The norms are what separates Qwen3's attention from Qwen2's: left out, the probe must see it.
-    from anyformer_onnx import attention_fusion
+    from anyformer_onnx.rewrite import attention_fusion
 
     monkeypatch.setattr(attention_fusion, "_qk_norms", lambda *_args: {})
     graph = tiny_qwen3_dir / "onnx" / "model.onnx"

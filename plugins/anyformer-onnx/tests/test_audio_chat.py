@@ -26,8 +26,8 @@ from teacher_forcing import refusal
 
 import anyformer
 from anyformer.plugin import AnyformerError, ErrorCode
-from anyformer_onnx.audio_encoder import real_frames
-from anyformer_onnx.log_mel import LogMel
+from anyformer_onnx.media.audio_encoder import real_frames
+from anyformer_onnx.media.log_mel import LogMel
 
 
 def _messages(folder: Path, reply: dict[str, Any], audio: Any = None) -> list[dict[str, Any]]:

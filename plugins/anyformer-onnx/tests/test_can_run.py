@@ -7,9 +7,10 @@ from typing import Any
 import pytest
 
 from anyformer.plugin import Caps, Model, Rank, Refusal, Request, Verdict
-from anyformer_onnx import plugin, runtime
+from anyformer_onnx import plugin
 from anyformer_onnx.graphs import choose_graph
-from anyformer_onnx.tasks import task_of
+from anyformer_onnx.session import providers as runtime
+from anyformer_onnx.tasks.registry import task_of
 
 CAPS = Caps(ram_bytes=16 * 10**9, store=True, cpu_count=2)
 _CHAT_CONFIG = {

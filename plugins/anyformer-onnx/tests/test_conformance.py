@@ -17,7 +17,7 @@ import pytest
 import anyformer
 from anyformer import Model, Refusal
 from anyformer_conformance import BackendConformance, RefusalCase
-from anyformer_onnx.fused_graph import prepare_decoder
+from anyformer_onnx.rewrite.fused_graph import prepare_decoder
 
 pytest_plugins = ["anyformer_conformance.plugin"]
 

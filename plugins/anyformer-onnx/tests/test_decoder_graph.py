@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from anyformer.plugin import AnyformerError, ErrorCode
-from anyformer_onnx.decoder import DecoderGraph
+from anyformer_onnx.chat.decoder import DecoderGraph
 
 
 @dataclass
@@ -81,7 +81,7 @@ def test_graphs_the_loop_cannot_feed_are_bad_model(inputs: list[_Arg], outputs: 
 
 def test_each_cache_entry_keeps_its_own_head_size() -> None:
     """Gemma 4: full-attention layers have a wider head; the graph's dims, else config's global_head_dim."""
-    from anyformer_onnx.decoder import DecodeLoop
+    from anyformer_onnx.chat.decoder import DecodeLoop
 
     inputs = [_Arg("inputs_embeds"), _Arg("per_layer_inputs")]
     inputs += [_Arg(f"past_key_values.0.{p}", ["b", 1, "p", 256], "tensor(float)") for p in ("key", "value")]

@@ -22,9 +22,9 @@ import pytest
 from onnxruntime.transformers.float16 import convert_float_to_float16
 
 import anyformer
-from anyformer_onnx.chat_model import OnnxChatModel
-from anyformer_onnx.runtime import CUDA, available_providers
-from anyformer_onnx.sampling import Sampler
+from anyformer_onnx.chat.handle import OnnxChatModel
+from anyformer_onnx.chat.sampling import Sampler
+from anyformer_onnx.session.providers import CUDA, available_providers
 
 
 @pytest.fixture(scope="module")

@@ -26,11 +26,12 @@ from teacher_forcing import largest_gap, media_messages, refusal, replies, step_
 import anyformer
 from anyformer.plugin import AnyformerError, Caps, ErrorCode, Model, Refusal, Request
 from anyformer_onnx import plugin
-from anyformer_onnx.decoder import DecodeLoop
-from anyformer_onnx.gemma4_audio import Gemma4LogMel, audio_tokens, htk_mel_filters
-from anyformer_onnx.gemma4_image import Gemma4ImageProcessor
-from anyformer_onnx.per_layer import PER_LAYER_INPUTS
-from anyformer_onnx.tasks import AUDIO_TEXT_TO_TEXT, IMAGE_TEXT_TO_TEXT, TEXT_GENERATION, task_of
+from anyformer_onnx.chat.decoder import DecodeLoop
+from anyformer_onnx.chat.per_layer import PER_LAYER_INPUTS
+from anyformer_onnx.media.gemma4_audio import Gemma4LogMel, audio_tokens, htk_mel_filters
+from anyformer_onnx.media.gemma4_image import Gemma4ImageProcessor
+from anyformer_onnx.tasks.names import AUDIO_TEXT_TO_TEXT, IMAGE_TEXT_TO_TEXT, TEXT_GENERATION
+from anyformer_onnx.tasks.registry import task_of
 
 
 @pytest.fixture(scope="module")

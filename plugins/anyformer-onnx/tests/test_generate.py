@@ -16,8 +16,8 @@ import pytest
 
 import anyformer
 from anyformer.plugin import AnyformerError, ErrorCode
-from anyformer_onnx.chat_model import OnnxChatModel
-from anyformer_onnx.sampling import Sampler
+from anyformer_onnx.chat.handle import OnnxChatModel
+from anyformer_onnx.chat.sampling import Sampler
 
 pytestmark = pytest.mark.slow
 
@@ -65,7 +65,7 @@ def test_smollm2_greedy_equals_torch(smol: anyformer.Loaded, smollm2_dir: Path, 
     assert len(replies) == 3
     handle = smol.handle
     assert isinstance(handle, OnnxChatModel)
-    # The graph that decodes is the rewritten one (fused_graph.py), 30 layers of GroupQueryAttention.
+    # The graph that decodes is the rewritten one (rewrite/fused_graph.py), 30 layers of GroupQueryAttention.
     assert handle.details["graph"].startswith("attention fused into GroupQueryAttention (30 layers")
     _check_replies(smol, replies)
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from anyformer.plugin import AnyformerError, ErrorCode
-from anyformer_onnx.ort_session import open_session
+from anyformer_onnx.session.ort_session import open_session
 
 
 def _graph_with_external_data(folder: Path, location: str) -> Path:

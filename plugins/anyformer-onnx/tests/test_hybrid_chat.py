@@ -21,7 +21,7 @@ from teacher_forcing import Teacher, largest_gap, replies
 
 import anyformer
 from anyformer.plugin import AnyformerError, ErrorCode
-from anyformer_onnx.decoder import DecodeLoop
+from anyformer_onnx.chat.decoder import DecodeLoop
 
 #: How far the loop's logits may be from torch's.
 TOLERANCE = 2e-4

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from anyformer_onnx.image_preprocessing import ImagePreprocessor
+from anyformer_onnx.media.image_preprocessing import ImagePreprocessor
 
 
 def _images() -> list[Any]:

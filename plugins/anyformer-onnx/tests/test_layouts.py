@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 import anyformer
-from anyformer_onnx.chat_model import OnnxChatModel
-from anyformer_onnx.sampling import Sampler
+from anyformer_onnx.chat.handle import OnnxChatModel
+from anyformer_onnx.chat.sampling import Sampler
 
 _TEXT_FILES = ("tokenizer.json", "tokenizer_config.json", "config.json", "generation_config.json")
 

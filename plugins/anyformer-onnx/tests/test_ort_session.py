@@ -8,7 +8,8 @@ from typing import Any
 import onnxruntime
 import pytest
 
-from anyformer_onnx import ort_session, runtime
+from anyformer_onnx.session import ort_session
+from anyformer_onnx.session import providers as runtime
 
 
 @pytest.fixture(autouse=True)

@@ -23,9 +23,10 @@ from teacher_forcing import Teacher, largest_gap, replies, step_logits
 import anyformer
 from anyformer.plugin import AnyformerError, Caps, ErrorCode, Model, Refusal, Request
 from anyformer_onnx import plugin
-from anyformer_onnx.decoder import DecodeLoop
-from anyformer_onnx.per_layer import PER_LAYER_INPUTS, declares_per_layer_inputs
-from anyformer_onnx.tasks import TEXT_GENERATION, task_of
+from anyformer_onnx.chat.decoder import DecodeLoop
+from anyformer_onnx.chat.per_layer import PER_LAYER_INPUTS, declares_per_layer_inputs
+from anyformer_onnx.tasks.names import TEXT_GENERATION
+from anyformer_onnx.tasks.registry import task_of
 
 
 @pytest.fixture(scope="module")

@@ -25,9 +25,9 @@ from teacher_forcing import Teacher, media_messages
 
 import anyformer
 from anyformer.plugin import AnyformerError, ErrorCode
-from anyformer_onnx.mrope import rope_index, step_positions
-from anyformer_onnx.qwen_vl_image import QwenVLImageProcessor
-from anyformer_onnx.sampling import Sampler
+from anyformer_onnx.chat.mrope import rope_index, step_positions
+from anyformer_onnx.chat.sampling import Sampler
+from anyformer_onnx.media.qwen_vl_image import QwenVLImageProcessor
 
 
 @pytest.fixture(scope="module")

@@ -27,9 +27,9 @@ from teacher_forcing import Teacher, media_messages, replies
 
 import anyformer
 from anyformer.plugin import AnyformerError, ErrorCode
-from anyformer_onnx.mrope import rope_index
-from anyformer_onnx.qwen_vl_image import QwenVLImageProcessor
-from anyformer_onnx.sampling import Sampler
+from anyformer_onnx.chat.mrope import rope_index
+from anyformer_onnx.chat.sampling import Sampler
+from anyformer_onnx.media.qwen_vl_image import QwenVLImageProcessor
 
 #: How far the loop's logits may be from torch's (torch's prefill is chunked, the export's token by token).
 TOLERANCE = 2e-4

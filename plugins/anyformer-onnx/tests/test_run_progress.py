@@ -18,8 +18,8 @@ import pytest
 
 import anyformer
 from anyformer.plugin import AnyformerError, ErrorCode, ProgressEvent
-from anyformer_onnx.encoder import BATCH
-from anyformer_onnx.whisper_longform import chunk_spans
+from anyformer_onnx.speech.longform import chunk_spans
+from anyformer_onnx.text.encoder import BATCH
 
 #: transformers' chunk_length_s=30 with its default strides (30/6 s), in samples at 16 kHz.
 _SPANS = (480_000, 80_000, 80_000)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from anyformer_onnx.sampling import Sampler, apply_repetition_penalty
+from anyformer_onnx.chat.sampling import Sampler, apply_repetition_penalty
 
 
 def test_greedy_is_argmax_with_the_lowest_id_on_ties() -> None:

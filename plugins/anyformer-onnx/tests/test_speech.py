@@ -23,7 +23,7 @@ from onnx_exports import wav_bytes
 
 import anyformer
 from anyformer.plugin import AnyformerError, ErrorCode
-from anyformer_onnx.log_mel import LogMel
+from anyformer_onnx.media.log_mel import LogMel
 
 
 def test_transcriptions_equal_torch(whisper_dir: Path, reference: Any) -> None:
@@ -134,7 +134,7 @@ def test_bad_audio_and_options_are_bad_request(whisper: Any, bad: Any, options: 
 
 
 def test_wav_forms_decode_to_the_same_samples() -> None:
-    from anyformer_onnx.audio_input import decode_wav
+    from anyformer_onnx.media.audio_input import decode_wav
 
     tone = _TONE[:800]
     for width in (1, 2, 3, 4):

@@ -29,7 +29,7 @@ import pytest
 
 import anyformer
 from anyformer.plugin import AnyformerError, ErrorCode
-from anyformer_onnx.whisper_longform import chunk_spans, longest_common_merge, merge_windows, timestamp_rules
+from anyformer_onnx.speech.longform import chunk_spans, longest_common_merge, merge_windows, timestamp_rules
 
 _MODES = {
     "chunked": {},

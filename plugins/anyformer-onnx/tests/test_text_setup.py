@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from anyformer.plugin import AnyformerError, ErrorCode
-from anyformer_onnx import text_setup
-from anyformer_onnx.text_setup import load_text_setup
+from anyformer_onnx.text import setup as text_setup
+from anyformer_onnx.text.setup import load_text_setup
 
 
 def _folder(tmp_path: Path, tiny_llama_dir: Path, **files: object) -> dict[str, Path]:

@@ -197,7 +197,7 @@ def _masks_equal(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> bool:
 def test_resize_bilinear_equals_torch() -> None:
     import torch
 
-    from anyformer_onnx.vision_models import resize_bilinear
+    from anyformer_onnx.vision.handles import resize_bilinear
 
     maps = np.random.default_rng(5).normal(size=(3, 8, 11)).astype(np.float32)
     for height, width in ((37, 45), (5, 4), (8, 11), (61, 20)):
@@ -226,7 +226,7 @@ def test_depth_estimation_equals_the_pipeline(dpt_dir: Path, reference: Any) -> 
 def test_resize_bicubic_equals_torch() -> None:
     import torch
 
-    from anyformer_onnx.vision_models import resize_bicubic
+    from anyformer_onnx.vision.handles import resize_bicubic
 
     image = np.random.default_rng(6).normal(size=(8, 11)).astype(np.float32)
     for height, width in ((37, 45), (5, 4), (8, 11), (61, 20)):

@@ -10,9 +10,10 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-from anyformer.contract._caps import Caps, probe
+from anyformer.contract._caps import Caps
 from anyformer.contract._errors import AnyformerError, ErrorCode
 from anyformer.contract._sizes import parse_size
+from anyformer.machine._probe import probe
 
 
 def add_machine_arguments(parser: argparse.ArgumentParser, *, budget: bool = True) -> None:

@@ -26,9 +26,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Print the stored models; exit 0 even when some entries are corrupted (they are listed as such)."""
+    from anyformer._cache_listing import list_store
     from anyformer._default_model import EMBEDDED_STATE, default_model_entry
     from anyformer._plugins import get_plugin_manager
-    from anyformer.store._cache_listing import list_store
 
     manager = get_plugin_manager()
     entries, problems = list_store(manager)

@@ -31,7 +31,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Pull the files; print where they are and how much was downloaded."""
-    from anyformer.store._pull import pull
+    from anyformer._pull import pull
 
     with ProgressPrinter() as progress, os_errors_as_refusals(f"pulling {args.model!r:.200}"):
         result = pull(

@@ -28,8 +28,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Show what goes, ask (unless -y), remove, print the bytes freed."""
+    from anyformer._cache_removal import plan_removal
     from anyformer._default_model import refuse_removing_default_model
-    from anyformer.store._cache_removal import plan_removal
 
     refuse_removing_default_model(args.model)
     with os_errors_as_refusals(f"looking for {args.model!r:.200}"):

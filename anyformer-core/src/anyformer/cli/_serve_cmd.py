@@ -134,8 +134,8 @@ def run(args: argparse.Namespace) -> int:
             ErrorCode.BAD_REQUEST,
             f"anyformer serve needs {' and '.join(missing)}: pip install 'anyformer[serve]'",
         )
+    from anyformer.contract._endpoints import RPC_ENV, parse_endpoints
     from anyformer.contract._sizes import parse_size
-    from anyformer.rpc._endpoints import RPC_ENV, parse_endpoints
     from anyformer.server import serve
     from anyformer.server._keep_alive import parse_keep_alive
     from anyformer.server._pool import DEFAULT_PARALLEL

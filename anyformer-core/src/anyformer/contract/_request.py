@@ -6,9 +6,9 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
+from anyformer.contract._endpoints import parse_endpoints
 from anyformer.contract._errors import AnyformerError, ErrorCode
 from anyformer.contract._sizes import parse_size
-from anyformer.rpc._endpoints import parse_endpoints
 
 
 @dataclasses.dataclass(frozen=True)

@@ -282,7 +282,24 @@ class GGUFHeader:
             "has_chat_template": isinstance(self.kv.get("tokenizer.chat_template"), str),
             "split": split,
             "tensor_bytes": self.tensor_bytes(),
+            "decode_bytes_by_type": self.decode_bytes_by_type(),
         }
+
+    def decode_bytes_by_type(self) -> dict[str, int]:
+        """Bytes of the matrices one decode token reads, by ggml type (e.g. ``{"Q4_1": 66e6, "Q8_0": 28e6}``).
+
+        Every tensor of two or more dimensions, except the token embedding where an ``output.weight``
+        head exists (a token then reads one row of it; without a head the embedding is the head and is
+        read whole). Routed experts count whole: a backend that runs only some scales by its own share.
+        A backend models its decode speed from this without opening the file.
+        """
+        has_head = any(t.name == "output.weight" for t in self.tensors)
+        out: dict[str, int] = {}
+        for t in self.tensors:
+            if len(t.dims) < 2 or (has_head and t.name == "token_embd.weight"):
+                continue
+            out[t.type_name] = out.get(t.type_name, 0) + t.nbytes
+        return dict(sorted(out.items()))
 
     def tensor_bytes(self) -> dict[str, int]:
         """Where the tensor bytes lie, for a backend that places experts and dense weights apart.

@@ -14,7 +14,7 @@ import dataclasses
 import socket
 import struct
 
-from anyformer.rpc._endpoints import split_endpoint
+from anyformer.contract._endpoints import split_endpoint
 
 #: The protocol version of the llama.cpp this release builds (ggml-rpc.h, RPC_PROTO_*_VERSION).
 PROTOCOL = (7, 0, 0)

@@ -476,7 +476,7 @@ def _stored_models(plugins: PluginManager | None) -> list[dict[str, Any]]:
     manager = plugins or get_plugin_manager()
     try:
         try:
-            from anyformer.store._cache_listing import list_store
+            from anyformer._cache_listing import list_store
         except ImportError:
             entries, _problems = manager.store_list()
         else:

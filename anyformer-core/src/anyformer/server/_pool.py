@@ -33,11 +33,12 @@ from typing import Any, Literal
 import anyformer
 from anyformer._loaded import Loaded
 from anyformer._plugins import PluginManager
-from anyformer.contract._caps import Caps, probe
+from anyformer.contract._caps import Caps
 from anyformer.contract._chunk import Chunk
 from anyformer.contract._errors import AnyformerError, ErrorCode
 from anyformer.contract._messages import Message
 from anyformer.contract._sizes import format_size, parse_size
+from anyformer.machine._probe import probe
 from anyformer.server._keep_alive import DEFAULT_KEEP_ALIVE, FOREVER, IdleTimer
 from anyformer.server._timings import GenerationClock, attach_to_request
 

@@ -102,6 +102,11 @@ def with_set_bytes(
             for name, count in (shard.get("tensor_types") or {}).items():
                 types[name] = types.get(name, 0) + _int(count)
         out["tensor_types"] = dict(sorted(types.items()))
+        decode_bytes: dict[str, int] = {}
+        for shard in shards:
+            for name, nbytes in (shard.get("decode_bytes_by_type") or {}).items():
+                decode_bytes[name] = decode_bytes.get(name, 0) + _int(nbytes)
+        out["decode_bytes_by_type"] = dict(sorted(decode_bytes.items()))
         parts = [s.get("tensor_bytes") or {} for s in shards]
         out["tensor_bytes"] = {
             key: (max if key in ("experts_widest_layer", "expert_layers") else sum)(_int(p.get(key)) for p in parts)
@@ -117,6 +122,10 @@ def with_set_bytes(
         out["tensor_bytes"] = {
             key: _int(value) if key == "expert_layers" else int(_int(value) * scale) for key, value in facts.items()
         }
+    by_type = summary.get("decode_bytes_by_type")
+    if isinstance(by_type, dict) and first_data:
+        scale = total / first_data
+        out["decode_bytes_by_type"] = {key: int(_int(value) * scale) for key, value in by_type.items()}
     out["set_estimated"] = True
     return out
 

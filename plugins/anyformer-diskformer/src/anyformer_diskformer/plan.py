@@ -11,14 +11,14 @@ and a description without any header from the architecture's rough shape over th
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from anyformer.plugin import AnyformerError, GGUFHeader
-from anyformer_diskformer.moe_config import PER_LAYER_STATE_ARCHITECTURES, is_expert_tensor, layer_of
-
-if TYPE_CHECKING:
-    from anyformer_diskformer.gemma4_config import Gemma4Config
-    from anyformer_diskformer.moe_config import MoEConfig
+from anyformer_diskformer.arch.moe_config import is_expert_tensor, layer_of
+from anyformer_diskformer.arch.registry import ARCHITECTURES, FALLBACK, find_spec, read_moe_config
+from anyformer_diskformer.arch.summary_facts import fact as _fact
+from anyformer_diskformer.arch.summary_facts import widest as _widest
+from anyformer_diskformer.engines.gpu.layout import PROMPT_STEP
 
 #: Host memory the engine takes besides its weights and caches: tokenizer, Python objects, scratch.
 RAM_OVERHEAD = 64 * 10**6
@@ -28,19 +28,6 @@ DEFAULT_CONTEXT = 4096
 
 #: GPU bytes besides weights, caches and slots: activations, scratch, uniforms, the rope table.
 GPU_OVERHEAD = 32 * 10**6
-#: Most tokens one GPU prompt step covers (:mod:`~anyformer_diskformer.gpu_prompt` says why 32).
-PROMPT_STEP = 32
-#: Floats between two tokens' rows of qwen35moe's delta-net step buffers are a multiple of this
-#: (:mod:`~anyformer_diskformer.gpu_hybrid`): a per-token delta-rule dispatch binds its token's rows at an offset,
-#: which must be a multiple of the device's storage-offset alignment (256 bytes at most in WebGPU).
-ROW_ALIGN = 64
-
-
-def aligned_row(floats: int) -> int:
-    """``floats`` rounded up to a whole number of :data:`ROW_ALIGN` (a delta-net step buffer's row stride)."""
-    return -(-floats // ROW_ALIGN) * ROW_ALIGN
-
-
 #: Where the engine runs: "cpu" (numpy; dense weights as stored in host memory) or "gpu" (wgpu;
 #: dense weights as stored, in GPU memory).
 DEVICES = ("cpu", "gpu")
@@ -86,11 +73,6 @@ class Plan:
         return max(0, min(self.expert_bytes_total, budget - self.fixed_bytes))
 
 
-def _fact(summary: dict[str, Any], key: str) -> int:
-    value = summary.get(key)
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
-
-
 def context_for(summary: dict[str, Any], requested: int | None) -> int:
     """The context a load uses: the request's (capped by the model's own), else the default capped too."""
     trained = _fact(summary, "context_length")
@@ -106,20 +88,12 @@ def _kv_bytes(summary: dict[str, Any], context: int) -> int:
     return 2 * _fact(summary, "block_count") * context * kv_heads * head_dim * 4
 
 
-def _widest(summary: dict[str, Any], key: str) -> int:
-    """A count the summary gives for the model or per layer (Gemma 4's heads): the largest."""
-    value = summary.get(key)
-    if isinstance(value, list):
-        return max((v for v in value if isinstance(v, int) and not isinstance(v, bool) and v > 0), default=0)
-    return _fact(summary, key)
-
-
 def prompt_step_bytes(summary: dict[str, Any], context: int, tokens: int) -> int:
     """GPU bytes the wgpu engine's prompt steps of ``tokens`` tokens add to one token's buffers: every head's
     scores over the context, the residual, q/k/v, attention and router rows, and the experts' gathered inputs,
     [gate | up] rows and outputs (an expert's width taken as the model's, which bounds every MoE here; Gemma 4's
-    dense MLP rows and the widest layer's heads counted too: an estimate, :func:`gemma4_prompt_bytes` is exact).
-    0 for steps of one token."""
+    dense MLP rows and the widest layer's heads counted too: an estimate, its spec's ``prompt_bytes`` is exact, and its
+    spec's ``prompt_row_floats`` adds its own layers' rows). 0 for steps of one token."""
     tokens = min(tokens, context)  # the engine's steps never outgrow its context
     if tokens <= 1:
         return 0
@@ -132,51 +106,10 @@ def prompt_step_bytes(summary: dict[str, Any], context: int, tokens: int) -> int
     head_dim = _fact(summary, "key_length") or (embd // heads if heads else 0)
     q_dim, kv_dim = heads * head_dim, kv_heads * head_dim
     per_token = heads * context + (4 + 4 * k) * embd + 2 * q_dim + 2 * kv_dim + _fact(summary, "expert_count") + 1
-    if summary.get("architecture") == "gemma4":
-        # Its MLP's [gate | up] rows, and the attention output, MLP, experts' and FFN sum rows and their zeros.
-        per_token += 2 * _widest(summary, "feed_forward_length") + 5 * embd
-    if summary.get("architecture") == "qwen35moe":
-        # Each query's output gate beside it, and the delta nets' projection, convolution and output rows, which the
-        # summary does not size (Qwen3.5's are about 12 n_embd, the fixtures' 7 and 9): 16 n_embd.
-        per_token += q_dim + 16 * embd
+    spec = find_spec(summary.get("architecture"))
+    if spec is not None and spec.prompt_row_floats is not None:
+        per_token += spec.prompt_row_floats(summary, embd, q_dim)  # its own layers' rows (Gemma 4's MLP, delta nets)
     return 4 * (tokens - 1) * per_token
-
-
-def gemma4_prompt_bytes(c: Gemma4Config, context: int, tokens: int) -> int:
-    """What Gemma 4's prompt steps of ``tokens`` tokens add to one token's GPU buffers, from its per-layer widths:
-    the residual, attention output, MLP, experts', FFN sum and zero rows, the widest layer's q/k/v and attention
-    rows and scores, and the step's router rows, experts' inputs and outputs, [gate | up] rows (the experts' or the
-    widest MLP's) and combine table."""
-    tokens = min(tokens, context)
-    if tokens <= 1:
-        return 0
-    layers = range(c.n_layer)
-    qkv = max(c.heads[i] * c.head_dims[i] + 2 * c.kv_heads[i] * c.head_dims[i] for i in layers)
-    attn = max(c.heads[i] * c.head_dims[i] for i in layers)
-    rows = 6 * c.n_embd + qkv + attn + max(c.heads) * context
-    k = c.n_expert_used
-    step = c.n_expert + 2 * k * c.n_embd + max(2 * k * c.n_ff_exp, 2 * max(c.ffs)) + 2 * k
-    # Each of the step's five buffers takes up to 20 bytes more (GPU.buffer's margin, rounded to 16).
-    return 4 * ((tokens - 1) * rows + tokens * step) + 5 * 20
-
-
-def qwen35moe_prompt_bytes(c: MoEConfig, context: int, tokens: int) -> int:
-    """What qwen35moe's prompt steps of ``tokens`` tokens add to one token's GPU buffers: the residual, q/k/v (each
-    query followed by its gate), attention and score rows, the delta nets' projection, convolution and output rows
-    (:func:`aligned_row` apart) and the position block of a step's later tokens, and the step's router rows, experts'
-    inputs, [gate | up] rows (the routed and shared experts') and outputs and combine table."""
-    tokens = min(tokens, context)
-    if tokens <= 1:
-        return 0
-    keys, values = c.ssm_k_heads * c.ssm_head, c.ssm_v_heads * c.ssm_head
-    channels = 2 * keys + values
-    delta = aligned_row(channels + values + 2 * c.ssm_v_heads) + aligned_row(channels) + aligned_row(values)
-    rows = c.n_embd + 3 * c.q_dim + 2 * c.kv_dim + c.n_head * context + delta
-    k = c.n_expert_used
-    m = k + (1 if c.n_ff_shexp else 0)
-    step = c.n_expert + 1 + (k + m) * c.n_embd + max(2 * k * c.n_ff_exp + 2 * c.n_ff_shexp, 2 * c.n_ff) + 2 * m
-    # Each of the twelve buffers takes up to 20 bytes more (GPU.buffer's margin, rounded to 16); the block is 16.
-    return 4 * ((tokens - 1) * rows + tokens * step) + 12 * 20 + 32
 
 
 def plan_from_header(header: GGUFHeader, context: int, device: str = "cpu", prompt_step: int = PROMPT_STEP) -> Plan:
@@ -203,48 +136,20 @@ def plan_from_header(header: GGUFHeader, context: int, device: str = "cpu", prom
             # The CPU engine keeps vectors as float32 (as are F32 tensors) and other matrices as stored.
             dense += 4 * t.n_elements if device == "cpu" and len(t.dims) == 1 else t.nbytes
     plan = _plan(summary, context, device, dense, expert_bytes, estimated=False, prompt_step=prompt_step)
-    if header.architecture in PER_LAYER_STATE_ARCHITECTURES:
+    spec = find_spec(header.architecture)
+    if spec is not None and spec.state_bytes is not None:
         # Gemma 4's sliding layers hold a ring for the GPU's prompt steps (n_swa + step - 1 rows); the CPU engine
         # reads its ring before storing a step's keys (steps of one token here), and qwen35moe's state has no rings.
         step = prompt_step if device == "gpu" else 1
-        plan = dataclasses.replace(plan, kv_bytes=_hybrid_state_bytes(header, context, step=step))
-    if header.architecture == "gemma4" and device == "gpu":
-        from anyformer_diskformer.gemma4_config import read_gemma4_config
-
-        plan = dataclasses.replace(
-            plan, prompt_bytes=gemma4_prompt_bytes(read_gemma4_config(header), context, prompt_step)
-        )
-    if header.architecture == "qwen35moe" and device == "gpu":
-        from anyformer_diskformer.moe_config import read_moe_config
-
-        plan = dataclasses.replace(
-            plan, prompt_bytes=qwen35moe_prompt_bytes(read_moe_config(header), context, prompt_step)
-        )
+        plan = dataclasses.replace(plan, kv_bytes=spec.state_bytes(read_moe_config(header), context, step))
+    if spec is not None and spec.prompt_bytes is not None and device == "gpu":
+        plan = dataclasses.replace(plan, prompt_bytes=spec.prompt_bytes(read_moe_config(header), context, prompt_step))
     experts = _fact(summary, "expert_count")
     widest = max(per_layer.values(), default=0) // experts if experts else 0
     # n_layer counts the layers that route (leading dense layers read no expert).
     return dataclasses.replace(
         plan, one_expert_bytes=max(plan.one_expert_bytes, widest), n_layer=len(per_layer) or plan.n_layer
     )
-
-
-def _hybrid_state_bytes(header: GGUFHeader, context: int, step: int) -> int:
-    """The f32 state of an architecture whose layers differ: Gemma 4's K and V per layer in that layer's widths,
-    ``context`` rows for a full layer, a sliding layer's ring for steps of up to ``step`` tokens
-    (:meth:`Gemma4Config.kv_rows`); qwen35moe's K and V rows for its attention layers and each delta-net layer's
-    convolution inputs and state matrices."""
-    from anyformer_diskformer.gemma4_config import Gemma4Config
-    from anyformer_diskformer.moe_config import read_moe_config
-
-    c = read_moe_config(header)
-    if isinstance(c, Gemma4Config):
-        # Gemma 4's layers differ in KV heads and head width: a K and V array each, in its own width and rows.
-        return c.kv_bytes(context, step)
-    kv = 2 * (c.n_layer - sum(c.recurrent)) * context * c.kv_dim * 4
-    delta = sum(c.recurrent) * (
-        (c.ssm_conv - 1) * (2 * c.ssm_k_heads + c.ssm_v_heads) * c.ssm_head + c.ssm_v_heads * c.ssm_head**2
-    )
-    return kv + 4 * delta
 
 
 def plan_from_summary(
@@ -323,41 +228,14 @@ def plan_from_tensor_bytes(
     )
 
 
-@dataclasses.dataclass(frozen=True)
-class _Shape:
-    """What an architecture's released models look like, for a plan without a header (a rough estimate)."""
-
-    layers: int
-    experts: int
-    used: int
-    #: The share of the file that is not routed experts (embeddings, attention, norms, shared experts).
-    dense_share: float
-    #: Key plus value width per attention layer, and the share of layers' context it spans.
-    kv_width: int
-    kv_share: float
-
-
-#: Rough shapes from the published configs of each family's released models (Qwen3-30B-A3B,
-#: Qwen3.5/3.6-35B-A3B, Gemma 4 26B-A4B, Ling 2.0/3.0 flash): dense shares from total and active
-#: parameter counts; Gemma 4's sliding layers and qwen35moe's delta-net layers hold less context.
-ROUGH_SHAPES: dict[str, _Shape] = {
-    "qwen3moe": _Shape(layers=48, experts=128, used=8, dense_share=0.06, kv_width=512, kv_share=1.0),
-    "qwen2moe": _Shape(layers=24, experts=60, used=4, dense_share=0.15, kv_width=2048, kv_share=1.0),
-    "qwen35moe": _Shape(layers=40, experts=256, used=8, dense_share=0.08, kv_width=512, kv_share=0.25),
-    "gemma4": _Shape(layers=30, experts=128, used=8, dense_share=0.12, kv_width=1024, kv_share=0.4),
-    "bailingmoe": _Shape(layers=28, experts=64, used=6, dense_share=0.1, kv_width=2048, kv_share=1.0),
-    "bailingmoe2": _Shape(layers=32, experts=256, used=8, dense_share=0.05, kv_width=512, kv_share=1.0),
-}
-
-
 def rough_plan(
     summary: dict[str, Any], file_bytes: int, context: int, device: str = "cpu", prompt_step: int = PROMPT_STEP
 ) -> Plan:
-    """A plan without a header: the architecture's rough shape (:data:`ROUGH_SHAPES`) over the files' bytes.
+    """A plan without a header: the architecture's rough shape (its spec's ``rough_shape``) over the files' bytes.
 
     Dims config.json gives (layers, experts, heads) replace the shape's. :attr:`Plan.estimated` is True.
     """
-    shape = ROUGH_SHAPES.get(str(summary.get("architecture")), ROUGH_SHAPES["qwen3moe"])
+    shape = (find_spec(summary.get("architecture")) or ARCHITECTURES[FALLBACK]).rough_shape
     layers = _fact(summary, "block_count") or shape.layers
     experts = _fact(summary, "expert_count") or shape.experts
     used = _fact(summary, "expert_used_count") or shape.used

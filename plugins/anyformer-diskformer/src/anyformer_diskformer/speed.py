@@ -16,8 +16,12 @@ timed by reading :data:`DISK_SAMPLE` bytes of a file of anyformer's own under ``
 (``O_DIRECT`` where allowed, else after dropping it from the page cache), memory by a numpy copy,
 and the kernels by one Q8_0 product of synthetic blocks. The figures are kept in
 ``ANYFORMER_HOME/diskformer/speed.json`` for :data:`KEEP_SECONDS`, so a fresh process pays nothing.
-The GPU engine is not modelled: ``can_run`` does not open the GPU, so its speed there is None, and
-the reason says so.
+
+On the GPU (:func:`gpu_tok_per_sec`) the same lookups run on the adapter's kernels, whose costs
+anyformer-gguf-gpu times once in a child process and keeps (``adapter_speed``): a token costs, per
+layer, one submission and the read-back of the router's logits (the host routes) and the dispatches
+of attention and the experts; every weight byte at the adapter's product rate for its format; and
+each missed expert read from disk and uploaded. The host's Python per layer is left out.
 """
 
 from __future__ import annotations
@@ -92,7 +96,7 @@ def _time_memory() -> float:
 
 def _time_kernels() -> float:
     """Weight bytes a second of one single-thread Q8_0 product (synthetic blocks: the values do not change the time)."""
-    from anyformer_diskformer.quant_product import QuantProduct
+    from anyformer_diskformer.compute.quant_product import QuantProduct
     from anyformer_gguf_gpu.quants import Q8_0
 
     blocks = KERNEL_ROWS * (KERNEL_COLS // Q8_0.block_size)
@@ -166,7 +170,7 @@ def tok_per_sec(path: str | None, plan: Plan, cache_bytes: int, device: str) -> 
     """The modelled decode speed and how it was reached (or why there is none); ``path`` is only asked
     whether the model is on disk (a what-if about a repo gets no speed), never opened."""
     if device != "cpu":
-        return None, "not modelled on the GPU: can_run does not open the GPU to time it"
+        return None, "not the CPU engine: see gpu_tok_per_sec"
     if path is None or not os.path.isfile(path):
         return None, "no file on disk to model the speed of"
     if plan.estimated:
@@ -189,5 +193,55 @@ def tok_per_sec(path: str | None, plan: Plan, cache_bytes: int, device: str) -> 
         f"CPU model: {lookups} expert uses a token at {expert_seconds * 1e3:.2f} ms each, "
         f"{(1 - held) * 100:.0f}% of them read at {found.disk_bytes_per_s / 1e6:.0f} MB/s (uniform routing; "
         "this machine's disk under ANYFORMER_HOME), dense weights at the experts' cost a byte"
+    )
+    return (1.0 / seconds if seconds > 0 else None), why
+
+
+#: Dispatches of a layer besides its experts' (norm-fused q/k/v, rope and store, attention, output, router).
+GPU_LAYER_DISPATCHES = 5
+#: Dispatches of one routed expert (gate, up, down).
+GPU_EXPERT_DISPATCHES = 3
+
+
+def gpu_tok_per_sec(
+    path: str | None, plan: Plan, cache_bytes: int, summary: dict[str, object]
+) -> tuple[float | None, str]:
+    """The modelled decode speed of the wgpu engine and how it was reached (or why there is none)."""
+    if path is None or not os.path.isfile(path):
+        return None, "no file on disk to model the speed of"
+    if plan.estimated:
+        return None, "the header's tensors were not read, so the expert sizes are guesses"
+    from anyformer_gguf_gpu.adapter_speed import adapter_speed
+    from anyformer_gguf_gpu.decode_speed import formats_read
+
+    try:
+        adapter = adapter_speed(os.environ.get("ANYFORMER_SOFTWARE_GPU") == "1", formats_read(dict(summary)))
+        found = measure()
+    except Exception as exc:  # a machine that cannot be timed still gets its verdict; the reason says why
+        return None, f"timing this machine failed ({type(exc).__name__}: {str(exc)[:120]})"
+    if found is None or found.disk_bytes_per_s <= 0 or not adapter.bytes_per_s or adapter.upload_bytes_per_s <= 0:
+        return None, "the disk or the adapter's timing gave nothing"
+    by_type = summary.get("decode_bytes_by_type")
+    weights = {str(k): int(v) for k, v in by_type.items() if isinstance(v, int)} if isinstance(by_type, dict) else {}
+    total = sum(weights.values())
+    # One rate for every byte, the formats weighted by their bytes (experts and dense weights share the formats).
+    seconds_a_byte = (
+        sum(n / adapter.bytes_per_s.get(f, min(adapter.bytes_per_s.values())) for f, n in weights.items()) / total
+        if total
+        else 1.0 / min(adapter.bytes_per_s.values())
+    )
+    held = min(1.0, cache_bytes / plan.expert_bytes_total) if plan.expert_bytes_total else 1.0
+    lookups = plan.n_layer * plan.experts_per_token
+    dispatches = plan.n_layer * GPU_LAYER_DISPATCHES + lookups * GPU_EXPERT_DISPATCHES + 2
+    compute = (plan.dense_bytes + lookups * plan.one_expert_bytes) * seconds_a_byte
+    fixed = plan.n_layer * adapter.roundtrip_s + dispatches * adapter.floor_s
+    missed = lookups * (1.0 - held) * plan.one_expert_bytes
+    misses = missed / found.disk_bytes_per_s + missed / adapter.upload_bytes_per_s
+    seconds = compute + fixed + misses
+    why = (
+        f"GPU model ({adapter.adapter}): {plan.n_layer} read-backs and {dispatches} dispatches "
+        f"{fixed * 1e3:.1f} ms, weights {compute * 1e3:.1f} ms, {(1 - held) * 100:.0f}% of {lookups} expert uses "
+        f"read at {found.disk_bytes_per_s / 1e6:.0f} MB/s and uploaded {misses * 1e3:.1f} ms (uniform routing; "
+        "the host's routing in Python left out)"
     )
     return (1.0 / seconds if seconds > 0 else None), why

@@ -25,15 +25,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-if TYPE_CHECKING:  # the engine imports this module's constants (it makes the read-back ring at load)
-    from anyformer_gguf_gpu.transformer import TransformerEngine
+# Read at each reply as this module's globals: a test or a bench may set ``decode.STEPS`` for one run.
+from anyformer_gguf_gpu.decode_pacing import LAG, STEPS
 
-#: Submissions in flight before the host reads ids back (2: the GPU runs one while the host reads the other's).
-LAG = 2
-#: Decode steps per submission after the first: each submission costs the GPU a gap (the host's submit
-#: waits for wgpu's poll, then the GPU starts the new work), so several tokens share one. A stop token
-#: may thus run up to this many steps more, whose ids are discarded.
-STEPS = 4
+if TYPE_CHECKING:
+    from anyformer_gguf_gpu.transformer import TransformerEngine
 
 
 class _Staging:

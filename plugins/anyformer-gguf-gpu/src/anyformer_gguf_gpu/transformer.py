@@ -24,7 +24,7 @@ import numpy as np
 
 from anyformer.plugin import AnyformerError, ErrorCode, GGUFHeader
 from anyformer_gguf_gpu.config import ModelConfig, footprint, read_config
-from anyformer_gguf_gpu.decode import LAG, STEPS
+from anyformer_gguf_gpu.decode_pacing import LAG, STEPS
 from anyformer_gguf_gpu.gguf_file import GGUFFile
 from anyformer_gguf_gpu.gpu import GPU
 from anyformer_gguf_gpu.kernels import (

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from anyformer.plugin import Chunk, GenerateOptions, Model, ProgressCallback, Request, TokenLogprob
+from anyformer.plugin import Chunk, GenerateOptions, GGUFCandidate, Model, ProgressCallback, Request, TokenLogprob
 from anyformer_llamacpp._batch import BatchEngine, PromptScores, Ticket
 from anyformer_llamacpp.engine import LlamaCppModel, Segments
 from anyformer_llamacpp.runtime import gpu_offload_library
@@ -41,10 +41,10 @@ class ParallelLlamaCppModel(LlamaCppModel):
 
     @classmethod
     def open_parallel(
-        cls, model: Model, request: Request, progress: ProgressCallback, parallel: int
+        cls, model: Model, request: Request, progress: ProgressCallback, parallel: int, choice: GGUFCandidate
     ) -> ParallelLlamaCppModel:
-        """Load as the one-stream model does, then start the scheduler over ``parallel`` sequences."""
-        loaded = cls.open(model, request, progress)
+        """Load ``choice`` as the one-stream model does, then start the scheduler over ``parallel`` sequences."""
+        loaded = cls.open(model, request, progress, choice)
         assert isinstance(loaded, ParallelLlamaCppModel)
         try:
             loaded._engine = BatchEngine(

@@ -37,20 +37,19 @@ from typing import Any
 import llama_cpp
 import numpy as np
 
-from anyformer import (
+from anyformer.plugin import (
     AnyformerError,
     Chunk,
     ErrorCode,
     GenerateOptions,
+    GGUFCandidate,
+    LazyArray,
     Message,
     Model,
     ProgressCallback,
     ProgressEvent,
-    TokenLogprob,
-)
-from anyformer.plugin import (
-    LazyArray,
     RpcServerError,
+    TokenLogprob,
     check_split_set,
     fetch_files,
     has_images,
@@ -164,11 +163,13 @@ class LlamaCppModel:
     # ---- loading --------------------------------------------------------------------------------
 
     @classmethod
-    def open(cls, model: Model, request: Any, progress: ProgressCallback) -> LlamaCppModel:
-        """Fetch the chosen GGUF (and shards), validate every header, and load it with llama.cpp."""
-        from anyformer_llamacpp.plugin import load_choice
+    def open(
+        cls, model: Model, request: Any, progress: ProgressCallback, choice: GGUFCandidate | None
+    ) -> LlamaCppModel:
+        """Fetch the chosen GGUF (and shards), validate every header, and load it with llama.cpp.
 
-        choice = load_choice(model, request)
+        ``choice`` is the candidate ``can_run`` chose (the plugin's ``load_choice``), None when none fits.
+        """
         if choice is None:
             raise AnyformerError(ErrorCode.NO_BACKEND, f"{model.ref}: no GGUF llama.cpp can load")
         paths = fetch_files(model, [f.name for f in choice.files], progress, backend=BACKEND_ID)

@@ -11,8 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from anyformer import AnyformerError, ErrorCode
-from anyformer.plugin import LazyArray
+from anyformer.plugin import AnyformerError, ErrorCode, LazyArray
 
 # Upper bounds far above any released model (the largest have ~128 layers, 128 heads, 32k width).
 _LIMITS = {

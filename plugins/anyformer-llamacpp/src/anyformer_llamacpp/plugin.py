@@ -270,21 +270,20 @@ def load(backend: str, model: Model, request: Request, progress: ProgressCallbac
     flash_attention(request.options)  # a bad value is refused before any file is fetched
     special_in_content(request.options)
     one_stream = (request.task or model.task) == "feature-extraction" or projector_for(model) is not None
-    if asked != 1 and not one_stream:
-        parallel = _streams_that_fit_now(model, request)
+    # The engine opens the file can_run chose: handed over, so that the engine never imports these hooks.
+    choice = load_choice(model, request)
+    if asked != 1 and not one_stream and choice is not None:
+        parallel = _streams_that_fit_now(model, request, choice)
         if parallel > 1:
             from anyformer_llamacpp._parallel_model import ParallelLlamaCppModel
 
-            return ParallelLlamaCppModel.open_parallel(model, request, progress, parallel)
-    return LlamaCppModel.open(model, request, progress)
+            return ParallelLlamaCppModel.open_parallel(model, request, progress, parallel, choice)
+    return LlamaCppModel.open(model, request, progress, choice)
 
 
-def _streams_that_fit_now(model: Model, request: Request) -> int:
+def _streams_that_fit_now(model: Model, request: Request, choice: GGUFCandidate) -> int:
     """How many of the streams the ``parallel`` option asks for the host memory available now holds (as
-    ``can_run`` reckons it)."""
-    choice = load_choice(model, request)
-    if choice is None:
-        return 1  # LlamaCppModel.open refuses it
+    ``can_run`` reckons it for ``choice``)."""
     facts = gguf_facts(model, choice) or {}
     gpu_offload = gpu_offload_library() is not None
 

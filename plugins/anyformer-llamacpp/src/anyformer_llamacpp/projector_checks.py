@@ -13,8 +13,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from anyformer import AnyformerError, ErrorCode
-from anyformer.plugin import GGUFHeader
+from anyformer.plugin import AnyformerError, ErrorCode, GGUFHeader
 
 #: Projector types whose tensors are checked one by one (LLaVA 1.5 and its kin).
 LLAVA_TYPES = ("mlp", "mlp_norm")

@@ -16,7 +16,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable, Sequence
 
-from anyformer import Message, text_of
+from anyformer.plugin import Message, text_of
 
 
 def text_starts(prompt: str, messages: Sequence[Message]) -> list[int]:

@@ -20,8 +20,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from anyformer import AnyformerError, ErrorCode, Model, ProgressCallback, ProgressEvent
-from anyformer.plugin import fetch_files, read_gguf_header, rgb_pixels
+from anyformer.plugin import (
+    AnyformerError,
+    ErrorCode,
+    Model,
+    ProgressCallback,
+    ProgressEvent,
+    fetch_files,
+    read_gguf_header,
+    rgb_pixels,
+)
 from anyformer_llamacpp import BACKEND_ID, images
 from anyformer_llamacpp.file_choice import projector_for
 from anyformer_llamacpp.projector_checks import check_projector

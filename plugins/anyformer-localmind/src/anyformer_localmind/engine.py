@@ -4,14 +4,25 @@ from __future__ import annotations
 
 from collections.abc import Generator, Iterator
 
-from anyformer import AnyformerError, Chunk, ErrorCode, FinishReason, GenerateOptions, Message, Model, Request
-from anyformer.plugin import ProgressCallback, ProgressEvent
+from anyformer.plugin import (
+    AnyformerError,
+    Chunk,
+    ErrorCode,
+    FinishReason,
+    GenerateOptions,
+    Message,
+    Model,
+    ProgressCallback,
+    ProgressEvent,
+    Request,
+    Verdict,
+)
 from anyformer_gguf_gpu.chat_setup import chat_prompt_ids, check_prompt_fits, check_text_only, token_chunk
 from anyformer_gguf_gpu.decode import greedy, sampled
 from anyformer_gguf_gpu.engines import open_engine
 from anyformer_gguf_gpu.gguf_file import GGUFFile
 from anyformer_gguf_gpu.gpu import GPU, gpu_errors
-from anyformer_gguf_gpu.model_choice import fetch_chosen_gguf, load_caps
+from anyformer_gguf_gpu.model_choice import fetch_chosen_gguf
 from anyformer_gguf_gpu.tokenizer import GGUFTokenizer, StreamDecoder
 from anyformer_gguf_gpu.transformer import TransformerEngine
 from anyformer_localmind import BACKEND_ID
@@ -38,11 +49,9 @@ class LocalMindModel:
         self.gpu_bytes = engine.gpu_bytes
 
     @classmethod
-    def open(cls, model: Model, request: Request, progress: ProgressCallback) -> LocalMindModel:
-        """Fetch the GGUF, check it, upload its weights and compile the kernels (progress reported)."""
-        from anyformer_localmind.plugin import can_run
-
-        verdict = can_run(model, load_caps(request, gpu=True), request)
+    def open(cls, model: Model, request: Request, progress: ProgressCallback, verdict: Verdict) -> LocalMindModel:
+        """Fetch the GGUF ``verdict`` chose (``can_run``'s, judged with the memory free now), check it, upload
+        its weights and compile the kernels (progress reported)."""
         name, path = fetch_chosen_gguf(model, progress, BACKEND_ID, verdict)
         gguf = GGUFFile(path)
         try:

@@ -6,7 +6,10 @@ Nothing here opens a file: the core's ``describe`` already read the GGUF's heade
 
 from __future__ import annotations
 
+import os
 from typing import Any
+
+from anyformer.plugin import Caps
 
 #: Context a model loads with when the request names none (capped by what it was trained on).
 DEFAULT_CONTEXT = 4096
@@ -22,3 +25,28 @@ def context_for(summary: dict[str, Any], requested: int | None) -> int:
     limit = trained if isinstance(trained, int) and not isinstance(trained, bool) and trained > 0 else None
     wanted = requested or DEFAULT_CONTEXT
     return min(wanted, limit) if limit else wanted
+
+
+def modelled_speed(summary: dict[str, Any], caps: Caps) -> tuple[float | None, str]:
+    """The decode tok/s the engine is modelled to reach on this machine's adapter, and how (or why none).
+
+    The adapter's kernel costs are timed once in a child process and kept (anyformer-gguf-gpu's
+    ``adapter_speed``); the first ``check`` on a new adapter or driver pays that (a few seconds).
+    A what-if about another machine's GPU (caps naming another adapter) gets no figure.
+    """
+    if summary.get("estimated") or not summary.get("block_count"):
+        return None, "no header read: the shapes are guesses"
+    from anyformer_gguf_gpu.adapter_speed import adapter_speed
+    from anyformer_gguf_gpu.decode_speed import decode_speed, formats_read
+
+    allow_software = os.environ.get("ANYFORMER_SOFTWARE_GPU") == "1"
+    try:
+        speed = adapter_speed(allow_software, formats_read(summary))
+    except Exception as exc:  # an adapter that cannot be timed keeps its verdict; the reason says why
+        return None, f"timing the adapter failed ({type(exc).__name__}: {str(exc)[:120]})"
+    if caps.gpu_name and speed.adapter != caps.gpu_name:
+        return None, f"the adapter timed here is {speed.adapter}, not {caps.gpu_name}"
+    found = decode_speed(summary, speed, kv_f16=caps.f16)
+    if found is None:
+        return None, "the header lacks the layer count, or the adapter's kernels gave no rate"
+    return round(found.tok_per_sec, 1), found.why()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Iterator
 
-from anyformer import (
+from anyformer.plugin import (
     BackendModel,
     Caps,
     Chunk,
@@ -29,9 +29,9 @@ from anyformer import (
     format_size,
     hookimpl,
 )
-from anyformer_gguf_gpu.model_choice import GgufChoice, choose_and_judge, store_refusal
+from anyformer_gguf_gpu.model_choice import GgufChoice, choose_and_judge, load_caps, store_refusal
 from anyformer_localmind import BACKEND_ID
-from anyformer_localmind.estimate import MAX_BATCH, RAM_OVERHEAD, context_for
+from anyformer_localmind.estimate import MAX_BATCH, RAM_OVERHEAD, context_for, modelled_speed
 
 INSTALL_HINT = "pip install wgpu"
 
@@ -98,6 +98,7 @@ def _judge(model: Model, caps: Caps, request: Request, choice: GgufChoice) -> Ve
         )
     if importlib.util.find_spec("wgpu") is None:
         return Verdict.refuse(BACKEND_ID, Refusal.RUNTIME, f"wgpu is not installed: {INSTALL_HINT}")
+    speed, speed_model = modelled_speed(choice.summary, caps)
     return Verdict.accept(
         BACKEND_ID,
         Estimate(
@@ -105,6 +106,7 @@ def _judge(model: Model, caps: Caps, request: Request, choice: GgufChoice) -> Ve
             ram_bytes=RAM_OVERHEAD,
             disk_bytes=choice.size,
             rank=Rank.SPECIALIST,
+            tok_per_sec=speed,
             details={
                 "file": choice.file.name,
                 "quant": choice.candidate.quant,
@@ -113,6 +115,7 @@ def _judge(model: Model, caps: Caps, request: Request, choice: GgufChoice) -> Ve
                 "kv_cache": plan.kv_bytes,
                 "adapter": caps.gpu_name,
                 "estimated": choice.estimated,
+                "tok_per_sec_model": speed_model,
             },
             files=choice.names,
             inputs=(),
@@ -127,7 +130,8 @@ def load(backend: str, model: Model, request: Request, progress: ProgressCallbac
         return None
     from anyformer_localmind.engine import LocalMindModel  # imports wgpu
 
-    return LocalMindModel.open(model, request, progress)
+    # The engine takes the file this verdict chose: handed over, so that the engine never imports these hooks.
+    return LocalMindModel.open(model, request, progress, can_run(model, load_caps(request, gpu=True), request))
 
 
 @hookimpl

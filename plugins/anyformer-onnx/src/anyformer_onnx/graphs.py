@@ -14,7 +14,7 @@ import re
 from collections.abc import Sequence
 
 from anyformer.plugin import Model, ModelFile
-from anyformer_onnx.per_layer import declares_per_layer_inputs, per_layer_encoders
+from anyformer_onnx.chat.per_layer import declares_per_layer_inputs, per_layer_encoders
 
 #: Precision suffixes of transformers.js exports, and what each means.
 PRECISIONS: dict[str, str] = {
@@ -190,7 +190,7 @@ def choose_graph_set(model: Model, stems: Sequence[str], device: str, wanted: st
 def media_encoders(model: Model) -> tuple[str, ...]:
     """The media encoder stems (``vision_encoder``, ``audio_encoder``) the repo has a graph for, at any precision.
 
-    For a decoder with per-layer inputs (:mod:`per_layer`), only those read beside it (Gemma 4's vision encoder).
+    For a decoder with per-layer inputs (:mod:`chat.per_layer`), only those read beside it (Gemma 4's vision encoder).
     """
     stems = per_layer_encoders(model.config) if declares_per_layer_inputs(model.config) else MEDIA_ENCODER_STEMS
     return tuple(stem for stem in stems if candidates(model, [stem]))

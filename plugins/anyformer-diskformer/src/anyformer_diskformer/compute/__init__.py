@@ -1,0 +1,1 @@
+"""Products and FFNs over quantised weights (numpy and numba), expert compute and routing."""

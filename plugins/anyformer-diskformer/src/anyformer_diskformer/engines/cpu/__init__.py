@@ -1,0 +1,1 @@
+"""The numpy engines: the MoE one (:mod:`.moe`) and those of the families that differ from it."""

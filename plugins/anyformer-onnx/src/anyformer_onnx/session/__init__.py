@@ -1,0 +1,1 @@
+"""onnxruntime: which execution provider runs, and opening a validated graph as a session."""

@@ -1,0 +1,1 @@
+"""Whisper-style speech recognition: the handle and long-form transcription."""

@@ -1,0 +1,1 @@
+"""Text encoders: the tokenizer and chat template setup, the encoder graph, embeddings and classification."""

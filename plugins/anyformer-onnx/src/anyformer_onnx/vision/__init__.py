@@ -1,0 +1,1 @@
+"""Image graphs and their handles: classification, detection, segmentation, depth."""
