@@ -143,12 +143,18 @@ class SpeechModel:
         language: Any = None,
         task: Any = None,
         max_new_tokens: Any = None,
+        return_timestamps: Any = False,
         progress: ProgressCallback = no_progress,
         **rest: Any,
     ) -> Any:
         """Transcribe a clip, or a list of clips: ``{"text"}`` each."""
         if rest:
             raise _bad(f"unknown option {sorted(rest)[0]!r} for {self.task}")
+        if return_timestamps not in (False, None):
+            raise _bad(
+                f"return_timestamps={return_timestamps!r:.20}: the {BACKEND_ID} backend gives the text only "
+                "(the ONNX backend gives segment timestamps)"
+            )
         network = self._network
         if network is None:
             raise _bad("the model was disposed; load it again")
