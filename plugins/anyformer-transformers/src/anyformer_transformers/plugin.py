@@ -1,13 +1,17 @@
 """The transformers backend's hooks (docs/backends/transformers.md); the ``anyformer`` entry point ``transformers``.
 
 - ``can_run`` decides from the description and config.json: safetensors weights, a class for the
-  task in the installed transformers (causal LM, bare encoder, sequence or token classifier), no
-  code from the repo, host memory for the weights and the KV cache (chat) or one batch (encoders).
-  It imports neither torch nor transformers (``installed.py`` reads their tables as text).
-- ``load`` fetches the settings, tokenizer and root safetensors files, then builds the model with
-  ``from_pretrained`` (``trust_remote_code=False``, safetensors only) in the dtype ``can_run`` chose.
-- ``generate`` streams through the chat handle's own KV-cache loop (``chat_model.py``); the other
-  tasks' handles answer ``run`` (``embedding_model.py``, ``classifier_model.py``).
+  task in the installed transformers (``tasks.py``' tables), no code from the repo, the files the
+  task reads (tokenizer, preprocessor), and where it fits (``placement.py``: a GPU the caps list and
+  torch drives, whole or split with host memory by accelerate, else host memory) for the weights
+  and the KV cache (chat), one batch (encoders) or one input (vision, speech). It imports neither
+  torch nor transformers (``installed.py`` reads their tables as text).
+- ``load`` fetches the settings, tokenizer, processor and root safetensors files, then builds the
+  model with ``from_pretrained`` (``trust_remote_code=False``, safetensors only) in the dtype and
+  on the device ``placement.place`` chooses from what torch sees now.
+- ``generate`` streams through the chat handle's own KV-cache loop (``chat_model.py``, with images
+  ``image_chat_model.py``); the other tasks' handles answer ``run`` (``embedding_model.py``,
+  ``classifier_model.py``, ``vision_model.py``, ``speech_model.py``).
 """
 
 from __future__ import annotations
