@@ -102,6 +102,19 @@ def test_previews_cross_from_the_worker(load_isolated: Any, model_description: d
     assert [c.preview for c in streamed] == ["w1 w2?", "w2 w3?", "w3 w4?", None]
 
 
+def test_a_prompt_that_opens_think_in_the_worker_is_noted_in_the_parent(
+    load_isolated: Any, model_description: dict[str, Any]
+) -> None:
+    """The backend renders at its first token (lazily), in the worker: the parent's chunks still say so."""
+    isolated = load_isolated("thinks")
+    with anyformer.load(model_description, backend="thinks", caps=Caps(ram_bytes=16 * 2**30)) as local:
+        for loaded in (isolated, local):
+            thinking = list(loaded.generate("hi", max_new_tokens=3, thinking=True))
+            plain = list(loaded.generate("hi", max_new_tokens=3))
+            assert all(chunk.thinking_opened for chunk in thinking) and len(thinking) == 3
+            assert not any(chunk.thinking_opened for chunk in plain)
+
+
 def test_messages_with_bytes_reach_the_worker_intact(load_isolated: Any) -> None:
     loaded = load_isolated("echo")
     blocks = [{"type": "text", "text": "what is it?"}, {"type": "image", "image": b"\x89PNG\x00\xff"}]

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from anyformer import AnyformerError, Chunk, Estimate, ProgressEvent, Rank, Verdict, hookimpl
+from anyformer.plugin import render_chat
 
 #: What glibc's C++ runtime prints when ``new`` fails and nothing catches it.
 BAD_ALLOC = "terminate called after throwing an instance of 'std::bad_alloc'\n  what():  std::bad_alloc\n"
@@ -106,6 +107,13 @@ def _die_of(fault: str) -> None:
         os.abort()
 
 
+#: A template that opens ``<think>`` in the prompt when thinking is on (Qwen3's later templates, DeepSeek-R1).
+THINKING_TEMPLATE = (
+    "{% for m in messages %}{{ m.content }}{% endfor %}{% if add_generation_prompt %}<|assistant|>"
+    "{% if enable_thinking %}<think>\n{% endif %}{% endif %}"
+)
+
+
 class Engine:
     """One backend: ``fault`` names what goes wrong and ``at`` when (``load`` or ``generate``)."""
 
@@ -161,6 +169,8 @@ class Engine:
         return self._stream(loaded, options, word)
 
     def _stream(self, handle: Handle, options: Any, word: str) -> Iterator[Chunk]:
+        if self.fault == "thinks":  # renders, at its first token, a template that opens <think> in the prompt
+            render_chat(THINKING_TEMPLATE, [{"role": "user", "content": "hi"}], enable_thinking=options.thinking)
         handle.enter()
         try:
             token = 0
@@ -199,6 +209,8 @@ exits = Engine("exits", "exit")
 bad_alloc = Engine("bad-alloc", "bad_alloc")
 cuda_oom = Engine("cuda-oom", "cuda_oom")
 raises = Engine("raises", "raises")
+#: Renders a template that opens ``<think>`` when thinking is on, at its first token (a lazy render).
+thinks = Engine("thinks", "thinks")
 prints = Engine("prints", "prints")
 bad_request = Engine("bad-request", "bad_request")
 spins = Engine("spins", "spin")

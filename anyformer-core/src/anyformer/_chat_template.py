@@ -136,6 +136,44 @@ def cancelled_by(cancel: threading.Event | None) -> Iterator[None]:
         _CANCEL.reset(token)
 
 
+class RenderNote:
+    """What the renders of one generation showed about its prompt (filled by :func:`render_chat`).
+
+    ``thinking_opened``: the prompt ends inside ``<think>``, which the template wrote itself (Qwen3
+    with thinking on, QwQ, DeepSeek-R1's later templates): the reply begins inside its reasoning.
+    """
+
+    __slots__ = ("thinking_opened",)
+
+    def __init__(self) -> None:
+        self.thinking_opened = False
+
+
+_NOTE: contextvars.ContextVar[RenderNote | None] = contextvars.ContextVar("anyformer_render_note", default=None)
+
+
+@contextlib.contextmanager
+def noting_renders(note: RenderNote) -> Iterator[RenderNote]:
+    """Renders in this block record what their prompt showed in ``note`` (the core sets it around a backend's start)."""
+    token = _NOTE.set(note)
+    try:
+        yield note
+    finally:
+        _NOTE.reset(token)
+
+
+def note_thinking_opened() -> None:
+    """Record that the prompt opened ``<think>`` (an isolated worker's render, reported to its parent)."""
+    note = _NOTE.get()
+    if note is not None:
+        note.thinking_opened = True
+
+
+def opens_thinking(prompt: str) -> bool:
+    """True when a rendered prompt ends inside ``<think>`` (the generation begins in the reasoning)."""
+    return prompt.rstrip().endswith("<think>")
+
+
 def _budget() -> _Budget:
     budget = _BUDGET.get()
     if budget is None:  # compiled templates only run inside render_chat; this is a safety net
@@ -344,7 +382,11 @@ def render_chat(
     token = _BUDGET.set(budget)
     timer = _arm_hard_stop(time_limit)
     try:
-        return _render(compiled, budget, max_chars, plain, add_generation_prompt, bos_token, eos_token, variables)
+        prompt = _render(compiled, budget, max_chars, plain, add_generation_prompt, bos_token, eos_token, variables)
+        note = _NOTE.get()
+        if note is not None:
+            note.thinking_opened = add_generation_prompt and opens_thinking(prompt)
+        return prompt
     except _Cancelled:
         raise AnyformerError(ErrorCode.CANCELLED, "cancelled while rendering the chat template") from None
     except _OverCallerLimit:

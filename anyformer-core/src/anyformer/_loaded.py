@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Generator
 from typing import TYPE_CHECKING, Any
 
 from anyformer._backend import BackendModel
-from anyformer._chat_template import cancelled_by
+from anyformer._chat_template import RenderNote, cancelled_by, noting_renders
 from anyformer._honoured import refuse_unhonoured
 from anyformer._run_progress import cancelled, check_run_controls
 from anyformer._stream import CoreStream
@@ -205,8 +205,9 @@ class Loaded:
         )
         refuse_unhonoured(self.backend, self._session.honours, options)
         self._acquire()
+        note = RenderNote()  # the render tells whether the prompt opened <think> (a worker reports it)
         try:
-            with cancelled_by(options.cancel):  # an in-process backend renders its chat template here
+            with cancelled_by(options.cancel), noting_renders(note):  # an in-process backend renders here
                 source = self._session.start(checked, options)
         except AnyformerError as exc:
             if exc.code is not ErrorCode.CANCELLED or not options.cancel.is_set():
@@ -217,7 +218,7 @@ class Loaded:
         except BaseException:
             self._release()
             raise
-        stream = CoreStream(self.backend, source, options, self._release)
+        stream = CoreStream(self.backend, source, options, self._release, note)
         with self._slots:
             self._open_streams.add(stream)
         return stream

@@ -14,6 +14,7 @@ from collections.abc import Callable, Generator, Iterator
 from types import TracebackType
 from typing import Any
 
+from anyformer._chat_template import RenderNote, noting_renders
 from anyformer.contract._chunk import Chunk, FinishReason, GenerateOptions, TokenLogprob
 from anyformer.contract._errors import AnyformerError, ErrorCode
 from anyformer.contract._tool_calls import parse_tool_calls
@@ -31,6 +32,13 @@ def _held_back(text: str, stops: tuple[str, ...]) -> int:
     return longest
 
 
+def _after_reasoning(text: str, note: RenderNote) -> str:
+    """The reply past its reasoning (``<think>…</think>``, opened by the reply or by the prompt): where calls are."""
+    if note.thinking_opened or text.lstrip().startswith("<think>"):
+        return text.split("</think>", 1)[1] if "</think>" in text else ""  # reasoning never closed: no calls
+    return text
+
+
 class CoreStream(Generator[Chunk, None, None]):
     """Wraps a backend's chunk iterator and yields contract-checked chunks.
 
@@ -42,8 +50,15 @@ class CoreStream(Generator[Chunk, None, None]):
     cycle keeps a dropped stream (``break`` out of a ``for`` loop) alive until the next GC pass.
     """
 
-    def __init__(self, backend: str, source: Iterator[Chunk], options: GenerateOptions, release: Callable[[], None]):
-        self._state = _StreamState(backend, source, options, release)
+    def __init__(
+        self,
+        backend: str,
+        source: Iterator[Chunk],
+        options: GenerateOptions,
+        release: Callable[[], None],
+        note: RenderNote | None = None,
+    ):
+        self._state = _StreamState(backend, source, options, release, note or RenderNote())
         self._iterator: Generator[Chunk, None, None] = self._state.run()
         # Held while the generator runs: a close() from another thread (dispose) must not step into
         # it mid-read, and a read must not start while a close is under way (it then finds the end).
@@ -95,8 +110,16 @@ class CoreStream(Generator[Chunk, None, None]):
 class _StreamState:
     """What one stream has seen so far; ``run`` is the generator behind :class:`CoreStream`."""
 
-    def __init__(self, backend: str, source: Iterator[Chunk], options: GenerateOptions, release: Callable[[], None]):
+    def __init__(
+        self,
+        backend: str,
+        source: Iterator[Chunk],
+        options: GenerateOptions,
+        release: Callable[[], None],
+        note: RenderNote,
+    ):
         self._backend = backend
+        self._note = note  # what the chat template's render showed (a backend may render at its first token)
         self._source = source
         self._options = options
         self._release: Callable[[], None] | None = release
@@ -141,6 +164,7 @@ class _StreamState:
             preview=preview,
             logprobs=tuple(ready),
             prompt_logprobs=prompt_logprobs,
+            thinking_opened=self._note.thinking_opened,
         )
 
     def _checked_entries(self, entries: Any, field: str) -> tuple[TokenLogprob, ...]:
@@ -180,7 +204,8 @@ class _StreamState:
                     finish = FinishReason.CANCELLED
                     break
                 try:
-                    raw = next(self._source)
+                    with noting_renders(self._note):
+                        raw = next(self._source)
                 except StopIteration:
                     break
                 except AnyformerError as exc:
@@ -237,7 +262,7 @@ class _StreamState:
                 finish = FinishReason.CANCELLED
             last = self._chunk(len(self._text), finish or FinishReason.STOP)
             if options.tools and finish is not FinishReason.CANCELLED:
-                _, calls = parse_tool_calls(self._text, function_names(options.tools))
+                _, calls = parse_tool_calls(_after_reasoning(self._text, self._note), function_names(options.tools))
                 if calls:
                     last = dataclasses.replace(
                         last, tool_calls=tuple(calls), finish_reason=FinishReason.TOOL_CALLS.value

@@ -16,7 +16,10 @@ Groups, in the order a backend meets them:
   :func:`text_of`, :func:`render_chat` (jinja2's sandbox), :data:`CHATML_TEMPLATE`,
   :class:`IncrementalDetokenizer` (streamed text equal to the whole decode),
   :func:`template_takes_tools`, :func:`with_tool_prompt` (tools for a template that cannot render them),
-  :class:`ToolCall`;
+  :func:`tool_inputs` (the messages and variables that give a template's family its tools),
+  :func:`chat_constraint` (the constraint a chat decodes under: a forced call in the family's syntax),
+  :func:`tool_family`, :data:`TOOL_MARKUP` (tool-call markup an engine keeps in its text even where a
+  tokenizer holds it as a special token), :class:`ToolCall`;
 - files, read with hard limits before any engine sees them: :func:`read_gguf_header`,
   :func:`check_split_set`, :func:`split_set_members`, :class:`GGUFHeader`, :class:`GGUFTensor`,
   :class:`LazyArray` (a long GGUF array in ``GGUFHeader.kv``, decoded on first use),
@@ -49,6 +52,7 @@ from anyformer._audio_decode import decode_audio
 from anyformer._backend import BackendModel
 from anyformer._chat_template import CHATML_TEMPLATE, render_chat, template_takes_tools
 from anyformer._detokenizer import IncrementalDetokenizer
+from anyformer._tool_families import chat_constraint, tool_family, tool_inputs
 from anyformer.contract._caps import Caps
 from anyformer.contract._chunk import Chunk, FinishReason, GenerateOptions, TokenLogprob
 from anyformer.contract._constraint import Constraint
@@ -61,6 +65,7 @@ from anyformer.contract._sampling import PENALTY_WINDOW
 from anyformer.contract._sizes import format_size, parse_size
 from anyformer.contract._store_entry import StoreEntry
 from anyformer.contract._tool_calls import ToolCall, with_tool_prompt
+from anyformer.contract._tool_syntaxes import TOOL_MARKUP
 from anyformer.contract._verdict import Estimate, Rank, Refusal, Verdict
 from anyformer.files._config_file import read_config_json
 from anyformer.files._gguf_candidates import (
@@ -110,6 +115,7 @@ __all__ = [
     "MAX_IMAGE_SIDE",
     "MAX_MEDIA_FILE_BYTES",
     "PENALTY_WINDOW",
+    "TOOL_MARKUP",
     "AnyformerError",
     "BackendModel",
     "Caps",
@@ -143,6 +149,7 @@ __all__ = [
     "Verdict",
     "adapter_fingerprint",
     "anyformer_home",
+    "chat_constraint",
     "check_image_size",
     "check_onnx_external_data",
     "check_split_set",
@@ -176,6 +183,8 @@ __all__ = [
     "split_set_members",
     "template_takes_tools",
     "text_of",
+    "tool_family",
+    "tool_inputs",
     "usable_cpu_count",
     "validate_messages",
     "with_tool_prompt",

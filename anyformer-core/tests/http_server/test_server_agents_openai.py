@@ -4,12 +4,19 @@ from __future__ import annotations
 
 import json
 import re
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 openai = pytest.importorskip("openai")
+
+from anyformer.server import ModelPool, create_app  # noqa: E402
+
+from .conftest import REPO_ROOT  # noqa: E402
+from .server_support import serve_in_thread  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -103,9 +110,14 @@ def test_a_named_tool_choice_yields_a_valid_get_weather_call(real_server: tuple[
     arguments = json.loads(call.function.arguments)
     assert call.function.name == "get_weather" and set(arguments) == {"city", "unit"}
     assert arguments["unit"] in ("celsius", "fahrenheit") and call.id.startswith("call_")
-    _text, finish, calls, _ = streamed(client, **request)
-    assert finish == "tool_calls" and [c.function.name for c in calls] == ["get_weather"]
-    assert json.loads(calls[0].function.arguments) == arguments
+    text, finish, deltas, _ = streamed(client, **request)
+    # As OpenAI streams a call: the first delta has index, id, type and name; the arguments follow in fragments.
+    first, rest = deltas[0], deltas[1:]
+    assert (first.index, first.type, first.function.name) == (0, "function", "get_weather")
+    assert first.id.startswith("call_") and all(d.index == 0 and d.id is None and d.function.name is None for d in rest)
+    assert len(rest) >= 3, "the arguments come as they are decoded, not in one delta at the end"
+    added = (first.function.arguments or "") + "".join(d.function.arguments or "" for d in rest)
+    assert (text, finish, added) == ("", "tool_calls", call.function.arguments)  # greedy: the same call, streamed
     # tools with tool_choice auto on a template that cannot show them: a 400 saying so.
     with pytest.raises(openai.BadRequestError, match="does not render tools"):
         client.chat.completions.create(model=str(smollm2_path), messages=ask("Hi"), tools=[WEATHER], max_tokens=4)
@@ -180,3 +192,47 @@ def test_unknown_fields_are_refused_and_unused_ones_accepted(real_server: tuple[
         model=str(smollm2_path), messages=ask("Hi"), max_tokens=2, user="me", metadata={"a": "b"}, store=False
     )
     assert reply.choices[0].message.content is not None
+
+
+#: A template that opens ``<think>`` in the prompt when thinking is on (Qwen3's later templates, QwQ, DeepSeek-R1).
+OPENS_THINK = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% if enable_thinking %}<think>\n{% endif %}{% endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def thinking_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    """A server with a tiny random llama whose template opens <think> in the prompt."""
+    pytest.importorskip("anyformer_llamacpp")
+    sys.path.insert(0, str(REPO_ROOT / "plugins" / "anyformer-llamacpp" / "tests"))
+    try:
+        from tiny_gguf import write_tiny_llama
+    finally:
+        sys.path.pop(0)
+    path = write_tiny_llama(tmp_path_factory.mktemp("opens-think") / "opens-think-F32.gguf", chat_template=OPENS_THINK)
+    with serve_in_thread(create_app(ModelPool(context=512), models=[str(path)])) as url:
+        yield url, path
+
+
+def test_a_reply_that_began_inside_its_reasoning_is_split_streamed_and_not(
+    thinking_server: tuple[str, Path],
+) -> None:
+    url, path = thinking_server
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=300)
+    # The reply never writes <think> (the prompt did): a regex holds the random model to reasoning, </think>, an answer.
+    request = dict(
+        model=str(path),
+        messages=ask("Is the sky blue?"),
+        max_tokens=40,
+        reasoning_effort="low",
+        extra_body={"response_format": {"type": "regex", "regex": "[a-z ]{3,12}</think>(Yes|No)"}},
+    )
+    whole = client.chat.completions.create(**request).choices[0].message
+    assert whole.content in ("Yes", "No") and re.fullmatch("[a-z ]{3,12}", whole.model_extra["reasoning_content"])
+    text, _, _, reasoning = streamed(client, **request)
+    assert (text, reasoning) == (whole.content, whole.model_extra["reasoning_content"])
+    # Thinking off: the template opens nothing, so the same text is all content.
+    off = dict(request, reasoning_effort="none")
+    plain = client.chat.completions.create(**off).choices[0].message
+    assert "</think>" in plain.content and not plain.model_extra.get("reasoning_content")

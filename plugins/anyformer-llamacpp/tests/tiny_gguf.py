@@ -48,16 +48,18 @@ def write_tiny_llama(
     split_max_tensors: int = 0,
     add_bos: bool = False,
     fim: bool = False,
+    extra_specials: tuple[str, ...] = (),
 ) -> Path:
     """Write a random 2-layer llama GGUF that llama.cpp loads and chats with; returns ``path``.
 
     With ``split_max_tensors``, gguf's writer makes a split set (``path`` gains ``-0000N-of-0000M``).
-    With ``fim``, the vocabulary gains fill-in-the-middle tokens, named in the header's FIM keys.
+    With ``fim``, the vocabulary gains fill-in-the-middle tokens, named in the header's FIM keys;
+    ``extra_specials`` are more control tokens (a tokenizer's tool-call markup, say).
     """
     import gguf
 
     rng = np.random.default_rng(seed)
-    specials = [*SPECIALS, *(FIM_TOKENS if fim else ())]
+    specials = [*SPECIALS, *(FIM_TOKENS if fim else ()), *extra_specials]
     tokens = [*_byte_tokens(), "Ġt", *specials]
     n_vocab = len(tokens)
     writer = gguf.GGUFWriter(str(path), "llama", split_max_tensors=split_max_tensors)

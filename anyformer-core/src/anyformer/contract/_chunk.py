@@ -91,6 +91,10 @@ class Chunk:
     ``tool_calls`` (only with ``generate(tools=...)``, on the last chunk) holds the calls the reply
     made, read from its text (:mod:`anyformer.contract._tool_calls`); the finish reason is then
     ``tool_calls``. ``text`` stays the reply as the model wrote it.
+
+    ``thinking_opened`` (set by the core on every chunk) is True when the chat template ended the
+    prompt inside ``<think>`` (Qwen3 with thinking on, DeepSeek-R1): the reply's text up to
+    ``</think>`` is then reasoning, though the reply itself never wrote ``<think>``.
     """
 
     text: str = ""
@@ -102,6 +106,7 @@ class Chunk:
     logprobs: tuple[TokenLogprob, ...] = ()
     prompt_logprobs: tuple[TokenLogprob, ...] = ()
     tool_calls: tuple[ToolCall, ...] = ()
+    thinking_opened: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,13 +1,15 @@
 """Tool calls: ``tool_choice``, the constraint that forces a valid call, and the calls read back from a reply.
 
-Replies are read in the syntaxes chat templates teach (whichever the reply uses, so no template
-needs recognising): Qwen/Hermes ``<tool_call>{"name", "arguments"}</tool_call>`` (one block a call),
-Llama 3.x ``<|python_tag|>{"name", "parameters"}`` or a reply that is that JSON object alone
-(``;``-separated for several), Mistral ``[TOOL_CALLS][{"name", "arguments"}, ...]``. A call counts
-only when it names one of the request's tools and its arguments are a JSON object; otherwise the
-reply stays text. ``tool_choice="required"`` or a named function constrains decoding to
-``{"name": ..., "arguments": {...}}`` valid against the function's parameters
-(:func:`call_constraint`), which the last rule reads back.
+Replies are read in every syntax chat templates teach (:mod:`anyformer.contract._tool_syntaxes`:
+Qwen/Hermes, Granite, Phi, Mistral, Llama 3.x, Gemma 3 and 4), whichever the reply uses, so
+reading needs no template. A call counts only when it names one of the request's tools and its
+arguments are a JSON object; otherwise the reply stays text. A call's ``arguments`` are the JSON
+text the model wrote (checked to be an object), so a stream's fragments add up to them.
+
+``tool_choice="required"`` or a named function constrains decoding to ``{"name": ...,
+"arguments": {...}}`` valid against the function's parameters (:func:`call_constraint`); a backend
+that knows its template asks :func:`anyformer.plugin.chat_constraint` for the call in its family's
+syntax instead.
 """
 
 from __future__ import annotations
@@ -18,12 +20,12 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from anyformer.contract import _tool_syntaxes
 from anyformer.contract._constraint import Constraint
 from anyformer.contract._errors import AnyformerError, ErrorCode
 
-#: Where a tool call begins in each syntax read (a reply that opens with ``{`` is the fourth).
-MARKERS = ("<tool_call>", "<|python_tag|>", "[TOOL_CALLS]")
-_HERMES_END = "</tool_call>"
+#: Where a tool call begins in each syntax read (a reply that opens with ``{`` or ``[`` may be calls too).
+MARKERS = _tool_syntaxes.MARKERS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,116 +110,41 @@ def with_tool_prompt(messages: Sequence[dict[str, Any]], tools: Sequence[Mapping
     return out
 
 
-def _json_values(text: str) -> list[Any] | None:
-    """Every JSON value in ``text`` one after another (``;``, ``,`` or whitespace between), or None."""
-    decoder = json.JSONDecoder()
-    values: list[Any] = []
-    position = 0
-    while True:
-        while position < len(text) and text[position] in " \t\r\n;,":
-            position += 1
-        if position == len(text):
-            return values
+def finished_calls(drafts: Sequence[_tool_syntaxes.CallDraft] | None, names: Sequence[str]) -> list[ToolCall] | None:
+    """The calls of complete drafts that each name one of ``names`` with a JSON object for arguments, else None."""
+    if not drafts:
+        return None
+    calls = []
+    for draft in drafts:
+        if not draft.complete or not draft.valid or draft.name is None or draft.name not in names:
+            return None
         try:
-            value, position = decoder.raw_decode(text, position)
+            arguments = json.loads(draft.arguments)
         except (ValueError, RecursionError):
             return None
-        values.append(value)
-
-
-def _call_of(value: Any, names: Sequence[str]) -> ToolCall | None:
-    if not isinstance(value, Mapping) or value.get("name") not in names:
-        return None
-    arguments = value.get("arguments", value.get("parameters", {}))
-    if isinstance(arguments, str):  # some models write the arguments as a JSON string
-        try:
-            arguments = json.loads(arguments)
-        except (ValueError, RecursionError):
+        if not isinstance(arguments, Mapping):
             return None
-    if not isinstance(arguments, Mapping):
-        return None
-    return ToolCall(value["name"], json.dumps(arguments, ensure_ascii=False))
+        calls.append(ToolCall(draft.name, draft.arguments))
+    return calls
 
 
-def _calls_of(values: list[Any] | None, names: Sequence[str]) -> list[ToolCall] | None:
-    if not values:
-        return None
-    flat = [item for value in values for item in (value if isinstance(value, list) else [value])]
-    calls = [_call_of(item, names) for item in flat]
-    return None if not calls or any(call is None for call in calls) else [c for c in calls if c is not None]
+def reading_order(text: str) -> list[tuple[int, _tool_syntaxes.ToolSyntax]]:
+    """Where each syntax's calls could begin in ``text``, earliest first (a reply of calls alone at 0)."""
+    found = []
+    for syntax in _tool_syntaxes.SYNTAXES:
+        if syntax.begin:
+            start = text.find(syntax.begin)
+            if start >= 0:
+                found.append((start, syntax))
+        elif text.lstrip().startswith(("{", "[")):
+            found.append((len(text) - len(text.lstrip()), syntax))
+    return sorted(found, key=lambda item: item[0])
 
 
 def parse_tool_calls(text: str, names: Sequence[str]) -> tuple[str, list[ToolCall]]:
     """The text before the calls and the calls a reply makes; ``(text, [])`` when it makes none."""
-    start = text.find("<tool_call>")
-    if start >= 0:
-        blocks = text[start:].split("<tool_call>")[1:]
-        values: list[Any] = []
-        for block in blocks:
-            body = block.split(_HERMES_END, 1)[0]
-            found = _json_values(body)
-            if found is None:
-                return text, []
-            values.extend(found)
-        calls = _calls_of(values, names)
-        return (text[:start].rstrip(), calls) if calls else (text, [])
-    for marker in ("<|python_tag|>", "[TOOL_CALLS]"):
-        start = text.find(marker)
-        if start >= 0:
-            calls = _calls_of(_json_values(text[start + len(marker) :].replace("<|eom_id|>", "")), names)
-            return (text[:start].rstrip(), calls) if calls else (text, [])
-    if text.lstrip().startswith(("{", "[")):
-        calls = _calls_of(_json_values(text.strip()), names)
+    for start, syntax in reading_order(text):
+        calls = finished_calls(syntax.read(text[start + len(syntax.begin) :]), names)
         if calls:
-            return "", calls
+            return text[:start].rstrip(), calls
     return text, []
-
-
-class ToolCallStream:
-    """Streams a reply's text while holding back what may be a tool call, then gives the calls at the end.
-
-    Text before a marker goes out as it comes; from a marker (or a reply that opens with ``{`` or
-    ``[``) on, everything waits for :meth:`finish`, which reads the calls or, when there are none,
-    returns the held text as text.
-    """
-
-    def __init__(self, names: Sequence[str]) -> None:
-        self._names = list(names)
-        self._held = ""
-        self._sent_any = False
-        self._holding = False
-
-    def feed(self, delta: str) -> str:
-        """The text that can go out now."""
-        text = self._held + delta
-        if self._holding:
-            self._held = text
-            return ""
-        if not self._sent_any and text.lstrip().startswith(("{", "[")):
-            self._holding, self._held = True, text
-            return ""
-        if not self._sent_any and not text.strip():
-            self._held = text  # leading whitespace: what follows decides
-            return ""
-        cut = min((i for i in (text.find(m) for m in MARKERS) if i >= 0), default=-1)
-        if cut >= 0:
-            self._holding, self._held = True, text[cut:]
-            out = text[:cut]
-        else:
-            keep = max((_partial(text, marker) for marker in MARKERS), default=0)
-            out, self._held = text[: len(text) - keep], text[len(text) - keep :]
-        self._sent_any = self._sent_any or bool(out.strip())
-        return out
-
-    def finish(self) -> tuple[str, list[ToolCall]]:
-        """The rest of the text and the calls; the calls are empty when the held text was no call."""
-        held, self._held = self._held, ""
-        rest, calls = parse_tool_calls(held, self._names)
-        return (rest, calls) if calls else (held, [])
-
-
-def _partial(text: str, marker: str) -> int:
-    for size in range(min(len(marker) - 1, len(text)), 0, -1):
-        if marker.startswith(text[-size:]):
-            return size
-    return 0

@@ -42,7 +42,7 @@ from anyformer._backend import (
     run_of,
     run_progress_of,
 )
-from anyformer._chat_template import STOP_PROCESS, cancelled_by, enable_hard_stop
+from anyformer._chat_template import STOP_PROCESS, RenderNote, cancelled_by, enable_hard_stop, noting_renders
 from anyformer._entry_points import EntryPointRecord
 from anyformer._plugins import ENTRY_POINT_GROUP, PluginManager
 from anyformer._run_progress import run_reporter
@@ -278,14 +278,19 @@ class Worker:
         assert self._handle is not None
         try:
             options = GenerateOptions.build(**decode_value(command["options"]), cancel=generation.cancel)
-            source = self._manager.generate(self._handle, decode_value(command["messages"]), options)
+            note = RenderNote()
+            with noting_renders(note):
+                source = self._manager.generate(self._handle, decode_value(command["messages"]), options)
         except Exception as exc:
             self.send({**error_frame(exception_to_error(self._backend, "generate", exc)), "id": ident})
             return
-        self.send({"op": "started", "id": ident})
+        # The parent's chunks say whether the prompt opened <think>: the render happened here (at the start,
+        # or at the first token for a backend that renders lazily: then the first chunks frame says so).
+        told = note.thinking_opened
+        self.send({"op": "started", "id": ident, **({"thinking_opened": True} if told else {})})
         failure: AnyformerError | None = None
         try:
-            for raw in _until_done(source, options, generation):
+            for raw in _noted(_until_done(source, options, generation), note):
                 if not isinstance(raw, Chunk) or not isinstance(raw.delta, str) or not isinstance(raw.tokens, int):
                     failure = AnyformerError(
                         ErrorCode.PLUGIN_ERROR, f"{self._backend}: generate yielded {type(raw).__name__}, not a Chunk"
@@ -297,7 +302,10 @@ class Worker:
                     item.append([[e.token, e.logprob, [list(pair) for pair in e.top]] for e in raw.logprobs])
                 if raw.prompt_logprobs:
                     item.append([[e.token, e.logprob, [list(pair) for pair in e.top]] for e in raw.prompt_logprobs])
-                self.send({"op": "chunks", "id": ident, "items": [item]})
+                frame: dict[str, Any] = {"op": "chunks", "id": ident, "items": [item]}
+                if note.thinking_opened and not told:
+                    frame["thinking_opened"] = told = True
+                self.send(frame)
         except Exception as exc:
             failure = exception_to_error(self._backend, "generate", exc)
         finally:
@@ -340,6 +348,17 @@ class Worker:
         finally:
             if control is not None:
                 self._generations.pop(control.ident, None)
+
+
+def _noted(chunks: Iterator[Any], note: RenderNote) -> Iterator[Any]:
+    """``chunks``, each read with ``note`` current (a backend that renders at its first token notes it there)."""
+    while True:
+        with noting_renders(note):
+            try:
+                raw = next(chunks)
+            except StopIteration:
+                return
+        yield raw
 
 
 def _until_done(source: Iterator[Chunk], options: GenerateOptions, generation: _Generation) -> Iterator[Any]:

@@ -41,6 +41,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from anyformer._backend import BackendModel
+from anyformer._chat_template import note_thinking_opened
 from anyformer.contract._chunk import Chunk, GenerateOptions, TokenLogprob
 from anyformer.contract._errors import AnyformerError, ErrorCode
 from anyformer.contract._messages import Message
@@ -503,6 +504,8 @@ class WorkerSession:
             raise self._checked_error(reply, "generating")
         if reply["op"] != "started":
             raise self._broken(f"expected started, got {reply['op']!r}", "generating")
+        if reply.get("thinking_opened") is True:
+            note_thinking_opened()  # the worker's render opened <think>: the core's note for this stream says so
         return self._chunks(ident, options, frames)
 
     def _checked_error(self, frame: Mapping[str, Any], stage: str) -> AnyformerError:
@@ -520,6 +523,8 @@ class WorkerSession:
                     return  # cancelled while the engine works: the finally tells the worker
                 op = frame["op"]
                 if op == "chunks":
+                    if frame.get("thinking_opened") is True:
+                        note_thinking_opened()  # a lazy render in the worker opened <think>: this stream's note
                     for chunk in self._checked_chunks(frame):
                         yield chunk
                         taken += 1

@@ -364,15 +364,16 @@ class _Api:
         if parsed.stream:
             return EventStream(_chat_events(generation, parsed, rid))
         reply = ChatReply(parsed.options)
-        text, finish, tokens = "", None, 0
+        text, finish, tokens, opened = "", None, 0, False
         try:
             async for chunk in _watching(request, generation):
                 text, finish, tokens = chunk.text, chunk.finish_reason, chunk.tokens
+                opened = chunk.thinking_opened
                 reply.add_logprobs(chunk.logprobs)
         finally:
             generation.cancel()
         use = usage(generation.prompt_tokens, tokens)
-        message, finish = reply.message(text, finish)
+        message, finish = reply.message(text, finish, opened)
         whole = chat_completion(rid, parsed.model, text, finish, use, message=message, logprobs=reply.logprobs())
         whole["timings"] = generation.clock.timings()  # llama-server's extension: the prompt's and the reply's speed
         return JSONResponse(whole)
@@ -389,7 +390,8 @@ async def _chat_events(generation: Generation, parsed: GenerationRequest, rid: s
             tokens = chunk.tokens
             preview = chunk.preview if parsed.preview else None
             if chunk.delta or chunk.finish_reason or preview is not None or chunk.logprobs:
-                for delta, finish, logprobs in reply.deltas(chunk.delta, chunk.finish_reason, chunk.logprobs):
+                pieces = reply.deltas(chunk.delta, chunk.finish_reason, chunk.logprobs, chunk.thinking_opened)
+                for delta, finish, logprobs in pieces:
                     if preview is not None:
                         # anyformer's extension, asked for by the chat page: the answer as it stands, unsettled.
                         delta["anyformer_preview"] = preview

@@ -38,6 +38,7 @@ import llama_cpp
 import numpy as np
 
 from anyformer.plugin import (
+    TOOL_MARKUP,
     AnyformerError,
     Chunk,
     ErrorCode,
@@ -50,13 +51,13 @@ from anyformer.plugin import (
     ProgressEvent,
     RpcServerError,
     TokenLogprob,
+    chat_constraint,
     check_split_set,
     fetch_files,
     has_images,
     read_gguf_header,
     render_chat,
-    template_takes_tools,
-    with_tool_prompt,
+    tool_inputs,
 )
 from anyformer_llamacpp import BACKEND_ID
 from anyformer_llamacpp.constraint import TokenVocabulary
@@ -341,7 +342,14 @@ class LlamaCppModel:
     def _text_piece(self, token: int) -> bytes:
         piece = self._pieces.get(token)
         if piece is None:
-            piece = self._pieces[token] = self._piece(token)
+            piece = self._piece(token)
+            if not piece:
+                # A control token has no text, except tool-call markup ([TOOL_CALLS], <|tool_call|>, Gemma 4's
+                # <|"|>…): the core reads calls from the text, so that markup is kept where the model wrote it.
+                special = self._piece(token, special=True)
+                if special.decode("utf-8", "replace") in TOOL_MARKUP:
+                    piece = special
+            self._pieces[token] = piece
         return piece
 
     def _render(
@@ -354,17 +362,8 @@ class LlamaCppModel:
         variables: dict[str, Any] = {}
         if options is not None:
             variables.update(options.template_variables)
-            if options.tools and template_takes_tools(self._template):
-                variables["tools"] = [dict(tool) for tool in options.tools]
-            elif options.tools and options.tool_choice == "auto":
-                raise AnyformerError(
-                    ErrorCode.BAD_REQUEST,
-                    f"tools: the chat template of {self.name} does not render tools, so with tool_choice 'auto' "
-                    "the model would never see them; send tool_choice 'required' or a named function "
-                    "(the call is then constrained), or use a model whose template takes tools",
-                )
-            elif options.tools:  # a forced call: the tools are described in the system message instead
-                messages = with_tool_prompt(messages, options.tools)
+            messages, tool_variables = tool_inputs(self._template, messages, options, self.name)
+            variables.update(tool_variables)
         # A prompt of more characters than the context's tokens can stand for cannot fit: the render
         # stops there, before megabytes are rendered and tokenized only to be refused.
         cap = self.context * self._token_bytes if self._token_bytes else None
@@ -631,7 +630,8 @@ class LlamaCppModel:
     def sampler_for(self, options: GenerateOptions) -> Sampler:
         """The stream's token choice; ``BAD_REQUEST`` for a logit_bias token outside the vocabulary or a
         constraint that does not compile."""
-        mask = None if options.constraint is None else self.vocabulary.mask_for(options.constraint)
+        constraint = chat_constraint(options, self._template)  # a forced call in the template family's syntax
+        mask = None if constraint is None else self.vocabulary.mask_for(constraint)
         return Sampler(options, self._n_vocab, mask)
 
     def _token_logprob(self, logits: np.ndarray, token: int, top: int) -> TokenLogprob:
