@@ -101,6 +101,21 @@ def test_vision_task_answers_as_the_pipeline(vision: tuple[str, anyformer.Loaded
         _same(model.run(list(IMAGES), **options), [_plain(pipe(_pillow(image), **options)) for image in IMAGES])
 
 
+@pytest.mark.parametrize("subtask", [None, "panoptic", "instance", "semantic"])
+def test_mask2former_segments_as_the_pipeline(subtask: str | None, tiny_media_dir: dict[str, Path]) -> None:
+    """A universal head: each subtask through the processor's post-processing, as the pipeline runs it."""
+    folder = tiny_media_dir["universal-segmentation"]
+    pipe = _pipeline(folder, "image-segmentation")
+    found = 0
+    with anyformer.load(folder, backend="transformers", task="image-segmentation", isolate=False) as model:
+        for threshold in (0.9, 0.3):
+            for image in IMAGES:
+                want = _plain(pipe(_pillow(image), subtask=subtask, threshold=threshold))
+                _same(model.run(image, subtask=subtask, threshold=threshold), want)
+                found += len(want)
+    assert found > 0  # the comparison saw segments
+
+
 def test_the_comparison_is_not_empty(tiny_media_dir: dict[str, Path]) -> None:
     """The answers compared above vary: boxes differ, several classes are found, the depth map is not flat."""
     with anyformer.load(tiny_media_dir["object-detection"], backend="transformers", isolate=False) as model:

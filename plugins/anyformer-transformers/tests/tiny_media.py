@@ -156,6 +156,48 @@ def build_dpt(folder: Path) -> Path:
     return _save(network, DPTImageProcessor(size={"height": 32, "width": 32}), folder)
 
 
+def build_mask2former(folder: Path) -> Path:
+    """A Mask2Former (universal segmentation: panoptic, instance, semantic) on a 4-stage Swin, 6 queries, 64x64."""
+    import torch
+    from transformers import (
+        Mask2FormerConfig,
+        Mask2FormerForUniversalSegmentation,
+        Mask2FormerImageProcessor,
+        SwinConfig,
+    )
+
+    torch.manual_seed(7)
+    swin = SwinConfig(
+        image_size=64,
+        patch_size=4,
+        embed_dim=16,
+        depths=[1, 1, 1, 1],
+        num_heads=[1, 1, 2, 2],
+        window_size=4,
+        out_features=["stage1", "stage2", "stage3", "stage4"],
+    )
+    config = Mask2FormerConfig(
+        **_labelled(
+            backbone_config=swin,
+            feature_size=32,
+            mask_feature_size=32,
+            hidden_dim=32,
+            encoder_feedforward_dim=64,
+            dim_feedforward=64,
+            encoder_layers=1,
+            decoder_layers=2,
+            num_attention_heads=2,
+            num_queries=6,
+            common_stride=4,
+        )
+    )
+    network = Mask2FormerForUniversalSegmentation(config)
+    with torch.no_grad():  # real classes over "no object", so that panoptic and instance segments are found
+        network.class_predictor.bias[-1] = -5.0
+        network.class_predictor.weight.mul_(20.0)
+    return _save(network, Mask2FormerImageProcessor(size={"height": 64, "width": 64}), folder)
+
+
 def _whisper_vocabulary(folder: Path) -> dict[str, int]:
     """A byte-level tokenizer (256 byte tokens, no merges) with Whisper's special tokens; its vocabulary."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
@@ -325,4 +367,5 @@ MEDIA_BUILDERS: dict[str, Callable[[Path], Path]] = {
     "depth-estimation": build_dpt,
     "automatic-speech-recognition": build_whisper,
     "image-text-to-text": build_llava,
+    "universal-segmentation": build_mask2former,  # an image-segmentation model too, with panoptic/instance heads
 }
