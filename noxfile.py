@@ -46,7 +46,17 @@ NEEDS = {
 ALL_PLUGIN_FOLDERS = sorted(str(p.parent.relative_to(ROOT)) for p in ROOT.glob("plugins/*/pyproject.toml"))
 #: Where `nox -s build` leaves the wheels and sdists that `nox -s installed` installs.
 DIST = ROOT / "dist"
-TEST_TOOLS = ["pytest>=8", "gguf>=0.19", "numpy>=1.24", "hypothesis>=6", "safetensors>=0.4", "wgpu>=0.19"]
+#: llguidance and tokenizers: the core's constrained decoding (_token_mask.py) and every backend's constraint tests.
+TEST_TOOLS = [
+    "pytest>=8",
+    "gguf>=0.19",
+    "numpy>=1.24",
+    "hypothesis>=6",
+    "safetensors>=0.4",
+    "wgpu>=0.19",
+    "llguidance>=1.0",
+    "tokenizers>=0.19",
+]
 #: What the core's server tests add: the real OpenAI client, and Playwright (driving Debian's chromium).
 SERVER_TEST_TOOLS = ["openai>=1.40", "playwright>=1.45"]
 #: What the ONNX backend's test fixtures export models with (tests/onnx_exports.py). torch is pinned:

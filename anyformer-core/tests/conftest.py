@@ -18,6 +18,7 @@ import pytest
 import anyformer
 from anyformer import Caps, Chunk, Estimate, Rank, Verdict, hookimpl
 from anyformer._plugins import reset_plugin_manager
+from anyformer.plugin import BackendModel, Features
 
 #: A what-if model description: one GGUF of 100 MB (the shape of docs/contract.md ("Model description")).
 MODEL_DESCRIPTION: dict[str, Any] = {
@@ -226,15 +227,24 @@ def run_cli(tmp_path: Path) -> Callable[..., CliResult]:
 # ---- in-process backends -------------------------------------------------------------------------
 
 
-class FakeHandle:
-    """A loaded model of :class:`ScriptedBackend`; counts ``dispose`` calls. It honours ``top_p``/``top_k``."""
+class FakeHandle(BackendModel):
+    """A loaded model of :class:`ScriptedBackend`, which generates for it; counts ``dispose`` calls.
 
-    honours = frozenset({"top_p", "top_k"})
+    It honours ``top_p``/``top_k`` unless the backend gives it other ``features``.
+    """
 
-    def __init__(self, backend: str, task: str) -> None:
-        self.backend = backend
+    features = Features(honours=frozenset({"top_p", "top_k"}))
+
+    def __init__(self, owner: ScriptedBackend, task: str) -> None:
+        self.owner = owner
+        self.backend = owner.name
         self.task = task
         self.disposed = 0
+        if owner.features is not None:
+            self.features = owner.features
+
+    def generate(self, messages: Any, options: Any) -> Iterator[Chunk]:
+        return self.owner.generate_on(self, messages, options)
 
     def dispose(self) -> None:
         self.disposed += 1
@@ -262,11 +272,14 @@ class ScriptedBackend:
         *,
         estimate: Estimate | None = None,
         handle: type[FakeHandle] = FakeHandle,
+        features: Features | None = None,
     ) -> None:
         self.name = name
         self.script = script
         self.estimate = estimate or Estimate(ram_bytes=10**6, tok_per_sec=10.0, rank=Rank.GENERAL)
         self.handle_type = handle
+        #: What its handles declare (None: :class:`FakeHandle`'s own).
+        self.features = features
         self.handles: list[FakeHandle] = []
         self.started = 0
         self.yielded = 0
@@ -279,13 +292,13 @@ class ScriptedBackend:
         return Verdict.accept(self.name, self.estimate)
 
     @hookimpl
-    def load(self, backend: str, model: Any, request: Any) -> FakeHandle:
-        handle = self.handle_type(self.name, model.task or "text-generation")
+    def load(self, model: Any, request: Any) -> FakeHandle:
+        handle = self.handle_type(self, model.task or "text-generation")
         self.handles.append(handle)
         return handle
 
-    @hookimpl
-    def generate(self, loaded: Any, messages: Any, options: Any) -> Iterator[Chunk]:
+    def generate_on(self, loaded: Any, messages: Any, options: Any) -> Iterator[Chunk]:
+        """What its handles' ``generate`` returns: the script played, counted."""
         self.started += 1
         self.last_messages, self.last_options = messages, options
         return self._play(options)
@@ -313,9 +326,12 @@ def load_scripted(model_description: dict[str, Any]) -> Callable[..., tuple[anyf
     """Register a :class:`ScriptedBackend` in a fresh manager and load the test model on it."""
 
     def load(
-        script: Iterable[Chunk] | Callable[[Any], Iterable[Chunk]] = (), *, runnable: bool = False
+        script: Iterable[Chunk] | Callable[[Any], Iterable[Chunk]] = (),
+        *,
+        runnable: bool = False,
+        features: Features | None = None,
     ) -> tuple[anyformer.Loaded, ScriptedBackend]:
-        backend = ScriptedBackend("fake", script, handle=FakeRunHandle if runnable else FakeHandle)
+        backend = ScriptedBackend("fake", script, handle=FakeRunHandle if runnable else FakeHandle, features=features)
         manager = anyformer.PluginManager()
         manager.register(backend, "fake")
         loaded = anyformer.load(model_description, caps=Caps(ram_bytes=16 * 2**30), plugins=manager)

@@ -13,6 +13,7 @@ import pytest
 from hub_server import FakeHub
 
 from anyformer import Estimate, PluginManager, Rank, Refusal, StoreEntry, Verdict, fetch_files, hookimpl
+from anyformer.plugin import BackendModel
 
 fake_hub = hub_fixtures.fake_hub
 set_hf_offline = hub_fixtures.set_hf_offline
@@ -121,9 +122,7 @@ class StoreBackend:
         return Verdict.accept(self.name, Estimate(ram_bytes=1, rank=Rank.SPECIALIST, files=names))
 
     @hookimpl
-    def load(self, backend: str, model: Any, request: Any, progress: Any) -> Any:
-        if backend != self.name:
-            return None
+    def load(self, model: Any, request: Any, progress: Any) -> Any:
         self.loaded_paths = fetch_files(model, list(self.files or ()), progress, backend=self.name)
         return _Handle(self.name)
 
@@ -132,7 +131,7 @@ class StoreBackend:
         return list(self.stored)
 
 
-class _Handle:
+class _Handle(BackendModel):
     def __init__(self, backend: str) -> None:
         self.backend = backend
         self.task = "text-generation"

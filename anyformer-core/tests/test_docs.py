@@ -31,7 +31,7 @@ def _table_codes(path: Path) -> set[str]:
 
 
 def test_there_are_hookspecs_to_document() -> None:
-    assert hookspec_names() == ["can_run", "generate", "load", "store_list"]
+    assert hookspec_names() == ["can_run", "load", "store_list"]
 
 
 @pytest.mark.parametrize("hook", hookspec_names())

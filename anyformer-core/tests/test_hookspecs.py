@@ -27,6 +27,8 @@ from anyformer import (
     hookimpl,
     hookspecs,
 )
+from anyformer._session import start_generation
+from anyformer.plugin import BackendModel, Features
 
 MODEL = Model.from_dict({"repo": "org/m", "task": "text-generation", "files": [{"name": "m.gguf", "size": 10}]})
 
@@ -36,11 +38,18 @@ def hookspec_names() -> list[str]:
     return sorted(name for name, value in vars(hookspecs).items() if callable(value) and hasattr(value, marker))
 
 
-class Handle:
+class Handle(BackendModel):
+    """A handle that answers with its backend's id, one token."""
+
     task = "text-generation"
 
     def __init__(self, backend: str) -> None:
         self.backend = backend
+        self.generated = 0
+
+    def generate(self, messages: list[Any], options: GenerateOptions) -> Any:
+        self.generated += 1
+        return iter([Chunk(delta=self.backend, tokens=1)])
 
     def dispose(self) -> None:
         pass
@@ -60,17 +69,11 @@ class Backend:
         return Verdict.accept(self.name)
 
     @hookimpl
-    def load(self, backend: str, model: Model, request: Request, progress: Any) -> Handle:
-        # No `backend != self.name` guard: the core calls only the chosen backend's load.
+    def load(self, model: Model, request: Request, progress: Any) -> Handle:
+        # No backend argument and no guard on it: the core calls only the chosen backend's load.
         self.calls.append("load")
         progress(ProgressEvent(stage="load", backend=self.name, done=1, total=1))
         return Handle(self.name)
-
-    @hookimpl
-    def generate(self, loaded: Handle, messages: list[Any], options: GenerateOptions) -> Any:
-        # No ownership guard either: the core calls only the generate of the backend owning the handle.
-        self.calls.append("generate")
-        return iter([Chunk(delta=self.name, tokens=1)])
 
     @hookimpl
     def store_list(self) -> list[StoreEntry] | None:
@@ -190,12 +193,21 @@ def test_hook_load_of_an_unknown_backend_is_bad_request() -> None:
     assert caught.value.code is ErrorCode.BAD_REQUEST
 
 
+class _DuckHandle:
+    """The old duck-typed shape: backend, task and dispose, but no BackendModel base."""
+
+    backend, task = "loader", "text-generation"
+
+    def dispose(self) -> None:
+        pass
+
+
 def _loader(result: Any) -> Any:
     class Loader:
         name = "loader"
 
         @hookimpl
-        def load(self, backend: str) -> Any:
+        def load(self) -> Any:
             if isinstance(result, BaseException):
                 raise result
             return result
@@ -213,8 +225,9 @@ def _loader(result: Any) -> Any:
         (None, ErrorCode.PLUGIN_ERROR),
         (Handle("someone-else"), ErrorCode.PLUGIN_ERROR),
         (object(), ErrorCode.PLUGIN_ERROR),
+        (_DuckHandle(), ErrorCode.PLUGIN_ERROR),
     ],
-    ids=["raises", "memory-error", "anyformer-error", "sys-exit", "none", "wrong-backend", "no-dispose"],
+    ids=["raises", "memory-error", "anyformer-error", "sys-exit", "none", "wrong-backend", "no-dispose", "duck-typed"],
 )
 def test_hook_load_failures_become_anyformer_errors(result: Any, code: ErrorCode) -> None:
     with pytest.raises(AnyformerError) as caught:
@@ -237,44 +250,60 @@ def test_hook_load_missing_from_a_plugin_is_plugin_error() -> None:
     assert caught.value.code is ErrorCode.PLUGIN_ERROR
 
 
-# ---- generate ------------------------------------------------------------------------------------
+def test_hook_load_returning_a_handle_with_wrong_features_is_plugin_error_and_disposes_it() -> None:
+    class Confused(Handle):
+        features = Features(prompt_logprobs=True)  # scores raw prompts it does not take
+
+        def dispose(self) -> None:
+            self.disposed = True
+
+    handle = Confused("loader")
+    with pytest.raises(AnyformerError, match="prompt_logprobs needs raw_text") as caught:
+        manager_with(_loader(handle)).load("loader", MODEL, Request(), lambda e: None)
+    assert caught.value.code is ErrorCode.PLUGIN_ERROR and handle.disposed
 
 
-def test_hook_generate_is_called_only_for_the_owning_backend() -> None:
-    a, b = Backend("a"), Backend("b")
-    stream = manager_with(a, b).generate(Handle("b"), [{"role": "user", "content": "hi"}], GenerateOptions())
+# ---- generation: the handle's method, not a hook --------------------------------------------------
+
+
+def test_generation_is_the_handles_own_method() -> None:
+    handle = manager_with(Backend("a"), Backend("b")).load("b", MODEL, Request(), lambda e: None)
+    stream = start_generation(handle, [{"role": "user", "content": "hi"}], GenerateOptions())
     assert [c.delta for c in stream] == ["b"]
-    assert a.calls == [] and b.calls == ["generate"]
+    assert isinstance(handle, Handle) and handle.generated == 1
 
 
-def test_hook_generate_returning_none_for_its_own_handle_is_plugin_error() -> None:
-    class Silent:
-        name = "silent"
-
-        @hookimpl
-        def generate(self, loaded: Any) -> None:
+def test_generation_returning_none_is_plugin_error() -> None:
+    class Silent(Handle):
+        def generate(self, messages: list[Any], options: GenerateOptions) -> Any:
             return None
 
     with pytest.raises(AnyformerError) as caught:
-        manager_with(Silent()).generate(Handle("silent"), [], GenerateOptions())
+        start_generation(Silent("silent"), [], GenerateOptions())
     assert caught.value.code is ErrorCode.PLUGIN_ERROR
 
 
-def test_hook_generate_missing_from_the_backend_is_plugin_error() -> None:
-    with pytest.raises(AnyformerError, match="no generate hook") as caught:
-        manager_with(Backend("a")).generate(Handle("ghost"), [], GenerateOptions())
-    assert caught.value.code is ErrorCode.PLUGIN_ERROR
+def test_generation_on_a_handle_that_does_not_chat_is_bad_request() -> None:
+    class Embedder(BackendModel):
+        backend, task = "embedder", "feature-extraction"
+
+        def run(self, input: Any, **options: Any) -> Any:
+            return input
+
+        def dispose(self) -> None:
+            pass
+
+    with pytest.raises(AnyformerError, match="does not generate text") as caught:
+        start_generation(Embedder(), [], GenerateOptions())
+    assert caught.value.code is ErrorCode.BAD_REQUEST
 
 
-def test_hook_generate_may_return_any_iterable() -> None:
-    class Listy:
-        name = "listy"
-
-        @hookimpl
-        def generate(self) -> list[Chunk]:
+def test_generation_may_return_any_iterable() -> None:
+    class Listy(Handle):
+        def generate(self, messages: list[Any], options: GenerateOptions) -> Any:
             return [Chunk(delta="x", tokens=1), Chunk(delta="y", tokens=2)]
 
-    stream = manager_with(Listy()).generate(Handle("listy"), [], GenerateOptions())
+    stream = start_generation(Listy("listy"), [], GenerateOptions())
     assert "".join(c.delta for c in stream) == "xy"
 
 

@@ -8,6 +8,7 @@ import pytest
 
 import anyformer
 from anyformer import AnyformerError, Caps, ErrorCode, Refusal, Request, StoreEntry, Verdict, hookimpl
+from anyformer.plugin import BackendModel
 
 
 class _Refuser:
@@ -44,9 +45,12 @@ def test_an_ok_verdict_with_a_need_is_refused_at_construction() -> None:
 
 
 class _RaisingGenerate:
-    class Handle:
+    class Handle(BackendModel):
         backend = "raiser"
         task = "text-generation"
+
+        def generate(self, messages: Any, options: Any) -> Any:
+            raise ValueError("no KV slot")
 
         def dispose(self) -> None:
             pass
@@ -56,12 +60,8 @@ class _RaisingGenerate:
         return Verdict.accept("raiser")
 
     @hookimpl
-    def load(self, backend: str) -> Any:
-        return self.Handle() if backend == "raiser" else None
-
-    @hookimpl
-    def generate(self, loaded: Any) -> Any:
-        raise ValueError("no KV slot")
+    def load(self) -> Any:
+        return self.Handle()
 
     @hookimpl
     def store_list(self) -> list[StoreEntry]:

@@ -7,6 +7,11 @@ from typing import Any
 import pytest
 
 from anyformer import AnyformerError, Chunk, ErrorCode, TokenLogprob
+from anyformer.plugin import Features
+
+#: A handle that continues raw text, and one that also scores the prompt's own tokens.
+RAW = Features(raw_text=True)
+RAW_AND_SCORES = Features(raw_text=True, prompt_logprobs=True)
 
 
 def test_a_backend_without_raw_text_refuses_a_raw_prompt_before_any_work(load_scripted: Any) -> None:
@@ -20,8 +25,7 @@ def test_a_backend_without_raw_text_refuses_a_raw_prompt_before_any_work(load_sc
 
 
 def test_a_backend_with_raw_text_gets_the_prompt_and_no_messages(load_scripted: Any) -> None:
-    loaded, backend = load_scripted([Chunk(delta=" there", tokens=1)])
-    loaded.handle.raw_text = True  # type: ignore[attr-defined]
+    loaded, backend = load_scripted([Chunk(delta=" there", tokens=1)], features=RAW)
     assert loaded.raw_text
     assert loaded.complete(prompt="Once upon a time").text == " there"
     assert backend.last_messages == []
@@ -29,8 +33,7 @@ def test_a_backend_with_raw_text_gets_the_prompt_and_no_messages(load_scripted: 
 
 
 def test_messages_and_a_prompt_together_are_refused(load_scripted: Any) -> None:
-    loaded, _ = load_scripted()
-    loaded.handle.raw_text = True  # type: ignore[attr-defined]
+    loaded, _ = load_scripted(features=RAW)
     with pytest.raises(AnyformerError) as caught:
         loaded.complete("hi", prompt="hi")
     assert caught.value.code == ErrorCode.BAD_REQUEST
@@ -38,8 +41,7 @@ def test_messages_and_a_prompt_together_are_refused(load_scripted: Any) -> None:
 
 @pytest.mark.parametrize("prompt", [b"bytes", 3, ["a"]])
 def test_a_prompt_that_is_not_a_string_is_refused(load_scripted: Any, prompt: Any) -> None:
-    loaded, _ = load_scripted()
-    loaded.handle.raw_text = True  # type: ignore[attr-defined]
+    loaded, _ = load_scripted(features=RAW)
     with pytest.raises(AnyformerError) as caught:
         loaded.complete(prompt=prompt)
     assert caught.value.code == ErrorCode.BAD_REQUEST
@@ -60,8 +62,7 @@ def _with_logprobs(*pieces: str) -> list[Chunk]:
 
 
 def test_logprobs_ride_with_the_chunk_their_text_begins_in(load_scripted: Any) -> None:
-    loaded, _ = load_scripted(_with_logprobs("ab", "c", "de"))
-    loaded.handle.raw_text = True  # type: ignore[attr-defined]
+    loaded, _ = load_scripted(_with_logprobs("ab", "c", "de"), features=RAW)
     chunks = list(loaded.generate(prompt="x", logprobs=1, stop="e!"))  # "e" is held back until the end
     entries = [(e.token, e.offset) for c in chunks for e in c.logprobs]
     assert entries == [("ab", 0), ("c", 2), ("de", 3)]
@@ -71,16 +72,14 @@ def test_logprobs_ride_with_the_chunk_their_text_begins_in(load_scripted: Any) -
 
 
 def test_logprobs_of_tokens_past_a_stop_string_are_dropped(load_scripted: Any) -> None:
-    loaded, _ = load_scripted(_with_logprobs("ab", "c", "de", "f"))
-    loaded.handle.raw_text = True  # type: ignore[attr-defined]
+    loaded, _ = load_scripted(_with_logprobs("ab", "c", "de", "f"), features=RAW)
     chunks = list(loaded.generate(prompt="x", logprobs=0, stop="c"))
     assert chunks[-1].text == "ab"
     assert [e.token for c in chunks for e in c.logprobs] == ["ab"]
 
 
 def test_logprobs_and_suffix_need_a_raw_prompt(load_scripted: Any) -> None:
-    loaded, _ = load_scripted()
-    loaded.handle.raw_text = True  # type: ignore[attr-defined]
+    loaded, _ = load_scripted(features=RAW)
     for call in (
         lambda: loaded.complete("hi", logprobs=1),
         lambda: loaded.complete(prompt="hi", logprobs=99),
@@ -93,8 +92,8 @@ def test_logprobs_and_suffix_need_a_raw_prompt(load_scripted: Any) -> None:
 
 
 def test_malformed_logprobs_from_a_backend_are_a_plugin_error(load_scripted: Any) -> None:
-    loaded, _ = load_scripted([Chunk(delta="a", tokens=1, logprobs=[("a", 0.0)])])  # type: ignore[arg-type]
-    loaded.handle.raw_text = True  # type: ignore[attr-defined]
+    malformed = [Chunk(delta="a", tokens=1, logprobs=[("a", 0.0)])]  # type: ignore[arg-type]
+    loaded, _ = load_scripted(malformed, features=RAW)
     with pytest.raises(AnyformerError) as caught:
         loaded.complete(prompt="x", logprobs=0)
     assert caught.value.code == ErrorCode.PLUGIN_ERROR
@@ -105,8 +104,7 @@ def _scored_prompt() -> tuple[TokenLogprob, ...]:
 
 
 def test_prompt_logprobs_need_a_backend_that_declares_them(load_scripted: Any) -> None:
-    loaded, backend = load_scripted([Chunk(delta=" time", tokens=1)])
-    loaded.handle.raw_text = True  # type: ignore[attr-defined]
+    loaded, backend = load_scripted([Chunk(delta=" time", tokens=1)], features=RAW)
     assert not loaded.prompt_logprobs
     with pytest.raises(AnyformerError) as caught:
         loaded.complete(prompt="Once upon a", logprobs=1, prompt_logprobs=True)
@@ -116,9 +114,9 @@ def test_prompt_logprobs_need_a_backend_that_declares_them(load_scripted: Any) -
 
 
 def test_prompt_logprobs_ride_on_the_first_chunk_placed_in_the_prompt(load_scripted: Any) -> None:
-    loaded, backend = load_scripted([Chunk(tokens=0, prompt_logprobs=_scored_prompt()), *_with_logprobs(" time")])
-    loaded.handle.raw_text = True  # type: ignore[attr-defined]
-    loaded.handle.prompt_logprobs = True  # type: ignore[attr-defined]
+    loaded, backend = load_scripted(
+        [Chunk(tokens=0, prompt_logprobs=_scored_prompt()), *_with_logprobs(" time")], features=RAW_AND_SCORES
+    )
     chunks = list(loaded.generate(prompt="Once upon a", logprobs=1, prompt_logprobs=True))
     assert backend.last_options.prompt_logprobs is True
     assert [(e.token, e.logprob, e.offset) for e in chunks[0].prompt_logprobs] == [
@@ -131,9 +129,9 @@ def test_prompt_logprobs_ride_on_the_first_chunk_placed_in_the_prompt(load_scrip
 
 
 def test_max_new_tokens_zero_scores_the_prompt_alone(load_scripted: Any) -> None:
-    loaded, _ = load_scripted([Chunk(tokens=0, prompt_logprobs=_scored_prompt()), *_with_logprobs(" time")])
-    loaded.handle.raw_text = True  # type: ignore[attr-defined]
-    loaded.handle.prompt_logprobs = True  # type: ignore[attr-defined]
+    loaded, _ = load_scripted(
+        [Chunk(tokens=0, prompt_logprobs=_scored_prompt()), *_with_logprobs(" time")], features=RAW_AND_SCORES
+    )
     chunks = list(loaded.generate(prompt="Once upon a", max_new_tokens=0, logprobs=0, prompt_logprobs=True))
     assert len(chunks) == 1
     assert chunks[0].text == "" and chunks[0].tokens == 0 and chunks[0].finish_reason == "length"

@@ -9,6 +9,7 @@ import pytest
 
 import anyformer
 from anyformer import AnyformerError, Caps, ErrorCode, Estimate, PluginManager, Rank, Refusal, Verdict, hookimpl, select
+from anyformer.plugin import BackendModel
 
 
 def ok(backend: str, rank: Rank = Rank.GENERAL, tok_per_sec: float | None = None) -> Verdict:
@@ -115,13 +116,11 @@ class Answers:
         return self.verdict
 
     @hookimpl
-    def load(self, backend: str) -> Any:
-        if backend != self.verdict.backend:
-            return None
-        return _Handle(backend)
+    def load(self) -> Any:
+        return _Handle(self.verdict.backend)
 
 
-class _Handle:
+class _Handle(BackendModel):
     task = "text-generation"
 
     def __init__(self, backend: str) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from anyformer import AnyformerError, Chunk, ErrorCode
+from anyformer.plugin import Features
 
 
 def chunks(*deltas: str, finish: str | None = None) -> list[Chunk]:
@@ -368,7 +369,7 @@ def test_audio_blocks_reach_only_a_handle_that_reads_audio(load_scripted: Any) -
         loaded.generate(messages)
     assert caught.value.code is ErrorCode.BAD_REQUEST and "audio" in caught.value.message
     assert backend.started == 0
-    loaded.handle.audio_input = True  # type: ignore[attr-defined]
+    loaded, backend = load_scripted(chunks("ok"), features=Features(audio_input=True))
     assert loaded.audio_input
     loaded.complete(messages)
     assert backend.last_messages == messages

@@ -28,6 +28,7 @@ from anyformer._tool_families import (
     tool_inputs,
 )
 from anyformer.contract._caps import Caps
+from anyformer.plugin import Features
 from anyformer.server._chat_reply import ChatReply
 
 WEATHER = {
@@ -168,7 +169,7 @@ THINKING_TEMPLATE = (
 class ToolHandle(FakeHandle):
     """A handle that honours tools (the script renders the template, as a backend would, at its first token)."""
 
-    honours = frozenset({"tools", "constraint"})
+    features = Features(honours=frozenset({"tools", "constraint"}))
 
 
 @pytest.fixture

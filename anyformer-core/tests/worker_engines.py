@@ -17,20 +17,21 @@ from collections.abc import Iterator
 from typing import Any
 
 from anyformer import AnyformerError, Chunk, Estimate, ProgressEvent, Rank, Verdict, hookimpl
-from anyformer.plugin import render_chat
+from anyformer.plugin import BackendModel, Features, render_chat
 
 #: What glibc's C++ runtime prints when ``new`` fails and nothing catches it.
 BAD_ALLOC = "terminate called after throwing an instance of 'std::bad_alloc'\n  what():  std::bad_alloc\n"
 
 
-class Handle:
-    """A loaded model of :class:`Engine`: counts what the engine did."""
+class Handle(BackendModel):
+    """A loaded model of :class:`Engine`: counts what the engine did; its generation is the engine's."""
 
-    def __init__(self, backend: str, parallel: int = 1, audio_input: bool = False) -> None:
-        self.backend = backend
+    def __init__(self, engine: Engine, parallel: int = 1, audio_input: bool = False) -> None:
+        self.engine = engine
+        self.backend = engine.name
         self.task = "text-generation"
         self.parallel = parallel
-        self.audio_input = audio_input
+        self.features = Features(parallel=parallel, audio_input=audio_input)
         self.made = 0
         self.closed = 0
         self.disposed = 0
@@ -47,6 +48,9 @@ class Handle:
         with self._count:
             self.live -= 1
             self.closed += 1
+
+    def generate(self, messages: list[Any], options: Any) -> Iterator[Chunk]:
+        return self.engine.generate_on(self, messages, options)
 
     def run(self, input: Any, **options: Any) -> Any:
         if input == "stats":
@@ -66,10 +70,9 @@ class Handle:
 class ProgressHandle(Handle):
     """A handle whose ``run`` declares ``run_progress``: ``{"units": n}`` works through n units, reporting each."""
 
-    run_progress = True
-
-    def __init__(self, backend: str) -> None:
-        super().__init__(backend)
+    def __init__(self, engine: Engine) -> None:
+        super().__init__(engine)
+        self.features = Features(run_progress=True)
         self.task = "feature-extraction"
         self.units = 0  # units of work done, over every run
 
@@ -140,7 +143,7 @@ class Engine:
         return Verdict.accept(self.name, Estimate(ram_bytes=10**6, tok_per_sec=10.0, rank=Rank.GENERAL))
 
     @hookimpl
-    def load(self, backend: str, model: Any, progress: Any) -> Handle:
+    def load(self, model: Any, progress: Any) -> Handle:
         progress(ProgressEvent(stage="load", backend=self.name, file="weights", done=0, total=2))
         if self.at == "load":
             if self.fault == "bad_model":
@@ -150,11 +153,10 @@ class Engine:
             _die_of(self.fault or "")
         progress(ProgressEvent(stage="load", backend=self.name, file="weights", done=2, total=2))
         if self.run_progress:
-            return ProgressHandle(self.name)
-        return Handle(self.name, self.parallel, self.audio_input)
+            return ProgressHandle(self)
+        return Handle(self, self.parallel, self.audio_input)
 
-    @hookimpl
-    def generate(self, loaded: Handle, messages: list[Any], options: Any) -> Iterator[Chunk]:
+    def generate_on(self, loaded: Handle, messages: list[Any], options: Any) -> Iterator[Chunk]:
         if self.fault == "bad_request":
             raise AnyformerError("BAD_REQUEST", "the prompt is 9000 tokens and the context is 512")
         if self.fault == "echo":

@@ -1,9 +1,10 @@
 """Mutants of the template backend, for the kit's own regression suite (``test_mutants.py``).
 
 :class:`TemplateBackend` is the template backend's hooks wrapped in an object: a correct backend,
-registered in process under the template's id. Each mutant subclass breaks one rule of the
-contract by overriding one of the wrapper's seams (the verdict, the engine's options, the chunk
-stream, the store), never a hook itself, so pluggy still finds the hookimpls. The kit must fail
+registered in process under the template's id; its ``load`` wraps the template's handle in a
+:class:`SeamedHandle` whose ``generate`` goes through the wrapper. Each mutant subclass breaks one
+rule of the contract by overriding one of the wrapper's seams (the verdict, the engine's options,
+the chunk stream, the handle, the store), never a hook itself, so pluggy still finds the hookimpls. The kit must fail
 each mutant, and pass the wrapper and the installed template.
 
 :class:`TemplateKit` is the kit set up for the template (sample, refusal cases, stored model);
@@ -35,9 +36,10 @@ from anyformer import (
     Verdict,
     hookimpl,
 )
-from anyformer.plugin import anyformer_home
+from anyformer.plugin import BackendModel, Features, anyformer_home
 from anyformer_conformance import BackendConformance, RefusalCase
 from anyformer_template import plugin as template
+from anyformer_template.plugin import TemplateModel
 from anyformer_template.sample import SAMPLE_ORDER, SAMPLE_TEXT, write_sample
 
 #: Far more bytes than any machine offers: what the budget and memory mutants claim to need.
@@ -47,6 +49,25 @@ TERABYTE = 10**12
 WEAK_SAMPLE_TEXT = "x\n\n"
 #: The can_run time limit of the slow-first-can-run mutant's kit (its first call sleeps past it).
 SLOW_CAN_RUN_LIMIT_S = 1.0
+
+
+class SeamedHandle(BackendModel):
+    """The template's handle, its ``generate`` run through the seams of the backend object that loaded it."""
+
+    def __init__(self, owner: TemplateBackend, inner: TemplateModel) -> None:
+        self.owner = owner
+        self.inner = inner
+        self.backend = inner.backend
+        self.task = inner.task
+        self.features = inner.features
+
+    def generate(self, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk]:
+        """The template's stream, as :meth:`TemplateBackend.generate_on` makes it."""
+        return self.owner.generate_on(self.inner, messages, options)
+
+    def dispose(self) -> None:
+        """The template's dispose."""
+        self.inner.dispose()
 
 
 class TemplateBackend:
@@ -66,20 +87,18 @@ class TemplateBackend:
         return self.verdict(model, caps, request)
 
     @hookimpl
-    def load(self, backend: str, model: Model, request: Request, progress: Any) -> Any:
-        """The template's load, through :meth:`handle`."""
-        return self.handle(template.load(backend, model, request, progress))
-
-    @hookimpl
-    def generate(self, loaded: object, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk] | None:
-        """The template's stream, started with :meth:`engine_options` and passed through :meth:`stream`."""
-        chunks = template.generate(loaded, self.prompt_messages(messages), self.engine_options(options))
-        return None if chunks is None else self.stream(chunks, options)
+    def load(self, model: Model, request: Request, progress: Any) -> Any:
+        """The template's load, its handle seamed (:class:`SeamedHandle`), through :meth:`handle`."""
+        return self.handle(SeamedHandle(self, template.load(model, request, progress)))
 
     @hookimpl
     def store_list(self) -> list[StoreEntry]:
         """The template's store, through :meth:`entries`."""
         return self.entries()
+
+    def generate_on(self, inner: TemplateModel, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk]:
+        """The template's stream, started with :meth:`engine_options` and passed through :meth:`stream`."""
+        return self.stream(inner.generate(self.prompt_messages(messages), self.engine_options(options)), options)
 
     # ---- the seams ----------------------------------------------------------------------------------
 
@@ -224,13 +243,11 @@ class SwallowsGeneratorExit(TemplateBackend):
 
 
 class ServesTwo(TemplateBackend):
-    """Correct, and declares ``parallel = 2``: the template's streams keep no shared state, so two may run."""
+    """Correct, and declares ``parallel=2``: the template's streams keep no shared state, so two may run."""
 
-    @hookimpl
-    def load(self, backend: str, model: Model, request: Request, progress: Any) -> Any:
-        handle = template.load(backend, model, request, progress)
-        handle.parallel = 2
-        return handle
+    def handle(self, loaded: Any) -> Any:
+        loaded.features = Features(parallel=2)
+        return loaded
 
 
 class SharedCancel(ServesTwo):

@@ -30,5 +30,4 @@ def can_run(model: Model, caps: Caps, request: Request) -> Verdict:
 
 
 load: Any = template.load
-generate: Any = template.generate
 store_list: Any = template.store_list

@@ -17,7 +17,7 @@ import socket
 import anyformer
 import pytest
 from anyformer import AnyformerError, Chunk, Estimate, ProgressEvent, Refusal, StoreEntry, Verdict, hookimpl
-from anyformer.plugin import anyformer_home
+from anyformer.plugin import BackendModel, Features, anyformer_home
 from anyformer_conformance import BackendConformance, RefusalCase
 
 pytest_plugins = {plugins!r}
@@ -26,8 +26,8 @@ BROKEN = {broken!r}
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
 
-class EchoHandle:
-    run_progress = True
+class EchoHandle(BackendModel):
+    features = Features(run_progress=True)
 
     def __init__(self):
         self.backend = "echo"
@@ -48,6 +48,28 @@ class EchoHandle:
                     raise
                 break
         return done
+
+    def generate(self, messages, options):
+        if options.temperature > 0:
+            raise AnyformerError("BAD_REQUEST", "echo decodes greedily only: temperature must be 0")
+        for message in messages:
+            blocks = message["content"] if isinstance(message["content"], list) else []
+            if "ignores-images" not in BROKEN and any(b["type"] == "image" for b in blocks):
+                raise AnyformerError("BAD_REQUEST", "echo reads text only")
+        return self._stream(messages, options)
+
+    def _stream(self, messages, options):
+        offset = len(str(messages[-1]["content"]))
+        if "leaks" in BROKEN:
+            offset += self.calls
+            self.calls += 1
+        for index in range(options.max_new_tokens):
+            if options.cancel.is_set():
+                yield Chunk(tokens=index, finish_reason="cancelled")
+                return
+            tokens = 1 if "decreasing-tokens" in BROKEN and index == 4 else index + 1
+            yield Chunk(delta=LETTERS[(offset + index) % 26], tokens=tokens)
+        yield Chunk(tokens=options.max_new_tokens, finish_reason="length")
 
     def dispose(self):
         if self.disposed and "dispose-twice-raises" in BROKEN:
@@ -83,33 +105,8 @@ class EchoBackend:
         return Verdict.accept("echo", Estimate(ram_bytes=need))
 
     @hookimpl
-    def load(self, backend, model, request, progress):
-        return EchoHandle() if backend == "echo" else None
-
-    @hookimpl
-    def generate(self, loaded, messages, options):
-        if not isinstance(loaded, EchoHandle):
-            return None
-        if options.temperature > 0:
-            raise AnyformerError("BAD_REQUEST", "echo decodes greedily only: temperature must be 0")
-        for message in messages:
-            blocks = message["content"] if isinstance(message["content"], list) else []
-            if "ignores-images" not in BROKEN and any(b["type"] == "image" for b in blocks):
-                raise AnyformerError("BAD_REQUEST", "echo reads text only")
-        return self._stream(loaded, messages, options)
-
-    def _stream(self, loaded, messages, options):
-        offset = len(str(messages[-1]["content"]))
-        if "leaks" in BROKEN:
-            offset += loaded.calls
-            loaded.calls += 1
-        for index in range(options.max_new_tokens):
-            if options.cancel.is_set():
-                yield Chunk(tokens=index, finish_reason="cancelled")
-                return
-            tokens = 1 if "decreasing-tokens" in BROKEN and index == 4 else index + 1
-            yield Chunk(delta=LETTERS[(offset + index) % 26], tokens=tokens)
-        yield Chunk(tokens=options.max_new_tokens, finish_reason="length")
+    def load(self, model, request, progress):
+        return EchoHandle()
 
     @hookimpl
     def store_list(self):

@@ -191,7 +191,7 @@ def load(
         session = _spawn_worker(manager, chosen.backend, description, request, progress, worker)
         return Loaded(session, description, chosen, others)
     handle = manager.load(chosen.backend, description, request, progress)
-    return Loaded(InProcessSession(handle, manager), description, chosen, others)
+    return Loaded(InProcessSession(handle), description, chosen, others)
 
 
 def refuse_pickle_only(model: Model) -> None:

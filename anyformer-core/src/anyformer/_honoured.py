@@ -1,7 +1,7 @@
 """The rule that no option which would change a reply is dropped: what a handle does not honour is refused.
 
 ``Loaded.generate`` calls :func:`refuse_unhonoured` after the options are checked and before any
-work, with the names the handle declared (``honours``, see :func:`anyformer._backend.honours_of`).
+work, with the names the handle declared (``Features.honours``, :mod:`anyformer.contract._features`).
 """
 
 from __future__ import annotations

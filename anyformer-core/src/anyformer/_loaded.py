@@ -14,6 +14,7 @@ from anyformer._run_progress import cancelled, check_run_controls
 from anyformer._stream import CoreStream
 from anyformer.contract._chunk import Chunk, GenerateOptions
 from anyformer.contract._errors import AnyformerError, ErrorCode
+from anyformer.contract._features import Features
 from anyformer.contract._messages import Message, has_audio, has_images, validate_messages
 from anyformer.contract._model import Model
 from anyformer.contract._progress import ProgressCallback
@@ -97,9 +98,14 @@ class Loaded:
         return self._session.handle
 
     @property
+    def features(self) -> Features:
+        """What the backend's handle can do (raw text, parallel streams, honoured options…), as one record."""
+        return self._session.features
+
+    @property
     def parallel(self) -> int:
         """How many streams may be open at once on this model (the backend's ``parallel``; 1 for most)."""
-        return self._session.parallel
+        return self._session.features.parallel
 
     @property
     def isolated(self) -> bool:
@@ -129,23 +135,23 @@ class Loaded:
     @property
     def raw_text(self) -> bool:
         """True when the backend continues raw text without a chat template (``generate(prompt=...)``)."""
-        return self._session.raw_text
+        return self._session.features.raw_text
 
     @property
     def audio_input(self) -> bool:
         """True when the backend reads audio blocks in chat messages (others are refused with ``BAD_REQUEST``)."""
-        return self._session.audio_input
+        return self._session.features.audio_input
 
     @property
     def prompt_logprobs(self) -> bool:
         """True when the backend scores a raw prompt's own tokens (``generate(prompt_logprobs=True)``)."""
-        return self._session.prompt_logprobs
+        return self._session.features.prompt_logprobs
 
     @property
     def honours(self) -> frozenset[str]:
         """The optional generate options the backend honours (``min_p``, ``constraint``, ``tools``…);
         ``generate`` refuses the others with ``BAD_REQUEST``."""
-        return self._session.honours
+        return self._session.features.honours
 
     def generate(
         self,
@@ -175,12 +181,12 @@ class Loaded:
         if prompt is not None:
             if messages is not None:
                 raise AnyformerError(ErrorCode.BAD_REQUEST, "give messages or a raw prompt, not both")
-            if not self._session.raw_text:
+            if not self._session.features.raw_text:
                 raise AnyformerError(
                     ErrorCode.BAD_REQUEST,
                     f"{self.backend} does not continue raw text; send messages (the chat template applies)",
                 )
-            if extra.get("prompt_logprobs") is True and not self._session.prompt_logprobs:
+            if extra.get("prompt_logprobs") is True and not self._session.features.prompt_logprobs:
                 raise AnyformerError(
                     ErrorCode.BAD_REQUEST, f"{self.backend} does not report the prompt's log-probabilities"
                 )
@@ -188,7 +194,7 @@ class Loaded:
         else:
             checked = validate_messages(messages)
             self._check_inputs(checked)
-            if has_audio(checked) and not self._session.audio_input:
+            if has_audio(checked) and not self._session.features.audio_input:
                 raise AnyformerError(
                     ErrorCode.BAD_REQUEST,
                     f"{self.model.ref} on {self.backend} does not read audio: send no audio blocks",
@@ -203,7 +209,7 @@ class Loaded:
             prompt=prompt,
             **extra,
         )
-        refuse_unhonoured(self.backend, self._session.honours, options)
+        refuse_unhonoured(self.backend, self._session.features.honours, options)
         self._acquire()
         note = RenderNote()  # the render tells whether the prompt opened <think> (a worker reports it)
         try:
@@ -268,7 +274,7 @@ class Loaded:
     @property
     def run_progress(self) -> bool:
         """True when the backend's ``run`` reports progress and can be cancelled part way."""
-        return self._session.run_progress
+        return self._session.features.run_progress
 
     def run(
         self,
@@ -287,7 +293,7 @@ class Loaded:
         ``AnyformerError(CANCELLED)`` and returns nothing, never a partial result; the model stays usable.
         """
         self._check_open()
-        if not self._session.has_run:
+        if not self._session.features.run:
             raise AnyformerError(
                 ErrorCode.BAD_REQUEST,
                 f"{self.backend} loaded {self.model.ref} for {self.task}; it has no run(), use generate()",
@@ -314,7 +320,7 @@ class Loaded:
         """Take one of the model's ``parallel`` slots, or raise ``BUSY`` (``BAD_REQUEST`` once disposed)."""
         with self._slots:
             self._check_open()  # under the condition: dispose never frees a model a new stream just took
-            limit = self._session.parallel
+            limit = self._session.features.parallel
             if self._active >= limit:
                 if limit == 1:
                     raise AnyformerError(

@@ -16,12 +16,11 @@ from typing import Any, Protocol
 import pluggy
 
 from anyformer import hookspecs
-from anyformer._backend import BackendModel
+from anyformer._backend import BackendModel, features_of
 from anyformer._entry_points import installed_entry_points
+from anyformer._old_hooks import old_hook_problems
 from anyformer.contract._caps import Caps
-from anyformer.contract._chunk import Chunk, GenerateOptions
 from anyformer.contract._errors import AnyformerError, ErrorCode
-from anyformer.contract._messages import Message
 from anyformer.contract._model import Model
 from anyformer.contract._progress import ProgressCallback
 from anyformer.contract._request import Request
@@ -75,7 +74,8 @@ def _names_from_env(variable: str) -> set[str] | None:
     return {name.strip() for name in raw.split(",") if name.strip()}
 
 
-def _describe_exception(exc: BaseException) -> str:
+def describe_exception(exc: BaseException) -> str:
+    """One line for an exception a plugin raised: its type, first line and where (never a traceback)."""
     if isinstance(exc, SystemExit):
         return f"called sys.exit({exc.code!r}) while loading"
     text = str(exc).strip().splitlines()
@@ -85,7 +85,7 @@ def _describe_exception(exc: BaseException) -> str:
 
 
 class PluginManager:
-    """The anyformer plugin host: typed wrappers over the four hooks, one plugin at a time."""
+    """The anyformer plugin host: typed wrappers over the three hooks, one plugin at a time."""
 
     def __init__(self) -> None:
         self._pm = pluggy.PluginManager(hookspecs.PROJECT)
@@ -163,7 +163,7 @@ class PluginManager:
         try:
             plugin = entry_point.load()
         except (Exception, SystemExit) as exc:  # a plugin's import may do anything, sys.exit included
-            info.ok, info.error = False, _describe_exception(exc)
+            info.ok, info.error = False, describe_exception(exc)
             return
         self._register_checked(plugin, info)
         if info.ok:
@@ -184,13 +184,17 @@ class PluginManager:
         self._register_checked(plugin, info)
 
     def _register_checked(self, plugin: Any, info: PluginInfo) -> None:
+        outdated = old_hook_problems(plugin)
+        if outdated is not None:  # before pluggy, whose own words would be "unknown hook 'generate'"
+            info.ok, info.error = False, outdated
+            return
         try:
             self._pm.register(plugin, name=info.name)
         except pluggy.PluginValidationError as exc:  # its whole text says which argument is wrong
             info.ok, info.error = False, f"invalid plugin: {' '.join(str(exc).split())}"
             return
         except (Exception, SystemExit) as exc:
-            info.ok, info.error = False, f"invalid plugin: {_describe_exception(exc)}"
+            info.ok, info.error = False, f"invalid plugin: {describe_exception(exc)}"
             return
         try:
             self._pm.check_pending()
@@ -276,7 +280,7 @@ class PluginManager:
                 verdicts.append(Verdict.refuse(name, Refusal.RUNTIME, f"can_run raised {exc}"))
                 continue
             except (Exception, SystemExit) as exc:  # a broken plugin must not break the others (SAFETY L2)
-                verdicts.append(Verdict.refuse(name, Refusal.RUNTIME, f"can_run raised {_describe_exception(exc)}"))
+                verdicts.append(Verdict.refuse(name, Refusal.RUNTIME, f"can_run raised {describe_exception(exc)}"))
                 continue
             if result is not None:  # None: a plugin that runs no models (hookspecs.can_run)
                 verdicts.append(self._checked_verdict(name, result, caps, request))
@@ -297,12 +301,12 @@ class PluginManager:
         return Verdict.refuse(name, Refusal.RUNTIME, f"plugin error: {why}")
 
     def load(self, backend: str, model: Model, request: Request, progress: ProgressCallback) -> BackendModel:
-        """Call ``backend``'s load hook; a plugin that answers None or the wrong thing is a ``PLUGIN_ERROR``."""
+        """Call ``backend``'s load hook; anything but a :class:`BackendModel` of its own is a ``PLUGIN_ERROR``."""
         self.require_backend(backend)
         impl = self._impl_for("load", backend)
         if impl is None:
             raise AnyformerError(ErrorCode.PLUGIN_ERROR, f"backend {backend!r} implements no load hook")
-        arguments = {"backend": backend, "model": model, "request": request, "progress": progress}
+        arguments = {"model": model, "request": request, "progress": progress}
         try:
             handle = self._call(impl, arguments)
         except AnyformerError:
@@ -311,32 +315,20 @@ class PluginManager:
             raise AnyformerError(ErrorCode.OUT_OF_MEMORY, f"{backend}: out of memory while loading", cause=exc) from exc
         except (Exception, SystemExit) as exc:
             raise AnyformerError(
-                ErrorCode.PLUGIN_ERROR, f"{backend}: load raised {_describe_exception(exc)}", cause=exc
+                ErrorCode.PLUGIN_ERROR, f"{backend}: load raised {describe_exception(exc)}", cause=exc
             ) from exc
-        if getattr(handle, "backend", None) != backend or not callable(getattr(handle, "dispose", None)):
+        if not isinstance(handle, BackendModel) or getattr(handle, "backend", None) != backend:
             raise AnyformerError(
                 ErrorCode.PLUGIN_ERROR,
                 f"{backend}: load returned {type(handle).__name__}, "
-                f"not a handle with backend={backend!r} and dispose()",
+                f"not an anyformer.plugin.BackendModel with backend={backend!r}",
             )
-        return handle
-
-    def generate(self, handle: BackendModel, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk]:
-        """Call the owning backend's generate hook for ``handle``."""
-        impl = self._impl_for("generate", handle.backend)
-        if impl is None:
-            raise AnyformerError(ErrorCode.PLUGIN_ERROR, f"backend {handle.backend!r} implements no generate hook")
         try:
-            stream = self._call(impl, {"loaded": handle, "messages": messages, "options": options})
+            features_of(handle)  # a wrong record is the plugin's bug: said now, not at the first call
         except AnyformerError:
+            handle.dispose()
             raise
-        except Exception as exc:
-            raise AnyformerError(
-                ErrorCode.PLUGIN_ERROR, f"{handle.backend}: generate raised {_describe_exception(exc)}", cause=exc
-            ) from exc
-        if stream is None:
-            raise AnyformerError(ErrorCode.PLUGIN_ERROR, f"{handle.backend}: generate returned None for its own model")
-        return iter(stream)
+        return handle
 
     def store_list(self) -> tuple[list[StoreEntry], list[str]]:
         """Every plugin's stored models, and one line per plugin whose ``store_list`` failed."""
@@ -346,7 +338,7 @@ class PluginManager:
             try:
                 result: Sequence[StoreEntry] | None = self._call(impl, {})
             except (Exception, SystemExit) as exc:
-                problems.append(f"{name}: store_list raised {_describe_exception(exc)}")
+                problems.append(f"{name}: store_list raised {describe_exception(exc)}")
                 continue
             for entry in result or ():
                 if isinstance(entry, StoreEntry) and entry.backend != name:

@@ -1,19 +1,20 @@
-"""The four hooks a backend plugin implements (docs/contract.md, "Hooks"; docs/hooks.md).
+"""The three hooks a backend plugin implements (docs/contract.md, "Hooks"; docs/hooks.md).
 
 A backend is a distribution with an entry point in the group ``anyformer``; the entry point's
 name is the backend's id, and it points at a module (or object) holding ``@anyformer.hookimpl``
-functions. Every hook is optional to implement except ``can_run``, ``load`` and ``generate`` for a
-backend that runs models. Hook implementations may accept any subset of a hook's arguments.
+functions. Every hook is optional to implement except ``can_run`` and ``load`` for a backend that
+runs models. Hook implementations may accept any subset of a hook's arguments. Generation is not a
+hook: ``load`` returns a :class:`anyformer.plugin.BackendModel` and the core calls its methods.
 
 The core calls each plugin's implementation directly, one plugin at a time, never through one
 pluggy call across all plugins: a plugin that raises is reported by name and the others keep
-working. So no hook is a pluggy "first result" hook: ``load`` is called only on the chosen
-backend and ``generate`` only on the backend that owns the handle, and neither returns None.
+working. So no hook is a pluggy "first result" hook, and none takes the backend's id: ``load`` is
+called only on the chosen backend and never returns None.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import pluggy
@@ -21,8 +22,6 @@ import pluggy
 if TYPE_CHECKING:
     from anyformer._backend import BackendModel
     from anyformer.contract._caps import Caps
-    from anyformer.contract._chunk import Chunk, GenerateOptions
-    from anyformer.contract._messages import Message
     from anyformer.contract._model import Model
     from anyformer.contract._progress import ProgressCallback
     from anyformer.contract._request import Request
@@ -61,43 +60,20 @@ def can_run(model: Model, caps: Caps, request: Request) -> Verdict | None:
 
 
 @hookspec
-def load(backend: str, model: Model, request: Request, progress: ProgressCallback) -> BackendModel:
-    """Load ``model`` for ``request``; called only on the backend the selection chose (``backend`` is its id).
+def load(model: Model, request: Request, progress: ProgressCallback) -> BackendModel:
+    """Load ``model`` for ``request``; called only on the backend the selection chose (or the one named).
 
-    :param backend: this plugin's id (the entry point's name), the one the selection policy chose.
     :param model: the description; local files have ``path``; ``anyformer.plugin.fetch_files(model,
         names, progress)`` returns local paths for the files you need, downloading Hub files into
         the shared cache with progress.
     :param request: the task, budget and context length the model is loaded for.
     :param progress: call it with :class:`anyformer.ProgressEvent` during long steps.
-    :returns: a handle with ``backend`` (this id), ``task``, ``dispose()`` (and ``run()`` for
-        non-generation tasks; ``run_progress = True`` when ``run`` takes the core's ``progress``
-        callable, reports each unit of work to it and lets the ``CANCELLED`` it raises propagate).
-        Raise ``AnyformerError`` (``BAD_MODEL``, ``OUT_OF_MEMORY``, ``BUDGET_TOO_SMALL``…) for
-        failures a person can act on. Returning anything else
-        (None included) is a ``PLUGIN_ERROR``.
-    """
-
-
-@hookspec
-def generate(loaded: BackendModel, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk]:
-    """Start generating a reply; called only on the backend whose ``load`` returned ``loaded``.
-
-    :param loaded: a handle this plugin's ``load`` returned.
-    :param messages: validated chat messages (the core rejects malformed ones before this call);
-        empty for a raw completion.
-    :param options: validated options: ``max_new_tokens``, ``temperature`` (0 is greedy and
-        repeatable), ``seed``, ``thinking``, ``stop`` and ``cancel`` (a ``threading.Event``).
-        ``options.prompt`` is the raw text to continue with no chat template; the core sends one
-        only to a handle that sets ``raw_text = True``; ``options.prompt_logprobs`` (score the prompt's
-        own tokens on the first chunk; ``max_new_tokens`` may then be 0) only to one that also sets
-        ``prompt_logprobs = True``.
-    :returns: an iterable of :class:`anyformer.Chunk` whose ``delta`` is the new text and
-        ``tokens`` the count generated so far (never decreasing, at most ``max_new_tokens``); the
-        last may carry ``finish_reason`` (the core supplies one when it does not). Check
-        ``options.cancel`` between tokens and put the model back in a usable state in a
-        ``finally`` block: the core closes the iterator on cancel. The core holds a lock per
-        loaded model, so calls never overlap. Returning None is a ``PLUGIN_ERROR``.
+    :returns: the handle, an instance of a subclass of :class:`anyformer.plugin.BackendModel` with
+        ``backend`` (this plugin's id), ``task`` and ``features`` (a :class:`anyformer.plugin.Features`
+        record). The handle owns the work from here: the core calls its ``generate`` (chat),
+        ``run`` (other tasks) and ``dispose``, never another hook. Raise ``AnyformerError``
+        (``BAD_MODEL``, ``OUT_OF_MEMORY``, ``BUDGET_TOO_SMALL``…) for failures a person can act on.
+        Returning anything else (None included) is a ``PLUGIN_ERROR``.
     """
 
 

@@ -6,12 +6,15 @@ walks through each name; ``docs/contract.md`` is the contract they implement.
 
 Groups, in the order a backend meets them:
 
-- hooks: :data:`hookimpl`, and the hook specifications in :mod:`anyformer.hookspecs`;
+- hooks: :data:`hookimpl`, and the hook specifications in :mod:`anyformer.hookspecs` (``can_run``,
+  ``load``, ``store_list``);
 - the contract's types: :class:`Model`, :class:`ModelFile`, :class:`Caps`, :class:`Request`,
   :class:`Verdict`, :class:`Estimate`, :class:`Rank`, :class:`Refusal`, :class:`Chunk`, :class:`TokenLogprob`,
   :class:`Constraint` (structured output), ``PENALTY_WINDOW`` (the tokens the penalties look at),
   :class:`GenerateOptions`, :class:`FinishReason`, :class:`StoreEntry`, :class:`ProgressEvent`,
-  :data:`ProgressCallback`, :func:`no_progress`, :class:`BackendModel`, :class:`AnyformerError`, :class:`ErrorCode`;
+  :data:`ProgressCallback`, :func:`no_progress`, :class:`AnyformerError`, :class:`ErrorCode`;
+- the handle ``load`` returns: :class:`BackendModel` (subclass it: it owns ``generate``, ``run`` and
+  ``dispose``) and :class:`Features` (what it can do beyond plain chat, one frozen record);
 - messages and chat: :data:`Message`, :func:`validate_messages`, :func:`has_images`, :func:`has_audio`,
   :func:`text_of`, :func:`render_chat` (jinja2's sandbox), :data:`CHATML_TEMPLATE`,
   :class:`IncrementalDetokenizer` (streamed text equal to the whole decode),
@@ -20,6 +23,8 @@ Groups, in the order a backend meets them:
   :func:`chat_constraint` (the constraint a chat decodes under: a forced call in the family's syntax),
   :func:`tool_family`, :data:`TOOL_MARKUP` (tool-call markup an engine keeps in its text even where a
   tokenizer holds it as a special token), :class:`ToolCall`;
+- structured output in a backend's sampler: :class:`ConstraintVocabulary` (a model's vocabulary as
+  llguidance reads it) and :class:`TokenMask` (one stream's allowed tokens, applied to the logits);
 - files, read with hard limits before any engine sees them: :func:`read_gguf_header`,
   :func:`check_split_set`, :func:`split_set_members`, :class:`GGUFHeader`, :class:`GGUFTensor`,
   :class:`LazyArray` (a long GGUF array in ``GGUFHeader.kv``, decoded on first use),
@@ -52,11 +57,13 @@ from anyformer._audio_decode import decode_audio
 from anyformer._backend import BackendModel
 from anyformer._chat_template import CHATML_TEMPLATE, render_chat, template_takes_tools
 from anyformer._detokenizer import IncrementalDetokenizer
+from anyformer._token_mask import ConstraintVocabulary, TokenMask
 from anyformer._tool_families import chat_constraint, tool_family, tool_inputs
 from anyformer.contract._caps import Caps
 from anyformer.contract._chunk import Chunk, FinishReason, GenerateOptions, TokenLogprob
 from anyformer.contract._constraint import Constraint
 from anyformer.contract._errors import AnyformerError, ErrorCode
+from anyformer.contract._features import Features
 from anyformer.contract._messages import Message, has_audio, has_images, text_of, validate_messages
 from anyformer.contract._model import Model, ModelFile
 from anyformer.contract._progress import ProgressCallback, ProgressEvent, no_progress
@@ -121,8 +128,10 @@ __all__ = [
     "Caps",
     "Chunk",
     "Constraint",
+    "ConstraintVocabulary",
     "ErrorCode",
     "Estimate",
+    "Features",
     "FinishReason",
     "GGUFCandidate",
     "GGUFHeader",
@@ -145,6 +154,7 @@ __all__ = [
     "SafetensorsHeader",
     "StoreEntry",
     "TokenLogprob",
+    "TokenMask",
     "ToolCall",
     "Verdict",
     "adapter_fingerprint",

@@ -23,6 +23,7 @@ from typing import Any
 import uvicorn
 
 from anyformer import AnyformerError, Chunk, Estimate, ProgressEvent, Rank, Refusal, StoreEntry, Verdict, hookimpl
+from anyformer.plugin import BackendModel, Features
 
 #: Seconds between the paced backend's tokens.
 PACE = 0.01
@@ -83,27 +84,32 @@ def serve_in_thread(app: Any, **config: Any) -> Iterator[str]:
         thread.join(30)
 
 
-class PacedHandle:
-    """A model of :class:`PacedBackend`."""
+class PacedHandle(BackendModel):
+    """A model of :class:`PacedBackend`, which generates for it.
+
+    Its ``features``: the sampling options the core lets through to it (:class:`PacedBackend`'s
+    ``honours``), the streams it serves, and run() reporting each text and stopping between texts
+    when cancelled (each input "slow" takes 50 ms).
+    """
 
     #: The ``parallel`` load option it was loaded with (1 when absent).
     asked_parallel: Any = 1
-    #: The sampling options the core lets through to it (:class:`PacedBackend`'s ``honours``).
-    honours: frozenset[str] = frozenset()
 
-    def __init__(self, backend: str, task: str, ref: str) -> None:
-        self.backend = backend
+    def __init__(self, owner: PacedBackend, task: str, ref: str) -> None:
+        self.owner = owner
+        self.backend = owner.name
         self.task = task
         self.ref = ref
         self.disposed = False
         self.parallel = 1
         self.runs: list[tuple[str, int]] = []  # how each run() ended, and the texts it had embedded
+        self.features = Features(run_progress=True)
+
+    def generate(self, messages: Any, options: Any) -> Iterator[Chunk]:
+        return self.owner.generate_on(self, messages, options)
 
     def dispose(self) -> None:
         self.disposed = True
-
-    #: run() reports each text and stops between texts when cancelled; each input "slow" takes 50 ms.
-    run_progress = True
 
     def run(self, input: Any, progress: Any = None, **options: Any) -> dict[str, Any]:
         vectors = []
@@ -171,21 +177,17 @@ class PacedBackend:
         return [StoreEntry(self.name, "paced-org/stored-model", "main", "/nowhere", 1234)]
 
     @hookimpl
-    def load(self, backend: str, model: Any, request: Any) -> PacedHandle | None:
-        if backend != self.name:
-            return None
-        handle = PacedHandle(self.name, request.task or "text-generation", model.ref)
-        handle.honours = self.honours
+    def load(self, model: Any, request: Any) -> PacedHandle:
+        handle = PacedHandle(self, request.task or "text-generation", model.ref)
         handle.asked_parallel = request.options.get("parallel", 1)
         # Its streams share nothing: any number run; "auto" (the server's default) is 2 here.
         handle.parallel = 2 if handle.asked_parallel == "auto" else int(handle.asked_parallel)
+        handle.features = dataclasses.replace(handle.features, honours=self.honours, parallel=handle.parallel)
         self.handles.append(handle)
         return handle
 
-    @hookimpl
-    def generate(self, loaded: Any, messages: Any, options: Any) -> Iterator[Chunk] | None:
-        if loaded.backend != self.name:
-            return None
+    def generate_on(self, loaded: Any, messages: Any, options: Any) -> Iterator[Chunk]:
+        """What its handles' ``generate`` returns: one word per token at a steady pace."""
         if loaded.task != "text-generation":
             raise AnyformerError("BAD_REQUEST", "this model embeds; it does not generate")
         return self._words(messages[-1]["content"], options)

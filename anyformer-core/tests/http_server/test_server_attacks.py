@@ -423,10 +423,10 @@ class _StuckLoad(PacedBackend):
         self.release = threading.Event()
 
     @hookimpl
-    def load(self, backend: str, model: Any, request: Any) -> Any:
-        if backend == self.name and Path(model.ref).name == "stuck":
+    def load(self, model: Any, request: Any) -> Any:
+        if Path(model.ref).name == "stuck":
             self.release.wait(30)
-        return super().load(backend, model, request)
+        return super().load(model, request)
 
 
 @pytest.mark.safety("H4")

@@ -5,6 +5,7 @@ settings that reach the model, regenerate, speed under each reply, and image att
 from __future__ import annotations
 
 import base64
+import dataclasses
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -45,19 +46,16 @@ class ScriptedBackend(PacedBackend):
         self.replies = list(replies)
         self.calls: list[tuple[Any, Any]] = []
 
-    @hookimpl
-    def generate(self, loaded: Any, messages: Any, options: Any) -> Iterator[Chunk] | None:
-        if loaded.backend != self.name:
-            return None
+    def generate_on(self, loaded: Any, messages: Any, options: Any) -> Iterator[Chunk]:
         self.calls.append((messages, options))
         text = self.replies[min(len(self.calls), len(self.replies)) - 1]
         return self._pieces(text)
 
     @hookimpl
-    def load(self, backend: str, model: Any, request: Any) -> Any:
-        handle = super().load(backend, model, request)
-        if handle is not None:
-            handle.audio_input = True  # it takes the audio blocks the page sends (and records them)
+    def load(self, model: Any, request: Any) -> Any:
+        handle = super().load(model, request)
+        # It takes the audio blocks the page sends (and records them).
+        handle.features = dataclasses.replace(handle.features, audio_input=True)
         return handle
 
     def _pieces(self, text: str) -> Iterator[Chunk]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import http.client
 import json
 import threading
@@ -330,16 +331,12 @@ class _RawPacedBackend(PacedBackend):
     """Continues raw text but does not score a prompt's tokens."""
 
     @hookimpl
-    def load(self, backend: str, model: Any, request: Any) -> PacedHandle | None:
-        handle = super().load(backend, model, request)
-        if handle is not None:
-            handle.raw_text = True  # type: ignore[attr-defined]
+    def load(self, model: Any, request: Any) -> PacedHandle:
+        handle = super().load(model, request)
+        handle.features = dataclasses.replace(handle.features, raw_text=True)
         return handle
 
-    @hookimpl
-    def generate(self, loaded: Any, messages: Any, options: Any) -> Iterator[Chunk] | None:
-        if loaded.backend != self.name:
-            return None
+    def generate_on(self, loaded: Any, messages: Any, options: Any) -> Iterator[Chunk]:
         return self._words(options.prompt, options)
 
 

@@ -1,10 +1,11 @@
-"""A backend's own hooks, called with nothing of the core in between.
+"""A backend's own hooks and its handle's ``generate``, called with nothing of the core in between.
 
 The core clamps what a backend does (token counts, the stream's end, verdicts that break the
 ``need`` rule), so a bug it hides never shows through ``anyformer.load`` or ``anyformer.check``.
-The kit calls the hooks here instead: :class:`BackendHooks` registers the plugin object alone in
-a bare pluggy manager with anyformer's hook specifications, and :func:`read_backend_stream` reads a
-``generate`` hook's iterator to its very end, bounded by a chunk count and a time limit.
+The kit calls the backend here instead: :class:`BackendHooks` registers the plugin object alone in
+a bare pluggy manager with anyformer's hook specifications and calls a handle's ``generate``
+itself, and :func:`read_backend_stream` reads that iterator to its very end, bounded by a chunk
+count and a time limit.
 """
 
 from __future__ import annotations
@@ -48,9 +49,9 @@ class BackendHooks:
         """The backend's raw ``can_run`` answer (None when it gives none)."""
         return self._call("can_run", model=model, caps=caps, request=request)
 
-    def generate(self, handle: object, messages: list[Message], options: GenerateOptions) -> Any:
-        """The backend's raw ``generate`` answer: the iterator it returned, or None."""
-        return self._call("generate", loaded=handle, messages=messages, options=options)
+    def generate(self, handle: Any, messages: list[Message], options: GenerateOptions) -> Any:
+        """The handle's raw ``generate`` answer: the iterator it returned, or None."""
+        return handle.generate(messages, options)
 
     def store_list(self) -> list[Any]:
         """Everything the backend's ``store_list`` returned, as a list (empty when it has no such hook)."""
@@ -60,7 +61,7 @@ class BackendHooks:
 
 @dataclasses.dataclass
 class BackendStream:
-    """What a ``generate`` hook's iterator yielded, read to its end or until a bound stopped the reading."""
+    """What a handle's ``generate`` iterator yielded, read to its end or until a bound stopped the reading."""
 
     where: str
     max_new_tokens: int
@@ -91,7 +92,7 @@ class BackendStream:
 def read_backend_stream(
     stream: Any, *, where: str, max_new_tokens: int, max_chunks: int, time_limit_s: float
 ) -> BackendStream:
-    """Read ``stream`` (what a ``generate`` hook returned) to its end, then close it.
+    """Read ``stream`` (what a handle's ``generate`` returned) to its end, then close it.
 
     The reading happens on a daemon thread so a backend that hangs costs ``time_limit_s``, not the
     whole test run; it stops after ``max_chunks`` chunks so one that ignores ``max_new_tokens``
@@ -119,7 +120,7 @@ def read_backend_stream(
                     result.close_error = exc
 
     if stream is None:
-        result.error = TypeError("the generate hook returned None for the backend's own handle")
+        result.error = TypeError("the handle's generate returned None")
         return result
     reader = threading.Thread(target=read, name="conformance-backend-stream", daemon=True)
     reader.start()

@@ -501,7 +501,7 @@ class BackendConformance:
         limit = self.max_new_tokens_for_tests
         streams = []
         for which, max_new_tokens in ((0, limit), (1, limit), (0, 1)):
-            where = f"the {self.backend_id} generate hook({self.prompts[which]!r}, max_new_tokens={max_new_tokens})"
+            where = f"the {self.backend_id} handle.generate({self.prompts[which]!r}, max_new_tokens={max_new_tokens})"
             options = GenerateOptions.build(max_new_tokens=max_new_tokens)
             messages = anyformer.validate_messages(self._messages(which))
             try:
@@ -1065,10 +1065,10 @@ class BackendConformance:
         return backend_streams
 
     def test_backend_stream_is_well_formed(self, backend_streams: list[BackendStream]) -> None:
-        """The backend's own ``generate`` hook yields Chunks whose ``tokens`` never decrease.
+        """The handle's own ``generate`` yields Chunks whose ``tokens`` never decrease.
 
         The core rebuilds text and clamps token counts for callers; this test and the other
-        ``test_backend_stream_*`` tests read the hook's raw output to its very end (bounded by a
+        ``test_backend_stream_*`` tests read its raw output to its very end (bounded by a
         chunk count and ``generate_time_limit_s``), so a bug the core would hide still shows.
         Troubleshooting: yield ``Chunk(delta=new_text, tokens=generated_so_far)`` objects;
         ``tokens`` counts every token generated in this call (never reset, never lower than
@@ -1083,7 +1083,7 @@ class BackendConformance:
         Asked with ``max_new_tokens_for_tests`` and with 1. Troubleshooting: count the tokens you
         generate and stop (return, or yield the last chunk with ``finish_reason="length"``) once
         the count reaches ``options.max_new_tokens``; the core stops reading there, but a backend
-        that keeps going wastes the engine's time and breaks other hosts of the hook.
+        that keeps going wastes the engine's time and breaks other hosts of the handle.
         """
         for stream in self._read_backend_streams(backend_streams):
             limit = stream.max_new_tokens
@@ -1162,7 +1162,7 @@ class BackendConformance:
         limit = max(4 * self.max_new_tokens_for_tests, 16)
         messages = anyformer.validate_messages(self._messages(0))
         for when in ("before the call", "after the first chunk"):
-            where = f"the {self.backend_id} generate hook(max_new_tokens={limit}), cancel set {when}"
+            where = f"the {self.backend_id} handle.generate(max_new_tokens={limit}), cancel set {when}"
             cancel = threading.Event()
             if when == "before the call":
                 cancel.set()
@@ -1437,7 +1437,7 @@ class BackendConformance:
         where = f"generate(max_new_tokens={limit}, stop=[{stop!r}])"
         last = loaded_model.complete(self._messages(0), max_new_tokens=limit, stop=[stop])
         checks.check_stop_cut(last.text, last.finish_reason, before=before, stop=stop, where=where)
-        where = f"the {self.backend_id} generate hook(max_new_tokens={limit}, stop=({stop!r},))"
+        where = f"the {self.backend_id} handle.generate(max_new_tokens={limit}, stop=({stop!r},))"
         options = GenerateOptions.build(max_new_tokens=limit, stop=[stop])
         raw = read_backend_stream(
             backend_hooks.generate(loaded_model.handle, anyformer.validate_messages(self._messages(0)), options),
@@ -1470,7 +1470,7 @@ class BackendConformance:
         limit = self.max_new_tokens_for_tests
         messages = anyformer.validate_messages(self._messages(0))
         before = copy.deepcopy(messages)
-        where = f"the {self.backend_id} generate hook({self.prompts[0]!r}, max_new_tokens={limit})"
+        where = f"the {self.backend_id} handle.generate({self.prompts[0]!r}, max_new_tokens={limit})"
         stream = read_backend_stream(
             backend_hooks.generate(loaded_model.handle, messages, GenerateOptions.build(max_new_tokens=limit)),
             where=where,
@@ -1518,7 +1518,7 @@ class BackendConformance:
         Troubleshooting: mask every token that would leave the language before you sample (compile
         the schema against your tokenizer's vocabulary, e.g. with llguidance), advance the matcher
         with each token you emit, and end the reply once the value is complete. A backend that
-        cannot do this must not list ``constraint`` in ``honours``: the core then refuses it.
+        cannot do this must not list ``constraint`` in ``features.honours``: the core then refuses it.
         """
         if "constraint" not in loaded_model.honours:
             pytest.skip("the handle does not honour constraint (the core refuses it)")
@@ -1599,7 +1599,7 @@ class BackendConformance:
         """
         baseline = self._greedy_text(loaded_model, 0)
         limit = max(4 * self.max_new_tokens_for_tests, 16)
-        where = f"the {self.backend_id} generate hook, 1 chunk read, close()"
+        where = f"the {self.backend_id} handle.generate, 1 chunk read, close()"
         options = GenerateOptions.build(max_new_tokens=limit)
         raw = backend_hooks.generate(loaded_model.handle, anyformer.validate_messages(self._messages(0)), options)
         if raw is None or not callable(getattr(raw, "close", None)):
@@ -1807,7 +1807,7 @@ class BackendConformance:
 
         Troubleshooting: a text-only backend must look at every content block in ``generate``
         and raise ``AnyformerError("BAD_REQUEST", "... reads text only")`` for an image before
-        yielding; do it in the hook itself, not inside the generator, so nothing is locked. If
+        yielding; do it in the method itself, not inside the generator, so nothing is locked. If
         your backend reads images, set ``supports_images = True``.
         """
         messages = [
@@ -1831,9 +1831,9 @@ class BackendConformance:
 
     def test_raw_prompts_follow_raw_text(self, loaded_model: anyformer.Loaded) -> None:
         """``generate(prompt=...)`` streams a well-formed, repeatable raw completion when the handle
-        declares ``raw_text = True``; otherwise it is ``BAD_REQUEST`` before any work.
+        declares ``Features(raw_text=True)``; otherwise it is ``BAD_REQUEST`` before any work.
 
-        Troubleshooting: set ``raw_text = True`` on your handle only if your ``generate`` hook reads
+        Troubleshooting: declare ``raw_text`` in your handle's ``features`` only if its ``generate`` reads
         ``options.prompt`` (the text to continue as written, no chat template; ``messages`` is then
         empty) and tokenizes it as your engine's own server does, and, with ``options.logprobs``
         set, puts a ``TokenLogprob`` for each token on its chunk.
@@ -1873,9 +1873,9 @@ class BackendConformance:
 
     def test_prompt_logprobs_follow_the_declaration(self, loaded_model: anyformer.Loaded) -> None:
         """``generate(prompt=..., logprobs=2, prompt_logprobs=True)`` scores the prompt's tokens when the
-        handle declares ``prompt_logprobs = True``; otherwise it is ``BAD_REQUEST`` before any work.
+        handle declares ``Features(prompt_logprobs=True)``; otherwise it is ``BAD_REQUEST`` before any work.
 
-        Troubleshooting: declare ``prompt_logprobs = True`` (with ``raw_text``) only if, with
+        Troubleshooting: declare ``prompt_logprobs`` (with ``raw_text``) in ``features`` only if, with
         ``options.prompt_logprobs`` set, your first chunk's ``prompt_logprobs`` holds a ``TokenLogprob``
         for each token of the prompt, their texts spelling the prompt, the first with ``logprob``
         None, and ``max_new_tokens=0`` ends after it with ``length``.

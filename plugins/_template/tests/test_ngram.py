@@ -222,13 +222,11 @@ def test_generate_stops_with_stop_at_the_end_character(tmp_path: Path) -> None:
     assert (last.text, last.finish_reason, last.tokens) == ("k", "stop", 2)
 
 
-def test_the_hook_checks_cancel_before_each_token(tmp_path: Path) -> None:
+def test_the_handle_checks_cancel_before_each_token(tmp_path: Path) -> None:
     write_sample(tmp_path)
-    handle = plugin.load("template", anyformer.describe(tmp_path), Request(), lambda event: None)
+    handle = plugin.load(anyformer.describe(tmp_path), Request(), lambda event: None)
     cancel = threading.Event()
-    stream = plugin.generate(
-        handle, [{"role": "user", "content": "the"}], GenerateOptions(max_new_tokens=100, cancel=cancel)
-    )
+    stream = handle.generate([{"role": "user", "content": "the"}], GenerateOptions(max_new_tokens=100, cancel=cancel))
     first = next(stream)
     cancel.set()
     last = next(stream)
@@ -240,7 +238,7 @@ def test_closing_the_stream_early_closes_the_engine_s_generator(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     write_sample(tmp_path)
-    handle = plugin.load("template", anyformer.describe(tmp_path), Request(), lambda event: None)
+    handle = plugin.load(anyformer.describe(tmp_path), Request(), lambda event: None)
     started: list[Generator[str, None, None]] = []
     real_generate = ngram.NgramModel.generate
 
@@ -251,7 +249,7 @@ def test_closing_the_stream_early_closes_the_engine_s_generator(
         return started[-1]
 
     monkeypatch.setattr(ngram.NgramModel, "generate", recorded)
-    stream = plugin.generate(handle, [{"role": "user", "content": "the"}], GenerateOptions(max_new_tokens=100))
+    stream = handle.generate([{"role": "user", "content": "the"}], GenerateOptions(max_new_tokens=100))
     assert next(stream).tokens == 1
     assert inspect.getgeneratorstate(started[0]) == inspect.GEN_SUSPENDED  # mid-answer
     stream.close()  # type: ignore[attr-defined]

@@ -44,7 +44,7 @@ def record_tiny_trace(folder: str, tokens: int) -> list[Access]:
         del os.environ[TRACE_ENV]
     try:
         messages = [{"role": "user", "content": "Tell me about the sea."}]
-        list(model.stream(messages, GenerateOptions(max_new_tokens=tokens, temperature=0.0)))
+        list(model.generate(messages, GenerateOptions(max_new_tokens=tokens, temperature=0.0)))
     finally:
         model.dispose()
     return read_trace(trace)

@@ -51,7 +51,7 @@ def test_greedy_reply_is_llama_cpps(moe_f32, evicting, device):
         llm = Llama(moe_f32, n_ctx=128, verbose=False, vocab_only=True)
         assert llm.tokenize(prompt.encode(), add_bos=False, special=True) == ids
         llm.close()
-        chunks = list(model.stream(MESSAGES, GenerateOptions(max_new_tokens=TOKENS)))
+        chunks = list(model.generate(MESSAGES, GenerateOptions(max_new_tokens=TOKENS)))
         assert "".join(c.delta for c in chunks) == llama_greedy(moe_f32, ids)
         assert chunks[0].prompt_tokens == len(ids) and chunks[-1].finish_reason in ("stop", "length")
         stats = model.cache_stats
@@ -108,9 +108,9 @@ def test_a_seeded_sampled_reply_repeats(moe_f32):
     model = open_model(moe_f32)
     try:
         options = {"max_new_tokens": 12, "temperature": 0.9, "seed": 5}
-        one = "".join(c.delta for c in model.stream(MESSAGES, GenerateOptions(**options)))
-        two = "".join(c.delta for c in model.stream(MESSAGES, GenerateOptions(**options)))
-        greedy = "".join(c.delta for c in model.stream(MESSAGES, GenerateOptions(max_new_tokens=12)))
+        one = "".join(c.delta for c in model.generate(MESSAGES, GenerateOptions(**options)))
+        two = "".join(c.delta for c in model.generate(MESSAGES, GenerateOptions(**options)))
+        greedy = "".join(c.delta for c in model.generate(MESSAGES, GenerateOptions(max_new_tokens=12)))
     finally:
         model.dispose()
     assert one == two and one != greedy
@@ -134,10 +134,10 @@ def test_qwen35moe_replies_as_llama_cpp(qwen35moe_f32, device):
         else:
             assert engine._k.nbytes + engine._v.nbytes == kv_bytes
         ids = model.prompt_ids(MESSAGES, thinking=False)
-        text = "".join(c.delta for c in model.stream(MESSAGES, GenerateOptions(max_new_tokens=TOKENS)))
+        text = "".join(c.delta for c in model.generate(MESSAGES, GenerateOptions(max_new_tokens=TOKENS)))
         assert text == llama_greedy(qwen35moe_f32, ids)
         # A second reply starts over: the delta nets' states do not carry the first conversation.
-        again = "".join(c.delta for c in model.stream(MESSAGES, GenerateOptions(max_new_tokens=TOKENS)))
+        again = "".join(c.delta for c in model.generate(MESSAGES, GenerateOptions(max_new_tokens=TOKENS)))
         assert again == text
     finally:
         model.dispose()

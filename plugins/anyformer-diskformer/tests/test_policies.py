@@ -62,7 +62,7 @@ def test_the_live_cache_is_its_replay(moe_top4, tmp_path, monkeypatch, name):
     options = {"pool_bytes": 10 * plan.one_expert_bytes, "cache_policy": name, "device": "cpu", "prefetch": 0}
     model = DiskformerModel.open(anyformer.describe(moe_top4), Request(context=128, options=options), lambda e: None)
     try:
-        list(model.stream([{"role": "user", "content": "hello there"}], GenerateOptions(max_new_tokens=16)))
+        list(model.generate([{"role": "user", "content": "hello there"}], GenerateOptions(max_new_tokens=16)))
         stats = model.cache_stats
     finally:
         model.dispose()

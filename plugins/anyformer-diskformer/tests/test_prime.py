@@ -19,7 +19,7 @@ def open_model(path: str, **options: object) -> DiskformerModel:
 
 
 def reply(model: DiskformerModel, messages: list) -> str:
-    return "".join(c.delta for c in model.stream(messages, GREEDY))
+    return "".join(c.delta for c in model.generate(messages, GREEDY))
 
 
 @pytest.mark.parametrize("device", ["cpu", "gpu"])

@@ -61,7 +61,7 @@ def test_generation_writes_a_trace_whose_lru_replay_is_the_live_cache(moe_top4, 
     )
     model = DiskformerModel.open(anyformer.describe(moe_top4), request, lambda event: None)
     try:
-        list(model.stream(MESSAGES, GenerateOptions(max_new_tokens=16)))
+        list(model.generate(MESSAGES, GenerateOptions(max_new_tokens=16)))
         stats = model.cache_stats
     finally:
         model.dispose()

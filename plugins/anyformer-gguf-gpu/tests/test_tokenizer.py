@@ -81,3 +81,22 @@ def test_tokenizers_it_cannot_match_are_refused(kv, words):
     with pytest.raises(AnyformerError) as info:
         GGUFTokenizer(kv)
     assert info.value.code is ErrorCode.BAD_MODEL
+
+
+def test_tool_call_markup_held_in_a_control_token_keeps_its_text() -> None:
+    """A reply's text drops control tokens, except tool-call markup: the core reads calls from the text."""
+    from anyformer_gguf_gpu.testing import TINY_MERGES, tiny_vocabulary
+
+    tokens = [*tiny_vocabulary(), "[TOOL_CALLS]", "<|other_control|>"]
+    kv = {
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": "gpt-2",
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.token_type": [3, 3, 3] + [1] * (len(tokens) - 5) + [3, 3],
+        "tokenizer.ggml.merges": list(TINY_MERGES),
+    }
+    tokenizer = GGUFTokenizer(kv)
+    markup, other = len(tokens) - 2, len(tokens) - 1
+    text = tokenizer.encode("hi", add_special=False)
+    assert tokenizer.decode([markup, *text, other]) == "[TOOL_CALLS]hi"
+    assert tokenizer.decode([other]) == ""

@@ -289,7 +289,7 @@ def test_dispose_then_generate_is_bad_request(mdlm_repo: Path) -> None:
     loaded.dispose()
     handle.dispose()
     with pytest.raises(AnyformerError):
-        plugin.generate(handle, HELLO, anyformer.GenerateOptions())
+        handle.generate(HELLO, anyformer.GenerateOptions())
     assert np is not None
 
 

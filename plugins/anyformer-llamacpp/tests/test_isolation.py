@@ -24,9 +24,10 @@ from anyformer.files._gguf_header import read_gguf_header
 
 _RAW_BACKEND = """
 from anyformer import Estimate, Rank, Verdict, hookimpl
+from anyformer.plugin import BackendModel
 
 
-class Handle:
+class Handle(BackendModel):
     backend = "raw-llamacpp"
     task = "text-generation"
 
@@ -43,17 +44,10 @@ def can_run(model):
 
 
 @hookimpl
-def load(backend, model):
-    if backend != "raw-llamacpp":
-        return None
+def load(model):
     from llama_cpp import Llama  # no header check, no vocabulary check: the engine sees the file as it is
 
     return Handle(Llama(model_path=model.files[0].path, n_ctx=256, verbose=False))
-
-
-@hookimpl
-def generate(loaded, messages, options):
-    return None
 """
 
 

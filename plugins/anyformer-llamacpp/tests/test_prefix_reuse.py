@@ -175,7 +175,7 @@ def test_dispose_during_a_prompt_lets_the_stream_stop_then_frees_the_model(smoll
             release.wait(30)
 
     _hook_eval(handle, hold)
-    stream: Iterator[Chunk] = handle.stream(_long_prompt(2), GenerateOptions.build(max_new_tokens=8))
+    stream: Iterator[Chunk] = handle.generate(_long_prompt(2), GenerateOptions.build(max_new_tokens=8))
     chunks: list[Chunk] = []
     runner = threading.Thread(target=lambda: chunks.extend(stream))
     runner.start()
@@ -184,7 +184,7 @@ def test_dispose_during_a_prompt_lets_the_stream_stop_then_frees_the_model(smoll
         handle.dispose()  # returns at once: the stream is inside llama.cpp with this model
         assert handle._llama is not None
         with pytest.raises(AnyformerError) as caught:
-            handle.stream(_long_prompt(3), GenerateOptions.build(max_new_tokens=8))
+            handle.generate(_long_prompt(3), GenerateOptions.build(max_new_tokens=8))
         assert caught.value.code is ErrorCode.BAD_REQUEST
     finally:
         release.set()

@@ -98,3 +98,60 @@ def test_the_openai_client_transcribes_a_wav_as_the_run_api(tiny_media_dir: dict
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="none")
         reply = client.audio.transcriptions.create(model=str(folder), file=("clip.wav", buffer.getvalue()))
     assert reply.text == expected and expected
+
+
+def test_the_openai_client_gets_a_json_schema_reply_and_a_named_call(tiny_llama_dir: Path) -> None:
+    """``response_format`` and a named ``tool_choice`` on this backend through the server (the random model's
+    reply parses and validates only through the constraint)."""
+    import json
+
+    schema = {
+        "type": "object",
+        "properties": {"colour": {"enum": ["red", "green"]}, "deep": {"type": "boolean"}},
+        "required": ["colour", "deep"],
+        "additionalProperties": False,
+    }
+    weather = {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string", "maxLength": 10}},
+                "required": ["city"],
+                "additionalProperties": False,
+            },
+        },
+    }
+    app = create_app(ModelPool(isolate=False), models=[str(tiny_llama_dir)])
+    with serve_in_thread(app) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="none")
+        for stream in (False, True):
+            kwargs = {
+                "model": str(tiny_llama_dir),
+                "messages": [{"role": "user", "content": "The sea?"}],
+                "max_tokens": 48,
+                "response_format": {"type": "json_schema", "json_schema": {"name": "sea", "schema": schema}},
+            }
+            if stream:
+                text = "".join(
+                    c.choices[0].delta.content or ""
+                    for c in client.chat.completions.create(stream=True, **kwargs)  # type: ignore[call-overload]
+                    if c.choices
+                )
+            else:
+                text = client.chat.completions.create(**kwargs).choices[0].message.content  # type: ignore[call-overload]
+            value = json.loads(text or "")
+            assert value["colour"] in ("red", "green") and isinstance(value["deep"], bool), text
+        reply = client.chat.completions.create(
+            model=str(tiny_llama_dir),
+            messages=[{"role": "user", "content": "Weather in Oslo?"}],
+            max_tokens=96,
+            tools=[weather],  # type: ignore[list-item]
+            tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        )
+        choice = reply.choices[0]
+        assert choice.finish_reason == "tool_calls", choice.message.content
+        (call,) = choice.message.tool_calls or []
+        arguments = json.loads(call.function.arguments)  # type: ignore[union-attr]
+        assert call.function.name == "get_weather" and isinstance(arguments["city"], str)  # type: ignore[union-attr]

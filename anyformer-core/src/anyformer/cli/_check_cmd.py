@@ -67,6 +67,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _print_table(model: Model, selection: Selection) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     console = Console()
@@ -86,15 +87,16 @@ def _print_table(model: Model, selection: Selection) -> None:
             need = f" (need {format_size(verdict.need)})" if verdict.need is not None else ""
             table.add_row(mark, verdict.backend, f"[red]{verdict.code}[/]", verdict.reason + need)
     from anyformer._known_backends import install_hint
+    from anyformer._plugins import get_plugin_manager
 
     unread = all(v.code is Refusal.FORMAT for v in selection.verdicts)
     hint = install_hint(model.formats, [v.backend for v in selection.verdicts]) if unread else ""
     if not selection.verdicts:
-        from anyformer._plugins import get_plugin_manager
-
         console.print(get_plugin_manager().why_no_backend(hint))
         return
     console.print(table)
+    for broken in (info for info in get_plugin_manager().plugins() if not info.ok):  # never asked: say why
+        console.print(f"[red]not asked[/] {broken.name}: {escape(broken.error or '')}", soft_wrap=True)
     if selection.chosen:
         console.print(f"chosen: [bold]{selection.chosen_backend}[/]")
     else:

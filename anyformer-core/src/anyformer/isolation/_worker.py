@@ -1,4 +1,4 @@
-"""The isolated worker process: it loads one backend's model and runs its hooks for the parent.
+"""The isolated worker process: it loads one backend's model and runs its handle's methods for the parent.
 
 Started by :mod:`anyformer.isolation._worker_session` as ``python -c BOOTSTRAP``; the bootstrap reads the
 first frame, takes the parent's ``sys.path`` (so the worker imports what the caller would, plugins
@@ -32,22 +32,15 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from anyformer._backend import (
-    BackendModel,
-    audio_input_of,
-    honours_of,
-    parallel_of,
-    prompt_logprobs_of,
-    raw_text_of,
-    run_of,
-    run_progress_of,
-)
+from anyformer._backend import BackendModel, features_of
 from anyformer._chat_template import STOP_PROCESS, RenderNote, cancelled_by, enable_hard_stop, noting_renders
 from anyformer._entry_points import EntryPointRecord
 from anyformer._plugins import ENTRY_POINT_GROUP, PluginManager
 from anyformer._run_progress import run_reporter
+from anyformer._session import start_generation
 from anyformer.contract._chunk import Chunk, GenerateOptions
 from anyformer.contract._errors import AnyformerError, ErrorCode
+from anyformer.contract._features import Features
 from anyformer.contract._model import Model
 from anyformer.contract._progress import ProgressEvent
 from anyformer.contract._request import Request
@@ -128,6 +121,7 @@ class Worker:
         self._threads: list[threading.Thread] = []
         self._manager = PluginManager()
         self._handle: BackendModel | None = None
+        self._features = Features()
         self._backend = "?"
         #: Set when :meth:`serve` returns; the stdin thread ends a worker whose main thread never gets there.
         self.finished = threading.Event()
@@ -177,7 +171,7 @@ class Worker:
                 if command is not _STDIN_CLOSED:
                     self.send({"op": "disposed"})
                 return 0
-            if op == "generate" and self._handle is not None and parallel_of(self._handle) > 1:
+            if op == "generate" and self._features.parallel > 1:
                 self._generate_in_thread(command)
             elif op == "generate":
                 self._generate(command)
@@ -199,6 +193,7 @@ class Worker:
                 **{**fields, "prefer": tuple(fields.get("prefer") or ()), "rpc": tuple(fields.get("rpc") or ())}
             )
             self._handle = self._manager.load(backend, model, request, self._progress)
+            self._features = features_of(self._handle)
         except AnyformerError as exc:
             self.send(error_frame(exc))
             return False
@@ -210,13 +205,7 @@ class Worker:
                 "op": "loaded",
                 "backend": self._handle.backend,
                 "task": self._handle.task,
-                "has_run": run_of(self._handle) is not None,
-                "raw_text": raw_text_of(self._handle),
-                "audio_input": audio_input_of(self._handle),
-                "parallel": parallel_of(self._handle),
-                "prompt_logprobs": prompt_logprobs_of(self._handle),
-                "run_progress": run_progress_of(self._handle),
-                "honours": sorted(honours_of(self._handle)),
+                "features": self._features.to_dict(),
             }
         )
         return True
@@ -280,7 +269,7 @@ class Worker:
             options = GenerateOptions.build(**decode_value(command["options"]), cancel=generation.cancel)
             note = RenderNote()
             with noting_renders(note):
-                source = self._manager.generate(self._handle, decode_value(command["messages"]), options)
+                source = start_generation(self._handle, decode_value(command["messages"]), options)
         except Exception as exc:
             self.send({**error_frame(exception_to_error(self._backend, "generate", exc)), "id": ident})
             return
@@ -320,16 +309,16 @@ class Worker:
     def _run(self, command: Mapping[str, Any]) -> None:
         """Run the handle's ``run``; a ``run_progress`` handle's events go back as ``progress`` frames with the
         run's ``id``, and the parent's ``cancel`` for that id makes its next event raise ``CANCELLED``."""
-        run = run_of(self._handle)
         ident = command.get("id")
         # Registered like a generation so that the stdin thread's cancel reaches it at once.
         control = self._register(command) if isinstance(ident, int) else None
         reply_id = {"id": ident} if control is not None else {}
         try:
-            if run is None:
+            if self._handle is None or not self._features.run:
                 raise AnyformerError(ErrorCode.BAD_REQUEST, f"{self._backend}: the loaded model has no run()")
+            run = self._handle.run
             options = decode_value(command["options"])
-            if run_progress_of(self._handle):
+            if self._features.run_progress:
 
                 def forward(event: ProgressEvent) -> None:
                     self.send({"op": "progress", **reply_id, **dataclasses.asdict(event)})

@@ -44,6 +44,7 @@ from anyformer._backend import BackendModel
 from anyformer._chat_template import note_thinking_opened
 from anyformer.contract._chunk import Chunk, GenerateOptions, TokenLogprob
 from anyformer.contract._errors import AnyformerError, ErrorCode
+from anyformer.contract._features import Features
 from anyformer.contract._messages import Message
 from anyformer.contract._model import Model
 from anyformer.contract._progress import ProgressCallback, ProgressEvent
@@ -174,13 +175,8 @@ class WorkerSession:
         self._process = process
         self.backend = backend
         self.task = ""
-        self._has_run = False
-        self._raw_text = False
-        self._audio_input = False
-        self._parallel = 1
-        self._prompt_logprobs = False
-        self._honours: frozenset[str] = frozenset()
-        self._run_progress = False
+        #: What the worker's handle declared it can do (the ``loaded`` frame's ``features``).
+        self.features = Features()
         self._oom_before = oom_kill_count()
         self._router = _Router()
         self._frames = self._router.frames
@@ -258,21 +254,14 @@ class WorkerSession:
             raise
 
     def _loaded(self, frame: Mapping[str, Any]) -> None:
-        backend, task, has_run = frame.get("backend"), frame.get("task"), frame.get("has_run")
-        if backend != self.backend or not isinstance(task, str) or not isinstance(has_run, bool):
+        backend, task = frame.get("backend"), frame.get("task")
+        if backend != self.backend or not isinstance(task, str):
             raise self._broken(f"a malformed loaded frame {dict(frame)!r:.200}", "loading")
-        self.task, self._has_run = task, has_run
-        self._raw_text = frame.get("raw_text") is True
-        self._audio_input = frame.get("audio_input") is True
-        parallel = frame.get("parallel", 1)
-        self._parallel = (
-            parallel if isinstance(parallel, int) and not isinstance(parallel, bool) and parallel > 0 else 1
-        )
-        self._prompt_logprobs = frame.get("prompt_logprobs") is True
-        honours = frame.get("honours")
-        names = honours if isinstance(honours, list) else []
-        self._honours = frozenset(name for name in names if isinstance(name, str))
-        self._run_progress = has_run and frame.get("run_progress") is True
+        try:
+            self.features = Features.from_dict(frame.get("features"))
+        except (AnyformerError, TypeError) as exc:
+            raise self._broken(f"a loaded frame with malformed features ({exc})", "loading") from None
+        self.task = task
 
     # ---- what Loaded reads ----------------------------------------------------------------------
 
@@ -289,41 +278,6 @@ class WorkerSession:
             f"{self.backend} runs in an isolated worker process (pid {self.pid}): its handle is not in this "
             "process; load with isolate=False for backend-specific features",
         )
-
-    @property
-    def has_run(self) -> bool:
-        """True when the worker's handle has ``run``."""
-        return self._has_run
-
-    @property
-    def raw_text(self) -> bool:
-        """True when the worker's handle declares ``raw_text``."""
-        return self._raw_text
-
-    @property
-    def audio_input(self) -> bool:
-        """True when the worker's handle declares ``audio_input``."""
-        return self._audio_input
-
-    @property
-    def parallel(self) -> int:
-        """How many generations the worker's handle runs at once (its ``parallel``)."""
-        return self._parallel
-
-    @property
-    def prompt_logprobs(self) -> bool:
-        """True when the worker's handle declares ``prompt_logprobs``."""
-        return self._prompt_logprobs
-
-    @property
-    def honours(self) -> frozenset[str]:
-        """What the worker's handle declares it honours."""
-        return self._honours
-
-    @property
-    def run_progress(self) -> bool:
-        """True when the worker's handle declares ``run_progress``."""
-        return self._run_progress
 
     # ---- talking to the worker ------------------------------------------------------------------
 
@@ -413,7 +367,7 @@ class WorkerSession:
         """
         if self._dead is not None:
             raise _copy(self._dead)
-        limit = self._parallel if limit is None else limit
+        limit = self.features.parallel if limit is None else limit
         router = self._router
         with router.changed:
             settled = router.changed.wait_for(
@@ -619,7 +573,7 @@ class WorkerSession:
         try:
             while True:
                 # Only a backend that stops part way is told to; another's run ends in its own time.
-                watch = cancel if self._run_progress and not stopping else None
+                watch = cancel if self.features.run_progress and not stopping else None
                 reply = self._next("running", cancel=watch, frames=frames)
                 if reply is None:
                     self._send({"op": "cancel", "id": ident}, "running")

@@ -1,8 +1,10 @@
-"""The template backend's four hooks (docs/hooks.md); the ``anyformer`` entry point ``template`` names this module.
+"""The template backend's three hooks and its handle (docs/hooks.md); the entry point ``template`` names this module.
 
 - ``can_run`` decides from the description alone: no file is opened, no connection made.
-- ``load`` gets a local path through the store, then reads and validates ``ngram.json``.
-- ``generate`` streams one character per token and checks ``options.cancel`` before each one.
+- ``load`` gets a local path through the store, then reads and validates ``ngram.json``, and
+  returns the handle, a :class:`TemplateModel`.
+- ``TemplateModel.generate`` streams one character per token and checks ``options.cancel`` before
+  each one: generation is the handle's method, not a hook.
 - ``store_list`` lists models kept under ``ANYFORMER_HOME/template/<name>/ngram.json``.
 
 Copy this module when you start a backend: keep the shape, swap the engine.
@@ -14,6 +16,7 @@ from collections.abc import Iterator
 
 from anyformer.plugin import (
     AnyformerError,
+    BackendModel,
     Caps,
     Chunk,
     ErrorCode,
@@ -49,13 +52,27 @@ RAM_PER_FILE_BYTE = 8
 RAM_OVERHEAD = 2**20
 
 
-class TemplateModel:
-    """The handle ``load`` returns: the engine, the backend id and the task."""
+class TemplateModel(BackendModel):
+    """The handle ``load`` returns: the engine, the backend id and the task; it generates.
+
+    It declares no ``features``: a plain chat model serving one stream at a time, honouring no
+    optional option (the core refuses those before ``generate`` is called).
+    """
 
     def __init__(self, engine: NgramModel) -> None:
         self.backend = BACKEND
         self.task = TASK
         self.engine: NgramModel | None = engine
+
+    def generate(self, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk]:
+        """Start a stream.
+
+        An image block is ``BAD_REQUEST`` here, before any work: the checks run when the method is
+        called, and only the returned generator runs the engine.
+        """
+        if self.engine is None:
+            raise AnyformerError(ErrorCode.BAD_REQUEST, "the model was disposed; load it again")
+        return _stream(self.engine, _prompt(messages), options)
 
     def dispose(self) -> None:
         """Drop the table; a second call does nothing."""
@@ -100,7 +117,7 @@ def can_run(model: Model, caps: Caps, request: Request) -> Verdict:
 
 
 @hookimpl
-def load(backend: str, model: Model, request: Request, progress: ProgressCallback) -> TemplateModel:
+def load(model: Model, request: Request, progress: ProgressCallback) -> TemplateModel:
     """Read and validate ``ngram.json`` (called only when this backend was chosen); a bad file is ``BAD_MODEL``."""
     path = fetch_files(model, [MODEL_FILE], progress, backend=BACKEND)[MODEL_FILE]
     entry = model.file(MODEL_FILE)
@@ -114,19 +131,6 @@ def load(backend: str, model: Model, request: Request, progress: ProgressCallbac
         raise AnyformerError(ErrorCode.MODEL_NOT_FOUND, f"cannot read {path}: {exc.strerror}", cause=exc) from exc
     progress(ProgressEvent(stage="load", backend=BACKEND, file=MODEL_FILE, done=size or 0, total=size))
     return TemplateModel(engine)
-
-
-@hookimpl
-def generate(loaded: TemplateModel, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk]:
-    """Start a stream (the core passes only handles this backend's ``load`` returned).
-
-    An image block is ``BAD_REQUEST`` here, before any work: the checks run when the hook is
-    called, and only the returned generator runs the engine.
-    """
-    engine = loaded.engine
-    if engine is None:
-        raise AnyformerError(ErrorCode.BAD_REQUEST, "the model was disposed; load it again")
-    return _stream(engine, _prompt(messages), options)
 
 
 def _prompt(messages: list[Message]) -> str:

@@ -10,8 +10,10 @@ import numpy as np
 
 from anyformer.plugin import (
     AnyformerError,
+    BackendModel,
     Chunk,
     ErrorCode,
+    Features,
     FinishReason,
     GenerateOptions,
     Message,
@@ -19,6 +21,7 @@ from anyformer.plugin import (
     ProgressCallback,
     ProgressEvent,
     Request,
+    TokenMask,
 )
 from anyformer_diskformer import BACKEND_ID
 from anyformer_diskformer.arch.registry import read_moe_config
@@ -39,7 +42,13 @@ from anyformer_diskformer.plan import context_for, plan_from_header
 from anyformer_diskformer.sampler import TOP_K, TOP_P, sample
 from anyformer_diskformer.trace import trace_writer_from_env
 from anyformer_diskformer.verdict import verdict_for
-from anyformer_gguf_gpu.chat_setup import chat_prompt_ids, check_prompt_fits, check_text_only, token_chunk
+from anyformer_gguf_gpu.chat_setup import (
+    chat_prompt_ids,
+    check_prompt_fits,
+    check_text_only,
+    reply_constraint,
+    token_chunk,
+)
 from anyformer_gguf_gpu.gguf_file import GGUFFile
 from anyformer_gguf_gpu.model_choice import fetch_chosen_gguf, load_caps
 from anyformer_gguf_gpu.tokenizer import GGUFTokenizer, StreamDecoder
@@ -61,13 +70,15 @@ def shared_prefix(a: list[int], b: list[int]) -> int:
     return n
 
 
-class DiskformerModel:
+class DiskformerModel(BackendModel):
     """The handle ``load`` returns: the CPU engine with its expert cache, the tokenizer, the chat template."""
 
     backend = BACKEND_ID
     task = "text-generation"
-    #: The sampling options its sampler reads; the core refuses the others (``min_p``, ``constraint``…).
-    honours = frozenset({"top_p", "top_k"})
+    #: The sampling options its sampler reads, constraints (the core's token mask over the GGUF's vocabulary,
+    #: on the host logits it samples from anyway) and tools (rendered by the template, a forced call
+    #: constrained); the core refuses the others (``min_p``…).
+    features = Features(honours=frozenset({"top_p", "top_k", "constraint", "tools"}))
 
     def __init__(self, engine: Engine, tokenizer: GGUFTokenizer, name: str) -> None:
         self.engine: Engine | None = engine
@@ -78,6 +89,8 @@ class DiskformerModel:
         self._primed: tuple[list[int], Any] | None = None
         #: Prompt positions the last reply took from the primed checkpoint instead of computing them.
         self.reused_positions = 0
+        #: The vocabulary constraints compile against (llguidance's tokenizer built at the first one).
+        self.constraints = tokenizer.constraint_vocabulary("pip install 'anyformer-diskformer[constrained]'")
 
     @classmethod
     def open(cls, model: Model, request: Request, progress: ProgressCallback) -> DiskformerModel:
@@ -253,11 +266,12 @@ class DiskformerModel:
             engine.restore(saved, common)
         return max(0, common)
 
-    def prompt_ids(self, messages: list[Message], thinking: bool) -> list[int]:
-        """The chat template rendered in the core's sandbox, then tokenised with special tokens parsed."""
-        return chat_prompt_ids(self.tokenizer, messages, thinking)
+    def prompt_ids(self, messages: list[Message], thinking: bool, options: GenerateOptions | None = None) -> list[int]:
+        """The chat template rendered in the core's sandbox (with ``options``' tools), then tokenised with special
+        tokens parsed."""
+        return chat_prompt_ids(self.tokenizer, messages, thinking, options, self.name)
 
-    def stream(self, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk]:
+    def generate(self, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk]:
         """Check the request now (``BAD_REQUEST`` before any chunk), then return the reply's stream."""
         engine = self.engine
         if engine is None:
@@ -266,16 +280,20 @@ class DiskformerModel:
         if options.cancel.is_set():
             return iter([Chunk(tokens=0, finish_reason=FinishReason.CANCELLED.value)])
         try:
-            ids = self.prompt_ids(messages, options.thinking)
+            ids = self.prompt_ids(messages, options.thinking, options)
         except AnyformerError as exc:
             # The core stops a render when the generation is cancelled: that is a cancelled reply, not an error.
             if exc.code is ErrorCode.CANCELLED:
                 return iter([Chunk(tokens=0, finish_reason=FinishReason.CANCELLED.value)])
             raise
         check_prompt_fits(ids, engine.ctx)
-        return self._reply(engine, ids, options)
+        constraint = reply_constraint(self.tokenizer, options)
+        mask = None if constraint is None else self.constraints.mask_for(constraint)
+        return self._reply(engine, ids, options, mask)
 
-    def _reply(self, engine: Engine, ids: list[int], options: GenerateOptions) -> Iterator[Chunk]:
+    def _reply(
+        self, engine: Engine, ids: list[int], options: GenerateOptions, mask: TokenMask | None = None
+    ) -> Iterator[Chunk]:
         rng = np.random.default_rng(options.seed)
         top_k = int(options.extra.get("top_k", TOP_K))
         top_p = float(options.extra.get("top_p", TOP_P))
@@ -294,6 +312,8 @@ class DiskformerModel:
                 return
             logits = engine.forward(batch, pos, every=False)[-1]
             pos += len(batch)
+            if mask is not None:
+                logits = mask.masked(logits)  # every token that would leave the constraint's language at -inf
             if options.temperature > 0:
                 token = sample(logits, options.temperature, top_k, top_p, rng)
             else:
@@ -301,8 +321,11 @@ class DiskformerModel:
             if token in stops:
                 yield Chunk(delta=text.flush(), tokens=count, finish_reason=FinishReason.STOP.value)
                 return
+            if mask is not None:
+                mask.consume(token)
             count += 1
-            chunk = token_chunk(text, token, count, options.max_new_tokens, len(ids))
+            complete = mask is not None and mask.finished  # the constraint's value is whole: only the end may follow
+            chunk = token_chunk(text, token, count, options.max_new_tokens, len(ids), complete=complete)
             yield chunk
             if chunk.finish_reason is not None:
                 return

@@ -6,14 +6,9 @@ it, whether it fits); ``load`` opens :class:`~anyformer_diskformer.model.Diskfor
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 from anyformer.plugin import (
     BackendModel,
     Caps,
-    Chunk,
-    GenerateOptions,
-    Message,
     Model,
     ProgressCallback,
     Request,
@@ -21,7 +16,6 @@ from anyformer.plugin import (
     Verdict,
     hookimpl,
 )
-from anyformer_diskformer import BACKEND_ID
 from anyformer_diskformer.verdict import verdict_for
 
 
@@ -32,24 +26,11 @@ def can_run(model: Model, caps: Caps, request: Request) -> Verdict:
 
 
 @hookimpl
-def load(backend: str, model: Model, request: Request, progress: ProgressCallback) -> BackendModel | None:
+def load(model: Model, request: Request, progress: ProgressCallback) -> BackendModel:
     """Fetch the GGUF, keep its dense tensors resident and open the expert cache."""
-    if backend != BACKEND_ID:
-        return None
     from anyformer_diskformer.model import DiskformerModel
 
     return DiskformerModel.open(model, request, progress)
-
-
-@hookimpl
-def generate(loaded: BackendModel, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk] | None:
-    """Stream a chat reply from a model this backend loaded."""
-    if loaded.backend != BACKEND_ID:
-        return None
-    from anyformer_diskformer.model import DiskformerModel
-
-    assert isinstance(loaded, DiskformerModel)
-    return loaded.stream(messages, options)
 
 
 @hookimpl

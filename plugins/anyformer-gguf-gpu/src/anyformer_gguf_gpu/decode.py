@@ -13,6 +13,12 @@ the KV cache, which the next call overwrites.
 
 Sampling at a temperature above 0 runs the same loop with the GPU sampler (top-k / top-p, a
 uniform draw hashed from the seed and the position) in place of the argmax.
+
+Under a constraint (structured output) the choice needs the host: :func:`constrained` reads each
+step's logits back (n_vocab floats), masks them with the core's :class:`anyformer.plugin.TokenMask`
+and chooses there, then writes the id and submits the next step. Each token therefore waits for
+its step and its read-back (no submissions in flight, no several steps per submission): that, more
+than the mask's own work, is what a constraint costs on this engine.
 """
 
 from __future__ import annotations
@@ -24,6 +30,8 @@ from collections.abc import Generator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from anyformer.plugin import TokenMask
 
 # Read at each reply as this module's globals: a test or a bench may set ``decode.STEPS`` for one run.
 from anyformer_gguf_gpu.decode_pacing import LAG, STEPS
@@ -98,6 +106,51 @@ def sampled(
     """Yield up to ``max_new`` ids drawn on the GPU at ``temperature`` (top-k capped at 64, top-p), seeded."""
     engine.set_sampling(temperature, top_k=top_k, top_p=top_p, seed=secrets.randbits(32) if seed is None else seed)
     return _decode(engine, prompt, max_new, cancel)
+
+
+def constrained(
+    engine: TransformerEngine,
+    prompt: list[int],
+    max_new: int,
+    mask: TokenMask,
+    *,
+    temperature: float = 0.0,
+    seed: int | None = None,
+    top_k: int = 40,
+    top_p: float = 0.95,
+    cancel: threading.Event | None = None,
+) -> Generator[int, None, None]:
+    """Yield up to ``max_new`` ids chosen on the host from masked logits (greedy, or a seeded top-k / top-p
+    draw at ``temperature``); ``mask`` advances past each id yielded. One step, one read-back per token."""
+    n = len(prompt)
+    max_new = min(max_new, engine.ctx - n)
+    if max_new <= 0:
+        return
+    rng = np.random.default_rng(seed) if temperature > 0 else None
+    engine.prefill(prompt)  # its sampled ids[n] is overwritten below: the host chooses
+    for step in range(max_new):
+        logits = mask.masked(engine.read_logits(1)[0])
+        token = int(logits.argmax()) if rng is None else host_draw(logits, temperature, top_k, top_p, rng)
+        mask.consume(token)
+        yield token
+        if step + 1 == max_new or (cancel is not None and cancel.is_set()):
+            return
+        engine.set_ids([token], n + step)
+        engine.submit_step(n + step, 1, head=True, sample=False)
+
+
+def host_draw(logits: np.ndarray, temperature: float, top_k: int, top_p: float, rng: np.random.Generator) -> int:
+    """One id drawn at ``temperature`` among the ``top_k`` likeliest (0: all) within mass ``top_p``; tokens at
+    -inf (masked) have no weight."""
+    order = np.argsort(-logits, kind="stable")
+    if top_k > 0:
+        order = order[:top_k]
+    z = logits[order].astype(np.float64) / temperature
+    weights = np.exp(z - z[0])
+    weights /= weights.sum()
+    keep = min(len(weights), int(np.searchsorted(np.cumsum(weights), top_p) + 1))
+    weights = weights[:keep] / weights[:keep].sum()
+    return int(order[rng.choice(keep, p=weights)])
 
 
 def _decode(

@@ -17,7 +17,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from anyformer.plugin import AnyformerError, ErrorCode, LazyArray
+from anyformer.plugin import TOOL_MARKUP, AnyformerError, ConstraintVocabulary, ErrorCode, LazyArray
 
 # The regular expressions of each pre-tokenizer family (llama-vocab.cpp, llm_tokenizer_bpe).
 _GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
@@ -159,7 +159,10 @@ class GGUFTokenizer:
         self._newline_runs = {t: i for i, t in enumerate(tokens) if t and set(t) == {"\n"}} if gemma4 else {}
         self._tok = tok
         self.vocab_size = len(tokens)
-        self.control_ids = frozenset(i for i in range(min(len(tokens), len(types))) if types[i] == _CONTROL)
+        controls = frozenset(i for i in range(min(len(tokens), len(types))) if types[i] == _CONTROL)
+        #: Control tokens a reply's text leaves out; tool-call markup held in one ([TOOL_CALLS], <|tool_call|>…)
+        #: stays, since the core reads calls from the text (as llama.cpp's backend keeps it).
+        self.control_ids = frozenset(i for i in controls if tokens[i] not in TOOL_MARKUP)
         self.bos_id = _int_or_none(kv.get("tokenizer.ggml.bos_token_id"))
         self.eos_id = _int_or_none(kv.get("tokenizer.ggml.eos_token_id"))
         self.eot_id = _int_or_none(kv.get("tokenizer.ggml.eot_token_id"))
@@ -169,6 +172,11 @@ class GGUFTokenizer:
         self.add_eos = bool(kv.get("tokenizer.ggml.add_eos_token", False)) and self.eos_id is not None
         self.chat_template = kv.get("tokenizer.chat_template")
         self.tokens = tokens
+
+    def constraint_vocabulary(self, install: str) -> ConstraintVocabulary:
+        """This vocabulary as the core's constrained decoding reads it (built at the first constraint), the
+        stop ids ending a value; ``install`` is how a backend's user gets llguidance."""
+        return ConstraintVocabulary.from_tokenizer(self._tok, end_ids=self.stop_ids, install=install)
 
     @property
     def stop_ids(self) -> frozenset[int]:

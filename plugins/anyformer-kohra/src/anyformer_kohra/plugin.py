@@ -1,11 +1,12 @@
-"""kohra's four hooks: text-diffusion language models (MDLM, BD3LM) on onnxruntime.
+"""kohra's three hooks and its handle: text-diffusion language models (MDLM, BD3LM) on onnxruntime.
 
 - ``can_run`` accepts a repo tagged ``text-diffusion`` with one of kohra's graphs, from the
   description alone (no file opened, onnxruntime not imported);
 - ``load`` picks the graph for the provider onnxruntime offers, fetches it with its external data
   and tokenizer files, checks the graph's external data, then opens it;
-- ``generate`` renders the conversation with the chat template, denoises the answer (MDLM: all at
-  once; BD3LM, tag ``block-diffusion``: block by block) and streams the settled text;
+- the handle's ``generate`` (:class:`KohraModel`) renders the conversation with the chat template,
+  denoises the answer (MDLM: all at once; BD3LM, tag ``block-diffusion``: block by block) and
+  streams the settled text;
 - ``store_list`` is empty: kohra keeps nothing beyond the Hub cache the core lists.
 """
 
@@ -17,6 +18,7 @@ from typing import Any
 
 from anyformer.plugin import (
     AnyformerError,
+    BackendModel,
     Caps,
     Chunk,
     ErrorCode,
@@ -56,8 +58,11 @@ GPU_OVERHEAD = 128 * 2**20
 MASK_LIMIT = 512 * 2**20
 
 
-class KohraModel:
-    """The handle ``load`` returns: the graph runner, the tokenizer and the model's diffusion facts."""
+class KohraModel(BackendModel):
+    """The handle ``load`` returns: the graph runner, the tokenizer and the model's diffusion facts.
+
+    It declares no ``features``: its sampler reads no optional option, so the core refuses them all.
+    """
 
     def __init__(self, runner: Any, codec: Any, *, blocks: bool, block_size: int, max_length: int | None) -> None:
         self.backend = BACKEND
@@ -67,6 +72,16 @@ class KohraModel:
         self.blocks = blocks
         self.block_size = block_size
         self.max_length = max_length
+
+    def generate(self, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk]:
+        """Denoise a reply to ``messages`` and stream it as it settles."""
+        if self.runner is None or self.codec is None:
+            raise AnyformerError(ErrorCode.BAD_REQUEST, "the model was disposed; load it again")
+        if has_images(messages):
+            raise AnyformerError(
+                ErrorCode.BAD_REQUEST, "kohra runs text-only diffusion models; image blocks are refused"
+            )
+        return _generation(self, messages, options)
 
     def dispose(self) -> None:
         """Release the onnxruntime session; a second call does nothing."""
@@ -144,10 +159,8 @@ def _int_config(config: dict[str, Any], *keys: str) -> int | None:
 
 
 @hookimpl
-def load(backend: str, model: Model, request: Request, progress: ProgressCallback) -> KohraModel | None:
+def load(model: Model, request: Request, progress: ProgressCallback) -> KohraModel:
     """Fetch and open the graph for onnxruntime's provider, with the tokenizer and chat template."""
-    if backend != BACKEND:
-        return None
     if not onnxruntime_installed():
         raise AnyformerError(ErrorCode.BAD_REQUEST, "onnxruntime is not installed: pip install onnxruntime")
     import onnxruntime as ort
@@ -245,18 +258,6 @@ def _generation(handle: KohraModel, messages: list[Message], options: GenerateOp
             yield from sample_mdlm(FullSequenceDenoiser(runner, prompt), length, settings)
 
     return stream_states(states(), codec, options, diffusion, prompt_tokens=len(prompt), blocks=handle.blocks)
-
-
-@hookimpl
-def generate(loaded: object, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk] | None:
-    """Denoise a reply to ``messages`` and stream it as it settles."""
-    if not isinstance(loaded, KohraModel):
-        return None
-    if loaded.runner is None or loaded.codec is None:
-        raise AnyformerError(ErrorCode.BAD_REQUEST, "the model was disposed; load it again")
-    if has_images(messages):
-        raise AnyformerError(ErrorCode.BAD_REQUEST, "kohra runs text-only diffusion models; image blocks are refused")
-    return _generation(loaded, messages, options)
 
 
 @hookimpl

@@ -12,6 +12,7 @@ models are loaded one-stream (``plugin.load`` decides).
 from __future__ import annotations
 
 import codecs
+import dataclasses
 import queue
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,8 +37,6 @@ class ParallelLlamaCppModel(LlamaCppModel):
     """A loaded GGUF whose streams (up to ``parallel``) share one batched context."""
 
     _engine: BatchEngine | None = None
-    #: How many streams it serves at once: the core lets that many be open (set by ``open_parallel``).
-    parallel = 1
 
     @classmethod
     def open_parallel(
@@ -60,7 +59,8 @@ class ParallelLlamaCppModel(LlamaCppModel):
         except BaseException:
             loaded.dispose()
             raise
-        loaded.parallel = parallel
+        # How many streams it serves at once: the core lets that many be open.
+        loaded.features = dataclasses.replace(loaded.features, parallel=parallel)
         return loaded
 
     @staticmethod

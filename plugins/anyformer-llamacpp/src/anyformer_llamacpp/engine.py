@@ -40,8 +40,10 @@ import numpy as np
 from anyformer.plugin import (
     TOOL_MARKUP,
     AnyformerError,
+    BackendModel,
     Chunk,
     ErrorCode,
+    Features,
     GenerateOptions,
     GGUFCandidate,
     LazyArray,
@@ -58,9 +60,10 @@ from anyformer.plugin import (
     read_gguf_header,
     render_chat,
     tool_inputs,
+    usable_cpu_count,
 )
 from anyformer_llamacpp import BACKEND_ID
-from anyformer_llamacpp.constraint import TokenVocabulary
+from anyformer_llamacpp.constraint import MaskAhead, llama_vocabulary
 from anyformer_llamacpp.content_tokens import content_tokens, special_in_content, text_spans
 from anyformer_llamacpp.estimate import BATCH, context_for, footprint
 from anyformer_llamacpp.header_checks import check_architecture_numbers, check_vocabulary
@@ -97,7 +100,7 @@ def _quiet_native_stderr() -> Iterator[None]:
         os.close(saved)
 
 
-class LlamaCppModel:
+class LlamaCppModel(BackendModel):
     """A loaded GGUF: the ``Llama`` object, its chat template, and the KV cache bookkeeping.
 
     Loaded for ``feature-extraction`` it is an embedding model instead: ``run`` embeds texts and
@@ -105,13 +108,15 @@ class LlamaCppModel:
     """
 
     backend = BACKEND_ID
-    #: Raw completions: ``generate(prompt=...)`` continues the text as written, with no chat template.
-    raw_text = True
-    #: ``generate(prompt=..., logprobs=N, prompt_logprobs=True)`` reports the prompt's tokens too.
-    prompt_logprobs = True
-    #: Every sampling option (``sampling.py``), chat logprobs, constraints (``constraint.py``), tools and
-    #: template variables (both reach the chat template).
-    honours = HONOURED_SAMPLING | {"logprobs", "constraint", "tools", "template_variables"}
+    #: Raw completions (``generate(prompt=...)`` continues the text as written, with no chat template),
+    #: with the prompt's own tokens scored on request (``prompt_logprobs``); every sampling option
+    #: (``sampling.py``), chat logprobs, constraints (``constraint.py``), tools and template variables
+    #: (both reach the chat template).
+    features = Features(
+        raw_text=True,
+        prompt_logprobs=True,
+        honours=frozenset(HONOURED_SAMPLING | {"logprobs", "constraint", "tools", "template_variables"}),
+    )
     #: The multimodal projector that reads image blocks, when the repo has one (set by ``open``).
     _projector: Projector | None = None
     #: The most UTF-8 bytes one token stands for (its vocabulary string bounds it); None when unknown.
@@ -148,7 +153,9 @@ class LlamaCppModel:
         )
         self._pieces: dict[int, bytes] = {}
         #: The vocabulary as llguidance reads it, for constraints (built at the first one).
-        self.vocabulary = TokenVocabulary(self._vocab, self._n_vocab)
+        self.vocabulary = llama_vocabulary(self._vocab, self._n_vocab)
+        #: Where a stream's next mask is computed while llama_decode runs (a core free for it only).
+        self.mask_ahead = MaskAhead(gpu_layers > 0 or usable_cpu_count() > llama.n_threads)
         self._special_pieces: dict[int, bytes] = {}
         #: The ``special_in_content`` load option: message text tokenized with special tokens parsed.
         self.special_in_content = False
@@ -308,6 +315,7 @@ class LlamaCppModel:
         llama, self._llama = self._llama, None
         if llama is not None:
             llama.close()
+        self.mask_ahead.close()
 
     # ---- embeddings -----------------------------------------------------------------------------
 
@@ -590,7 +598,7 @@ class LlamaCppModel:
 
     # ---- generation -----------------------------------------------------------------------------
 
-    def stream(self, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk]:
+    def generate(self, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk]:
         """Validate what only this backend knows, then return the token stream."""
         if self.task == EMBEDDING_TASK:
             raise AnyformerError(
@@ -631,8 +639,10 @@ class LlamaCppModel:
         """The stream's token choice; ``BAD_REQUEST`` for a logit_bias token outside the vocabulary or a
         constraint that does not compile."""
         constraint = chat_constraint(options, self._template)  # a forced call in the template family's syntax
-        mask = None if constraint is None else self.vocabulary.mask_for(constraint)
-        return Sampler(options, self._n_vocab, mask)
+        if constraint is None:
+            return Sampler(options, self._n_vocab)
+        mask = self.vocabulary.mask_for(constraint)
+        return Sampler(options, self._n_vocab, mask, self.mask_ahead.executor())
 
     def _token_logprob(self, logits: np.ndarray, token: int, top: int) -> TokenLogprob:
         """The chosen token's log-probability and the ``top`` likeliest alternatives, as llama.cpp's

@@ -3,17 +3,13 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from anyformer.plugin import (
     AnyformerError,
     Caps,
-    Chunk,
     Estimate,
-    GenerateOptions,
     GGUFCandidate,
-    Message,
     Model,
     ModelFile,
     ProgressCallback,
@@ -261,7 +257,7 @@ def _store_problem(model: Model, caps: Caps, files: list[ModelFile]) -> str | No
 
 
 @hookimpl
-def load(backend: str, model: Model, request: Request, progress: ProgressCallback) -> LlamaCppModel:
+def load(model: Model, request: Request, progress: ProgressCallback) -> LlamaCppModel:
     """Fetch and validate the chosen GGUF, then open it with llama.cpp (called only when llamacpp was chosen)."""
     from anyformer_llamacpp.engine import LlamaCppModel  # imports llama_cpp
 
@@ -294,9 +290,3 @@ def _streams_that_fit_now(model: Model, request: Request, choice: GGUFCandidate)
         ).ram_bytes
 
     return streams_for(request.options, host_ram_available(), host_bytes, pick_threads(request.options))
-
-
-@hookimpl
-def generate(loaded: LlamaCppModel, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk]:
-    """Stream a chat reply from a model this backend loaded (the core calls it only with its own handles)."""
-    return loaded.stream(messages, options)

@@ -12,6 +12,7 @@ The penalties count only the reply's tokens, not the prompt's, as OpenAI describ
 from __future__ import annotations
 
 import collections
+from concurrent.futures import Executor
 from typing import Any
 
 import numpy as np
@@ -34,11 +35,12 @@ HONOURED_SAMPLING = frozenset(
 class Sampler:
     """The token choice of one stream: its options, its random generator, its recent tokens, its constraint.
 
-    ``mask`` is a :class:`anyformer_llamacpp.constraint.TokenMask` (or None): ``choose`` applies
-    it and ``accept`` advances it. Logits given to ``choose`` are never written to.
+    ``mask`` is an :class:`anyformer.plugin.TokenMask` (or None): ``choose`` applies
+    it and ``accept`` advances it; with ``ahead`` (an executor) ``accept`` then has the next mask
+    computed there while the engine decodes the token. Logits given to ``choose`` are never written to.
     """
 
-    def __init__(self, options: GenerateOptions, n_vocab: int, mask: Any = None) -> None:
+    def __init__(self, options: GenerateOptions, n_vocab: int, mask: Any = None, ahead: Executor | None = None) -> None:
         extra = options.extra
         self.temperature = options.temperature
         greedy = not options.temperature >= GREEDY_BELOW_TEMPERATURE  # NaN, -0.0 and subnormals too
@@ -61,6 +63,7 @@ class Sampler:
         self._penalised = self.repeat != 1.0 or self.frequency != 0.0 or self.presence != 0.0
         self._recent: collections.deque[int] = collections.deque(maxlen=PENALTY_WINDOW)
         self.mask = mask
+        self._ahead = ahead
 
     @property
     def finished(self) -> bool:
@@ -70,14 +73,14 @@ class Sampler:
     def choose(self, logits: np.ndarray) -> int:
         """The next token from ``logits`` (the last position's, unchanged)."""
         work = logits
-        if len(self._bias_ids) or (self._penalised and self._recent) or self.mask is not None:
+        if len(self._bias_ids) or (self._penalised and self._recent):
             work = logits.astype(np.float32, copy=True)
             if len(self._bias_ids):
                 work[self._bias_ids] += self._bias_values
             if self._penalised and self._recent:
                 self._penalise(work)
-            if self.mask is not None:
-                self.mask.apply(work)
+        if self.mask is not None:
+            work = self.mask.masked(work)  # the mask's own row: the logits are not copied twice
         if self.rng is None:
             return int(work.argmax())
         return self._draw(work)
@@ -87,6 +90,8 @@ class Sampler:
         self._recent.append(token)
         if self.mask is not None:
             self.mask.consume(token)
+            if self._ahead is not None:
+                self.mask.compute_ahead(self._ahead)
 
     def _penalise(self, work: np.ndarray) -> None:
         tokens, counts = np.unique(np.fromiter(self._recent, dtype=np.int64), return_counts=True)

@@ -6,8 +6,10 @@ from collections.abc import Generator, Iterator
 
 from anyformer.plugin import (
     AnyformerError,
+    BackendModel,
     Chunk,
     ErrorCode,
+    Features,
     FinishReason,
     GenerateOptions,
     Message,
@@ -15,10 +17,17 @@ from anyformer.plugin import (
     ProgressCallback,
     ProgressEvent,
     Request,
+    TokenMask,
     Verdict,
 )
-from anyformer_gguf_gpu.chat_setup import chat_prompt_ids, check_prompt_fits, check_text_only, token_chunk
-from anyformer_gguf_gpu.decode import greedy, sampled
+from anyformer_gguf_gpu.chat_setup import (
+    chat_prompt_ids,
+    check_prompt_fits,
+    check_text_only,
+    reply_constraint,
+    token_chunk,
+)
+from anyformer_gguf_gpu.decode import constrained, greedy, sampled
 from anyformer_gguf_gpu.engines import open_engine
 from anyformer_gguf_gpu.gguf_file import GGUFFile
 from anyformer_gguf_gpu.gpu import GPU, gpu_errors
@@ -33,13 +42,15 @@ TOP_K = 40
 TOP_P = 0.95
 
 
-class LocalMindModel:
+class LocalMindModel(BackendModel):
     """The handle ``load`` returns: the engine on the GPU, the tokenizer, the chat template."""
 
     backend = BACKEND_ID
     task = "text-generation"
-    #: The sampling options its sampler reads; the core refuses the others (``min_p``, ``constraint``…).
-    honours = frozenset({"top_p", "top_k"})
+    #: The sampling options its sampler reads, constraints (the core's token mask over the GGUF's vocabulary,
+    #: applied to logits read back to the host: decode.py's ``constrained``) and tools (rendered by the
+    #: template, a forced call constrained); the core refuses the others (``min_p``…).
+    features = Features(honours=frozenset({"top_p", "top_k", "constraint", "tools"}))
 
     def __init__(self, engine: TransformerEngine, tokenizer: GGUFTokenizer, name: str) -> None:
         self.engine: TransformerEngine | None = engine
@@ -47,6 +58,8 @@ class LocalMindModel:
         self.name = name
         self.context = engine.ctx
         self.gpu_bytes = engine.gpu_bytes
+        #: The vocabulary constraints compile against (llguidance's tokenizer built at the first one).
+        self.constraints = tokenizer.constraint_vocabulary("pip install 'anyformer-localmind[constrained]'")
 
     @classmethod
     def open(cls, model: Model, request: Request, progress: ProgressCallback, verdict: Verdict) -> LocalMindModel:
@@ -76,24 +89,41 @@ class LocalMindModel:
             engine.release()
             engine.gpu.close()  # the device was opened for this model alone
 
-    def prompt_ids(self, messages: list[Message], thinking: bool) -> list[int]:
-        """The chat template rendered in the core's sandbox, then tokenised with special tokens parsed."""
-        return chat_prompt_ids(self.tokenizer, messages, thinking)
+    def prompt_ids(self, messages: list[Message], thinking: bool, options: GenerateOptions | None = None) -> list[int]:
+        """The chat template rendered in the core's sandbox (with ``options``' tools), then tokenised with special
+        tokens parsed."""
+        return chat_prompt_ids(self.tokenizer, messages, thinking, options, self.name)
 
-    def stream(self, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk]:
+    def generate(self, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk]:
         """Check the request now (``BAD_REQUEST`` before any chunk), then return the reply's stream."""
         engine = self.engine
         if engine is None:
             raise AnyformerError(ErrorCode.BAD_REQUEST, "the model was disposed; load it again")
         check_text_only(messages, BACKEND_ID)
-        ids = self.prompt_ids(messages, options.thinking)
+        ids = self.prompt_ids(messages, options.thinking, options)
         check_prompt_fits(ids, engine.ctx)
-        return self._reply(engine, ids, options)
+        constraint = reply_constraint(self.tokenizer, options)
+        mask = None if constraint is None else self.constraints.mask_for(constraint)
+        return self._reply(engine, ids, options, mask)
 
-    def _reply(self, engine: TransformerEngine, ids: list[int], options: GenerateOptions) -> Iterator[Chunk]:
+    def _reply(
+        self, engine: TransformerEngine, ids: list[int], options: GenerateOptions, mask: TokenMask | None = None
+    ) -> Iterator[Chunk]:
         limit = min(options.max_new_tokens, engine.ctx - len(ids))
         tokens: Generator[int, None, None]
-        if options.temperature > 0:
+        if mask is not None:
+            tokens = constrained(
+                engine,
+                ids,
+                limit,
+                mask,
+                temperature=options.temperature,
+                seed=options.seed,
+                top_k=int(options.extra.get("top_k", TOP_K)),
+                top_p=float(options.extra.get("top_p", TOP_P)),
+                cancel=options.cancel,
+            )
+        elif options.temperature > 0:
             top_k = int(options.extra.get("top_k", TOP_K))
             top_p = float(options.extra.get("top_p", TOP_P))
             tokens = sampled(
@@ -124,7 +154,8 @@ class LocalMindModel:
                     yield Chunk(delta=text.flush(), tokens=count, finish_reason=finish.value)
                     return
                 count += 1
-                chunk = token_chunk(text, token, count, options.max_new_tokens, len(ids))
+                complete = mask is not None and mask.finished  # the constraint's value is whole
+                chunk = token_chunk(text, token, count, options.max_new_tokens, len(ids), complete=complete)
                 yield chunk
                 if chunk.finish_reason is not None:
                     return

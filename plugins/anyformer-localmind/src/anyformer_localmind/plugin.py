@@ -10,15 +10,11 @@ adapter, and whether weights plus the KV cache plus the engine's buffers fit the
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Iterator
 
 from anyformer.plugin import (
     BackendModel,
     Caps,
-    Chunk,
     Estimate,
-    GenerateOptions,
-    Message,
     Model,
     ProgressCallback,
     Rank,
@@ -124,25 +120,12 @@ def _judge(model: Model, caps: Caps, request: Request, choice: GgufChoice) -> Ve
 
 
 @hookimpl
-def load(backend: str, model: Model, request: Request, progress: ProgressCallback) -> BackendModel | None:
+def load(model: Model, request: Request, progress: ProgressCallback) -> BackendModel:
     """Fetch the GGUF, upload every weight as its raw blocks and compile every kernel."""
-    if backend != BACKEND_ID:
-        return None
     from anyformer_localmind.engine import LocalMindModel  # imports wgpu
 
     # The engine takes the file this verdict chose: handed over, so that the engine never imports these hooks.
     return LocalMindModel.open(model, request, progress, can_run(model, load_caps(request, gpu=True), request))
-
-
-@hookimpl
-def generate(loaded: BackendModel, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk] | None:
-    """Stream a chat reply from a model this backend loaded."""
-    if loaded.backend != BACKEND_ID:
-        return None
-    from anyformer_localmind.engine import LocalMindModel
-
-    assert isinstance(loaded, LocalMindModel)
-    return loaded.stream(messages, options)
 
 
 @hookimpl

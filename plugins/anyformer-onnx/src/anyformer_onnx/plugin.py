@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 from anyformer.plugin import (
     BackendModel,
     Caps,
-    Chunk,
     Estimate,
-    GenerateOptions,
-    Message,
     Model,
     ProgressCallback,
     Rank,
@@ -126,10 +121,8 @@ def can_run(model: Model, caps: Caps, request: Request) -> Verdict:
 
 
 @hookimpl
-def load(backend: str, model: Model, request: Request, progress: ProgressCallback) -> BackendModel | None:
+def load(model: Model, request: Request, progress: ProgressCallback) -> BackendModel:
     """Fetch and validate the chosen graph, then open it with onnxruntime."""
-    if backend != BACKEND_ID:
-        return None
     from anyformer_onnx.loading import open_model  # imports onnxruntime
 
     return open_model(model, request, progress)
@@ -141,13 +134,3 @@ def store_list() -> list[StoreEntry]:
     from anyformer_onnx.rewrite.fused_store import fused_entries
 
     return fused_entries()
-
-
-@hookimpl
-def generate(loaded: BackendModel, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk] | None:
-    """Stream a chat reply from a decoder this backend loaded."""
-    if loaded.backend != BACKEND_ID:
-        return None
-    from anyformer_onnx.chat.handle import stream_of
-
-    return stream_of(loaded, messages, options)

@@ -14,15 +14,20 @@ from typing import Any
 
 from anyformer.plugin import (
     AnyformerError,
+    BackendModel,
     Chunk,
+    ConstraintVocabulary,
     ErrorCode,
+    Features,
     GenerateOptions,
     IncrementalDetokenizer,
     Message,
     TokenLogprob,
+    chat_constraint,
     has_audio,
     has_images,
     render_chat,
+    tool_inputs,
 )
 from anyformer_transformers import BACKEND_ID
 from anyformer_transformers.sampling import Sampler
@@ -64,8 +69,12 @@ class TextSide:
             defaults={k: v for k, v in defaults.items() if v is not None},
         )
 
-    def prompt_ids(self, messages: list[Message], thinking: bool) -> list[int]:
-        """The rendered prompt's ids; the template writes the special tokens, as transformers' own chat does."""
+    def prompt_ids(self, messages: list[Message], thinking: bool, options: GenerateOptions | None = None) -> list[int]:
+        """The rendered prompt's ids (with ``options``' tools); the template writes the special tokens, as
+        transformers' own chat does."""
+        variables: dict[str, Any] = {}
+        if options is not None:
+            messages, variables = tool_inputs(self.template, messages, options, "this model")
         text = render_chat(
             self.template,
             messages,
@@ -73,20 +82,22 @@ class TextSide:
             bos_token=self.bos_token,
             eos_token=self.eos_token,
             enable_thinking=thinking,
+            **variables,
         )
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
-class ChatModel:
+class ChatModel(BackendModel):
     """The handle: the network, its text side, and the context it was loaded for."""
 
     backend = BACKEND_ID
     task = "text-generation"
     #: The core's sampling options it applies (its ``repetition_penalty`` is transformers' own rule over every
     #: token so far, not llama.cpp's ``repeat_penalty`` over the reply's last 64: it stays a backend setting).
-    honours = frozenset({"top_p", "top_k"})
-    #: It continues raw prompts (``generate(prompt=...)``, ``/v1/completions``), with ``logprobs`` there.
-    raw_text = True
+    #: Constraints too (the core's token mask over the tokenizer's vocabulary), and tools (rendered by the
+    #: template, a forced call constrained). It continues raw prompts (``generate(prompt=...)``,
+    #: ``/v1/completions``), with ``logprobs`` there.
+    features = Features(honours=frozenset({"top_p", "top_k", "constraint", "tools"}), raw_text=True)
 
     def __init__(self, network: Any, text: TextSide, *, context: int, details: dict[str, Any]) -> None:
         self._network: Any = network
@@ -99,12 +110,16 @@ class ChatModel:
         self.context = context
         #: What was loaded: class, dtype, device (``anyformer run --verbose`` shows it).
         self.details = details
+        #: The vocabulary constraints compile against (llguidance's tokenizer built at the first one).
+        self.constraints = ConstraintVocabulary.from_tokenizer(
+            text.tokenizer, end_ids=text.eos_ids, install="pip install 'anyformer-transformers[constrained]'"
+        )
 
     def dispose(self) -> None:
         """Drop the network (torch frees its tensors with the last reference); safe to call twice."""
         self._network = None
 
-    def stream(self, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk]:
+    def generate(self, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk]:
         """Check the request (``BAD_REQUEST`` before any work), then return the chunk stream."""
         network = self._network
         if network is None:
@@ -120,7 +135,7 @@ class ChatModel:
             # A raw prompt as transformers' own text generation tokenizes it: the tokenizer's special tokens (BOS).
             prompt = list(self.text.tokenizer(options.prompt)["input_ids"])
         else:
-            prompt = self.text.prompt_ids(messages, options.thinking)
+            prompt = self.text.prompt_ids(messages, options.thinking, options)
         if not prompt:
             raise AnyformerError(ErrorCode.BAD_REQUEST, "the prompt is empty once tokenized")
         if len(prompt) >= self.context:
@@ -128,7 +143,9 @@ class ChatModel:
                 ErrorCode.BAD_REQUEST,
                 f"the prompt is {len(prompt)} tokens and the context is {self.context}; load with a larger context",
             )
-        sampler = Sampler.for_options(options, self.text.defaults)
+        constraint = chat_constraint(options, self.text.template)  # a forced call in the template family's syntax
+        mask = None if constraint is None else self.constraints.mask_for(constraint)
+        sampler = Sampler.for_options(options, self.text.defaults, mask)
         limit = min(options.max_new_tokens, self.context - len(prompt))
         return self._chunks(network, prompt, sampler, limit, options, first)
 
@@ -193,6 +210,15 @@ class ChatModel:
             if count >= limit:
                 piece = text.add(token) + text.flush()
                 yield Chunk(delta=piece, tokens=count, finish_reason="length", prompt_tokens=size, logprobs=scored)
+                return
+            if sampler.finished:  # the constraint's value is complete: only the end could follow
+                yield Chunk(
+                    delta=text.add(token) + text.flush(),
+                    tokens=count,
+                    finish_reason="stop",
+                    prompt_tokens=size,
+                    logprobs=scored,
+                )
                 return
             yield Chunk(delta=text.add(token), tokens=count, prompt_tokens=size, logprobs=scored)
             step[0, 0] = token

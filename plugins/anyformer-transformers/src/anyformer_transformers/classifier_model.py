@@ -22,7 +22,15 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from anyformer.plugin import AnyformerError, ErrorCode, ProgressCallback, ProgressEvent, no_progress
+from anyformer.plugin import (
+    AnyformerError,
+    BackendModel,
+    ErrorCode,
+    Features,
+    ProgressCallback,
+    ProgressEvent,
+    no_progress,
+)
 from anyformer_transformers import BACKEND_ID
 from anyformer_transformers.encoder import Encoder, texts_of
 from anyformer_transformers.tasks import TEXT_CLASSIFICATION
@@ -54,12 +62,12 @@ def apply_function(logits: Any, function: str) -> Any:
     return values
 
 
-class ClassifierModel:
+class ClassifierModel(BackendModel):
     """A loaded encoder with a classification head and its labels."""
 
     backend = BACKEND_ID
     #: ``run`` reports each batch and stops between batches when cancelled (the core's contract).
-    run_progress = True
+    features = Features(run_progress=True)
 
     def __init__(self, encoder: Encoder, *, task: str, config: Mapping[str, Any], details: dict[str, Any]) -> None:
         self.task = task

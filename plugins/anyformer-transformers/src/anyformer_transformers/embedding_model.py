@@ -13,7 +13,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from anyformer.plugin import AnyformerError, ErrorCode, ProgressCallback, ProgressEvent, no_progress
+from anyformer.plugin import (
+    AnyformerError,
+    BackendModel,
+    ErrorCode,
+    Features,
+    ProgressCallback,
+    ProgressEvent,
+    no_progress,
+)
 from anyformer_transformers import BACKEND_ID
 from anyformer_transformers.encoder import Encoder, texts_of
 from anyformer_transformers.tasks import SENTENCE_SIMILARITY
@@ -61,12 +69,12 @@ def pool(hidden: Any, mask: Any, how: str) -> Any:
     return summed / (count.sqrt() if how == "mean_sqrt_len" else count)
 
 
-class EmbeddingModel:
+class EmbeddingModel(BackendModel):
     """A loaded encoder with its tokenizer, for ``feature-extraction`` and ``sentence-similarity``."""
 
     backend = BACKEND_ID
     #: ``run`` reports each batch embedded and stops between batches when cancelled (the core's contract).
-    run_progress = True
+    features = Features(run_progress=True)
 
     def __init__(self, encoder: Encoder, *, task: str, pooling: str, details: dict[str, Any]) -> None:
         self.task = task

@@ -16,17 +16,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from anyformer.plugin import (
     AnyformerError,
+    BackendModel,
     Caps,
-    Chunk,
     ErrorCode,
     Estimate,
-    GenerateOptions,
-    Message,
     Model,
     ProgressCallback,
     Rank,
@@ -218,7 +216,7 @@ def can_run(model: Model, caps: Caps, request: Request) -> Verdict:
 
 
 @hookimpl
-def load(backend: str, model: Model, request: Request, progress: ProgressCallback) -> Any:
+def load(model: Model, request: Request, progress: ProgressCallback) -> BackendModel:
     """Fetch the files and build the model in the dtype that fits the host memory available now."""
     task = task_of(model, request)
     if task not in TASKS:
@@ -250,18 +248,6 @@ def load(backend: str, model: Model, request: Request, progress: ProgressCallbac
     from anyformer_transformers.encoder_loading import load_encoder_model
 
     return load_encoder_model(model, task, names, plan, progress)
-
-
-@hookimpl
-def generate(loaded: Any, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk] | None:
-    """Start a stream on a chat handle this backend's ``load`` returned; ``BAD_REQUEST`` for the other tasks'."""
-    if getattr(loaded, "backend", None) != BACKEND_ID:
-        return None
-    if not hasattr(loaded, "stream"):
-        raise AnyformerError(
-            ErrorCode.BAD_REQUEST, f"the model was loaded for {loaded.task}: it runs with run(), not generate()"
-        )
-    return loaded.stream(messages, options)  # type: ignore[no-any-return]
 
 
 @hookimpl

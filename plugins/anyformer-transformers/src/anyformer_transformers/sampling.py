@@ -2,7 +2,10 @@
 
 Greedy is ``argmax`` (ties to the lowest id, as ``model.generate`` picks them). A draw uses its own
 ``torch.Generator`` seeded from ``GenerateOptions.seed``, so the same seed gives the same text
-whatever else runs in the process.
+whatever else runs in the process. Under a constraint (structured output) the core's
+:class:`anyformer.plugin.TokenMask` sets every token that would leave the language to -inf after the
+repetition penalty (on the CPU row as numpy, shared with torch without a copy), and advances past
+the token chosen.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from anyformer.plugin import AnyformerError, ErrorCode, GenerateOptions
+from anyformer.plugin import AnyformerError, ErrorCode, GenerateOptions, TokenMask
 
 
 def _number(extra: Mapping[str, Any], key: str, default: float, *, low: float, high: float) -> float:
@@ -30,9 +33,13 @@ class Sampler:
     top_p: float
     repetition_penalty: float
     seed: int | None
+    #: The constraint's mask (None: no constraint).
+    mask: TokenMask | None = None
 
     @classmethod
-    def for_options(cls, options: GenerateOptions, defaults: Mapping[str, Any]) -> Sampler:
+    def for_options(
+        cls, options: GenerateOptions, defaults: Mapping[str, Any], mask: TokenMask | None = None
+    ) -> Sampler:
         """The sampler ``options`` ask for, with generation_config.json's ``defaults`` where they are silent."""
         top_k = options.extra.get("top_k", defaults.get("top_k", 0))
         if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
@@ -45,7 +52,7 @@ class Sampler:
             low=0.0,
             high=100.0,
         )
-        return cls(options.temperature, top_k, top_p, penalty, options.seed)
+        return cls(options.temperature, top_k, top_p, penalty, options.seed, mask)
 
     def __post_init__(self) -> None:
         import torch
@@ -58,8 +65,20 @@ class Sampler:
             else:
                 self._generator.seed()
 
+    @property
+    def finished(self) -> bool:
+        """True when the constraint's value is complete: only the end may follow."""
+        return self.mask is not None and self.mask.finished
+
     def choose(self, logits: Any, seen: Any) -> int:
-        """The next token id from ``logits`` (1-D), ``seen`` the ids so far (1-D, for the repetition penalty)."""
+        """The next token id from ``logits`` (1-D), ``seen`` the ids so far (1-D, for the repetition penalty);
+        the constraint, if any, advances past it."""
+        token = self._choose(logits, seen)
+        if self.mask is not None:
+            self.mask.consume(token)
+        return token
+
+    def _choose(self, logits: Any, seen: Any) -> int:
         import torch
 
         logits = logits.float()
@@ -69,6 +88,8 @@ class Sampler:
             logits = logits.scatter(
                 0, seen, torch.where(picked > 0, picked / self.repetition_penalty, picked * self.repetition_penalty)
             )
+        if self.mask is not None:
+            logits = torch.from_numpy(self.mask.masked(logits.cpu().numpy()))
         if self._generator is None:
             return int(torch.argmax(logits))
         scaled = logits / self.temperature

@@ -23,7 +23,9 @@ from typing import Any
 
 from anyformer.plugin import (
     AnyformerError,
+    BackendModel,
     ErrorCode,
+    Features,
     ProgressCallback,
     ProgressEvent,
     decode_audio,
@@ -87,13 +89,13 @@ def clip_samples(value: Any, rate: int, what: str = "the audio") -> Any:
     return array
 
 
-class SpeechModel:
+class SpeechModel(BackendModel):
     """The handle: a Whisper network, its feature extractor and its tokenizer."""
 
     backend = BACKEND_ID
     task = SPEECH_RECOGNITION
     #: ``run`` reports each clip and stops between clips when cancelled (the core's contract).
-    run_progress = True
+    features = Features(run_progress=True)
 
     def __init__(self, network: Any, extractor: Any, tokenizer: Any, *, details: dict[str, Any]) -> None:
         self._network: Any = network

@@ -27,7 +27,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from anyformer.plugin import AnyformerError, ErrorCode, ProgressCallback, ProgressEvent, load_images, no_progress
+from anyformer.plugin import (
+    AnyformerError,
+    BackendModel,
+    ErrorCode,
+    Features,
+    ProgressCallback,
+    ProgressEvent,
+    load_images,
+    no_progress,
+)
 from anyformer_transformers import BACKEND_ID
 from anyformer_transformers.classifier_model import FUNCTIONS, apply_function, labels_of
 from anyformer_transformers.tasks import DEPTH_ESTIMATION, IMAGE_CLASSIFICATION, IMAGE_SEGMENTATION, OBJECT_DETECTION
@@ -59,12 +68,12 @@ def _mask(segmentation: Any, index: int) -> Any:
     return (np.asarray(segmentation) == index).astype(np.uint8) * 255
 
 
-class VisionModel:
+class VisionModel(BackendModel):
     """The handle: the network, its image processor, the task it was loaded for and its labels."""
 
     backend = BACKEND_ID
     #: ``run`` reports each image and stops between images when cancelled (the core's contract).
-    run_progress = True
+    features = Features(run_progress=True)
 
     def __init__(
         self, network: Any, processor: Any, *, task: str, config: Mapping[str, Any], details: dict[str, Any]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
@@ -9,12 +10,16 @@ from anyformer.plugin import (
     AnyformerError,
     BackendModel,
     Chunk,
+    ConstraintVocabulary,
     ErrorCode,
+    Features,
     GenerateOptions,
     IncrementalDetokenizer,
     Message,
+    chat_constraint,
     has_audio,
     has_images,
+    tool_inputs,
 )
 from anyformer_onnx import BACKEND_ID
 from anyformer_onnx.chat.decoder import DecodeLoop, DecoderGraph
@@ -24,13 +29,15 @@ from anyformer_onnx.tasks.names import TEXT_GENERATION
 from anyformer_onnx.text.setup import TextSetup
 
 
-class OnnxChatModel:
+class OnnxChatModel(BackendModel):
     """A loaded decoder graph, its text side and the context it was loaded for."""
 
     backend = BACKEND_ID
     task = TEXT_GENERATION
-    #: The sampling options its sampler reads; the core refuses the others (``min_p``, ``constraint``…).
-    honours = frozenset({"top_p", "top_k"})
+    #: The sampling options its sampler reads, constraints (the core's token mask over tokenizer.json's
+    #: vocabulary) and tools (rendered by the template, a forced call constrained; not for a multimodal
+    #: export); the core refuses the others (``min_p``…).
+    features = Features(honours=frozenset({"top_p", "top_k", "constraint", "tools"}))
 
     def __init__(
         self,
@@ -48,12 +55,16 @@ class OnnxChatModel:
         #: What reads image and audio blocks (a multimodal export); None for a text-only model.
         self.media = media
         #: The core hands this handle messages with audio blocks only when its model has an audio encoder.
-        self.audio_input = media is not None and media.reads_audio
+        self.features = dataclasses.replace(self.features, audio_input=media is not None and media.reads_audio)
         self._loop: DecodeLoop | None = DecodeLoop(graph, device, media.embed_inputs if media else None)
         self.text = text
         self.context = context
         #: What was loaded: file, precision, provider (shown by ``anyformer run --verbose`` and tests).
         self.details = details
+        #: The vocabulary constraints compile against (llguidance's tokenizer built at the first one).
+        self.constraints = ConstraintVocabulary.from_tokenizer(
+            text.tokenizer, end_ids=text.eos_ids, install="pip install 'anyformer-onnx[constrained]'"
+        )
 
     @property
     def loop(self) -> DecodeLoop:
@@ -77,7 +88,9 @@ class OnnxChatModel:
             raise AnyformerError(ErrorCode.BAD_REQUEST, f"top_k must be an integer ≥ 0, got {top_k!r}")
         if isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1:
             raise AnyformerError(ErrorCode.BAD_REQUEST, f"top_p must be a number in (0, 1], got {top_p!r}")
-        return Sampler(options.temperature, top_k, float(top_p), options.seed)
+        constraint = chat_constraint(options, self.text.template)  # a forced call in the template family's syntax
+        mask = None if constraint is None else self.constraints.mask_for(constraint)
+        return Sampler(options.temperature, top_k, float(top_p), options.seed, mask)
 
     def penalty(self, options: GenerateOptions) -> float:
         """The repetition penalty: ``options.extra['repetition_penalty']``, else generation_config.json's."""
@@ -86,11 +99,13 @@ class OnnxChatModel:
             raise AnyformerError(ErrorCode.BAD_REQUEST, f"repetition_penalty must be a number > 0, got {value!r}")
         return float(value)
 
-    def stream(self, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk]:
+    def generate(self, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk]:
         """Check the request (``BAD_REQUEST`` before any work), then return the chunk stream."""
         loop = self.loop
         embeds = positions = None
         if self.media is not None:
+            if options.tools:  # the media prompter renders its own template, without tools
+                raise AnyformerError(ErrorCode.BAD_REQUEST, "tools: not rendered for a multimodal ONNX export")
             prepared = self.media.prepare(messages, options.thinking)
             prompt, embeds, positions = prepared.ids, prepared.embeds, prepared.positions
         elif has_images(messages) or has_audio(messages):
@@ -98,7 +113,9 @@ class OnnxChatModel:
                 ErrorCode.BAD_REQUEST, f"{self.details.get('file')} is a text-only model: no image or audio blocks"
             )
         else:
-            prompt = self.text.prompt_ids(messages, options.thinking)
+            label = str(self.details.get("file", "this model"))
+            messages, variables = tool_inputs(self.text.template, messages, options, label)
+            prompt = self.text.prompt_ids(messages, options.thinking, variables)
         if len(prompt) >= self.context:
             raise AnyformerError(
                 ErrorCode.BAD_REQUEST,
@@ -147,16 +164,12 @@ class OnnxChatModel:
                         delta=text.add(token) + text.flush(), tokens=count, finish_reason="length", prompt_tokens=size
                     )
                     return
+                if sampler.finished:  # the constraint's value is complete: only the end could follow
+                    yield Chunk(
+                        delta=text.add(token) + text.flush(), tokens=count, finish_reason="stop", prompt_tokens=size
+                    )
+                    return
                 yield Chunk(delta=text.add(token), tokens=count, prompt_tokens=size)
             yield Chunk(delta="", tokens=count, finish_reason="cancelled", prompt_tokens=size)
         finally:
             tokens.close()
-
-
-def stream_of(loaded: BackendModel, messages: list[Message], options: GenerateOptions) -> Iterator[Chunk]:
-    """The chunk stream of a chat handle; ``BAD_REQUEST`` for a handle loaded for another task."""
-    if not isinstance(loaded, OnnxChatModel):
-        raise AnyformerError(
-            ErrorCode.BAD_REQUEST, f"the model was loaded for {loaded.task}: it runs with run(), not generate()"
-        )
-    return loaded.stream(messages, options)

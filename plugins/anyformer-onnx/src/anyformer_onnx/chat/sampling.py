@@ -1,4 +1,8 @@
-"""Choosing the next token from logits: greedy, or a seeded draw with top-k and top-p, after penalties."""
+"""Choosing the next token from logits: greedy, or a seeded draw with top-k and top-p, after penalties.
+
+Under a constraint (structured output) the core's :class:`anyformer.plugin.TokenMask` sets every
+token that would leave the language to -inf first, and advances past the token chosen.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,8 @@ import dataclasses
 from collections.abc import Iterable
 
 import numpy as np
+
+from anyformer.plugin import TokenMask
 
 
 def apply_repetition_penalty(logits: np.ndarray, seen: Iterable[int], penalty: float) -> None:
@@ -26,18 +32,34 @@ def apply_repetition_penalty(logits: np.ndarray, seen: Iterable[int], penalty: f
 
 @dataclasses.dataclass
 class Sampler:
-    """Greedy at temperature 0 (arg-max, lowest id on ties); otherwise a draw from a seeded generator."""
+    """Greedy at temperature 0 (arg-max, lowest id on ties); otherwise a draw from a seeded generator.
+
+    ``mask`` (a constraint's, or None) limits the choice to the tokens its language allows next.
+    """
 
     temperature: float
     top_k: int
     top_p: float
     seed: int | None
+    mask: TokenMask | None = None
 
     def __post_init__(self) -> None:
         self._rng = np.random.default_rng(self.seed) if self.temperature > 0 else None
 
+    @property
+    def finished(self) -> bool:
+        """True when the constraint's value is complete: only the end may follow."""
+        return self.mask is not None and self.mask.finished
+
     def choose(self, logits: np.ndarray) -> int:
-        """The next token id from one row of logits."""
+        """The next token id from one row of logits (advancing the constraint past it)."""
+        if self.mask is None:
+            return self._choose(logits)
+        token = self._choose(self.mask.masked(logits))
+        self.mask.consume(token)
+        return token
+
+    def _choose(self, logits: np.ndarray) -> int:
         if self._rng is None:
             return int(np.argmax(logits))  # numpy's argmax returns the first maximum: ties go to the lowest id
         scaled = logits.astype(np.float64) / self.temperature

@@ -37,7 +37,15 @@ from typing import Any
 
 import numpy as np
 
-from anyformer.plugin import AnyformerError, ErrorCode, ProgressCallback, ProgressEvent, no_progress
+from anyformer.plugin import (
+    AnyformerError,
+    BackendModel,
+    ErrorCode,
+    Features,
+    ProgressCallback,
+    ProgressEvent,
+    no_progress,
+)
 from anyformer_onnx import BACKEND_ID
 from anyformer_onnx.media.audio_input import load_audio
 from anyformer_onnx.media.log_mel import LogMel
@@ -106,13 +114,13 @@ class WhisperGraphs:
         self.encoder = self.first = self.with_past = None
 
 
-class OnnxSpeechRecognizerModel:
+class OnnxSpeechRecognizerModel(BackendModel):
     """A loaded Whisper-style model: the log-mel front end, three graphs, the tokenizer and the prompt rules."""
 
     backend = BACKEND_ID
     task = "automatic-speech-recognition"
     #: ``run`` reports each window decoded and stops between windows when cancelled (the core's contract).
-    run_progress = True
+    features = Features(run_progress=True)
 
     def __init__(
         self,

@@ -24,7 +24,15 @@ from typing import Any
 
 import numpy as np
 
-from anyformer.plugin import AnyformerError, ErrorCode, ProgressCallback, ProgressEvent, no_progress
+from anyformer.plugin import (
+    AnyformerError,
+    BackendModel,
+    ErrorCode,
+    Features,
+    ProgressCallback,
+    ProgressEvent,
+    no_progress,
+)
 from anyformer_onnx import BACKEND_ID
 from anyformer_onnx.tasks.names import TEXT_CLASSIFICATION
 from anyformer_onnx.text.encoder import EncoderGraph, texts_of
@@ -62,12 +70,12 @@ def apply_function(logits: np.ndarray, function: str) -> np.ndarray:
     return values
 
 
-class OnnxClassifierModel:
+class OnnxClassifierModel(BackendModel):
     """A loaded encoder with a classification head and its labels."""
 
     backend = BACKEND_ID
     #: ``run`` reports each batch and stops between batches when cancelled (the core's contract).
-    run_progress = True
+    features = Features(run_progress=True)
 
     def __init__(self, encoder: EncoderGraph, *, task: str, config: Mapping[str, Any], details: dict[str, Any]):
         self.task = task

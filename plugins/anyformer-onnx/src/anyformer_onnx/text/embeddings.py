@@ -12,7 +12,15 @@ from typing import Any
 
 import numpy as np
 
-from anyformer.plugin import AnyformerError, ErrorCode, ProgressCallback, ProgressEvent, no_progress
+from anyformer.plugin import (
+    AnyformerError,
+    BackendModel,
+    ErrorCode,
+    Features,
+    ProgressCallback,
+    ProgressEvent,
+    no_progress,
+)
 from anyformer_onnx import BACKEND_ID
 from anyformer_onnx.tasks.names import SENTENCE_SIMILARITY
 from anyformer_onnx.text.encoder import EncoderGraph, texts_of
@@ -41,12 +49,12 @@ def pool(hidden: np.ndarray, mask: np.ndarray, how: str) -> np.ndarray:
     return summed / np.clip(weights.sum(axis=1), 1e-9, None)
 
 
-class OnnxEmbeddingModel:
+class OnnxEmbeddingModel(BackendModel):
     """A loaded encoder graph with its tokenizer, for ``feature-extraction`` and ``sentence-similarity``."""
 
     backend = BACKEND_ID
     #: ``run`` reports each batch embedded and stops between batches when cancelled (the core's contract).
-    run_progress = True
+    features = Features(run_progress=True)
 
     def __init__(self, encoder: EncoderGraph, *, task: str, pooling: str, details: dict[str, Any]) -> None:
         self.task = task

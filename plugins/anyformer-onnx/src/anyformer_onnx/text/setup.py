@@ -80,9 +80,17 @@ class TextSetup:
     top_p: float
     config: Mapping[str, Any]
 
-    def render(self, messages: list[Message], thinking: bool = False, *, blocks: bool = False) -> str:
+    def render(
+        self,
+        messages: list[Message],
+        thinking: bool = False,
+        *,
+        blocks: bool = False,
+        variables: Mapping[str, Any] | None = None,
+    ) -> str:
         """The chat template rendered in the core's sandbox (ChatML when the model has none); with ``blocks``
-        the template sees list content as its blocks (``render_chat(blocks=True)``), as a multimodal one expects."""
+        the template sees list content as its blocks (``render_chat(blocks=True)``), as a multimodal one expects;
+        ``variables`` are extra template variables (the call's ``tools``)."""
         return render_chat(
             self.template,
             messages,
@@ -91,11 +99,15 @@ class TextSetup:
             eos_token=self.eos_token,
             blocks=blocks,
             enable_thinking=thinking,
+            **(variables or {}),
         )
 
-    def prompt_ids(self, messages: list[Message], thinking: bool = False) -> list[int]:
+    def prompt_ids(
+        self, messages: list[Message], thinking: bool = False, variables: Mapping[str, Any] | None = None
+    ) -> list[int]:
         """The rendered prompt's token ids; the template writes the special tokens, as transformers does."""
-        return list(self.tokenizer.encode(self.render(messages, thinking), add_special_tokens=False).ids)
+        text = self.render(messages, thinking, variables=variables)
+        return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
 
 
 def load_tokenizer(path: Path, label: str) -> Any:

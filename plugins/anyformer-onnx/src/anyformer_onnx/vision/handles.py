@@ -53,7 +53,15 @@ from typing import Any
 
 import numpy as np
 
-from anyformer.plugin import AnyformerError, ErrorCode, ProgressCallback, ProgressEvent, no_progress
+from anyformer.plugin import (
+    AnyformerError,
+    BackendModel,
+    ErrorCode,
+    Features,
+    ProgressCallback,
+    ProgressEvent,
+    no_progress,
+)
 from anyformer.plugin import load_images as images_of
 from anyformer_onnx import BACKEND_ID
 from anyformer_onnx.media.image_preprocessing import ImagePreprocessor
@@ -106,12 +114,12 @@ def _unknown(task: str, rest: Mapping[str, Any]) -> None:
         raise AnyformerError(ErrorCode.BAD_REQUEST, f"unknown option {sorted(rest)[0]!r} for {task}")
 
 
-class OnnxImageClassifierModel:
+class OnnxImageClassifierModel(BackendModel):
     """A loaded image classifier: a vision graph with a ``logits`` output and config.json's labels."""
 
     backend = BACKEND_ID
     #: ``run`` reports each image and stops between images when cancelled (the core's contract).
-    run_progress = True
+    features = Features(run_progress=True)
     task = "image-classification"
 
     def __init__(self, graph: VisionGraph, *, config: Mapping[str, Any], details: dict[str, Any]) -> None:
@@ -216,12 +224,12 @@ def resize_bicubic(image: np.ndarray, height: int, width: int) -> np.ndarray:
     return _cubic_axis(_cubic_axis(image, height, 0), width, 1).astype(np.float32)
 
 
-class OnnxDepthEstimatorModel:
+class OnnxDepthEstimatorModel(BackendModel):
     """A loaded depth estimator: a ``predicted_depth`` map per image."""
 
     backend = BACKEND_ID
     #: ``run`` reports each image and stops between images when cancelled (the core's contract).
-    run_progress = True
+    features = Features(run_progress=True)
     task = "depth-estimation"
 
     def __init__(self, graph: VisionGraph, *, details: dict[str, Any]) -> None:
@@ -255,12 +263,12 @@ class OnnxDepthEstimatorModel:
         return results[0] if single else results
 
 
-class OnnxSegmenterModel:
+class OnnxSegmenterModel(BackendModel):
     """A loaded semantic segmentation model: per-pixel class logits and config.json's labels."""
 
     backend = BACKEND_ID
     #: ``run`` reports each image and stops between images when cancelled (the core's contract).
-    run_progress = True
+    features = Features(run_progress=True)
     task = "image-segmentation"
 
     def __init__(self, graph: VisionGraph, *, config: Mapping[str, Any], details: dict[str, Any]) -> None:
@@ -293,12 +301,12 @@ class OnnxSegmenterModel:
         return results[0] if single else results
 
 
-class OnnxObjectDetectorModel:
+class OnnxObjectDetectorModel(BackendModel):
     """A loaded DETR-style detector: ``logits`` over the classes and "no object", ``pred_boxes``."""
 
     backend = BACKEND_ID
     #: ``run`` reports each image and stops between images when cancelled (the core's contract).
-    run_progress = True
+    features = Features(run_progress=True)
     task = "object-detection"
 
     def __init__(self, graph: VisionGraph, *, config: Mapping[str, Any], details: dict[str, Any]) -> None:
@@ -374,12 +382,12 @@ def _masks(found: list[tuple[float | None, str, np.ndarray]]) -> list[dict[str, 
     ]
 
 
-class OnnxMaskSegmenterModel:
+class OnnxMaskSegmenterModel(BackendModel):
     """A loaded Mask2Former: per query, class logits (the last "no object") and mask logits."""
 
     backend = BACKEND_ID
     #: ``run`` reports each image and stops between images when cancelled (the core's contract).
-    run_progress = True
+    features = Features(run_progress=True)
     task = "image-segmentation"
     outputs = ("class_queries_logits", "masks_queries_logits")
 
