@@ -41,7 +41,9 @@ Groups, in the order a backend meets them:
   :func:`choose_gguf_candidate` (judge candidates in order until one fits);
 - images and audio a request hands over, with the bounds every backend applies:
   :func:`read_media_file`, :func:`check_image_size`, :func:`rgb_pixels`, :data:`MAX_IMAGE_PIXELS`,
-  :data:`MAX_IMAGE_SIDE`, :data:`MAX_MEDIA_FILE_BYTES`;
+  :data:`MAX_IMAGE_SIDE`, :data:`MAX_MEDIA_FILE_BYTES`, :func:`load_image` / :func:`load_images`
+  (a ``run`` input as checked RGB Pillow images), :func:`decode_audio` (an audio file as mono
+  samples at a rate, through PyAV);
 - the store: :func:`fetch_files` (verified downloads into the Hub cache), :func:`files_to_download`
   (what a load would download, for a ``store`` refusal), :func:`anyformer_home`
   (where derived files go);
@@ -54,6 +56,7 @@ Groups, in the order a backend meets them:
   :class:`RpcServerError`.
 """
 
+from anyformer._audio_decode import decode_audio
 from anyformer._backend import BackendModel
 from anyformer._chat_template import CHATML_TEMPLATE, render_chat, template_takes_tools
 from anyformer._detokenizer import IncrementalDetokenizer
@@ -93,6 +96,7 @@ from anyformer.files._gguf_header import (
     read_gguf_header,
     split_set_members,
 )
+from anyformer.files._image_input import load_image, load_images
 from anyformer.files._media_input import (
     MAX_IMAGE_PIXELS,
     MAX_IMAGE_SIDE,
@@ -168,6 +172,7 @@ __all__ = [
     "check_onnx_external_data",
     "check_split_set",
     "choose_gguf_candidate",
+    "decode_audio",
     "fetch_files",
     "files_to_download",
     "format_size",
@@ -179,6 +184,8 @@ __all__ = [
     "hookimpl",
     "host_ram_available",
     "is_gguf_projector",
+    "load_image",
+    "load_images",
     "no_progress",
     "order_gguf_candidates",
     "parse_size",

@@ -32,3 +32,12 @@ def tiny_encoder_dir(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path
 
     root = tmp_path_factory.mktemp("tiny-encoders")
     return {name: build(root / name) for name, build in ENCODER_BUILDERS.items()}
+
+
+@pytest.fixture(scope="session")
+def tiny_media_dir(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Each tiny vision or speech model's folder, by its task (``image-classification``…)."""
+    from tiny_media import MEDIA_BUILDERS
+
+    root = tmp_path_factory.mktemp("tiny-media")
+    return {task: build(root / task) for task, build in MEDIA_BUILDERS.items()}

@@ -122,7 +122,10 @@ def test_each_refusal_says_why_in_one_line(
 
 
 def test_a_task_it_does_not_run_is_a_task_refusal_after_the_format() -> None:
-    assert can_run(described(), CAPS, Request(task="image-classification")).code is Refusal.TASK
+    assert can_run(described(), CAPS, Request(task="text-to-speech")).code is Refusal.TASK
+    # A task it runs, asked of a model whose type transformers builds no head for: a model refusal.
+    verdict = can_run(described(), CAPS, Request(task="image-classification"))
+    assert verdict.code is Refusal.MODEL and "no image-classification class for model_type 'llama'" in verdict.reason
     assert can_run(described(files=[{"name": "m.onnx", "size": 1}]), CAPS, Request(task="x")).code is Refusal.FORMAT
 
 

@@ -1,8 +1,9 @@
 """The anyformer conformance kit against the transformers backend, exactly as a third party runs it.
 
 The samples: a tiny random llama saved as safetensors with a character tokenizer (tiny_models.py),
-and tiny random BERTs (a sentence-transformers embedder, a text classifier) whose ``run`` the kit's
-progress and cancel tests drive (tiny_encoders.py).
+tiny random BERTs (a sentence-transformers embedder, a text classifier) whose ``run`` the kit's
+progress and cancel tests drive (tiny_encoders.py), and from tiny_media.py a ViT classifier and a
+Whisper (``run`` on images and clips) and a LLaVA (chat with image blocks).
 """
 
 from __future__ import annotations
@@ -91,3 +92,50 @@ class TestTinyBertClassifierConformance(_TransformersKit):
     @classmethod
     def run_sample(cls) -> tuple[Any, dict[str, Any]]:
         return [f"I love this movie {i}" for i in range(40)], {"top_k": None}
+
+
+class TestTinyViTConformance(_TransformersKit):
+    """A tiny ViT for image-classification: no generate; its ``run`` on 3 images reports each and cancels."""
+
+    supports_generate = False
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def sample_model(cls, tiny_media_dir: dict[str, Path]) -> Model:
+        return anyformer.describe(tiny_media_dir["image-classification"])
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def run_sample(cls) -> tuple[Any, dict[str, Any]]:
+        from tiny_media import picture
+
+        return [picture(20 + 5 * i, 30, seed=i) for i in range(3)], {"top_k": 2}
+
+
+class TestTinyWhisperConformance(_TransformersKit):
+    """A tiny Whisper for speech recognition: no generate; its ``run`` on 2 clips reports each and cancels."""
+
+    supports_generate = False
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def sample_model(cls, tiny_media_dir: dict[str, Path]) -> Model:
+        return anyformer.describe(tiny_media_dir["automatic-speech-recognition"])
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def run_sample(cls) -> tuple[Any, dict[str, Any]]:
+        from tiny_media import tone
+
+        return [tone(1.0, 200.0, seed=0), tone(1.0, 300.0, seed=1)], {"max_new_tokens": 4}
+
+
+class TestTinyLlavaConformance(_TransformersKit):
+    """A tiny LLaVA: chat with and without image blocks."""
+
+    supports_images = True
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def sample_model(cls, tiny_media_dir: dict[str, Path]) -> Model:
+        return anyformer.describe(tiny_media_dir["image-text-to-text"])

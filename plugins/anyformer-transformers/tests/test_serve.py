@@ -58,6 +58,48 @@ def test_the_openai_client_gets_the_reference_embeddings(tiny_encoder_dir: dict[
     assert reply.usage.prompt_tokens > len(texts)
 
 
+def test_the_openai_client_gets_a_raw_completion(tiny_llama_dir: Path) -> None:
+    from test_raw_completion import _reference
+
+    expected, _ = _reference(tiny_llama_dir, "Once upon a time", 10)
+    app = create_app(ModelPool(isolate=False), models=[str(tiny_llama_dir)])
+    with serve_in_thread(app) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="none")
+        reply = client.completions.create(
+            model=str(tiny_llama_dir), prompt="Once upon a time", max_tokens=10, temperature=0, logprobs=2
+        )
+    assert reply.choices[0].text == expected and expected
+    assert reply.choices[0].logprobs is not None and len(reply.choices[0].logprobs.tokens or []) > 0
+
+
+def test_the_openai_client_transcribes_a_wav_as_the_run_api(tiny_media_dir: dict[str, Path]) -> None:
+    import io
+    import wave
+
+    import numpy as np
+    from tiny_media import tone
+
+    import anyformer
+
+    pytest.importorskip("av")
+    folder = tiny_media_dir["automatic-speech-recognition"]
+    samples = tone(2.0, 260.0, seed=3)
+    pcm = (np.clip(samples, -1, 1) * 32767).astype("<i2")
+    buffer = io.BytesIO()
+    with wave.open(buffer, "wb") as writer:
+        writer.setnchannels(1)
+        writer.setsampwidth(2)
+        writer.setframerate(16000)
+        writer.writeframes(pcm.tobytes())
+    with anyformer.load(folder, backend="transformers", isolate=False) as model:
+        expected = model.run(pcm.astype(np.float32) / 32768.0)["text"]
+    app = create_app(ModelPool(isolate=False), models=[str(folder)])
+    with serve_in_thread(app) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="none")
+        reply = client.audio.transcriptions.create(model=str(folder), file=("clip.wav", buffer.getvalue()))
+    assert reply.text == expected and expected
+
+
 def test_the_openai_client_gets_a_json_schema_reply_and_a_named_call(tiny_llama_dir: Path) -> None:
     """``response_format`` and a named ``tool_choice`` on this backend through the server (the random model's
     reply parses and validates only through the constraint)."""

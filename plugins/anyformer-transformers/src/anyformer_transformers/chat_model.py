@@ -22,6 +22,7 @@ from anyformer.plugin import (
     GenerateOptions,
     IncrementalDetokenizer,
     Message,
+    TokenLogprob,
     chat_constraint,
     has_audio,
     has_images,
@@ -94,13 +95,17 @@ class ChatModel(BackendModel):
     #: The core's sampling options it applies (its ``repetition_penalty`` is transformers' own rule over every
     #: token so far, not llama.cpp's ``repeat_penalty`` over the reply's last 64: it stays a backend setting).
     #: Constraints too (the core's token mask over the tokenizer's vocabulary), and tools (rendered by the
-    #: template, a forced call constrained).
-    features = Features(honours=frozenset({"top_p", "top_k", "constraint", "tools"}))
+    #: template, a forced call constrained). It continues raw prompts (``generate(prompt=...)``,
+    #: ``/v1/completions``), with ``logprobs`` there.
+    features = Features(honours=frozenset({"top_p", "top_k", "constraint", "tools"}), raw_text=True)
 
     def __init__(self, network: Any, text: TextSide, *, context: int, details: dict[str, Any]) -> None:
         self._network: Any = network
+        parameters = inspect.signature(network.forward).parameters
         # transformers 5.2x renamed the cache argument and output field (``past_key_values`` → ``cache``).
-        self._cache_name = "cache" if "cache" in inspect.signature(network.forward).parameters else "past_key_values"
+        self._cache_name = "cache" if "cache" in parameters else "past_key_values"
+        # Only the last position's logits are read: as ``generate``, the LM head runs on that row alone.
+        self._last_only = {"logits_to_keep": 1} if "logits_to_keep" in parameters else {}
         self.text = text
         self.context = context
         #: What was loaded: class, dtype, device (``anyformer run --verbose`` shows it).
@@ -119,9 +124,20 @@ class ChatModel(BackendModel):
         network = self._network
         if network is None:
             raise AnyformerError(ErrorCode.BAD_REQUEST, "the model was disposed; load it again")
-        if has_images(messages) or has_audio(messages):
-            raise AnyformerError(ErrorCode.BAD_REQUEST, f"the {BACKEND_ID} backend reads text only: no image or audio")
-        prompt = self.text.prompt_ids(messages, options.thinking, options)
+        first: dict[str, Any] = {}
+        if options.prompt is None and (has_images(messages) or has_audio(messages)):
+            prompt, first = self.media_prompt(messages, options, network)
+        elif options.prompt is not None:
+            if options.suffix is not None:
+                raise AnyformerError(
+                    ErrorCode.BAD_REQUEST, f"the {BACKEND_ID} backend does not fill in the middle (suffix)"
+                )
+            # A raw prompt as transformers' own text generation tokenizes it: the tokenizer's special tokens (BOS).
+            prompt = list(self.text.tokenizer(options.prompt)["input_ids"])
+        else:
+            prompt = self.text.prompt_ids(messages, options.thinking, options)
+        if not prompt:
+            raise AnyformerError(ErrorCode.BAD_REQUEST, "the prompt is empty once tokenized")
         if len(prompt) >= self.context:
             raise AnyformerError(
                 ErrorCode.BAD_REQUEST,
@@ -131,39 +147,80 @@ class ChatModel(BackendModel):
         mask = None if constraint is None else self.constraints.mask_for(constraint)
         sampler = Sampler.for_options(options, self.text.defaults, mask)
         limit = min(options.max_new_tokens, self.context - len(prompt))
-        return self._chunks(network, prompt, sampler, limit, options)
+        return self._chunks(network, prompt, sampler, limit, options, first)
+
+    def media_prompt(
+        self, messages: list[Message], options: GenerateOptions, network: Any
+    ) -> tuple[list[int], dict[str, Any]]:
+        """The prompt's ids and the first pass's other inputs (pixels…) for a chat with media blocks;
+        a text-only model refuses them (``image_chat_model.py`` reads images)."""
+        raise AnyformerError(
+            ErrorCode.BAD_REQUEST, f"this model reads text only on the {BACKEND_ID} backend: no image or audio"
+        )
+
+    def _scored(self, logits: Any, token: int, alternatives: int) -> tuple[TokenLogprob, ...]:
+        """The chosen token's log-probability under the raw logits, and the ``alternatives`` likeliest."""
+        import torch
+
+        values = torch.log_softmax(logits.float(), dim=-1)
+        top = torch.topk(values, min(alternatives, values.shape[0]))
+        decode = self.text.tokenizer.decode
+        pairs = [(int(i), float(v)) for v, i in zip(top.values.tolist(), top.indices.tolist(), strict=True)]
+        if token not in {i for i, _ in pairs}:
+            pairs.append((token, float(values[token])))
+        shown = tuple((str(decode([i])), v) for i, v in pairs)
+        return (TokenLogprob(str(decode([token])), float(values[token]), shown),)
 
     def _chunks(
-        self, network: Any, prompt: list[int], sampler: Sampler, limit: int, options: GenerateOptions
+        self,
+        network: Any,
+        prompt: list[int],
+        sampler: Sampler,
+        limit: int,
+        options: GenerateOptions,
+        first: dict[str, Any],
     ) -> Iterator[Chunk]:
         import torch
 
         text = IncrementalDetokenizer(self.text.tokenizer)
         size = len(prompt)
-        seen = torch.tensor(prompt, dtype=torch.long)
+        # Every id so far, for the repetition penalty: one buffer written in place, never copied per token.
+        seen = torch.empty(size + limit, dtype=torch.long)
+        seen[:size] = torch.tensor(prompt, dtype=torch.long)
         count = 0
-        inputs = torch.tensor([prompt], dtype=torch.long)
+        device = network.device
+        inputs = torch.tensor([prompt], dtype=torch.long, device=device)
+        step = torch.empty((1, 1), dtype=torch.long, device=device)
         cache = None
         while not options.cancel.is_set():
             # Inference mode around each pass only: held across a yield it would leak into the caller's thread.
             with torch.inference_mode():
-                out = network(input_ids=inputs, use_cache=True, **{self._cache_name: cache})
+                extra = first if cache is None else {}  # the media go in with the prompt's pass only
+                out = network(input_ids=inputs, use_cache=True, **{self._cache_name: cache}, **self._last_only, **extra)
                 cache = getattr(out, self._cache_name)
-                token = sampler.choose(out.logits[0, -1], seen)
+                logits = out.logits[0, -1].cpu()
+                token = sampler.choose(logits, seen[: size + count])
+                scored = self._scored(logits, token, options.logprobs) if options.logprobs is not None else ()
+            del out, logits  # the logits of this step are not held through the yield
             if token in self.text.eos_ids:
                 yield Chunk(delta=text.flush(), tokens=count, finish_reason="stop", prompt_tokens=size)
                 return
+            seen[size + count] = token
             count += 1
             if count >= limit:
                 piece = text.add(token) + text.flush()
-                yield Chunk(delta=piece, tokens=count, finish_reason="length", prompt_tokens=size)
+                yield Chunk(delta=piece, tokens=count, finish_reason="length", prompt_tokens=size, logprobs=scored)
                 return
             if sampler.finished:  # the constraint's value is complete: only the end could follow
                 yield Chunk(
-                    delta=text.add(token) + text.flush(), tokens=count, finish_reason="stop", prompt_tokens=size
+                    delta=text.add(token) + text.flush(),
+                    tokens=count,
+                    finish_reason="stop",
+                    prompt_tokens=size,
+                    logprobs=scored,
                 )
                 return
-            yield Chunk(delta=text.add(token), tokens=count, prompt_tokens=size)
-            seen = torch.cat([seen, torch.tensor([token], dtype=torch.long)])
-            inputs = torch.tensor([[token]], dtype=torch.long)
+            yield Chunk(delta=text.add(token), tokens=count, prompt_tokens=size, logprobs=scored)
+            step[0, 0] = token
+            inputs = step
         yield Chunk(delta="", tokens=count, finish_reason="cancelled", prompt_tokens=size)

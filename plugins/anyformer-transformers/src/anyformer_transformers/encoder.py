@@ -70,8 +70,11 @@ class Encoder:
             feeds = {"input_ids": torch.tensor([e.ids for e in encodings], dtype=torch.long), "attention_mask": mask}
             if self._type_ids:
                 feeds["token_type_ids"] = torch.tensor([e.type_ids for e in encodings], dtype=torch.long)
+            device = network.device
             with torch.inference_mode():
-                output = network(**feeds)
+                output = network(**{name: value.to(device) for name, value in feeds.items()})
+            if device.type != "cpu":  # the pooling and labels read host tensors, beside the host mask
+                output = type(output)(**{k: v.cpu() if hasattr(v, "cpu") else v for k, v in output.items()})
             yield encodings, mask, output
 
 

@@ -30,6 +30,7 @@ from anyformer_transformers.encoder import Encoder
 from anyformer_transformers.estimate import Plan
 from anyformer_transformers.loading import build_network, folder_of
 from anyformer_transformers.model_files import MODULES, POOLING_CONFIG, SENTENCE_CONFIG
+from anyformer_transformers.placement import describe
 from anyformer_transformers.tasks import EMBEDDING_TASKS, TEXT_CLASSIFICATION, TOKEN_CLASSIFICATION
 
 #: sentence-transformers' modules whose work the embedding handle does (the network, pooling, unit length).
@@ -89,7 +90,7 @@ def _auto_class(task: str) -> Any:
 def load_encoder_model(
     model: Model, task: str, names: list[str], plan: Plan, progress: ProgressCallback
 ) -> BackendModel:
-    """Fetch ``names`` and build the encoder for ``task`` in ``plan.dtype`` on the CPU."""
+    """Fetch ``names`` and build the encoder for ``task`` in ``plan.dtype`` where ``plan`` places it."""
     paths = fetch_files(model, names, progress, backend=BACKEND_ID)
     folder = folder_of(paths)
     progress(ProgressEvent(stage="load", backend=BACKEND_ID, file=str(folder.name), done=0, total=None))
@@ -115,8 +116,7 @@ def load_encoder_model(
         network, tokenizer, max_tokens=limit, pad_id=pad_id if isinstance(pad_id, int) else 0, label=model.ref
     )
     details: dict[str, Any] = {
-        "device": "cpu",
-        "dtype": plan.dtype,
+        **describe(plan),
         "class": type(network).__name__,
         "max_tokens": limit,
     }

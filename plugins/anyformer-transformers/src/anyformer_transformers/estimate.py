@@ -2,7 +2,8 @@
 
 Everything comes from the description: file sizes from the listing, shapes from config.json. The
 weights are held in float32 on the CPU when that copy fits in host memory (exact, and fast on every
-CPU), else in the precision they are stored in (bfloat16 or float16: half the memory).
+CPU), else in bfloat16 (half the memory; a checkpoint saved in float32 stays float32). On a GPU the
+dtype is ``placement.gpu_dtype``'s and ``placement.py`` decides where each byte goes.
 """
 
 from __future__ import annotations
@@ -79,28 +80,64 @@ class Shape:
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    """The dtype the weights are held in and the host memory that takes."""
+    """The dtype the weights are held in, where they go, and the memory that takes.
+
+    A plan from this module holds everything in host memory (``device`` ``cpu``); ``placement.py``
+    turns one into a GPU plan (``gpu_bytes``, and ``max_memory`` for accelerate when the weights are
+    split between the GPU and host memory).
+    """
 
     dtype: str
     ram_bytes: int
     context: int
+    #: The weights' bytes in ``dtype`` (the rest of the total is the cache, activations and runtime).
+    weights: int = 0
+    device: str = "cpu"
+    gpu_bytes: int = 0
+    #: accelerate's ``max_memory`` (device index or ``"cpu"`` → bytes of weights) for a split load, else None.
+    max_memory: dict[int | str, int] | None = None
+
+    def load_options(self) -> dict[str, Any]:
+        """``from_pretrained``'s placement arguments: none on the CPU, the device, or accelerate's split."""
+        if self.max_memory is not None:
+            return {"device_map": "auto", "max_memory": dict(self.max_memory)}
+        if self.device != "cpu":
+            return {"device_map": self.device}
+        return {}
 
 
-def plans(config: Mapping[str, Any], weight_bytes: int, shape: Shape, context: int | None) -> list[Plan]:
-    """The ways to hold the model, preferred first: float32, then the stored dtype when it is smaller."""
+#: The dtypes a model is held in on the CPU, preferred first: float32, else bfloat16.
+CPU_DTYPES = ("float32", "bfloat16")
+
+
+def _cpu_dtypes(stored: str) -> tuple[str, ...]:
+    """float32, then bfloat16 unless the checkpoint itself is float32 (nothing smaller is made from it)."""
+    return ("float32",) if stored == "float32" else CPU_DTYPES
+
+
+def plans(
+    config: Mapping[str, Any],
+    weight_bytes: int,
+    shape: Shape,
+    context: int | None,
+    dtypes: tuple[str, ...] | None = None,
+) -> list[Plan]:
+    """The ways to hold the model in host memory, preferred first (``dtypes``, else float32 then bfloat16)."""
     stored = stored_dtype(config)
     parameters = weight_bytes // DTYPE_BYTES[stored]
     loaded = shape.context(context)
     result = []
-    for dtype in dict.fromkeys(("float32", stored)):
+    for dtype in dtypes or _cpu_dtypes(stored):
         size = DTYPE_BYTES[dtype]
         activations = ACTIVATION_FACTOR * shape.hidden * loaded * size
         ram = parameters * size + shape.kv_bytes(loaded, size) + activations + RUNTIME_OVERHEAD
-        result.append(Plan(dtype, ram, loaded))
+        result.append(Plan(dtype, ram, loaded, weights=parameters * size))
     return result
 
 
-def encoder_plans(config: Mapping[str, Any], weight_bytes: int, shape: Shape) -> list[Plan]:
+def encoder_plans(
+    config: Mapping[str, Any], weight_bytes: int, shape: Shape, dtypes: tuple[str, ...] | None = None
+) -> list[Plan]:
     """The ways to hold an encoder (embeddings, classification), preferred first: no KV cache, but one
     batch of texts at the longest the model reads, with one layer's attention scores (``heads × tokens``
     per token)."""
@@ -109,9 +146,29 @@ def encoder_plans(config: Mapping[str, Any], weight_bytes: int, shape: Shape) ->
     tokens = shape.context(None)
     batch_tokens = min(ENCODER_BATCH * tokens, max(ENCODER_BATCH_TOKENS, tokens))
     result = []
-    for dtype in dict.fromkeys(("float32", stored)):
+    for dtype in dtypes or _cpu_dtypes(stored):
         size = DTYPE_BYTES[dtype]
         per_token = ACTIVATION_FACTOR * shape.hidden + shape.heads * tokens
         ram = parameters * size + batch_tokens * per_token * size + RUNTIME_OVERHEAD
-        result.append(Plan(dtype, ram, tokens))
+        result.append(Plan(dtype, ram, tokens, weights=parameters * size))
     return result
+
+
+#: Host bytes one image or audio clip's forward pass takes besides the weights: a margin, not a count
+#: (activations of a ViT-base at 224 px, or a Whisper encoder over 30 s, stay well below it).
+MEDIA_ACTIVATIONS = 256 * 2**20
+
+
+def media_plans(config: Mapping[str, Any], weight_bytes: int, dtypes: tuple[str, ...] | None = None) -> list[Plan]:
+    """The ways to hold a vision or speech model, preferred first: its weights, one input's activations."""
+    stored = stored_dtype(config)
+    parameters = weight_bytes // DTYPE_BYTES[stored]
+    return [
+        Plan(
+            dtype,
+            parameters * DTYPE_BYTES[dtype] + MEDIA_ACTIVATIONS + RUNTIME_OVERHEAD,
+            0,
+            weights=parameters * DTYPE_BYTES[dtype],
+        )
+        for dtype in dtypes or _cpu_dtypes(stored)
+    ]

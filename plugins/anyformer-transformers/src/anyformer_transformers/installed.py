@@ -20,6 +20,19 @@ TABLES = {
     "feature-extraction": "MODEL_MAPPING_NAMES",
     "text-classification": "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES",
     "token-classification": "MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES",
+    "image-classification": "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES",
+    "object-detection": "MODEL_FOR_OBJECT_DETECTION_MAPPING_NAMES",
+    "depth-estimation": "MODEL_FOR_DEPTH_ESTIMATION_MAPPING_NAMES",
+    "automatic-speech-recognition": "MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES",
+    "image-text-to-text": "MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES",
+}
+#: Tables whose union answers one task (a segmenter is a semantic, universal or instance head).
+MERGED_TABLES = {
+    "image-segmentation": (
+        "MODEL_FOR_SEMANTIC_SEGMENTATION_MAPPING_NAMES",
+        "MODEL_FOR_UNIVERSAL_SEGMENTATION_MAPPING_NAMES",
+        "MODEL_FOR_INSTANCE_SEGMENTATION_MAPPING_NAMES",
+    ),
 }
 #: One entry of such a table: ``("llama", "LlamaForCausalLM"),``.
 _ENTRY = re.compile(r'\(\s*"([\w.\-]+)"\s*,\s*"(\w+)"\s*\)')
@@ -83,6 +96,8 @@ def installed() -> Installed | None:
     except (OSError, UnicodeDecodeError, importlib.metadata.PackageNotFoundError):
         return None
     classes = {task: _table(source, table) for task, table in TABLES.items()}
+    for task, names in MERGED_TABLES.items():
+        classes[task] = {key: value for name in reversed(names) for key, value in _table(source, name).items()}
     if not any(classes.values()):
         return None
     return Installed(

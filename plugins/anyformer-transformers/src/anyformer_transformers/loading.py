@@ -7,6 +7,7 @@ rendered later by the core's sandbox, never by the tokenizer's own jinja environ
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,8 @@ from anyformer.plugin import AnyformerError, ErrorCode, Model, ProgressCallback,
 from anyformer_transformers import BACKEND_ID
 from anyformer_transformers.chat_model import ChatModel, TextSide
 from anyformer_transformers.estimate import Plan
+from anyformer_transformers.placement import describe
+from anyformer_transformers.tasks import IMAGE_TEXT_TO_TEXT
 
 
 def folder_of(paths: dict[str, Path]) -> Path:
@@ -27,7 +30,8 @@ def folder_of(paths: dict[str, Path]) -> Path:
 
 
 def build_network(auto_class: Any, folder: Path, plan: Plan, model: Model) -> Any:
-    """``auto_class.from_pretrained`` on ``folder`` in ``plan.dtype``, from safetensors, no repo code; in eval mode."""
+    """``auto_class.from_pretrained`` on ``folder`` in ``plan.dtype``, where ``plan`` places it (the device,
+    or accelerate's split), from safetensors, no repo code; in eval mode."""
     import torch
 
     try:
@@ -37,6 +41,7 @@ def build_network(auto_class: Any, folder: Path, plan: Plan, model: Model) -> An
             local_files_only=True,
             trust_remote_code=False,
             use_safetensors=True,
+            **plan.load_options(),
         )
     except MemoryError as exc:
         raise AnyformerError(
@@ -49,25 +54,45 @@ def build_network(auto_class: Any, folder: Path, plan: Plan, model: Model) -> An
     return network.eval()
 
 
-def load_chat_model(model: Model, names: list[str], plan: Plan, progress: ProgressCallback) -> ChatModel:
-    """Fetch ``names`` and build the causal LM in ``plan.dtype`` on the CPU."""
+def load_chat_model(model: Model, task: str, names: list[str], plan: Plan, progress: ProgressCallback) -> ChatModel:
+    """Fetch ``names`` and build the causal LM (or, for image-text-to-text, the vision-language model and
+    its processor) in ``plan.dtype`` where ``plan`` places it."""
     paths = fetch_files(model, names, progress, backend=BACKEND_ID)
     folder = folder_of(paths)
     progress(ProgressEvent(stage="load", backend=BACKEND_ID, file=str(folder.name), done=0, total=None))
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+    from transformers import (
+        AutoModelForCausalLM,
+        AutoModelForImageTextToText,
+        AutoProcessor,
+        AutoTokenizer,
+        GenerationConfig,
+    )
 
+    processor: Any = None
     try:
-        tokenizer: Any = AutoTokenizer.from_pretrained(str(folder), local_files_only=True, trust_remote_code=False)
-    except (OSError, ValueError, KeyError, RuntimeError) as exc:
+        if task == IMAGE_TEXT_TO_TEXT:
+            processor = AutoProcessor.from_pretrained(str(folder), local_files_only=True, trust_remote_code=False)
+            tokenizer: Any = processor.tokenizer
+        else:
+            tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True, trust_remote_code=False)
+    except (OSError, ValueError, KeyError, RuntimeError, TypeError, AttributeError) as exc:
         raise AnyformerError(
-            ErrorCode.BAD_MODEL, f"{model.ref}: transformers cannot load its tokenizer: {exc}", cause=exc
+            ErrorCode.BAD_MODEL, f"{model.ref}: transformers cannot load its tokenizer or processor: {exc}", cause=exc
         ) from exc
-    network = build_network(AutoModelForCausalLM, folder, plan, model)
+    auto = AutoModelForImageTextToText if task == IMAGE_TEXT_TO_TEXT else AutoModelForCausalLM
+    network = build_network(auto, folder, plan, model)
     try:
         generation = GenerationConfig.from_pretrained(str(folder), local_files_only=True)
     except OSError:  # no generation_config.json: the model's config holds the defaults
         generation = network.generation_config
     text = TextSide.of(tokenizer, generation)
-    details = {"device": "cpu", "dtype": plan.dtype, "class": type(network).__name__, "context": plan.context}
+    details = {**describe(plan), "class": type(network).__name__, "context": plan.context}
     progress(ProgressEvent(stage="load", backend=BACKEND_ID, file=str(folder.name), done=1, total=1))
+    if processor is not None:
+        from anyformer_transformers.image_chat_model import ImageChatModel
+
+        template = getattr(processor, "chat_template", None)
+        if isinstance(template, str):  # the processor's template (chat_template.jinja/json) is the one for images
+            text = dataclasses.replace(text, template=template)
+        return ImageChatModel(network, text, processor, context=plan.context, details=details)
     return ChatModel(network, text, context=plan.context, details=details)

@@ -1,10 +1,11 @@
-"""Which files of a repo this backend reads: config.json, the root safetensors weights, the tokenizer."""
+"""Which files of a repo this backend reads: config.json, the root safetensors, the tokenizer, the preprocessor."""
 
 from __future__ import annotations
 
 from anyformer.plugin import Model, ModelFile
 
-#: The text side and settings files read when present (tokenizer.json is required, see ``can_run``).
+#: The text side and settings files read when present (``can_run`` says which a task requires:
+#: tokenizer.json for text, preprocessor_config.json for images and audio).
 SIDE_FILES = (
     "config.json",
     "generation_config.json",
@@ -12,6 +13,9 @@ SIDE_FILES = (
     "tokenizer_config.json",
     "special_tokens_map.json",
     "chat_template.jinja",
+    "preprocessor_config.json",
+    "processor_config.json",
+    "chat_template.json",
     "model.safetensors.index.json",
 )
 #: sentence-transformers' settings, read for the embedding tasks: its modules, the pooling and the longest text read.

@@ -32,10 +32,9 @@ from typing import Any
 
 import numpy as np
 
-from anyformer.plugin import AnyformerError, ErrorCode, Message
+from anyformer.plugin import AnyformerError, ErrorCode, Message, load_image
 from anyformer_onnx.chat.mrope import Grid, rope_index
 from anyformer_onnx.chat.per_layer import PER_LAYER_INPUTS
-from anyformer_onnx.media.image_input import load_image
 from anyformer_onnx.text.setup import TextSetup
 
 #: The most images one conversation may carry.

@@ -33,9 +33,8 @@ from typing import Any
 
 import numpy as np
 
-from anyformer.plugin import AnyformerError, ErrorCode
+from anyformer.plugin import AnyformerError, ErrorCode, load_image
 from anyformer_onnx.chat.mrope import Grid
-from anyformer_onnx.media.image_input import load_image
 from anyformer_onnx.media.image_preprocessing import BICUBIC, float_triple, resample_of, rescale_of
 from anyformer_onnx.session.ort_session import run_refusing
 

@@ -62,8 +62,8 @@ from anyformer.plugin import (
     ProgressEvent,
     no_progress,
 )
+from anyformer.plugin import load_images as images_of
 from anyformer_onnx import BACKEND_ID
-from anyformer_onnx.media.image_input import images_of
 from anyformer_onnx.media.image_preprocessing import ImagePreprocessor
 from anyformer_onnx.session.ort_session import run_refusing
 from anyformer_onnx.text.classifier import FUNCTIONS, apply_function, labels_of, softmax

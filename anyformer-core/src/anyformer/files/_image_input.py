@@ -1,4 +1,4 @@
-"""Images given to ``run``, checked before any decoder sees their pixels.
+"""Images given to a handle's ``run``, checked before any decoder sees their pixels (for every backend).
 
 An image is a path, the bytes of an encoded file, a ``HxWx3`` (``HxW`` grey, ``HxWx4`` RGBA)
 uint8 array, or a Pillow image. Encoded files are recognised by their magic bytes (PNG, JPEG, GIF,
@@ -13,16 +13,8 @@ import io
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from anyformer.plugin import (
-    MAX_IMAGE_PIXELS,
-    AnyformerError,
-    ErrorCode,
-    check_image_size,
-    read_media_file,
-    rgb_pixels,
-)
+from anyformer.contract._errors import AnyformerError, ErrorCode
+from anyformer.files._media_input import MAX_IMAGE_PIXELS, check_image_size, read_media_file, rgb_pixels
 
 #: Magic bytes of the formats read, and Pillow's name for each.
 _MAGIC = (
@@ -55,7 +47,7 @@ def decode_image(data: bytes, what: str = "the image") -> Any:
 
     name = image_format(data)
     if name is None:
-        raise _bad(f"{what} is not an image this backend reads ({FORMATS})")
+        raise _bad(f"{what} is not an image anyformer reads ({FORMATS})")
     try:
         image = Image.open(io.BytesIO(data), formats=[name])  # reads the header only
     except Image.DecompressionBombError as exc:  # Pillow's own bound, far above ours
@@ -90,12 +82,12 @@ def load_image(value: Any, what: str = "the image") -> Any:
         return decode_image(read_media_file(value, what), what)
     if isinstance(value, (bytes, bytearray, memoryview)):
         return decode_image(bytes(value), what)
-    if isinstance(value, np.ndarray):
+    if type(value).__module__ == "numpy" and hasattr(value, "shape"):  # numpy is not imported for the other forms
         return _from_array(value, what)
     raise _bad(f"{what} is a {type(value).__name__}; send a path, encoded bytes or a uint8 array")
 
 
-def images_of(value: Any, task: str, limit: int = 256) -> tuple[list[Any], bool]:
+def load_images(value: Any, task: str, limit: int = 256) -> tuple[list[Any], bool]:
     """The images of a ``run`` input (one, or a list) and whether it was a single one."""
     single = not isinstance(value, (list, tuple))
     items = [value] if single else list(value)
