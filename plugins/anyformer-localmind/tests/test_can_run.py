@@ -173,3 +173,13 @@ def test_a_real_check_times_this_machines_adapter_once(tmp_path, monkeypatch):
     monkeypatch.setattr(adapter_speed_module, "_time_in_child", lambda *a: pytest.fail("timed twice"))
     again = plugin.can_run(model, caps, Request())
     assert again.estimate.tok_per_sec == v.estimate.tok_per_sec
+
+
+def test_a_file_whose_header_was_not_read_gets_no_modelled_speed(monkeypatch):
+    """Its summary is rebuilt from the file size and config.json: no figure, and nothing is timed for it."""
+    from anyformer_gguf_gpu import adapter_speed as adapter_speed_module
+    from anyformer_localmind.estimate import modelled_speed
+
+    monkeypatch.setattr(adapter_speed_module, "adapter_speed", lambda *a: pytest.fail("timed for a guess"))
+    speed, why = modelled_speed(SMOLLM2, GPU_CAPS, estimated=True)
+    assert speed is None and "no header read" in why

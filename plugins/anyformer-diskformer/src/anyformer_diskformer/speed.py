@@ -212,7 +212,7 @@ def gpu_tok_per_sec(
     if plan.estimated:
         return None, "the header's tensors were not read, so the expert sizes are guesses"
     from anyformer_gguf_gpu.adapter_speed import adapter_speed
-    from anyformer_gguf_gpu.decode_speed import formats_read
+    from anyformer_gguf_gpu.decode_speed import formats_read, matrix_seconds
 
     try:
         adapter = adapter_speed(os.environ.get("ANYFORMER_SOFTWARE_GPU") == "1", formats_read(dict(summary)))
@@ -225,11 +225,8 @@ def gpu_tok_per_sec(
     weights = {str(k): int(v) for k, v in by_type.items() if isinstance(v, int)} if isinstance(by_type, dict) else {}
     total = sum(weights.values())
     # One rate for every byte, the formats weighted by their bytes (experts and dense weights share the formats).
-    seconds_a_byte = (
-        sum(n / adapter.bytes_per_s.get(f, min(adapter.bytes_per_s.values())) for f, n in weights.items()) / total
-        if total
-        else 1.0 / min(adapter.bytes_per_s.values())
-    )
+    matrix_s = matrix_seconds(weights, adapter) if total else None
+    seconds_a_byte = matrix_s / total if matrix_s is not None else 1.0 / min(adapter.bytes_per_s.values())
     held = min(1.0, cache_bytes / plan.expert_bytes_total) if plan.expert_bytes_total else 1.0
     lookups = plan.n_layer * plan.experts_per_token
     dispatches = plan.n_layer * GPU_LAYER_DISPATCHES + lookups * GPU_EXPERT_DISPATCHES + 2

@@ -83,6 +83,17 @@ def _rate(speed: AdapterSpeed, fmt: str) -> float:
     return min(speed.bytes_per_s.values()) if speed.bytes_per_s else 0.0
 
 
+def matrix_seconds(by_type: dict[str, int], speed: AdapterSpeed) -> float | None:
+    """Seconds the adapter's products take to read ``by_type``'s bytes (format → bytes), or None without a rate."""
+    seconds = 0.0
+    for fmt, nbytes in by_type.items():
+        rate = _rate(speed, fmt)
+        if rate <= 0:
+            return None
+        seconds += nbytes / rate
+    return seconds
+
+
 def decode_speed(
     summary: dict[str, Any], speed: AdapterSpeed, *, keys: int = DEFAULT_KEYS, kv_f16: bool = False
 ) -> DecodeSpeed | None:
@@ -97,12 +108,9 @@ def decode_speed(
     head_dim = _int(summary, "key_length") or (embd // heads if heads else 0)
     dispatches = DISPATCHES_PER_LAYER * layers + DISPATCHES_PER_STEP + (layers if keys > SPLIT_FROM else 0)
     by_type = _bytes_by_type(summary)
-    matrix_s = 0.0
-    for fmt, nbytes in by_type.items():
-        rate = _rate(speed, fmt)
-        if rate <= 0:
-            return None
-        matrix_s += nbytes / rate
+    matrix_s = matrix_seconds(by_type, speed)
+    if matrix_s is None:
+        return None
     kv_bytes = 2 * layers * keys * kv_heads * head_dim * (2 if kv_f16 else 4)
     kv_s = kv_bytes / _rate(speed, "F16")
     gpu_s = dispatches * speed.floor_s + matrix_s + kv_s

@@ -27,15 +27,18 @@ def context_for(summary: dict[str, Any], requested: int | None) -> int:
     return min(wanted, limit) if limit else wanted
 
 
-def modelled_speed(summary: dict[str, Any], caps: Caps) -> tuple[float | None, str]:
+def modelled_speed(summary: dict[str, Any], caps: Caps, *, estimated: bool) -> tuple[float | None, str]:
     """The decode tok/s the engine is modelled to reach on this machine's adapter, and how (or why none).
 
     The adapter's kernel costs are timed once in a child process and kept (anyformer-gguf-gpu's
     ``adapter_speed``); the first ``check`` on a new adapter or driver pays that (a few seconds).
-    A what-if about another machine's GPU (caps naming another adapter) gets no figure.
+    A what-if about another machine's GPU (caps naming another adapter) gets no figure, nor does a file
+    whose header was not read (``estimated``: its summary is rebuilt from the file size and config.json).
     """
-    if summary.get("estimated") or not summary.get("block_count"):
+    if estimated:
         return None, "no header read: the shapes are guesses"
+    if not summary.get("block_count"):
+        return None, "the header gives no layer count"
     from anyformer_gguf_gpu.adapter_speed import adapter_speed
     from anyformer_gguf_gpu.decode_speed import decode_speed, formats_read
 

@@ -92,7 +92,7 @@ def _judge(model: Model, caps: Caps, request: Request, choice: GgufChoice) -> Ve
         )
     if importlib.util.find_spec("wgpu") is None:
         return Verdict.refuse(BACKEND_ID, Refusal.RUNTIME, f"wgpu is not installed: {INSTALL_HINT}")
-    speed, speed_model = modelled_speed(choice.summary, caps)
+    speed, speed_model = modelled_speed(choice.summary, caps, estimated=choice.estimated)
     return Verdict.accept(
         BACKEND_ID,
         Estimate(
